@@ -1,0 +1,12 @@
+//! flashsale's HTTP JSON API.
+//!
+//! Handlers parse input into domain types (bad input dies here, with a stable error code,
+//! before anything is touched), call one use case of [`flashsale_app::Flashsale`], and
+//! render its result. This crate never talks to Redis or MariaDB itself.
+
+mod error;
+mod routes;
+mod wire;
+
+pub use error::ApiError;
+pub use routes::{router, ApiConfig};

@@ -1,0 +1,256 @@
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::error_handling::HandleErrorLayer;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{BoxError, Json, Router};
+use flashsale_app::Flashsale;
+use flashsale_core::{
+    NewProduct, OrderId, ParseError, ProductId, PurchaseRequest, RequestId, SaleWindow, UserId,
+};
+use serde::de::DeserializeOwned;
+use tower::ServiceBuilder;
+
+use crate::error::ApiError;
+use crate::wire::{NewProductBody, OrderJson, ProductJson, PurchaseBody, RestockBody, UserBody};
+
+/// Largest request body accepted: every valid body is a few hundred bytes.
+const BODY_BYTES_MAX: usize = 16 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// Bearer token the admin endpoints require.
+    pub admin_token: String,
+    /// Requests handled at once; past it, new requests get 503 at once instead of queueing
+    /// (a flash sale's flood must not turn into unbounded memory and latency).
+    pub in_flight_max: usize,
+    /// Deadline of one request; past it the answer is 503 (outcome unknown, retry).
+    pub request_timeout: Duration,
+}
+
+#[derive(Clone)]
+struct AppState {
+    service: Arc<Flashsale>,
+    config: Arc<ApiConfig>,
+}
+
+pub fn router(service: Arc<Flashsale>, config: ApiConfig) -> Router {
+    let in_flight_max = config.in_flight_max;
+    let state = AppState {
+        service,
+        config: Arc::new(config),
+    };
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/v1/products", post(create_product))
+        .route("/v1/products/{id}", get(get_product))
+        .route("/v1/products/{id}/restock", post(restock))
+        .route("/v1/purchases", post(purchase))
+        .route("/v1/purchases/{request_id}", get(get_purchase))
+        .route("/v1/orders/{id}", get(get_order))
+        .route("/v1/orders/{id}/pay", post(pay))
+        .route("/v1/orders/{id}/cancel", post(cancel))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
+        .layer(
+            ServiceBuilder::new()
+                .layer(HandleErrorLayer::new(overloaded))
+                .load_shed()
+                .concurrency_limit(in_flight_max),
+        )
+        .with_state(state)
+}
+
+async fn overloaded(_: BoxError) -> ApiError {
+    ApiError::unavailable("too many requests in flight; retry shortly")
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method not allowed on this endpoint",
+    )
+}
+
+fn json<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))
+}
+
+fn invalid(e: ParseError) -> ApiError {
+    ApiError::invalid(e.to_string())
+}
+
+fn path_id(raw: &str, field: &'static str) -> Result<i64, ApiError> {
+    raw.parse::<i64>()
+        .map_err(|_| ApiError::invalid(format!("{field}: must be a positive integer")))
+}
+
+/// Runs a use case under the request deadline; past it the outcome is unknown (503).
+async fn deadline<T>(
+    state: &AppState,
+    work: impl Future<Output = Result<T, flashsale_app::Error>>,
+) -> Result<T, ApiError> {
+    match tokio::time::timeout(state.config.request_timeout, work).await {
+        Ok(result) => result.map_err(ApiError::from),
+        Err(_) => Err(ApiError::unavailable(
+            "no answer within the request deadline; outcome unknown, retry with the same request_id",
+        )),
+    }
+}
+
+fn require_admin(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if constant_time_eq(given.as_bytes(), state.config.admin_token.as_bytes()) {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "admin endpoints need Authorization: Bearer <admin token>",
+        ))
+    }
+}
+
+/// Compares without an early exit, so response time does not leak how much of a guessed
+/// token was right.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn healthz() -> impl IntoResponse {
+    Json(serde_json::json!({"status": "ok"}))
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    match deadline(&state, state.service.ready()).await {
+        Ok(()) => Json(serde_json::json!({"status": "ready"})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn create_product(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    require_admin(&state, &headers)?;
+    let b: NewProductBody = json(&body)?;
+    let window = SaleWindow::new(b.sale_starts_at, b.sale_ends_at).map_err(invalid)?;
+    let new = NewProduct::parse(b.product_id, &b.name, b.stock, b.per_user_limit, window)
+        .map_err(invalid)?;
+    let view = deadline(&state, state.service.create_product(new)).await?;
+    Ok((StatusCode::CREATED, Json(ProductJson::from(&view))))
+}
+
+async fn get_product(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<ProductJson>, ApiError> {
+    let id = ProductId::parse(path_id(&id, "product_id")?).map_err(invalid)?;
+    let view = deadline(&state, state.service.product_view(id)).await?;
+    Ok(Json(ProductJson::from(&view)))
+}
+
+async fn restock(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<ProductJson>, ApiError> {
+    require_admin(&state, &headers)?;
+    let id = ProductId::parse(path_id(&id, "product_id")?).map_err(invalid)?;
+    let b: RestockBody = json(&body)?;
+    let restock_id = RequestId::parse("request_id", &b.request_id).map_err(invalid)?;
+    let view = deadline(&state, state.service.restock(id, restock_id, b.quantity)).await?;
+    Ok(Json(ProductJson::from(&view)))
+}
+
+async fn purchase(
+    State(state): State<AppState>,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let b: PurchaseBody = json(&body)?;
+    let max = state.service.settings().max_quantity_per_order;
+    let request = PurchaseRequest::parse(&b.request_id, b.user_id, b.product_id, b.quantity, max)
+        .map_err(invalid)?;
+    let purchased = deadline(&state, state.service.purchase(request)).await?;
+    let status = if purchased.replay {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((status, Json(OrderJson::from(&purchased.order))))
+}
+
+async fn get_purchase(
+    State(state): State<AppState>,
+    Path(request_id): Path<String>,
+) -> Result<Json<OrderJson>, ApiError> {
+    let request_id = RequestId::parse("request_id", &request_id).map_err(invalid)?;
+    let order = deadline(&state, state.service.purchase_record(&request_id)).await?;
+    Ok(Json(OrderJson::from(&order)))
+}
+
+async fn get_order(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<OrderJson>, ApiError> {
+    let id = OrderId::parse(path_id(&id, "order_id")?).map_err(invalid)?;
+    let order = deadline(&state, state.service.order(id)).await?;
+    Ok(Json(OrderJson::from(&order)))
+}
+
+async fn pay(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<OrderJson>, ApiError> {
+    let id = OrderId::parse(path_id(&id, "order_id")?).map_err(invalid)?;
+    let b: UserBody = json(&body)?;
+    let user = UserId::parse(b.user_id).map_err(invalid)?;
+    let order = deadline(&state, state.service.pay(id, user)).await?;
+    Ok(Json(OrderJson::from(&order)))
+}
+
+async fn cancel(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<OrderJson>, ApiError> {
+    let id = OrderId::parse(path_id(&id, "order_id")?).map_err(invalid)?;
+    let b: UserBody = json(&body)?;
+    let user = UserId::parse(b.user_id).map_err(invalid)?;
+    let order = deadline(&state, state.service.cancel(id, user)).await?;
+    Ok(Json(OrderJson::from(&order)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Checks the token comparison: equal tokens pass; a different byte, a prefix, or an
+    // empty token fail.
+    #[test]
+    fn admin_token_comparison() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secreT", b"secret"));
+        assert!(!constant_time_eq(b"secre", b"secret"));
+        assert!(!constant_time_eq(b"", b"secret"));
+    }
+}

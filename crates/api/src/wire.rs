@@ -1,0 +1,109 @@
+//! JSON shapes of requests and responses.
+
+use chrono::{DateTime, Utc};
+use flashsale_app::{Order, ProductView};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Deserialize)]
+pub struct PurchaseBody {
+    pub request_id: String,
+    pub user_id: i64,
+    pub product_id: i64,
+    pub quantity: i64,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct UserBody {
+    pub user_id: i64,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct NewProductBody {
+    pub product_id: i64,
+    pub name: String,
+    pub stock: i64,
+    pub per_user_limit: Option<i64>,
+    pub sale_starts_at: Option<DateTime<Utc>>,
+    pub sale_ends_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RestockBody {
+    pub request_id: String,
+    pub quantity: i64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OrderJson {
+    pub order_id: i64,
+    pub request_id: String,
+    pub user_id: i64,
+    pub product_id: i64,
+    pub quantity: u32,
+    pub status: &'static str,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paid_at: Option<DateTime<Utc>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cancelled_at: Option<DateTime<Utc>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cancel_reason: Option<&'static str>,
+}
+
+impl From<&Order> for OrderJson {
+    fn from(o: &Order) -> Self {
+        Self {
+            order_id: o.order_id.get(),
+            request_id: o.request_id.to_string(),
+            user_id: o.user_id.get(),
+            product_id: o.product_id.get(),
+            quantity: o.quantity.get(),
+            status: o.status.as_str(),
+            created_at: o.created_at,
+            expires_at: o.expires_at,
+            paid_at: o.paid_at,
+            cancelled_at: o.cancelled_at,
+            cancel_reason: o.cancel_reason.map(|r| r.as_str()),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct InventoryJson {
+    pub total: i64,
+    pub available: i64,
+    pub reserved: i64,
+    pub sold: i64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ProductJson {
+    pub product_id: i64,
+    pub name: String,
+    pub per_user_limit: Option<u32>,
+    pub sale_starts_at: Option<DateTime<Utc>>,
+    pub sale_ends_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub inventory: InventoryJson,
+}
+
+impl From<&ProductView> for ProductJson {
+    fn from(v: &ProductView) -> Self {
+        let p = &v.product;
+        Self {
+            product_id: p.product_id.get(),
+            name: p.name.clone(),
+            per_user_limit: p.per_user_limit,
+            sale_starts_at: p.window.starts_at,
+            sale_ends_at: p.window.ends_at,
+            created_at: p.created_at,
+            inventory: InventoryJson {
+                total: v.inventory.total,
+                available: v.inventory.available,
+                reserved: v.inventory.reserved,
+                sold: v.inventory.sold,
+            },
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! An in-process cache of product definitions, so the purchase path does not read the
+//! ledger for every attempt. Definitions never change after creation except the
+//! `stock_loaded` flag, which only ever goes from false to true.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use flashsale_core::ProductId;
+
+use crate::model::Product;
+use crate::ports::{Ledger, LedgerError};
+
+/// How long a known product is served from memory before it is read again.
+const FOUND_TTL: Duration = Duration::from_secs(60);
+/// How long "no such product" is remembered: short, so a product created on another
+/// instance becomes buyable within a second, yet a flood of attempts on an unknown id
+/// costs the ledger at most one read per second per id.
+const MISSING_TTL: Duration = Duration::from_secs(1);
+/// Most entries kept; past it the cache starts over, which bounds memory under a flood of
+/// random product ids.
+const ENTRIES_MAX: usize = 100_000;
+
+struct Entry {
+    product: Option<Arc<Product>>,
+    fetched_at: Instant,
+}
+
+#[derive(Default)]
+pub(crate) struct Catalog {
+    entries: RwLock<HashMap<ProductId, Entry>>,
+}
+
+impl Catalog {
+    pub(crate) async fn get(
+        &self,
+        ledger: &dyn Ledger,
+        product_id: ProductId,
+    ) -> Result<Option<Arc<Product>>, LedgerError> {
+        if let Some(hit) = self.cached(product_id) {
+            return Ok(hit);
+        }
+        let product = ledger.product(product_id).await?.map(Arc::new);
+        self.put(product_id, product.clone());
+        Ok(product)
+    }
+
+    fn cached(&self, product_id: ProductId) -> Option<Option<Arc<Product>>> {
+        let entries = self.entries.read().unwrap_or_else(|p| p.into_inner());
+        let entry = entries.get(&product_id)?;
+        let ttl = if entry.product.is_some() {
+            FOUND_TTL
+        } else {
+            MISSING_TTL
+        };
+        (entry.fetched_at.elapsed() < ttl).then(|| entry.product.clone())
+    }
+
+    pub(crate) fn put(&self, product_id: ProductId, product: Option<Arc<Product>>) {
+        let mut entries = self.entries.write().unwrap_or_else(|p| p.into_inner());
+        if entries.len() >= ENTRIES_MAX && !entries.contains_key(&product_id) {
+            entries.clear();
+        }
+        entries.insert(
+            product_id,
+            Entry {
+                product,
+                fetched_at: Instant::now(),
+            },
+        );
+    }
+}

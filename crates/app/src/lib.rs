@@ -1,0 +1,17 @@
+//! flashsale's use cases, written against small port traits.
+//!
+//! [`ports`] names what the use cases need from the outside world (a stock gate, a
+//! ledger, a clock); adapter crates implement them for Redis and MariaDB, and in-memory
+//! implementations can stand in for them without touching a use case. [`Flashsale`] holds
+//! the use cases; the HTTP layer calls nothing else.
+
+mod catalog;
+mod error;
+pub mod model;
+pub mod ports;
+mod service;
+
+pub use error::Error;
+pub use model::*;
+pub use ports::{Clock, GateError, Ledger, LedgerError, StockGate, SystemClock};
+pub use service::{Flashsale, Settings};

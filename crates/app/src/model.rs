@@ -1,0 +1,94 @@
+//! Records the use cases read and return.
+
+use chrono::{DateTime, Utc};
+use flashsale_core::{
+    CancelReason, OrderId, OrderStatus, ProductId, PurchaseRequest, Quantity, ReleaseReason,
+    RequestId, SaleWindow, UserId,
+};
+
+/// A product as the ledger stores it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Product {
+    pub product_id: ProductId,
+    pub name: String,
+    pub per_user_limit: Option<u32>,
+    pub window: SaleWindow,
+    /// Whether the stock gate was loaded with this product's stock once. Before that no
+    /// reservation can exist, so loading from the ledger's counters is safe; after it,
+    /// a missing gate entry means the gate lost data.
+    pub stock_loaded: bool,
+    pub created_at: DateTime<Utc>,
+}
+
+/// An order, the durable result of an accepted purchase.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Order {
+    pub order_id: OrderId,
+    pub request_id: RequestId,
+    pub user_id: UserId,
+    pub product_id: ProductId,
+    pub quantity: Quantity,
+    pub status: OrderStatus,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    pub paid_at: Option<DateTime<Utc>>,
+    pub cancelled_at: Option<DateTime<Utc>>,
+    pub cancel_reason: Option<CancelReason>,
+}
+
+impl Order {
+    /// The payload this order was created from, to compare with a replay.
+    pub fn request(&self) -> PurchaseRequest {
+        PurchaseRequest {
+            request_id: self.request_id.clone(),
+            user_id: self.user_id,
+            product_id: self.product_id,
+            quantity: self.quantity,
+        }
+    }
+}
+
+/// What the ledger knows about one request_id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PurchaseRecord {
+    /// An order exists (in any state).
+    Order(Order),
+    /// The request's reservation was released before any order was written (a fence):
+    /// the request_id is spent and no order can ever be created for it.
+    Released {
+        request: PurchaseRequest,
+        reason: ReleaseReason,
+    },
+}
+
+impl PurchaseRecord {
+    pub fn request(&self) -> PurchaseRequest {
+        match self {
+            Self::Order(o) => o.request(),
+            Self::Released { request, .. } => request.clone(),
+        }
+    }
+}
+
+/// The answer to a purchase: the order, and whether an earlier attempt had already been
+/// accepted (a replay answers 200 instead of 201).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Purchased {
+    pub order: Order,
+    pub replay: bool,
+}
+
+/// Live inventory of a product: `available` from the stock gate, the rest from the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InventoryView {
+    pub total: i64,
+    pub available: i64,
+    pub reserved: i64,
+    pub sold: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProductView {
+    pub product: Product,
+    pub inventory: InventoryView,
+}

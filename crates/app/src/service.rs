@@ -1,0 +1,453 @@
+//! The use cases.
+//!
+//! The purchase path, in the order the seeds ask for:
+//! 1. the stock gate (Redis) atomically checks stock and the per-user limit, takes the
+//!    units and records a hold under the request_id — the trace that makes every
+//!    decrement findable;
+//! 2. the ledger (MariaDB) commits reservation + order + counters in one transaction, its
+//!    unique key on request_id making the commit happen at most once per request;
+//! 3. only then the client hears 201.
+//!
+//! Every path that gives a hold's units back first makes the ledger say so durably (a
+//! cancelled order, or a fence row that takes the request_id), and only then returns the
+//! units to the gate — so a late commit can never create an order whose units were given
+//! back. When the ledger can't be reached the hold stays in place, findable, for a retry
+//! to complete or for recovery to fence and release.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use flashsale_core::{
+    parse_restock, CancelReason, NewProduct, OrderId, OrderStatus, ProductId, PurchaseRequest,
+    ReleaseReason, RequestId, Transition, UserId,
+};
+use tracing::{error, info, warn};
+
+use crate::catalog::Catalog;
+use crate::error::Error;
+use crate::model::{InventoryView, Order, Product, ProductView, PurchaseRecord, Purchased};
+use crate::ports::{
+    Clock, Commit, CreateProduct, Fence, Ledger, RecordRestock, Release, Reserve, Restock,
+    StockGate,
+};
+
+/// Settings the use cases need, parsed and validated by the binary.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How long an order may stay unpaid.
+    pub payment_timeout: Duration,
+    /// Most units one purchase may take.
+    pub max_quantity_per_order: u32,
+}
+
+pub struct Flashsale {
+    gate: Arc<dyn StockGate>,
+    ledger: Arc<dyn Ledger>,
+    clock: Arc<dyn Clock>,
+    settings: Settings,
+    catalog: Catalog,
+}
+
+/// Whether the hold being committed was taken by this attempt or found from an earlier one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HoldOrigin {
+    Fresh,
+    Earlier,
+}
+
+impl Flashsale {
+    pub fn new(
+        gate: Arc<dyn StockGate>,
+        ledger: Arc<dyn Ledger>,
+        clock: Arc<dyn Clock>,
+        settings: Settings,
+    ) -> Self {
+        Self {
+            gate,
+            ledger,
+            clock,
+            settings,
+            catalog: Catalog::default(),
+        }
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Both dependencies answer.
+    pub async fn ready(&self) -> Result<(), Error> {
+        self.gate.ping().await?;
+        self.ledger.ping().await?;
+        Ok(())
+    }
+
+    // ---- products -------------------------------------------------------------------
+
+    /// Creates a product and loads its stock into the gate before answering. Retrying a
+    /// creation whose warm-up failed (same definition) finishes the warm-up.
+    pub async fn create_product(&self, new: NewProduct) -> Result<ProductView, Error> {
+        let product = match self.ledger.create_product(&new).await? {
+            CreateProduct::Created(product) => product,
+            CreateProduct::Exists(existing, total) => {
+                let same = existing.name == new.name
+                    && existing.per_user_limit == new.per_user_limit
+                    && existing.window == new.window
+                    && total == new.stock;
+                if !same || existing.stock_loaded {
+                    return Err(Error::ProductExists);
+                }
+                existing
+            }
+        };
+        self.load_stock(&product).await?;
+        info!(product_id = %new.product_id, stock = new.stock, "product created and stock loaded");
+        self.product_view(new.product_id).await
+    }
+
+    /// Product definition with live inventory.
+    pub async fn product_view(&self, product_id: ProductId) -> Result<ProductView, Error> {
+        let product = self
+            .ledger
+            .product(product_id)
+            .await?
+            .ok_or(Error::ProductNotFound)?;
+        let counters = self
+            .ledger
+            .inventory(product_id)
+            .await?
+            .ok_or(Error::ProductNotFound)?;
+        let available = match self.gate.available(product_id).await? {
+            Some(available) => available,
+            // Never loaded: nothing was sold through the gate yet, the ledger is exact.
+            None if !product.stock_loaded => counters.available,
+            None => {
+                return Err(Error::Unavailable(format!(
+                    "stock of product {product_id} is missing from the stock gate"
+                )))
+            }
+        };
+        Ok(ProductView {
+            product,
+            inventory: InventoryView {
+                total: counters.total,
+                available,
+                reserved: counters.reserved,
+                sold: counters.sold,
+            },
+        })
+    }
+
+    /// Adds stock, once per restock id, while purchases run.
+    pub async fn restock(
+        &self,
+        product_id: ProductId,
+        restock_id: RequestId,
+        quantity: i64,
+    ) -> Result<ProductView, Error> {
+        let quantity = parse_restock(quantity)?;
+        let product = self.product(product_id).await?;
+        // Record restocks only against a loaded gate, so warm-up (which copies the
+        // ledger's counters) never meets a restock that is also still to be applied.
+        if !product.stock_loaded {
+            self.load_stock(&product).await?;
+        }
+        let applied = match self
+            .ledger
+            .record_restock(product_id, &restock_id, quantity)
+            .await?
+        {
+            RecordRestock::Recorded { applied } => applied,
+            RecordRestock::Conflict => return Err(Error::RequestIdConflict),
+            RecordRestock::TooLarge => {
+                return Err(Error::Invalid(flashsale_core::ParseError::new(
+                    "quantity",
+                    format!(
+                        "would take the total past {} units",
+                        flashsale_core::STOCK_MAX
+                    ),
+                )))
+            }
+        };
+        if !applied {
+            match self.gate.restock(product_id, &restock_id, quantity).await? {
+                Restock::Applied | Restock::AlreadyApplied => {
+                    self.ledger.mark_restock_applied(&restock_id).await?;
+                    info!(%product_id, %restock_id, quantity, "restocked");
+                }
+                Restock::NotLoaded => {
+                    return Err(Error::Unavailable(format!(
+                        "stock of product {product_id} is missing from the stock gate; \
+                         the restock is recorded and will apply on retry"
+                    )))
+                }
+            }
+        }
+        self.product_view(product_id).await
+    }
+
+    async fn product(&self, product_id: ProductId) -> Result<Arc<Product>, Error> {
+        self.catalog
+            .get(self.ledger.as_ref(), product_id)
+            .await?
+            .ok_or(Error::ProductNotFound)
+    }
+
+    /// First load of a product's stock into the gate. Only a product never loaded may be
+    /// loaded from the ledger's counters: no hold can exist for it yet. A loaded product
+    /// missing from the gate lost its state there and needs a rebuild from the facts.
+    async fn load_stock(&self, product: &Product) -> Result<(), Error> {
+        if product.stock_loaded {
+            error!(product_id = %product.product_id, "stock missing from the stock gate after it was loaded");
+            return Err(Error::Unavailable(format!(
+                "stock of product {} is missing from the stock gate",
+                product.product_id
+            )));
+        }
+        let counters = self
+            .ledger
+            .inventory(product.product_id)
+            .await?
+            .ok_or(Error::ProductNotFound)?;
+        self.gate
+            .load(product.product_id, counters.available)
+            .await?;
+        self.ledger.mark_stock_loaded(product.product_id).await?;
+        let loaded = Product {
+            stock_loaded: true,
+            ..product.clone()
+        };
+        self.catalog.put(product.product_id, Some(Arc::new(loaded)));
+        Ok(())
+    }
+
+    // ---- purchase -------------------------------------------------------------------
+
+    pub async fn purchase(&self, request: PurchaseRequest) -> Result<Purchased, Error> {
+        let product = self.product(request.product_id).await?;
+        let now = self.clock.now();
+        if !product.window.is_open_at(now) {
+            return self.replay_or(&request, Error::SaleNotActive).await;
+        }
+        let mut outcome = self
+            .gate
+            .reserve(&request, product.per_user_limit, now)
+            .await?;
+        if outcome == Reserve::NotLoaded {
+            self.load_stock(&product).await?;
+            outcome = self
+                .gate
+                .reserve(&request, product.per_user_limit, now)
+                .await?;
+        }
+        match outcome {
+            Reserve::Reserved { hold_id } => {
+                self.commit(&request, hold_id, HoldOrigin::Fresh).await
+            }
+            Reserve::Existing(hold) => {
+                if hold.user_id != request.user_id || hold.quantity != request.quantity {
+                    return Err(Error::RequestIdConflict);
+                }
+                // Most replays are of finished purchases: one read answers them.
+                if let Some(record) = self.ledger.find_purchase(&request.request_id).await? {
+                    return answer(&request, record);
+                }
+                if hold.released {
+                    error!(request_id = %request.request_id, "hold released but the ledger has no record of the request");
+                    return Err(Error::Unavailable(
+                        "the outcome of this request is not known yet".into(),
+                    ));
+                }
+                // The first attempt is still in flight, or died before its commit:
+                // complete it. The ledger's unique key lets exactly one commit win.
+                self.commit(&request, hold.hold_id, HoldOrigin::Earlier)
+                    .await
+            }
+            Reserve::SoldOut => self.replay_or(&request, Error::SoldOut).await,
+            Reserve::LimitExceeded => self.replay_or(&request, Error::LimitExceeded).await,
+            Reserve::NotLoaded => Err(Error::Unavailable(format!(
+                "stock of product {} is not loaded",
+                request.product_id
+            ))),
+        }
+    }
+
+    /// The gate refused without taking anything. A request accepted long ago (its hold
+    /// record outlived) may be replayed now: the ledger's record answers it; otherwise
+    /// the refusal stands. Never a false refusal: if the ledger can't be asked, 503.
+    async fn replay_or(
+        &self,
+        request: &PurchaseRequest,
+        refusal: Error,
+    ) -> Result<Purchased, Error> {
+        match self.ledger.find_purchase(&request.request_id).await? {
+            Some(record) => answer(request, record),
+            None => Err(refusal),
+        }
+    }
+
+    async fn commit(
+        &self,
+        request: &PurchaseRequest,
+        hold_id: i64,
+        origin: HoldOrigin,
+    ) -> Result<Purchased, Error> {
+        let committed = self
+            .ledger
+            .commit_purchase(request, hold_id, self.settings.payment_timeout)
+            .await;
+        match committed {
+            Ok(Commit::Committed(order)) => Ok(Purchased {
+                order,
+                replay: origin == HoldOrigin::Earlier,
+            }),
+            Ok(Commit::Duplicate(record)) => {
+                if origin == HoldOrigin::Fresh {
+                    // The request_id was taken in the ledger before this hold existed
+                    // (its earlier hold record expired, or it was used on another
+                    // product): this hold can never become an order. Give it back.
+                    self.release_orphan(request).await;
+                }
+                answer(request, record)
+            }
+            Ok(Commit::InsufficientStock) => {
+                warn!(request_id = %request.request_id, product_id = %request.product_id,
+                    "ledger refused a hold the gate granted: gate and ledger disagree");
+                match self
+                    .ledger
+                    .fence(request, hold_id, ReleaseReason::SoldOut)
+                    .await?
+                {
+                    Fence::Fenced => {
+                        self.return_stock(request.product_id, &request.request_id)
+                            .await;
+                        Err(Error::SoldOut)
+                    }
+                    Fence::Duplicate(record) => answer(request, record),
+                }
+            }
+            Err(e) => {
+                // Outcome unknown or not committed: leave the hold where it is. A retry
+                // completes it; recovery fences and releases it if nobody does.
+                warn!(request_id = %request.request_id, error = %e, "purchase commit failed; hold kept for retry or recovery");
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Returns the units of a hold that can never become an order; no ledger write is
+    /// needed because the request_id is already taken there by another record.
+    async fn release_orphan(&self, request: &PurchaseRequest) {
+        match self
+            .gate
+            .release(request.product_id, &request.request_id)
+            .await
+        {
+            Ok(Release::Released | Release::AlreadyReleased) => {}
+            Ok(outcome) => {
+                error!(request_id = %request.request_id, ?outcome, "could not release an orphan hold")
+            }
+            Err(e) => {
+                warn!(request_id = %request.request_id, error = %e, "orphan hold left for recovery")
+            }
+        }
+    }
+
+    /// After the ledger recorded a reservation as RELEASED: gives its units back to the
+    /// gate (once, whatever retries happen) and records that. A failure leaves the return
+    /// pending in the ledger, where a retry of the same call or recovery finds it.
+    async fn return_stock(&self, product_id: ProductId, request_id: &RequestId) {
+        match self.gate.release(product_id, request_id).await {
+            Ok(Release::Released | Release::AlreadyReleased) => {
+                if let Err(e) = self.ledger.mark_stock_returned(request_id).await {
+                    warn!(%request_id, error = %e, "stock returned; marking it in the ledger failed (harmless, retried later)");
+                }
+            }
+            Ok(outcome) => {
+                error!(%request_id, ?outcome, "stock return pending: the gate has no hold to release")
+            }
+            Err(e) => warn!(%request_id, error = %e, "stock return pending: gate unavailable"),
+        }
+    }
+
+    // ---- orders ---------------------------------------------------------------------
+
+    pub async fn order(&self, order_id: OrderId) -> Result<Order, Error> {
+        self.ledger
+            .order(order_id)
+            .await?
+            .ok_or(Error::OrderNotFound)
+    }
+
+    pub async fn purchase_record(&self, request_id: &RequestId) -> Result<Order, Error> {
+        match self.ledger.find_purchase(request_id).await? {
+            Some(PurchaseRecord::Order(order)) => Ok(order),
+            _ => Err(Error::OrderNotFound),
+        }
+    }
+
+    pub async fn pay(&self, order_id: OrderId, user_id: UserId) -> Result<Order, Error> {
+        let attempt = self
+            .ledger
+            .pay(order_id, user_id)
+            .await?
+            .ok_or(Error::OrderNotFound)?;
+        if attempt.applied {
+            info!(%order_id, "order paid");
+            return Ok(attempt.order);
+        }
+        match attempt.order.status.pay() {
+            Ok(Transition::Unchanged) => Ok(attempt.order),
+            Ok(Transition::To(_)) if attempt.expired => Err(Error::OrderExpired),
+            Ok(Transition::To(_)) => Err(Error::Unavailable(
+                "order changed concurrently; retry".into(),
+            )),
+            Err(_) => Err(Error::OrderNotPayable),
+        }
+    }
+
+    pub async fn cancel(&self, order_id: OrderId, user_id: UserId) -> Result<Order, Error> {
+        let attempt = self
+            .ledger
+            .cancel(order_id, user_id, CancelReason::UserCancelled)
+            .await?
+            .ok_or(Error::OrderNotFound)?;
+        if !attempt.applied {
+            match attempt.order.status.cancel() {
+                Ok(Transition::Unchanged) => {}
+                Ok(Transition::To(_)) => {
+                    return Err(Error::Unavailable(
+                        "order changed concurrently; retry".into(),
+                    ))
+                }
+                Err(_) => return Err(Error::OrderNotCancellable),
+            }
+        } else {
+            info!(%order_id, "order cancelled");
+        }
+        debug_assert_eq!(attempt.order.status, OrderStatus::Cancelled);
+        if attempt.stock_return_pending {
+            self.return_stock(attempt.order.product_id, &attempt.order.request_id)
+                .await;
+        }
+        Ok(attempt.order)
+    }
+}
+
+/// Answers a request from what the ledger holds for its request_id.
+fn answer(request: &PurchaseRequest, record: PurchaseRecord) -> Result<Purchased, Error> {
+    if !record.request().same_payload(request) {
+        return Err(Error::RequestIdConflict);
+    }
+    match record {
+        PurchaseRecord::Order(order) => Ok(Purchased {
+            order,
+            replay: true,
+        }),
+        PurchaseRecord::Released {
+            reason: ReleaseReason::SoldOut,
+            ..
+        } => Err(Error::SoldOut),
+        PurchaseRecord::Released { .. } => Err(Error::RequestReleased),
+    }
+}

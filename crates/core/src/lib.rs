@@ -1,0 +1,18 @@
+//! The pure domain of flashsale.
+//!
+//! Nothing here performs I/O, awaits, or reads a clock: time is passed in. That keeps
+//! every rule testable in isolation and lets the deterministic simulator drive it.
+
+pub mod ids;
+pub mod inventory;
+pub mod product;
+pub mod purchase;
+pub mod state;
+
+pub use ids::{OrderId, ParseError, ProductId, Quantity, RequestId, UserId};
+pub use inventory::InventoryCounters;
+pub use product::{parse_restock, NewProduct, SaleWindow, STOCK_MAX};
+pub use purchase::PurchaseRequest;
+pub use state::{
+    CancelReason, OrderStatus, ReleaseReason, ReservationStatus, Transition, TransitionError,
+};

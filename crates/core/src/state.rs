@@ -1,0 +1,313 @@
+//! The order and reservation state machines.
+//!
+//! ```text
+//! order:        PENDING_PAYMENT ──pay──▶ PAID
+//!                      └──cancel / expire──▶ CANCELLED
+//! reservation:  PROCESSING ──confirm──▶ CONFIRMED
+//!                      └──release──────▶ RELEASED
+//! ```
+//! Each machine has exactly one non-terminal state; every transition leaves it, so each
+//! reservation is resolved exactly once (invariant I3). Repeating the transition that
+//! already happened is answered as `Unchanged` (idempotent retries); the opposite
+//! transition is refused. The ledger applies these with conditional UPDATEs
+//! (`… WHERE status = 'PENDING_PAYMENT'`) and consults [`OrderStatus::pay`] and friends
+//! to classify an UPDATE that matched no row.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// What applying an event to a state gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition<S> {
+    /// The state moves to `S`.
+    To(S),
+    /// The event already happened; nothing changes and the caller answers as before.
+    Unchanged,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TransitionError {
+    #[error("order is not payable in state {0}")]
+    NotPayable(OrderStatus),
+    #[error("order is not cancellable in state {0}")]
+    NotCancellable(OrderStatus),
+    #[error("reservation is {0} and can't be confirmed")]
+    NotConfirmable(ReservationStatus),
+    #[error("reservation is {0} and can't be released")]
+    NotReleasable(ReservationStatus),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OrderStatus {
+    PendingPayment,
+    Paid,
+    Cancelled,
+}
+
+impl OrderStatus {
+    pub const ALL: [OrderStatus; 3] = [Self::PendingPayment, Self::Paid, Self::Cancelled];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PendingPayment => "PENDING_PAYMENT",
+            Self::Paid => "PAID",
+            Self::Cancelled => "CANCELLED",
+        }
+    }
+
+    pub fn pay(self) -> Result<Transition<Self>, TransitionError> {
+        match self {
+            Self::PendingPayment => Ok(Transition::To(Self::Paid)),
+            Self::Paid => Ok(Transition::Unchanged),
+            Self::Cancelled => Err(TransitionError::NotPayable(self)),
+        }
+    }
+
+    pub fn cancel(self) -> Result<Transition<Self>, TransitionError> {
+        match self {
+            Self::PendingPayment => Ok(Transition::To(Self::Cancelled)),
+            Self::Cancelled => Ok(Transition::Unchanged),
+            Self::Paid => Err(TransitionError::NotCancellable(self)),
+        }
+    }
+
+    /// Whether the order's units count as taken from stock (invariant I1 sums these).
+    pub fn holds_stock(self) -> bool {
+        matches!(self, Self::PendingPayment | Self::Paid)
+    }
+
+    /// The reservation state that must accompany this order state.
+    pub fn reservation(self) -> ReservationStatus {
+        match self {
+            Self::PendingPayment => ReservationStatus::Processing,
+            Self::Paid => ReservationStatus::Confirmed,
+            Self::Cancelled => ReservationStatus::Released,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReservationStatus {
+    Processing,
+    Confirmed,
+    Released,
+}
+
+impl ReservationStatus {
+    pub const ALL: [ReservationStatus; 3] = [Self::Processing, Self::Confirmed, Self::Released];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Processing => "PROCESSING",
+            Self::Confirmed => "CONFIRMED",
+            Self::Released => "RELEASED",
+        }
+    }
+
+    pub fn confirm(self) -> Result<Transition<Self>, TransitionError> {
+        match self {
+            Self::Processing => Ok(Transition::To(Self::Confirmed)),
+            Self::Confirmed => Ok(Transition::Unchanged),
+            Self::Released => Err(TransitionError::NotConfirmable(self)),
+        }
+    }
+
+    pub fn release(self) -> Result<Transition<Self>, TransitionError> {
+        match self {
+            Self::Processing => Ok(Transition::To(Self::Released)),
+            Self::Released => Ok(Transition::Unchanged),
+            Self::Confirmed => Err(TransitionError::NotReleasable(self)),
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, Self::Processing)
+    }
+}
+
+/// Why an order was cancelled; stored in `orders.cancel_reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CancelReason {
+    UserCancelled,
+    PaymentTimeout,
+}
+
+impl CancelReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::UserCancelled => "user_cancelled",
+            Self::PaymentTimeout => "payment_timeout",
+        }
+    }
+}
+
+/// Why a reservation's stock went back; stored in `inventory_reservation.release_reason`.
+/// A reservation released without ever having an order (`SoldOut`, `Abandoned`) is a
+/// fence: its row takes the request_id, so a late commit of the original attempt fails on
+/// the unique key and can never create an order after the stock was given back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReleaseReason {
+    /// The order was cancelled by its buyer.
+    Cancelled,
+    /// The order was not paid before `expires_at`.
+    PaymentTimeout,
+    /// The ledger's own stock check refused the order although Redis had reserved it.
+    SoldOut,
+    /// The attempt died before writing its order; recovery fenced and released it.
+    Abandoned,
+}
+
+impl ReleaseReason {
+    pub const ALL: [ReleaseReason; 4] = [
+        Self::Cancelled,
+        Self::PaymentTimeout,
+        Self::SoldOut,
+        Self::Abandoned,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cancelled => "cancelled",
+            Self::PaymentTimeout => "payment_timeout",
+            Self::SoldOut => "sold_out",
+            Self::Abandoned => "abandoned",
+        }
+    }
+
+    pub fn for_cancel(reason: CancelReason) -> Self {
+        match reason {
+            CancelReason::UserCancelled => Self::Cancelled,
+            CancelReason::PaymentTimeout => Self::PaymentTimeout,
+        }
+    }
+}
+
+/// A status string from storage that is none of ours: storage is corrupt or newer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {kind} {value:?}")]
+pub struct UnknownStatus {
+    pub kind: &'static str,
+    pub value: String,
+}
+
+macro_rules! status_text {
+    ($ty:ident, $kind:literal, [$($variant:ident),+]) => {
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl FromStr for $ty {
+            type Err = UnknownStatus;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                $(if s == $ty::$variant.as_str() { return Ok($ty::$variant); })+
+                Err(UnknownStatus { kind: $kind, value: s.to_owned() })
+            }
+        }
+    };
+}
+
+status_text!(
+    OrderStatus,
+    "order status",
+    [PendingPayment, Paid, Cancelled]
+);
+status_text!(
+    ReservationStatus,
+    "reservation status",
+    [Processing, Confirmed, Released]
+);
+status_text!(
+    CancelReason,
+    "cancel reason",
+    [UserCancelled, PaymentTimeout]
+);
+status_text!(
+    ReleaseReason,
+    "release reason",
+    [Cancelled, PaymentTimeout, SoldOut, Abandoned]
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use OrderStatus::*;
+    use ReservationStatus::*;
+
+    // Checks every (state, event) pair of the order machine against the table in the
+    // module doc: one legal move out of PENDING_PAYMENT per event, the repeated event is
+    // Unchanged, the opposite terminal state refuses.
+    #[test]
+    fn order_transitions_exhaustive() {
+        assert_eq!(PendingPayment.pay(), Ok(Transition::To(Paid)));
+        assert_eq!(Paid.pay(), Ok(Transition::Unchanged));
+        assert_eq!(Cancelled.pay(), Err(TransitionError::NotPayable(Cancelled)));
+        assert_eq!(PendingPayment.cancel(), Ok(Transition::To(Cancelled)));
+        assert_eq!(Cancelled.cancel(), Ok(Transition::Unchanged));
+        assert_eq!(Paid.cancel(), Err(TransitionError::NotCancellable(Paid)));
+    }
+
+    // Checks every (state, event) pair of the reservation machine, and that a reservation
+    // can't reach both terminal states: once confirmed it refuses release and vice versa.
+    #[test]
+    fn reservation_transitions_exhaustive() {
+        assert_eq!(Processing.confirm(), Ok(Transition::To(Confirmed)));
+        assert_eq!(Confirmed.confirm(), Ok(Transition::Unchanged));
+        assert_eq!(
+            Released.confirm(),
+            Err(TransitionError::NotConfirmable(Released))
+        );
+        assert_eq!(Processing.release(), Ok(Transition::To(Released)));
+        assert_eq!(Released.release(), Ok(Transition::Unchanged));
+        assert_eq!(
+            Confirmed.release(),
+            Err(TransitionError::NotReleasable(Confirmed))
+        );
+        for s in ReservationStatus::ALL {
+            let both = s.confirm().is_ok() && s.release().is_ok();
+            assert_eq!(
+                both,
+                s == Processing,
+                "{s}: only PROCESSING may go either way"
+            );
+            assert_eq!(s.is_terminal(), s != Processing);
+        }
+    }
+
+    // Checks that an order's state implies its reservation's state and whether it holds
+    // stock, for every order state.
+    #[test]
+    fn order_state_implies_reservation_state() {
+        let expected = [
+            (PendingPayment, Processing, true),
+            (Paid, Confirmed, true),
+            (Cancelled, Released, false),
+        ];
+        for (order, reservation, holds) in expected {
+            assert_eq!(order.reservation(), reservation);
+            assert_eq!(order.holds_stock(), holds);
+        }
+    }
+
+    // Checks that every status and reason survives a round trip through its stored text,
+    // and that unknown text is refused rather than mapped to a default.
+    #[test]
+    fn stored_text_round_trips() {
+        for s in OrderStatus::ALL {
+            assert_eq!(s.as_str().parse::<OrderStatus>(), Ok(s));
+        }
+        for s in ReservationStatus::ALL {
+            assert_eq!(s.as_str().parse::<ReservationStatus>(), Ok(s));
+        }
+        for r in ReleaseReason::ALL {
+            assert_eq!(r.as_str().parse::<ReleaseReason>(), Ok(r));
+        }
+        assert!("paid".parse::<OrderStatus>().is_err());
+        assert!("".parse::<ReservationStatus>().is_err());
+        assert_eq!(
+            ReleaseReason::for_cancel(CancelReason::PaymentTimeout),
+            ReleaseReason::PaymentTimeout
+        );
+    }
+}

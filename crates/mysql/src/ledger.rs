@@ -1,0 +1,778 @@
+use std::future::Future;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use flashsale_app::ports::{
+    CancelAttempt, Commit, CreateProduct, Fence, PayAttempt, RecordRestock,
+};
+use flashsale_app::{Ledger, LedgerError, Order, Product, PurchaseRecord};
+use flashsale_core::{
+    CancelReason, InventoryCounters, NewProduct, OrderId, OrderStatus, ProductId, PurchaseRequest,
+    ReleaseReason, RequestId, UserId, STOCK_MAX,
+};
+use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlPool, MySqlPoolOptions};
+use sqlx::{Connection, Executor, MySqlConnection, Row};
+use tracing::warn;
+
+use crate::rows::{self, corrupt, db, ORDER_COLUMNS};
+
+/// Attempts of one transaction that hit a deadlock (1213) or a lock wait timeout (1205)
+/// before the caller hears "unavailable": enough to ride out the bursts of contention on
+/// a hot product's inventory row, few enough to answer within the request deadline.
+const TX_ATTEMPTS_MAX: u32 = 4;
+/// First pause before retrying such a transaction; doubled on each further attempt.
+const TX_RETRY_PAUSE: Duration = Duration::from_millis(5);
+/// How long a session waits for a row lock before InnoDB gives up (seconds): the default
+/// 50 s would hold a purchase far past any client's patience.
+const LOCK_WAIT_TIMEOUT_SECS: u32 = 5;
+
+const ER_DUP_ENTRY: u16 = 1062;
+const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+const ER_LOCK_DEADLOCK: u16 = 1213;
+
+#[derive(Debug, Clone)]
+pub struct LedgerConfig {
+    pub url: String,
+    /// Connections in the pool: a few well-used connections beat many idle ones.
+    pub max_connections: u32,
+    /// How long a caller waits for a free connection (or a new one) before 503.
+    pub acquire_timeout: Duration,
+    /// Deadline of one transaction, retries included; past it the outcome is unknown.
+    pub transaction_timeout: Duration,
+}
+
+pub struct MysqlLedger {
+    pool: MySqlPool,
+    transaction_timeout: Duration,
+}
+
+fn error_number(e: &sqlx::Error) -> Option<u16> {
+    e.as_database_error()
+        .and_then(|d| d.try_downcast_ref::<MySqlDatabaseError>())
+        .map(MySqlDatabaseError::number)
+}
+
+fn is_duplicate(e: &sqlx::Error) -> bool {
+    error_number(e) == Some(ER_DUP_ENTRY)
+}
+
+fn is_retryable(e: &sqlx::Error) -> bool {
+    matches!(
+        error_number(e),
+        Some(ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT)
+    )
+}
+
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// What one purchase transaction did.
+enum Attempt<T> {
+    Done(T),
+    /// The request_id is taken by a committed row (or one committing concurrently).
+    Taken,
+}
+
+impl MysqlLedger {
+    /// Creates the database named in the URL if it does not exist, and a pool for it.
+    pub async fn connect(config: &LedgerConfig) -> Result<Self, LedgerError> {
+        let options = MySqlConnectOptions::from_str(&config.url)
+            .map_err(|e| LedgerError(format!("invalid database url: {e}")))?;
+        if let Some(name) = options.get_database() {
+            let name = name.to_owned();
+            if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(LedgerError(format!(
+                    "database name {name:?} must be letters, digits and _"
+                )));
+            }
+            let server = options.clone().database("information_schema");
+            let mut conn = tokio::time::timeout(
+                config.acquire_timeout,
+                MySqlConnection::connect_with(&server),
+            )
+            .await
+            .map_err(|_| LedgerError("connecting to the database timed out".into()))?
+            .map_err(db)?;
+            conn.execute(format!("CREATE DATABASE IF NOT EXISTS `{name}`").as_str())
+                .await
+                .map_err(db)?;
+            let _ = conn.close().await;
+        }
+        let pool = MySqlPoolOptions::new()
+            .max_connections(config.max_connections)
+            .min_connections(0)
+            .acquire_timeout(config.acquire_timeout)
+            .after_connect(|conn, _meta| {
+                Box::pin(async move {
+                    // READ COMMITTED: no gap locks, so concurrent inserts of distinct
+                    // request_ids don't deadlock; every decision is a conditional UPDATE
+                    // or a unique key anyway, never a snapshot read.
+                    conn.execute(
+                        format!(
+                            "SET SESSION tx_isolation = 'READ-COMMITTED', \
+                             SESSION innodb_lock_wait_timeout = {LOCK_WAIT_TIMEOUT_SECS}"
+                        )
+                        .as_str(),
+                    )
+                    .await?;
+                    Ok(())
+                })
+            })
+            .connect_lazy_with(options);
+        Ok(Self {
+            pool,
+            transaction_timeout: config.transaction_timeout,
+        })
+    }
+
+    /// Applies the schema migrations (idempotent; concurrent instances serialize on the
+    /// migrator's lock).
+    pub async fn migrate(&self) -> Result<(), LedgerError> {
+        sqlx::migrate!("./migrations")
+            .run(&self.pool)
+            .await
+            .map_err(|e| LedgerError(format!("migration failed: {e}")))
+    }
+
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    /// Runs `f` (one transaction) under the transaction deadline, retrying deadlocks and
+    /// lock wait timeouts a bounded number of times.
+    async fn run<T, F, Fut>(&self, what: &'static str, mut f: F) -> Result<T, LedgerError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, sqlx::Error>>,
+    {
+        let all = async {
+            let mut pause = TX_RETRY_PAUSE;
+            let mut attempt = 1;
+            loop {
+                match f().await {
+                    Ok(value) => return Ok(value),
+                    Err(e) if is_retryable(&e) && attempt < TX_ATTEMPTS_MAX => {
+                        warn!(what, attempt, error = %e, "transaction retried");
+                        tokio::time::sleep(pause).await;
+                        pause *= 2;
+                        attempt += 1;
+                    }
+                    Err(e) => return Err(db(e)),
+                }
+            }
+        };
+        tokio::time::timeout(self.transaction_timeout, all)
+            .await
+            .map_err(|_| LedgerError(format!("{what}: no answer within the deadline")))?
+    }
+
+    async fn insert_purchase(
+        &self,
+        request: &PurchaseRequest,
+        hold_id: i64,
+        payment_timeout: Duration,
+    ) -> Result<Attempt<Option<Order>>, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let inserted = sqlx::query(
+            "INSERT INTO inventory_reservation \
+             (request_id, product_id, user_id, quantity, hold_id, status) \
+             VALUES (?, ?, ?, ?, ?, 'PROCESSING')",
+        )
+        .bind(request.request_id.as_str())
+        .bind(request.product_id.get())
+        .bind(request.user_id.get())
+        .bind(request.quantity.get())
+        .bind(hold_id)
+        .execute(&mut *tx)
+        .await;
+        match inserted {
+            Err(e) if is_duplicate(&e) => return Ok(Attempt::Taken),
+            other => other?,
+        };
+        // (MariaDB's INSERT … RETURNING yields no columns through the prepared-statement
+        // protocol sqlx uses, so the database's timestamps are read back in the same
+        // transaction instead.)
+        let inserted = sqlx::query(
+            "INSERT INTO orders (request_id, user_id, product_id, quantity, status, \
+             created_at, expires_at) \
+             VALUES (?, ?, ?, ?, 'PENDING_PAYMENT', NOW(6), NOW(6) + INTERVAL ? MICROSECOND)",
+        )
+        .bind(request.request_id.as_str())
+        .bind(request.user_id.get())
+        .bind(request.product_id.get())
+        .bind(request.quantity.get())
+        .bind(micros(payment_timeout))
+        .execute(&mut *tx)
+        .await;
+        let inserted = match inserted {
+            Err(e) if is_duplicate(&e) => return Ok(Attempt::Taken),
+            other => other?,
+        };
+        let order_id =
+            i64::try_from(inserted.last_insert_id()).map_err(|e| sqlx::Error::Decode(e.into()))?;
+        let row = sqlx::query("SELECT created_at, expires_at FROM orders WHERE id = ?")
+            .bind(order_id)
+            .fetch_one(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO inventory_log (request_id, product_id, order_id, quantity, type) \
+             VALUES (?, ?, ?, ?, 'reserve')",
+        )
+        .bind(request.request_id.as_str())
+        .bind(request.product_id.get())
+        .bind(order_id)
+        .bind(request.quantity.get())
+        .execute(&mut *tx)
+        .await?;
+        // The hot row last, so its lock is held only from here to COMMIT. Its condition is
+        // the ledger's own no-oversell check, independent of the gate.
+        let updated = sqlx::query(
+            "UPDATE product_inventory SET available_stock = available_stock - ?, \
+             pre_deduct_stock = pre_deduct_stock + ?, version = version + 1 \
+             WHERE product_id = ? AND available_stock >= ?",
+        )
+        .bind(request.quantity.get())
+        .bind(request.quantity.get())
+        .bind(request.product_id.get())
+        .bind(request.quantity.get())
+        .execute(&mut *tx)
+        .await?;
+        if updated.rows_affected() != 1 {
+            tx.rollback().await?;
+            return Ok(Attempt::Done(None));
+        }
+        tx.commit().await?;
+        let order = Order {
+            order_id: OrderId::parse(order_id).map_err(|e| sqlx::Error::Decode(e.into()))?,
+            request_id: request.request_id.clone(),
+            user_id: request.user_id,
+            product_id: request.product_id,
+            quantity: request.quantity,
+            status: OrderStatus::PendingPayment,
+            created_at: row.try_get("created_at")?,
+            expires_at: row.try_get("expires_at")?,
+            paid_at: None,
+            cancelled_at: None,
+            cancel_reason: None,
+        };
+        Ok(Attempt::Done(Some(order)))
+    }
+
+    async fn insert_fence(
+        &self,
+        request: &PurchaseRequest,
+        hold_id: i64,
+        reason: ReleaseReason,
+    ) -> Result<Attempt<()>, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let inserted = sqlx::query(
+            "INSERT INTO inventory_reservation (request_id, product_id, user_id, quantity, \
+             hold_id, status, release_reason, resolved_at) \
+             VALUES (?, ?, ?, ?, ?, 'RELEASED', ?, NOW(6))",
+        )
+        .bind(request.request_id.as_str())
+        .bind(request.product_id.get())
+        .bind(request.user_id.get())
+        .bind(request.quantity.get())
+        .bind(hold_id)
+        .bind(reason.as_str())
+        .execute(&mut *tx)
+        .await;
+        match inserted {
+            Err(e) if is_duplicate(&e) => return Ok(Attempt::Taken),
+            other => other?,
+        };
+        sqlx::query(
+            "INSERT INTO inventory_log (request_id, product_id, quantity, type, remark) \
+             VALUES (?, ?, ?, 'release', ?)",
+        )
+        .bind(request.request_id.as_str())
+        .bind(request.product_id.get())
+        .bind(request.quantity.get())
+        .bind(format!("fence: {}", reason.as_str()))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Attempt::Done(()))
+    }
+
+    /// Resolves a purchase transaction that found its request_id taken: the committed
+    /// record answers it. If the row that collided was rolled back meanwhile, there is
+    /// nothing to answer from and the transaction is tried again (bounded).
+    async fn purchase_or_taken<T, F, Fut>(
+        &self,
+        what: &'static str,
+        request_id: &RequestId,
+        mut attempt: F,
+    ) -> Result<Result<T, PurchaseRecord>, LedgerError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<Attempt<T>, LedgerError>>,
+    {
+        for _ in 0..TX_ATTEMPTS_MAX {
+            match attempt().await? {
+                Attempt::Done(value) => return Ok(Ok(value)),
+                Attempt::Taken => {
+                    if let Some(record) = self.find_purchase(request_id).await? {
+                        return Ok(Err(record));
+                    }
+                }
+            }
+        }
+        Err(LedgerError(format!(
+            "{what}: request_id {request_id} kept colliding with transactions that rolled back"
+        )))
+    }
+
+    async fn order_with_flags(
+        conn: &mut MySqlConnection,
+        order_id: OrderId,
+        user_id: UserId,
+    ) -> Result<Option<(Order, bool, bool)>, sqlx::Error> {
+        let row = sqlx::query(&format!(
+            "SELECT {ORDER_COLUMNS}, o.expires_at <= NOW(6) AS expired, \
+             COALESCE(r.status = 'RELEASED' AND r.stock_returned = 0, 0) AS return_pending \
+             FROM orders o LEFT JOIN inventory_reservation r ON r.request_id = o.request_id \
+             WHERE o.id = ? AND o.user_id = ?"
+        ))
+        .bind(order_id.get())
+        .bind(user_id.get())
+        .fetch_optional(&mut *conn)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let order = rows::order(&row).map_err(|e| sqlx::Error::Decode(e.0.into()))?;
+        let expired: bool = row.try_get("expired")?;
+        let return_pending: bool = row.try_get("return_pending")?;
+        Ok(Some((order, expired, return_pending)))
+    }
+
+    /// Moves an order out of PENDING_PAYMENT and its reservation out of PROCESSING, and
+    /// the counters with them, in one transaction; `Ok(false)` when the conditional
+    /// UPDATE matched nothing (another transition won, or the order is not this user's).
+    async fn transition(
+        &self,
+        order_id: OrderId,
+        user_id: UserId,
+        to: OrderStatus,
+        cancel_reason: Option<CancelReason>,
+    ) -> Result<bool, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let updated = match to {
+            OrderStatus::Paid => {
+                sqlx::query(
+                    "UPDATE orders SET status = 'PAID', paid_at = NOW(6) \
+                     WHERE id = ? AND user_id = ? AND status = 'PENDING_PAYMENT' \
+                     AND expires_at > NOW(6)",
+                )
+                .bind(order_id.get())
+                .bind(user_id.get())
+                .execute(&mut *tx)
+                .await?
+            }
+            OrderStatus::Cancelled => {
+                sqlx::query(
+                    "UPDATE orders SET status = 'CANCELLED', cancelled_at = NOW(6), \
+                     cancel_reason = ? \
+                     WHERE id = ? AND user_id = ? AND status = 'PENDING_PAYMENT'",
+                )
+                .bind(cancel_reason.map(CancelReason::as_str))
+                .bind(order_id.get())
+                .bind(user_id.get())
+                .execute(&mut *tx)
+                .await?
+            }
+            OrderStatus::PendingPayment => {
+                return Err(sqlx::Error::Protocol(
+                    "no transition to PENDING_PAYMENT".into(),
+                ))
+            }
+        };
+        if updated.rows_affected() != 1 {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        let row = sqlx::query("SELECT request_id, product_id, quantity FROM orders WHERE id = ?")
+            .bind(order_id.get())
+            .fetch_one(&mut *tx)
+            .await?;
+        let request_id: String = row.try_get_unchecked("request_id")?;
+        let product_id: i64 = row.try_get("product_id")?;
+        let quantity: i32 = row.try_get("quantity")?;
+        let (reservation_sql, inventory_sql, log_type) = match to {
+            OrderStatus::Paid => (
+                "UPDATE inventory_reservation SET status = 'CONFIRMED', resolved_at = NOW(6) \
+                 WHERE request_id = ? AND status = 'PROCESSING'",
+                "UPDATE product_inventory SET pre_deduct_stock = pre_deduct_stock - ?, \
+                 sold_count = sold_count + ?, version = version + 1 WHERE product_id = ?",
+                "confirm",
+            ),
+            _ => (
+                "UPDATE inventory_reservation SET status = 'RELEASED', resolved_at = NOW(6), \
+                 release_reason = ?, stock_returned = 0 \
+                 WHERE request_id = ? AND status = 'PROCESSING'",
+                "UPDATE product_inventory SET pre_deduct_stock = pre_deduct_stock - ?, \
+                 available_stock = available_stock + ?, version = version + 1 \
+                 WHERE product_id = ?",
+                "release",
+            ),
+        };
+        let mut reservation = sqlx::query(reservation_sql);
+        if to == OrderStatus::Cancelled {
+            let reason = cancel_reason.unwrap_or(CancelReason::UserCancelled);
+            reservation = reservation.bind(ReleaseReason::for_cancel(reason).as_str());
+        }
+        let reserved = reservation.bind(&request_id).execute(&mut *tx).await?;
+        if reserved.rows_affected() != 1 {
+            // An order in PENDING_PAYMENT always has a PROCESSING reservation; anything
+            // else is corruption, and nothing is changed.
+            tx.rollback().await?;
+            return Err(sqlx::Error::Protocol(format!(
+                "order {order_id} is PENDING_PAYMENT but its reservation is not PROCESSING"
+            )));
+        }
+        sqlx::query(inventory_sql)
+            .bind(quantity)
+            .bind(quantity)
+            .bind(product_id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO inventory_log (request_id, product_id, order_id, quantity, type) \
+             VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(&request_id)
+        .bind(product_id)
+        .bind(order_id.get())
+        .bind(quantity)
+        .bind(log_type)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn insert_restock(
+        &self,
+        product_id: ProductId,
+        restock_id: &RequestId,
+        quantity: i64,
+    ) -> Result<RecordRestock, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let inserted = sqlx::query(
+            "INSERT INTO restock_request (request_id, product_id, quantity) VALUES (?, ?, ?)",
+        )
+        .bind(restock_id.as_str())
+        .bind(product_id.get())
+        .bind(quantity)
+        .execute(&mut *tx)
+        .await;
+        match inserted {
+            Err(e) if is_duplicate(&e) => {
+                tx.rollback().await?;
+                let row = sqlx::query(
+                    "SELECT product_id, quantity, gate_applied FROM restock_request \
+                     WHERE request_id = ?",
+                )
+                .bind(restock_id.as_str())
+                .fetch_one(&self.pool)
+                .await?;
+                let same = row.try_get::<i64, _>("product_id")? == product_id.get()
+                    && row.try_get::<i64, _>("quantity")? == quantity;
+                return Ok(if same {
+                    RecordRestock::Recorded {
+                        applied: row.try_get("gate_applied")?,
+                    }
+                } else {
+                    RecordRestock::Conflict
+                });
+            }
+            other => other?,
+        };
+        let updated = sqlx::query(
+            "UPDATE product_inventory SET total_stock = total_stock + ?, \
+             available_stock = available_stock + ?, version = version + 1 \
+             WHERE product_id = ? AND total_stock + ? <= ?",
+        )
+        .bind(quantity)
+        .bind(quantity)
+        .bind(product_id.get())
+        .bind(quantity)
+        .bind(STOCK_MAX)
+        .execute(&mut *tx)
+        .await?;
+        if updated.rows_affected() != 1 {
+            tx.rollback().await?;
+            return Ok(RecordRestock::TooLarge);
+        }
+        sqlx::query(
+            "INSERT INTO inventory_log (request_id, product_id, quantity, type) \
+             VALUES (?, ?, ?, 'restock')",
+        )
+        .bind(restock_id.as_str())
+        .bind(product_id.get())
+        .bind(quantity)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(RecordRestock::Recorded { applied: false })
+    }
+
+    async fn insert_product(&self, new: &NewProduct) -> Result<bool, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let inserted = sqlx::query(
+            "INSERT INTO products (product_id, name, per_user_limit, sale_starts_at, \
+             sale_ends_at) VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(new.product_id.get())
+        .bind(&new.name)
+        .bind(new.per_user_limit)
+        .bind(new.window.starts_at)
+        .bind(new.window.ends_at)
+        .execute(&mut *tx)
+        .await;
+        match inserted {
+            Err(e) if is_duplicate(&e) => return Ok(false),
+            other => other?,
+        };
+        sqlx::query(
+            "INSERT INTO product_inventory (product_id, total_stock, available_stock) \
+             VALUES (?, ?, ?)",
+        )
+        .bind(new.product_id.get())
+        .bind(new.stock)
+        .bind(new.stock)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+}
+
+#[async_trait]
+impl Ledger for MysqlLedger {
+    async fn ping(&self) -> Result<(), LedgerError> {
+        self.run("ping", || async {
+            sqlx::query("SELECT 1").execute(&self.pool).await.map(drop)
+        })
+        .await
+    }
+
+    async fn create_product(&self, new: &NewProduct) -> Result<CreateProduct, LedgerError> {
+        let created = self
+            .run("create product", || self.insert_product(new))
+            .await?;
+        let product = self
+            .product(new.product_id)
+            .await?
+            .ok_or_else(|| corrupt("product vanished after insert"))?;
+        if created {
+            return Ok(CreateProduct::Created(product));
+        }
+        let counters = self
+            .inventory(new.product_id)
+            .await?
+            .ok_or_else(|| corrupt("product without inventory"))?;
+        Ok(CreateProduct::Exists(product, counters.total))
+    }
+
+    async fn product(&self, product_id: ProductId) -> Result<Option<Product>, LedgerError> {
+        let row = self
+            .run("read product", || {
+                sqlx::query(
+                    "SELECT product_id, name, per_user_limit, sale_starts_at, sale_ends_at, \
+                     stock_loaded, created_at FROM products WHERE product_id = ?",
+                )
+                .bind(product_id.get())
+                .fetch_optional(&self.pool)
+            })
+            .await?;
+        row.as_ref().map(rows::product).transpose()
+    }
+
+    async fn mark_stock_loaded(&self, product_id: ProductId) -> Result<(), LedgerError> {
+        self.run("mark stock loaded", || {
+            sqlx::query("UPDATE products SET stock_loaded = 1 WHERE product_id = ?")
+                .bind(product_id.get())
+                .execute(&self.pool)
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn inventory(
+        &self,
+        product_id: ProductId,
+    ) -> Result<Option<InventoryCounters>, LedgerError> {
+        let row = self
+            .run("read inventory", || {
+                sqlx::query(
+                    "SELECT total_stock, available_stock, pre_deduct_stock, sold_count \
+                     FROM product_inventory WHERE product_id = ?",
+                )
+                .bind(product_id.get())
+                .fetch_optional(&self.pool)
+            })
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        Ok(Some(InventoryCounters {
+            total: row.try_get("total_stock").map_err(db)?,
+            available: row.try_get("available_stock").map_err(db)?,
+            reserved: row.try_get("pre_deduct_stock").map_err(db)?,
+            sold: row.try_get("sold_count").map_err(db)?,
+        }))
+    }
+
+    async fn commit_purchase(
+        &self,
+        request: &PurchaseRequest,
+        hold_id: i64,
+        payment_timeout: Duration,
+    ) -> Result<Commit, LedgerError> {
+        let outcome = self
+            .purchase_or_taken("commit purchase", &request.request_id, || {
+                self.run("commit purchase", move || {
+                    self.insert_purchase(request, hold_id, payment_timeout)
+                })
+            })
+            .await?;
+        Ok(match outcome {
+            Ok(Some(order)) => Commit::Committed(order),
+            Ok(None) => Commit::InsufficientStock,
+            Err(record) => Commit::Duplicate(record),
+        })
+    }
+
+    async fn fence(
+        &self,
+        request: &PurchaseRequest,
+        hold_id: i64,
+        reason: ReleaseReason,
+    ) -> Result<Fence, LedgerError> {
+        let outcome = self
+            .purchase_or_taken("fence", &request.request_id, || {
+                self.run("fence", move || self.insert_fence(request, hold_id, reason))
+            })
+            .await?;
+        Ok(match outcome {
+            Ok(()) => Fence::Fenced,
+            Err(record) => Fence::Duplicate(record),
+        })
+    }
+
+    async fn find_purchase(
+        &self,
+        request_id: &RequestId,
+    ) -> Result<Option<PurchaseRecord>, LedgerError> {
+        let sql = format!(
+            "SELECT r.request_id AS r_request_id, r.product_id AS r_product_id, \
+             r.user_id AS r_user_id, r.quantity AS r_quantity, r.status AS r_status, \
+             r.release_reason AS r_release_reason, {ORDER_COLUMNS} \
+             FROM inventory_reservation r LEFT JOIN orders o ON o.request_id = r.request_id \
+             WHERE r.request_id = ?"
+        );
+        let row = self
+            .run("find purchase", || {
+                sqlx::query(&sql)
+                    .bind(request_id.as_str())
+                    .fetch_optional(&self.pool)
+            })
+            .await?;
+        row.as_ref().map(rows::purchase).transpose()
+    }
+
+    async fn order(&self, order_id: OrderId) -> Result<Option<Order>, LedgerError> {
+        let sql = format!("SELECT {ORDER_COLUMNS} FROM orders o WHERE o.id = ?");
+        let row = self
+            .run("read order", || {
+                sqlx::query(&sql)
+                    .bind(order_id.get())
+                    .fetch_optional(&self.pool)
+            })
+            .await?;
+        row.as_ref().map(rows::order).transpose()
+    }
+
+    async fn pay(
+        &self,
+        order_id: OrderId,
+        user_id: UserId,
+    ) -> Result<Option<PayAttempt>, LedgerError> {
+        let applied = self
+            .run("pay", || {
+                self.transition(order_id, user_id, OrderStatus::Paid, None)
+            })
+            .await?;
+        let found = self
+            .run("read order", || async {
+                let mut conn = self.pool.acquire().await?;
+                Self::order_with_flags(&mut conn, order_id, user_id).await
+            })
+            .await?;
+        Ok(found.map(|(order, expired, _)| PayAttempt {
+            order,
+            applied,
+            expired,
+        }))
+    }
+
+    async fn cancel(
+        &self,
+        order_id: OrderId,
+        user_id: UserId,
+        reason: CancelReason,
+    ) -> Result<Option<CancelAttempt>, LedgerError> {
+        let applied = self
+            .run("cancel", || {
+                self.transition(order_id, user_id, OrderStatus::Cancelled, Some(reason))
+            })
+            .await?;
+        let found = self
+            .run("read order", || async {
+                let mut conn = self.pool.acquire().await?;
+                Self::order_with_flags(&mut conn, order_id, user_id).await
+            })
+            .await?;
+        Ok(found.map(|(order, _, stock_return_pending)| CancelAttempt {
+            order,
+            applied,
+            stock_return_pending,
+        }))
+    }
+
+    async fn mark_stock_returned(&self, request_id: &RequestId) -> Result<(), LedgerError> {
+        self.run("mark stock returned", || {
+            sqlx::query(
+                "UPDATE inventory_reservation SET stock_returned = 1 \
+                 WHERE request_id = ? AND status = 'RELEASED'",
+            )
+            .bind(request_id.as_str())
+            .execute(&self.pool)
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn record_restock(
+        &self,
+        product_id: ProductId,
+        restock_id: &RequestId,
+        quantity: i64,
+    ) -> Result<RecordRestock, LedgerError> {
+        self.run("record restock", || {
+            self.insert_restock(product_id, restock_id, quantity)
+        })
+        .await
+    }
+
+    async fn mark_restock_applied(&self, restock_id: &RequestId) -> Result<(), LedgerError> {
+        self.run("mark restock applied", || {
+            sqlx::query("UPDATE restock_request SET gate_applied = 1 WHERE request_id = ?")
+                .bind(restock_id.as_str())
+                .execute(&self.pool)
+        })
+        .await
+        .map(drop)
+    }
+}

@@ -1,0 +1,13 @@
+//! The ledger on MariaDB.
+//!
+//! Every state change is a conditional UPDATE (`… WHERE status = 'PENDING_PAYMENT'`)
+//! checked by its affected rows, or an INSERT against a unique key, inside one
+//! transaction with the rows that must change with it; nothing is decided by reading
+//! first and writing later. Deadlocks and lock wait timeouts are retried a bounded number
+//! of times; any other failure is reported as unavailable (the outcome may be unknown)
+//! and the caller answers 503.
+
+mod ledger;
+mod rows;
+
+pub use ledger::{LedgerConfig, MysqlLedger};

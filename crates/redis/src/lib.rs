@@ -1,0 +1,288 @@
+//! The stock gate on Redis.
+//!
+//! Keys of one product share a hash tag, `{p:<id>}`, so every script touches one slot and
+//! would run unchanged on Redis Cluster:
+//!
+//! | key                              | type   | holds                                      |
+//! |----------------------------------|--------|--------------------------------------------|
+//! | `<prefix>{p:<id>}:inv`           | hash   | `avail` units, `seq` last hold id          |
+//! | `<prefix>{p:<id>}:users`         | hash   | user id → units held (limited products)    |
+//! | `<prefix>{p:<id>}:r:<request_id>`| hash   | one hold: user, quantity, state, hold id   |
+//! | `<prefix>{p:<id>}:pending`       | zset   | request_ids of holds, scored by time (ms)  |
+//! | `<prefix>{p:<id>}:restock:<id>`  | string | marker of an applied restock               |
+//!
+//! Every script validates its arguments before its first write, and is idempotent on its
+//! request or restock id: a client retry after a lost reply never takes or returns stock
+//! twice. The hold record is written in the same atomic step as the decrement, so no
+//! decrement is ever untraceable; the `pending` index lets recovery find holds without
+//! scanning the keyspace. An attempt that takes nothing writes nothing.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use flashsale_app::ports::{ExistingHold, Release, Reserve, Restock};
+use flashsale_app::{GateError, StockGate};
+use flashsale_core::{ProductId, PurchaseRequest, Quantity, RequestId, UserId};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Script, Value};
+
+/// Connection settings of the gate.
+#[derive(Debug, Clone)]
+pub struct GateConfig {
+    pub url: String,
+    /// Prepended to every key, so deployments and tests can share one Redis.
+    pub prefix: String,
+    /// How long a hold record is kept; replays after that are answered by the ledger.
+    pub record_ttl: Duration,
+    /// How long to wait for a reply before calling the outcome unknown.
+    pub response_timeout: Duration,
+    /// How long to wait for a connection before calling Redis unreachable.
+    pub connect_timeout: Duration,
+}
+
+/// Reconnect attempts per failed connection before the call fails: a purchase must
+/// answer 503 quickly when Redis is down rather than queue behind reconnects.
+const RECONNECT_ATTEMPTS: usize = 1;
+
+pub struct RedisGate {
+    conn: ConnectionManager,
+    prefix: String,
+    record_ttl_ms: u64,
+    reserve: Script,
+    release: Script,
+    restock: Script,
+    load: Script,
+}
+
+impl RedisGate {
+    /// Builds the gate without connecting: the first call connects, so the service starts
+    /// (and reports not ready) while Redis is down.
+    pub fn new(config: &GateConfig) -> Result<Self, GateError> {
+        let client = redis::Client::open(config.url.as_str())
+            .map_err(|e| GateError(format!("invalid redis url: {e}")))?;
+        let manager_config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(config.response_timeout))
+            .set_connection_timeout(Some(config.connect_timeout))
+            .set_number_of_retries(RECONNECT_ATTEMPTS);
+        let conn =
+            ConnectionManager::new_lazy_with_config(client, manager_config).map_err(unavailable)?;
+        Ok(Self {
+            conn,
+            prefix: config.prefix.clone(),
+            record_ttl_ms: u64::try_from(config.record_ttl.as_millis()).unwrap_or(u64::MAX),
+            reserve: Script::new(include_str!("lua/reserve.lua")),
+            release: Script::new(include_str!("lua/release.lua")),
+            restock: Script::new(include_str!("lua/restock.lua")),
+            load: Script::new(include_str!("lua/load.lua")),
+        })
+    }
+
+    fn key(&self, product_id: ProductId, suffix: &str) -> String {
+        format!("{}{{p:{}}}:{}", self.prefix, product_id.get(), suffix)
+    }
+
+    fn hold_key(&self, product_id: ProductId, request_id: &RequestId) -> String {
+        self.key(product_id, &format!("r:{request_id}"))
+    }
+}
+
+fn unavailable(e: redis::RedisError) -> GateError {
+    GateError(e.to_string())
+}
+
+fn int(value: &Value) -> Option<i64> {
+    match value {
+        Value::Int(n) => Some(*n),
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn unexpected(script: &str, value: &Value) -> GateError {
+    GateError(format!("unexpected reply from {script} script: {value:?}"))
+}
+
+fn parse_reserve(reply: &Value) -> Result<Reserve, GateError> {
+    let bad = || unexpected("reserve", reply);
+    let Value::Array(items) = reply else {
+        return Err(bad());
+    };
+    let ints: Vec<i64> = items
+        .iter()
+        .map(int)
+        .collect::<Option<_>>()
+        .ok_or_else(bad)?;
+    Ok(match ints.as_slice() {
+        [1, hold_id] => Reserve::Reserved { hold_id: *hold_id },
+        [0] => Reserve::SoldOut,
+        [-1] => Reserve::NotLoaded,
+        [-2] => Reserve::LimitExceeded,
+        [2, hold_id, user, quantity, released] => Reserve::Existing(ExistingHold {
+            hold_id: *hold_id,
+            user_id: UserId::parse(*user).map_err(|_| bad())?,
+            quantity: Quantity::from_stored(*quantity).ok_or_else(bad)?,
+            released: *released == 1,
+        }),
+        _ => return Err(bad()),
+    })
+}
+
+#[async_trait]
+impl StockGate for RedisGate {
+    async fn ping(&self) -> Result<(), GateError> {
+        let mut conn = self.conn.clone();
+        redis::cmd("PING")
+            .query_async::<String>(&mut conn)
+            .await
+            .map(drop)
+            .map_err(unavailable)
+    }
+
+    async fn load(&self, product_id: ProductId, available: i64) -> Result<bool, GateError> {
+        let mut conn = self.conn.clone();
+        let loaded: i64 = self
+            .load
+            .key(self.key(product_id, "inv"))
+            .arg(available)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(loaded == 1)
+    }
+
+    async fn reserve(
+        &self,
+        request: &PurchaseRequest,
+        per_user_limit: Option<u32>,
+        now: DateTime<Utc>,
+    ) -> Result<Reserve, GateError> {
+        let p = request.product_id;
+        let mut conn = self.conn.clone();
+        let reply: Value = self
+            .reserve
+            .key(self.key(p, "inv"))
+            .key(self.key(p, "users"))
+            .key(self.hold_key(p, &request.request_id))
+            .key(self.key(p, "pending"))
+            .arg(request.quantity.get())
+            .arg(request.user_id.get())
+            .arg(per_user_limit.unwrap_or(0))
+            .arg(now.timestamp_millis())
+            .arg(self.record_ttl_ms)
+            .arg(request.request_id.as_str())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        parse_reserve(&reply)
+    }
+
+    async fn release(
+        &self,
+        product_id: ProductId,
+        request_id: &RequestId,
+    ) -> Result<Release, GateError> {
+        let mut conn = self.conn.clone();
+        let code: i64 = self
+            .release
+            .key(self.key(product_id, "inv"))
+            .key(self.key(product_id, "users"))
+            .key(self.hold_key(product_id, request_id))
+            .key(self.key(product_id, "pending"))
+            .arg(request_id.as_str())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        match code {
+            1 => Ok(Release::Released),
+            0 => Ok(Release::AlreadyReleased),
+            -1 => Ok(Release::Missing),
+            -2 => Ok(Release::NotLoaded),
+            other => Err(unexpected("release", &Value::Int(other))),
+        }
+    }
+
+    async fn restock(
+        &self,
+        product_id: ProductId,
+        restock_id: &RequestId,
+        quantity: i64,
+    ) -> Result<Restock, GateError> {
+        let mut conn = self.conn.clone();
+        let code: i64 = self
+            .restock
+            .key(self.key(product_id, "inv"))
+            .key(self.key(product_id, &format!("restock:{restock_id}")))
+            .arg(quantity)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        match code {
+            1 => Ok(Restock::Applied),
+            0 => Ok(Restock::AlreadyApplied),
+            -1 => Ok(Restock::NotLoaded),
+            other => Err(unexpected("restock", &Value::Int(other))),
+        }
+    }
+
+    async fn available(&self, product_id: ProductId) -> Result<Option<i64>, GateError> {
+        let mut conn = self.conn.clone();
+        redis::cmd("HGET")
+            .arg(self.key(product_id, "inv"))
+            .arg("avail")
+            .query_async::<Option<i64>>(&mut conn)
+            .await
+            .map_err(unavailable)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Checks that every reply shape of the reserve script maps to its outcome, that ids
+    // above 2^53 survive (they travel as strings), and that malformed replies are errors,
+    // never a guessed outcome.
+    #[test]
+    fn reserve_replies() {
+        let arr = |v: Vec<Value>| Value::Array(v);
+        let s = |t: &str| Value::BulkString(t.as_bytes().to_vec());
+        assert_eq!(
+            parse_reserve(&arr(vec![Value::Int(1), Value::Int(7)])).ok(),
+            Some(Reserve::Reserved { hold_id: 7 })
+        );
+        assert_eq!(
+            parse_reserve(&arr(vec![Value::Int(0)])).ok(),
+            Some(Reserve::SoldOut)
+        );
+        assert_eq!(
+            parse_reserve(&arr(vec![Value::Int(-1)])).ok(),
+            Some(Reserve::NotLoaded)
+        );
+        assert_eq!(
+            parse_reserve(&arr(vec![Value::Int(-2)])).ok(),
+            Some(Reserve::LimitExceeded)
+        );
+        let big = i64::MAX.to_string();
+        let existing = parse_reserve(&arr(vec![
+            Value::Int(2),
+            s("9"),
+            s(&big),
+            s("3"),
+            Value::Int(1),
+        ]));
+        match existing {
+            Ok(Reserve::Existing(h)) => {
+                assert_eq!(h.hold_id, 9);
+                assert_eq!(h.user_id.get(), i64::MAX);
+                assert_eq!(h.quantity.get(), 3);
+                assert!(h.released);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(parse_reserve(&Value::Int(1)).is_err());
+        assert!(parse_reserve(&arr(vec![Value::Int(5)])).is_err());
+        assert!(parse_reserve(&arr(vec![Value::Int(2), s("x")])).is_err());
+    }
+}

@@ -1,0 +1,299 @@
+//! Configuration: a TOML file (`--config`) overridden by `FLASHSALE_*` environment
+//! variables. Every value is parsed and checked here, before anything starts; a bad value
+//! stops startup with a message naming the variable or key.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+/// Everything `serve` needs, parsed.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub redis_url: String,
+    pub database_url: String,
+    pub redis_prefix: String,
+    /// None: serve generates one and logs it once.
+    pub admin_token: Option<String>,
+    pub payment_timeout: Duration,
+    pub max_quantity_per_order: u32,
+    pub redis_record_ttl: Duration,
+    pub log_json: bool,
+    pub database_max_connections: u32,
+    pub request_timeout: Duration,
+    pub in_flight_max: usize,
+}
+
+/// Every key a config file may hold, with its default; each is also read from the
+/// environment variable `FLASHSALE_<KEY in upper case>`, which wins over the file.
+pub const KEYS: &[(&str, Option<&str>)] = &[
+    ("listen", Some("127.0.0.1:8080")),
+    ("redis_url", Some("redis://127.0.0.1:6379")),
+    (
+        "database_url",
+        Some("mysql://root@127.0.0.1:3306/flashsale"),
+    ),
+    ("redis_prefix", Some("flashsale:")),
+    ("admin_token", None),
+    ("payment_timeout", Some("15m")),
+    ("max_quantity_per_order", Some("5")),
+    ("redis_record_ttl", Some("24h")),
+    ("log_format", Some("text")),
+    ("database_max_connections", Some("16")),
+    ("request_timeout", Some("10s")),
+    ("in_flight_max", Some("4096")),
+];
+
+/// Upper bound of the per-order quantity setting: orders are for a flash sale, not bulk.
+const MAX_QUANTITY_PER_ORDER_LIMIT: u32 = 1000;
+/// Upper bound of the pool size: on a small machine more connections only add contention.
+const DATABASE_CONNECTIONS_LIMIT: u32 = 256;
+/// Upper bound of concurrently handled requests.
+const IN_FLIGHT_LIMIT: usize = 1_000_000;
+/// Longest Redis key prefix: it is repeated in every key.
+const REDIS_PREFIX_LEN_MAX: usize = 64;
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Raw values by key, each with the name to blame when it is bad.
+struct Raw(HashMap<&'static str, (String, String)>);
+
+impl Raw {
+    fn get(&self, key: &str) -> Option<(&str, &str)> {
+        self.0.get(key).map(|(n, v)| (n.as_str(), v.as_str()))
+    }
+
+    /// The value of a key that has a default.
+    fn value(&self, key: &str) -> (&str, &str) {
+        self.get(key).unwrap_or(("", ""))
+    }
+}
+
+fn invalid(name: &str, message: impl std::fmt::Display) -> ConfigError {
+    ConfigError(format!("{name}: {message}"))
+}
+
+fn duration((name, raw): (&str, &str)) -> Result<Duration, ConfigError> {
+    let d = humantime::parse_duration(raw.trim()).map_err(|e| {
+        invalid(
+            name,
+            format!("{raw:?} is not a duration like 15m, 2s, 500ms ({e})"),
+        )
+    })?;
+    if d.is_zero() {
+        return Err(invalid(name, "must be longer than zero"));
+    }
+    Ok(d)
+}
+
+fn number<T>((name, raw): (&str, &str), lo: T, hi: T) -> Result<T, ConfigError>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
+{
+    let n: T = raw
+        .trim()
+        .parse()
+        .map_err(|_| invalid(name, format!("{raw:?} is not a whole number")))?;
+    if n < lo || n > hi {
+        return Err(invalid(name, format!("must be between {lo} and {hi}")));
+    }
+    Ok(n)
+}
+
+impl Config {
+    /// Reads the optional file and the process environment.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let env: HashMap<String, String> = std::env::vars().collect();
+        let text = match file {
+            None => None,
+            Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
+                ConfigError(format!("reading config file {}: {e}", path.display()))
+            })?),
+        };
+        Self::from_parts(text.as_deref(), &env)
+    }
+
+    /// Parses a config file's text (if any) and environment variables.
+    pub fn from_parts(
+        file: Option<&str>,
+        env: &HashMap<String, String>,
+    ) -> Result<Self, ConfigError> {
+        let table: toml::Table = match file {
+            None => toml::Table::new(),
+            Some(text) => {
+                toml::from_str(text).map_err(|e| ConfigError(format!("config file: {e}")))?
+            }
+        };
+        if let Some(unknown) = table.keys().find(|k| KEYS.iter().all(|(key, _)| key != k)) {
+            return Err(ConfigError(format!(
+                "config file: unknown key {unknown:?} (known: {})",
+                KEYS.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", ")
+            )));
+        }
+        let mut raw = HashMap::new();
+        for (key, default) in KEYS {
+            let var = format!("FLASHSALE_{}", key.to_uppercase());
+            let value = if let Some(v) = env.get(&var) {
+                Some((var, v.clone()))
+            } else if let Some(v) = table.get(*key) {
+                let text = match v {
+                    toml::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                Some((format!("{key} (config file)"), text))
+            } else {
+                default.map(|d| (var, d.to_owned()))
+            };
+            if let Some(value) = value {
+                raw.insert(*key, value);
+            }
+        }
+        Self::parse(&Raw(raw))
+    }
+
+    fn parse(raw: &Raw) -> Result<Self, ConfigError> {
+        let (name, v) = raw.value("listen");
+        let listen: SocketAddr = v
+            .parse()
+            .map_err(|_| invalid(name, format!("{v:?} is not an address like 127.0.0.1:8080")))?;
+
+        let (name, redis_url) = raw.value("redis_url");
+        if !(redis_url.starts_with("redis://") || redis_url.starts_with("rediss://")) {
+            return Err(invalid(name, "must start with redis:// or rediss://"));
+        }
+        let (name, database_url) = raw.value("database_url");
+        if !database_url.starts_with("mysql://") {
+            return Err(invalid(name, "must start with mysql://"));
+        }
+        let (name, redis_prefix) = raw.value("redis_prefix");
+        if redis_prefix.contains(['{', '}', ' ']) || redis_prefix.len() > REDIS_PREFIX_LEN_MAX {
+            return Err(invalid(
+                name,
+                format!("at most {REDIS_PREFIX_LEN_MAX} characters, without braces or spaces"),
+            ));
+        }
+        let admin_token = match raw.get("admin_token") {
+            None => None,
+            Some((name, t)) if t.len() < 8 => {
+                return Err(invalid(name, "must be at least 8 characters"))
+            }
+            Some((_, t)) => Some(t.to_owned()),
+        };
+        let payment_timeout = duration(raw.value("payment_timeout"))?;
+        let max_quantity_per_order = number(
+            raw.value("max_quantity_per_order"),
+            1,
+            MAX_QUANTITY_PER_ORDER_LIMIT,
+        )?;
+        let redis_record_ttl = duration(raw.value("redis_record_ttl"))?;
+        if redis_record_ttl <= payment_timeout {
+            // A hold record must outlive its order's payment window: returning the stock
+            // of an unpaid order exactly once relies on the record.
+            return Err(invalid(
+                raw.value("redis_record_ttl").0,
+                "must be longer than the payment timeout",
+            ));
+        }
+        let (name, format) = raw.value("log_format");
+        let log_json = match format {
+            "text" => false,
+            "json" => true,
+            _ => return Err(invalid(name, "must be text or json")),
+        };
+        let database_max_connections = number(
+            raw.value("database_max_connections"),
+            1,
+            DATABASE_CONNECTIONS_LIMIT,
+        )?;
+        let request_timeout = duration(raw.value("request_timeout"))?;
+        let in_flight_max = number(raw.value("in_flight_max"), 1, IN_FLIGHT_LIMIT)?;
+        Ok(Self {
+            listen,
+            redis_url: redis_url.to_owned(),
+            database_url: database_url.to_owned(),
+            redis_prefix: redis_prefix.to_owned(),
+            admin_token,
+            payment_timeout,
+            max_quantity_per_order,
+            redis_record_ttl,
+            log_json,
+            database_max_connections,
+            request_timeout,
+            in_flight_max,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    // Checks the documented defaults apply when nothing is set.
+    #[test]
+    fn defaults() {
+        let c = Config::from_parts(None, &env(&[])).expect("defaults are valid");
+        assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.redis_url, "redis://127.0.0.1:6379");
+        assert_eq!(c.database_url, "mysql://root@127.0.0.1:3306/flashsale");
+        assert_eq!(c.payment_timeout, Duration::from_secs(15 * 60));
+        assert_eq!(c.max_quantity_per_order, 5);
+        assert_eq!(c.redis_record_ttl, Duration::from_secs(24 * 3600));
+        assert_eq!(c.admin_token, None);
+        assert!(!c.log_json);
+    }
+
+    // Checks that the file sets values and the environment overrides the file.
+    #[test]
+    fn env_overrides_file() {
+        let file =
+            "listen = \"127.0.0.1:9000\"\npayment_timeout = \"2s\"\nmax_quantity_per_order = 3\n";
+        let c = Config::from_parts(Some(file), &env(&[("FLASHSALE_PAYMENT_TIMEOUT", "500ms")]))
+            .expect("valid");
+        assert_eq!(c.listen.port(), 9000);
+        assert_eq!(c.max_quantity_per_order, 3);
+        assert_eq!(c.payment_timeout, Duration::from_millis(500));
+    }
+
+    // Checks that each kind of bad value is refused with a message naming its source:
+    // the variable when it came from the environment, the key when from the file.
+    #[test]
+    fn bad_values_name_their_source() {
+        let cases = [
+            ("FLASHSALE_PAYMENT_TIMEOUT", "soon"),
+            ("FLASHSALE_PAYMENT_TIMEOUT", "0s"),
+            ("FLASHSALE_MAX_QUANTITY_PER_ORDER", "0"),
+            ("FLASHSALE_LISTEN", "nowhere"),
+            ("FLASHSALE_REDIS_URL", "http://x"),
+            ("FLASHSALE_DATABASE_URL", "postgres://x"),
+            ("FLASHSALE_ADMIN_TOKEN", "short"),
+            ("FLASHSALE_LOG_FORMAT", "xml"),
+            ("FLASHSALE_REDIS_PREFIX", "a{b}"),
+            ("FLASHSALE_REDIS_RECORD_TTL", "1m"),
+        ];
+        for (var, value) in cases {
+            let err = Config::from_parts(None, &env(&[(var, value)])).unwrap_err();
+            assert!(err.0.starts_with(var), "{var}={value}: {err}");
+        }
+        let err = Config::from_parts(Some("payment_timeout = \"x\""), &env(&[])).unwrap_err();
+        assert!(err.0.starts_with("payment_timeout (config file)"), "{err}");
+        let err = Config::from_parts(Some("colour = 1"), &env(&[])).unwrap_err();
+        assert!(err.0.contains("unknown key \"colour\""), "{err}");
+    }
+}

@@ -1,0 +1,152 @@
+//! Wires the adapters (Redis, MariaDB) to the use cases and the HTTP API. The binary in
+//! `main.rs` is a thin command line over this; integration tests call it directly.
+
+pub mod config;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use flashsale_api::ApiConfig;
+use flashsale_app::{Flashsale, Settings, SystemClock};
+use flashsale_mysql::{LedgerConfig, MysqlLedger};
+use flashsale_redis::{GateConfig, RedisGate};
+use rand::Rng;
+use tokio::net::TcpListener;
+use tracing::{info, warn};
+
+pub use config::Config;
+
+/// How long a caller waits for a database connection before 503.
+const DATABASE_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Deadline of one ledger transaction, retries included; below the request deadline so
+/// the request can still answer 503 itself.
+const DATABASE_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(8);
+/// How long Redis may take to answer one command before the outcome is called unknown:
+/// a script runs in microseconds, so a second means Redis is stalled or gone.
+const REDIS_RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a Redis connection attempt may take.
+const REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Attempts to reach the database for migrations at startup, one second apart: rides out
+/// a database that starts alongside the service, then gives up loudly.
+const STARTUP_MIGRATION_ATTEMPTS: u32 = 30;
+
+/// A wired service.
+pub struct App {
+    pub router: Router,
+    pub service: Arc<Flashsale>,
+    pub admin_token: String,
+}
+
+pub async fn connect_ledger(config: &Config) -> Result<MysqlLedger, String> {
+    MysqlLedger::connect(&LedgerConfig {
+        url: config.database_url.clone(),
+        max_connections: config.database_max_connections,
+        acquire_timeout: DATABASE_ACQUIRE_TIMEOUT,
+        transaction_timeout: DATABASE_TRANSACTION_TIMEOUT,
+    })
+    .await
+    .map_err(|e| e.to_string())
+}
+
+/// Connects, applies migrations, and builds the router.
+pub async fn build(config: &Config) -> Result<App, String> {
+    let mut attempt = 1;
+    let ledger = loop {
+        let result = match connect_ledger(config).await {
+            Ok(ledger) => ledger
+                .migrate()
+                .await
+                .map(|()| ledger)
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(ledger) => break ledger,
+            Err(e) if attempt < STARTUP_MIGRATION_ATTEMPTS => {
+                warn!(attempt, error = %e, "database not ready; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                attempt += 1;
+            }
+            Err(e) => return Err(format!("database: {e}")),
+        }
+    };
+    let gate = RedisGate::new(&GateConfig {
+        url: config.redis_url.clone(),
+        prefix: config.redis_prefix.clone(),
+        record_ttl: config.redis_record_ttl,
+        response_timeout: REDIS_RESPONSE_TIMEOUT,
+        connect_timeout: REDIS_CONNECT_TIMEOUT,
+    })
+    .map_err(|e| e.to_string())?;
+    let service = Arc::new(Flashsale::new(
+        Arc::new(gate),
+        Arc::new(ledger),
+        Arc::new(SystemClock),
+        Settings {
+            payment_timeout: config.payment_timeout,
+            max_quantity_per_order: config.max_quantity_per_order,
+        },
+    ));
+    let admin_token = match &config.admin_token {
+        Some(token) => token.clone(),
+        None => {
+            let token: String = rand::rng()
+                .random::<[u8; 16]>()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            warn!(admin_token = %token, "FLASHSALE_ADMIN_TOKEN is not set; generated this admin token for this run");
+            token
+        }
+    };
+    let router = flashsale_api::router(
+        service.clone(),
+        ApiConfig {
+            admin_token: admin_token.clone(),
+            in_flight_max: config.in_flight_max,
+            request_timeout: config.request_timeout,
+        },
+    );
+    Ok(App {
+        router,
+        service,
+        admin_token,
+    })
+}
+
+/// Serves until SIGTERM or Ctrl-C, then stops accepting and drains in-flight requests.
+pub async fn serve(config: &Config) -> Result<(), String> {
+    let app = build(config).await?;
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| format!("binding {}: {e}", config.listen))?;
+    info!(listen = %config.listen, "flashsale serving");
+    axum::serve(listener, app.router)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(|e| format!("server: {e}"))?;
+    info!("drained; bye");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    info!("shutdown requested; draining in-flight requests");
+}
