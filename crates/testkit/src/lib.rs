@@ -1,0 +1,30 @@
+//! Test-only helpers for flashsale's integration tests.
+//!
+//! The service talks to Redis, MariaDB and NATS; its tests must both share the
+//! machine's long-running instances without stepping on each other and break
+//! things (crash, pause, cut the network) without harming those shared
+//! instances. This crate provides the pieces for both:
+//!
+//! * isolation on shared services: [`TestDb`] (one database per test) and
+//!   [`redis_prefix`] / [`delete_prefix`] (one key prefix per test);
+//! * fault injection: [`TcpProxy`] (cut or blackhole a connection),
+//!   [`PrivateRedis`] and [`PrivateMariadb`] (own processes that a test may
+//!   kill -9, restart or pause);
+//! * [`free_port`] for anything else that needs a port.
+//!
+//! Nothing here is meant for production code: it is a dev-dependency only.
+
+mod db;
+mod keys;
+mod mariadb;
+mod port;
+mod process;
+mod proxy;
+mod redis_server;
+
+pub use db::TestDb;
+pub use keys::{delete_prefix, redis_prefix};
+pub use mariadb::PrivateMariadb;
+pub use port::free_port;
+pub use proxy::TcpProxy;
+pub use redis_server::PrivateRedis;

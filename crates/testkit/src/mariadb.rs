@@ -1,0 +1,276 @@
+use std::ffi::OsString;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use sqlx::{Connection, MySqlConnection};
+use tempfile::TempDir;
+
+use crate::port::free_port;
+use crate::process::{self, NotReady};
+
+/// Longest wait for `mariadb-install-db` to create the system tables. It
+/// takes about a second here; the bound is for a busy machine.
+const INSTALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Longest wait for `mariadbd` to accept a login after it was started,
+/// including InnoDB crash recovery after [`PrivateMariadb::kill9`].
+const MARIADB_START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How many free ports [`PrivateMariadb::start`] tries: the port from
+/// [`free_port`] can be taken by someone else before mariadbd binds it.
+const START_ATTEMPTS: u32 = 3;
+
+/// Bound on one readiness probe (a full login as root).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Redo log size for the private server. The default (96 MiB) makes every
+/// instance cost ~115 MB of disk and longer to create; 8 MiB keeps it ~25 MB.
+/// Passed to both install and server so the two agree.
+const INNODB_LOG_FILE_SIZE: &str = "--innodb-log-file-size=8M";
+
+/// Buffer pool of the private server: small, tests hold little data and
+/// several instances may run at once.
+const INNODB_BUFFER_POOL_SIZE: &str = "--innodb-buffer-pool-size=64M";
+
+/// Subdirectory of the temp dir holding the data files.
+const DATA_DIR: &str = "data";
+/// Subdirectory of the temp dir used as the server's `--tmpdir`.
+///
+/// Must not be the default `/tmp`: at startup (install included) mariadbd
+/// deletes every `#sql*` file in its tmpdir as a leftover of a crash, so a
+/// server starting with `/tmp` deletes the live temporary tables of every
+/// other server using `/tmp`, including the shared one on 3306. Seen here as
+/// parallel `mariadb-install-db` runs failing with
+/// `Unknown table 'mysql.tmp_user_sys'`.
+const TMP_DIR: &str = "tmp";
+/// Log of `mariadb-install-db` inside the temp dir.
+const INSTALL_LOG: &str = "install.log";
+/// Log of `mariadbd` (its stderr) inside the temp dir.
+const SERVER_LOG: &str = "mariadbd.log";
+
+/// A `mariadbd` of the test's own, on a free port of 127.0.0.1, with its own
+/// data directory; root logs in over TCP with an empty password.
+///
+/// Why: crash and stall tests must kill -9, restart or pause (SIGSTOP) the
+/// database, which must never happen to the shared MariaDB on 3306. The data
+/// directory survives [`kill9`](Self::kill9) and [`restart`](Self::restart),
+/// so tests can check what InnoDB kept. Dropping this value kills the server
+/// and deletes the data directory.
+///
+/// The server runs with `--no-defaults`: this machine's `/etc/mysql/my.cnf`
+/// sets `user=mysql`, `pid-file=/run/mysqld/mysqld.pid` and a shared
+/// `log-error`, which would make the private server fail, or clobber the
+/// shared server's pid file and log.
+#[derive(Debug)]
+pub struct PrivateMariadb {
+    port: u16,
+    dir: TempDir,
+    child: Option<Child>,
+}
+
+impl PrivateMariadb {
+    /// Creates a fresh data directory with `mariadb-install-db` (about a
+    /// second), starts `mariadbd` on a free port and waits (bounded) until
+    /// root can log in.
+    ///
+    /// Why: a test gets a server that is ready for use when this returns,
+    /// with the same character set as the shared server, and the `test`
+    /// database like there.
+    pub async fn start() -> io::Result<PrivateMariadb> {
+        let dir = tempfile::Builder::new().prefix("fs-mariadb-").tempdir()?;
+        std::fs::create_dir(dir.path().join(TMP_DIR))?;
+        install(dir.path()).await?;
+        let mut last_err = None;
+        for attempt in 1..=START_ATTEMPTS {
+            let port = free_port();
+            match launch(dir.path(), port).await {
+                Ok(child) => {
+                    return Ok(PrivateMariadb {
+                        port,
+                        dir,
+                        child: Some(child),
+                    })
+                }
+                Err(NotReady::Exited(e)) => {
+                    tracing::warn!(port, attempt, error = %e, "mariadbd did not start; trying another port");
+                    last_err = Some(e);
+                }
+                Err(NotReady::Failed(e)) => return Err(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| io::Error::other("mariadbd did not start")))
+    }
+
+    /// `mysql://root@127.0.0.1:N`, without a database name.
+    ///
+    /// Why: the form [`TestDb::create`](crate::TestDb::create) takes, so a
+    /// test can make its database on the private server.
+    pub fn url(&self) -> String {
+        format!("mysql://root@127.0.0.1:{}", self.port)
+    }
+
+    /// `127.0.0.1:N` for this server.
+    ///
+    /// Why: to put a [`TcpProxy`](crate::TcpProxy) in front of it.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// Kills the server with SIGKILL and waits until it is gone. Does
+    /// nothing if it is not running.
+    ///
+    /// Why: simulates a crash or power loss of the database: no clean
+    /// shutdown, only what InnoDB made durable survives.
+    pub fn kill9(&mut self) -> io::Result<()> {
+        match self.child.take() {
+            Some(mut child) => process::kill9(&mut child),
+            None => Ok(()),
+        }
+    }
+
+    /// Kills the server if it runs, then starts it again on the same port
+    /// and data directory, and waits (bounded, crash recovery included)
+    /// until root can log in.
+    ///
+    /// Why: recovery tests need the database back at the address the
+    /// service already knows, with whatever was committed before the crash.
+    pub async fn restart(&mut self) -> io::Result<()> {
+        self.kill9()?;
+        let child = launch(self.dir.path(), self.port).await?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Pauses the server with SIGSTOP: connections stay open but nothing
+    /// answers.
+    ///
+    /// Why: timeout tests need a database that hangs rather than fails.
+    /// Call [`sigcont`](Self::sigcont) to resume; dropping a paused server
+    /// is fine (SIGKILL works on stopped processes).
+    pub fn sigstop(&self) -> io::Result<()> {
+        process::send_signal(self.pid()?, libc::SIGSTOP)
+    }
+
+    /// Resumes a server paused by [`sigstop`](Self::sigstop).
+    ///
+    /// Why: tests check that the service recovers once the database
+    /// answers again.
+    pub fn sigcont(&self) -> io::Result<()> {
+        process::send_signal(self.pid()?, libc::SIGCONT)
+    }
+
+    /// The running server's pid, or an error if it was killed.
+    fn pid(&self) -> io::Result<u32> {
+        self.child.as_ref().map(Child::id).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                "private mariadbd is not running (killed and not restarted)",
+            )
+        })
+    }
+}
+
+impl Drop for PrivateMariadb {
+    /// Kills the server so no test leaves a mariadbd behind; the temp dir
+    /// (data included) is removed right after.
+    fn drop(&mut self) {
+        if let Err(e) = self.kill9() {
+            tracing::warn!(port = self.port, error = %e, "could not kill private mariadbd");
+        }
+    }
+}
+
+/// `--name=<path>` as one argument, without assuming the path is UTF-8.
+fn path_arg(name: &str, path: &Path) -> OsString {
+    let mut arg = OsString::from(name);
+    arg.push(path);
+    arg
+}
+
+/// Runs `mariadb-install-db` into `dir/data`, bounded by [`INSTALL_TIMEOUT`].
+async fn install(dir: &Path) -> io::Result<()> {
+    let log = dir.join(INSTALL_LOG);
+    let mut cmd = tokio::process::Command::new("mariadb-install-db");
+    // --no-defaults must come first; see PrivateMariadb's docs for why.
+    cmd.arg("--no-defaults")
+        .arg(path_arg("--datadir=", &dir.join(DATA_DIR)))
+        .arg(path_arg("--tmpdir=", &dir.join(TMP_DIR)))
+        .arg("--auth-root-authentication-method=normal")
+        .arg(INNODB_LOG_FILE_SIZE);
+    if process::running_as_root() {
+        cmd.arg("--user=root");
+    }
+    // Own process group: on timeout, the bootstrap mariadbd it forked is
+    // killed along with the script.
+    cmd.process_group(0).kill_on_drop(true);
+    let mut child = process::spawn_logged_tokio(&mut cmd, &log)?;
+    let pgid = child.id();
+    match tokio::time::timeout(INSTALL_TIMEOUT, child.wait()).await {
+        Ok(Ok(status)) if status.success() => Ok(()),
+        Ok(Ok(status)) => Err(io::Error::other(format!(
+            "mariadb-install-db failed ({status}); end of {}:\n{}",
+            log.display(),
+            process::log_tail(&log)
+        ))),
+        Ok(Err(e)) => Err(e),
+        Err(_) => {
+            if let Some(pgid) = pgid {
+                let _ = process::signal_group(pgid, libc::SIGKILL);
+            }
+            let _ = child.kill().await;
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "mariadb-install-db did not finish within {INSTALL_TIMEOUT:?}; end of {}:\n{}",
+                    log.display(),
+                    process::log_tail(&log)
+                ),
+            ))
+        }
+    }
+}
+
+/// Spawns mariadbd on `port` with its files in `dir` and waits until root
+/// can log in.
+async fn launch(dir: &Path, port: u16) -> Result<Child, NotReady> {
+    let log = dir.join(SERVER_LOG);
+    let mut cmd = Command::new("mariadbd");
+    // --no-defaults must come first; see PrivateMariadb's docs for why.
+    cmd.arg("--no-defaults")
+        .arg(path_arg("--datadir=", &dir.join(DATA_DIR)))
+        .arg(path_arg("--tmpdir=", &dir.join(TMP_DIR)))
+        .arg(format!("--port={port}"))
+        .arg(path_arg("--socket=", &dir.join("sock")))
+        .arg(path_arg("--pid-file=", &dir.join("mariadbd.pid")))
+        .arg("--bind-address=127.0.0.1")
+        .arg("--skip-name-resolve")
+        .arg("--character-set-server=utf8mb4")
+        .arg("--collation-server=utf8mb4_general_ci")
+        .arg(INNODB_LOG_FILE_SIZE)
+        .arg(INNODB_BUFFER_POOL_SIZE);
+    if process::running_as_root() {
+        cmd.arg("--user=root");
+    }
+    let mut child = process::spawn_logged(&mut cmd, &log).map_err(NotReady::Failed)?;
+    let url = format!("mysql://root@127.0.0.1:{port}");
+    process::wait_ready(&mut child, MARIADB_START_TIMEOUT, "mariadbd", &log, || {
+        accepts_login(&url)
+    })
+    .await?;
+    Ok(child)
+}
+
+/// True if root can log in at `url` (and the connection closes cleanly).
+async fn accepts_login(url: &str) -> bool {
+    let attempt = async {
+        let conn = MySqlConnection::connect(url).await?;
+        conn.close().await
+    };
+    matches!(
+        tokio::time::timeout(PROBE_TIMEOUT, attempt).await,
+        Ok(Ok(()))
+    )
+}

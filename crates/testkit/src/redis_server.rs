@@ -1,0 +1,171 @@
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use tempfile::TempDir;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::port::free_port;
+use crate::process::{self, NotReady};
+
+/// Longest wait for a fresh `redis-server` to answer PING. It normally takes
+/// a few milliseconds; the bound is for a machine busy compiling.
+const REDIS_START_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How many free ports [`PrivateRedis::start`] tries: the port from
+/// [`free_port`] can be taken by someone else before redis binds it.
+const START_ATTEMPTS: u32 = 3;
+
+/// Bound on one readiness probe (connect + PING + reply).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Name of the log file (redis-server's stdout) inside the temp dir.
+const LOG_FILE: &str = "redis.log";
+
+/// A `redis-server` of the test's own, on a free port of 127.0.0.1, keeping
+/// nothing on disk.
+///
+/// Why: crash tests must kill Redis (and see what the service does while it
+/// is gone and after it comes back empty) without touching the shared Redis
+/// on 6379 that every other test uses. The process is a child of the test;
+/// dropping this value kills it and removes its directory.
+#[derive(Debug)]
+pub struct PrivateRedis {
+    port: u16,
+    dir: TempDir,
+    child: Option<Child>,
+}
+
+impl PrivateRedis {
+    /// Starts `redis-server --port N --bind 127.0.0.1 --save "" --appendonly no
+    /// --dir <tempdir>` on a free port and waits (bounded) until it answers
+    /// PING.
+    ///
+    /// Why: a test gets a server that is ready for use when this returns,
+    /// and one that persists nothing, so [`restart`](Self::restart) gives an
+    /// empty server like a real crash without persistence would.
+    pub async fn start() -> io::Result<PrivateRedis> {
+        let dir = tempfile::Builder::new().prefix("fs-redis-").tempdir()?;
+        let mut last_err = None;
+        for attempt in 1..=START_ATTEMPTS {
+            let port = free_port();
+            match launch(dir.path(), port).await {
+                Ok(child) => {
+                    return Ok(PrivateRedis {
+                        port,
+                        dir,
+                        child: Some(child),
+                    })
+                }
+                Err(NotReady::Exited(e)) => {
+                    tracing::warn!(port, attempt, error = %e, "redis-server did not start; trying another port");
+                    last_err = Some(e);
+                }
+                Err(NotReady::Failed(e)) => return Err(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| io::Error::other("redis-server did not start")))
+    }
+
+    /// `redis://127.0.0.1:N/` for this server.
+    ///
+    /// Why: what the service's config and the `redis` crate take.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// `127.0.0.1:N` for this server.
+    ///
+    /// Why: to put a [`TcpProxy`](crate::TcpProxy) in front of it.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// Kills the server with SIGKILL and waits until it is gone (its port is
+    /// closed when this returns). Does nothing if it is not running.
+    ///
+    /// Why: simulates a crash: no shutdown, clients see their connections
+    /// reset.
+    pub fn kill9(&mut self) -> io::Result<()> {
+        match self.child.take() {
+            Some(mut child) => process::kill9(&mut child),
+            None => Ok(()),
+        }
+    }
+
+    /// Kills the server if it runs, then starts it again on the same port,
+    /// empty, and waits (bounded) until it answers PING.
+    ///
+    /// Why: tests of recovery after a Redis crash need the server back at
+    /// the address the service already knows, and without its data.
+    pub async fn restart(&mut self) -> io::Result<()> {
+        self.kill9()?;
+        // Nothing should be there (no RDB, no AOF), but an empty restart is
+        // the contract: make sure.
+        for leftover in ["dump.rdb", "appendonlydir"] {
+            let path = self.dir.path().join(leftover);
+            if path.is_dir() {
+                std::fs::remove_dir_all(&path)?;
+            } else if path.exists() {
+                std::fs::remove_file(&path)?;
+            }
+        }
+        let child = launch(self.dir.path(), self.port).await?;
+        self.child = Some(child);
+        Ok(())
+    }
+}
+
+impl Drop for PrivateRedis {
+    /// Kills the server so no test leaves a redis-server behind; the temp
+    /// dir is removed right after.
+    fn drop(&mut self) {
+        if let Err(e) = self.kill9() {
+            tracing::warn!(port = self.port, error = %e, "could not kill private redis-server");
+        }
+    }
+}
+
+/// Spawns redis-server on `port` with its files in `dir` and waits until it
+/// answers PING.
+async fn launch(dir: &Path, port: u16) -> Result<Child, NotReady> {
+    let log = dir.join(LOG_FILE);
+    let mut cmd = Command::new("redis-server");
+    cmd.arg("--port")
+        .arg(port.to_string())
+        .args(["--bind", "127.0.0.1"])
+        .args(["--save", ""])
+        .args(["--appendonly", "no"])
+        .args(["--daemonize", "no"])
+        .arg("--dir")
+        .arg(dir);
+    let mut child = process::spawn_logged(&mut cmd, &log).map_err(NotReady::Failed)?;
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    process::wait_ready(
+        &mut child,
+        REDIS_START_TIMEOUT,
+        "redis-server",
+        &log,
+        || answers_ping(addr),
+    )
+    .await?;
+    Ok(child)
+}
+
+/// True if a server at `addr` answers a plain-text PING with PONG.
+async fn answers_ping(addr: SocketAddr) -> bool {
+    let attempt = async {
+        let mut stream = TcpStream::connect(addr).await?;
+        stream.write_all(b"PING\r\n").await?;
+        let mut reply = [0u8; 7];
+        stream.read_exact(&mut reply).await?;
+        Ok::<bool, io::Error>(&reply == b"+PONG\r\n")
+    };
+    matches!(
+        tokio::time::timeout(PROBE_TIMEOUT, attempt).await,
+        Ok(Ok(true))
+    )
+}
