@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::error_handling::HandleErrorLayer;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, FromRequest, Path, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -84,6 +85,26 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
+/// The raw body, with axum's own rejections (too large, unreadable) turned into our JSON
+/// errors.
+struct Body(Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for Body {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Bytes::from_request(req, state).await {
+            Ok(bytes) => Ok(Body(bytes)),
+            Err(BytesRejection::FailedToBufferBody(_)) => Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("request body larger than {BODY_BYTES_MAX} bytes, or unreadable"),
+            )),
+            Err(e) => Err(ApiError::invalid(e.body_text())),
+        }
+    }
+}
+
 fn json<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))
 }
@@ -147,7 +168,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
 async fn create_product(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: Bytes,
+    Body(body): Body,
 ) -> Result<impl IntoResponse, ApiError> {
     require_admin(&state, &headers)?;
     let b: NewProductBody = json(&body)?;
@@ -171,7 +192,7 @@ async fn restock(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    body: Bytes,
+    Body(body): Body,
 ) -> Result<Json<ProductJson>, ApiError> {
     require_admin(&state, &headers)?;
     let id = ProductId::parse(path_id(&id, "product_id")?).map_err(invalid)?;
@@ -183,7 +204,7 @@ async fn restock(
 
 async fn purchase(
     State(state): State<AppState>,
-    body: Bytes,
+    Body(body): Body,
 ) -> Result<impl IntoResponse, ApiError> {
     let b: PurchaseBody = json(&body)?;
     let max = state.service.settings().max_quantity_per_order;
@@ -219,7 +240,7 @@ async fn get_order(
 async fn pay(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    body: Bytes,
+    Body(body): Body,
 ) -> Result<Json<OrderJson>, ApiError> {
     let id = OrderId::parse(path_id(&id, "order_id")?).map_err(invalid)?;
     let b: UserBody = json(&body)?;
@@ -231,7 +252,7 @@ async fn pay(
 async fn cancel(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    body: Bytes,
+    Body(body): Body,
 ) -> Result<Json<OrderJson>, ApiError> {
     let id = OrderId::parse(path_id(&id, "order_id")?).map_err(invalid)?;
     let b: UserBody = json(&body)?;

@@ -48,25 +48,29 @@ impl Order {
     }
 }
 
-/// What the ledger knows about one request_id.
+/// What the ledger knows about one request_id: the payload it was accepted with, the
+/// gate hold it stands for, and what became of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PurchaseRecord {
+pub struct PurchaseRecord {
+    pub request: PurchaseRequest,
+    /// The stock gate hold (per product) this reservation accounts for.
+    pub hold_id: i64,
+    pub outcome: PurchaseOutcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PurchaseOutcome {
     /// An order exists (in any state).
     Order(Order),
     /// The request's reservation was released before any order was written (a fence):
     /// the request_id is spent and no order can ever be created for it.
-    Released {
-        request: PurchaseRequest,
-        reason: ReleaseReason,
-    },
+    Released { reason: ReleaseReason },
 }
 
 impl PurchaseRecord {
-    pub fn request(&self) -> PurchaseRequest {
-        match self {
-            Self::Order(o) => o.request(),
-            Self::Released { request, .. } => request.clone(),
-        }
+    /// Whether this record accounts for the given gate hold.
+    pub fn is_hold(&self, product_id: ProductId, hold_id: i64) -> bool {
+        self.request.product_id == product_id && self.hold_id == hold_id
     }
 }
 

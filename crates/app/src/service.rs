@@ -25,7 +25,9 @@ use tracing::{error, info, warn};
 
 use crate::catalog::Catalog;
 use crate::error::Error;
-use crate::model::{InventoryView, Order, Product, ProductView, PurchaseRecord, Purchased};
+use crate::model::{
+    InventoryView, Order, Product, ProductView, PurchaseOutcome, PurchaseRecord, Purchased,
+};
 use crate::ports::{
     Clock, Commit, CreateProduct, Fence, Ledger, RecordRestock, Release, Reserve, Restock,
     StockGate,
@@ -250,6 +252,10 @@ impl Flashsale {
                 }
                 // Most replays are of finished purchases: one read answers them.
                 if let Some(record) = self.ledger.find_purchase(&request.request_id).await? {
+                    if !hold.released && !record.is_hold(request.product_id, hold.hold_id) {
+                        // An orphan left by an earlier attempt whose release failed.
+                        self.release_orphan(&request).await;
+                    }
                     return answer(&request, record);
                 }
                 if hold.released {
@@ -302,10 +308,16 @@ impl Flashsale {
                 replay: origin == HoldOrigin::Earlier,
             }),
             Ok(Commit::Duplicate(record)) => {
+                if record.is_hold(request.product_id, hold_id) {
+                    // A concurrent replay completed this very hold first: it is this
+                    // attempt's order.
+                    return answer_as(request, record, origin == HoldOrigin::Earlier);
+                }
                 if origin == HoldOrigin::Fresh {
-                    // The request_id was taken in the ledger before this hold existed
-                    // (its earlier hold record expired, or it was used on another
-                    // product): this hold can never become an order. Give it back.
+                    // The request_id was taken in the ledger by another hold (this
+                    // request's earlier hold record expired, or the id was used on
+                    // another product): this hold can never become an order. Give it
+                    // back.
                     self.release_orphan(request).await;
                 }
                 answer(request, record)
@@ -381,7 +393,10 @@ impl Flashsale {
 
     pub async fn purchase_record(&self, request_id: &RequestId) -> Result<Order, Error> {
         match self.ledger.find_purchase(request_id).await? {
-            Some(PurchaseRecord::Order(order)) => Ok(order),
+            Some(PurchaseRecord {
+                outcome: PurchaseOutcome::Order(order),
+                ..
+            }) => Ok(order),
             _ => Err(Error::OrderNotFound),
         }
     }
@@ -436,18 +451,22 @@ impl Flashsale {
 
 /// Answers a request from what the ledger holds for its request_id.
 fn answer(request: &PurchaseRequest, record: PurchaseRecord) -> Result<Purchased, Error> {
-    if !record.request().same_payload(request) {
+    answer_as(request, record, true)
+}
+
+fn answer_as(
+    request: &PurchaseRequest,
+    record: PurchaseRecord,
+    replay: bool,
+) -> Result<Purchased, Error> {
+    if !record.request.same_payload(request) {
         return Err(Error::RequestIdConflict);
     }
-    match record {
-        PurchaseRecord::Order(order) => Ok(Purchased {
-            order,
-            replay: true,
-        }),
-        PurchaseRecord::Released {
+    match record.outcome {
+        PurchaseOutcome::Order(order) => Ok(Purchased { order, replay }),
+        PurchaseOutcome::Released {
             reason: ReleaseReason::SoldOut,
-            ..
         } => Err(Error::SoldOut),
-        PurchaseRecord::Released { .. } => Err(Error::RequestReleased),
+        PurchaseOutcome::Released { .. } => Err(Error::RequestReleased),
     }
 }

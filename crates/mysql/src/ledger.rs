@@ -668,7 +668,7 @@ impl Ledger for MysqlLedger {
         let sql = format!(
             "SELECT r.request_id AS r_request_id, r.product_id AS r_product_id, \
              r.user_id AS r_user_id, r.quantity AS r_quantity, r.status AS r_status, \
-             r.release_reason AS r_release_reason, {ORDER_COLUMNS} \
+             r.release_reason AS r_release_reason, r.hold_id AS r_hold_id, {ORDER_COLUMNS} \
              FROM inventory_reservation r LEFT JOIN orders o ON o.request_id = r.request_id \
              WHERE r.request_id = ?"
         );

@@ -2,7 +2,7 @@
 //! as an error, never mapped to a default.
 
 use chrono::{DateTime, Utc};
-use flashsale_app::{LedgerError, Order, Product, PurchaseRecord};
+use flashsale_app::{LedgerError, Order, Product, PurchaseOutcome, PurchaseRecord};
 use flashsale_core::{
     CancelReason, OrderId, OrderStatus, ProductId, PurchaseRequest, Quantity, ReleaseReason,
     RequestId, SaleWindow, UserId,
@@ -67,30 +67,37 @@ pub(crate) fn product(row: &MySqlRow) -> Result<Product, LedgerError> {
 
 /// A row of the purchase lookup: reservation columns `r_*` and order columns (nullable).
 pub(crate) fn purchase(row: &MySqlRow) -> Result<PurchaseRecord, LedgerError> {
-    let order_id: Option<i64> = row.try_get("id").map_err(db)?;
-    if order_id.is_some() {
-        return order(row).map(PurchaseRecord::Order);
-    }
     let request_id = text(row, "r_request_id")?;
-    let status = text(row, "r_status")?;
-    let reason = opt_text(row, "r_release_reason")?;
-    let reason = match (status.as_str(), reason.as_deref()) {
-        ("RELEASED", Some(text)) => text.parse::<ReleaseReason>().map_err(corrupt)?,
-        _ => {
-            return Err(corrupt(format!(
-                "reservation {request_id} is {status} without an order"
-            )))
+    let request = PurchaseRequest {
+        request_id: RequestId::parse("request_id", &request_id).map_err(corrupt)?,
+        user_id: UserId::parse(row.try_get("r_user_id").map_err(db)?).map_err(corrupt)?,
+        product_id: ProductId::parse(row.try_get("r_product_id").map_err(db)?).map_err(corrupt)?,
+        quantity: quantity(row.try_get::<i32, _>("r_quantity").map_err(db)?)?,
+    };
+    let hold_id: i64 = row.try_get("r_hold_id").map_err(db)?;
+    let order_id: Option<i64> = row.try_get("id").map_err(db)?;
+    let outcome = if order_id.is_some() {
+        PurchaseOutcome::Order(order(row)?)
+    } else {
+        let status = text(row, "r_status")?;
+        match (
+            status.as_str(),
+            opt_text(row, "r_release_reason")?.as_deref(),
+        ) {
+            ("RELEASED", Some(reason)) => PurchaseOutcome::Released {
+                reason: reason.parse::<ReleaseReason>().map_err(corrupt)?,
+            },
+            _ => {
+                return Err(corrupt(format!(
+                    "reservation {request_id} is {status} without an order"
+                )))
+            }
         }
     };
-    Ok(PurchaseRecord::Released {
-        request: PurchaseRequest {
-            request_id: RequestId::parse("request_id", &request_id).map_err(corrupt)?,
-            user_id: UserId::parse(row.try_get("r_user_id").map_err(db)?).map_err(corrupt)?,
-            product_id: ProductId::parse(row.try_get("r_product_id").map_err(db)?)
-                .map_err(corrupt)?,
-            quantity: quantity(row.try_get::<i32, _>("r_quantity").map_err(db)?)?,
-        },
-        reason,
+    Ok(PurchaseRecord {
+        request,
+        hold_id,
+        outcome,
     })
 }
 

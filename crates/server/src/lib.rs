@@ -17,11 +17,9 @@ use tracing::{info, warn};
 
 pub use config::Config;
 
-/// How long a caller waits for a database connection before 503.
-const DATABASE_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
-/// Deadline of one ledger transaction, retries included; below the request deadline so
-/// the request can still answer 503 itself.
-const DATABASE_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(8);
+/// Longest wait for a database connection before 503; shorter when the request deadline
+/// is (a third of it), so a purchase can still do its other steps.
+const DATABASE_ACQUIRE_TIMEOUT_MAX: Duration = Duration::from_secs(3);
 /// How long Redis may take to answer one command before the outcome is called unknown:
 /// a script runs in microseconds, so a second means Redis is stalled or gone.
 const REDIS_RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -42,8 +40,9 @@ pub async fn connect_ledger(config: &Config) -> Result<MysqlLedger, String> {
     MysqlLedger::connect(&LedgerConfig {
         url: config.database_url.clone(),
         max_connections: config.database_max_connections,
-        acquire_timeout: DATABASE_ACQUIRE_TIMEOUT,
-        transaction_timeout: DATABASE_TRANSACTION_TIMEOUT,
+        acquire_timeout: DATABASE_ACQUIRE_TIMEOUT_MAX.min(config.request_timeout / 3),
+        // Below the request deadline, so the request itself still answers 503 in time.
+        transaction_timeout: config.request_timeout * 4 / 5,
     })
     .await
     .map_err(|e| e.to_string())

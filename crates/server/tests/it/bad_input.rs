@@ -1,0 +1,142 @@
+//! Bad input: every case gets its status and stable error code, and changes nothing.
+
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use crate::helpers::{code, TestApp};
+
+/// method, path, body, as admin, expected status, expected error code.
+type Case = (Method, String, Option<String>, bool, u16, &'static str);
+
+/// Everything a request could have changed: row counts of every table and every Redis
+/// key of the test with its serialized value.
+async fn snapshot(app: &TestApp) -> (Vec<i64>, Vec<(String, String)>) {
+    let mut counts = Vec::new();
+    for table in [
+        "products",
+        "product_inventory",
+        "orders",
+        "inventory_reservation",
+        "inventory_log",
+        "restock_request",
+    ] {
+        counts.push(app.count(&format!("SELECT COUNT(*) FROM {table}")).await);
+    }
+    let versions = app
+        .count("SELECT CAST(COALESCE(SUM(version), 0) AS SIGNED) FROM product_inventory")
+        .await;
+    counts.push(versions);
+    (counts, app.redis_dump().await)
+}
+
+// Checks a table of bad requests, one per way to get input wrong: each must answer its
+// documented status and error code, and the stores must be byte-for-byte as before
+// (row counts, counter versions, every Redis key and value).
+#[tokio::test]
+async fn bad_inputs_are_refused_and_change_nothing() {
+    let app = TestApp::spawn().await;
+    app.create_product(1100, 10, Some(1)).await;
+    let future = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
+    let (s, _) = app
+        .admin_post(
+            "/v1/products",
+            json!({"product_id": 1101, "name": "later", "stock": 3, "sale_starts_at": future}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let (s, existing) = app.purchase("REQ_exist", 1, 1100, 1).await;
+    assert_eq!(s, StatusCode::CREATED);
+    let order = existing["order_id"].as_i64().expect("order id");
+    let long_id = "x".repeat(65);
+    let big = format!("{{\"request_id\": \"{}\"}}", "y".repeat(20_000));
+    let purchase = |r: &str, u: serde_json::Value, p: serde_json::Value, q: serde_json::Value| {
+        json!({"request_id": r, "user_id": u, "product_id": p, "quantity": q}).to_string()
+    };
+    let p = "/v1/purchases";
+    #[rustfmt::skip]
+    let cases: Vec<Case> = vec![
+        (Method::POST, p.into(), Some("{".into()), false, 400, "invalid_request"),
+        (Method::POST, p.into(), Some("[]".into()), false, 400, "invalid_request"),
+        (Method::POST, p.into(), Some("".into()), false, 400, "invalid_request"),
+        (Method::POST, p.into(), Some(big), false, 413, "payload_too_large"),
+        (Method::POST, p.into(), Some(json!({"user_id": 1, "product_id": 1100, "quantity": 1}).to_string()), false, 400, "invalid_request"),
+        (Method::POST, p.into(), Some(json!({"request_id": "R", "product_id": 1100, "quantity": 1}).to_string()), false, 400, "invalid_request"),
+        (Method::POST, p.into(), Some(json!({"request_id": "R", "user_id": 1, "product_id": 1100}).to_string()), false, 400, "invalid_request"),
+        (Method::POST, p.into(), Some(purchase("", json!(1), json!(1100), json!(1))), false, 400, "invalid_request"),
+        (Method::POST, p.into(), Some(purchase(&long_id, json!(1), json!(1100), json!(1))), false, 400, "invalid_request"),
+        (Method::POST, p.into(), Some(purchase("a b", json!(1), json!(1100), json!(1))), false, 400, "invalid_request"),
+        (Method::POST, p.into(), Some(purchase("a/b", json!(1), json!(1100), json!(1))), false, 400, "invalid_request"),
+        (Method::POST, p.into(), Some(purchase("ä", json!(1), json!(1100), json!(1))), false, 400, "invalid_request"),
+        (Method::POST, p.into(), Some(purchase("R1", json!(0), json!(1100), json!(1))), false, 400, "invalid_request"),
+        (Method::POST, p.into(), Some(purchase("R1", json!(-3), json!(1100), json!(1))), false, 400, "invalid_request"),
+        (Method::POST, p.into(), Some(purchase("R1", json!("1"), json!(1100), json!(1))), false, 400, "invalid_request"),
+        (Method::POST, p.into(), Some(purchase("R1", json!(1), json!(0), json!(1))), false, 400, "invalid_request"),
+        (Method::POST, p.into(), Some(purchase("R1", json!(2), json!(1100), json!(0))), false, 400, "invalid_request"),
+        (Method::POST, p.into(), Some(purchase("R1", json!(2), json!(1100), json!(6))), false, 400, "invalid_request"),
+        (Method::POST, p.into(), Some(purchase("R1", json!(2), json!(1100), json!(1.5))), false, 400, "invalid_request"),
+        (Method::POST, p.into(), Some(purchase("R1", json!(2), json!(1100), json!(-1))), false, 400, "invalid_request"),
+        (Method::POST, p.into(), Some(purchase("R1", json!(2), json!(424242), json!(1))), false, 404, "product_not_found"),
+        (Method::POST, p.into(), Some(purchase("R1", json!(2), json!(1101), json!(1))), false, 409, "sale_not_active"),
+        (Method::POST, p.into(), Some(purchase("REQ_exist", json!(2), json!(1100), json!(1))), false, 409, "request_id_conflict"),
+        (Method::POST, p.into(), Some(purchase("REQ_other", json!(1), json!(1100), json!(1))), false, 409, "limit_exceeded"),
+        (Method::GET, "/v1/purchases/a%20b".into(), None, false, 400, "invalid_request"),
+        (Method::GET, "/v1/purchases/REQ_nope".into(), None, false, 404, "order_not_found"),
+        (Method::GET, "/v1/orders/abc".into(), None, false, 400, "invalid_request"),
+        (Method::GET, "/v1/orders/0".into(), None, false, 400, "invalid_request"),
+        (Method::GET, "/v1/orders/99999999".into(), None, false, 404, "order_not_found"),
+        (Method::POST, format!("/v1/orders/{order}/pay"), Some("{}".into()), false, 400, "invalid_request"),
+        (Method::POST, format!("/v1/orders/{order}/pay"), Some(json!({"user_id": 0}).to_string()), false, 400, "invalid_request"),
+        (Method::POST, format!("/v1/orders/{order}/pay"), Some(json!({"user_id": 2}).to_string()), false, 404, "order_not_found"),
+        (Method::POST, format!("/v1/orders/{order}/cancel"), Some(json!({"user_id": 2}).to_string()), false, 404, "order_not_found"),
+        (Method::POST, "/v1/orders/x/cancel".into(), Some(json!({"user_id": 1}).to_string()), false, 400, "invalid_request"),
+        (Method::GET, "/v1/products/abc".into(), None, false, 400, "invalid_request"),
+        (Method::GET, "/v1/products/-1".into(), None, false, 400, "invalid_request"),
+        (Method::GET, "/v1/products/31337".into(), None, false, 404, "product_not_found"),
+        (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1, "name": "x", "stock": 1}).to_string()), false, 401, "unauthorized"),
+        (Method::POST, "/v1/products".into(), Some(json!({"product_id": 0, "name": "x", "stock": 1}).to_string()), true, 400, "invalid_request"),
+        (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1, "name": "", "stock": 1}).to_string()), true, 400, "invalid_request"),
+        (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1, "name": "x", "stock": -1}).to_string()), true, 400, "invalid_request"),
+        (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1, "name": "x", "stock": 1, "per_user_limit": 0}).to_string()), true, 400, "invalid_request"),
+        (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1, "name": "x", "stock": 1, "sale_starts_at": "tomorrow"}).to_string()), true, 400, "invalid_request"),
+        (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1, "name": "x", "stock": 1, "sale_starts_at": "2026-12-01T10:00:00Z", "sale_ends_at": "2026-12-01T09:00:00Z"}).to_string()), true, 400, "invalid_request"),
+        (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1100, "name": "again", "stock": 1}).to_string()), true, 409, "product_exists"),
+        (Method::POST, "/v1/products/1100/restock".into(), Some(json!({"request_id": "RS", "quantity": 1}).to_string()), false, 401, "unauthorized"),
+        (Method::POST, "/v1/products/1100/restock".into(), Some(json!({"request_id": "RS", "quantity": 0}).to_string()), true, 400, "invalid_request"),
+        (Method::POST, "/v1/products/1100/restock".into(), Some(json!({"request_id": "R S", "quantity": 1}).to_string()), true, 400, "invalid_request"),
+        (Method::POST, "/v1/products/1100/restock".into(), Some(json!({"quantity": 1}).to_string()), true, 400, "invalid_request"),
+        (Method::POST, "/v1/products/424242/restock".into(), Some(json!({"request_id": "RS", "quantity": 1}).to_string()), true, 404, "product_not_found"),
+        (Method::GET, "/v1/nothing".into(), None, false, 404, "not_found"),
+        (Method::DELETE, "/v1/purchases".into(), None, false, 405, "method_not_allowed"),
+    ];
+    let before = snapshot(&app).await;
+    for (method, path, body, admin, status, expected) in &cases {
+        let (s, b) = app
+            .send(method.clone(), path, body.as_deref(), *admin)
+            .await
+            .expect("request");
+        assert_eq!(
+            (s.as_u16(), code(&b)),
+            (*status, *expected),
+            "{method} {path} {:?}: {b}",
+            body.as_deref().map(|b| &b[..b.len().min(120)])
+        );
+        assert!(b["message"].as_str().is_some_and(|m| !m.is_empty()), "{b}");
+        assert_eq!(
+            snapshot(&app).await,
+            before,
+            "{method} {path} changed something"
+        );
+    }
+    // A wrong token is refused like a missing one.
+    let resp = app
+        .http
+        .post(format!("{}/v1/products", app.base))
+        .bearer_auth("wrong-token")
+        .body(json!({"product_id": 5, "name": "x", "stock": 1}).to_string())
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(snapshot(&app).await, before);
+    app.cleanup().await;
+}

@@ -1,0 +1,11 @@
+//! Integration tests of flashsale against the real Redis and MariaDB on this machine.
+//! One test binary (faster to link); each test gets its own database and Redis prefix,
+//! and fault tests put a TCP proxy of their own between flashsale and a service, so the
+//! shared services are never stopped, paused or flushed.
+
+mod bad_input;
+mod faults;
+mod helpers;
+mod invariants;
+mod orders;
+mod purchase;
