@@ -39,6 +39,8 @@ async fn flood_sells_exactly_the_stock_once_per_request() {
     attempts.extend(duplicates);
     attempts.shuffle(&mut rng);
 
+    let started = std::time::Instant::now();
+    let total_attempts = attempts.len();
     let answers: Vec<(String, StatusCode, serde_json::Value)> = stream::iter(attempts)
         .map(|(request_id, user)| {
             let app = &app;
@@ -51,6 +53,17 @@ async fn flood_sells_exactly_the_stock_once_per_request() {
         .collect()
         .await;
 
+    let elapsed = started.elapsed();
+    println!(
+        "flood: {total_attempts} attempts in {elapsed:.2?} ({:.0} attempts/s, {} build, \
+         client and server in one process)",
+        total_attempts as f64 / elapsed.as_secs_f64(),
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        }
+    );
     let mut orders_by_request: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
     let mut created = 0;
     let mut sold_out_requests = BTreeSet::new();
@@ -388,5 +401,56 @@ async fn restock_is_idempotent_and_safe_during_sales() {
     assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "sold_out"));
     assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 100);
     invariants::assert_ok(&app, 7007).await;
+    app.cleanup().await;
+}
+
+// Checks a purchase whose first attempt died half way — after Redis took the units and
+// recorded the hold, before MariaDB committed (simulated by running only the gate's
+// reserve step) — is completed by the client's retry: 200 with an order that accounts
+// for that very hold, no second hold taken, invariants clean.
+#[tokio::test]
+async fn retry_completes_an_attempt_that_died_after_reserving() {
+    use flashsale_app::ports::Reserve;
+    use flashsale_app::StockGate;
+    use flashsale_core::PurchaseRequest;
+    use flashsale_redis::{GateConfig, RedisGate};
+
+    let app = TestApp::spawn().await;
+    app.create_product(1300, 3, Some(1)).await;
+    let gate = RedisGate::new(&GateConfig {
+        url: crate::helpers::REDIS_URL.into(),
+        prefix: app.prefix.clone(),
+        record_ttl: Duration::from_secs(3600),
+        response_timeout: Duration::from_secs(1),
+        connect_timeout: Duration::from_secs(1),
+    })
+    .expect("gate");
+    let request = PurchaseRequest::parse("REQ_died", 77, 1300, 1, 5).expect("valid");
+    let reserved = gate
+        .reserve(&request, Some(1), chrono::Utc::now())
+        .await
+        .expect("reserve");
+    let Reserve::Reserved { hold_id } = reserved else {
+        panic!("expected a fresh hold, got {reserved:?}");
+    };
+    assert_eq!(app.redis_available(1300).await, Some(2));
+    assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 0);
+
+    let (s, b) = app.purchase("REQ_died", 77, 1300, 1).await;
+    assert_eq!(
+        s,
+        StatusCode::OK,
+        "a retry of an accepted request is a replay: {b}"
+    );
+    assert_eq!(b["status"], "PENDING_PAYMENT");
+    assert_eq!(app.redis_available(1300).await, Some(2), "no second hold");
+    let recorded_hold = app
+        .count("SELECT hold_id FROM inventory_reservation WHERE request_id = 'REQ_died'")
+        .await;
+    assert_eq!(
+        recorded_hold, hold_id,
+        "the order accounts for the original hold"
+    );
+    invariants::assert_ok(&app, 1300).await;
     app.cleanup().await;
 }
