@@ -1,0 +1,168 @@
+//! The `flashsale` binary as a user runs it: command line, configuration errors, logs,
+//! startup (database creation and migrations) and draining on SIGTERM.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use flashsale_testkit::{delete_prefix, free_port, redis_prefix, TcpProxy, TestDb};
+use serde_json::json;
+
+use crate::helpers::{redis_addr, MYSQL_SERVER, REDIS_URL};
+
+const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
+/// How long the binary may take to start answering (it creates its database and migrates).
+const STARTUP_MAX: Duration = Duration::from_secs(30);
+
+// Checks `--help` works on the binary and on every subcommand, and names each command.
+#[test]
+fn help_on_every_subcommand() {
+    for args in [
+        &["--help"][..],
+        &["serve", "--help"],
+        &["migrate", "--help"],
+    ] {
+        let out = Command::new(BIN)
+            .args(args)
+            .output()
+            .expect("run flashsale");
+        assert!(out.status.success(), "{args:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("Usage"), "{args:?}: {text}");
+    }
+    let out = Command::new(BIN).arg("--help").output().expect("run");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("serve") && text.contains("migrate"), "{text}");
+}
+
+// Checks a bad configuration value stops startup before anything runs, with exit code 2
+// and a message naming the variable.
+#[test]
+fn bad_config_stops_startup_naming_the_variable() {
+    for (var, value) in [
+        ("FLASHSALE_PAYMENT_TIMEOUT", "soon"),
+        ("FLASHSALE_MAX_QUANTITY_PER_ORDER", "-1"),
+        ("FLASHSALE_LISTEN", "not-an-address"),
+    ] {
+        let out = Command::new(BIN)
+            .arg("serve")
+            .env(var, value)
+            .output()
+            .expect("run flashsale");
+        assert_eq!(out.status.code(), Some(2), "{var}={value}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(var), "{var}={value}: {err}");
+    }
+}
+
+// Checks the service as started from the command line: with a database that does not
+// exist yet (created and migrated at start), JSON logs that announce a generated admin
+// token once, a product created with that token, and SIGTERM draining a request in
+// flight: a purchase stuck on a hanging Redis still gets its answer (503, not a dropped
+// connection) and the process then exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_creates_database_logs_json_and_drains_on_sigterm() {
+    let db = TestDb::create(MYSQL_SERVER).await.expect("test db");
+    // Use a database name that does not exist yet: serve must create it.
+    let fresh_name = format!("{}_fresh", db.name());
+    let database_url = format!("{MYSQL_SERVER}/{fresh_name}");
+    let prefix = redis_prefix();
+    let proxy = TcpProxy::start(redis_addr()).await.expect("proxy");
+    let port = free_port();
+    let mut child = Command::new(BIN)
+        .arg("serve")
+        .env("FLASHSALE_LISTEN", format!("127.0.0.1:{port}"))
+        .env("FLASHSALE_DATABASE_URL", &database_url)
+        .env("FLASHSALE_REDIS_URL", format!("redis://{}", proxy.addr()))
+        .env("FLASHSALE_REDIS_PREFIX", &prefix)
+        .env("FLASHSALE_LOG_FORMAT", "json")
+        .env_remove("FLASHSALE_ADMIN_TOKEN")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn flashsale");
+    let stdout = child.stdout.take().expect("stdout");
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let started = Instant::now();
+    while http.get(format!("{base}/healthz")).send().await.is_err() {
+        assert!(started.elapsed() < STARTUP_MAX, "flashsale did not start");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut logs: Vec<serde_json::Value> = Vec::new();
+    while let Ok(line) = lines_rx.try_recv() {
+        logs.push(serde_json::from_str(&line).unwrap_or_else(|_| panic!("not JSON: {line}")));
+    }
+    let tokens: Vec<&str> = logs
+        .iter()
+        .filter_map(|l| l["fields"]["admin_token"].as_str())
+        .collect();
+    assert_eq!(
+        tokens.len(),
+        1,
+        "the generated token is logged exactly once: {logs:?}"
+    );
+    let token = tokens[0].to_owned();
+
+    let created = http
+        .post(format!("{base}/v1/products"))
+        .bearer_auth(&token)
+        .json(&json!({"product_id": 1, "name": "x", "stock": 5}))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(created.status(), 201);
+
+    // A purchase in flight when SIGTERM arrives: Redis hangs, so it waits for its timeout.
+    proxy.blackhole();
+    let in_flight = tokio::spawn({
+        let http = http.clone();
+        let base = base.clone();
+        async move {
+            http.post(format!("{base}/v1/purchases"))
+                .json(&json!({"request_id": "R1", "user_id": 1, "product_id": 1, "quantity": 1}))
+                .send()
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = child.id().to_string();
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let answer = in_flight
+        .await
+        .expect("join")
+        .expect("the in-flight request was answered");
+    assert_eq!(answer.status(), 503, "answered while draining");
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    assert!(status.success(), "exit status {status:?}");
+
+    let pool = sqlx::MySqlPool::connect(&database_url)
+        .await
+        .expect("fresh db exists");
+    let products: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM products")
+        .fetch_one(&pool)
+        .await
+        .expect("migrated schema");
+    assert_eq!(products, 1);
+    sqlx::query(&format!("DROP DATABASE `{fresh_name}`"))
+        .execute(&pool)
+        .await
+        .expect("drop");
+    pool.close().await;
+    let _ = delete_prefix(REDIS_URL, &prefix).await;
+    let _ = db.drop_db().await;
+}
