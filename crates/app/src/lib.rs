@@ -5,13 +5,16 @@
 //! implementations can stand in for them without touching a use case. [`Flashsale`] holds
 //! the use cases; the HTTP layer calls nothing else.
 
+pub mod audit;
 mod catalog;
 mod error;
+pub mod maintenance;
 pub mod model;
 pub mod ports;
 mod service;
 
 pub use error::Error;
+pub use maintenance::{Maintenance, MaintenanceSettings, Reconciliation, RecoveryReport};
 pub use model::*;
 pub use ports::{Clock, GateError, Ledger, LedgerError, StockGate, SystemClock};
 pub use service::{Flashsale, Settings};

@@ -243,3 +243,199 @@ impl Clock for SystemClock {
         Utc::now()
     }
 }
+
+// ---- maintenance: what the background workers and the audit need ---------------------
+
+/// A hold the gate has kept longer than the recovery window without anyone clearing it
+/// from its pending index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaleHold {
+    pub request: PurchaseRequest,
+    pub hold_id: i64,
+    /// Whether its units were already given back (then only the index entry remains).
+    pub released: bool,
+}
+
+/// The gate's side of recovery, reconciliation and audit.
+#[async_trait]
+pub trait GateMaintenance: Send + Sync + 'static {
+    /// Holds of a product taken before `taken_before` still listed as pending, oldest
+    /// first, at most `limit`. Index entries whose record expired are dropped on the way.
+    async fn stale_holds(
+        &self,
+        product_id: ProductId,
+        taken_before: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<StaleHold>, GateError>;
+
+    /// Removes request_ids from the pending index once the ledger accounts for them.
+    async fn forget_pending(
+        &self,
+        product_id: ProductId,
+        request_ids: &[RequestId],
+    ) -> Result<(), GateError>;
+
+    /// Everything the gate holds for a product, for reconciliation and audit.
+    async fn facts(&self, product_id: ProductId) -> Result<GateFacts, GateError>;
+
+    /// Adds `delta` (may be negative) to the available count, refusing to go below zero;
+    /// reconciliation's only repair.
+    async fn adjust(&self, product_id: ProductId, delta: i64) -> Result<bool, GateError>;
+}
+
+/// A product's state in the gate.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GateFacts {
+    /// None when the gate has no stock entry for the product.
+    pub available: Option<i64>,
+    /// Holds whose units are still taken: request_id → (hold id, units).
+    pub held: std::collections::BTreeMap<String, (i64, i64)>,
+    /// Request_ids in the pending index.
+    pub pending: std::collections::BTreeSet<String>,
+}
+
+/// An order the expiry worker found past its deadline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpiredOrder {
+    pub order_id: OrderId,
+    pub user_id: UserId,
+}
+
+/// A reservation released in the ledger whose units are not yet back in the gate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingReturn {
+    pub product_id: ProductId,
+    pub request_id: RequestId,
+}
+
+/// The ledger's side of the background work and the audit.
+#[async_trait]
+pub trait LedgerMaintenance: Send + Sync + 'static {
+    /// Products whose stock was loaded into the gate (the ones with holds to look after).
+    async fn loaded_products(&self) -> Result<Vec<ProductId>, LedgerError>;
+
+    /// Unpaid orders whose deadline passed on the database's clock, oldest first.
+    async fn expired_orders(&self, limit: usize) -> Result<Vec<ExpiredOrder>, LedgerError>;
+
+    /// PENDING_PAYMENT → CANCELLED (payment_timeout), only if past its deadline on the
+    /// database's clock; None when no such order exists.
+    async fn expire(&self, order: &ExpiredOrder) -> Result<Option<CancelAttempt>, LedgerError>;
+
+    async fn pending_returns(&self, limit: usize) -> Result<Vec<PendingReturn>, LedgerError>;
+
+    /// Records a problem recovery could not resolve by itself, for an operator.
+    async fn record_incident(
+        &self,
+        request_id: &RequestId,
+        product_id: ProductId,
+        kind: &str,
+        detail: &str,
+    ) -> Result<(), LedgerError>;
+
+    /// Everything the ledger holds for a product, for reconciliation and audit.
+    async fn facts(&self, product_id: ProductId) -> Result<Option<LedgerFacts>, LedgerError>;
+}
+
+/// A product's business facts in the ledger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerFacts {
+    pub counters: InventoryCounters,
+    /// Units of PENDING_PAYMENT and of PAID orders.
+    pub pending_units: i64,
+    pub paid_units: i64,
+    /// Request_ids of orders with no reservation row (must be none).
+    pub orders_without_reservation: Vec<String>,
+    /// Request_ids whose reservation state does not match their order's (must be none).
+    pub mismatched: Vec<String>,
+    /// Live (PROCESSING or CONFIRMED) reservations: request_id → (hold id, units).
+    pub live: std::collections::BTreeMap<String, (i64, i64)>,
+    /// RELEASED reservations whose units are not back in the gate: request_id → units.
+    pub unreturned: std::collections::BTreeMap<String, i64>,
+    /// Every request_id with a reservation row (live or released).
+    pub reserved_request_ids: std::collections::BTreeSet<String>,
+    /// PENDING_PAYMENT orders already past their deadline (database clock).
+    pub overdue_unpaid: i64,
+    /// Open recovery incidents.
+    pub open_incidents: i64,
+}
+
+// ---- events: the transactional outbox, the broker, and the consumer's store -----------
+
+use crate::consume::StatsDelta;
+use crate::events::{EventType, OutboxMessage};
+
+/// The event broker could not be reached, refused a message, or did not confirm it in
+/// time. The event stays unsent in the outbox and is published again later.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("event bus: {0}")]
+pub struct BusError(pub String);
+
+/// The outbox: one row per state change, written by the ledger in the transaction of the
+/// change, waiting to be published. Rows are leased to one relay at a time, so several
+/// instances can run relays without publishing one order's events out of order.
+#[async_trait]
+pub trait Outbox: Send + Sync + 'static {
+    /// Leases up to `limit` unsent rows, oldest first, that no live lease holds, to
+    /// `relay` until `lease` from now; returns every unsent row `relay` holds (at most
+    /// `limit`), ordered by (request_id, sequence), each flagged `blocked` when an earlier
+    /// event of its request_id is unsent and held elsewhere.
+    async fn claim(
+        &self,
+        relay: &str,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Vec<OutboxMessage>, LedgerError>;
+
+    /// Marks rows as published (the broker stored them). Idempotent.
+    async fn mark_sent(&self, ids: &[i64]) -> Result<(), LedgerError>;
+
+    /// Records failed publish attempts (row id, error) and ends `relay`'s leases on all the
+    /// unsent rows it holds, so they can be claimed again at once.
+    async fn give_back(&self, relay: &str, failed: &[(i64, String)]) -> Result<(), LedgerError>;
+
+    /// How many rows are not yet published.
+    async fn unsent(&self) -> Result<u64, LedgerError>;
+}
+
+/// The broker (NATS JetStream).
+#[async_trait]
+pub trait EventBus: Send + Sync + 'static {
+    /// Whether the broker is reachable now, answered without waiting (a relay skips a
+    /// round instead of leasing rows it can't publish).
+    fn ready(&self) -> Result<(), BusError>;
+
+    /// Publishes one event (deduplicated by the broker on its event id) and waits, for a
+    /// bounded time, until the broker confirms it stored it (or already had it).
+    async fn publish(&self, message: &OutboxMessage) -> Result<(), BusError>;
+
+    /// Publishes independent events (no two of one request_id), one result per message
+    /// in order. The default publishes one after the other; an adapter may overlap them.
+    async fn publish_all(&self, messages: &[OutboxMessage]) -> Vec<Result<(), BusError>> {
+        let mut results = Vec::with_capacity(messages.len());
+        for message in messages {
+            results.push(self.publish(message).await);
+        }
+        results
+    }
+}
+
+/// Whether an event changed the consumer's store now or had been applied before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    Applied,
+    AlreadyApplied,
+}
+
+/// The sales-statistics consumer's store.
+#[async_trait]
+pub trait StatsStore: Send + Sync + 'static {
+    /// Adds `delta` to the product's counters and records `event_id` as consumed, in one
+    /// transaction, unless `event_id` was consumed before (then nothing changes).
+    async fn apply_once(
+        &self,
+        event_id: &str,
+        event_type: EventType,
+        product_id: ProductId,
+        delta: &StatsDelta,
+    ) -> Result<Applied, LedgerError>;
+}

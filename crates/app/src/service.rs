@@ -369,17 +369,13 @@ impl Flashsale {
     /// gate (once, whatever retries happen) and records that. A failure leaves the return
     /// pending in the ledger, where a retry of the same call or recovery finds it.
     async fn return_stock(&self, product_id: ProductId, request_id: &RequestId) {
-        match self.gate.release(product_id, request_id).await {
-            Ok(Release::Released | Release::AlreadyReleased) => {
-                if let Err(e) = self.ledger.mark_stock_returned(request_id).await {
-                    warn!(%request_id, error = %e, "stock returned; marking it in the ledger failed (harmless, retried later)");
-                }
-            }
-            Ok(outcome) => {
-                error!(%request_id, ?outcome, "stock return pending: the gate has no hold to release")
-            }
-            Err(e) => warn!(%request_id, error = %e, "stock return pending: gate unavailable"),
-        }
+        give_back(
+            self.gate.as_ref(),
+            self.ledger.as_ref(),
+            product_id,
+            request_id,
+        )
+        .await;
     }
 
     // ---- orders ---------------------------------------------------------------------
@@ -417,6 +413,10 @@ impl Flashsale {
             Ok(Transition::To(_)) => Err(Error::Unavailable(
                 "order changed concurrently; retry".into(),
             )),
+            // Cancelled by the expiry worker: the payment came too late.
+            Err(_) if attempt.order.cancel_reason == Some(CancelReason::PaymentTimeout) => {
+                Err(Error::OrderExpired)
+            }
             Err(_) => Err(Error::OrderNotPayable),
         }
     }
@@ -446,6 +446,47 @@ impl Flashsale {
                 .await;
         }
         Ok(attempt.order)
+    }
+}
+
+/// What became of an attempt to give a released reservation's units back to the gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GiveBack {
+    /// The units are back (now or before) and the ledger knows.
+    Done,
+    /// Could not be done now (gate or ledger unreachable); the ledger still lists it.
+    Later,
+    /// The gate has no hold record (or no stock entry) to release: nothing was returned
+    /// and no retry can do it; reconciliation must account for the units.
+    Impossible,
+}
+
+/// Gives a RELEASED reservation's units back to the gate, at most once (the gate's hold
+/// record flips state in the same script that adds the units), then records it.
+pub(crate) async fn give_back(
+    gate: &dyn StockGate,
+    ledger: &dyn Ledger,
+    product_id: ProductId,
+    request_id: &RequestId,
+) -> GiveBack {
+    match gate.release(product_id, request_id).await {
+        Ok(Release::Released | Release::AlreadyReleased) => {
+            match ledger.mark_stock_returned(request_id).await {
+                Ok(()) => GiveBack::Done,
+                Err(e) => {
+                    warn!(%request_id, error = %e, "stock returned; recording it failed (retried later, harmless)");
+                    GiveBack::Later
+                }
+            }
+        }
+        Ok(outcome) => {
+            error!(%request_id, %product_id, ?outcome, "stock return impossible: the gate has no hold to release");
+            GiveBack::Impossible
+        }
+        Err(e) => {
+            warn!(%request_id, error = %e, "stock return pending: gate unavailable");
+            GiveBack::Later
+        }
     }
 }
 

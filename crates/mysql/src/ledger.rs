@@ -142,7 +142,11 @@ impl MysqlLedger {
 
     /// Runs `f` (one transaction) under the transaction deadline, retrying deadlocks and
     /// lock wait timeouts a bounded number of times.
-    async fn run<T, F, Fut>(&self, what: &'static str, mut f: F) -> Result<T, LedgerError>
+    pub(crate) async fn run<T, F, Fut>(
+        &self,
+        what: &'static str,
+        mut f: F,
+    ) -> Result<T, LedgerError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, sqlx::Error>>,
@@ -326,7 +330,7 @@ impl MysqlLedger {
         )))
     }
 
-    async fn order_with_flags(
+    pub(crate) async fn order_with_flags(
         conn: &mut MySqlConnection,
         order_id: OrderId,
         user_id: UserId,
@@ -351,7 +355,7 @@ impl MysqlLedger {
     /// Moves an order out of PENDING_PAYMENT and its reservation out of PROCESSING, and
     /// the counters with them, in one transaction; `Ok(false)` when the conditional
     /// UPDATE matched nothing (another transition won, or the order is not this user's).
-    async fn transition(
+    pub(crate) async fn transition(
         &self,
         order_id: OrderId,
         user_id: UserId,
@@ -372,16 +376,25 @@ impl MysqlLedger {
                 .await?
             }
             OrderStatus::Cancelled => {
-                sqlx::query(
+                // Expiry is decided on the database's clock, in the same statement that
+                // moves the order: no instance's clock can expire an order early, and pay
+                // (which requires expires_at > NOW) and expiry can never both apply.
+                let sql = if cancel_reason == Some(CancelReason::PaymentTimeout) {
                     "UPDATE orders SET status = 'CANCELLED', cancelled_at = NOW(6), \
                      cancel_reason = ? \
-                     WHERE id = ? AND user_id = ? AND status = 'PENDING_PAYMENT'",
-                )
-                .bind(cancel_reason.map(CancelReason::as_str))
-                .bind(order_id.get())
-                .bind(user_id.get())
-                .execute(&mut *tx)
-                .await?
+                     WHERE id = ? AND user_id = ? AND status = 'PENDING_PAYMENT' \
+                     AND expires_at <= NOW(6)"
+                } else {
+                    "UPDATE orders SET status = 'CANCELLED', cancelled_at = NOW(6), \
+                     cancel_reason = ? \
+                     WHERE id = ? AND user_id = ? AND status = 'PENDING_PAYMENT'"
+                };
+                sqlx::query(sql)
+                    .bind(cancel_reason.map(CancelReason::as_str))
+                    .bind(order_id.get())
+                    .bind(user_id.get())
+                    .execute(&mut *tx)
+                    .await?
             }
             OrderStatus::PendingPayment => {
                 return Err(sqlx::Error::Protocol(

@@ -8,6 +8,7 @@
 //! and the caller answers 503.
 
 mod ledger;
+mod maintenance;
 mod rows;
 
 pub use ledger::{LedgerConfig, MysqlLedger};

@@ -21,7 +21,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use flashsale_app::ports::{ExistingHold, Release, Reserve, Restock};
+use std::collections::{BTreeMap, BTreeSet};
+
+use flashsale_app::ports::{
+    ExistingHold, GateFacts, GateMaintenance, Release, Reserve, Restock, StaleHold,
+};
 use flashsale_app::{GateError, StockGate};
 use flashsale_core::{ProductId, PurchaseRequest, Quantity, RequestId, UserId};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -53,6 +57,7 @@ pub struct RedisGate {
     release: Script,
     restock: Script,
     load: Script,
+    adjust: Script,
 }
 
 impl RedisGate {
@@ -75,6 +80,7 @@ impl RedisGate {
             release: Script::new(include_str!("lua/release.lua")),
             restock: Script::new(include_str!("lua/restock.lua")),
             load: Script::new(include_str!("lua/load.lua")),
+            adjust: Script::new(include_str!("lua/adjust.lua")),
         })
     }
 
@@ -234,6 +240,187 @@ impl StockGate for RedisGate {
             .query_async::<Option<i64>>(&mut conn)
             .await
             .map_err(unavailable)
+    }
+}
+
+/// Keys one SCAN step asks for when collecting a product's hold records (audit only).
+const SCAN_COUNT: usize = 1000;
+/// Most hold records an audit reads for one product; far above any product's live holds
+/// (bounded by its stock), it stops a runaway scan on a corrupted keyspace.
+const FACTS_HOLDS_MAX: usize = 5_000_000;
+
+/// A hold record's fields as HMGET returns them: user, quantity, state, hold id.
+type RawHold = (Option<i64>, Option<i64>, Option<String>, Option<i64>);
+
+impl RedisGate {
+    /// Reads hold records (user, quantity, state, hold id) for request_ids, in one round
+    /// trip; None where the record is gone.
+    async fn holds(
+        &self,
+        product_id: ProductId,
+        request_ids: &[String],
+    ) -> Result<Vec<Option<(i64, i64, bool, i64)>>, GateError> {
+        if request_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for request_id in request_ids {
+            pipe.cmd("HMGET")
+                .arg(self.key(product_id, &format!("r:{request_id}")))
+                .arg("u")
+                .arg("q")
+                .arg("s")
+                .arg("h");
+        }
+        let mut conn = self.conn.clone();
+        let rows: Vec<RawHold> = pipe.query_async(&mut conn).await.map_err(unavailable)?;
+        Ok(rows
+            .into_iter()
+            .map(|row| match row {
+                (Some(u), Some(q), Some(s), Some(h)) => Some((u, q, s == "r", h)),
+                _ => None,
+            })
+            .collect())
+    }
+}
+
+#[async_trait]
+impl GateMaintenance for RedisGate {
+    async fn stale_holds(
+        &self,
+        product_id: ProductId,
+        taken_before: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<StaleHold>, GateError> {
+        let mut conn = self.conn.clone();
+        let pending = self.key(product_id, "pending");
+        let ids: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+            .arg(&pending)
+            .arg("-inf")
+            .arg(format!("({}", taken_before.timestamp_millis()))
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        let records = self.holds(product_id, &ids).await?;
+        let mut stale = Vec::new();
+        let mut gone = Vec::new();
+        for (request_id, record) in ids.into_iter().zip(records) {
+            let parsed = record.and_then(|(u, q, released, hold_id)| {
+                Some(StaleHold {
+                    request: PurchaseRequest {
+                        request_id: RequestId::parse("request_id", &request_id).ok()?,
+                        user_id: UserId::parse(u).ok()?,
+                        product_id,
+                        quantity: Quantity::from_stored(q)?,
+                    },
+                    hold_id,
+                    released,
+                })
+            });
+            match parsed {
+                Some(hold) => stale.push(hold),
+                // The record outlived its retention: nothing left to recover here.
+                None => gone.push(request_id),
+            }
+        }
+        if !gone.is_empty() {
+            let _: i64 = redis::cmd("ZREM")
+                .arg(&pending)
+                .arg(&gone)
+                .query_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+        }
+        Ok(stale)
+    }
+
+    async fn forget_pending(
+        &self,
+        product_id: ProductId,
+        request_ids: &[RequestId],
+    ) -> Result<(), GateError> {
+        if request_ids.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.conn.clone();
+        let ids: Vec<&str> = request_ids.iter().map(RequestId::as_str).collect();
+        let _: i64 = redis::cmd("ZREM")
+            .arg(self.key(product_id, "pending"))
+            .arg(ids)
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn facts(&self, product_id: ProductId) -> Result<GateFacts, GateError> {
+        let available = self.available(product_id).await?;
+        let mut conn = self.conn.clone();
+        let pending: BTreeSet<String> = redis::cmd("ZRANGE")
+            .arg(self.key(product_id, "pending"))
+            .arg(0)
+            .arg(-1)
+            .query_async::<Vec<String>>(&mut conn)
+            .await
+            .map_err(unavailable)?
+            .into_iter()
+            .collect();
+        let marker = self.key(product_id, "r:");
+        let mut request_ids = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{marker}*"))
+                .arg("COUNT")
+                .arg(SCAN_COUNT)
+                .query_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            request_ids.extend(
+                keys.iter()
+                    .filter_map(|k| k.strip_prefix(&marker).map(str::to_owned)),
+            );
+            if request_ids.len() > FACTS_HOLDS_MAX {
+                return Err(GateError(format!(
+                    "more than {FACTS_HOLDS_MAX} hold records for product {product_id}"
+                )));
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        let mut held = BTreeMap::new();
+        for chunk in request_ids.chunks(SCAN_COUNT) {
+            let records = self.holds(product_id, chunk).await?;
+            for (request_id, record) in chunk.iter().zip(records) {
+                if let Some((_, q, false, hold_id)) = record {
+                    held.insert(request_id.clone(), (hold_id, q));
+                }
+            }
+        }
+        Ok(GateFacts {
+            available,
+            held,
+            pending,
+        })
+    }
+
+    async fn adjust(&self, product_id: ProductId, delta: i64) -> Result<bool, GateError> {
+        let mut conn = self.conn.clone();
+        let code: i64 = self
+            .adjust
+            .key(self.key(product_id, "inv"))
+            .arg(delta)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(code == 1)
     }
 }
 

@@ -23,6 +23,9 @@ pub struct Config {
     pub database_max_connections: u32,
     pub request_timeout: Duration,
     pub in_flight_max: usize,
+    pub recovery_after: Duration,
+    pub expiry_interval: Duration,
+    pub recovery_interval: Duration,
 }
 
 /// Every key a config file may hold, with its default; each is also read from the
@@ -43,6 +46,9 @@ pub const KEYS: &[(&str, Option<&str>)] = &[
     ("database_max_connections", Some("16")),
     ("request_timeout", Some("10s")),
     ("in_flight_max", Some("4096")),
+    ("recovery_after", Some("30s")),
+    ("expiry_interval", Some("1s")),
+    ("recovery_interval", Some("5s")),
 ];
 
 /// Upper bound of the per-order quantity setting: orders are for a flash sale, not bulk.
@@ -217,6 +223,17 @@ impl Config {
         )?;
         let request_timeout = duration(raw.value("request_timeout"))?;
         let in_flight_max = number(raw.value("in_flight_max"), 1, IN_FLIGHT_LIMIT)?;
+        let recovery_after = duration(raw.value("recovery_after"))?;
+        if recovery_after <= request_timeout {
+            // An attempt may still be working on its hold until its deadline; recovery
+            // must not fence it before then.
+            return Err(invalid(
+                raw.value("recovery_after").0,
+                "must be longer than the request timeout",
+            ));
+        }
+        let expiry_interval = duration(raw.value("expiry_interval"))?;
+        let recovery_interval = duration(raw.value("recovery_interval"))?;
         Ok(Self {
             listen,
             redis_url: redis_url.to_owned(),
@@ -230,6 +247,9 @@ impl Config {
             database_max_connections,
             request_timeout,
             in_flight_max,
+            recovery_after,
+            expiry_interval,
+            recovery_interval,
         })
     }
 }

@@ -2,13 +2,14 @@
 //! `main.rs` is a thin command line over this; integration tests call it directly.
 
 pub mod config;
+pub mod workers;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use flashsale_api::ApiConfig;
-use flashsale_app::{Flashsale, Settings, SystemClock};
+use flashsale_app::{Flashsale, Maintenance, MaintenanceSettings, Settings, SystemClock};
 use flashsale_mysql::{LedgerConfig, MysqlLedger};
 use flashsale_redis::{GateConfig, RedisGate};
 use rand::Rng;
@@ -29,10 +30,15 @@ const REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// a database that starts alongside the service, then gives up loudly.
 const STARTUP_MIGRATION_ATTEMPTS: u32 = 30;
 
+/// Most items one pass of a background worker handles: bounds the time and memory of a
+/// pass; a backlog drains over consecutive passes.
+pub(crate) const WORKER_BATCH_SIZE: usize = 500;
+
 /// A wired service.
 pub struct App {
     pub router: Router,
     pub service: Arc<Flashsale>,
+    pub maintenance: Arc<Maintenance>,
     pub admin_token: String,
 }
 
@@ -46,6 +52,43 @@ pub async fn connect_ledger(config: &Config) -> Result<MysqlLedger, String> {
     })
     .await
     .map_err(|e| e.to_string())
+}
+
+fn gate_for(config: &Config) -> Result<RedisGate, String> {
+    RedisGate::new(&GateConfig {
+        url: config.redis_url.clone(),
+        prefix: config.redis_prefix.clone(),
+        record_ttl: config.redis_record_ttl,
+        response_timeout: REDIS_RESPONSE_TIMEOUT,
+        connect_timeout: REDIS_CONNECT_TIMEOUT,
+    })
+    .map_err(|e| e.to_string())
+}
+
+fn maintenance_for(
+    config: &Config,
+    gate: Arc<RedisGate>,
+    ledger: Arc<MysqlLedger>,
+) -> Arc<Maintenance> {
+    Arc::new(Maintenance::new(
+        gate.clone(),
+        gate,
+        ledger.clone(),
+        ledger,
+        Arc::new(SystemClock),
+        MaintenanceSettings {
+            recovery_after: config.recovery_after,
+            batch_size: WORKER_BATCH_SIZE,
+        },
+    ))
+}
+
+/// The workers and checks without the HTTP side, for the `audit` and `reconcile`
+/// commands. Does not migrate: it only reads (and, asked to, repairs Redis).
+pub async fn connect_maintenance(config: &Config) -> Result<Arc<Maintenance>, String> {
+    let ledger = Arc::new(connect_ledger(config).await?);
+    let gate = Arc::new(gate_for(config)?);
+    Ok(maintenance_for(config, gate, ledger))
 }
 
 /// Connects, applies migrations, and builds the router.
@@ -70,17 +113,12 @@ pub async fn build(config: &Config) -> Result<App, String> {
             Err(e) => return Err(format!("database: {e}")),
         }
     };
-    let gate = RedisGate::new(&GateConfig {
-        url: config.redis_url.clone(),
-        prefix: config.redis_prefix.clone(),
-        record_ttl: config.redis_record_ttl,
-        response_timeout: REDIS_RESPONSE_TIMEOUT,
-        connect_timeout: REDIS_CONNECT_TIMEOUT,
-    })
-    .map_err(|e| e.to_string())?;
+    let ledger = Arc::new(ledger);
+    let gate = Arc::new(gate_for(config)?);
+    let maintenance = maintenance_for(config, gate.clone(), ledger.clone());
     let service = Arc::new(Flashsale::new(
-        Arc::new(gate),
-        Arc::new(ledger),
+        gate,
+        ledger,
         Arc::new(SystemClock),
         Settings {
             payment_timeout: config.payment_timeout,
@@ -110,6 +148,7 @@ pub async fn build(config: &Config) -> Result<App, String> {
     Ok(App {
         router,
         service,
+        maintenance,
         admin_token,
     })
 }
@@ -121,10 +160,12 @@ pub async fn serve(config: &Config) -> Result<(), String> {
         .await
         .map_err(|e| format!("binding {}: {e}", config.listen))?;
     info!(listen = %config.listen, "flashsale serving");
+    let workers = workers::Workers::spawn(app.maintenance.clone(), config);
     axum::serve(listener, app.router)
         .with_graceful_shutdown(shutdown_signal())
         .await
         .map_err(|e| format!("server: {e}"))?;
+    workers.stop().await;
     info!("drained; bye");
     Ok(())
 }

@@ -45,6 +45,8 @@ pub struct TestApp {
     pub pool: MySqlPool,
     pub redis: MultiplexedConnection,
     pub prefix: String,
+    /// The instance's workers and checks, driven by tests one pass at a time.
+    pub maintenance: std::sync::Arc<flashsale_app::Maintenance>,
     server: JoinHandle<()>,
 }
 
@@ -79,6 +81,7 @@ impl TestApp {
         }
         let config = Config::from_parts(None, &env).expect("valid test config");
         let app = flashsale::build(&config).await.expect("build app");
+        let maintenance = app.maintenance.clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -104,6 +107,7 @@ impl TestApp {
             pool,
             redis,
             prefix,
+            maintenance,
             server,
         }
     }

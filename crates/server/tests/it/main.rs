@@ -10,3 +10,4 @@ mod helpers;
 mod invariants;
 mod orders;
 mod purchase;
+mod recovery;

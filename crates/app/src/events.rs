@@ -1,0 +1,128 @@
+//! Events: what every order and reservation state change tells the rest of the world.
+//!
+//! The ledger writes one outbox row per state change in the transaction that makes the
+//! change (so an event exists exactly when its change committed); the relay
+//! ([`crate::relay`]) publishes the rows to the broker; consumers apply each event once,
+//! deduplicating by its id ([`crate::consume`]). The JSON form is documented in
+//! `docs/events.md`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use flashsale_core::{OrderId, ProductId, Quantity, RequestId, UserId};
+
+/// The kinds of state change that produce an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EventType {
+    /// A purchase was accepted: order PENDING_PAYMENT, reservation PROCESSING.
+    OrderCreated,
+    /// The order was paid: order PAID, reservation CONFIRMED.
+    OrderPaid,
+    /// The order was cancelled (by its buyer, or at its payment deadline); `reason` says
+    /// which. Always followed by `ReservationReleased` of the same request.
+    OrderCancelled,
+    /// A reservation's units went back to the stock: after a cancellation, or a
+    /// reservation released without ever having an order (a fence; `order_id` null).
+    ReservationReleased,
+}
+
+impl EventType {
+    pub const ALL: [EventType; 4] = [
+        Self::OrderCreated,
+        Self::OrderPaid,
+        Self::OrderCancelled,
+        Self::ReservationReleased,
+    ];
+
+    /// The name used in the payload, the outbox and the subject
+    /// (`<prefix>.events.<name>`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::OrderCreated => "order_created",
+            Self::OrderPaid => "order_paid",
+            Self::OrderCancelled => "order_cancelled",
+            Self::ReservationReleased => "reservation_released",
+        }
+    }
+}
+
+impl fmt::Display for EventType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An event type name that is none of ours.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown event type {0:?}")]
+pub struct UnknownEventType(pub String);
+
+impl FromStr for EventType {
+    type Err = UnknownEventType;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|t| t.as_str() == s)
+            .ok_or_else(|| UnknownEventType(s.to_owned()))
+    }
+}
+
+/// One event as consumers see it (the decoded message body).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// Unique id (a UUID the ledger generates when it writes the event); the broker's
+    /// `Nats-Msg-Id` and the consumers' deduplication key.
+    pub event_id: String,
+    pub event_type: EventType,
+    /// Position among the events of this purchase (request_id), from 1: order_created is
+    /// 1, then order_paid or order_cancelled 2, then reservation_released 3. A fence's
+    /// reservation_released is 1.
+    pub sequence: u32,
+    /// None only for a reservation released without an order (a fence).
+    pub order_id: Option<OrderId>,
+    pub request_id: RequestId,
+    pub product_id: ProductId,
+    pub user_id: UserId,
+    pub quantity: Quantity,
+    /// order_cancelled: `user_cancelled` or `payment_timeout`; reservation_released:
+    /// `cancelled`, `payment_timeout`, `sold_out` or `abandoned`; otherwise None.
+    pub reason: Option<String>,
+    /// When the change committed, on the database's clock.
+    pub occurred_at: DateTime<Utc>,
+}
+
+/// An outbox row the relay holds a lease on, ready to publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxMessage {
+    /// The row's id in the outbox (not the event id).
+    pub id: i64,
+    pub event_id: String,
+    pub event_type: EventType,
+    /// The key that orders events: those of one request_id (one order) go out in
+    /// `sequence` order.
+    pub request_id: String,
+    pub sequence: u32,
+    /// The message body, JSON, exactly as it goes on the wire.
+    pub payload: String,
+    /// Publish attempts so far.
+    pub attempts: u32,
+    /// An earlier event of the same request_id is unsent and not held by this relay (another
+    /// relay has it): this one, and the later ones of its request_id, must wait.
+    pub blocked: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Checks every event type survives the name round trip and unknown names are refused.
+    #[test]
+    fn names_round_trip() {
+        for t in EventType::ALL {
+            assert_eq!(t.as_str().parse::<EventType>(), Ok(t));
+        }
+        assert!("order_shipped".parse::<EventType>().is_err());
+    }
+}

@@ -1,0 +1,405 @@
+//! The background workers and the operator's checks, each a reconciler: it takes no
+//! input, looks at the stores and moves them one bounded step toward the desired state,
+//! and is safe to run concurrently on several instances (every step is a conditional
+//! UPDATE, a unique key, or an idempotent gate script).
+//!
+//! - [`Maintenance::expire_once`]: unpaid orders past their deadline become CANCELLED
+//!   (payment_timeout) and their units go back.
+//! - [`Maintenance::recover_once`]: holds left without an order after the recovery window
+//!   are fenced in the ledger and given back; released reservations whose units did not
+//!   make it back are given back.
+//! - [`Maintenance::audit`] and [`Maintenance::reconcile`]: compare the stores.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use flashsale_core::{ProductId, ReleaseReason, RequestId};
+use tracing::{error, info, warn};
+
+use crate::audit::{self, AuditReport};
+use crate::error::Error;
+use crate::model::PurchaseOutcome;
+use crate::ports::{
+    Clock, Fence, GateMaintenance, Ledger, LedgerMaintenance, Release, StaleHold, StockGate,
+};
+use crate::service::{give_back, GiveBack};
+
+/// Tries recovery makes on one hold whose outcome it cannot learn (the ledger does not
+/// answer) before it records an incident and tells an operator: a few passes ride out a
+/// restart of the database, more would only hide a real problem.
+pub const RECOVERY_TRIES_MAX: u32 = 5;
+/// Most holds whose failed tries are remembered; past it the memory starts over (tries
+/// then count again from zero, which only delays an incident).
+const TRACKED_HOLDS_MAX: usize = 10_000;
+
+#[derive(Debug, Clone)]
+pub struct MaintenanceSettings {
+    /// How old a hold without an order must be before recovery fences and releases it:
+    /// well past the request deadline, so the attempt that took it has surely ended.
+    pub recovery_after: Duration,
+    /// Most items one pass of a worker handles (per product for holds).
+    pub batch_size: usize,
+}
+
+pub struct Maintenance {
+    gate: Arc<dyn StockGate>,
+    gate_m: Arc<dyn GateMaintenance>,
+    ledger: Arc<dyn Ledger>,
+    ledger_m: Arc<dyn LedgerMaintenance>,
+    clock: Arc<dyn Clock>,
+    settings: MaintenanceSettings,
+    tries: Mutex<HashMap<RequestId, u32>>,
+}
+
+/// What one recovery pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Stale index entries whose order exists: the index was trimmed.
+    pub aligned: usize,
+    /// Holds with no order: fenced in the ledger and given back.
+    pub released: usize,
+    /// Holds the ledger did not account for (a replaced or duplicate hold): given back.
+    pub orphans_released: usize,
+    /// Released reservations whose units were given back now.
+    pub returns_completed: usize,
+    /// Items left for a later pass (a store did not answer).
+    pub deferred: usize,
+    /// Incidents recorded for an operator.
+    pub incidents: usize,
+}
+
+/// What reconciliation found for one product.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reconciliation {
+    pub product_id: ProductId,
+    pub redis_available: Option<i64>,
+    /// What Redis's available count should be given the ledger's facts and the holds
+    /// still in flight.
+    pub expected_available: i64,
+    /// `redis_available - expected_available` (0 when consistent).
+    pub drift: i64,
+    /// Units taken by holds the ledger does not (yet) account for.
+    pub in_flight_units: i64,
+    /// Whether a repair was applied.
+    pub repaired: bool,
+}
+
+impl Maintenance {
+    pub fn new(
+        gate: Arc<dyn StockGate>,
+        gate_m: Arc<dyn GateMaintenance>,
+        ledger: Arc<dyn Ledger>,
+        ledger_m: Arc<dyn LedgerMaintenance>,
+        clock: Arc<dyn Clock>,
+        settings: MaintenanceSettings,
+    ) -> Self {
+        Self {
+            gate,
+            gate_m,
+            ledger,
+            ledger_m,
+            clock,
+            settings,
+            tries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Cancels unpaid orders past their deadline (on the database's clock) and returns
+    /// their units. Returns how many orders it cancelled.
+    pub async fn expire_once(&self) -> Result<usize, Error> {
+        let due = self
+            .ledger_m
+            .expired_orders(self.settings.batch_size)
+            .await?;
+        let mut expired = 0;
+        for order in &due {
+            let Some(attempt) = self.ledger_m.expire(order).await? else {
+                continue;
+            };
+            if attempt.applied {
+                expired += 1;
+                info!(order_id = %order.order_id, request_id = %attempt.order.request_id, "order expired unpaid; cancelled");
+            }
+            if attempt.stock_return_pending {
+                give_back(
+                    self.gate.as_ref(),
+                    self.ledger.as_ref(),
+                    attempt.order.product_id,
+                    &attempt.order.request_id,
+                )
+                .await;
+            }
+        }
+        Ok(expired)
+    }
+
+    /// One recovery pass over every loaded product.
+    pub async fn recover_once(&self) -> Result<RecoveryReport, Error> {
+        let mut report = RecoveryReport::default();
+        // Released reservations whose units did not make it back.
+        for pending in self
+            .ledger_m
+            .pending_returns(self.settings.batch_size)
+            .await?
+        {
+            match give_back(
+                self.gate.as_ref(),
+                self.ledger.as_ref(),
+                pending.product_id,
+                &pending.request_id,
+            )
+            .await
+            {
+                GiveBack::Done => report.returns_completed += 1,
+                GiveBack::Later => report.deferred += 1,
+                GiveBack::Impossible => {
+                    self.incident(
+                        &pending.request_id,
+                        pending.product_id,
+                        "return_impossible",
+                        "reservation released but Redis has no hold record to release; \
+                         reconciliation must account for its units",
+                        &mut report,
+                    )
+                    .await
+                }
+            }
+        }
+        let taken_before = self.clock.now()
+            - chrono::Duration::from_std(self.settings.recovery_after)
+                .unwrap_or(chrono::Duration::MAX);
+        for product_id in self.ledger_m.loaded_products().await? {
+            let stale = self
+                .gate_m
+                .stale_holds(product_id, taken_before, self.settings.batch_size)
+                .await?;
+            let mut aligned = Vec::new();
+            for hold in stale {
+                self.recover_hold(product_id, hold, &mut aligned, &mut report)
+                    .await;
+            }
+            report.aligned += aligned.len();
+            if !aligned.is_empty() {
+                self.gate_m.forget_pending(product_id, &aligned).await?;
+            }
+        }
+        if report != RecoveryReport::default() {
+            info!(?report, "recovery pass");
+        }
+        Ok(report)
+    }
+
+    async fn recover_hold(
+        &self,
+        product_id: ProductId,
+        hold: StaleHold,
+        aligned: &mut Vec<RequestId>,
+        report: &mut RecoveryReport,
+    ) {
+        let request_id = hold.request.request_id.clone();
+        if hold.released {
+            aligned.push(request_id);
+            return;
+        }
+        let record = match self.ledger.find_purchase(&request_id).await {
+            Ok(record) => record,
+            Err(e) => {
+                return self
+                    .unknown(&request_id, product_id, &e.to_string(), report)
+                    .await
+            }
+        };
+        let record = match record {
+            Some(record) => record,
+            None => {
+                // No order: fence the request so a late commit of it can no longer create
+                // one, then give its units back.
+                match self
+                    .ledger
+                    .fence(&hold.request, hold.hold_id, ReleaseReason::Abandoned)
+                    .await
+                {
+                    Ok(Fence::Fenced) => {
+                        warn!(%request_id, %product_id, hold_id = hold.hold_id, "abandoned hold fenced; returning its units");
+                        match give_back(
+                            self.gate.as_ref(),
+                            self.ledger.as_ref(),
+                            product_id,
+                            &request_id,
+                        )
+                        .await
+                        {
+                            GiveBack::Done => report.released += 1,
+                            // The fence is durable; pending_returns finishes it.
+                            GiveBack::Later | GiveBack::Impossible => report.deferred += 1,
+                        }
+                        self.forget_tries(&request_id);
+                        return;
+                    }
+                    Ok(Fence::Duplicate(record)) => record,
+                    Err(e) => {
+                        return self
+                            .unknown(&request_id, product_id, &e.to_string(), report)
+                            .await
+                    }
+                }
+            }
+        };
+        self.forget_tries(&request_id);
+        if record.is_hold(product_id, hold.hold_id) {
+            match record.outcome {
+                // The order accounts for this hold: only the index entry was left.
+                PurchaseOutcome::Order(_) => aligned.push(request_id),
+                // A fence of this very hold: its return is pending_returns' job.
+                PurchaseOutcome::Released { .. } => report.deferred += 1,
+            }
+            return;
+        }
+        // The ledger holds the request_id for another hold: this one can never become an
+        // order.
+        match self.gate.release(product_id, &request_id).await {
+            Ok(Release::Released | Release::AlreadyReleased) => {
+                warn!(%request_id, %product_id, hold_id = hold.hold_id, "orphan hold released");
+                report.orphans_released += 1;
+            }
+            Ok(outcome) => {
+                error!(%request_id, ?outcome, "orphan hold could not be released");
+                report.deferred += 1;
+            }
+            Err(e) => {
+                warn!(%request_id, error = %e, "orphan hold release deferred");
+                report.deferred += 1;
+            }
+        }
+    }
+
+    /// The outcome of a hold can't be learned now: try again next pass; after
+    /// [`RECOVERY_TRIES_MAX`] passes, raise it to an operator. Never guess.
+    async fn unknown(
+        &self,
+        request_id: &RequestId,
+        product_id: ProductId,
+        cause: &str,
+        report: &mut RecoveryReport,
+    ) {
+        let tries = {
+            let mut tries = self.tries.lock().unwrap_or_else(|p| p.into_inner());
+            if tries.len() >= TRACKED_HOLDS_MAX && !tries.contains_key(request_id) {
+                tries.clear();
+            }
+            let n = tries.entry(request_id.clone()).or_insert(0);
+            *n += 1;
+            *n
+        };
+        report.deferred += 1;
+        if tries >= RECOVERY_TRIES_MAX {
+            self.incident(
+                request_id,
+                product_id,
+                "outcome_unknown",
+                &format!("could not learn the outcome after {tries} tries: {cause}"),
+                report,
+            )
+            .await;
+        } else {
+            warn!(%request_id, tries, cause, "hold outcome unknown; retrying next pass");
+        }
+    }
+
+    async fn incident(
+        &self,
+        request_id: &RequestId,
+        product_id: ProductId,
+        kind: &str,
+        detail: &str,
+        report: &mut RecoveryReport,
+    ) {
+        error!(%request_id, %product_id, kind, detail, "RECOVERY INCIDENT: needs an operator");
+        report.incidents += 1;
+        if let Err(e) = self
+            .ledger_m
+            .record_incident(request_id, product_id, kind, detail)
+            .await
+        {
+            error!(%request_id, error = %e, "could not record the incident in the ledger");
+        }
+    }
+
+    fn forget_tries(&self, request_id: &RequestId) {
+        let mut tries = self.tries.lock().unwrap_or_else(|p| p.into_inner());
+        tries.remove(request_id);
+    }
+
+    /// Checks a quiet product's stores against the invariants.
+    pub async fn audit(&self, product_id: ProductId) -> Result<AuditReport, Error> {
+        let ledger = self
+            .ledger_m
+            .facts(product_id)
+            .await?
+            .ok_or(Error::ProductNotFound)?;
+        let gate = self.gate_m.facts(product_id).await?;
+        Ok(audit::check(product_id.get(), &gate, &ledger))
+    }
+
+    /// Products the workers and audit look after.
+    pub async fn products(&self) -> Result<Vec<ProductId>, Error> {
+        Ok(self.ledger_m.loaded_products().await?)
+    }
+
+    /// Compares Redis's available count with what the ledger's facts imply, counting
+    /// holds still in flight. Repairs (`repair`) only a drift that is the same in two
+    /// looks `settle` apart with the same holds in flight — drift that outlives in-flight
+    /// work — and then only by adjusting Redis relatively, never by overwriting it.
+    pub async fn reconcile(
+        &self,
+        product_id: ProductId,
+        repair: bool,
+        settle: Duration,
+    ) -> Result<Reconciliation, Error> {
+        let first = self.measure(product_id).await?;
+        if !repair || first.drift == 0 {
+            return Ok(first);
+        }
+        tokio::time::sleep(settle).await;
+        let second = self.measure(product_id).await?;
+        if second.drift != first.drift || second.in_flight_units != first.in_flight_units {
+            info!(%product_id, first = first.drift, second = second.drift, "drift still moving; not repairing");
+            return Ok(second);
+        }
+        let repaired = self.gate_m.adjust(product_id, -second.drift).await?;
+        warn!(%product_id, drift = second.drift, repaired, "reconciliation repaired Redis available count");
+        Ok(Reconciliation { repaired, ..second })
+    }
+
+    async fn measure(&self, product_id: ProductId) -> Result<Reconciliation, Error> {
+        let ledger = self
+            .ledger_m
+            .facts(product_id)
+            .await?
+            .ok_or(Error::ProductNotFound)?;
+        let gate = self.gate_m.facts(product_id).await?;
+        let live_units: i64 = ledger.live.values().map(|(_, units)| units).sum();
+        // Units Redis counts as taken that no live reservation accounts for: attempts
+        // between Redis and the commit, orphans and releases not yet returned — each is
+        // resolved by the purchase path or recovery, so they are not drift.
+        let in_flight_units: i64 = gate
+            .held
+            .iter()
+            .filter(|(request_id, (hold, _))| {
+                ledger.live.get(*request_id).map(|(h, _)| h) != Some(hold)
+            })
+            .map(|(_, (_, units))| units)
+            .sum();
+        let expected = ledger.counters.total - live_units - in_flight_units;
+        let drift = gate.available.map_or(0, |a| a - expected);
+        Ok(Reconciliation {
+            product_id,
+            redis_available: gate.available,
+            expected_available: expected,
+            drift,
+            in_flight_units,
+            repaired: false,
+        })
+    }
+}

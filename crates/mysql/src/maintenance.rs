@@ -1,0 +1,251 @@
+//! The ledger's side of the background workers and the audit.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use async_trait::async_trait;
+use flashsale_app::ports::{
+    CancelAttempt, ExpiredOrder, LedgerFacts, LedgerMaintenance, PendingReturn,
+};
+use flashsale_app::LedgerError;
+use flashsale_core::{
+    CancelReason, InventoryCounters, OrderId, OrderStatus, ProductId, RequestId, UserId,
+};
+use sqlx::Row;
+
+use crate::ledger::MysqlLedger;
+use crate::rows::{corrupt, db, text};
+
+/// Most products the workers look after per pass; a flash-sale deployment has far fewer
+/// products with loaded stock, and the bound keeps a pass's cost known.
+const LOADED_PRODUCTS_MAX: i64 = 10_000;
+/// Most request_ids an audit lists per kind of problem.
+const LISTED_MAX: i64 = 100;
+/// Longest incident detail stored (the column width).
+const INCIDENT_DETAIL_MAX: usize = 1000;
+
+fn limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+#[async_trait]
+impl LedgerMaintenance for MysqlLedger {
+    async fn loaded_products(&self) -> Result<Vec<ProductId>, LedgerError> {
+        let ids: Vec<i64> = self
+            .run("loaded products", || {
+                sqlx::query_scalar(
+                    "SELECT product_id FROM products WHERE stock_loaded = 1 \
+                     ORDER BY product_id LIMIT ?",
+                )
+                .bind(LOADED_PRODUCTS_MAX)
+                .fetch_all(self.pool())
+            })
+            .await?;
+        ids.into_iter()
+            .map(|id| ProductId::parse(id).map_err(corrupt))
+            .collect()
+    }
+
+    async fn expired_orders(&self, max: usize) -> Result<Vec<ExpiredOrder>, LedgerError> {
+        let rows = self
+            .run("expired orders", || {
+                sqlx::query(
+                    "SELECT id, user_id FROM orders \
+                     WHERE status = 'PENDING_PAYMENT' AND expires_at <= NOW(6) \
+                     ORDER BY expires_at LIMIT ?",
+                )
+                .bind(limit(max))
+                .fetch_all(self.pool())
+            })
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(ExpiredOrder {
+                    order_id: OrderId::parse(r.try_get("id").map_err(db)?).map_err(corrupt)?,
+                    user_id: UserId::parse(r.try_get("user_id").map_err(db)?).map_err(corrupt)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn expire(&self, order: &ExpiredOrder) -> Result<Option<CancelAttempt>, LedgerError> {
+        let applied = self
+            .run("expire order", || {
+                self.transition(
+                    order.order_id,
+                    order.user_id,
+                    OrderStatus::Cancelled,
+                    Some(CancelReason::PaymentTimeout),
+                )
+            })
+            .await?;
+        let found = self
+            .run("read order", || async {
+                let mut conn = self.pool().acquire().await?;
+                Self::order_with_flags(&mut conn, order.order_id, order.user_id).await
+            })
+            .await?;
+        Ok(found.map(|(order, _, stock_return_pending)| CancelAttempt {
+            order,
+            applied,
+            stock_return_pending,
+        }))
+    }
+
+    async fn pending_returns(&self, max: usize) -> Result<Vec<PendingReturn>, LedgerError> {
+        let rows = self
+            .run("pending returns", || {
+                sqlx::query(
+                    "SELECT product_id, request_id FROM inventory_reservation \
+                     WHERE stock_returned = 0 AND status = 'RELEASED' \
+                     ORDER BY updated_at LIMIT ?",
+                )
+                .bind(limit(max))
+                .fetch_all(self.pool())
+            })
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(PendingReturn {
+                    product_id: ProductId::parse(r.try_get("product_id").map_err(db)?)
+                        .map_err(corrupt)?,
+                    request_id: RequestId::parse("request_id", &text(r, "request_id")?)
+                        .map_err(corrupt)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn record_incident(
+        &self,
+        request_id: &RequestId,
+        product_id: ProductId,
+        kind: &str,
+        detail: &str,
+    ) -> Result<(), LedgerError> {
+        let detail: String = detail.chars().take(INCIDENT_DETAIL_MAX).collect();
+        self.run("record incident", || {
+            // One open row per (request, kind): a repeated incident refreshes its detail.
+            sqlx::query(
+                "INSERT INTO recovery_incident (request_id, product_id, kind, detail) \
+                 VALUES (?, ?, ?, ?) \
+                 ON DUPLICATE KEY UPDATE detail = VALUES(detail), resolved_at = NULL",
+            )
+            .bind(request_id.as_str())
+            .bind(product_id.get())
+            .bind(kind)
+            .bind(&detail)
+            .execute(self.pool())
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn facts(&self, product_id: ProductId) -> Result<Option<LedgerFacts>, LedgerError> {
+        let pool = self.pool();
+        let p = product_id.get();
+        let Some(row) = self
+            .run("facts: inventory", || {
+                sqlx::query(
+                    "SELECT total_stock, available_stock, pre_deduct_stock, sold_count \
+                     FROM product_inventory WHERE product_id = ?",
+                )
+                .bind(p)
+                .fetch_optional(pool)
+            })
+            .await?
+        else {
+            return Ok(None);
+        };
+        let counters = InventoryCounters {
+            total: row.try_get("total_stock").map_err(db)?,
+            available: row.try_get("available_stock").map_err(db)?,
+            reserved: row.try_get("pre_deduct_stock").map_err(db)?,
+            sold: row.try_get("sold_count").map_err(db)?,
+        };
+        let units = self
+            .run("facts: units", || {
+                sqlx::query(
+                    "SELECT \
+                     CAST(COALESCE(SUM(CASE WHEN status = 'PENDING_PAYMENT' THEN quantity END), 0) AS SIGNED) AS pending, \
+                     CAST(COALESCE(SUM(CASE WHEN status = 'PAID' THEN quantity END), 0) AS SIGNED) AS paid, \
+                     CAST(COALESCE(SUM(status = 'PENDING_PAYMENT' AND expires_at <= NOW(6)), 0) AS SIGNED) AS overdue \
+                     FROM orders WHERE product_id = ?",
+                )
+                .bind(p)
+                .fetch_one(pool)
+            })
+            .await?;
+        let ids = |sql: &'static str| async move {
+            let rows = self
+                .run("facts: request ids", || {
+                    sqlx::query(sql).bind(p).bind(LISTED_MAX).fetch_all(pool)
+                })
+                .await?;
+            rows.iter()
+                .map(|r| text(r, "request_id"))
+                .collect::<Result<Vec<String>, LedgerError>>()
+        };
+        let orders_without_reservation = ids(
+            "SELECT o.request_id FROM orders o LEFT JOIN inventory_reservation r \
+             ON r.request_id = o.request_id WHERE o.product_id = ? AND r.id IS NULL LIMIT ?",
+        )
+        .await?;
+        let mismatched = ids("SELECT r.request_id FROM inventory_reservation r \
+             LEFT JOIN orders o ON o.request_id = r.request_id \
+             WHERE r.product_id = ? AND NOT ( \
+               (o.status = 'PENDING_PAYMENT' AND r.status = 'PROCESSING') OR \
+               (o.status = 'PAID' AND r.status = 'CONFIRMED') OR \
+               (o.status = 'CANCELLED' AND r.status = 'RELEASED') OR \
+               (o.status IS NULL AND r.status = 'RELEASED')) LIMIT ?")
+        .await?;
+        let reservations = self
+            .run("facts: reservations", || {
+                sqlx::query(
+                    "SELECT request_id, hold_id, quantity, status, stock_returned \
+                     FROM inventory_reservation WHERE product_id = ?",
+                )
+                .bind(p)
+                .fetch_all(pool)
+            })
+            .await?;
+        let mut live = BTreeMap::new();
+        let mut unreturned = BTreeMap::new();
+        let mut reserved_request_ids = BTreeSet::new();
+        for r in &reservations {
+            let request_id = text(r, "request_id")?;
+            let quantity = i64::from(r.try_get::<i32, _>("quantity").map_err(db)?);
+            let status = text(r, "status")?;
+            if status == "RELEASED" {
+                if !r.try_get::<bool, _>("stock_returned").map_err(db)? {
+                    unreturned.insert(request_id.clone(), quantity);
+                }
+            } else {
+                let hold_id: i64 = r.try_get("hold_id").map_err(db)?;
+                live.insert(request_id.clone(), (hold_id, quantity));
+            }
+            reserved_request_ids.insert(request_id);
+        }
+        let open_incidents: i64 = self
+            .run("facts: incidents", || {
+                sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM recovery_incident \
+                     WHERE product_id = ? AND resolved_at IS NULL",
+                )
+                .bind(p)
+                .fetch_one(pool)
+            })
+            .await?;
+        Ok(Some(LedgerFacts {
+            counters,
+            pending_units: units.try_get("pending").map_err(db)?,
+            paid_units: units.try_get("paid").map_err(db)?,
+            orders_without_reservation,
+            mismatched,
+            live,
+            unreturned,
+            reserved_request_ids,
+            overdue_unpaid: units.try_get("overdue").map_err(db)?,
+            open_incidents,
+        }))
+    }
+}

@@ -1,0 +1,112 @@
+//! Runs the background workers: each is activated periodically and on demand, runs one
+//! bounded pass of its reconciler, logs what it did, and stops on shutdown.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flashsale_app::Maintenance;
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use crate::Config;
+
+/// Running workers and the means to wake or stop them.
+pub struct Workers {
+    stop: watch::Sender<bool>,
+    /// Wakes the recovery worker before its next period.
+    pub wake_recovery: Arc<Notify>,
+    /// Wakes the expiry worker before its next period.
+    pub wake_expiry: Arc<Notify>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Workers {
+    pub fn spawn(maintenance: Arc<Maintenance>, config: &Config) -> Self {
+        let (stop, stopped) = watch::channel(false);
+        let wake_recovery = Arc::new(Notify::new());
+        let wake_expiry = Arc::new(Notify::new());
+        let m = maintenance.clone();
+        let expiry = tokio::spawn(run(
+            "expiry",
+            config.expiry_interval,
+            wake_expiry.clone(),
+            stopped.clone(),
+            move || {
+                let m = m.clone();
+                async move { m.expire_once().await.map(|n| n >= crate::WORKER_BATCH_SIZE) }
+            },
+        ));
+        let m = maintenance;
+        let recovery = tokio::spawn(run(
+            "recovery",
+            config.recovery_interval,
+            wake_recovery.clone(),
+            stopped,
+            move || {
+                let m = m.clone();
+                async move {
+                    m.recover_once().await.map(|r| {
+                        r.aligned + r.released + r.orphans_released + r.returns_completed
+                            >= crate::WORKER_BATCH_SIZE
+                    })
+                }
+            },
+        ));
+        Self {
+            stop,
+            wake_recovery,
+            wake_expiry,
+            tasks: vec![expiry, recovery],
+        }
+    }
+
+    /// Asks every worker to stop after its current pass, and waits for them.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+/// One worker's loop. `pass` returns whether it filled a whole batch (then the next pass
+/// runs at once, to drain a backlog in bounded steps) or an error (logged; retried next
+/// period). Work it could not finish waits for the next period, so a store that is down
+/// is never hammered.
+async fn run<F, Fut>(
+    name: &'static str,
+    every: Duration,
+    wake: Arc<Notify>,
+    mut stopped: watch::Receiver<bool>,
+    pass: F,
+) where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<bool, flashsale_app::Error>>,
+{
+    info!(worker = name, every = ?every, "worker started");
+    loop {
+        let busy = match pass().await {
+            Ok(busy) => busy,
+            Err(e) => {
+                warn!(worker = name, error = %e, "worker pass failed; retrying next period");
+                false
+            }
+        };
+        if *stopped.borrow() {
+            break;
+        }
+        if busy {
+            // Yield between consecutive passes so a backlog never starves requests.
+            tokio::task::yield_now().await;
+            continue;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = wake.notified() => {}
+            _ = stopped.changed() => break,
+        }
+    }
+    info!(worker = name, "worker stopped");
+}

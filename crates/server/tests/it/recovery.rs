@@ -1,0 +1,316 @@
+//! The background workers, driven one pass at a time: payment timeout, recovery of
+//! abandoned holds and of stock returns that did not make it, and the audit.
+
+use std::time::Duration;
+
+use flashsale_app::ports::Reserve;
+use flashsale_app::StockGate;
+use flashsale_core::PurchaseRequest;
+use flashsale_redis::{GateConfig, RedisGate};
+use flashsale_testkit::TcpProxy;
+use futures::stream::{self, StreamExt};
+use reqwest::StatusCode;
+use serde_json::json;
+
+use crate::helpers::{code, order_id, redis_addr, Routes, TestApp, REDIS_URL};
+use crate::invariants;
+
+/// Settings that make the recovery window short enough for a test: requests give up
+/// after 1 s, holds are recovered after 2 s.
+const FAST_RECOVERY: &[(&str, &str)] = &[("REQUEST_TIMEOUT", "1s"), ("RECOVERY_AFTER", "2s")];
+
+fn gate(app: &TestApp) -> RedisGate {
+    RedisGate::new(&GateConfig {
+        url: REDIS_URL.into(),
+        prefix: app.prefix.clone(),
+        record_ttl: Duration::from_secs(3600),
+        response_timeout: Duration::from_secs(1),
+        connect_timeout: Duration::from_secs(1),
+    })
+    .expect("gate")
+}
+
+/// Takes a hold the way a purchase's first step does, and stops there (as if the process
+/// died before its commit).
+async fn abandoned_hold(app: &TestApp, request_id: &str, user: i64, product: i64) -> i64 {
+    let request = PurchaseRequest::parse(request_id, user, product, 1, 5).expect("valid");
+    match gate(app)
+        .reserve(&request, None, chrono::Utc::now())
+        .await
+        .expect("reserve")
+    {
+        Reserve::Reserved { hold_id } => hold_id,
+        other => panic!("expected a fresh hold, got {other:?}"),
+    }
+}
+
+// Checks the payment-timeout worker: 20 orders expire unpaid (1 s deadline) while 10 more
+// are paid in time; one expiry pass cancels exactly the 20 with reason payment_timeout
+// and returns their units; a second pass does nothing; a late payment gets
+// order_expired; the audit is clean.
+#[tokio::test]
+async fn unpaid_orders_expire_exactly_once() {
+    let app = TestApp::spawn_with(Default::default(), &[("PAYMENT_TIMEOUT", "1s")]).await;
+    app.create_product(2100, 40, None).await;
+    let mut unpaid = Vec::new();
+    for i in 0..30 {
+        let (s, b) = app.purchase(&format!("REQ_exp_{i}"), i + 1, 2100, 1).await;
+        assert_eq!(s, StatusCode::CREATED);
+        if i < 10 {
+            let (s, _) = app
+                .post(
+                    &format!("/v1/orders/{}/pay", order_id(&b)),
+                    json!({"user_id": i + 1}),
+                )
+                .await;
+            assert_eq!(s, StatusCode::OK);
+        } else {
+            unpaid.push((order_id(&b), i + 1));
+        }
+    }
+    assert_eq!(
+        app.maintenance.expire_once().await.expect("pass"),
+        0,
+        "nothing due yet"
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(app.maintenance.expire_once().await.expect("pass"), 20);
+    assert_eq!(
+        app.maintenance.expire_once().await.expect("pass"),
+        0,
+        "exactly once"
+    );
+    let expired = app
+        .count("SELECT COUNT(*) FROM orders WHERE status = 'CANCELLED' AND cancel_reason = 'payment_timeout'")
+        .await;
+    assert_eq!(expired, 20);
+    assert_eq!(app.redis_available(2100).await, Some(30));
+    let (id, user) = unpaid[0];
+    let (s, b) = app
+        .post(&format!("/v1/orders/{id}/pay"), json!({"user_id": user}))
+        .await;
+    assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "order_expired"));
+    let report = app
+        .maintenance
+        .audit(flashsale_core::ProductId::parse(2100).expect("id"))
+        .await
+        .expect("audit");
+    assert!(report.violations.is_empty(), "{report}");
+    invariants::assert_ok(&app, 2100).await;
+    app.cleanup().await;
+}
+
+// Checks pay racing the expiry worker at the deadline, over 40 orders: for each, a payment
+// and an expiry pass run at the same moment just after the deadline; every order ends
+// either PAID or CANCELLED (payment_timeout), never both, and units match.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pay_racing_expiry_has_one_winner() {
+    let app = TestApp::spawn_with(Default::default(), &[("PAYMENT_TIMEOUT", "1s")]).await;
+    app.create_product(2200, 40, None).await;
+    let mut orders = Vec::new();
+    for i in 0..40 {
+        let (_, b) = app.purchase(&format!("REQ_pe_{i}"), i + 1, 2200, 1).await;
+        orders.push((order_id(&b), i + 1));
+    }
+    tokio::time::sleep(Duration::from_millis(950)).await;
+    let payments = stream::iter(orders.clone())
+        .map(|(id, user)| {
+            let app = &app;
+            async move {
+                let path = format!("/v1/orders/{id}/pay");
+                app.post(&path, json!({"user_id": user})).await
+            }
+        })
+        .buffer_unordered(40)
+        .collect::<Vec<_>>();
+    let expiries = async {
+        let mut n = 0;
+        for _ in 0..20 {
+            n += app.maintenance.expire_once().await.expect("pass");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        n
+    };
+    let (paid_answers, _) = tokio::join!(payments, expiries);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    app.maintenance.expire_once().await.expect("final pass");
+    let paid_ok = paid_answers
+        .iter()
+        .filter(|(s, _)| *s == StatusCode::OK)
+        .count() as i64;
+    for (s, b) in &paid_answers {
+        assert!(
+            *s == StatusCode::OK || (*s == StatusCode::CONFLICT && code(b) == "order_expired"),
+            "{s} {b}"
+        );
+    }
+    assert_eq!(
+        app.count("SELECT COUNT(*) FROM orders WHERE status = 'PAID'")
+            .await,
+        paid_ok
+    );
+    assert_eq!(
+        app.count("SELECT COUNT(*) FROM orders WHERE status = 'CANCELLED'")
+            .await,
+        40 - paid_ok
+    );
+    assert_eq!(app.redis_available(2200).await, Some(40 - paid_ok));
+    invariants::assert_ok(&app, 2200).await;
+    app.cleanup().await;
+}
+
+// Checks recovery of a hold whose attempt died before its commit: within the recovery
+// window recovery leaves it alone (the attempt may still be working); after it, one pass
+// fences the request_id in MariaDB (RELEASED, abandoned) and gives the units back, so a
+// late retry of that request gets request_released and can never create an order. A
+// committed order's index entry is trimmed, not released.
+#[tokio::test]
+async fn abandoned_hold_is_fenced_and_released() {
+    let app = TestApp::spawn_with(Default::default(), FAST_RECOVERY).await;
+    app.create_product(2300, 5, Some(1)).await;
+    let (s, _) = app.purchase("REQ_kept", 1, 2300, 1).await;
+    assert_eq!(s, StatusCode::CREATED);
+    abandoned_hold(&app, "REQ_dead", 2, 2300).await;
+    assert_eq!(app.redis_available(2300).await, Some(3));
+    let report = app.maintenance.recover_once().await.expect("pass");
+    assert_eq!(
+        report.released, 0,
+        "inside the window nothing is touched: {report:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let report = app.maintenance.recover_once().await.expect("pass");
+    assert_eq!((report.released, report.aligned), (1, 1), "{report:?}");
+    assert_eq!(app.redis_available(2300).await, Some(4));
+    let fenced = app
+        .count(
+            "SELECT COUNT(*) FROM inventory_reservation WHERE request_id = 'REQ_dead' \
+             AND status = 'RELEASED' AND release_reason = 'abandoned' AND stock_returned = 1",
+        )
+        .await;
+    assert_eq!(fenced, 1);
+    let (s, b) = app.purchase("REQ_dead", 2, 2300, 1).await;
+    assert_eq!(
+        (s, code(&b)),
+        (StatusCode::CONFLICT, "request_released"),
+        "{b}"
+    );
+    // User 2 is free to buy again under a new request_id (the limit was released too).
+    let (s, _) = app.purchase("REQ_dead_again", 2, 2300, 1).await;
+    assert_eq!(s, StatusCode::CREATED);
+    let again = app.maintenance.recover_once().await.expect("pass");
+    assert_eq!(
+        again.released + again.orphans_released,
+        0,
+        "idempotent: {again:?}"
+    );
+    let report = app
+        .maintenance
+        .audit(flashsale_core::ProductId::parse(2300).expect("id"))
+        .await
+        .expect("audit");
+    assert!(report.violations.is_empty(), "{report}");
+    invariants::assert_ok(&app, 2300).await;
+    app.cleanup().await;
+}
+
+// Checks a cancel whose stock return could not reach Redis (Redis cut right after the
+// cancel committed) is completed by recovery once Redis is back: the order is CANCELLED
+// at once, the units come back exactly once, and a repeated recovery pass adds nothing.
+#[tokio::test]
+async fn stock_return_that_missed_redis_is_completed() {
+    let proxy = TcpProxy::start(redis_addr()).await.expect("proxy");
+    let routes = Routes {
+        redis: Some(proxy.addr()),
+        mysql: None,
+    };
+    let app = TestApp::spawn_with(routes, FAST_RECOVERY).await;
+    app.create_product(2400, 3, None).await;
+    let (_, b) = app.purchase("REQ_ret", 1, 2400, 1).await;
+    let id = order_id(&b);
+    proxy.cut();
+    let (s, b) = app
+        .post(&format!("/v1/orders/{id}/cancel"), json!({"user_id": 1}))
+        .await;
+    assert_eq!(
+        (s, b["status"].as_str()),
+        (StatusCode::OK, Some("CANCELLED")),
+        "{b}"
+    );
+    assert_eq!(app.redis_available(2400).await, Some(2), "not returned yet");
+    // While Redis is unreachable a pass completes nothing (it may fail outright).
+    if let Ok(report) = app.maintenance.recover_once().await {
+        assert_eq!(report.returns_completed, 0, "{report:?}");
+    }
+    assert_eq!(app.redis_available(2400).await, Some(2));
+    proxy.restore();
+    let mut returned = 0;
+    for _ in 0..30 {
+        if let Ok(report) = app.maintenance.recover_once().await {
+            returned += report.returns_completed;
+        }
+        if returned > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(returned, 1);
+    assert_eq!(app.redis_available(2400).await, Some(3));
+    app.maintenance.recover_once().await.expect("pass");
+    assert_eq!(app.redis_available(2400).await, Some(3), "returned once");
+    invariants::assert_ok(&app, 2400).await;
+    app.cleanup().await;
+}
+
+// Checks reconciliation and the audit against drift injected into Redis: the audit
+// reports I4 with the figures; reconcile measures the drift exactly, counting a hold in
+// flight as legitimate; --repair-style reconcile fixes it by a relative adjustment, after
+// which the audit is clean.
+#[tokio::test]
+async fn reconcile_finds_and_repairs_drift() {
+    let app = TestApp::spawn().await;
+    app.create_product(2500, 10, None).await;
+    for i in 0..3 {
+        let (s, _) = app.purchase(&format!("REQ_rc_{i}"), i + 1, 2500, 1).await;
+        assert_eq!(s, StatusCode::CREATED);
+    }
+    // A hold in flight (taken, not yet committed) is not drift.
+    abandoned_hold(&app, "REQ_rc_inflight", 99, 2500).await;
+    let product = flashsale_core::ProductId::parse(2500).expect("id");
+    let r = app
+        .maintenance
+        .reconcile(product, false, Duration::ZERO)
+        .await
+        .expect("reconcile");
+    assert_eq!((r.drift, r.in_flight_units), (0, 1), "{r:?}");
+    let mut conn = app.redis.clone();
+    let _: i64 = redis::cmd("HINCRBY")
+        .arg(app.key(2500, "inv"))
+        .arg("avail")
+        .arg(2)
+        .query_async(&mut conn)
+        .await
+        .expect("inject drift");
+    let audit = app.maintenance.audit(product).await.expect("audit");
+    assert!(
+        audit.violations.iter().any(|v| v.invariant == "I4"),
+        "{audit}"
+    );
+    let r = app
+        .maintenance
+        .reconcile(product, true, Duration::from_millis(200))
+        .await
+        .expect("reconcile");
+    assert_eq!((r.drift, r.repaired), (2, true), "{r:?}");
+    assert_eq!(
+        app.redis_available(2500).await,
+        Some(6),
+        "10 - 3 orders - 1 in flight"
+    );
+    let r = app
+        .maintenance
+        .reconcile(product, false, Duration::ZERO)
+        .await
+        .expect("reconcile");
+    assert_eq!(r.drift, 0);
+    app.cleanup().await;
+}
