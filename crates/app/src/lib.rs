@@ -18,3 +18,12 @@ pub use maintenance::{Maintenance, MaintenanceSettings, Reconciliation, Recovery
 pub use model::*;
 pub use ports::{Clock, GateError, Ledger, LedgerError, StockGate, SystemClock};
 pub use service::{Flashsale, Settings};
+
+pub mod consume;
+pub mod events;
+pub mod relay;
+
+pub use consume::{Consume, StatsDelta};
+pub use events::{Event, EventType, OutboxMessage};
+pub use ports::{Applied, BusError, EventBus, Outbox, StatsStore};
+pub use relay::{Relay, RelayError};

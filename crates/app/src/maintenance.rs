@@ -21,7 +21,8 @@ use crate::audit::{self, AuditReport};
 use crate::error::Error;
 use crate::model::PurchaseOutcome;
 use crate::ports::{
-    Clock, Fence, GateMaintenance, Ledger, LedgerMaintenance, Release, StaleHold, StockGate,
+    Clock, Fence, GateMaintenance, Ledger, LedgerMaintenance, Release, ReleaseOf, StaleHold,
+    StockGate,
 };
 use crate::service::{give_back, GiveBack};
 
@@ -121,12 +122,13 @@ impl Maintenance {
                 expired += 1;
                 info!(order_id = %order.order_id, request_id = %attempt.order.request_id, "order expired unpaid; cancelled");
             }
-            if attempt.stock_return_pending {
+            if let Some(of) = attempt.pending_return {
                 give_back(
                     self.gate.as_ref(),
                     self.ledger.as_ref(),
                     attempt.order.product_id,
                     &attempt.order.request_id,
+                    &of,
                 )
                 .await;
             }
@@ -148,6 +150,7 @@ impl Maintenance {
                 self.ledger.as_ref(),
                 pending.product_id,
                 &pending.request_id,
+                &pending.of,
             )
             .await
             {
@@ -227,6 +230,7 @@ impl Maintenance {
                             self.ledger.as_ref(),
                             product_id,
                             &request_id,
+                            &ReleaseOf::Hold,
                         )
                         .await
                         {
@@ -258,7 +262,11 @@ impl Maintenance {
         }
         // The ledger holds the request_id for another hold: this one can never become an
         // order.
-        match self.gate.release(product_id, &request_id).await {
+        match self
+            .gate
+            .release(product_id, &request_id, &ReleaseOf::Hold)
+            .await
+        {
             Ok(Release::Released | Release::AlreadyReleased) => {
                 warn!(%request_id, %product_id, hold_id = hold.hold_id, "orphan hold released");
                 report.orphans_released += 1;
@@ -329,6 +337,51 @@ impl Maintenance {
     fn forget_tries(&self, request_id: &RequestId) {
         let mut tries = self.tries.lock().unwrap_or_else(|p| p.into_inner());
         tries.remove(request_id);
+    }
+
+    /// Looks for products whose gate state was lost — Redis came back empty, or behind
+    /// (a failover lost its last writes: its last hold id is below one the ledger
+    /// recorded) — and rebuilds them from the ledger's facts. Returns how many it rebuilt.
+    pub async fn watch_once(&self) -> Result<usize, Error> {
+        let mut rebuilt = 0;
+        for product_id in self.ledger_m.loaded_products().await? {
+            let Some(mark) = self.ledger_m.watermark(product_id).await? else {
+                continue;
+            };
+            let lost = match self.gate_m.state(product_id).await? {
+                None => Some("stock entry missing"),
+                Some(s) if s.generation < mark.generation => Some("older generation"),
+                Some(s)
+                    if s.generation == mark.generation && s.last_hold_id < mark.last_hold_id =>
+                {
+                    Some("behind the ledger's last hold")
+                }
+                Some(s) if s.generation > mark.generation => {
+                    error!(%product_id, gate = s.generation, ledger = mark.generation,
+                        "gate is at a newer generation than the ledger; was the database restored?");
+                    None
+                }
+                Some(_) => None,
+            };
+            if let Some(why) = lost {
+                warn!(%product_id, why, "gate lost state; sales of the product pause until it is rebuilt");
+                if self.rebuild(product_id).await? {
+                    rebuilt += 1;
+                }
+            }
+        }
+        Ok(rebuilt)
+    }
+
+    /// Rebuilds one product's gate state from the ledger in a new generation: holds of
+    /// older generations can no longer commit, so nothing taken against the lost state
+    /// becomes an order.
+    pub async fn rebuild(&self, product_id: ProductId) -> Result<bool, Error> {
+        let plan = self.ledger_m.advance_generation(product_id).await?;
+        let applied = self.gate_m.rebuild(product_id, &plan).await?;
+        warn!(%product_id, generation = plan.generation, available = plan.available, applied,
+            "gate rebuilt from the ledger's facts; sales resume");
+        Ok(applied)
     }
 
     /// Checks a quiet product's stores against the invariants.

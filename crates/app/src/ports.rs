@@ -31,9 +31,14 @@ pub struct LedgerError(pub String);
 pub trait StockGate: Send + Sync + 'static {
     async fn ping(&self) -> Result<(), GateError>;
 
-    /// Sets the product's available count unless the gate already has one (warm-up);
-    /// returns whether it set it.
-    async fn load(&self, product_id: ProductId, available: i64) -> Result<bool, GateError>;
+    /// Sets the product's available count (in the given stock generation) unless the
+    /// gate already has one (warm-up); returns whether it set it.
+    async fn load(
+        &self,
+        product_id: ProductId,
+        available: i64,
+        generation: i64,
+    ) -> Result<bool, GateError>;
 
     /// Checks stock and the per-user limit and takes the units, atomically, recording a
     /// hold under (product, request_id). Idempotent on request_id: a second call finds
@@ -50,14 +55,17 @@ pub trait StockGate: Send + Sync + 'static {
         &self,
         product_id: ProductId,
         request_id: &RequestId,
+        of: &ReleaseOf,
     ) -> Result<Release, GateError>;
 
-    /// Adds units once per restock id.
+    /// Adds units once per restock id, if the gate is still in the stock generation the
+    /// restock was recorded in.
     async fn restock(
         &self,
         product_id: ProductId,
         restock_id: &RequestId,
         quantity: i64,
+        generation: i64,
     ) -> Result<Restock, GateError>;
 
     /// The live available count; None when the gate holds nothing for the product.
@@ -66,9 +74,11 @@ pub trait StockGate: Send + Sync + 'static {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reserve {
-    /// Units taken; `hold_id` identifies this hold among the product's holds.
+    /// Units taken; `hold_id` identifies this hold among the product's holds, taken in
+    /// stock generation `generation`.
     Reserved {
         hold_id: i64,
+        generation: i64,
     },
     SoldOut,
     LimitExceeded,
@@ -81,9 +91,30 @@ pub enum Reserve {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExistingHold {
     pub hold_id: i64,
+    pub generation: i64,
     pub user_id: UserId,
     pub quantity: Quantity,
     pub released: bool,
+}
+
+/// Whose units a release gives back, which decides whether the gate's current
+/// generation still counts them as taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseOf {
+    /// A hold the ledger never counted (an orphan, or a fenced hold): it took units in
+    /// the generation it was taken in, so it gives them back only if the gate is still
+    /// in that generation.
+    Hold,
+    /// A reservation the ledger counted as live, released (cancelled, expired) in
+    /// `generation`: a rebuild after that generation already counted the units as
+    /// available; the gate gives them back only in that very generation.
+    Reservation {
+        generation: i64,
+        user_id: UserId,
+        quantity: Quantity,
+        /// Whether the product has a per-user limit (the gate keeps per-user counts).
+        limited: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,7 +124,8 @@ pub enum Release {
     /// No hold is recorded (it outlived its retention, or the gate lost it): nothing was
     /// returned, and the caller must leave the return pending for reconciliation.
     Missing,
-    /// The gate has no stock entry for the product; nothing was changed.
+    /// The gate has no stock entry for the product, or is behind the release's
+    /// generation (not rebuilt yet); nothing was changed, retry later.
     NotLoaded,
 }
 
@@ -102,6 +134,8 @@ pub enum Restock {
     Applied,
     AlreadyApplied,
     NotLoaded,
+    /// The gate was rebuilt since the restock was recorded; the rebuild counted it.
+    Stale,
 }
 
 /// The durable record of products, orders and reservations (MariaDB): the business facts
@@ -116,6 +150,9 @@ pub trait Ledger: Send + Sync + 'static {
 
     async fn mark_stock_loaded(&self, product_id: ProductId) -> Result<(), LedgerError>;
 
+    /// The product's current stock generation.
+    async fn generation(&self, product_id: ProductId) -> Result<Option<i64>, LedgerError>;
+
     async fn inventory(
         &self,
         product_id: ProductId,
@@ -123,12 +160,13 @@ pub trait Ledger: Send + Sync + 'static {
 
     /// In one transaction: the reservation (PROCESSING), the order (PENDING_PAYMENT,
     /// expiring `payment_timeout` after the database's now), the reserve log row, and the
-    /// counters — unless the request_id is already taken or the ledger's own counters say
-    /// there is not enough stock.
+    /// counters — unless the request_id is already taken, the ledger's own counters say
+    /// there is not enough stock, or the hold's stock generation is no longer current.
     async fn commit_purchase(
         &self,
         request: &PurchaseRequest,
         hold_id: i64,
+        generation: i64,
         payment_timeout: Duration,
     ) -> Result<Commit, LedgerError>;
 
@@ -193,6 +231,9 @@ pub enum Commit {
     Duplicate(PurchaseRecord),
     /// The ledger's counters have fewer units available than requested.
     InsufficientStock,
+    /// The hold was taken in a stock generation that has since been rebuilt: it belongs
+    /// to lost gate state and can never become an order.
+    StaleGeneration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -215,14 +256,16 @@ pub struct PayAttempt {
 pub struct CancelAttempt {
     pub order: Order,
     pub applied: bool,
-    /// The reservation is RELEASED but its units are not yet recorded as back in the gate.
-    pub stock_return_pending: bool,
+    /// The reservation is RELEASED but its units are not yet recorded as back in the gate:
+    /// how to give them back.
+    pub pending_return: Option<ReleaseOf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RecordRestock {
-    /// Recorded now or before; `applied` says whether the gate already has the units.
-    Recorded { applied: bool },
+    /// Recorded now or before (in stock generation `generation`); `applied` says
+    /// whether the gate already has the units.
+    Recorded { applied: bool, generation: i64 },
     /// The restock id was used for another product or quantity.
     Conflict,
     /// The total would exceed the largest stock a product may have.
@@ -281,6 +324,45 @@ pub trait GateMaintenance: Send + Sync + 'static {
     /// Adds `delta` (may be negative) to the available count, refusing to go below zero;
     /// reconciliation's only repair.
     async fn adjust(&self, product_id: ProductId, delta: i64) -> Result<bool, GateError>;
+
+    /// The gate's stock entry for a product: None when it has none (lost, or never
+    /// loaded).
+    async fn state(&self, product_id: ProductId) -> Result<Option<GateState>, GateError>;
+
+    /// Replaces the product's gate state with one computed from the ledger's facts;
+    /// refused (false) if the gate is already at that generation or newer.
+    async fn rebuild(&self, product_id: ProductId, plan: &RebuildPlan) -> Result<bool, GateError>;
+}
+
+/// A product's stock entry in the gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GateState {
+    pub available: i64,
+    pub generation: i64,
+    /// The last hold id handed out.
+    pub last_hold_id: i64,
+}
+
+/// The gate state a rebuild writes, computed by the ledger in the transaction that
+/// advanced the product's generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RebuildPlan {
+    pub generation: i64,
+    pub available: i64,
+    /// Hold ids of the new generation start after this (above every recorded hold id).
+    pub last_hold_id: i64,
+    /// Units each user holds in live orders (for products with a per-user limit).
+    pub user_units: Vec<(UserId, i64)>,
+}
+
+/// What the ledger knows about the gate's expected state: the current generation and the
+/// highest hold id recorded in it. A gate whose generation or last hold id is lower has
+/// lost writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Watermark {
+    pub generation: i64,
+    pub last_hold_id: i64,
+    pub stock_loaded: bool,
 }
 
 /// A product's state in the gate.
@@ -306,6 +388,7 @@ pub struct ExpiredOrder {
 pub struct PendingReturn {
     pub product_id: ProductId,
     pub request_id: RequestId,
+    pub of: ReleaseOf,
 }
 
 /// The ledger's side of the background work and the audit.
@@ -334,6 +417,14 @@ pub trait LedgerMaintenance: Send + Sync + 'static {
 
     /// Everything the ledger holds for a product, for reconciliation and audit.
     async fn facts(&self, product_id: ProductId) -> Result<Option<LedgerFacts>, LedgerError>;
+
+    async fn watermark(&self, product_id: ProductId) -> Result<Option<Watermark>, LedgerError>;
+
+    /// Starts a new stock generation for the product, in one transaction that waits for
+    /// commits in flight: every hold of older generations can no longer commit, releases
+    /// not yet returned and restocks not yet applied count as done (the plan includes
+    /// them), and the plan for the gate is computed from the committed facts.
+    async fn advance_generation(&self, product_id: ProductId) -> Result<RebuildPlan, LedgerError>;
 }
 
 /// A product's business facts in the ledger.

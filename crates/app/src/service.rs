@@ -29,8 +29,8 @@ use crate::model::{
     InventoryView, Order, Product, ProductView, PurchaseOutcome, PurchaseRecord, Purchased,
 };
 use crate::ports::{
-    Clock, Commit, CreateProduct, Fence, Ledger, RecordRestock, Release, Reserve, Restock,
-    StockGate,
+    Clock, Commit, CreateProduct, Fence, Ledger, RecordRestock, Release, ReleaseOf, Reserve,
+    Restock, StockGate,
 };
 
 /// Settings the use cases need, parsed and validated by the binary.
@@ -154,12 +154,15 @@ impl Flashsale {
         if !product.stock_loaded {
             self.load_stock(&product).await?;
         }
-        let applied = match self
+        let (applied, generation) = match self
             .ledger
             .record_restock(product_id, &restock_id, quantity)
             .await?
         {
-            RecordRestock::Recorded { applied } => applied,
+            RecordRestock::Recorded {
+                applied,
+                generation,
+            } => (applied, generation),
             RecordRestock::Conflict => return Err(Error::RequestIdConflict),
             RecordRestock::TooLarge => {
                 return Err(Error::Invalid(flashsale_core::ParseError::new(
@@ -172,8 +175,13 @@ impl Flashsale {
             }
         };
         if !applied {
-            match self.gate.restock(product_id, &restock_id, quantity).await? {
-                Restock::Applied | Restock::AlreadyApplied => {
+            match self
+                .gate
+                .restock(product_id, &restock_id, quantity, generation)
+                .await?
+            {
+                // Stale: a rebuild since the restock was recorded counted it already.
+                Restock::Applied | Restock::AlreadyApplied | Restock::Stale => {
                     self.ledger.mark_restock_applied(&restock_id).await?;
                     info!(%product_id, %restock_id, quantity, "restocked");
                 }
@@ -211,8 +219,13 @@ impl Flashsale {
             .inventory(product.product_id)
             .await?
             .ok_or(Error::ProductNotFound)?;
+        let generation = self
+            .ledger
+            .generation(product.product_id)
+            .await?
+            .ok_or(Error::ProductNotFound)?;
         self.gate
-            .load(product.product_id, counters.available)
+            .load(product.product_id, counters.available, generation)
             .await?;
         self.ledger.mark_stock_loaded(product.product_id).await?;
         let loaded = Product {
@@ -243,8 +256,14 @@ impl Flashsale {
                 .await?;
         }
         match outcome {
-            Reserve::Reserved { hold_id } => {
-                self.commit(&request, hold_id, HoldOrigin::Fresh).await
+            Reserve::Reserved {
+                hold_id,
+                generation,
+            } => {
+                // Crash tests stop here: units taken in Redis, nothing in MariaDB yet.
+                fail::fail_point!("purchase-after-reserve");
+                self.commit(&request, hold_id, generation, HoldOrigin::Fresh)
+                    .await
             }
             Reserve::Existing(hold) => {
                 if hold.user_id != request.user_id || hold.quantity != request.quantity {
@@ -266,7 +285,7 @@ impl Flashsale {
                 }
                 // The first attempt is still in flight, or died before its commit:
                 // complete it. The ledger's unique key lets exactly one commit win.
-                self.commit(&request, hold.hold_id, HoldOrigin::Earlier)
+                self.commit(&request, hold.hold_id, hold.generation, HoldOrigin::Earlier)
                     .await
             }
             Reserve::SoldOut => self.replay_or(&request, Error::SoldOut).await,
@@ -296,17 +315,22 @@ impl Flashsale {
         &self,
         request: &PurchaseRequest,
         hold_id: i64,
+        generation: i64,
         origin: HoldOrigin,
     ) -> Result<Purchased, Error> {
         let committed = self
             .ledger
-            .commit_purchase(request, hold_id, self.settings.payment_timeout)
+            .commit_purchase(request, hold_id, generation, self.settings.payment_timeout)
             .await;
         match committed {
-            Ok(Commit::Committed(order)) => Ok(Purchased {
-                order,
-                replay: origin == HoldOrigin::Earlier,
-            }),
+            Ok(Commit::Committed(order)) => {
+                // Crash tests stop here: committed, the client not answered yet.
+                fail::fail_point!("purchase-after-commit");
+                Ok(Purchased {
+                    order,
+                    replay: origin == HoldOrigin::Earlier,
+                })
+            }
             Ok(Commit::Duplicate(record)) => {
                 if record.is_hold(request.product_id, hold_id) {
                     // A concurrent replay completed this very hold first: it is this
@@ -331,12 +355,23 @@ impl Flashsale {
                     .await?
                 {
                     Fence::Fenced => {
-                        self.return_stock(request.product_id, &request.request_id)
+                        // The ledger never counted a fenced hold: its own generation decides.
+                        let of = ReleaseOf::Hold;
+                        self.return_stock(request.product_id, &request.request_id, &of)
                             .await;
                         Err(Error::SoldOut)
                     }
                     Fence::Duplicate(record) => answer(request, record),
                 }
+            }
+            Ok(Commit::StaleGeneration) => {
+                // The gate lost the state this hold was taken in and is being (or was)
+                // rebuilt from the ledger's facts without it: the hold is void. A retry
+                // reserves afresh in the current generation.
+                warn!(request_id = %request.request_id, generation, "hold from a lost stock generation refused");
+                Err(Error::Unavailable(
+                    "stock state is being rebuilt; retry".into(),
+                ))
             }
             Err(e) => {
                 // Outcome unknown or not committed: leave the hold where it is. A retry
@@ -352,7 +387,7 @@ impl Flashsale {
     async fn release_orphan(&self, request: &PurchaseRequest) {
         match self
             .gate
-            .release(request.product_id, &request.request_id)
+            .release(request.product_id, &request.request_id, &ReleaseOf::Hold)
             .await
         {
             Ok(Release::Released | Release::AlreadyReleased) => {}
@@ -368,12 +403,13 @@ impl Flashsale {
     /// After the ledger recorded a reservation as RELEASED: gives its units back to the
     /// gate (once, whatever retries happen) and records that. A failure leaves the return
     /// pending in the ledger, where a retry of the same call or recovery finds it.
-    async fn return_stock(&self, product_id: ProductId, request_id: &RequestId) {
+    async fn return_stock(&self, product_id: ProductId, request_id: &RequestId, of: &ReleaseOf) {
         give_back(
             self.gate.as_ref(),
             self.ledger.as_ref(),
             product_id,
             request_id,
+            of,
         )
         .await;
     }
@@ -441,8 +477,8 @@ impl Flashsale {
             info!(%order_id, "order cancelled");
         }
         debug_assert_eq!(attempt.order.status, OrderStatus::Cancelled);
-        if attempt.stock_return_pending {
-            self.return_stock(attempt.order.product_id, &attempt.order.request_id)
+        if let Some(of) = attempt.pending_return {
+            self.return_stock(attempt.order.product_id, &attempt.order.request_id, &of)
                 .await;
         }
         Ok(attempt.order)
@@ -468,8 +504,9 @@ pub(crate) async fn give_back(
     ledger: &dyn Ledger,
     product_id: ProductId,
     request_id: &RequestId,
+    of: &ReleaseOf,
 ) -> GiveBack {
-    match gate.release(product_id, request_id).await {
+    match gate.release(product_id, request_id, of).await {
         Ok(Release::Released | Release::AlreadyReleased) => {
             match ledger.mark_stock_returned(request_id).await {
                 Ok(()) => GiveBack::Done,
@@ -479,8 +516,13 @@ pub(crate) async fn give_back(
                 }
             }
         }
-        Ok(outcome) => {
-            error!(%request_id, %product_id, ?outcome, "stock return impossible: the gate has no hold to release");
+        Ok(Release::NotLoaded) => {
+            // No stock entry, or not yet rebuilt to the release's generation.
+            warn!(%request_id, %product_id, "stock return pending: gate not (re)built yet");
+            GiveBack::Later
+        }
+        Ok(Release::Missing) => {
+            error!(%request_id, %product_id, "stock return impossible: the gate has no hold to release");
             GiveBack::Impossible
         }
         Err(e) => {

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flashsale_app::ports::{
-    CancelAttempt, Commit, CreateProduct, Fence, PayAttempt, RecordRestock,
+    CancelAttempt, Commit, CreateProduct, Fence, PayAttempt, RecordRestock, ReleaseOf,
 };
 use flashsale_app::{Ledger, LedgerError, Order, Product, PurchaseRecord};
 use flashsale_core::{
@@ -66,6 +66,13 @@ fn is_retryable(e: &sqlx::Error) -> bool {
 
 fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// How a purchase transaction that got past the unique key ended.
+enum Committed {
+    Order(Order),
+    InsufficientStock,
+    StaleGeneration,
 }
 
 /// What one purchase transaction did.
@@ -176,19 +183,21 @@ impl MysqlLedger {
         &self,
         request: &PurchaseRequest,
         hold_id: i64,
+        generation: i64,
         payment_timeout: Duration,
-    ) -> Result<Attempt<Option<Order>>, sqlx::Error> {
+    ) -> Result<Attempt<Committed>, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let inserted = sqlx::query(
             "INSERT INTO inventory_reservation \
-             (request_id, product_id, user_id, quantity, hold_id, status) \
-             VALUES (?, ?, ?, ?, ?, 'PROCESSING')",
+             (request_id, product_id, user_id, quantity, hold_id, generation, status) \
+             VALUES (?, ?, ?, ?, ?, ?, 'PROCESSING')",
         )
         .bind(request.request_id.as_str())
         .bind(request.product_id.get())
         .bind(request.user_id.get())
         .bind(request.quantity.get())
         .bind(hold_id)
+        .bind(generation)
         .execute(&mut *tx)
         .await;
         match inserted {
@@ -230,22 +239,39 @@ impl MysqlLedger {
         .bind(request.quantity.get())
         .execute(&mut *tx)
         .await?;
-        // The hot row last, so its lock is held only from here to COMMIT. Its condition is
-        // the ledger's own no-oversell check, independent of the gate.
+        // Its event, in this transaction (before the hot row, to keep its lock short).
+        crate::outbox::record(
+            &mut tx,
+            crate::outbox::Change::Created { order_id, request },
+        )
+        .await?;
+        // The hot row last, so its lock is held only from here to COMMIT. Its conditions
+        // are the ledger's own no-oversell check, independent of the gate, and the fence
+        // against holds taken in a gate state that was lost and rebuilt since.
         let updated = sqlx::query(
             "UPDATE product_inventory SET available_stock = available_stock - ?, \
              pre_deduct_stock = pre_deduct_stock + ?, version = version + 1 \
-             WHERE product_id = ? AND available_stock >= ?",
+             WHERE product_id = ? AND available_stock >= ? AND generation = ?",
         )
         .bind(request.quantity.get())
         .bind(request.quantity.get())
         .bind(request.product_id.get())
         .bind(request.quantity.get())
+        .bind(generation)
         .execute(&mut *tx)
         .await?;
         if updated.rows_affected() != 1 {
+            let current: Option<i64> =
+                sqlx::query_scalar("SELECT generation FROM product_inventory WHERE product_id = ?")
+                    .bind(request.product_id.get())
+                    .fetch_optional(&mut *tx)
+                    .await?;
             tx.rollback().await?;
-            return Ok(Attempt::Done(None));
+            return Ok(Attempt::Done(if current == Some(generation) {
+                Committed::InsufficientStock
+            } else {
+                Committed::StaleGeneration
+            }));
         }
         tx.commit().await?;
         let order = Order {
@@ -261,7 +287,7 @@ impl MysqlLedger {
             cancelled_at: None,
             cancel_reason: None,
         };
-        Ok(Attempt::Done(Some(order)))
+        Ok(Attempt::Done(Committed::Order(order)))
     }
 
     async fn insert_fence(
@@ -298,6 +324,7 @@ impl MysqlLedger {
         .bind(format!("fence: {}", reason.as_str()))
         .execute(&mut *tx)
         .await?;
+        crate::outbox::record(&mut tx, crate::outbox::Change::Fenced { request, reason }).await?;
         tx.commit().await?;
         Ok(Attempt::Done(()))
     }
@@ -334,11 +361,14 @@ impl MysqlLedger {
         conn: &mut MySqlConnection,
         order_id: OrderId,
         user_id: UserId,
-    ) -> Result<Option<(Order, bool, bool)>, sqlx::Error> {
+    ) -> Result<Option<(Order, bool, Option<ReleaseOf>)>, sqlx::Error> {
         let row = sqlx::query(&format!(
             "SELECT {ORDER_COLUMNS}, o.expires_at <= NOW(6) AS expired, \
-             COALESCE(r.status = 'RELEASED' AND r.stock_returned = 0, 0) AS return_pending \
+             COALESCE(r.status = 'RELEASED' AND r.stock_returned = 0, 0) AS return_pending, \
+             COALESCE(r.released_generation, 1) AS released_generation, \
+             p.per_user_limit IS NOT NULL AS limited \
              FROM orders o LEFT JOIN inventory_reservation r ON r.request_id = o.request_id \
+             LEFT JOIN products p ON p.product_id = o.product_id \
              WHERE o.id = ? AND o.user_id = ?"
         ))
         .bind(order_id.get())
@@ -349,7 +379,17 @@ impl MysqlLedger {
         let order = rows::order(&row).map_err(|e| sqlx::Error::Decode(e.0.into()))?;
         let expired: bool = row.try_get("expired")?;
         let return_pending: bool = row.try_get("return_pending")?;
-        Ok(Some((order, expired, return_pending)))
+        let pending_return = if return_pending {
+            Some(ReleaseOf::Reservation {
+                generation: row.try_get("released_generation")?,
+                user_id: order.user_id,
+                quantity: order.quantity,
+                limited: row.try_get::<bool, _>("limited")?,
+            })
+        } else {
+            None
+        };
+        Ok(Some((order, expired, pending_return)))
     }
 
     /// Moves an order out of PENDING_PAYMENT and its reservation out of PROCESSING, and
@@ -445,12 +485,37 @@ impl MysqlLedger {
                 "order {order_id} is PENDING_PAYMENT but its reservation is not PROCESSING"
             )));
         }
+        // Its events, in this transaction (before the hot row, to keep its lock short).
+        let change = crate::outbox::Change::Resolved {
+            order_id,
+            user_id,
+            request_id: &request_id,
+            product_id,
+            quantity,
+            to,
+            cancel_reason,
+        };
+        crate::outbox::record(&mut tx, change).await?;
         sqlx::query(inventory_sql)
             .bind(quantity)
             .bind(quantity)
             .bind(product_id)
             .execute(&mut *tx)
             .await?;
+        if to == OrderStatus::Cancelled {
+            // This transaction holds the inventory row's lock now, so the generation read
+            // here is the one its counters change lands in: a rebuild either counted this
+            // release already (it committed first) or comes after it.
+            sqlx::query(
+                "UPDATE inventory_reservation SET released_generation = \
+                 (SELECT generation FROM product_inventory WHERE product_id = ?) \
+                 WHERE request_id = ?",
+            )
+            .bind(product_id)
+            .bind(&request_id)
+            .execute(&mut *tx)
+            .await?;
+        }
         sqlx::query(
             "INSERT INTO inventory_log (request_id, product_id, order_id, quantity, type) \
              VALUES (?, ?, ?, ?, ?)",
@@ -485,7 +550,7 @@ impl MysqlLedger {
             Err(e) if is_duplicate(&e) => {
                 tx.rollback().await?;
                 let row = sqlx::query(
-                    "SELECT product_id, quantity, gate_applied FROM restock_request \
+                    "SELECT product_id, quantity, gate_applied, generation FROM restock_request \
                      WHERE request_id = ?",
                 )
                 .bind(restock_id.as_str())
@@ -496,6 +561,7 @@ impl MysqlLedger {
                 return Ok(if same {
                     RecordRestock::Recorded {
                         applied: row.try_get("gate_applied")?,
+                        generation: row.try_get("generation")?,
                     }
                 } else {
                     RecordRestock::Conflict
@@ -519,6 +585,17 @@ impl MysqlLedger {
             tx.rollback().await?;
             return Ok(RecordRestock::TooLarge);
         }
+        // Holding the inventory row's lock, the generation is the one the restock lands in.
+        let generation: i64 =
+            sqlx::query_scalar("SELECT generation FROM product_inventory WHERE product_id = ?")
+                .bind(product_id.get())
+                .fetch_one(&mut *tx)
+                .await?;
+        sqlx::query("UPDATE restock_request SET generation = ? WHERE request_id = ?")
+            .bind(generation)
+            .bind(restock_id.as_str())
+            .execute(&mut *tx)
+            .await?;
         sqlx::query(
             "INSERT INTO inventory_log (request_id, product_id, quantity, type) \
              VALUES (?, ?, ?, 'restock')",
@@ -529,7 +606,10 @@ impl MysqlLedger {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(RecordRestock::Recorded { applied: false })
+        Ok(RecordRestock::Recorded {
+            applied: false,
+            generation,
+        })
     }
 
     async fn insert_product(&self, new: &NewProduct) -> Result<bool, sqlx::Error> {
@@ -604,6 +684,15 @@ impl Ledger for MysqlLedger {
         row.as_ref().map(rows::product).transpose()
     }
 
+    async fn generation(&self, product_id: ProductId) -> Result<Option<i64>, LedgerError> {
+        self.run("read generation", || {
+            sqlx::query_scalar("SELECT generation FROM product_inventory WHERE product_id = ?")
+                .bind(product_id.get())
+                .fetch_optional(&self.pool)
+        })
+        .await
+    }
+
     async fn mark_stock_loaded(&self, product_id: ProductId) -> Result<(), LedgerError> {
         self.run("mark stock loaded", || {
             sqlx::query("UPDATE products SET stock_loaded = 1 WHERE product_id = ?")
@@ -641,18 +730,20 @@ impl Ledger for MysqlLedger {
         &self,
         request: &PurchaseRequest,
         hold_id: i64,
+        generation: i64,
         payment_timeout: Duration,
     ) -> Result<Commit, LedgerError> {
         let outcome = self
             .purchase_or_taken("commit purchase", &request.request_id, || {
                 self.run("commit purchase", move || {
-                    self.insert_purchase(request, hold_id, payment_timeout)
+                    self.insert_purchase(request, hold_id, generation, payment_timeout)
                 })
             })
             .await?;
         Ok(match outcome {
-            Ok(Some(order)) => Commit::Committed(order),
-            Ok(None) => Commit::InsufficientStock,
+            Ok(Committed::Order(order)) => Commit::Committed(order),
+            Ok(Committed::InsufficientStock) => Commit::InsufficientStock,
+            Ok(Committed::StaleGeneration) => Commit::StaleGeneration,
             Err(record) => Commit::Duplicate(record),
         })
     }
@@ -747,10 +838,10 @@ impl Ledger for MysqlLedger {
                 Self::order_with_flags(&mut conn, order_id, user_id).await
             })
             .await?;
-        Ok(found.map(|(order, _, stock_return_pending)| CancelAttempt {
+        Ok(found.map(|(order, _, pending_return)| CancelAttempt {
             order,
             applied,
-            stock_return_pending,
+            pending_return,
         }))
     }
 

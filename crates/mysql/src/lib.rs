@@ -9,6 +9,7 @@
 
 mod ledger;
 mod maintenance;
+mod outbox;
 mod rows;
 
 pub use ledger::{LedgerConfig, MysqlLedger};

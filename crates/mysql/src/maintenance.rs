@@ -4,7 +4,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use async_trait::async_trait;
 use flashsale_app::ports::{
-    CancelAttempt, ExpiredOrder, LedgerFacts, LedgerMaintenance, PendingReturn,
+    CancelAttempt, ExpiredOrder, LedgerFacts, LedgerMaintenance, PendingReturn, RebuildPlan,
+    ReleaseOf, Watermark,
 };
 use flashsale_app::LedgerError;
 use flashsale_core::{
@@ -13,7 +14,7 @@ use flashsale_core::{
 use sqlx::Row;
 
 use crate::ledger::MysqlLedger;
-use crate::rows::{corrupt, db, text};
+use crate::rows::{corrupt, db, quantity, text};
 
 /// Most products the workers look after per pass; a flash-sale deployment has far fewer
 /// products with loaded stock, and the bound keeps a pass's cost known.
@@ -84,10 +85,10 @@ impl LedgerMaintenance for MysqlLedger {
                 Self::order_with_flags(&mut conn, order.order_id, order.user_id).await
             })
             .await?;
-        Ok(found.map(|(order, _, stock_return_pending)| CancelAttempt {
+        Ok(found.map(|(order, _, pending_return)| CancelAttempt {
             order,
             applied,
-            stock_return_pending,
+            pending_return,
         }))
     }
 
@@ -95,9 +96,14 @@ impl LedgerMaintenance for MysqlLedger {
         let rows = self
             .run("pending returns", || {
                 sqlx::query(
-                    "SELECT product_id, request_id FROM inventory_reservation \
-                     WHERE stock_returned = 0 AND status = 'RELEASED' \
-                     ORDER BY updated_at LIMIT ?",
+                    "SELECT r.product_id, r.request_id, r.user_id, r.quantity, \
+                     COALESCE(r.released_generation, 1) AS released_generation, \
+                     o.id IS NOT NULL AS has_order, p.per_user_limit IS NOT NULL AS limited \
+                     FROM inventory_reservation r \
+                     LEFT JOIN orders o ON o.request_id = r.request_id \
+                     LEFT JOIN products p ON p.product_id = r.product_id \
+                     WHERE r.stock_returned = 0 AND r.status = 'RELEASED' \
+                     ORDER BY r.updated_at LIMIT ?",
                 )
                 .bind(limit(max))
                 .fetch_all(self.pool())
@@ -105,11 +111,24 @@ impl LedgerMaintenance for MysqlLedger {
             .await?;
         rows.iter()
             .map(|r| {
+                // A reservation with an order was counted by the ledger; a fence was not.
+                let of = if r.try_get::<bool, _>("has_order").map_err(db)? {
+                    ReleaseOf::Reservation {
+                        generation: r.try_get("released_generation").map_err(db)?,
+                        user_id: UserId::parse(r.try_get("user_id").map_err(db)?)
+                            .map_err(corrupt)?,
+                        quantity: quantity(r.try_get::<i32, _>("quantity").map_err(db)?)?,
+                        limited: r.try_get::<bool, _>("limited").map_err(db)?,
+                    }
+                } else {
+                    ReleaseOf::Hold
+                };
                 Ok(PendingReturn {
                     product_id: ProductId::parse(r.try_get("product_id").map_err(db)?)
                         .map_err(corrupt)?,
                     request_id: RequestId::parse("request_id", &text(r, "request_id")?)
                         .map_err(corrupt)?,
+                    of,
                 })
             })
             .collect()
@@ -246,6 +265,112 @@ impl LedgerMaintenance for MysqlLedger {
             reserved_request_ids,
             overdue_unpaid: units.try_get("overdue").map_err(db)?,
             open_incidents,
+        }))
+    }
+
+    async fn watermark(&self, product_id: ProductId) -> Result<Option<Watermark>, LedgerError> {
+        let row = self
+            .run("watermark", || {
+                sqlx::query(
+                    "SELECT pi.generation, p.stock_loaded, \
+                     (SELECT COALESCE(MAX(r.hold_id), 0) FROM inventory_reservation r \
+                      WHERE r.product_id = pi.product_id AND r.generation = pi.generation) \
+                     AS last_hold_id \
+                     FROM product_inventory pi JOIN products p ON p.product_id = pi.product_id \
+                     WHERE pi.product_id = ?",
+                )
+                .bind(product_id.get())
+                .fetch_optional(self.pool())
+            })
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        Ok(Some(Watermark {
+            generation: row.try_get("generation").map_err(db)?,
+            last_hold_id: row.try_get("last_hold_id").map_err(db)?,
+            stock_loaded: row.try_get::<bool, _>("stock_loaded").map_err(db)?,
+        }))
+    }
+
+    async fn advance_generation(&self, product_id: ProductId) -> Result<RebuildPlan, LedgerError> {
+        self.run("advance generation", || self.advance(product_id))
+            .await?
+            .ok_or_else(|| LedgerError(format!("product {product_id} has no inventory")))
+    }
+}
+
+impl MysqlLedger {
+    /// One transaction: lock the inventory row (waiting for commits in flight), move to
+    /// the next generation, settle what the rebuild counts, and compute the plan.
+    async fn advance(&self, product_id: ProductId) -> Result<Option<RebuildPlan>, sqlx::Error> {
+        let p = product_id.get();
+        let mut tx = self.pool().begin().await?;
+        let row = sqlx::query(
+            "SELECT generation, available_stock FROM product_inventory \
+             WHERE product_id = ? FOR UPDATE",
+        )
+        .bind(p)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let generation: i64 = row.try_get::<i64, _>("generation")? + 1;
+        let available: i64 = row.try_get("available_stock")?;
+        sqlx::query(
+            "UPDATE product_inventory SET generation = ?, version = version + 1 \
+             WHERE product_id = ?",
+        )
+        .bind(generation)
+        .bind(p)
+        .execute(&mut *tx)
+        .await?;
+        // Units of releases and restocks not yet applied to the gate are in the counters
+        // the plan is made from: the new gate state has them, so they are settled.
+        sqlx::query(
+            "UPDATE inventory_reservation SET stock_returned = 1 \
+             WHERE product_id = ? AND status = 'RELEASED' AND stock_returned = 0",
+        )
+        .bind(p)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE restock_request SET gate_applied = 1 WHERE product_id = ? AND gate_applied = 0",
+        )
+        .bind(p)
+        .execute(&mut *tx)
+        .await?;
+        let limited: Option<Option<u32>> =
+            sqlx::query_scalar("SELECT per_user_limit FROM products WHERE product_id = ?")
+                .bind(p)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let mut user_units = Vec::new();
+        if matches!(limited, Some(Some(_))) {
+            let rows = sqlx::query(
+                "SELECT user_id, CAST(SUM(quantity) AS SIGNED) AS units FROM orders \
+                 WHERE product_id = ? AND status IN ('PENDING_PAYMENT', 'PAID') \
+                 GROUP BY user_id",
+            )
+            .bind(p)
+            .fetch_all(&mut *tx)
+            .await?;
+            for r in &rows {
+                let user = UserId::parse(r.try_get("user_id")?)
+                    .map_err(|e| sqlx::Error::Decode(e.into()))?;
+                user_units.push((user, r.try_get::<i64, _>("units")?));
+            }
+        }
+        let last_hold_id: i64 = sqlx::query_scalar(
+            "SELECT CAST(COALESCE(MAX(hold_id), 0) AS SIGNED) FROM inventory_reservation \
+             WHERE product_id = ?",
+        )
+        .bind(p)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Some(RebuildPlan {
+            generation,
+            available,
+            last_hold_id,
+            user_units,
         }))
     }
 }

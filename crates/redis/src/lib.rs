@@ -24,7 +24,8 @@ use chrono::{DateTime, Utc};
 use std::collections::{BTreeMap, BTreeSet};
 
 use flashsale_app::ports::{
-    ExistingHold, GateFacts, GateMaintenance, Release, Reserve, Restock, StaleHold,
+    ExistingHold, GateFacts, GateMaintenance, GateState, RebuildPlan, Release, ReleaseOf, Reserve,
+    Restock, StaleHold,
 };
 use flashsale_app::{GateError, StockGate};
 use flashsale_core::{ProductId, PurchaseRequest, Quantity, RequestId, UserId};
@@ -58,6 +59,7 @@ pub struct RedisGate {
     restock: Script,
     load: Script,
     adjust: Script,
+    rebuild: Script,
 }
 
 impl RedisGate {
@@ -81,6 +83,7 @@ impl RedisGate {
             restock: Script::new(include_str!("lua/restock.lua")),
             load: Script::new(include_str!("lua/load.lua")),
             adjust: Script::new(include_str!("lua/adjust.lua")),
+            rebuild: Script::new(include_str!("lua/rebuild.lua")),
         })
     }
 
@@ -121,12 +124,16 @@ fn parse_reserve(reply: &Value) -> Result<Reserve, GateError> {
         .collect::<Option<_>>()
         .ok_or_else(bad)?;
     Ok(match ints.as_slice() {
-        [1, hold_id] => Reserve::Reserved { hold_id: *hold_id },
+        [1, hold_id, generation] => Reserve::Reserved {
+            hold_id: *hold_id,
+            generation: *generation,
+        },
         [0] => Reserve::SoldOut,
         [-1] => Reserve::NotLoaded,
         [-2] => Reserve::LimitExceeded,
-        [2, hold_id, user, quantity, released] => Reserve::Existing(ExistingHold {
+        [2, hold_id, user, quantity, released, generation] => Reserve::Existing(ExistingHold {
             hold_id: *hold_id,
+            generation: *generation,
             user_id: UserId::parse(*user).map_err(|_| bad())?,
             quantity: Quantity::from_stored(*quantity).ok_or_else(bad)?,
             released: *released == 1,
@@ -146,12 +153,18 @@ impl StockGate for RedisGate {
             .map_err(unavailable)
     }
 
-    async fn load(&self, product_id: ProductId, available: i64) -> Result<bool, GateError> {
+    async fn load(
+        &self,
+        product_id: ProductId,
+        available: i64,
+        generation: i64,
+    ) -> Result<bool, GateError> {
         let mut conn = self.conn.clone();
         let loaded: i64 = self
             .load
             .key(self.key(product_id, "inv"))
             .arg(available)
+            .arg(generation)
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable)?;
@@ -188,8 +201,18 @@ impl StockGate for RedisGate {
         &self,
         product_id: ProductId,
         request_id: &RequestId,
+        of: &ReleaseOf,
     ) -> Result<Release, GateError> {
         let mut conn = self.conn.clone();
+        let (generation, user, quantity, limited) = match of {
+            ReleaseOf::Hold => (0, 0, 0, false),
+            ReleaseOf::Reservation {
+                generation,
+                user_id,
+                quantity,
+                limited,
+            } => (*generation, user_id.get(), quantity.get(), *limited),
+        };
         let code: i64 = self
             .release
             .key(self.key(product_id, "inv"))
@@ -197,6 +220,11 @@ impl StockGate for RedisGate {
             .key(self.hold_key(product_id, request_id))
             .key(self.key(product_id, "pending"))
             .arg(request_id.as_str())
+            .arg(generation)
+            .arg(user)
+            .arg(quantity)
+            .arg(u8::from(limited))
+            .arg(self.record_ttl_ms)
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable)?;
@@ -214,6 +242,7 @@ impl StockGate for RedisGate {
         product_id: ProductId,
         restock_id: &RequestId,
         quantity: i64,
+        generation: i64,
     ) -> Result<Restock, GateError> {
         let mut conn = self.conn.clone();
         let code: i64 = self
@@ -221,6 +250,7 @@ impl StockGate for RedisGate {
             .key(self.key(product_id, "inv"))
             .key(self.key(product_id, &format!("restock:{restock_id}")))
             .arg(quantity)
+            .arg(generation)
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable)?;
@@ -228,6 +258,7 @@ impl StockGate for RedisGate {
             1 => Ok(Restock::Applied),
             0 => Ok(Restock::AlreadyApplied),
             -1 => Ok(Restock::NotLoaded),
+            -3 => Ok(Restock::Stale),
             other => Err(unexpected("restock", &Value::Int(other))),
         }
     }
@@ -249,8 +280,18 @@ const SCAN_COUNT: usize = 1000;
 /// (bounded by its stock), it stops a runaway scan on a corrupted keyspace.
 const FACTS_HOLDS_MAX: usize = 5_000_000;
 
-/// A hold record's fields as HMGET returns them: user, quantity, state, hold id.
-type RawHold = (Option<i64>, Option<i64>, Option<String>, Option<i64>);
+/// A hold record's fields as HMGET returns them: user, quantity, state, hold id,
+/// generation.
+type RawHold = (
+    Option<i64>,
+    Option<i64>,
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+);
+
+/// A parsed hold record: user, quantity, released, hold id, generation.
+type Hold = (i64, i64, bool, i64, i64);
 
 impl RedisGate {
     /// Reads hold records (user, quantity, state, hold id) for request_ids, in one round
@@ -259,7 +300,7 @@ impl RedisGate {
         &self,
         product_id: ProductId,
         request_ids: &[String],
-    ) -> Result<Vec<Option<(i64, i64, bool, i64)>>, GateError> {
+    ) -> Result<Vec<Option<Hold>>, GateError> {
         if request_ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -270,14 +311,17 @@ impl RedisGate {
                 .arg("u")
                 .arg("q")
                 .arg("s")
-                .arg("h");
+                .arg("h")
+                .arg("g");
         }
         let mut conn = self.conn.clone();
         let rows: Vec<RawHold> = pipe.query_async(&mut conn).await.map_err(unavailable)?;
         Ok(rows
             .into_iter()
             .map(|row| match row {
-                (Some(u), Some(q), Some(s), Some(h)) => Some((u, q, s == "r", h)),
+                (Some(u), Some(q), Some(s), Some(h), g) => {
+                    Some((u, q, s == "r", h, g.unwrap_or(1)))
+                }
                 _ => None,
             })
             .collect())
@@ -308,7 +352,7 @@ impl GateMaintenance for RedisGate {
         let mut stale = Vec::new();
         let mut gone = Vec::new();
         for (request_id, record) in ids.into_iter().zip(records) {
-            let parsed = record.and_then(|(u, q, released, hold_id)| {
+            let parsed = record.and_then(|(u, q, released, hold_id, _)| {
                 Some(StaleHold {
                     request: PurchaseRequest {
                         request_id: RequestId::parse("request_id", &request_id).ok()?,
@@ -357,7 +401,9 @@ impl GateMaintenance for RedisGate {
     }
 
     async fn facts(&self, product_id: ProductId) -> Result<GateFacts, GateError> {
-        let available = self.available(product_id).await?;
+        let state = self.state(product_id).await?;
+        let available = state.map(|s| s.available);
+        let generation = state.map_or(0, |s| s.generation);
         let mut conn = self.conn.clone();
         let pending: BTreeSet<String> = redis::cmd("ZRANGE")
             .arg(self.key(product_id, "pending"))
@@ -399,8 +445,12 @@ impl GateMaintenance for RedisGate {
         for chunk in request_ids.chunks(SCAN_COUNT) {
             let records = self.holds(product_id, chunk).await?;
             for (request_id, record) in chunk.iter().zip(records) {
-                if let Some((_, q, false, hold_id)) = record {
-                    held.insert(request_id.clone(), (hold_id, q));
+                // Records of older generations hold nothing: the rebuild counted stock
+                // without them.
+                if let Some((_, q, false, hold_id, g)) = record {
+                    if g == generation {
+                        held.insert(request_id.clone(), (hold_id, q));
+                    }
                 }
             }
         }
@@ -422,6 +472,44 @@ impl GateMaintenance for RedisGate {
             .map_err(unavailable)?;
         Ok(code == 1)
     }
+
+    async fn state(&self, product_id: ProductId) -> Result<Option<GateState>, GateError> {
+        let mut conn = self.conn.clone();
+        let (available, seq, generation): (Option<i64>, Option<i64>, Option<i64>) =
+            redis::cmd("HMGET")
+                .arg(self.key(product_id, "inv"))
+                .arg("avail")
+                .arg("seq")
+                .arg("gen")
+                .query_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+        Ok(available.map(|available| GateState {
+            available,
+            generation: generation.unwrap_or(1),
+            last_hold_id: seq.unwrap_or(0),
+        }))
+    }
+
+    async fn rebuild(&self, product_id: ProductId, plan: &RebuildPlan) -> Result<bool, GateError> {
+        let mut conn = self.conn.clone();
+        let mut invocation = self.rebuild.prepare_invoke();
+        invocation
+            .key(self.key(product_id, "inv"))
+            .key(self.key(product_id, "users"))
+            .key(self.key(product_id, "pending"))
+            .arg(plan.generation)
+            .arg(plan.available)
+            .arg(plan.last_hold_id);
+        for (user, units) in &plan.user_units {
+            invocation.arg(user.get()).arg(*units);
+        }
+        let code: i64 = invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(code == 1)
+    }
 }
 
 #[cfg(test)]
@@ -436,8 +524,11 @@ mod tests {
         let arr = |v: Vec<Value>| Value::Array(v);
         let s = |t: &str| Value::BulkString(t.as_bytes().to_vec());
         assert_eq!(
-            parse_reserve(&arr(vec![Value::Int(1), Value::Int(7)])).ok(),
-            Some(Reserve::Reserved { hold_id: 7 })
+            parse_reserve(&arr(vec![Value::Int(1), Value::Int(7), s("3")])).ok(),
+            Some(Reserve::Reserved {
+                hold_id: 7,
+                generation: 3
+            })
         );
         assert_eq!(
             parse_reserve(&arr(vec![Value::Int(0)])).ok(),
@@ -458,6 +549,7 @@ mod tests {
             s(&big),
             s("3"),
             Value::Int(1),
+            s("2"),
         ]));
         match existing {
             Ok(Reserve::Existing(h)) => {
@@ -465,6 +557,7 @@ mod tests {
                 assert_eq!(h.user_id.get(), i64::MAX);
                 assert_eq!(h.quantity.get(), 3);
                 assert!(h.released);
+                assert_eq!(h.generation, 2);
             }
             other => panic!("unexpected {other:?}"),
         }

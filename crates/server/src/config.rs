@@ -26,6 +26,11 @@ pub struct Config {
     pub recovery_after: Duration,
     pub expiry_interval: Duration,
     pub recovery_interval: Duration,
+    pub gate_watch_interval: Duration,
+    /// NATS JetStream for events: server URL, subject prefix, stream name.
+    pub nats_url: String,
+    pub nats_subject_prefix: String,
+    pub nats_stream: String,
 }
 
 /// Every key a config file may hold, with its default; each is also read from the
@@ -49,6 +54,10 @@ pub const KEYS: &[(&str, Option<&str>)] = &[
     ("recovery_after", Some("30s")),
     ("expiry_interval", Some("1s")),
     ("recovery_interval", Some("5s")),
+    ("gate_watch_interval", Some("1s")),
+    ("nats_url", Some("nats://127.0.0.1:4222")),
+    ("nats_subject_prefix", Some("flashsale")),
+    ("nats_stream", Some("FLASHSALE_EVENTS")),
 ];
 
 /// Upper bound of the per-order quantity setting: orders are for a flash sale, not bulk.
@@ -59,6 +68,26 @@ const DATABASE_CONNECTIONS_LIMIT: u32 = 256;
 const IN_FLIGHT_LIMIT: usize = 1_000_000;
 /// Longest Redis key prefix: it is repeated in every key.
 const REDIS_PREFIX_LEN_MAX: usize = 64;
+/// Longest NATS subject prefix and stream name: both are repeated in every subject or
+/// API request, and JetStream stores the stream name in its file paths.
+const NATS_NAME_LEN_MAX: usize = 64;
+
+/// Whether `s` is 1..=NATS_NAME_LEN_MAX letters, digits, `_` and `-`, with single dots
+/// between such tokens when `dots` (a subject prefix; never wildcards or spaces).
+fn nats_name(s: &str, dots: bool) -> bool {
+    let token = |t: &str| {
+        !t.is_empty()
+            && t.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    };
+    !s.is_empty()
+        && s.len() <= NATS_NAME_LEN_MAX
+        && if dots {
+            s.split('.').all(token)
+        } else {
+            token(s)
+        }
+}
 
 #[derive(Debug, PartialEq, Eq)]
 pub struct ConfigError(pub String);
@@ -234,6 +263,28 @@ impl Config {
         }
         let expiry_interval = duration(raw.value("expiry_interval"))?;
         let recovery_interval = duration(raw.value("recovery_interval"))?;
+        let gate_watch_interval = duration(raw.value("gate_watch_interval"))?;
+        let (name, nats_url) = raw.value("nats_url");
+        if !nats_url.starts_with("nats://") || nats_url.len() <= "nats://".len() {
+            return Err(invalid(name, "must be a URL like nats://127.0.0.1:4222"));
+        }
+        let (name, nats_subject_prefix) = raw.value("nats_subject_prefix");
+        if !nats_name(nats_subject_prefix, true) {
+            return Err(invalid(
+                name,
+                format!(
+                    "at most {NATS_NAME_LEN_MAX} characters: letters, digits, _ and -, \
+                     in tokens separated by single dots"
+                ),
+            ));
+        }
+        let (name, nats_stream) = raw.value("nats_stream");
+        if !nats_name(nats_stream, false) {
+            return Err(invalid(
+                name,
+                format!("at most {NATS_NAME_LEN_MAX} characters: letters, digits, _ and -"),
+            ));
+        }
         Ok(Self {
             listen,
             redis_url: redis_url.to_owned(),
@@ -250,6 +301,10 @@ impl Config {
             recovery_after,
             expiry_interval,
             recovery_interval,
+            gate_watch_interval,
+            nats_url: nats_url.to_owned(),
+            nats_subject_prefix: nats_subject_prefix.to_owned(),
+            nats_stream: nats_stream.to_owned(),
         })
     }
 }
@@ -315,5 +370,34 @@ mod tests {
         assert!(err.0.starts_with("payment_timeout (config file)"), "{err}");
         let err = Config::from_parts(Some("colour = 1"), &env(&[])).unwrap_err();
         assert!(err.0.contains("unknown key \"colour\""), "{err}");
+    }
+
+    // Checks the NATS settings' defaults, and that subject prefixes and stream names that
+    // NATS would refuse or misread (wildcards, spaces, empty tokens, dots in a stream
+    // name) and non-nats URLs stop startup naming the variable.
+    #[test]
+    fn nats_settings() {
+        let c = Config::from_parts(None, &env(&[])).expect("defaults are valid");
+        assert_eq!(c.nats_url, "nats://127.0.0.1:4222");
+        assert_eq!(c.nats_subject_prefix, "flashsale");
+        assert_eq!(c.nats_stream, "FLASHSALE_EVENTS");
+        let ok = env(&[
+            ("FLASHSALE_NATS_SUBJECT_PREFIX", "shop.eu-1"),
+            ("FLASHSALE_NATS_STREAM", "T_1-a"),
+        ]);
+        assert!(Config::from_parts(None, &ok).is_ok());
+        for (var, value) in [
+            ("FLASHSALE_NATS_URL", "http://x"),
+            ("FLASHSALE_NATS_URL", "nats://"),
+            ("FLASHSALE_NATS_SUBJECT_PREFIX", ""),
+            ("FLASHSALE_NATS_SUBJECT_PREFIX", "a..b"),
+            ("FLASHSALE_NATS_SUBJECT_PREFIX", "a.*"),
+            ("FLASHSALE_NATS_SUBJECT_PREFIX", "a >"),
+            ("FLASHSALE_NATS_STREAM", "A.B"),
+            ("FLASHSALE_NATS_STREAM", ""),
+        ] {
+            let err = Config::from_parts(None, &env(&[(var, value)])).unwrap_err();
+            assert!(err.0.starts_with(var), "{var}={value}: {err}");
+        }
     }
 }

@@ -34,6 +34,39 @@ const STARTUP_MIGRATION_ATTEMPTS: u32 = 30;
 /// pass; a backlog drains over consecutive passes.
 pub(crate) const WORKER_BATCH_SIZE: usize = 500;
 
+/// Connections of the event workers' own database pool: the relay and the consumer use
+/// one at a time each; a pool of their own never takes a connection a purchase waits for.
+const EVENTS_DATABASE_CONNECTIONS: u32 = 2;
+
+/// Starts the event relay (outbox → NATS JetStream) and the sales-statistics consumer,
+/// on a database pool of their own. Returns at once, whether NATS is up or not: the
+/// broker is connected to in the background, and purchases never wait for it.
+pub async fn start_events(config: &Config) -> Result<flashsale_nats::EventWorkers, String> {
+    let ledger = Arc::new(
+        MysqlLedger::connect(&LedgerConfig {
+            url: config.database_url.clone(),
+            max_connections: EVENTS_DATABASE_CONNECTIONS,
+            acquire_timeout: DATABASE_ACQUIRE_TIMEOUT_MAX,
+            transaction_timeout: config.request_timeout,
+        })
+        .await
+        .map_err(|e| format!("events database: {e}"))?,
+    );
+    let relay_id: String = rand::rng()
+        .random::<[u8; 8]>()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let nats = flashsale_nats::NatsConfig {
+        url: config.nats_url.clone(),
+        subject_prefix: config.nats_subject_prefix.clone(),
+        stream: config.nats_stream.clone(),
+    };
+    flashsale_nats::EventWorkers::start(nats, ledger.clone(), ledger, format!("relay-{relay_id}"))
+        .await
+        .map_err(|e| format!("events: {e}"))
+}
+
 /// A wired service.
 pub struct App {
     pub router: Router,
@@ -161,11 +194,13 @@ pub async fn serve(config: &Config) -> Result<(), String> {
         .map_err(|e| format!("binding {}: {e}", config.listen))?;
     info!(listen = %config.listen, "flashsale serving");
     let workers = workers::Workers::spawn(app.maintenance.clone(), config);
+    let events = start_events(config).await?;
     axum::serve(listener, app.router)
         .with_graceful_shutdown(shutdown_signal())
         .await
         .map_err(|e| format!("server: {e}"))?;
     workers.stop().await;
+    events.stop().await;
     info!("drained; bye");
     Ok(())
 }

@@ -60,6 +60,8 @@ fn init_logging(json: bool) {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Reads FAILPOINTS in builds with the `failpoints` feature; a no-op otherwise.
+    let _failpoints = fail::FailScenario::setup();
     let config = match Config::load(cli.config.as_deref()) {
         Ok(config) => config,
         Err(e) => {

@@ -38,6 +38,18 @@ impl Workers {
                 async move { m.expire_once().await.map(|n| n >= crate::WORKER_BATCH_SIZE) }
             },
         ));
+        let m = maintenance.clone();
+        let watch = tokio::spawn(run(
+            "gate-watch",
+            config.gate_watch_interval,
+            Arc::new(Notify::new()),
+            stopped.clone(),
+            move || {
+                let m = m.clone();
+                // Never "busy": one pass rebuilds every product that needs it.
+                async move { m.watch_once().await.map(|_| false) }
+            },
+        ));
         let m = maintenance;
         let recovery = tokio::spawn(run(
             "recovery",
@@ -58,7 +70,7 @@ impl Workers {
             stop,
             wake_recovery,
             wake_expiry,
-            tasks: vec![expiry, recovery],
+            tasks: vec![expiry, watch, recovery],
         }
     }
 

@@ -17,6 +17,7 @@
 mod db;
 mod keys;
 mod mariadb;
+mod nats_server;
 mod port;
 mod process;
 mod proxy;
@@ -25,6 +26,7 @@ mod redis_server;
 pub use db::TestDb;
 pub use keys::{delete_prefix, redis_prefix};
 pub use mariadb::PrivateMariadb;
+pub use nats_server::PrivateNats;
 pub use port::free_port;
 pub use proxy::TcpProxy;
 pub use redis_server::PrivateRedis;

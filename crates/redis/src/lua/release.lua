@@ -1,19 +1,60 @@
 -- Gives a hold's units back, at most once per hold.
 -- KEYS[1] inventory hash  KEYS[2] per-user held units  KEYS[3] hold record
--- KEYS[4] pending holds   ARGV[1] request_id
--- Returns 1 released | 0 already released | -1 no hold record | -2 stock not loaded.
-local rec = redis.call('HMGET', KEYS[3], 'u', 'q', 's', 'c')
-if not rec[1] then return -1 end
-if rec[3] == 'r' then return 0 end
-local q = tonumber(rec[2])
-if not q or q < 1 then return redis.error_reply('ERR flashsale release: corrupt hold record') end
--- Without the inventory entry HINCRBY would create one holding just these units.
-if not redis.call('HGET', KEYS[1], 'avail') then return -2 end
-redis.call('HINCRBY', KEYS[1], 'avail', q)
-if rec[4] == '1' then
-  local left = redis.call('HINCRBY', KEYS[2], rec[1], -q)
-  if left <= 0 then redis.call('HDEL', KEYS[2], rec[1]) end
+-- KEYS[4] pending holds
+-- ARGV[1] request_id  ARGV[2] release generation (0: a hold the ledger never counted —
+-- its own generation decides)  ARGV[3] user_id  ARGV[4] quantity  ARGV[5] limited 0/1
+-- ARGV[6] record ttl ms
+-- Returns 1 released | 0 nothing to add (already released, or a rebuild counted the
+-- units) | -1 no hold record | -2 not loaded, or the gate is behind the release's
+-- generation (retry after the rebuild).
+local relgen = tonumber(ARGV[2])
+local ttl = tonumber(ARGV[6])
+if not relgen or relgen < 0 or not ttl or ttl < 1 then
+  return redis.error_reply('ERR flashsale release: invalid arguments')
 end
-redis.call('HSET', KEYS[3], 's', 'r')
+local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen')
+-- Without the inventory entry HINCRBY would create one holding just these units.
+if not inv[1] then return -2 end
+local gen = tonumber(inv[2] or '1')
+local rec = redis.call('HMGET', KEYS[3], 'u', 'q', 's', 'c', 'g')
+if rec[3] == 'r' then return 0 end
+local user, q, counted
+if relgen == 0 then
+  if not rec[1] then return -1 end
+  -- A hold the ledger never counted took its units in its own generation; after a
+  -- rebuild those units are already available.
+  if tonumber(rec[5] or '1') ~= gen then
+    redis.call('HSET', KEYS[3], 's', 'r')
+    redis.call('ZREM', KEYS[4], ARGV[1])
+    return 0
+  end
+  user, q, counted = rec[1], tonumber(rec[2]), rec[4] == '1'
+else
+  if gen < relgen then return -2 end
+  if gen > relgen then
+    -- A rebuild after the release counted its units as available already.
+    if rec[1] then redis.call('HSET', KEYS[3], 's', 'r') end
+    redis.call('ZREM', KEYS[4], ARGV[1])
+    return 0
+  end
+  user, q, counted = ARGV[3], tonumber(ARGV[4]), ARGV[5] == '1'
+  if not tonumber(user) or not q then
+    return redis.error_reply('ERR flashsale release: invalid arguments')
+  end
+end
+if not q or q < 1 then return redis.error_reply('ERR flashsale release: corrupt hold record') end
+redis.call('HINCRBY', KEYS[1], 'avail', q)
+if counted then
+  local left = redis.call('HINCRBY', KEYS[2], user, -q)
+  if left <= 0 then redis.call('HDEL', KEYS[2], user) end
+end
+if rec[1] then
+  redis.call('HSET', KEYS[3], 's', 'r')
+else
+  -- The record was lost with the gate's old state: leave a released one so a retry of
+  -- this release adds nothing.
+  redis.call('HSET', KEYS[3], 'u', user, 'q', q, 's', 'r', 'g', gen)
+  redis.call('PEXPIRE', KEYS[3], ttl)
+end
 redis.call('ZREM', KEYS[4], ARGV[1])
 return 1

@@ -1,12 +1,16 @@
--- Adds units once per restock id.
--- KEYS[1] inventory hash  KEYS[2] restock marker  ARGV[1] quantity
--- Returns 1 applied | 0 already applied | -1 stock not loaded.
+-- Adds units once per restock id, in the generation the restock was recorded in.
+-- KEYS[1] inventory hash  KEYS[2] restock marker  ARGV[1] quantity  ARGV[2] generation
+-- Returns 1 applied | 0 already applied | -1 stock not loaded | -3 stale generation (a
+-- rebuild since the restock was recorded already counted it).
 local q = tonumber(ARGV[1])
-if not q or q < 1 or q % 1 ~= 0 then
-  return redis.error_reply('ERR flashsale restock: invalid quantity')
+local gen = tonumber(ARGV[2])
+if not q or q < 1 or q % 1 ~= 0 or not gen then
+  return redis.error_reply('ERR flashsale restock: invalid arguments')
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-if not redis.call('HGET', KEYS[1], 'avail') then return -1 end
+local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen')
+if not inv[1] then return -1 end
+if tonumber(inv[2] or '1') ~= gen then return -3 end
 redis.call('HINCRBY', KEYS[1], 'avail', q)
 -- Kept without expiry: restocks are rare admin actions, and the marker is what makes a
 -- retried restock a no-op however late it comes.

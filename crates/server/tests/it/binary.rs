@@ -76,6 +76,16 @@ async fn serve_creates_database_logs_json_and_drains_on_sigterm() {
         .env("FLASHSALE_REDIS_URL", format!("redis://{}", proxy.addr()))
         .env("FLASHSALE_REDIS_PREFIX", &prefix)
         .env("FLASHSALE_LOG_FORMAT", "json")
+        // Its own stream and subjects, so the shared NATS's default stream never sees
+        // this test's events.
+        .env(
+            "FLASHSALE_NATS_SUBJECT_PREFIX",
+            prefix.trim_end_matches(':'),
+        )
+        .env(
+            "FLASHSALE_NATS_STREAM",
+            prefix.trim_end_matches(':').to_uppercase(),
+        )
         .env_remove("FLASHSALE_ADMIN_TOKEN")
         .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
@@ -164,5 +174,11 @@ async fn serve_creates_database_logs_json_and_drains_on_sigterm() {
         .expect("drop");
     pool.close().await;
     let _ = delete_prefix(REDIS_URL, &prefix).await;
+    if let Ok(client) = async_nats::connect("nats://127.0.0.1:4222").await {
+        let js = async_nats::jetstream::new(client);
+        let _ = js
+            .delete_stream(prefix.trim_end_matches(':').to_uppercase())
+            .await;
+    }
     let _ = db.drop_db().await;
 }

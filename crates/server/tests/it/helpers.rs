@@ -58,6 +58,21 @@ impl TestApp {
     /// Starts a service whose stores are reached through `routes`, with extra
     /// `FLASHSALE_*` settings.
     pub async fn spawn_with(routes: Routes, settings: &[(&str, &str)]) -> Self {
+        let redis_url = match routes.redis {
+            Some(addr) => format!("redis://{addr}"),
+            None => REDIS_URL.to_owned(),
+        };
+        Self::spawn_on(routes, redis_url, REDIS_URL, settings).await
+    }
+
+    /// Like [`TestApp::spawn_with`], with the service on `redis_url` and the checks on
+    /// `check_redis_url` (a private Redis the test may kill and restart).
+    pub async fn spawn_on(
+        routes: Routes,
+        redis_url: String,
+        check_redis_url: &str,
+        settings: &[(&str, &str)],
+    ) -> Self {
         let db = TestDb::create(MYSQL_SERVER)
             .await
             .expect("create test database");
@@ -65,10 +80,6 @@ impl TestApp {
         let database_url = match routes.mysql {
             Some(addr) => db.url_via(addr),
             None => db.url(),
-        };
-        let redis_url = match routes.redis {
-            Some(addr) => format!("redis://{addr}"),
-            None => REDIS_URL.to_owned(),
         };
         let mut env: HashMap<String, String> = HashMap::from([
             ("FLASHSALE_DATABASE_URL".into(), database_url),
@@ -90,7 +101,7 @@ impl TestApp {
             let _ = axum::serve(listener, app.router).await;
         });
         let pool = MySqlPool::connect(&db.url()).await.expect("check pool");
-        let client = redis::Client::open(REDIS_URL).expect("redis url");
+        let client = redis::Client::open(check_redis_url).expect("redis url");
         let redis = client
             .get_multiplexed_async_connection()
             .await
@@ -271,4 +282,110 @@ pub fn order_id(body: &Value) -> i64 {
 
 pub fn code(body: &Value) -> &str {
     body["error"].as_str().unwrap_or("")
+}
+
+// ---- events (outbox → NATS JetStream → sales_stats) -----------------------------------
+
+/// The shared NATS JetStream server on this machine.
+pub const NATS_URL: &str = "nats://127.0.0.1:4222";
+
+/// One test's event workers (relay and consumer, as `serve` runs them) and the NATS names
+/// only this test uses: its own subject prefix and stream, so tests never share a stream
+/// (two streams may not capture the same subjects) and each reads back only its events.
+pub struct TestEvents {
+    pub workers: Option<flashsale_nats::EventWorkers>,
+    pub nats_url: String,
+    pub subject_prefix: String,
+    pub stream: String,
+}
+
+impl TestEvents {
+    /// Starts the event workers of `app`'s database against the broker at `nats_url`,
+    /// with a subject prefix and stream named after the app's unique Redis prefix.
+    pub async fn start(app: &TestApp, nats_url: &str) -> Self {
+        let tag = app
+            .prefix
+            .trim_start_matches("fs_test_")
+            .trim_end_matches(':');
+        let subject_prefix = format!("fs_test_{tag}");
+        let stream = format!("FS_TEST_{tag}");
+        let db = app.db.as_ref().expect("test database");
+        let env = HashMap::from([
+            ("FLASHSALE_DATABASE_URL".to_owned(), db.url()),
+            ("FLASHSALE_NATS_URL".to_owned(), nats_url.to_owned()),
+            (
+                "FLASHSALE_NATS_SUBJECT_PREFIX".to_owned(),
+                subject_prefix.clone(),
+            ),
+            ("FLASHSALE_NATS_STREAM".to_owned(), stream.clone()),
+        ]);
+        let config = Config::from_parts(None, &env).expect("valid events config");
+        let workers = flashsale::start_events(&config)
+            .await
+            .expect("start event workers");
+        Self {
+            workers: Some(workers),
+            nats_url: nats_url.to_owned(),
+            subject_prefix,
+            stream,
+        }
+    }
+
+    /// A JetStream context of the test's own (not the service's connection).
+    pub async fn jetstream(&self) -> async_nats::jetstream::Context {
+        let client = async_nats::connect(self.nats_url.as_str())
+            .await
+            .expect("connect to nats");
+        async_nats::jetstream::new(client)
+    }
+
+    /// Every message in the test's stream, in stream order: (Nats-Msg-Id, subject, body).
+    pub async fn stream_messages(&self) -> Vec<(String, String, Vec<u8>)> {
+        let js = self.jetstream().await;
+        let stream = js.get_stream(&self.stream).await.expect("test stream");
+        let state = stream.get_info().await.expect("stream info").state;
+        let mut out = Vec::new();
+        if state.messages == 0 {
+            return out;
+        }
+        for seq in state.first_sequence..=state.last_sequence {
+            let m = stream.get_raw_message(seq).await.expect("stream message");
+            let id = m
+                .headers
+                .get("Nats-Msg-Id")
+                .map(|v| v.as_str().to_owned())
+                .unwrap_or_default();
+            out.push((id, m.subject.to_string(), m.payload.to_vec()));
+        }
+        out
+    }
+
+    /// Stops the workers (as `serve` does on shutdown).
+    pub async fn stop(&mut self) {
+        if let Some(workers) = self.workers.take() {
+            workers.stop().await;
+        }
+    }
+
+    /// Stops the workers and deletes the test's stream (when the broker is reachable).
+    pub async fn cleanup(mut self) {
+        self.stop().await;
+        if let Ok(client) = async_nats::connect(self.nats_url.as_str()).await {
+            let js = async_nats::jetstream::new(client);
+            let _ = js.delete_stream(&self.stream).await;
+        }
+    }
+}
+
+/// Polls `check` every 100 ms until it returns true; fails the test after `bound`.
+pub async fn wait_until<F, Fut>(what: &str, bound: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    while !check().await {
+        assert!(started.elapsed() < bound, "{what}: not within {bound:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

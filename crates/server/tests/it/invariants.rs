@@ -165,16 +165,24 @@ pub async fn redis_holds(app: &TestApp, product_id: i64) -> BTreeMap<String, i64
         .await
         .expect("KEYS");
     let marker = app.key(product_id, "r:");
+    let generation: Option<i64> = redis::cmd("HGET")
+        .arg(app.key(product_id, "inv"))
+        .arg("gen")
+        .query_async(&mut conn)
+        .await
+        .expect("HGET gen");
     let mut held = BTreeMap::new();
     for key in keys {
-        let (state, hold): (Option<String>, Option<i64>) = redis::cmd("HMGET")
+        let (state, hold, g): (Option<String>, Option<i64>, Option<i64>) = redis::cmd("HMGET")
             .arg(&key)
             .arg("s")
             .arg("h")
+            .arg("g")
             .query_async(&mut conn)
             .await
             .expect("HMGET");
-        if state.as_deref() == Some("h") {
+        // Records of an older generation hold nothing: a rebuild counted without them.
+        if state.as_deref() == Some("h") && g.unwrap_or(1) == generation.unwrap_or(1) {
             let request_id = key.strip_prefix(&marker).unwrap_or(&key).to_owned();
             held.insert(request_id, hold.unwrap_or(-1));
         }

@@ -5,6 +5,10 @@
 
 mod bad_input;
 mod binary;
+#[cfg(feature = "failpoints")]
+mod crash;
+mod data_loss;
+mod events;
 mod faults;
 mod helpers;
 mod invariants;

@@ -430,7 +430,7 @@ async fn retry_completes_an_attempt_that_died_after_reserving() {
         .reserve(&request, Some(1), chrono::Utc::now())
         .await
         .expect("reserve");
-    let Reserve::Reserved { hold_id } = reserved else {
+    let Reserve::Reserved { hold_id, .. } = reserved else {
         panic!("expected a fresh hold, got {reserved:?}");
     };
     assert_eq!(app.redis_available(1300).await, Some(2));

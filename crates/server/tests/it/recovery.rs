@@ -39,7 +39,7 @@ async fn abandoned_hold(app: &TestApp, request_id: &str, user: i64, product: i64
         .await
         .expect("reserve")
     {
-        Reserve::Reserved { hold_id } => hold_id,
+        Reserve::Reserved { hold_id, .. } => hold_id,
         other => panic!("expected a fresh hold, got {other:?}"),
     }
 }

@@ -1,0 +1,445 @@
+//! The relay: publishes the outbox to the broker.
+//!
+//! A round leases a bounded batch of unsent rows ([`Outbox::claim`]), publishes them,
+//! marks the published ones sent and gives the rest back. Order per purchase (per order)
+//! is kept: a request_id's events go out strictly one after the other, in `sequence`
+//! order, each only after the broker confirmed the previous one; at the first failure the
+//! rest of that request_id's events wait for a later round. Events of different orders
+//! are independent and are published together, a "wave" at a time (the first unsent event
+//! of every order in the batch, then the second, …).
+//!
+//! The purchase path never waits for any of this: it only inserts the outbox row in its
+//! own transaction. When the broker is down the relay backs off (bounded) and the outbox
+//! grows; when it returns, the backlog drains in batches. A crash between publishing and
+//! marking sent publishes the row again after its lease ends; the broker drops the copy
+//! by its `Nats-Msg-Id` (the event id), and consumers deduplicate by event id anyway.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::events::OutboxMessage;
+use crate::ports::{BusError, EventBus, LedgerError, Outbox};
+
+/// Rows one round leases and publishes: large enough that a backlog of a big sale drains
+/// at thousands of events a second (a round costs three statements plus one broker
+/// round trip per wave), small enough that a round's memory and its lease stay small.
+pub const RELAY_BATCH: usize = 256;
+
+/// How long a relay's lease on claimed rows lasts. It must cover a whole round: at most
+/// one wave per event of an order (3) times the adapter's bounded publish wait (seconds),
+/// with room to spare; after it, another relay (or this one restarted) may publish the
+/// rows again, which the broker and consumers deduplicate.
+pub const CLAIM_LEASE: Duration = Duration::from_secs(30);
+
+/// Pause between rounds when the outbox had nothing more: bounds how long a fresh event
+/// waits before it is published, at the cost of one indexed query per pause per instance.
+pub const RELAY_POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// First pause after a failed round (broker or database unreachable): a blip is retried
+/// almost at once.
+pub const RELAY_BACKOFF_FIRST: Duration = Duration::from_millis(100);
+
+/// Longest pause between failed rounds: a down broker costs a cheap check every few
+/// seconds, and a returning one starts draining the outbox at most this late.
+pub const RELAY_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// While failing, a warning (with the outbox size) every this many failed rounds — about
+/// once a minute at the longest backoff — instead of one per round.
+const WARN_EVERY_FAILURES: u32 = 12;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error(transparent)]
+    Outbox(#[from] LedgerError),
+    #[error(transparent)]
+    Bus(#[from] BusError),
+}
+
+/// The relay use case.
+pub struct Relay {
+    outbox: Arc<dyn Outbox>,
+    bus: Arc<dyn EventBus>,
+    /// Names this relay's leases; unique per running instance.
+    relay_id: String,
+}
+
+impl Relay {
+    pub fn new(outbox: Arc<dyn Outbox>, bus: Arc<dyn EventBus>, relay_id: String) -> Self {
+        Self {
+            outbox,
+            bus,
+            relay_id,
+        }
+    }
+
+    /// One round: leases up to `limit` unsent rows and publishes them, keeping order per
+    /// request_id. Returns how many were published (and marked sent). Fails when the
+    /// broker is unreachable (nothing leased) or refused every message it was offered,
+    /// or when the outbox can't be read or updated.
+    pub async fn relay_once(&self, limit: usize) -> Result<usize, RelayError> {
+        self.bus.ready()?;
+        let claimed = self
+            .outbox
+            .claim(&self.relay_id, limit, CLAIM_LEASE)
+            .await?;
+        let held = claimed.len();
+        if held == 0 {
+            return Ok(0);
+        }
+        // Rows come ordered by (request_id, sequence): one queue per request_id, cut at the
+        // first row whose predecessor another relay holds.
+        let mut queues: Vec<VecDeque<OutboxMessage>> = Vec::new();
+        for message in claimed {
+            match queues.last_mut() {
+                Some(q) if q.back().is_some_and(|m| m.request_id == message.request_id) => {
+                    q.push_back(message)
+                }
+                _ => queues.push(VecDeque::from([message])),
+            }
+        }
+        for q in &mut queues {
+            if let Some(at) = q.iter().position(|m| m.blocked) {
+                q.truncate(at);
+            }
+        }
+
+        let mut sent = Vec::new();
+        let mut failed: Vec<(i64, String)> = Vec::new();
+        let mut bus_down = None;
+        loop {
+            let (owners, wave): (Vec<usize>, Vec<OutboxMessage>) = queues
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(i, q)| q.pop_front().map(|m| (i, m)))
+                .unzip();
+            if wave.is_empty() {
+                break;
+            }
+            let mut results = self.bus.publish_all(&wave).await.into_iter();
+            let mut wave_failures = 0;
+            let mut first_error = None;
+            for (owner, message) in owners.into_iter().zip(&wave) {
+                let result = results
+                    .next()
+                    .unwrap_or_else(|| Err(BusError("the bus gave no result".into())));
+                match result {
+                    Ok(()) => sent.push(message.id),
+                    Err(e) => {
+                        // The rest of this order's events wait: publishing them now would
+                        // put them ahead of this one.
+                        queues[owner].clear();
+                        wave_failures += 1;
+                        failed.push((message.id, e.0.clone()));
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+            if wave_failures == wave.len() {
+                // Nothing got through: the broker is down or refusing; don't offer it
+                // the rest of the batch.
+                bus_down = first_error;
+                break;
+            }
+        }
+
+        let marked = if sent.is_empty() {
+            Ok(())
+        } else {
+            self.outbox.mark_sent(&sent).await
+        };
+        let given_back = if sent.len() < held {
+            self.outbox.give_back(&self.relay_id, &failed).await
+        } else {
+            Ok(())
+        };
+        // A mark that failed leaves published rows unsent: their lease ends and they are
+        // published again, and dropped as duplicates.
+        marked?;
+        given_back?;
+        if !failed.is_empty() {
+            warn!(
+                published = sent.len(),
+                failed = failed.len(),
+                first_error = %failed[0].1,
+                "some events could not be published; they wait in the outbox"
+            );
+        }
+        match bus_down {
+            Some(e) if sent.is_empty() => Err(e.into()),
+            _ => Ok(sent.len()),
+        }
+    }
+
+    /// Runs rounds until `stop` turns true (or its sender is gone): at once after a full
+    /// batch, every [`RELAY_POLL_INTERVAL`] when idle, and with exponential backoff from
+    /// [`RELAY_BACKOFF_FIRST`] to [`RELAY_BACKOFF_MAX`] while rounds fail. A round in
+    /// progress finishes first (it is bounded by the adapters' timeouts).
+    pub async fn run(&self, mut stop: watch::Receiver<bool>) {
+        info!(relay = %self.relay_id, "event relay started");
+        let mut backoff = RELAY_BACKOFF_FIRST;
+        let mut failures: u32 = 0;
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            let pause = match self.relay_once(RELAY_BATCH).await {
+                Ok(published) => {
+                    if failures > 0 {
+                        info!(failed_rounds = failures, "event relay publishing again");
+                        failures = 0;
+                        backoff = RELAY_BACKOFF_FIRST;
+                    }
+                    if published > 0 {
+                        debug!(published, "events published");
+                    }
+                    if published >= RELAY_BATCH {
+                        Duration::ZERO
+                    } else {
+                        RELAY_POLL_INTERVAL
+                    }
+                }
+                Err(e) => {
+                    failures += 1;
+                    if failures % WARN_EVERY_FAILURES == 1 {
+                        let unsent = self.outbox.unsent().await.ok();
+                        warn!(
+                            error = %e,
+                            failed_rounds = failures,
+                            unsent,
+                            next_try_in = ?backoff,
+                            "event relay can't publish; events wait in the outbox"
+                        );
+                    } else {
+                        debug!(error = %e, failed_rounds = failures, "event relay round failed");
+                    }
+                    let pause = backoff;
+                    backoff = (backoff * 2).min(RELAY_BACKOFF_MAX);
+                    pause
+                }
+            };
+            if pause.is_zero() {
+                // A backlog: go on, but let other tasks run between batches.
+                tokio::task::yield_now().await;
+                continue;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                _ = stop.changed() => {}
+            }
+        }
+        info!(relay = %self.relay_id, "event relay stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::events::EventType;
+
+    /// An outbox in memory: rows (id, request_id, sequence), the sent ones, and rows that
+    /// "another relay" holds.
+    #[derive(Default)]
+    struct MemOutbox {
+        rows: Vec<OutboxMessage>,
+        sent: Mutex<BTreeSet<i64>>,
+        held_elsewhere: BTreeSet<i64>,
+        given_back: Mutex<Vec<(i64, String)>>,
+    }
+
+    fn row(id: i64, request_id: &str, sequence: u32) -> OutboxMessage {
+        OutboxMessage {
+            id,
+            event_id: format!("e{id}"),
+            event_type: EventType::OrderCreated,
+            request_id: request_id.to_owned(),
+            sequence,
+            payload: "{}".into(),
+            attempts: 0,
+            blocked: false,
+        }
+    }
+
+    #[async_trait]
+    impl Outbox for MemOutbox {
+        async fn claim(
+            &self,
+            _relay: &str,
+            limit: usize,
+            _lease: Duration,
+        ) -> Result<Vec<OutboxMessage>, LedgerError> {
+            let sent = self.sent.lock().unwrap();
+            let unsent = |m: &&OutboxMessage| !sent.contains(&m.id);
+            let mut mine: Vec<OutboxMessage> = self
+                .rows
+                .iter()
+                .filter(unsent)
+                .filter(|m| !self.held_elsewhere.contains(&m.id))
+                .take(limit)
+                .cloned()
+                .collect();
+            for m in &mut mine {
+                m.blocked = self.rows.iter().filter(unsent).any(|e| {
+                    e.request_id == m.request_id
+                        && e.sequence < m.sequence
+                        && self.held_elsewhere.contains(&e.id)
+                });
+            }
+            mine.sort_by(|a, b| (&a.request_id, a.sequence).cmp(&(&b.request_id, b.sequence)));
+            Ok(mine)
+        }
+
+        async fn mark_sent(&self, ids: &[i64]) -> Result<(), LedgerError> {
+            self.sent.lock().unwrap().extend(ids);
+            Ok(())
+        }
+
+        async fn give_back(
+            &self,
+            _relay: &str,
+            failed: &[(i64, String)],
+        ) -> Result<(), LedgerError> {
+            self.given_back.lock().unwrap().extend_from_slice(failed);
+            Ok(())
+        }
+
+        async fn unsent(&self) -> Result<u64, LedgerError> {
+            Ok((self.rows.len() - self.sent.lock().unwrap().len()) as u64)
+        }
+    }
+
+    /// A bus that records what it published, in order, and refuses some row ids.
+    #[derive(Default)]
+    struct MemBus {
+        down: bool,
+        refuse: BTreeSet<i64>,
+        published: Mutex<Vec<i64>>,
+    }
+
+    #[async_trait]
+    impl EventBus for MemBus {
+        fn ready(&self) -> Result<(), BusError> {
+            if self.down {
+                Err(BusError("not connected".into()))
+            } else {
+                Ok(())
+            }
+        }
+
+        async fn publish(&self, message: &OutboxMessage) -> Result<(), BusError> {
+            if self.refuse.contains(&message.id) {
+                return Err(BusError(format!("refused {}", message.id)));
+            }
+            self.published.lock().unwrap().push(message.id);
+            Ok(())
+        }
+    }
+
+    fn relay(outbox: &Arc<MemOutbox>, bus: &Arc<MemBus>) -> Relay {
+        Relay::new(outbox.clone(), bus.clone(), "test".into())
+    }
+
+    // Checks a round publishes each order's events in sequence order (whatever the row
+    // ids), and that a failure stops only that order: its later events are not published,
+    // the other orders' are, and the failure is recorded.
+    #[tokio::test]
+    async fn keeps_order_per_request_and_stops_an_order_at_its_first_failure() {
+        let outbox = Arc::new(MemOutbox {
+            rows: vec![
+                row(1, "A", 1),
+                row(2, "B", 1),
+                row(3, "A", 2),
+                row(4, "B", 2),
+                row(5, "A", 3),
+            ],
+            ..MemOutbox::default()
+        });
+        let bus = Arc::new(MemBus {
+            refuse: BTreeSet::from([4]),
+            ..MemBus::default()
+        });
+        let published = relay(&outbox, &bus).relay_once(100).await.unwrap();
+        assert_eq!(published, 4);
+        let order = bus.published.lock().unwrap().clone();
+        let pos = |id| order.iter().position(|&x| x == id).unwrap();
+        assert!(pos(1) < pos(3) && pos(3) < pos(5), "{order:?}");
+        assert!(order.contains(&2) && !order.contains(&4), "{order:?}");
+        assert_eq!(outbox.given_back.lock().unwrap()[0].0, 4);
+    }
+
+    // Checks an order whose earlier event another relay holds is not published at all,
+    // and that a failed predecessor holds back its successors in later rounds too.
+    #[tokio::test]
+    async fn waits_for_an_earlier_event_held_elsewhere() {
+        let outbox = Arc::new(MemOutbox {
+            rows: vec![row(1, "A", 1), row(2, "A", 2), row(3, "B", 1)],
+            held_elsewhere: BTreeSet::from([1]),
+            ..MemOutbox::default()
+        });
+        let bus = Arc::new(MemBus::default());
+        assert_eq!(relay(&outbox, &bus).relay_once(100).await.unwrap(), 1);
+        assert_eq!(*bus.published.lock().unwrap(), vec![3]);
+    }
+
+    // Checks a broker that is down leases nothing and reports the error (so the loop backs
+    // off), and one that refuses every message fails the round and publishes nothing.
+    #[tokio::test]
+    async fn broker_down_fails_the_round() {
+        let outbox = Arc::new(MemOutbox {
+            rows: vec![row(1, "A", 1), row(2, "A", 2)],
+            ..MemOutbox::default()
+        });
+        let down = Arc::new(MemBus {
+            down: true,
+            ..MemBus::default()
+        });
+        assert!(relay(&outbox, &down).relay_once(100).await.is_err());
+        assert!(outbox.given_back.lock().unwrap().is_empty());
+        let refusing = Arc::new(MemBus {
+            refuse: BTreeSet::from([1, 2]),
+            ..MemBus::default()
+        });
+        assert!(relay(&outbox, &refusing).relay_once(100).await.is_err());
+        assert!(refusing.published.lock().unwrap().is_empty());
+        assert_eq!(outbox.unsent().await.unwrap(), 2);
+    }
+
+    // Checks the loop drains a backlog larger than one batch and stops when told to.
+    #[tokio::test]
+    async fn run_drains_a_backlog_and_stops() {
+        let rows = (1..=(RELAY_BATCH as i64 * 2 + 10))
+            .map(|id| row(id, &format!("R{id}"), 1))
+            .collect();
+        let outbox = Arc::new(MemOutbox {
+            rows,
+            ..MemOutbox::default()
+        });
+        let bus = Arc::new(MemBus::default());
+        let relay = Arc::new(relay(&outbox, &bus));
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn({
+            let relay = relay.clone();
+            async move { relay.run(stopped).await }
+        });
+        for _ in 0..100 {
+            if outbox.unsent().await.unwrap() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(outbox.unsent().await.unwrap(), 0);
+        stop.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("relay stops")
+            .unwrap();
+    }
+}

@@ -1,0 +1,410 @@
+//! Events in the ledger: the transactional outbox (written by the state-changing
+//! transactions in `ledger.rs`, read by the relay through [`Outbox`]) and the sales
+//! statistics consumer's store ([`StatsStore`]).
+//!
+//! An event row is built by the database in one `INSERT … SELECT`: its id is a `UUID()`,
+//! its time the database's `NOW(6)`, its sequence one past the last of its request_id,
+//! and its JSON payload (`JSON_OBJECT`, escaped by the server) carries the same values, so
+//! writing an event costs one round trip inside the transaction and nothing else.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use flashsale_app::ports::{Applied, LedgerError, Outbox, StatsStore};
+use flashsale_app::{EventType, OutboxMessage, StatsDelta};
+use flashsale_core::{
+    CancelReason, OrderId, OrderStatus, ProductId, PurchaseRequest, ReleaseReason, UserId,
+};
+use sqlx::mysql::MySqlDatabaseError;
+use sqlx::{MySqlConnection, Row};
+use tracing::warn;
+
+use crate::ledger::MysqlLedger;
+use crate::rows::{corrupt, db, text};
+
+/// Attempts of one outbox or statistics statement that hit a deadlock (1213) or a lock
+/// wait timeout (1205): concurrent relays' claims may deadlock on the outbox index; a
+/// few quick retries resolve that, and the caller's own retry covers anything longer.
+const ATTEMPTS_MAX: u32 = 3;
+/// First pause before such a retry; doubled on each further attempt.
+const RETRY_PAUSE: Duration = Duration::from_millis(10);
+/// Deadline of one outbox or statistics operation, retries included. Past it the relay
+/// round (or the consumer's message) fails and is retried later; a lost outcome is
+/// harmless (leases end; consumption is idempotent).
+const OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most row ids in one `IN (…)` list: keeps statements short whatever the batch size.
+const IDS_PER_STATEMENT: usize = 500;
+/// Longest `last_error` kept (the column's width).
+const LAST_ERROR_CHARS: usize = 255;
+
+const ER_DUP_ENTRY: u16 = 1062;
+const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+const ER_LOCK_DEADLOCK: u16 = 1213;
+
+fn error_number(e: &sqlx::Error) -> Option<u16> {
+    e.as_database_error()
+        .and_then(|d| d.try_downcast_ref::<MySqlDatabaseError>())
+        .map(MySqlDatabaseError::number)
+}
+
+/// The state change a ledger transaction is about to commit.
+pub(crate) enum Change<'a> {
+    /// `insert_purchase`: order PENDING_PAYMENT and reservation PROCESSING.
+    Created {
+        order_id: i64,
+        request: &'a PurchaseRequest,
+    },
+    /// `transition`: the order left PENDING_PAYMENT for `to` (PAID or CANCELLED).
+    Resolved {
+        order_id: OrderId,
+        user_id: UserId,
+        request_id: &'a str,
+        product_id: i64,
+        quantity: i32,
+        to: OrderStatus,
+        cancel_reason: Option<CancelReason>,
+    },
+    /// `insert_fence`: a reservation released without an order (no order_id).
+    Fenced {
+        request: &'a PurchaseRequest,
+        reason: ReleaseReason,
+    },
+}
+
+/// One event row to write.
+struct Draft<'a> {
+    event_type: EventType,
+    order_id: Option<i64>,
+    request_id: &'a str,
+    product_id: i64,
+    user_id: i64,
+    quantity: i64,
+    reason: Option<&'static str>,
+}
+
+/// Writes the events of `change` to the outbox, on the connection of the transaction that
+/// makes the change, so they commit or roll back with it. A cancellation writes two:
+/// order_cancelled, then reservation_released.
+pub(crate) async fn record(
+    conn: &mut MySqlConnection,
+    change: Change<'_>,
+) -> Result<(), sqlx::Error> {
+    let drafts = match change {
+        Change::Created { order_id, request } => vec![Draft {
+            event_type: EventType::OrderCreated,
+            order_id: Some(order_id),
+            request_id: request.request_id.as_str(),
+            product_id: request.product_id.get(),
+            user_id: request.user_id.get(),
+            quantity: i64::from(request.quantity.get()),
+            reason: None,
+        }],
+        Change::Fenced { request, reason } => vec![Draft {
+            event_type: EventType::ReservationReleased,
+            order_id: None,
+            request_id: request.request_id.as_str(),
+            product_id: request.product_id.get(),
+            user_id: request.user_id.get(),
+            quantity: i64::from(request.quantity.get()),
+            reason: Some(reason.as_str()),
+        }],
+        Change::Resolved {
+            order_id,
+            user_id,
+            request_id,
+            product_id,
+            quantity,
+            to,
+            cancel_reason,
+        } => {
+            let draft = |event_type, reason| Draft {
+                event_type,
+                order_id: Some(order_id.get()),
+                request_id,
+                product_id,
+                user_id: user_id.get(),
+                quantity: i64::from(quantity),
+                reason,
+            };
+            match to {
+                OrderStatus::Paid => vec![draft(EventType::OrderPaid, None)],
+                OrderStatus::Cancelled => {
+                    // The same default as the transition's own reservation update.
+                    let reason = cancel_reason.unwrap_or(CancelReason::UserCancelled);
+                    vec![
+                        draft(EventType::OrderCancelled, Some(reason.as_str())),
+                        draft(
+                            EventType::ReservationReleased,
+                            Some(ReleaseReason::for_cancel(reason).as_str()),
+                        ),
+                    ]
+                }
+                OrderStatus::PendingPayment => {
+                    return Err(sqlx::Error::Protocol(
+                        "no event for a transition to PENDING_PAYMENT".into(),
+                    ))
+                }
+            }
+        }
+    };
+    for d in drafts {
+        // The derived table has an aggregate, so MariaDB materializes it: UUID() and
+        // NOW(6) are evaluated once and the columns and the payload agree.
+        sqlx::query(
+            "INSERT INTO outbox (event_id, event_type, request_id, order_id, product_id, \
+             sequence, payload, created_at) \
+             SELECT e.event_id, ?, ?, ?, ?, e.seq, \
+             JSON_OBJECT('event_id', e.event_id, 'event_type', ?, 'sequence', e.seq, \
+             'order_id', ?, 'request_id', ?, 'product_id', ?, 'user_id', ?, \
+             'quantity', ?, 'reason', ?, \
+             'occurred_at', DATE_FORMAT(e.at, '%Y-%m-%dT%H:%i:%s.%fZ')), e.at \
+             FROM (SELECT UUID() AS event_id, NOW(6) AS at, \
+             COALESCE(MAX(sequence), 0) + 1 AS seq FROM outbox WHERE request_id = ?) e",
+        )
+        .bind(d.event_type.as_str())
+        .bind(d.request_id)
+        .bind(d.order_id)
+        .bind(d.product_id)
+        .bind(d.event_type.as_str())
+        .bind(d.order_id)
+        .bind(d.request_id)
+        .bind(d.product_id)
+        .bind(d.user_id)
+        .bind(d.quantity)
+        .bind(d.reason)
+        .bind(d.request_id)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Runs `f` under [`OPERATION_TIMEOUT`], retrying deadlocks and lock wait timeouts.
+async fn bounded<T, F, Fut>(what: &'static str, mut f: F) -> Result<T, LedgerError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, sqlx::Error>>,
+{
+    let all = async {
+        let mut pause = RETRY_PAUSE;
+        let mut attempt = 1;
+        loop {
+            match f().await {
+                Ok(value) => return Ok(value),
+                Err(e)
+                    if matches!(
+                        error_number(&e),
+                        Some(ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT)
+                    ) && attempt < ATTEMPTS_MAX =>
+                {
+                    warn!(what, attempt, error = %e, "statement retried");
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                    attempt += 1;
+                }
+                Err(e) => return Err(db(e)),
+            }
+        }
+    };
+    tokio::time::timeout(OPERATION_TIMEOUT, all)
+        .await
+        .map_err(|_| LedgerError(format!("{what}: no answer within the deadline")))?
+}
+
+fn placeholders(n: usize) -> String {
+    vec!["?"; n].join(", ")
+}
+
+fn message(row: &sqlx::mysql::MySqlRow) -> Result<OutboxMessage, LedgerError> {
+    let event_type = text(row, "event_type")?;
+    let sequence: i32 = row.try_get("sequence").map_err(db)?;
+    let attempts: i32 = row.try_get("attempts").map_err(db)?;
+    Ok(OutboxMessage {
+        id: row.try_get("id").map_err(db)?,
+        event_id: text(row, "event_id")?,
+        event_type: event_type.parse().map_err(corrupt)?,
+        request_id: text(row, "request_id")?,
+        sequence: u32::try_from(sequence).map_err(|_| corrupt(format!("sequence {sequence}")))?,
+        payload: text(row, "payload")?,
+        attempts: u32::try_from(attempts).unwrap_or(0),
+        blocked: row.try_get::<bool, _>("blocked").map_err(db)?,
+    })
+}
+
+#[async_trait]
+impl Outbox for MysqlLedger {
+    async fn claim(
+        &self,
+        relay: &str,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Vec<OutboxMessage>, LedgerError> {
+        let lease_micros = i64::try_from(lease.as_micros()).unwrap_or(i64::MAX);
+        let limit = u64::try_from(limit).unwrap_or(u64::MAX);
+        bounded("claim outbox rows", || async {
+            sqlx::query(
+                "UPDATE outbox SET claimed_by = ?, \
+                 claimed_until = NOW(6) + INTERVAL ? MICROSECOND \
+                 WHERE sent_at IS NULL AND (claimed_until IS NULL OR claimed_until < NOW(6)) \
+                 ORDER BY id LIMIT ?",
+            )
+            .bind(relay)
+            .bind(lease_micros)
+            .bind(limit)
+            .execute(self.pool())
+            .await
+        })
+        .await?;
+        let rows = bounded("read claimed outbox rows", || {
+            sqlx::query(
+                "SELECT c.id, c.event_id, c.event_type, c.request_id, c.sequence, c.payload, \
+                 c.attempts, EXISTS (SELECT 1 FROM outbox e WHERE e.request_id = c.request_id \
+                 AND e.sequence < c.sequence AND e.sent_at IS NULL \
+                 AND NOT (e.claimed_by <=> c.claimed_by)) AS blocked \
+                 FROM outbox c WHERE c.claimed_by = ? AND c.sent_at IS NULL \
+                 ORDER BY c.request_id, c.sequence LIMIT ?",
+            )
+            .bind(relay)
+            .bind(limit)
+            .fetch_all(self.pool())
+        })
+        .await?;
+        rows.iter().map(message).collect()
+    }
+
+    async fn mark_sent(&self, ids: &[i64]) -> Result<(), LedgerError> {
+        for chunk in ids.chunks(IDS_PER_STATEMENT) {
+            let sql = format!(
+                "UPDATE outbox SET sent_at = NOW(6), attempts = attempts + 1, \
+                 last_error = NULL, claimed_by = NULL, claimed_until = NULL \
+                 WHERE sent_at IS NULL AND id IN ({})",
+                placeholders(chunk.len())
+            );
+            bounded("mark outbox rows sent", || {
+                let mut q = sqlx::query(&sql);
+                for id in chunk {
+                    q = q.bind(id);
+                }
+                q.execute(self.pool())
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    async fn give_back(&self, relay: &str, failed: &[(i64, String)]) -> Result<(), LedgerError> {
+        // One statement per distinct error (a broker outage gives them all the same one).
+        let mut by_error: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+        for (id, error) in failed {
+            let error: String = error.chars().take(LAST_ERROR_CHARS).collect();
+            by_error.entry(error).or_default().push(*id);
+        }
+        for (error, ids) in &by_error {
+            for chunk in ids.chunks(IDS_PER_STATEMENT) {
+                let sql = format!(
+                    "UPDATE outbox SET attempts = attempts + 1, last_error = ? \
+                     WHERE sent_at IS NULL AND id IN ({})",
+                    placeholders(chunk.len())
+                );
+                bounded("record failed publishes", || {
+                    let mut q = sqlx::query(&sql).bind(error);
+                    for id in chunk {
+                        q = q.bind(id);
+                    }
+                    q.execute(self.pool())
+                })
+                .await?;
+            }
+        }
+        bounded("end outbox leases", || {
+            sqlx::query(
+                "UPDATE outbox SET claimed_by = NULL, claimed_until = NULL \
+                 WHERE claimed_by = ? AND sent_at IS NULL",
+            )
+            .bind(relay)
+            .execute(self.pool())
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn unsent(&self) -> Result<u64, LedgerError> {
+        let n: i64 = bounded("count unsent events", || {
+            sqlx::query_scalar("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL")
+                .fetch_one(self.pool())
+        })
+        .await?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+}
+
+impl MysqlLedger {
+    async fn apply_stats(
+        &self,
+        event_id: &str,
+        event_type: EventType,
+        product_id: ProductId,
+        d: &StatsDelta,
+    ) -> Result<Applied, sqlx::Error> {
+        let mut tx = self.pool().begin().await?;
+        let inserted = sqlx::query(
+            "INSERT INTO consumed_event (event_id, event_type, product_id) VALUES (?, ?, ?)",
+        )
+        .bind(event_id)
+        .bind(event_type.as_str())
+        .bind(product_id.get())
+        .execute(&mut *tx)
+        .await;
+        match inserted {
+            Err(e) if error_number(&e) == Some(ER_DUP_ENTRY) => {
+                tx.rollback().await?;
+                return Ok(Applied::AlreadyApplied);
+            }
+            other => other?,
+        };
+        sqlx::query(
+            "INSERT INTO sales_stats (product_id, orders_created, units_ordered, orders_paid, \
+             units_paid, orders_cancelled, units_cancelled, reservations_released, \
+             units_released) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) \
+             ON DUPLICATE KEY UPDATE orders_created = orders_created + VALUES(orders_created), \
+             units_ordered = units_ordered + VALUES(units_ordered), \
+             orders_paid = orders_paid + VALUES(orders_paid), \
+             units_paid = units_paid + VALUES(units_paid), \
+             orders_cancelled = orders_cancelled + VALUES(orders_cancelled), \
+             units_cancelled = units_cancelled + VALUES(units_cancelled), \
+             reservations_released = reservations_released + VALUES(reservations_released), \
+             units_released = units_released + VALUES(units_released)",
+        )
+        .bind(product_id.get())
+        .bind(d.orders_created)
+        .bind(d.units_ordered)
+        .bind(d.orders_paid)
+        .bind(d.units_paid)
+        .bind(d.orders_cancelled)
+        .bind(d.units_cancelled)
+        .bind(d.reservations_released)
+        .bind(d.units_released)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Applied::Applied)
+    }
+}
+
+#[async_trait]
+impl StatsStore for MysqlLedger {
+    async fn apply_once(
+        &self,
+        event_id: &str,
+        event_type: EventType,
+        product_id: ProductId,
+        delta: &StatsDelta,
+    ) -> Result<Applied, LedgerError> {
+        bounded("apply event to sales stats", || {
+            self.apply_stats(event_id, event_type, product_id, delta)
+        })
+        .await
+    }
+}

@@ -1,0 +1,265 @@
+//! kill -9 of the flashsale process between two effects of a purchase, stopped there by
+//! a failpoint (built with the `failpoints` feature, which scripts/test.sh turns on).
+//! Each test then restarts the service and checks what the client's retry, recovery and
+//! the audit see.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use flashsale_testkit::{delete_prefix, free_port, redis_prefix, TestDb};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use crate::helpers::{code, ADMIN_TOKEN, MYSQL_SERVER, REDIS_URL};
+
+const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
+/// How long a started service may take to answer /healthz.
+const STARTUP_MAX: Duration = Duration::from_secs(30);
+
+/// One flashsale process on its own port, database and Redis prefix.
+struct Service {
+    child: Child,
+    base: String,
+}
+
+impl Service {
+    async fn start(db: &TestDb, prefix: &str, extra: &[(&str, &str)]) -> Service {
+        let port = free_port();
+        let mut cmd = Command::new(BIN);
+        cmd.arg("serve")
+            .env("FLASHSALE_LISTEN", format!("127.0.0.1:{port}"))
+            .env("FLASHSALE_DATABASE_URL", db.url())
+            .env("FLASHSALE_REDIS_URL", REDIS_URL)
+            .env("FLASHSALE_REDIS_PREFIX", prefix)
+            .env("FLASHSALE_ADMIN_TOKEN", ADMIN_TOKEN)
+            .env("RUST_LOG", "warn")
+            .env_remove("FAILPOINTS")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn flashsale");
+        let base = format!("http://127.0.0.1:{port}");
+        let started = Instant::now();
+        let http = reqwest::Client::new();
+        while http.get(format!("{base}/healthz")).send().await.is_err() {
+            assert!(started.elapsed() < STARTUP_MAX, "flashsale did not start");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Service { child, base }
+    }
+
+    fn kill9(mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+
+    async fn post(&self, path: &str, body: Value, admin: bool) -> (StatusCode, Value) {
+        let mut req = reqwest::Client::new()
+            .post(format!("{}{path}", self.base))
+            .timeout(Duration::from_secs(20))
+            .json(&body);
+        if admin {
+            req = req.bearer_auth(ADMIN_TOKEN);
+        }
+        let resp = req.send().await.expect("request");
+        let status = resp.status();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn purchase(request_id: &str) -> Value {
+    json!({"request_id": request_id, "user_id": 7, "product_id": 1, "quantity": 1})
+}
+
+/// Sends a purchase that will hang at the failpoint, waits for it to get there, and
+/// kills the process under it. Returns nothing: the client never hears back.
+async fn purchase_then_kill(service: Service, request_id: &str) {
+    let base = service.base.clone();
+    let body = purchase(request_id);
+    let hanging = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(format!("{base}/v1/purchases"))
+            .timeout(Duration::from_secs(30))
+            .json(&body)
+            .send()
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    service.kill9();
+    assert!(
+        hanging.await.expect("join").is_err(),
+        "the client must not have been answered"
+    );
+}
+
+async fn count(pool: &sqlx::MySqlPool, sql: &str) -> i64 {
+    sqlx::query_scalar::<_, i64>(sql)
+        .fetch_one(pool)
+        .await
+        .expect(sql)
+}
+
+async fn audit_passes(db: &TestDb, prefix: &str) {
+    let out = Command::new(BIN)
+        .arg("audit")
+        .env("FLASHSALE_DATABASE_URL", db.url())
+        .env("FLASHSALE_REDIS_URL", REDIS_URL)
+        .env("FLASHSALE_REDIS_PREFIX", prefix)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run audit");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "audit failed:\n{text}");
+}
+
+// Checks a process killed (SIGKILL) after Redis took the units and before MariaDB
+// committed: the hold stays traceable in Redis with no order; after a restart the
+// client's retry with the same request_id completes it (200, one order); the audit
+// passes (run as `flashsale audit`, the operator's command).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_between_reserve_and_commit_then_retried() {
+    let db = TestDb::create(MYSQL_SERVER).await.expect("db");
+    let prefix = redis_prefix();
+    let fp = [("FAILPOINTS", "purchase-after-reserve=sleep(60000)")];
+    let first = Service::start(&db, &prefix, &fp).await;
+    let (s, _) = first
+        .post(
+            "/v1/products",
+            json!({"product_id": 1, "name": "x", "stock": 3}),
+            true,
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    purchase_then_kill(first, "REQ_k1").await;
+
+    let pool = sqlx::MySqlPool::connect(&db.url()).await.expect("pool");
+    assert_eq!(count(&pool, "SELECT COUNT(*) FROM orders").await, 0);
+    let mut redis = redis::Client::open(REDIS_URL)
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    let state: Option<String> = redis::cmd("HGET")
+        .arg(format!("{prefix}{{p:1}}:r:REQ_k1"))
+        .arg("s")
+        .query_async(&mut redis)
+        .await
+        .expect("HGET");
+    assert_eq!(state.as_deref(), Some("h"), "the hold is traceable");
+
+    let second = Service::start(&db, &prefix, &[]).await;
+    let (s, b) = second
+        .post("/v1/purchases", purchase("REQ_k1"), false)
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(count(&pool, "SELECT COUNT(*) FROM orders").await, 1);
+    drop(second);
+    audit_passes(&db, &prefix).await;
+    pool.close().await;
+    let _ = delete_prefix(REDIS_URL, &prefix).await;
+    let _ = db.drop_db().await;
+}
+
+// Checks the same crash when the client never comes back: after the recovery window the
+// restarted service's recovery worker fences the request_id and returns the units, so a
+// late retry gets request_released, the stock is whole again, and the audit passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_between_reserve_and_commit_then_recovered() {
+    let db = TestDb::create(MYSQL_SERVER).await.expect("db");
+    let prefix = redis_prefix();
+    let fast = [
+        ("FLASHSALE_REQUEST_TIMEOUT", "1s"),
+        ("FLASHSALE_RECOVERY_AFTER", "2s"),
+        ("FLASHSALE_RECOVERY_INTERVAL", "200ms"),
+    ];
+    let mut with_fp = fast.to_vec();
+    with_fp.push(("FAILPOINTS", "purchase-after-reserve=sleep(60000)"));
+    let first = Service::start(&db, &prefix, &with_fp).await;
+    let (s, _) = first
+        .post(
+            "/v1/products",
+            json!({"product_id": 1, "name": "x", "stock": 3}),
+            true,
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    purchase_then_kill(first, "REQ_k2").await;
+
+    let second = Service::start(&db, &prefix, &fast).await;
+    let pool = sqlx::MySqlPool::connect(&db.url()).await.expect("pool");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while count(
+        &pool,
+        "SELECT COUNT(*) FROM inventory_reservation WHERE status = 'RELEASED' AND stock_returned = 1",
+    )
+    .await
+        == 0
+    {
+        assert!(Instant::now() < deadline, "recovery never released the hold");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (s, b) = second
+        .post("/v1/purchases", purchase("REQ_k2"), false)
+        .await;
+    assert_eq!(
+        (s, code(&b)),
+        (StatusCode::CONFLICT, "request_released"),
+        "{b}"
+    );
+    let product: Value = reqwest::get(format!("{}/v1/products/1", second.base))
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(product["inventory"]["available"], 3, "{product}");
+    drop(second);
+    audit_passes(&db, &prefix).await;
+    pool.close().await;
+    let _ = delete_prefix(REDIS_URL, &prefix).await;
+    let _ = db.drop_db().await;
+}
+
+// Checks a process killed after MariaDB committed the order and before the client heard
+// 201: the order survives; after a restart the retry gets 200 with that same order, and
+// no second order exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_after_commit_before_reply() {
+    let db = TestDb::create(MYSQL_SERVER).await.expect("db");
+    let prefix = redis_prefix();
+    let fp = [("FAILPOINTS", "purchase-after-commit=sleep(60000)")];
+    let first = Service::start(&db, &prefix, &fp).await;
+    let (s, _) = first
+        .post(
+            "/v1/products",
+            json!({"product_id": 1, "name": "x", "stock": 3}),
+            true,
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    purchase_then_kill(first, "REQ_k3").await;
+    let pool = sqlx::MySqlPool::connect(&db.url()).await.expect("pool");
+    let committed: i64 = count(&pool, "SELECT id FROM orders WHERE request_id = 'REQ_k3'").await;
+
+    let second = Service::start(&db, &prefix, &[]).await;
+    let (s, b) = second
+        .post("/v1/purchases", purchase("REQ_k3"), false)
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b["order_id"], committed);
+    assert_eq!(count(&pool, "SELECT COUNT(*) FROM orders").await, 1);
+    drop(second);
+    audit_passes(&db, &prefix).await;
+    pool.close().await;
+    let _ = delete_prefix(REDIS_URL, &prefix).await;
+    let _ = db.drop_db().await;
+}

@@ -1,0 +1,186 @@
+//! Redis losing state mid-sale: coming back empty (a private redis-server killed with
+//! SIGKILL and restarted with nothing), or coming back *behind* (a failover that lost
+//! its last writes, simulated by restoring an older copy of the product's stock entry).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use flashsale_testkit::PrivateRedis;
+use futures::stream::{self, StreamExt};
+use reqwest::StatusCode;
+
+use crate::helpers::{code, order_id, Routes, TestApp, REDIS_URL};
+use crate::invariants;
+
+/// Runs the gate watch every 200 ms until `stop` flips, as the service's worker would
+/// (every second by default).
+fn watch(
+    app: &TestApp,
+) -> (
+    tokio::task::JoinHandle<usize>,
+    tokio::sync::watch::Sender<bool>,
+) {
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let m = app.maintenance.clone();
+    let task = tokio::spawn(async move {
+        let mut rebuilt = 0;
+        loop {
+            if let Ok(n) = m.watch_once().await {
+                rebuilt += n;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                _ = stopped.changed() => break,
+            }
+        }
+        rebuilt
+    });
+    (task, stop)
+}
+
+/// Buyers `0..buyers` each buy one unit of `product`, retrying after every 503 with the
+/// same request_id; arrivals are spread over ~3 s. Returns request_id → final answer.
+async fn sale(
+    app: &TestApp,
+    product: i64,
+    buyers: i64,
+) -> BTreeMap<String, (StatusCode, serde_json::Value)> {
+    stream::iter(0..buyers)
+        .map(|i| async move {
+            tokio::time::sleep(Duration::from_millis((i * 13) as u64 % 3000)).await;
+            let request_id = format!("REQ_loss_{i}");
+            let (s, b, _) = app
+                .purchase_until_known(&request_id, i + 1, product, 1)
+                .await;
+            (request_id, (s, b))
+        })
+        .buffer_unordered(96)
+        .collect()
+        .await
+}
+
+/// Every buyer got a definite answer; exactly `stock` orders were acknowledged and exist.
+async fn assert_sold_exactly(
+    app: &TestApp,
+    answers: &BTreeMap<String, (StatusCode, serde_json::Value)>,
+    stock: i64,
+) {
+    let mut acknowledged = 0;
+    for (request_id, (s, b)) in answers {
+        match *s {
+            StatusCode::CREATED | StatusCode::OK => {
+                acknowledged += 1;
+                let found: Option<String> = sqlx::query_scalar(
+                    "SELECT CONVERT(request_id USING utf8mb4) FROM orders WHERE id = ?",
+                )
+                .bind(order_id(b))
+                .fetch_optional(&app.pool)
+                .await
+                .expect("lookup");
+                assert_eq!(
+                    found.as_deref(),
+                    Some(request_id.as_str()),
+                    "acknowledged order lost"
+                );
+            }
+            StatusCode::CONFLICT if code(b) == "sold_out" => {}
+            other => panic!("{request_id}: unexpected final answer {other} {b}"),
+        }
+    }
+    assert_eq!(
+        acknowledged, stock,
+        "demand exceeds stock: exactly the stock sells"
+    );
+    assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, stock);
+}
+
+// Checks Redis restarting empty in the middle of a sale (a private redis-server killed
+// with SIGKILL, restarted with no data): sales pause (503), the gate watch notices the
+// missing stock entry, advances the product's generation in MariaDB and rebuilds Redis
+// from the ledger's facts, buyers' retries then finish. Exactly the stock sells, no
+// acknowledged order is lost, the invariants and the audit hold, and the generation
+// moved once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_restarts_empty_mid_sale() {
+    let mut redis = PrivateRedis::start().await.expect("private redis");
+    let mut app = TestApp::spawn_on(Routes::default(), redis.url(), &redis.url(), &[]).await;
+    app.create_product(3100, 120, Some(1)).await;
+    let (watcher, stop) = watch(&app);
+    let buyers = sale(&app, 3100, 300);
+    let crash = async {
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        redis.kill9().expect("kill redis");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        redis.restart().await.expect("restart redis");
+    };
+    let (answers, ()) = tokio::join!(buyers, crash);
+    let _ = stop.send(true);
+    let rebuilt = watcher.await.expect("watcher");
+    // The test's own connection died with the old server.
+    app.redis = redis::Client::open(redis.url())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("reconnect");
+    assert!(rebuilt >= 1, "the gate was never rebuilt");
+    assert_sold_exactly(&app, &answers, 120).await;
+    assert!(app.count("SELECT generation FROM product_inventory").await >= 2);
+    invariants::assert_ok(&app, 3100).await;
+    let report = app
+        .maintenance
+        .audit(flashsale_core::ProductId::parse(3100).expect("id"))
+        .await
+        .expect("audit");
+    assert!(report.violations.is_empty(), "{report}");
+    app.cleanup().await;
+}
+
+// Checks Redis coming back *behind* (a failover that lost its last writes): after part of
+// the sale, the product's stock entry is replaced by a copy taken earlier (more units
+// available, a lower last hold id). Purchases Redis wrongly admits meanwhile are refused
+// by the ledger's own stock check; the gate watch sees Redis's last hold id below the
+// ledger's, rebuilds in a new generation, and the sale ends with exactly the stock sold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_comes_back_behind() {
+    let app = TestApp::spawn().await;
+    app.create_product(3200, 100, None).await;
+    let inv = app.key(3200, "inv");
+    let mut conn = app.redis.clone();
+    let snapshot: Vec<u8> = redis::cmd("DUMP")
+        .arg(&inv)
+        .query_async(&mut conn)
+        .await
+        .expect("DUMP");
+    // First part of the sale, against the real state.
+    for i in 0..40 {
+        let (s, _) = app
+            .purchase(&format!("REQ_pre_{i}"), 10_000 + i, 3200, 1)
+            .await;
+        assert_eq!(s, StatusCode::CREATED);
+    }
+    // The "failover": the stock entry goes back to before those 40 purchases.
+    let _: () = redis::cmd("RESTORE")
+        .arg(&inv)
+        .arg(0)
+        .arg(snapshot)
+        .arg("REPLACE")
+        .query_async(&mut conn)
+        .await
+        .expect("RESTORE");
+    let (watcher, stop) = watch(&app);
+    let answers = sale(&app, 3200, 200).await;
+    let _ = stop.send(true);
+    assert!(
+        watcher.await.expect("watcher") >= 1,
+        "lost writes were never detected"
+    );
+    let sold_after = answers.values().filter(|(s, _)| s.is_success()).count() as i64;
+    assert_eq!(
+        sold_after, 60,
+        "the 60 units left after the first 40 sell, no more"
+    );
+    assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 100);
+    invariants::assert_ok(&app, 3200).await;
+    let _ = REDIS_URL;
+    app.cleanup().await;
+}

@@ -1,0 +1,548 @@
+//! Events (I7): every order and reservation state change writes one outbox row in its own
+//! transaction; the relay publishes them to NATS JetStream (Nats-Msg-Id = event id); the
+//! sales-statistics consumer applies each once. Each test runs the event workers exactly
+//! as `serve` does (`flashsale::start_events`), with a subject prefix and a stream of its
+//! own, and deletes its stream at the end. The broker-down test stops a private
+//! nats-server of its own, never the shared one.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use flashsale::Config;
+use flashsale_app::{Event, EventType, Ledger};
+use flashsale_core::{ProductId, PurchaseRequest, Quantity, ReleaseReason, RequestId, UserId};
+use flashsale_testkit::{free_port, PrivateNats};
+use futures::stream::{self, StreamExt};
+use reqwest::StatusCode;
+use serde_json::json;
+use sqlx::Row;
+
+use crate::helpers::{order_id, wait_until, TestApp, TestEvents, NATS_URL};
+use crate::invariants;
+
+/// How long the outbox may take to drain and the statistics to catch up once the broker
+/// is reachable: the relay polls every 200 ms and backs off to 5 s at most, the client
+/// reconnects within a second; the rest is room for a machine busy with other tests.
+const DRAIN_MAX: Duration = Duration::from_secs(30);
+/// Slowest purchase accepted while the broker is down. A purchase that waited for NATS
+/// would take at least the client's connect timeout (2 s) or ack timeout (5 s); a
+/// purchase takes milliseconds, and this leaves room for a loaded machine.
+const OUTAGE_PURCHASE_MAX: Duration = Duration::from_millis(1500);
+
+/// One outbox row, as the checks need it.
+#[derive(Debug, Clone)]
+struct OutboxRow {
+    event_id: String,
+    event_type: String,
+    request_id: String,
+    order_id: Option<i64>,
+    sequence: i32,
+    payload: String,
+    sent: bool,
+    attempts: i32,
+}
+
+async fn outbox(app: &TestApp) -> Vec<OutboxRow> {
+    let rows = sqlx::query(
+        "SELECT CONVERT(event_id USING utf8mb4) AS event_id, \
+         CONVERT(event_type USING utf8mb4) AS event_type, \
+         CONVERT(request_id USING utf8mb4) AS request_id, order_id, sequence, \
+         CONVERT(payload USING utf8mb4) AS payload, sent_at IS NOT NULL AS sent, attempts \
+         FROM outbox ORDER BY id",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .expect("read outbox");
+    rows.iter()
+        .map(|r| OutboxRow {
+            event_id: r.get("event_id"),
+            event_type: r.get("event_type"),
+            request_id: r.get("request_id"),
+            order_id: r.get("order_id"),
+            sequence: r.get("sequence"),
+            payload: r.get("payload"),
+            sent: r.get::<i64, _>("sent") == 1,
+            attempts: r.get("attempts"),
+        })
+        .collect()
+}
+
+async fn unsent(app: &TestApp) -> i64 {
+    app.count("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL")
+        .await
+}
+
+/// The product's sales_stats row against what the ledger says happened; None when they
+/// agree, else both, for the failure message.
+async fn stats_mismatch(app: &TestApp, product_id: i64) -> Option<String> {
+    let expected: (i64, i64, i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT CAST(COUNT(*) AS SIGNED), CAST(COALESCE(SUM(quantity), 0) AS SIGNED), \
+         CAST(COALESCE(SUM(status = 'PAID'), 0) AS SIGNED), \
+         CAST(COALESCE(SUM(IF(status = 'PAID', quantity, 0)), 0) AS SIGNED), \
+         CAST(COALESCE(SUM(status = 'CANCELLED'), 0) AS SIGNED), \
+         CAST(COALESCE(SUM(IF(status = 'CANCELLED', quantity, 0)), 0) AS SIGNED) \
+         FROM orders WHERE product_id = ?",
+    )
+    .bind(product_id)
+    .fetch_one(&app.pool)
+    .await
+    .expect("order totals");
+    let released: (i64, i64) = sqlx::query_as(
+        "SELECT CAST(COUNT(*) AS SIGNED), CAST(COALESCE(SUM(quantity), 0) AS SIGNED) \
+         FROM inventory_reservation WHERE product_id = ? AND status = 'RELEASED'",
+    )
+    .bind(product_id)
+    .fetch_one(&app.pool)
+    .await
+    .expect("release totals");
+    let expected = [
+        expected.0, expected.1, expected.2, expected.3, expected.4, expected.5, released.0,
+        released.1,
+    ];
+    const COLUMNS: [&str; 8] = [
+        "orders_created",
+        "units_ordered",
+        "orders_paid",
+        "units_paid",
+        "orders_cancelled",
+        "units_cancelled",
+        "reservations_released",
+        "units_released",
+    ];
+    let row = sqlx::query(&format!(
+        "SELECT {} FROM sales_stats WHERE product_id = ?",
+        COLUMNS.join(", ")
+    ))
+    .bind(product_id)
+    .fetch_optional(&app.pool)
+    .await
+    .expect("sales_stats");
+    let actual = COLUMNS.map(|c| row.as_ref().map_or(0, |r| r.get::<i64, _>(c)));
+    (actual != expected).then(|| {
+        format!(
+            "product {product_id}: sales_stats {actual:?} != ledger {expected:?} \
+             (created, units, paid, units, cancelled, units, released, units)"
+        )
+    })
+}
+
+/// Waits until every outbox row is sent and the statistics of `products` match the ledger.
+async fn wait_drained(app: &TestApp, products: &[i64]) {
+    wait_until(
+        "outbox drained and sales_stats caught up",
+        DRAIN_MAX,
+        || async {
+            if unsent(app).await > 0 {
+                return false;
+            }
+            for &p in products {
+                if stats_mismatch(app, p).await.is_some() {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
+}
+
+/// The I7 checks, once the outbox has drained:
+/// - exactly one outbox row per state change: order_created per order, order_paid per
+///   PAID order, order_cancelled per CANCELLED order, reservation_released per RELEASED
+///   reservation (cancelled orders and fences), and nothing else;
+/// - every row is sent, and the stream holds each event exactly once, under
+///   `<prefix>.events.<type>`, with Nats-Msg-Id = event id and the outbox payload as body;
+/// - each request_id's events are in the stream in `sequence` order, numbered 1, 2, …;
+/// - every body decodes, and its fields are those of its order (reason of a cancel too).
+async fn check_events(app: &TestApp, events: &TestEvents) {
+    let rows = outbox(app).await;
+    let count = |t: &str| rows.iter().filter(|r| r.event_type == t).count() as i64;
+    assert_eq!(
+        count("order_created"),
+        app.count("SELECT COUNT(*) FROM orders").await
+    );
+    assert_eq!(
+        count("order_paid"),
+        app.count("SELECT COUNT(*) FROM orders WHERE status = 'PAID'")
+            .await
+    );
+    assert_eq!(
+        count("order_cancelled"),
+        app.count("SELECT COUNT(*) FROM orders WHERE status = 'CANCELLED'")
+            .await
+    );
+    assert_eq!(
+        count("reservation_released"),
+        app.count("SELECT COUNT(*) FROM inventory_reservation WHERE status = 'RELEASED'")
+            .await
+    );
+    assert!(rows.iter().all(|r| r.sent), "every event is marked sent");
+
+    let messages = events.stream_messages().await;
+    let by_id: BTreeMap<&str, &OutboxRow> = rows.iter().map(|r| (r.event_id.as_str(), r)).collect();
+    let in_stream: BTreeSet<&str> = messages.iter().map(|(id, _, _)| id.as_str()).collect();
+    assert_eq!(
+        in_stream.len(),
+        messages.len(),
+        "an event is stored twice in the stream"
+    );
+    assert_eq!(
+        in_stream,
+        by_id.keys().copied().collect::<BTreeSet<_>>(),
+        "the stream holds exactly the outbox's events"
+    );
+    let mut last_seq: HashMap<String, i32> = HashMap::new();
+    for (msg_id, subject, body) in &messages {
+        let row = by_id[msg_id.as_str()];
+        let event: Event = flashsale_nats::decode_event(body).expect("decodable event");
+        assert_eq!(&event.event_id, msg_id, "Nats-Msg-Id is the event id");
+        assert_eq!(body.as_slice(), row.payload.as_bytes());
+        assert_eq!(
+            subject,
+            &format!("{}.events.{}", events.subject_prefix, row.event_type)
+        );
+        assert_eq!(event.event_type.as_str(), row.event_type);
+        assert_eq!(event.request_id.as_str(), row.request_id);
+        assert_eq!(event.order_id.map(|o| o.get()), row.order_id);
+        assert_eq!(event.sequence as i32, row.sequence);
+        let previous = last_seq.insert(row.request_id.clone(), row.sequence);
+        assert_eq!(
+            row.sequence,
+            previous.unwrap_or(0) + 1,
+            "events of {} out of order in the stream",
+            row.request_id
+        );
+        if let Some(order) = event.order_id {
+            let o = sqlx::query(
+                "SELECT CONVERT(request_id USING utf8mb4) AS request_id, user_id, product_id, \
+                 quantity, CONVERT(cancel_reason USING utf8mb4) AS cancel_reason \
+                 FROM orders WHERE id = ?",
+            )
+            .bind(order.get())
+            .fetch_one(&app.pool)
+            .await
+            .expect("the event's order");
+            assert_eq!(o.get::<String, _>("request_id"), event.request_id.as_str());
+            assert_eq!(o.get::<i64, _>("user_id"), event.user_id.get());
+            assert_eq!(o.get::<i64, _>("product_id"), event.product_id.get());
+            assert_eq!(o.get::<i32, _>("quantity") as u32, event.quantity.get());
+            if event.event_type == EventType::OrderCancelled {
+                assert_eq!(o.get::<Option<String>, _>("cancel_reason"), event.reason);
+            }
+        }
+    }
+}
+
+/// Buys `buyers` times (user i+1, quantity 1 or 2) and returns (order id, user) of the
+/// accepted purchases; the rest must be sold_out.
+async fn buy(app: &TestApp, product_id: i64, tag: &str, buyers: i64) -> Vec<(i64, i64)> {
+    let mut orders = Vec::new();
+    for i in 0..buyers {
+        let user = i + 1;
+        let (status, body) = app
+            .purchase(&format!("REQ_{tag}_{i}"), user, product_id, 1 + i % 2)
+            .await;
+        match status {
+            StatusCode::CREATED => orders.push((order_id(&body), user)),
+            StatusCode::CONFLICT => assert_eq!(body["error"], "sold_out", "{body}"),
+            other => panic!("purchase {i}: {other} {body}"),
+        }
+    }
+    orders
+}
+
+async fn pay(app: &TestApp, order: i64, user: i64) -> StatusCode {
+    app.post(&format!("/v1/orders/{order}/pay"), json!({"user_id": user}))
+        .await
+        .0
+}
+
+async fn cancel(app: &TestApp, order: i64, user: i64) -> StatusCode {
+    app.post(
+        &format!("/v1/orders/{order}/cancel"),
+        json!({"user_id": user}),
+    )
+    .await
+    .0
+}
+
+/// Config with the test's database, for reaching the ledger directly.
+fn config_of(app: &TestApp) -> Config {
+    let env = HashMap::from([(
+        "FLASHSALE_DATABASE_URL".to_owned(),
+        app.db.as_ref().expect("db").url(),
+    )]);
+    Config::from_parts(None, &env).expect("config")
+}
+
+// Checks I7 end to end on the shared nats-server: purchases (some sold out), payments,
+// cancellations, repeated pays and cancels that change nothing, a pay of a cancelled order
+// (refused), and a fence (a reservation released without an order, written through the
+// ledger's fence as recovery does). Then: exactly one outbox row per state change and
+// none for the no-ops, every row sent, the stream holds each event once with Nats-Msg-Id
+// = event id and per-order order, every body matches its order, and the consumer's
+// sales_stats equal the ledger's totals for both products.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_state_change_reaches_jetstream_once_and_stats_match() {
+    let app = TestApp::spawn().await;
+    let events = TestEvents::start(&app, NATS_URL).await;
+    let product = 3101;
+    app.create_product(product, 20, None).await;
+    let orders = buy(&app, product, "ev", 25).await;
+    assert!(orders.len() >= 10, "{} orders", orders.len());
+    for (i, &(order, user)) in orders.iter().enumerate() {
+        match i % 4 {
+            0 => {
+                assert_eq!(pay(&app, order, user).await, StatusCode::OK);
+                assert_eq!(pay(&app, order, user).await, StatusCode::OK, "repeat pay");
+            }
+            1 => {
+                assert_eq!(cancel(&app, order, user).await, StatusCode::OK);
+                assert_eq!(cancel(&app, order, user).await, StatusCode::OK, "repeat");
+                assert_eq!(pay(&app, order, user).await, StatusCode::CONFLICT);
+            }
+            _ => {}
+        }
+    }
+    // A fence: the request_id taken by a RELEASED reservation with no order.
+    let fenced = 3102;
+    app.create_product(fenced, 5, None).await;
+    let ledger = flashsale::connect_ledger(&config_of(&app))
+        .await
+        .expect("ledger");
+    let request = PurchaseRequest {
+        request_id: RequestId::parse("request_id", "REQ_ev_fenced").expect("id"),
+        user_id: UserId::parse(99).expect("user"),
+        product_id: ProductId::parse(fenced).expect("product"),
+        quantity: Quantity::from_stored(1).expect("quantity"),
+    };
+    ledger
+        .fence(&request, 1, ReleaseReason::Abandoned)
+        .await
+        .expect("fence");
+
+    wait_drained(&app, &[product, fenced]).await;
+    check_events(&app, &events).await;
+    let fence_event = outbox(&app)
+        .await
+        .into_iter()
+        .find(|r| r.request_id == "REQ_ev_fenced")
+        .expect("the fence's event");
+    assert_eq!(fence_event.event_type, "reservation_released");
+    assert_eq!(fence_event.order_id, None);
+    assert_eq!(fence_event.sequence, 1);
+    let payload: serde_json::Value = serde_json::from_str(&fence_event.payload).expect("json");
+    assert_eq!(payload["reason"], "abandoned");
+    assert_eq!(payload["order_id"], serde_json::Value::Null);
+    invariants::assert_ok(&app, product).await;
+    events.cleanup().await;
+    app.cleanup().await;
+}
+
+// Checks the broker going down mid-sale (a private nats-server, killed): purchases, pays
+// and cancels keep answering at their usual speed (each under OUTAGE_PURCHASE_MAX, far
+// below any NATS timeout), their events pile up unsent in the outbox, and after the
+// server restarts on the same port with the same store, the relay drains the outbox:
+// every row sent, each event in the stream exactly once (the ones published before the
+// outage too), per-order order kept, and the consumer's sales_stats match the ledger.
+// Ends with the stock invariants of the product.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_down_mid_sale_outbox_grows_then_drains() {
+    let mut nats = PrivateNats::start().await.expect("private nats-server");
+    let app = TestApp::spawn().await;
+    let events = TestEvents::start(&app, &nats.url()).await;
+    let product = 3201;
+    app.create_product(product, 500, None).await;
+
+    let before = buy(&app, product, "before", 20).await;
+    assert_eq!(before.len(), 20);
+    wait_drained(&app, &[product]).await;
+    let published_before = outbox(&app).await.len();
+
+    nats.stop().expect("stop nats-server");
+    let outage = Instant::now();
+    let timed = stream::iter(0..60i64)
+        .map(|i| {
+            let app = &app;
+            async move {
+                let started = Instant::now();
+                let (status, body) = app
+                    .purchase(&format!("REQ_down_{i}"), 1000 + i, product, 1)
+                    .await;
+                assert_eq!(status, StatusCode::CREATED, "{body}");
+                (order_id(&body), 1000 + i, started.elapsed())
+            }
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await;
+    let mut slowest = timed.iter().map(|t| t.2).max().unwrap_or_default();
+    for (i, &(order, user, _)) in timed.iter().enumerate().take(30) {
+        let started = Instant::now();
+        let status = if i % 3 == 0 {
+            cancel(&app, order, user).await
+        } else {
+            pay(&app, order, user).await
+        };
+        assert_eq!(status, StatusCode::OK);
+        slowest = slowest.max(started.elapsed());
+    }
+    assert!(
+        slowest < OUTAGE_PURCHASE_MAX,
+        "a request took {slowest:?} while the broker was down"
+    );
+    // Give the relay time to try (and fail) a few rounds: nothing may be lost or marked.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rows = outbox(&app).await;
+    let during = rows.len() - published_before;
+    assert_eq!(
+        during,
+        60 + 20 + 2 * 10,
+        "one row per state change during the outage"
+    );
+    assert_eq!(
+        unsent(&app).await,
+        during as i64,
+        "the outbox grows while the broker is down"
+    );
+    println!(
+        "broker down {:?}: slowest request {slowest:?}, {during} events waiting",
+        outage.elapsed()
+    );
+
+    nats.restart().await.expect("restart nats-server");
+    let back = Instant::now();
+    wait_drained(&app, &[product]).await;
+    println!(
+        "outbox drained {:?} after the broker returned",
+        back.elapsed()
+    );
+    check_events(&app, &events).await;
+    invariants::assert_ok(&app, product).await;
+    events.cleanup().await;
+    app.cleanup().await;
+}
+
+// Checks duplicate delivery on the shared nats-server. (1) The relay republishes a row
+// whose "sent" mark was lost (sent_at reset to NULL, as after a crash between publish and
+// mark): JetStream drops the copy by Nats-Msg-Id (the stream keeps one message per event)
+// and the row ends sent again. (2) The same event published directly under its id is
+// acknowledged as a duplicate. (3) A copy with another Nats-Msg-Id (as one arriving after
+// the duplicate window) is stored and delivered, and the consumer applies it zero times:
+// consumed_event and sales_stats do not move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_are_dropped_by_msg_id_and_applied_once() {
+    let app = TestApp::spawn().await;
+    let events = TestEvents::start(&app, NATS_URL).await;
+    let product = 3301;
+    app.create_product(product, 10, None).await;
+    let orders = buy(&app, product, "dup", 3).await;
+    assert_eq!(pay(&app, orders[0].0, orders[0].1).await, StatusCode::OK);
+    wait_drained(&app, &[product]).await;
+    let rows = outbox(&app).await;
+    let in_stream = events.stream_messages().await.len();
+    assert_eq!(in_stream, rows.len());
+    let consumed = app.count("SELECT COUNT(*) FROM consumed_event").await;
+    assert_eq!(consumed, rows.len() as i64);
+
+    // (1) Republish by the relay.
+    let first = &rows[0];
+    sqlx::query("UPDATE outbox SET sent_at = NULL WHERE event_id = ?")
+        .bind(&first.event_id)
+        .execute(&app.pool)
+        .await
+        .expect("reset sent_at");
+    wait_until("the relay republished the row", DRAIN_MAX, || async {
+        unsent(&app).await == 0
+    })
+    .await;
+    let again = outbox(&app).await;
+    assert_eq!(
+        again[0].attempts,
+        first.attempts + 1,
+        "published a second time"
+    );
+    assert_eq!(
+        events.stream_messages().await.len(),
+        in_stream,
+        "JetStream dropped the republished copy"
+    );
+
+    // (2) The same id published directly.
+    let js = events.jetstream().await;
+    let subject = format!("{}.events.{}", events.subject_prefix, first.event_type);
+    let publish = |id: &str| {
+        async_nats::jetstream::message::PublishMessage::build()
+            .payload(first.payload.clone().into())
+            .message_id(id)
+    };
+    let ack = js
+        .send_publish(subject.clone(), publish(&first.event_id))
+        .await
+        .expect("publish")
+        .await
+        .expect("ack");
+    assert!(
+        ack.duplicate,
+        "same Nats-Msg-Id inside the window is a duplicate"
+    );
+
+    // (3) A copy the broker can't recognize reaches the consumer, which ignores it.
+    let ack = js
+        .send_publish(subject, publish("copy-after-the-window"))
+        .await
+        .expect("publish")
+        .await
+        .expect("ack");
+    assert!(!ack.duplicate);
+    assert_eq!(events.stream_messages().await.len(), in_stream + 1);
+    wait_until("the consumer took the copy", DRAIN_MAX, || async {
+        let stream = js.get_stream(&events.stream).await.expect("stream");
+        let info = stream
+            .consumer_info(flashsale_nats::CONSUMER_NAME)
+            .await
+            .expect("consumer info");
+        info.num_pending == 0
+            && info.num_ack_pending == 0
+            && info.ack_floor.stream_sequence == ack.sequence
+    })
+    .await;
+    assert_eq!(
+        app.count("SELECT COUNT(*) FROM consumed_event").await,
+        consumed,
+        "the copy was not applied again"
+    );
+    assert_eq!(stats_mismatch(&app, product).await, None);
+    events.cleanup().await;
+    app.cleanup().await;
+}
+
+// Checks that a broker that can't be reached at all (nothing listens on its port) never
+// delays startup or purchases: the event workers start at once, purchases answer 201
+// quickly, their events wait in the outbox, and the workers stop promptly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_broker_blocks_neither_startup_nor_purchases() {
+    let app = TestApp::spawn().await;
+    let started = Instant::now();
+    let mut events = TestEvents::start(&app, &format!("nats://127.0.0.1:{}", free_port())).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "starting the event workers waited {:?}",
+        started.elapsed()
+    );
+    let product = 3401;
+    app.create_product(product, 10, None).await;
+    let started = Instant::now();
+    let orders = buy(&app, product, "nobroker", 5).await;
+    assert_eq!(orders.len(), 5);
+    assert!(started.elapsed() < OUTAGE_PURCHASE_MAX * 5);
+    assert_eq!(unsent(&app).await, 5);
+    let stopping = Instant::now();
+    events.stop().await;
+    assert!(
+        stopping.elapsed() < Duration::from_secs(2),
+        "stop took {:?}",
+        stopping.elapsed()
+    );
+    app.cleanup().await;
+}

@@ -1,0 +1,153 @@
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use tempfile::TempDir;
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+
+use crate::port::free_port;
+use crate::process::{self, NotReady};
+
+/// Longest wait for a fresh `nats-server` to greet a client. It normally takes tens of
+/// milliseconds (JetStream recovers its store first); the bound is for a machine busy
+/// compiling.
+const NATS_START_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How many free ports [`PrivateNats::start`] tries: the port from [`free_port`] can be
+/// taken by someone else before nats-server binds it.
+const START_ATTEMPTS: u32 = 3;
+
+/// Bound on one readiness probe (connect + read the INFO greeting).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Name of the log file (nats-server's output) inside the temp dir.
+const LOG_FILE: &str = "nats.log";
+/// JetStream's store directory inside the temp dir; kept across restarts.
+const STORE_DIR: &str = "jetstream";
+
+/// A `nats-server` with JetStream of the test's own, on a free port of 127.0.0.1, its
+/// store in a temp dir.
+///
+/// Why: the "broker down" tests must stop the broker mid-sale and bring it back with its
+/// streams, without touching the shared nats-server on 4222. Dropping this value kills
+/// the process and removes its directory.
+#[derive(Debug)]
+pub struct PrivateNats {
+    port: u16,
+    dir: TempDir,
+    child: Option<Child>,
+}
+
+impl PrivateNats {
+    /// Starts `nats-server -a 127.0.0.1 -p N -js -sd <tempdir>/jetstream` on a free port
+    /// and waits (bounded) until it greets clients.
+    pub async fn start() -> io::Result<PrivateNats> {
+        let dir = tempfile::Builder::new().prefix("fs-nats-").tempdir()?;
+        let mut last_err = None;
+        for attempt in 1..=START_ATTEMPTS {
+            let port = free_port();
+            match launch(dir.path(), port).await {
+                Ok(child) => {
+                    return Ok(PrivateNats {
+                        port,
+                        dir,
+                        child: Some(child),
+                    })
+                }
+                Err(NotReady::Exited(e)) => {
+                    tracing::warn!(port, attempt, error = %e, "nats-server did not start; trying another port");
+                    last_err = Some(e);
+                }
+                Err(NotReady::Failed(e)) => return Err(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| io::Error::other("nats-server did not start")))
+    }
+
+    /// `nats://127.0.0.1:N` for this server.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// Where JetStream keeps its streams (survives [`restart`](Self::restart)).
+    pub fn store_dir(&self) -> PathBuf {
+        self.dir.path().join(STORE_DIR)
+    }
+
+    /// Whether the server process is running.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Kills the server with SIGKILL and waits until it is gone (its port is closed when
+    /// this returns). Does nothing if it is not running.
+    ///
+    /// Why: the broker going away without notice, as in a crash or a network cut.
+    pub fn stop(&mut self) -> io::Result<()> {
+        match self.child.take() {
+            Some(mut child) => process::kill9(&mut child),
+            None => Ok(()),
+        }
+    }
+
+    /// Stops the server if it runs, then starts it again on the same port with the same
+    /// store, and waits (bounded) until it greets clients.
+    ///
+    /// Why: the broker coming back where the service already looks for it, with the
+    /// streams (and their deduplication state) it had.
+    pub async fn restart(&mut self) -> io::Result<()> {
+        self.stop()?;
+        let child = launch(self.dir.path(), self.port).await?;
+        self.child = Some(child);
+        Ok(())
+    }
+}
+
+impl Drop for PrivateNats {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            tracing::warn!(port = self.port, error = %e, "could not kill private nats-server");
+        }
+    }
+}
+
+/// Spawns nats-server on `port` with its store and log in `dir` and waits until it
+/// greets clients.
+async fn launch(dir: &Path, port: u16) -> Result<Child, NotReady> {
+    let log = dir.join(LOG_FILE);
+    let mut cmd = Command::new("nats-server");
+    cmd.args(["-a", "127.0.0.1"])
+        .arg("-p")
+        .arg(port.to_string())
+        .arg("-js")
+        .arg("-sd")
+        .arg(dir.join(STORE_DIR));
+    let mut child = process::spawn_logged(&mut cmd, &log).map_err(NotReady::Failed)?;
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    process::wait_ready(&mut child, NATS_START_TIMEOUT, "nats-server", &log, || {
+        greets(addr)
+    })
+    .await?;
+    Ok(child)
+}
+
+/// True if a server at `addr` sends the NATS greeting (`INFO {…}`) on connect.
+async fn greets(addr: SocketAddr) -> bool {
+    let attempt = async {
+        let mut stream = TcpStream::connect(addr).await?;
+        let mut greeting = [0u8; 5];
+        stream.read_exact(&mut greeting).await?;
+        Ok::<bool, io::Error>(&greeting == b"INFO ")
+    };
+    matches!(
+        tokio::time::timeout(PROBE_TIMEOUT, attempt).await,
+        Ok(Ok(true))
+    )
+}
