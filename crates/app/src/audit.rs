@@ -28,9 +28,10 @@ fn ids<'a>(it: impl IntoIterator<Item = &'a String>) -> Vec<String> {
     it.into_iter().take(IDS_SHOWN_MAX).cloned().collect()
 }
 
-/// Checks a *quiet* product (no request in flight, recovery done) against I1–I4 and I6.
-/// I5 needs the clients' own record of acknowledged orders and I7 the outbox; they are
-/// checked elsewhere.
+/// Checks a *quiet* product (no request in flight, recovery done, outbox drained) against
+/// I1–I4, I6 and I7 (its outbox side: one event per state change, all delivered; the
+/// consumer's side is checked by the event tests). I5 needs the clients' own record of
+/// acknowledged orders; the fault tests check it.
 pub fn check(product_id: i64, gate: &GateFacts, ledger: &LedgerFacts) -> AuditReport {
     let mut v = Vec::new();
     let mut push = |invariant, message: String, request_ids: Vec<String>| {
@@ -168,6 +169,28 @@ pub fn check(product_id: i64, gate: &GateFacts, ledger: &LedgerFacts) -> AuditRe
         );
     }
 
+    // I7: one outbox event per state change, all delivered.
+    if !ledger.event_mismatches.is_empty() {
+        push(
+            "I7",
+            format!(
+                "{} requests' outbox events do not match their state changes one to one",
+                ledger.event_mismatches.len()
+            ),
+            ids(&ledger.event_mismatches),
+        );
+    }
+    if ledger.unsent_events > 0 {
+        push(
+            "I7",
+            format!(
+                "{} outbox events not yet acknowledged by the broker",
+                ledger.unsent_events
+            ),
+            vec![],
+        );
+    }
+
     let figures = vec![
         ("total stock", c.total.to_string()),
         (
@@ -205,7 +228,7 @@ impl std::fmt::Display for AuditReport {
             writeln!(f, "  {name:<42} {value}")?;
         }
         if self.violations.is_empty() {
-            writeln!(f, "  OK: I1 I2 I3 I4 I6 hold")?;
+            writeln!(f, "  OK: I1 I2 I3 I4 I6 I7 hold")?;
         }
         for v in &self.violations {
             writeln!(f, "  VIOLATION {}: {}", v.invariant, v.message)?;
@@ -247,6 +270,8 @@ mod tests {
             unreturned: BTreeMap::new(),
             overdue_unpaid: 0,
             open_incidents: 0,
+            event_mismatches: vec![],
+            unsent_events: 0,
         };
         (gate, ledger)
     }
@@ -301,6 +326,14 @@ mod tests {
         let (g, mut l) = quiet();
         l.overdue_unpaid = 1;
         assert_eq!(broken(&g, &l), vec!["I6"]);
+
+        let (g, mut l) = quiet();
+        l.event_mismatches = vec!["A".into()];
+        assert_eq!(broken(&g, &l), vec!["I7"]);
+
+        let (g, mut l) = quiet();
+        l.unsent_events = 3;
+        assert_eq!(broken(&g, &l), vec!["I7"]);
 
         let (g, mut l) = quiet();
         l.pending_units = 20;

@@ -446,6 +446,10 @@ pub struct LedgerFacts {
     pub reserved_request_ids: std::collections::BTreeSet<String>,
     /// PENDING_PAYMENT orders already past their deadline (database clock).
     pub overdue_unpaid: i64,
+    /// Request_ids whose outbox events do not match their state changes one to one.
+    pub event_mismatches: Vec<String>,
+    /// Outbox events of the product not yet acknowledged by the broker.
+    pub unsent_events: i64,
     /// Open recovery incidents.
     pub open_incidents: i64,
 }

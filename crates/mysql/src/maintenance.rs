@@ -217,6 +217,31 @@ impl LedgerMaintenance for MysqlLedger {
                (o.status = 'CANCELLED' AND r.status = 'RELEASED') OR \
                (o.status IS NULL AND r.status = 'RELEASED')) LIMIT ?")
         .await?;
+        // One event per state change: created for every order, paid / cancelled for the
+        // order's terminal state, released for every released reservation — and no event
+        // for a change that did not happen.
+        let event_mismatches = ids("SELECT r.request_id FROM inventory_reservation r \
+             LEFT JOIN orders o ON o.request_id = r.request_id \
+             WHERE r.product_id = ? AND ( \
+               COALESCE(o.id IS NOT NULL, 0) <> EXISTS (SELECT 1 FROM outbox e \
+                 WHERE e.request_id = r.request_id AND e.event_type = 'order_created') \
+               OR COALESCE(o.status = 'PAID', 0) <> EXISTS (SELECT 1 FROM outbox e \
+                 WHERE e.request_id = r.request_id AND e.event_type = 'order_paid') \
+               OR COALESCE(o.status = 'CANCELLED', 0) <> EXISTS (SELECT 1 FROM outbox e \
+                 WHERE e.request_id = r.request_id AND e.event_type = 'order_cancelled') \
+               OR COALESCE(r.status = 'RELEASED', 0) <> EXISTS (SELECT 1 FROM outbox e \
+                 WHERE e.request_id = r.request_id AND e.event_type = 'reservation_released')) \
+             LIMIT ?")
+        .await?;
+        let unsent_events: i64 = self
+            .run("facts: unsent events", || {
+                sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM outbox WHERE product_id = ? AND sent_at IS NULL",
+                )
+                .bind(p)
+                .fetch_one(pool)
+            })
+            .await?;
         let reservations = self
             .run("facts: reservations", || {
                 sqlx::query(
@@ -265,6 +290,8 @@ impl LedgerMaintenance for MysqlLedger {
             reserved_request_ids,
             overdue_unpaid: units.try_get("overdue").map_err(db)?,
             open_incidents,
+            event_mismatches,
+            unsent_events,
         }))
     }
 

@@ -32,6 +32,12 @@ impl Service {
             .env("FLASHSALE_REDIS_URL", REDIS_URL)
             .env("FLASHSALE_REDIS_PREFIX", prefix)
             .env("FLASHSALE_ADMIN_TOKEN", ADMIN_TOKEN)
+            // Its own stream and subjects on the shared NATS, deleted at the end.
+            .env(
+                "FLASHSALE_NATS_SUBJECT_PREFIX",
+                stream_name(prefix).to_lowercase(),
+            )
+            .env("FLASHSALE_NATS_STREAM", stream_name(prefix))
             .env("RUST_LOG", "warn")
             .env_remove("FAILPOINTS")
             .stdout(Stdio::null())
@@ -101,6 +107,31 @@ async fn purchase_then_kill(service: Service, request_id: &str) {
     );
 }
 
+fn stream_name(prefix: &str) -> String {
+    prefix.trim_end_matches(':').to_uppercase()
+}
+
+/// Waits (bounded) until the running service's relay has delivered every outbox event,
+/// so the audit's I7 check sees a quiet system.
+async fn drained(pool: &sqlx::MySqlPool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while count(pool, "SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL").await > 0 {
+        assert!(Instant::now() < deadline, "the outbox never drained");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn cleanup(db: TestDb, prefix: &str, pool: sqlx::MySqlPool) {
+    pool.close().await;
+    let _ = delete_prefix(REDIS_URL, prefix).await;
+    if let Ok(client) = async_nats::connect("nats://127.0.0.1:4222").await {
+        let _ = async_nats::jetstream::new(client)
+            .delete_stream(stream_name(prefix))
+            .await;
+    }
+    let _ = db.drop_db().await;
+}
+
 async fn count(pool: &sqlx::MySqlPool, sql: &str) -> i64 {
     sqlx::query_scalar::<_, i64>(sql)
         .fetch_one(pool)
@@ -162,11 +193,10 @@ async fn killed_between_reserve_and_commit_then_retried() {
         .await;
     assert_eq!(s, StatusCode::OK, "{b}");
     assert_eq!(count(&pool, "SELECT COUNT(*) FROM orders").await, 1);
+    drained(&pool).await;
     drop(second);
     audit_passes(&db, &prefix).await;
-    pool.close().await;
-    let _ = delete_prefix(REDIS_URL, &prefix).await;
-    let _ = db.drop_db().await;
+    cleanup(db, &prefix, pool).await;
 }
 
 // Checks the same crash when the client never comes back: after the recovery window the
@@ -222,11 +252,10 @@ async fn killed_between_reserve_and_commit_then_recovered() {
         .await
         .expect("json");
     assert_eq!(product["inventory"]["available"], 3, "{product}");
+    drained(&pool).await;
     drop(second);
     audit_passes(&db, &prefix).await;
-    pool.close().await;
-    let _ = delete_prefix(REDIS_URL, &prefix).await;
-    let _ = db.drop_db().await;
+    cleanup(db, &prefix, pool).await;
 }
 
 // Checks a process killed after MariaDB committed the order and before the client heard
@@ -257,9 +286,8 @@ async fn killed_after_commit_before_reply() {
     assert_eq!(s, StatusCode::OK, "{b}");
     assert_eq!(b["order_id"], committed);
     assert_eq!(count(&pool, "SELECT COUNT(*) FROM orders").await, 1);
+    drained(&pool).await;
     drop(second);
     audit_passes(&db, &prefix).await;
-    pool.close().await;
-    let _ = delete_prefix(REDIS_URL, &prefix).await;
-    let _ = db.drop_db().await;
+    cleanup(db, &prefix, pool).await;
 }

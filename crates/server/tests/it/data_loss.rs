@@ -126,12 +126,7 @@ async fn redis_restarts_empty_mid_sale() {
     assert_sold_exactly(&app, &answers, 120).await;
     assert!(app.count("SELECT generation FROM product_inventory").await >= 2);
     invariants::assert_ok(&app, 3100).await;
-    let report = app
-        .maintenance
-        .audit(flashsale_core::ProductId::parse(3100).expect("id"))
-        .await
-        .expect("audit");
-    assert!(report.violations.is_empty(), "{report}");
+    invariants::assert_audit_clean(&app, 3100).await;
     app.cleanup().await;
 }
 

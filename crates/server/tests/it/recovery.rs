@@ -90,12 +90,7 @@ async fn unpaid_orders_expire_exactly_once() {
         .post(&format!("/v1/orders/{id}/pay"), json!({"user_id": user}))
         .await;
     assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "order_expired"));
-    let report = app
-        .maintenance
-        .audit(flashsale_core::ProductId::parse(2100).expect("id"))
-        .await
-        .expect("audit");
-    assert!(report.violations.is_empty(), "{report}");
+    invariants::assert_audit_clean(&app, 2100).await;
     invariants::assert_ok(&app, 2100).await;
     app.cleanup().await;
 }
@@ -203,12 +198,7 @@ async fn abandoned_hold_is_fenced_and_released() {
         0,
         "idempotent: {again:?}"
     );
-    let report = app
-        .maintenance
-        .audit(flashsale_core::ProductId::parse(2300).expect("id"))
-        .await
-        .expect("audit");
-    assert!(report.violations.is_empty(), "{report}");
+    invariants::assert_audit_clean(&app, 2300).await;
     invariants::assert_ok(&app, 2300).await;
     app.cleanup().await;
 }
