@@ -425,6 +425,23 @@ impl Maintenance {
         Ok(Reconciliation { repaired, ..second })
     }
 
+    /// One reconciliation pass over every loaded product (the periodic worker): reports
+    /// every drift, repairs the ones that outlive the work in flight. Returns the drifts
+    /// found.
+    pub async fn reconcile_all(&self, settle: Duration) -> Result<Vec<Reconciliation>, Error> {
+        let mut drifted = Vec::new();
+        for product_id in self.ledger_m.loaded_products().await? {
+            let r = self.reconcile(product_id, true, settle).await?;
+            if r.drift != 0 {
+                warn!(%product_id, drift = r.drift, repaired = r.repaired,
+                    redis = ?r.redis_available, expected = r.expected_available,
+                    "reconciliation found drift");
+                drifted.push(r);
+            }
+        }
+        Ok(drifted)
+    }
+
     async fn measure(&self, product_id: ProductId) -> Result<Reconciliation, Error> {
         let ledger = self
             .ledger_m

@@ -27,6 +27,7 @@ pub struct Config {
     pub expiry_interval: Duration,
     pub recovery_interval: Duration,
     pub gate_watch_interval: Duration,
+    pub reconcile_interval: Duration,
     /// NATS JetStream for events: server URL, subject prefix, stream name.
     pub nats_url: String,
     pub nats_subject_prefix: String,
@@ -55,6 +56,7 @@ pub const KEYS: &[(&str, Option<&str>)] = &[
     ("expiry_interval", Some("1s")),
     ("recovery_interval", Some("5s")),
     ("gate_watch_interval", Some("1s")),
+    ("reconcile_interval", Some("60s")),
     ("nats_url", Some("nats://127.0.0.1:4222")),
     ("nats_subject_prefix", Some("flashsale")),
     ("nats_stream", Some("FLASHSALE_EVENTS")),
@@ -264,6 +266,7 @@ impl Config {
         let expiry_interval = duration(raw.value("expiry_interval"))?;
         let recovery_interval = duration(raw.value("recovery_interval"))?;
         let gate_watch_interval = duration(raw.value("gate_watch_interval"))?;
+        let reconcile_interval = duration(raw.value("reconcile_interval"))?;
         let (name, nats_url) = raw.value("nats_url");
         if !nats_url.starts_with("nats://") || nats_url.len() <= "nats://".len() {
             return Err(invalid(name, "must be a URL like nats://127.0.0.1:4222"));
@@ -302,6 +305,7 @@ impl Config {
             expiry_interval,
             recovery_interval,
             gate_watch_interval,
+            reconcile_interval,
             nats_url: nats_url.to_owned(),
             nats_subject_prefix: nats_subject_prefix.to_owned(),
             nats_stream: nats_stream.to_owned(),

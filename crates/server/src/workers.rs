@@ -12,6 +12,11 @@ use tracing::{info, warn};
 
 use crate::Config;
 
+/// How long reconciliation waits between its two looks at a drifting product before it
+/// repairs: long enough for purchases in flight (bounded by the request deadline's
+/// Redis and MariaDB steps, typically milliseconds) to settle.
+const RECONCILE_SETTLE: Duration = Duration::from_secs(2);
+
 /// Running workers and the means to wake or stop them.
 pub struct Workers {
     stop: watch::Sender<bool>,
@@ -50,6 +55,17 @@ impl Workers {
                 async move { m.watch_once().await.map(|_| false) }
             },
         ));
+        let m = maintenance.clone();
+        let reconcile = tokio::spawn(run(
+            "reconcile",
+            config.reconcile_interval,
+            Arc::new(Notify::new()),
+            stopped.clone(),
+            move || {
+                let m = m.clone();
+                async move { m.reconcile_all(RECONCILE_SETTLE).await.map(|_| false) }
+            },
+        ));
         let m = maintenance;
         let recovery = tokio::spawn(run(
             "recovery",
@@ -70,7 +86,7 @@ impl Workers {
             stop,
             wake_recovery,
             wake_expiry,
-            tasks: vec![expiry, watch, recovery],
+            tasks: vec![expiry, watch, reconcile, recovery],
         }
     }
 

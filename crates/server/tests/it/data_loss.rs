@@ -9,7 +9,7 @@ use flashsale_testkit::PrivateRedis;
 use futures::stream::{self, StreamExt};
 use reqwest::StatusCode;
 
-use crate::helpers::{code, order_id, Routes, TestApp, REDIS_URL};
+use crate::helpers::{code, order_id, Routes, TestApp};
 use crate::invariants;
 
 /// Runs the gate watch every 200 ms until `stop` flips, as the service's worker would
@@ -103,7 +103,14 @@ async fn assert_sold_exactly(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_restarts_empty_mid_sale() {
     let mut redis = PrivateRedis::start().await.expect("private redis");
-    let mut app = TestApp::spawn_on(Routes::default(), redis.url(), &redis.url(), &[]).await;
+    let mut app = TestApp::spawn_on(
+        Routes::default(),
+        redis.url(),
+        &redis.url(),
+        crate::helpers::MYSQL_SERVER,
+        &[],
+    )
+    .await;
     app.create_product(3100, 120, Some(1)).await;
     let (watcher, stop) = watch(&app);
     let buyers = sale(&app, 3100, 300);
@@ -176,6 +183,6 @@ async fn redis_comes_back_behind() {
     );
     assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 100);
     invariants::assert_ok(&app, 3200).await;
-    let _ = REDIS_URL;
+    invariants::assert_audit_clean(&app, 3200).await;
     app.cleanup().await;
 }

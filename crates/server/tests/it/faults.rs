@@ -5,11 +5,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use flashsale_testkit::TcpProxy;
+use flashsale_testkit::{PrivateMariadb, TcpProxy};
 use futures::stream::{self, StreamExt};
 use reqwest::StatusCode;
 
-use crate::helpers::{code, mysql_addr, order_id, redis_addr, Routes, TestApp};
+use crate::helpers::{code, mysql_addr, order_id, redis_addr, Routes, TestApp, REDIS_URL};
 use crate::invariants;
 
 /// How the proxy breaks the connection during the sale.
@@ -28,9 +28,28 @@ enum Fault {
 /// success or false sold_out), every buyer ends with a definite answer, exactly `stock`
 /// orders exist, every acknowledged order is in MariaDB, and the invariants hold.
 async fn sale_through_outage(app: &TestApp, proxy: &TcpProxy, fault: Fault, product_id: i64) {
+    let breaker = async {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        match fault {
+            Fault::Cut => proxy.cut(),
+            Fault::Blackhole => proxy.blackhole(),
+        }
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        proxy.restore();
+    };
+    sale_with(app, breaker, &format!("{fault:?}"), product_id).await;
+}
+
+/// A sale during which `breaker` runs (it breaks something and repairs it), with the
+/// checks of [`sale_through_outage`].
+async fn sale_with(
+    app: &TestApp,
+    breaker: impl std::future::Future<Output = ()>,
+    fault: &str,
+    product_id: i64,
+) {
     let stock = 150;
     let buyers: i64 = 300;
-    let outage = Duration::from_millis(2500);
     app.create_product(product_id, stock, None).await;
     let sale = stream::iter(0..buyers)
         .map(|i| {
@@ -47,15 +66,6 @@ async fn sale_through_outage(app: &TestApp, proxy: &TcpProxy, fault: Fault, prod
         })
         .buffer_unordered(128)
         .collect::<Vec<_>>();
-    let breaker = async {
-        tokio::time::sleep(Duration::from_millis(800)).await;
-        match fault {
-            Fault::Cut => proxy.cut(),
-            Fault::Blackhole => proxy.blackhole(),
-        }
-        tokio::time::sleep(outage).await;
-        proxy.restore();
-    };
     let (answers, ()) = tokio::join!(sale, breaker);
 
     let mut acknowledged = BTreeMap::new();
@@ -94,6 +104,7 @@ async fn sale_through_outage(app: &TestApp, proxy: &TcpProxy, fault: Fault, prod
     }
     assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, stock);
     invariants::assert_ok(app, product_id).await;
+    invariants::assert_audit_clean(app, product_id).await;
 }
 
 // Checks Redis going down (connections cut and refused for 2.5 s) in the middle of a sale:
@@ -169,5 +180,57 @@ async fn readiness_follows_dependencies() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(ready, "readiness did not come back after Redis returned");
+    app.cleanup().await;
+}
+
+// Checks a private MariaDB killed with SIGKILL mid-sale and restarted on the same data:
+// purchases in flight fail with 503 and are retried with their request_id; every order
+// committed before the crash survives (InnoDB), holds whose commit died are completed by
+// the retries, so exactly the stock sells and the invariants and the audit hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mariadb_killed_and_restarted_mid_sale() {
+    let mut mariadb = PrivateMariadb::start().await.expect("private mariadb");
+    let server = mariadb.url();
+    let app = TestApp::spawn_on(
+        Routes::default(),
+        REDIS_URL.to_owned(),
+        REDIS_URL,
+        &server,
+        &[("REQUEST_TIMEOUT", "3s")],
+    )
+    .await;
+    let breaker = async {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        mariadb.kill9().expect("kill mariadb");
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        mariadb.restart().await.expect("restart mariadb");
+    };
+    sale_with(&app, breaker, "MariaDB kill -9", 1204).await;
+    app.cleanup().await;
+}
+
+// Checks a private MariaDB paused (SIGSTOP) past the service's deadline mid-sale, then
+// resumed: commits in flight have an unknown outcome — the client hears 503, never a
+// guess — and its retry finds the real state by request_id (the late commit's order, or
+// completes the hold), so exactly the stock sells once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mariadb_paused_past_the_deadline() {
+    let mariadb = PrivateMariadb::start().await.expect("private mariadb");
+    let server = mariadb.url();
+    let app = TestApp::spawn_on(
+        Routes::default(),
+        REDIS_URL.to_owned(),
+        REDIS_URL,
+        &server,
+        &[("REQUEST_TIMEOUT", "2s")],
+    )
+    .await;
+    let breaker = async {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        mariadb.sigstop().expect("pause mariadb");
+        tokio::time::sleep(Duration::from_millis(3500)).await;
+        mariadb.sigcont().expect("resume mariadb");
+    };
+    sale_with(&app, breaker, "MariaDB SIGSTOP", 1205).await;
     app.cleanup().await;
 }

@@ -62,18 +62,20 @@ impl TestApp {
             Some(addr) => format!("redis://{addr}"),
             None => REDIS_URL.to_owned(),
         };
-        Self::spawn_on(routes, redis_url, REDIS_URL, settings).await
+        Self::spawn_on(routes, redis_url, REDIS_URL, MYSQL_SERVER, settings).await
     }
 
     /// Like [`TestApp::spawn_with`], with the service on `redis_url` and the checks on
-    /// `check_redis_url` (a private Redis the test may kill and restart).
+    /// `check_redis_url` (a private Redis the test may kill and restart), and the test's
+    /// database on `mysql_server` (a private MariaDB the test may kill or pause).
     pub async fn spawn_on(
         routes: Routes,
         redis_url: String,
         check_redis_url: &str,
+        mysql_server: &str,
         settings: &[(&str, &str)],
     ) -> Self {
-        let db = TestDb::create(MYSQL_SERVER)
+        let db = TestDb::create(mysql_server)
             .await
             .expect("create test database");
         let prefix = redis_prefix();

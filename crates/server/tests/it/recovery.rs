@@ -304,3 +304,107 @@ async fn reconcile_finds_and_repairs_drift() {
     assert_eq!(r.drift, 0);
     app.cleanup().await;
 }
+
+// Checks recovery run by two instances at once (two Maintenance handles on the same
+// stores, passes interleaved concurrently) over 30 abandoned holds: every hold is fenced
+// and its units returned exactly once — Redis ends at the full stock, not above it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_recovery_workers_return_stock_once() {
+    let app = TestApp::spawn_with(Default::default(), FAST_RECOVERY).await;
+    let other = TestApp::spawn_with(Default::default(), FAST_RECOVERY).await;
+    app.create_product(2600, 30, None).await;
+    for i in 0..30 {
+        abandoned_hold(&app, &format!("REQ_two_{i}"), i + 1, 2600).await;
+    }
+    assert_eq!(app.redis_available(2600).await, Some(0));
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    // The second instance shares the first's stores: same database, same prefix.
+    let second = flashsale_app::Maintenance::new(
+        std::sync::Arc::new(gate(&app)),
+        std::sync::Arc::new(gate(&app)),
+        ledger(&app).await,
+        ledger(&app).await,
+        std::sync::Arc::new(flashsale_app::SystemClock),
+        flashsale_app::MaintenanceSettings {
+            recovery_after: Duration::from_secs(2),
+            batch_size: 7,
+        },
+    );
+    let (a, b) = tokio::join!(
+        async {
+            let mut n = 0;
+            for _ in 0..10 {
+                n += app.maintenance.recover_once().await.expect("pass").released;
+            }
+            n
+        },
+        async {
+            let mut n = 0;
+            for _ in 0..10 {
+                n += second.recover_once().await.expect("pass").released;
+            }
+            n
+        }
+    );
+    assert_eq!(
+        a + b,
+        30,
+        "each hold released by exactly one worker ({a} + {b})"
+    );
+    assert_eq!(app.redis_available(2600).await, Some(30));
+    assert_eq!(
+        app.count("SELECT COUNT(*) FROM inventory_reservation WHERE status = 'RELEASED'")
+            .await,
+        30
+    );
+    invariants::assert_ok(&app, 2600).await;
+    invariants::assert_audit_clean(&app, 2600).await;
+    other.cleanup().await;
+    app.cleanup().await;
+}
+
+async fn ledger(app: &TestApp) -> std::sync::Arc<flashsale_mysql::MysqlLedger> {
+    let url = app.db.as_ref().expect("db").url();
+    std::sync::Arc::new(
+        flashsale_mysql::MysqlLedger::connect(&flashsale_mysql::LedgerConfig {
+            url,
+            max_connections: 4,
+            acquire_timeout: Duration::from_secs(3),
+            transaction_timeout: Duration::from_secs(5),
+        })
+        .await
+        .expect("ledger"),
+    )
+}
+
+// Checks the reserve script validates its arguments before its first write (Redis does
+// not roll back a script that fails halfway): called with a non-numeric quantity, a
+// negative limit or an empty request_id it errors, and the product's keys are unchanged.
+#[tokio::test]
+async fn script_with_bad_arguments_writes_nothing() {
+    let app = TestApp::spawn().await;
+    app.create_product(2700, 5, Some(1)).await;
+    let before = app.redis_dump().await;
+    let script = redis::Script::new(include_str!("../../../redis/src/lua/reserve.lua"));
+    let bad_args: [[&str; 6]; 4] = [
+        ["x", "1", "0", "1", "1000", "R"],
+        ["1", "1", "-1", "1", "1000", "R"],
+        ["1", "1", "0", "1", "0", "R"],
+        ["1", "1", "0", "1", "1000", ""],
+    ];
+    let mut conn = app.redis.clone();
+    for args in bad_args {
+        let mut call = script.prepare_invoke();
+        call.key(app.key(2700, "inv"))
+            .key(app.key(2700, "users"))
+            .key(app.key(2700, "r:R"))
+            .key(app.key(2700, "pending"));
+        for a in args {
+            call.arg(a);
+        }
+        let result: redis::RedisResult<redis::Value> = call.invoke_async(&mut conn).await;
+        assert!(result.is_err(), "{args:?} was accepted: {result:?}");
+        assert_eq!(app.redis_dump().await, before, "{args:?} wrote something");
+    }
+    app.cleanup().await;
+}
