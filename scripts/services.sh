@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Makes sure the services flashsale needs (Redis, MariaDB, NATS JetStream) are installed
 # and running on their standard local ports; starts (or installs) whatever is missing.
+# Also installs faketime, which one test uses.
 # Safe to run any number of times; never restarts or touches a service that answers.
 set -euo pipefail
 
@@ -24,6 +25,8 @@ wait_port() {
 
 install_missing() {
   local missing=()
+  # faketime: the clock-jump test runs one flashsale process hours in the future.
+  command -v faketime >/dev/null || missing+=(faketime)
   command -v redis-server >/dev/null || missing+=(redis-server)
   command -v mariadbd >/dev/null || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
   command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || missing+=(nats-server)

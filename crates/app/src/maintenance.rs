@@ -1,7 +1,9 @@
 //! The background workers and the operator's checks, each a reconciler: it takes no
 //! input, looks at the stores and moves them one bounded step toward the desired state,
 //! and is safe to run concurrently on several instances (every step is a conditional
-//! UPDATE, a unique key, or an idempotent gate script).
+//! UPDATE, a unique key, or an idempotent gate script). None reads the instance's clock:
+//! holds age on Redis's clock, payment deadlines pass on MariaDB's, so one instance with
+//! a wrong clock can release nothing early.
 //!
 //! - [`Maintenance::expire_once`]: unpaid orders past their deadline become CANCELLED
 //!   (payment_timeout) and their units go back.
@@ -21,7 +23,7 @@ use crate::audit::{self, AuditReport};
 use crate::error::Error;
 use crate::model::PurchaseOutcome;
 use crate::ports::{
-    Clock, Fence, GateMaintenance, Ledger, LedgerMaintenance, Release, ReleaseOf, StaleHold,
+    Fence, GateMaintenance, Ledger, LedgerMaintenance, Release, ReleaseOf, StaleHold,
     StockGate,
 };
 use crate::service::{give_back, GiveBack};
@@ -48,7 +50,6 @@ pub struct Maintenance {
     gate_m: Arc<dyn GateMaintenance>,
     ledger: Arc<dyn Ledger>,
     ledger_m: Arc<dyn LedgerMaintenance>,
-    clock: Arc<dyn Clock>,
     settings: MaintenanceSettings,
     tries: Mutex<HashMap<RequestId, u32>>,
 }
@@ -92,7 +93,6 @@ impl Maintenance {
         gate_m: Arc<dyn GateMaintenance>,
         ledger: Arc<dyn Ledger>,
         ledger_m: Arc<dyn LedgerMaintenance>,
-        clock: Arc<dyn Clock>,
         settings: MaintenanceSettings,
     ) -> Self {
         Self {
@@ -100,7 +100,6 @@ impl Maintenance {
             gate_m,
             ledger,
             ledger_m,
-            clock,
             settings,
             tries: Mutex::new(HashMap::new()),
         }
@@ -169,13 +168,10 @@ impl Maintenance {
                 }
             }
         }
-        let taken_before = self.clock.now()
-            - chrono::Duration::from_std(self.settings.recovery_after)
-                .unwrap_or(chrono::Duration::MAX);
         for product_id in self.ledger_m.loaded_products().await? {
             let stale = self
                 .gate_m
-                .stale_holds(product_id, taken_before, self.settings.batch_size)
+                .stale_holds(product_id, self.settings.recovery_after, self.settings.batch_size)
                 .await?;
             let mut aligned = Vec::new();
             for hold in stale {

@@ -47,7 +47,6 @@ pub trait StockGate: Send + Sync + 'static {
         &self,
         request: &PurchaseRequest,
         per_user_limit: Option<u32>,
-        now: DateTime<Utc>,
     ) -> Result<Reserve, GateError>;
 
     /// Gives a hold's units back, once: a repeated or concurrent call returns nothing more.
@@ -302,12 +301,13 @@ pub struct StaleHold {
 /// The gate's side of recovery, reconciliation and audit.
 #[async_trait]
 pub trait GateMaintenance: Send + Sync + 'static {
-    /// Holds of a product taken before `taken_before` still listed as pending, oldest
-    /// first, at most `limit`. Index entries whose record expired are dropped on the way.
+    /// Holds of a product taken more than `older_than` ago (on the gate's own clock, the
+    /// one that stamped them) still listed as pending, oldest first, at most `limit`.
+    /// Index entries whose record expired are dropped on the way.
     async fn stale_holds(
         &self,
         product_id: ProductId,
-        taken_before: DateTime<Utc>,
+        older_than: Duration,
         limit: usize,
     ) -> Result<Vec<StaleHold>, GateError>;
 

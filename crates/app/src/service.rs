@@ -246,13 +246,13 @@ impl Flashsale {
         }
         let mut outcome = self
             .gate
-            .reserve(&request, product.per_user_limit, now)
+            .reserve(&request, product.per_user_limit)
             .await?;
         if outcome == Reserve::NotLoaded {
             self.load_stock(&product).await?;
             outcome = self
                 .gate
-                .reserve(&request, product.per_user_limit, now)
+                .reserve(&request, product.per_user_limit)
                 .await?;
         }
         match outcome {

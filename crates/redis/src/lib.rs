@@ -20,7 +20,6 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 use std::collections::{BTreeMap, BTreeSet};
 
 use flashsale_app::ports::{
@@ -175,7 +174,6 @@ impl StockGate for RedisGate {
         &self,
         request: &PurchaseRequest,
         per_user_limit: Option<u32>,
-        now: DateTime<Utc>,
     ) -> Result<Reserve, GateError> {
         let p = request.product_id;
         let mut conn = self.conn.clone();
@@ -188,7 +186,6 @@ impl StockGate for RedisGate {
             .arg(request.quantity.get())
             .arg(request.user_id.get())
             .arg(per_user_limit.unwrap_or(0))
-            .arg(now.timestamp_millis())
             .arg(self.record_ttl_ms)
             .arg(request.request_id.as_str())
             .invoke_async(&mut conn)
@@ -333,15 +330,22 @@ impl GateMaintenance for RedisGate {
     async fn stale_holds(
         &self,
         product_id: ProductId,
-        taken_before: DateTime<Utc>,
+        older_than: Duration,
         limit: usize,
     ) -> Result<Vec<StaleHold>, GateError> {
         let mut conn = self.conn.clone();
         let pending = self.key(product_id, "pending");
+        // Holds are aged on Redis's clock, the one that stamped them.
+        let (secs, micros): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        let older_than_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
+        let taken_before_ms = (secs * 1000 + micros / 1000).saturating_sub(older_than_ms);
         let ids: Vec<String> = redis::cmd("ZRANGEBYSCORE")
             .arg(&pending)
             .arg("-inf")
-            .arg(format!("({}", taken_before.timestamp_millis()))
+            .arg(format!("({taken_before_ms}"))
             .arg("LIMIT")
             .arg(0)
             .arg(limit)

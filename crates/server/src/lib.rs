@@ -108,7 +108,6 @@ fn maintenance_for(
         gate,
         ledger.clone(),
         ledger,
-        Arc::new(SystemClock),
         MaintenanceSettings {
             recovery_after: config.recovery_after,
             batch_size: WORKER_BATCH_SIZE,

@@ -1,7 +1,7 @@
-//! kill -9 of the flashsale process between two effects of a purchase, stopped there by
-//! a failpoint (built with the `failpoints` feature, which scripts/test.sh turns on).
-//! Each test then restarts the service and checks what the client's retry, recovery and
-//! the audit see.
+//! Faults of the flashsale process itself: kill -9 between two effects of a purchase,
+//! stopped there by a failpoint (built with the `failpoints` feature, which
+//! scripts/test.sh turns on), and an instance whose clock jumped hours ahead. Each test
+//! then checks what the client's retry, recovery and the audit see.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -24,8 +24,17 @@ struct Service {
 
 impl Service {
     async fn start(db: &TestDb, prefix: &str, extra: &[(&str, &str)]) -> Service {
+        Self::start_with(Command::new(BIN), db, prefix, extra).await
+    }
+
+    /// Starts `cmd` (the binary, or a wrapper that runs it) as the service.
+    async fn start_with(
+        mut cmd: Command,
+        db: &TestDb,
+        prefix: &str,
+        extra: &[(&str, &str)],
+    ) -> Service {
         let port = free_port();
-        let mut cmd = Command::new(BIN);
         cmd.arg("serve")
             .env("FLASHSALE_LISTEN", format!("127.0.0.1:{port}"))
             .env("FLASHSALE_DATABASE_URL", db.url())
@@ -289,5 +298,82 @@ async fn killed_after_commit_before_reply() {
     drained(&pool).await;
     drop(second);
     audit_passes(&db, &prefix).await;
+    cleanup(db, &prefix, pool).await;
+}
+
+// Checks a clock jump on one instance: a service running two hours in the future
+// (faketime; its monotonic clock untouched so its timers still work) with its expiry,
+// recovery and reconcile workers running every 200 ms, next to fresh orders and a fresh
+// hold without an order. Expiry is decided on MariaDB's clock and holds age on Redis's,
+// so nothing is expired, fenced or released early: orders stay PENDING_PAYMENT, the hold
+// stays, Redis's count is unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clock_jump_on_one_instance_releases_nothing_early() {
+    let db = TestDb::create(MYSQL_SERVER).await.expect("db");
+    let prefix = redis_prefix();
+    let mut cmd = Command::new("faketime");
+    cmd.arg("-f")
+        .arg("+2h")
+        .arg(BIN)
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .env("FLASHSALE_EXPIRY_INTERVAL", "200ms")
+        .env("FLASHSALE_RECOVERY_INTERVAL", "200ms")
+        .env("FLASHSALE_RECONCILE_INTERVAL", "200ms");
+    let skewed = Service::start_with(cmd, &db, &prefix, &[]).await;
+    let (s, _) = skewed
+        .post(
+            "/v1/products",
+            json!({"product_id": 1, "name": "x", "stock": 5}),
+            true,
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    for i in 0..3 {
+        let body = json!({"request_id": format!("REQ_clk_{i}"), "user_id": i + 1, "product_id": 1, "quantity": 1});
+        let (s, b) = skewed.post("/v1/purchases", body, false).await;
+        assert_eq!(s, StatusCode::CREATED, "{b}");
+    }
+    // A hold whose attempt is still (as far as anyone knows) in flight.
+    let gate = flashsale_redis::RedisGate::new(&flashsale_redis::GateConfig {
+        url: REDIS_URL.into(),
+        prefix: prefix.clone(),
+        record_ttl: Duration::from_secs(3600),
+        response_timeout: Duration::from_secs(1),
+        connect_timeout: Duration::from_secs(1),
+    })
+    .expect("gate");
+    let request =
+        flashsale_core::PurchaseRequest::parse("REQ_clk_hold", 9, 1, 1, 5).expect("valid");
+    flashsale_app::StockGate::reserve(&gate, &request, None)
+        .await
+        .expect("reserve");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let pool = sqlx::MySqlPool::connect(&db.url()).await.expect("pool");
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT COUNT(*) FROM orders WHERE status = 'PENDING_PAYMENT'"
+        )
+        .await,
+        3,
+        "no order expired early"
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT COUNT(*) FROM inventory_reservation WHERE status = 'RELEASED'"
+        )
+        .await,
+        0,
+        "no hold fenced early"
+    );
+    let available: Value = reqwest::get(format!("{}/v1/products/1", skewed.base))
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(available["inventory"]["available"], 1, "{available}");
+    drop(skewed);
     cleanup(db, &prefix, pool).await;
 }

@@ -426,10 +426,7 @@ async fn retry_completes_an_attempt_that_died_after_reserving() {
     })
     .expect("gate");
     let request = PurchaseRequest::parse("REQ_died", 77, 1300, 1, 5).expect("valid");
-    let reserved = gate
-        .reserve(&request, Some(1), chrono::Utc::now())
-        .await
-        .expect("reserve");
+    let reserved = gate.reserve(&request, Some(1)).await.expect("reserve");
     let Reserve::Reserved { hold_id, .. } = reserved else {
         panic!("expected a fresh hold, got {reserved:?}");
     };

@@ -34,11 +34,7 @@ fn gate(app: &TestApp) -> RedisGate {
 /// died before its commit).
 async fn abandoned_hold(app: &TestApp, request_id: &str, user: i64, product: i64) -> i64 {
     let request = PurchaseRequest::parse(request_id, user, product, 1, 5).expect("valid");
-    match gate(app)
-        .reserve(&request, None, chrono::Utc::now())
-        .await
-        .expect("reserve")
-    {
+    match gate(app).reserve(&request, None).await.expect("reserve") {
         Reserve::Reserved { hold_id, .. } => hold_id,
         other => panic!("expected a fresh hold, got {other:?}"),
     }
@@ -324,7 +320,6 @@ async fn two_recovery_workers_return_stock_once() {
         std::sync::Arc::new(gate(&app)),
         ledger(&app).await,
         ledger(&app).await,
-        std::sync::Arc::new(flashsale_app::SystemClock),
         flashsale_app::MaintenanceSettings {
             recovery_after: Duration::from_secs(2),
             batch_size: 7,
@@ -386,11 +381,11 @@ async fn script_with_bad_arguments_writes_nothing() {
     app.create_product(2700, 5, Some(1)).await;
     let before = app.redis_dump().await;
     let script = redis::Script::new(include_str!("../../../redis/src/lua/reserve.lua"));
-    let bad_args: [[&str; 6]; 4] = [
-        ["x", "1", "0", "1", "1000", "R"],
-        ["1", "1", "-1", "1", "1000", "R"],
-        ["1", "1", "0", "1", "0", "R"],
-        ["1", "1", "0", "1", "1000", ""],
+    let bad_args: [[&str; 5]; 4] = [
+        ["x", "1", "0", "1000", "R"],
+        ["1", "1", "-1", "1000", "R"],
+        ["1", "1", "0", "0", "R"],
+        ["1", "1", "0", "1000", ""],
     ];
     let mut conn = app.redis.clone();
     for args in bad_args {
