@@ -68,6 +68,27 @@ fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
+/// An order after a transition attempt.
+pub(crate) struct Transitioned {
+    pub(crate) order: Order,
+    /// Whether this attempt moved it.
+    pub(crate) applied: bool,
+    /// Whether its payment deadline has passed (database clock).
+    pub(crate) expired: bool,
+    /// Units released but not yet back in the gate, and how to give them back.
+    pub(crate) pending_return: Option<ReleaseOf>,
+}
+
+impl From<Transitioned> for CancelAttempt {
+    fn from(t: Transitioned) -> Self {
+        CancelAttempt {
+            order: t.order,
+            applied: t.applied,
+            pending_return: t.pending_return,
+        }
+    }
+}
+
 /// How a purchase transaction that got past the unique key ended.
 enum Committed {
     Order(Order),
@@ -390,6 +411,34 @@ impl MysqlLedger {
             None
         };
         Ok(Some((order, expired, pending_return)))
+    }
+
+    /// Runs one transition and reads the order back: None when no such order belongs
+    /// to the user.
+    pub(crate) async fn apply(
+        &self,
+        order_id: OrderId,
+        user_id: UserId,
+        to: OrderStatus,
+        cancel_reason: Option<CancelReason>,
+    ) -> Result<Option<Transitioned>, LedgerError> {
+        let applied = self
+            .run("order transition", || {
+                self.transition(order_id, user_id, to, cancel_reason)
+            })
+            .await?;
+        let found = self
+            .run("read order", || async {
+                let mut conn = self.pool.acquire().await?;
+                Self::order_with_flags(&mut conn, order_id, user_id).await
+            })
+            .await?;
+        Ok(found.map(|(order, expired, pending_return)| Transitioned {
+            order,
+            applied,
+            expired,
+            pending_return,
+        }))
     }
 
     /// Moves an order out of PENDING_PAYMENT and its reservation out of PROCESSING, and
@@ -803,21 +852,13 @@ impl Ledger for MysqlLedger {
         order_id: OrderId,
         user_id: UserId,
     ) -> Result<Option<PayAttempt>, LedgerError> {
-        let applied = self
-            .run("pay", || {
-                self.transition(order_id, user_id, OrderStatus::Paid, None)
-            })
-            .await?;
         let found = self
-            .run("read order", || async {
-                let mut conn = self.pool.acquire().await?;
-                Self::order_with_flags(&mut conn, order_id, user_id).await
-            })
+            .apply(order_id, user_id, OrderStatus::Paid, None)
             .await?;
-        Ok(found.map(|(order, expired, _)| PayAttempt {
-            order,
-            applied,
-            expired,
+        Ok(found.map(|t| PayAttempt {
+            order: t.order,
+            applied: t.applied,
+            expired: t.expired,
         }))
     }
 
@@ -827,22 +868,10 @@ impl Ledger for MysqlLedger {
         user_id: UserId,
         reason: CancelReason,
     ) -> Result<Option<CancelAttempt>, LedgerError> {
-        let applied = self
-            .run("cancel", || {
-                self.transition(order_id, user_id, OrderStatus::Cancelled, Some(reason))
-            })
-            .await?;
         let found = self
-            .run("read order", || async {
-                let mut conn = self.pool.acquire().await?;
-                Self::order_with_flags(&mut conn, order_id, user_id).await
-            })
+            .apply(order_id, user_id, OrderStatus::Cancelled, Some(reason))
             .await?;
-        Ok(found.map(|(order, _, pending_return)| CancelAttempt {
-            order,
-            applied,
-            pending_return,
-        }))
+        Ok(found.map(CancelAttempt::from))
     }
 
     async fn mark_stock_returned(&self, request_id: &RequestId) -> Result<(), LedgerError> {

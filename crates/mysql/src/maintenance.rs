@@ -69,27 +69,15 @@ impl LedgerMaintenance for MysqlLedger {
     }
 
     async fn expire(&self, order: &ExpiredOrder) -> Result<Option<CancelAttempt>, LedgerError> {
-        let applied = self
-            .run("expire order", || {
-                self.transition(
-                    order.order_id,
-                    order.user_id,
-                    OrderStatus::Cancelled,
-                    Some(CancelReason::PaymentTimeout),
-                )
-            })
-            .await?;
         let found = self
-            .run("read order", || async {
-                let mut conn = self.pool().acquire().await?;
-                Self::order_with_flags(&mut conn, order.order_id, order.user_id).await
-            })
+            .apply(
+                order.order_id,
+                order.user_id,
+                OrderStatus::Cancelled,
+                Some(CancelReason::PaymentTimeout),
+            )
             .await?;
-        Ok(found.map(|(order, _, pending_return)| CancelAttempt {
-            order,
-            applied,
-            pending_return,
-        }))
+        Ok(found.map(CancelAttempt::from))
     }
 
     async fn pending_returns(&self, max: usize) -> Result<Vec<PendingReturn>, LedgerError> {

@@ -27,6 +27,15 @@ impl Service {
         Self::start_with(Command::new(BIN), db, prefix, extra).await
     }
 
+    /// Starts the service and puts product 1 on sale with 3 units.
+    async fn start_selling(db: &TestDb, prefix: &str, extra: &[(&str, &str)]) -> Service {
+        let service = Self::start(db, prefix, extra).await;
+        let product = json!({"product_id": 1, "name": "x", "stock": 3});
+        let (s, _) = service.post("/v1/products", product, true).await;
+        assert_eq!(s, StatusCode::CREATED);
+        service
+    }
+
     /// Starts `cmd` (the binary, or a wrapper that runs it) as the service.
     async fn start_with(
         mut cmd: Command,
@@ -170,15 +179,7 @@ async fn killed_between_reserve_and_commit_then_retried() {
     let db = TestDb::create(MYSQL_SERVER).await.expect("db");
     let prefix = redis_prefix();
     let fp = [("FAILPOINTS", "purchase-after-reserve=sleep(60000)")];
-    let first = Service::start(&db, &prefix, &fp).await;
-    let (s, _) = first
-        .post(
-            "/v1/products",
-            json!({"product_id": 1, "name": "x", "stock": 3}),
-            true,
-        )
-        .await;
-    assert_eq!(s, StatusCode::CREATED);
+    let first = Service::start_selling(&db, &prefix, &fp).await;
     purchase_then_kill(first, "REQ_k1").await;
 
     let pool = sqlx::MySqlPool::connect(&db.url()).await.expect("pool");
@@ -222,15 +223,7 @@ async fn killed_between_reserve_and_commit_then_recovered() {
     ];
     let mut with_fp = fast.to_vec();
     with_fp.push(("FAILPOINTS", "purchase-after-reserve=sleep(60000)"));
-    let first = Service::start(&db, &prefix, &with_fp).await;
-    let (s, _) = first
-        .post(
-            "/v1/products",
-            json!({"product_id": 1, "name": "x", "stock": 3}),
-            true,
-        )
-        .await;
-    assert_eq!(s, StatusCode::CREATED);
+    let first = Service::start_selling(&db, &prefix, &with_fp).await;
     purchase_then_kill(first, "REQ_k2").await;
 
     let second = Service::start(&db, &prefix, &fast).await;
@@ -275,15 +268,7 @@ async fn killed_after_commit_before_reply() {
     let db = TestDb::create(MYSQL_SERVER).await.expect("db");
     let prefix = redis_prefix();
     let fp = [("FAILPOINTS", "purchase-after-commit=sleep(60000)")];
-    let first = Service::start(&db, &prefix, &fp).await;
-    let (s, _) = first
-        .post(
-            "/v1/products",
-            json!({"product_id": 1, "name": "x", "stock": 3}),
-            true,
-        )
-        .await;
-    assert_eq!(s, StatusCode::CREATED);
+    let first = Service::start_selling(&db, &prefix, &fp).await;
     purchase_then_kill(first, "REQ_k3").await;
     let pool = sqlx::MySqlPool::connect(&db.url()).await.expect("pool");
     let committed: i64 = count(&pool, "SELECT id FROM orders WHERE request_id = 'REQ_k3'").await;
