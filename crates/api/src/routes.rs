@@ -32,6 +32,9 @@ pub struct ApiConfig {
     pub in_flight_max: usize,
     /// Deadline of one request; past it the answer is 503 (outcome unknown, retry).
     pub request_timeout: Duration,
+    /// A seeds' strategy serving `POST /v1/purchases` instead of flashsale's own path, for
+    /// benchmarks only (`FLASHSALE_STRATEGY`).
+    pub baseline: Option<Arc<flashsale_app::baseline::Baseline>>,
 }
 
 #[derive(Clone)]
@@ -210,7 +213,10 @@ async fn purchase(
     let max = state.service.settings().max_quantity_per_order;
     let request = PurchaseRequest::parse(&b.request_id, b.user_id, b.product_id, b.quantity, max)
         .map_err(invalid)?;
-    let purchased = deadline(&state, state.service.purchase(request)).await?;
+    let purchased = match &state.config.baseline {
+        Some(baseline) => deadline(&state, baseline.purchase(request)).await?,
+        None => deadline(&state, state.service.purchase(request)).await?,
+    };
     let status = if purchased.replay {
         StatusCode::OK
     } else {

@@ -6,6 +6,7 @@
 //! the use cases; the HTTP layer calls nothing else.
 
 pub mod audit;
+pub mod baseline;
 mod catalog;
 mod error;
 pub mod maintenance;

@@ -23,8 +23,7 @@ use crate::audit::{self, AuditReport};
 use crate::error::Error;
 use crate::model::PurchaseOutcome;
 use crate::ports::{
-    Fence, GateMaintenance, Ledger, LedgerMaintenance, Release, ReleaseOf, StaleHold,
-    StockGate,
+    Fence, GateMaintenance, Ledger, LedgerMaintenance, Release, ReleaseOf, StaleHold, StockGate,
 };
 use crate::service::{give_back, GiveBack};
 
@@ -171,7 +170,11 @@ impl Maintenance {
         for product_id in self.ledger_m.loaded_products().await? {
             let stale = self
                 .gate_m
-                .stale_holds(product_id, self.settings.recovery_after, self.settings.batch_size)
+                .stale_holds(
+                    product_id,
+                    self.settings.recovery_after,
+                    self.settings.batch_size,
+                )
                 .await?;
             let mut aligned = Vec::new();
             for hold in stale {

@@ -244,16 +244,10 @@ impl Flashsale {
         if !product.window.is_open_at(now) {
             return self.replay_or(&request, Error::SaleNotActive).await;
         }
-        let mut outcome = self
-            .gate
-            .reserve(&request, product.per_user_limit)
-            .await?;
+        let mut outcome = self.gate.reserve(&request, product.per_user_limit).await?;
         if outcome == Reserve::NotLoaded {
             self.load_stock(&product).await?;
-            outcome = self
-                .gate
-                .reserve(&request, product.per_user_limit)
-                .await?;
+            outcome = self.gate.reserve(&request, product.per_user_limit).await?;
         }
         match outcome {
             Reserve::Reserved {

@@ -53,7 +53,7 @@ fn error_number(e: &sqlx::Error) -> Option<u16> {
         .map(MySqlDatabaseError::number)
 }
 
-fn is_duplicate(e: &sqlx::Error) -> bool {
+pub(crate) fn is_duplicate(e: &sqlx::Error) -> bool {
     error_number(e) == Some(ER_DUP_ENTRY)
 }
 
@@ -64,7 +64,7 @@ fn is_retryable(e: &sqlx::Error) -> bool {
     )
 }
 
-fn micros(d: Duration) -> i64 {
+pub(crate) fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 

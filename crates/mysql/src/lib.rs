@@ -7,6 +7,7 @@
 //! of times; any other failure is reported as unavailable (the outcome may be unknown)
 //! and the caller answers 503.
 
+mod baseline;
 mod ledger;
 mod maintenance;
 mod outbox;

@@ -59,6 +59,7 @@ pub struct RedisGate {
     load: Script,
     adjust: Script,
     rebuild: Script,
+    seed_decrement: Script,
 }
 
 impl RedisGate {
@@ -83,6 +84,7 @@ impl RedisGate {
             load: Script::new(include_str!("lua/load.lua")),
             adjust: Script::new(include_str!("lua/adjust.lua")),
             rebuild: Script::new(include_str!("lua/rebuild.lua")),
+            seed_decrement: Script::new(include_str!("lua/seed_decrement.lua")),
         })
     }
 
@@ -513,6 +515,19 @@ impl GateMaintenance for RedisGate {
             .await
             .map_err(unavailable)?;
         Ok(code == 1)
+    }
+}
+
+#[async_trait]
+impl flashsale_app::baseline::BaselineGate for RedisGate {
+    async fn seed_decrement(&self, product_id: ProductId, quantity: u32) -> Result<i64, GateError> {
+        let mut conn = self.conn.clone();
+        self.seed_decrement
+            .key(self.key(product_id, "inv"))
+            .arg(quantity)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)
     }
 }
 

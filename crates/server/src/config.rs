@@ -28,6 +28,7 @@ pub struct Config {
     pub recovery_interval: Duration,
     pub gate_watch_interval: Duration,
     pub reconcile_interval: Duration,
+    pub strategy: flashsale_app::baseline::Strategy,
     /// NATS JetStream for events: server URL, subject prefix, stream name.
     pub nats_url: String,
     pub nats_subject_prefix: String,
@@ -57,6 +58,7 @@ pub const KEYS: &[(&str, Option<&str>)] = &[
     ("recovery_interval", Some("5s")),
     ("gate_watch_interval", Some("1s")),
     ("reconcile_interval", Some("60s")),
+    ("strategy", Some("flashsale")),
     ("nats_url", Some("nats://127.0.0.1:4222")),
     ("nats_subject_prefix", Some("flashsale")),
     ("nats_stream", Some("FLASHSALE_EVENTS")),
@@ -267,6 +269,14 @@ impl Config {
         let recovery_interval = duration(raw.value("recovery_interval"))?;
         let gate_watch_interval = duration(raw.value("gate_watch_interval"))?;
         let reconcile_interval = duration(raw.value("reconcile_interval"))?;
+        let (name, raw_strategy) = raw.value("strategy");
+        let strategy = flashsale_app::baseline::Strategy::parse(raw_strategy).ok_or_else(|| {
+            invalid(
+                name,
+                "must be flashsale, or a benchmark baseline: db-pessimistic, \
+                 db-conditional, redis-lua",
+            )
+        })?;
         let (name, nats_url) = raw.value("nats_url");
         if !nats_url.starts_with("nats://") || nats_url.len() <= "nats://".len() {
             return Err(invalid(name, "must be a URL like nats://127.0.0.1:4222"));
@@ -306,6 +316,7 @@ impl Config {
             recovery_interval,
             gate_watch_interval,
             reconcile_interval,
+            strategy,
             nats_url: nats_url.to_owned(),
             nats_subject_prefix: nats_subject_prefix.to_owned(),
             nats_stream: nats_stream.to_owned(),

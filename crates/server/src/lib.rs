@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use axum::Router;
 use flashsale_api::ApiConfig;
+use flashsale_app::baseline::{Baseline, Strategy};
 use flashsale_app::{Flashsale, Maintenance, MaintenanceSettings, Settings, SystemClock};
 use flashsale_mysql::{LedgerConfig, MysqlLedger};
 use flashsale_redis::{GateConfig, RedisGate};
@@ -148,6 +149,21 @@ pub async fn build(config: &Config) -> Result<App, String> {
     let ledger = Arc::new(ledger);
     let gate = Arc::new(gate_for(config)?);
     let maintenance = maintenance_for(config, gate.clone(), ledger.clone());
+    let baseline = match config.strategy {
+        Strategy::Flashsale => None,
+        strategy => {
+            warn!(
+                strategy = strategy.as_str(),
+                "serving purchases with a benchmark baseline, not flashsale's guarantees"
+            );
+            Some(Arc::new(Baseline::new(
+                strategy,
+                ledger.clone(),
+                gate.clone(),
+                config.payment_timeout,
+            )))
+        }
+    };
     let service = Arc::new(Flashsale::new(
         gate,
         ledger,
@@ -175,6 +191,7 @@ pub async fn build(config: &Config) -> Result<App, String> {
             admin_token: admin_token.clone(),
             in_flight_max: config.in_flight_max,
             request_timeout: config.request_timeout,
+            baseline,
         },
     );
     Ok(App {

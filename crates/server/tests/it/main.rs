@@ -4,6 +4,7 @@
 //! shared services are never stopped, paused or flushed.
 
 mod bad_input;
+mod baselines;
 mod binary;
 #[cfg(feature = "failpoints")]
 mod crash;
