@@ -1,0 +1,360 @@
+//! The command line and the scenarios' sizes.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+/// Most users a run may simulate: user ids are scrambled with 64-bit arithmetic that
+/// must not overflow (see `Workload::user_of`).
+const USERS_MAX: u64 = 1 << 32;
+/// Most attempts per run: 100 million, hours at any realistic rate.
+const ATTEMPTS_MAX: u64 = 100_000_000;
+/// Longest load allowed; the per-second timeline holds this many buckets.
+const DURATION_MAX: Duration = Duration::from_secs(crate::stats::TIMELINE_SECONDS_MAX as u64);
+/// Most concurrent connections / requests in flight: beyond this the client's sockets
+/// and the 2-core box are the bottleneck, not the server.
+const CONCURRENCY_MAX: u64 = 16_384;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Scenario {
+    /// 1,000 units, 200,000 attempts from 50,000 users: almost all rejected.
+    Rush,
+    /// More stock than attempts: every new request becomes an order.
+    Sustained,
+    /// Orders paid, cancelled and left to expire while the sale runs.
+    Mixed,
+}
+
+impl Scenario {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Rush => "rush",
+            Scenario::Sustained => "sustained",
+            Scenario::Mixed => "mixed",
+        }
+    }
+}
+
+/// flashsale-bench — a load generator for a running flashsale server (or one it starts
+/// with --spawn): drives a scenario, measures latency, throughput and cost per order,
+/// then audits the invariants and fails on any violation.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+pub struct Args {
+    /// The scenario.
+    #[arg(value_enum)]
+    pub scenario: Scenario,
+
+    /// Small sizes: every scenario finishes in well under a minute.
+    #[arg(long)]
+    pub quick: bool,
+
+    // --- the server ---
+    /// Start `<server-bin> serve` on a free port with a fresh database and Redis prefix,
+    /// and stop it and drop them at the end.
+    #[arg(long)]
+    pub spawn: bool,
+    /// The flashsale binary, for --spawn and for the audit.
+    #[arg(long, value_name = "PATH", default_value = "target/release/flashsale")]
+    pub server_bin: PathBuf,
+    /// The server to drive (ignored with --spawn).
+    #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:8080")]
+    pub base_url: String,
+    /// The server's admin token (ignored with --spawn).
+    #[arg(long, env = "FLASHSALE_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// The server's MariaDB (for the audit and the commit counters); with --spawn, the
+    /// server that hosts the fresh database.
+    #[arg(
+        long,
+        env = "FLASHSALE_DATABASE_URL",
+        default_value = "mysql://root@127.0.0.1:3306/flashsale"
+    )]
+    pub database_url: String,
+    /// The server's Redis.
+    #[arg(
+        long,
+        env = "FLASHSALE_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    pub redis_url: String,
+    /// The server's Redis key prefix (ignored with --spawn, which uses a fresh one).
+    #[arg(long, env = "FLASHSALE_REDIS_PREFIX", default_value = "flashsale:")]
+    pub redis_prefix: String,
+    /// NATS for a spawned server (its own stream and subjects are used and deleted).
+    #[arg(
+        long,
+        env = "FLASHSALE_NATS_URL",
+        default_value = "nats://127.0.0.1:4222"
+    )]
+    pub nats_url: String,
+    /// The pid of a server not spawned by the bench, to read its memory from /proc.
+    #[arg(long, value_name = "PID")]
+    pub server_pid: Option<u32>,
+    /// Extra setting for a spawned server, e.g. FLASHSALE_DATABASE_MAX_CONNECTIONS=32
+    /// (repeatable).
+    #[arg(long, value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub server_env: Vec<(String, String)>,
+    /// RUST_LOG of a spawned server.
+    #[arg(long, value_name = "FILTER", default_value = "warn")]
+    pub server_log_level: String,
+    /// Where a spawned server's log goes (default: a temporary file, removed at the end
+    /// unless the server failed to start).
+    #[arg(long, value_name = "PATH")]
+    pub server_log: Option<PathBuf>,
+    /// Keep a spawned server's database, Redis keys and NATS stream.
+    #[arg(long)]
+    pub keep: bool,
+
+    // --- how the load is driven ---
+    /// Open loop: attempts per second on a fixed timeline (latency counted from each
+    /// attempt's intended send time). Without it the load is closed-loop.
+    #[arg(long, value_name = "N")]
+    pub rate: Option<f64>,
+    /// Closed loop: connections, each sending as soon as its answer arrived.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub connections: u64,
+    /// Open loop: most requests in flight; attempts due beyond it are dropped and counted.
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pub max_in_flight: u64,
+    /// Most purchase attempts (default: the scenario's).
+    #[arg(long, value_name = "N")]
+    pub attempts: Option<u64>,
+    /// Longest the load may run, e.g. 30s or 5m (default: 10m, quick 40s).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+
+    // --- the workload ---
+    /// Distinct users (default: the scenario's).
+    #[arg(long, value_name = "N")]
+    pub users: Option<u64>,
+    /// Units on sale (default: the scenario's).
+    #[arg(long, value_name = "N")]
+    pub stock: Option<i64>,
+    /// Units one user may buy (0: no limit; default 1 for rush, none otherwise).
+    #[arg(long, value_name = "N")]
+    pub per_user_limit: Option<i64>,
+    /// Share of attempts that re-send an earlier, recent request_id (concurrent
+    /// duplicates).
+    #[arg(long, value_name = "SHARE", default_value_t = 0.1)]
+    pub retry_share: f64,
+    /// Mixed: share of new orders paid at once.
+    #[arg(long, value_name = "SHARE", default_value_t = 0.5)]
+    pub pay_share: f64,
+    /// Mixed: share of new orders cancelled at once (the rest are left to expire).
+    #[arg(long, value_name = "SHARE", default_value_t = 0.2)]
+    pub cancel_share: f64,
+    /// Mixed: the server's payment timeout. With --spawn it is set on the server
+    /// (default 3s, quick 2s); otherwise it tells the bench how long to wait before
+    /// checking that unpaid orders expired (without it that check is skipped).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub payment_timeout: Option<Duration>,
+    /// The product to create (default: 1 with --spawn, else a random id).
+    #[arg(long, value_name = "ID")]
+    pub product_id: Option<i64>,
+    /// Seed of the workload (which attempts are retries, users, follow-ups).
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+
+    // --- output ---
+    /// Write the result as JSON.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+    /// Write an HTML report with plots.
+    #[arg(long, value_name = "PATH")]
+    pub html: Option<PathBuf>,
+    /// Skip the audit at the end (the client-side checks still run).
+    #[arg(long)]
+    pub no_audit: bool,
+    /// No progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+fn parse_key_value(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))?;
+    if k.is_empty() {
+        return Err(format!("empty key in {s:?}"));
+    }
+    Ok((k.to_owned(), v.to_owned()))
+}
+
+/// The sizes of one run, after the scenario's defaults and the flags.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sizes {
+    pub stock: i64,
+    pub attempts: u64,
+    pub users: u64,
+    pub per_user_limit: Option<i64>,
+    pub duration: Duration,
+    pub follow_ups: bool,
+    pub payment_timeout: Option<Duration>,
+}
+
+/// Every scenario's default sizes, full and quick.
+pub fn defaults(scenario: Scenario, quick: bool) -> Sizes {
+    let (stock, attempts, users) = match (scenario, quick) {
+        (Scenario::Rush, false) => (1000, 200_000, 50_000),
+        (Scenario::Rush, true) => (100, 4000, 1500),
+        (Scenario::Sustained, false) => (250_000, 200_000, 50_000),
+        (Scenario::Sustained, true) => (5000, 4000, 1500),
+        (Scenario::Mixed, false) => (10_000, 50_000, 10_000),
+        (Scenario::Mixed, true) => (600, 3000, 1000),
+    };
+    Sizes {
+        stock,
+        attempts,
+        users,
+        per_user_limit: (scenario == Scenario::Rush).then_some(1),
+        duration: if quick {
+            Duration::from_secs(40)
+        } else {
+            Duration::from_secs(600)
+        },
+        follow_ups: scenario == Scenario::Mixed,
+        payment_timeout: (scenario == Scenario::Mixed).then(|| {
+            if quick {
+                Duration::from_secs(2)
+            } else {
+                Duration::from_secs(3)
+            }
+        }),
+    }
+}
+
+fn share(name: &str, v: f64, max: f64) -> Result<(), String> {
+    if (0.0..=max).contains(&v) {
+        Ok(())
+    } else {
+        Err(format!("{name} must be between 0 and {max}, got {v}"))
+    }
+}
+
+impl Args {
+    /// The run's sizes, with the flags checked.
+    pub fn sizes(&self) -> Result<Sizes, String> {
+        let mut s = defaults(self.scenario, self.quick);
+        if let Some(v) = self.stock {
+            s.stock = v;
+        }
+        if let Some(v) = self.attempts {
+            s.attempts = v;
+        }
+        if let Some(v) = self.users {
+            s.users = v;
+        }
+        if let Some(v) = self.per_user_limit {
+            s.per_user_limit = (v > 0).then_some(v);
+        }
+        if let Some(v) = self.duration {
+            s.duration = v;
+        }
+        if self.payment_timeout.is_some() {
+            s.payment_timeout = self.payment_timeout;
+        } else if !self.spawn {
+            // Not ours to set: unknown unless told.
+            s.payment_timeout = None;
+        }
+        if s.stock < 1 {
+            return Err("--stock must be at least 1".into());
+        }
+        if !(1..=ATTEMPTS_MAX).contains(&s.attempts) {
+            return Err(format!("--attempts must be 1..={ATTEMPTS_MAX}"));
+        }
+        if !(1..=USERS_MAX).contains(&s.users) {
+            return Err(format!("--users must be 1..={USERS_MAX}"));
+        }
+        if s.duration.is_zero() || s.duration > DURATION_MAX {
+            return Err(format!(
+                "--duration must be above 0 and at most {DURATION_MAX:?}"
+            ));
+        }
+        if !(1..=CONCURRENCY_MAX).contains(&self.connections) {
+            return Err(format!("--connections must be 1..={CONCURRENCY_MAX}"));
+        }
+        if !(1..=CONCURRENCY_MAX).contains(&self.max_in_flight) {
+            return Err(format!("--max-in-flight must be 1..={CONCURRENCY_MAX}"));
+        }
+        if let Some(rate) = self.rate {
+            if !(rate.is_finite() && rate > 0.0) {
+                return Err(format!("--rate must be a positive number, got {rate}"));
+            }
+        }
+        // Above 0.9 nearly every attempt is a duplicate and chains get long.
+        share("--retry-share", self.retry_share, 0.9)?;
+        share("--pay-share", self.pay_share, 1.0)?;
+        share("--cancel-share", self.cancel_share, 1.0)?;
+        share(
+            "--pay-share + --cancel-share",
+            self.pay_share + self.cancel_share,
+            1.0,
+        )?;
+        if let Some(id) = self.product_id {
+            if id < 1 {
+                return Err("--product-id must be positive".into());
+            }
+        }
+        Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Args {
+        Args::try_parse_from(std::iter::once("flashsale-bench").chain(args.iter().copied()))
+            .expect("valid arguments")
+    }
+
+    // Checks the scenarios' sizes meet the definitions (rush: 1,000 stock,
+    // ≥200,000 attempts, ≥50,000 users; sustained: stock above attempts; mixed: follow-ups
+    // and a payment timeout with --spawn), and flags override them.
+    #[test]
+    fn scenario_sizes_and_overrides() {
+        let rush = parse(&["rush"]).sizes().expect("ok");
+        assert_eq!(rush.stock, 1000);
+        assert!(rush.attempts >= 200_000 && rush.users >= 50_000);
+        for quick in [false, true] {
+            let s = defaults(Scenario::Sustained, quick);
+            assert!(s.stock as u64 > s.attempts);
+        }
+        let mixed = parse(&["mixed", "--spawn", "--quick"]).sizes().expect("ok");
+        assert!(mixed.follow_ups);
+        assert_eq!(mixed.payment_timeout, Some(Duration::from_secs(2)));
+        assert_eq!(parse(&["mixed"]).sizes().expect("ok").payment_timeout, None);
+        let o = parse(&[
+            "rush",
+            "--stock",
+            "5",
+            "--attempts",
+            "10",
+            "--per-user-limit",
+            "0",
+        ])
+        .sizes()
+        .expect("ok");
+        assert_eq!((o.stock, o.attempts, o.per_user_limit), (5, 10, None));
+    }
+
+    // Checks bad values are refused with a message naming the flag.
+    #[test]
+    fn bad_values_are_refused() {
+        for (args, flag) in [
+            (&["rush", "--retry-share", "0.95"][..], "--retry-share"),
+            (&["rush", "--rate", "0"], "--rate"),
+            (&["rush", "--connections", "0"], "--connections"),
+            (
+                &["mixed", "--pay-share", "0.9", "--cancel-share", "0.2"],
+                "--pay-share",
+            ),
+            (&["rush", "--duration", "2h"], "--duration"),
+        ] {
+            let err = parse(args).sizes().expect_err("refused");
+            assert!(err.contains(flag), "{args:?}: {err}");
+        }
+    }
+}

@@ -1,0 +1,822 @@
+//! The HTML report (`--html`): one self-contained file with the summary, the tables and
+//! hand-written inline SVG plots — throughput over time by status class, the latency
+//! percentile curve on log scales, and the server's memory when it was measured.
+
+use std::fmt::Write as _;
+
+use crate::report::{human_us, BenchResult};
+use crate::stats::CurvePoint;
+
+/// Plot size in SVG user units (pixels at 100% zoom).
+const WIDTH: f64 = 760.0;
+const HEIGHT: f64 = 330.0;
+const MARGIN_LEFT: f64 = 72.0;
+const MARGIN_RIGHT: f64 = 20.0;
+const MARGIN_TOP: f64 = 52.0;
+const MARGIN_BOTTOM: f64 = 46.0;
+/// Series with at most this many points get a marker on each point (a run of one second
+/// would otherwise draw an invisible line of one point).
+const MARKERS_MAX_POINTS: usize = 60;
+/// Deepest "nines" the latency plot's axis shows: 99.999%.
+const NINES_AXIS_MAX: f64 = 5.0;
+/// Where the latency plot puts the maximum (100%, infinitely many nines): half a decade
+/// right of the deepest percentile, under its own "max" tick.
+const MAX_AT_NINES: f64 = NINES_AXIS_MAX + 0.5;
+
+/// Escapes text for XML/HTML content and attribute values.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// How an axis maps values to positions.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scale {
+    Linear,
+    /// Base-10 logarithmic; values ≤ 0 are not drawn.
+    Log,
+}
+
+/// One line of a chart.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    pub name: String,
+    pub color: &'static str,
+    /// Drawn dashed (a line that often lies on another, like orders on 2xx).
+    pub dashed: bool,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// A line chart.
+#[derive(Debug, Clone)]
+pub struct Chart {
+    pub title: String,
+    pub x_label: String,
+    pub y_label: String,
+    pub x_scale: Scale,
+    pub y_scale: Scale,
+    /// Fixed x ticks (value, label); computed when empty.
+    pub x_ticks: Vec<(f64, String)>,
+    /// Formats a y tick value.
+    pub y_format: fn(f64) -> String,
+    pub series: Vec<Series>,
+}
+
+fn transform(scale: Scale, v: f64) -> Option<f64> {
+    match scale {
+        Scale::Linear => v.is_finite().then_some(v),
+        Scale::Log => (v > 0.0 && v.is_finite()).then(|| v.log10()),
+    }
+}
+
+/// "Nice" linear ticks covering [0, max]: steps of 1, 2 or 5 × 10^k, about five of them.
+pub fn linear_ticks(max: f64) -> Vec<f64> {
+    if max <= 0.0 || !max.is_finite() {
+        return vec![0.0, 1.0];
+    }
+    let raw = max / 5.0;
+    let magnitude = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * magnitude)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * magnitude);
+    // max / step ≤ 5 by the choice of step, so at most 6 ticks (the last above the
+    // data); 12 is a safety bound against floating-point surprises.
+    (0..12)
+        .map(|i| f64::from(i) * step)
+        .take_while(|t| *t < max + step)
+        .collect()
+}
+
+/// Decade ticks (10^k) covering [min, max] for a log axis (positive values).
+pub fn log_ticks(min: f64, max: f64) -> Vec<f64> {
+    if !(min > 0.0 && max >= min && max.is_finite()) {
+        return vec![1.0, 10.0];
+    }
+    let lo = min.log10().floor() as i32;
+    let hi = (max.log10().ceil() as i32).max(lo + 1);
+    (lo..=hi).map(|e| 10f64.powi(e)).collect()
+}
+
+/// Renders a chart as a standalone `<svg>` element.
+pub fn render_chart(chart: &Chart) -> String {
+    let plot_w = WIDTH - MARGIN_LEFT - MARGIN_RIGHT;
+    let plot_h = HEIGHT - MARGIN_TOP - MARGIN_BOTTOM;
+    let all: Vec<(f64, f64)> = chart
+        .series
+        .iter()
+        .flat_map(|s| s.points.iter().copied())
+        .filter(|&(x, y)| {
+            transform(chart.x_scale, x).is_some() && transform(chart.y_scale, y).is_some()
+        })
+        .collect();
+
+    // Axis ranges (in transformed space).
+    let x_ticks: Vec<(f64, String)> = if chart.x_ticks.is_empty() {
+        let max = all.iter().map(|p| p.0).fold(0.0, f64::max);
+        linear_ticks(max)
+            .into_iter()
+            .map(|t| (t, number(t)))
+            .collect()
+    } else {
+        chart.x_ticks.clone()
+    };
+    let y_ticks: Vec<f64> = match chart.y_scale {
+        Scale::Linear => linear_ticks(all.iter().map(|p| p.1).fold(0.0, f64::max)),
+        Scale::Log => {
+            let min = all.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
+            let max = all.iter().map(|p| p.1).fold(0.0, f64::max);
+            log_ticks(min, max)
+        }
+    };
+    let range = |ticks: &mut dyn Iterator<Item = f64>, scale| {
+        let t: Vec<f64> = ticks.filter_map(|v| transform(scale, v)).collect();
+        let lo = t.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = t.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if lo.is_finite() && hi > lo {
+            (lo, hi)
+        } else {
+            (0.0, 1.0)
+        }
+    };
+    let (x0, x1) = range(&mut x_ticks.iter().map(|t| t.0), chart.x_scale);
+    let (y0, y1) = range(&mut y_ticks.iter().copied(), chart.y_scale);
+    let px = |x: f64| MARGIN_LEFT + (x - x0) / (x1 - x0) * plot_w;
+    let py = |y: f64| MARGIN_TOP + plot_h - (y - y0) / (y1 - y0) * plot_h;
+
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" font-family="system-ui, sans-serif" font-size="12" role="img" aria-label="{title}">"#,
+        title = escape(&chart.title)
+    );
+    let _ = write!(
+        s,
+        r##"<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="#ffffff"/><text x="{MARGIN_LEFT}" y="20" font-size="15" font-weight="600" fill="#222">{}</text>"##,
+        escape(&chart.title)
+    );
+    // Grid and tick labels.
+    for &t in &y_ticks {
+        let Some(v) = transform(chart.y_scale, t) else {
+            continue;
+        };
+        let y = py(v);
+        let _ = write!(
+            s,
+            r##"<line x1="{MARGIN_LEFT}" x2="{:.1}" y1="{y:.1}" y2="{y:.1}" stroke="#e4e4e4"/><text x="{:.1}" y="{:.1}" text-anchor="end" fill="#555">{}</text>"##,
+            MARGIN_LEFT + plot_w,
+            MARGIN_LEFT - 6.0,
+            y + 4.0,
+            escape(&(chart.y_format)(t))
+        );
+    }
+    for (t, label) in &x_ticks {
+        let Some(v) = transform(chart.x_scale, *t) else {
+            continue;
+        };
+        let x = px(v);
+        let _ = write!(
+            s,
+            r##"<line x1="{x:.1}" x2="{x:.1}" y1="{MARGIN_TOP}" y2="{:.1}" stroke="#efefef"/><text x="{x:.1}" y="{:.1}" text-anchor="middle" fill="#555">{}</text>"##,
+            MARGIN_TOP + plot_h,
+            MARGIN_TOP + plot_h + 16.0,
+            escape(label)
+        );
+    }
+    let _ = write!(
+        s,
+        r##"<rect x="{MARGIN_LEFT}" y="{MARGIN_TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>"##
+    );
+    let _ = write!(
+        s,
+        r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#333">{}</text>"##,
+        MARGIN_LEFT + plot_w / 2.0,
+        HEIGHT - 8.0,
+        escape(&chart.x_label)
+    );
+    let _ = write!(
+        s,
+        r##"<text transform="translate(16 {:.1}) rotate(-90)" text-anchor="middle" fill="#333">{}</text>"##,
+        MARGIN_TOP + plot_h / 2.0,
+        escape(&chart.y_label)
+    );
+    // Series.
+    let mut legend_x = MARGIN_LEFT;
+    for series in &chart.series {
+        let pts: Vec<(f64, f64)> = series
+            .points
+            .iter()
+            .filter_map(|&(x, y)| {
+                Some((
+                    px(transform(chart.x_scale, x)?),
+                    py(transform(chart.y_scale, y)?),
+                ))
+            })
+            .collect();
+        let _ = write!(
+            s,
+            r#"<g class="series" data-name="{}">"#,
+            escape(&series.name)
+        );
+        let list: Vec<String> = pts.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
+        let _ = write!(
+            s,
+            r#"<polyline fill="none" stroke="{}" stroke-width="2" stroke-linejoin="round"{} points="{}"/>"#,
+            series.color,
+            if series.dashed {
+                r#" stroke-dasharray="6 4""#
+            } else {
+                ""
+            },
+            list.join(" ")
+        );
+        if pts.len() <= MARKERS_MAX_POINTS {
+            for (x, y) in &pts {
+                let _ = write!(
+                    s,
+                    r#"<circle cx="{x:.1}" cy="{y:.1}" r="2.5" fill="{}"/>"#,
+                    series.color
+                );
+            }
+        }
+        let _ = write!(s, "<title>{}</title></g>", escape(&series.name));
+        // Legend entry.
+        let _ = write!(
+            s,
+            r##"<rect x="{legend_x:.1}" y="32" width="12" height="12" fill="{}"/><text x="{:.1}" y="42" fill="#333">{}</text>"##,
+            series.color,
+            legend_x + 16.0,
+            escape(&series.name)
+        );
+        legend_x += 28.0 + 7.2 * series.name.chars().count() as f64;
+    }
+    s.push_str("</svg>");
+    s
+}
+
+/// A tick value without floating-point noise: at most 3 decimals, trailing zeros cut.
+pub fn number(v: f64) -> String {
+    let s = format!("{v:.3}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" {
+        "0".to_owned()
+    } else {
+        s.to_owned()
+    }
+}
+
+fn count_format(v: f64) -> String {
+    if v >= 1000.0 {
+        format!("{}k", number(v / 1000.0))
+    } else {
+        number(v)
+    }
+}
+
+/// A latency tick: "500µs", "1ms", "20ms", "1.5s".
+fn micros_format(v: f64) -> String {
+    if v < 1000.0 {
+        format!("{}µs", number(v))
+    } else if v < 1_000_000.0 {
+        format!("{}ms", number(v / 1000.0))
+    } else {
+        format!("{}s", number(v / 1_000_000.0))
+    }
+}
+
+fn mb_format(v: f64) -> String {
+    format!("{} MB", number(v))
+}
+
+/// Answers per second over time, one line per status class (plus orders and drops).
+pub fn throughput_chart(r: &BenchResult) -> Chart {
+    type Pick = fn(&crate::stats::Bucket) -> u64;
+    let lines: [(&str, &'static str, Pick, bool); 7] = [
+        (
+            "all answers",
+            "#444444",
+            |b| b.ok + b.rejected + b.unavailable + b.transport_errors,
+            true,
+        ),
+        ("2xx", "#2a9d4b", |b| b.ok, true),
+        ("4xx rejected", "#e08a00", |b| b.rejected, true),
+        ("orders (201)", "#1f5fbf", |b| b.orders, true),
+        ("5xx", "#d62728", |b| b.unavailable, false),
+        ("no answer", "#7f3fbf", |b| b.transport_errors, false),
+        ("dropped", "#777777", |b| b.dropped, false),
+    ];
+    let series = lines
+        .iter()
+        .filter(|(_, _, pick, always)| *always || r.timeline.iter().any(|b| pick(b) > 0))
+        .map(|(name, color, pick, _)| Series {
+            name: (*name).to_owned(),
+            color,
+            dashed: *name == "orders (201)",
+            // Each bucket drawn at its middle: second 0 covers [0, 1).
+            points: r
+                .timeline
+                .iter()
+                .map(|b| (f64::from(b.second) + 0.5, pick(b) as f64))
+                .collect(),
+        })
+        .collect();
+    Chart {
+        title: "Throughput over time (answers per second, by status class)".into(),
+        x_label: "seconds since the start of the load".into(),
+        y_label: "per second".into(),
+        x_scale: Scale::Linear,
+        y_scale: Scale::Linear,
+        x_ticks: Vec::new(),
+        y_format: count_format,
+        series,
+    }
+}
+
+const OP_COLORS: [&str; 3] = ["#1f5fbf", "#2a9d4b", "#d62728"];
+
+/// Maps a percentile (0–100, below 100) to the "nines" axis: 90% → 1, 99% → 2, …
+pub fn nines(percentile: f64) -> f64 {
+    -(1.0 - percentile / 100.0).log10()
+}
+
+/// The latency percentile curve of each kind of request, latency on a log scale against
+/// the percentile on the "nines" axis (0%, 90%, 99%, 99.9%, …).
+pub fn latency_chart(r: &BenchResult) -> Chart {
+    let series = r
+        .ops
+        .iter()
+        .zip(OP_COLORS.iter().cycle())
+        .filter(|(o, _)| o.latency.count > 0)
+        .map(|(o, color)| Series {
+            name: format!("{} (max {})", o.op, human_us(o.latency.max_us)),
+            color,
+            dashed: false,
+            points: curve_points(&o.curve),
+        })
+        .collect();
+    let labels = ["0%", "90%", "99%", "99.9%", "99.99%", "99.999%"];
+    Chart {
+        title: "Latency distribution (percentile curve, log scale)".into(),
+        x_label: "percentile of requests".into(),
+        y_label: "latency (at most)".into(),
+        x_scale: Scale::Linear,
+        y_scale: Scale::Log,
+        x_ticks: labels
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (i as f64, (*l).to_owned()))
+            .chain([(MAX_AT_NINES, "max".to_owned())])
+            .collect(),
+        y_format: micros_format,
+        series,
+    }
+}
+
+fn curve_points(curve: &[CurvePoint]) -> Vec<(f64, f64)> {
+    curve
+        .iter()
+        .map(|p| {
+            let x = if p.percentile >= 100.0 {
+                MAX_AT_NINES
+            } else {
+                nines(p.percentile).min(NINES_AXIS_MAX)
+            };
+            (x, p.micros as f64)
+        })
+        .collect()
+}
+
+/// The server's resident memory over time, when it was measured.
+pub fn memory_chart(r: &BenchResult) -> Option<Chart> {
+    let points: Vec<(f64, f64)> = r
+        .timeline
+        .iter()
+        .filter_map(|b| b.rss_kb.map(|kb| (f64::from(b.second), kb as f64 / 1024.0)))
+        .collect();
+    if points.is_empty() {
+        return None;
+    }
+    Some(Chart {
+        title: "Server resident memory (VmRSS)".into(),
+        x_label: "seconds since the start of the load".into(),
+        y_label: "MB".into(),
+        x_scale: Scale::Linear,
+        y_scale: Scale::Linear,
+        x_ticks: Vec::new(),
+        y_format: mb_format,
+        series: vec![Series {
+            name: "VmRSS".into(),
+            color: "#1f5fbf",
+            dashed: false,
+            points,
+        }],
+    })
+}
+
+fn row(out: &mut String, cells: &[String]) {
+    out.push_str("<tr>");
+    for c in cells {
+        let _ = write!(out, "<td>{}</td>", escape(c));
+    }
+    out.push_str("</tr>");
+}
+
+fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "n/a".to_owned(), |v| v.to_string())
+}
+
+fn opt_f(v: Option<f64>) -> String {
+    v.map_or_else(|| "n/a".to_owned(), |v| format!("{v:.3}"))
+}
+
+/// The whole report.
+pub fn report(r: &BenchResult) -> String {
+    let mut h = String::new();
+    let title = format!("flashsale-bench {} — {}", r.scenario, r.started_at);
+    let _ = write!(
+        h,
+        r#"<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 900px; color: #222; }}
+table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; }}
+td, th {{ border: 1px solid #ddd; padding: 3px 8px; text-align: right; }}
+th {{ background: #f4f4f4; }} td:first-child, th:first-child {{ text-align: left; }}
+.verdict {{ padding: 0.6em 1em; font-weight: 600; border-radius: 4px; }}
+.pass {{ background: #e3f6e8; color: #14532d; }} .fail {{ background: #fde2e2; color: #7f1d1d; }}
+.kpi {{ display: inline-block; margin: 0 1.5em 1em 0; }} .kpi b {{ display: block; font-size: 1.6em; }}
+pre {{ background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 12px; }}
+figure {{ margin: 1em 0; }}
+</style></head><body>
+<h1>{}</h1>
+"#,
+        escape(&title),
+        escape(&title)
+    );
+    let _ = write!(
+        h,
+        r#"<p class="verdict {}">{}</p>"#,
+        if r.passed { "pass" } else { "fail" },
+        if r.passed {
+            "PASS — no invariant violation (client checks and audit)"
+        } else {
+            "FAIL — invariant violations, see the checks below"
+        }
+    );
+    let purchase = r.op("purchase");
+    let kpis = [
+        ("answers/s", format!("{:.0}", r.throughput.answers_per_s)),
+        ("orders/s", format!("{:.0}", r.throughput.orders_per_s)),
+        (
+            "purchase p50",
+            purchase.map_or("n/a".into(), |o| human_us(o.latency.p50_us)),
+        ),
+        (
+            "purchase p99",
+            purchase.map_or("n/a".into(), |o| human_us(o.latency.p99_us)),
+        ),
+        (
+            "purchase p99.9",
+            purchase.map_or("n/a".into(), |o| human_us(o.latency.p999_us)),
+        ),
+    ];
+    h.push_str("<div>");
+    for (name, value) in kpis {
+        let _ = write!(
+            h,
+            r#"<span class="kpi"><b>{}</b>{}</span>"#,
+            escape(&value),
+            escape(name)
+        );
+    }
+    h.push_str("</div>");
+
+    let _ = write!(
+        h,
+        "<figure>{}</figure><figure>{}</figure>",
+        render_chart(&throughput_chart(r)),
+        render_chart(&latency_chart(r))
+    );
+
+    h.push_str("<h2>Latency</h2><table><tr><th>op</th><th>answers</th><th>p50</th><th>p90</th><th>p99</th><th>p99.9</th><th>max</th><th>mean</th></tr>");
+    for o in &r.ops {
+        let l = &o.latency;
+        row(
+            &mut h,
+            &[
+                o.op.clone(),
+                l.count.to_string(),
+                human_us(l.p50_us),
+                human_us(l.p90_us),
+                human_us(l.p99_us),
+                human_us(l.p999_us),
+                human_us(l.max_us),
+                human_us(l.mean_us as u64),
+            ],
+        );
+    }
+    h.push_str("</table>");
+
+    h.push_str("<h2>Answers</h2><table><tr><th>op</th><th>status</th><th>count</th></tr>");
+    for o in &r.ops {
+        for (status, n) in &o.statuses {
+            let status = if status == "0" {
+                "no answer".to_owned()
+            } else {
+                status.clone()
+            };
+            row(&mut h, &[o.op.clone(), status, n.to_string()]);
+        }
+    }
+    h.push_str("</table><table><tr><th>op</th><th>error code</th><th>count</th></tr>");
+    for o in &r.ops {
+        for (code, n) in &o.errors {
+            row(&mut h, &[o.op.clone(), code.clone(), n.to_string()]);
+        }
+    }
+    h.push_str("</table>");
+
+    let a = &r.attempts;
+    let o = &r.orders;
+    h.push_str("<h2>Attempts and orders</h2><table>");
+    for (k, v) in [
+        ("elapsed", format!("{:.2} s", r.elapsed_s)),
+        ("attempts sent", a.sent.to_string()),
+        ("new request_ids", a.new_intents.to_string()),
+        (
+            "client retries (same request_id)",
+            a.client_retries.to_string(),
+        ),
+        ("re-sends after 503 / no answer", a.retries_503.to_string()),
+        ("gave up after the last re-send", a.gave_up.to_string()),
+        ("dropped (in-flight cap)", a.dropped.to_string()),
+        (
+            "stopped early",
+            a.stopped_early.clone().unwrap_or_else(|| "no".into()),
+        ),
+        ("orders acknowledged", o.acknowledged.to_string()),
+        ("created (201)", o.created.to_string()),
+        ("replays (200)", o.replayed.to_string()),
+        ("paid", o.paid.to_string()),
+        ("cancelled", o.cancelled.to_string()),
+        ("left to expire", o.left_to_expire.to_string()),
+        (
+            "expiry confirmed (sample)",
+            format!("{} of {}", o.expiry_confirmed, o.expiry_checked),
+        ),
+    ] {
+        row(&mut h, &[k.to_owned(), v]);
+    }
+    if let Some(i) = &r.inventory {
+        row(
+            &mut h,
+            &[
+                "inventory total / available / reserved / sold".into(),
+                format!(
+                    "{} / {} / {} / {}",
+                    i.total, i.available, i.reserved, i.sold
+                ),
+            ],
+        );
+    }
+    h.push_str("</table>");
+
+    let c = &r.costs;
+    let m = &r.memory;
+    h.push_str("<h2>Cost per order and memory</h2><table>");
+    for (k, v) in [
+        (
+            "Redis script calls per order (EVAL/EVALSHA/FCALL)",
+            opt_f(c.redis_script_calls_per_order),
+        ),
+        (
+            "Redis commands per order (incl. inside scripts)",
+            opt_f(c.redis_commands_per_order),
+        ),
+        (
+            "Redis script calls / commands per attempt",
+            format!(
+                "{} / {}",
+                opt_f(c.redis_script_calls_per_attempt),
+                opt_f(c.redis_commands_per_attempt)
+            ),
+        ),
+        (
+            "MariaDB Com_commit per order",
+            opt_f(c.com_commit_per_order),
+        ),
+        (
+            "MariaDB Handler_commit per order",
+            opt_f(c.handler_commit_per_order),
+        ),
+        (
+            "Redis script calls / commands (total)",
+            format!("{} / {}", opt(c.redis_script_calls), opt(c.redis_commands)),
+        ),
+        ("Com_commit (total)", opt(c.com_commit)),
+        ("Handler_commit (total)", opt(c.handler_commit)),
+        ("server peak RSS (VmHWM, kB)", opt(m.server_vm_hwm_kb)),
+        ("server RSS at the end (kB)", opt(m.server_vm_rss_kb)),
+        (
+            "Redis used_memory before / after / settled",
+            format!(
+                "{} / {} / {}",
+                opt(m.redis_used_memory_before),
+                opt(m.redis_used_memory_after),
+                opt(m.redis_used_memory_settled)
+            ),
+        ),
+        (
+            "Redis bytes per order",
+            m.redis_bytes_per_order
+                .map_or("n/a".into(), |b| format!("{b:.0}")),
+        ),
+        (
+            "keys under the prefix before / after / settled",
+            format!(
+                "{} / {} / {}",
+                opt(m.keys_before),
+                opt(m.keys_after),
+                opt(m.keys_settled)
+            ),
+        ),
+    ] {
+        row(&mut h, &[k.to_owned(), v]);
+    }
+    h.push_str("</table>");
+    if !c.redis_commands_by_command.is_empty() {
+        h.push_str("<table><tr><th>Redis command</th><th>calls (incl. inside scripts)</th></tr>");
+        for (cmd, n) in &c.redis_commands_by_command {
+            row(&mut h, &[cmd.clone(), n.to_string()]);
+        }
+        h.push_str("</table>");
+    }
+    let _ = write!(h, "<p><small>{}</small></p>", escape(&c.note));
+    if let Some(chart) = memory_chart(r) {
+        let _ = write!(h, "<figure>{}</figure>", render_chart(&chart));
+    }
+
+    h.push_str("<h2>Checks</h2><ul>");
+    for line in &r.checks.client_passed {
+        let _ = write!(h, "<li>ok: {}</li>", escape(line));
+    }
+    for line in &r.checks.client_violations {
+        let _ = write!(h, "<li><b>FAILED: {}</b></li>", escape(line));
+    }
+    let _ = write!(
+        h,
+        "</ul><p>audit: <b>{}</b> ({} run(s))</p><pre>{}</pre>",
+        escape(&r.checks.audit.status),
+        r.checks.audit.runs,
+        escape(&r.checks.audit.output)
+    );
+    let config = serde_json::to_string_pretty(&r.config).unwrap_or_default();
+    let _ = writeln!(
+        h,
+        "<h2>Configuration</h2><pre>{}</pre></body></html>",
+        escape(&config)
+    );
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::tests::sample;
+
+    fn svgs(html: &str) -> Vec<&str> {
+        let mut out = Vec::new();
+        let mut rest = html;
+        while let Some(start) = rest.find("<svg") {
+            let end = rest[start..].find("</svg>").expect("closed svg") + start + 6;
+            out.push(&rest[start..end]);
+            rest = &rest[end..];
+        }
+        out
+    }
+
+    fn series_names(doc: &roxmltree::Document) -> Vec<String> {
+        doc.descendants()
+            .filter(|n| n.attribute("class") == Some("series"))
+            .filter_map(|n| n.attribute("data-name").map(str::to_owned))
+            .collect()
+    }
+
+    // Checks the throughput plot is well-formed SVG (parsed by an XML parser) and holds
+    // one polyline per expected series: all answers, 2xx, 4xx, orders always; 5xx and
+    // dropped because the sample has some; "no answer" left out because the sample has
+    // none.
+    #[test]
+    fn throughput_svg_is_well_formed_with_the_expected_series() {
+        let svg = render_chart(&throughput_chart(&sample()));
+        let doc = roxmltree::Document::parse(&svg).expect("well-formed SVG");
+        assert_eq!(doc.root_element().tag_name().name(), "svg");
+        let names = series_names(&doc);
+        assert_eq!(
+            names,
+            [
+                "all answers",
+                "2xx",
+                "4xx rejected",
+                "orders (201)",
+                "5xx",
+                "dropped"
+            ],
+        );
+        let polylines = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("polyline"))
+            .count();
+        assert_eq!(polylines, names.len());
+        // Two buckets: each series has two points.
+        let first = doc
+            .descendants()
+            .find(|n| n.has_tag_name("polyline"))
+            .and_then(|n| n.attribute("points"))
+            .expect("points");
+        assert_eq!(first.split(' ').count(), 2, "{first}");
+    }
+
+    // Checks the latency plot: well-formed, one series per op with answers, on a log
+    // y axis (decade ticks 100µs, 1ms, 10ms, 100ms around the sample's 100µs..12ms), and
+    // the percentile labels of the nines axis with the max at the end.
+    #[test]
+    fn latency_svg_has_log_axis_and_percentile_labels() {
+        let svg = render_chart(&latency_chart(&sample()));
+        let doc = roxmltree::Document::parse(&svg).expect("well-formed SVG");
+        assert_eq!(series_names(&doc), ["purchase (max 12.00ms)"]);
+        let texts: Vec<&str> = doc.descendants().filter_map(|n| n.text()).collect();
+        for label in ["100µs", "1ms", "10ms", "100ms", "90%", "99.9%", "max"] {
+            assert!(texts.contains(&label), "missing {label}: {texts:?}");
+        }
+    }
+
+    // Checks text is escaped: a series name with XML metacharacters still gives a
+    // well-formed SVG whose text reads back unchanged.
+    #[test]
+    fn names_are_escaped() {
+        let chart = Chart {
+            title: "a <b> & \"c\"".into(),
+            x_label: "x".into(),
+            y_label: "y".into(),
+            x_scale: Scale::Linear,
+            y_scale: Scale::Linear,
+            x_ticks: Vec::new(),
+            y_format: count_format,
+            series: vec![Series {
+                name: "<script>&".into(),
+                color: "#000",
+                dashed: true,
+                points: vec![(1.0, 2.0)],
+            }],
+        };
+        let svg = render_chart(&chart);
+        let doc = roxmltree::Document::parse(&svg).expect("well-formed SVG");
+        assert_eq!(series_names(&doc), ["<script>&"]);
+        assert!(!svg.contains("<script>"));
+    }
+
+    // Checks the whole report: every inline SVG in it parses (throughput, latency and
+    // memory, since the sample has RSS figures), and the verdict and tables are there.
+    #[test]
+    fn report_embeds_parsable_plots() {
+        let html = report(&sample());
+        let found = svgs(&html);
+        assert_eq!(found.len(), 3);
+        for svg in found {
+            roxmltree::Document::parse(svg).expect("well-formed SVG");
+        }
+        assert!(html.contains("PASS"));
+        assert!(html.contains("sold_out"));
+        assert!(html.contains("Redis script calls per order"));
+    }
+
+    // Checks the axis helpers: linear ticks are 1/2/5 steps from 0 past the maximum;
+    // log ticks are the decades around the data; nines() maps 90/99/99.9 to 1/2/3.
+    #[test]
+    fn axis_helpers() {
+        assert_eq!(linear_ticks(9.0), vec![0.0, 2.0, 4.0, 6.0, 8.0, 10.0]);
+        assert_eq!(
+            linear_ticks(4800.0),
+            vec![0.0, 1000.0, 2000.0, 3000.0, 4000.0, 5000.0]
+        );
+        assert_eq!(
+            log_ticks(150.0, 12_000.0),
+            vec![100.0, 1000.0, 10_000.0, 100_000.0]
+        );
+        for (p, n) in [(90.0, 1.0), (99.0, 2.0), (99.9, 3.0), (0.0, 0.0)] {
+            assert!((nines(p) - n).abs() < 1e-9, "{p}");
+        }
+    }
+}

@@ -1,0 +1,575 @@
+//! The result of a run: the JSON schema (`--json`) and the human summary table.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use crate::stats::{Bucket, CurvePoint, LatencySummary};
+
+/// Names this schema; bump the number on any incompatible change.
+pub const SCHEMA: &str = "flashsale-bench/1";
+
+/// Everything a run measured and checked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BenchResult {
+    pub schema: String,
+    pub scenario: String,
+    /// RFC 3339, when the load started.
+    pub started_at: String,
+    pub config: RunConfig,
+    /// How long the load ran (first send to last answer), in seconds.
+    pub elapsed_s: f64,
+    pub attempts: AttemptCounts,
+    pub throughput: Throughput,
+    pub ops: Vec<OpResult>,
+    pub orders: OrderCounts,
+    /// Per-second buckets from the load's start.
+    pub timeline: Vec<Bucket>,
+    pub costs: Costs,
+    pub memory: Memory,
+    /// The product's inventory as the API reports it after the run.
+    pub inventory: Option<Inventory>,
+    pub checks: Checks,
+    /// No invariant violation found (client checks and audit).
+    pub passed: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunConfig {
+    /// "closed" or "open".
+    pub mode: String,
+    pub connections: Option<u64>,
+    pub rate_per_s: Option<f64>,
+    pub max_in_flight: Option<u64>,
+    pub attempts_max: u64,
+    pub duration_max_s: f64,
+    pub users: u64,
+    pub stock: i64,
+    pub per_user_limit: Option<i64>,
+    pub retry_share: f64,
+    pub pay_share: f64,
+    pub cancel_share: f64,
+    /// The server's payment timeout, when known (set with --spawn or given).
+    pub payment_timeout_ms: Option<u64>,
+    pub quick: bool,
+    pub spawned: bool,
+    pub base_url: String,
+    pub product_id: i64,
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AttemptCounts {
+    /// Purchase attempts started (each counted once, however often it was re-sent).
+    pub sent: u64,
+    /// Attempts with a request_id of their own.
+    pub new_intents: u64,
+    /// Attempts re-sending an earlier attempt's request_id (--retry-share).
+    pub client_retries: u64,
+    /// Re-sends after a 503 or a transport error, with the same request_id.
+    pub retries_503: u64,
+    /// Exchanges still unanswered / 503 after the last allowed re-send.
+    pub gave_up: u64,
+    /// Open loop: attempts not sent because the in-flight cap was reached.
+    pub dropped: u64,
+    /// Why the load stopped before every attempt was sent, if it did.
+    pub stopped_early: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Throughput {
+    /// HTTP answers of every kind per second.
+    pub answers_per_s: f64,
+    /// Orders created (201) per second.
+    pub orders_per_s: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OpResult {
+    /// "purchase", "pay" or "cancel".
+    pub op: String,
+    pub latency: LatencySummary,
+    /// The percentile curve (for the plot).
+    pub curve: Vec<CurvePoint>,
+    /// HTTP status → count; "0" is "no HTTP answer".
+    pub statuses: BTreeMap<String, u64>,
+    /// Error code → count.
+    pub errors: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OrderCounts {
+    /// Distinct request_ids acknowledged with an order (201 or 200).
+    pub acknowledged: u64,
+    /// Purchases answered 201.
+    pub created: u64,
+    /// Purchases answered 200 (replays of an accepted request_id).
+    pub replayed: u64,
+    /// Mixed: orders paid (200) / cancelled (200) / left unpaid to expire.
+    pub paid: u64,
+    pub cancelled: u64,
+    pub left_to_expire: u64,
+    /// Mixed: of the sample of orders left to expire, how many were looked at and how
+    /// many were found CANCELLED by payment_timeout.
+    pub expiry_checked: u64,
+    pub expiry_confirmed: u64,
+}
+
+/// Cost per successful order, from server-wide counters.
+///
+/// Redis's `INFO commandstats` counts the commands a Lua script runs as well as the
+/// script call itself, so two figures are kept: script calls (EVAL/EVALSHA/FCALL and
+/// their read-only forms, one round trip each) and every command Redis executed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Costs {
+    /// Script invocations during the load (None when Redis could not be read).
+    pub redis_script_calls: Option<u64>,
+    /// Every command Redis executed during the load, including those run inside
+    /// scripts, minus the bench's own INFO/SCAN calls.
+    pub redis_commands: Option<u64>,
+    /// The same, per command.
+    pub redis_commands_by_command: BTreeMap<String, u64>,
+    /// MariaDB `Com_commit` delta (explicit COMMIT statements).
+    pub com_commit: Option<u64>,
+    /// MariaDB `Handler_commit` delta (storage-engine commits, autocommit included).
+    pub handler_commit: Option<u64>,
+    /// Per successful order (201).
+    pub redis_script_calls_per_order: Option<f64>,
+    pub redis_commands_per_order: Option<f64>,
+    pub com_commit_per_order: Option<f64>,
+    pub handler_commit_per_order: Option<f64>,
+    /// Per purchase attempt sent.
+    pub redis_script_calls_per_attempt: Option<f64>,
+    pub redis_commands_per_attempt: Option<f64>,
+    pub note: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Memory {
+    /// The server's peak resident memory (VmHWM), kB: only with --spawn or --server-pid.
+    pub server_vm_hwm_kb: Option<u64>,
+    /// The server's resident memory at the end of the load (VmRSS), kB.
+    pub server_vm_rss_kb: Option<u64>,
+    /// Redis `used_memory` before the load, at its end, and after the quiet wait.
+    pub redis_used_memory_before: Option<u64>,
+    pub redis_used_memory_after: Option<u64>,
+    pub redis_used_memory_settled: Option<u64>,
+    /// (after − before) / orders created, bytes.
+    pub redis_bytes_per_order: Option<f64>,
+    /// Keys under the run's Redis prefix before the load (after the product was
+    /// created), at its end, and after the quiet wait.
+    pub keys_before: Option<u64>,
+    pub keys_after: Option<u64>,
+    pub keys_settled: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Inventory {
+    pub total: i64,
+    pub available: i64,
+    pub reserved: i64,
+    pub sold: i64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Checks {
+    /// Violations found by the client's own checks (empty when none).
+    pub client_violations: Vec<String>,
+    /// Client checks that passed, as one line each.
+    pub client_passed: Vec<String>,
+    pub audit: AuditOutcome,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AuditOutcome {
+    /// "passed", "failed", "skipped" or "error".
+    pub status: String,
+    /// How many times the audit ran (it is repeated while the system settles).
+    pub runs: u32,
+    /// The last run's output (stdout and stderr).
+    pub output: String,
+}
+
+impl BenchResult {
+    pub fn op(&self, name: &str) -> Option<&OpResult> {
+        self.ops.iter().find(|o| o.op == name)
+    }
+}
+
+/// Microseconds as a short human figure ("850µs", "12.3ms", "1.20s").
+pub fn human_us(us: u64) -> String {
+    if us < 1000 {
+        format!("{us}µs")
+    } else if us < 1_000_000 {
+        format!("{:.2}ms", us as f64 / 1000.0)
+    } else {
+        format!("{:.2}s", us as f64 / 1_000_000.0)
+    }
+}
+
+fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "n/a".to_owned(), |v| v.to_string())
+}
+
+fn opt_f(v: Option<f64>, digits: usize) -> String {
+    v.map_or_else(|| "n/a".to_owned(), |v| format!("{v:.digits$}"))
+}
+
+fn bytes(v: Option<u64>) -> String {
+    v.map_or_else(
+        || "n/a".to_owned(),
+        |b| format!("{:.1} MB", b as f64 / 1_048_576.0),
+    )
+}
+
+/// The summary table printed at the end of a run.
+pub fn summary_table(r: &BenchResult) -> String {
+    let mut out = String::new();
+    let c = &r.config;
+    let mode = match (c.mode.as_str(), c.connections, c.rate_per_s) {
+        ("open", _, Some(rate)) => {
+            format!("open loop {rate}/s, in-flight cap {}", opt(c.max_in_flight))
+        }
+        (_, Some(n), _) => format!("closed loop, {n} connections"),
+        _ => c.mode.clone(),
+    };
+    let _ = writeln!(
+        out,
+        "flashsale-bench {} — {}{} — product {} stock {} — {} users, retry share {}",
+        r.scenario,
+        mode,
+        if c.quick { " (quick)" } else { "" },
+        c.product_id,
+        c.stock,
+        c.users,
+        c.retry_share
+    );
+    let a = &r.attempts;
+    let _ = writeln!(
+        out,
+        "attempts {} ({} new, {} client retries) in {:.2}s · 503/transport re-sends {} · gave up {} · dropped {}{}",
+        a.sent,
+        a.new_intents,
+        a.client_retries,
+        r.elapsed_s,
+        a.retries_503,
+        a.gave_up,
+        a.dropped,
+        a.stopped_early
+            .as_ref()
+            .map_or_else(String::new, |s| format!(" · stopped early: {s}"))
+    );
+    let _ = writeln!(
+        out,
+        "throughput {:.0} answers/s · {:.0} orders/s",
+        r.throughput.answers_per_s, r.throughput.orders_per_s
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{:<9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  statuses / errors",
+        "op", "answers", "p50", "p90", "p99", "p99.9", "max"
+    );
+    for o in &r.ops {
+        let l = &o.latency;
+        let statuses: Vec<String> = o.statuses.iter().map(|(s, n)| format!("{s}:{n}")).collect();
+        let errors: Vec<String> = o.errors.iter().map(|(e, n)| format!("{e}:{n}")).collect();
+        let _ = writeln!(
+            out,
+            "{:<9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {}{}{}",
+            o.op,
+            l.count,
+            human_us(l.p50_us),
+            human_us(l.p90_us),
+            human_us(l.p99_us),
+            human_us(l.p999_us),
+            human_us(l.max_us),
+            statuses.join(" "),
+            if errors.is_empty() { "" } else { " / " },
+            errors.join(" ")
+        );
+    }
+    let o = &r.orders;
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "orders: {} acknowledged ({} created 201, {} replays 200)",
+        o.acknowledged, o.created, o.replayed
+    );
+    if o.paid + o.cancelled + o.left_to_expire > 0 {
+        let _ = writeln!(
+            out,
+            "        {} paid, {} cancelled, {} left to expire ({} of {} sampled found expired)",
+            o.paid, o.cancelled, o.left_to_expire, o.expiry_confirmed, o.expiry_checked
+        );
+    }
+    if let Some(i) = &r.inventory {
+        let _ = writeln!(
+            out,
+            "inventory: total {} available {} reserved {} sold {}",
+            i.total, i.available, i.reserved, i.sold
+        );
+    }
+    let k = &r.costs;
+    let _ = writeln!(
+        out,
+        "cost per order: Redis {} script calls, {} commands (incl. inside scripts) · MariaDB {} Com_commit, {} Handler_commit",
+        opt_f(k.redis_script_calls_per_order, 3),
+        opt_f(k.redis_commands_per_order, 3),
+        opt_f(k.com_commit_per_order, 3),
+        opt_f(k.handler_commit_per_order, 3),
+    );
+    let _ = writeln!(
+        out,
+        "cost per attempt: Redis {} script calls, {} commands · totals: {} script calls, {} commands, {} Com_commit, {} Handler_commit",
+        opt_f(k.redis_script_calls_per_attempt, 3),
+        opt_f(k.redis_commands_per_attempt, 3),
+        opt(k.redis_script_calls),
+        opt(k.redis_commands),
+        opt(k.com_commit),
+        opt(k.handler_commit),
+    );
+    let m = &r.memory;
+    let _ = writeln!(
+        out,
+        "memory: server peak {} (VmHWM), end {} · Redis used_memory {} → {} → {} settled ({} B/order) · keys under prefix {} → {} → {} settled",
+        m.server_vm_hwm_kb
+            .map_or_else(|| "n/a".to_owned(), |k| format!("{:.1} MB", k as f64 / 1024.0)),
+        m.server_vm_rss_kb
+            .map_or_else(|| "n/a".to_owned(), |k| format!("{:.1} MB", k as f64 / 1024.0)),
+        bytes(m.redis_used_memory_before),
+        bytes(m.redis_used_memory_after),
+        bytes(m.redis_used_memory_settled),
+        opt_f(m.redis_bytes_per_order, 0),
+        opt(m.keys_before),
+        opt(m.keys_after),
+        opt(m.keys_settled),
+    );
+    let _ = writeln!(out, "note: {}", k.note);
+    let _ = writeln!(out);
+    for line in &r.checks.client_passed {
+        let _ = writeln!(out, "check ok: {line}");
+    }
+    for line in &r.checks.client_violations {
+        let _ = writeln!(out, "CHECK FAILED: {line}");
+    }
+    let _ = writeln!(
+        out,
+        "audit: {} ({} run{})",
+        r.checks.audit.status,
+        r.checks.audit.runs,
+        if r.checks.audit.runs == 1 { "" } else { "s" }
+    );
+    let _ = writeln!(
+        out,
+        "{}",
+        if r.passed {
+            "RESULT: PASS — no invariant violation"
+        } else {
+            "RESULT: FAIL — see the violations above"
+        }
+    );
+    out
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A result with every field filled in, values exactly representable in JSON.
+    pub(crate) fn sample() -> BenchResult {
+        BenchResult {
+            schema: SCHEMA.into(),
+            scenario: "mixed".into(),
+            started_at: "2026-11-29T10:00:00Z".into(),
+            config: RunConfig {
+                mode: "open".into(),
+                connections: None,
+                rate_per_s: Some(2500.5),
+                max_in_flight: Some(512),
+                attempts_max: 3000,
+                duration_max_s: 40.0,
+                users: 1000,
+                stock: 600,
+                per_user_limit: None,
+                retry_share: 0.125,
+                pay_share: 0.5,
+                cancel_share: 0.25,
+                payment_timeout_ms: Some(2000),
+                quick: true,
+                spawned: true,
+                base_url: "http://127.0.0.1:1234".into(),
+                product_id: 1,
+                seed: 7,
+            },
+            elapsed_s: 1.25,
+            attempts: AttemptCounts {
+                sent: 3000,
+                new_intents: 2700,
+                client_retries: 300,
+                retries_503: 3,
+                gave_up: 0,
+                dropped: 2,
+                stopped_early: Some("duration".into()),
+            },
+            throughput: Throughput {
+                answers_per_s: 2400.0,
+                orders_per_s: 480.0,
+            },
+            ops: vec![OpResult {
+                op: "purchase".into(),
+                latency: LatencySummary {
+                    count: 3000,
+                    min_us: 100,
+                    mean_us: 900.5,
+                    p50_us: 800,
+                    p90_us: 1500,
+                    p99_us: 4000,
+                    p999_us: 9000,
+                    max_us: 12_000,
+                },
+                curve: vec![
+                    CurvePoint {
+                        percentile: 0.0,
+                        micros: 100,
+                    },
+                    CurvePoint {
+                        percentile: 100.0,
+                        micros: 12_000,
+                    },
+                ],
+                statuses: BTreeMap::from([("201".into(), 600), ("409".into(), 2400)]),
+                errors: BTreeMap::from([("sold_out".into(), 2400)]),
+            }],
+            orders: OrderCounts {
+                acknowledged: 600,
+                created: 600,
+                replayed: 20,
+                paid: 300,
+                cancelled: 120,
+                left_to_expire: 180,
+                expiry_checked: 180,
+                expiry_confirmed: 180,
+            },
+            timeline: vec![
+                Bucket {
+                    second: 0,
+                    ok: 500,
+                    rejected: 1500,
+                    unavailable: 1,
+                    transport_errors: 0,
+                    orders: 400,
+                    dropped: 2,
+                    rss_kb: Some(20_480),
+                },
+                Bucket {
+                    second: 1,
+                    ok: 100,
+                    rejected: 900,
+                    rss_kb: None,
+                    ..Bucket::default()
+                },
+            ],
+            costs: Costs {
+                redis_script_calls: Some(3000),
+                redis_commands: Some(18_000),
+                redis_commands_by_command: BTreeMap::from([
+                    ("evalsha".into(), 3000),
+                    ("hmget".into(), 15_000),
+                ]),
+                com_commit: Some(600),
+                handler_commit: Some(1300),
+                redis_script_calls_per_order: Some(5.0),
+                redis_commands_per_order: Some(30.0),
+                com_commit_per_order: Some(1.0),
+                handler_commit_per_order: Some(2.25),
+                redis_script_calls_per_attempt: Some(1.0),
+                redis_commands_per_attempt: Some(6.0),
+                note: "server-wide counters".into(),
+            },
+            memory: Memory {
+                server_vm_hwm_kb: Some(40_000),
+                server_vm_rss_kb: Some(38_000),
+                redis_used_memory_before: Some(1_000_000),
+                redis_used_memory_after: Some(1_100_000),
+                redis_used_memory_settled: Some(1_050_000),
+                redis_bytes_per_order: Some(166.5),
+                keys_before: Some(3),
+                keys_after: Some(603),
+                keys_settled: Some(603),
+            },
+            inventory: Some(Inventory {
+                total: 600,
+                available: 300,
+                reserved: 0,
+                sold: 300,
+            }),
+            checks: Checks {
+                client_violations: vec![],
+                client_passed: vec!["no request_id answered with two order ids".into()],
+                audit: AuditOutcome {
+                    status: "passed".into(),
+                    runs: 1,
+                    output: "no violations\n".into(),
+                },
+            },
+            passed: true,
+        }
+    }
+
+    // Checks the JSON schema round trip: a result with every field set serializes and
+    // parses back to an equal value; the file carries the schema name and the documented
+    // top-level keys; a bucket without rss_kb parses (the field is optional).
+    #[test]
+    fn json_round_trip() {
+        let r = sample();
+        let text = serde_json::to_string_pretty(&r).expect("serialize");
+        let back: BenchResult = serde_json::from_str(&text).expect("parse back");
+        assert_eq!(back, r);
+        let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(v["schema"], SCHEMA);
+        for key in [
+            "scenario",
+            "config",
+            "elapsed_s",
+            "attempts",
+            "throughput",
+            "ops",
+            "orders",
+            "timeline",
+            "costs",
+            "memory",
+            "inventory",
+            "checks",
+            "passed",
+        ] {
+            assert!(v.get(key).is_some(), "missing {key}");
+        }
+        assert!(v["timeline"][1].get("rss_kb").is_none());
+        let bucket: Bucket =
+            serde_json::from_str(r#"{"second":3,"ok":1,"rejected":0,"unavailable":0,"transport_errors":0,"orders":1,"dropped":0}"#)
+                .expect("bucket without rss");
+        assert_eq!(bucket.rss_kb, None);
+    }
+
+    // Checks the summary table names every figure a reader looks for (percentiles,
+    // throughput, costs, memory, verdict) by rendering the sample result.
+    #[test]
+    fn summary_table_shows_the_figures() {
+        let text = summary_table(&sample());
+        for needle in [
+            "p99.9",
+            "800µs",
+            "12.00ms",
+            "2400 answers/s",
+            "480 orders/s",
+            "Redis 5.000 script calls, 30.000 commands",
+            "sold_out:2400",
+            "RESULT: PASS",
+            "left to expire",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+        }
+    }
+}

@@ -1,0 +1,478 @@
+//! What the load records while it runs (latency histograms, status and error counts, a
+//! per-second timeline, the orders each request_id was answered with) and the pure
+//! summaries drawn from it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+/// Highest latency the histograms hold, in microseconds: above the client's whole budget
+/// for one exchange (see `load::CLIENT_TIMEOUT`), so only a clock jump could exceed it
+/// (such values are clamped, not lost).
+pub const LATENCY_MAX_US: u64 = 120_000_000;
+/// Significant digits kept by the histograms: 0.1% resolution at every magnitude.
+const LATENCY_SIGFIG: u8 = 3;
+/// Seconds of timeline kept: the longest run the command line allows; later answers
+/// are counted in the last bucket.
+pub const TIMELINE_SECONDS_MAX: usize = 3600;
+/// Conflicting answers kept verbatim for the report: enough to investigate, few enough
+/// that a badly broken server can't grow the report without bound (all are counted).
+pub const CONFLICTS_KEPT_MAX: usize = 20;
+/// Orders left to expire that are kept to check afterwards that they did expire: a
+/// sample, checked with one GET each, so the check stays a few seconds long.
+pub const EXPIRE_SAMPLE_MAX: usize = 200;
+
+/// The kinds of request the load sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    Purchase,
+    Pay,
+    Cancel,
+}
+
+impl Op {
+    pub const ALL: [Op; 3] = [Op::Purchase, Op::Pay, Op::Cancel];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Purchase => "purchase",
+            Op::Pay => "pay",
+            Op::Cancel => "cancel",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One second of the run: answers by status class, orders created, attempts dropped.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Bucket {
+    pub second: u32,
+    /// 2xx answers of every kind.
+    pub ok: u64,
+    /// 4xx answers (sold_out, limit_exceeded, … — the expected rejections).
+    pub rejected: u64,
+    /// 5xx answers (503: unavailable or outcome unknown).
+    pub unavailable: u64,
+    /// Exchanges that got no HTTP answer (connect error, reset, client timeout).
+    pub transport_errors: u64,
+    /// 201 answers to purchases: orders created.
+    pub orders: u64,
+    /// Open loop: attempts not sent because the in-flight cap was reached.
+    pub dropped: u64,
+    /// The server's resident memory early in this second, when measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss_kb: Option<u64>,
+}
+
+/// Statistics of one kind of request.
+#[derive(Debug, Clone)]
+pub struct OpStats {
+    pub latency: Histogram<u64>,
+    /// HTTP status → count; 0 stands for "no HTTP answer".
+    pub statuses: BTreeMap<u16, u64>,
+    /// Error code of the JSON body → count.
+    pub errors: BTreeMap<String, u64>,
+}
+
+fn histogram() -> Histogram<u64> {
+    // The bounds are constants known to be valid (1 ≤ 2 × 1 ≤ max, sigfig ≤ 5), so this
+    // cannot fail.
+    Histogram::new_with_bounds(1, LATENCY_MAX_US, LATENCY_SIGFIG)
+        .expect("constant histogram bounds are valid")
+}
+
+impl Default for OpStats {
+    fn default() -> Self {
+        Self {
+            latency: histogram(),
+            statuses: BTreeMap::new(),
+            errors: BTreeMap::new(),
+        }
+    }
+}
+
+/// An acknowledged request_id answered with another order than before.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Conflict {
+    pub intent: u64,
+    pub first_order: i64,
+    pub other_order: i64,
+}
+
+/// Everything one shard of the load records. The load keeps several shards (by intent)
+/// so concurrent tasks rarely wait on one lock; [`Recorder::merge`] joins them.
+#[derive(Debug, Clone, Default)]
+pub struct Recorder {
+    pub ops: [OpStats; 3],
+    pub timeline: Vec<Bucket>,
+    /// intent → the order id its purchase was acknowledged with (201 or 200).
+    pub acks: HashMap<u64, i64>,
+    pub conflicts: Vec<Conflict>,
+    pub conflicts_total: u64,
+    /// Purchases answered 201.
+    pub created: u64,
+    /// Purchases answered 200 (a replay of an accepted request_id).
+    pub replayed: u64,
+    /// Re-sends after a 503 or a transport error.
+    pub retries_503: u64,
+    /// Exchanges still 503 / unanswered after the last allowed retry.
+    pub gave_up: u64,
+    /// Open loop: attempts not sent because the in-flight cap was reached.
+    pub dropped: u64,
+    pub paid: u64,
+    pub cancelled: u64,
+    pub left_to_expire: u64,
+    /// (order id, user id) of a sample of the orders left to expire.
+    pub expire_sample: Vec<(i64, i64)>,
+}
+
+impl Recorder {
+    fn bucket(&mut self, second: usize) -> &mut Bucket {
+        let second = second.min(TIMELINE_SECONDS_MAX - 1);
+        while self.timeline.len() <= second {
+            let next = self.timeline.len() as u32;
+            self.timeline.push(Bucket {
+                second: next,
+                ..Bucket::default()
+            });
+        }
+        &mut self.timeline[second]
+    }
+
+    /// Records one exchange: `status` 0 means no HTTP answer.
+    pub fn record(
+        &mut self,
+        op: Op,
+        status: u16,
+        error: Option<&str>,
+        latency: Duration,
+        second: usize,
+    ) {
+        let stats = &mut self.ops[op.index()];
+        let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        stats
+            .latency
+            .saturating_record(micros.clamp(1, LATENCY_MAX_US));
+        *stats.statuses.entry(status).or_default() += 1;
+        if let Some(code) = error {
+            match stats.errors.get_mut(code) {
+                Some(n) => *n += 1,
+                None => {
+                    stats.errors.insert(code.to_owned(), 1);
+                }
+            }
+        }
+        let bucket = self.bucket(second);
+        match status {
+            0 => bucket.transport_errors += 1,
+            200..=299 => bucket.ok += 1,
+            500..=599 => bucket.unavailable += 1,
+            _ => bucket.rejected += 1,
+        }
+        if op == Op::Purchase && status == 201 {
+            bucket.orders += 1;
+        }
+    }
+
+    /// Records an attempt the open loop could not send.
+    pub fn record_dropped(&mut self, second: usize) {
+        self.dropped += 1;
+        self.bucket(second).dropped += 1;
+    }
+
+    /// Records that `intent`'s purchase was acknowledged with `order_id`; a different
+    /// order id than an earlier acknowledgement is a conflict.
+    pub fn acknowledge(&mut self, intent: u64, order_id: i64) {
+        match self.acks.get(&intent) {
+            Some(&first) if first != order_id => self.conflict(Conflict {
+                intent,
+                first_order: first,
+                other_order: order_id,
+            }),
+            Some(_) => {}
+            None => {
+                self.acks.insert(intent, order_id);
+            }
+        }
+    }
+
+    fn conflict(&mut self, c: Conflict) {
+        self.conflicts_total += 1;
+        if self.conflicts.len() < CONFLICTS_KEPT_MAX {
+            self.conflicts.push(c);
+        }
+    }
+
+    /// Records an order left unpaid to expire.
+    pub fn leave_to_expire(&mut self, order_id: i64, user_id: i64) {
+        self.left_to_expire += 1;
+        if self.expire_sample.len() < EXPIRE_SAMPLE_MAX {
+            self.expire_sample.push((order_id, user_id));
+        }
+    }
+
+    /// Adds `other` into `self`, checking acknowledgements across the two.
+    pub fn merge(&mut self, other: Recorder) {
+        for (mine, theirs) in self.ops.iter_mut().zip(other.ops) {
+            // Same bounds on both sides, so adding cannot fail; saturate if it ever did.
+            if mine.latency.add(&theirs.latency).is_err() {
+                for v in theirs.latency.iter_recorded() {
+                    mine.latency
+                        .saturating_record_n(v.value_iterated_to(), v.count_at_value());
+                }
+            }
+            for (s, n) in theirs.statuses {
+                *mine.statuses.entry(s).or_default() += n;
+            }
+            for (e, n) in theirs.errors {
+                *mine.errors.entry(e).or_default() += n;
+            }
+        }
+        for b in other.timeline {
+            let mine = self.bucket(b.second as usize);
+            mine.ok += b.ok;
+            mine.rejected += b.rejected;
+            mine.unavailable += b.unavailable;
+            mine.transport_errors += b.transport_errors;
+            mine.orders += b.orders;
+            mine.dropped += b.dropped;
+            mine.rss_kb = mine.rss_kb.or(b.rss_kb);
+        }
+        for (intent, order) in other.acks {
+            self.acknowledge(intent, order);
+        }
+        self.conflicts_total += other.conflicts_total;
+        for c in other.conflicts {
+            if self.conflicts.len() < CONFLICTS_KEPT_MAX {
+                self.conflicts.push(c);
+            }
+        }
+        self.created += other.created;
+        self.replayed += other.replayed;
+        self.retries_503 += other.retries_503;
+        self.gave_up += other.gave_up;
+        self.dropped += other.dropped;
+        self.paid += other.paid;
+        self.cancelled += other.cancelled;
+        self.left_to_expire += other.left_to_expire;
+        for s in other.expire_sample {
+            if self.expire_sample.len() < EXPIRE_SAMPLE_MAX {
+                self.expire_sample.push(s);
+            }
+        }
+    }
+
+    /// Notes the server's resident memory in a second's bucket.
+    pub fn note_rss(&mut self, second: usize, rss_kb: u64) {
+        self.bucket(second).rss_kb = Some(rss_kb);
+    }
+
+    /// Order ids acknowledged for more than one request_id: (order id, intents).
+    pub fn shared_orders(&self) -> Vec<(i64, Vec<u64>)> {
+        let mut by_order: HashMap<i64, Vec<u64>> = HashMap::new();
+        for (&intent, &order) in &self.acks {
+            by_order.entry(order).or_default().push(intent);
+        }
+        let mut shared: Vec<(i64, Vec<u64>)> = by_order
+            .into_iter()
+            .filter(|(_, intents)| intents.len() > 1)
+            .map(|(order, mut intents)| {
+                intents.sort_unstable();
+                (order, intents)
+            })
+            .collect();
+        shared.sort();
+        shared
+    }
+
+    pub fn op(&self, op: Op) -> &OpStats {
+        &self.ops[op.index()]
+    }
+}
+
+/// Latency percentiles of one kind of request, in microseconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LatencySummary {
+    pub count: u64,
+    pub min_us: u64,
+    pub mean_us: f64,
+    pub p50_us: u64,
+    pub p90_us: u64,
+    pub p99_us: u64,
+    pub p999_us: u64,
+    pub max_us: u64,
+}
+
+/// One point of a percentile curve: `percentile` (0–100) of requests took at most
+/// `micros`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CurvePoint {
+    pub percentile: f64,
+    pub micros: u64,
+}
+
+/// The summary of a histogram (all zero when it is empty).
+pub fn summarize(h: &Histogram<u64>) -> LatencySummary {
+    if h.is_empty() {
+        return LatencySummary::default();
+    }
+    LatencySummary {
+        count: h.len(),
+        min_us: h.min(),
+        mean_us: h.mean(),
+        p50_us: h.value_at_quantile(0.50),
+        p90_us: h.value_at_quantile(0.90),
+        p99_us: h.value_at_quantile(0.99),
+        p999_us: h.value_at_quantile(0.999),
+        max_us: h.max(),
+    }
+}
+
+/// Steps per decade of the percentile curve's "nines" axis: enough for a smooth line.
+const CURVE_STEPS_PER_NINE: u32 = 10;
+/// Deepest percentile on the curve: 99.999%.
+const CURVE_NINES_MAX: u32 = 5;
+
+/// The percentile curve of a histogram, evenly spaced on the "nines" axis
+/// (0%, …, 90%, …, 99%, …, 99.999%) and ending at 100% (the maximum). Points deeper than
+/// the sample can resolve (beyond one request in `count`) are left out, except the last.
+pub fn percentile_curve(h: &Histogram<u64>) -> Vec<CurvePoint> {
+    if h.is_empty() {
+        return Vec::new();
+    }
+    let mut points = Vec::new();
+    let count = h.len() as f64;
+    for step in 0..=(CURVE_NINES_MAX * CURVE_STEPS_PER_NINE) {
+        let nines = f64::from(step) / f64::from(CURVE_STEPS_PER_NINE);
+        let tail = 10f64.powf(-nines);
+        if tail * count < 1.0 {
+            break;
+        }
+        let q = 1.0 - tail;
+        points.push(CurvePoint {
+            percentile: q * 100.0,
+            micros: h.value_at_quantile(q),
+        });
+    }
+    points.push(CurvePoint {
+        percentile: 100.0,
+        micros: h.max(),
+    });
+    points
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn within(value: u64, expected: u64) -> bool {
+        // The histogram keeps 3 significant digits: 0.1% (rounded up to 1 µs).
+        value.abs_diff(expected) <= (expected / 1000).max(1)
+    }
+
+    // Checks histogram → summary on a known distribution: the values 1..=10,000 µs once
+    // each give p50 ≈ 5,000, p90 ≈ 9,000, p99 ≈ 9,900, p99.9 ≈ 9,990, max ≈ 10,000,
+    // mean ≈ 5,000.5 (within the histogram's 0.1% precision); an empty histogram is all
+    // zeros rather than garbage.
+    #[test]
+    fn summary_of_a_known_distribution() {
+        let mut r = Recorder::default();
+        for us in 1..=10_000u64 {
+            r.record(Op::Purchase, 201, None, Duration::from_micros(us), 0);
+        }
+        let s = summarize(&r.op(Op::Purchase).latency);
+        assert_eq!(s.count, 10_000);
+        assert_eq!(s.min_us, 1);
+        for (got, want) in [
+            (s.p50_us, 5000),
+            (s.p90_us, 9000),
+            (s.p99_us, 9900),
+            (s.p999_us, 9990),
+            (s.max_us, 10_000),
+        ] {
+            assert!(within(got, want), "{got} vs {want}: {s:?}");
+        }
+        assert!((s.mean_us - 5000.5).abs() < 10.0, "{s:?}");
+        assert_eq!(summarize(&histogram()), LatencySummary::default());
+    }
+
+    // Checks the percentile curve: it rises monotonically, spans 0% to 100%, stops at the
+    // depth the sample resolves (1,000 values: 99.9%, not 99.99%), and ends at the max.
+    #[test]
+    fn percentile_curve_is_monotonic_and_bounded() {
+        let mut h = histogram();
+        for us in 1..=1000u64 {
+            h.record(us * us).expect("in range");
+        }
+        let curve = percentile_curve(&h);
+        assert_eq!(curve[0].percentile, 0.0);
+        let last = curve.last().expect("points");
+        assert_eq!(last.percentile, 100.0);
+        assert!(within(last.micros, 1_000_000));
+        assert!(curve
+            .windows(2)
+            .all(|w| w[0].percentile < w[1].percentile && w[0].micros <= w[1].micros));
+        let deepest = curve[curve.len() - 2].percentile;
+        assert!((99.89..99.91).contains(&deepest), "{deepest}");
+        assert!(percentile_curve(&histogram()).is_empty());
+    }
+
+    // Checks merging shards: counts, statuses, error codes and timeline buckets add up;
+    // an intent acknowledged with two order ids in two shards is caught as a conflict;
+    // order ids shared by two intents are reported; latencies above the histogram's range
+    // are clamped instead of lost.
+    #[test]
+    fn merge_adds_up_and_catches_conflicts() {
+        let mut a = Recorder::default();
+        let mut b = Recorder::default();
+        a.record(Op::Purchase, 201, None, Duration::from_millis(2), 0);
+        a.record(
+            Op::Purchase,
+            409,
+            Some("sold_out"),
+            Duration::from_millis(1),
+            1,
+        );
+        b.record(
+            Op::Purchase,
+            409,
+            Some("sold_out"),
+            Duration::from_millis(1),
+            1,
+        );
+        b.record(Op::Pay, 0, None, Duration::from_secs(10_000), 3);
+        b.record_dropped(3);
+        a.acknowledge(1, 100);
+        a.acknowledge(1, 100);
+        b.acknowledge(1, 101);
+        b.acknowledge(2, 100);
+        a.merge(b);
+        let p = a.op(Op::Purchase);
+        assert_eq!(p.latency.len(), 3);
+        assert_eq!(p.statuses[&409], 2);
+        assert_eq!(p.errors["sold_out"], 2);
+        assert!(a.op(Op::Pay).latency.max() >= LATENCY_MAX_US * 999 / 1000);
+        assert_eq!(a.timeline.len(), 4);
+        assert_eq!(a.timeline[1].rejected, 2);
+        assert_eq!(a.timeline[0].orders, 1);
+        assert_eq!(a.timeline[3].transport_errors, 1);
+        assert_eq!(a.timeline[3].dropped, 1);
+        assert_eq!(a.dropped, 1);
+        assert_eq!(a.conflicts_total, 1);
+        assert_eq!(
+            a.conflicts[0],
+            Conflict {
+                intent: 1,
+                first_order: 100,
+                other_order: 101
+            }
+        );
+        assert_eq!(a.shared_orders(), vec![(100, vec![1, 2])]);
+    }
+}
