@@ -415,6 +415,9 @@ pub trait LedgerMaintenance: Send + Sync + 'static {
         detail: &str,
     ) -> Result<(), LedgerError>;
 
+    /// Closes the open incidents of a request once recovery resolved it after all.
+    async fn resolve_incidents(&self, request_id: &RequestId) -> Result<(), LedgerError>;
+
     /// Everything the ledger holds for a product, for reconciliation and audit.
     async fn facts(&self, product_id: ProductId) -> Result<Option<LedgerFacts>, LedgerError>;
 

@@ -261,7 +261,13 @@ impl Flashsale {
             }
             Reserve::Existing(hold) => {
                 if hold.user_id != request.user_id || hold.quantity != request.quantity {
-                    return Err(Error::RequestIdConflict);
+                    // Another payload holds this request_id in Redis. The ledger decides:
+                    // after a lost or expired record a misused request_id can take a hold
+                    // first, while the ledger still holds this request's order.
+                    return match self.ledger.find_purchase(&request.request_id).await? {
+                        Some(record) => answer(&request, record),
+                        None => Err(Error::RequestIdConflict),
+                    };
                 }
                 // Most replays are of finished purchases: one read answers them.
                 if let Some(record) = self.ledger.find_purchase(&request.request_id).await? {

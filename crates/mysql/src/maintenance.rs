@@ -147,6 +147,19 @@ impl LedgerMaintenance for MysqlLedger {
         .map(drop)
     }
 
+    async fn resolve_incidents(&self, request_id: &RequestId) -> Result<(), LedgerError> {
+        self.run("resolve incidents", || {
+            sqlx::query(
+                "UPDATE recovery_incident SET resolved_at = NOW(6) \
+                 WHERE request_id = ? AND resolved_at IS NULL",
+            )
+            .bind(request_id.as_str())
+            .execute(self.pool())
+        })
+        .await
+        .map(drop)
+    }
+
     async fn facts(&self, product_id: ProductId) -> Result<Option<LedgerFacts>, LedgerError> {
         let pool = self.pool();
         let p = product_id.get();

@@ -63,7 +63,12 @@ impl Workers {
             stopped.clone(),
             move || {
                 let m = m.clone();
-                async move { m.reconcile_all(RECONCILE_SETTLE).await.map(|_| false) }
+                // Report only: see Maintenance::reconcile_all.
+                async move {
+                    m.reconcile_all(false, RECONCILE_SETTLE)
+                        .await
+                        .map(|_| false)
+                }
             },
         ));
         let m = maintenance;

@@ -1,0 +1,587 @@
+//! `MemGate`: the Redis stock gate in memory, with the semantics of the Lua scripts in
+//! `crates/redis/src/lua/` and of `RedisGate`'s plain commands (`crates/redis/src/lib.rs`).
+//!
+//! Each script is one method body that runs without yielding, as a script runs
+//! atomically in Redis. Operations that take several round trips in `RedisGate` (the
+//! recovery scan, the audit's facts) yield between them, so other work interleaves there
+//! as it does against a real Redis. Hold records expire after the record retention on
+//! Redis's own clock (the sim's true time); nothing else expires.
+//!
+//! Keys of one product (see the key table in `crates/redis/src/lib.rs`):
+//! `inv` {avail, seq, gen} → [`Inv`]; `users` → `users`; `r:<request_id>` → `records`;
+//! `pending` (zset) → `pending`; `restock:<id>` → `restocks`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use chrono::{DateTime, TimeDelta, Utc};
+use flashsale_app::ports::{
+    ExistingHold, GateFacts, GateMaintenance, GateState, RebuildPlan, Release, ReleaseOf, Reserve,
+    Restock, StaleHold,
+};
+use flashsale_app::{GateError, StockGate};
+use flashsale_core::{ProductId, PurchaseRequest, Quantity, RequestId, UserId};
+
+use crate::ctx::{Ctx, Point};
+
+/// Deliberate defects, to prove the simulator catches what they break.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GateDefects {
+    /// `reserve` skips its `avail < q` check, so the count can go below zero.
+    pub reserve_below_zero: bool,
+}
+
+/// The inventory hash. It exists only with `avail` (every script checks `avail` first).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Inv {
+    avail: i64,
+    /// `seq`: the last hold id handed out (absent = 0).
+    seq: Option<i64>,
+    /// `gen`: the stock generation (absent = 1, as the scripts read it).
+    gen: Option<i64>,
+}
+
+/// A hold record `r:<request_id>`. Fields are optional where a script may write a record
+/// without them (release.lua's record of a lost hold has no `h` or `c`); the
+/// time it was taken (`t`) is only read through the `pending` index, so it is not kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct HoldRec {
+    u: i64,
+    q: i64,
+    /// `s`: 'h' (held) or 'r' (released).
+    released: bool,
+    h: Option<i64>,
+    /// `c`: whether the per-user count includes it.
+    counted: bool,
+    /// `g`: the generation it was taken in (absent = 1).
+    g: Option<i64>,
+    /// When Redis drops it (PEXPIRE), on Redis's clock, in ms.
+    expires_ms: i64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Keys {
+    inv: Option<Inv>,
+    users: BTreeMap<i64, i64>,
+    records: BTreeMap<String, HoldRec>,
+    /// The `pending` zset: member → score (ms).
+    pending: BTreeMap<String, i64>,
+    restocks: BTreeSet<String>,
+}
+
+impl Keys {
+    /// The live record of a request: an expired one is dropped first, as Redis would.
+    fn record(&mut self, request_id: &str, now_ms: i64) -> Option<&mut HoldRec> {
+        if self
+            .records
+            .get(request_id)
+            .is_some_and(|r| r.expires_ms <= now_ms)
+        {
+            self.records.remove(request_id);
+        }
+        self.records.get_mut(request_id)
+    }
+
+    /// `HMGET r:<id> u q s h g` as `RedisGate::holds` parses it: None unless u, q, s and
+    /// h are all there.
+    fn hold_fields(&mut self, request_id: &str, now_ms: i64) -> Option<(i64, i64, bool, i64, i64)> {
+        let r = self.record(request_id, now_ms)?;
+        Some((r.u, r.q, r.released, r.h?, r.g.unwrap_or(1)))
+    }
+}
+
+/// The whole keyspace the gate uses: product id → its keys.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GateSnapshot {
+    products: BTreeMap<i64, Keys>,
+}
+
+pub struct MemGate {
+    ctx: Arc<Ctx>,
+    record_ttl: TimeDelta,
+    defects: GateDefects,
+    store: Mutex<GateSnapshot>,
+}
+
+fn ms(t: DateTime<Utc>) -> i64 {
+    t.timestamp_millis()
+}
+
+fn bad_reply(script: &str, what: &str) -> GateError {
+    GateError(format!("unexpected reply from {script} script: {what}"))
+}
+
+impl MemGate {
+    pub fn new(ctx: Arc<Ctx>, record_ttl: TimeDelta, defects: GateDefects) -> Self {
+        Self {
+            ctx,
+            record_ttl,
+            defects,
+            store: Mutex::new(GateSnapshot::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, GateSnapshot> {
+        self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn now_ms(&self) -> i64 {
+        ms(self.ctx.gate_now())
+    }
+
+    /// Between two round trips of one operation: other work may run here.
+    async fn round_trip(&self, what: &str) {
+        self.ctx.maybe_kill(what);
+        Point::new().await;
+    }
+
+    /// Redis restarts empty: every key is gone.
+    pub fn wipe(&self) {
+        self.lock().products.clear();
+    }
+
+    /// A copy of the keyspace, to come back to after a failover that loses later writes.
+    pub fn snapshot(&self) -> GateSnapshot {
+        self.lock().clone()
+    }
+
+    /// A failover to a replica that had only `snapshot`: later writes are lost.
+    pub fn restore(&self, snapshot: GateSnapshot) {
+        *self.lock() = snapshot;
+    }
+
+    /// The available count (for the online checks; no fault, no yield).
+    pub fn peek_available(&self, product_id: i64) -> Option<i64> {
+        self.lock()
+            .products
+            .get(&product_id)
+            .and_then(|k| k.inv.as_ref().map(|i| i.avail))
+    }
+
+    /// `GateMaintenance::facts` in one atomic look (for the final checks of a quiet run).
+    pub fn peek_facts(&self, product_id: i64) -> GateFacts {
+        let now = self.now_ms();
+        let mut store = self.lock();
+        let keys = store.products.entry(product_id).or_default();
+        let generation = keys.inv.as_ref().map_or(0, |i| i.gen.unwrap_or(1));
+        GateFacts {
+            available: keys.inv.as_ref().map(|i| i.avail),
+            held: held(keys, generation, now),
+            pending: keys.pending.keys().cloned().collect(),
+        }
+    }
+}
+
+/// Records holding units in the gate's current generation (as `RedisGate::facts` reads
+/// them).
+fn held(keys: &mut Keys, generation: i64, now_ms: i64) -> BTreeMap<String, (i64, i64)> {
+    let ids: Vec<String> = keys.records.keys().cloned().collect();
+    let mut held = BTreeMap::new();
+    for id in ids {
+        if let Some((_, q, false, hold_id, g)) = keys.hold_fields(&id, now_ms) {
+            if g == generation {
+                held.insert(id, (hold_id, q));
+            }
+        }
+    }
+    held
+}
+
+#[async_trait]
+impl StockGate for MemGate {
+    async fn ping(&self) -> Result<(), GateError> {
+        Ok(())
+    }
+
+    /// load.lua
+    async fn load(
+        &self,
+        product_id: ProductId,
+        available: i64,
+        generation: i64,
+    ) -> Result<bool, GateError> {
+        if available < 0 || generation < 1 {
+            return Err(GateError("ERR flashsale load: invalid arguments".into()));
+        }
+        let mut store = self.lock();
+        let keys = store.products.entry(product_id.get()).or_default();
+        if keys.inv.is_some() {
+            return Ok(false);
+        }
+        keys.inv = Some(Inv {
+            avail: available,
+            seq: Some(0),
+            gen: Some(generation),
+        });
+        Ok(true)
+    }
+
+    /// reserve.lua
+    async fn reserve(
+        &self,
+        request: &PurchaseRequest,
+        per_user_limit: Option<u32>,
+    ) -> Result<Reserve, GateError> {
+        // The hold's time is Redis's own clock (TIME inside the script).
+        let redis_now = self.now_ms();
+        let ttl = self.record_ttl.num_milliseconds();
+        let mut store = self.lock();
+        let keys = store.products.entry(request.product_id.get()).or_default();
+        let Some(inv) = keys.inv.clone() else {
+            return Ok(Reserve::NotLoaded);
+        };
+        let gen = inv.gen.unwrap_or(1);
+        let rid = request.request_id.as_str();
+        if let Some(rec) = keys.record(rid, redis_now) {
+            if rec.g.unwrap_or(1) == gen {
+                // `{2, h, u, q, released, gen}`: a nil `h` ends the Lua array at `{2}`,
+                // which `parse_reserve` refuses.
+                let hold_id = rec.h.ok_or_else(|| bad_reply("reserve", "[2]"))?;
+                return Ok(Reserve::Existing(ExistingHold {
+                    hold_id,
+                    generation: gen,
+                    user_id: UserId::parse(rec.u).map_err(|_| bad_reply("reserve", "user"))?,
+                    quantity: Quantity::from_stored(rec.q)
+                        .ok_or_else(|| bad_reply("reserve", "quantity"))?,
+                    released: rec.released,
+                }));
+            }
+        }
+        let q = i64::from(request.quantity.get());
+        let limit = i64::from(per_user_limit.unwrap_or(0));
+        if ttl < 1 || rid.is_empty() {
+            return Err(GateError("ERR flashsale reserve: invalid arguments".into()));
+        }
+        if inv.avail < q && !self.defects.reserve_below_zero {
+            return Ok(Reserve::SoldOut);
+        }
+        let user = request.user_id.get();
+        let mut counted = false;
+        if limit > 0 {
+            let held = keys.users.get(&user).copied().unwrap_or(0);
+            if held + q > limit {
+                return Ok(Reserve::LimitExceeded);
+            }
+            counted = true;
+        }
+        let hold = inv.seq.unwrap_or(0) + 1;
+        keys.inv = Some(Inv {
+            avail: inv.avail - q,
+            seq: Some(hold),
+            gen: inv.gen,
+        });
+        if counted {
+            *keys.users.entry(user).or_insert(0) += q;
+        }
+        keys.records.insert(
+            rid.to_owned(),
+            HoldRec {
+                u: user,
+                q,
+                released: false,
+                h: Some(hold),
+                counted,
+                g: Some(gen),
+                expires_ms: redis_now + ttl,
+            },
+        );
+        keys.pending.insert(rid.to_owned(), redis_now);
+        Ok(Reserve::Reserved {
+            hold_id: hold,
+            generation: gen,
+        })
+    }
+
+    /// release.lua
+    async fn release(
+        &self,
+        product_id: ProductId,
+        request_id: &RequestId,
+        of: &ReleaseOf,
+    ) -> Result<Release, GateError> {
+        let redis_now = self.now_ms();
+        let ttl = self.record_ttl.num_milliseconds();
+        let relgen = match of {
+            ReleaseOf::Hold => 0,
+            ReleaseOf::Reservation { generation, .. } => *generation,
+        };
+        if relgen < 0 || ttl < 1 {
+            return Err(GateError("ERR flashsale release: invalid arguments".into()));
+        }
+        let rid = request_id.as_str();
+        let mut store = self.lock();
+        let keys = store.products.entry(product_id.get()).or_default();
+        let Some(inv) = keys.inv.clone() else {
+            return Ok(Release::NotLoaded);
+        };
+        let gen = inv.gen.unwrap_or(1);
+        let rec = keys.record(rid, redis_now).cloned();
+        if rec.as_ref().is_some_and(|r| r.released) {
+            return Ok(Release::AlreadyReleased);
+        }
+        let (user, q, counted) = match of {
+            ReleaseOf::Hold => {
+                let Some(rec) = rec.as_ref() else {
+                    return Ok(Release::Missing);
+                };
+                if rec.g.unwrap_or(1) != gen {
+                    if let Some(r) = keys.records.get_mut(rid) {
+                        r.released = true;
+                    }
+                    keys.pending.remove(rid);
+                    return Ok(Release::AlreadyReleased);
+                }
+                (rec.u, rec.q, rec.counted)
+            }
+            ReleaseOf::Reservation {
+                user_id,
+                quantity,
+                limited,
+                ..
+            } => {
+                if gen < relgen {
+                    return Ok(Release::NotLoaded);
+                }
+                if gen > relgen {
+                    if let Some(r) = keys.records.get_mut(rid) {
+                        r.released = true;
+                    }
+                    keys.pending.remove(rid);
+                    return Ok(Release::AlreadyReleased);
+                }
+                (user_id.get(), i64::from(quantity.get()), *limited)
+            }
+        };
+        if q < 1 {
+            return Err(GateError(
+                "ERR flashsale release: corrupt hold record".into(),
+            ));
+        }
+        if let Some(i) = keys.inv.as_mut() {
+            i.avail += q;
+        }
+        if counted {
+            let left = keys.users.get(&user).copied().unwrap_or(0) - q;
+            if left <= 0 {
+                keys.users.remove(&user);
+            } else {
+                keys.users.insert(user, left);
+            }
+        }
+        match keys.records.get_mut(rid) {
+            Some(r) => r.released = true,
+            None => {
+                // The record was lost with the old state: a released one makes a retry
+                // of this release add nothing.
+                keys.records.insert(
+                    rid.to_owned(),
+                    HoldRec {
+                        u: user,
+                        q,
+                        released: true,
+                        h: None,
+                        counted: false,
+                        g: Some(gen),
+                        expires_ms: redis_now + ttl,
+                    },
+                );
+            }
+        }
+        keys.pending.remove(rid);
+        Ok(Release::Released)
+    }
+
+    /// restock.lua
+    async fn restock(
+        &self,
+        product_id: ProductId,
+        restock_id: &RequestId,
+        quantity: i64,
+        generation: i64,
+    ) -> Result<Restock, GateError> {
+        if quantity < 1 {
+            return Err(GateError("ERR flashsale restock: invalid arguments".into()));
+        }
+        let mut store = self.lock();
+        let keys = store.products.entry(product_id.get()).or_default();
+        if keys.restocks.contains(restock_id.as_str()) {
+            return Ok(Restock::AlreadyApplied);
+        }
+        let Some(inv) = keys.inv.as_mut() else {
+            return Ok(Restock::NotLoaded);
+        };
+        if inv.gen.unwrap_or(1) != generation {
+            return Ok(Restock::Stale);
+        }
+        inv.avail += quantity;
+        keys.restocks.insert(restock_id.as_str().to_owned());
+        Ok(Restock::Applied)
+    }
+
+    async fn available(&self, product_id: ProductId) -> Result<Option<i64>, GateError> {
+        Ok(self.peek_available(product_id.get()))
+    }
+}
+
+#[async_trait]
+impl GateMaintenance for MemGate {
+    /// TIME, ZRANGEBYSCORE, then the records in one pipeline, then ZREM of the gone ones:
+    /// separate round trips, with other work possible in between.
+    async fn stale_holds(
+        &self,
+        product_id: ProductId,
+        older_than: std::time::Duration,
+        limit: usize,
+    ) -> Result<Vec<StaleHold>, GateError> {
+        let older_than_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
+        let before = self.now_ms().saturating_sub(older_than_ms);
+        self.round_trip("stale_holds: zrangebyscore").await;
+        let ids: Vec<String> = {
+            let mut store = self.lock();
+            let keys = store.products.entry(product_id.get()).or_default();
+            let mut by_score: Vec<(i64, &String)> = keys
+                .pending
+                .iter()
+                .filter(|(_, score)| **score < before)
+                .map(|(id, score)| (*score, id))
+                .collect();
+            by_score.sort();
+            by_score
+                .into_iter()
+                .take(limit)
+                .map(|(_, id)| id.clone())
+                .collect()
+        };
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.round_trip("stale_holds: records").await;
+        let now = self.now_ms();
+        let mut stale = Vec::new();
+        let mut gone = Vec::new();
+        {
+            let mut store = self.lock();
+            let keys = store.products.entry(product_id.get()).or_default();
+            for id in ids {
+                let parsed = keys
+                    .hold_fields(&id, now)
+                    .and_then(|(u, q, released, h, _)| {
+                        Some(StaleHold {
+                            request: PurchaseRequest {
+                                request_id: RequestId::parse("request_id", &id).ok()?,
+                                user_id: UserId::parse(u).ok()?,
+                                product_id,
+                                quantity: Quantity::from_stored(q)?,
+                            },
+                            hold_id: h,
+                            released,
+                        })
+                    });
+                match parsed {
+                    Some(hold) => stale.push(hold),
+                    None => gone.push(id),
+                }
+            }
+        }
+        if !gone.is_empty() {
+            self.round_trip("stale_holds: zrem").await;
+            let mut store = self.lock();
+            let keys = store.products.entry(product_id.get()).or_default();
+            for id in &gone {
+                keys.pending.remove(id);
+            }
+        }
+        Ok(stale)
+    }
+
+    async fn forget_pending(
+        &self,
+        product_id: ProductId,
+        request_ids: &[RequestId],
+    ) -> Result<(), GateError> {
+        let mut store = self.lock();
+        let keys = store.products.entry(product_id.get()).or_default();
+        for id in request_ids {
+            keys.pending.remove(id.as_str());
+        }
+        Ok(())
+    }
+
+    /// The state, the pending index and the records, each read separately as
+    /// `RedisGate::facts` does.
+    async fn facts(&self, product_id: ProductId) -> Result<GateFacts, GateError> {
+        let state = self.state(product_id).await?;
+        let available = state.map(|s| s.available);
+        let generation = state.map_or(0, |s| s.generation);
+        self.round_trip("facts: pending").await;
+        let pending = {
+            let mut store = self.lock();
+            let keys = store.products.entry(product_id.get()).or_default();
+            keys.pending.keys().cloned().collect()
+        };
+        self.round_trip("facts: records").await;
+        let now = self.now_ms();
+        let mut store = self.lock();
+        let keys = store.products.entry(product_id.get()).or_default();
+        Ok(GateFacts {
+            available,
+            held: held(keys, generation, now),
+            pending,
+        })
+    }
+
+    /// adjust.lua
+    async fn adjust(&self, product_id: ProductId, delta: i64) -> Result<bool, GateError> {
+        let mut store = self.lock();
+        let keys = store.products.entry(product_id.get()).or_default();
+        let Some(inv) = keys.inv.as_mut() else {
+            return Ok(false);
+        };
+        if inv.avail + delta < 0 {
+            return Ok(false);
+        }
+        inv.avail += delta;
+        Ok(true)
+    }
+
+    async fn state(&self, product_id: ProductId) -> Result<Option<GateState>, GateError> {
+        let store = self.lock();
+        Ok(store
+            .products
+            .get(&product_id.get())
+            .and_then(|k| k.inv.as_ref())
+            .map(|i| GateState {
+                available: i.avail,
+                generation: i.gen.unwrap_or(1),
+                last_hold_id: i.seq.unwrap_or(0),
+            }))
+    }
+
+    /// rebuild.lua
+    async fn rebuild(&self, product_id: ProductId, plan: &RebuildPlan) -> Result<bool, GateError> {
+        if plan.generation < 1 || plan.available < 0 || plan.last_hold_id < 0 {
+            return Err(GateError("ERR flashsale rebuild: invalid arguments".into()));
+        }
+        let mut store = self.lock();
+        let keys = store.products.entry(product_id.get()).or_default();
+        let current = keys.inv.as_ref().and_then(|i| i.gen).unwrap_or(0);
+        if current >= plan.generation {
+            return Ok(false);
+        }
+        keys.inv = Some(Inv {
+            avail: plan.available,
+            seq: Some(plan.last_hold_id),
+            gen: Some(plan.generation),
+        });
+        keys.users = plan
+            .user_units
+            .iter()
+            .map(|(user, units)| (user.get(), *units))
+            .collect();
+        keys.pending.clear();
+        drop(store);
+        self.ctx.lock().stats.rebuilds += 1;
+        Ok(true)
+    }
+}

@@ -1,0 +1,1475 @@
+//! `MemLedger`: the MariaDB ledger in memory, with the semantics of `MysqlLedger`
+//! (`crates/mysql/src/ledger.rs`, `maintenance.rs`, `outbox.rs`) and its schema
+//! (`crates/mysql/migrations/`).
+//!
+//! Each transaction is one synchronous block that first checks everything that could
+//! make it fail (unique keys, conditional UPDATEs, the CHECK constraint) and only then
+//! writes, so a failed transaction leaves nothing behind, as a rollback does. Methods
+//! that run several transactions or statements in `MysqlLedger` (a transition, then the
+//! read of the order; a collision, then the lookup of the record that won) yield between
+//! them, so other work interleaves there as it does against a real database (READ
+//! COMMITTED: each statement sees what is committed when it runs). Times are the
+//! database's own clock (`NOW(6)`), which the simulation moves separately from the
+//! instances' clocks.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, TimeDelta, Utc};
+use flashsale_app::ports::{
+    Applied, CancelAttempt, Commit, CreateProduct, ExpiredOrder, Fence, LedgerFacts,
+    LedgerMaintenance, Outbox, PayAttempt, PendingReturn, RebuildPlan, RecordRestock, ReleaseOf,
+    StatsStore, Watermark,
+};
+use flashsale_app::{
+    Event, EventType, Ledger, LedgerError, Order, OutboxMessage, Product, PurchaseOutcome,
+    PurchaseRecord, StatsDelta,
+};
+use flashsale_core::{
+    CancelReason, InventoryCounters, NewProduct, OrderId, OrderStatus, ProductId, PurchaseRequest,
+    ReleaseReason, RequestId, ReservationStatus, UserId, STOCK_MAX,
+};
+
+use crate::ctx::{Ctx, Point};
+
+/// `MysqlLedger`'s bound on transactions that collide with a row that then rolls back
+/// (`TX_ATTEMPTS_MAX` there): in memory a collision is always with a committed row, so
+/// the first lookup finds it, but the loop keeps the same shape and bound.
+const TX_ATTEMPTS_MAX: u32 = 4;
+/// Most products `loaded_products` returns (`LOADED_PRODUCTS_MAX` there).
+const LOADED_PRODUCTS_MAX: usize = 10_000;
+/// Most request_ids the facts list per kind of problem (`LISTED_MAX` there).
+const LISTED_MAX: usize = 100;
+
+/// Deliberate defects, to prove the simulator catches what they break.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LedgerDefects {
+    /// `commit_purchase` skips `available_stock >= q`, and the CHECK constraint that
+    /// would otherwise refuse the negative counter is gone too.
+    pub no_stock_guard: bool,
+    /// `fence` answers Fenced without writing the fence row, so a late commit of the
+    /// fenced request can still create an order after its units were given back.
+    pub fence_writes_nothing: bool,
+}
+
+#[derive(Debug, Clone)]
+struct InventoryRow {
+    total: i64,
+    available: i64,
+    reserved: i64,
+    sold: i64,
+    generation: i64,
+}
+
+#[derive(Debug, Clone)]
+struct ReservationRow {
+    id: i64,
+    request: PurchaseRequest,
+    hold_id: i64,
+    /// The generation column: set by a commit, DEFAULT 1 for a fence (as in the SQL).
+    generation: i64,
+    status: ReservationStatus,
+    release_reason: Option<ReleaseReason>,
+    stock_returned: bool,
+    released_generation: Option<i64>,
+    updated_at: DateTime<Utc>,
+    /// Sim bookkeeping: terminal transitions applied to this row (I3: at most one).
+    transitions: u32,
+}
+
+#[derive(Debug, Clone)]
+struct RestockRow {
+    product_id: i64,
+    quantity: i64,
+    gate_applied: bool,
+    generation: i64,
+}
+
+#[derive(Debug, Clone)]
+struct IncidentRow {
+    product_id: i64,
+    open: bool,
+}
+
+/// One `outbox` row.
+#[derive(Debug, Clone)]
+pub struct OutboxRow {
+    pub id: i64,
+    pub event_id: String,
+    pub event_type: EventType,
+    pub request_id: String,
+    pub order_id: Option<i64>,
+    pub product_id: i64,
+    pub user_id: i64,
+    pub quantity: i64,
+    pub reason: Option<&'static str>,
+    pub sequence: i32,
+    pub payload: String,
+    pub created_at: DateTime<Utc>,
+    pub sent: bool,
+    attempts: u32,
+    claimed_by: Option<String>,
+    claimed_until: Option<DateTime<Utc>>,
+}
+
+impl OutboxRow {
+    /// The event as a consumer decodes it from the payload.
+    pub fn event(&self) -> Option<Event> {
+        Some(Event {
+            event_id: self.event_id.clone(),
+            event_type: self.event_type,
+            sequence: u32::try_from(self.sequence).ok()?,
+            order_id: match self.order_id {
+                Some(id) => Some(OrderId::parse(id).ok()?),
+                None => None,
+            },
+            request_id: RequestId::parse("request_id", &self.request_id).ok()?,
+            product_id: ProductId::parse(self.product_id).ok()?,
+            user_id: UserId::parse(self.user_id).ok()?,
+            quantity: flashsale_core::Quantity::from_stored(self.quantity)?,
+            reason: self.reason.map(str::to_owned),
+            occurred_at: self.created_at,
+        })
+    }
+}
+
+/// An event a transaction is about to write (`Draft` in `outbox.rs`).
+struct Draft {
+    event_type: EventType,
+    order_id: Option<i64>,
+    request: PurchaseRequest,
+    reason: Option<&'static str>,
+}
+
+/// An order and the simulation step at which it was committed.
+#[derive(Debug, Clone)]
+pub struct OrderRow {
+    pub order: Order,
+    pub committed_step: u64,
+}
+
+#[derive(Debug, Default)]
+struct Tables {
+    products: BTreeMap<i64, Product>,
+    inventory: BTreeMap<i64, InventoryRow>,
+    orders: BTreeMap<i64, OrderRow>,
+    /// `orders.uk_request_id`.
+    order_by_request: BTreeMap<String, i64>,
+    /// `inventory_reservation`, by its unique request_id.
+    reservations: BTreeMap<String, ReservationRow>,
+    next_reservation_id: i64,
+    next_order_id: i64,
+    /// `inventory_log.uk_request_type`.
+    log: BTreeSet<(String, &'static str)>,
+    /// `outbox`, by row id.
+    outbox: BTreeMap<i64, OutboxRow>,
+    /// `uk_outbox_request_type`: (request_id, event type) → row id.
+    outbox_keys: BTreeMap<(String, EventType), i64>,
+    next_outbox_id: i64,
+    /// `consumed_event` and `sales_stats` (the statistics consumer's store).
+    consumed: BTreeSet<String>,
+    sales_stats: BTreeMap<i64, StatsDelta>,
+    restocks: BTreeMap<String, RestockRow>,
+    /// `recovery_incident.uk_incident`: (request_id, kind).
+    incidents: BTreeMap<(String, String), IncidentRow>,
+    /// Errors that mean the ledger's data broke a rule (a CHECK failed, a reservation
+    /// disagreed with its order): each is a finding.
+    anomalies: Vec<String>,
+}
+
+pub struct MemLedger {
+    ctx: Arc<Ctx>,
+    defects: LedgerDefects,
+    tables: Mutex<Tables>,
+}
+
+fn corrupt(what: impl std::fmt::Display) -> LedgerError {
+    LedgerError(format!("unexpected data in the ledger: {what}"))
+}
+
+/// What one purchase or fence transaction did (`Attempt` in `MysqlLedger`).
+enum Attempt<T> {
+    Done(T),
+    Taken,
+}
+
+fn check_counters(c: &InventoryRow) -> bool {
+    c.available >= 0
+        && c.reserved >= 0
+        && c.sold >= 0
+        && c.available + c.reserved + c.sold == c.total
+}
+
+impl Tables {
+    fn purchase_record(&self, request_id: &str) -> Result<Option<PurchaseRecord>, LedgerError> {
+        let Some(r) = self.reservations.get(request_id) else {
+            return Ok(None);
+        };
+        let outcome = match self.order_by_request.get(request_id) {
+            Some(id) => match self.orders.get(id) {
+                Some(row) => PurchaseOutcome::Order(row.order.clone()),
+                None => return Err(corrupt(format!("order {id} vanished"))),
+            },
+            None => match (r.status, r.release_reason) {
+                (ReservationStatus::Released, Some(reason)) => PurchaseOutcome::Released { reason },
+                _ => {
+                    return Err(corrupt(format!(
+                        "reservation {request_id} is {} without an order",
+                        r.status
+                    )))
+                }
+            },
+        };
+        Ok(Some(PurchaseRecord {
+            request: r.request.clone(),
+            hold_id: r.hold_id,
+            outcome,
+        }))
+    }
+
+    /// Whether the events can be written: none may collide on `uk_outbox_request_type`
+    /// (the INSERT would fail, and the transaction with it).
+    fn events_fit(&self, drafts: &[Draft]) -> bool {
+        drafts.iter().all(|d| {
+            !self
+                .outbox_keys
+                .contains_key(&(d.request.request_id.as_str().to_owned(), d.event_type))
+        })
+    }
+
+    /// `outbox::record`: one row per draft, its sequence one past the request's last.
+    fn write_events(&mut self, drafts: Vec<Draft>, now: DateTime<Utc>) {
+        for d in drafts {
+            let rid = d.request.request_id.as_str().to_owned();
+            let sequence = self
+                .outbox
+                .values()
+                .filter(|r| r.request_id == rid)
+                .map(|r| r.sequence)
+                .max()
+                .unwrap_or(0)
+                + 1;
+            let id = self.next_outbox_id;
+            self.next_outbox_id += 1;
+            // The database makes a UUID; any unique id will do here.
+            let event_id = format!("ev-{id:06}");
+            let json_opt = |v: Option<String>| v.unwrap_or_else(|| "null".to_owned());
+            let payload = format!(
+                "{{\"event_id\": \"{event_id}\", \"event_type\": \"{}\", \"sequence\": {sequence}, \
+                 \"order_id\": {}, \"request_id\": \"{rid}\", \"product_id\": {}, \
+                 \"user_id\": {}, \"quantity\": {}, \"reason\": {}, \"occurred_at\": \"{}\"}}",
+                d.event_type.as_str(),
+                json_opt(d.order_id.map(|o| o.to_string())),
+                d.request.product_id,
+                d.request.user_id,
+                d.request.quantity,
+                json_opt(d.reason.map(|r| format!("\"{r}\""))),
+                now.format("%Y-%m-%dT%H:%M:%S%.6fZ"),
+            );
+            self.outbox_keys.insert((rid.clone(), d.event_type), id);
+            self.outbox.insert(
+                id,
+                OutboxRow {
+                    id,
+                    event_id,
+                    event_type: d.event_type,
+                    request_id: rid,
+                    order_id: d.order_id,
+                    product_id: d.request.product_id.get(),
+                    user_id: d.request.user_id.get(),
+                    quantity: i64::from(d.request.quantity.get()),
+                    reason: d.reason,
+                    sequence,
+                    payload,
+                    created_at: now,
+                    sent: false,
+                    attempts: 0,
+                    claimed_by: None,
+                    claimed_until: None,
+                },
+            );
+        }
+    }
+
+    /// The facts' `event_mismatches` query: reservations (of one product, or all) whose
+    /// events differ from their changes: order_created iff an order exists, order_paid
+    /// iff it is PAID, order_cancelled iff CANCELLED, reservation_released iff the
+    /// reservation is RELEASED.
+    fn event_mismatches(&self, product_id: Option<i64>, max: usize) -> Vec<String> {
+        let has = |rid: &str, ty: EventType| self.outbox_keys.contains_key(&(rid.to_owned(), ty));
+        self.reservations
+            .iter()
+            .filter(|(_, r)| product_id.is_none_or(|p| r.request.product_id.get() == p))
+            .filter(|(rid, r)| {
+                let status = self
+                    .order_by_request
+                    .get(*rid)
+                    .and_then(|id| self.orders.get(id))
+                    .map(|o| o.order.status);
+                status.is_some() != has(rid, EventType::OrderCreated)
+                    || (status == Some(OrderStatus::Paid)) != has(rid, EventType::OrderPaid)
+                    || (status == Some(OrderStatus::Cancelled))
+                        != has(rid, EventType::OrderCancelled)
+                    || (r.status == ReservationStatus::Released)
+                        != has(rid, EventType::ReservationReleased)
+            })
+            .map(|(rid, _)| rid.clone())
+            .take(max)
+            .collect()
+    }
+
+    /// `order_with_flags`: the order (this user's), whether it is past its deadline, and
+    /// how to give its units back if they are not back yet.
+    fn order_with_flags(
+        &self,
+        order_id: OrderId,
+        user_id: UserId,
+        now: DateTime<Utc>,
+    ) -> Option<(Order, bool, Option<ReleaseOf>)> {
+        let row = self.orders.get(&order_id.get())?;
+        if row.order.user_id != user_id {
+            return None;
+        }
+        let order = row.order.clone();
+        let expired = order.expires_at <= now;
+        let r = self.reservations.get(order.request_id.as_str());
+        let pending =
+            r.is_some_and(|r| r.status == ReservationStatus::Released && !r.stock_returned);
+        let pending_return = pending.then(|| ReleaseOf::Reservation {
+            generation: r.and_then(|r| r.released_generation).unwrap_or(1),
+            user_id: order.user_id,
+            quantity: order.quantity,
+            limited: self
+                .products
+                .get(&order.product_id.get())
+                .is_some_and(|p| p.per_user_limit.is_some()),
+        });
+        Some((order, expired, pending_return))
+    }
+}
+
+impl MemLedger {
+    pub fn new(ctx: Arc<Ctx>, defects: LedgerDefects) -> Self {
+        Self {
+            ctx,
+            defects,
+            tables: Mutex::new(Tables {
+                next_reservation_id: 1,
+                next_order_id: 1,
+                next_outbox_id: 1,
+                ..Tables::default()
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Tables> {
+        self.tables.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `NOW(6)`: the database's clock, to the microsecond.
+    fn now(&self) -> DateTime<Utc> {
+        let t = self.ctx.ledger_now();
+        DateTime::from_timestamp_micros(t.timestamp_micros()).unwrap_or(t)
+    }
+
+    /// Between two statements or transactions of one operation.
+    async fn round_trip(&self, what: &str) {
+        self.ctx.maybe_kill(what);
+        Point::new().await;
+    }
+
+    fn anomaly(&self, t: &mut Tables, what: String) -> LedgerError {
+        t.anomalies.push(what.clone());
+        LedgerError(what)
+    }
+
+    fn tx_purchase(
+        &self,
+        request: &PurchaseRequest,
+        hold_id: i64,
+        generation: i64,
+        payment_timeout: Duration,
+    ) -> Result<Attempt<Commit>, LedgerError> {
+        let now = self.now();
+        let step = self.ctx.step();
+        let mut guard = self.lock();
+        let t = &mut *guard;
+        let rid = request.request_id.as_str();
+        if t.reservations.contains_key(rid) || t.order_by_request.contains_key(rid) {
+            return Ok(Attempt::Taken);
+        }
+        if t.log.contains(&(rid.to_owned(), "reserve")) {
+            return Err(self.anomaly(t, format!("duplicate inventory_log (reserve) for {rid}")));
+        }
+        let events = vec![Draft {
+            event_type: EventType::OrderCreated,
+            order_id: Some(t.next_order_id),
+            request: request.clone(),
+            reason: None,
+        }];
+        if !t.events_fit(&events) {
+            return Err(self.anomaly(t, format!("duplicate outbox order_created for {rid}")));
+        }
+        let q = i64::from(request.quantity.get());
+        let p = request.product_id.get();
+        let current = t.inventory.get(&p).map(|i| i.generation);
+        let fits = t.inventory.get(&p).is_some_and(|i| {
+            (self.defects.no_stock_guard || i.available >= q) && i.generation == generation
+        });
+        if !fits {
+            return Ok(Attempt::Done(if current == Some(generation) {
+                Commit::InsufficientStock
+            } else {
+                Commit::StaleGeneration
+            }));
+        }
+        let Some(inv) = t.inventory.get(&p).cloned() else {
+            return Ok(Attempt::Done(Commit::StaleGeneration));
+        };
+        let counters = InventoryRow {
+            available: inv.available - q,
+            reserved: inv.reserved + q,
+            ..inv
+        };
+        if !self.defects.no_stock_guard && !check_counters(&counters) {
+            return Err(self.anomaly(
+                t,
+                format!("CHECK chk_inventory_conservation failed: {counters:?}"),
+            ));
+        }
+        let timeout = TimeDelta::from_std(payment_timeout).unwrap_or(TimeDelta::MAX);
+        let order_id = t.next_order_id;
+        let order = Order {
+            order_id: OrderId::parse(order_id).map_err(corrupt)?,
+            request_id: request.request_id.clone(),
+            user_id: request.user_id,
+            product_id: request.product_id,
+            quantity: request.quantity,
+            status: OrderStatus::PendingPayment,
+            created_at: now,
+            expires_at: now + timeout,
+            paid_at: None,
+            cancelled_at: None,
+            cancel_reason: None,
+        };
+        t.next_order_id += 1;
+        let id = t.next_reservation_id;
+        t.next_reservation_id += 1;
+        t.reservations.insert(
+            rid.to_owned(),
+            ReservationRow {
+                id,
+                request: request.clone(),
+                hold_id,
+                generation,
+                status: ReservationStatus::Processing,
+                release_reason: None,
+                stock_returned: false,
+                released_generation: None,
+                updated_at: now,
+                transitions: 0,
+            },
+        );
+        t.orders.insert(
+            order_id,
+            OrderRow {
+                order: order.clone(),
+                committed_step: step,
+            },
+        );
+        t.order_by_request.insert(rid.to_owned(), order_id);
+        t.log.insert((rid.to_owned(), "reserve"));
+        t.write_events(events, now);
+        t.inventory.insert(p, counters);
+        Ok(Attempt::Done(Commit::Committed(order)))
+    }
+
+    fn tx_fence(
+        &self,
+        request: &PurchaseRequest,
+        hold_id: i64,
+        reason: ReleaseReason,
+    ) -> Result<Attempt<()>, LedgerError> {
+        let now = self.now();
+        let mut guard = self.lock();
+        let t = &mut *guard;
+        let rid = request.request_id.as_str();
+        if t.reservations.contains_key(rid) {
+            return Ok(Attempt::Taken);
+        }
+        if self.defects.fence_writes_nothing {
+            return Ok(Attempt::Done(()));
+        }
+        if t.log.contains(&(rid.to_owned(), "release")) {
+            return Err(self.anomaly(t, format!("duplicate inventory_log (release) for {rid}")));
+        }
+        let events = vec![Draft {
+            event_type: EventType::ReservationReleased,
+            order_id: None,
+            request: request.clone(),
+            reason: Some(reason.as_str()),
+        }];
+        if !t.events_fit(&events) {
+            return Err(self.anomaly(
+                t,
+                format!("duplicate outbox reservation_released for {rid}"),
+            ));
+        }
+        let id = t.next_reservation_id;
+        t.next_reservation_id += 1;
+        t.reservations.insert(
+            rid.to_owned(),
+            ReservationRow {
+                id,
+                request: request.clone(),
+                hold_id,
+                generation: 1,
+                status: ReservationStatus::Released,
+                release_reason: Some(reason),
+                stock_returned: false,
+                released_generation: None,
+                updated_at: now,
+                transitions: 1,
+            },
+        );
+        t.log.insert((rid.to_owned(), "release"));
+        t.write_events(events, now);
+        Ok(Attempt::Done(()))
+    }
+
+    /// `MysqlLedger::transition`: the order out of PENDING_PAYMENT, its reservation out of
+    /// PROCESSING, the counters, the events and the log, in one transaction; false when
+    /// the conditional UPDATE matched nothing.
+    fn tx_transition(
+        &self,
+        order_id: OrderId,
+        user_id: UserId,
+        to: OrderStatus,
+        cancel_reason: Option<CancelReason>,
+    ) -> Result<bool, LedgerError> {
+        let now = self.now();
+        let mut guard = self.lock();
+        let t = &mut *guard;
+        let Some(row) = t.orders.get(&order_id.get()) else {
+            return Ok(false);
+        };
+        let o = &row.order;
+        let matched = o.user_id == user_id
+            && o.status == OrderStatus::PendingPayment
+            && match to {
+                OrderStatus::Paid => o.expires_at > now,
+                OrderStatus::Cancelled if cancel_reason == Some(CancelReason::PaymentTimeout) => {
+                    o.expires_at <= now
+                }
+                OrderStatus::Cancelled => true,
+                OrderStatus::PendingPayment => {
+                    return Err(LedgerError("no transition to PENDING_PAYMENT".into()))
+                }
+            };
+        if !matched {
+            return Ok(false);
+        }
+        let rid = o.request_id.as_str().to_owned();
+        let p = o.product_id.get();
+        let q = i64::from(o.quantity.get());
+        let request = o.request();
+        if t.reservations.get(&rid).map(|r| r.status) != Some(ReservationStatus::Processing) {
+            return Err(self.anomaly(
+                t,
+                format!(
+                    "order {order_id} is PENDING_PAYMENT but its reservation is not PROCESSING"
+                ),
+            ));
+        }
+        let reason = cancel_reason.unwrap_or(CancelReason::UserCancelled);
+        let draft = |event_type, reason| Draft {
+            event_type,
+            order_id: Some(order_id.get()),
+            request: request.clone(),
+            reason,
+        };
+        let events = match to {
+            OrderStatus::Paid => vec![draft(EventType::OrderPaid, None)],
+            _ => vec![
+                draft(EventType::OrderCancelled, Some(reason.as_str())),
+                draft(
+                    EventType::ReservationReleased,
+                    Some(ReleaseReason::for_cancel(reason).as_str()),
+                ),
+            ],
+        };
+        if !t.events_fit(&events) {
+            return Err(self.anomaly(t, format!("duplicate outbox event for {rid} ({to})")));
+        }
+        let Some(inv) = t.inventory.get(&p).cloned() else {
+            return Err(self.anomaly(
+                t,
+                format!("order {order_id} of a product without inventory"),
+            ));
+        };
+        let counters = match to {
+            OrderStatus::Paid => InventoryRow {
+                reserved: inv.reserved - q,
+                sold: inv.sold + q,
+                ..inv.clone()
+            },
+            _ => InventoryRow {
+                reserved: inv.reserved - q,
+                available: inv.available + q,
+                ..inv.clone()
+            },
+        };
+        if !self.defects.no_stock_guard && !check_counters(&counters) {
+            return Err(self.anomaly(
+                t,
+                format!("CHECK chk_inventory_conservation failed: {counters:?}"),
+            ));
+        }
+        let log_type = if to == OrderStatus::Paid {
+            "confirm"
+        } else {
+            "release"
+        };
+        if t.log.contains(&(rid.clone(), log_type)) {
+            return Err(self.anomaly(t, format!("duplicate inventory_log ({log_type}) for {rid}")));
+        }
+        // Everything checked: apply.
+        if let Some(row) = t.orders.get_mut(&order_id.get()) {
+            row.order.status = to;
+            if to == OrderStatus::Paid {
+                row.order.paid_at = Some(now);
+            } else {
+                row.order.cancelled_at = Some(now);
+                row.order.cancel_reason = cancel_reason;
+            }
+        }
+        if let Some(r) = t.reservations.get_mut(&rid) {
+            r.transitions += 1;
+            r.updated_at = now;
+            if to == OrderStatus::Paid {
+                r.status = ReservationStatus::Confirmed;
+            } else {
+                r.status = ReservationStatus::Released;
+                r.release_reason = Some(ReleaseReason::for_cancel(reason));
+                r.stock_returned = false;
+                r.released_generation = Some(inv.generation);
+            }
+        }
+        t.write_events(events, now);
+        t.inventory.insert(p, counters);
+        t.log.insert((rid, log_type));
+        Ok(true)
+    }
+
+    // ---- what the simulation's checks read (no faults, no yields) --------------------
+
+    /// Units of live (PENDING_PAYMENT or PAID) orders and the total stock, per product.
+    pub fn live_units(&self) -> BTreeMap<i64, (i64, i64)> {
+        let t = self.lock();
+        let mut out: BTreeMap<i64, (i64, i64)> = t
+            .inventory
+            .iter()
+            .map(|(p, i)| (*p, (0, i.total)))
+            .collect();
+        for row in t.orders.values() {
+            if row.order.status.holds_stock() {
+                let e = out.entry(row.order.product_id.get()).or_insert((0, 0));
+                e.0 += i64::from(row.order.quantity.get());
+            }
+        }
+        out
+    }
+
+    pub fn orders(&self) -> Vec<OrderRow> {
+        self.lock().orders.values().cloned().collect()
+    }
+
+    pub fn order_row(&self, order_id: i64) -> Option<OrderRow> {
+        self.lock().orders.get(&order_id).cloned()
+    }
+
+    pub fn order_of_request(&self, request_id: &str) -> Option<OrderRow> {
+        let t = self.lock();
+        let id = t.order_by_request.get(request_id)?;
+        t.orders.get(id).cloned()
+    }
+
+    pub fn anomalies(&self) -> Vec<String> {
+        self.lock().anomalies.clone()
+    }
+
+    /// Request_ids whose reservation made more than one terminal transition (I3).
+    pub fn resolved_twice(&self) -> Vec<String> {
+        self.lock()
+            .reservations
+            .iter()
+            .filter(|(_, r)| r.transitions > 1)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// Request_ids whose outbox events do not match their state changes one to one
+    /// (I7's first half), over every product.
+    pub fn event_mismatches(&self) -> Vec<String> {
+        self.lock().event_mismatches(None, usize::MAX)
+    }
+
+    /// The event of outbox row `id`, if it is `event_id`.
+    pub fn event(&self, id: i64, event_id: &str) -> Option<Event> {
+        self.lock()
+            .outbox
+            .get(&id)
+            .filter(|r| r.event_id == event_id)
+            .and_then(OutboxRow::event)
+    }
+
+    pub fn unsent_count(&self) -> usize {
+        self.lock().outbox.values().filter(|r| !r.sent).count()
+    }
+
+    /// Every outbox row.
+    pub fn outbox_rows(&self) -> Vec<OutboxRow> {
+        self.lock().outbox.values().cloned().collect()
+    }
+
+    /// The statistics consumer's counters and the event ids it consumed.
+    pub fn sales_stats(&self) -> (BTreeMap<i64, StatsDelta>, BTreeSet<String>) {
+        let t = self.lock();
+        (t.sales_stats.clone(), t.consumed.clone())
+    }
+
+    /// The restocks recorded for a product: (request_id, quantity).
+    pub fn restocks(&self, product_id: i64) -> Vec<(String, i64)> {
+        self.lock()
+            .restocks
+            .iter()
+            .filter(|(_, r)| r.product_id == product_id)
+            .map(|(id, r)| (id.clone(), r.quantity))
+            .collect()
+    }
+
+    pub fn per_user_live_units(&self) -> BTreeMap<(i64, i64), i64> {
+        let t = self.lock();
+        let mut out = BTreeMap::new();
+        for row in t.orders.values() {
+            if row.order.status.holds_stock() {
+                *out.entry((row.order.product_id.get(), row.order.user_id.get()))
+                    .or_insert(0) += i64::from(row.order.quantity.get());
+            }
+        }
+        out
+    }
+
+    /// `LedgerMaintenance::facts` in one atomic look.
+    pub fn peek_facts(&self, product_id: i64) -> Option<LedgerFacts> {
+        let now = self.now();
+        let t = self.lock();
+        let counters = counters_of(&t, product_id)?;
+        let (pending_units, paid_units, overdue_unpaid) = units_of(&t, product_id, now);
+        Some(rest_of(
+            &t,
+            product_id,
+            counters,
+            pending_units,
+            paid_units,
+            overdue_unpaid,
+        ))
+    }
+}
+
+fn counters_of(t: &Tables, product_id: i64) -> Option<InventoryCounters> {
+    t.inventory.get(&product_id).map(|i| InventoryCounters {
+        total: i.total,
+        available: i.available,
+        reserved: i.reserved,
+        sold: i.sold,
+    })
+}
+
+fn units_of(t: &Tables, product_id: i64, now: DateTime<Utc>) -> (i64, i64, i64) {
+    let (mut pending, mut paid, mut overdue) = (0, 0, 0);
+    for row in t.orders.values() {
+        let o = &row.order;
+        if o.product_id.get() != product_id {
+            continue;
+        }
+        let q = i64::from(o.quantity.get());
+        match o.status {
+            OrderStatus::PendingPayment => {
+                pending += q;
+                if o.expires_at <= now {
+                    overdue += 1;
+                }
+            }
+            OrderStatus::Paid => paid += q,
+            OrderStatus::Cancelled => {}
+        }
+    }
+    (pending, paid, overdue)
+}
+
+fn rest_of(
+    t: &Tables,
+    product_id: i64,
+    counters: InventoryCounters,
+    pending_units: i64,
+    paid_units: i64,
+    overdue_unpaid: i64,
+) -> LedgerFacts {
+    let orders_without_reservation = t
+        .orders
+        .values()
+        .filter(|o| {
+            o.order.product_id.get() == product_id
+                && !t.reservations.contains_key(o.order.request_id.as_str())
+        })
+        .map(|o| o.order.request_id.to_string())
+        .take(LISTED_MAX)
+        .collect();
+    let mut mismatched = Vec::new();
+    let mut live = BTreeMap::new();
+    let mut unreturned = BTreeMap::new();
+    let mut reserved_request_ids = BTreeSet::new();
+    for (rid, r) in t
+        .reservations
+        .iter()
+        .filter(|(_, r)| r.request.product_id.get() == product_id)
+    {
+        let order = t
+            .order_by_request
+            .get(rid)
+            .and_then(|id| t.orders.get(id))
+            .map(|o| o.order.status);
+        let consistent = matches!(
+            (order, r.status),
+            (
+                Some(OrderStatus::PendingPayment),
+                ReservationStatus::Processing
+            ) | (Some(OrderStatus::Paid), ReservationStatus::Confirmed)
+                | (Some(OrderStatus::Cancelled), ReservationStatus::Released)
+                | (None, ReservationStatus::Released)
+        );
+        if !consistent && mismatched.len() < LISTED_MAX {
+            mismatched.push(rid.clone());
+        }
+        let q = i64::from(r.request.quantity.get());
+        if r.status == ReservationStatus::Released {
+            if !r.stock_returned {
+                unreturned.insert(rid.clone(), q);
+            }
+        } else {
+            live.insert(rid.clone(), (r.hold_id, q));
+        }
+        reserved_request_ids.insert(rid.clone());
+    }
+    let open_incidents = t
+        .incidents
+        .values()
+        .filter(|i| i.product_id == product_id && i.open)
+        .count();
+    let unsent_events = t
+        .outbox
+        .values()
+        .filter(|e| e.product_id == product_id && !e.sent)
+        .count();
+    LedgerFacts {
+        counters,
+        pending_units,
+        paid_units,
+        orders_without_reservation,
+        mismatched,
+        live,
+        unreturned,
+        reserved_request_ids,
+        overdue_unpaid,
+        open_incidents: i64::try_from(open_incidents).unwrap_or(i64::MAX),
+        event_mismatches: t.event_mismatches(Some(product_id), LISTED_MAX),
+        unsent_events: i64::try_from(unsent_events).unwrap_or(i64::MAX),
+    }
+}
+
+#[async_trait]
+impl Ledger for MemLedger {
+    async fn ping(&self) -> Result<(), LedgerError> {
+        Ok(())
+    }
+
+    async fn create_product(&self, new: &NewProduct) -> Result<CreateProduct, LedgerError> {
+        let created = {
+            let now = self.now();
+            let mut guard = self.lock();
+            let t = &mut *guard;
+            let p = new.product_id.get();
+            match t.products.entry(p) {
+                std::collections::btree_map::Entry::Occupied(_) => false,
+                std::collections::btree_map::Entry::Vacant(slot) => {
+                    slot.insert(Product {
+                        product_id: new.product_id,
+                        name: new.name.clone(),
+                        per_user_limit: new.per_user_limit,
+                        window: new.window,
+                        stock_loaded: false,
+                        created_at: now,
+                    });
+                    t.inventory.insert(
+                        p,
+                        InventoryRow {
+                            total: new.stock,
+                            available: new.stock,
+                            reserved: 0,
+                            sold: 0,
+                            generation: 1,
+                        },
+                    );
+                    true
+                }
+            }
+        };
+        self.round_trip("create product: read back").await;
+        let product = self
+            .product(new.product_id)
+            .await?
+            .ok_or_else(|| corrupt("product vanished after insert"))?;
+        if created {
+            return Ok(CreateProduct::Created(product));
+        }
+        self.round_trip("create product: inventory").await;
+        let counters = self
+            .inventory(new.product_id)
+            .await?
+            .ok_or_else(|| corrupt("product without inventory"))?;
+        Ok(CreateProduct::Exists(product, counters.total))
+    }
+
+    async fn product(&self, product_id: ProductId) -> Result<Option<Product>, LedgerError> {
+        Ok(self.lock().products.get(&product_id.get()).cloned())
+    }
+
+    async fn mark_stock_loaded(&self, product_id: ProductId) -> Result<(), LedgerError> {
+        if let Some(p) = self.lock().products.get_mut(&product_id.get()) {
+            p.stock_loaded = true;
+        }
+        Ok(())
+    }
+
+    async fn generation(&self, product_id: ProductId) -> Result<Option<i64>, LedgerError> {
+        Ok(self
+            .lock()
+            .inventory
+            .get(&product_id.get())
+            .map(|i| i.generation))
+    }
+
+    async fn inventory(
+        &self,
+        product_id: ProductId,
+    ) -> Result<Option<InventoryCounters>, LedgerError> {
+        Ok(counters_of(&self.lock(), product_id.get()))
+    }
+
+    async fn commit_purchase(
+        &self,
+        request: &PurchaseRequest,
+        hold_id: i64,
+        generation: i64,
+        payment_timeout: Duration,
+    ) -> Result<Commit, LedgerError> {
+        for _ in 0..TX_ATTEMPTS_MAX {
+            match self.tx_purchase(request, hold_id, generation, payment_timeout)? {
+                Attempt::Done(commit) => return Ok(commit),
+                Attempt::Taken => {
+                    self.round_trip("commit purchase: find the record that won")
+                        .await;
+                    if let Some(record) = self.find_purchase(&request.request_id).await? {
+                        return Ok(Commit::Duplicate(record));
+                    }
+                }
+            }
+        }
+        Err(LedgerError(format!(
+            "commit purchase: request_id {} kept colliding with transactions that rolled back",
+            request.request_id
+        )))
+    }
+
+    async fn fence(
+        &self,
+        request: &PurchaseRequest,
+        hold_id: i64,
+        reason: ReleaseReason,
+    ) -> Result<Fence, LedgerError> {
+        for _ in 0..TX_ATTEMPTS_MAX {
+            match self.tx_fence(request, hold_id, reason)? {
+                Attempt::Done(()) => return Ok(Fence::Fenced),
+                Attempt::Taken => {
+                    self.round_trip("fence: find the record that won").await;
+                    if let Some(record) = self.find_purchase(&request.request_id).await? {
+                        return Ok(Fence::Duplicate(record));
+                    }
+                }
+            }
+        }
+        Err(LedgerError(format!(
+            "fence: request_id {} kept colliding with transactions that rolled back",
+            request.request_id
+        )))
+    }
+
+    async fn find_purchase(
+        &self,
+        request_id: &RequestId,
+    ) -> Result<Option<PurchaseRecord>, LedgerError> {
+        let mut guard = self.lock();
+        match guard.purchase_record(request_id.as_str()) {
+            Ok(r) => Ok(r),
+            Err(e) => Err(self.anomaly(&mut guard, e.0)),
+        }
+    }
+
+    async fn order(&self, order_id: OrderId) -> Result<Option<Order>, LedgerError> {
+        Ok(self
+            .lock()
+            .orders
+            .get(&order_id.get())
+            .map(|r| r.order.clone()))
+    }
+
+    async fn pay(
+        &self,
+        order_id: OrderId,
+        user_id: UserId,
+    ) -> Result<Option<PayAttempt>, LedgerError> {
+        let applied = self.tx_transition(order_id, user_id, OrderStatus::Paid, None)?;
+        self.round_trip("pay: read order").await;
+        let now = self.now();
+        Ok(self
+            .lock()
+            .order_with_flags(order_id, user_id, now)
+            .map(|(order, expired, _)| PayAttempt {
+                order,
+                applied,
+                expired,
+            }))
+    }
+
+    async fn cancel(
+        &self,
+        order_id: OrderId,
+        user_id: UserId,
+        reason: CancelReason,
+    ) -> Result<Option<CancelAttempt>, LedgerError> {
+        let applied =
+            self.tx_transition(order_id, user_id, OrderStatus::Cancelled, Some(reason))?;
+        self.round_trip("cancel: read order").await;
+        let now = self.now();
+        Ok(self.lock().order_with_flags(order_id, user_id, now).map(
+            |(order, _, pending_return)| CancelAttempt {
+                order,
+                applied,
+                pending_return,
+            },
+        ))
+    }
+
+    async fn mark_stock_returned(&self, request_id: &RequestId) -> Result<(), LedgerError> {
+        let now = self.now();
+        if let Some(r) = self.lock().reservations.get_mut(request_id.as_str()) {
+            if r.status == ReservationStatus::Released && !r.stock_returned {
+                r.stock_returned = true;
+                r.updated_at = now;
+            }
+        }
+        Ok(())
+    }
+
+    async fn record_restock(
+        &self,
+        product_id: ProductId,
+        restock_id: &RequestId,
+        quantity: i64,
+    ) -> Result<RecordRestock, LedgerError> {
+        let mut guard = self.lock();
+        let t = &mut *guard;
+        let rid = restock_id.as_str();
+        if let Some(r) = t.restocks.get(rid) {
+            return Ok(
+                if r.product_id == product_id.get() && r.quantity == quantity {
+                    RecordRestock::Recorded {
+                        applied: r.gate_applied,
+                        generation: r.generation,
+                    }
+                } else {
+                    RecordRestock::Conflict
+                },
+            );
+        }
+        let p = product_id.get();
+        let Some(inv) = t
+            .inventory
+            .get(&p)
+            .filter(|i| i.total + quantity <= STOCK_MAX)
+            .cloned()
+        else {
+            return Ok(RecordRestock::TooLarge);
+        };
+        if t.log.contains(&(rid.to_owned(), "restock")) {
+            return Err(self.anomaly(t, format!("duplicate inventory_log (restock) for {rid}")));
+        }
+        let generation = inv.generation;
+        t.inventory.insert(
+            p,
+            InventoryRow {
+                total: inv.total + quantity,
+                available: inv.available + quantity,
+                ..inv
+            },
+        );
+        t.restocks.insert(
+            rid.to_owned(),
+            RestockRow {
+                product_id: p,
+                quantity,
+                gate_applied: false,
+                generation,
+            },
+        );
+        t.log.insert((rid.to_owned(), "restock"));
+        Ok(RecordRestock::Recorded {
+            applied: false,
+            generation,
+        })
+    }
+
+    async fn mark_restock_applied(&self, restock_id: &RequestId) -> Result<(), LedgerError> {
+        if let Some(r) = self.lock().restocks.get_mut(restock_id.as_str()) {
+            r.gate_applied = true;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl LedgerMaintenance for MemLedger {
+    async fn loaded_products(&self) -> Result<Vec<ProductId>, LedgerError> {
+        Ok(self
+            .lock()
+            .products
+            .values()
+            .filter(|p| p.stock_loaded)
+            .map(|p| p.product_id)
+            .take(LOADED_PRODUCTS_MAX)
+            .collect())
+    }
+
+    async fn expired_orders(&self, limit: usize) -> Result<Vec<ExpiredOrder>, LedgerError> {
+        let now = self.now();
+        let t = self.lock();
+        let mut due: Vec<(DateTime<Utc>, i64, UserId)> = t
+            .orders
+            .values()
+            .filter(|r| r.order.status == OrderStatus::PendingPayment && r.order.expires_at <= now)
+            .map(|r| (r.order.expires_at, r.order.order_id.get(), r.order.user_id))
+            .collect();
+        due.sort();
+        due.into_iter()
+            .take(limit)
+            .map(|(_, id, user_id)| {
+                Ok(ExpiredOrder {
+                    order_id: OrderId::parse(id).map_err(corrupt)?,
+                    user_id,
+                })
+            })
+            .collect()
+    }
+
+    async fn expire(&self, order: &ExpiredOrder) -> Result<Option<CancelAttempt>, LedgerError> {
+        let applied = self.tx_transition(
+            order.order_id,
+            order.user_id,
+            OrderStatus::Cancelled,
+            Some(CancelReason::PaymentTimeout),
+        )?;
+        self.round_trip("expire: read order").await;
+        let now = self.now();
+        Ok(self
+            .lock()
+            .order_with_flags(order.order_id, order.user_id, now)
+            .map(|(order, _, pending_return)| CancelAttempt {
+                order,
+                applied,
+                pending_return,
+            }))
+    }
+
+    async fn pending_returns(&self, limit: usize) -> Result<Vec<PendingReturn>, LedgerError> {
+        let t = self.lock();
+        let mut rows: Vec<(DateTime<Utc>, i64, &String, &ReservationRow)> = t
+            .reservations
+            .iter()
+            .filter(|(_, r)| r.status == ReservationStatus::Released && !r.stock_returned)
+            .map(|(rid, r)| (r.updated_at, r.id, rid, r))
+            .collect();
+        rows.sort_by_key(|(at, id, _, _)| (*at, *id));
+        Ok(rows
+            .into_iter()
+            .take(limit)
+            .map(|(_, _, rid, r)| {
+                // A reservation with an order was counted by the ledger; a fence was not.
+                let of = if t.order_by_request.contains_key(rid) {
+                    ReleaseOf::Reservation {
+                        generation: r.released_generation.unwrap_or(1),
+                        user_id: r.request.user_id,
+                        quantity: r.request.quantity,
+                        limited: t
+                            .products
+                            .get(&r.request.product_id.get())
+                            .is_some_and(|p| p.per_user_limit.is_some()),
+                    }
+                } else {
+                    ReleaseOf::Hold
+                };
+                PendingReturn {
+                    product_id: r.request.product_id,
+                    request_id: r.request.request_id.clone(),
+                    of,
+                }
+            })
+            .collect())
+    }
+
+    async fn record_incident(
+        &self,
+        request_id: &RequestId,
+        product_id: ProductId,
+        kind: &str,
+        _detail: &str,
+    ) -> Result<(), LedgerError> {
+        self.lock().incidents.insert(
+            (request_id.as_str().to_owned(), kind.to_owned()),
+            IncidentRow {
+                product_id: product_id.get(),
+                open: true,
+            },
+        );
+        Ok(())
+    }
+
+    async fn resolve_incidents(&self, request_id: &RequestId) -> Result<(), LedgerError> {
+        let mut t = self.lock();
+        for ((rid, _), row) in t.incidents.iter_mut() {
+            if rid == request_id.as_str() {
+                row.open = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// The counters, the order units, then the rest: separate statements, each seeing
+    /// what is committed when it runs.
+    async fn facts(&self, product_id: ProductId) -> Result<Option<LedgerFacts>, LedgerError> {
+        let p = product_id.get();
+        let Some(counters) = counters_of(&self.lock(), p) else {
+            return Ok(None);
+        };
+        self.round_trip("facts: units").await;
+        let now = self.now();
+        let (pending, paid, overdue) = units_of(&self.lock(), p, now);
+        self.round_trip("facts: reservations").await;
+        let t = self.lock();
+        Ok(Some(rest_of(&t, p, counters, pending, paid, overdue)))
+    }
+
+    async fn watermark(&self, product_id: ProductId) -> Result<Option<Watermark>, LedgerError> {
+        let t = self.lock();
+        let p = product_id.get();
+        let Some(inv) = t.inventory.get(&p) else {
+            return Ok(None);
+        };
+        let last_hold_id = t
+            .reservations
+            .values()
+            .filter(|r| r.request.product_id.get() == p && r.generation == inv.generation)
+            .map(|r| r.hold_id)
+            .max()
+            .unwrap_or(0);
+        Ok(Some(Watermark {
+            generation: inv.generation,
+            last_hold_id,
+            stock_loaded: t.products.get(&p).is_some_and(|x| x.stock_loaded),
+        }))
+    }
+
+    async fn advance_generation(&self, product_id: ProductId) -> Result<RebuildPlan, LedgerError> {
+        let now = self.now();
+        let mut guard = self.lock();
+        let t = &mut *guard;
+        let p = product_id.get();
+        let Some(inv) = t.inventory.get_mut(&p) else {
+            return Err(LedgerError(format!(
+                "product {product_id} has no inventory"
+            )));
+        };
+        inv.generation += 1;
+        let generation = inv.generation;
+        let available = inv.available;
+        for r in t.reservations.values_mut() {
+            if r.request.product_id.get() == p
+                && r.status == ReservationStatus::Released
+                && !r.stock_returned
+            {
+                r.stock_returned = true;
+                r.updated_at = now;
+            }
+        }
+        for r in t.restocks.values_mut() {
+            if r.product_id == p {
+                r.gate_applied = true;
+            }
+        }
+        let mut user_units = Vec::new();
+        if t.products
+            .get(&p)
+            .is_some_and(|x| x.per_user_limit.is_some())
+        {
+            let mut by_user: BTreeMap<UserId, i64> = BTreeMap::new();
+            for row in t.orders.values() {
+                let o = &row.order;
+                if o.product_id.get() == p && o.status.holds_stock() {
+                    *by_user.entry(o.user_id).or_insert(0) += i64::from(o.quantity.get());
+                }
+            }
+            user_units = by_user.into_iter().collect();
+        }
+        let last_hold_id = t
+            .reservations
+            .values()
+            .filter(|r| r.request.product_id.get() == p)
+            .map(|r| r.hold_id)
+            .max()
+            .unwrap_or(0);
+        Ok(RebuildPlan {
+            generation,
+            available,
+            last_hold_id,
+            user_units,
+        })
+    }
+}
+
+#[async_trait]
+impl Outbox for MemLedger {
+    /// The leasing UPDATE, then (a separate statement) the read of what this relay holds.
+    async fn claim(
+        &self,
+        relay: &str,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Vec<OutboxMessage>, LedgerError> {
+        let now = self.now();
+        let until = now + TimeDelta::from_std(lease).unwrap_or(TimeDelta::MAX);
+        {
+            let mut t = self.lock();
+            for row in t
+                .outbox
+                .values_mut()
+                .filter(|r| !r.sent && r.claimed_until.is_none_or(|u| u < now))
+                .take(limit)
+            {
+                row.claimed_by = Some(relay.to_owned());
+                row.claimed_until = Some(until);
+            }
+        }
+        self.round_trip("claim: read claimed rows").await;
+        let t = self.lock();
+        let mut mine: Vec<&OutboxRow> = t
+            .outbox
+            .values()
+            .filter(|r| !r.sent && r.claimed_by.as_deref() == Some(relay))
+            .collect();
+        mine.sort_by(|a, b| (&a.request_id, a.sequence).cmp(&(&b.request_id, b.sequence)));
+        Ok(mine
+            .into_iter()
+            .take(limit)
+            .map(|c| OutboxMessage {
+                id: c.id,
+                event_id: c.event_id.clone(),
+                event_type: c.event_type,
+                request_id: c.request_id.clone(),
+                sequence: u32::try_from(c.sequence).unwrap_or(0),
+                payload: c.payload.clone(),
+                attempts: c.attempts,
+                blocked: t.outbox.values().any(|e| {
+                    e.request_id == c.request_id
+                        && e.sequence < c.sequence
+                        && !e.sent
+                        && e.claimed_by != c.claimed_by
+                }),
+            })
+            .collect())
+    }
+
+    async fn mark_sent(&self, ids: &[i64]) -> Result<(), LedgerError> {
+        let mut t = self.lock();
+        for id in ids {
+            if let Some(row) = t.outbox.get_mut(id).filter(|r| !r.sent) {
+                row.sent = true;
+                row.attempts += 1;
+                row.claimed_by = None;
+                row.claimed_until = None;
+            }
+        }
+        Ok(())
+    }
+
+    async fn give_back(&self, relay: &str, failed: &[(i64, String)]) -> Result<(), LedgerError> {
+        let mut t = self.lock();
+        for (id, _) in failed {
+            if let Some(row) = t.outbox.get_mut(id).filter(|r| !r.sent) {
+                row.attempts += 1;
+            }
+        }
+        for row in t
+            .outbox
+            .values_mut()
+            .filter(|r| !r.sent && r.claimed_by.as_deref() == Some(relay))
+        {
+            row.claimed_by = None;
+            row.claimed_until = None;
+        }
+        Ok(())
+    }
+
+    async fn unsent(&self) -> Result<u64, LedgerError> {
+        let n = self.lock().outbox.values().filter(|r| !r.sent).count();
+        Ok(u64::try_from(n).unwrap_or(u64::MAX))
+    }
+}
+
+#[async_trait]
+impl StatsStore for MemLedger {
+    /// The consumed event id and the counters, in one transaction.
+    async fn apply_once(
+        &self,
+        event_id: &str,
+        _event_type: EventType,
+        product_id: ProductId,
+        d: &StatsDelta,
+    ) -> Result<Applied, LedgerError> {
+        let mut t = self.lock();
+        if !t.consumed.insert(event_id.to_owned()) {
+            return Ok(Applied::AlreadyApplied);
+        }
+        let s = t.sales_stats.entry(product_id.get()).or_default();
+        s.orders_created += d.orders_created;
+        s.units_ordered += d.units_ordered;
+        s.orders_paid += d.orders_paid;
+        s.units_paid += d.units_paid;
+        s.orders_cancelled += d.orders_cancelled;
+        s.units_cancelled += d.units_cancelled;
+        s.reservations_released += d.reservations_released;
+        s.units_released += d.units_released;
+        Ok(Applied::Applied)
+    }
+}

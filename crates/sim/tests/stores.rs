@@ -1,0 +1,269 @@
+//! Spot checks of the in-memory stores against the semantics they copy (the Lua scripts
+//! and the SQL), one rule per test, so a divergence shows up here before it muddies a
+//! simulation run.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{TimeDelta, TimeZone, Utc};
+use flashsale_app::ports::{
+    Commit, Fence, GateMaintenance, LedgerMaintenance, Release, ReleaseOf, Reserve,
+};
+use flashsale_app::{Ledger, PurchaseOutcome, StockGate};
+use flashsale_core::{
+    CancelReason, NewProduct, OrderStatus, ProductId, PurchaseRequest, Quantity, ReleaseReason,
+    RequestId, SaleWindow, UserId,
+};
+use flashsale_sim::ctx::Ctx;
+use flashsale_sim::exec::block_on;
+use flashsale_sim::gate::{GateDefects, MemGate};
+use flashsale_sim::ledger::{LedgerDefects, MemLedger};
+
+/// Polls a store call outside the scheduler needs at most (two per internal round trip).
+const POLLS_MAX: usize = 100;
+
+fn now<F: std::future::Future>(f: F) -> F::Output {
+    block_on(f, POLLS_MAX).expect("the call finished")
+}
+
+fn ctx() -> Arc<Ctx> {
+    let start = Utc
+        .with_ymd_and_hms(2026, 11, 29, 10, 0, 0)
+        .single()
+        .expect("date");
+    Ctx::new(1, start, 1, TimeDelta::seconds(2), 0)
+}
+
+fn request(id: &str, user: i64, quantity: i64) -> PurchaseRequest {
+    PurchaseRequest {
+        request_id: RequestId::parse("request_id", id).expect("id"),
+        user_id: UserId::parse(user).expect("user"),
+        product_id: ProductId::parse(1).expect("product"),
+        quantity: Quantity::from_stored(quantity).expect("quantity"),
+    }
+}
+
+fn p1() -> ProductId {
+    ProductId::parse(1).expect("product")
+}
+
+fn gate(ctx: &Arc<Ctx>) -> MemGate {
+    MemGate::new(ctx.clone(), TimeDelta::minutes(30), GateDefects::default())
+}
+
+// Checks reserve.lua: idempotent on request_id (a second call reports the same hold and
+// takes nothing), never below zero, and the per-user limit counts held units.
+#[test]
+fn reserve_is_idempotent_and_bounded() {
+    let ctx = ctx();
+    let g = gate(&ctx);
+    assert!(now(g.load(p1(), 3, 1)).expect("load"));
+    assert!(
+        !now(g.load(p1(), 99, 1)).expect("load"),
+        "load never overwrites"
+    );
+    let a = request("A", 1, 2);
+    let first = now(g.reserve(&a, Some(2))).expect("reserve");
+    assert!(matches!(
+        first,
+        Reserve::Reserved {
+            hold_id: 1,
+            generation: 1
+        }
+    ));
+    match now(g.reserve(&a, Some(2))).expect("reserve") {
+        Reserve::Existing(h) => assert_eq!((h.hold_id, h.released), (1, false)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(now(g.available(p1())).expect("available"), Some(1));
+    assert_eq!(
+        now(g.reserve(&request("B", 1, 1), Some(2))).expect("reserve"),
+        Reserve::LimitExceeded
+    );
+    assert_eq!(
+        now(g.reserve(&request("C", 2, 2), None)).expect("reserve"),
+        Reserve::SoldOut
+    );
+    assert_eq!(now(g.available(p1())).expect("available"), Some(1));
+}
+
+// Checks release.lua: a hold's units come back once, whatever the retries, and the
+// per-user count with them; a request without a record is Missing.
+#[test]
+fn release_returns_units_once() {
+    let ctx = ctx();
+    let g = gate(&ctx);
+    now(g.load(p1(), 3, 1)).expect("load");
+    let a = request("A", 1, 2);
+    now(g.reserve(&a, Some(2))).expect("reserve");
+    let rid = &a.request_id;
+    assert_eq!(
+        now(g.release(p1(), rid, &ReleaseOf::Hold)).expect("release"),
+        Release::Released
+    );
+    assert_eq!(
+        now(g.release(p1(), rid, &ReleaseOf::Hold)).expect("release"),
+        Release::AlreadyReleased
+    );
+    assert_eq!(now(g.available(p1())).expect("available"), Some(3));
+    let missing = RequestId::parse("request_id", "nobody").expect("id");
+    assert_eq!(
+        now(g.release(p1(), &missing, &ReleaseOf::Hold)).expect("release"),
+        Release::Missing
+    );
+    // The user's units are free again.
+    assert!(matches!(
+        now(g.reserve(&request("B", 1, 2), Some(2))).expect("reserve"),
+        Reserve::Reserved { .. }
+    ));
+}
+
+// Checks adjust.lua (never below zero, never on a missing count) and that a wipe makes
+// every script answer NotLoaded until a rebuild, which refuses an older generation.
+#[test]
+fn adjust_wipe_and_rebuild() {
+    let ctx = ctx();
+    let g = gate(&ctx);
+    assert!(
+        !now(g.adjust(p1(), 1)).expect("adjust"),
+        "no count to adjust"
+    );
+    now(g.load(p1(), 2, 1)).expect("load");
+    assert!(!now(g.adjust(p1(), -3)).expect("adjust"));
+    assert!(now(g.adjust(p1(), -2)).expect("adjust"));
+    g.wipe();
+    assert_eq!(
+        now(g.reserve(&request("A", 1, 1), None)).expect("reserve"),
+        Reserve::NotLoaded
+    );
+    let plan = flashsale_app::ports::RebuildPlan {
+        generation: 2,
+        available: 5,
+        last_hold_id: 7,
+        user_units: vec![],
+    };
+    assert!(now(g.rebuild(p1(), &plan)).expect("rebuild"));
+    assert!(
+        !now(g.rebuild(p1(), &plan)).expect("rebuild"),
+        "same generation refused"
+    );
+    assert!(matches!(
+        now(g.reserve(&request("A", 1, 1), None)).expect("reserve"),
+        Reserve::Reserved {
+            hold_id: 8,
+            generation: 2
+        }
+    ));
+}
+
+// Checks the recovery scan ages holds on Redis's clock: a hold is stale only once it is
+// older than the window.
+#[test]
+fn stale_holds_age_on_the_gate_clock() {
+    let ctx = ctx();
+    let g = gate(&ctx);
+    now(g.load(p1(), 3, 1)).expect("load");
+    now(g.reserve(&request("A", 1, 1), None)).expect("reserve");
+    let window = Duration::from_secs(5);
+    assert!(now(g.stale_holds(p1(), window, 10))
+        .expect("scan")
+        .is_empty());
+    ctx.lock().base += TimeDelta::seconds(6);
+    let stale = now(g.stale_holds(p1(), window, 10)).expect("scan");
+    assert_eq!(stale.len(), 1);
+    assert_eq!(stale[0].request.request_id.as_str(), "A");
+}
+
+fn ledger(ctx: &Arc<Ctx>, stock: i64) -> MemLedger {
+    let l = MemLedger::new(ctx.clone(), LedgerDefects::default());
+    let new = NewProduct::parse(1, "P", stock, None, SaleWindow::default()).expect("product");
+    now(l.create_product(&new)).expect("create");
+    l
+}
+
+// Checks the purchase transaction: one order per request_id (a second commit answers
+// the record), and the ledger's own `available_stock >= q` guard.
+#[test]
+fn commit_is_unique_and_guarded() {
+    let ctx = ctx();
+    let l = ledger(&ctx, 2);
+    let timeout = Duration::from_secs(10);
+    let a = request("A", 1, 2);
+    let order = match now(l.commit_purchase(&a, 1, 1, timeout)).expect("commit") {
+        Commit::Committed(o) => o,
+        other => panic!("{other:?}"),
+    };
+    match now(l.commit_purchase(&a, 9, 1, timeout)).expect("commit") {
+        Commit::Duplicate(r) => {
+            assert_eq!(r.hold_id, 1);
+            assert!(matches!(r.outcome, PurchaseOutcome::Order(o) if o.order_id == order.order_id));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        now(l.commit_purchase(&request("B", 2, 1), 2, 1, timeout)).expect("commit"),
+        Commit::InsufficientStock
+    );
+    assert_eq!(
+        now(l.commit_purchase(&request("B", 2, 1), 2, 7, timeout)).expect("commit"),
+        Commit::StaleGeneration
+    );
+}
+
+// Checks a fence takes the request_id so a late commit of it fails on the unique key.
+#[test]
+fn fence_blocks_a_late_commit() {
+    let ctx = ctx();
+    let l = ledger(&ctx, 2);
+    let a = request("A", 1, 1);
+    assert_eq!(
+        now(l.fence(&a, 1, ReleaseReason::Abandoned)).expect("fence"),
+        Fence::Fenced
+    );
+    match now(l.commit_purchase(&a, 1, 1, Duration::from_secs(10))).expect("commit") {
+        Commit::Duplicate(r) => assert!(matches!(
+            r.outcome,
+            PurchaseOutcome::Released {
+                reason: ReleaseReason::Abandoned
+            }
+        )),
+        other => panic!("{other:?}"),
+    }
+}
+
+// Checks payment deadlines on the database's clock: pay applies only before expiry,
+// expiry only after, and a cancelled order can't be paid.
+#[test]
+fn pay_and_expire_decide_on_the_ledger_clock() {
+    let ctx = ctx();
+    let l = ledger(&ctx, 3);
+    let timeout = Duration::from_secs(10);
+    let commit = |id: &str| match now(l.commit_purchase(&request(id, 1, 1), 1, 1, timeout)) {
+        Ok(Commit::Committed(o)) => o,
+        other => panic!("{other:?}"),
+    };
+    let a = commit("A");
+    let b = commit("B");
+    let expired = flashsale_app::ports::ExpiredOrder {
+        order_id: b.order_id,
+        user_id: b.user_id,
+    };
+    let early = now(l.expire(&expired)).expect("expire").expect("order");
+    assert!(!early.applied, "not expired yet on the database's clock");
+    // The instance's clock jumping does not matter; the database's does.
+    ctx.lock().instance_skew[0] = TimeDelta::hours(1);
+    assert!(now(l.expired_orders(10)).expect("due").is_empty());
+    ctx.lock().ledger_skew = TimeDelta::seconds(11);
+    let paid = now(l.pay(a.order_id, a.user_id))
+        .expect("pay")
+        .expect("order");
+    assert!(!paid.applied && paid.expired);
+    let late = now(l.expire(&expired)).expect("expire").expect("order");
+    assert!(late.applied && late.pending_return.is_some());
+    assert_eq!(late.order.cancel_reason, Some(CancelReason::PaymentTimeout));
+    let again = now(l.pay(b.order_id, b.user_id))
+        .expect("pay")
+        .expect("order");
+    assert_eq!(again.order.status, OrderStatus::Cancelled);
+    assert!(!again.applied);
+}
