@@ -219,7 +219,12 @@ impl Maintenance {
                 // one, then give its units back.
                 match self
                     .ledger
-                    .fence(&hold.request, hold.hold_id, ReleaseReason::Abandoned)
+                    .fence(
+                        &hold.request,
+                        hold.hold_id,
+                        hold.generation,
+                        ReleaseReason::Abandoned,
+                    )
                     .await
                 {
                     Ok(Fence::Fenced) => {

@@ -175,6 +175,7 @@ pub trait Ledger: Send + Sync + 'static {
         &self,
         request: &PurchaseRequest,
         hold_id: i64,
+        generation: i64,
         reason: ReleaseReason,
     ) -> Result<Fence, LedgerError>;
 
@@ -294,6 +295,8 @@ impl Clock for SystemClock {
 pub struct StaleHold {
     pub request: PurchaseRequest,
     pub hold_id: i64,
+    /// The stock generation the hold was taken in.
+    pub generation: i64,
     /// Whether its units were already given back (then only the index entry remains).
     pub released: bool,
 }

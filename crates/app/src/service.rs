@@ -351,7 +351,7 @@ impl Flashsale {
                     "ledger refused a hold the gate granted: gate and ledger disagree");
                 match self
                     .ledger
-                    .fence(request, hold_id, ReleaseReason::SoldOut)
+                    .fence(request, hold_id, generation, ReleaseReason::SoldOut)
                     .await?
                 {
                     Fence::Fenced => {

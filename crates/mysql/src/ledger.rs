@@ -57,6 +57,14 @@ pub(crate) fn is_duplicate(e: &sqlx::Error) -> bool {
     error_number(e) == Some(ER_DUP_ENTRY)
 }
 
+/// A duplicate on `uk_reservation_hold`: the gate handed out a hold id it had handed
+/// out before in this generation, so it lost writes.
+fn is_reused_hold(e: &sqlx::Error) -> bool {
+    is_duplicate(e)
+        && e.as_database_error()
+            .is_some_and(|d| d.message().contains("uk_reservation_hold"))
+}
+
 fn is_retryable(e: &sqlx::Error) -> bool {
     matches!(
         error_number(e),
@@ -94,6 +102,8 @@ enum Committed {
     Order(Order),
     InsufficientStock,
     StaleGeneration,
+    /// The hold id was already recorded in this generation: the gate is behind.
+    HoldReused,
 }
 
 /// What one purchase transaction did.
@@ -222,6 +232,7 @@ impl MysqlLedger {
         .execute(&mut *tx)
         .await;
         match inserted {
+            Err(e) if is_reused_hold(&e) => return Ok(Attempt::Done(Committed::HoldReused)),
             Err(e) if is_duplicate(&e) => return Ok(Attempt::Taken),
             other => other?,
         };
@@ -315,23 +326,27 @@ impl MysqlLedger {
         &self,
         request: &PurchaseRequest,
         hold_id: i64,
+        generation: i64,
         reason: ReleaseReason,
-    ) -> Result<Attempt<()>, sqlx::Error> {
+    ) -> Result<Attempt<bool>, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let inserted = sqlx::query(
             "INSERT INTO inventory_reservation (request_id, product_id, user_id, quantity, \
-             hold_id, status, release_reason, resolved_at) \
-             VALUES (?, ?, ?, ?, ?, 'RELEASED', ?, NOW(6))",
+             hold_id, generation, status, release_reason, resolved_at) \
+             VALUES (?, ?, ?, ?, ?, ?, 'RELEASED', ?, NOW(6))",
         )
         .bind(request.request_id.as_str())
         .bind(request.product_id.get())
         .bind(request.user_id.get())
         .bind(request.quantity.get())
         .bind(hold_id)
+        .bind(generation)
         .bind(reason.as_str())
         .execute(&mut *tx)
         .await;
         match inserted {
+            // Done(false): the hold id was recorded before in this generation.
+            Err(e) if is_reused_hold(&e) => return Ok(Attempt::Done(false)),
             Err(e) if is_duplicate(&e) => return Ok(Attempt::Taken),
             other => other?,
         };
@@ -347,7 +362,24 @@ impl MysqlLedger {
         .await?;
         crate::outbox::record(&mut tx, crate::outbox::Change::Fenced { request, reason }).await?;
         tx.commit().await?;
-        Ok(Attempt::Done(()))
+        Ok(Attempt::Done(true))
+    }
+
+    /// The gate handed out a hold id twice in one generation: it lost writes. Advancing
+    /// the generation makes every hold of that state void and makes the gate watch
+    /// rebuild the gate from the facts.
+    async fn gate_behind(
+        &self,
+        product_id: ProductId,
+        hold_id: i64,
+        generation: i64,
+    ) -> Result<(), LedgerError> {
+        warn!(%product_id, hold_id, generation, "gate reused a hold id: it lost writes; advancing the generation");
+        let current = self.generation(product_id).await?;
+        if current == Some(generation) {
+            flashsale_app::ports::LedgerMaintenance::advance_generation(self, product_id).await?;
+        }
+        Ok(())
     }
 
     /// Resolves a purchase transaction that found its request_id taken: the committed
@@ -793,6 +825,11 @@ impl Ledger for MysqlLedger {
             Ok(Committed::Order(order)) => Commit::Committed(order),
             Ok(Committed::InsufficientStock) => Commit::InsufficientStock,
             Ok(Committed::StaleGeneration) => Commit::StaleGeneration,
+            Ok(Committed::HoldReused) => {
+                self.gate_behind(request.product_id, hold_id, generation)
+                    .await?;
+                Commit::StaleGeneration
+            }
             Err(record) => Commit::Duplicate(record),
         })
     }
@@ -801,17 +838,28 @@ impl Ledger for MysqlLedger {
         &self,
         request: &PurchaseRequest,
         hold_id: i64,
+        generation: i64,
         reason: ReleaseReason,
     ) -> Result<Fence, LedgerError> {
         let outcome = self
             .purchase_or_taken("fence", &request.request_id, || {
-                self.run("fence", move || self.insert_fence(request, hold_id, reason))
+                self.run("fence", move || {
+                    self.insert_fence(request, hold_id, generation, reason)
+                })
             })
             .await?;
-        Ok(match outcome {
-            Ok(()) => Fence::Fenced,
-            Err(record) => Fence::Duplicate(record),
-        })
+        match outcome {
+            Ok(true) => Ok(Fence::Fenced),
+            Ok(false) => {
+                self.gate_behind(request.product_id, hold_id, generation)
+                    .await?;
+                Err(LedgerError(format!(
+                    "hold {hold_id} of generation {generation} was handed out twice; \
+                     the gate lost writes and is being rebuilt"
+                )))
+            }
+            Err(record) => Ok(Fence::Duplicate(record)),
+        }
     }
 
     async fn find_purchase(

@@ -358,7 +358,7 @@ impl GateMaintenance for RedisGate {
         let mut stale = Vec::new();
         let mut gone = Vec::new();
         for (request_id, record) in ids.into_iter().zip(records) {
-            let parsed = record.and_then(|(u, q, released, hold_id, _)| {
+            let parsed = record.and_then(|(u, q, released, hold_id, generation)| {
                 Some(StaleHold {
                     request: PurchaseRequest {
                         request_id: RequestId::parse("request_id", &request_id).ok()?,
@@ -367,6 +367,7 @@ impl GateMaintenance for RedisGate {
                         quantity: Quantity::from_stored(q)?,
                     },
                     hold_id,
+                    generation,
                     released,
                 })
             });

@@ -382,15 +382,16 @@ impl Ledger for FaultyLedger {
         &self,
         request: &PurchaseRequest,
         hold_id: i64,
+        generation: i64,
         reason: ReleaseReason,
     ) -> Result<Fence, LedgerError> {
         through(
             &self.ctx,
             Port::Ledger,
             "ledger.fence",
-            || format!("{} hold {hold_id} {reason}", req(request)),
+            || format!("{} hold {hold_id} gen {generation} {reason}", req(request)),
             LedgerError,
-            || self.inner.fence(request, hold_id, reason),
+            || self.inner.fence(request, hold_id, generation, reason),
         )
         .await
     }

@@ -466,7 +466,7 @@ impl GateMaintenance for MemGate {
             for id in ids {
                 let parsed = keys
                     .hold_fields(&id, now)
-                    .and_then(|(u, q, released, h, _)| {
+                    .and_then(|(u, q, released, h, g)| {
                         Some(StaleHold {
                             request: PurchaseRequest {
                                 request_id: RequestId::parse("request_id", &id).ok()?,
@@ -475,6 +475,7 @@ impl GateMaintenance for MemGate {
                                 quantity: Quantity::from_stored(q)?,
                             },
                             hold_id: h,
+                            generation: g,
                             released,
                         })
                     });

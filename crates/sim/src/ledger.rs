@@ -193,6 +193,8 @@ fn corrupt(what: impl std::fmt::Display) -> LedgerError {
 enum Attempt<T> {
     Done(T),
     Taken,
+    /// `uk_reservation_hold`: the hold id is recorded already in this generation.
+    HoldReused,
 }
 
 fn check_counters(c: &InventoryRow) -> bool {
@@ -203,6 +205,15 @@ fn check_counters(c: &InventoryRow) -> bool {
 }
 
 impl Tables {
+    /// `uk_reservation_hold (product_id, generation, hold_id)`.
+    fn hold_recorded(&self, product_id: i64, generation: i64, hold_id: i64) -> bool {
+        self.reservations.values().any(|r| {
+            r.request.product_id.get() == product_id
+                && r.generation == generation
+                && r.hold_id == hold_id
+        })
+    }
+
     fn purchase_record(&self, request_id: &str) -> Result<Option<PurchaseRecord>, LedgerError> {
         let Some(r) = self.reservations.get(request_id) else {
             return Ok(None);
@@ -380,6 +391,20 @@ impl MemLedger {
         Point::new().await;
     }
 
+    /// As `MysqlLedger::gate_behind`: a reused hold id means the gate lost writes;
+    /// advance the generation (once per detection of the current one).
+    async fn gate_behind(&self, product_id: ProductId, generation: i64) -> Result<(), LedgerError> {
+        let current = self
+            .lock()
+            .inventory
+            .get(&product_id.get())
+            .map(|i| i.generation);
+        if current == Some(generation) {
+            LedgerMaintenance::advance_generation(self, product_id).await?;
+        }
+        Ok(())
+    }
+
     fn anomaly(&self, t: &mut Tables, what: String) -> LedgerError {
         t.anomalies.push(what.clone());
         LedgerError(what)
@@ -399,6 +424,9 @@ impl MemLedger {
         let rid = request.request_id.as_str();
         if t.reservations.contains_key(rid) || t.order_by_request.contains_key(rid) {
             return Ok(Attempt::Taken);
+        }
+        if t.hold_recorded(request.product_id.get(), generation, hold_id) {
+            return Ok(Attempt::HoldReused);
         }
         if t.log.contains(&(rid.to_owned(), "reserve")) {
             return Err(self.anomaly(t, format!("duplicate inventory_log (reserve) for {rid}")));
@@ -490,6 +518,7 @@ impl MemLedger {
         &self,
         request: &PurchaseRequest,
         hold_id: i64,
+        generation: i64,
         reason: ReleaseReason,
     ) -> Result<Attempt<()>, LedgerError> {
         let now = self.now();
@@ -498,6 +527,9 @@ impl MemLedger {
         let rid = request.request_id.as_str();
         if t.reservations.contains_key(rid) {
             return Ok(Attempt::Taken);
+        }
+        if t.hold_recorded(request.product_id.get(), generation, hold_id) {
+            return Ok(Attempt::HoldReused);
         }
         if self.defects.fence_writes_nothing {
             return Ok(Attempt::Done(()));
@@ -525,7 +557,7 @@ impl MemLedger {
                 id,
                 request: request.clone(),
                 hold_id,
-                generation: 1,
+                generation,
                 status: ReservationStatus::Released,
                 release_reason: Some(reason),
                 stock_returned: false,
@@ -979,6 +1011,10 @@ impl Ledger for MemLedger {
         for _ in 0..TX_ATTEMPTS_MAX {
             match self.tx_purchase(request, hold_id, generation, payment_timeout)? {
                 Attempt::Done(commit) => return Ok(commit),
+                Attempt::HoldReused => {
+                    self.gate_behind(request.product_id, generation).await?;
+                    return Ok(Commit::StaleGeneration);
+                }
                 Attempt::Taken => {
                     self.round_trip("commit purchase: find the record that won")
                         .await;
@@ -998,11 +1034,18 @@ impl Ledger for MemLedger {
         &self,
         request: &PurchaseRequest,
         hold_id: i64,
+        generation: i64,
         reason: ReleaseReason,
     ) -> Result<Fence, LedgerError> {
         for _ in 0..TX_ATTEMPTS_MAX {
-            match self.tx_fence(request, hold_id, reason)? {
+            match self.tx_fence(request, hold_id, generation, reason)? {
                 Attempt::Done(()) => return Ok(Fence::Fenced),
+                Attempt::HoldReused => {
+                    self.gate_behind(request.product_id, generation).await?;
+                    return Err(LedgerError(format!(
+                        "hold {hold_id} of generation {generation} was handed out twice"
+                    )));
+                }
                 Attempt::Taken => {
                     self.round_trip("fence: find the record that won").await;
                     if let Some(record) = self.find_purchase(&request.request_id).await? {

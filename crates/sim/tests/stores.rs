@@ -217,7 +217,7 @@ fn fence_blocks_a_late_commit() {
     let l = ledger(&ctx, 2);
     let a = request("A", 1, 1);
     assert_eq!(
-        now(l.fence(&a, 1, ReleaseReason::Abandoned)).expect("fence"),
+        now(l.fence(&a, 1, 1, ReleaseReason::Abandoned)).expect("fence"),
         Fence::Fenced
     );
     match now(l.commit_purchase(&a, 1, 1, Duration::from_secs(10))).expect("commit") {

@@ -317,7 +317,7 @@ async fn every_state_change_reaches_jetstream_once_and_stats_match() {
         quantity: Quantity::from_stored(1).expect("quantity"),
     };
     ledger
-        .fence(&request, 1, ReleaseReason::Abandoned)
+        .fence(&request, 1, 1, ReleaseReason::Abandoned)
         .await
         .expect("fence");
 
