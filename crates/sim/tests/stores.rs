@@ -238,12 +238,14 @@ fn pay_and_expire_decide_on_the_ledger_clock() {
     let ctx = ctx();
     let l = ledger(&ctx, 3);
     let timeout = Duration::from_secs(10);
-    let commit = |id: &str| match now(l.commit_purchase(&request(id, 1, 1), 1, 1, timeout)) {
-        Ok(Commit::Committed(o)) => o,
-        other => panic!("{other:?}"),
-    };
-    let a = commit("A");
-    let b = commit("B");
+    // Each hold id commits once per generation (uk_reservation_hold).
+    let commit =
+        |id: &str, hold: i64| match now(l.commit_purchase(&request(id, 1, 1), hold, 1, timeout)) {
+            Ok(Commit::Committed(o)) => o,
+            other => panic!("{other:?}"),
+        };
+    let a = commit("A", 1);
+    let b = commit("B", 2);
     let expired = flashsale_app::ports::ExpiredOrder {
         order_id: b.order_id,
         user_id: b.user_id,
