@@ -109,6 +109,8 @@ pub enum ReleaseOf {
     /// available; the gate gives them back only in that very generation.
     Reservation {
         generation: i64,
+        /// The gate hold the reservation accounts for.
+        hold_id: i64,
         user_id: UserId,
         quantity: Quantity,
         /// Whether the product has a per-user limit (the gate keeps per-user counts).

@@ -419,6 +419,7 @@ impl MysqlLedger {
             "SELECT {ORDER_COLUMNS}, o.expires_at <= NOW(6) AS expired, \
              COALESCE(r.status = 'RELEASED' AND r.stock_returned = 0, 0) AS return_pending, \
              COALESCE(r.released_generation, 1) AS released_generation, \
+             COALESCE(r.hold_id, 0) AS hold_id, \
              p.per_user_limit IS NOT NULL AS limited \
              FROM orders o LEFT JOIN inventory_reservation r ON r.request_id = o.request_id \
              LEFT JOIN products p ON p.product_id = o.product_id \
@@ -435,6 +436,7 @@ impl MysqlLedger {
         let pending_return = if return_pending {
             Some(ReleaseOf::Reservation {
                 generation: row.try_get("released_generation")?,
+                hold_id: row.try_get("hold_id")?,
                 user_id: order.user_id,
                 quantity: order.quantity,
                 limited: row.try_get::<bool, _>("limited")?,

@@ -85,7 +85,7 @@ impl LedgerMaintenance for MysqlLedger {
             .run("pending returns", || {
                 sqlx::query(
                     "SELECT r.product_id, r.request_id, r.user_id, r.quantity, \
-                     COALESCE(r.released_generation, 1) AS released_generation, \
+                     COALESCE(r.released_generation, 1) AS released_generation, r.hold_id, \
                      o.id IS NOT NULL AS has_order, p.per_user_limit IS NOT NULL AS limited \
                      FROM inventory_reservation r \
                      LEFT JOIN orders o ON o.request_id = r.request_id \
@@ -103,6 +103,7 @@ impl LedgerMaintenance for MysqlLedger {
                 let of = if r.try_get::<bool, _>("has_order").map_err(db)? {
                     ReleaseOf::Reservation {
                         generation: r.try_get("released_generation").map_err(db)?,
+                        hold_id: r.try_get("hold_id").map_err(db)?,
                         user_id: UserId::parse(r.try_get("user_id").map_err(db)?)
                             .map_err(corrupt)?,
                         quantity: quantity(r.try_get::<i32, _>("quantity").map_err(db)?)?,

@@ -10,6 +10,7 @@
 //! | `<prefix>{p:<id>}:r:<request_id>`| hash   | one hold: user, quantity, state, hold id   |
 //! | `<prefix>{p:<id>}:pending`       | zset   | request_ids of holds, scored by time (ms)  |
 //! | `<prefix>{p:<id>}:restock:<id>`  | string | marker of an applied restock               |
+//! | `<prefix>{p:<id>}:rel:<request_id>` | string | marker of a reservation's release whose hold record is gone |
 //!
 //! Every script validates its arguments before its first write, and is idempotent on its
 //! request or restock id: a client retry after a lost reply never takes or returns stock
@@ -203,14 +204,21 @@ impl StockGate for RedisGate {
         of: &ReleaseOf,
     ) -> Result<Release, GateError> {
         let mut conn = self.conn.clone();
-        let (generation, user, quantity, limited) = match of {
-            ReleaseOf::Hold => (0, 0, 0, false),
+        let (generation, hold, user, quantity, limited) = match of {
+            ReleaseOf::Hold => (0, 0, 0, 0, false),
             ReleaseOf::Reservation {
                 generation,
+                hold_id,
                 user_id,
                 quantity,
                 limited,
-            } => (*generation, user_id.get(), quantity.get(), *limited),
+            } => (
+                *generation,
+                *hold_id,
+                user_id.get(),
+                quantity.get(),
+                *limited,
+            ),
         };
         let code: i64 = self
             .release
@@ -218,12 +226,14 @@ impl StockGate for RedisGate {
             .key(self.key(product_id, "users"))
             .key(self.hold_key(product_id, request_id))
             .key(self.key(product_id, "pending"))
+            .key(self.key(product_id, &format!("rel:{request_id}")))
             .arg(request_id.as_str())
             .arg(generation)
             .arg(user)
             .arg(quantity)
             .arg(u8::from(limited))
             .arg(self.record_ttl_ms)
+            .arg(hold)
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable)?;

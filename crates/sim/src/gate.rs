@@ -68,6 +68,8 @@ struct Keys {
     /// The `pending` zset: member → score (ms).
     pending: BTreeMap<String, i64>,
     restocks: BTreeSet<String>,
+    /// `rel:<request_id>` markers: request_id → expiry (ms).
+    release_markers: BTreeMap<String, i64>,
 }
 
 impl Keys {
@@ -317,14 +319,14 @@ impl StockGate for MemGate {
         };
         let gen = inv.gen.unwrap_or(1);
         let rec = keys.record(rid, redis_now).cloned();
-        if rec.as_ref().is_some_and(|r| r.released) {
-            return Ok(Release::AlreadyReleased);
-        }
-        let (user, q, counted) = match of {
+        let (user, q, counted, mine) = match of {
             ReleaseOf::Hold => {
                 let Some(rec) = rec.as_ref() else {
                     return Ok(Release::Missing);
                 };
+                if rec.released {
+                    return Ok(Release::AlreadyReleased);
+                }
                 if rec.g.unwrap_or(1) != gen {
                     if let Some(r) = keys.records.get_mut(rid) {
                         r.released = true;
@@ -332,25 +334,42 @@ impl StockGate for MemGate {
                     keys.pending.remove(rid);
                     return Ok(Release::AlreadyReleased);
                 }
-                (rec.u, rec.q, rec.counted)
+                (rec.u, rec.q, rec.counted, true)
             }
             ReleaseOf::Reservation {
+                hold_id,
                 user_id,
                 quantity,
                 limited,
                 ..
             } => {
+                let mine = rec.as_ref().is_some_and(|r| r.h == Some(*hold_id));
                 if gen < relgen {
                     return Ok(Release::NotLoaded);
                 }
+                if mine && rec.as_ref().is_some_and(|r| r.released) {
+                    return Ok(Release::AlreadyReleased);
+                }
+                if keys
+                    .release_markers
+                    .get(rid)
+                    .is_some_and(|e| *e <= redis_now)
+                {
+                    keys.release_markers.remove(rid);
+                }
+                if !mine && keys.release_markers.contains_key(rid) {
+                    return Ok(Release::AlreadyReleased);
+                }
                 if gen > relgen {
-                    if let Some(r) = keys.records.get_mut(rid) {
-                        r.released = true;
+                    if mine {
+                        if let Some(r) = keys.records.get_mut(rid) {
+                            r.released = true;
+                        }
                     }
                     keys.pending.remove(rid);
                     return Ok(Release::AlreadyReleased);
                 }
-                (user_id.get(), i64::from(quantity.get()), *limited)
+                (user_id.get(), i64::from(quantity.get()), *limited, mine)
             }
         };
         if q < 1 {
@@ -369,24 +388,12 @@ impl StockGate for MemGate {
                 keys.users.insert(user, left);
             }
         }
-        match keys.records.get_mut(rid) {
-            Some(r) => r.released = true,
-            None => {
-                // The record was lost with the old state: a released one makes a retry
-                // of this release add nothing.
-                keys.records.insert(
-                    rid.to_owned(),
-                    HoldRec {
-                        u: user,
-                        q,
-                        released: true,
-                        h: None,
-                        counted: false,
-                        g: Some(gen),
-                        expires_ms: redis_now + ttl,
-                    },
-                );
+        if mine {
+            if let Some(r) = keys.records.get_mut(rid) {
+                r.released = true;
             }
+        } else {
+            keys.release_markers.insert(rid.to_owned(), redis_now + ttl);
         }
         keys.pending.remove(rid);
         Ok(Release::Released)

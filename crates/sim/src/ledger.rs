@@ -350,6 +350,7 @@ impl Tables {
             r.is_some_and(|r| r.status == ReservationStatus::Released && !r.stock_returned);
         let pending_return = pending.then(|| ReleaseOf::Reservation {
             generation: r.and_then(|r| r.released_generation).unwrap_or(1),
+            hold_id: r.map_or(0, |r| r.hold_id),
             user_id: order.user_id,
             quantity: order.quantity,
             limited: self
@@ -1263,6 +1264,7 @@ impl LedgerMaintenance for MemLedger {
                 let of = if t.order_by_request.contains_key(rid) {
                     ReleaseOf::Reservation {
                         generation: r.released_generation.unwrap_or(1),
+                        hold_id: r.hold_id,
                         user_id: r.request.user_id,
                         quantity: r.request.quantity,
                         limited: t
