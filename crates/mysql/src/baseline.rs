@@ -5,11 +5,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flashsale_app::baseline::{BaselineLedger, BaselineOutcome};
-use flashsale_app::{LedgerError, Order};
-use flashsale_core::{OrderId, OrderStatus, PurchaseRequest};
-use sqlx::{MySqlConnection, Row};
+use flashsale_app::LedgerError;
+use flashsale_core::PurchaseRequest;
 
-use crate::ledger::{is_duplicate, micros, MysqlLedger};
+use crate::ledger::{insert_order, is_duplicate, MysqlLedger};
 
 /// How a baseline takes its units in its transaction.
 #[derive(Clone, Copy)]
@@ -97,42 +96,6 @@ impl MysqlLedger {
             Err(e) => Err(e),
         }
     }
-}
-
-async fn insert_order(
-    conn: &mut MySqlConnection,
-    request: &PurchaseRequest,
-    payment_timeout: Duration,
-) -> Result<Order, sqlx::Error> {
-    let inserted = sqlx::query(
-        "INSERT INTO orders (request_id, user_id, product_id, quantity, status, created_at, \
-         expires_at) VALUES (?, ?, ?, ?, 'PENDING_PAYMENT', NOW(6), NOW(6) + INTERVAL ? MICROSECOND)",
-    )
-    .bind(request.request_id.as_str())
-    .bind(request.user_id.get())
-    .bind(request.product_id.get())
-    .bind(request.quantity.get())
-    .bind(micros(payment_timeout))
-    .execute(&mut *conn)
-    .await?;
-    let id = i64::try_from(inserted.last_insert_id()).map_err(|e| sqlx::Error::Decode(e.into()))?;
-    let row = sqlx::query("SELECT created_at, expires_at FROM orders WHERE id = ?")
-        .bind(id)
-        .fetch_one(&mut *conn)
-        .await?;
-    Ok(Order {
-        order_id: OrderId::parse(id).map_err(|e| sqlx::Error::Decode(e.into()))?,
-        request_id: request.request_id.clone(),
-        user_id: request.user_id,
-        product_id: request.product_id,
-        quantity: request.quantity,
-        status: OrderStatus::PendingPayment,
-        created_at: row.try_get("created_at")?,
-        expires_at: row.try_get("expires_at")?,
-        paid_at: None,
-        cancelled_at: None,
-        cancel_reason: None,
-    })
 }
 
 #[async_trait]

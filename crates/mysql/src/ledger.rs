@@ -113,6 +113,46 @@ enum Attempt<T> {
     Taken,
 }
 
+/// Inserts a PENDING_PAYMENT order expiring `payment_timeout` after the database's now,
+/// and reads back its id and the database's timestamps (MariaDB's INSERT … RETURNING
+/// yields no columns through the prepared-statement protocol sqlx uses). A duplicate
+/// request_id is the caller's to recognise (`is_duplicate`).
+pub(crate) async fn insert_order(
+    conn: &mut MySqlConnection,
+    request: &PurchaseRequest,
+    payment_timeout: Duration,
+) -> Result<Order, sqlx::Error> {
+    let inserted = sqlx::query(
+        "INSERT INTO orders (request_id, user_id, product_id, quantity, status, created_at, \
+         expires_at) VALUES (?, ?, ?, ?, 'PENDING_PAYMENT', NOW(6), NOW(6) + INTERVAL ? MICROSECOND)",
+    )
+    .bind(request.request_id.as_str())
+    .bind(request.user_id.get())
+    .bind(request.product_id.get())
+    .bind(request.quantity.get())
+    .bind(micros(payment_timeout))
+    .execute(&mut *conn)
+    .await?;
+    let id = i64::try_from(inserted.last_insert_id()).map_err(|e| sqlx::Error::Decode(e.into()))?;
+    let row = sqlx::query("SELECT created_at, expires_at FROM orders WHERE id = ?")
+        .bind(id)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(Order {
+        order_id: OrderId::parse(id).map_err(|e| sqlx::Error::Decode(e.into()))?,
+        request_id: request.request_id.clone(),
+        user_id: request.user_id,
+        product_id: request.product_id,
+        quantity: request.quantity,
+        status: OrderStatus::PendingPayment,
+        created_at: row.try_get("created_at")?,
+        expires_at: row.try_get("expires_at")?,
+        paid_at: None,
+        cancelled_at: None,
+        cancel_reason: None,
+    })
+}
+
 impl MysqlLedger {
     /// Creates the database named in the URL if it does not exist, and a pool for it.
     pub async fn connect(config: &LedgerConfig) -> Result<Self, LedgerError> {
@@ -236,31 +276,11 @@ impl MysqlLedger {
             Err(e) if is_duplicate(&e) => return Ok(Attempt::Taken),
             other => other?,
         };
-        // (MariaDB's INSERT … RETURNING yields no columns through the prepared-statement
-        // protocol sqlx uses, so the database's timestamps are read back in the same
-        // transaction instead.)
-        let inserted = sqlx::query(
-            "INSERT INTO orders (request_id, user_id, product_id, quantity, status, \
-             created_at, expires_at) \
-             VALUES (?, ?, ?, ?, 'PENDING_PAYMENT', NOW(6), NOW(6) + INTERVAL ? MICROSECOND)",
-        )
-        .bind(request.request_id.as_str())
-        .bind(request.user_id.get())
-        .bind(request.product_id.get())
-        .bind(request.quantity.get())
-        .bind(micros(payment_timeout))
-        .execute(&mut *tx)
-        .await;
-        let inserted = match inserted {
+        let order = match insert_order(&mut tx, request, payment_timeout).await {
             Err(e) if is_duplicate(&e) => return Ok(Attempt::Taken),
             other => other?,
         };
-        let order_id =
-            i64::try_from(inserted.last_insert_id()).map_err(|e| sqlx::Error::Decode(e.into()))?;
-        let row = sqlx::query("SELECT created_at, expires_at FROM orders WHERE id = ?")
-            .bind(order_id)
-            .fetch_one(&mut *tx)
-            .await?;
+        let order_id = order.order_id.get();
         sqlx::query(
             "INSERT INTO inventory_log (request_id, product_id, order_id, quantity, type) \
              VALUES (?, ?, ?, ?, 'reserve')",
@@ -306,19 +326,6 @@ impl MysqlLedger {
             }));
         }
         tx.commit().await?;
-        let order = Order {
-            order_id: OrderId::parse(order_id).map_err(|e| sqlx::Error::Decode(e.into()))?,
-            request_id: request.request_id.clone(),
-            user_id: request.user_id,
-            product_id: request.product_id,
-            quantity: request.quantity,
-            status: OrderStatus::PendingPayment,
-            created_at: row.try_get("created_at")?,
-            expires_at: row.try_get("expires_at")?,
-            paid_at: None,
-            cancelled_at: None,
-            cancel_reason: None,
-        };
         Ok(Attempt::Done(Committed::Order(order)))
     }
 
