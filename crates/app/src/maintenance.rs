@@ -23,7 +23,8 @@ use crate::audit::{self, AuditReport};
 use crate::error::Error;
 use crate::model::PurchaseOutcome;
 use crate::ports::{
-    Fence, GateMaintenance, Ledger, LedgerMaintenance, Release, ReleaseOf, StaleHold, StockGate,
+    Fence, GateMaintenance, Ledger, LedgerMaintenance, Release, ReleaseOf, Restock, StaleHold,
+    StockGate,
 };
 use crate::service::{give_back, GiveBack};
 
@@ -64,6 +65,8 @@ pub struct RecoveryReport {
     pub orphans_released: usize,
     /// Released reservations whose units were given back now.
     pub returns_completed: usize,
+    /// Restocks whose units reached the gate now.
+    pub restocks_completed: usize,
     /// Items left for a later pass (a store did not answer).
     pub deferred: usize,
     /// Incidents recorded for an operator.
@@ -165,6 +168,33 @@ impl Maintenance {
                     )
                     .await
                 }
+            }
+        }
+        // Restocks recorded in the ledger whose gate step failed: the admin may never
+        // retry, so recovery finishes them (the gate's marker makes it once).
+        for pending in self
+            .ledger_m
+            .pending_restocks(self.settings.batch_size)
+            .await?
+        {
+            let applied = self
+                .gate
+                .restock(
+                    pending.product_id,
+                    &pending.restock_id,
+                    pending.quantity,
+                    pending.generation,
+                )
+                .await;
+            match applied {
+                // Stale: a rebuild since the restock was recorded counted it already.
+                Ok(Restock::Applied | Restock::AlreadyApplied | Restock::Stale) => {
+                    match self.ledger.mark_restock_applied(&pending.restock_id).await {
+                        Ok(()) => report.restocks_completed += 1,
+                        Err(_) => report.deferred += 1,
+                    }
+                }
+                Ok(Restock::NotLoaded) | Err(_) => report.deferred += 1,
             }
         }
         for product_id in self.ledger_m.loaded_products().await? {

@@ -388,6 +388,16 @@ pub struct ExpiredOrder {
     pub user_id: UserId,
 }
 
+/// A restock recorded in the ledger whose units the gate does not have yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingRestock {
+    pub product_id: ProductId,
+    pub restock_id: RequestId,
+    pub quantity: i64,
+    /// The stock generation it was recorded in.
+    pub generation: i64,
+}
+
 /// A reservation released in the ledger whose units are not yet back in the gate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingReturn {
@@ -410,6 +420,9 @@ pub trait LedgerMaintenance: Send + Sync + 'static {
     async fn expire(&self, order: &ExpiredOrder) -> Result<Option<CancelAttempt>, LedgerError>;
 
     async fn pending_returns(&self, limit: usize) -> Result<Vec<PendingReturn>, LedgerError>;
+
+    /// Restocks recorded in the ledger whose units are not yet in the gate, oldest first.
+    async fn pending_restocks(&self, limit: usize) -> Result<Vec<PendingRestock>, LedgerError>;
 
     /// Records a problem recovery could not resolve by itself, for an operator.
     async fn record_incident(

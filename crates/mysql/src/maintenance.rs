@@ -4,8 +4,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use async_trait::async_trait;
 use flashsale_app::ports::{
-    CancelAttempt, ExpiredOrder, LedgerFacts, LedgerMaintenance, PendingReturn, RebuildPlan,
-    ReleaseOf, Watermark,
+    CancelAttempt, ExpiredOrder, LedgerFacts, LedgerMaintenance, PendingRestock, PendingReturn,
+    RebuildPlan, ReleaseOf, Watermark,
 };
 use flashsale_app::LedgerError;
 use flashsale_core::{
@@ -118,6 +118,31 @@ impl LedgerMaintenance for MysqlLedger {
                     request_id: RequestId::parse("request_id", &text(r, "request_id")?)
                         .map_err(corrupt)?,
                     of,
+                })
+            })
+            .collect()
+    }
+
+    async fn pending_restocks(&self, max: usize) -> Result<Vec<PendingRestock>, LedgerError> {
+        let rows = self
+            .run("pending restocks", || {
+                sqlx::query(
+                    "SELECT request_id, product_id, quantity, generation FROM restock_request \
+                     WHERE gate_applied = 0 ORDER BY created_at LIMIT ?",
+                )
+                .bind(limit(max))
+                .fetch_all(self.pool())
+            })
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(PendingRestock {
+                    product_id: ProductId::parse(r.try_get("product_id").map_err(db)?)
+                        .map_err(corrupt)?,
+                    restock_id: RequestId::parse("request_id", &text(r, "request_id")?)
+                        .map_err(corrupt)?,
+                    quantity: r.try_get("quantity").map_err(db)?,
+                    generation: r.try_get("generation").map_err(db)?,
                 })
             })
             .collect()

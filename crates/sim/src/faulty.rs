@@ -19,8 +19,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use flashsale_app::ports::{
     Applied, CancelAttempt, Commit, CreateProduct, ExpiredOrder, Fence, GateFacts, GateMaintenance,
-    GateState, LedgerFacts, LedgerMaintenance, Outbox, PayAttempt, PendingReturn, RebuildPlan,
-    RecordRestock, Release, ReleaseOf, Reserve, Restock, StaleHold, StatsStore, Watermark,
+    GateState, LedgerFacts, LedgerMaintenance, Outbox, PayAttempt, PendingRestock, PendingReturn,
+    RebuildPlan, RecordRestock, Release, ReleaseOf, Reserve, Restock, StaleHold, StatsStore,
+    Watermark,
 };
 use flashsale_app::{
     EventType, GateError, Ledger, LedgerError, Order, OutboxMessage, Product, PurchaseRecord,
@@ -544,6 +545,18 @@ impl LedgerMaintenance for FaultyLedger {
             || format!("limit {limit}"),
             LedgerError,
             || self.inner.pending_returns(limit),
+        )
+        .await
+    }
+
+    async fn pending_restocks(&self, limit: usize) -> Result<Vec<PendingRestock>, LedgerError> {
+        through(
+            &self.ctx,
+            Port::Ledger,
+            "ledger.pending_restocks",
+            || format!("limit {limit}"),
+            LedgerError,
+            || self.inner.pending_restocks(limit),
         )
         .await
     }

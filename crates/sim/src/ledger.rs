@@ -20,8 +20,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, TimeDelta, Utc};
 use flashsale_app::ports::{
     Applied, CancelAttempt, Commit, CreateProduct, ExpiredOrder, Fence, LedgerFacts,
-    LedgerMaintenance, Outbox, PayAttempt, PendingReturn, RebuildPlan, RecordRestock, ReleaseOf,
-    StatsStore, Watermark,
+    LedgerMaintenance, Outbox, PayAttempt, PendingRestock, PendingReturn, RebuildPlan,
+    RecordRestock, ReleaseOf, StatsStore, Watermark,
 };
 use flashsale_app::{
     Event, EventType, Ledger, LedgerError, Order, OutboxMessage, Product, PurchaseOutcome,
@@ -1282,6 +1282,23 @@ impl LedgerMaintenance for MemLedger {
                 }
             })
             .collect())
+    }
+
+    async fn pending_restocks(&self, limit: usize) -> Result<Vec<PendingRestock>, LedgerError> {
+        let t = self.lock();
+        t.restocks
+            .iter()
+            .filter(|(_, r)| !r.gate_applied)
+            .take(limit)
+            .map(|(id, r)| {
+                Ok(PendingRestock {
+                    product_id: ProductId::parse(r.product_id).map_err(corrupt)?,
+                    restock_id: RequestId::parse("request_id", id).map_err(corrupt)?,
+                    quantity: r.quantity,
+                    generation: r.generation,
+                })
+            })
+            .collect()
     }
 
     async fn record_incident(

@@ -403,3 +403,53 @@ async fn script_with_bad_arguments_writes_nothing() {
     }
     app.cleanup().await;
 }
+
+// Checks a restock whose Redis step failed (Redis cut just after MariaDB recorded it; the
+// admin hears 503 and never retries) is finished by recovery once Redis is back: the
+// units arrive once, a second pass adds nothing, and the audit is clean.
+#[tokio::test]
+async fn restock_that_missed_redis_is_completed() {
+    let proxy = TcpProxy::start(redis_addr()).await.expect("proxy");
+    let routes = Routes {
+        redis: Some(proxy.addr()),
+        mysql: None,
+    };
+    let app = TestApp::spawn_with(routes, &[]).await;
+    app.create_product(2800, 5, None).await;
+    proxy.cut();
+    let (s, b) = app
+        .admin_post(
+            "/v1/products/2800/restock",
+            json!({"request_id": "RS_missed", "quantity": 7}),
+        )
+        .await;
+    assert_eq!(
+        (s, code(&b)),
+        (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+        "{b}"
+    );
+    assert_eq!(
+        app.count("SELECT COUNT(*) FROM restock_request WHERE gate_applied = 0")
+            .await,
+        1,
+        "recorded in MariaDB, not yet in Redis"
+    );
+    proxy.restore();
+    let mut completed = 0;
+    for _ in 0..30 {
+        if let Ok(report) = app.maintenance.recover_once().await {
+            completed += report.restocks_completed;
+        }
+        if completed > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(completed, 1);
+    assert_eq!(app.redis_available(2800).await, Some(12));
+    app.maintenance.recover_once().await.expect("pass");
+    assert_eq!(app.redis_available(2800).await, Some(12), "applied once");
+    invariants::assert_ok(&app, 2800).await;
+    invariants::assert_audit_clean(&app, 2800).await;
+    app.cleanup().await;
+}
