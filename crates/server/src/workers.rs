@@ -1,53 +1,41 @@
-//! Runs the background workers: each is activated periodically and on demand, runs one
-//! bounded pass of its reconciler, logs what it did, and stops on shutdown.
+//! Runs the background workers: each runs one bounded pass of its reconciler every
+//! period (at once again after a full batch), logs what it did, and stops on shutdown.
+//! Operators activate the checks on demand with `flashsale audit` and `reconcile`.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use flashsale_app::Maintenance;
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::Config;
+use crate::{Config, WORKER_BATCH_SIZE};
 
-/// How long reconciliation waits between its two looks at a drifting product before it
-/// repairs: long enough for purchases in flight (bounded by the request deadline's
-/// Redis and MariaDB steps, typically milliseconds) to settle.
-const RECONCILE_SETTLE: Duration = Duration::from_secs(2);
-
-/// Running workers and the means to wake or stop them.
+/// Running workers and the means to stop them.
 pub struct Workers {
     stop: watch::Sender<bool>,
-    /// Wakes the recovery worker before its next period.
-    pub wake_recovery: Arc<Notify>,
-    /// Wakes the expiry worker before its next period.
-    pub wake_expiry: Arc<Notify>,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl Workers {
     pub fn spawn(maintenance: Arc<Maintenance>, config: &Config) -> Self {
         let (stop, stopped) = watch::channel(false);
-        let wake_recovery = Arc::new(Notify::new());
-        let wake_expiry = Arc::new(Notify::new());
         let m = maintenance.clone();
         let expiry = tokio::spawn(run(
             "expiry",
             config.expiry_interval,
-            wake_expiry.clone(),
             stopped.clone(),
             move || {
                 let m = m.clone();
-                async move { m.expire_once().await.map(|n| n >= crate::WORKER_BATCH_SIZE) }
+                async move { m.expire_once().await.map(|n| n >= WORKER_BATCH_SIZE) }
             },
         ));
         let m = maintenance.clone();
         let watch = tokio::spawn(run(
             "gate-watch",
             config.gate_watch_interval,
-            Arc::new(Notify::new()),
             stopped.clone(),
             move || {
                 let m = m.clone();
@@ -59,38 +47,34 @@ impl Workers {
         let reconcile = tokio::spawn(run(
             "reconcile",
             config.reconcile_interval,
-            Arc::new(Notify::new()),
             stopped.clone(),
             move || {
                 let m = m.clone();
-                // Report only: see Maintenance::reconcile_all.
-                async move {
-                    m.reconcile_all(false, RECONCILE_SETTLE)
-                        .await
-                        .map(|_| false)
-                }
+                // Report only (see Maintenance::reconcile_all), so no settle pause.
+                async move { m.reconcile_all(false, Duration::ZERO).await.map(|_| false) }
             },
         ));
         let m = maintenance;
         let recovery = tokio::spawn(run(
             "recovery",
             config.recovery_interval,
-            wake_recovery.clone(),
             stopped,
             move || {
                 let m = m.clone();
                 async move {
                     m.recover_once().await.map(|r| {
-                        r.aligned + r.released + r.orphans_released + r.returns_completed
-                            >= crate::WORKER_BATCH_SIZE
+                        r.aligned
+                            + r.released
+                            + r.orphans_released
+                            + r.returns_completed
+                            + r.restocks_completed
+                            >= WORKER_BATCH_SIZE
                     })
                 }
             },
         ));
         Self {
             stop,
-            wake_recovery,
-            wake_expiry,
             tasks: vec![expiry, watch, reconcile, recovery],
         }
     }
@@ -111,7 +95,6 @@ impl Workers {
 async fn run<F, Fut>(
     name: &'static str,
     every: Duration,
-    wake: Arc<Notify>,
     mut stopped: watch::Receiver<bool>,
     pass: F,
 ) where
@@ -137,7 +120,6 @@ async fn run<F, Fut>(
         }
         tokio::select! {
             () = tokio::time::sleep(every) => {}
-            () = wake.notified() => {}
             _ = stopped.changed() => break,
         }
     }
