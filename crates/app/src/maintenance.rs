@@ -226,12 +226,12 @@ impl Maintenance {
         &self,
         product_id: ProductId,
         hold: StaleHold,
-        aligned: &mut Vec<RequestId>,
+        aligned: &mut Vec<StaleHold>,
         report: &mut RecoveryReport,
     ) {
         let request_id = hold.request.request_id.clone();
         if hold.released {
-            aligned.push(request_id);
+            aligned.push(hold);
             return;
         }
         let record = match self.ledger.find_purchase(&request_id).await {
@@ -264,7 +264,10 @@ impl Maintenance {
                             self.ledger.as_ref(),
                             product_id,
                             &request_id,
-                            &ReleaseOf::Hold,
+                            &ReleaseOf::Hold {
+                                generation: hold.generation,
+                                hold_id: hold.hold_id,
+                            },
                         )
                         .await
                         {
@@ -285,10 +288,10 @@ impl Maintenance {
             }
         };
         self.forget_tries(&request_id).await;
-        if record.is_hold(product_id, hold.hold_id) {
+        if record.is_hold(product_id, hold.generation, hold.hold_id) {
             match record.outcome {
                 // The order accounts for this hold: only the index entry was left.
-                PurchaseOutcome::Order(_) => aligned.push(request_id),
+                PurchaseOutcome::Order(_) => aligned.push(hold),
                 // A fence of this very hold: its return is pending_returns' job.
                 PurchaseOutcome::Released { .. } => report.deferred += 1,
             }
@@ -296,11 +299,11 @@ impl Maintenance {
         }
         // The ledger holds the request_id for another hold: this one can never become an
         // order.
-        match self
-            .gate
-            .release(product_id, &request_id, &ReleaseOf::Hold)
-            .await
-        {
+        let of = ReleaseOf::Hold {
+            generation: hold.generation,
+            hold_id: hold.hold_id,
+        };
+        match self.gate.release(product_id, &request_id, &of).await {
             Ok(Release::Released | Release::AlreadyReleased) => {
                 warn!(%request_id, %product_id, hold_id = hold.hold_id, "orphan hold released");
                 report.orphans_released += 1;
@@ -382,9 +385,12 @@ impl Maintenance {
         }
     }
 
-    /// Looks for products whose gate state was lost — Redis came back empty, or behind
-    /// (a failover lost its last writes: its last hold id is below one the ledger
-    /// recorded) — and rebuilds them from the ledger's facts. Returns how many it rebuilt.
+    /// Looks for products whose gate state was lost — Redis came back empty, or from a
+    /// copy (it restarted from a snapshot or failed over to a replica: the entry was
+    /// written by another Redis process, so any write acknowledged after the copy may be
+    /// gone, a release as much as a hold), or behind (its last hold id is below one the
+    /// ledger recorded) — and rebuilds them from the ledger's facts. Returns how many it
+    /// rebuilt.
     pub async fn watch_once(&self) -> Result<usize, Error> {
         let mut rebuilt = 0;
         for product_id in self.ledger_m.loaded_products().await? {
@@ -393,6 +399,9 @@ impl Maintenance {
             };
             let lost = match self.gate_m.state(product_id).await? {
                 None => Some("stock entry missing"),
+                Some(s) if s.server_changed => {
+                    Some("Redis restarted or failed over since the entry was written")
+                }
                 Some(s) if s.generation < mark.generation => Some("older generation"),
                 Some(s)
                     if s.generation == mark.generation && s.last_hold_id < mark.last_hold_id =>

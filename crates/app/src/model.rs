@@ -53,7 +53,9 @@ impl Order {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PurchaseRecord {
     pub request: PurchaseRequest,
-    /// The stock gate hold (per product) this reservation accounts for.
+    /// The stock gate hold this reservation accounts for: hold ids count per product
+    /// and generation (a rebuild may hand an id out again in the next one).
+    pub generation: i64,
     pub hold_id: i64,
     pub outcome: PurchaseOutcome,
 }
@@ -69,8 +71,10 @@ pub enum PurchaseOutcome {
 
 impl PurchaseRecord {
     /// Whether this record accounts for the given gate hold.
-    pub fn is_hold(&self, product_id: ProductId, hold_id: i64) -> bool {
-        self.request.product_id == product_id && self.hold_id == hold_id
+    pub fn is_hold(&self, product_id: ProductId, generation: i64, hold_id: i64) -> bool {
+        self.request.product_id == product_id
+            && self.generation == generation
+            && self.hold_id == hold_id
     }
 }
 

@@ -102,14 +102,18 @@ pub struct ExistingHold {
 pub enum ReleaseOf {
     /// A hold the ledger never counted (an orphan, or a fenced hold): it took units in
     /// the generation it was taken in, so it gives them back only if the gate is still
-    /// in that generation.
-    Hold,
+    /// in that generation. A hold is named by that generation and its id: the record
+    /// under its request_id may be another hold's by now, which this release leaves
+    /// alone.
+    Hold { generation: i64, hold_id: i64 },
     /// A reservation the ledger counted as live, released (cancelled, expired) in
     /// `generation`: a rebuild after that generation already counted the units as
     /// available; the gate gives them back only in that very generation.
     Reservation {
         generation: i64,
-        /// The gate hold the reservation accounts for.
+        /// The gate hold the reservation accounts for: the generation it was taken in
+        /// and its id.
+        hold_generation: i64,
         hold_id: i64,
         user_id: UserId,
         quantity: Quantity,
@@ -134,6 +138,8 @@ pub enum Release {
 pub enum Restock {
     Applied,
     AlreadyApplied,
+    /// The gate has no stock entry for the product, or is still in an older generation
+    /// than the restock's (the rebuild that counts it has not landed); retry later.
     NotLoaded,
     /// The gate was rebuilt since the restock was recorded; the rebuild counted it.
     Stale,
@@ -168,6 +174,7 @@ pub trait Ledger: Send + Sync + 'static {
         request: &PurchaseRequest,
         hold_id: i64,
         generation: i64,
+        per_user_limit: Option<u32>,
         payment_timeout: Duration,
     ) -> Result<Commit, LedgerError>;
 
@@ -233,6 +240,9 @@ pub enum Commit {
     Duplicate(PurchaseRecord),
     /// The ledger's counters have fewer units available than requested.
     InsufficientStock,
+    /// The order would take the user's live units of the product past its per-user
+    /// limit (checked in the ledger too, as Redis's per-user counts can be lost).
+    LimitExceeded,
     /// The hold was taken in a stock generation that has since been rebuilt: it belongs
     /// to lost gate state and can never become an order.
     StaleGeneration,
@@ -316,11 +326,13 @@ pub trait GateMaintenance: Send + Sync + 'static {
         limit: usize,
     ) -> Result<Vec<StaleHold>, GateError>;
 
-    /// Removes request_ids from the pending index once the ledger accounts for them.
+    /// Removes holds from the pending index once the ledger accounts for them, each only
+    /// while its request_id's record is still that hold: a later attempt of the same
+    /// request_id may have taken another hold since, which recovery must still see.
     async fn forget_pending(
         &self,
         product_id: ProductId,
-        request_ids: &[RequestId],
+        holds: &[StaleHold],
     ) -> Result<(), GateError>;
 
     /// Everything the gate holds for a product, for reconciliation and audit.
@@ -346,6 +358,11 @@ pub struct GateState {
     pub generation: i64,
     /// The last hold id handed out.
     pub last_hold_id: i64,
+    /// Whether the entry was written by another Redis process than the one serving it
+    /// now: Redis restarted from a snapshot or failed over to a replica since the last
+    /// load or rebuild, so writes acknowledged after the copy was taken (holds, releases,
+    /// restocks alike) may be lost, and only a rebuild from the ledger is safe.
+    pub server_changed: bool,
 }
 
 /// The gate state a rebuild writes, computed by the ledger in the transaction that

@@ -187,8 +187,8 @@ impl Flashsale {
                 }
                 Restock::NotLoaded => {
                     return Err(Error::Unavailable(format!(
-                        "stock of product {product_id} is missing from the stock gate; \
-                         the restock is recorded and will apply on retry"
+                        "stock of product {product_id} is missing from the stock gate or \
+                         being rebuilt; the restock is recorded and will apply on retry"
                     )))
                 }
             }
@@ -256,7 +256,8 @@ impl Flashsale {
             } => {
                 // Crash tests stop here: units taken in Redis, nothing in MariaDB yet.
                 fail::fail_point!("purchase-after-reserve");
-                self.commit(&request, hold_id, generation, HoldOrigin::Fresh)
+                let hold = (generation, hold_id);
+                self.commit(&request, hold, product.per_user_limit, HoldOrigin::Fresh)
                     .await
             }
             Reserve::Existing(hold) => {
@@ -271,9 +272,12 @@ impl Flashsale {
                 }
                 // Most replays are of finished purchases: one read answers them.
                 if let Some(record) = self.ledger.find_purchase(&request.request_id).await? {
-                    if !hold.released && !record.is_hold(request.product_id, hold.hold_id) {
+                    if !hold.released
+                        && !record.is_hold(request.product_id, hold.generation, hold.hold_id)
+                    {
                         // An orphan left by an earlier attempt whose release failed.
-                        self.release_orphan(&request).await;
+                        self.release_orphan(&request, hold.generation, hold.hold_id)
+                            .await;
                     }
                     return answer(&request, record);
                 }
@@ -285,7 +289,8 @@ impl Flashsale {
                 }
                 // The first attempt is still in flight, or died before its commit:
                 // complete it. The ledger's unique key lets exactly one commit win.
-                self.commit(&request, hold.hold_id, hold.generation, HoldOrigin::Earlier)
+                let held = (hold.generation, hold.hold_id);
+                self.commit(&request, held, product.per_user_limit, HoldOrigin::Earlier)
                     .await
             }
             Reserve::SoldOut => self.replay_or(&request, Error::SoldOut).await,
@@ -311,16 +316,23 @@ impl Flashsale {
         }
     }
 
+    /// Writes the order for a hold (`(generation, hold_id)`).
     async fn commit(
         &self,
         request: &PurchaseRequest,
-        hold_id: i64,
-        generation: i64,
+        (generation, hold_id): (i64, i64),
+        per_user_limit: Option<u32>,
         origin: HoldOrigin,
     ) -> Result<Purchased, Error> {
         let committed = self
             .ledger
-            .commit_purchase(request, hold_id, generation, self.settings.payment_timeout)
+            .commit_purchase(
+                request,
+                hold_id,
+                generation,
+                per_user_limit,
+                self.settings.payment_timeout,
+            )
             .await;
         match committed {
             Ok(Commit::Committed(order)) => {
@@ -332,7 +344,7 @@ impl Flashsale {
                 })
             }
             Ok(Commit::Duplicate(record)) => {
-                if record.is_hold(request.product_id, hold_id) {
+                if record.is_hold(request.product_id, generation, hold_id) {
                     // A concurrent replay completed this very hold first: it is this
                     // attempt's order.
                     return answer_as(request, record, origin == HoldOrigin::Earlier);
@@ -342,24 +354,32 @@ impl Flashsale {
                     // request's earlier hold record expired, or the id was used on
                     // another product): this hold can never become an order. Give it
                     // back.
-                    self.release_orphan(request).await;
+                    self.release_orphan(request, generation, hold_id).await;
                 }
                 answer(request, record)
             }
-            Ok(Commit::InsufficientStock) => {
+            Ok(refused @ (Commit::InsufficientStock | Commit::LimitExceeded)) => {
+                let (reason, error) = if refused == Commit::LimitExceeded {
+                    (ReleaseReason::LimitExceeded, Error::LimitExceeded)
+                } else {
+                    (ReleaseReason::SoldOut, Error::SoldOut)
+                };
                 warn!(request_id = %request.request_id, product_id = %request.product_id,
-                    "ledger refused a hold the gate granted: gate and ledger disagree");
+                    %reason, "ledger refused a hold the gate granted: gate and ledger disagree");
                 match self
                     .ledger
-                    .fence(request, hold_id, generation, ReleaseReason::SoldOut)
+                    .fence(request, hold_id, generation, reason)
                     .await?
                 {
                     Fence::Fenced => {
                         // The ledger never counted a fenced hold: its own generation decides.
-                        let of = ReleaseOf::Hold;
+                        let of = ReleaseOf::Hold {
+                            generation,
+                            hold_id,
+                        };
                         self.return_stock(request.product_id, &request.request_id, &of)
                             .await;
-                        Err(Error::SoldOut)
+                        Err(error)
                     }
                     Fence::Duplicate(record) => answer(request, record),
                 }
@@ -384,10 +404,14 @@ impl Flashsale {
 
     /// Returns the units of a hold that can never become an order; no ledger write is
     /// needed because the request_id is already taken there by another record.
-    async fn release_orphan(&self, request: &PurchaseRequest) {
+    async fn release_orphan(&self, request: &PurchaseRequest, generation: i64, hold_id: i64) {
+        let of = ReleaseOf::Hold {
+            generation,
+            hold_id,
+        };
         match self
             .gate
-            .release(request.product_id, &request.request_id, &ReleaseOf::Hold)
+            .release(request.product_id, &request.request_id, &of)
             .await
         {
             Ok(Release::Released | Release::AlreadyReleased) => {}
@@ -550,6 +574,9 @@ fn answer_as(
         PurchaseOutcome::Released {
             reason: ReleaseReason::SoldOut,
         } => Err(Error::SoldOut),
+        PurchaseOutcome::Released {
+            reason: ReleaseReason::LimitExceeded,
+        } => Err(Error::LimitExceeded),
         PurchaseOutcome::Released { .. } => Err(Error::RequestReleased),
     }
 }

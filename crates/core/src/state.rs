@@ -142,7 +142,8 @@ impl CancelReason {
 }
 
 /// Why a reservation's stock went back; stored in `inventory_reservation.release_reason`.
-/// A reservation released without ever having an order (`SoldOut`, `Abandoned`) is a
+/// A reservation released without ever having an order (`SoldOut`, `LimitExceeded`,
+/// `Abandoned`) is a
 /// fence: its row takes the request_id, so a late commit of the original attempt fails on
 /// the unique key and can never create an order after the stock was given back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -153,15 +154,19 @@ pub enum ReleaseReason {
     PaymentTimeout,
     /// The ledger's own stock check refused the order although Redis had reserved it.
     SoldOut,
+    /// The ledger's own per-user limit check refused the order although Redis had
+    /// reserved it (Redis's per-user counts were lost or stale).
+    LimitExceeded,
     /// The attempt died before writing its order; recovery fenced and released it.
     Abandoned,
 }
 
 impl ReleaseReason {
-    pub const ALL: [ReleaseReason; 4] = [
+    pub const ALL: [ReleaseReason; 5] = [
         Self::Cancelled,
         Self::PaymentTimeout,
         Self::SoldOut,
+        Self::LimitExceeded,
         Self::Abandoned,
     ];
 
@@ -170,6 +175,7 @@ impl ReleaseReason {
             Self::Cancelled => "cancelled",
             Self::PaymentTimeout => "payment_timeout",
             Self::SoldOut => "sold_out",
+            Self::LimitExceeded => "limit_exceeded",
             Self::Abandoned => "abandoned",
         }
     }
@@ -226,7 +232,7 @@ status_text!(
 status_text!(
     ReleaseReason,
     "release reason",
-    [Cancelled, PaymentTimeout, SoldOut, Abandoned]
+    [Cancelled, PaymentTimeout, SoldOut, LimitExceeded, Abandoned]
 );
 
 #[cfg(test)]

@@ -101,6 +101,7 @@ impl From<Transitioned> for CancelAttempt {
 enum Committed {
     Order(Order),
     InsufficientStock,
+    LimitExceeded,
     StaleGeneration,
     /// The hold id was already recorded in this generation: the gate is behind.
     HoldReused,
@@ -255,6 +256,7 @@ impl MysqlLedger {
         request: &PurchaseRequest,
         hold_id: i64,
         generation: i64,
+        per_user_limit: Option<u32>,
         payment_timeout: Duration,
     ) -> Result<Attempt<Committed>, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
@@ -324,6 +326,26 @@ impl MysqlLedger {
             } else {
                 Committed::StaleGeneration
             }));
+        }
+        if let Some(limit) = per_user_limit {
+            // The ledger's own per-user check, as Redis's per-user counts can be lost.
+            // The product row's lock (taken just above) orders the purchases of the
+            // product, and the session reads READ COMMITTED: this read sees every order
+            // of the product committed before, this one included. (A cancel committing
+            // meanwhile only lowers the sum.)
+            let live: i64 = sqlx::query_scalar(
+                "SELECT CAST(COALESCE(SUM(quantity), 0) AS SIGNED) FROM orders \
+                 WHERE user_id = ? AND product_id = ? \
+                 AND status IN ('PENDING_PAYMENT', 'PAID')",
+            )
+            .bind(request.user_id.get())
+            .bind(request.product_id.get())
+            .fetch_one(&mut *tx)
+            .await?;
+            if live > i64::from(limit) {
+                tx.rollback().await?;
+                return Ok(Attempt::Done(Committed::LimitExceeded));
+            }
         }
         tx.commit().await?;
         Ok(Attempt::Done(Committed::Order(order)))
@@ -426,7 +448,7 @@ impl MysqlLedger {
             "SELECT {ORDER_COLUMNS}, o.expires_at <= NOW(6) AS expired, \
              COALESCE(r.status = 'RELEASED' AND r.stock_returned = 0, 0) AS return_pending, \
              COALESCE(r.released_generation, 1) AS released_generation, \
-             COALESCE(r.hold_id, 0) AS hold_id, \
+             COALESCE(r.hold_id, 0) AS hold_id, COALESCE(r.generation, 1) AS hold_generation, \
              p.per_user_limit IS NOT NULL AS limited \
              FROM orders o LEFT JOIN inventory_reservation r ON r.request_id = o.request_id \
              LEFT JOIN products p ON p.product_id = o.product_id \
@@ -443,6 +465,7 @@ impl MysqlLedger {
         let pending_return = if return_pending {
             Some(ReleaseOf::Reservation {
                 generation: row.try_get("released_generation")?,
+                hold_generation: row.try_get("hold_generation")?,
                 hold_id: row.try_get("hold_id")?,
                 user_id: order.user_id,
                 quantity: order.quantity,
@@ -821,18 +844,26 @@ impl Ledger for MysqlLedger {
         request: &PurchaseRequest,
         hold_id: i64,
         generation: i64,
+        per_user_limit: Option<u32>,
         payment_timeout: Duration,
     ) -> Result<Commit, LedgerError> {
         let outcome = self
             .purchase_or_taken("commit purchase", &request.request_id, || {
                 self.run("commit purchase", move || {
-                    self.insert_purchase(request, hold_id, generation, payment_timeout)
+                    self.insert_purchase(
+                        request,
+                        hold_id,
+                        generation,
+                        per_user_limit,
+                        payment_timeout,
+                    )
                 })
             })
             .await?;
         Ok(match outcome {
             Ok(Committed::Order(order)) => Commit::Committed(order),
             Ok(Committed::InsufficientStock) => Commit::InsufficientStock,
+            Ok(Committed::LimitExceeded) => Commit::LimitExceeded,
             Ok(Committed::StaleGeneration) => Commit::StaleGeneration,
             Ok(Committed::HoldReused) => {
                 self.gate_behind(request.product_id, hold_id, generation)
@@ -878,7 +909,8 @@ impl Ledger for MysqlLedger {
         let sql = format!(
             "SELECT r.request_id AS r_request_id, r.product_id AS r_product_id, \
              r.user_id AS r_user_id, r.quantity AS r_quantity, r.status AS r_status, \
-             r.release_reason AS r_release_reason, r.hold_id AS r_hold_id, {ORDER_COLUMNS} \
+             r.release_reason AS r_release_reason, r.hold_id AS r_hold_id, \
+             r.generation AS r_generation, {ORDER_COLUMNS} \
              FROM inventory_reservation r LEFT JOIN orders o ON o.request_id = r.request_id \
              WHERE r.request_id = ?"
         );

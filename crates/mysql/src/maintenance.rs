@@ -86,6 +86,7 @@ impl LedgerMaintenance for MysqlLedger {
                 sqlx::query(
                     "SELECT r.product_id, r.request_id, r.user_id, r.quantity, \
                      COALESCE(r.released_generation, 1) AS released_generation, r.hold_id, \
+                     r.generation AS hold_generation, \
                      o.id IS NOT NULL AS has_order, p.per_user_limit IS NOT NULL AS limited \
                      FROM inventory_reservation r \
                      LEFT JOIN orders o ON o.request_id = r.request_id \
@@ -103,6 +104,7 @@ impl LedgerMaintenance for MysqlLedger {
                 let of = if r.try_get::<bool, _>("has_order").map_err(db)? {
                     ReleaseOf::Reservation {
                         generation: r.try_get("released_generation").map_err(db)?,
+                        hold_generation: r.try_get("hold_generation").map_err(db)?,
                         hold_id: r.try_get("hold_id").map_err(db)?,
                         user_id: UserId::parse(r.try_get("user_id").map_err(db)?)
                             .map_err(corrupt)?,
@@ -110,7 +112,10 @@ impl LedgerMaintenance for MysqlLedger {
                         limited: r.try_get::<bool, _>("limited").map_err(db)?,
                     }
                 } else {
-                    ReleaseOf::Hold
+                    ReleaseOf::Hold {
+                        generation: r.try_get("hold_generation").map_err(db)?,
+                        hold_id: r.try_get("hold_id").map_err(db)?,
+                    }
                 };
                 Ok(PendingReturn {
                     product_id: ProductId::parse(r.try_get("product_id").map_err(db)?)

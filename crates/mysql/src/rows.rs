@@ -96,6 +96,7 @@ pub(crate) fn purchase(row: &MySqlRow) -> Result<PurchaseRecord, LedgerError> {
     };
     Ok(PurchaseRecord {
         request,
+        generation: row.try_get("r_generation").map_err(db)?,
         hold_id,
         outcome,
     })

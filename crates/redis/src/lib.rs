@@ -5,12 +5,12 @@
 //!
 //! | key                              | type   | holds                                      |
 //! |----------------------------------|--------|--------------------------------------------|
-//! | `<prefix>{p:<id>}:inv`           | hash   | `avail` units, `seq` last hold id          |
+//! | `<prefix>{p:<id>}:inv`           | hash   | `avail` units, `seq` last hold id, `gen` generation, `srv` run_id of the Redis process that loaded or rebuilt it |
 //! | `<prefix>{p:<id>}:users`         | hash   | user id → units held (limited products)    |
-//! | `<prefix>{p:<id>}:r:<request_id>`| hash   | one hold: user, quantity, state, hold id   |
+//! | `<prefix>{p:<id>}:r:<request_id>`| hash   | one hold: user, quantity, state, hold id, generation |
 //! | `<prefix>{p:<id>}:pending`       | zset   | request_ids of holds, scored by time (ms)  |
 //! | `<prefix>{p:<id>}:restock:<id>`  | string | marker of an applied restock               |
-//! | `<prefix>{p:<id>}:rel:<request_id>` | string | marker of a reservation's release whose hold record is gone |
+//! | `<prefix>{p:<id>}:rel:<request_id>` | string | marker of a reservation's release (expires with the records) |
 //!
 //! Every script validates its arguments before its first write, and is idempotent on its
 //! request or restock id: a client retry after a lost reply never takes or returns stock
@@ -60,6 +60,8 @@ pub struct RedisGate {
     load: Script,
     adjust: Script,
     rebuild: Script,
+    state: Script,
+    forget: Script,
     seed_decrement: Script,
 }
 
@@ -85,6 +87,8 @@ impl RedisGate {
             load: Script::new(include_str!("lua/load.lua")),
             adjust: Script::new(include_str!("lua/adjust.lua")),
             rebuild: Script::new(include_str!("lua/rebuild.lua")),
+            state: Script::new(include_str!("lua/state.lua")),
+            forget: Script::new(include_str!("lua/forget.lua")),
             seed_decrement: Script::new(include_str!("lua/seed_decrement.lua")),
         })
     }
@@ -204,16 +208,21 @@ impl StockGate for RedisGate {
         of: &ReleaseOf,
     ) -> Result<Release, GateError> {
         let mut conn = self.conn.clone();
-        let (generation, hold, user, quantity, limited) = match of {
-            ReleaseOf::Hold => (0, 0, 0, 0, false),
+        let (generation, hold_generation, hold, user, quantity, limited) = match of {
+            ReleaseOf::Hold {
+                generation,
+                hold_id,
+            } => (0, *generation, *hold_id, 0, 0, false),
             ReleaseOf::Reservation {
                 generation,
+                hold_generation,
                 hold_id,
                 user_id,
                 quantity,
                 limited,
             } => (
                 *generation,
+                *hold_generation,
                 *hold_id,
                 user_id.get(),
                 quantity.get(),
@@ -234,6 +243,7 @@ impl StockGate for RedisGate {
             .arg(u8::from(limited))
             .arg(self.record_ttl_ms)
             .arg(hold)
+            .arg(hold_generation)
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable)?;
@@ -401,17 +411,24 @@ impl GateMaintenance for RedisGate {
     async fn forget_pending(
         &self,
         product_id: ProductId,
-        request_ids: &[RequestId],
+        holds: &[StaleHold],
     ) -> Result<(), GateError> {
-        if request_ids.is_empty() {
+        if holds.is_empty() {
             return Ok(());
         }
         let mut conn = self.conn.clone();
-        let ids: Vec<&str> = request_ids.iter().map(RequestId::as_str).collect();
-        let _: i64 = redis::cmd("ZREM")
-            .arg(self.key(product_id, "pending"))
-            .arg(ids)
-            .query_async(&mut conn)
+        let mut invocation = self.forget.prepare_invoke();
+        invocation.key(self.key(product_id, "pending"));
+        for hold in holds {
+            let request_id = &hold.request.request_id;
+            invocation
+                .key(self.hold_key(product_id, request_id))
+                .arg(request_id.as_str())
+                .arg(hold.hold_id)
+                .arg(hold.generation);
+        }
+        let _: i64 = invocation
+            .invoke_async(&mut conn)
             .await
             .map_err(unavailable)?;
         Ok(())
@@ -492,20 +509,24 @@ impl GateMaintenance for RedisGate {
 
     async fn state(&self, product_id: ProductId) -> Result<Option<GateState>, GateError> {
         let mut conn = self.conn.clone();
-        let (available, seq, generation): (Option<i64>, Option<i64>, Option<i64>) =
-            redis::cmd("HMGET")
-                .arg(self.key(product_id, "inv"))
-                .arg("avail")
-                .arg("seq")
-                .arg("gen")
-                .query_async(&mut conn)
-                .await
-                .map_err(unavailable)?;
-        Ok(available.map(|available| GateState {
-            available,
-            generation: generation.unwrap_or(1),
-            last_hold_id: seq.unwrap_or(0),
-        }))
+        let reply: Vec<i64> = self
+            .state
+            .key(self.key(product_id, "inv"))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        match reply[..] {
+            [] => Ok(None),
+            [available, last_hold_id, generation, changed] => Ok(Some(GateState {
+                available,
+                generation,
+                last_hold_id,
+                server_changed: changed == 1,
+            })),
+            _ => Err(GateError(format!(
+                "unexpected reply from the state script: {reply:?}"
+            ))),
+        }
     }
 
     async fn rebuild(&self, product_id: ProductId, plan: &RebuildPlan) -> Result<bool, GateError> {

@@ -213,15 +213,21 @@ impl GateMaintenance for FaultyGate {
     async fn forget_pending(
         &self,
         product_id: ProductId,
-        request_ids: &[RequestId],
+        holds: &[StaleHold],
     ) -> Result<(), GateError> {
         through(
             &self.ctx,
             Port::Gate,
             "gate.forget_pending",
-            || format!("p{product_id} {request_ids:?}"),
+            || {
+                let ids: Vec<String> = holds
+                    .iter()
+                    .map(|h| format!("{}@{}/{}", h.request.request_id, h.generation, h.hold_id))
+                    .collect();
+                format!("p{product_id} {ids:?}")
+            },
             GateError,
-            || self.inner.forget_pending(product_id, request_ids),
+            || self.inner.forget_pending(product_id, holds),
         )
         .await
     }
@@ -363,6 +369,7 @@ impl Ledger for FaultyLedger {
         request: &PurchaseRequest,
         hold_id: i64,
         generation: i64,
+        per_user_limit: Option<u32>,
         payment_timeout: Duration,
     ) -> Result<Commit, LedgerError> {
         through(
@@ -372,8 +379,13 @@ impl Ledger for FaultyLedger {
             || format!("{} hold {hold_id} gen {generation}", req(request)),
             LedgerError,
             || {
-                self.inner
-                    .commit_purchase(request, hold_id, generation, payment_timeout)
+                self.inner.commit_purchase(
+                    request,
+                    hold_id,
+                    generation,
+                    per_user_limit,
+                    payment_timeout,
+                )
             },
         )
         .await

@@ -12,6 +12,7 @@
 //! `pending` (zset) → `pending`; `restock:<id>` → `restocks`.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
@@ -40,6 +41,8 @@ struct Inv {
     seq: Option<i64>,
     /// `gen`: the stock generation (absent = 1, as the scripts read it).
     gen: Option<i64>,
+    /// `srv`: the run id of the Redis process that loaded or rebuilt it.
+    srv: Option<u64>,
 }
 
 /// A hold record `r:<request_id>`. Fields are optional where a script may write a record
@@ -104,6 +107,9 @@ pub struct MemGate {
     record_ttl: TimeDelta,
     defects: GateDefects,
     store: Mutex<GateSnapshot>,
+    /// The run id of the "Redis process": a new one after every wipe or failover, as a
+    /// restarted or promoted Redis has.
+    server: AtomicU64,
 }
 
 fn ms(t: DateTime<Utc>) -> i64 {
@@ -121,6 +127,7 @@ impl MemGate {
             record_ttl,
             defects,
             store: Mutex::new(GateSnapshot::default()),
+            server: AtomicU64::new(1),
         }
     }
 
@@ -141,6 +148,11 @@ impl MemGate {
     /// Redis restarts empty: every key is gone.
     pub fn wipe(&self) {
         self.lock().products.clear();
+        self.server.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn server(&self) -> u64 {
+        self.server.load(Ordering::Relaxed)
     }
 
     /// A copy of the keyspace, to come back to after a failover that loses later writes.
@@ -151,6 +163,7 @@ impl MemGate {
     /// A failover to a replica that had only `snapshot`: later writes are lost.
     pub fn restore(&self, snapshot: GateSnapshot) {
         *self.lock() = snapshot;
+        self.server.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The available count (for the online checks; no fault, no yield).
@@ -215,6 +228,7 @@ impl StockGate for MemGate {
             avail: available,
             seq: Some(0),
             gen: Some(generation),
+            srv: Some(self.server()),
         });
         Ok(true)
     }
@@ -272,6 +286,7 @@ impl StockGate for MemGate {
             avail: inv.avail - q,
             seq: Some(hold),
             gen: inv.gen,
+            srv: inv.srv,
         });
         if counted {
             *keys.users.entry(user).or_insert(0) += q;
@@ -304,9 +319,17 @@ impl StockGate for MemGate {
     ) -> Result<Release, GateError> {
         let redis_now = self.now_ms();
         let ttl = self.record_ttl.num_milliseconds();
-        let relgen = match of {
-            ReleaseOf::Hold => 0,
-            ReleaseOf::Reservation { generation, .. } => *generation,
+        let (relgen, hgen, hold) = match of {
+            ReleaseOf::Hold {
+                generation,
+                hold_id,
+            } => (0, *generation, *hold_id),
+            ReleaseOf::Reservation {
+                generation,
+                hold_generation,
+                hold_id,
+                ..
+            } => (*generation, *hold_generation, *hold_id),
         };
         if relgen < 0 || ttl < 1 {
             return Err(GateError("ERR flashsale release: invalid arguments".into()));
@@ -319,36 +342,39 @@ impl StockGate for MemGate {
         };
         let gen = inv.gen.unwrap_or(1);
         let rec = keys.record(rid, redis_now).cloned();
-        let (user, q, counted, mine) = match of {
-            ReleaseOf::Hold => {
-                let Some(rec) = rec.as_ref() else {
+        let mine = rec
+            .as_ref()
+            .is_some_and(|r| r.h == Some(hold) && r.g.unwrap_or(1) == hgen);
+        let (user, q, counted) = match of {
+            ReleaseOf::Hold { .. } => {
+                if gen < hgen {
+                    return Ok(Release::NotLoaded);
+                }
+                if gen > hgen {
+                    if mine && rec.as_ref().is_some_and(|r| !r.released) {
+                        if let Some(r) = keys.records.get_mut(rid) {
+                            r.released = true;
+                        }
+                        keys.pending.remove(rid);
+                    }
+                    return Ok(Release::AlreadyReleased);
+                }
+                let Some(rec) = rec.as_ref().filter(|_| mine) else {
                     return Ok(Release::Missing);
                 };
                 if rec.released {
                     return Ok(Release::AlreadyReleased);
                 }
-                if rec.g.unwrap_or(1) != gen {
-                    if let Some(r) = keys.records.get_mut(rid) {
-                        r.released = true;
-                    }
-                    keys.pending.remove(rid);
-                    return Ok(Release::AlreadyReleased);
-                }
-                (rec.u, rec.q, rec.counted, true)
+                (rec.u, rec.q, rec.counted)
             }
             ReleaseOf::Reservation {
-                hold_id,
                 user_id,
                 quantity,
                 limited,
                 ..
             } => {
-                let mine = rec.as_ref().is_some_and(|r| r.h == Some(*hold_id));
                 if gen < relgen {
                     return Ok(Release::NotLoaded);
-                }
-                if mine && rec.as_ref().is_some_and(|r| r.released) {
-                    return Ok(Release::AlreadyReleased);
                 }
                 if keys
                     .release_markers
@@ -357,7 +383,10 @@ impl StockGate for MemGate {
                 {
                     keys.release_markers.remove(rid);
                 }
-                if !mine && keys.release_markers.contains_key(rid) {
+                if keys.release_markers.contains_key(rid) {
+                    return Ok(Release::AlreadyReleased);
+                }
+                if mine && rec.as_ref().is_some_and(|r| r.released) {
                     return Ok(Release::AlreadyReleased);
                 }
                 if gen > relgen {
@@ -365,11 +394,11 @@ impl StockGate for MemGate {
                         if let Some(r) = keys.records.get_mut(rid) {
                             r.released = true;
                         }
+                        keys.pending.remove(rid);
                     }
-                    keys.pending.remove(rid);
                     return Ok(Release::AlreadyReleased);
                 }
-                (user_id.get(), i64::from(quantity.get()), *limited, mine)
+                (user_id.get(), i64::from(quantity.get()), *limited)
             }
         };
         if q < 1 {
@@ -392,10 +421,11 @@ impl StockGate for MemGate {
             if let Some(r) = keys.records.get_mut(rid) {
                 r.released = true;
             }
-        } else {
+            keys.pending.remove(rid);
+        }
+        if relgen > 0 {
             keys.release_markers.insert(rid.to_owned(), redis_now + ttl);
         }
-        keys.pending.remove(rid);
         Ok(Release::Released)
     }
 
@@ -418,7 +448,11 @@ impl StockGate for MemGate {
         let Some(inv) = keys.inv.as_mut() else {
             return Ok(Restock::NotLoaded);
         };
-        if inv.gen.unwrap_or(1) != generation {
+        let current = inv.gen.unwrap_or(1);
+        if current < generation {
+            return Ok(Restock::NotLoaded);
+        }
+        if current > generation {
             return Ok(Restock::Stale);
         }
         inv.avail += quantity;
@@ -503,15 +537,23 @@ impl GateMaintenance for MemGate {
         Ok(stale)
     }
 
+    /// forget.lua
     async fn forget_pending(
         &self,
         product_id: ProductId,
-        request_ids: &[RequestId],
+        holds: &[StaleHold],
     ) -> Result<(), GateError> {
+        let redis_now = self.now_ms();
         let mut store = self.lock();
         let keys = store.products.entry(product_id.get()).or_default();
-        for id in request_ids {
-            keys.pending.remove(id.as_str());
+        for hold in holds {
+            let rid = hold.request.request_id.as_str();
+            let same = keys
+                .record(rid, redis_now)
+                .is_none_or(|r| r.h == Some(hold.hold_id) && r.g.unwrap_or(1) == hold.generation);
+            if same {
+                keys.pending.remove(rid);
+            }
         }
         Ok(())
     }
@@ -554,6 +596,7 @@ impl GateMaintenance for MemGate {
     }
 
     async fn state(&self, product_id: ProductId) -> Result<Option<GateState>, GateError> {
+        let server = self.server();
         let store = self.lock();
         Ok(store
             .products
@@ -563,6 +606,7 @@ impl GateMaintenance for MemGate {
                 available: i.avail,
                 generation: i.gen.unwrap_or(1),
                 last_hold_id: i.seq.unwrap_or(0),
+                server_changed: i.srv != Some(server),
             }))
     }
 
@@ -571,6 +615,7 @@ impl GateMaintenance for MemGate {
         if plan.generation < 1 || plan.available < 0 || plan.last_hold_id < 0 {
             return Err(GateError("ERR flashsale rebuild: invalid arguments".into()));
         }
+        let server = self.server();
         let mut store = self.lock();
         let keys = store.products.entry(product_id.get()).or_default();
         let current = keys.inv.as_ref().and_then(|i| i.gen).unwrap_or(0);
@@ -581,6 +626,7 @@ impl GateMaintenance for MemGate {
             avail: plan.available,
             seq: Some(plan.last_hold_id),
             gen: Some(plan.generation),
+            srv: Some(server),
         });
         keys.users = plan
             .user_units

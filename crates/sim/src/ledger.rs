@@ -68,7 +68,7 @@ struct ReservationRow {
     id: i64,
     request: PurchaseRequest,
     hold_id: i64,
-    /// The generation column: set by a commit, DEFAULT 1 for a fence (as in the SQL).
+    /// The generation column: the generation of the hold it accounts for.
     generation: i64,
     status: ReservationStatus,
     release_reason: Option<ReleaseReason>,
@@ -235,6 +235,7 @@ impl Tables {
         };
         Ok(Some(PurchaseRecord {
             request: r.request.clone(),
+            generation: r.generation,
             hold_id: r.hold_id,
             outcome,
         }))
@@ -350,6 +351,7 @@ impl Tables {
             r.is_some_and(|r| r.status == ReservationStatus::Released && !r.stock_returned);
         let pending_return = pending.then(|| ReleaseOf::Reservation {
             generation: r.and_then(|r| r.released_generation).unwrap_or(1),
+            hold_generation: r.map_or(1, |r| r.generation),
             hold_id: r.map_or(0, |r| r.hold_id),
             user_id: order.user_id,
             quantity: order.quantity,
@@ -416,6 +418,7 @@ impl MemLedger {
         request: &PurchaseRequest,
         hold_id: i64,
         generation: i64,
+        per_user_limit: Option<u32>,
         payment_timeout: Duration,
     ) -> Result<Attempt<Commit>, LedgerError> {
         let now = self.now();
@@ -457,6 +460,22 @@ impl MemLedger {
         let Some(inv) = t.inventory.get(&p).cloned() else {
             return Ok(Attempt::Done(Commit::StaleGeneration));
         };
+        if let Some(limit) = per_user_limit {
+            // The per-user check after the counters UPDATE, as in the SQL.
+            let live: i64 = t
+                .orders
+                .values()
+                .filter(|o| {
+                    o.order.user_id == request.user_id
+                        && o.order.product_id == request.product_id
+                        && o.order.status != OrderStatus::Cancelled
+                })
+                .map(|o| i64::from(o.order.quantity.get()))
+                .sum();
+            if live + q > i64::from(limit) {
+                return Ok(Attempt::Done(Commit::LimitExceeded));
+            }
+        }
         let counters = InventoryRow {
             available: inv.available - q,
             reserved: inv.reserved + q,
@@ -1007,10 +1026,17 @@ impl Ledger for MemLedger {
         request: &PurchaseRequest,
         hold_id: i64,
         generation: i64,
+        per_user_limit: Option<u32>,
         payment_timeout: Duration,
     ) -> Result<Commit, LedgerError> {
         for _ in 0..TX_ATTEMPTS_MAX {
-            match self.tx_purchase(request, hold_id, generation, payment_timeout)? {
+            match self.tx_purchase(
+                request,
+                hold_id,
+                generation,
+                per_user_limit,
+                payment_timeout,
+            )? {
                 Attempt::Done(commit) => return Ok(commit),
                 Attempt::HoldReused => {
                     self.gate_behind(request.product_id, generation).await?;
@@ -1264,6 +1290,7 @@ impl LedgerMaintenance for MemLedger {
                 let of = if t.order_by_request.contains_key(rid) {
                     ReleaseOf::Reservation {
                         generation: r.released_generation.unwrap_or(1),
+                        hold_generation: r.generation,
                         hold_id: r.hold_id,
                         user_id: r.request.user_id,
                         quantity: r.request.quantity,
@@ -1273,7 +1300,10 @@ impl LedgerMaintenance for MemLedger {
                             .is_some_and(|p| p.per_user_limit.is_some()),
                     }
                 } else {
-                    ReleaseOf::Hold
+                    ReleaseOf::Hold {
+                        generation: r.generation,
+                        hold_id: r.hold_id,
+                    }
                 };
                 PendingReturn {
                     product_id: r.request.product_id,

@@ -11,8 +11,10 @@ use std::sync::OnceLock;
 
 use flashsale_sim::{run_seeds, Defects, Options, Outcome};
 
-/// Seeds tried per defect; each is expected to be caught well within them.
-const SEEDS: u64 = 300;
+/// Seeds tried per defect; each is expected to be caught well within them (`no-fence`
+/// needs a late commit after recovery fenced its hold, which about 1 seed in 300 stages:
+/// the first is seed 864).
+const SEEDS: u64 = 1_500;
 
 fn breaks(o: &Outcome, invariants: &[&str]) -> bool {
     o.violations

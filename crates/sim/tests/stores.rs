@@ -88,27 +88,48 @@ fn reserve_is_idempotent_and_bounded() {
 }
 
 // Checks release.lua: a hold's units come back once, whatever the retries, and the
-// per-user count with them; a request without a record is Missing.
+// per-user count with them; a release naming another hold (another id, or the same id
+// in another generation) leaves the request's record alone; a request without a record
+// is Missing.
 #[test]
 fn release_returns_units_once() {
     let ctx = ctx();
     let g = gate(&ctx);
     now(g.load(p1(), 3, 1)).expect("load");
     let a = request("A", 1, 2);
-    now(g.reserve(&a, Some(2))).expect("reserve");
+    let Reserve::Reserved {
+        hold_id,
+        generation,
+    } = now(g.reserve(&a, Some(2))).expect("reserve")
+    else {
+        panic!("not reserved")
+    };
     let rid = &a.request_id;
+    let other_id = ReleaseOf::Hold {
+        generation,
+        hold_id: hold_id + 1,
+    };
     assert_eq!(
-        now(g.release(p1(), rid, &ReleaseOf::Hold)).expect("release"),
+        now(g.release(p1(), rid, &other_id)).expect("release"),
+        Release::Missing
+    );
+    assert_eq!(now(g.available(p1())).expect("available"), Some(1));
+    let hold = ReleaseOf::Hold {
+        generation,
+        hold_id,
+    };
+    assert_eq!(
+        now(g.release(p1(), rid, &hold)).expect("release"),
         Release::Released
     );
     assert_eq!(
-        now(g.release(p1(), rid, &ReleaseOf::Hold)).expect("release"),
+        now(g.release(p1(), rid, &hold)).expect("release"),
         Release::AlreadyReleased
     );
     assert_eq!(now(g.available(p1())).expect("available"), Some(3));
     let missing = RequestId::parse("request_id", "nobody").expect("id");
     assert_eq!(
-        now(g.release(p1(), &missing, &ReleaseOf::Hold)).expect("release"),
+        now(g.release(p1(), &missing, &hold)).expect("release"),
         Release::Missing
     );
     // The user's units are free again.
@@ -156,6 +177,33 @@ fn adjust_wipe_and_rebuild() {
     ));
 }
 
+// Checks state.lua's `changed`: an entry loaded or rebuilt by the Redis process serving
+// it is unchanged; after a failover to an older copy (a new process with the old data)
+// it reads as changed until a rebuild writes it again.
+#[test]
+fn failover_marks_entries_as_written_by_another_server() {
+    let ctx = ctx();
+    let g = gate(&ctx);
+    now(g.load(p1(), 2, 1)).expect("load");
+    let copy = g.snapshot();
+    let state = now(g.state(p1())).expect("state").expect("loaded");
+    assert!(!state.server_changed);
+    now(g.reserve(&request("A", 1, 1), None)).expect("reserve");
+    g.restore(copy);
+    let state = now(g.state(p1())).expect("state").expect("loaded");
+    assert!(state.server_changed, "{state:?}");
+    assert_eq!(state.available, 2, "the copy is older than the last write");
+    let plan = flashsale_app::ports::RebuildPlan {
+        generation: 2,
+        available: 1,
+        last_hold_id: 1,
+        user_units: vec![],
+    };
+    assert!(now(g.rebuild(p1(), &plan)).expect("rebuild"));
+    let state = now(g.state(p1())).expect("state").expect("loaded");
+    assert!(!state.server_changed);
+}
+
 // Checks the recovery scan ages holds on Redis's clock: a hold is stale only once it is
 // older than the window.
 #[test]
@@ -189,11 +237,11 @@ fn commit_is_unique_and_guarded() {
     let l = ledger(&ctx, 2);
     let timeout = Duration::from_secs(10);
     let a = request("A", 1, 2);
-    let order = match now(l.commit_purchase(&a, 1, 1, timeout)).expect("commit") {
+    let order = match now(l.commit_purchase(&a, 1, 1, None, timeout)).expect("commit") {
         Commit::Committed(o) => o,
         other => panic!("{other:?}"),
     };
-    match now(l.commit_purchase(&a, 9, 1, timeout)).expect("commit") {
+    match now(l.commit_purchase(&a, 9, 1, None, timeout)).expect("commit") {
         Commit::Duplicate(r) => {
             assert_eq!(r.hold_id, 1);
             assert!(matches!(r.outcome, PurchaseOutcome::Order(o) if o.order_id == order.order_id));
@@ -201,11 +249,11 @@ fn commit_is_unique_and_guarded() {
         other => panic!("{other:?}"),
     }
     assert_eq!(
-        now(l.commit_purchase(&request("B", 2, 1), 2, 1, timeout)).expect("commit"),
+        now(l.commit_purchase(&request("B", 2, 1), 2, 1, None, timeout)).expect("commit"),
         Commit::InsufficientStock
     );
     assert_eq!(
-        now(l.commit_purchase(&request("B", 2, 1), 2, 7, timeout)).expect("commit"),
+        now(l.commit_purchase(&request("B", 2, 1), 2, 7, None, timeout)).expect("commit"),
         Commit::StaleGeneration
     );
 }
@@ -220,7 +268,7 @@ fn fence_blocks_a_late_commit() {
         now(l.fence(&a, 1, 1, ReleaseReason::Abandoned)).expect("fence"),
         Fence::Fenced
     );
-    match now(l.commit_purchase(&a, 1, 1, Duration::from_secs(10))).expect("commit") {
+    match now(l.commit_purchase(&a, 1, 1, None, Duration::from_secs(10))).expect("commit") {
         Commit::Duplicate(r) => assert!(matches!(
             r.outcome,
             PurchaseOutcome::Released {
@@ -239,11 +287,16 @@ fn pay_and_expire_decide_on_the_ledger_clock() {
     let l = ledger(&ctx, 3);
     let timeout = Duration::from_secs(10);
     // Each hold id commits once per generation (uk_reservation_hold).
-    let commit =
-        |id: &str, hold: i64| match now(l.commit_purchase(&request(id, 1, 1), hold, 1, timeout)) {
-            Ok(Commit::Committed(o)) => o,
-            other => panic!("{other:?}"),
-        };
+    let commit = |id: &str, hold: i64| match now(l.commit_purchase(
+        &request(id, 1, 1),
+        hold,
+        1,
+        None,
+        timeout,
+    )) {
+        Ok(Commit::Committed(o)) => o,
+        other => panic!("{other:?}"),
+    };
     let a = commit("A", 1);
     let b = commit("B", 2);
     let expired = flashsale_app::ports::ExpiredOrder {

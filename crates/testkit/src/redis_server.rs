@@ -117,6 +117,20 @@ impl PrivateRedis {
         self.child = Some(child);
         Ok(())
     }
+
+    /// Kills the server with SIGKILL and starts it again on the same port from the last
+    /// snapshot a `SAVE` wrote (empty if there is none), as a new process (a new
+    /// `run_id`), and waits (bounded) until it answers PING.
+    ///
+    /// Why: a Redis restarted from an RDB file, or a replica promoted after a failover,
+    /// comes back with an older copy of the data: every write after the copy is lost,
+    /// releases and restocks as much as reservations.
+    pub async fn restart_from_snapshot(&mut self) -> io::Result<()> {
+        self.kill9()?;
+        let child = launch(self.dir.path(), self.port).await?;
+        self.child = Some(child);
+        Ok(())
+    }
 }
 
 impl Drop for PrivateRedis {

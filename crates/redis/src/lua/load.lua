@@ -1,11 +1,14 @@
 -- First load of a product's stock (warm-up). Never overwrites an existing count.
 -- KEYS[1] inventory hash  ARGV[1] available  ARGV[2] generation
 -- Returns 1 loaded | 0 already present.
+-- `srv` records which Redis process wrote the entry (see state.lua).
 local n = tonumber(ARGV[1])
 local gen = tonumber(ARGV[2])
 if not n or n < 0 or n % 1 ~= 0 or not gen or gen < 1 or gen % 1 ~= 0 then
   return redis.error_reply('ERR flashsale load: invalid arguments')
 end
+local srv = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+if not srv then return redis.error_reply('ERR flashsale load: no run_id in INFO') end
 if redis.call('HSETNX', KEYS[1], 'avail', n) == 0 then return 0 end
-redis.call('HSET', KEYS[1], 'seq', 0, 'gen', gen)
+redis.call('HSET', KEYS[1], 'seq', 0, 'gen', gen, 'srv', srv)
 return 1

@@ -4,6 +4,7 @@
 -- KEYS[1] inventory hash  KEYS[2] per-user held units  KEYS[3] pending holds
 -- ARGV[1] generation  ARGV[2] available  ARGV[3] next hold id base  ARGV[4..] user, units pairs
 -- Returns 1 rebuilt | 0 refused (gate already at this generation or newer).
+-- `srv` records which Redis process wrote the entry (see state.lua).
 local gen = tonumber(ARGV[1])
 local avail = tonumber(ARGV[2])
 local seq = tonumber(ARGV[3])
@@ -15,10 +16,12 @@ for i = 4, #ARGV, 2 do
     return redis.error_reply('ERR flashsale rebuild: invalid user counts')
   end
 end
+local srv = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+if not srv then return redis.error_reply('ERR flashsale rebuild: no run_id in INFO') end
 local current = tonumber(redis.call('HGET', KEYS[1], 'gen') or '0')
 if current >= gen then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
-redis.call('HSET', KEYS[1], 'avail', avail, 'seq', seq, 'gen', gen)
+redis.call('HSET', KEYS[1], 'avail', avail, 'seq', seq, 'gen', gen, 'srv', srv)
 for i = 4, #ARGV, 2 do
   redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
 end

@@ -1,6 +1,7 @@
 -- Adds units once per restock id, in the generation the restock was recorded in.
 -- KEYS[1] inventory hash  KEYS[2] restock marker  ARGV[1] quantity  ARGV[2] generation
--- Returns 1 applied | 0 already applied | -1 stock not loaded | -3 stale generation (a
+-- Returns 1 applied | 0 already applied | -1 stock not loaded, or still in an older
+-- generation than the restock's (retry after the rebuild) | -3 stale generation (a
 -- rebuild since the restock was recorded already counted it).
 local q = tonumber(ARGV[1])
 local gen = tonumber(ARGV[2])
@@ -10,7 +11,11 @@ end
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen')
 if not inv[1] then return -1 end
-if tonumber(inv[2] or '1') ~= gen then return -3 end
+local current = tonumber(inv[2] or '1')
+-- The rebuild that will count it has not landed yet: adding the units now would be
+-- overwritten by it.
+if current < gen then return -1 end
+if current > gen then return -3 end
 redis.call('HINCRBY', KEYS[1], 'avail', q)
 -- Kept without expiry: restocks are rare admin actions, and the marker is what makes a
 -- retried restock a no-op however late it comes.

@@ -1,6 +1,8 @@
 //! Redis losing state mid-sale: coming back empty (a private redis-server killed with
-//! SIGKILL and restarted with nothing), or coming back *behind* (a failover that lost
-//! its last writes, simulated by restoring an older copy of the product's stock entry).
+//! SIGKILL and restarted with nothing), coming back *behind* (a failover that lost its
+//! last writes, simulated by restoring an older copy of the product's stock entry),
+//! restarting from an older snapshot (a new process with old data: lost releases), and
+//! losing its per-user counts (the ledger's own limit check).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -36,6 +38,27 @@ fn watch(
         rebuilt
     });
     (task, stop)
+}
+
+/// A service on a private redis-server (and the shared MariaDB).
+async fn app_on(redis: &PrivateRedis) -> TestApp {
+    TestApp::spawn_on(
+        Routes::default(),
+        redis.url(),
+        &redis.url(),
+        crate::helpers::MYSQL_SERVER,
+        &[],
+    )
+    .await
+}
+
+/// Points the test's own Redis connection at the restarted server.
+async fn reconnect(app: &mut TestApp, redis: &PrivateRedis) {
+    app.redis = redis::Client::open(redis.url())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("reconnect");
 }
 
 /// Buyers `0..buyers` each buy one unit of `product`, retrying after every 503 with the
@@ -103,14 +126,7 @@ async fn assert_sold_exactly(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_restarts_empty_mid_sale() {
     let mut redis = PrivateRedis::start().await.expect("private redis");
-    let mut app = TestApp::spawn_on(
-        Routes::default(),
-        redis.url(),
-        &redis.url(),
-        crate::helpers::MYSQL_SERVER,
-        &[],
-    )
-    .await;
+    let mut app = app_on(&redis).await;
     app.create_product(3100, 120, Some(1)).await;
     let (watcher, stop) = watch(&app);
     let buyers = sale(&app, 3100, 300);
@@ -124,11 +140,7 @@ async fn redis_restarts_empty_mid_sale() {
     let _ = stop.send(true);
     let rebuilt = watcher.await.expect("watcher");
     // The test's own connection died with the old server.
-    app.redis = redis::Client::open(redis.url())
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("reconnect");
+    reconnect(&mut app, &redis).await;
     assert!(rebuilt >= 1, "the gate was never rebuilt");
     assert_sold_exactly(&app, &answers, 120).await;
     assert!(app.count("SELECT generation FROM product_inventory").await >= 2);
@@ -184,5 +196,136 @@ async fn redis_comes_back_behind() {
     assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 100);
     invariants::assert_ok(&app, 3200).await;
     invariants::assert_audit_clean(&app, 3200).await;
+    app.cleanup().await;
+}
+
+// Checks Redis coming back from an *older copy* whose last hold id is not behind: a
+// private redis-server is snapshotted (SAVE) after 30 purchases, then 10 of those orders
+// are cancelled (their units go back to Redis), then Redis is killed with SIGKILL and
+// restarts from the snapshot — a new process holding the data from before the cancels,
+// as after a failover. Its last hold id equals the ledger's, so only the changed run id
+// shows that writes may be lost. The gate watch must rebuild, and a sale afterwards must
+// sell exactly the 30 units the ledger has left (without the rebuild Redis would offer
+// only 20: the cancelled units would be stuck).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_restarts_from_an_older_snapshot() {
+    let mut redis = PrivateRedis::start().await.expect("private redis");
+    let mut app = app_on(&redis).await;
+    app.create_product(3300, 50, None).await;
+    let mut orders = Vec::new();
+    for i in 0..30 {
+        let (s, b) = app
+            .purchase(&format!("REQ_snap_{i}"), 20_000 + i, 3300, 1)
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{b}");
+        orders.push((order_id(&b), 20_000 + i));
+    }
+    let mut conn = app.redis.clone();
+    let _: () = redis::cmd("SAVE")
+        .query_async(&mut conn)
+        .await
+        .expect("SAVE");
+    for (order, user) in &orders[..10] {
+        let (s, b) = app
+            .post(
+                &format!("/v1/orders/{order}/cancel"),
+                serde_json::json!({ "user_id": user }),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{b}");
+    }
+    assert_eq!(app.redis_available(3300).await, Some(30));
+    redis.restart_from_snapshot().await.expect("restart redis");
+    reconnect(&mut app, &redis).await;
+    assert_eq!(
+        app.redis_available(3300).await,
+        Some(20),
+        "the snapshot predates the cancels"
+    );
+    let mut rebuilt = 0;
+    for _ in 0..50 {
+        rebuilt += app.maintenance.watch_once().await.unwrap_or(0);
+        if rebuilt > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        rebuilt, 1,
+        "the restart from an older copy was not detected"
+    );
+    assert_eq!(app.redis_available(3300).await, Some(30));
+    let answers = sale(&app, 3300, 60).await;
+    let sold_after = answers.values().filter(|(s, _)| s.is_success()).count();
+    assert_eq!(
+        sold_after, 30,
+        "exactly the 30 units the ledger has left sell"
+    );
+    assert_eq!(
+        app.count("SELECT COUNT(*) FROM orders WHERE status = 'PENDING_PAYMENT'")
+            .await,
+        50
+    );
+    invariants::assert_ok(&app, 3300).await;
+    invariants::assert_audit_clean(&app, 3300).await;
+    app.cleanup().await;
+}
+
+// Checks the ledger's own per-user limit: Redis's per-user counts are lost (the `users`
+// hash deleted, as a failover to a replica without them would), so Redis admits a third
+// unit to a user whose limit is 2. The commit must refuse it (409 limit_exceeded), fence
+// the request_id with release_reason `limit_exceeded`, give the unit back to Redis, and
+// a replay of it must get the same answer; the invariants and the audit hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn per_user_limit_holds_when_redis_loses_its_counts() {
+    let app = TestApp::spawn().await;
+    app.create_product(3400, 10, Some(2)).await;
+    for i in 0..2 {
+        let (s, b) = app.purchase(&format!("REQ_lim_{i}"), 77, 3400, 1).await;
+        assert_eq!(s, StatusCode::CREATED, "{b}");
+    }
+    let (s, b) = app.purchase("REQ_lim_gate", 77, 3400, 1).await;
+    assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "limit_exceeded"));
+    let mut conn = app.redis.clone();
+    let _: () = redis::cmd("DEL")
+        .arg(app.key(3400, "users"))
+        .query_async(&mut conn)
+        .await
+        .expect("DEL users");
+    let (s, b) = app.purchase("REQ_lim_2", 77, 3400, 1).await;
+    assert_eq!(
+        (s, code(&b)),
+        (StatusCode::CONFLICT, "limit_exceeded"),
+        "{b}"
+    );
+    let (s, b) = app.purchase("REQ_lim_2", 77, 3400, 1).await;
+    assert_eq!(
+        (s, code(&b)),
+        (StatusCode::CONFLICT, "limit_exceeded"),
+        "replay: {b}"
+    );
+    let reason: Option<String> = sqlx::query_scalar(
+        "SELECT CONVERT(release_reason USING utf8mb4) FROM inventory_reservation \
+         WHERE request_id = 'REQ_lim_2'",
+    )
+    .fetch_optional(&app.pool)
+    .await
+    .expect("fence row");
+    assert_eq!(reason.as_deref(), Some("limit_exceeded"));
+    assert_eq!(
+        app.count("SELECT COUNT(*) FROM orders WHERE user_id = 77")
+            .await,
+        2
+    );
+    assert_eq!(
+        app.redis_available(3400).await,
+        Some(8),
+        "the unit went back"
+    );
+    // Another user is not affected.
+    let (s, b) = app.purchase("REQ_lim_other", 78, 3400, 2).await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    invariants::assert_ok(&app, 3400).await;
+    invariants::assert_audit_clean(&app, 3400).await;
     app.cleanup().await;
 }
