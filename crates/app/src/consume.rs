@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::events::{Event, EventType};
-use crate::ports::{Applied, LedgerError, StatsStore};
+use crate::ports::{Applied, LedgerError, StatsEvent, StatsStore};
 
 /// What one event adds to its product's counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -74,6 +74,20 @@ impl Consume {
             tracing::debug!(event_id = %event.event_id, "event already applied; ignored");
         }
         Ok(applied)
+    }
+
+    /// Applies the events delivered together, in one step where the store can.
+    pub async fn apply_all(&self, events: &[Event]) -> Result<Vec<Applied>, LedgerError> {
+        let items: Vec<StatsEvent> = events
+            .iter()
+            .map(|e| StatsEvent {
+                event_id: e.event_id.clone(),
+                event_type: e.event_type,
+                product_id: e.product_id,
+                delta: StatsDelta::of(e),
+            })
+            .collect();
+        self.stats.apply_all(&items).await
     }
 }
 

@@ -571,4 +571,26 @@ pub trait StatsStore: Send + Sync + 'static {
         product_id: ProductId,
         delta: &StatsDelta,
     ) -> Result<Applied, LedgerError>;
+
+    /// [`apply_once`](Self::apply_once) for several events, one result each in order;
+    /// a store may apply them in one transaction. By default, one by one.
+    async fn apply_all(&self, events: &[StatsEvent]) -> Result<Vec<Applied>, LedgerError> {
+        let mut applied = Vec::with_capacity(events.len());
+        for e in events {
+            applied.push(
+                self.apply_once(&e.event_id, e.event_type, e.product_id, &e.delta)
+                    .await?,
+            );
+        }
+        Ok(applied)
+    }
+}
+
+/// One event as the statistics store sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatsEvent {
+    pub event_id: String,
+    pub event_type: EventType,
+    pub product_id: ProductId,
+    pub delta: StatsDelta,
 }

@@ -15,6 +15,11 @@ const DURATION_MAX: Duration = Duration::from_secs(crate::stats::TIMELINE_SECOND
 /// Most concurrent connections / requests in flight: beyond this the client's sockets
 /// and the 2-core box are the bottleneck, not the server.
 const CONCURRENCY_MAX: u64 = 16_384;
+/// The server setting that selects the purchase strategy (a benchmark baseline or
+/// flashsale's own path).
+pub const STRATEGY_ENV: &str = "FLASHSALE_STRATEGY";
+/// The label of the HTTP-ceiling run (`--ceiling`, and the first row of `--compare`).
+pub const CEILING_LABEL: &str = "http-ceiling";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {
@@ -34,6 +39,80 @@ impl Scenario {
             Scenario::Mixed => "mixed",
         }
     }
+}
+
+/// What the server serves `POST /v1/purchases` with (`FLASHSALE_STRATEGY`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// flashsale's own path: Redis hold + durable reservation, every guarantee.
+    Flashsale,
+    /// Baseline: `SELECT … FOR UPDATE` on the stock row per attempt.
+    DbPessimistic,
+    /// Baseline: conditional `UPDATE … WHERE available_stock >= q` per attempt.
+    DbConditional,
+    /// Baseline: the seeds' Lua check-and-decrement in Redis, then an order insert.
+    RedisLua,
+}
+
+impl Strategy {
+    pub const ALL: [Strategy; 4] = [
+        Strategy::Flashsale,
+        Strategy::DbPessimistic,
+        Strategy::DbConditional,
+        Strategy::RedisLua,
+    ];
+
+    /// The name the server's `FLASHSALE_STRATEGY` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Flashsale => "flashsale",
+            Strategy::DbPessimistic => "db-pessimistic",
+            Strategy::DbConditional => "db-conditional",
+            Strategy::RedisLua => "redis-lua",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.name() == raw)
+    }
+
+    /// A benchmark baseline: writes no reservation rows and no Redis holds, so the
+    /// checks built on them (and `flashsale audit`) do not apply.
+    pub fn is_baseline(self) -> bool {
+        self != Strategy::Flashsale
+    }
+}
+
+/// What the load sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// Purchase attempts (`POST /v1/purchases`).
+    Purchase,
+    /// The HTTP ceiling: `GET /healthz`, which touches no store.
+    Healthz,
+}
+
+impl Target {
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Purchase => "purchase",
+            Target::Healthz => "healthz",
+        }
+    }
+}
+
+/// One run of the bench: a single run, or one row of `--compare`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSpec {
+    /// The row's name: the strategy, or `http-ceiling`.
+    pub label: String,
+    pub target: Target,
+    /// The purchase strategy (None for the ceiling, which sends no purchase).
+    pub strategy: Option<Strategy>,
+    /// The settings for a spawned server (the user's --server-env, plus the strategy).
+    pub server_env: Vec<(String, String)>,
+    /// Where a spawned server's log goes.
+    pub server_log: Option<PathBuf>,
 }
 
 /// flashsale-bench — a load generator for a running flashsale server (or one it starts
@@ -170,6 +249,20 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,
+
+    // --- side by side ---
+    /// HTTP ceiling: send `GET /healthz` (answered without touching any store) instead of
+    /// purchase attempts, with the same generator, mode and connections; no product is
+    /// created, no order checked, no cost per order measured.
+    #[arg(long, conflicts_with = "compare")]
+    pub ceiling: bool,
+    /// Side by side in one run (needs --spawn; rush or sustained): the HTTP ceiling,
+    /// db-pessimistic, db-conditional, redis-lua and flashsale one after the other, each
+    /// on its own freshly spawned server (FLASHSALE_STRATEGY) with the same sizes, mode
+    /// and seed, then one comparison table (and --json / --html of it). Exit status 1
+    /// only if the flashsale run has a violation.
+    #[arg(long, requires = "spawn")]
+    pub compare: bool,
 }
 
 fn parse_key_value(s: &str) -> Result<(String, String), String> {
@@ -181,6 +274,16 @@ fn parse_key_value(s: &str) -> Result<(String, String), String> {
     }
     Ok((k.to_owned(), v.to_owned()))
 }
+
+/// The order of `--compare`'s rows: the ceiling first, the baselines from the slowest
+/// expected to the fastest, flashsale last.
+pub const COMPARE_ROWS: [Option<Strategy>; 5] = [
+    None,
+    Some(Strategy::DbPessimistic),
+    Some(Strategy::DbConditional),
+    Some(Strategy::RedisLua),
+    Some(Strategy::Flashsale),
+];
 
 /// The sizes of one run, after the scenario's defaults and the flags.
 #[derive(Debug, Clone, PartialEq)]
@@ -297,7 +400,99 @@ impl Args {
                 return Err("--product-id must be positive".into());
             }
         }
+        let strategy = self.strategy()?;
+        if self.compare {
+            if self.server_env.iter().any(|(k, _)| k == STRATEGY_ENV) {
+                return Err(format!(
+                    "--compare sets {STRATEGY_ENV} for each run itself; leave it out of --server-env"
+                ));
+            }
+            if self.scenario == Scenario::Mixed {
+                return Err(
+                    "--compare runs rush or sustained: the baselines serve only purchases (no pay, cancel or expiry), so mixed cannot be compared"
+                        .into(),
+                );
+            }
+        } else if strategy.is_baseline() && self.scenario == Scenario::Mixed && !self.ceiling {
+            return Err(format!(
+                "--server-env {STRATEGY_ENV}={}: the baselines serve only purchases (no pay, cancel or expiry); use rush or sustained",
+                strategy.name()
+            ));
+        }
         Ok(s)
+    }
+
+    /// The strategy of a spawned server, from `--server-env FLASHSALE_STRATEGY=…` (the
+    /// last one wins, as for the server itself); flashsale when not given or when the
+    /// server is not spawned by the bench (--server-env is ignored then).
+    pub fn strategy(&self) -> Result<Strategy, String> {
+        if !self.spawn {
+            return Ok(Strategy::Flashsale);
+        }
+        match self
+            .server_env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == STRATEGY_ENV)
+        {
+            None => Ok(Strategy::Flashsale),
+            Some((_, v)) => Strategy::parse(v).ok_or_else(|| {
+                let names: Vec<&str> = Strategy::ALL.iter().map(|s| s.name()).collect();
+                format!(
+                    "--server-env {STRATEGY_ENV}={v}: must be one of {}",
+                    names.join(", ")
+                )
+            }),
+        }
+    }
+
+    /// The runs to carry out: one, or with --compare one per row of `COMPARE_ROWS`, each
+    /// with the user's --server-env plus its strategy and a log file of its own.
+    pub fn runs(&self) -> Result<Vec<RunSpec>, String> {
+        if !self.compare {
+            let strategy = self.strategy()?;
+            return Ok(vec![RunSpec {
+                label: if self.ceiling {
+                    CEILING_LABEL.to_owned()
+                } else {
+                    strategy.name().to_owned()
+                },
+                target: if self.ceiling {
+                    Target::Healthz
+                } else {
+                    Target::Purchase
+                },
+                strategy: (!self.ceiling).then_some(strategy),
+                server_env: self.server_env.clone(),
+                server_log: self.server_log.clone(),
+            }]);
+        }
+        Ok(COMPARE_ROWS
+            .iter()
+            .map(|row| {
+                let label = row.map_or(CEILING_LABEL, Strategy::name);
+                let mut server_env = self.server_env.clone();
+                if let Some(s) = row {
+                    server_env.push((STRATEGY_ENV.to_owned(), s.name().to_owned()));
+                }
+                RunSpec {
+                    label: label.to_owned(),
+                    target: if row.is_some() {
+                        Target::Purchase
+                    } else {
+                        Target::Healthz
+                    },
+                    strategy: *row,
+                    server_env,
+                    // One file per run, or each spawn would overwrite the last one's log.
+                    server_log: self.server_log.as_ref().map(|p| {
+                        let mut name = p.as_os_str().to_owned();
+                        name.push(format!(".{label}"));
+                        PathBuf::from(name)
+                    }),
+                }
+            })
+            .collect())
     }
 }
 
@@ -338,6 +533,139 @@ mod tests {
         .sizes()
         .expect("ok");
         assert_eq!((o.stock, o.attempts, o.per_user_limit), (5, 10, None));
+    }
+
+    // Checks --ceiling: parsing it gives one run that sends GET /healthz with no
+    // strategy, labelled http-ceiling, keeping the mode flags; without it the single run
+    // is a purchase run of the strategy named by --server-env (flashsale by default,
+    // and flashsale whatever --server-env says when the server is not spawned).
+    #[test]
+    fn ceiling_and_strategy_of_a_single_run() {
+        let runs = parse(&["sustained", "--ceiling", "--connections", "8"])
+            .runs()
+            .expect("ok");
+        assert_eq!(runs.len(), 1);
+        assert_eq!(runs[0].target, Target::Healthz);
+        assert_eq!(runs[0].strategy, None);
+        assert_eq!(runs[0].label, CEILING_LABEL);
+        let default = parse(&["rush"]).runs().expect("ok");
+        assert_eq!(default[0].target, Target::Purchase);
+        assert_eq!(default[0].strategy, Some(Strategy::Flashsale));
+        let baseline = parse(&[
+            "rush",
+            "--spawn",
+            "--server-env",
+            "FLASHSALE_STRATEGY=redis-lua",
+        ]);
+        assert_eq!(baseline.strategy(), Ok(Strategy::RedisLua));
+        assert_eq!(baseline.runs().expect("ok")[0].label, "redis-lua");
+        let not_spawned = parse(&["rush", "--server-env", "FLASHSALE_STRATEGY=redis-lua"]);
+        assert_eq!(not_spawned.strategy(), Ok(Strategy::Flashsale));
+    }
+
+    // Checks --compare expands to the five rows in order (ceiling, db-pessimistic,
+    // db-conditional, redis-lua, flashsale): each strategy row adds its
+    // FLASHSALE_STRATEGY after the user's own --server-env (kept for every row), the
+    // ceiling row adds none, and --server-log becomes one file per row.
+    #[test]
+    fn compare_expands_to_five_runs() {
+        let args = parse(&[
+            "sustained",
+            "--spawn",
+            "--quick",
+            "--compare",
+            "--server-env",
+            "FLASHSALE_DATABASE_MAX_CONNECTIONS=32",
+            "--server-log",
+            "/tmp/s.log",
+        ]);
+        args.sizes().expect("valid");
+        let runs = args.runs().expect("ok");
+        let labels: Vec<&str> = runs.iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                CEILING_LABEL,
+                "db-pessimistic",
+                "db-conditional",
+                "redis-lua",
+                "flashsale"
+            ]
+        );
+        let user = (
+            "FLASHSALE_DATABASE_MAX_CONNECTIONS".to_owned(),
+            "32".to_owned(),
+        );
+        assert_eq!(runs[0].target, Target::Healthz);
+        assert_eq!(runs[0].server_env, vec![user.clone()]);
+        for run in &runs[1..] {
+            let name = run.strategy.expect("a strategy").name();
+            assert_eq!(run.target, Target::Purchase);
+            assert_eq!(
+                run.server_env,
+                vec![user.clone(), (STRATEGY_ENV.to_owned(), name.to_owned())]
+            );
+            assert_eq!(
+                run.server_log,
+                Some(PathBuf::from(format!("/tmp/s.log.{name}")))
+            );
+        }
+        assert_eq!(
+            runs[0].server_log,
+            Some(PathBuf::from("/tmp/s.log.http-ceiling"))
+        );
+    }
+
+    // Checks the combinations that cannot work are refused, by parsing them: --compare
+    // without --spawn and --compare with --ceiling (clap errors); --compare with mixed,
+    // with FLASHSALE_STRATEGY in --server-env, and a baseline or an unknown strategy
+    // for mixed (sizes() errors naming the flag).
+    #[test]
+    fn compare_and_strategy_misuse_is_refused() {
+        let cli = |args: &[&str]| {
+            Args::try_parse_from(std::iter::once("flashsale-bench").chain(args.iter().copied()))
+        };
+        assert!(cli(&["rush", "--compare"]).is_err(), "needs --spawn");
+        assert!(cli(&["rush", "--spawn", "--compare", "--ceiling"]).is_err());
+        for (args, flag) in [
+            (&["mixed", "--spawn", "--compare"][..], "--compare"),
+            (
+                &[
+                    "rush",
+                    "--spawn",
+                    "--compare",
+                    "--server-env",
+                    "FLASHSALE_STRATEGY=flashsale",
+                ],
+                "--compare",
+            ),
+            (
+                &[
+                    "mixed",
+                    "--spawn",
+                    "--server-env",
+                    "FLASHSALE_STRATEGY=db-conditional",
+                ],
+                "--server-env",
+            ),
+            (
+                &["rush", "--spawn", "--server-env", "FLASHSALE_STRATEGY=nope"],
+                "FLASHSALE_STRATEGY=nope",
+            ),
+        ] {
+            let err = parse(args).sizes().expect_err("refused");
+            assert!(err.contains(flag), "{args:?}: {err}");
+        }
+        // The ceiling of mixed sends no purchase: nothing to refuse.
+        parse(&[
+            "mixed",
+            "--spawn",
+            "--ceiling",
+            "--server-env",
+            "FLASHSALE_STRATEGY=db-conditional",
+        ])
+        .sizes()
+        .expect("valid");
     }
 
     // Checks bad values are refused with a message naming the flag.

@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 
+use crate::compare::{self, CompareReport};
 use crate::report::{human_us, BenchResult};
 use crate::stats::CurvePoint;
 
@@ -343,7 +344,10 @@ pub fn throughput_chart(r: &BenchResult) -> Chart {
     }
 }
 
-const OP_COLORS: [&str; 3] = ["#1f5fbf", "#2a9d4b", "#d62728"];
+const OP_COLORS: [&str; 4] = ["#1f5fbf", "#2a9d4b", "#d62728", "#7f3fbf"];
+/// Colours of a comparison's runs, in row order (ceiling, db-pessimistic,
+/// db-conditional, redis-lua, flashsale; cycled beyond).
+const RUN_COLORS: [&str; 5] = ["#444444", "#d62728", "#e08a00", "#7f3fbf", "#1f5fbf"];
 
 /// Maps a percentile (0–100, below 100) to the "nines" axis: 90% → 1, 99% → 2, …
 pub fn nines(percentile: f64) -> f64 {
@@ -365,9 +369,14 @@ pub fn latency_chart(r: &BenchResult) -> Chart {
             points: curve_points(&o.curve),
         })
         .collect();
+    latency_axes("Latency distribution (percentile curve, log scale)", series)
+}
+
+/// A latency percentile chart: the "nines" x axis, latency on a log y axis.
+fn latency_axes(title: &str, series: Vec<Series>) -> Chart {
     let labels = ["0%", "90%", "99%", "99.9%", "99.99%", "99.999%"];
     Chart {
-        title: "Latency distribution (percentile curve, log scale)".into(),
+        title: title.into(),
         x_label: "percentile of requests".into(),
         y_label: "latency (at most)".into(),
         x_scale: Scale::Linear,
@@ -440,10 +449,8 @@ fn opt_f(v: Option<f64>) -> String {
     v.map_or_else(|| "n/a".to_owned(), |v| format!("{v:.3}"))
 }
 
-/// The whole report.
-pub fn report(r: &BenchResult) -> String {
-    let mut h = String::new();
-    let title = format!("flashsale-bench {} — {}", r.scenario, r.started_at);
+/// The page's head and title, up to the first heading.
+fn page_start(h: &mut String, title: &str) {
     let _ = write!(
         h,
         r#"<!DOCTYPE html>
@@ -461,9 +468,28 @@ figure {{ margin: 1em 0; }}
 </style></head><body>
 <h1>{}</h1>
 "#,
-        escape(&title),
-        escape(&title)
+        escape(title),
+        escape(title)
     );
+}
+
+/// The whole report.
+pub fn report(r: &BenchResult) -> String {
+    let mut h = String::new();
+    let title = if r.is_ceiling() {
+        format!(
+            "flashsale-bench {} — HTTP ceiling — {}",
+            r.scenario, r.started_at
+        )
+    } else {
+        format!(
+            "flashsale-bench {} — {} — {}",
+            r.scenario,
+            r.label(),
+            r.started_at
+        )
+    };
+    page_start(&mut h, &title);
     let _ = write!(
         h,
         r#"<p class="verdict {}">{}</p>"#,
@@ -474,21 +500,28 @@ figure {{ margin: 1em 0; }}
             "FAIL — invariant violations, see the checks below"
         }
     );
-    let purchase = r.op("purchase");
+    let main = r.main_op();
+    let op = &r.config.target;
     let kpis = [
-        ("answers/s", format!("{:.0}", r.throughput.answers_per_s)),
-        ("orders/s", format!("{:.0}", r.throughput.orders_per_s)),
         (
-            "purchase p50",
-            purchase.map_or("n/a".into(), |o| human_us(o.latency.p50_us)),
+            "answers/s".to_owned(),
+            format!("{:.0}", r.throughput.answers_per_s),
         ),
         (
-            "purchase p99",
-            purchase.map_or("n/a".into(), |o| human_us(o.latency.p99_us)),
+            "orders/s".to_owned(),
+            format!("{:.0}", r.throughput.orders_per_s),
         ),
         (
-            "purchase p99.9",
-            purchase.map_or("n/a".into(), |o| human_us(o.latency.p999_us)),
+            format!("{op} p50"),
+            main.map_or("n/a".into(), |o| human_us(o.latency.p50_us)),
+        ),
+        (
+            format!("{op} p99"),
+            main.map_or("n/a".into(), |o| human_us(o.latency.p99_us)),
+        ),
+        (
+            format!("{op} p99.9"),
+            main.map_or("n/a".into(), |o| human_us(o.latency.p999_us)),
         ),
     ];
     h.push_str("<div>");
@@ -497,7 +530,7 @@ figure {{ margin: 1em 0; }}
             h,
             r#"<span class="kpi"><b>{}</b>{}</span>"#,
             escape(&value),
-            escape(name)
+            escape(&name)
         );
     }
     h.push_str("</div>");
@@ -671,6 +704,9 @@ figure {{ margin: 1em 0; }}
     for line in &r.checks.client_passed {
         let _ = write!(h, "<li>ok: {}</li>", escape(line));
     }
+    for line in &r.checks.skipped {
+        let _ = write!(h, "<li>skipped: {}</li>", escape(line));
+    }
     for line in &r.checks.client_violations {
         let _ = write!(h, "<li><b>FAILED: {}</b></li>", escape(line));
     }
@@ -690,10 +726,144 @@ figure {{ margin: 1em 0; }}
     h
 }
 
+/// Each run's latency percentile curve (of its main requests: purchases, healthz for
+/// the ceiling) on one chart.
+pub fn compare_latency_chart(report: &CompareReport) -> Chart {
+    let series = report
+        .runs
+        .iter()
+        .zip(RUN_COLORS.iter().cycle())
+        .filter_map(|(r, color)| {
+            let o = r.main_op().filter(|o| o.latency.count > 0)?;
+            Some(Series {
+                name: format!("{} (max {})", r.label(), human_us(o.latency.max_us)),
+                color,
+                dashed: r.is_ceiling(),
+                points: curve_points(&o.curve),
+            })
+        })
+        .collect();
+    latency_axes("Latency by strategy (percentile curve, log scale)", series)
+}
+
+/// Each run's answers per second over time on one chart.
+pub fn compare_throughput_chart(report: &CompareReport) -> Chart {
+    let series = report
+        .runs
+        .iter()
+        .zip(RUN_COLORS.iter().cycle())
+        .map(|(r, color)| Series {
+            name: r.label(),
+            color,
+            dashed: r.is_ceiling(),
+            points: r
+                .timeline
+                .iter()
+                .map(|b| {
+                    let all = b.ok + b.rejected + b.unavailable + b.transport_errors;
+                    (f64::from(b.second) + 0.5, all as f64)
+                })
+                .collect(),
+        })
+        .collect();
+    Chart {
+        title: "Answers per second over time, by strategy".into(),
+        x_label: "seconds since the start of each run's load".into(),
+        y_label: "answers per second".into(),
+        x_scale: Scale::Linear,
+        y_scale: Scale::Linear,
+        x_ticks: Vec::new(),
+        y_format: count_format,
+        series,
+    }
+}
+
+/// The comparison's page: the table, the notes, the latency and throughput of every run
+/// on shared charts, and each run's checks.
+pub fn compare_report(report: &CompareReport) -> String {
+    let mut h = String::new();
+    let m = &report.meta;
+    let title = format!(
+        "flashsale-bench compare — {}{} — {}",
+        m.scenario,
+        if m.quick { " (quick)" } else { "" },
+        m.started_at
+    );
+    page_start(&mut h, &title);
+    let _ = write!(
+        h,
+        r#"<p class="verdict {}">{}</p>"#,
+        if report.passed { "pass" } else { "fail" },
+        if report.passed {
+            "PASS — no invariant violation in the flashsale run (baselines reported, not judged)"
+        } else {
+            "FAIL — the flashsale run has invariant violations, see the notes"
+        }
+    );
+    let _ = write!(
+        h,
+        "<p>{} — {} attempts, stock {}, {} users, seed {}; each run on its own freshly spawned server.</p>",
+        escape(&m.load),
+        m.attempts_max,
+        m.stock,
+        m.users,
+        m.seed
+    );
+    h.push_str(r#"<div style="overflow-x: auto"><table><tr>"#);
+    for head in compare::headers() {
+        let _ = write!(h, "<th>{}</th>", escape(&head));
+    }
+    h.push_str("</tr>");
+    for row in &report.rows {
+        self::row(&mut h, &compare::cells(row));
+    }
+    h.push_str("</table></div><ul>");
+    for note in &report.notes {
+        let _ = write!(h, "<li>{}</li>", escape(note));
+    }
+    h.push_str("</ul>");
+    if !report.runs.is_empty() {
+        let _ = write!(
+            h,
+            "<figure>{}</figure><figure>{}</figure>",
+            render_chart(&compare_latency_chart(report)),
+            render_chart(&compare_throughput_chart(report))
+        );
+    }
+    h.push_str("<h2>Each run's checks</h2>");
+    for r in &report.runs {
+        let _ = write!(
+            h,
+            "<h3>{}</h3><p>{} — audit {}</p><ul>",
+            escape(&r.label()),
+            if r.passed { "pass" } else { "FAIL" },
+            escape(&r.checks.audit.status)
+        );
+        for line in &r.checks.client_passed {
+            let _ = write!(h, "<li>ok: {}</li>", escape(line));
+        }
+        for line in &r.checks.skipped {
+            let _ = write!(h, "<li>skipped: {}</li>", escape(line));
+        }
+        for line in &r.checks.client_violations {
+            let _ = write!(h, "<li><b>FAILED: {}</b></li>", escape(line));
+        }
+        h.push_str("</ul>");
+    }
+    let meta = serde_json::to_string_pretty(&report.meta).unwrap_or_default();
+    let _ = writeln!(
+        h,
+        "<h2>Configuration</h2><pre>{}</pre></body></html>",
+        escape(&meta)
+    );
+    h
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::report::tests::sample;
+    use clap::Parser as _;
 
     fn svgs(html: &str) -> Vec<&str> {
         let mut out = Vec::new();
@@ -800,6 +970,62 @@ mod tests {
         assert!(html.contains("PASS"));
         assert!(html.contains("sold_out"));
         assert!(html.contains("Redis script calls per order"));
+    }
+
+    // Checks the comparison page: a ceiling and a flashsale run give a page whose two
+    // shared charts parse as SVG with one series per run (the latency chart names the
+    // ceiling and flashsale), and whose table holds the comparison's headers and rows.
+    #[test]
+    fn compare_page_embeds_parsable_shared_plots() {
+        let mut ceiling = sample();
+        ceiling.config.target = "healthz".into();
+        ceiling.config.strategy = None;
+        ceiling.ops[0].op = "healthz".into();
+        let report = crate::compare::build(
+            crate::compare::Meta {
+                scenario: "rush".into(),
+                started_at: "2026-11-29T10:00:00Z".into(),
+                seed: 1,
+                load: "closed loop, 64 connections".into(),
+                attempts_max: 3000,
+                stock: 600,
+                users: 1000,
+                quick: true,
+            },
+            vec![
+                crate::compare::RunOutcome {
+                    spec: crate::cli::Args::try_parse_from(["b", "rush", "--ceiling"])
+                        .expect("args")
+                        .runs()
+                        .expect("runs")
+                        .remove(0),
+                    result: Ok(ceiling),
+                },
+                crate::compare::RunOutcome {
+                    spec: crate::cli::Args::try_parse_from(["b", "rush"])
+                        .expect("args")
+                        .runs()
+                        .expect("runs")
+                        .remove(0),
+                    result: Ok(sample()),
+                },
+            ],
+        );
+        let html = compare_report(&report);
+        let found = svgs(&html);
+        assert_eq!(found.len(), 2);
+        for svg in &found {
+            let doc = roxmltree::Document::parse(svg).expect("well-formed SVG");
+            assert_eq!(series_names(&doc).len(), 2);
+        }
+        let latency = roxmltree::Document::parse(found[0]).expect("svg");
+        assert_eq!(
+            series_names(&latency),
+            ["http-ceiling (max 12.00ms)", "flashsale (max 12.00ms)"]
+        );
+        for needle in ["<th>attempts/s</th>", "<td>http-ceiling</td>", "PASS"] {
+            assert!(html.contains(needle), "missing {needle}");
+        }
     }
 
     // Checks the axis helpers: linear ticks are 1/2/5 steps from 0 past the maximum;

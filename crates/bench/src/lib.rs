@@ -6,8 +6,19 @@
 //! order per request_id, no more orders than stock, acknowledged orders exist, unpaid
 //! orders expired), run `flashsale audit`, then print a summary and write the JSON and
 //! HTML reports. Exit status 1 on any violation.
+//!
+//! `--ceiling` sends `GET /healthz` instead of purchases with the same driver (the HTTP
+//! ceiling: no product, no checks, no cost per order). `--compare` runs the ceiling and
+//! every purchase strategy (`FLASHSALE_STRATEGY`: db-pessimistic, db-conditional,
+//! redis-lua, flashsale) one after the other on freshly spawned servers and prints them
+//! side by side (`compare.rs`). The baselines write no reservation rows and no Redis
+//! holds: the checks built on those (the inventory view, the by-request_id lookup,
+//! `flashsale audit`) are skipped for them and listed as skipped; the orders-table
+//! checks (no oversell, one order per request_id, acknowledged orders exist) run for
+//! every strategy.
 
 pub mod cli;
+pub mod compare;
 pub mod html;
 pub mod load;
 pub mod probes;
@@ -17,17 +28,17 @@ pub mod server;
 pub mod stats;
 pub mod workload;
 
-use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Deserialize;
 
-use cli::{Args, Sizes};
+use cli::{Args, RunSpec, Sizes, Target};
 use load::{Live, LoadOutcome, LoadPlan, Mode, Watcher};
-use probes::{CommitCounters, MysqlProbe, RedisProbe, RedisSnapshot};
+use probes::{CommitCounters, MysqlProbe, OrdersProbe, RedisProbe, RedisSnapshot};
 use report::{
     AttemptCounts, AuditOutcome, BenchResult, Checks, Costs, Inventory, Memory, OpResult,
     OrderCounts, RunConfig, Throughput,
@@ -56,6 +67,9 @@ const AUDIT_PAUSE: Duration = Duration::from_secs(3);
 /// they exist with the same order id (I5 from the client's side): a sample, so the
 /// check takes a second whatever the run's size.
 const ACK_SAMPLE_MAX: usize = 200;
+/// Rows of the orders table read per query when matching every acknowledged order
+/// against it: one round trip per page, pages small enough to stay quick.
+const LEDGER_PAGE: u64 = 10_000;
 /// Violations of one kind listed verbatim; the rest are counted.
 const LISTED_MAX: usize = 10;
 /// The note attached to the cost figures.
@@ -66,14 +80,147 @@ const COST_NOTE: &str = "Redis calls and MariaDB commits are server-wide counter
     commandstats also counts the commands a Lua script runs: \"script calls\" (EVAL, EVALSHA, \
     FCALL) are round trips, \"commands\" is all the work Redis did.";
 
+/// Set by the first Ctrl-C: a `--compare` starts no further run.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
 /// Runs the benchmark; Ok(true) when no violation was found, Ok(false) when one was,
-/// Err when the run could not be carried out.
+/// Err when the run could not be carried out. With --compare: Ok(false) only when the
+/// flashsale run found a violation (the baselines' results are reported, not judged),
+/// Err when a run could not be carried out (after the table of the others).
 pub async fn run(args: Args) -> Result<bool, String> {
     let sizes = args.sizes()?;
+    let runs = args.runs()?;
+    // One seed for every run of a comparison: the same requests in the same order.
+    let seed = args.seed.unwrap_or_else(rand::random);
+    if args.compare {
+        return run_compare(&args, &sizes, &runs, seed).await;
+    }
+    let [spec] = <[RunSpec; 1]>::try_from(runs)
+        .map_err(|r| format!("expected one run without --compare, got {}", r.len()))?;
+    let result = run_one(&args, &sizes, &spec, seed).await?;
+    print!("{}", report::summary_table(&result));
+    print_failed_audit(&result, &mut std::io::stderr());
+    if let Some(path) = &args.json {
+        write_file(path, &to_json(&result)?)?;
+    }
+    if let Some(path) = &args.html {
+        write_file(path, &html::report(&result))?;
+    }
+    Ok(result.passed)
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> Result<String, String> {
+    serde_json::to_string_pretty(v).map_err(|e| format!("JSON: {e}"))
+}
+
+fn write_file(path: &std::path::Path, text: &str) -> Result<(), String> {
+    std::fs::write(path, text).map_err(|e| format!("write {}: {e}", path.display()))?;
+    eprintln!("flashsale-bench: wrote {}", path.display());
+    Ok(())
+}
+
+fn print_failed_audit(r: &BenchResult, out: &mut impl std::io::Write) {
+    let a = &r.checks.audit;
+    if a.status != "passed" && a.status != "skipped" {
+        let _ = writeln!(
+            out,
+            "\n==== flashsale audit ({}) ====\n{}",
+            a.status, a.output
+        );
+    }
+}
+
+/// `--compare`: every row of `COMPARE_ROWS` in turn, each on its own spawned server;
+/// each run's summary goes to stderr, the comparison table to stdout.
+async fn run_compare(
+    args: &Args,
+    sizes: &Sizes,
+    runs: &[RunSpec],
+    seed: u64,
+) -> Result<bool, String> {
+    let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let mut outcomes = Vec::with_capacity(runs.len());
+    for (i, spec) in runs.iter().enumerate() {
+        if INTERRUPTED.load(Ordering::Relaxed) {
+            outcomes.push(compare::RunOutcome {
+                spec: spec.clone(),
+                result: Err("not run: interrupted".into()),
+            });
+            continue;
+        }
+        eprintln!(
+            "\nflashsale-bench: ===== compare run {}/{}: {} =====",
+            i + 1,
+            runs.len(),
+            spec.label
+        );
+        let result = run_one(args, sizes, spec, seed).await;
+        match &result {
+            Ok(r) => {
+                eprint!("{}", report::summary_table(r));
+                print_failed_audit(r, &mut std::io::stderr());
+            }
+            Err(e) => eprintln!("flashsale-bench: the {} run failed: {e}", spec.label),
+        }
+        outcomes.push(compare::RunOutcome {
+            spec: spec.clone(),
+            result,
+        });
+    }
+    let meta = compare::Meta {
+        scenario: args.scenario.name().into(),
+        started_at,
+        seed,
+        load: match args.rate {
+            Some(rate) => format!("open loop {rate}/s, in-flight cap {}", args.max_in_flight),
+            None => format!("closed loop, {} connections", args.connections),
+        },
+        attempts_max: sizes.attempts,
+        stock: sizes.stock,
+        users: sizes.users,
+        quick: args.quick,
+    };
+    let report = compare::build(meta, outcomes);
+    println!();
+    print!("{}", compare::table(&report));
+    if let Some(path) = &args.json {
+        write_file(path, &to_json(&report)?)?;
+    }
+    if let Some(path) = &args.html {
+        write_file(path, &html::compare_report(&report))?;
+    }
+    let errors: Vec<String> = report
+        .rows
+        .iter()
+        .filter_map(|r| r.error.as_ref().map(|e| format!("{}: {e}", r.label)))
+        .collect();
+    if !report.passed {
+        Ok(false)
+    } else if !errors.is_empty() {
+        Err(format!(
+            "the comparison is incomplete: {}",
+            errors.join("; ")
+        ))
+    } else {
+        Ok(true)
+    }
+}
+
+/// One run: start the server (with --spawn), drive the load, check, stop the server.
+async fn run_one(
+    args: &Args,
+    sizes: &Sizes,
+    spec: &RunSpec,
+    seed: u64,
+) -> Result<BenchResult, String> {
     let spawned = if args.spawn {
         eprintln!(
-            "flashsale-bench: starting {} serve …",
-            args.server_bin.display()
+            "flashsale-bench: starting {} serve ({}) …",
+            args.server_bin.display(),
+            match spec.strategy {
+                Some(s) => format!("strategy {}", s.name()),
+                None => "for the HTTP ceiling".to_owned(),
+            }
         );
         let s = server::spawn(server::SpawnOptions {
             bin: &args.server_bin,
@@ -81,9 +228,9 @@ pub async fn run(args: Args) -> Result<bool, String> {
             redis_url: &args.redis_url,
             nats_url: &args.nats_url,
             payment_timeout: sizes.payment_timeout,
-            extra_env: &args.server_env,
+            extra_env: &spec.server_env,
             log_level: &args.server_log_level,
-            log_path: args.server_log.as_deref(),
+            log_path: spec.server_log.as_deref(),
         })
         .await?;
         eprintln!(
@@ -94,7 +241,7 @@ pub async fn run(args: Args) -> Result<bool, String> {
     } else {
         None
     };
-    let result = run_against(&args, &sizes, spawned.as_ref()).await;
+    let result = run_against(args, sizes, spec, seed, spawned.as_ref()).await;
     if let Some(s) = spawned {
         s.shutdown(args.keep).await;
     }
@@ -110,27 +257,41 @@ struct ProductView {
 #[derive(Debug, Deserialize)]
 struct OrderView {
     order_id: i64,
+    #[serde(default)]
+    request_id: Option<String>,
     status: String,
     cancel_reason: Option<String>,
+}
+
+/// Aborts the Ctrl-C watcher of a run when the run ends, so a later Ctrl-C cannot signal
+/// a server that has already exited (whose pid may have been reused).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 async fn run_against(
     args: &Args,
     sizes: &Sizes,
+    spec: &RunSpec,
+    seed: u64,
     spawned: Option<&Spawned>,
-) -> Result<bool, String> {
+) -> Result<BenchResult, String> {
+    let ceiling = spec.target == Target::Healthz;
+    let baseline = spec.strategy.is_some_and(|s| s.is_baseline());
     let (base_url, token, env, pid) = match spawned {
         Some(s) => (
             s.base_url.clone(),
-            s.admin_token.clone(),
+            Some(s.admin_token.clone()),
             s.env.clone(),
             Some(s.pid),
         ),
         None => (
             args.base_url.trim_end_matches('/').to_owned(),
-            args.admin_token.clone().ok_or(
-                "the admin token is needed to create the product: --admin-token or FLASHSALE_ADMIN_TOKEN (or use --spawn)",
-            )?,
+            args.admin_token.clone(),
             ServerEnv {
                 database_url: args.database_url.clone(),
                 redis_url: args.redis_url.clone(),
@@ -148,7 +309,6 @@ async fn run_against(
             1_000_000_000 + rand::random_range(0..1_000_000_000i64)
         }
     });
-    let seed = args.seed.unwrap_or_else(rand::random);
     let mode = match args.rate {
         Some(rate) => Mode::Open {
             rate,
@@ -164,21 +324,29 @@ async fn run_against(
     };
     let http = load::http_client(usize::try_from(pool).unwrap_or(usize::MAX))?;
 
-    create_product(&http, &base_url, &token, product_id, args, sizes).await?;
-
-    let mut redis = match RedisProbe::connect(&env.redis_url).await {
-        Ok(r) => Some(r),
-        Err(e) => {
-            eprintln!("flashsale-bench: Redis figures unavailable: {e}");
-            None
-        }
-    };
-    let mut mysql = match MysqlProbe::connect(&env.database_url).await {
-        Ok(m) => Some(m),
-        Err(e) => {
-            eprintln!("flashsale-bench: MariaDB figures unavailable: {e}");
-            None
-        }
+    // The ceiling creates nothing and measures no cost per order: no probes either.
+    let (mut redis, mut mysql) = if ceiling {
+        (None, None)
+    } else {
+        let token = token.ok_or(
+            "the admin token is needed to create the product: --admin-token or FLASHSALE_ADMIN_TOKEN (or use --spawn)",
+        )?;
+        create_product(&http, &base_url, &token, product_id, args, sizes).await?;
+        let redis = match RedisProbe::connect(&env.redis_url).await {
+            Ok(r) => Some(r),
+            Err(e) => {
+                eprintln!("flashsale-bench: Redis figures unavailable: {e}");
+                None
+            }
+        };
+        let mysql = match MysqlProbe::connect(&env.database_url).await {
+            Ok(m) => Some(m),
+            Err(e) => {
+                eprintln!("flashsale-bench: MariaDB figures unavailable: {e}");
+                None
+            }
+        };
+        (redis, mysql)
     };
     let keys_before = count_keys(&mut redis, &env.redis_prefix).await;
     let redis_before = redis_snapshot(&mut redis).await;
@@ -207,10 +375,14 @@ async fn run_against(
         workload: workload.clone(),
         product_id,
         base_url: base_url.clone(),
-        follow_ups: sizes.follow_ups,
+        follow_ups: sizes.follow_ups && !ceiling,
+        target: spec.target,
     };
     let live = Arc::new(Live::default());
-    watch_ctrl_c(live.clone(), pid.filter(|_| spawned.is_some()));
+    let _watch = AbortOnDrop(watch_ctrl_c(
+        live.clone(),
+        pid.filter(|_| spawned.is_some()),
+    ));
     let bar = if args.no_progress {
         ProgressBar::hidden()
     } else {
@@ -228,20 +400,29 @@ async fn run_against(
         pid,
     });
     let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    eprintln!(
-        "flashsale-bench: {} — product {product_id}, stock {}, {} attempts, {} users, {}",
-        args.scenario.name(),
-        sizes.stock,
-        sizes.attempts,
-        sizes.users,
-        match mode {
-            Mode::Open {
-                rate,
-                max_in_flight,
-            } => format!("open loop at {rate}/s (in-flight cap {max_in_flight})"),
-            Mode::Closed { connections } => format!("closed loop with {connections} connections"),
-        }
-    );
+    let mode_text = match mode {
+        Mode::Open {
+            rate,
+            max_in_flight,
+        } => format!("open loop at {rate}/s (in-flight cap {max_in_flight})"),
+        Mode::Closed { connections } => format!("closed loop with {connections} connections"),
+    };
+    if ceiling {
+        eprintln!(
+            "flashsale-bench: {} — HTTP ceiling: {} × GET /healthz, {mode_text}",
+            args.scenario.name(),
+            sizes.attempts,
+        );
+    } else {
+        eprintln!(
+            "flashsale-bench: {} — strategy {} — product {product_id}, stock {}, {} attempts, {} users, {mode_text}",
+            args.scenario.name(),
+            spec.label,
+            sizes.stock,
+            sizes.attempts,
+            sizes.users,
+        );
+    }
     let outcome = load::run(plan, http.clone(), live.clone(), watcher).await;
     bar.finish_and_clear();
 
@@ -250,49 +431,89 @@ async fn run_against(
     let keys_after = count_keys(&mut redis, &env.redis_prefix).await;
     let proc = pid.and_then(probes::proc_memory);
 
-    let mut quiet = QUIET_WAIT;
-    if let (true, Some(t)) = (sizes.follow_ups, sizes.payment_timeout) {
-        quiet += t + EXPIRY_SLACK;
+    let mut checks = Checks::default();
+    let mut inventory = None;
+    let mut expiry = (0, 0);
+    let mut redis_settled = None;
+    let mut keys_settled = None;
+    if ceiling {
+        eprintln!(
+            "flashsale-bench: load done in {:.2}s",
+            outcome.elapsed.as_secs_f64()
+        );
+        checks.skipped.push(
+            "order checks and audit: the HTTP ceiling sends no purchase, so there is nothing to check"
+                .into(),
+        );
+        checks.audit = AuditOutcome {
+            status: "skipped".into(),
+            runs: 0,
+            output: "HTTP ceiling run: no orders to audit".into(),
+        };
+    } else {
+        let mut quiet = QUIET_WAIT;
+        if let (true, Some(t)) = (sizes.follow_ups, sizes.payment_timeout) {
+            quiet += t + EXPIRY_SLACK;
+        }
+        eprintln!(
+            "flashsale-bench: load done in {:.2}s; waiting {:.0}s for the system to go quiet",
+            outcome.elapsed.as_secs_f64(),
+            quiet.as_secs_f64()
+        );
+        tokio::time::sleep(quiet).await;
+        redis_settled = redis_snapshot(&mut redis).await;
+        keys_settled = count_keys(&mut redis, &env.redis_prefix).await;
+
+        let rec = &outcome.recorder;
+        inventory = get_json::<ProductView>(&http, &format!("{base_url}/v1/products/{product_id}"))
+            .await
+            .map(|p| p.inventory);
+        client_checks(&mut checks, rec, sizes, inventory.as_ref(), baseline);
+        check_acknowledged(&mut checks, &http, &base_url, &workload, rec, baseline).await;
+        check_ledger(
+            &mut checks,
+            &env.database_url,
+            product_id,
+            sizes,
+            &workload,
+            rec,
+        )
+        .await;
+        if sizes.follow_ups && sizes.payment_timeout.is_some() {
+            expiry = check_expired(&mut checks, &http, &base_url, rec).await;
+        }
+        checks.audit = if baseline {
+            checks.skipped.push(
+                "flashsale audit: it checks flashsale's reservation rows, Redis holds, per-user limits and outbox, which the baselines do not write or enforce; the checks of it that apply run instead (orders table: units in live orders ≤ stock, one order per request_id, every acknowledged order present)"
+                    .into(),
+            );
+            AuditOutcome {
+                status: "skipped".into(),
+                runs: 0,
+                output: format!(
+                    "skipped: {} is a baseline strategy (no reservation rows, no Redis holds)",
+                    spec.label
+                ),
+            }
+        } else if args.no_audit {
+            AuditOutcome {
+                status: "skipped".into(),
+                runs: 0,
+                output: "skipped with --no-audit".into(),
+            }
+        } else {
+            run_audit(&args.server_bin, &env, product_id).await
+        };
     }
-    eprintln!(
-        "flashsale-bench: load done in {:.2}s; waiting {:.0}s for the system to go quiet",
-        outcome.elapsed.as_secs_f64(),
-        quiet.as_secs_f64()
-    );
-    tokio::time::sleep(quiet).await;
-    let redis_settled = redis_snapshot(&mut redis).await;
-    let keys_settled = count_keys(&mut redis, &env.redis_prefix).await;
     if let Some(m) = mysql {
         m.close().await;
     }
-
-    let rec = &outcome.recorder;
-    let inventory = get_json::<ProductView>(&http, &format!("{base_url}/v1/products/{product_id}"))
-        .await
-        .map(|p| p.inventory);
-    let mut checks = Checks::default();
-    client_checks(&mut checks, rec, sizes, inventory.as_ref());
-    check_acknowledged(&mut checks, &http, &base_url, &workload, rec).await;
-    let (expiry_checked, expiry_confirmed) = if sizes.follow_ups && sizes.payment_timeout.is_some()
-    {
-        check_expired(&mut checks, &http, &base_url, rec).await
-    } else {
-        (0, 0)
-    };
-    checks.audit = if args.no_audit {
-        AuditOutcome {
-            status: "skipped".into(),
-            runs: 0,
-            output: "skipped with --no-audit".into(),
-        }
-    } else {
-        run_audit(&args.server_bin, &env, product_id).await
-    };
     let passed = checks.client_violations.is_empty()
         && matches!(checks.audit.status.as_str(), "passed" | "skipped");
 
-    let result = build_result(Built {
+    Ok(build_result(Built {
         args,
+        spec,
         sizes,
         mode,
         product_id,
@@ -306,51 +527,36 @@ async fn run_against(
         keys: [keys_before, keys_after, keys_settled],
         proc,
         inventory,
-        expiry: (expiry_checked, expiry_confirmed),
+        expiry,
         checks,
         passed,
-    });
-    print!("{}", report::summary_table(&result));
-    if result.checks.audit.status != "passed" && result.checks.audit.status != "skipped" {
-        eprintln!(
-            "\n==== flashsale audit ({}) ====\n{}",
-            result.checks.audit.status, result.checks.audit.output
-        );
-    }
-    if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&result).map_err(|e| format!("JSON: {e}"))?;
-        std::fs::write(path, text).map_err(|e| format!("write {}: {e}", path.display()))?;
-        eprintln!("flashsale-bench: wrote {}", path.display());
-    }
-    if let Some(path) = &args.html {
-        std::fs::write(path, html::report(&result))
-            .map_err(|e| format!("write {}: {e}", path.display()))?;
-        eprintln!("flashsale-bench: wrote {}", path.display());
-    }
-    Ok(passed)
+    }))
 }
 
-/// First Ctrl-C: stop dispatching, finish and report. Second: exit at once (killing a
-/// spawned server, whose database and keys are then left behind).
-fn watch_ctrl_c(live: Arc<Live>, spawned_pid: Option<u32>) {
+/// First Ctrl-C: stop dispatching, finish and report (a `--compare` starts no further
+/// run). Second: exit at once (killing a spawned server, whose database and keys are
+/// then left behind).
+fn watch_ctrl_c(live: Arc<Live>, spawned_pid: Option<u32>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_err() {
             return;
         }
         eprintln!("\nflashsale-bench: interrupted; finishing the requests in flight (Ctrl-C again to quit at once)");
         live.stop.store(true, Ordering::Relaxed);
+        INTERRUPTED.store(true, Ordering::Relaxed);
         if tokio::signal::ctrl_c().await.is_err() {
             return;
         }
         if let Some(pid) = spawned_pid {
-            // SAFETY: kill(2) on the server we spawned, with a valid signal number.
+            // SAFETY: kill(2) on the server we spawned, with a valid signal number; this
+            // task is aborted when its run ends, before the server is reaped.
             unsafe {
                 libc::kill(pid as libc::pid_t, libc::SIGKILL);
             }
             eprintln!("flashsale-bench: killed server {pid}; its database and Redis keys (fs_bench_*) are left behind");
         }
         std::process::exit(130);
-    });
+    })
 }
 
 struct Progress {
@@ -467,12 +673,20 @@ fn listed<T: std::fmt::Debug>(items: &[T]) -> String {
     }
 }
 
-/// The checks that need only what the client saw and the product's inventory.
+/// Why the inventory checks are skipped for a baseline.
+const BASELINE_INVENTORY_NOTE: &str = "the baselines keep no reservation rows and no Redis \
+    holds: db-pessimistic and db-conditional move only MariaDB's counters, redis-lua only \
+    Redis's, so the API's inventory view (available from Redis, reserved and sold from \
+    MariaDB) does not add up by design";
+
+/// The checks that need only what the client saw and the product's inventory. For a
+/// baseline (`baseline`), the inventory checks are skipped (and listed as such).
 fn client_checks(
     checks: &mut Checks,
     rec: &Recorder,
     sizes: &Sizes,
     inventory: Option<&Inventory>,
+    baseline: bool,
 ) {
     let ok = |c: &mut Checks, good: bool, pass: String, fail: String| {
         if good {
@@ -531,6 +745,12 @@ fn client_checks(
             format!("orders acknowledged {acked} exceed the stock {stock} (oversell)"),
         );
     }
+    if baseline {
+        checks.skipped.push(format!(
+            "inventory consistent (available + reserved + sold = total) and acknowledged orders hold stock (≤ reserved + sold): {BASELINE_INVENTORY_NOTE}"
+        ));
+        return;
+    }
     match inventory {
         Some(i) => {
             ok(
@@ -576,14 +796,19 @@ fn client_checks(
     }
 }
 
-/// Looks up a sample of acknowledged orders by request_id: each must exist with the
-/// order id it was acknowledged with.
+/// Looks up a sample of acknowledged orders: each must exist with the order id and the
+/// request_id it was acknowledged with. flashsale's orders are looked up by request_id
+/// (`GET /v1/purchases/{request_id}`, I5 from the client's side); that lookup reads the
+/// reservation rows, which a baseline does not write, so a baseline's are looked up by
+/// order id (`GET /v1/orders/{id}`) instead, and the by-request_id lookup is listed as
+/// skipped.
 async fn check_acknowledged(
     checks: &mut Checks,
     http: &reqwest::Client,
     base_url: &str,
     workload: &Workload,
     rec: &Recorder,
+    baseline: bool,
 ) {
     let mut intents: Vec<(&u64, &i64)> = rec.acks.iter().collect();
     intents.sort_unstable();
@@ -598,29 +823,159 @@ async fn check_acknowledged(
     let mut bad = Vec::new();
     for (intent, order_id) in &sample {
         let rid = workload.request_id(*intent);
-        let found = get_json::<OrderView>(http, &format!("{base_url}/v1/purchases/{rid}")).await;
-        match found {
-            Some(o) if o.order_id == *order_id => {}
+        let url = if baseline {
+            format!("{base_url}/v1/orders/{order_id}")
+        } else {
+            format!("{base_url}/v1/purchases/{rid}")
+        };
+        match get_json::<OrderView>(http, &url).await {
+            Some(o) if o.order_id == *order_id && o.request_id.as_deref() == Some(&rid) => {}
             Some(o) => bad.push(format!(
-                "{rid}: acknowledged order {order_id}, now {}",
-                o.order_id
+                "{rid}: acknowledged order {order_id}, now order {} of request_id {}",
+                o.order_id,
+                o.request_id.as_deref().unwrap_or("?")
             )),
             None => bad.push(format!("{rid}: acknowledged order {order_id} not found")),
         }
     }
+    let how = if baseline {
+        checks.skipped.push(
+            "acknowledged orders looked up by request_id (GET /v1/purchases/{request_id}): that lookup reads flashsale's reservation rows, which the baselines do not write; looked up by order id (GET /v1/orders/{id}) instead"
+                .into(),
+        );
+        "by order id"
+    } else {
+        "by request_id"
+    };
     if bad.is_empty() {
         checks.client_passed.push(format!(
-            "{} sampled acknowledged orders found again by request_id with the same order id",
+            "{} sampled acknowledged orders found again {how} with the same order id and request_id",
             sample.len()
         ));
     } else {
         checks.client_violations.push(format!(
-            "{} of {} sampled acknowledged orders missing or changed: {}",
+            "{} of {} sampled acknowledged orders missing or changed (looked up {how}): {}",
             bad.len(),
             sample.len(),
             listed(&bad)
         ));
     }
+}
+
+/// Checks the server's orders table itself — the part of `flashsale audit` that holds
+/// for every strategy, the baselines included: units in live orders ≤ stock, no
+/// request_id with two orders, and every acknowledged order present under the
+/// request_id it was acknowledged for.
+async fn check_ledger(
+    checks: &mut Checks,
+    database_url: &str,
+    product_id: i64,
+    sizes: &Sizes,
+    workload: &Workload,
+    rec: &Recorder,
+) {
+    let mut probe = match OrdersProbe::connect(database_url).await {
+        Ok(p) => p,
+        Err(e) => {
+            checks
+                .client_violations
+                .push(format!("could not read the orders table: {e}"));
+            return;
+        }
+    };
+    let found = ledger_checks(checks, &mut probe, product_id, sizes, workload, rec).await;
+    probe.close().await;
+    if let Err(e) = found {
+        checks
+            .client_violations
+            .push(format!("could not read the orders table: {e}"));
+    }
+}
+
+async fn ledger_checks(
+    checks: &mut Checks,
+    probe: &mut OrdersProbe,
+    product_id: i64,
+    sizes: &Sizes,
+    workload: &Workload,
+    rec: &Recorder,
+) -> Result<(), String> {
+    let facts = probe.facts(product_id).await?;
+    let stock = sizes.stock;
+    if facts.live_units <= stock {
+        checks.client_passed.push(format!(
+            "orders table: {} units in live orders ≤ stock {stock} ({} order rows)",
+            facts.live_units, facts.orders
+        ));
+    } else {
+        checks.client_violations.push(format!(
+            "orders table: {} units in live orders exceed the stock {stock} (oversell)",
+            facts.live_units
+        ));
+    }
+    if facts.duplicates.is_empty() {
+        checks
+            .client_passed
+            .push("orders table: no request_id has two orders".into());
+    } else {
+        checks.client_violations.push(format!(
+            "orders table: request_ids with several orders: {}",
+            listed(&facts.duplicates)
+        ));
+    }
+    // Every acknowledged order, by id → the intent it was acknowledged for; the table is
+    // read in pages by id and each acknowledged order crossed off when found.
+    let mut expected: HashMap<i64, u64> = rec
+        .acks
+        .iter()
+        .map(|(&intent, &order)| (order, intent))
+        .collect();
+    let acknowledged = expected.len();
+    let mut wrong = Vec::new();
+    let mut after = 0i64;
+    // Bounded by the rows counted above (plus one page for rows added meanwhile).
+    for _ in 0..=facts.orders / LEDGER_PAGE + 1 {
+        let page = probe.orders_after(product_id, after, LEDGER_PAGE).await?;
+        for (id, request_id) in &page {
+            if let Some(intent) = expected.remove(id) {
+                let want = workload.request_id(intent);
+                if *request_id != want {
+                    wrong.push(format!(
+                        "order {id} has request_id {request_id}, acknowledged for {want}"
+                    ));
+                }
+            }
+        }
+        match page.last() {
+            Some((id, _)) if page.len() as u64 == LEDGER_PAGE => after = *id,
+            _ => break,
+        }
+    }
+    let mut missing: Vec<String> = expected
+        .iter()
+        .map(|(order, intent)| format!("{} → order {order}", workload.request_id(*intent)))
+        .collect();
+    missing.sort_unstable();
+    if missing.is_empty() && wrong.is_empty() {
+        checks.client_passed.push(format!(
+            "orders table: all {acknowledged} acknowledged orders present under their request_id"
+        ));
+    }
+    if !missing.is_empty() {
+        checks.client_violations.push(format!(
+            "orders table: {} of {acknowledged} acknowledged orders missing: {}",
+            missing.len(),
+            listed(&missing)
+        ));
+    }
+    if !wrong.is_empty() {
+        checks.client_violations.push(format!(
+            "orders table: {} acknowledged orders under another request_id: {}",
+            wrong.len(),
+            listed(&wrong)
+        ));
+    }
+    Ok(())
 }
 
 /// Checks the sampled orders left unpaid were cancelled by the payment timeout.
@@ -726,6 +1081,7 @@ async fn run_audit(bin: &std::path::Path, env: &ServerEnv, product_id: i64) -> A
 
 struct Built<'a> {
     args: &'a Args,
+    spec: &'a RunSpec,
     sizes: &'a Sizes,
     mode: Mode,
     product_id: i64,
@@ -753,9 +1109,13 @@ fn build_result(b: Built<'_>) -> BenchResult {
     let rec = &o.recorder;
     let secs = o.elapsed.as_secs_f64().max(1e-9);
     let answers: u64 = Op::ALL.iter().map(|&op| rec.op(op).latency.len()).sum();
+    let main_op = match b.spec.target {
+        Target::Purchase => Op::Purchase,
+        Target::Healthz => Op::Healthz,
+    };
     let ops = Op::ALL
         .iter()
-        .filter(|&&op| op == Op::Purchase || !rec.op(op).latency.is_empty())
+        .filter(|&&op| op == main_op || !rec.op(op).latency.is_empty())
         .map(|&op| {
             let s = rec.op(op);
             OpResult {
@@ -846,6 +1206,8 @@ fn build_result(b: Built<'_>) -> BenchResult {
             base_url: b.base_url.into(),
             product_id: b.product_id,
             seed: b.seed,
+            target: b.spec.target.name().into(),
+            strategy: b.spec.strategy.map(|s| s.name().to_owned()),
         },
         elapsed_s: o.elapsed.as_secs_f64(),
         attempts: AttemptCounts {

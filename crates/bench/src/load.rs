@@ -11,6 +11,7 @@ use serde::Deserialize;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use crate::cli::Target;
 use crate::schedule::Schedule;
 use crate::stats::{Op, Recorder};
 use crate::workload::{FollowUp, Workload};
@@ -60,6 +61,9 @@ pub struct LoadPlan {
     pub base_url: String,
     /// Mixed scenario: pay / cancel / leave each new order.
     pub follow_ups: bool,
+    /// Purchase attempts, or `GET /healthz` for the HTTP ceiling (same driver, same
+    /// pacing: only the request differs).
+    pub target: Target,
 }
 
 /// Counters read by the progress bar while the load runs.
@@ -93,6 +97,7 @@ struct Shared {
     plan: LoadPlan,
     http: reqwest::Client,
     purchase_url: String,
+    healthz_url: String,
     shards: Vec<Mutex<Recorder>>,
     live: Arc<Live>,
     start: Instant,
@@ -141,14 +146,17 @@ impl Shared {
         lock(&self.shards[(intent % SHARDS as u64) as usize])
     }
 
-    async fn post(&self, url: &str, body: String) -> Exchange {
-        let sent = self
-            .http
-            .post(url)
-            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-            .body(body)
-            .send()
-            .await;
+    /// One exchange: a POST of `body` as JSON, or a GET when there is no body.
+    async fn send(&self, url: &str, body: Option<&str>) -> Exchange {
+        let request = match body {
+            Some(body) => self
+                .http
+                .post(url)
+                .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+                .body(body.to_owned()),
+            None => self.http.get(url),
+        };
+        let sent = request.send().await;
         let response = match sent {
             Ok(r) => r,
             Err(_) => {
@@ -181,7 +189,7 @@ impl Shared {
         }
     }
 
-    /// Sends `body` to `url`, re-sending after a 503 or no answer (at most
+    /// Sends `body` to `url` (a GET when `None`), re-sending after a 503 or no answer (at most
     /// `RETRIES_503_MAX` times), and records every exchange. The first exchange's latency
     /// counts from `intended` (open loop: its place on the timeline).
     async fn exchange(
@@ -189,13 +197,13 @@ impl Shared {
         op: Op,
         intent: u64,
         url: &str,
-        body: &str,
+        body: Option<&str>,
         intended: Instant,
     ) -> Exchange {
         let mut sent_at = intended;
         let mut tries = 0;
         loop {
-            let ex = self.post(url, body.to_owned()).await;
+            let ex = self.send(url, body).await;
             let now = Instant::now();
             let retry = ex.status == 0 || ex.status == 503;
             {
@@ -235,8 +243,21 @@ impl Shared {
         }
     }
 
-    /// One purchase attempt, with its mixed-scenario follow-up.
+    /// One attempt of the plan's target.
     async fn attempt(&self, k: u64, intended: Instant) {
+        match self.plan.target {
+            Target::Purchase => self.purchase(k, intended).await,
+            Target::Healthz => {
+                // Every ceiling request is a new one: no request_id, nothing to repeat.
+                self.new_intents.fetch_add(1, Ordering::Relaxed);
+                self.exchange(Op::Healthz, k, &self.healthz_url, None, intended)
+                    .await;
+            }
+        }
+    }
+
+    /// One purchase attempt, with its mixed-scenario follow-up.
+    async fn purchase(&self, k: u64, intended: Instant) {
         let plan = &self.plan;
         let a = plan.workload.attempt(k);
         if a.is_retry {
@@ -251,7 +272,13 @@ impl Shared {
             plan.product_id
         );
         let ex = self
-            .exchange(Op::Purchase, a.intent, &self.purchase_url, &body, intended)
+            .exchange(
+                Op::Purchase,
+                a.intent,
+                &self.purchase_url,
+                Some(&body),
+                intended,
+            )
             .await;
         let Some(order_id) = ex
             .answer
@@ -284,7 +311,7 @@ impl Shared {
         let url = format!("{}/v1/orders/{order_id}/{verb}", plan.base_url);
         let body = format!(r#"{{"user_id":{}}}"#, a.user_id);
         let ex = self
-            .exchange(op, a.intent, &url, &body, Instant::now())
+            .exchange(op, a.intent, &url, Some(&body), Instant::now())
             .await;
         if ex.status == 200 {
             let mut shard = self.shard(a.intent);
@@ -332,10 +359,12 @@ pub async fn run(
     watcher: Arc<dyn Watcher>,
 ) -> LoadOutcome {
     let purchase_url = format!("{}/v1/purchases", plan.base_url);
+    let healthz_url = format!("{}/healthz", plan.base_url);
     let shared = Arc::new(Shared {
         plan,
         http,
         purchase_url,
+        healthz_url,
         shards: (0..SHARDS)
             .map(|_| Mutex::new(Recorder::default()))
             .collect(),

@@ -284,6 +284,102 @@ impl MysqlProbe {
     }
 }
 
+/// Most request_ids with several orders listed by [`OrdersProbe::facts`]: any is a
+/// violation, a few are enough to investigate.
+const DUPLICATES_SHOWN_MAX: u64 = 10;
+
+/// A connection to the server's own database, to read its orders table: the checks that
+/// hold for every strategy, the baselines included (no oversell, one order per
+/// request_id, acknowledged orders exist).
+pub struct OrdersProbe {
+    conn: MySqlConnection,
+}
+
+/// What the orders table holds for one product.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OrderFacts {
+    /// Order rows, whatever their status.
+    pub orders: u64,
+    /// Units in orders not cancelled (PENDING_PAYMENT or PAID).
+    pub live_units: i64,
+    /// request_ids with more than one order (at most `DUPLICATES_SHOWN_MAX`).
+    pub duplicates: Vec<String>,
+}
+
+impl OrdersProbe {
+    /// Connects to the database of `database_url` (the server's own).
+    pub async fn connect(database_url: &str) -> Result<Self, String> {
+        let conn = bounded(
+            "connect to the server's database",
+            MySqlConnection::connect(database_url),
+        )
+        .await?;
+        Ok(Self { conn })
+    }
+
+    pub async fn facts(&mut self, product_id: i64) -> Result<OrderFacts, String> {
+        let (orders, live_units): (i64, i64) = bounded(
+            "count orders",
+            sqlx::query_as(
+                "SELECT COUNT(*), CAST(COALESCE(SUM(CASE WHEN status <> 'CANCELLED' \
+                 THEN quantity ELSE 0 END), 0) AS SIGNED) FROM orders WHERE product_id = ?",
+            )
+            .bind(product_id)
+            .fetch_one(&mut self.conn),
+        )
+        .await?;
+        let duplicates: Vec<(Vec<u8>,)> = bounded(
+            "find request_ids with several orders",
+            sqlx::query_as(
+                "SELECT request_id FROM orders WHERE product_id = ? GROUP BY request_id \
+                 HAVING COUNT(*) > 1 LIMIT ?",
+            )
+            .bind(product_id)
+            .bind(DUPLICATES_SHOWN_MAX)
+            .fetch_all(&mut self.conn),
+        )
+        .await?;
+        Ok(OrderFacts {
+            orders: u64::try_from(orders).unwrap_or(0),
+            live_units,
+            duplicates: duplicates
+                .into_iter()
+                .map(|(r,)| String::from_utf8_lossy(&r).into_owned())
+                .collect(),
+        })
+    }
+
+    /// Up to `limit` (order id, request_id) of the product with ids above `after_id`,
+    /// by id.
+    pub async fn orders_after(
+        &mut self,
+        product_id: i64,
+        after_id: i64,
+        limit: u64,
+    ) -> Result<Vec<(i64, String)>, String> {
+        let rows: Vec<(i64, Vec<u8>)> = bounded(
+            "read orders",
+            sqlx::query_as(
+                "SELECT id, request_id FROM orders WHERE product_id = ? AND id > ? \
+                 ORDER BY id LIMIT ?",
+            )
+            .bind(product_id)
+            .bind(after_id)
+            .bind(limit)
+            .fetch_all(&mut self.conn),
+        )
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, r)| (id, String::from_utf8_lossy(&r).into_owned()))
+            .collect())
+    }
+
+    pub async fn close(self) {
+        let _ = tokio::time::timeout(PROBE_TIMEOUT, self.conn.close()).await;
+    }
+}
+
 /// A process's memory figures from /proc/<pid>/status.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ProcMemory {

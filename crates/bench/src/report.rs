@@ -57,6 +57,17 @@ pub struct RunConfig {
     pub base_url: String,
     pub product_id: i64,
     pub seed: u64,
+    /// What the load sent: "purchase", or "healthz" for the HTTP ceiling (`--ceiling`).
+    #[serde(default = "purchase_target")]
+    pub target: String,
+    /// The spawned server's purchase strategy (`FLASHSALE_STRATEGY`): "flashsale" or a
+    /// baseline; None for the ceiling.
+    #[serde(default)]
+    pub strategy: Option<String>,
+}
+
+fn purchase_target() -> String {
+    "purchase".into()
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -178,6 +189,10 @@ pub struct Checks {
     pub client_violations: Vec<String>,
     /// Client checks that passed, as one line each.
     pub client_passed: Vec<String>,
+    /// Checks not run, each with the reason (the baselines write no reservation rows or
+    /// Redis holds; the ceiling makes no orders).
+    #[serde(default)]
+    pub skipped: Vec<String>,
     pub audit: AuditOutcome,
 }
 
@@ -194,6 +209,28 @@ pub struct AuditOutcome {
 impl BenchResult {
     pub fn op(&self, name: &str) -> Option<&OpResult> {
         self.ops.iter().find(|o| o.op == name)
+    }
+
+    /// The HTTP-ceiling run (`GET /healthz` instead of purchases).
+    pub fn is_ceiling(&self) -> bool {
+        self.config.target == "healthz"
+    }
+
+    /// The kind of request the load was made of: purchase, or healthz for the ceiling.
+    pub fn main_op(&self) -> Option<&OpResult> {
+        self.op(&self.config.target)
+    }
+
+    /// The row's name: the strategy, or `http-ceiling`.
+    pub fn label(&self) -> String {
+        if self.is_ceiling() {
+            crate::cli::CEILING_LABEL.to_owned()
+        } else {
+            self.config
+                .strategy
+                .clone()
+                .unwrap_or_else(|| "flashsale".to_owned())
+        }
     }
 }
 
@@ -234,17 +271,28 @@ pub fn summary_table(r: &BenchResult) -> String {
         (_, Some(n), _) => format!("closed loop, {n} connections"),
         _ => c.mode.clone(),
     };
-    let _ = writeln!(
-        out,
-        "flashsale-bench {} — {}{} — product {} stock {} — {} users, retry share {}",
-        r.scenario,
-        mode,
-        if c.quick { " (quick)" } else { "" },
-        c.product_id,
-        c.stock,
-        c.users,
-        c.retry_share
-    );
+    if r.is_ceiling() {
+        let _ = writeln!(
+            out,
+            "flashsale-bench {} — {}{} — HTTP ceiling: GET /healthz instead of purchases",
+            r.scenario,
+            mode,
+            if c.quick { " (quick)" } else { "" },
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "flashsale-bench {} — {}{} — strategy {} — product {} stock {} — {} users, retry share {}",
+            r.scenario,
+            mode,
+            if c.quick { " (quick)" } else { "" },
+            c.strategy.as_deref().unwrap_or("flashsale"),
+            c.product_id,
+            c.stock,
+            c.users,
+            c.retry_share
+        );
+    }
     let a = &r.attempts;
     let _ = writeln!(
         out,
@@ -290,8 +338,77 @@ pub fn summary_table(r: &BenchResult) -> String {
             errors.join(" ")
         );
     }
-    let o = &r.orders;
     let _ = writeln!(out);
+    if r.is_ceiling() {
+        let _ = writeln!(
+            out,
+            "orders, inventory, cost per order: n/a (HTTP ceiling: GET /healthz, no purchase sent)"
+        );
+    } else {
+        orders_and_costs(&mut out, r);
+    }
+    let m = &r.memory;
+    let kb = |v: Option<u64>| {
+        v.map_or_else(
+            || "n/a".to_owned(),
+            |k| format!("{:.1} MB", k as f64 / 1024.0),
+        )
+    };
+    if r.is_ceiling() {
+        let _ = writeln!(
+            out,
+            "memory: server peak {} (VmHWM), end {}",
+            kb(m.server_vm_hwm_kb),
+            kb(m.server_vm_rss_kb)
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "memory: server peak {} (VmHWM), end {} · Redis used_memory {} → {} → {} settled ({} B/order) · keys under prefix {} → {} → {} settled",
+            kb(m.server_vm_hwm_kb),
+            kb(m.server_vm_rss_kb),
+            bytes(m.redis_used_memory_before),
+            bytes(m.redis_used_memory_after),
+            bytes(m.redis_used_memory_settled),
+            opt_f(m.redis_bytes_per_order, 0),
+            opt(m.keys_before),
+            opt(m.keys_after),
+            opt(m.keys_settled),
+        );
+        let _ = writeln!(out, "note: {}", r.costs.note);
+    }
+    let _ = writeln!(out);
+    for line in &r.checks.client_passed {
+        let _ = writeln!(out, "check ok: {line}");
+    }
+    for line in &r.checks.skipped {
+        let _ = writeln!(out, "check skipped: {line}");
+    }
+    for line in &r.checks.client_violations {
+        let _ = writeln!(out, "CHECK FAILED: {line}");
+    }
+    let _ = writeln!(
+        out,
+        "audit: {} ({} run{})",
+        r.checks.audit.status,
+        r.checks.audit.runs,
+        if r.checks.audit.runs == 1 { "" } else { "s" }
+    );
+    let _ = writeln!(
+        out,
+        "{}",
+        if r.passed {
+            "RESULT: PASS — no invariant violation"
+        } else {
+            "RESULT: FAIL — see the violations above"
+        }
+    );
+    out
+}
+
+/// The orders, inventory and cost lines of a purchase run's summary.
+fn orders_and_costs(out: &mut String, r: &BenchResult) {
+    let o = &r.orders;
     let _ = writeln!(
         out,
         "orders: {} acknowledged ({} created 201, {} replays 200)",
@@ -330,47 +447,6 @@ pub fn summary_table(r: &BenchResult) -> String {
         opt(k.com_commit),
         opt(k.handler_commit),
     );
-    let m = &r.memory;
-    let _ = writeln!(
-        out,
-        "memory: server peak {} (VmHWM), end {} · Redis used_memory {} → {} → {} settled ({} B/order) · keys under prefix {} → {} → {} settled",
-        m.server_vm_hwm_kb
-            .map_or_else(|| "n/a".to_owned(), |k| format!("{:.1} MB", k as f64 / 1024.0)),
-        m.server_vm_rss_kb
-            .map_or_else(|| "n/a".to_owned(), |k| format!("{:.1} MB", k as f64 / 1024.0)),
-        bytes(m.redis_used_memory_before),
-        bytes(m.redis_used_memory_after),
-        bytes(m.redis_used_memory_settled),
-        opt_f(m.redis_bytes_per_order, 0),
-        opt(m.keys_before),
-        opt(m.keys_after),
-        opt(m.keys_settled),
-    );
-    let _ = writeln!(out, "note: {}", k.note);
-    let _ = writeln!(out);
-    for line in &r.checks.client_passed {
-        let _ = writeln!(out, "check ok: {line}");
-    }
-    for line in &r.checks.client_violations {
-        let _ = writeln!(out, "CHECK FAILED: {line}");
-    }
-    let _ = writeln!(
-        out,
-        "audit: {} ({} run{})",
-        r.checks.audit.status,
-        r.checks.audit.runs,
-        if r.checks.audit.runs == 1 { "" } else { "s" }
-    );
-    let _ = writeln!(
-        out,
-        "{}",
-        if r.passed {
-            "RESULT: PASS — no invariant violation"
-        } else {
-            "RESULT: FAIL — see the violations above"
-        }
-    );
-    out
 }
 
 #[cfg(test)]
@@ -402,6 +478,8 @@ pub(crate) mod tests {
                 base_url: "http://127.0.0.1:1234".into(),
                 product_id: 1,
                 seed: 7,
+                target: "purchase".into(),
+                strategy: Some("flashsale".into()),
             },
             elapsed_s: 1.25,
             attempts: AttemptCounts {
@@ -508,6 +586,7 @@ pub(crate) mod tests {
             checks: Checks {
                 client_violations: vec![],
                 client_passed: vec!["no request_id answered with two order ids".into()],
+                skipped: vec![],
                 audit: AuditOutcome {
                     status: "passed".into(),
                     runs: 1,
@@ -551,6 +630,36 @@ pub(crate) mod tests {
             serde_json::from_str(r#"{"second":3,"ok":1,"rejected":0,"unavailable":0,"transport_errors":0,"orders":1,"dropped":0}"#)
                 .expect("bucket without rss");
         assert_eq!(bucket.rss_kb, None);
+    }
+
+    // Checks the summary of an HTTP-ceiling run, by rendering the sample turned into one
+    // (target healthz): it says so in its first line, lists the healthz latencies, has no
+    // order, inventory or cost-per-order figures (one n/a line instead) and lists the
+    // skipped checks.
+    #[test]
+    fn ceiling_summary_has_no_order_figures() {
+        let mut r = sample();
+        r.config.target = "healthz".into();
+        r.config.strategy = None;
+        r.ops[0].op = "healthz".into();
+        r.checks.client_passed.clear();
+        r.checks.skipped = vec!["order checks and audit: no purchase".into()];
+        let text = summary_table(&r);
+        assert!(text
+            .lines()
+            .next()
+            .is_some_and(|l| l.contains("HTTP ceiling: GET /healthz")));
+        assert!(text.contains("\nhealthz "), "{text}");
+        assert!(text.contains("cost per order: n/a"), "{text}");
+        for absent in [
+            "orders: ",
+            "inventory: ",
+            "Redis 5.000 script calls",
+            "Redis used_memory",
+        ] {
+            assert!(!text.contains(absent), "{absent:?} in\n{text}");
+        }
+        assert!(text.contains("check skipped: order checks and audit: no purchase"));
     }
 
     // Checks the summary table names every figure a reader looks for (percentiles,

@@ -31,16 +31,19 @@ pub enum Op {
     Purchase,
     Pay,
     Cancel,
+    /// `GET /healthz`: the HTTP ceiling (`--ceiling`).
+    Healthz,
 }
 
 impl Op {
-    pub const ALL: [Op; 3] = [Op::Purchase, Op::Pay, Op::Cancel];
+    pub const ALL: [Op; 4] = [Op::Purchase, Op::Pay, Op::Cancel, Op::Healthz];
 
     pub fn name(self) -> &'static str {
         match self {
             Op::Purchase => "purchase",
             Op::Pay => "pay",
             Op::Cancel => "cancel",
+            Op::Healthz => "healthz",
         }
     }
 
@@ -109,7 +112,7 @@ pub struct Conflict {
 /// so concurrent tasks rarely wait on one lock; [`Recorder::merge`] joins them.
 #[derive(Debug, Clone, Default)]
 pub struct Recorder {
-    pub ops: [OpStats; 3],
+    pub ops: [OpStats; 4],
     pub timeline: Vec<Bucket>,
     /// intent → the order id its purchase was acknowledged with (201 or 200).
     pub acks: HashMap<u64, i64>,

@@ -13,7 +13,14 @@ use flashsale_core::{
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlPool, MySqlPoolOptions};
 use sqlx::{Connection, Executor, MySqlConnection, Row};
-use tracing::warn;
+use tracing::{debug, warn};
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use flashsale_batch::{BatchFn, Coalescer};
+
+use crate::group::Purchase;
 
 use crate::rows::{self, corrupt, db, ORDER_COLUMNS};
 
@@ -26,6 +33,27 @@ const TX_RETRY_PAUSE: Duration = Duration::from_millis(5);
 /// How long a session waits for a row lock before InnoDB gives up (seconds): the default
 /// 50 s would hold a purchase far past any client's patience.
 const LOCK_WAIT_TIMEOUT_SECS: u32 = 5;
+
+/// Most purchases one group commit writes: a batch this size commits in a few
+/// milliseconds, and its largest statement (the outbox rows, 5 placeholders each) stays
+/// far below MariaDB's 65,535 placeholders.
+const GROUP_COMMIT_MAX: usize = 256;
+/// Purchases waiting for a group commit; past it callers wait for room (the API's
+/// in-flight limit bounds them first).
+const GROUP_QUEUE_MAX: usize = 8_192;
+/// Group commits in flight at once: while one waits on the product row's lock or its
+/// fsync, the next batch is already being written; more would only queue on the lock.
+const GROUP_WORKERS: usize = 3;
+/// Most request_ids one lookup query asks for (an IN list this long is still one
+/// index range scan per id).
+const LOOKUP_BATCH_MAX: usize = 256;
+/// Lookups waiting for a batch.
+const LOOKUP_QUEUE_MAX: usize = 16_384;
+/// Lookup queries in flight at once.
+const LOOKUP_WORKERS: usize = 2;
+/// Group transactions tried per batch: after one that met taken request_ids and set them
+/// aside, one more for the rest; past that the batch goes one by one.
+const GROUP_ATTEMPTS_MAX: usize = 2;
 
 const ER_DUP_ENTRY: u16 = 1062;
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
@@ -45,7 +73,13 @@ pub struct LedgerConfig {
 pub struct MysqlLedger {
     pool: MySqlPool,
     transaction_timeout: Duration,
+    /// The group committer, started on the first purchase (inside the runtime).
+    group: OnceLock<Coalescer<Purchase, Result<Commit, LedgerError>>>,
+    /// The purchase-record lookups, batched likewise (a rush asks one per rejection).
+    lookups: OnceLock<Coalescer<RequestId, Lookup>>,
 }
+
+type Lookup = Result<Option<PurchaseRecord>, LedgerError>;
 
 fn error_number(e: &sqlx::Error) -> Option<u16> {
     e.as_database_error()
@@ -203,6 +237,195 @@ impl MysqlLedger {
         Ok(Self {
             pool,
             transaction_timeout: config.transaction_timeout,
+            group: OnceLock::new(),
+            lookups: OnceLock::new(),
+        })
+    }
+
+    /// A ledger on the same pool that commits every purchase on its own: what the group
+    /// committer runs its fallbacks on.
+    fn single(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            transaction_timeout: self.transaction_timeout,
+            group: OnceLock::new(),
+            lookups: OnceLock::new(),
+        }
+    }
+
+    fn group(&self) -> &Coalescer<Purchase, Result<Commit, LedgerError>> {
+        self.group.get_or_init(|| {
+            let ledger = Arc::new(self.single());
+            let run: BatchFn<Purchase, Result<Commit, LedgerError>> =
+                Arc::new(move |batch: Vec<Purchase>| {
+                    let ledger = ledger.clone();
+                    Box::pin(async move { ledger.group_commit(batch).await })
+                });
+            Coalescer::start(GROUP_QUEUE_MAX, GROUP_COMMIT_MAX, GROUP_WORKERS, run)
+        })
+    }
+
+    fn lookups(&self) -> &Coalescer<RequestId, Lookup> {
+        self.lookups.get_or_init(|| {
+            let ledger = Arc::new(self.single());
+            let run: BatchFn<RequestId, Lookup> = Arc::new(move |ids: Vec<RequestId>| {
+                let ledger = ledger.clone();
+                Box::pin(async move { ledger.find_purchases(ids).await })
+            });
+            Coalescer::start(LOOKUP_QUEUE_MAX, LOOKUP_BATCH_MAX, LOOKUP_WORKERS, run)
+        })
+    }
+
+    /// What the ledger holds for each request_id, in one query for all of them.
+    async fn find_purchases(&self, ids: Vec<RequestId>) -> Vec<Lookup> {
+        let sql = format!(
+            "SELECT r.request_id AS r_request_id, r.product_id AS r_product_id, \
+             r.user_id AS r_user_id, r.quantity AS r_quantity, r.status AS r_status, \
+             r.release_reason AS r_release_reason, r.hold_id AS r_hold_id, \
+             r.generation AS r_generation, {ORDER_COLUMNS} \
+             FROM inventory_reservation r LEFT JOIN orders o ON o.request_id = r.request_id \
+             WHERE r.request_id IN ({})",
+            vec!["?"; ids.len()].join(", ")
+        );
+        let found = self
+            .run("find purchase", || {
+                let mut q = sqlx::query(&sql);
+                for id in &ids {
+                    q = q.bind(id.as_str());
+                }
+                q.fetch_all(&self.pool)
+            })
+            .await;
+        let rows = match found {
+            Ok(rows) => rows,
+            Err(e) => return ids.iter().map(|_| Err(e.clone())).collect(),
+        };
+        let mut records: HashMap<String, Lookup> = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let record = rows::purchase(row);
+            let key = match &record {
+                Ok(r) => r.request.request_id.as_str().to_owned(),
+                Err(_) => match rows::text(row, "r_request_id") {
+                    Ok(id) => id,
+                    Err(e) => return ids.iter().map(|_| Err(e.clone())).collect(),
+                },
+            };
+            records.insert(key, record.map(Some));
+        }
+        ids.iter()
+            .map(|id| records.get(id.as_str()).cloned().unwrap_or(Ok(None)))
+            .collect()
+    }
+
+    /// Commits a batch of purchases in one transaction when they go the plain way.
+    /// Purchases whose request_id is already taken — a second copy in the batch, or one
+    /// committed (or committing) elsewhere, as client retries are — are set aside and
+    /// answered one by one after it, as the one-purchase path answers them; anything
+    /// else that keeps the batch from going through (too few units, a rebuilt
+    /// generation, a reused hold id) sends the whole batch one by one.
+    async fn group_commit(&self, batch: Vec<Purchase>) -> Vec<Result<Commit, LedgerError>> {
+        let started = std::time::Instant::now();
+        let mut results: Vec<Option<Result<Commit, LedgerError>>> =
+            batch.iter().map(|_| None).collect();
+        // Indices of the batch: first copies of their request_id, and the rest.
+        let mut seen = std::collections::HashSet::new();
+        let (mut plain, mut aside): (Vec<usize>, Vec<usize>) =
+            (0..batch.len()).partition(|&i| seen.insert(batch[i].request.request_id.clone()));
+        let mut one_by_one = batch.len() == 1;
+        for _ in 0..GROUP_ATTEMPTS_MAX {
+            if one_by_one || plain.is_empty() {
+                break;
+            }
+            let members: Vec<Purchase> = plain.iter().map(|&i| batch[i].clone()).collect();
+            let written = self
+                .run("group commit", || async {
+                    let mut tx = self.pool.begin().await?;
+                    match crate::group::insert(&mut tx, &members).await? {
+                        Some(orders) => {
+                            tx.commit().await?;
+                            Ok(Ok(orders))
+                        }
+                        None => {
+                            tx.rollback().await?;
+                            Ok(Err(crate::group::taken(&self.pool, &members).await?))
+                        }
+                    }
+                })
+                .await;
+            match written {
+                Ok(Ok(orders)) => {
+                    for (&i, order) in plain.iter().zip(orders) {
+                        results[i] = Some(Ok(Commit::Committed(order)));
+                    }
+                    plain.clear();
+                }
+                Ok(Err(taken)) if !taken.is_empty() => {
+                    let (t, rest): (Vec<usize>, Vec<usize>) = plain
+                        .iter()
+                        .partition(|&&i| taken.contains(batch[i].request.request_id.as_str()));
+                    aside.extend(t);
+                    plain = rest;
+                }
+                Ok(Err(_)) => one_by_one = true,
+                // Unknown whether it committed: each caller hears so and retries; the
+                // unique keys make a retry find the order if it did.
+                Err(e) => {
+                    for &i in &plain {
+                        results[i] = Some(Err(e.clone()));
+                    }
+                    plain.clear();
+                }
+            }
+        }
+        aside.extend(plain);
+        let answers = futures::future::join_all(aside.iter().map(|&i| {
+            let p = &batch[i];
+            self.commit_one(&p.request, p.hold_id, p.generation, None, p.payment_timeout)
+        }))
+        .await;
+        for (&i, answer) in aside.iter().zip(answers) {
+            results[i] = Some(answer);
+        }
+        debug!(size = batch.len(), one_by_one = aside.len(), elapsed = ?started.elapsed(), "group commit");
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(LedgerError("group commit: no answer".into()))))
+            .collect()
+    }
+
+    /// One purchase in its own transaction.
+    async fn commit_one(
+        &self,
+        request: &PurchaseRequest,
+        hold_id: i64,
+        generation: i64,
+        per_user_limit: Option<u32>,
+        payment_timeout: Duration,
+    ) -> Result<Commit, LedgerError> {
+        let outcome = self
+            .purchase_or_taken("commit purchase", &request.request_id, || {
+                self.run("commit purchase", move || {
+                    self.insert_purchase(
+                        request,
+                        hold_id,
+                        generation,
+                        per_user_limit,
+                        payment_timeout,
+                    )
+                })
+            })
+            .await?;
+        Ok(match outcome {
+            Ok(Committed::Order(order)) => Commit::Committed(order),
+            Ok(Committed::InsufficientStock) => Commit::InsufficientStock,
+            Ok(Committed::LimitExceeded) => Commit::LimitExceeded,
+            Ok(Committed::StaleGeneration) => Commit::StaleGeneration,
+            Ok(Committed::HoldReused) => {
+                self.gate_behind(request.product_id, hold_id, generation)
+                    .await?;
+                Commit::StaleGeneration
+            }
+            Err(record) => Commit::Duplicate(record),
         })
     }
 
@@ -847,31 +1070,28 @@ impl Ledger for MysqlLedger {
         per_user_limit: Option<u32>,
         payment_timeout: Duration,
     ) -> Result<Commit, LedgerError> {
-        let outcome = self
-            .purchase_or_taken("commit purchase", &request.request_id, || {
-                self.run("commit purchase", move || {
-                    self.insert_purchase(
-                        request,
-                        hold_id,
-                        generation,
-                        per_user_limit,
-                        payment_timeout,
-                    )
-                })
-            })
-            .await?;
-        Ok(match outcome {
-            Ok(Committed::Order(order)) => Commit::Committed(order),
-            Ok(Committed::InsufficientStock) => Commit::InsufficientStock,
-            Ok(Committed::LimitExceeded) => Commit::LimitExceeded,
-            Ok(Committed::StaleGeneration) => Commit::StaleGeneration,
-            Ok(Committed::HoldReused) => {
-                self.gate_behind(request.product_id, hold_id, generation)
-                    .await?;
-                Commit::StaleGeneration
-            }
-            Err(record) => Commit::Duplicate(record),
-        })
+        if per_user_limit.is_some() {
+            // The per-user check reads the user's orders after the counter UPDATE: kept
+            // to the one-purchase transaction.
+            return self
+                .commit_one(
+                    request,
+                    hold_id,
+                    generation,
+                    per_user_limit,
+                    payment_timeout,
+                )
+                .await;
+        }
+        let purchase = Purchase {
+            request: request.clone(),
+            hold_id,
+            generation,
+            payment_timeout,
+        };
+        self.group().call(purchase).await.map_err(|_| {
+            LedgerError("commit purchase: the group committer stopped; outcome unknown".into())
+        })?
     }
 
     async fn fence(
@@ -906,22 +1126,10 @@ impl Ledger for MysqlLedger {
         &self,
         request_id: &RequestId,
     ) -> Result<Option<PurchaseRecord>, LedgerError> {
-        let sql = format!(
-            "SELECT r.request_id AS r_request_id, r.product_id AS r_product_id, \
-             r.user_id AS r_user_id, r.quantity AS r_quantity, r.status AS r_status, \
-             r.release_reason AS r_release_reason, r.hold_id AS r_hold_id, \
-             r.generation AS r_generation, {ORDER_COLUMNS} \
-             FROM inventory_reservation r LEFT JOIN orders o ON o.request_id = r.request_id \
-             WHERE r.request_id = ?"
-        );
-        let row = self
-            .run("find purchase", || {
-                sqlx::query(&sql)
-                    .bind(request_id.as_str())
-                    .fetch_optional(&self.pool)
-            })
-            .await?;
-        row.as_ref().map(rows::purchase).transpose()
+        self.lookups()
+            .call(request_id.clone())
+            .await
+            .map_err(|_| LedgerError("find purchase: the lookup batcher stopped".into()))?
     }
 
     async fn order(&self, order_id: OrderId) -> Result<Option<Order>, LedgerError> {

@@ -6,8 +6,13 @@
 //! first and writing later. Deadlocks and lock wait timeouts are retried a bounded number
 //! of times; any other failure is reported as unavailable (the outcome may be unknown)
 //! and the caller answers 503.
+//!
+//! Purchases that arrive together are committed together (`group.rs`): one transaction
+//! and one counter UPDATE per product for a whole batch, with the same rows and answers
+//! as one transaction each.
 
 mod baseline;
+mod group;
 mod ledger;
 mod maintenance;
 mod outbox;

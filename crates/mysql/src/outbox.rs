@@ -12,8 +12,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use flashsale_app::ports::{Applied, LedgerError, Outbox, StatsStore};
-use flashsale_app::{EventType, OutboxMessage, StatsDelta};
+use flashsale_app::ports::{Applied, LedgerError, Outbox, StatsEvent, StatsStore};
+use flashsale_app::{EventType, Order, OutboxMessage, StatsDelta};
 use flashsale_core::{
     CancelReason, OrderId, OrderStatus, ProductId, PurchaseRequest, ReleaseReason, UserId,
 };
@@ -178,6 +178,44 @@ pub(crate) async fn record(
         .execute(&mut *conn)
         .await?;
     }
+    Ok(())
+}
+
+/// Writes the `order_created` events of a group commit's new orders in one statement,
+/// in the transaction that creates them. Each is its request's first event (the
+/// request_id was free until this transaction), so its sequence is 1. The derived table
+/// is a UNION, which MariaDB materializes: each row's UUID() and NOW(6) are evaluated
+/// once, so the columns and the payload agree, as in [`record`].
+pub(crate) async fn record_created(
+    conn: &mut MySqlConnection,
+    orders: &[Order],
+) -> Result<(), sqlx::Error> {
+    if orders.is_empty() {
+        return Ok(());
+    }
+    let row = "SELECT UUID() AS event_id, NOW(6) AS at, ? AS request_id, ? AS order_id, \
+               ? AS product_id, ? AS user_id, ? AS quantity";
+    let sql = format!(
+        "INSERT INTO outbox (event_id, event_type, request_id, order_id, product_id, \
+         sequence, payload, created_at) \
+         SELECT e.event_id, 'order_created', e.request_id, e.order_id, e.product_id, 1, \
+         JSON_OBJECT('event_id', e.event_id, 'event_type', 'order_created', 'sequence', 1, \
+         'order_id', e.order_id, 'request_id', e.request_id, 'product_id', e.product_id, \
+         'user_id', e.user_id, 'quantity', e.quantity, 'reason', NULL, \
+         'occurred_at', DATE_FORMAT(e.at, '%Y-%m-%dT%H:%i:%s.%fZ')), e.at \
+         FROM ({}) e",
+        vec![row; orders.len()].join(" UNION ALL ")
+    );
+    let mut q = sqlx::query(&sql);
+    for o in orders {
+        q = q
+            .bind(o.request_id.as_str())
+            .bind(o.order_id.get())
+            .bind(o.product_id.get())
+            .bind(o.user_id.get())
+            .bind(i64::from(o.quantity.get()));
+    }
+    q.execute(&mut *conn).await?;
     Ok(())
 }
 
@@ -364,33 +402,116 @@ impl MysqlLedger {
             }
             other => other?,
         };
-        sqlx::query(
-            "INSERT INTO sales_stats (product_id, orders_created, units_ordered, orders_paid, \
-             units_paid, orders_cancelled, units_cancelled, reservations_released, \
-             units_released) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) \
-             ON DUPLICATE KEY UPDATE orders_created = orders_created + VALUES(orders_created), \
-             units_ordered = units_ordered + VALUES(units_ordered), \
-             orders_paid = orders_paid + VALUES(orders_paid), \
-             units_paid = units_paid + VALUES(units_paid), \
-             orders_cancelled = orders_cancelled + VALUES(orders_cancelled), \
-             units_cancelled = units_cancelled + VALUES(units_cancelled), \
-             reservations_released = reservations_released + VALUES(reservations_released), \
-             units_released = units_released + VALUES(units_released)",
-        )
-        .bind(product_id.get())
-        .bind(d.orders_created)
-        .bind(d.units_ordered)
-        .bind(d.orders_paid)
-        .bind(d.units_paid)
-        .bind(d.orders_cancelled)
-        .bind(d.units_cancelled)
-        .bind(d.reservations_released)
-        .bind(d.units_released)
-        .execute(&mut *tx)
-        .await?;
+        add_stats(&mut tx, product_id.get(), d).await?;
         tx.commit().await?;
         Ok(Applied::Applied)
     }
+
+    /// Applies a delivery's events in one transaction: the ones not consumed before are
+    /// recorded with one multi-row INSERT and their deltas summed into one upsert per
+    /// product. `Ok(None)`: another consumer recorded one of them meanwhile (the caller
+    /// falls back to one transaction per event).
+    async fn apply_stats_all(
+        &self,
+        events: &[StatsEvent],
+    ) -> Result<Option<Vec<Applied>>, sqlx::Error> {
+        let mut tx = self.pool().begin().await?;
+        let sql = format!(
+            "SELECT CONVERT(event_id USING utf8mb4) AS event_id FROM consumed_event \
+             WHERE event_id IN ({})",
+            placeholders(events.len())
+        );
+        let mut q = sqlx::query(&sql);
+        for e in events {
+            q = q.bind(e.event_id.as_str());
+        }
+        let mut seen = std::collections::HashSet::new();
+        for row in q.fetch_all(&mut *tx).await? {
+            seen.insert(row.try_get_unchecked::<String, _>("event_id")?);
+        }
+        let mut applied = Vec::with_capacity(events.len());
+        let mut fresh = Vec::new();
+        for e in events {
+            // `insert` is false for one consumed before, or twice in this delivery.
+            if seen.insert(e.event_id.clone()) {
+                fresh.push(e);
+                applied.push(Applied::Applied);
+            } else {
+                applied.push(Applied::AlreadyApplied);
+            }
+        }
+        if !fresh.is_empty() {
+            let sql = format!(
+                "INSERT INTO consumed_event (event_id, event_type, product_id) VALUES {}",
+                vec!["(?, ?, ?)"; fresh.len()].join(", ")
+            );
+            let mut q = sqlx::query(&sql);
+            for e in &fresh {
+                q = q
+                    .bind(e.event_id.as_str())
+                    .bind(e.event_type.as_str())
+                    .bind(e.product_id.get());
+            }
+            match q.execute(&mut *tx).await {
+                Err(e) if error_number(&e) == Some(ER_DUP_ENTRY) => {
+                    tx.rollback().await?;
+                    return Ok(None);
+                }
+                other => other?,
+            };
+            let mut sums: BTreeMap<i64, StatsDelta> = BTreeMap::new();
+            for e in &fresh {
+                let s = sums.entry(e.product_id.get()).or_default();
+                let d = &e.delta;
+                s.orders_created += d.orders_created;
+                s.units_ordered += d.units_ordered;
+                s.orders_paid += d.orders_paid;
+                s.units_paid += d.units_paid;
+                s.orders_cancelled += d.orders_cancelled;
+                s.units_cancelled += d.units_cancelled;
+                s.reservations_released += d.reservations_released;
+                s.units_released += d.units_released;
+            }
+            for (product_id, d) in &sums {
+                add_stats(&mut tx, *product_id, d).await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(Some(applied))
+    }
+}
+
+/// Adds `d` to a product's statistics row (creating it), in the caller's transaction.
+async fn add_stats(
+    conn: &mut MySqlConnection,
+    product_id: i64,
+    d: &StatsDelta,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO sales_stats (product_id, orders_created, units_ordered, orders_paid, \
+         units_paid, orders_cancelled, units_cancelled, reservations_released, \
+         units_released) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) \
+         ON DUPLICATE KEY UPDATE orders_created = orders_created + VALUES(orders_created), \
+         units_ordered = units_ordered + VALUES(units_ordered), \
+         orders_paid = orders_paid + VALUES(orders_paid), \
+         units_paid = units_paid + VALUES(units_paid), \
+         orders_cancelled = orders_cancelled + VALUES(orders_cancelled), \
+         units_cancelled = units_cancelled + VALUES(units_cancelled), \
+         reservations_released = reservations_released + VALUES(reservations_released), \
+         units_released = units_released + VALUES(units_released)",
+    )
+    .bind(product_id)
+    .bind(d.orders_created)
+    .bind(d.units_ordered)
+    .bind(d.orders_paid)
+    .bind(d.units_paid)
+    .bind(d.orders_cancelled)
+    .bind(d.units_cancelled)
+    .bind(d.reservations_released)
+    .bind(d.units_released)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }
 
 #[async_trait]
@@ -406,5 +527,25 @@ impl StatsStore for MysqlLedger {
             self.apply_stats(event_id, event_type, product_id, delta)
         })
         .await
+    }
+
+    async fn apply_all(&self, events: &[StatsEvent]) -> Result<Vec<Applied>, LedgerError> {
+        if events.len() > 1 {
+            if let Some(applied) = bounded("apply events to sales stats", || {
+                self.apply_stats_all(events)
+            })
+            .await?
+            {
+                return Ok(applied);
+            }
+        }
+        let mut applied = Vec::with_capacity(events.len());
+        for e in events {
+            applied.push(
+                self.apply_once(&e.event_id, e.event_type, e.product_id, &e.delta)
+                    .await?,
+            );
+        }
+        Ok(applied)
     }
 }

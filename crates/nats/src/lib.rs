@@ -323,33 +323,48 @@ enum Handled {
     Retry,
 }
 
-async fn handle(consume: &Consume, message: &jetstream::Message) -> Handled {
-    let event = match decode_event(&message.payload) {
-        Ok(event) => event,
-        Err(e) => {
-            // Not ours or corrupt: redelivering it would never help.
-            error!(subject = %message.subject, error = %e, "undecodable event dropped");
-            if let Err(e) = message.ack_with(jetstream::AckKind::Term).await {
-                warn!(error = %e, "could not terminate an undecodable message");
+/// Applies the messages delivered together (in one store transaction where it can),
+/// then acknowledges them; on a store failure they are all NAKed to come again.
+async fn handle(consume: &Consume, messages: &[jetstream::Message]) -> Handled {
+    let mut events = Vec::with_capacity(messages.len());
+    let mut decoded = Vec::with_capacity(messages.len());
+    for message in messages {
+        match decode_event(&message.payload) {
+            Ok(event) => {
+                events.push(event);
+                decoded.push(message);
             }
-            return Handled::Done;
+            Err(e) => {
+                // Not ours or corrupt: redelivering it would never help.
+                error!(subject = %message.subject, error = %e, "undecodable event dropped");
+                if let Err(e) = message.ack_with(jetstream::AckKind::Term).await {
+                    warn!(error = %e, "could not terminate an undecodable message");
+                }
+            }
         }
-    };
-    match consume.apply(&event).await {
+    }
+    if events.is_empty() {
+        return Handled::Done;
+    }
+    match consume.apply_all(&events).await {
         Ok(_) => {
-            // A lost ack means one more delivery, which the store ignores.
-            if let Err(e) = message.ack().await {
-                warn!(event_id = %event.event_id, error = %e, "ack failed; the event will be delivered again");
+            for (message, event) in decoded.iter().zip(&events) {
+                // A lost ack means one more delivery, which the store ignores.
+                if let Err(e) = message.ack().await {
+                    warn!(event_id = %event.event_id, error = %e, "ack failed; the event will be delivered again");
+                }
             }
             Handled::Done
         }
         Err(e) => {
-            warn!(event_id = %event.event_id, error = %e, "event not applied; it will be delivered again");
-            if let Err(e) = message
-                .ack_with(jetstream::AckKind::Nak(Some(NAK_DELAY)))
-                .await
-            {
-                debug!(error = %e, "nak failed; redelivered after the ack wait instead");
+            warn!(events = events.len(), error = %e, "events not applied; they will be delivered again");
+            for message in decoded {
+                if let Err(e) = message
+                    .ack_with(jetstream::AckKind::Nak(Some(NAK_DELAY)))
+                    .await
+                {
+                    debug!(error = %e, "nak failed; redelivered after the ack wait instead");
+                }
             }
             Handled::Retry
         }
@@ -388,7 +403,7 @@ pub async fn run_consumer(
                     Err(e) => break 'round Some(e.to_string()),
                 },
             };
-            let mut messages = match pull
+            let messages = match pull
                 .batch()
                 .max_messages(CONSUMER_BATCH)
                 .expires(FETCH_WAIT)
@@ -401,22 +416,31 @@ pub async fn run_consumer(
                     break 'round Some(format!("fetch: {e}"));
                 }
             };
+            // What has arrived is applied together; the next chunk is what arrived
+            // meanwhile.
+            let mut chunks = messages.ready_chunks(CONSUMER_BATCH);
             loop {
                 let next = tokio::select! {
-                    next = messages.next() => next,
+                    next = chunks.next() => next,
                     _ = stop.changed() => break 'rounds,
                 };
-                match next {
-                    None => break 'round None,
-                    Some(Ok(message)) => {
-                        if let Handled::Retry = handle(&consume, &message).await {
-                            break 'round Some("the statistics store failed".to_owned());
-                        }
+                let Some(chunk) = next else {
+                    break 'round None;
+                };
+                let mut delivered = Vec::with_capacity(chunk.len());
+                let mut broken = None;
+                for item in chunk {
+                    match item {
+                        Ok(message) => delivered.push(message),
+                        Err(e) => broken = Some(e),
                     }
-                    Some(Err(e)) => {
-                        consumer = None;
-                        break 'round Some(format!("fetch: {e}"));
-                    }
+                }
+                if let Handled::Retry = handle(&consume, &delivered).await {
+                    break 'round Some("the statistics store failed".to_owned());
+                }
+                if let Some(e) = broken {
+                    consumer = None;
+                    break 'round Some(format!("fetch: {e}"));
                 }
             }
         };

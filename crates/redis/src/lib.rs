@@ -20,6 +20,8 @@
 
 use std::time::Duration;
 
+mod reserve;
+
 use async_trait::async_trait;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -51,6 +53,8 @@ pub struct GateConfig {
 const RECONNECT_ATTEMPTS: usize = 1;
 
 pub struct RedisGate {
+    /// The reservation batcher, started on the first purchase (inside the runtime).
+    reserver: std::sync::OnceLock<flashsale_batch::Coalescer<reserve::Item, reserve::Reply>>,
     conn: ConnectionManager,
     prefix: String,
     record_ttl_ms: u64,
@@ -78,6 +82,7 @@ impl RedisGate {
         let conn =
             ConnectionManager::new_lazy_with_config(client, manager_config).map_err(unavailable)?;
         Ok(Self {
+            reserver: std::sync::OnceLock::new(),
             conn,
             prefix: config.prefix.clone(),
             record_ttl_ms: u64::try_from(config.record_ttl.as_millis()).unwrap_or(u64::MAX),
@@ -182,23 +187,19 @@ impl StockGate for RedisGate {
         request: &PurchaseRequest,
         per_user_limit: Option<u32>,
     ) -> Result<Reserve, GateError> {
-        let p = request.product_id;
-        let mut conn = self.conn.clone();
-        let reply: Value = self
-            .reserve
-            .key(self.key(p, "inv"))
-            .key(self.key(p, "users"))
-            .key(self.hold_key(p, &request.request_id))
-            .key(self.key(p, "pending"))
-            .arg(request.quantity.get())
-            .arg(request.user_id.get())
-            .arg(per_user_limit.unwrap_or(0))
-            .arg(self.record_ttl_ms)
-            .arg(request.request_id.as_str())
-            .invoke_async(&mut conn)
+        let reserver = self.reserver.get_or_init(|| {
+            reserve::Reserver {
+                conn: self.conn.clone(),
+                script: self.reserve.clone(),
+                prefix: self.prefix.clone(),
+                record_ttl_ms: self.record_ttl_ms,
+            }
+            .start()
+        });
+        reserver
+            .call((request.clone(), per_user_limit))
             .await
-            .map_err(unavailable)?;
-        parse_reserve(&reply)
+            .map_err(|_| GateError("reserve: the batcher stopped; outcome unknown".into()))?
     }
 
     async fn release(

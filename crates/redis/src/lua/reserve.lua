@@ -1,46 +1,74 @@
--- Atomic, idempotent check-and-reserve of one purchase.
+-- Atomic, idempotent check-and-reserve of a batch of purchases of one product, each as
+-- if it ran alone, in order.
 -- KEYS[1] inventory hash {avail, seq, gen}  KEYS[2] per-user held units (user -> units)
--- KEYS[3] hold record of this request      KEYS[4] pending holds (zset request_id -> ms)
--- ARGV[1] quantity  ARGV[2] user_id  ARGV[3] per-user limit (0 = none)
--- ARGV[4] record ttl ms  ARGV[5] request_id
+-- KEYS[3] pending holds (zset request_id -> ms)  KEYS[3+i] hold record of purchase i
+-- ARGV[1] record ttl ms; then for purchase i, ARGV[4i-2..4i+1]: quantity, user_id,
+-- per-user limit (0 = none), request_id
 -- A hold's time is Redis's own clock (TIME), so every instance ages holds on one clock:
 -- one instance with a wrong clock can't make recovery think a fresh hold is stale.
--- Returns {1, hold_id, gen} reserved | {0} sold out | {-1} not loaded | {-2} limit exceeded
---       | {2, hold_id, user_id, quantity, released 0/1, gen} a hold exists for this request.
--- Everything is validated before the first write: Redis does not roll back a script
+-- Returns one reply per purchase: {1, hold_id, gen} reserved | {0} sold out
+--   | {-1} not loaded | {-2} limit exceeded
+--   | {2, hold_id, user_id, quantity, released 0/1, gen} a hold exists for this request.
+-- Every argument is validated before the first write: Redis does not roll back a script
 -- that fails halfway.
-local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen')
-local avail = tonumber(inv[1])
-if not avail then return {-1} end
-local gen = inv[2] or '1'
-local rec = redis.call('HMGET', KEYS[3], 'u', 'q', 's', 'h', 'g')
--- A record from an older generation belongs to state that was lost and rebuilt without
--- it: it holds nothing now, and the request may reserve afresh.
-if rec[1] and (rec[5] or '1') == gen then
-  -- Ids go back as strings: a Lua number is a double and would round ids above 2^53.
-  return {2, rec[4], rec[1], rec[2], rec[3] == 'r' and 1 or 0, gen}
-end
-local q = tonumber(ARGV[1])
-local limit = tonumber(ARGV[3])
-local ttl = tonumber(ARGV[4])
-if not q or q < 1 or q % 1 ~= 0 or not tonumber(ARGV[2]) or not limit or limit < 0
-   or not ttl or ttl < 1 or not ARGV[5] or ARGV[5] == '' then
+local ttl = tonumber(ARGV[1])
+local n = #KEYS - 3
+if not ttl or ttl < 1 or n < 1 or #ARGV ~= 1 + 4 * n then
   return redis.error_reply('ERR flashsale reserve: invalid arguments')
 end
-if avail < q then return {0} end
-local counted = 0
-if limit > 0 then
-  local held = tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '0')
-  if held + q > limit then return {-2} end
-  counted = 1
+for i = 1, n do
+  local a = 4 * i - 2
+  local q, limit = tonumber(ARGV[a]), tonumber(ARGV[a + 2])
+  if not q or q < 1 or q % 1 ~= 0 or not tonumber(ARGV[a + 1]) or not limit or limit < 0
+     or not ARGV[a + 3] or ARGV[a + 3] == '' then
+    return redis.error_reply('ERR flashsale reserve: invalid arguments')
+  end
 end
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-redis.call('HINCRBY', KEYS[1], 'avail', -q)
-local hold = redis.call('HINCRBY', KEYS[1], 'seq', 1)
-if counted == 1 then redis.call('HINCRBY', KEYS[2], ARGV[2], q) end
-redis.call('DEL', KEYS[3])
-redis.call('HSET', KEYS[3], 'u', ARGV[2], 'q', q, 's', 'h', 'h', hold, 'c', counted, 't', now, 'g', gen)
-redis.call('PEXPIRE', KEYS[3], ttl)
-redis.call('ZADD', KEYS[4], now, ARGV[5])
-return {1, hold, gen}
+local replies = {}
+local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen')
+local avail = tonumber(inv[1])
+if not avail then
+  for i = 1, n do replies[i] = {-1} end
+  return replies
+end
+local gen = inv[2] or '1'
+local now
+for i = 1, n do
+  local a = 4 * i - 2
+  local q, user, limit, rid = tonumber(ARGV[a]), ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3]
+  local rec = redis.call('HMGET', KEYS[3 + i], 'u', 'q', 's', 'h', 'g')
+  -- A record from an older generation belongs to state that was lost and rebuilt without
+  -- it: it holds nothing now, and the request may reserve afresh.
+  if rec[1] and (rec[5] or '1') == gen then
+    -- Ids go back as strings: a Lua number is a double and would round ids above 2^53.
+    replies[i] = {2, rec[4], rec[1], rec[2], rec[3] == 'r' and 1 or 0, gen}
+  elseif avail < q then
+    replies[i] = {0}
+  else
+    local counted = 0
+    local over = false
+    if limit > 0 then
+      local held = tonumber(redis.call('HGET', KEYS[2], user) or '0')
+      over = held + q > limit
+      counted = 1
+    end
+    if over then
+      replies[i] = {-2}
+    else
+      if not now then
+        local clock = redis.call('TIME')
+        now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+      end
+      avail = redis.call('HINCRBY', KEYS[1], 'avail', -q)
+      local hold = redis.call('HINCRBY', KEYS[1], 'seq', 1)
+      if counted == 1 then redis.call('HINCRBY', KEYS[2], user, q) end
+      redis.call('DEL', KEYS[3 + i])
+      redis.call('HSET', KEYS[3 + i], 'u', user, 'q', q, 's', 'h', 'h', hold, 'c', counted,
+        't', now, 'g', gen)
+      redis.call('PEXPIRE', KEYS[3 + i], ttl)
+      redis.call('ZADD', KEYS[3], now, rid)
+      replies[i] = {1, hold, gen}
+    end
+  end
+end
+return replies

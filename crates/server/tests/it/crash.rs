@@ -286,20 +286,39 @@ async fn killed_after_commit_before_reply() {
     cleanup(db, &prefix, pool).await;
 }
 
+/// libfaketime's shared library (Debian's `faketime` package, installed by
+/// scripts/services.sh), wherever the platform puts it.
+fn libfaketime() -> std::path::PathBuf {
+    let found = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|arch| arch.path().join("faketime/libfaketime.so.1"))
+        .chain(std::iter::once(std::path::PathBuf::from(
+            "/usr/lib/faketime/libfaketime.so.1",
+        )))
+        .find(|p| p.exists());
+    found.expect(
+        "libfaketime.so.1 not found: install the faketime package (scripts/services.sh does)",
+    )
+}
+
 // Checks a clock jump on one instance: a service running two hours in the future
 // (faketime; its monotonic clock untouched so its timers still work) with its expiry,
 // recovery and reconcile workers running every 200 ms, next to fresh orders and a fresh
 // hold without an order. Expiry is decided on MariaDB's clock and holds age on Redis's,
 // so nothing is expired, fenced or released early: orders stay PENDING_PAYMENT, the hold
-// stays, Redis's count is unchanged.
+// stays, Redis's count is unchanged — while a sale opening an hour from now is already
+// open on that instance (its own clock really is ahead).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clock_jump_on_one_instance_releases_nothing_early() {
     let db = TestDb::create(MYSQL_SERVER).await.expect("db");
     let prefix = redis_prefix();
-    let mut cmd = Command::new("faketime");
-    cmd.arg("-f")
-        .arg("+2h")
-        .arg(BIN)
+    // libfaketime preloaded into the service itself (not the `faketime` wrapper, which
+    // forks: killing the wrapper would leave the service running).
+    let mut cmd = Command::new(BIN);
+    cmd.env("LD_PRELOAD", libfaketime())
+        .env("FAKETIME", "+2h")
         .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
         .env("FLASHSALE_EXPIRY_INTERVAL", "200ms")
         .env("FLASHSALE_RECOVERY_INTERVAL", "200ms")
@@ -359,6 +378,24 @@ async fn clock_jump_on_one_instance_releases_nothing_early() {
         .await
         .expect("json");
     assert_eq!(available["inventory"]["available"], 1, "{available}");
+    // The skew is real: a sale opening in an hour is already open on this instance.
+    let opens = chrono::Utc::now() + chrono::Duration::hours(1);
+    let (s, b) = skewed
+        .post(
+            "/v1/products",
+            json!({"product_id": 2, "name": "later", "stock": 1,
+                   "sale_starts_at": opens.to_rfc3339()}),
+            true,
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let body = json!({"request_id": "REQ_clk_later", "user_id": 1, "product_id": 2, "quantity": 1});
+    let (s, b) = skewed.post("/v1/purchases", body, false).await;
+    assert_eq!(
+        s,
+        StatusCode::CREATED,
+        "the instance's clock is not ahead: {b}"
+    );
     drop(skewed);
     cleanup(db, &prefix, pool).await;
 }

@@ -11,6 +11,7 @@ mod crash;
 mod data_loss;
 mod events;
 mod faults;
+mod group_commit;
 mod helpers;
 mod invariants;
 mod orders;

@@ -374,27 +374,33 @@ async fn ledger(app: &TestApp) -> std::sync::Arc<flashsale_mysql::MysqlLedger> {
 
 // Checks the reserve script validates its arguments before its first write (Redis does
 // not roll back a script that fails halfway): called with a non-numeric quantity, a
-// negative limit or an empty request_id it errors, and the product's keys are unchanged.
+// negative limit, a zero record ttl, an empty request_id, or a batch whose arguments
+// don't match its keys — with a valid purchase first in the batch — it errors, and the
+// product's keys are unchanged.
 #[tokio::test]
 async fn script_with_bad_arguments_writes_nothing() {
     let app = TestApp::spawn().await;
     app.create_product(2700, 5, Some(1)).await;
     let before = app.redis_dump().await;
     let script = redis::Script::new(include_str!("../../../redis/src/lua/reserve.lua"));
-    let bad_args: [[&str; 5]; 4] = [
-        ["x", "1", "0", "1000", "R"],
-        ["1", "1", "-1", "1000", "R"],
-        ["1", "1", "0", "0", "R"],
-        ["1", "1", "0", "1000", ""],
+    // ARGV: ttl, then quantity, user, limit, request_id per purchase; the first purchase
+    // (request OK) is valid each time.
+    let bad_args: [&[&str]; 5] = [
+        &["1000", "1", "1", "0", "OK", "x", "1", "0", "R"],
+        &["1000", "1", "1", "0", "OK", "1", "1", "-1", "R"],
+        &["0", "1", "1", "0", "OK", "1", "1", "0", "R"],
+        &["1000", "1", "1", "0", "OK", "1", "1", "0", ""],
+        &["1000", "1", "1", "0", "OK", "1", "1", "0"],
     ];
     let mut conn = app.redis.clone();
     for args in bad_args {
         let mut call = script.prepare_invoke();
         call.key(app.key(2700, "inv"))
             .key(app.key(2700, "users"))
-            .key(app.key(2700, "r:R"))
-            .key(app.key(2700, "pending"));
-        for a in args {
+            .key(app.key(2700, "pending"))
+            .key(app.key(2700, "r:OK"))
+            .key(app.key(2700, "r:R"));
+        for a in args.iter() {
             call.arg(a);
         }
         let result: redis::RedisResult<redis::Value> = call.invoke_async(&mut conn).await;

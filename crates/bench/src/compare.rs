@@ -1,0 +1,570 @@
+//! `--compare`: the HTTP ceiling and every purchase strategy, run one after the other with
+//! the same sizes, mode and seed, side by side in one table — throughput, latency, cost
+//! per order, and each row's throughput relative to the ceiling and to db-conditional.
+//! Everything here is pure: the runs are carried out in `lib.rs`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cli::{RunSpec, Strategy, CEILING_LABEL};
+use crate::report::{human_us, BenchResult};
+
+/// Names the comparison's JSON schema; bump the number on any incompatible change.
+pub const SCHEMA: &str = "flashsale-bench-compare/1";
+/// The second yardstick of the ratios: the simplest database design that sells exactly
+/// the stock (one conditional UPDATE per attempt), what flashsale has to beat.
+pub const REFERENCE: Strategy = Strategy::DbConditional;
+
+/// A run of the comparison as it ended: its result, or why it could not be carried out.
+#[derive(Debug)]
+pub struct RunOutcome {
+    pub spec: RunSpec,
+    pub result: Result<BenchResult, String>,
+}
+
+/// What every run of the comparison shared.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Meta {
+    pub scenario: String,
+    /// RFC 3339, when the comparison started.
+    pub started_at: String,
+    pub seed: u64,
+    /// How the load was driven, e.g. "closed loop, 64 connections".
+    pub load: String,
+    pub attempts_max: u64,
+    pub stock: i64,
+    pub users: u64,
+    pub quick: bool,
+}
+
+/// One row of the table: one run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CompareRow {
+    /// The strategy, or `http-ceiling`.
+    pub label: String,
+    /// "purchase", or "healthz" for the ceiling.
+    pub target: String,
+    /// The server's FLASHSALE_STRATEGY (None for the ceiling).
+    pub strategy: Option<String>,
+    /// Requests of the run's kind (purchase attempts; GET /healthz for the ceiling) sent
+    /// per second of load.
+    pub attempts_per_s: Option<f64>,
+    /// Orders created (201) per second (None for the ceiling).
+    pub orders_per_s: Option<f64>,
+    /// Orders created (None for the ceiling).
+    pub orders: Option<u64>,
+    pub p50_us: Option<u64>,
+    pub p99_us: Option<u64>,
+    /// Per order created; None when not measured (the ceiling, no order, no probe).
+    pub redis_commands_per_order: Option<f64>,
+    pub redis_script_calls_per_order: Option<f64>,
+    pub com_commit_per_order: Option<f64>,
+    pub handler_commit_per_order: Option<f64>,
+    /// attempts_per_s / the ceiling's.
+    pub vs_ceiling: Option<f64>,
+    /// attempts_per_s / db-conditional's.
+    pub vs_db_conditional: Option<f64>,
+    /// "pass", "FAIL", "n/a" (the ceiling: nothing to check) or "error".
+    pub verdict: String,
+    pub violations: Vec<String>,
+    /// Checks not run for this row, with the reason.
+    pub skipped_checks: Vec<String>,
+    /// Why the run could not be carried out.
+    pub error: Option<String>,
+}
+
+/// The whole comparison: the table's rows, the notes printed under it, and every run's
+/// full result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompareReport {
+    pub schema: String,
+    pub meta: Meta,
+    pub rows: Vec<CompareRow>,
+    /// How to read the table, the checks skipped and for which rows, the failures.
+    pub notes: Vec<String>,
+    /// No flashsale run found a violation (the baselines' checks are reported, not
+    /// judged: they make none of flashsale's promises).
+    pub passed: bool,
+    /// The full result of every run that was carried out.
+    pub runs: Vec<BenchResult>,
+}
+
+/// The row of a finished run.
+pub fn row_of(r: &BenchResult) -> CompareRow {
+    let ceiling = r.is_ceiling();
+    let main = r.main_op();
+    let c = &r.costs;
+    let mut violations = r.checks.client_violations.clone();
+    if !matches!(r.checks.audit.status.as_str(), "passed" | "skipped") {
+        violations.push(format!("flashsale audit: {}", r.checks.audit.status));
+    }
+    CompareRow {
+        label: r.label(),
+        target: r.config.target.clone(),
+        strategy: r.config.strategy.clone(),
+        attempts_per_s: (r.elapsed_s > 0.0).then(|| r.attempts.sent as f64 / r.elapsed_s),
+        orders_per_s: (!ceiling).then_some(r.throughput.orders_per_s),
+        orders: (!ceiling).then_some(r.orders.created),
+        p50_us: main
+            .filter(|o| o.latency.count > 0)
+            .map(|o| o.latency.p50_us),
+        p99_us: main
+            .filter(|o| o.latency.count > 0)
+            .map(|o| o.latency.p99_us),
+        redis_commands_per_order: c.redis_commands_per_order.filter(|_| !ceiling),
+        redis_script_calls_per_order: c.redis_script_calls_per_order.filter(|_| !ceiling),
+        com_commit_per_order: c.com_commit_per_order.filter(|_| !ceiling),
+        handler_commit_per_order: c.handler_commit_per_order.filter(|_| !ceiling),
+        vs_ceiling: None,
+        vs_db_conditional: None,
+        verdict: if ceiling {
+            "n/a".into()
+        } else if r.passed {
+            "pass".into()
+        } else {
+            "FAIL".into()
+        },
+        violations,
+        skipped_checks: if ceiling {
+            Vec::new()
+        } else {
+            r.checks.skipped.clone()
+        },
+        error: None,
+    }
+}
+
+/// The row of a run that could not be carried out.
+pub fn error_row(spec: &RunSpec, error: &str) -> CompareRow {
+    CompareRow {
+        label: spec.label.clone(),
+        target: spec.target.name().into(),
+        strategy: spec.strategy.map(|s| s.name().to_owned()),
+        verdict: "error".into(),
+        error: Some(error.to_owned()),
+        ..CompareRow::default()
+    }
+}
+
+fn ratio(value: Option<f64>, base: Option<f64>) -> Option<f64> {
+    match (value, base) {
+        (Some(v), Some(b)) if b > 0.0 => Some(v / b),
+        _ => None,
+    }
+}
+
+/// Fills each row's throughput ratios to the ceiling row and to db-conditional's (left
+/// empty when that row is missing, failed to run or measured nothing).
+pub fn add_ratios(rows: &mut [CompareRow]) {
+    let find = |pick: &dyn Fn(&CompareRow) -> bool| {
+        rows.iter().find(|r| pick(r)).and_then(|r| r.attempts_per_s)
+    };
+    let ceiling = find(&|r| r.label == CEILING_LABEL);
+    let reference = find(&|r| r.strategy.as_deref() == Some(REFERENCE.name()));
+    for row in rows.iter_mut() {
+        row.vs_ceiling = ratio(row.attempts_per_s, ceiling);
+        row.vs_db_conditional = ratio(row.attempts_per_s, reference);
+    }
+}
+
+/// Whether no flashsale run found a violation.
+pub fn flashsale_passed(rows: &[CompareRow]) -> bool {
+    rows.iter()
+        .filter(|r| r.strategy.as_deref() == Some(Strategy::Flashsale.name()))
+        .all(|r| r.verdict != "FAIL")
+}
+
+/// How to read the table, then what was skipped (grouped by reason) and what failed.
+pub fn notes(rows: &[CompareRow]) -> Vec<String> {
+    let mut notes = vec![
+        format!(
+            "attempts/s: purchase attempts sent per second of load ({CEILING_LABEL}: GET /healthz requests, same generator, mode and connections); orders/s, orders: orders created (201) per second, in all; ×ceiling and ×{}: attempts/s divided by that row's attempts/s.",
+            REFERENCE.name()
+        ),
+        "p50, p99: latency of the run's requests (purchase; healthz for the ceiling) from send (open loop: intended send) to answer; 503 re-sends count as requests of their own.".into(),
+        "per order: deltas of server-wide counters over the load divided by the orders created — Redis commands (INFO commandstats, including those run inside Lua scripts) and script calls (EVAL/EVALSHA/FCALL round trips); MariaDB Com_commit (COMMIT statements) and Handler_commit (engine commits, autocommit statements included); the server's background workers and anything else on the same Redis or MariaDB are counted too. '-': not measured (the ceiling makes no orders).".into(),
+    ];
+    // The same reason applies to several baselines: listed once with their names.
+    let mut skipped: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for row in rows {
+        for reason in &row.skipped_checks {
+            skipped.entry(reason).or_default().push(&row.label);
+        }
+    }
+    for (reason, labels) in skipped {
+        notes.push(format!(
+            "checks skipped for {} (not counted as failures): {reason}",
+            labels.join(", ")
+        ));
+    }
+    for row in rows {
+        for v in &row.violations {
+            let judged = if row.strategy.as_deref() == Some(Strategy::Flashsale.name()) {
+                ""
+            } else {
+                " (a baseline: reported, not judged)"
+            };
+            notes.push(format!("{}: CHECK FAILED{judged}: {v}", row.label));
+        }
+        if let Some(e) = &row.error {
+            notes.push(format!(
+                "{}: the run could not be carried out: {e}",
+                row.label
+            ));
+        }
+    }
+    notes
+}
+
+/// The comparison of the runs, in the order given.
+pub fn build(meta: Meta, outcomes: Vec<RunOutcome>) -> CompareReport {
+    let mut rows = Vec::with_capacity(outcomes.len());
+    let mut runs = Vec::new();
+    for o in outcomes {
+        match o.result {
+            Ok(r) => {
+                rows.push(row_of(&r));
+                runs.push(r);
+            }
+            Err(e) => rows.push(error_row(&o.spec, &e)),
+        }
+    }
+    add_ratios(&mut rows);
+    CompareReport {
+        schema: SCHEMA.into(),
+        notes: notes(&rows),
+        passed: flashsale_passed(&rows),
+        meta,
+        rows,
+        runs,
+    }
+}
+
+fn dash<T>(v: Option<T>, f: impl Fn(T) -> String) -> String {
+    v.map_or_else(|| "-".to_owned(), f)
+}
+
+/// A row's cells in the table's column order.
+pub fn cells(r: &CompareRow) -> Vec<String> {
+    let checks = match (r.verdict.as_str(), r.skipped_checks.len()) {
+        (v, 0) => v.to_owned(),
+        (v, n) => format!("{v} ({n} skipped)"),
+    };
+    vec![
+        r.label.clone(),
+        dash(r.attempts_per_s, |v| format!("{v:.0}")),
+        dash(r.orders_per_s, |v| format!("{v:.0}")),
+        dash(r.orders, |v| v.to_string()),
+        dash(r.p50_us, human_us),
+        dash(r.p99_us, human_us),
+        dash(r.redis_commands_per_order, |v| format!("{v:.2}")),
+        dash(r.redis_script_calls_per_order, |v| format!("{v:.2}")),
+        dash(r.com_commit_per_order, |v| format!("{v:.2}")),
+        dash(r.handler_commit_per_order, |v| format!("{v:.2}")),
+        dash(r.vs_ceiling, |v| format!("{v:.2}×")),
+        dash(r.vs_db_conditional, |v| format!("{v:.2}×")),
+        checks,
+    ]
+}
+
+/// The table's column headers.
+pub fn headers() -> Vec<String> {
+    [
+        "strategy",
+        "attempts/s",
+        "orders/s",
+        "orders",
+        "p50",
+        "p99",
+        "Redis cmd/ord",
+        "Redis eval/ord",
+        "COMMIT/ord",
+        "Hdl commit/ord",
+        "×ceiling",
+        &format!("×{}", REFERENCE.name()),
+        "checks",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect()
+}
+
+/// The comparison as text: a header line, the table (first and last columns left
+/// aligned, figures right aligned), the notes, and the verdict.
+pub fn table(report: &CompareReport) -> String {
+    let m = &report.meta;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "flashsale-bench compare — {}{} — {} — {} attempts, stock {}, {} users, seed {} — started {}",
+        m.scenario,
+        if m.quick { " (quick)" } else { "" },
+        m.load,
+        m.attempts_max,
+        m.stock,
+        m.users,
+        m.seed,
+        m.started_at
+    );
+    let _ = writeln!(out);
+    let mut grid = vec![headers()];
+    grid.extend(report.rows.iter().map(cells));
+    let columns = grid[0].len();
+    let widths: Vec<usize> = (0..columns)
+        .map(|i| {
+            grid.iter()
+                .map(|row| row.get(i).map_or(0, |c| c.chars().count()))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for row in &grid {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            let pad = widths[i].saturating_sub(cell.chars().count());
+            if i > 0 {
+                line.push_str("  ");
+            }
+            if i == 0 || i == columns - 1 {
+                line.push_str(cell);
+                line.push_str(&" ".repeat(pad));
+            } else {
+                line.push_str(&" ".repeat(pad));
+                line.push_str(cell);
+            }
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+    let _ = writeln!(out);
+    for note in &report.notes {
+        let _ = writeln!(out, "note: {note}");
+    }
+    let _ = writeln!(
+        out,
+        "{}",
+        if report.passed {
+            "RESULT: PASS — no invariant violation in the flashsale run (baselines reported, not judged)"
+        } else {
+            "RESULT: FAIL — the flashsale run has invariant violations (see above)"
+        }
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::Target;
+    use crate::report::tests::sample;
+
+    fn meta() -> Meta {
+        Meta {
+            scenario: "sustained".into(),
+            started_at: "2026-11-29T10:00:00Z".into(),
+            seed: 7,
+            load: "closed loop, 64 connections".into(),
+            attempts_max: 4000,
+            stock: 5000,
+            users: 1500,
+            quick: true,
+        }
+    }
+
+    /// A purchase run of `strategy` that sent `sent` attempts in one second.
+    fn run(strategy: &str, sent: u64, passed: bool) -> BenchResult {
+        let mut r = sample();
+        r.config.strategy = Some(strategy.into());
+        r.elapsed_s = 1.0;
+        r.attempts.sent = sent;
+        r.passed = passed;
+        if !passed {
+            r.checks.client_violations = vec!["orders acknowledged 9 exceed the stock 5".into()];
+        }
+        if strategy != "flashsale" {
+            r.checks.skipped = vec!["inventory checks: baseline".into()];
+        }
+        r
+    }
+
+    fn ceiling(sent: u64) -> BenchResult {
+        let mut r = sample();
+        r.config.target = "healthz".into();
+        r.config.strategy = None;
+        r.elapsed_s = 1.0;
+        r.attempts.sent = sent;
+        r.ops[0].op = "healthz".into();
+        r.checks.skipped = vec!["order checks: the ceiling sends no purchase".into()];
+        r
+    }
+
+    fn spec(label: &str, strategy: Option<Strategy>) -> RunSpec {
+        RunSpec {
+            label: label.into(),
+            target: if strategy.is_some() {
+                Target::Purchase
+            } else {
+                Target::Healthz
+            },
+            strategy,
+            server_env: vec![],
+            server_log: None,
+        }
+    }
+
+    fn outcome(result: BenchResult) -> RunOutcome {
+        RunOutcome {
+            spec: spec(&result.label(), None),
+            result: Ok(result),
+        }
+    }
+
+    // Checks the ratios and the ceiling row, by building a comparison of a ceiling at
+    // 10,000/s, db-conditional at 2,000/s and flashsale at 5,000/s: flashsale is 0.50× the
+    // ceiling and 2.50× db-conditional; the ceiling's own ratio is 1; the ceiling row has
+    // no orders/s, no cost per order and no verdict ("n/a"), whatever its costs held.
+    #[test]
+    fn ratios_and_the_ceiling_row() {
+        let report = build(
+            meta(),
+            vec![
+                outcome(ceiling(10_000)),
+                outcome(run("db-conditional", 2000, true)),
+                outcome(run("flashsale", 5000, true)),
+            ],
+        );
+        let [c, d, f] = &report.rows[..] else {
+            panic!("three rows: {:?}", report.rows);
+        };
+        assert_eq!(c.label, CEILING_LABEL);
+        assert_eq!(c.vs_ceiling, Some(1.0));
+        assert_eq!(c.vs_db_conditional, Some(5.0));
+        assert_eq!(
+            (
+                c.orders_per_s,
+                c.redis_commands_per_order,
+                c.com_commit_per_order
+            ),
+            (None, None, None)
+        );
+        assert_eq!(c.verdict, "n/a");
+        assert_eq!(d.vs_db_conditional, Some(1.0));
+        assert_eq!(f.vs_ceiling, Some(0.5));
+        assert_eq!(f.vs_db_conditional, Some(2.5));
+        assert_eq!(f.p50_us, Some(800));
+        assert_eq!(f.redis_commands_per_order, Some(30.0));
+        assert!(report.passed);
+        assert_eq!(report.runs.len(), 3);
+    }
+
+    // Checks the rendered table: the header names every requested column; every row is
+    // one line whose cells line up under the headers (each header ends where its figures
+    // end); the ceiling's cost cells are "-"; ratios read "2.50×"; baselines show how many
+    // checks were skipped and a note says which and why.
+    #[test]
+    fn table_lines_up_and_names_the_columns() {
+        let report = build(
+            meta(),
+            vec![
+                outcome(ceiling(10_000)),
+                outcome(run("db-conditional", 2000, true)),
+                outcome(run("flashsale", 5000, true)),
+            ],
+        );
+        let text = table(&report);
+        let lines: Vec<&str> = text.lines().collect();
+        let header = lines
+            .iter()
+            .position(|l| l.starts_with("strategy"))
+            .expect("header line");
+        for name in [
+            "attempts/s",
+            "orders/s",
+            "p50",
+            "p99",
+            "Redis cmd/ord",
+            "COMMIT/ord",
+            "×ceiling",
+            "×db-conditional",
+            "checks",
+        ] {
+            assert!(lines[header].contains(name), "missing {name}");
+        }
+        let ceiling_line = lines[header + 1];
+        let flashsale_line = lines[header + 3];
+        assert!(ceiling_line.starts_with("http-ceiling"));
+        assert!(flashsale_line.starts_with("flashsale"));
+        // Right-aligned figures end at the same column as their header.
+        let end_of = |line: &str, needle: &str| {
+            line.find(needle)
+                .map(|i| line[..i + needle.len()].chars().count())
+        };
+        assert_eq!(
+            end_of(lines[header], "attempts/s"),
+            end_of(flashsale_line, "5000")
+        );
+        assert_eq!(
+            end_of(lines[header], "×ceiling"),
+            end_of(flashsale_line, "0.50×")
+        );
+        assert!(flashsale_line.contains("2.50×"));
+        let ceiling_cells: Vec<&str> = ceiling_line.split_whitespace().collect();
+        assert_eq!(ceiling_cells[2], "-", "{ceiling_line}");
+        assert!(ceiling_cells.ends_with(&["n/a"]), "{ceiling_line}");
+        assert!(lines[header + 2].ends_with("pass (1 skipped)"));
+        assert!(text.contains(
+            "checks skipped for db-conditional (not counted as failures): inventory checks: baseline"
+        ));
+        assert!(text.contains("RESULT: PASS"));
+    }
+
+    // Checks the verdict: a baseline's violation is shown (FAIL, and the violation noted
+    // as not judged) but leaves the comparison passed; a flashsale violation fails it; a
+    // run that could not be carried out is an "error" row with empty figures and its
+    // reason noted, and the ratios of the others stay empty without their reference.
+    #[test]
+    fn only_flashsale_violations_fail_and_errors_are_rows() {
+        let report = build(
+            meta(),
+            vec![
+                RunOutcome {
+                    spec: spec(CEILING_LABEL, None),
+                    result: Err("the server exited during startup".into()),
+                },
+                outcome(run("redis-lua", 3000, false)),
+                outcome(run("flashsale", 5000, true)),
+            ],
+        );
+        assert!(report.passed);
+        assert_eq!(report.rows[0].verdict, "error");
+        assert_eq!(report.rows[0].attempts_per_s, None);
+        assert_eq!(report.rows[1].verdict, "FAIL");
+        assert_eq!(report.rows[2].vs_ceiling, None);
+        let text = table(&report);
+        assert!(text.contains("redis-lua: CHECK FAILED (a baseline: reported, not judged)"));
+        assert!(text.contains(
+            "http-ceiling: the run could not be carried out: the server exited during startup"
+        ));
+        let failed = build(meta(), vec![outcome(run("flashsale", 5000, false))]);
+        assert!(!failed.passed);
+        assert!(table(&failed).contains("RESULT: FAIL"));
+    }
+
+    // Checks the JSON document round-trips (serialize, parse back, equal) and carries
+    // its schema name, the rows with null cost cells for the ceiling, and the full runs.
+    #[test]
+    fn json_round_trip() {
+        let report = build(
+            meta(),
+            vec![outcome(ceiling(100)), outcome(run("flashsale", 50, true))],
+        );
+        let text = serde_json::to_string_pretty(&report).expect("serialize");
+        let back: CompareReport = serde_json::from_str(&text).expect("parse back");
+        assert_eq!(back, report);
+        let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(v["schema"], SCHEMA);
+        assert!(v["rows"][0]["redis_commands_per_order"].is_null());
+        assert_eq!(v["runs"].as_array().map(Vec::len), Some(2));
+    }
+}

@@ -1,0 +1,109 @@
+//! `--compare` end to end: `flashsale-bench sustained --spawn --compare` against a
+//! debug-built flashsale, on the shared Redis, MariaDB and NATS (each run with its own
+//! database, key prefix and stream, removed at the end by the bench).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use flashsale_bench::compare::{CompareReport, SCHEMA};
+
+const BENCH: &str = env!("CARGO_BIN_EXE_flashsale-bench");
+/// A small sustained load per run, so five spawned debug servers (each started, loaded,
+/// left to go quiet, checked and cleaned up) stay within about a minute.
+const ATTEMPTS: &str = "600";
+const USERS: &str = "300";
+const STOCK: &str = "1000";
+
+/// The flashsale binary: `FLASHSALE_BIN`, else `<workspace>/target/debug/flashsale`.
+fn server_bin() -> PathBuf {
+    let path = std::env::var_os("FLASHSALE_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/flashsale")
+        });
+    assert!(
+        path.is_file(),
+        "flashsale server binary {} not found: run `cargo build --bin flashsale` first, or set FLASHSALE_BIN",
+        path.display()
+    );
+    path
+}
+
+// Checks the comparison end to end by running the real binary: it exits 0 and prints
+// one table; its JSON has the five rows in order (ceiling, db-pessimistic,
+// db-conditional, redis-lua, flashsale), the ceiling without orders or cost per order,
+// every purchase row with throughput, latency and ratios to the ceiling and to
+// db-conditional, the baselines passing with their flashsale-specific checks listed as
+// skipped, and flashsale passing its audit.
+#[test]
+fn quick_compare_against_spawned_servers() {
+    let server = server_bin();
+    let json = std::env::temp_dir().join(format!(
+        "flashsale-bench-compare-{}-{:x}.json",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    ));
+    let out = Command::new(BENCH)
+        .args([
+            "sustained",
+            "--quick",
+            "--spawn",
+            "--compare",
+            "--no-progress",
+        ])
+        .arg("--server-bin")
+        .arg(&server)
+        .args(["--attempts", ATTEMPTS, "--users", USERS, "--stock", STOCK])
+        .args(["--connections", "16"])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run flashsale-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "flashsale-bench failed ({:?})\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    assert_eq!(stdout.matches("×db-conditional").count(), 2, "{stdout}");
+    assert!(stdout.contains("RESULT: PASS"), "{stdout}");
+
+    let text = std::fs::read_to_string(&json).expect("JSON written");
+    let _ = std::fs::remove_file(&json);
+    let report: CompareReport = serde_json::from_str(&text).expect("JSON parses");
+    assert_eq!(report.schema, SCHEMA);
+    assert!(report.passed);
+    let labels: Vec<&str> = report.rows.iter().map(|r| r.label.as_str()).collect();
+    assert_eq!(
+        labels,
+        [
+            "http-ceiling",
+            "db-pessimistic",
+            "db-conditional",
+            "redis-lua",
+            "flashsale"
+        ]
+    );
+    let ceiling = &report.rows[0];
+    assert_eq!(ceiling.verdict, "n/a");
+    assert_eq!((ceiling.orders, ceiling.com_commit_per_order), (None, None));
+    assert!(ceiling.attempts_per_s.unwrap_or(0.0) > 0.0);
+    for row in &report.rows[1..] {
+        assert_eq!(row.verdict, "pass", "{row:?}");
+        assert!(row.orders.unwrap_or(0) > 0, "{row:?}");
+        assert!(row.p50_us.is_some() && row.p99_us.is_some(), "{row:?}");
+        assert!(
+            row.vs_ceiling.is_some() && row.vs_db_conditional.is_some(),
+            "{row:?}"
+        );
+        let baseline = row.label != "flashsale";
+        assert_eq!(row.skipped_checks.is_empty(), !baseline, "{row:?}");
+    }
+    let flashsale = report.runs.last().expect("the flashsale run");
+    assert_eq!(flashsale.checks.audit.status, "passed");
+    assert_eq!(report.runs.len(), 5);
+}

@@ -1,0 +1,114 @@
+//! Group commit, at the ledger's port on the real MariaDB: purchases that arrive together
+//! are written together, and every one of them gets the answer it would have had alone.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use flashsale_app::ports::Commit;
+use flashsale_app::Ledger;
+use flashsale_core::{ProductId, PurchaseRequest, Quantity, RequestId, UserId};
+use flashsale_mysql::{LedgerConfig, MysqlLedger};
+
+use crate::helpers::TestApp;
+
+fn request(i: i64, product: i64) -> PurchaseRequest {
+    PurchaseRequest {
+        request_id: RequestId::parse("request_id", &format!("REQ_group_{i}")).expect("id"),
+        user_id: UserId::parse(1000 + i).expect("user"),
+        product_id: ProductId::parse(product).expect("product"),
+        quantity: Quantity::from_stored(1).expect("quantity"),
+    }
+}
+
+// Checks group commit against the real MariaDB, straight through the ledger port (Redis
+// is bypassed, so Redis-side invariants are not checked here): 200 purchases of a product
+// with 150 units sent at once, plus 20 concurrent duplicates of the first 20 (same
+// request_id and hold). Exactly 150 commit and 50 are refused for stock — a batch that
+// meets too few units falls back to one-by-one commits, which sort it out — and every
+// duplicate gets the order of its request_id. The rows agree: 150 orders, one
+// `order_created` outbox event each (sequence 1, the payload's event_id and order_id
+// equal to the columns), one `reserve` log row each, and the counters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_purchases_commit_together_with_the_same_answers() {
+    let app = TestApp::spawn().await;
+    app.create_product(3500, 150, None).await;
+    let url = app.db.as_ref().expect("test database").url();
+    let ledger = Arc::new(
+        MysqlLedger::connect(&LedgerConfig {
+            url,
+            max_connections: 8,
+            acquire_timeout: Duration::from_secs(5),
+            transaction_timeout: Duration::from_secs(10),
+        })
+        .await
+        .expect("ledger"),
+    );
+    let timeout = Duration::from_secs(600);
+    let calls = (0..220i64).map(|i| {
+        let ledger = ledger.clone();
+        // 200..220 repeat the first 20 (same request_id, same hold id).
+        let n = if i >= 200 { i - 200 } else { i };
+        tokio::spawn(async move {
+            let r = ledger
+                .commit_purchase(&request(n, 3500), n + 1, 1, None, timeout)
+                .await;
+            (n, r)
+        })
+    });
+    let mut committed = std::collections::BTreeMap::new();
+    let (mut refused, mut duplicates) = (0, 0);
+    for call in futures::future::join_all(calls).await {
+        let (n, r) = call.expect("task");
+        match r.expect("ledger answered") {
+            Commit::Committed(order) => {
+                assert!(
+                    committed.insert(n, order.order_id).is_none(),
+                    "REQ_group_{n} committed twice"
+                );
+            }
+            Commit::Duplicate(record) => {
+                assert!(record.is_hold(ProductId::parse(3500).expect("id"), 1, n + 1));
+                duplicates += 1;
+            }
+            Commit::InsufficientStock => refused += 1,
+            other => panic!("REQ_group_{n}: unexpected {other:?}"),
+        }
+    }
+    assert_eq!(committed.len(), 150, "exactly the stock commits");
+    assert_eq!(refused + duplicates, 70);
+    assert!(
+        refused >= 50,
+        "at least the 50 beyond the stock are refused"
+    );
+    assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 150);
+    assert_eq!(
+        app.count(
+            "SELECT COUNT(*) FROM outbox o JOIN orders r ON r.request_id = o.request_id \
+             WHERE o.event_type = 'order_created' AND o.sequence = 1 AND o.order_id = r.id \
+             AND JSON_VALUE(o.payload, '$.event_id') = o.event_id \
+             AND JSON_VALUE(o.payload, '$.order_id') = r.id"
+        )
+        .await,
+        150,
+        "one consistent order_created event per order"
+    );
+    assert_eq!(
+        app.count("SELECT COUNT(DISTINCT event_id) FROM outbox")
+            .await,
+        150
+    );
+    assert_eq!(
+        app.count("SELECT COUNT(*) FROM inventory_log WHERE type = 'reserve'")
+            .await,
+        150
+    );
+    assert_eq!(
+        app.count(
+            "SELECT COUNT(*) FROM product_inventory WHERE product_id = 3500 \
+             AND available_stock = 0 AND pre_deduct_stock = 150"
+        )
+        .await,
+        1
+    );
+    app.cleanup().await;
+}
