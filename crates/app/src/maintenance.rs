@@ -155,10 +155,16 @@ impl Maintenance {
             )
             .await
             {
-                GiveBack::Done => report.returns_completed += 1,
+                GiveBack::Done => {
+                    report.returns_completed += 1;
+                    self.forget_tries(&pending.request_id).await;
+                }
                 GiveBack::Later => report.deferred += 1,
+                // No record of the hold: Redis lost it, and the gate watch is about to
+                // rebuild (after which the release finds nothing to add), or it truly is
+                // gone. Tried again; raised to an operator only if it stays so.
                 GiveBack::Impossible => {
-                    self.incident(
+                    self.unknown(
                         &pending.request_id,
                         pending.product_id,
                         "return_impossible",
@@ -238,7 +244,13 @@ impl Maintenance {
             Ok(record) => record,
             Err(e) => {
                 return self
-                    .unknown(&request_id, product_id, &e.to_string(), report)
+                    .unknown(
+                        &request_id,
+                        product_id,
+                        "outcome_unknown",
+                        &e.to_string(),
+                        report,
+                    )
                     .await
             }
         };
@@ -281,7 +293,13 @@ impl Maintenance {
                     Ok(Fence::Duplicate(record)) => record,
                     Err(e) => {
                         return self
-                            .unknown(&request_id, product_id, &e.to_string(), report)
+                            .unknown(
+                                &request_id,
+                                product_id,
+                                "outcome_unknown",
+                                &e.to_string(),
+                                report,
+                            )
                             .await
                     }
                 }
@@ -325,6 +343,7 @@ impl Maintenance {
         &self,
         request_id: &RequestId,
         product_id: ProductId,
+        kind: &str,
         cause: &str,
         report: &mut RecoveryReport,
     ) {
@@ -342,8 +361,8 @@ impl Maintenance {
             self.incident(
                 request_id,
                 product_id,
-                "outcome_unknown",
-                &format!("could not learn the outcome after {tries} tries: {cause}"),
+                kind,
+                &format!("still so after {tries} tries: {cause}"),
                 report,
             )
             .await;

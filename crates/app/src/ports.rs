@@ -75,12 +75,13 @@ pub trait StockGate: Send + Sync + 'static {
 pub enum Reserve {
     /// Units taken; `hold_id` identifies this hold among the product's holds, taken in
     /// stock generation `generation`.
-    Reserved {
-        hold_id: i64,
-        generation: i64,
-    },
-    SoldOut,
-    LimitExceeded,
+    Reserved { hold_id: i64, generation: i64 },
+    /// Too few units. `unseen`: the gate vouches that this request_id never held units
+    /// of the product (no record of it, and none can have been lost or expired), so it
+    /// is not a replay of an accepted purchase and the ledger need not be asked.
+    SoldOut { unseen: bool },
+    /// The user's units would pass the per-user limit; `unseen` as for `SoldOut`.
+    LimitExceeded { unseen: bool },
     /// The gate has no stock entry for the product.
     NotLoaded,
     /// A hold already exists for this request_id (a replay, or a concurrent duplicate).

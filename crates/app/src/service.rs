@@ -293,8 +293,13 @@ impl Flashsale {
                 self.commit(&request, held, product.per_user_limit, HoldOrigin::Earlier)
                     .await
             }
-            Reserve::SoldOut => self.replay_or(&request, Error::SoldOut).await,
-            Reserve::LimitExceeded => self.replay_or(&request, Error::LimitExceeded).await,
+            // The gate vouches the request_id never held units here: no replay to find.
+            Reserve::SoldOut { unseen: true } => Err(Error::SoldOut),
+            Reserve::LimitExceeded { unseen: true } => Err(Error::LimitExceeded),
+            Reserve::SoldOut { unseen: false } => self.replay_or(&request, Error::SoldOut).await,
+            Reserve::LimitExceeded { unseen: false } => {
+                self.replay_or(&request, Error::LimitExceeded).await
+            }
             Reserve::NotLoaded => Err(Error::Unavailable(format!(
                 "stock of product {} is not loaded",
                 request.product_id

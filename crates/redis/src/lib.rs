@@ -139,9 +139,15 @@ fn parse_reserve(reply: &Value) -> Result<Reserve, GateError> {
             hold_id: *hold_id,
             generation: *generation,
         },
-        [0] => Reserve::SoldOut,
+        [0] => Reserve::SoldOut { unseen: false },
+        [0, unseen] => Reserve::SoldOut {
+            unseen: *unseen == 1,
+        },
         [-1] => Reserve::NotLoaded,
-        [-2] => Reserve::LimitExceeded,
+        [-2] => Reserve::LimitExceeded { unseen: false },
+        [-2, unseen] => Reserve::LimitExceeded {
+            unseen: *unseen == 1,
+        },
         [2, hold_id, user, quantity, released, generation] => Reserve::Existing(ExistingHold {
             hold_id: *hold_id,
             generation: *generation,
@@ -176,6 +182,7 @@ impl StockGate for RedisGate {
             .key(self.key(product_id, "inv"))
             .arg(available)
             .arg(generation)
+            .arg(self.record_ttl_ms)
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable)?;
@@ -584,7 +591,11 @@ mod tests {
         );
         assert_eq!(
             parse_reserve(&arr(vec![Value::Int(0)])).ok(),
-            Some(Reserve::SoldOut)
+            Some(Reserve::SoldOut { unseen: false })
+        );
+        assert_eq!(
+            parse_reserve(&arr(vec![Value::Int(0), Value::Int(1)])).ok(),
+            Some(Reserve::SoldOut { unseen: true })
         );
         assert_eq!(
             parse_reserve(&arr(vec![Value::Int(-1)])).ok(),
@@ -592,7 +603,11 @@ mod tests {
         );
         assert_eq!(
             parse_reserve(&arr(vec![Value::Int(-2)])).ok(),
-            Some(Reserve::LimitExceeded)
+            Some(Reserve::LimitExceeded { unseen: false })
+        );
+        assert_eq!(
+            parse_reserve(&arr(vec![Value::Int(-2), Value::Int(1)])).ok(),
+            Some(Reserve::LimitExceeded { unseen: true })
         );
         let big = i64::MAX.to_string();
         let existing = parse_reserve(&arr(vec![

@@ -43,6 +43,9 @@ struct Inv {
     gen: Option<i64>,
     /// `srv`: the run id of the Redis process that loaded or rebuilt it.
     srv: Option<u64>,
+    /// `fresh`: until when (ms, Redis's clock) every hold record of the product still
+    /// exists; set by load, absent after a rebuild.
+    fresh: Option<i64>,
 }
 
 /// A hold record `r:<request_id>`. Fields are optional where a script may write a record
@@ -224,11 +227,13 @@ impl StockGate for MemGate {
         if keys.inv.is_some() {
             return Ok(false);
         }
+        let fresh = self.now_ms() + self.record_ttl.num_milliseconds();
         keys.inv = Some(Inv {
             avail: available,
             seq: Some(0),
             gen: Some(generation),
             srv: Some(self.server()),
+            fresh: Some(fresh),
         });
         Ok(true)
     }
@@ -249,6 +254,11 @@ impl StockGate for MemGate {
         };
         let gen = inv.gen.unwrap_or(1);
         let rid = request.request_id.as_str();
+        // reserve.lua's `unseen`: no record in any generation, and the entry vouches.
+        let server = self.server.load(Ordering::Relaxed);
+        let unseen = keys.record(rid, redis_now).is_none()
+            && inv.fresh.is_some_and(|f| redis_now < f)
+            && inv.srv == Some(server);
         if let Some(rec) = keys.record(rid, redis_now) {
             if rec.g.unwrap_or(1) == gen {
                 // `{2, h, u, q, released, gen}`: a nil `h` ends the Lua array at `{2}`,
@@ -270,14 +280,14 @@ impl StockGate for MemGate {
             return Err(GateError("ERR flashsale reserve: invalid arguments".into()));
         }
         if inv.avail < q && !self.defects.reserve_below_zero {
-            return Ok(Reserve::SoldOut);
+            return Ok(Reserve::SoldOut { unseen });
         }
         let user = request.user_id.get();
         let mut counted = false;
         if limit > 0 {
             let held = keys.users.get(&user).copied().unwrap_or(0);
             if held + q > limit {
-                return Ok(Reserve::LimitExceeded);
+                return Ok(Reserve::LimitExceeded { unseen });
             }
             counted = true;
         }
@@ -287,6 +297,7 @@ impl StockGate for MemGate {
             seq: Some(hold),
             gen: inv.gen,
             srv: inv.srv,
+            fresh: inv.fresh,
         });
         if counted {
             *keys.users.entry(user).or_insert(0) += q;
@@ -627,6 +638,7 @@ impl GateMaintenance for MemGate {
             seq: Some(plan.last_hold_id),
             gen: Some(plan.generation),
             srv: Some(server),
+            fresh: None,
         });
         keys.users = plan
             .user_units

@@ -78,11 +78,11 @@ fn reserve_is_idempotent_and_bounded() {
     assert_eq!(now(g.available(p1())).expect("available"), Some(1));
     assert_eq!(
         now(g.reserve(&request("B", 1, 1), Some(2))).expect("reserve"),
-        Reserve::LimitExceeded
+        Reserve::LimitExceeded { unseen: true }
     );
     assert_eq!(
         now(g.reserve(&request("C", 2, 2), None)).expect("reserve"),
-        Reserve::SoldOut
+        Reserve::SoldOut { unseen: true }
     );
     assert_eq!(now(g.available(p1())).expect("available"), Some(1));
 }
@@ -321,4 +321,45 @@ fn pay_and_expire_decide_on_the_ledger_clock() {
         .expect("order");
     assert_eq!(again.order.status, OrderStatus::Cancelled);
     assert!(!again.applied);
+}
+
+// Checks reserve.lua's `unseen` on a refusal: true for a request_id the product never
+// saw while the entry vouches (loaded by this Redis process, never rebuilt, younger than
+// a record's lifetime); false after a failover to an older copy and after a rebuild. (The
+// lifetime bound is proven against real Redis by
+// `purchase::replay_after_record_expiry_is_answered_by_the_ledger`.)
+#[test]
+fn refusals_vouch_only_while_no_record_can_be_lost() {
+    let ctx = ctx();
+    let g = gate(&ctx);
+    now(g.load(p1(), 1, 1)).expect("load");
+    now(g.reserve(&request("A", 1, 1), None)).expect("reserve");
+    assert_eq!(
+        now(g.reserve(&request("B", 2, 1), None)).expect("reserve"),
+        Reserve::SoldOut { unseen: true }
+    );
+    // A has a record (another payload: not its hold, but seen).
+    assert!(matches!(
+        now(g.reserve(&request("A", 1, 1), None)).expect("reserve"),
+        Reserve::Existing(_)
+    ));
+    let copy = g.snapshot();
+    g.restore(copy);
+    assert_eq!(
+        now(g.reserve(&request("C", 3, 1), None)).expect("reserve"),
+        Reserve::SoldOut { unseen: false },
+        "another Redis process: records may be lost"
+    );
+    let plan = flashsale_app::ports::RebuildPlan {
+        generation: 2,
+        available: 0,
+        last_hold_id: 1,
+        user_units: vec![],
+    };
+    assert!(now(g.rebuild(p1(), &plan)).expect("rebuild"));
+    assert_eq!(
+        now(g.reserve(&request("D", 4, 1), None)).expect("reserve"),
+        Reserve::SoldOut { unseen: false },
+        "rebuilt: the records of the lost state are gone"
+    );
 }

@@ -1,14 +1,19 @@
 -- First load of a product's stock (warm-up). Never overwrites an existing count.
--- KEYS[1] inventory hash  ARGV[1] available  ARGV[2] generation
+-- KEYS[1] inventory hash  ARGV[1] available  ARGV[2] generation  ARGV[3] record ttl ms
 -- Returns 1 loaded | 0 already present.
--- `srv` records which Redis process wrote the entry (see state.lua).
+-- `srv` records which Redis process wrote the entry (see state.lua); `fresh` (ms, Redis's
+-- clock) is until when every hold record ever written for the product still exists: the
+-- product had no sales before this load, and records live `ttl` (see reserve.lua).
 local n = tonumber(ARGV[1])
 local gen = tonumber(ARGV[2])
-if not n or n < 0 or n % 1 ~= 0 or not gen or gen < 1 or gen % 1 ~= 0 then
+local ttl = tonumber(ARGV[3])
+if not n or n < 0 or n % 1 ~= 0 or not gen or gen < 1 or gen % 1 ~= 0 or not ttl or ttl < 1 then
   return redis.error_reply('ERR flashsale load: invalid arguments')
 end
 local srv = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
 if not srv then return redis.error_reply('ERR flashsale load: no run_id in INFO') end
 if redis.call('HSETNX', KEYS[1], 'avail', n) == 0 then return 0 end
-redis.call('HSET', KEYS[1], 'seq', 0, 'gen', gen, 'srv', srv)
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+redis.call('HSET', KEYS[1], 'seq', 0, 'gen', gen, 'srv', srv, 'fresh', now + ttl)
 return 1

@@ -4,7 +4,9 @@
 -- KEYS[1] inventory hash  KEYS[2] per-user held units  KEYS[3] pending holds
 -- ARGV[1] generation  ARGV[2] available  ARGV[3] next hold id base  ARGV[4..] user, units pairs
 -- Returns 1 rebuilt | 0 refused (gate already at this generation or newer).
--- `srv` records which Redis process wrote the entry (see state.lua).
+-- `srv` records which Redis process wrote the entry (see state.lua). A rebuilt entry has
+-- no `fresh` (see load.lua): the records of the lost state are gone, so a refusal can no
+-- longer vouch that a request never held units.
 local gen = tonumber(ARGV[1])
 local avail = tonumber(ARGV[2])
 local seq = tonumber(ARGV[3])

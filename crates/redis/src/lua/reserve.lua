@@ -6,9 +6,14 @@
 -- per-user limit (0 = none), request_id
 -- A hold's time is Redis's own clock (TIME), so every instance ages holds on one clock:
 -- one instance with a wrong clock can't make recovery think a fresh hold is stale.
--- Returns one reply per purchase: {1, hold_id, gen} reserved | {0} sold out
---   | {-1} not loaded | {-2} limit exceeded
+-- Returns one reply per purchase: {1, hold_id, gen} reserved | {0, unseen} sold out
+--   | {-1} not loaded | {-2, unseen} limit exceeded
 --   | {2, hold_id, user_id, quantity, released 0/1, gen} a hold exists for this request.
+-- `unseen` is 1 when the gate can vouch that the request_id never held units of the
+-- product: it has no record of it in any generation, and every record ever written for
+-- the product still exists (`fresh`: loaded by this very Redis process, never rebuilt,
+-- less than a record's lifetime ago, and Redis never evicts keys). The caller may then
+-- refuse without asking the ledger whether it is a replay of an accepted purchase.
 -- Every argument is validated before the first write: Redis does not roll back a script
 -- that fails halfway.
 local ttl = tonumber(ARGV[1])
@@ -33,6 +38,23 @@ if not avail then
 end
 local gen = inv[2] or '1'
 local now
+local vouch
+-- Whether a refusal without a record can vouch for it (see above); computed once.
+local function fresh()
+  if vouch == nil then
+    vouch = false
+    local f = tonumber(redis.call('HGET', KEYS[1], 'fresh') or '')
+    if f then
+      local clock = redis.call('TIME')
+      local t = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+      local srv = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+      local policy = string.match(redis.call('INFO', 'memory'), 'maxmemory_policy:([%w-]+)')
+      vouch = t < f and srv ~= nil and srv == redis.call('HGET', KEYS[1], 'srv')
+        and policy == 'noeviction'
+    end
+  end
+  return vouch
+end
 for i = 1, n do
   local a = 4 * i - 2
   local q, user, limit, rid = tonumber(ARGV[a]), ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3]
@@ -43,7 +65,7 @@ for i = 1, n do
     -- Ids go back as strings: a Lua number is a double and would round ids above 2^53.
     replies[i] = {2, rec[4], rec[1], rec[2], rec[3] == 'r' and 1 or 0, gen}
   elseif avail < q then
-    replies[i] = {0}
+    replies[i] = {0, (not rec[1] and fresh()) and 1 or 0}
   else
     local counted = 0
     local over = false
@@ -53,7 +75,7 @@ for i = 1, n do
       counted = 1
     end
     if over then
-      replies[i] = {-2}
+      replies[i] = {-2, (not rec[1] and fresh()) and 1 or 0}
     else
       if not now then
         local clock = redis.call('TIME')
