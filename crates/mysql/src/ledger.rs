@@ -41,9 +41,10 @@ const GROUP_COMMIT_MAX: usize = 256;
 /// Purchases waiting for a group commit; past it callers wait for room (the API's
 /// in-flight limit bounds them first).
 const GROUP_QUEUE_MAX: usize = 8_192;
-/// Group commits in flight at once: while one waits on the product row's lock or its
-/// fsync, the next batch is already being written; more would only queue on the lock.
-const GROUP_WORKERS: usize = 3;
+/// Group commits in flight at once: one. Measured (BENCHMARKS.md): two or three in
+/// parallel split the queue into smaller batches that then wait on each other at the
+/// product row's lock, for the same throughput at three times the commits per order.
+const GROUP_WORKERS: usize = 1;
 /// Most request_ids one lookup query asks for (an IN list this long is still one
 /// index range scan per id).
 const LOOKUP_BATCH_MAX: usize = 256;
