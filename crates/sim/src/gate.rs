@@ -44,8 +44,11 @@ struct Inv {
     /// `srv`: the run id of the Redis process that loaded or rebuilt it.
     srv: Option<u64>,
     /// `fresh`: until when (ms, Redis's clock) every hold record of the product still
-    /// exists; set by load, absent after a rebuild.
+    /// exists; set by load, brought forward by a shorter record lifetime, absent after a
+    /// rebuild.
     fresh: Option<i64>,
+    /// `loaded`: when load wrote the entry (ms, Redis's clock).
+    loaded: Option<i64>,
 }
 
 /// A hold record `r:<request_id>`. Fields are optional where a script may write a record
@@ -227,13 +230,14 @@ impl StockGate for MemGate {
         if keys.inv.is_some() {
             return Ok(false);
         }
-        let fresh = self.now_ms() + self.record_ttl.num_milliseconds();
+        let loaded = self.now_ms();
         keys.inv = Some(Inv {
             avail: available,
             seq: Some(0),
             gen: Some(generation),
             srv: Some(self.server()),
-            fresh: Some(fresh),
+            fresh: Some(loaded + self.record_ttl.num_milliseconds()),
+            loaded: Some(loaded),
         });
         Ok(true)
     }
@@ -297,7 +301,12 @@ impl StockGate for MemGate {
             seq: Some(hold),
             gen: inv.gen,
             srv: inv.srv,
-            fresh: inv.fresh,
+            fresh: match (inv.fresh, inv.loaded) {
+                (Some(f), Some(l)) => Some(f.min(l + ttl)),
+                (Some(_), None) => Some(0),
+                (None, _) => None,
+            },
+            loaded: inv.loaded,
         });
         if counted {
             *keys.users.entry(user).or_insert(0) += q;
@@ -639,6 +648,7 @@ impl GateMaintenance for MemGate {
             gen: Some(plan.generation),
             srv: Some(server),
             fresh: None,
+            loaded: None,
         });
         keys.users = plan
             .user_units

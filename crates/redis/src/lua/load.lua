@@ -3,7 +3,8 @@
 -- Returns 1 loaded | 0 already present.
 -- `srv` records which Redis process wrote the entry (see state.lua); `fresh` (ms, Redis's
 -- clock) is until when every hold record ever written for the product still exists: the
--- product had no sales before this load, and records live `ttl` (see reserve.lua).
+-- product had no sales before this load, and records live `ttl` (see reserve.lua, which
+-- brings `fresh` forward if a later record gets a shorter lifetime).
 local n = tonumber(ARGV[1])
 local gen = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
@@ -15,5 +16,5 @@ if not srv then return redis.error_reply('ERR flashsale load: no run_id in INFO'
 if redis.call('HSETNX', KEYS[1], 'avail', n) == 0 then return 0 end
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-redis.call('HSET', KEYS[1], 'seq', 0, 'gen', gen, 'srv', srv, 'fresh', now + ttl)
+redis.call('HSET', KEYS[1], 'seq', 0, 'gen', gen, 'srv', srv, 'loaded', now, 'fresh', now + ttl)
 return 1

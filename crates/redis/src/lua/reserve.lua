@@ -80,6 +80,13 @@ for i = 1, n do
       if not now then
         local clock = redis.call('TIME')
         now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+        -- The records written now live `ttl`: the entry vouches no longer than the load
+        -- time plus the shortest lifetime any record got (the setting may have changed).
+        local lf = redis.call('HMGET', KEYS[1], 'loaded', 'fresh')
+        local loaded, f = tonumber(lf[1]), tonumber(lf[2])
+        if f and (not loaded or loaded + ttl < f) then
+          redis.call('HSET', KEYS[1], 'fresh', loaded and loaded + ttl or 0)
+        end
       end
       avail = redis.call('HINCRBY', KEYS[1], 'avail', -q)
       local hold = redis.call('HINCRBY', KEYS[1], 'seq', 1)

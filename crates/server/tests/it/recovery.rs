@@ -459,3 +459,60 @@ async fn restock_that_missed_redis_is_completed() {
     invariants::assert_audit_clean(&app, 2800).await;
     app.cleanup().await;
 }
+
+// Checks reserve.lua's `unseen` against a record lifetime shortened after the load (the
+// setting changed between restarts): the product is loaded with 1-hour records, a
+// purchase is then reserved with 1-second records. Right away a refusal of a new request
+// vouches (`unseen` 1); once that record has expired, a refusal of the same request_id
+// must not vouch (`unseen` 0: it may be a replay of an accepted purchase, the ledger
+// must be asked), and neither may any other.
+#[tokio::test]
+async fn refusals_stop_vouching_when_records_may_have_expired() {
+    let app = TestApp::spawn().await;
+    let mut conn = app.redis.clone();
+    let inv = app.key(2800, "inv");
+    let load = redis::Script::new(include_str!("../../../redis/src/lua/load.lua"));
+    let reserve = redis::Script::new(include_str!("../../../redis/src/lua/reserve.lua"));
+    let loaded: i64 = load
+        .key(&inv)
+        .arg(1)
+        .arg(1)
+        .arg(3_600_000)
+        .invoke_async(&mut conn)
+        .await
+        .expect("load");
+    assert_eq!(loaded, 1);
+    let call = |rid: &str, ttl: i64| {
+        let mut invocation = reserve.prepare_invoke();
+        invocation
+            .key(&inv)
+            .key(app.key(2800, "users"))
+            .key(app.key(2800, "pending"))
+            .key(app.key(2800, &format!("r:{rid}")))
+            .arg(ttl)
+            .arg(1)
+            .arg(7)
+            .arg(0)
+            .arg(rid);
+        invocation
+    };
+    let first: Vec<Vec<i64>> = call("R1", 1000)
+        .invoke_async(&mut conn)
+        .await
+        .expect("reserve");
+    assert_eq!(first[0][0], 1, "reserved: {first:?}");
+    let other: Vec<Vec<i64>> = call("R2", 1000)
+        .invoke_async(&mut conn)
+        .await
+        .expect("reserve");
+    assert_eq!(other, vec![vec![0, 1]], "a new request is vouched for");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for rid in ["R1", "R3"] {
+        let late: Vec<Vec<i64>> = call(rid, 1000)
+            .invoke_async(&mut conn)
+            .await
+            .expect("reserve");
+        assert_eq!(late, vec![vec![0, 0]], "{rid}: records may have expired");
+    }
+    app.cleanup().await;
+}
