@@ -52,8 +52,8 @@ struct Inv {
 }
 
 /// A hold record `r:<request_id>`. Fields are optional where a script may write a record
-/// without them (release.lua's record of a lost hold has no `h` or `c`); the
-/// time it was taken (`t`) is only read through the `pending` index, so it is not kept.
+/// without them (release.lua's record of a lost hold has no `h` or `c`); the time it
+/// was taken is kept only in the `pending` index, as in reserve.lua.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct HoldRec {
     u: i64,

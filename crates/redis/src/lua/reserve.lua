@@ -92,8 +92,9 @@ for i = 1, n do
       local hold = redis.call('HINCRBY', KEYS[1], 'seq', 1)
       if counted == 1 then redis.call('HINCRBY', KEYS[2], user, q) end
       redis.call('DEL', KEYS[3 + i])
+      -- The hold's time is kept only in the pending index (its score).
       redis.call('HSET', KEYS[3 + i], 'u', user, 'q', q, 's', 'h', 'h', hold, 'c', counted,
-        't', now, 'g', gen)
+        'g', gen)
       redis.call('PEXPIRE', KEYS[3 + i], ttl)
       redis.call('ZADD', KEYS[3], now, rid)
       replies[i] = {1, hold, gen}
