@@ -48,6 +48,19 @@ impl StatsDelta {
     }
 }
 
+impl std::ops::AddAssign<&StatsDelta> for StatsDelta {
+    fn add_assign(&mut self, d: &StatsDelta) {
+        self.orders_created += d.orders_created;
+        self.units_ordered += d.units_ordered;
+        self.orders_paid += d.orders_paid;
+        self.units_paid += d.units_paid;
+        self.orders_cancelled += d.orders_cancelled;
+        self.units_cancelled += d.units_cancelled;
+        self.reservations_released += d.reservations_released;
+        self.units_released += d.units_released;
+    }
+}
+
 /// The consumer use case.
 pub struct Consume {
     stats: Arc<dyn StatsStore>,
@@ -122,14 +135,7 @@ mod tests {
             }
             let mut totals = self.totals.lock().unwrap();
             let t = totals.entry(product_id.get()).or_default();
-            t.orders_created += d.orders_created;
-            t.units_ordered += d.units_ordered;
-            t.orders_paid += d.orders_paid;
-            t.units_paid += d.units_paid;
-            t.orders_cancelled += d.orders_cancelled;
-            t.units_cancelled += d.units_cancelled;
-            t.reservations_released += d.reservations_released;
-            t.units_released += d.units_released;
+            *t += d;
             Ok(Applied::Applied)
         }
     }

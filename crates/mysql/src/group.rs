@@ -22,10 +22,6 @@ pub(crate) struct Purchase {
     pub payment_timeout: Duration,
 }
 
-fn rows(n: usize, row: &str) -> String {
-    vec![row; n].join(", ")
-}
-
 /// The request_ids of `batch` already taken in the ledger (committed by now).
 pub(crate) async fn taken(
     pool: &sqlx::MySqlPool,
@@ -34,7 +30,7 @@ pub(crate) async fn taken(
     let sql = format!(
         "SELECT CONVERT(request_id USING utf8mb4) AS request_id FROM inventory_reservation \
          WHERE request_id IN ({})",
-        rows(batch.len(), "?")
+        crate::rows::list(batch.len(), "?")
     );
     let mut q = sqlx::query(&sql);
     for p in batch {
@@ -58,7 +54,7 @@ pub(crate) async fn insert(
     let sql = format!(
         "INSERT INTO inventory_reservation \
          (request_id, product_id, user_id, quantity, hold_id, generation, status) VALUES {}",
-        rows(n, "(?, ?, ?, ?, ?, ?, 'PROCESSING')")
+        crate::rows::list(n, "(?, ?, ?, ?, ?, ?, 'PROCESSING')")
     );
     let mut q = sqlx::query(&sql);
     for p in batch {
@@ -79,7 +75,7 @@ pub(crate) async fn insert(
     let sql = format!(
         "INSERT INTO orders (request_id, user_id, product_id, quantity, status, created_at, \
          expires_at) VALUES {}",
-        rows(
+        crate::rows::list(
             n,
             "(?, ?, ?, ?, 'PENDING_PAYMENT', NOW(6), NOW(6) + INTERVAL ? MICROSECOND)"
         )
@@ -100,7 +96,7 @@ pub(crate) async fn insert(
     let sql = format!(
         "SELECT id, CONVERT(request_id USING utf8mb4) AS request_id, created_at, expires_at \
          FROM orders WHERE request_id IN ({})",
-        rows(n, "?")
+        crate::rows::list(n, "?")
     );
     let mut q = sqlx::query(&sql);
     for p in batch {
@@ -142,7 +138,7 @@ pub(crate) async fn insert(
     }
     let sql = format!(
         "INSERT INTO inventory_log (request_id, product_id, order_id, quantity, type) VALUES {}",
-        rows(n, "(?, ?, ?, ?, 'reserve')")
+        crate::rows::list(n, "(?, ?, ?, ?, 'reserve')")
     );
     let mut q = sqlx::query(&sql);
     for (p, o) in batch.iter().zip(&orders) {

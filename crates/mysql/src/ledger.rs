@@ -286,7 +286,7 @@ impl MysqlLedger {
              r.generation AS r_generation, {ORDER_COLUMNS} \
              FROM inventory_reservation r LEFT JOIN orders o ON o.request_id = r.request_id \
              WHERE r.request_id IN ({})",
-            vec!["?"; ids.len()].join(", ")
+            rows::list(ids.len(), "?")
         );
         let found = self
             .run("find purchase", || {

@@ -22,7 +22,7 @@ use sqlx::{MySqlConnection, Row};
 use tracing::warn;
 
 use crate::ledger::MysqlLedger;
-use crate::rows::{corrupt, db, text};
+use crate::rows::{corrupt, db, list, text};
 
 /// Attempts of one outbox or statistics statement that hit a deadlock (1213) or a lock
 /// wait timeout (1205): concurrent relays' claims may deadlock on the outbox index; a
@@ -251,10 +251,6 @@ where
         .map_err(|_| LedgerError(format!("{what}: no answer within the deadline")))?
 }
 
-fn placeholders(n: usize) -> String {
-    vec!["?"; n].join(", ")
-}
-
 fn message(row: &sqlx::mysql::MySqlRow) -> Result<OutboxMessage, LedgerError> {
     let event_type = text(row, "event_type")?;
     let sequence: i32 = row.try_get("sequence").map_err(db)?;
@@ -318,7 +314,7 @@ impl Outbox for MysqlLedger {
                 "UPDATE outbox SET sent_at = NOW(6), attempts = attempts + 1, \
                  last_error = NULL, claimed_by = NULL, claimed_until = NULL \
                  WHERE sent_at IS NULL AND id IN ({})",
-                placeholders(chunk.len())
+                list(chunk.len(), "?")
             );
             bounded("mark outbox rows sent", || {
                 let mut q = sqlx::query(&sql);
@@ -344,7 +340,7 @@ impl Outbox for MysqlLedger {
                 let sql = format!(
                     "UPDATE outbox SET attempts = attempts + 1, last_error = ? \
                      WHERE sent_at IS NULL AND id IN ({})",
-                    placeholders(chunk.len())
+                    list(chunk.len(), "?")
                 );
                 bounded("record failed publishes", || {
                     let mut q = sqlx::query(&sql).bind(error);
@@ -419,7 +415,7 @@ impl MysqlLedger {
         let sql = format!(
             "SELECT CONVERT(event_id USING utf8mb4) AS event_id FROM consumed_event \
              WHERE event_id IN ({})",
-            placeholders(events.len())
+            list(events.len(), "?")
         );
         let mut q = sqlx::query(&sql);
         for e in events {
@@ -443,7 +439,7 @@ impl MysqlLedger {
         if !fresh.is_empty() {
             let sql = format!(
                 "INSERT INTO consumed_event (event_id, event_type, product_id) VALUES {}",
-                vec!["(?, ?, ?)"; fresh.len()].join(", ")
+                list(fresh.len(), "(?, ?, ?)")
             );
             let mut q = sqlx::query(&sql);
             for e in &fresh {
@@ -461,16 +457,7 @@ impl MysqlLedger {
             };
             let mut sums: BTreeMap<i64, StatsDelta> = BTreeMap::new();
             for e in &fresh {
-                let s = sums.entry(e.product_id.get()).or_default();
-                let d = &e.delta;
-                s.orders_created += d.orders_created;
-                s.units_ordered += d.units_ordered;
-                s.orders_paid += d.orders_paid;
-                s.units_paid += d.units_paid;
-                s.orders_cancelled += d.orders_cancelled;
-                s.units_cancelled += d.units_cancelled;
-                s.reservations_released += d.reservations_released;
-                s.units_released += d.units_released;
+                *sums.entry(e.product_id.get()).or_default() += &e.delta;
             }
             for (product_id, d) in &sums {
                 add_stats(&mut tx, *product_id, d).await?;

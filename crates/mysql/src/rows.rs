@@ -113,3 +113,9 @@ pub(crate) fn opt_text(row: &MySqlRow, column: &str) -> Result<Option<String>, L
     row.try_get_unchecked::<Option<String>, _>(column)
         .map_err(db)
 }
+
+/// `n` copies of an SQL fragment, comma separated: the placeholders of an `IN (…)` list
+/// or the rows of a multi-row `VALUES`.
+pub(crate) fn list(n: usize, item: &str) -> String {
+    vec![item; n].join(", ")
+}

@@ -99,12 +99,17 @@ impl RedisGate {
     }
 
     fn key(&self, product_id: ProductId, suffix: &str) -> String {
-        format!("{}{{p:{}}}:{}", self.prefix, product_id.get(), suffix)
+        key(&self.prefix, product_id.get(), suffix)
     }
 
     fn hold_key(&self, product_id: ProductId, request_id: &RequestId) -> String {
         self.key(product_id, &format!("r:{request_id}"))
     }
+}
+
+/// A key of one product, as the table in the crate's documentation lays them out.
+fn key(prefix: &str, product_id: i64, suffix: &str) -> String {
+    format!("{prefix}{{p:{product_id}}}:{suffix}")
 }
 
 fn unavailable(e: redis::RedisError) -> GateError {

@@ -37,7 +37,7 @@ pub(crate) struct Reserver {
 
 impl Reserver {
     fn key(&self, product_id: i64, suffix: &str) -> String {
-        format!("{}{{p:{}}}:{}", self.prefix, product_id, suffix)
+        crate::key(&self.prefix, product_id, suffix)
     }
 
     pub(crate) fn start(self) -> Coalescer<Item, Reply> {

@@ -1554,14 +1554,7 @@ impl StatsStore for MemLedger {
             return Ok(Applied::AlreadyApplied);
         }
         let s = t.sales_stats.entry(product_id.get()).or_default();
-        s.orders_created += d.orders_created;
-        s.units_ordered += d.units_ordered;
-        s.orders_paid += d.orders_paid;
-        s.units_paid += d.units_paid;
-        s.orders_cancelled += d.orders_cancelled;
-        s.units_cancelled += d.units_cancelled;
-        s.reservations_released += d.reservations_released;
-        s.units_released += d.units_released;
+        *s += d;
         Ok(Applied::Applied)
     }
 }

@@ -1189,14 +1189,7 @@ fn check_events(w: &World) {
         if let Some(event) = r.event() {
             let d = StatsDelta::of(&event);
             let e = expected.entry(r.product_id).or_default();
-            e.orders_created += d.orders_created;
-            e.units_ordered += d.units_ordered;
-            e.orders_paid += d.orders_paid;
-            e.units_paid += d.units_paid;
-            e.orders_cancelled += d.orders_cancelled;
-            e.units_cancelled += d.units_cancelled;
-            e.reservations_released += d.reservations_released;
-            e.units_released += d.units_released;
+            *e += &d;
         }
     }
     let (stats, consumed) = w.ledger.sales_stats();
