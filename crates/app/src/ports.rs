@@ -505,14 +505,16 @@ use crate::events::{EventType, OutboxMessage};
 pub struct BusError(pub String);
 
 /// The outbox: one row per state change, written by the ledger in the transaction of the
-/// change, waiting to be published. Rows are leased to one relay at a time, so several
-/// instances can run relays without publishing one order's events out of order.
+/// change, waiting to be published. Rows are leased to one relay at a time (row by row,
+/// or the whole outbox at once as the MySQL adapter does), so several instances can run
+/// relays without publishing one order's events out of order.
 #[async_trait]
 pub trait Outbox: Send + Sync + 'static {
     /// Leases up to `limit` unsent rows, oldest first, that no live lease holds, to
     /// `relay` until `lease` from now; returns every unsent row `relay` holds (at most
     /// `limit`), ordered by (request_id, sequence), each flagged `blocked` when an earlier
-    /// event of its request_id is unsent and held elsewhere.
+    /// event of its request_id is unsent and held elsewhere. An adapter that leases the
+    /// whole outbox returns nothing while another relay holds it, and never `blocked`.
     async fn claim(
         &self,
         relay: &str,
@@ -524,7 +526,8 @@ pub trait Outbox: Send + Sync + 'static {
     async fn mark_sent(&self, ids: &[i64]) -> Result<(), LedgerError>;
 
     /// Records failed publish attempts (row id, error) and ends `relay`'s leases on all the
-    /// unsent rows it holds, so they can be claimed again at once.
+    /// unsent rows it holds (or on the outbox), so they can be claimed again at once. The
+    /// relay calls it at the end of every round that held rows.
     async fn give_back(&self, relay: &str, failed: &[(i64, String)]) -> Result<(), LedgerError>;
 
     /// How many rows are not yet published.

@@ -151,11 +151,10 @@ impl Relay {
         } else {
             self.outbox.mark_sent(&sent).await
         };
-        let given_back = if sent.len() < held {
-            self.outbox.give_back(&self.relay_id, &failed).await
-        } else {
-            Ok(())
-        };
+        // Always, so that leases end with the round: what failed is claimed again at
+        // once, and an outbox-wide lease (the MySQL adapter's) passes to another
+        // instance's relay if this one stops.
+        let given_back = self.outbox.give_back(&self.relay_id, &failed).await;
         // A mark that failed leaves published rows unsent: their lease ends and they are
         // published again, and dropped as duplicates.
         marked?;

@@ -6,15 +6,19 @@
 //! committed one by one instead, where each such case has its answer.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use flashsale_core::{OrderId, OrderStatus, PurchaseRequest};
+use flashsale_app::ports::{Commit, LedgerError};
+use flashsale_batch::Coalescer;
+use flashsale_core::{OrderId, OrderStatus, PurchaseRequest, RequestId};
+use futures::future::{BoxFuture, FutureExt, Shared};
 use sqlx::{MySqlConnection, Row};
 
-use flashsale_app::Order;
+use flashsale_app::{Order, PurchaseOutcome, PurchaseRecord};
 
 /// One purchase of a batch.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Purchase {
     pub request: PurchaseRequest,
     pub hold_id: i64,
@@ -22,88 +26,211 @@ pub(crate) struct Purchase {
     pub payment_timeout: Duration,
 }
 
+type Pending = Shared<BoxFuture<'static, Result<Commit, LedgerError>>>;
+
+/// How a commit goes through [`InFlight`].
+enum Turn {
+    /// The first of its hold: its own commit, which later copies join.
+    First(Pending),
+    /// A copy of a hold already committing: the first one's answer.
+    Join(Pending),
+    /// Another hold under a request_id already committing: on its own.
+    Alone,
+}
+
+/// The group commits queued or running in this process, by request_id. A second commit
+/// of the very same hold (a client retry that found the first attempt's hold in Redis
+/// while that attempt is still committing) waits for the first one's answer instead of
+/// queuing a second copy: the copy would only meet the taken request_id, cost a rolled
+/// back group transaction and a one-by-one commit, and end with the same answer: the
+/// order as `Duplicate` (this hold's record), or the same refusal or error.
+///
+/// Bounded by the group committer: an entry lives while its purchase is queued (at most
+/// `GROUP_QUEUE_MAX`) or in the batch being written, and is removed by the task that
+/// waits for it, whatever happens to the callers.
+#[derive(Default)]
+pub(crate) struct InFlight {
+    commits: Arc<Mutex<HashMap<RequestId, (Purchase, Pending)>>>,
+}
+
+impl InFlight {
+    /// Commits `purchase` through `group`, or joins the commit of the same hold already
+    /// in flight. A different hold under the same request_id is committed on its own:
+    /// the ledger's unique key decides between the two.
+    pub(crate) async fn commit(
+        &self,
+        group: &Coalescer<Purchase, Result<Commit, LedgerError>>,
+        purchase: Purchase,
+    ) -> Result<Commit, LedgerError> {
+        let pending = {
+            let mut commits = self.commits.lock().unwrap_or_else(|e| e.into_inner());
+            match commits.get(&purchase.request.request_id) {
+                Some((first, pending)) if *first == purchase => Turn::Join(pending.clone()),
+                Some(_) => Turn::Alone,
+                None => {
+                    let request_id = purchase.request.request_id.clone();
+                    let pending =
+                        Self::start(self.commits.clone(), group.clone(), purchase.clone());
+                    commits.insert(request_id, (purchase.clone(), pending.clone()));
+                    Turn::First(pending)
+                }
+            }
+        };
+        match pending {
+            Turn::First(pending) => pending.await,
+            // The first caller's answer; an order it created is, to this caller, the
+            // request_id already taken by this very hold.
+            Turn::Join(pending) => pending.await.map(|answer| match answer {
+                Commit::Committed(order) => Commit::Duplicate(PurchaseRecord {
+                    request: purchase.request,
+                    generation: purchase.generation,
+                    hold_id: purchase.hold_id,
+                    outcome: PurchaseOutcome::Order(order),
+                }),
+                other => other,
+            }),
+            Turn::Alone => committed(group.call(purchase).await),
+        }
+    }
+
+    /// The commit as its own task, so that it completes and leaves the map even when
+    /// every caller waiting for it has gone away.
+    fn start(
+        commits: Arc<Mutex<HashMap<RequestId, (Purchase, Pending)>>>,
+        group: Coalescer<Purchase, Result<Commit, LedgerError>>,
+        purchase: Purchase,
+    ) -> Pending {
+        let task = tokio::spawn(async move {
+            let request_id = purchase.request.request_id.clone();
+            let answer = committed(group.call(purchase).await);
+            commits
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&request_id);
+            answer
+        });
+        async move {
+            task.await.unwrap_or_else(|_| {
+                Err(LedgerError(
+                    "commit purchase: the commit task stopped; outcome unknown".into(),
+                ))
+            })
+        }
+        .boxed()
+        .shared()
+    }
+}
+
+fn committed(
+    answer: Result<Result<Commit, LedgerError>, flashsale_batch::Lost>,
+) -> Result<Commit, LedgerError> {
+    answer.map_err(|_| {
+        LedgerError("commit purchase: the group committer stopped; outcome unknown".into())
+    })?
+}
+
+/// The batch as one JSON document, bound as the single parameter of every statement
+/// below: `[request_id, product_id, user_id, quantity, hold_id, generation,
+/// payment timeout in µs]` per purchase. One statement text for every batch size, so
+/// each connection prepares it once (an `IN (?, ?, …)` list of each new length was a
+/// new statement to prepare, about one in five executions).
+pub(crate) fn document(batch: &[Purchase]) -> String {
+    let rows: Vec<_> = batch
+        .iter()
+        .map(|p| {
+            (
+                p.request.request_id.as_str(),
+                p.request.product_id.get(),
+                p.request.user_id.get(),
+                p.request.quantity.get(),
+                p.hold_id,
+                p.generation,
+                crate::ledger::micros(p.payment_timeout),
+            )
+        })
+        .collect();
+    // Strings, integers and tuples: serializing cannot fail.
+    serde_json::to_string(&rows).unwrap_or_default()
+}
+
+/// [`document`] as a table `b`, in batch order (`b.n`). request_id compares as the
+/// tables' binary collation does, so the joins use the unique keys.
+macro_rules! batch_table {
+    () => {
+        "JSON_TABLE(?, '$[*]' COLUMNS (n FOR ORDINALITY, \
+         request_id VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$[0]', \
+         product_id BIGINT PATH '$[1]', user_id BIGINT PATH '$[2]', quantity INT PATH '$[3]', \
+         hold_id BIGINT PATH '$[4]', generation BIGINT PATH '$[5]', \
+         timeout_us BIGINT PATH '$[6]')) AS b"
+    };
+}
+pub(crate) use batch_table;
+
 /// The request_ids of `batch` already taken in the ledger (committed by now).
 pub(crate) async fn taken(
     pool: &sqlx::MySqlPool,
-    batch: &[Purchase],
+    document: &str,
 ) -> Result<std::collections::HashSet<String>, sqlx::Error> {
-    let sql = format!(
-        "SELECT CONVERT(request_id USING utf8mb4) AS request_id FROM inventory_reservation \
-         WHERE request_id IN ({})",
-        crate::rows::list(batch.len(), "?")
-    );
-    let mut q = sqlx::query(&sql);
-    for p in batch {
-        q = q.bind(p.request.request_id.as_str());
-    }
-    q.fetch_all(pool)
-        .await?
-        .iter()
-        .map(|row| row.try_get_unchecked::<String, _>("request_id"))
-        .collect()
+    sqlx::query(concat!(
+        "SELECT CONVERT(r.request_id USING utf8mb4) AS request_id FROM ",
+        batch_table!(),
+        " JOIN inventory_reservation r ON r.request_id = b.request_id"
+    ))
+    .bind(document)
+    .fetch_all(pool)
+    .await?
+    .iter()
+    .map(|row| row.try_get_unchecked::<String, _>("request_id"))
+    .collect()
 }
 
-/// Writes every purchase of `batch` in the open transaction `tx`, or nothing: `Ok(None)`
-/// when one of them can't go the plain way (the caller rolls back and commits them one by
-/// one). On `Ok(Some(orders))` the caller commits; `orders` are in `batch` order.
+/// Writes every purchase of `batch` (whose [`document`] is `document`) in the open
+/// transaction `tx`, or nothing: `Ok(None)` when one of them can't go the plain way (the
+/// caller rolls back and commits them one by one). On `Ok(Some(orders))` the caller
+/// commits; `orders` are in `batch` order.
 pub(crate) async fn insert(
     tx: &mut MySqlConnection,
     batch: &[Purchase],
+    document: &str,
 ) -> Result<Option<Vec<Order>>, sqlx::Error> {
     let n = batch.len();
-    let sql = format!(
-        "INSERT INTO inventory_reservation \
-         (request_id, product_id, user_id, quantity, hold_id, generation, status) VALUES {}",
-        crate::rows::list(n, "(?, ?, ?, ?, ?, ?, 'PROCESSING')")
-    );
-    let mut q = sqlx::query(&sql);
-    for p in batch {
-        q = q
-            .bind(p.request.request_id.as_str())
-            .bind(p.request.product_id.get())
-            .bind(p.request.user_id.get())
-            .bind(p.request.quantity.get())
-            .bind(p.hold_id)
-            .bind(p.generation);
-    }
-    match q.execute(&mut *tx).await {
-        // A request_id or a hold id taken: the one-by-one path tells which and answers.
-        Err(e) if crate::ledger::is_duplicate(&e) => return Ok(None),
-        other => other?,
-    };
     // NOW(6) is the statement's start time: one value for every row.
-    let sql = format!(
-        "INSERT INTO orders (request_id, user_id, product_id, quantity, status, created_at, \
-         expires_at) VALUES {}",
-        crate::rows::list(
-            n,
-            "(?, ?, ?, ?, 'PENDING_PAYMENT', NOW(6), NOW(6) + INTERVAL ? MICROSECOND)"
-        )
-    );
-    let mut q = sqlx::query(&sql);
-    for p in batch {
-        q = q
-            .bind(p.request.request_id.as_str())
-            .bind(p.request.user_id.get())
-            .bind(p.request.product_id.get())
-            .bind(p.request.quantity.get())
-            .bind(crate::ledger::micros(p.payment_timeout));
-    }
-    match q.execute(&mut *tx).await {
-        Err(e) if crate::ledger::is_duplicate(&e) => return Ok(None),
-        other => other?,
-    };
-    let sql = format!(
-        "SELECT id, CONVERT(request_id USING utf8mb4) AS request_id, created_at, expires_at \
-         FROM orders WHERE request_id IN ({})",
-        crate::rows::list(n, "?")
-    );
-    let mut q = sqlx::query(&sql);
-    for p in batch {
-        q = q.bind(p.request.request_id.as_str());
+    let reservations_then_orders = [
+        concat!(
+            "INSERT INTO inventory_reservation \
+             (request_id, product_id, user_id, quantity, hold_id, generation, status) \
+             SELECT b.request_id, b.product_id, b.user_id, b.quantity, b.hold_id, \
+             b.generation, 'PROCESSING' FROM ",
+            batch_table!(),
+            " ORDER BY b.n"
+        ),
+        concat!(
+            "INSERT INTO orders (request_id, user_id, product_id, quantity, status, \
+             created_at, expires_at) SELECT b.request_id, b.user_id, b.product_id, \
+             b.quantity, 'PENDING_PAYMENT', NOW(6), \
+             NOW(6) + INTERVAL b.timeout_us MICROSECOND FROM ",
+            batch_table!(),
+            " ORDER BY b.n"
+        ),
+    ];
+    for sql in reservations_then_orders {
+        match sqlx::query(sql).bind(document).execute(&mut *tx).await {
+            // A request_id or a hold id taken: the one-by-one path tells which and answers.
+            Err(e) if crate::ledger::is_duplicate(&e) => return Ok(None),
+            other => other?,
+        };
     }
     let mut written: HashMap<String, (i64, _, _)> = HashMap::with_capacity(n);
-    for row in q.fetch_all(&mut *tx).await? {
+    for row in sqlx::query(concat!(
+        "SELECT o.id, CONVERT(o.request_id USING utf8mb4) AS request_id, o.created_at, \
+         o.expires_at FROM ",
+        batch_table!(),
+        " JOIN orders o ON o.request_id = b.request_id"
+    ))
+    .bind(document)
+    .fetch_all(&mut *tx)
+    .await?
+    {
         let request_id: String = row.try_get_unchecked("request_id")?;
         written.insert(
             request_id,
@@ -136,20 +263,16 @@ pub(crate) async fn insert(
             cancel_reason: None,
         });
     }
-    let sql = format!(
-        "INSERT INTO inventory_log (request_id, product_id, order_id, quantity, type) VALUES {}",
-        crate::rows::list(n, "(?, ?, ?, ?, 'reserve')")
-    );
-    let mut q = sqlx::query(&sql);
-    for (p, o) in batch.iter().zip(&orders) {
-        q = q
-            .bind(p.request.request_id.as_str())
-            .bind(p.request.product_id.get())
-            .bind(o.order_id.get())
-            .bind(p.request.quantity.get());
-    }
-    q.execute(&mut *tx).await?;
-    crate::outbox::record_created(&mut *tx, &orders).await?;
+    sqlx::query(concat!(
+        "INSERT INTO inventory_log (request_id, product_id, order_id, quantity, type) \
+         SELECT o.request_id, o.product_id, o.id, o.quantity, 'reserve' FROM ",
+        batch_table!(),
+        " JOIN orders o ON o.request_id = b.request_id ORDER BY b.n"
+    ))
+    .bind(document)
+    .execute(&mut *tx)
+    .await?;
+    crate::outbox::record_created(&mut *tx, document).await?;
     // The hot rows last, in product order (two batches never wait on each other in a
     // cycle), each once for all its units; the conditions as in the one-purchase path.
     let mut units: BTreeMap<(i64, i64), i64> = BTreeMap::new();

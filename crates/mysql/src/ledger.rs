@@ -56,6 +56,10 @@ const LOOKUP_WORKERS: usize = 2;
 /// aside, one more for the rest; past that the batch goes one by one.
 const GROUP_ATTEMPTS_MAX: usize = 2;
 
+/// A pooled connection idle at least this long is pinged before use; younger ones were
+/// just used successfully.
+const PING_WHEN_IDLE_FOR: Duration = Duration::from_secs(1);
+
 const ER_DUP_ENTRY: u16 = 1062;
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 const ER_LOCK_DEADLOCK: u16 = 1213;
@@ -78,6 +82,8 @@ pub struct MysqlLedger {
     group: OnceLock<Coalescer<Purchase, Result<Commit, LedgerError>>>,
     /// The purchase-record lookups, batched likewise (a rush asks one per rejection).
     lookups: OnceLock<Coalescer<RequestId, Lookup>>,
+    /// Group commits in flight, which a retry of the same hold joins.
+    in_flight: crate::group::InFlight,
 }
 
 type Lookup = Result<Option<PurchaseRecord>, LedgerError>;
@@ -218,6 +224,20 @@ impl MysqlLedger {
             .max_connections(config.max_connections)
             .min_connections(0)
             .acquire_timeout(config.acquire_timeout)
+            // A ping on every acquire was one round trip per statement or transaction
+            // (the most frequent command in a sustained run). Only a connection idle long
+            // enough to have been cut (a restarted server, a proxy's timeout) is pinged;
+            // a busy one that breaks fails its statement, which answers "unknown" (503)
+            // like any lost connection, and the pool drops it.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= PING_WHEN_IDLE_FOR {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
             .after_connect(|conn, _meta| {
                 Box::pin(async move {
                     // READ COMMITTED: no gap locks, so concurrent inserts of distinct
@@ -240,6 +260,7 @@ impl MysqlLedger {
             transaction_timeout: config.transaction_timeout,
             group: OnceLock::new(),
             lookups: OnceLock::new(),
+            in_flight: Default::default(),
         })
     }
 
@@ -251,6 +272,7 @@ impl MysqlLedger {
             transaction_timeout: self.transaction_timeout,
             group: OnceLock::new(),
             lookups: OnceLock::new(),
+            in_flight: Default::default(),
         }
     }
 
@@ -277,24 +299,25 @@ impl MysqlLedger {
         })
     }
 
-    /// What the ledger holds for each request_id, in one query for all of them.
+    /// What the ledger holds for each request_id, in one query for all of them (the ids
+    /// as one JSON array: one statement text for every batch size).
     async fn find_purchases(&self, ids: Vec<RequestId>) -> Vec<Lookup> {
         let sql = format!(
             "SELECT r.request_id AS r_request_id, r.product_id AS r_product_id, \
              r.user_id AS r_user_id, r.quantity AS r_quantity, r.status AS r_status, \
              r.release_reason AS r_release_reason, r.hold_id AS r_hold_id, \
              r.generation AS r_generation, {ORDER_COLUMNS} \
-             FROM inventory_reservation r LEFT JOIN orders o ON o.request_id = r.request_id \
-             WHERE r.request_id IN ({})",
-            rows::list(ids.len(), "?")
+             FROM JSON_TABLE(?, '$[*]' COLUMNS (request_id VARCHAR(64) CHARACTER SET utf8mb4 \
+             COLLATE utf8mb4_bin PATH '$')) AS b \
+             JOIN inventory_reservation r ON r.request_id = b.request_id \
+             LEFT JOIN orders o ON o.request_id = r.request_id"
         );
+        let document =
+            serde_json::to_string(&ids.iter().map(RequestId::as_str).collect::<Vec<_>>())
+                .unwrap_or_default();
         let found = self
             .run("find purchase", || {
-                let mut q = sqlx::query(&sql);
-                for id in &ids {
-                    q = q.bind(id.as_str());
-                }
-                q.fetch_all(&self.pool)
+                sqlx::query(&sql).bind(&document).fetch_all(&self.pool)
             })
             .await;
         let rows = match found {
@@ -338,17 +361,18 @@ impl MysqlLedger {
                 break;
             }
             let members: Vec<Purchase> = plain.iter().map(|&i| batch[i].clone()).collect();
+            let document = crate::group::document(&members);
             let written = self
                 .run("group commit", || async {
                     let mut tx = self.pool.begin().await?;
-                    match crate::group::insert(&mut tx, &members).await? {
+                    match crate::group::insert(&mut tx, &members, &document).await? {
                         Some(orders) => {
                             tx.commit().await?;
                             Ok(Ok(orders))
                         }
                         None => {
                             tx.rollback().await?;
-                            Ok(Err(crate::group::taken(&self.pool, &members).await?))
+                            Ok(Err(crate::group::taken(&self.pool, &document).await?))
                         }
                     }
                 })
@@ -1090,9 +1114,7 @@ impl Ledger for MysqlLedger {
             generation,
             payment_timeout,
         };
-        self.group().call(purchase).await.map_err(|_| {
-            LedgerError("commit purchase: the group committer stopped; outcome unknown".into())
-        })?
+        self.in_flight.commit(self.group(), purchase).await
     }
 
     async fn fence(

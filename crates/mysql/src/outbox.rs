@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flashsale_app::ports::{Applied, LedgerError, Outbox, StatsEvent, StatsStore};
-use flashsale_app::{EventType, Order, OutboxMessage, StatsDelta};
+use flashsale_app::{EventType, OutboxMessage, StatsDelta};
 use flashsale_core::{
     CancelReason, OrderId, OrderStatus, ProductId, PurchaseRequest, ReleaseReason, UserId,
 };
@@ -181,41 +181,34 @@ pub(crate) async fn record(
     Ok(())
 }
 
-/// Writes the `order_created` events of a group commit's new orders in one statement,
-/// in the transaction that creates them. Each is its request's first event (the
-/// request_id was free until this transaction), so its sequence is 1. The derived table
-/// is a UNION, which MariaDB materializes: each row's UUID() and NOW(6) are evaluated
-/// once, so the columns and the payload agree, as in [`record`].
+/// Writes the `order_created` events of a group commit's new orders (the batch's
+/// [`crate::group::document`]) in one statement, in the transaction that creates them.
+/// Each is its request's first event (the request_id was free until this transaction),
+/// so its sequence is 1. The derived table is grouped (by every column it selects, so any
+/// `sql_mode` accepts it), which MariaDB materializes: each
+/// row's UUID() is evaluated once, so the column and the payload agree, as in
+/// [`record`]; NOW(6) is the statement's start time.
 pub(crate) async fn record_created(
     conn: &mut MySqlConnection,
-    orders: &[Order],
+    document: &str,
 ) -> Result<(), sqlx::Error> {
-    if orders.is_empty() {
-        return Ok(());
-    }
-    let row = "SELECT UUID() AS event_id, NOW(6) AS at, ? AS request_id, ? AS order_id, \
-               ? AS product_id, ? AS user_id, ? AS quantity";
-    let sql = format!(
+    sqlx::query(concat!(
         "INSERT INTO outbox (event_id, event_type, request_id, order_id, product_id, \
          sequence, payload, created_at) \
          SELECT e.event_id, 'order_created', e.request_id, e.order_id, e.product_id, 1, \
          JSON_OBJECT('event_id', e.event_id, 'event_type', 'order_created', 'sequence', 1, \
          'order_id', e.order_id, 'request_id', e.request_id, 'product_id', e.product_id, \
          'user_id', e.user_id, 'quantity', e.quantity, 'reason', NULL, \
-         'occurred_at', DATE_FORMAT(e.at, '%Y-%m-%dT%H:%i:%s.%fZ')), e.at \
-         FROM ({}) e",
-        vec![row; orders.len()].join(" UNION ALL ")
-    );
-    let mut q = sqlx::query(&sql);
-    for o in orders {
-        q = q
-            .bind(o.request_id.as_str())
-            .bind(o.order_id.get())
-            .bind(o.product_id.get())
-            .bind(o.user_id.get())
-            .bind(i64::from(o.quantity.get()));
-    }
-    q.execute(&mut *conn).await?;
+         'occurred_at', DATE_FORMAT(NOW(6), '%Y-%m-%dT%H:%i:%s.%fZ')), NOW(6) \
+         FROM (SELECT UUID() AS event_id, b.n, o.request_id, o.id AS order_id, o.product_id, \
+         o.user_id, o.quantity FROM ",
+        crate::group::batch_table!(),
+        " JOIN orders o ON o.request_id = b.request_id \
+         GROUP BY b.n, o.request_id, o.id, o.product_id, o.user_id, o.quantity) e ORDER BY e.n"
+    ))
+    .bind(document)
+    .execute(&mut *conn)
+    .await?;
     Ok(())
 }
 
@@ -263,7 +256,8 @@ fn message(row: &sqlx::mysql::MySqlRow) -> Result<OutboxMessage, LedgerError> {
         sequence: u32::try_from(sequence).map_err(|_| corrupt(format!("sequence {sequence}")))?,
         payload: text(row, "payload")?,
         attempts: u32::try_from(attempts).unwrap_or(0),
-        blocked: row.try_get::<bool, _>("blocked").map_err(db)?,
+        // Nothing is held elsewhere while this relay holds the outbox's lease.
+        blocked: false,
     })
 }
 
@@ -277,51 +271,56 @@ impl Outbox for MysqlLedger {
     ) -> Result<Vec<OutboxMessage>, LedgerError> {
         let lease_micros = i64::try_from(lease.as_micros()).unwrap_or(i64::MAX);
         let limit = u64::try_from(limit).unwrap_or(u64::MAX);
-        bounded("claim outbox rows", || async {
+        // The lease on the whole outbox: taken when free or ended, renewed by its holder.
+        let held = bounded("lease the outbox", || async {
             sqlx::query(
-                "UPDATE outbox SET claimed_by = ?, \
-                 claimed_until = NOW(6) + INTERVAL ? MICROSECOND \
-                 WHERE sent_at IS NULL AND (claimed_until IS NULL OR claimed_until < NOW(6)) \
-                 ORDER BY id LIMIT ?",
+                "UPDATE outbox_lease SET holder = ?, \
+                 lease_until = NOW(6) + INTERVAL ? MICROSECOND \
+                 WHERE id = 1 AND (holder = ? OR holder IS NULL OR lease_until < NOW(6))",
             )
             .bind(relay)
             .bind(lease_micros)
-            .bind(limit)
+            .bind(relay)
             .execute(self.pool())
             .await
         })
         .await?;
-        let rows = bounded("read claimed outbox rows", || {
+        if held.rows_affected() == 0 {
+            // Another instance's relay holds it.
+            return Ok(Vec::new());
+        }
+        let rows = bounded("read unsent outbox rows", || {
             sqlx::query(
-                "SELECT c.id, c.event_id, c.event_type, c.request_id, c.sequence, c.payload, \
-                 c.attempts, EXISTS (SELECT 1 FROM outbox e WHERE e.request_id = c.request_id \
-                 AND e.sequence < c.sequence AND e.sent_at IS NULL \
-                 AND NOT (e.claimed_by <=> c.claimed_by)) AS blocked \
-                 FROM outbox c WHERE c.claimed_by = ? AND c.sent_at IS NULL \
-                 ORDER BY c.request_id, c.sequence LIMIT ?",
+                "SELECT id, event_id, event_type, request_id, sequence, payload, attempts \
+                 FROM outbox WHERE sent_at IS NULL ORDER BY sent_at, id LIMIT ?",
             )
-            .bind(relay)
             .bind(limit)
             .fetch_all(self.pool())
         })
         .await?;
-        rows.iter().map(message).collect()
+        if rows.is_empty() {
+            // Idle: let another instance's relay take over at once if this one stops.
+            self.end_lease(relay).await?;
+            return Ok(Vec::new());
+        }
+        let mut messages = rows.iter().map(message).collect::<Result<Vec<_>, _>>()?;
+        // Sorted here rather than by the server, which read them in its index's order.
+        messages.sort_by(|a, b| (&a.request_id, a.sequence).cmp(&(&b.request_id, b.sequence)));
+        Ok(messages)
     }
 
     async fn mark_sent(&self, ids: &[i64]) -> Result<(), LedgerError> {
         for chunk in ids.chunks(IDS_PER_STATEMENT) {
-            let sql = format!(
-                "UPDATE outbox SET sent_at = NOW(6), attempts = attempts + 1, \
-                 last_error = NULL, claimed_by = NULL, claimed_until = NULL \
-                 WHERE sent_at IS NULL AND id IN ({})",
-                list(chunk.len(), "?")
-            );
+            // The ids as one JSON array: one statement text for every chunk size.
+            let document = serde_json::to_string(chunk).unwrap_or_default();
             bounded("mark outbox rows sent", || {
-                let mut q = sqlx::query(&sql);
-                for id in chunk {
-                    q = q.bind(id);
-                }
-                q.execute(self.pool())
+                sqlx::query(
+                    "UPDATE outbox o JOIN JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) AS j \
+                     ON o.id = j.id SET o.sent_at = NOW(6), o.attempts = o.attempts + 1, \
+                     o.last_error = NULL WHERE o.sent_at IS NULL",
+                )
+                .bind(&document)
+                .execute(self.pool())
             })
             .await?;
         }
@@ -352,16 +351,7 @@ impl Outbox for MysqlLedger {
                 .await?;
             }
         }
-        bounded("end outbox leases", || {
-            sqlx::query(
-                "UPDATE outbox SET claimed_by = NULL, claimed_until = NULL \
-                 WHERE claimed_by = ? AND sent_at IS NULL",
-            )
-            .bind(relay)
-            .execute(self.pool())
-        })
-        .await?;
-        Ok(())
+        self.end_lease(relay).await
     }
 
     async fn unsent(&self) -> Result<u64, LedgerError> {
@@ -375,6 +365,20 @@ impl Outbox for MysqlLedger {
 }
 
 impl MysqlLedger {
+    /// Ends `relay`'s lease on the outbox, if it holds it.
+    async fn end_lease(&self, relay: &str) -> Result<(), LedgerError> {
+        bounded("end the outbox lease", || {
+            sqlx::query(
+                "UPDATE outbox_lease SET holder = NULL, lease_until = NULL \
+                 WHERE id = 1 AND holder = ?",
+            )
+            .bind(relay)
+            .execute(self.pool())
+        })
+        .await?;
+        Ok(())
+    }
+
     async fn apply_stats(
         &self,
         event_id: &str,

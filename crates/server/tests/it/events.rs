@@ -546,3 +546,85 @@ async fn unreachable_broker_blocks_neither_startup_nor_purchases() {
     );
     app.cleanup().await;
 }
+
+// Checks the MySQL adapter's outbox lease on the real MariaDB, through the `Outbox` port
+// of two ledger handles standing for two instances' relays (no relay runs in this
+// test's service): while relay A holds the outbox, relay B's claim gets nothing and A's
+// own claim renews it; A's give_back ends it and B then gets the same rows; a claim that
+// finds nothing unsent leaves the lease free; a lease that ran out passes to the other
+// relay without any give_back.
+#[tokio::test]
+async fn one_relay_at_a_time_holds_the_outbox() {
+    use flashsale_app::ports::Outbox;
+    let app = TestApp::spawn().await;
+    app.create_product(3600, 10, None).await;
+    let url = app.db.as_ref().expect("test database").url();
+    let handle = || async {
+        flashsale_mysql::MysqlLedger::connect(&flashsale_mysql::LedgerConfig {
+            url: url.clone(),
+            max_connections: 2,
+            acquire_timeout: Duration::from_secs(5),
+            transaction_timeout: Duration::from_secs(10),
+        })
+        .await
+        .expect("ledger")
+    };
+    let (a, b) = (handle().await, handle().await);
+    let lease = Duration::from_secs(30);
+    let (status, _) = app.purchase("REQ_lease_1", 1, 3600, 1).await;
+    assert_eq!(status, StatusCode::CREATED);
+
+    let held = a.claim("relay-a", 10, lease).await.expect("claim");
+    assert_eq!(held.len(), 1, "A leases the outbox and gets the unsent row");
+    assert!(held.iter().all(|m| !m.blocked));
+    assert!(
+        b.claim("relay-b", 10, lease)
+            .await
+            .expect("claim")
+            .is_empty(),
+        "B waits"
+    );
+    assert_eq!(a.claim("relay-a", 10, lease).await.expect("renew").len(), 1);
+    a.give_back("relay-a", &[]).await.expect("give back");
+    let taken = b.claim("relay-b", 10, lease).await.expect("claim");
+    assert_eq!(
+        taken.iter().map(|m| m.id).collect::<Vec<_>>(),
+        held.iter().map(|m| m.id).collect::<Vec<_>>(),
+        "B gets the same row once A let go"
+    );
+    assert!(
+        a.claim("relay-a", 10, lease)
+            .await
+            .expect("claim")
+            .is_empty(),
+        "A waits"
+    );
+    b.mark_sent(&[taken[0].id]).await.expect("mark sent");
+    b.give_back("relay-b", &[]).await.expect("give back");
+
+    assert!(
+        a.claim("relay-a", 10, lease)
+            .await
+            .expect("claim")
+            .is_empty(),
+        "all sent"
+    );
+    assert_eq!(
+        app.count("SELECT COUNT(*) FROM outbox_lease WHERE holder IS NULL")
+            .await,
+        1,
+        "an idle claim leaves the lease free"
+    );
+
+    let (status, _) = app.purchase("REQ_lease_2", 2, 3600, 1).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let short = a
+        .claim("relay-a", 10, Duration::from_millis(1))
+        .await
+        .expect("claim");
+    assert_eq!(short.len(), 1);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let after = b.claim("relay-b", 10, lease).await.expect("claim");
+    assert_eq!(after.len(), 1, "A's lease ran out: B relays");
+    app.cleanup().await;
+}
