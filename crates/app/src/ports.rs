@@ -40,6 +40,11 @@ pub trait StockGate: Send + Sync + 'static {
         generation: i64,
     ) -> Result<bool, GateError>;
 
+    /// The ledger accounts for this hold now (its order committed): the gate may drop it
+    /// from its index of pending holds early, rather than when recovery gets to it. Best
+    /// effort and never waits; a hold left there is trimmed by recovery as before.
+    fn committed(&self, _product_id: ProductId, _hold: StaleHold) {}
+
     /// Checks stock and the per-user limit and takes the units, atomically, recording a
     /// hold under (product, request_id). Idempotent on request_id: a second call finds
     /// the hold and reports it instead of taking stock again.

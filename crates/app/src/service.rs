@@ -30,7 +30,7 @@ use crate::model::{
 };
 use crate::ports::{
     Clock, Commit, CreateProduct, Fence, Ledger, RecordRestock, Release, ReleaseOf, Reserve,
-    Restock, StockGate,
+    Restock, StaleHold, StockGate,
 };
 
 /// Settings the use cases need, parsed and validated by the binary.
@@ -341,6 +341,7 @@ impl Flashsale {
             .await;
         match committed {
             Ok(Commit::Committed(order)) => {
+                self.accounted_for(request, generation, hold_id);
                 // Crash tests stop here: committed, the client not answered yet.
                 fail::fail_point!("purchase-after-commit");
                 Ok(Purchased {
@@ -352,6 +353,7 @@ impl Flashsale {
                 if record.is_hold(request.product_id, generation, hold_id) {
                     // A concurrent replay completed this very hold first: it is this
                     // attempt's order.
+                    self.accounted_for(request, generation, hold_id);
                     return answer_as(request, record, origin == HoldOrigin::Earlier);
                 }
                 if origin == HoldOrigin::Fresh {
@@ -405,6 +407,19 @@ impl Flashsale {
                 Err(e.into())
             }
         }
+    }
+
+    /// The ledger holds the order of this hold: recovery need not look at it again.
+    fn accounted_for(&self, request: &PurchaseRequest, generation: i64, hold_id: i64) {
+        self.gate.committed(
+            request.product_id,
+            StaleHold {
+                request: request.clone(),
+                hold_id,
+                generation,
+                released: false,
+            },
+        );
     }
 
     /// Returns the units of a hold that can never become an order; no ledger write is

@@ -21,6 +21,7 @@
 use std::time::Duration;
 
 mod reserve;
+mod trim;
 
 use async_trait::async_trait;
 use std::collections::{BTreeMap, BTreeSet};
@@ -55,6 +56,8 @@ const RECONNECT_ATTEMPTS: usize = 1;
 pub struct RedisGate {
     /// The reservation batcher, started on the first purchase (inside the runtime).
     reserver: std::sync::OnceLock<flashsale_batch::Coalescer<reserve::Item, reserve::Reply>>,
+    /// The early trims of committed holds, started on the first commit (inside the runtime).
+    trimmer: std::sync::OnceLock<trim::Trimmer>,
     conn: ConnectionManager,
     prefix: String,
     record_ttl_ms: u64,
@@ -83,6 +86,7 @@ impl RedisGate {
             ConnectionManager::new_lazy_with_config(client, manager_config).map_err(unavailable)?;
         Ok(Self {
             reserver: std::sync::OnceLock::new(),
+            trimmer: std::sync::OnceLock::new(),
             conn,
             prefix: config.prefix.clone(),
             record_ttl_ms: u64::try_from(config.record_ttl.as_millis()).unwrap_or(u64::MAX),
@@ -100,6 +104,14 @@ impl RedisGate {
 
     fn key(&self, product_id: ProductId, suffix: &str) -> String {
         key(&self.prefix, product_id.get(), suffix)
+    }
+
+    fn forget(&self) -> trim::Forget {
+        trim::Forget {
+            conn: self.conn.clone(),
+            script: self.forget.clone(),
+            prefix: self.prefix.clone(),
+        }
     }
 
     fn hold_key(&self, product_id: ProductId, request_id: &RequestId) -> String {
@@ -192,6 +204,12 @@ impl StockGate for RedisGate {
             .await
             .map_err(unavailable)?;
         Ok(loaded == 1)
+    }
+
+    fn committed(&self, product_id: ProductId, hold: StaleHold) {
+        self.trimmer
+            .get_or_init(|| trim::Trimmer::start(self.forget()))
+            .committed(product_id, hold);
     }
 
     async fn reserve(
@@ -426,22 +444,8 @@ impl GateMaintenance for RedisGate {
         product_id: ProductId,
         holds: &[StaleHold],
     ) -> Result<(), GateError> {
-        if holds.is_empty() {
-            return Ok(());
-        }
-        let mut conn = self.conn.clone();
-        let mut invocation = self.forget.prepare_invoke();
-        invocation.key(self.key(product_id, "pending"));
-        for hold in holds {
-            let request_id = &hold.request.request_id;
-            invocation
-                .key(self.hold_key(product_id, request_id))
-                .arg(request_id.as_str())
-                .arg(hold.hold_id)
-                .arg(hold.generation);
-        }
-        let _: i64 = invocation
-            .invoke_async(&mut conn)
+        self.forget()
+            .forget(product_id, holds)
             .await
             .map_err(unavailable)?;
         Ok(())

@@ -95,6 +95,10 @@ pub struct FaultyGate {
 
 #[async_trait]
 impl StockGate for FaultyGate {
+    fn committed(&self, product_id: ProductId, hold: StaleHold) {
+        self.inner.committed(product_id, hold);
+    }
+
     async fn ping(&self) -> Result<(), GateError> {
         through(
             &self.ctx,

@@ -127,6 +127,23 @@ fn bad_reply(script: &str, what: &str) -> GateError {
 }
 
 impl MemGate {
+    /// `forget.lua`: drops holds from the pending index, each only while its request_id's
+    /// record is still that hold (or is gone).
+    fn forget_now(&self, product_id: ProductId, holds: &[StaleHold]) {
+        let redis_now = self.now_ms();
+        let mut store = self.lock();
+        let keys = store.products.entry(product_id.get()).or_default();
+        for hold in holds {
+            let rid = hold.request.request_id.as_str();
+            let same = keys
+                .record(rid, redis_now)
+                .is_none_or(|r| r.h == Some(hold.hold_id) && r.g.unwrap_or(1) == hold.generation);
+            if same {
+                keys.pending.remove(rid);
+            }
+        }
+    }
+
     pub fn new(ctx: Arc<Ctx>, record_ttl: TimeDelta, defects: GateDefects) -> Self {
         Self {
             ctx,
@@ -211,6 +228,12 @@ fn held(keys: &mut Keys, generation: i64, now_ms: i64) -> BTreeMap<String, (i64,
 
 #[async_trait]
 impl StockGate for MemGate {
+    /// The Redis adapter trims a moment later; here at once (the script re-checks the
+    /// record either way).
+    fn committed(&self, product_id: ProductId, hold: StaleHold) {
+        self.forget_now(product_id, &[hold]);
+    }
+
     async fn ping(&self) -> Result<(), GateError> {
         Ok(())
     }
@@ -563,18 +586,7 @@ impl GateMaintenance for MemGate {
         product_id: ProductId,
         holds: &[StaleHold],
     ) -> Result<(), GateError> {
-        let redis_now = self.now_ms();
-        let mut store = self.lock();
-        let keys = store.products.entry(product_id.get()).or_default();
-        for hold in holds {
-            let rid = hold.request.request_id.as_str();
-            let same = keys
-                .record(rid, redis_now)
-                .is_none_or(|r| r.h == Some(hold.hold_id) && r.g.unwrap_or(1) == hold.generation);
-            if same {
-                keys.pending.remove(rid);
-            }
-        }
+        self.forget_now(product_id, holds);
         Ok(())
     }
 

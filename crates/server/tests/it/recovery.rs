@@ -12,7 +12,7 @@ use futures::stream::{self, StreamExt};
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::helpers::{code, order_id, redis_addr, Routes, TestApp, REDIS_URL};
+use crate::helpers::{code, order_id, redis_addr, wait_until, Routes, TestApp, REDIS_URL};
 use crate::invariants;
 
 /// Settings that make the recovery window short enough for a test: requests give up
@@ -514,5 +514,59 @@ async fn refusals_stop_vouching_when_records_may_have_expired() {
             .expect("reserve");
         assert_eq!(late, vec![vec![0, 0]], "{rid}: records may have expired");
     }
+    app.cleanup().await;
+}
+
+// Checks the early trim of the pending index against the real Redis: the entries of holds
+// whose orders committed leave the index within a few of the trimmer's rounds, with no
+// recovery pass run (this test's service runs none by itself), while a hold that no order
+// accounts for (taken by `reserve.lua` directly, as an attempt that died before its
+// commit) stays there for recovery.
+#[tokio::test]
+async fn committed_holds_leave_the_pending_index_early() {
+    let app = TestApp::spawn().await;
+    app.create_product(2900, 50, None).await;
+    let mut conn = app.redis.clone();
+    let pending = app.key(2900, "pending");
+    let reserve = redis::Script::new(include_str!("../../../redis/src/lua/reserve.lua"));
+    let orphan: redis::Value = reserve
+        .key(app.key(2900, "inv"))
+        .key(app.key(2900, "users"))
+        .key(&pending)
+        .key(app.key(2900, "r:ORPHAN"))
+        .arg(3_600_000)
+        .arg(1)
+        .arg(7)
+        .arg(0)
+        .arg("ORPHAN")
+        .invoke_async(&mut conn)
+        .await
+        .expect("reserve");
+    assert!(matches!(orphan, redis::Value::Array(_)), "{orphan:?}");
+    for i in 0..20 {
+        let (status, _) = app
+            .purchase(&format!("REQ_trim_{i}"), 100 + i, 2900, 1)
+            .await;
+        assert_eq!(status, StatusCode::CREATED);
+    }
+    let index = || {
+        let mut conn = app.redis.clone();
+        let pending = pending.clone();
+        async move {
+            redis::cmd("ZRANGE")
+                .arg(&pending)
+                .arg(0)
+                .arg(-1)
+                .query_async::<Vec<String>>(&mut conn)
+                .await
+                .expect("zrange")
+        }
+    };
+    wait_until(
+        "committed holds trimmed",
+        Duration::from_secs(5),
+        || async { index().await == ["ORPHAN"] },
+    )
+    .await;
     app.cleanup().await;
 }
