@@ -74,6 +74,15 @@ pub trait StockGate: Send + Sync + 'static {
 
     /// The live available count; None when the gate holds nothing for the product.
     async fn available(&self, product_id: ProductId) -> Result<Option<i64>, GateError>;
+
+    /// The request_ids of the product's holds the ledger may not account for yet (its
+    /// index of pending holds), at most `max`; None when there are more. A hold leaves
+    /// the index only after the ledger records its request_id (an order or a fence).
+    async fn pending_request_ids(
+        &self,
+        product_id: ProductId,
+        max: usize,
+    ) -> Result<Option<Vec<RequestId>>, GateError>;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,13 +93,31 @@ pub enum Reserve {
     /// Too few units. `unseen`: the gate vouches that this request_id never held units
     /// of the product (no record of it, and none can have been lost or expired), so it
     /// is not a replay of an accepted purchase and the ledger need not be asked.
-    SoldOut { unseen: bool },
+    /// `lease`: the product is sold out and the gate promises to grant no hold of it for
+    /// a while (see [`SoldOutLease`]).
+    SoldOut {
+        unseen: bool,
+        lease: Option<SoldOutLease>,
+    },
     /// The user's units would pass the per-user limit; `unseen` as for `SoldOut`.
     LimitExceeded { unseen: bool },
     /// The gate has no stock entry for the product.
     NotLoaded,
     /// A hold already exists for this request_id (a replay, or a concurrent duplicate).
     Existing(ExistingHold),
+}
+
+/// The gate's promise, made when it found a product with no unit left: it grants no
+/// hold of the product — to any caller, even for units given back or restocked
+/// meanwhile — for `remaining` from the moment it answered. Units that come back wait
+/// for the lease's end. The product's holds, at the time of the answer, number
+/// `holds` in stock generation `generation` (hold ids count up per generation), so
+/// while a later answer reports the same pair no hold was granted in between.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SoldOutLease {
+    pub remaining: Duration,
+    pub generation: i64,
+    pub holds: i64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -230,6 +257,14 @@ pub trait Ledger: Send + Sync + 'static {
     ) -> Result<RecordRestock, LedgerError>;
 
     async fn mark_restock_applied(&self, restock_id: &RequestId) -> Result<(), LedgerError>;
+
+    /// The request_ids of every reservation of the product (any state, any generation:
+    /// orders and fences), at most `max`; None when there are more.
+    async fn reservation_request_ids(
+        &self,
+        product_id: ProductId,
+        max: usize,
+    ) -> Result<Option<Vec<RequestId>>, LedgerError>;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -294,6 +329,9 @@ pub enum RecordRestock {
 /// the ledger's clock instead, so one instance with a wrong clock can't expire early.
 pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> DateTime<Utc>;
+    /// Time since an arbitrary fixed start, never going back (unlike `now`, which an
+    /// operator or NTP may step): for measuring how long a promise has left.
+    fn monotonic(&self) -> Duration;
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -302,6 +340,11 @@ pub struct SystemClock;
 impl Clock for SystemClock {
     fn now(&self) -> DateTime<Utc> {
         Utc::now()
+    }
+
+    fn monotonic(&self) -> Duration {
+        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        START.get_or_init(std::time::Instant::now).elapsed()
     }
 }
 

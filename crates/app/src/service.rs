@@ -30,8 +30,9 @@ use crate::model::{
 };
 use crate::ports::{
     Clock, Commit, CreateProduct, Fence, Ledger, RecordRestock, Release, ReleaseOf, Reserve,
-    Restock, StaleHold, StockGate,
+    Restock, SoldOutLease, StaleHold, StockGate,
 };
+use crate::sold_out::{SoldOutBoard, Taking, HOLDERS_MAX};
 
 /// Settings the use cases need, parsed and validated by the binary.
 #[derive(Debug, Clone)]
@@ -48,6 +49,7 @@ pub struct Flashsale {
     clock: Arc<dyn Clock>,
     settings: Settings,
     catalog: Catalog,
+    sold_out: SoldOutBoard,
 }
 
 /// Whether the hold being committed was taken by this attempt or found from an earlier one.
@@ -70,6 +72,7 @@ impl Flashsale {
             clock,
             settings,
             catalog: Catalog::default(),
+            sold_out: SoldOutBoard::default(),
         }
     }
 
@@ -244,6 +247,16 @@ impl Flashsale {
         if !product.window.is_open_at(now) {
             return self.replay_or(&request, Error::SaleNotActive).await;
         }
+        // Before the call: a lease is measured from a moment no later than the gate's answer.
+        let sent = self.clock.monotonic();
+        if self
+            .sold_out
+            .refuses(request.product_id, &request.request_id, sent)
+        {
+            // The gate promised to grant no hold now, and this request_id never held
+            // one: exactly its answer, without asking (`sold_out.rs`).
+            return Err(Error::SoldOut);
+        }
         let mut outcome = self.gate.reserve(&request, product.per_user_limit).await?;
         if outcome == Reserve::NotLoaded {
             self.load_stock(&product).await?;
@@ -293,10 +306,19 @@ impl Flashsale {
                 self.commit(&request, held, product.per_user_limit, HoldOrigin::Earlier)
                     .await
             }
-            // The gate vouches the request_id never held units here: no replay to find.
-            Reserve::SoldOut { unseen: true } => Err(Error::SoldOut),
+            Reserve::SoldOut { unseen, lease } => {
+                if let Some(lease) = lease {
+                    self.heard_lease(request.product_id, sent, lease).await;
+                }
+                if unseen {
+                    // The gate vouches the request_id never held units here: no replay
+                    // to find.
+                    Err(Error::SoldOut)
+                } else {
+                    self.replay_or(&request, Error::SoldOut).await
+                }
+            }
             Reserve::LimitExceeded { unseen: true } => Err(Error::LimitExceeded),
-            Reserve::SoldOut { unseen: false } => self.replay_or(&request, Error::SoldOut).await,
             Reserve::LimitExceeded { unseen: false } => {
                 self.replay_or(&request, Error::LimitExceeded).await
             }
@@ -305,6 +327,49 @@ impl Flashsale {
                 request.product_id
             ))),
         }
+    }
+
+    /// The gate granted a sold-out lease: note it, and take the product's holders if
+    /// this instance has no complete list of them yet. Pending index first, then the
+    /// ledger (`sold_out.rs` says why that order misses no holder). Failures only leave
+    /// this instance asking the gate, as without a lease.
+    async fn heard_lease(
+        &self,
+        product_id: flashsale_core::ProductId,
+        sent: Duration,
+        lease: SoldOutLease,
+    ) {
+        let Some(snapshot) = self.sold_out.leased(product_id, sent, lease) else {
+            return;
+        };
+        let taking = Taking::new(&self.sold_out, snapshot);
+        let pending = match self.gate.pending_request_ids(product_id, HOLDERS_MAX).await {
+            Ok(pending) => pending,
+            Err(e) => {
+                warn!(%product_id, error = %e, "pending holds unreadable; sold-out answers keep asking the gate");
+                return taking.done(Err(()));
+            }
+        };
+        let recorded = match self
+            .ledger
+            .reservation_request_ids(product_id, HOLDERS_MAX)
+            .await
+        {
+            Ok(recorded) => recorded,
+            Err(e) => {
+                warn!(%product_id, error = %e, "reservations unreadable; sold-out answers keep asking the gate");
+                return taking.done(Err(()));
+            }
+        };
+        let holders = match (pending, recorded) {
+            (Some(pending), Some(recorded)) if pending.len() + recorded.len() <= HOLDERS_MAX => {
+                Some(pending.into_iter().chain(recorded).collect())
+            }
+            _ => None,
+        };
+        info!(%product_id, holders = holders.as_ref().map(std::collections::HashSet::len),
+            "sold out: this instance answers outsiders itself while the gate's lease lasts");
+        taking.done(Ok(holders));
     }
 
     /// The gate refused without taking anything. A request accepted long ago (its hold

@@ -1228,4 +1228,35 @@ impl Ledger for MysqlLedger {
         .await
         .map(drop)
     }
+
+    async fn reservation_request_ids(
+        &self,
+        product_id: ProductId,
+        max: usize,
+    ) -> Result<Option<Vec<RequestId>>, LedgerError> {
+        // One more than asked tells "more than max" from "exactly max"; the unique key
+        // (product_id, generation, hold_id) serves the product's rows.
+        let limit = i64::try_from(max).unwrap_or(i64::MAX - 1) + 1;
+        let rows = self
+            .run("reservation request ids", || {
+                sqlx::query(
+                    "SELECT request_id FROM inventory_reservation WHERE product_id = ? LIMIT ?",
+                )
+                .bind(product_id.get())
+                .bind(limit)
+                .fetch_all(&self.pool)
+            })
+            .await?;
+        if rows.len() > max {
+            return Ok(None);
+        }
+        rows.iter()
+            .map(|row| {
+                let raw = rows::text(row, "request_id")?;
+                RequestId::parse("request_id", &raw)
+                    .map_err(|e| LedgerError(format!("reservation holds a bad request_id: {e}")))
+            })
+            .collect::<Result<_, _>>()
+            .map(Some)
+    }
 }

@@ -5,7 +5,7 @@
 //!
 //! | key                              | type   | holds                                      |
 //! |----------------------------------|--------|--------------------------------------------|
-//! | `<prefix>{p:<id>}:inv`           | hash   | `avail` units, `seq` last hold id, `gen` generation, `srv` run_id of the Redis process that loaded or rebuilt it |
+//! | `<prefix>{p:<id>}:inv`           | hash   | `avail` units, `seq` last hold id, `gen` generation, `srv` run_id of the Redis process that loaded or rebuilt it, `lease` end of the sold-out lease (ms) |
 //! | `<prefix>{p:<id>}:users`         | hash   | user id → units held (limited products)    |
 //! | `<prefix>{p:<id>}:r:<request_id>`| hash   | one hold: user, quantity, state, hold id, generation |
 //! | `<prefix>{p:<id>}:pending`       | zset   | request_ids of holds, scored by time (ms)  |
@@ -28,7 +28,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use flashsale_app::ports::{
     ExistingHold, GateFacts, GateMaintenance, GateState, RebuildPlan, Release, ReleaseOf, Reserve,
-    Restock, StaleHold,
+    Restock, SoldOutLease, StaleHold,
 };
 use flashsale_app::{GateError, StockGate};
 use flashsale_core::{ProductId, PurchaseRequest, Quantity, RequestId, UserId};
@@ -47,6 +47,10 @@ pub struct GateConfig {
     pub response_timeout: Duration,
     /// How long to wait for a connection before calling Redis unreachable.
     pub connect_timeout: Duration,
+    /// How long a product found with no unit left grants no hold (the sold-out lease,
+    /// `reserve.lua`); zero grants none. Every instance must use the same value: a
+    /// rebuild holds sales back this long for the leases of the state that was lost.
+    pub sold_out_lease: Duration,
 }
 
 /// Reconnect attempts per failed connection before the call fails: a purchase must
@@ -61,6 +65,7 @@ pub struct RedisGate {
     conn: ConnectionManager,
     prefix: String,
     record_ttl_ms: u64,
+    sold_out_lease_ms: u64,
     reserve: Script,
     release: Script,
     restock: Script,
@@ -90,6 +95,7 @@ impl RedisGate {
             conn,
             prefix: config.prefix.clone(),
             record_ttl_ms: u64::try_from(config.record_ttl.as_millis()).unwrap_or(u64::MAX),
+            sold_out_lease_ms: u64::try_from(config.sold_out_lease.as_millis()).unwrap_or(u64::MAX),
             reserve: Script::new(include_str!("lua/reserve.lua")),
             release: Script::new(include_str!("lua/release.lua")),
             restock: Script::new(include_str!("lua/restock.lua")),
@@ -156,9 +162,21 @@ fn parse_reserve(reply: &Value) -> Result<Reserve, GateError> {
             hold_id: *hold_id,
             generation: *generation,
         },
-        [0] => Reserve::SoldOut { unseen: false },
+        [0] => Reserve::SoldOut {
+            unseen: false,
+            lease: None,
+        },
         [0, unseen] => Reserve::SoldOut {
             unseen: *unseen == 1,
+            lease: None,
+        },
+        [0, unseen, remaining, generation, holds] if *remaining > 0 => Reserve::SoldOut {
+            unseen: *unseen == 1,
+            lease: Some(SoldOutLease {
+                remaining: Duration::from_millis(remaining.unsigned_abs()),
+                generation: *generation,
+                holds: *holds,
+            }),
         },
         [-1] => Reserve::NotLoaded,
         [-2] => Reserve::LimitExceeded { unseen: false },
@@ -223,6 +241,7 @@ impl StockGate for RedisGate {
                 script: self.reserve.clone(),
                 prefix: self.prefix.clone(),
                 record_ttl_ms: self.record_ttl_ms,
+                sold_out_lease_ms: self.sold_out_lease_ms,
             }
             .start()
         });
@@ -321,6 +340,32 @@ impl StockGate for RedisGate {
             .query_async::<Option<i64>>(&mut conn)
             .await
             .map_err(unavailable)
+    }
+
+    async fn pending_request_ids(
+        &self,
+        product_id: ProductId,
+        max: usize,
+    ) -> Result<Option<Vec<RequestId>>, GateError> {
+        let mut conn = self.conn.clone();
+        // One more than asked tells "more than max" from "exactly max".
+        let ids: Vec<String> = redis::cmd("ZRANGE")
+            .arg(self.key(product_id, "pending"))
+            .arg(0)
+            .arg(max)
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        if ids.len() > max {
+            return Ok(None);
+        }
+        ids.iter()
+            .map(|id| {
+                RequestId::parse("request_id", id)
+                    .map_err(|e| GateError(format!("pending index holds a bad request_id: {e}")))
+            })
+            .collect::<Result<_, _>>()
+            .map(Some)
     }
 }
 
@@ -555,7 +600,8 @@ impl GateMaintenance for RedisGate {
             .key(self.key(product_id, "pending"))
             .arg(plan.generation)
             .arg(plan.available)
-            .arg(plan.last_hold_id);
+            .arg(plan.last_hold_id)
+            .arg(self.sold_out_lease_ms);
         for (user, units) in &plan.user_units {
             invocation.arg(user.get()).arg(*units);
         }
@@ -600,11 +646,46 @@ mod tests {
         );
         assert_eq!(
             parse_reserve(&arr(vec![Value::Int(0)])).ok(),
-            Some(Reserve::SoldOut { unseen: false })
+            Some(Reserve::SoldOut {
+                unseen: false,
+                lease: None
+            })
         );
         assert_eq!(
             parse_reserve(&arr(vec![Value::Int(0), Value::Int(1)])).ok(),
-            Some(Reserve::SoldOut { unseen: true })
+            Some(Reserve::SoldOut {
+                unseen: true,
+                lease: None
+            })
+        );
+        assert_eq!(
+            parse_reserve(&arr(vec![
+                Value::Int(0),
+                Value::Int(0),
+                Value::Int(250),
+                s("3"),
+                s("1000")
+            ]))
+            .ok(),
+            Some(Reserve::SoldOut {
+                unseen: false,
+                lease: Some(SoldOutLease {
+                    remaining: Duration::from_millis(250),
+                    generation: 3,
+                    holds: 1000
+                })
+            })
+        );
+        assert!(
+            parse_reserve(&arr(vec![
+                Value::Int(0),
+                Value::Int(0),
+                Value::Int(0),
+                s("3"),
+                s("1000")
+            ]))
+            .is_err(),
+            "a lease with no time left is no lease"
         );
         assert_eq!(
             parse_reserve(&arr(vec![Value::Int(-1)])).ok(),

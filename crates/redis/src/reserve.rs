@@ -34,6 +34,7 @@ pub(crate) struct Reserver {
     pub script: Script,
     pub prefix: String,
     pub record_ttl_ms: u64,
+    pub sold_out_lease_ms: u64,
 }
 
 impl Reserver {
@@ -100,7 +101,8 @@ impl Reserver {
             .key(self.key(product, "inv"))
             .key(self.key(product, "users"))
             .key(self.key(product, "pending"))
-            .arg(self.record_ttl_ms);
+            .arg(self.record_ttl_ms)
+            .arg(self.sold_out_lease_ms);
         for &i in members {
             let (request, limit) = &batch[i];
             invocation

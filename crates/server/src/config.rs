@@ -19,6 +19,8 @@ pub struct Config {
     pub payment_timeout: Duration,
     pub max_quantity_per_order: u32,
     pub redis_record_ttl: Duration,
+    /// How long a sold-out product grants no hold (zero: never), see `reserve.lua`.
+    pub sold_out_lease: Duration,
     pub log_json: bool,
     pub database_max_connections: u32,
     pub request_timeout: Duration,
@@ -49,6 +51,7 @@ pub const KEYS: &[(&str, Option<&str>)] = &[
     ("payment_timeout", Some("15m")),
     ("max_quantity_per_order", Some("5")),
     ("redis_record_ttl", Some("24h")),
+    ("sold_out_lease", Some("250ms")),
     ("log_format", Some("text")),
     ("database_max_connections", Some("16")),
     ("request_timeout", Some("10s")),
@@ -70,6 +73,9 @@ const MAX_QUANTITY_PER_ORDER_LIMIT: u32 = 1000;
 const DATABASE_CONNECTIONS_LIMIT: u32 = 256;
 /// Upper bound of concurrently handled requests.
 const IN_FLIGHT_LIMIT: usize = 1_000_000;
+/// Longest sold-out lease: units given back during a lease wait for its end, so a longer
+/// one would hold stock back where buyers notice.
+const SOLD_OUT_LEASE_MAX: Duration = Duration::from_secs(5);
 /// Longest Redis key prefix: it is repeated in every key.
 const REDIS_PREFIX_LEN_MAX: usize = 64;
 /// Longest NATS subject prefix and stream name: both are repeated in every subject or
@@ -243,6 +249,20 @@ impl Config {
                 "must be longer than the payment timeout",
             ));
         }
+        let sold_out_lease = match raw.value("sold_out_lease") {
+            (_, "0") => Duration::ZERO,
+            value => duration(value)?,
+        };
+        if sold_out_lease > SOLD_OUT_LEASE_MAX {
+            return Err(invalid(
+                raw.value("sold_out_lease").0,
+                format!(
+                    "must be at most {} (units given back wait for the lease's end); 0 turns \
+                     sold-out leases off",
+                    humantime::format_duration(SOLD_OUT_LEASE_MAX)
+                ),
+            ));
+        }
         let (name, format) = raw.value("log_format");
         let log_json = match format {
             "text" => false,
@@ -307,6 +327,7 @@ impl Config {
             payment_timeout,
             max_quantity_per_order,
             redis_record_ttl,
+            sold_out_lease,
             log_json,
             database_max_connections,
             request_timeout,
@@ -347,6 +368,10 @@ mod tests {
         assert_eq!(c.redis_record_ttl, Duration::from_secs(24 * 3600));
         assert_eq!(c.admin_token, None);
         assert!(!c.log_json);
+        assert_eq!(c.sold_out_lease, Duration::from_millis(250));
+        let off = Config::from_parts(None, &env(&[("FLASHSALE_SOLD_OUT_LEASE", "0")]))
+            .expect("0 turns leases off");
+        assert_eq!(off.sold_out_lease, Duration::ZERO);
     }
 
     // Checks that the file sets values and the environment overrides the file.
@@ -376,6 +401,8 @@ mod tests {
             ("FLASHSALE_LOG_FORMAT", "xml"),
             ("FLASHSALE_REDIS_PREFIX", "a{b}"),
             ("FLASHSALE_REDIS_RECORD_TTL", "1m"),
+            ("FLASHSALE_SOLD_OUT_LEASE", "6s"),
+            ("FLASHSALE_SOLD_OUT_LEASE", "-1"),
         ];
         for (var, value) in cases {
             let err = Config::from_parts(None, &env(&[(var, value)])).unwrap_err();

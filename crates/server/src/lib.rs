@@ -93,6 +93,7 @@ fn gate_for(config: &Config) -> Result<RedisGate, String> {
         url: config.redis_url.clone(),
         prefix: config.redis_prefix.clone(),
         record_ttl: config.redis_record_ttl,
+        sold_out_lease: config.sold_out_lease,
         response_timeout: REDIS_RESPONSE_TIMEOUT,
         connect_timeout: REDIS_CONNECT_TIMEOUT,
     })

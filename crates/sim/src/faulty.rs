@@ -193,6 +193,22 @@ impl StockGate for FaultyGate {
         )
         .await
     }
+
+    async fn pending_request_ids(
+        &self,
+        product_id: ProductId,
+        max: usize,
+    ) -> Result<Option<Vec<RequestId>>, GateError> {
+        through(
+            &self.ctx,
+            Port::Gate,
+            "gate.pending_request_ids",
+            || format!("p{product_id}"),
+            GateError,
+            || self.inner.pending_request_ids(product_id, max),
+        )
+        .await
+    }
 }
 
 #[async_trait]
@@ -510,6 +526,22 @@ impl Ledger for FaultyLedger {
             || restock_id.to_string(),
             LedgerError,
             || self.inner.mark_restock_applied(restock_id),
+        )
+        .await
+    }
+
+    async fn reservation_request_ids(
+        &self,
+        product_id: ProductId,
+        max: usize,
+    ) -> Result<Option<Vec<RequestId>>, LedgerError> {
+        through(
+            &self.ctx,
+            Port::Ledger,
+            "ledger.reservation_request_ids",
+            || format!("p{product_id}"),
+            LedgerError,
+            || self.inner.reservation_request_ids(product_id, max),
         )
         .await
     }

@@ -14,12 +14,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, TimeDelta, Utc};
 use flashsale_app::ports::{
     ExistingHold, GateFacts, GateMaintenance, GateState, RebuildPlan, Release, ReleaseOf, Reserve,
-    Restock, StaleHold,
+    Restock, SoldOutLease, StaleHold,
 };
 use flashsale_app::{GateError, StockGate};
 use flashsale_core::{ProductId, PurchaseRequest, Quantity, RequestId, UserId};
@@ -49,6 +50,8 @@ struct Inv {
     fresh: Option<i64>,
     /// `loaded`: when load wrote the entry (ms, Redis's clock).
     loaded: Option<i64>,
+    /// `lease`: until when (ms, Redis's clock) no hold is granted (the sold-out lease).
+    lease: Option<i64>,
 }
 
 /// A hold record `r:<request_id>`. Fields are optional where a script may write a record
@@ -111,6 +114,8 @@ pub struct GateSnapshot {
 pub struct MemGate {
     ctx: Arc<Ctx>,
     record_ttl: TimeDelta,
+    /// The sold-out lease reserve.lua grants (ms; 0 = none).
+    sold_out_lease_ms: i64,
     defects: GateDefects,
     store: Mutex<GateSnapshot>,
     /// The run id of the "Redis process": a new one after every wipe or failover, as a
@@ -144,10 +149,16 @@ impl MemGate {
         }
     }
 
-    pub fn new(ctx: Arc<Ctx>, record_ttl: TimeDelta, defects: GateDefects) -> Self {
+    pub fn new(
+        ctx: Arc<Ctx>,
+        record_ttl: TimeDelta,
+        sold_out_lease: TimeDelta,
+        defects: GateDefects,
+    ) -> Self {
         Self {
             ctx,
             record_ttl,
+            sold_out_lease_ms: sold_out_lease.num_milliseconds().max(0),
             defects,
             store: Mutex::new(GateSnapshot::default()),
             server: AtomicU64::new(1),
@@ -261,6 +272,7 @@ impl StockGate for MemGate {
             srv: Some(self.server()),
             fresh: Some(loaded + self.record_ttl.num_milliseconds()),
             loaded: Some(loaded),
+            lease: None,
         });
         Ok(true)
     }
@@ -306,8 +318,28 @@ impl StockGate for MemGate {
         if ttl < 1 || rid.is_empty() {
             return Err(GateError("ERR flashsale reserve: invalid arguments".into()));
         }
-        if inv.avail < q && !self.defects.reserve_below_zero {
-            return Ok(Reserve::SoldOut { unseen });
+        let leased = inv.lease.filter(|&until| until > redis_now);
+        if leased.is_some() || (inv.avail < q && !self.defects.reserve_below_zero) {
+            let leased = match leased {
+                None if inv.avail == 0 && self.sold_out_lease_ms > 0 => {
+                    let until = redis_now + self.sold_out_lease_ms;
+                    if let Some(inv) = keys.inv.as_mut() {
+                        inv.lease = Some(until);
+                    }
+                    Some(until)
+                }
+                leased => leased,
+            };
+            return Ok(Reserve::SoldOut {
+                unseen,
+                lease: leased.map(|until| SoldOutLease {
+                    remaining: Duration::from_millis(
+                        until.saturating_sub(redis_now).unsigned_abs(),
+                    ),
+                    generation: gen,
+                    holds: inv.seq.unwrap_or(0),
+                }),
+            });
         }
         let user = request.user_id.get();
         let mut counted = false;
@@ -330,6 +362,7 @@ impl StockGate for MemGate {
                 (None, _) => None,
             },
             loaded: inv.loaded,
+            lease: inv.lease,
         });
         if counted {
             *keys.users.entry(user).or_insert(0) += q;
@@ -506,6 +539,29 @@ impl StockGate for MemGate {
     async fn available(&self, product_id: ProductId) -> Result<Option<i64>, GateError> {
         Ok(self.peek_available(product_id.get()))
     }
+
+    /// ZRANGE of the pending index.
+    async fn pending_request_ids(
+        &self,
+        product_id: ProductId,
+        max: usize,
+    ) -> Result<Option<Vec<RequestId>>, GateError> {
+        let store = self.lock();
+        let Some(keys) = store.products.get(&product_id.get()) else {
+            return Ok(Some(Vec::new()));
+        };
+        if keys.pending.len() > max {
+            return Ok(None);
+        }
+        keys.pending
+            .keys()
+            .map(|rid| {
+                RequestId::parse("request_id", rid)
+                    .map_err(|e| GateError(format!("pending index holds a bad request_id: {e}")))
+            })
+            .collect::<Result<_, _>>()
+            .map(Some)
+    }
 }
 
 #[async_trait]
@@ -648,6 +704,7 @@ impl GateMaintenance for MemGate {
             return Err(GateError("ERR flashsale rebuild: invalid arguments".into()));
         }
         let server = self.server();
+        let redis_now = self.now_ms();
         let mut store = self.lock();
         let keys = store.products.entry(product_id.get()).or_default();
         let current = keys.inv.as_ref().and_then(|i| i.gen).unwrap_or(0);
@@ -661,6 +718,8 @@ impl GateMaintenance for MemGate {
             srv: Some(server),
             fresh: None,
             loaded: None,
+            // rebuild.lua: the lost state's leases may still be trusted.
+            lease: (self.sold_out_lease_ms > 0).then_some(redis_now + self.sold_out_lease_ms),
         });
         keys.users = plan
             .user_units

@@ -1218,6 +1218,31 @@ impl Ledger for MemLedger {
         }
         Ok(())
     }
+
+    async fn reservation_request_ids(
+        &self,
+        product_id: ProductId,
+        max: usize,
+    ) -> Result<Option<Vec<RequestId>>, LedgerError> {
+        let t = self.lock();
+        let ids: Vec<&String> = t
+            .reservations
+            .iter()
+            .filter(|(_, r)| r.request.product_id == product_id)
+            .map(|(rid, _)| rid)
+            .take(max.saturating_add(1))
+            .collect();
+        if ids.len() > max {
+            return Ok(None);
+        }
+        ids.into_iter()
+            .map(|rid| {
+                RequestId::parse("request_id", rid)
+                    .map_err(|e| LedgerError(format!("reservation holds a bad request_id: {e}")))
+            })
+            .collect::<Result<_, _>>()
+            .map(Some)
+    }
 }
 
 #[async_trait]

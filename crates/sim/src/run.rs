@@ -144,6 +144,13 @@ impl Clock for InstanceClock {
     fn now(&self) -> DateTime<Utc> {
         self.ctx.instance_now(self.instance)
     }
+
+    /// True time (no offset, no jumps), as an instance's monotonic clock runs.
+    fn monotonic(&self) -> Duration {
+        (self.ctx.gate_now() - DateTime::<Utc>::UNIX_EPOCH)
+            .to_std()
+            .unwrap_or_default()
+    }
 }
 
 struct Instance {
@@ -927,7 +934,12 @@ pub fn run(opts: &Options, rt: &tokio::runtime::Runtime) -> Outcome {
         s.instance_skew = sc.instance_skew.clone();
         s.ledger_skew = sc.ledger_skew;
     }
-    let gate = Arc::new(MemGate::new(ctx.clone(), sc.record_ttl, opts.defects.gate));
+    let gate = Arc::new(MemGate::new(
+        ctx.clone(),
+        sc.record_ttl,
+        sc.sold_out_lease,
+        opts.defects.gate,
+    ));
     let ledger = Arc::new(MemLedger::new(ctx.clone(), opts.defects.ledger));
     let w = Rc::new(World {
         fgate: Arc::new(FaultyGate {
@@ -1129,7 +1141,9 @@ fn phases(w: &Rc<World>, exec: &mut Executor, rt: &tokio::runtime::Runtime) {
         audit_all(w, "after late replays");
     }
 
-    // I6: whatever is not sold must be buyable.
+    // I6: whatever is not sold must be buyable — once any sold-out lease has ended (a
+    // rebuild in the quiet-down starts one; a real buyer told sold_out tries again later).
+    w.advance(w.sc.sold_out_lease + TimeDelta::milliseconds(1));
     for p in w.sc.products.clone() {
         let total = w
             .ledger

@@ -93,6 +93,8 @@ pub struct Scenario {
     pub recovery_after: Duration,
     pub request_timeout: Duration,
     pub record_ttl: TimeDelta,
+    /// The gate's sold-out lease (zero: none), see reserve.lua.
+    pub sold_out_lease: TimeDelta,
     pub batch_size: usize,
     /// Each instance's clock offset at the start.
     pub instance_skew: Vec<TimeDelta>,
@@ -325,6 +327,12 @@ impl Scenario {
             recovery_after: Duration::from_millis(rng.random_range(3_000..=8_000)),
             request_timeout: Duration::from_secs(2),
             record_ttl: TimeDelta::minutes(30),
+            // Drawn from a stream of its own, so every other draw of a seed stays what it
+            // was before leases existed.
+            sold_out_lease: TimeDelta::milliseconds(pick(
+                &mut StdRng::seed_from_u64(seed ^ 0x1ea5_e000_5eed_0002),
+                &[0, 50, 250, 1_000],
+            )),
             batch_size: pick(&mut rng, &[1, 2, 5, 100]),
             instance_skew,
             ledger_skew,

@@ -48,7 +48,12 @@ fn p1() -> ProductId {
 }
 
 fn gate(ctx: &Arc<Ctx>) -> MemGate {
-    MemGate::new(ctx.clone(), TimeDelta::minutes(30), GateDefects::default())
+    MemGate::new(
+        ctx.clone(),
+        TimeDelta::minutes(30),
+        TimeDelta::zero(),
+        GateDefects::default(),
+    )
 }
 
 // Checks reserve.lua: idempotent on request_id (a second call reports the same hold and
@@ -82,7 +87,10 @@ fn reserve_is_idempotent_and_bounded() {
     );
     assert_eq!(
         now(g.reserve(&request("C", 2, 2), None)).expect("reserve"),
-        Reserve::SoldOut { unseen: true }
+        Reserve::SoldOut {
+            unseen: true,
+            lease: None
+        }
     );
     assert_eq!(now(g.available(p1())).expect("available"), Some(1));
 }
@@ -336,7 +344,10 @@ fn refusals_vouch_only_while_no_record_can_be_lost() {
     now(g.reserve(&request("A", 1, 1), None)).expect("reserve");
     assert_eq!(
         now(g.reserve(&request("B", 2, 1), None)).expect("reserve"),
-        Reserve::SoldOut { unseen: true }
+        Reserve::SoldOut {
+            unseen: true,
+            lease: None
+        }
     );
     // A has a record (another payload: not its hold, but seen).
     assert!(matches!(
@@ -347,7 +358,10 @@ fn refusals_vouch_only_while_no_record_can_be_lost() {
     g.restore(copy);
     assert_eq!(
         now(g.reserve(&request("C", 3, 1), None)).expect("reserve"),
-        Reserve::SoldOut { unseen: false },
+        Reserve::SoldOut {
+            unseen: false,
+            lease: None
+        },
         "another Redis process: records may be lost"
     );
     let plan = flashsale_app::ports::RebuildPlan {
@@ -359,7 +373,10 @@ fn refusals_vouch_only_while_no_record_can_be_lost() {
     assert!(now(g.rebuild(p1(), &plan)).expect("rebuild"));
     assert_eq!(
         now(g.reserve(&request("D", 4, 1), None)).expect("reserve"),
-        Reserve::SoldOut { unseen: false },
+        Reserve::SoldOut {
+            unseen: false,
+            lease: None
+        },
         "rebuilt: the records of the lost state are gone"
     );
 }

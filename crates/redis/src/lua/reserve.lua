@@ -2,11 +2,12 @@
 -- if it ran alone, in order.
 -- KEYS[1] inventory hash {avail, seq, gen}  KEYS[2] per-user held units (user -> units)
 -- KEYS[3] pending holds (zset request_id -> ms)  KEYS[3+i] hold record of purchase i
--- ARGV[1] record ttl ms; then for purchase i, ARGV[4i-2..4i+1]: quantity, user_id,
--- per-user limit (0 = none), request_id
+-- ARGV[1] record ttl ms  ARGV[2] sold-out lease ms (0 = none); then for purchase i,
+-- ARGV[4i-1..4i+2]: quantity, user_id, per-user limit (0 = none), request_id
 -- A hold's time is Redis's own clock (TIME), so every instance ages holds on one clock:
 -- one instance with a wrong clock can't make recovery think a fresh hold is stale.
 -- Returns one reply per purchase: {1, hold_id, gen} reserved | {0, unseen} sold out
+--   | {0, unseen, lease ms left, gen, holds} sold out under a sold-out lease
 --   | {-1} not loaded | {-2, unseen} limit exceeded
 --   | {2, hold_id, user_id, quantity, released 0/1, gen} a hold exists for this request.
 -- `unseen` is 1 when the gate can vouch that the request_id never held units of the
@@ -14,15 +15,21 @@
 -- the product still exists (`fresh`: loaded by this very Redis process, never rebuilt,
 -- less than a record's lifetime ago, and Redis never evicts keys). The caller may then
 -- refuse without asking the ledger whether it is a replay of an accepted purchase.
+-- The sold-out lease (`lease` in the entry, ms on Redis's clock): a purchase that finds
+-- no unit left grants one, and until it ends no purchase is granted a hold — units given
+-- back or restocked meanwhile wait for its end. An instance that heard the lease may
+-- refuse purchases itself until then (app/src/sold_out.rs); `holds` (the entry's `seq`)
+-- tells it whether holds were granted since it last listed the product's holders.
 -- Every argument is validated before the first write: Redis does not roll back a script
 -- that fails halfway.
-local ttl = tonumber(ARGV[1])
+local ttl, lease_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local n = #KEYS - 3
-if not ttl or ttl < 1 or n < 1 or #ARGV ~= 1 + 4 * n then
+if not ttl or ttl < 1 or not lease_ms or lease_ms < 0 or lease_ms % 1 ~= 0 or n < 1
+   or #ARGV ~= 2 + 4 * n then
   return redis.error_reply('ERR flashsale reserve: invalid arguments')
 end
 for i = 1, n do
-  local a = 4 * i - 2
+  local a = 4 * i - 1
   local q, limit = tonumber(ARGV[a]), tonumber(ARGV[a + 2])
   if not q or q < 1 or q % 1 ~= 0 or not tonumber(ARGV[a + 1]) or not limit or limit < 0
      or not ARGV[a + 3] or ARGV[a + 3] == '' then
@@ -30,7 +37,7 @@ for i = 1, n do
   end
 end
 local replies = {}
-local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen')
+local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen', 'lease', 'seq')
 local avail = tonumber(inv[1])
 if not avail then
   for i = 1, n do replies[i] = {-1} end
@@ -38,6 +45,19 @@ if not avail then
 end
 local gen = inv[2] or '1'
 local now
+local function clock()
+  if not now then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return now
+end
+-- Until when no hold is granted (ms); nil when no lease is in force.
+local leased = tonumber(inv[3])
+-- Holds granted in this generation so far (hold ids count up from 1).
+local seq = tonumber(inv[4]) or 0
+if leased and leased <= clock() then leased = nil end
+local stamped = false
 local vouch
 -- Whether a refusal without a record can vouch for it (see above); computed once.
 local function fresh()
@@ -45,8 +65,7 @@ local function fresh()
     vouch = false
     local f = tonumber(redis.call('HGET', KEYS[1], 'fresh') or '')
     if f then
-      local clock = redis.call('TIME')
-      local t = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+      local t = clock()
       local srv = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
       local policy = string.match(redis.call('INFO', 'memory'), 'maxmemory_policy:([%w-]+)')
       vouch = t < f and srv ~= nil and srv == redis.call('HGET', KEYS[1], 'srv')
@@ -56,7 +75,7 @@ local function fresh()
   return vouch
 end
 for i = 1, n do
-  local a = 4 * i - 2
+  local a = 4 * i - 1
   local q, user, limit, rid = tonumber(ARGV[a]), ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3]
   local rec = redis.call('HMGET', KEYS[3 + i], 'u', 'q', 's', 'h', 'g')
   -- A record from an older generation belongs to state that was lost and rebuilt without
@@ -64,8 +83,17 @@ for i = 1, n do
   if rec[1] and (rec[5] or '1') == gen then
     -- Ids go back as strings: a Lua number is a double and would round ids above 2^53.
     replies[i] = {2, rec[4], rec[1], rec[2], rec[3] == 'r' and 1 or 0, gen}
-  elseif avail < q then
-    replies[i] = {0, (not rec[1] and fresh()) and 1 or 0}
+  elseif leased or avail < q then
+    if not leased and avail == 0 and lease_ms > 0 then
+      leased = clock() + lease_ms
+      redis.call('HSET', KEYS[1], 'lease', leased)
+    end
+    local unseen = (not rec[1] and fresh()) and 1 or 0
+    if leased then
+      replies[i] = {0, unseen, leased - clock(), gen, tostring(seq)}
+    else
+      replies[i] = {0, unseen}
+    end
   else
     local counted = 0
     local over = false
@@ -77,9 +105,9 @@ for i = 1, n do
     if over then
       replies[i] = {-2, (not rec[1] and fresh()) and 1 or 0}
     else
-      if not now then
-        local clock = redis.call('TIME')
-        now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+      if not stamped then
+        stamped = true
+        clock()
         -- The records written now live `ttl`: the entry vouches no longer than the load
         -- time plus the shortest lifetime any record got (the setting may have changed).
         local lf = redis.call('HMGET', KEYS[1], 'loaded', 'fresh')
@@ -90,6 +118,7 @@ for i = 1, n do
       end
       avail = redis.call('HINCRBY', KEYS[1], 'avail', -q)
       local hold = redis.call('HINCRBY', KEYS[1], 'seq', 1)
+      seq = hold
       if counted == 1 then redis.call('HINCRBY', KEYS[2], user, q) end
       redis.call('DEL', KEYS[3 + i])
       -- The hold's time is kept only in the pending index (its score).

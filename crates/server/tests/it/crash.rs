@@ -345,6 +345,7 @@ async fn clock_jump_on_one_instance_releases_nothing_early() {
         record_ttl: Duration::from_secs(3600),
         response_timeout: Duration::from_secs(1),
         connect_timeout: Duration::from_secs(1),
+        sold_out_lease: Duration::from_millis(250),
     })
     .expect("gate");
     let request =

@@ -17,3 +17,4 @@ mod invariants;
 mod orders;
 mod purchase;
 mod recovery;
+mod sold_out;

@@ -423,6 +423,7 @@ async fn retry_completes_an_attempt_that_died_after_reserving() {
         record_ttl: Duration::from_secs(3600),
         response_timeout: Duration::from_secs(1),
         connect_timeout: Duration::from_secs(1),
+        sold_out_lease: Duration::from_millis(250),
     })
     .expect("gate");
     let request = PurchaseRequest::parse("REQ_died", 77, 1300, 1, 5).expect("valid");

@@ -26,6 +26,7 @@ fn gate(app: &TestApp) -> RedisGate {
         record_ttl: Duration::from_secs(3600),
         response_timeout: Duration::from_secs(1),
         connect_timeout: Duration::from_secs(1),
+        sold_out_lease: Duration::from_millis(250),
     })
     .expect("gate")
 }
@@ -384,23 +385,25 @@ async fn ledger(app: &TestApp) -> std::sync::Arc<flashsale_mysql::MysqlLedger> {
 
 // Checks the reserve script validates its arguments before its first write (Redis does
 // not roll back a script that fails halfway): called with a non-numeric quantity, a
-// negative limit, a zero record ttl, an empty request_id, or a batch whose arguments
-// don't match its keys — with a valid purchase first in the batch — it errors, and the
-// product's keys are unchanged.
+// negative limit, a zero record ttl, a negative or non-numeric sold-out lease, an empty
+// request_id, or a batch whose arguments don't match its keys — with a valid purchase
+// first in the batch — it errors, and the product's keys are unchanged.
 #[tokio::test]
 async fn script_with_bad_arguments_writes_nothing() {
     let app = TestApp::spawn().await;
     app.create_product(2700, 5, Some(1)).await;
     let before = app.redis_dump().await;
     let script = redis::Script::new(include_str!("../../../redis/src/lua/reserve.lua"));
-    // ARGV: ttl, then quantity, user, limit, request_id per purchase; the first purchase
-    // (request OK) is valid each time.
-    let bad_args: [&[&str]; 5] = [
-        &["1000", "1", "1", "0", "OK", "x", "1", "0", "R"],
-        &["1000", "1", "1", "0", "OK", "1", "1", "-1", "R"],
-        &["0", "1", "1", "0", "OK", "1", "1", "0", "R"],
-        &["1000", "1", "1", "0", "OK", "1", "1", "0", ""],
-        &["1000", "1", "1", "0", "OK", "1", "1", "0"],
+    // ARGV: ttl, sold-out lease, then quantity, user, limit, request_id per purchase;
+    // the first purchase (request OK) is valid each time.
+    let bad_args: [&[&str]; 7] = [
+        &["1000", "0", "1", "1", "0", "OK", "x", "1", "0", "R"],
+        &["1000", "0", "1", "1", "0", "OK", "1", "1", "-1", "R"],
+        &["0", "0", "1", "1", "0", "OK", "1", "1", "0", "R"],
+        &["1000", "-1", "1", "1", "0", "OK", "1", "1", "0", "R"],
+        &["1000", "x", "1", "1", "0", "OK", "1", "1", "0", "R"],
+        &["1000", "0", "1", "1", "0", "OK", "1", "1", "0", ""],
+        &["1000", "0", "1", "1", "0", "OK", "1", "1", "0"],
     ];
     let mut conn = app.redis.clone();
     for args in bad_args {
@@ -500,6 +503,7 @@ async fn refusals_stop_vouching_when_records_may_have_expired() {
             .key(app.key(2800, "pending"))
             .key(app.key(2800, &format!("r:{rid}")))
             .arg(ttl)
+            .arg(0)
             .arg(1)
             .arg(7)
             .arg(0)
@@ -545,6 +549,7 @@ async fn committed_holds_leave_the_pending_index_early() {
         .key(&pending)
         .key(app.key(2900, "r:ORPHAN"))
         .arg(3_600_000)
+        .arg(0)
         .arg(1)
         .arg(7)
         .arg(0)

@@ -1,0 +1,302 @@
+//! Sold-out answers without a call to the gate.
+//!
+//! When the gate finds a product with no unit left it grants a *sold-out lease*
+//! ([`SoldOutLease`]): for a while it grants no hold of the product to anyone, even for
+//! units that come back meanwhile. An instance that hears the lease may, until the lease
+//! ends by its own monotonic clock (measured from *before* it sent the call that heard
+//! it, and shortened by [`TRUST_SHARE`] against clocks running at different rates),
+//! refuse purchases of the product itself — with exactly the answer the gate would give,
+//! because the gate can grant nothing in that time.
+//!
+//! Except to a replay: a request_id that holds (or held) units of the product must get
+//! its own outcome, not `sold_out`. So the board also keeps the product's *holders*, a
+//! snapshot of every request_id with a hold: the gate's pending index read first, then
+//! the ledger's reservations (a hold leaves the index only after the ledger records its
+//! request_id, so reading in that order misses none). The snapshot is taken after the
+//! lease was heard and names the hold count it covers; it stays complete while the gate
+//! keeps reporting that count in that generation (no hold granted since). A purchase
+//! whose request_id is a holder goes to the gate as always.
+//!
+//! Everything here is bounded: [`HOLDERS_MAX`] request_ids per product (more, and the
+//! product is simply always asked of the gate), [`PRODUCTS_MAX`] products.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use flashsale_core::{ProductId, RequestId};
+
+use crate::ports::SoldOutLease;
+
+/// Most request_ids in one product's snapshot: about 10 MB at most. A product that had
+/// more holds than this (a big promotion, sold out) is always asked of the gate.
+pub(crate) const HOLDERS_MAX: usize = 100_000;
+/// Most products on the board at once; past it, expired entries are dropped, and if all
+/// are live a new product is not added (its purchases ask the gate, as before).
+const PRODUCTS_MAX: usize = 10_000;
+/// Share of a lease's remaining time an instance trusts (numerator, denominator): the
+/// margin covers a gate whose clock runs faster than this instance's (slew is well below
+/// 0.1 %; 10 % leaves room for far worse).
+const TRUST_SHARE: (u32, u32) = (9, 10);
+
+#[derive(Default)]
+pub(crate) struct SoldOutBoard {
+    products: Mutex<HashMap<ProductId, Entry>>,
+}
+
+struct Entry {
+    /// Until when (monotonic) this instance may refuse on its own.
+    until: Duration,
+    generation: i64,
+    holds: i64,
+    holders: Holders,
+}
+
+enum Holders {
+    /// Not taken yet for this (generation, holds).
+    Unknown,
+    /// One purchase is taking it.
+    Taking,
+    Known(Arc<HashSet<RequestId>>),
+    /// More than [`HOLDERS_MAX`]: never refuse locally for this (generation, holds).
+    TooMany,
+}
+
+/// The snapshot a caller must take for the board, for one (generation, holds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Snapshot {
+    pub product_id: ProductId,
+    pub generation: i64,
+    pub holds: i64,
+}
+
+impl SoldOutBoard {
+    fn lock(&self) -> MutexGuard<'_, HashMap<ProductId, Entry>> {
+        // The map stays consistent whatever panicked while holding it: every update is a
+        // single assignment.
+        self.products.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether this instance can answer `sold_out` to the purchase itself, at monotonic
+    /// time `now`.
+    pub(crate) fn refuses(
+        &self,
+        product_id: ProductId,
+        request_id: &RequestId,
+        now: Duration,
+    ) -> bool {
+        let products = self.lock();
+        let Some(entry) = products.get(&product_id) else {
+            return false;
+        };
+        now < entry.until
+            && matches!(&entry.holders, Holders::Known(holders) if !holders.contains(request_id))
+    }
+
+    /// The gate answered a call sent at monotonic time `sent` with a lease. Returns the
+    /// snapshot the caller should take now, if one is needed and nobody is taking it.
+    pub(crate) fn leased(
+        &self,
+        product_id: ProductId,
+        sent: Duration,
+        lease: SoldOutLease,
+    ) -> Option<Snapshot> {
+        let until = sent + lease.remaining * TRUST_SHARE.0 / TRUST_SHARE.1;
+        let mut products = self.lock();
+        if !products.contains_key(&product_id) && products.len() >= PRODUCTS_MAX {
+            products.retain(|_, e| e.until > sent);
+            if products.len() >= PRODUCTS_MAX {
+                return None;
+            }
+        }
+        let entry = products.entry(product_id).or_insert(Entry {
+            until,
+            generation: lease.generation,
+            holds: lease.holds,
+            holders: Holders::Unknown,
+        });
+        if (entry.generation, entry.holds) != (lease.generation, lease.holds) {
+            // Holds were granted (or the gate was rebuilt) since: the snapshot is stale.
+            *entry = Entry {
+                until,
+                generation: lease.generation,
+                holds: lease.holds,
+                holders: Holders::Unknown,
+            };
+        } else {
+            // Every lease answer is a promise of its own; the later end stands.
+            entry.until = entry.until.max(until);
+        }
+        if !matches!(entry.holders, Holders::Unknown) {
+            return None;
+        }
+        entry.holders = Holders::Taking;
+        Some(Snapshot {
+            product_id,
+            generation: lease.generation,
+            holds: lease.holds,
+        })
+    }
+
+    /// The outcome of taking `snapshot`: the holders, `Ok(None)` when there were too
+    /// many, `Err(())` when a store could not be read (someone takes it again later).
+    pub(crate) fn took(&self, snapshot: Snapshot, holders: Result<Option<HashSet<RequestId>>, ()>) {
+        let mut products = self.lock();
+        let Some(entry) = products.get_mut(&snapshot.product_id) else {
+            return;
+        };
+        if (entry.generation, entry.holds) != (snapshot.generation, snapshot.holds)
+            || !matches!(entry.holders, Holders::Taking)
+        {
+            return;
+        }
+        entry.holders = match holders {
+            Ok(Some(holders)) => Holders::Known(Arc::new(holders)),
+            Ok(None) => Holders::TooMany,
+            Err(()) => Holders::Unknown,
+        };
+    }
+}
+
+/// Gives a snapshot back as not taken if the purchase taking it stops before it is done
+/// (its client went away and the future was dropped), so another purchase takes it.
+pub(crate) struct Taking<'a> {
+    board: &'a SoldOutBoard,
+    snapshot: Option<Snapshot>,
+}
+
+impl<'a> Taking<'a> {
+    pub(crate) fn new(board: &'a SoldOutBoard, snapshot: Snapshot) -> Self {
+        Self {
+            board,
+            snapshot: Some(snapshot),
+        }
+    }
+
+    pub(crate) fn done(mut self, holders: Result<Option<HashSet<RequestId>>, ()>) {
+        if let Some(snapshot) = self.snapshot.take() {
+            self.board.took(snapshot, holders);
+        }
+    }
+}
+
+impl Drop for Taking<'_> {
+    fn drop(&mut self) {
+        if let Some(snapshot) = self.snapshot.take() {
+            self.board.took(snapshot, Err(()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    // Checks the board's rules with plain values: refusals only inside the trusted share
+    // of a lease and only for request_ids outside a complete snapshot; a new hold count
+    // or generation makes the snapshot stale; one taker at a time; a dropped taker lets
+    // the next one take it.
+    use super::*;
+
+    fn p(id: i64) -> ProductId {
+        ProductId::parse(id).expect("product id")
+    }
+    fn r(s: &str) -> RequestId {
+        RequestId::parse("request_id", s).expect("request id")
+    }
+    fn lease(ms: u64, generation: i64, holds: i64) -> SoldOutLease {
+        SoldOutLease {
+            remaining: Duration::from_millis(ms),
+            generation,
+            holds,
+        }
+    }
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+    fn holders(ids: &[&str]) -> Result<Option<HashSet<RequestId>>, ()> {
+        Ok(Some(ids.iter().map(|s| r(s)).collect()))
+    }
+
+    #[test]
+    fn refuses_outsiders_only_inside_the_trusted_share_with_a_snapshot() {
+        let board = SoldOutBoard::default();
+        let snapshot = board
+            .leased(p(1), ms(1_000), lease(100, 1, 5))
+            .expect("take");
+        assert!(
+            !board.refuses(p(1), &r("NEW"), ms(1_001)),
+            "no snapshot yet"
+        );
+        board.took(snapshot, holders(&["HELD"]));
+        assert!(board.refuses(p(1), &r("NEW"), ms(1_001)));
+        assert!(
+            !board.refuses(p(1), &r("HELD"), ms(1_001)),
+            "a holder asks the gate"
+        );
+        assert!(board.refuses(p(1), &r("NEW"), ms(1_089)));
+        assert!(
+            !board.refuses(p(1), &r("NEW"), ms(1_090)),
+            "only 90 % of the lease"
+        );
+        assert!(!board.refuses(p(2), &r("NEW"), ms(1_001)), "other products");
+    }
+
+    #[test]
+    fn a_new_hold_count_or_generation_makes_the_snapshot_stale() {
+        let board = SoldOutBoard::default();
+        let snapshot = board.leased(p(1), ms(0), lease(1_000, 1, 5)).expect("take");
+        board.took(snapshot, holders(&[]));
+        assert!(
+            board.leased(p(1), ms(10), lease(1_000, 1, 5)).is_none(),
+            "still complete"
+        );
+        assert!(
+            board.refuses(p(1), &r("NEW"), ms(905)),
+            "the later lease extends"
+        );
+        let snapshot = board
+            .leased(p(1), ms(20), lease(1_000, 1, 6))
+            .expect("stale");
+        assert!(!board.refuses(p(1), &r("NEW"), ms(21)));
+        board.took(snapshot, holders(&["NEW"]));
+        assert!(
+            !board.refuses(p(1), &r("NEW"), ms(21)),
+            "NEW took the sixth hold"
+        );
+        assert!(
+            board.leased(p(1), ms(30), lease(1_000, 2, 6)).is_some(),
+            "rebuilt"
+        );
+        assert!(!board.refuses(p(1), &r("OTHER"), ms(31)));
+    }
+
+    #[test]
+    fn one_taker_at_a_time_and_a_dropped_taker_gives_it_back() {
+        let board = SoldOutBoard::default();
+        let snapshot = board.leased(p(1), ms(0), lease(1_000, 1, 1)).expect("take");
+        assert!(
+            board.leased(p(1), ms(1), lease(1_000, 1, 1)).is_none(),
+            "being taken"
+        );
+        drop(Taking::new(&board, snapshot));
+        let snapshot = board
+            .leased(p(1), ms(2), lease(1_000, 1, 1))
+            .expect("again");
+        Taking::new(&board, snapshot).done(Ok(None));
+        assert!(
+            !board.refuses(p(1), &r("NEW"), ms(3)),
+            "too many holders: ask the gate"
+        );
+        assert!(board.leased(p(1), ms(4), lease(1_000, 1, 1)).is_none());
+    }
+
+    #[test]
+    fn a_snapshot_for_an_older_hold_count_is_not_kept() {
+        let board = SoldOutBoard::default();
+        let old = board.leased(p(1), ms(0), lease(1_000, 1, 1)).expect("take");
+        let _new = board
+            .leased(p(1), ms(1), lease(1_000, 1, 2))
+            .expect("stale");
+        board.took(old, holders(&[]));
+        assert!(!board.refuses(p(1), &r("NEW"), ms(2)));
+    }
+}
