@@ -13,7 +13,7 @@ pub mod maintenance;
 pub mod model;
 pub mod ports;
 mod service;
-mod sold_out;
+pub mod sold_out;
 
 pub use error::Error;
 pub use maintenance::{Maintenance, MaintenanceSettings, Reconciliation, RecoveryReport};

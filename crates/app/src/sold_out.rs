@@ -30,7 +30,7 @@ use crate::ports::SoldOutLease;
 
 /// Most request_ids in one product's snapshot: about 10 MB at most. A product that had
 /// more holds than this (a big promotion, sold out) is always asked of the gate.
-pub(crate) const HOLDERS_MAX: usize = 100_000;
+pub const HOLDERS_MAX: usize = 100_000;
 /// Most products on the board at once; past it, expired entries are dropped, and if all
 /// are live a new product is not added (its purchases ask the gate, as before).
 const PRODUCTS_MAX: usize = 10_000;
@@ -40,7 +40,7 @@ const PRODUCTS_MAX: usize = 10_000;
 const TRUST_SHARE: (u32, u32) = (9, 10);
 
 #[derive(Default)]
-pub(crate) struct SoldOutBoard {
+pub struct SoldOutBoard {
     products: Mutex<HashMap<ProductId, Entry>>,
 }
 
@@ -64,7 +64,7 @@ enum Holders {
 
 /// The snapshot a caller must take for the board, for one (generation, holds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Snapshot {
+pub struct Snapshot {
     pub product_id: ProductId,
     pub generation: i64,
     pub holds: i64,
@@ -79,12 +79,7 @@ impl SoldOutBoard {
 
     /// Whether this instance can answer `sold_out` to the purchase itself, at monotonic
     /// time `now`.
-    pub(crate) fn refuses(
-        &self,
-        product_id: ProductId,
-        request_id: &RequestId,
-        now: Duration,
-    ) -> bool {
+    pub fn refuses(&self, product_id: ProductId, request_id: &RequestId, now: Duration) -> bool {
         let products = self.lock();
         let Some(entry) = products.get(&product_id) else {
             return false;
@@ -95,7 +90,7 @@ impl SoldOutBoard {
 
     /// The gate answered a call sent at monotonic time `sent` with a lease. Returns the
     /// snapshot the caller should take now, if one is needed and nobody is taking it.
-    pub(crate) fn leased(
+    pub fn leased(
         &self,
         product_id: ProductId,
         sent: Duration,
@@ -140,7 +135,7 @@ impl SoldOutBoard {
 
     /// The outcome of taking `snapshot`: the holders, `Ok(None)` when there were too
     /// many, `Err(())` when a store could not be read (someone takes it again later).
-    pub(crate) fn took(&self, snapshot: Snapshot, holders: Result<Option<HashSet<RequestId>>, ()>) {
+    pub fn took(&self, snapshot: Snapshot, holders: Result<Option<HashSet<RequestId>>, ()>) {
         let mut products = self.lock();
         let Some(entry) = products.get_mut(&snapshot.product_id) else {
             return;
@@ -160,20 +155,20 @@ impl SoldOutBoard {
 
 /// Gives a snapshot back as not taken if the purchase taking it stops before it is done
 /// (its client went away and the future was dropped), so another purchase takes it.
-pub(crate) struct Taking<'a> {
+pub struct Taking<'a> {
     board: &'a SoldOutBoard,
     snapshot: Option<Snapshot>,
 }
 
 impl<'a> Taking<'a> {
-    pub(crate) fn new(board: &'a SoldOutBoard, snapshot: Snapshot) -> Self {
+    pub fn new(board: &'a SoldOutBoard, snapshot: Snapshot) -> Self {
         Self {
             board,
             snapshot: Some(snapshot),
         }
     }
 
-    pub(crate) fn done(mut self, holders: Result<Option<HashSet<RequestId>>, ()>) {
+    pub fn done(mut self, holders: Result<Option<HashSet<RequestId>>, ()>) {
         if let Some(snapshot) = self.snapshot.take() {
             self.board.took(snapshot, holders);
         }
