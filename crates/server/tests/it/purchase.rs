@@ -387,15 +387,27 @@ async fn restock_is_idempotent_and_safe_during_sales() {
     let (_, product) = app.get("/v1/products/7007").await;
     assert_eq!(product["inventory"]["total"], 100);
     // Every unit sold or still available; buy up what's left to prove none are lost.
+    // Units restocked while the product was sold out wait for the end of its sold-out
+    // lease (250 ms by default), so a refusal is retried, with a new request_id, until
+    // a bound far past it.
     let left = product["inventory"]["available"]
         .as_i64()
         .expect("available");
     assert_eq!(created as i64 + left, 100);
-    for i in 0..left {
-        let (s, _) = app
-            .purchase(&format!("REQ_rest_{i}"), 10_000 + i, 7007, 1)
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    let (mut bought, mut attempt) = (0, 0);
+    while bought < left {
+        attempt += 1;
+        let (s, b) = app
+            .purchase(&format!("REQ_rest_{attempt}"), 10_000 + attempt, 7007, 1)
             .await;
-        assert_eq!(s, StatusCode::CREATED);
+        match (s, code(&b)) {
+            (StatusCode::CREATED, _) => bought += 1,
+            (StatusCode::CONFLICT, "sold_out") if std::time::Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            _ => panic!("buying what is left: {s} {b}"),
+        }
     }
     let (s, b) = app.purchase("REQ_rest_end", 1, 7007, 1).await;
     assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "sold_out"));
