@@ -76,13 +76,15 @@ pub trait StockGate: Send + Sync + 'static {
     async fn available(&self, product_id: ProductId) -> Result<Option<i64>, GateError>;
 
     /// The request_ids of the product's holds the ledger may not account for yet (its
-    /// index of pending holds), at most `max`; None when there are more. A hold leaves
-    /// the index only after the ledger records its request_id (an order or a fence).
+    /// index of pending holds) and the stock generation they belong to, at most `max`;
+    /// None when there are more. A hold leaves the index only after the ledger records
+    /// its request_id (an order or a fence). An error when the gate can't vouch that it
+    /// lost none (another Redis process wrote the entry, or keys may be evicted).
     async fn pending_request_ids(
         &self,
         product_id: ProductId,
         max: usize,
-    ) -> Result<Option<Vec<RequestId>>, GateError>;
+    ) -> Result<Option<(i64, Vec<RequestId>)>, GateError>;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +105,10 @@ pub enum Reserve {
     LimitExceeded { unseen: bool },
     /// The gate has no stock entry for the product.
     NotLoaded,
+    /// The gate's entry was written by another Redis process (a restart from a snapshot,
+    /// a promoted replica): it may be behind, so nothing is answered until the entry is
+    /// rebuilt from the ledger.
+    NotRebuilt,
     /// A hold already exists for this request_id (a replay, or a concurrent duplicate).
     Existing(ExistingHold),
 }

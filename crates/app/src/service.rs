@@ -326,6 +326,11 @@ impl Flashsale {
                 "stock of product {} is not loaded",
                 request.product_id
             ))),
+            // The gate watch notices the new Redis process and rebuilds the entry.
+            Reserve::NotRebuilt => Err(Error::Unavailable(format!(
+                "stock of product {} is being rebuilt after Redis changed; retry",
+                request.product_id
+            ))),
         }
     }
 
@@ -344,7 +349,11 @@ impl Flashsale {
         };
         let taking = Taking::new(&self.sold_out, snapshot);
         let pending = match self.gate.pending_request_ids(product_id, HOLDERS_MAX).await {
-            Ok(pending) => pending,
+            // Holds of another generation than the lease's: not the state it promised on.
+            Ok(Some((generation, _))) if generation != lease.generation => {
+                return taking.done(Err(()));
+            }
+            Ok(pending) => pending.map(|(_, ids)| ids),
             Err(e) => {
                 warn!(%product_id, error = %e, "pending holds unreadable; sold-out answers keep asking the gate");
                 return taking.done(Err(()));

@@ -74,6 +74,7 @@ pub struct RedisGate {
     rebuild: Script,
     state: Script,
     forget: Script,
+    holders: Script,
     seed_decrement: Script,
 }
 
@@ -104,6 +105,7 @@ impl RedisGate {
             rebuild: Script::new(include_str!("lua/rebuild.lua")),
             state: Script::new(include_str!("lua/state.lua")),
             forget: Script::new(include_str!("lua/forget.lua")),
+            holders: Script::new(include_str!("lua/holders.lua")),
             seed_decrement: Script::new(include_str!("lua/seed_decrement.lua")),
         })
     }
@@ -179,6 +181,7 @@ fn parse_reserve(reply: &Value) -> Result<Reserve, GateError> {
             }),
         },
         [-1] => Reserve::NotLoaded,
+        [-3] => Reserve::NotRebuilt,
         [-2] => Reserve::LimitExceeded { unseen: false },
         [-2, unseen] => Reserve::LimitExceeded {
             unseen: *unseen == 1,
@@ -346,26 +349,43 @@ impl StockGate for RedisGate {
         &self,
         product_id: ProductId,
         max: usize,
-    ) -> Result<Option<Vec<RequestId>>, GateError> {
+    ) -> Result<Option<(i64, Vec<RequestId>)>, GateError> {
         let mut conn = self.conn.clone();
-        // One more than asked tells "more than max" from "exactly max".
-        let ids: Vec<String> = redis::cmd("ZRANGE")
-            .arg(self.key(product_id, "pending"))
-            .arg(0)
+        let reply: Value = self
+            .holders
+            .key(self.key(product_id, "inv"))
+            .key(self.key(product_id, "pending"))
             .arg(max)
-            .query_async(&mut conn)
+            .invoke_async(&mut conn)
             .await
             .map_err(unavailable)?;
-        if ids.len() > max {
-            return Ok(None);
+        let Value::Array(items) = &reply else {
+            return Err(unexpected("holders", &reply));
+        };
+        let generation = items.get(1).and_then(int);
+        match (items.first().and_then(int), generation) {
+            (Some(1), Some(generation)) => items[2..]
+                .iter()
+                .map(|id| match id {
+                    Value::BulkString(bytes) => std::str::from_utf8(bytes)
+                        .ok()
+                        .and_then(|id| RequestId::parse("request_id", id).ok())
+                        .ok_or_else(|| unexpected("holders", id)),
+                    other => Err(unexpected("holders", other)),
+                })
+                .collect::<Result<_, _>>()
+                .map(|ids| Some((generation, ids))),
+            (Some(2), Some(_)) => Ok(None),
+            (Some(-1), _) => Err(GateError(format!(
+                "stock of product {product_id} is missing from the stock gate"
+            ))),
+            (Some(-3), _) => Err(GateError(
+                "the stock gate can't vouch for its pending holds (another Redis process \
+                 wrote the entry, or keys may be evicted)"
+                    .into(),
+            )),
+            _ => Err(unexpected("holders", &reply)),
         }
-        ids.iter()
-            .map(|id| {
-                RequestId::parse("request_id", id)
-                    .map_err(|e| GateError(format!("pending index holds a bad request_id: {e}")))
-            })
-            .collect::<Result<_, _>>()
-            .map(Some)
     }
 }
 
@@ -690,6 +710,10 @@ mod tests {
         assert_eq!(
             parse_reserve(&arr(vec![Value::Int(-1)])).ok(),
             Some(Reserve::NotLoaded)
+        );
+        assert_eq!(
+            parse_reserve(&arr(vec![Value::Int(-3)])).ok(),
+            Some(Reserve::NotRebuilt)
         );
         assert_eq!(
             parse_reserve(&arr(vec![Value::Int(-2)])).ok(),

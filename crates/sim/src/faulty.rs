@@ -198,7 +198,7 @@ impl StockGate for FaultyGate {
         &self,
         product_id: ProductId,
         max: usize,
-    ) -> Result<Option<Vec<RequestId>>, GateError> {
+    ) -> Result<Option<(i64, Vec<RequestId>)>, GateError> {
         through(
             &self.ctx,
             Port::Gate,

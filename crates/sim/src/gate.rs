@@ -293,8 +293,12 @@ impl StockGate for MemGate {
         };
         let gen = inv.gen.unwrap_or(1);
         let rid = request.request_id.as_str();
-        // reserve.lua's `unseen`: no record in any generation, and the entry vouches.
         let server = self.server.load(Ordering::Relaxed);
+        // reserve.lua: an entry another Redis process wrote answers nothing until rebuilt.
+        if inv.srv.is_some_and(|srv| srv != server) {
+            return Ok(Reserve::NotRebuilt);
+        }
+        // reserve.lua's `unseen`: no record in any generation, and the entry vouches.
         let unseen = keys.record(rid, redis_now).is_none()
             && inv.fresh.is_some_and(|f| redis_now < f)
             && inv.srv == Some(server);
@@ -540,16 +544,26 @@ impl StockGate for MemGate {
         Ok(self.peek_available(product_id.get()))
     }
 
-    /// ZRANGE of the pending index.
+    /// holders.lua
     async fn pending_request_ids(
         &self,
         product_id: ProductId,
         max: usize,
-    ) -> Result<Option<Vec<RequestId>>, GateError> {
+    ) -> Result<Option<(i64, Vec<RequestId>)>, GateError> {
+        let server = self.server();
         let store = self.lock();
-        let Some(keys) = store.products.get(&product_id.get()) else {
-            return Ok(Some(Vec::new()));
+        let Some((keys, inv)) = store
+            .products
+            .get(&product_id.get())
+            .and_then(|keys| Some((keys, keys.inv.as_ref()?)))
+        else {
+            return Err(GateError("stock missing from the stock gate".into()));
         };
+        if inv.srv != Some(server) {
+            return Err(GateError(
+                "the stock gate can't vouch for its pending holds".into(),
+            ));
+        }
         if keys.pending.len() > max {
             return Ok(None);
         }
@@ -560,7 +574,7 @@ impl StockGate for MemGate {
                     .map_err(|e| GateError(format!("pending index holds a bad request_id: {e}")))
             })
             .collect::<Result<_, _>>()
-            .map(Some)
+            .map(|ids| Some((inv.gen.unwrap_or(1), ids)))
     }
 }
 

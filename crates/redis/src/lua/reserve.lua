@@ -9,6 +9,7 @@
 -- Returns one reply per purchase: {1, hold_id, gen} reserved | {0, unseen} sold out
 --   | {0, unseen, lease ms left, gen, holds} sold out under a sold-out lease
 --   | {-1} not loaded | {-2, unseen} limit exceeded
+--   | {-3} the entry was written by another Redis process (see below)
 --   | {2, hold_id, user_id, quantity, released 0/1, gen} a hold exists for this request.
 -- `unseen` is 1 when the gate can vouch that the request_id never held units of the
 -- product: it has no record of it in any generation, and every record ever written for
@@ -37,10 +38,19 @@ for i = 1, n do
   end
 end
 local replies = {}
-local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen', 'lease', 'seq')
+local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen', 'lease', 'seq', 'srv')
 local avail = tonumber(inv[1])
 if not avail then
   for i = 1, n do replies[i] = {-1} end
+  return replies
+end
+-- A Redis process that neither loaded nor rebuilt the entry (restarted from a snapshot,
+-- a promoted replica) may be behind: its records and its sold-out lease may be gone, so
+-- it answers nothing until the gate watch has rebuilt the entry from the ledger (which
+-- starts it under a fresh lease).
+local srv = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+if inv[5] and srv ~= inv[5] then
+  for i = 1, n do replies[i] = {-3} end
   return replies
 end
 local gen = inv[2] or '1'
@@ -66,10 +76,8 @@ local function fresh()
     local f = tonumber(redis.call('HGET', KEYS[1], 'fresh') or '')
     if f then
       local t = clock()
-      local srv = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
       local policy = string.match(redis.call('INFO', 'memory'), 'maxmemory_policy:([%w-]+)')
-      vouch = t < f and srv ~= nil and srv == redis.call('HGET', KEYS[1], 'srv')
-        and policy == 'noeviction'
+      vouch = t < f and srv ~= nil and srv == inv[5] and policy == 'noeviction'
     end
   end
   return vouch

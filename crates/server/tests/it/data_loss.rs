@@ -204,9 +204,10 @@ async fn redis_comes_back_behind() {
 // are cancelled (their units go back to Redis), then Redis is killed with SIGKILL and
 // restarts from the snapshot — a new process holding the data from before the cancels,
 // as after a failover. Its last hold id equals the ledger's, so only the changed run id
-// shows that writes may be lost. The gate watch must rebuild, and a sale afterwards must
-// sell exactly the 30 units the ledger has left (without the rebuild Redis would offer
-// only 20: the cancelled units would be stuck).
+// shows that writes may be lost. Until the gate watch rebuilds, a purchase gets 503 (the
+// new process answers nothing); after it, a sale must sell exactly the 30 units the
+// ledger has left (without the rebuild Redis would offer only 20: the cancelled units
+// would be stuck).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_restarts_from_an_older_snapshot() {
     let mut redis = PrivateRedis::start().await.expect("private redis");
@@ -242,6 +243,12 @@ async fn redis_restarts_from_an_older_snapshot() {
         Some(20),
         "the snapshot predates the cancels"
     );
+    // Until the entry is rebuilt, the new Redis process answers no purchase: it may be
+    // behind (here it is), and the sold-out lease it should honour may be lost with it.
+    let (s, b) = app
+        .purchase("REQ_snap_before_rebuild", 29_999, 3300, 1)
+        .await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{b}");
     let mut rebuilt = 0;
     for _ in 0..50 {
         rebuilt += app.maintenance.watch_once().await.unwrap_or(0);
