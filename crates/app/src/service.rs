@@ -338,12 +338,7 @@ impl Flashsale {
     /// this instance has no complete list of them yet. Pending index first, then the
     /// ledger (`sold_out.rs` says why that order misses no holder). Failures only leave
     /// this instance asking the gate, as without a lease.
-    async fn heard_lease(
-        &self,
-        product_id: flashsale_core::ProductId,
-        sent: Duration,
-        lease: SoldOutLease,
-    ) {
+    async fn heard_lease(&self, product_id: ProductId, sent: Duration, lease: SoldOutLease) {
         let Some(snapshot) = self.sold_out.leased(product_id, sent, lease) else {
             return;
         };

@@ -104,20 +104,16 @@ impl SoldOutBoard {
                 return None;
             }
         }
-        let entry = products.entry(product_id).or_insert(Entry {
+        let fresh = || Entry {
             until,
             generation: lease.generation,
             holds: lease.holds,
             holders: Holders::Unknown,
-        });
+        };
+        let entry = products.entry(product_id).or_insert_with(fresh);
         if (entry.generation, entry.holds) != (lease.generation, lease.holds) {
             // Holds were granted (or the gate was rebuilt) since: the snapshot is stale.
-            *entry = Entry {
-                until,
-                generation: lease.generation,
-                holds: lease.holds,
-                holders: Holders::Unknown,
-            };
+            *entry = fresh();
         } else {
             // Every lease answer is a promise of its own; the later end stands.
             entry.until = entry.until.max(until);
