@@ -56,6 +56,9 @@ pub struct Spawned {
     pub admin_token: String,
     pub env: ServerEnv,
     pub log_path: PathBuf,
+    /// The log is the bench's own temporary file (removed at the end), not a path the
+    /// user asked for with --server-log (kept).
+    log_is_temporary: bool,
     database_name: String,
     nats_url: String,
 }
@@ -110,6 +113,7 @@ pub async fn spawn(opts: SpawnOptions<'_>) -> Result<Spawned, String> {
     };
     let port = free_port()?;
     let admin_token = format!("bench-{:016x}", rand::random::<u64>());
+    let log_is_temporary = opts.log_path.is_none();
     let log_path = opts
         .log_path
         .map(Path::to_path_buf)
@@ -155,6 +159,7 @@ pub async fn spawn(opts: SpawnOptions<'_>) -> Result<Spawned, String> {
         admin_token,
         env,
         log_path,
+        log_is_temporary,
         database_name,
         nats_url: opts.nats_url.to_owned(),
     };
@@ -270,7 +275,9 @@ impl Spawned {
                 ),
             }
         }
-        let _ = std::fs::remove_file(&self.log_path);
+        if self.log_is_temporary {
+            let _ = std::fs::remove_file(&self.log_path);
+        }
     }
 }
 

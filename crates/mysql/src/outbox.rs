@@ -2,7 +2,8 @@
 //! transactions in `ledger.rs`, read by the relay through [`Outbox`]) and the sales
 //! statistics consumer's store ([`StatsStore`]).
 //!
-//! An event row is built by the database in one `INSERT … SELECT`: its id is a `UUID()`,
+//! An event row is built by the database in one `INSERT … SELECT`: its id is a `UUID()`
+//! (a group commit's `order_created` events bring theirs, UUIDv7, with the batch),
 //! its time the database's `NOW(6)`, its sequence one past the last of its request_id,
 //! and its JSON payload (`JSON_OBJECT`, escaped by the server) carries the same values, so
 //! writing an event costs one round trip inside the transaction and nothing else.
@@ -184,10 +185,8 @@ pub(crate) async fn record(
 /// Writes the `order_created` events of a group commit's new orders (the batch's
 /// [`crate::group::document`]) in one statement, in the transaction that creates them.
 /// Each is its request's first event (the request_id was free until this transaction),
-/// so its sequence is 1. The derived table is grouped (by every column it selects, so any
-/// `sql_mode` accepts it), which MariaDB materializes: each
-/// row's UUID() is evaluated once, so the column and the payload agree, as in
-/// [`record`]; NOW(6) is the statement's start time.
+/// so its sequence is 1. The event ids come with the batch (UUIDv7, made by
+/// [`crate::group::document`]); NOW(6) is the statement's start time.
 pub(crate) async fn record_created(
     conn: &mut MySqlConnection,
     document: &str,
@@ -195,16 +194,13 @@ pub(crate) async fn record_created(
     sqlx::query(concat!(
         "INSERT INTO outbox (event_id, event_type, request_id, order_id, product_id, \
          sequence, payload, created_at) \
-         SELECT e.event_id, 'order_created', e.request_id, e.order_id, e.product_id, 1, \
-         JSON_OBJECT('event_id', e.event_id, 'event_type', 'order_created', 'sequence', 1, \
-         'order_id', e.order_id, 'request_id', e.request_id, 'product_id', e.product_id, \
-         'user_id', e.user_id, 'quantity', e.quantity, 'reason', NULL, \
-         'occurred_at', DATE_FORMAT(NOW(6), '%Y-%m-%dT%H:%i:%s.%fZ')), NOW(6) \
-         FROM (SELECT UUID() AS event_id, b.n, o.request_id, o.id AS order_id, o.product_id, \
-         o.user_id, o.quantity FROM ",
+         SELECT b.event_id, 'order_created', o.request_id, o.id, o.product_id, 1, \
+         JSON_OBJECT('event_id', b.event_id, 'event_type', 'order_created', 'sequence', 1, \
+         'order_id', o.id, 'request_id', o.request_id, 'product_id', o.product_id, \
+         'user_id', o.user_id, 'quantity', o.quantity, 'reason', NULL, \
+         'occurred_at', DATE_FORMAT(NOW(6), '%Y-%m-%dT%H:%i:%s.%fZ')), NOW(6) FROM ",
         crate::group::batch_table!(),
-        " JOIN orders o ON o.request_id = b.request_id \
-         GROUP BY b.n, o.request_id, o.id, o.product_id, o.user_id, o.quantity) e ORDER BY e.n"
+        " JOIN orders o ON o.request_id = b.request_id"
     ))
     .bind(document)
     .execute(&mut *conn)

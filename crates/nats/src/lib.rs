@@ -60,6 +60,11 @@ pub const CONSUMER_BATCH: usize = 100;
 /// How long one fetch waits for messages when there are none: the consumer's idle
 /// latency, and one pull request per this period while idle.
 const FETCH_WAIT: Duration = Duration::from_secs(1);
+/// How long the consumer waits for more messages after the first of a chunk, so that a
+/// steady stream is applied in chunks of up to [`CONSUMER_BATCH`] (one transaction each)
+/// instead of a transaction per few events: 20 ms of added delay on a statistic nobody
+/// reads within that time, for several times fewer commits.
+const CONSUMER_LINGER: Duration = Duration::from_millis(20);
 /// After a failed apply (database down), the message is delivered again this much later.
 const NAK_DELAY: Duration = Duration::from_secs(1);
 /// The consumer's pause after a failure (broker or database) grows from this…
@@ -416,17 +421,32 @@ pub async fn run_consumer(
                     break 'round Some(format!("fetch: {e}"));
                 }
             };
-            // What has arrived is applied together; the next chunk is what arrived
-            // meanwhile.
-            let mut chunks = messages.ready_chunks(CONSUMER_BATCH);
+            // Events are applied in chunks: the first message, and whatever else arrives
+            // within CONSUMER_LINGER (up to CONSUMER_BATCH), so that a steady stream is
+            // applied in a few large transactions rather than many small ones.
+            let mut messages = messages.fuse();
             loop {
-                let next = tokio::select! {
-                    next = chunks.next() => next,
+                let first = tokio::select! {
+                    first = messages.next() => first,
                     _ = stop.changed() => break 'rounds,
                 };
-                let Some(chunk) = next else {
+                let Some(first) = first else {
                     break 'round None;
                 };
+                let mut chunk = Vec::with_capacity(CONSUMER_BATCH);
+                chunk.push(first);
+                let linger = tokio::time::Instant::now() + CONSUMER_LINGER;
+                let mut ended = false;
+                while chunk.len() < CONSUMER_BATCH {
+                    match tokio::time::timeout_at(linger, messages.next()).await {
+                        Ok(Some(item)) => chunk.push(item),
+                        Ok(None) => {
+                            ended = true;
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
                 let mut delivered = Vec::with_capacity(chunk.len());
                 let mut broken = None;
                 for item in chunk {
@@ -441,6 +461,9 @@ pub async fn run_consumer(
                 if let Some(e) = broken {
                     consumer = None;
                     break 'round Some(format!("fetch: {e}"));
+                }
+                if ended {
+                    break 'round None;
                 }
             }
         };
