@@ -1,11 +1,12 @@
 //! Group commit: many purchases in one transaction, with multi-row INSERTs and one
 //! counter UPDATE per product — the same rows, counters and events as one purchase's
-//! transaction (`MysqlLedger::insert_purchase`), written for a whole batch at once. A
-//! batch that meets anything but the plain case (a request_id or hold id already taken,
-//! too few units, a rebuilt generation) is rolled back whole and its purchases are
-//! committed one by one instead, where each such case has its answer.
+//! transaction (`MysqlLedger::insert_purchase`), written for a whole batch at once,
+//! per-user limits included. A batch that meets anything but the plain case (a
+//! request_id or hold id already taken, a user over a limit, too few units, a rebuilt
+//! generation) is rolled back whole; the purchases concerned are committed one by one,
+//! where each such case has its answer.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,6 +25,32 @@ pub(crate) struct Purchase {
     pub hold_id: i64,
     pub generation: i64,
     pub payment_timeout: Duration,
+    /// The product's per-user limit, checked in the batch's transaction.
+    pub per_user_limit: Option<u32>,
+}
+
+/// Why a group transaction was rolled back: the purchases to set aside.
+pub(crate) enum SetAside {
+    /// Their request_ids are taken (empty: something else went wrong, all go one by one).
+    Taken(HashSet<String>),
+    /// Their (user, product) pairs would go over a per-user limit: see [`OverLimit`].
+    OverLimit(OverLimit),
+}
+
+/// The (user, product) pairs a batch would take over their per-user limit, each with
+/// the live units the user held before the batch and the limit.
+pub(crate) type OverLimit = HashMap<(i64, i64), (i64, i64)>;
+
+/// What [`insert`] wrote.
+pub(crate) enum Written {
+    /// Every purchase, in batch order: the caller commits.
+    Orders(Vec<Order>),
+    /// These (user, product) pairs would hold more than the product's per-user limit:
+    /// the caller rolls back, keeps those of their purchases that fit, in batch order,
+    /// and commits the others one by one.
+    OverLimit(OverLimit),
+    /// Something else kept the batch from going the plain way: the caller rolls back.
+    NotPlain,
 }
 
 type Pending = Shared<BoxFuture<'static, Result<Commit, LedgerError>>>;
@@ -131,7 +158,7 @@ fn committed(
 
 /// The batch as one JSON document, bound as the single parameter of every statement
 /// below: `[request_id, product_id, user_id, quantity, hold_id, generation,
-/// payment timeout in µs, event id]` per purchase. One statement text for every batch
+/// payment timeout in µs, event id, per-user limit or null]` per purchase. One statement text for every batch
 /// size, so each connection prepares it once (an `IN (?, ?, …)` list of each new length
 /// was a new statement to prepare, about one in five executions).
 ///
@@ -152,6 +179,7 @@ pub(crate) fn document(batch: &[Purchase]) -> String {
                 p.generation,
                 crate::ledger::micros(p.payment_timeout),
                 uuid::Uuid::now_v7().hyphenated().to_string(),
+                p.per_user_limit,
             )
         })
         .collect();
@@ -171,7 +199,8 @@ macro_rules! batch_table {
          product_id BIGINT PATH '$[1]', user_id BIGINT PATH '$[2]', quantity INT PATH '$[3]', \
          hold_id BIGINT PATH '$[4]', generation BIGINT PATH '$[5]', \
          timeout_us BIGINT PATH '$[6]', \
-         event_id VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$[7]')) AS b"
+         event_id VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$[7]', \
+         user_limit BIGINT PATH '$[8]')) AS b"
     };
 }
 pub(crate) use batch_table;
@@ -195,14 +224,13 @@ pub(crate) async fn taken(
 }
 
 /// Writes every purchase of `batch` (whose [`document`] is `document`) in the open
-/// transaction `tx`, or nothing: `Ok(None)` when one of them can't go the plain way (the
-/// caller rolls back and commits them one by one). On `Ok(Some(orders))` the caller
-/// commits; `orders` are in `batch` order.
+/// transaction `tx`: [`Written::Orders`] and the caller commits, or another answer and
+/// the caller rolls back.
 pub(crate) async fn insert(
     tx: &mut MySqlConnection,
     batch: &[Purchase],
     document: &str,
-) -> Result<Option<Vec<Order>>, sqlx::Error> {
+) -> Result<Written, sqlx::Error> {
     let n = batch.len();
     // NOW(6) is the statement's start time: one value for every row.
     let reservations_then_orders = [
@@ -224,7 +252,7 @@ pub(crate) async fn insert(
     for sql in reservations_then_orders {
         match sqlx::query(sql).bind(document).execute(&mut *tx).await {
             // A request_id or a hold id taken: the one-by-one path tells which and answers.
-            Err(e) if crate::ledger::is_duplicate(&e) => return Ok(None),
+            Err(e) if crate::ledger::is_duplicate(&e) => return Ok(Written::NotPlain),
             other => other?,
         };
     }
@@ -303,8 +331,53 @@ pub(crate) async fn insert(
         .execute(&mut *tx)
         .await?;
         if updated.rows_affected() != 1 {
-            return Ok(None);
+            return Ok(Written::NotPlain);
         }
     }
-    Ok(Some(orders))
+    if batch.iter().any(|p| p.per_user_limit.is_some()) {
+        let over = over_limit(tx, batch, document).await?;
+        if !over.is_empty() {
+            return Ok(Written::OverLimit(over));
+        }
+    }
+    Ok(Written::Orders(orders))
+}
+
+/// The (user, product) pairs of the batch whose live orders, the batch's own included,
+/// add up to more than the product's per-user limit: the ledger's own per-user check,
+/// as Redis's per-user counts can be lost. Read after the batch's products' rows were
+/// locked (the counter UPDATEs), which orders the purchases of each product; the
+/// session reads READ COMMITTED, so this sees every order of them committed before.
+async fn over_limit(
+    tx: &mut MySqlConnection,
+    batch: &[Purchase],
+    document: &str,
+) -> Result<OverLimit, sqlx::Error> {
+    let mut own: HashMap<(i64, i64), i64> = HashMap::new();
+    for p in batch {
+        let r = &p.request;
+        *own.entry((r.user_id.get(), r.product_id.get()))
+            .or_default() += i64::from(r.quantity.get());
+    }
+    let mut over = OverLimit::new();
+    for row in sqlx::query(concat!(
+        "SELECT u.user_id, u.product_id, u.user_limit, \
+         (SELECT CAST(COALESCE(SUM(o.quantity), 0) AS SIGNED) FROM orders o \
+         WHERE o.user_id = u.user_id AND o.product_id = u.product_id \
+         AND o.status IN ('PENDING_PAYMENT', 'PAID')) AS units \
+         FROM (SELECT b.user_id, b.product_id, MIN(b.user_limit) AS user_limit FROM ",
+        batch_table!(),
+        " WHERE b.user_limit IS NOT NULL GROUP BY b.user_id, b.product_id) u \
+         HAVING units > u.user_limit"
+    ))
+    .bind(document)
+    .fetch_all(&mut *tx)
+    .await?
+    {
+        let pair = (row.try_get("user_id")?, row.try_get("product_id")?);
+        let units: i64 = row.try_get("units")?;
+        let before = units - own.get(&pair).copied().unwrap_or(0);
+        over.insert(pair, (before, row.try_get("user_limit")?));
+    }
+    Ok(over)
 }

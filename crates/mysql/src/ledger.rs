@@ -20,7 +20,7 @@ use std::sync::{Arc, OnceLock};
 
 use flashsale_batch::{BatchFn, Coalescer};
 
-use crate::group::Purchase;
+use crate::group::{Purchase, SetAside, Written};
 
 use crate::rows::{self, corrupt, db, ORDER_COLUMNS};
 
@@ -53,8 +53,9 @@ const LOOKUP_QUEUE_MAX: usize = 16_384;
 /// Lookup queries in flight at once.
 const LOOKUP_WORKERS: usize = 2;
 /// Group transactions tried per batch: after one that met taken request_ids and set them
-/// aside, one more for the rest; past that the batch goes one by one.
-const GROUP_ATTEMPTS_MAX: usize = 2;
+/// aside, and one that met users over a per-user limit and set their excess aside, one
+/// more for the rest; past that the batch goes one by one.
+const GROUP_ATTEMPTS_MAX: usize = 3;
 
 /// A pooled connection idle at least this long is pinged before use; younger ones were
 /// just used successfully.
@@ -343,8 +344,9 @@ impl MysqlLedger {
 
     /// Commits a batch of purchases in one transaction when they go the plain way.
     /// Purchases whose request_id is already taken — a second copy in the batch, or one
-    /// committed (or committing) elsewhere, as client retries are — are set aside and
-    /// answered one by one after it, as the one-purchase path answers them; anything
+    /// committed (or committing) elsewhere, as client retries are — and those of a user
+    /// the batch would take over a per-user limit are set aside and answered one by one
+    /// after it, as the one-purchase path answers them; anything
     /// else that keeps the batch from going through (too few units, a rebuilt
     /// generation, a reused hold id) sends the whole batch one by one.
     async fn group_commit(&self, batch: Vec<Purchase>) -> Vec<Result<Commit, LedgerError>> {
@@ -366,13 +368,18 @@ impl MysqlLedger {
                 .run("group commit", || async {
                     let mut tx = self.pool.begin().await?;
                     match crate::group::insert(&mut tx, &members, &document).await? {
-                        Some(orders) => {
+                        Written::Orders(orders) => {
                             tx.commit().await?;
                             Ok(Ok(orders))
                         }
-                        None => {
+                        Written::OverLimit(over) => {
                             tx.rollback().await?;
-                            Ok(Err(crate::group::taken(&self.pool, &document).await?))
+                            Ok(Err(SetAside::OverLimit(over)))
+                        }
+                        Written::NotPlain => {
+                            tx.rollback().await?;
+                            let taken = crate::group::taken(&self.pool, &document).await?;
+                            Ok(Err(SetAside::Taken(taken)))
                         }
                     }
                 })
@@ -384,14 +391,35 @@ impl MysqlLedger {
                     }
                     plain.clear();
                 }
-                Ok(Err(taken)) if !taken.is_empty() => {
+                Ok(Err(SetAside::Taken(taken))) if !taken.is_empty() => {
                     let (t, rest): (Vec<usize>, Vec<usize>) = plain
                         .iter()
                         .partition(|&&i| taken.contains(batch[i].request.request_id.as_str()));
                     aside.extend(t);
                     plain = rest;
                 }
-                Ok(Err(_)) => one_by_one = true,
+                // Of a user the batch would take over a limit, the purchases that fit
+                // (in batch order) stay; the others go one by one, where each learns its
+                // answer.
+                Ok(Err(SetAside::OverLimit(mut over))) => {
+                    let (fit, o): (Vec<usize>, Vec<usize>) = plain.iter().partition(|&&i| {
+                        let r = &batch[i].request;
+                        let Some((held, limit)) =
+                            over.get_mut(&(r.user_id.get(), r.product_id.get()))
+                        else {
+                            return true;
+                        };
+                        let q = i64::from(r.quantity.get());
+                        let fits = *held + q <= *limit;
+                        if fits {
+                            *held += q;
+                        }
+                        fits
+                    });
+                    aside.extend(o);
+                    plain = fit;
+                }
+                Ok(Err(SetAside::Taken(_))) => one_by_one = true,
                 // Unknown whether it committed: each caller hears so and retries; the
                 // unique keys make a retry find the order if it did.
                 Err(e) => {
@@ -405,7 +433,13 @@ impl MysqlLedger {
         aside.extend(plain);
         let answers = futures::future::join_all(aside.iter().map(|&i| {
             let p = &batch[i];
-            self.commit_one(&p.request, p.hold_id, p.generation, None, p.payment_timeout)
+            self.commit_one(
+                &p.request,
+                p.hold_id,
+                p.generation,
+                p.per_user_limit,
+                p.payment_timeout,
+            )
         }))
         .await;
         for (&i, answer) in aside.iter().zip(answers) {
@@ -1095,24 +1129,12 @@ impl Ledger for MysqlLedger {
         per_user_limit: Option<u32>,
         payment_timeout: Duration,
     ) -> Result<Commit, LedgerError> {
-        if per_user_limit.is_some() {
-            // The per-user check reads the user's orders after the counter UPDATE: kept
-            // to the one-purchase transaction.
-            return self
-                .commit_one(
-                    request,
-                    hold_id,
-                    generation,
-                    per_user_limit,
-                    payment_timeout,
-                )
-                .await;
-        }
         let purchase = Purchase {
             request: request.clone(),
             hold_id,
             generation,
             payment_timeout,
+            per_user_limit,
         };
         self.in_flight.commit(self.group(), purchase).await
     }

@@ -112,3 +112,84 @@ async fn concurrent_purchases_commit_together_with_the_same_answers() {
     );
     app.cleanup().await;
 }
+
+// Checks the ledger's per-user limit inside group commit, against the real MariaDB and
+// straight through the ledger port (Redis, which counts per user too, is bypassed, so
+// the ledger's check is the only guard): a product with 500 units and a limit of 2 per
+// user; 40 users send 3 purchases each, all 120 at once (distinct request_ids and hold
+// ids). Exactly 2 per user commit and every third is refused with LimitExceeded, the
+// orders table and the counters agree, and orders that share one `created_at` (one
+// statement's NOW(6)) show that limited purchases were written together, not one
+// transaction each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn per_user_limits_hold_inside_group_commits() {
+    let app = TestApp::spawn().await;
+    app.create_product(3510, 500, Some(2)).await;
+    let url = app.db.as_ref().expect("test database").url();
+    let ledger = Arc::new(
+        MysqlLedger::connect(&LedgerConfig {
+            url,
+            max_connections: 8,
+            acquire_timeout: Duration::from_secs(5),
+            transaction_timeout: Duration::from_secs(10),
+        })
+        .await
+        .expect("ledger"),
+    );
+    let timeout = Duration::from_secs(600);
+    let calls = (0..120i64).map(|i| {
+        let ledger = ledger.clone();
+        let user = i % 40;
+        tokio::spawn(async move {
+            let request = PurchaseRequest {
+                request_id: RequestId::parse("request_id", &format!("REQ_limit_{i}")).expect("id"),
+                user_id: UserId::parse(5000 + user).expect("user"),
+                product_id: ProductId::parse(3510).expect("product"),
+                quantity: Quantity::from_stored(1).expect("quantity"),
+            };
+            let r = ledger
+                .commit_purchase(&request, i + 1, 1, Some(2), timeout)
+                .await;
+            (user, r)
+        })
+    });
+    let mut per_user = std::collections::BTreeMap::new();
+    let mut refused = 0;
+    for call in futures::future::join_all(calls).await {
+        let (user, r) = call.expect("task");
+        match r.expect("ledger answered") {
+            Commit::Committed(_) => *per_user.entry(user).or_insert(0) += 1,
+            Commit::LimitExceeded => refused += 1,
+            other => panic!("user {user}: unexpected {other:?}"),
+        }
+    }
+    assert_eq!(per_user.len(), 40, "every user bought");
+    assert!(per_user.values().all(|&n| n == 2), "{per_user:?}");
+    assert_eq!(refused, 40, "every third purchase refused");
+    assert_eq!(
+        app.count(
+            "SELECT COUNT(*) FROM (SELECT user_id FROM orders WHERE product_id = 3510 \
+             GROUP BY user_id HAVING COUNT(*) = 2) u"
+        )
+        .await,
+        40
+    );
+    assert_eq!(
+        app.count(
+            "SELECT COUNT(*) FROM product_inventory WHERE product_id = 3510 \
+             AND available_stock = 420 AND pre_deduct_stock = 80"
+        )
+        .await,
+        1
+    );
+    assert!(
+        app.count(
+            "SELECT COALESCE(MAX(n), 0) FROM (SELECT COUNT(*) AS n FROM orders \
+             WHERE product_id = 3510 GROUP BY created_at) t"
+        )
+        .await
+            >= 2,
+        "no two orders written by one statement: limited purchases went one by one"
+    );
+    app.cleanup().await;
+}
