@@ -155,13 +155,18 @@ fn ratio(value: Option<f64>, base: Option<f64>) -> Option<f64> {
     }
 }
 
-/// Fills each row's throughput ratios to the ceiling row and to db-conditional's (left
-/// empty when that row is missing, failed to run or measured nothing).
+/// Fills each row's throughput ratios to the ceiling and to db-conditional's row (left
+/// empty when that row is missing, failed to run or measured nothing). The ceiling is
+/// the highest of the ceiling rows (`--compare` runs it first and last).
 pub fn add_ratios(rows: &mut [CompareRow]) {
     let find = |pick: &dyn Fn(&CompareRow) -> bool| {
         rows.iter().find(|r| pick(r)).and_then(|r| r.attempts_per_s)
     };
-    let ceiling = find(&|r| r.label == CEILING_LABEL);
+    let ceiling = rows
+        .iter()
+        .filter(|r| r.strategy.is_none())
+        .filter_map(|r| r.attempts_per_s)
+        .reduce(f64::max);
     let reference = find(&|r| r.strategy.as_deref() == Some(REFERENCE.name()));
     for row in rows.iter_mut() {
         row.vs_ceiling = ratio(row.attempts_per_s, ceiling);
@@ -180,7 +185,7 @@ pub fn flashsale_passed(rows: &[CompareRow]) -> bool {
 pub fn notes(rows: &[CompareRow]) -> Vec<String> {
     let mut notes = vec![
         format!(
-            "attempts/s: purchase attempts sent per second of load ({CEILING_LABEL}: GET /healthz requests, same generator, mode and connections); orders/s, orders: orders created (201) per second, in all; ×ceiling and ×{}: attempts/s divided by that row's attempts/s.",
+            "attempts/s: purchase attempts sent per second of load ({CEILING_LABEL}: GET /healthz requests, same generator, mode and connections); orders/s, orders: orders created (201) per second, in all; ×ceiling and ×{}: attempts/s divided by that row's attempts/s (the ceiling runs first and last; ×ceiling divides by the higher of its runs).",
             REFERENCE.name()
         ),
         "p50, p99: latency of the run's requests (purchase; healthz for the ceiling) from send (open loop: intended send) to answer; 503 re-sends count as requests of their own.".into(),
@@ -225,7 +230,11 @@ pub fn build(meta: Meta, outcomes: Vec<RunOutcome>) -> CompareReport {
     for o in outcomes {
         match o.result {
             Ok(r) => {
-                rows.push(row_of(&r));
+                // The spec's label: the second ceiling run is named apart from the first.
+                rows.push(CompareRow {
+                    label: o.spec.label.clone(),
+                    ..row_of(&r)
+                });
                 runs.push(r);
             }
             Err(e) => rows.push(error_row(&o.spec, &e)),
@@ -418,6 +427,33 @@ mod tests {
             spec: spec(&result.label(), None),
             result: Ok(result),
         }
+    }
+
+    // Checks the ceiling run twice (first and last, as --compare does): the ratios use
+    // the higher of the two runs (10,000/s, the second), the rows keep their own labels,
+    // and the lower ceiling's own ratio is below 1.
+    #[test]
+    fn the_higher_of_two_ceiling_runs_is_the_ceiling() {
+        let again = RunOutcome {
+            spec: spec(crate::cli::CEILING_AGAIN_LABEL, None),
+            result: Ok(ceiling(10_000)),
+        };
+        let report = build(
+            meta(),
+            vec![
+                outcome(ceiling(8_000)),
+                outcome(run("flashsale", 5000, true)),
+                again,
+            ],
+        );
+        let [first, f, last] = &report.rows[..] else {
+            panic!("three rows: {:?}", report.rows);
+        };
+        assert_eq!(first.label, CEILING_LABEL);
+        assert_eq!(last.label, crate::cli::CEILING_AGAIN_LABEL);
+        assert_eq!(first.vs_ceiling, Some(0.8));
+        assert_eq!(last.vs_ceiling, Some(1.0));
+        assert_eq!(f.vs_ceiling, Some(0.5));
     }
 
     // Checks the ratios and the ceiling row, by building a comparison of a ceiling at

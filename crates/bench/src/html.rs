@@ -346,7 +346,8 @@ pub fn throughput_chart(r: &BenchResult) -> Chart {
 
 const OP_COLORS: [&str; 4] = ["#1f5fbf", "#2a9d4b", "#d62728", "#7f3fbf"];
 /// Colours of a comparison's runs, in row order (ceiling, db-pessimistic,
-/// db-conditional, redis-lua, flashsale; cycled beyond).
+/// db-conditional, redis-lua, flashsale; cycled beyond, so the second ceiling run is
+/// the first one's grey).
 const RUN_COLORS: [&str; 5] = ["#444444", "#d62728", "#e08a00", "#7f3fbf", "#1f5fbf"];
 
 /// Maps a percentile (0–100, below 100) to the "nines" axis: 90% → 1, 99% → 2, …
@@ -726,17 +727,36 @@ pub fn report(r: &BenchResult) -> String {
     h
 }
 
+/// The runs' names in a comparison: their labels, the second ceiling run's apart.
+fn run_names(report: &CompareReport) -> Vec<String> {
+    let mut ceilings = 0;
+    report
+        .runs
+        .iter()
+        .map(|r| {
+            if r.is_ceiling() {
+                ceilings += 1;
+                if ceilings > 1 {
+                    return crate::cli::CEILING_AGAIN_LABEL.to_owned();
+                }
+            }
+            r.label()
+        })
+        .collect()
+}
+
 /// Each run's latency percentile curve (of its main requests: purchases, healthz for
 /// the ceiling) on one chart.
 pub fn compare_latency_chart(report: &CompareReport) -> Chart {
     let series = report
         .runs
         .iter()
+        .zip(run_names(report))
         .zip(RUN_COLORS.iter().cycle())
-        .filter_map(|(r, color)| {
+        .filter_map(|((r, name), color)| {
             let o = r.main_op().filter(|o| o.latency.count > 0)?;
             Some(Series {
-                name: format!("{} (max {})", r.label(), human_us(o.latency.max_us)),
+                name: format!("{name} (max {})", human_us(o.latency.max_us)),
                 color,
                 dashed: r.is_ceiling(),
                 points: curve_points(&o.curve),
@@ -751,9 +771,10 @@ pub fn compare_throughput_chart(report: &CompareReport) -> Chart {
     let series = report
         .runs
         .iter()
+        .zip(run_names(report))
         .zip(RUN_COLORS.iter().cycle())
-        .map(|(r, color)| Series {
-            name: r.label(),
+        .map(|((r, name), color)| Series {
+            name,
             color,
             dashed: r.is_ceiling(),
             points: r

@@ -8,7 +8,7 @@ use std::process::Command;
 use flashsale_bench::compare::{CompareReport, SCHEMA};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_flashsale-bench");
-/// A small sustained load per run, so five spawned debug servers (each started, loaded,
+/// A small sustained load per run, so six spawned debug servers (each started, loaded,
 /// left to go quiet, checked and cleaned up) stay within about a minute.
 const ATTEMPTS: &str = "600";
 const USERS: &str = "300";
@@ -30,8 +30,10 @@ fn server_bin() -> PathBuf {
 }
 
 // Checks the comparison end to end by running the real binary: it exits 0 and prints
-// one table; its JSON has the five rows in order (ceiling, db-pessimistic,
-// db-conditional, redis-lua, flashsale), the ceiling without orders or cost per order,
+// one table; its JSON has the six rows in order (ceiling, db-pessimistic,
+// db-conditional, redis-lua, flashsale, ceiling again), the ceilings without orders or
+// cost per order, the flashsale row's ratio to the ceiling taken against the higher
+// ceiling run,
 // every purchase row with throughput, latency and ratios to the ceiling and to
 // db-conditional, the baselines passing with their flashsale-specific checks listed as
 // skipped, and flashsale passing its audit.
@@ -85,14 +87,26 @@ fn quick_compare_against_spawned_servers() {
             "db-pessimistic",
             "db-conditional",
             "redis-lua",
-            "flashsale"
+            "flashsale",
+            "http-ceiling-again"
         ]
     );
-    let ceiling = &report.rows[0];
-    assert_eq!(ceiling.verdict, "n/a");
-    assert_eq!((ceiling.orders, ceiling.com_commit_per_order), (None, None));
-    assert!(ceiling.attempts_per_s.unwrap_or(0.0) > 0.0);
-    for row in &report.rows[1..] {
+    for ceiling in [&report.rows[0], &report.rows[5]] {
+        assert_eq!(ceiling.verdict, "n/a");
+        assert_eq!((ceiling.orders, ceiling.com_commit_per_order), (None, None));
+        assert!(ceiling.attempts_per_s.unwrap_or(0.0) > 0.0);
+    }
+    let higher = report.rows[0]
+        .attempts_per_s
+        .unwrap_or(0.0)
+        .max(report.rows[5].attempts_per_s.unwrap_or(0.0));
+    let flashsale_row = &report.rows[4];
+    let expected = flashsale_row.attempts_per_s.unwrap_or(0.0) / higher;
+    assert!(
+        (flashsale_row.vs_ceiling.unwrap_or(0.0) - expected).abs() < 1e-9,
+        "{flashsale_row:?}"
+    );
+    for row in &report.rows[1..5] {
         assert_eq!(row.verdict, "pass", "{row:?}");
         assert!(row.orders.unwrap_or(0) > 0, "{row:?}");
         assert!(row.p50_us.is_some() && row.p99_us.is_some(), "{row:?}");
@@ -103,7 +117,8 @@ fn quick_compare_against_spawned_servers() {
         let baseline = row.label != "flashsale";
         assert_eq!(row.skipped_checks.is_empty(), !baseline, "{row:?}");
     }
-    let flashsale = report.runs.last().expect("the flashsale run");
+    let flashsale = &report.runs[4];
+    assert_eq!(flashsale.label(), "flashsale");
     assert_eq!(flashsale.checks.audit.status, "passed");
-    assert_eq!(report.runs.len(), 5);
+    assert_eq!(report.runs.len(), 6);
 }
