@@ -408,7 +408,7 @@ pub async fn run_consumer(
                     Err(e) => break 'round Some(e.to_string()),
                 },
             };
-            let messages = match pull
+            let mut messages = match pull
                 .batch()
                 .max_messages(CONSUMER_BATCH)
                 .expires(FETCH_WAIT)
@@ -424,7 +424,6 @@ pub async fn run_consumer(
             // Events are applied in chunks: the first message, and whatever else arrives
             // within CONSUMER_LINGER (up to CONSUMER_BATCH), so that a steady stream is
             // applied in a few large transactions rather than many small ones.
-            let mut messages = messages.fuse();
             loop {
                 let first = tokio::select! {
                     first = messages.next() => first,

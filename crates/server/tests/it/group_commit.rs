@@ -11,6 +11,21 @@ use flashsale_mysql::{LedgerConfig, MysqlLedger};
 
 use crate::helpers::TestApp;
 
+/// A ledger of its own on the test's database: the tests call its port directly.
+async fn ledger(app: &TestApp) -> Arc<MysqlLedger> {
+    let url = app.db.as_ref().expect("test database").url();
+    Arc::new(
+        MysqlLedger::connect(&LedgerConfig {
+            url,
+            max_connections: 8,
+            acquire_timeout: Duration::from_secs(5),
+            transaction_timeout: Duration::from_secs(10),
+        })
+        .await
+        .expect("ledger"),
+    )
+}
+
 fn request(i: i64, product: i64) -> PurchaseRequest {
     PurchaseRequest {
         request_id: RequestId::parse("request_id", &format!("REQ_group_{i}")).expect("id"),
@@ -32,17 +47,7 @@ fn request(i: i64, product: i64) -> PurchaseRequest {
 async fn concurrent_purchases_commit_together_with_the_same_answers() {
     let app = TestApp::spawn().await;
     app.create_product(3500, 150, None).await;
-    let url = app.db.as_ref().expect("test database").url();
-    let ledger = Arc::new(
-        MysqlLedger::connect(&LedgerConfig {
-            url,
-            max_connections: 8,
-            acquire_timeout: Duration::from_secs(5),
-            transaction_timeout: Duration::from_secs(10),
-        })
-        .await
-        .expect("ledger"),
-    );
+    let ledger = ledger(&app).await;
     let timeout = Duration::from_secs(600);
     let calls = (0..220i64).map(|i| {
         let ledger = ledger.clone();
@@ -125,17 +130,7 @@ async fn concurrent_purchases_commit_together_with_the_same_answers() {
 async fn per_user_limits_hold_inside_group_commits() {
     let app = TestApp::spawn().await;
     app.create_product(3510, 500, Some(2)).await;
-    let url = app.db.as_ref().expect("test database").url();
-    let ledger = Arc::new(
-        MysqlLedger::connect(&LedgerConfig {
-            url,
-            max_connections: 8,
-            acquire_timeout: Duration::from_secs(5),
-            transaction_timeout: Duration::from_secs(10),
-        })
-        .await
-        .expect("ledger"),
-    );
+    let ledger = ledger(&app).await;
     let timeout = Duration::from_secs(600);
     let calls = (0..120i64).map(|i| {
         let ledger = ledger.clone();
