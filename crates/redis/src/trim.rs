@@ -20,7 +20,8 @@ use tracing::debug;
 /// Redis outage never grows this queue.
 const TRIM_QUEUE_MAX: usize = 16_384;
 /// Holds taken into one round: each product's share is one script call, which stays far
-/// below a millisecond of Redis's time.
+/// below a millisecond of Redis's time, and whose one ZREM takes at most this many
+/// members (Lua's `unpack` passes up to about 8,000).
 const TRIM_BATCH_MAX: usize = 2_048;
 /// Pause between rounds. Rounds are paced rather than sized by what queued, as the
 /// request path's batches are: nobody waits for a trim, and pacing keeps its calls near

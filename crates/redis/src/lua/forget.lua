@@ -8,13 +8,18 @@
 if #ARGV ~= (#KEYS - 1) * 3 then
   return redis.error_reply('ERR flashsale forget: arguments do not match the keys')
 end
-local removed = 0
+-- The entries to remove, in one ZREM: at most the trimmer's batch (2,048 ids), far below
+-- what `unpack` can pass.
+local members = {}
 for i = 2, #KEYS do
   local a = (i - 2) * 3
   local rec = redis.call('HMGET', KEYS[i], 'h', 'g')
   if not rec[1] or (tonumber(rec[1]) == tonumber(ARGV[a + 2])
       and tonumber(rec[2] or '1') == tonumber(ARGV[a + 3])) then
-    removed = removed + redis.call('ZREM', KEYS[1], ARGV[a + 1])
+    members[#members + 1] = ARGV[a + 1]
   end
 end
-return removed
+if #members == 0 then
+  return 0
+end
+return redis.call('ZREM', KEYS[1], unpack(members))

@@ -82,13 +82,30 @@ local function fresh()
   end
   return vouch
 end
+-- Units each user of the batch holds: read once per user, plus what the batch granted.
+local held_before, held_added = {}, {}
+local function held(user)
+  if held_before[user] == nil then
+    held_before[user] = tonumber(redis.call('HGET', KEYS[2], user) or '0')
+  end
+  return held_before[user] + (held_added[user] or 0)
+end
+-- Holds granted, decided first and written after: {i, hold id, counted, user, q, rid,
+-- whether an older record is in the way}.
+local granted = {}
+-- The same, by record key: a request_id twice in one batch (a client retry queued beside
+-- its first attempt) finds the hold the first copy got, as it would in a later call.
+local granted_key = {}
 for i = 1, n do
   local a = 4 * i - 1
   local q, user, limit, rid = tonumber(ARGV[a]), ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3]
-  local rec = redis.call('HMGET', KEYS[3 + i], 'u', 'q', 's', 'h', 'g')
+  local same = granted_key[KEYS[3 + i]]
+  local rec = same and {} or redis.call('HMGET', KEYS[3 + i], 'u', 'q', 's', 'h', 'g')
   -- A record from an older generation belongs to state that was lost and rebuilt without
   -- it: it holds nothing now, and the request may reserve afresh.
-  if rec[1] and (rec[5] or '1') == gen then
+  if same then
+    replies[i] = {2, tostring(same[2]), same[4], tostring(same[5]), 0, gen}
+  elseif rec[1] and (rec[5] or '1') == gen then
     -- Ids go back as strings: a Lua number is a double and would round ids above 2^53.
     replies[i] = {2, rec[4], rec[1], rec[2], rec[3] == 'r' and 1 or 0, gen}
   elseif leased or avail < q then
@@ -106,8 +123,7 @@ for i = 1, n do
     local counted = 0
     local over = false
     if limit > 0 then
-      local held = tonumber(redis.call('HGET', KEYS[2], user) or '0')
-      over = held + q > limit
+      over = held(user) + q > limit
       counted = 1
     end
     if over then
@@ -124,18 +140,39 @@ for i = 1, n do
           redis.call('HSET', KEYS[1], 'fresh', loaded and loaded + ttl or 0)
         end
       end
-      avail = redis.call('HINCRBY', KEYS[1], 'avail', -q)
-      local hold = redis.call('HINCRBY', KEYS[1], 'seq', 1)
-      seq = hold
-      if counted == 1 then redis.call('HINCRBY', KEYS[2], user, q) end
-      redis.call('DEL', KEYS[3 + i])
-      -- The hold's time is kept only in the pending index (its score).
-      redis.call('HSET', KEYS[3 + i], 'u', user, 'q', q, 's', 'h', 'h', hold, 'c', counted,
-        'g', gen)
-      redis.call('PEXPIRE', KEYS[3 + i], ttl)
-      redis.call('ZADD', KEYS[3], now, rid)
-      replies[i] = {1, hold, gen}
+      avail = avail - q
+      seq = seq + 1
+      if counted == 1 then held_added[user] = (held_added[user] or 0) + q end
+      granted[#granted + 1] = {i, seq, counted, user, q, rid, rec[1] ~= nil}
+      granted_key[KEYS[3 + i]] = granted[#granted]
+      replies[i] = {1, seq, gen}
     end
   end
 end
+if #granted == 0 then
+  return replies
+end
+-- The counters first, once for the whole batch, then the records: should a write fail
+-- halfway (Redis does not roll a script back), units are missing from `avail` rather
+-- than granted twice, and no hold id is ever handed out again; recovery reconciles
+-- holds without a record from the ledger, as it does after a crash.
+redis.call('HSET', KEYS[1], 'avail', avail, 'seq', seq)
+for user, q in pairs(held_added) do
+  redis.call('HINCRBY', KEYS[2], user, q)
+end
+-- Pending index members, all at once (at most 2 x RESERVE_BATCH_MAX arguments, far below
+-- what `unpack` can pass).
+local pending = {}
+for _, g in ipairs(granted) do
+  local key = KEYS[3 + g[1]]
+  if g[7] then
+    redis.call('DEL', key)
+  end
+  -- The hold's time is kept only in the pending index (its score).
+  redis.call('HSET', key, 'u', g[4], 'q', g[5], 's', 'h', 'h', g[2], 'c', g[3], 'g', gen)
+  redis.call('PEXPIRE', key, ttl)
+  pending[#pending + 1] = now
+  pending[#pending + 1] = g[6]
+end
+redis.call('ZADD', KEYS[3], unpack(pending))
 return replies

@@ -1,0 +1,215 @@
+//! The gate's Lua scripts called directly on the real Redis, with batches the adapter's
+//! coalescer makes only by chance: the same request_id twice in one call, and several
+//! purchases whose counters the script writes once for the whole batch.
+
+use flashsale_testkit::{delete_prefix, redis_prefix};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncCommands, Script, Value};
+
+const REDIS_URL: &str = "redis://127.0.0.1:6379";
+/// Hold records' lifetime in these calls.
+const TTL_MS: u64 = 60_000;
+
+struct Keys {
+    prefix: String,
+    inv: String,
+    users: String,
+    pending: String,
+}
+
+impl Keys {
+    fn new() -> Self {
+        let prefix = redis_prefix();
+        Self {
+            inv: format!("{prefix}p:1:inv"),
+            users: format!("{prefix}p:1:users"),
+            pending: format!("{prefix}p:1:pending"),
+            prefix,
+        }
+    }
+
+    fn record(&self, request_id: &str) -> String {
+        format!("{}p:1:r:{request_id}", self.prefix)
+    }
+}
+
+async fn connect() -> MultiplexedConnection {
+    redis::Client::open(REDIS_URL)
+        .expect("redis url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("the shared Redis (scripts/services.sh starts it)")
+}
+
+/// One reserve.lua call for `purchases` (request_id, user, quantity, per-user limit).
+async fn reserve(
+    conn: &mut MultiplexedConnection,
+    keys: &Keys,
+    purchases: &[(&str, i64, i64, i64)],
+) -> Vec<Value> {
+    let script = Script::new(include_str!("../src/lua/reserve.lua"));
+    let mut call = script.prepare_invoke();
+    call.key(&keys.inv).key(&keys.users).key(&keys.pending);
+    for (rid, ..) in purchases {
+        call.key(keys.record(rid));
+    }
+    call.arg(TTL_MS).arg(0);
+    for (rid, user, q, limit) in purchases {
+        call.arg(q).arg(user).arg(limit).arg(*rid);
+    }
+    call.invoke_async(conn).await.expect("reserve.lua")
+}
+
+async fn hmget(
+    conn: &mut MultiplexedConnection,
+    key: &str,
+    fields: &[&str],
+) -> Vec<Option<String>> {
+    redis::cmd("HMGET")
+        .arg(key)
+        .arg(fields)
+        .query_async(conn)
+        .await
+        .expect("HMGET")
+}
+
+fn ints(v: &Value) -> Vec<String> {
+    match v {
+        Value::Array(items) => items
+            .iter()
+            .map(|i| match i {
+                Value::Int(n) => n.to_string(),
+                Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                other => format!("{other:?}"),
+            })
+            .collect(),
+        other => panic!("not an array: {other:?}"),
+    }
+}
+
+// Checks one call holding the same request_id twice (a client retry queued beside its
+// first attempt): the first copy gets hold 1, the second finds that very hold (reply 2
+// with the first copy's user and quantity), and the counters, the per-user count and the
+// pending index move once, not twice. Then a second call: a new purchase gets hold 2.
+#[tokio::test]
+async fn a_request_id_twice_in_one_call_holds_once() {
+    let mut conn = connect().await;
+    let keys = Keys::new();
+    let _: () = conn
+        .hset_multiple(&keys.inv, &[("avail", 10), ("gen", 1), ("seq", 0)])
+        .await
+        .expect("seed");
+    let replies = reserve(&mut conn, &keys, &[("a", 7, 2, 3), ("a", 7, 2, 3)]).await;
+    assert_eq!(ints(&replies[0]), ["1", "1", "1"]);
+    assert_eq!(ints(&replies[1]), ["2", "1", "7", "2", "0", "1"]);
+    let inv = hmget(&mut conn, &keys.inv, &["avail", "seq"]).await;
+    assert_eq!(inv, [Some("8".into()), Some("1".into())]);
+    let held: i64 = conn.hget(&keys.users, "7").await.expect("users");
+    assert_eq!(held, 2);
+    let pending: i64 = conn.zcard(&keys.pending).await.expect("pending");
+    assert_eq!(pending, 1);
+
+    let replies = reserve(&mut conn, &keys, &[("b", 8, 1, 0)]).await;
+    assert_eq!(ints(&replies[0]), ["1", "2", "1"]);
+    delete_prefix(REDIS_URL, &keys.prefix)
+        .await
+        .expect("cleanup");
+}
+
+// Checks a mixed batch against what one-at-a-time calls would answer: hold ids count up
+// in batch order, a user's second purchase past the limit is refused (reply -2) while
+// the first counts, a purchase larger than what is left is refused as sold out, and the
+// entry's `avail` and `seq`, the per-user counts and the records end as the granted
+// purchases alone make them. A record from an older generation is replaced.
+#[tokio::test]
+async fn a_batch_writes_its_counters_once_as_if_one_at_a_time() {
+    let mut conn = connect().await;
+    let keys = Keys::new();
+    let _: () = conn
+        .hset_multiple(&keys.inv, &[("avail", 5), ("gen", 2), ("seq", 10)])
+        .await
+        .expect("seed");
+    let _: () = conn
+        .hset_multiple(
+            keys.record("old"),
+            &[("u", "9"), ("q", "4"), ("s", "h"), ("h", "3"), ("g", "1")],
+        )
+        .await
+        .expect("old record");
+    let replies = reserve(
+        &mut conn,
+        &keys,
+        &[
+            ("u1-a", 1, 2, 2),
+            ("u1-b", 1, 1, 2),
+            ("u2-a", 2, 1, 0),
+            ("big", 3, 5, 0),
+            ("old", 9, 2, 0),
+        ],
+    )
+    .await;
+    assert_eq!(ints(&replies[0]), ["1", "11", "2"]);
+    assert_eq!(ints(&replies[1])[0], "-2");
+    assert_eq!(ints(&replies[2]), ["1", "12", "2"]);
+    assert_eq!(ints(&replies[3])[0], "0");
+    assert_eq!(ints(&replies[4]), ["1", "13", "2"]);
+    let inv = hmget(&mut conn, &keys.inv, &["avail", "seq"]).await;
+    assert_eq!(inv, [Some("0".into()), Some("13".into())]);
+    let held: Option<i64> = conn.hget(&keys.users, "1").await.expect("users");
+    assert_eq!(held, Some(2));
+    let unlimited: Option<i64> = conn.hget(&keys.users, "2").await.expect("users");
+    assert_eq!(unlimited, None, "purchases without a limit are not counted");
+    let old = hmget(&mut conn, &keys.record("old"), &["u", "q", "h", "g"]).await;
+    assert_eq!(
+        old,
+        [
+            Some("9".into()),
+            Some("2".into()),
+            Some("13".into()),
+            Some("2".into())
+        ]
+    );
+    let ttl: i64 = conn.pttl(keys.record("old")).await.expect("pttl");
+    assert!(ttl > 0 && ttl <= TTL_MS as i64, "record lifetime {ttl}");
+    let members: Vec<String> = conn.zrange(&keys.pending, 0, -1).await.expect("pending");
+    let mut members = members;
+    members.sort();
+    assert_eq!(members, ["old", "u1-a", "u2-a"]);
+    delete_prefix(REDIS_URL, &keys.prefix)
+        .await
+        .expect("cleanup");
+}
+
+// Checks forget.lua's one ZREM: of three committed holds, the one whose record now holds
+// a later hold keeps its pending entry; the one whose record is gone and the one whose
+// record is still that hold leave the index; the count says two.
+#[tokio::test]
+async fn forget_removes_only_holds_still_recorded_as_themselves() {
+    let mut conn = connect().await;
+    let keys = Keys::new();
+    let _: () = conn
+        .zadd_multiple(&keys.pending, &[(1, "same"), (2, "later"), (3, "gone")])
+        .await
+        .expect("pending");
+    let _: () = conn
+        .hset_multiple(keys.record("same"), &[("h", "4"), ("g", "1")])
+        .await
+        .expect("record");
+    let _: () = conn
+        .hset_multiple(keys.record("later"), &[("h", "9"), ("g", "1")])
+        .await
+        .expect("record");
+    let script = Script::new(include_str!("../src/lua/forget.lua"));
+    let mut call = script.prepare_invoke();
+    call.key(&keys.pending);
+    for (rid, hold) in [("same", 4), ("later", 5), ("gone", 6)] {
+        call.key(keys.record(rid)).arg(rid).arg(hold).arg(1);
+    }
+    let removed: i64 = call.invoke_async(&mut conn).await.expect("forget.lua");
+    assert_eq!(removed, 2);
+    let left: Vec<String> = conn.zrange(&keys.pending, 0, -1).await.expect("pending");
+    assert_eq!(left, ["later"]);
+    delete_prefix(REDIS_URL, &keys.prefix)
+        .await
+        .expect("cleanup");
+}
