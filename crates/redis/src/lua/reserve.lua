@@ -104,7 +104,9 @@ for i = 1, n do
   -- A record from an older generation belongs to state that was lost and rebuilt without
   -- it: it holds nothing now, and the request may reserve afresh.
   if same then
-    replies[i] = {2, tostring(same[2]), same[4], tostring(same[5]), 0, gen}
+    -- As the record would give them: strings, whole digits (`tostring` would round ids
+    -- of 15 digits and more).
+    replies[i] = {2, string.format('%d', same[2]), same[4], string.format('%d', same[5]), 0, gen}
   elseif rec[1] and (rec[5] or '1') == gen then
     -- Ids go back as strings: a Lua number is a double and would round ids above 2^53.
     replies[i] = {2, rec[4], rec[1], rec[2], rec[3] == 'r' and 1 or 0, gen}
