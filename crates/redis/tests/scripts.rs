@@ -171,8 +171,7 @@ async fn a_batch_writes_its_counters_once_as_if_one_at_a_time() {
     );
     let ttl: i64 = conn.pttl(keys.record("old")).await.expect("pttl");
     assert!(ttl > 0 && ttl <= TTL_MS as i64, "record lifetime {ttl}");
-    let members: Vec<String> = conn.zrange(&keys.pending, 0, -1).await.expect("pending");
-    let mut members = members;
+    let mut members: Vec<String> = conn.zrange(&keys.pending, 0, -1).await.expect("pending");
     members.sort();
     assert_eq!(members, ["old", "u1-a", "u2-a"]);
     delete_prefix(REDIS_URL, &keys.prefix)

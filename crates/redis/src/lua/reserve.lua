@@ -90,10 +90,9 @@ local function held(user)
   end
   return held_before[user] + (held_added[user] or 0)
 end
--- Holds granted, decided first and written after: {i, hold id, counted, user, q, rid,
--- whether an older record is in the way}.
+-- Holds granted, decided first and written after, in batch order.
 local granted = {}
--- The same, by record key: a request_id twice in one batch (a client retry queued beside
+-- The same by record key: a request_id twice in one batch (a client retry queued beside
 -- its first attempt) finds the hold the first copy got, as it would in a later call.
 local granted_key = {}
 for i = 1, n do
@@ -106,7 +105,8 @@ for i = 1, n do
   if same then
     -- As the record would give them: strings, whole digits (`tostring` would round ids
     -- of 15 digits and more).
-    replies[i] = {2, string.format('%d', same[2]), same[4], string.format('%d', same[5]), 0, gen}
+    replies[i] = {2, string.format('%d', same.hold), same.user, string.format('%d', same.q), 0,
+      gen}
   elseif rec[1] and (rec[5] or '1') == gen then
     -- Ids go back as strings: a Lua number is a double and would round ids above 2^53.
     replies[i] = {2, rec[4], rec[1], rec[2], rec[3] == 'r' and 1 or 0, gen}
@@ -145,8 +145,10 @@ for i = 1, n do
       avail = avail - q
       seq = seq + 1
       if counted == 1 then held_added[user] = (held_added[user] or 0) + q end
-      granted[#granted + 1] = {i, seq, counted, user, q, rid, rec[1] ~= nil}
-      granted_key[KEYS[3 + i]] = granted[#granted]
+      local g = {key = KEYS[3 + i], hold = seq, counted = counted, user = user, q = q,
+        rid = rid, stale = rec[1] ~= nil}
+      granted[#granted + 1] = g
+      granted_key[g.key] = g
       replies[i] = {1, seq, gen}
     end
   end
@@ -166,15 +168,16 @@ end
 -- what `unpack` can pass).
 local pending = {}
 for _, g in ipairs(granted) do
-  local key = KEYS[3 + g[1]]
-  if g[7] then
-    redis.call('DEL', key)
+  -- An older generation's record: replaced whole, not merged into.
+  if g.stale then
+    redis.call('DEL', g.key)
   end
   -- The hold's time is kept only in the pending index (its score).
-  redis.call('HSET', key, 'u', g[4], 'q', g[5], 's', 'h', 'h', g[2], 'c', g[3], 'g', gen)
-  redis.call('PEXPIRE', key, ttl)
+  redis.call('HSET', g.key, 'u', g.user, 'q', g.q, 's', 'h', 'h', g.hold, 'c', g.counted,
+    'g', gen)
+  redis.call('PEXPIRE', g.key, ttl)
   pending[#pending + 1] = now
-  pending[#pending + 1] = g[6]
+  pending[#pending + 1] = g.rid
 end
 redis.call('ZADD', KEYS[3], unpack(pending))
 return replies
