@@ -106,7 +106,7 @@ pub struct OutboxMessage {
     pub sequence: u32,
     /// The message body, JSON, exactly as it goes on the wire.
     pub payload: String,
-    /// Publish attempts so far.
+    /// Failed publish attempts so far.
     pub attempts: u32,
     /// An earlier event of the same request_id is unsent and not held by this relay (another
     /// relay has it): this one, and the later ones of its request_id, must wait.

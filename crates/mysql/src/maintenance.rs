@@ -268,7 +268,8 @@ impl LedgerMaintenance for MysqlLedger {
         let unsent_events: i64 = self
             .run("facts: unsent events", || {
                 sqlx::query_scalar(
-                    "SELECT COUNT(*) FROM outbox WHERE product_id = ? AND sent_at IS NULL",
+                    "SELECT COUNT(*) FROM outbox_unsent u JOIN outbox o ON o.id = u.id \
+                     WHERE o.product_id = ?",
                 )
                 .bind(p)
                 .fetch_one(pool)

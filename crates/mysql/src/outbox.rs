@@ -7,6 +7,11 @@
 //! its time the database's `NOW(6)`, its sequence one past the last of its request_id,
 //! and its JSON payload (`JSON_OBJECT`, escaped by the server) carries the same values, so
 //! writing an event costs one round trip inside the transaction and nothing else.
+//!
+//! An event is unsent while it has a row in the narrow `outbox_unsent`, which the
+//! database's trigger adds in the inserting statement; the relay marks events sent by
+//! deleting those rows. The event row is written once and never updated (a `sent_at`
+//! set later rewrote the whole row: migration `…07_outbox_unsent.sql`).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -287,8 +292,9 @@ impl Outbox for MysqlLedger {
         }
         let rows = bounded("read unsent outbox rows", || {
             sqlx::query(
-                "SELECT id, event_id, event_type, request_id, sequence, payload, attempts \
-                 FROM outbox WHERE sent_at IS NULL ORDER BY sent_at, id LIMIT ?",
+                "SELECT o.id, o.event_id, o.event_type, o.request_id, o.sequence, o.payload, \
+                 u.attempts FROM outbox_unsent u JOIN outbox o ON o.id = u.id \
+                 ORDER BY u.id LIMIT ?",
             )
             .bind(limit)
             .fetch_all(self.pool())
@@ -309,11 +315,11 @@ impl Outbox for MysqlLedger {
         for chunk in ids.chunks(IDS_PER_STATEMENT) {
             // The ids as one JSON array: one statement text for every chunk size.
             let document = serde_json::to_string(chunk).unwrap_or_default();
+            // Sent is the absence of the unsent mark: the event row itself is not written.
             bounded("mark outbox rows sent", || {
                 sqlx::query(
-                    "UPDATE outbox o JOIN JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) AS j \
-                     ON o.id = j.id SET o.sent_at = NOW(6), o.attempts = o.attempts + 1, \
-                     o.last_error = NULL WHERE o.sent_at IS NULL",
+                    "DELETE u FROM outbox_unsent u \
+                     JOIN JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) AS j ON u.id = j.id",
                 )
                 .bind(&document)
                 .execute(self.pool())
@@ -333,8 +339,8 @@ impl Outbox for MysqlLedger {
         for (error, ids) in &by_error {
             for chunk in ids.chunks(IDS_PER_STATEMENT) {
                 let sql = format!(
-                    "UPDATE outbox SET attempts = attempts + 1, last_error = ? \
-                     WHERE sent_at IS NULL AND id IN ({})",
+                    "UPDATE outbox_unsent SET attempts = attempts + 1, last_error = ? \
+                     WHERE id IN ({})",
                     list(chunk.len(), "?")
                 );
                 bounded("record failed publishes", || {
@@ -352,7 +358,7 @@ impl Outbox for MysqlLedger {
 
     async fn unsent(&self) -> Result<u64, LedgerError> {
         let n: i64 = bounded("count unsent events", || {
-            sqlx::query_scalar("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL")
+            sqlx::query_scalar("SELECT COUNT(*) FROM outbox_unsent")
                 .fetch_one(self.pool())
         })
         .await?;

@@ -1532,7 +1532,6 @@ impl Outbox for MemLedger {
         for id in ids {
             if let Some(row) = t.outbox.get_mut(id).filter(|r| !r.sent) {
                 row.sent = true;
-                row.attempts += 1;
                 row.claimed_by = None;
                 row.claimed_until = None;
             }

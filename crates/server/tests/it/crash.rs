@@ -134,7 +134,7 @@ fn stream_name(prefix: &str) -> String {
 /// holds the outbox's lease until it ends: the bound is one lease and some.
 async fn drained(pool: &sqlx::MySqlPool) {
     let deadline = Instant::now() + flashsale_app::relay::CLAIM_LEASE + Duration::from_secs(20);
-    while count(pool, "SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL").await > 0 {
+    while count(pool, "SELECT COUNT(*) FROM outbox_unsent").await > 0 {
         assert!(Instant::now() < deadline, "the outbox never drained");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -39,7 +39,6 @@ struct OutboxRow {
     sequence: i32,
     payload: String,
     sent: bool,
-    attempts: i32,
 }
 
 async fn outbox(app: &TestApp) -> Vec<OutboxRow> {
@@ -47,7 +46,8 @@ async fn outbox(app: &TestApp) -> Vec<OutboxRow> {
         "SELECT CONVERT(event_id USING utf8mb4) AS event_id, \
          CONVERT(event_type USING utf8mb4) AS event_type, \
          CONVERT(request_id USING utf8mb4) AS request_id, order_id, sequence, \
-         CONVERT(payload USING utf8mb4) AS payload, sent_at IS NOT NULL AS sent, attempts \
+         CONVERT(payload USING utf8mb4) AS payload, \
+         NOT EXISTS (SELECT 1 FROM outbox_unsent u WHERE u.id = outbox.id) AS sent \
          FROM outbox ORDER BY id",
     )
     .fetch_all(&app.pool)
@@ -62,14 +62,12 @@ async fn outbox(app: &TestApp) -> Vec<OutboxRow> {
             sequence: r.get("sequence"),
             payload: r.get("payload"),
             sent: r.get::<i64, _>("sent") == 1,
-            attempts: r.get("attempts"),
         })
         .collect()
 }
 
 async fn unsent(app: &TestApp) -> i64 {
-    app.count("SELECT COUNT(*) FROM outbox WHERE sent_at IS NULL")
-        .await
+    app.count("SELECT COUNT(*) FROM outbox_unsent").await
 }
 
 /// The product's sales_stats row against what the ledger says happened; None when they
@@ -424,9 +422,10 @@ async fn broker_down_mid_sale_outbox_grows_then_drains() {
 }
 
 // Checks duplicate delivery on the shared nats-server. (1) The relay republishes a row
-// whose "sent" mark was lost (sent_at reset to NULL, as after a crash between publish and
-// mark): JetStream drops the copy by Nats-Msg-Id (the stream keeps one message per event)
-// and the row ends sent again. (2) The same event published directly under its id is
+// whose "sent" mark was lost (its outbox_unsent row put back, as after a crash between
+// publish and mark): only the relay's mark after the broker's acknowledgement deletes that
+// row, so its going again shows the republish; JetStream drops the copy by Nats-Msg-Id
+// (the stream keeps one message per event). (2) The same event published directly under its id is
 // acknowledged as a duplicate. (3) A copy with another Nats-Msg-Id (as one arriving after
 // the duplicate window) is stored and delivered, and the consumer applies it zero times:
 // consumed_event and sales_stats do not move.
@@ -447,21 +446,17 @@ async fn duplicates_are_dropped_by_msg_id_and_applied_once() {
 
     // (1) Republish by the relay.
     let first = &rows[0];
-    sqlx::query("UPDATE outbox SET sent_at = NULL WHERE event_id = ?")
+    sqlx::query("INSERT INTO outbox_unsent (id) SELECT id FROM outbox WHERE event_id = ?")
         .bind(&first.event_id)
         .execute(&app.pool)
         .await
-        .expect("reset sent_at");
+        .expect("lose the sent mark");
+    assert_eq!(unsent(&app).await, 1);
     wait_until("the relay republished the row", DRAIN_MAX, || async {
         unsent(&app).await == 0
     })
     .await;
-    let again = outbox(&app).await;
-    assert_eq!(
-        again[0].attempts,
-        first.attempts + 1,
-        "published a second time"
-    );
+    assert!(outbox(&app).await[0].sent, "published a second time");
     assert_eq!(
         events.stream_messages().await.len(),
         in_stream,
@@ -550,7 +545,8 @@ async fn unreachable_broker_blocks_neither_startup_nor_purchases() {
 // Checks the MySQL adapter's outbox lease on the real MariaDB, through the `Outbox` port
 // of two ledger handles standing for two instances' relays (no relay runs in this
 // test's service): while relay A holds the outbox, relay B's claim gets nothing and A's
-// own claim renews it; A's give_back ends it and B then gets the same rows; a claim that
+// own claim renews it; A's give_back records A's failed publish on the row (attempts,
+// last_error) and ends the lease, and B then gets the same rows; a claim that
 // finds nothing unsent leaves the lease free; a lease that ran out passes to the other
 // relay without any give_back.
 #[tokio::test]
@@ -585,12 +581,25 @@ async fn one_relay_at_a_time_holds_the_outbox() {
         "B waits"
     );
     assert_eq!(a.claim("relay-a", 10, lease).await.expect("renew").len(), 1);
-    a.give_back("relay-a", &[]).await.expect("give back");
+    assert_eq!(held[0].attempts, 0);
+    a.give_back("relay-a", &[(held[0].id, "broker said no".into())])
+        .await
+        .expect("give back");
     let taken = b.claim("relay-b", 10, lease).await.expect("claim");
     assert_eq!(
         taken.iter().map(|m| m.id).collect::<Vec<_>>(),
         held.iter().map(|m| m.id).collect::<Vec<_>>(),
         "B gets the same row once A let go"
+    );
+    assert_eq!(taken[0].attempts, 1, "A's failed attempt is counted");
+    assert_eq!(
+        app.count(
+            "SELECT COUNT(*) FROM outbox_unsent \
+             WHERE attempts = 1 AND last_error = 'broker said no'"
+        )
+        .await,
+        1,
+        "and its error kept"
     );
     assert!(
         a.claim("relay-a", 10, lease)
@@ -600,6 +609,7 @@ async fn one_relay_at_a_time_holds_the_outbox() {
         "A waits"
     );
     b.mark_sent(&[taken[0].id]).await.expect("mark sent");
+    b.mark_sent(&[taken[0].id]).await.expect("marking again changes nothing");
     b.give_back("relay-b", &[]).await.expect("give back");
 
     assert!(
