@@ -187,20 +187,25 @@ pub(crate) fn document(batch: &[Purchase]) -> String {
     serde_json::to_string(&rows).unwrap_or_default()
 }
 
-/// [`document`] as a table `b`. request_id compares as the tables' binary collation
-/// does, so the joins use the unique keys. The statements read it in no particular
-/// order: nothing depends on the order rows are written in (orders are matched back by
-/// request_id), and an `ORDER BY` over `JSON_TABLE` costs a sort through a temporary
-/// table, about a third of each INSERT's time (measured, BENCHMARKS.md).
+/// [`document`] as a table `b`, read from `$doc` (a placeholder, or the user variable
+/// that the group transaction's script sets). request_id compares as the tables' binary
+/// collation does, so the joins use the unique keys. The statements read it in no
+/// particular order: nothing depends on the order rows are written in (orders are
+/// matched back by request_id), and an `ORDER BY` over `JSON_TABLE` costs a sort through
+/// a temporary table, about a third of each INSERT's time (measured, BENCHMARKS.md).
 macro_rules! batch_table {
-    () => {
-        "JSON_TABLE(?, '$[*]' COLUMNS (\
+    ($doc:literal) => {
+        concat!(
+            "JSON_TABLE(",
+            $doc,
+            ", '$[*]' COLUMNS (\
          request_id VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$[0]', \
          product_id BIGINT PATH '$[1]', user_id BIGINT PATH '$[2]', quantity INT PATH '$[3]', \
          hold_id BIGINT PATH '$[4]', generation BIGINT PATH '$[5]', \
          timeout_us BIGINT PATH '$[6]', \
          event_id VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$[7]', \
          user_limit BIGINT PATH '$[8]')) AS b"
+        )
     };
 }
 pub(crate) use batch_table;
@@ -212,7 +217,7 @@ pub(crate) async fn taken(
 ) -> Result<std::collections::HashSet<String>, sqlx::Error> {
     sqlx::query(concat!(
         "SELECT CONVERT(r.request_id USING utf8mb4) AS request_id FROM ",
-        batch_table!(),
+        batch_table!("?"),
         " JOIN inventory_reservation r ON r.request_id = b.request_id"
     ))
     .bind(document)
@@ -223,50 +228,171 @@ pub(crate) async fn taken(
     .collect()
 }
 
+/// The user variable that holds the batch's [`document`] for the statements of one
+/// group transaction's script, and is cleared at its end.
+const BATCH_VARIABLE: &str = "@fs_batch";
+
+/// The statements of a group transaction, in the order [`insert`] sends them (the
+/// counter UPDATEs and the per-user check follow, built per batch). NOW(6) is each
+/// statement's start time: one value for every row of it.
+const RESERVATIONS: &str = concat!(
+    "INSERT INTO inventory_reservation \
+     (request_id, product_id, user_id, quantity, hold_id, generation, status) \
+     SELECT b.request_id, b.product_id, b.user_id, b.quantity, b.hold_id, \
+     b.generation, 'PROCESSING' FROM ",
+    batch_table!("@fs_batch")
+);
+/// Returns the new orders' ids and times (MariaDB's `INSERT … RETURNING`), so no
+/// statement reads them back.
+const ORDERS: &str = concat!(
+    "INSERT INTO orders (request_id, user_id, product_id, quantity, status, \
+     created_at, expires_at) SELECT b.request_id, b.user_id, b.product_id, \
+     b.quantity, 'PENDING_PAYMENT', NOW(6), \
+     NOW(6) + INTERVAL b.timeout_us MICROSECOND FROM ",
+    batch_table!("@fs_batch"),
+    " RETURNING id, CONVERT(request_id USING utf8mb4) AS request_id, created_at, expires_at"
+);
+const LOG: &str = concat!(
+    "INSERT INTO inventory_log (request_id, product_id, order_id, quantity, type) \
+     SELECT o.request_id, o.product_id, o.id, o.quantity, 'reserve' FROM ",
+    batch_table!("@fs_batch"),
+    " JOIN orders o ON o.request_id = b.request_id"
+);
+/// Of the batch's (user, product) pairs under a per-user limit, those whose live orders,
+/// the batch's own included, add up to more than it: the ledger's own per-user check, as
+/// Redis's per-user counts can be lost. Runs after the batch's products' rows were
+/// locked (the counter UPDATEs), which orders the purchases of each product; the session
+/// reads READ COMMITTED, so this sees every order of them committed before.
+const OVER_LIMIT: &str = concat!(
+    "SELECT u.user_id, u.product_id, u.user_limit, \
+     (SELECT CAST(COALESCE(SUM(o.quantity), 0) AS SIGNED) FROM orders o \
+     WHERE o.user_id = u.user_id AND o.product_id = u.product_id \
+     AND o.status IN ('PENDING_PAYMENT', 'PAID')) AS units \
+     FROM (SELECT b.user_id, b.product_id, MIN(b.user_limit) AS user_limit FROM ",
+    batch_table!("@fs_batch"),
+    " WHERE b.user_limit IS NOT NULL GROUP BY b.user_id, b.product_id) u \
+     HAVING units > u.user_limit"
+);
+
+/// `text` as a MariaDB hexadecimal literal, `X'…'`: only hex digits reach the SQL text,
+/// whatever the batch's strings hold.
+fn hex_literal(text: &str) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(text.len() * 2 + 3);
+    out.push_str("X'");
+    for b in text.bytes() {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    out.push('\'');
+    out
+}
+
+/// The results of one statement of a script: its rows, and the rows it changed.
+#[derive(Default)]
+struct Outcome {
+    rows: Vec<sqlx::mysql::MySqlRow>,
+    affected: u64,
+}
+
+/// Runs `script`, statements separated by `;`, in one round trip (the text protocol's
+/// multi-statement query), and returns each statement's [`Outcome`] in order. On an
+/// error, the server stops at the failing statement: `Err` says which one (its index)
+/// and why; the statements before it took effect (the caller's transaction rolls back).
+async fn run_script(
+    tx: &mut MySqlConnection,
+    script: &str,
+) -> Result<Vec<Outcome>, (usize, sqlx::Error)> {
+    use futures::TryStreamExt;
+    let mut outcomes = Vec::new();
+    let mut current = Outcome::default();
+    let mut results = sqlx::raw_sql(script).fetch_many(&mut *tx);
+    loop {
+        match results.try_next().await {
+            Ok(Some(sqlx::Either::Right(row))) => current.rows.push(row),
+            Ok(Some(sqlx::Either::Left(done))) => {
+                current.affected = done.rows_affected();
+                outcomes.push(std::mem::take(&mut current));
+            }
+            Ok(None) => return Ok(outcomes),
+            Err(e) => return Err((outcomes.len(), e)),
+        }
+    }
+}
+
 /// Writes every purchase of `batch` (whose [`document`] is `document`) in the open
 /// transaction `tx`: [`Written::Orders`] and the caller commits, or another answer and
 /// the caller rolls back.
+///
+/// The whole write is one script, sent in one round trip: the batch into a user
+/// variable, the reservations, the orders (returning their ids), the stock log, the
+/// `order_created` events, one counter UPDATE per product, and the per-user check when a
+/// product has a limit. A round trip cost about as much as a statement's own work
+/// (BENCHMARKS.md, seventh session), and the eight of them were most of a group commit.
 pub(crate) async fn insert(
     tx: &mut MySqlConnection,
     batch: &[Purchase],
     document: &str,
 ) -> Result<Written, sqlx::Error> {
-    let n = batch.len();
-    // NOW(6) is the statement's start time: one value for every row.
-    let reservations_then_orders = [
-        concat!(
-            "INSERT INTO inventory_reservation \
-             (request_id, product_id, user_id, quantity, hold_id, generation, status) \
-             SELECT b.request_id, b.product_id, b.user_id, b.quantity, b.hold_id, \
-             b.generation, 'PROCESSING' FROM ",
-            batch_table!()
-        ),
-        concat!(
-            "INSERT INTO orders (request_id, user_id, product_id, quantity, status, \
-             created_at, expires_at) SELECT b.request_id, b.user_id, b.product_id, \
-             b.quantity, 'PENDING_PAYMENT', NOW(6), \
-             NOW(6) + INTERVAL b.timeout_us MICROSECOND FROM ",
-            batch_table!()
-        ),
-    ];
-    for sql in reservations_then_orders {
-        match sqlx::query(sql).bind(document).execute(&mut *tx).await {
-            // A request_id or a hold id taken: the one-by-one path tells which and answers.
-            Err(e) if crate::ledger::is_duplicate(&e) => return Ok(Written::NotPlain),
-            other => other?,
-        };
+    // The hot rows last, in product order (two batches never wait on each other in a
+    // cycle), each once for all its units; the conditions as in the one-purchase path.
+    let mut units: BTreeMap<(i64, i64), i64> = BTreeMap::new();
+    for p in batch {
+        *units
+            .entry((p.request.product_id.get(), p.generation))
+            .or_default() += i64::from(p.request.quantity.get());
     }
-    let mut written: HashMap<String, (i64, _, _)> = HashMap::with_capacity(n);
-    for row in sqlx::query(concat!(
-        "SELECT o.id, CONVERT(o.request_id USING utf8mb4) AS request_id, o.created_at, \
-         o.expires_at FROM ",
-        batch_table!(),
-        " JOIN orders o ON o.request_id = b.request_id"
-    ))
-    .bind(document)
-    .fetch_all(&mut *tx)
-    .await?
+    let limited = batch.iter().any(|p| p.per_user_limit.is_some());
+    let mut script = format!(
+        "SET {BATCH_VARIABLE} = CONVERT({} USING utf8mb4);\n{RESERVATIONS};\n{ORDERS};\n\
+         {LOG};\n{};\n",
+        hex_literal(document),
+        crate::outbox::CREATED_EVENTS
+    );
+    // Integers only: nothing of the batch's text enters the SQL here.
+    for ((product_id, generation), q) in &units {
+        script.push_str(&format!(
+            "UPDATE product_inventory SET available_stock = available_stock - {q}, \
+             pre_deduct_stock = pre_deduct_stock + {q}, version = version + 1 \
+             WHERE product_id = {product_id} AND available_stock >= {q} \
+             AND generation = {generation};\n"
+        ));
+    }
+    if limited {
+        script.push_str(OVER_LIMIT);
+        script.push_str(";\n");
+    }
+    script.push_str(&format!("SET {BATCH_VARIABLE} = NULL"));
+    // Statement indices in the script: 0 sets the batch, 1 and 2 insert the
+    // reservations and the orders, 3 and 4 the log and the events, the counters follow.
+    const FIRST_INSERT: usize = 1;
+    const ORDERS_AT: usize = 2;
+    const COUNTERS_AT: usize = 5;
+    let outcomes = match run_script(tx, &script).await {
+        Ok(outcomes) => outcomes,
+        // A request_id or a hold id taken: the one-by-one path tells which and answers.
+        Err((at, e))
+            if (FIRST_INSERT..=ORDERS_AT).contains(&at) && crate::ledger::is_duplicate(&e) =>
+        {
+            return Ok(Written::NotPlain)
+        }
+        Err((_, e)) => return Err(e),
+    };
+    let expected = COUNTERS_AT + units.len() + usize::from(limited) + 1;
+    if outcomes.len() != expected {
+        return Err(sqlx::Error::Protocol(format!(
+            "group transaction: {} results for {expected} statements",
+            outcomes.len()
+        )));
+    }
+    if outcomes[COUNTERS_AT..COUNTERS_AT + units.len()]
+        .iter()
+        .any(|o| o.affected != 1)
     {
+        return Ok(Written::NotPlain);
+    }
+    let mut written: HashMap<String, (i64, _, _)> = HashMap::with_capacity(batch.len());
+    for row in &outcomes[ORDERS_AT].rows {
         let request_id: String = row.try_get_unchecked("request_id")?;
         written.insert(
             request_id,
@@ -277,11 +403,11 @@ pub(crate) async fn insert(
             ),
         );
     }
-    let mut orders = Vec::with_capacity(n);
+    let mut orders = Vec::with_capacity(batch.len());
     for p in batch {
         let Some(&(id, created_at, expires_at)) = written.get(p.request.request_id.as_str()) else {
             return Err(sqlx::Error::Protocol(format!(
-                "order of {} not found right after its insert",
+                "order of {} not returned by its insert",
                 p.request.request_id
             )));
         };
@@ -299,43 +425,8 @@ pub(crate) async fn insert(
             cancel_reason: None,
         });
     }
-    sqlx::query(concat!(
-        "INSERT INTO inventory_log (request_id, product_id, order_id, quantity, type) \
-         SELECT o.request_id, o.product_id, o.id, o.quantity, 'reserve' FROM ",
-        batch_table!(),
-        " JOIN orders o ON o.request_id = b.request_id"
-    ))
-    .bind(document)
-    .execute(&mut *tx)
-    .await?;
-    crate::outbox::record_created(&mut *tx, document).await?;
-    // The hot rows last, in product order (two batches never wait on each other in a
-    // cycle), each once for all its units; the conditions as in the one-purchase path.
-    let mut units: BTreeMap<(i64, i64), i64> = BTreeMap::new();
-    for p in batch {
-        *units
-            .entry((p.request.product_id.get(), p.generation))
-            .or_default() += i64::from(p.request.quantity.get());
-    }
-    for ((product_id, generation), q) in units {
-        let updated = sqlx::query(
-            "UPDATE product_inventory SET available_stock = available_stock - ?, \
-             pre_deduct_stock = pre_deduct_stock + ?, version = version + 1 \
-             WHERE product_id = ? AND available_stock >= ? AND generation = ?",
-        )
-        .bind(q)
-        .bind(q)
-        .bind(product_id)
-        .bind(q)
-        .bind(generation)
-        .execute(&mut *tx)
-        .await?;
-        if updated.rows_affected() != 1 {
-            return Ok(Written::NotPlain);
-        }
-    }
-    if batch.iter().any(|p| p.per_user_limit.is_some()) {
-        let over = over_limit(tx, batch, document).await?;
+    if limited {
+        let over = over_limit(batch, &outcomes[COUNTERS_AT + units.len()].rows)?;
         if !over.is_empty() {
             return Ok(Written::OverLimit(over));
         }
@@ -343,15 +434,11 @@ pub(crate) async fn insert(
     Ok(Written::Orders(orders))
 }
 
-/// The (user, product) pairs of the batch whose live orders, the batch's own included,
-/// add up to more than the product's per-user limit: the ledger's own per-user check,
-/// as Redis's per-user counts can be lost. Read after the batch's products' rows were
-/// locked (the counter UPDATEs), which orders the purchases of each product; the
-/// session reads READ COMMITTED, so this sees every order of them committed before.
-async fn over_limit(
-    tx: &mut MySqlConnection,
+/// The (user, product) pairs of the batch over their per-user limit, from the rows of
+/// [`OVER_LIMIT`], each with the live units the user held before the batch.
+fn over_limit(
     batch: &[Purchase],
-    document: &str,
+    rows: &[sqlx::mysql::MySqlRow],
 ) -> Result<OverLimit, sqlx::Error> {
     let mut own: HashMap<(i64, i64), i64> = HashMap::new();
     for p in batch {
@@ -360,24 +447,29 @@ async fn over_limit(
             .or_default() += i64::from(r.quantity.get());
     }
     let mut over = OverLimit::new();
-    for row in sqlx::query(concat!(
-        "SELECT u.user_id, u.product_id, u.user_limit, \
-         (SELECT CAST(COALESCE(SUM(o.quantity), 0) AS SIGNED) FROM orders o \
-         WHERE o.user_id = u.user_id AND o.product_id = u.product_id \
-         AND o.status IN ('PENDING_PAYMENT', 'PAID')) AS units \
-         FROM (SELECT b.user_id, b.product_id, MIN(b.user_limit) AS user_limit FROM ",
-        batch_table!(),
-        " WHERE b.user_limit IS NOT NULL GROUP BY b.user_id, b.product_id) u \
-         HAVING units > u.user_limit"
-    ))
-    .bind(document)
-    .fetch_all(&mut *tx)
-    .await?
-    {
+    for row in rows {
         let pair = (row.try_get("user_id")?, row.try_get("product_id")?);
         let units: i64 = row.try_get("units")?;
         let before = units - own.get(&pair).copied().unwrap_or(0);
         over.insert(pair, (before, row.try_get("user_limit")?));
     }
     Ok(over)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Checks the hexadecimal literal: every byte as two lowercase hex digits between
+    // X' and ', so a quote, a backslash or a multi-byte character in the text never
+    // reaches the SQL as itself.
+    #[test]
+    fn hex_literal_carries_any_text_as_digits() {
+        assert_eq!(hex_literal(""), "X''");
+        assert_eq!(hex_literal("[\"a'\\\"]"), "X'5b2261275c225d'");
+        assert_eq!(hex_literal("é"), "X'c3a9'");
+        let literal = hex_literal("'); DROP TABLE orders; --");
+        let digits = &literal[2..literal.len() - 1];
+        assert!(digits.bytes().all(|b| b.is_ascii_hexdigit()));
+    }
 }

@@ -187,31 +187,22 @@ pub(crate) async fn record(
     Ok(())
 }
 
-/// Writes the `order_created` events of a group commit's new orders (the batch's
-/// [`crate::group::document`]) in one statement, in the transaction that creates them.
-/// Each is its request's first event (the request_id was free until this transaction),
-/// so its sequence is 1. The event ids come with the batch (UUIDv7, made by
+/// The `order_created` events of a group commit's new orders (the batch's
+/// [`crate::group::document`]), a statement of its transaction's script. Each is its
+/// request's first event (the request_id was free until this transaction), so its
+/// sequence is 1. The event ids come with the batch (UUIDv7, made by
 /// [`crate::group::document`]); NOW(6) is the statement's start time.
-pub(crate) async fn record_created(
-    conn: &mut MySqlConnection,
-    document: &str,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(concat!(
-        "INSERT INTO outbox (event_id, event_type, request_id, order_id, product_id, \
-         sequence, payload, created_at) \
-         SELECT b.event_id, 'order_created', o.request_id, o.id, o.product_id, 1, \
-         JSON_OBJECT('event_id', b.event_id, 'event_type', 'order_created', 'sequence', 1, \
-         'order_id', o.id, 'request_id', o.request_id, 'product_id', o.product_id, \
-         'user_id', o.user_id, 'quantity', o.quantity, 'reason', NULL, \
-         'occurred_at', DATE_FORMAT(NOW(6), '%Y-%m-%dT%H:%i:%s.%fZ')), NOW(6) FROM ",
-        crate::group::batch_table!(),
-        " JOIN orders o ON o.request_id = b.request_id"
-    ))
-    .bind(document)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
-}
+pub(crate) const CREATED_EVENTS: &str = concat!(
+    "INSERT INTO outbox (event_id, event_type, request_id, order_id, product_id, \
+     sequence, payload, created_at) \
+     SELECT b.event_id, 'order_created', o.request_id, o.id, o.product_id, 1, \
+     JSON_OBJECT('event_id', b.event_id, 'event_type', 'order_created', 'sequence', 1, \
+     'order_id', o.id, 'request_id', o.request_id, 'product_id', o.product_id, \
+     'user_id', o.user_id, 'quantity', o.quantity, 'reason', NULL, \
+     'occurred_at', DATE_FORMAT(NOW(6), '%Y-%m-%dT%H:%i:%s.%fZ')), NOW(6) FROM ",
+    crate::group::batch_table!("@fs_batch"),
+    " JOIN orders o ON o.request_id = b.request_id"
+);
 
 /// Runs `f` under [`OPERATION_TIMEOUT`], retrying deadlocks and lock wait timeouts.
 async fn bounded<T, F, Fut>(what: &'static str, mut f: F) -> Result<T, LedgerError>
@@ -358,8 +349,7 @@ impl Outbox for MysqlLedger {
 
     async fn unsent(&self) -> Result<u64, LedgerError> {
         let n: i64 = bounded("count unsent events", || {
-            sqlx::query_scalar("SELECT COUNT(*) FROM outbox_unsent")
-                .fetch_one(self.pool())
+            sqlx::query_scalar("SELECT COUNT(*) FROM outbox_unsent").fetch_one(self.pool())
         })
         .await?;
         Ok(u64::try_from(n).unwrap_or(0))

@@ -609,7 +609,9 @@ async fn one_relay_at_a_time_holds_the_outbox() {
         "A waits"
     );
     b.mark_sent(&[taken[0].id]).await.expect("mark sent");
-    b.mark_sent(&[taken[0].id]).await.expect("marking again changes nothing");
+    b.mark_sent(&[taken[0].id])
+        .await
+        .expect("marking again changes nothing");
     b.give_back("relay-b", &[]).await.expect("give back");
 
     assert!(
