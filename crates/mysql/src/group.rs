@@ -156,11 +156,12 @@ fn committed(
     })?
 }
 
-/// The batch as one JSON document, bound as the single parameter of every statement
-/// below: `[request_id, product_id, user_id, quantity, hold_id, generation,
-/// payment timeout in µs, event id, per-user limit or null]` per purchase. One statement text for every batch
-/// size, so each connection prepares it once (an `IN (?, ?, …)` list of each new length
-/// was a new statement to prepare, about one in five executions).
+/// The batch as one JSON document: `[request_id, product_id, user_id, quantity,
+/// hold_id, generation, payment timeout in µs, event id, per-user limit or null]` per
+/// purchase. Every statement of the group transaction reads the batch from it (set once
+/// per transaction, [`insert`]), and [`taken`] binds it as its single parameter: one
+/// statement text for every batch size (an `IN (?, ?, …)` list of each new length was a
+/// new statement to prepare, about one in five executions).
 ///
 /// The `order_created` event's id is made here, a UUIDv7: time-ordered, so the outbox's
 /// and the consumer's unique keys on it grow at their right edge, and a plain column of

@@ -35,8 +35,9 @@ const TX_RETRY_PAUSE: Duration = Duration::from_millis(5);
 const LOCK_WAIT_TIMEOUT_SECS: u32 = 5;
 
 /// Most purchases one group commit writes: a batch this size commits in a few
-/// milliseconds, and its largest statement (the outbox rows, 5 placeholders each) stays
-/// far below MariaDB's 65,535 placeholders.
+/// milliseconds, and its script (the batch as a hex literal, about 400 bytes per
+/// purchase, plus the statements) stays far below MariaDB's `max_allowed_packet`
+/// (16 MB by default, 1 MB at the least).
 const GROUP_COMMIT_MAX: usize = 256;
 /// Purchases waiting for a group commit; past it callers wait for room (the API's
 /// in-flight limit bounds them first).
