@@ -256,21 +256,60 @@ async fn launch(dir: &Path, port: u16) -> Result<Child, NotReady> {
     }
     let mut child = process::spawn_logged(&mut cmd, &log).map_err(NotReady::Failed)?;
     let url = format!("mysql://root@127.0.0.1:{port}");
+    let socket = dir.join("sock").to_string_lossy().into_owned();
     process::wait_ready(&mut child, MARIADB_START_TIMEOUT, "mariadbd", &log, || {
-        accepts_login(&url)
+        accepts_login(&url, &socket)
     })
     .await?;
     Ok(child)
 }
 
-/// True if root can log in at `url` (and the connection closes cleanly).
-async fn accepts_login(url: &str) -> bool {
+/// True if root can log in at `url` to the server whose socket is `socket` (and the
+/// connection closes cleanly). The socket tells servers apart: mariadbd binds its port
+/// only after starting InnoDB, about a second, so another test's server that took the
+/// same free port meanwhile would answer there first; ours then fails to bind and exits,
+/// and [`PrivateMariadb::start`] tries another port.
+async fn accepts_login(url: &str, socket: &str) -> bool {
     let attempt = async {
-        let conn = MySqlConnection::connect(url).await?;
-        conn.close().await
+        let mut conn = MySqlConnection::connect(url).await?;
+        let theirs: String = sqlx::query_scalar("SELECT CAST(@@socket AS CHAR)")
+            .fetch_one(&mut conn)
+            .await?;
+        conn.close().await?;
+        Ok::<_, sqlx::Error>(theirs == socket)
     };
     matches!(
         tokio::time::timeout(PROBE_TIMEOUT, attempt).await,
-        Ok(Ok(()))
+        Ok(Ok(true))
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Checks that the readiness probe tells servers apart: a second mariadbd launched on
+    // the port a private server already serves must be reported as not started (it
+    // can't bind), not as ready because the first one answers there. How: start A,
+    // install B's files, launch B on A's port, expect `NotReady::Exited`; A still
+    // answers afterwards.
+    #[tokio::test]
+    async fn a_port_another_server_answers_on_is_not_ours() {
+        let a = PrivateMariadb::start().await.expect("first server");
+        let b_dir = tempfile::Builder::new()
+            .prefix("fs-mariadb-")
+            .tempdir()
+            .expect("temp dir");
+        std::fs::create_dir(b_dir.path().join(TMP_DIR)).expect("tmp dir");
+        install(b_dir.path()).await.expect("install the second");
+        match launch(b_dir.path(), a.port).await {
+            Err(NotReady::Exited(_)) => {}
+            Err(NotReady::Failed(e)) => panic!("expected an exit, got {e}"),
+            Ok(mut child) => {
+                let _ = child.kill();
+                panic!("the second server was taken for ready on the first one's port");
+            }
+        }
+        assert!(accepts_login(&a.url(), &a.dir.path().join("sock").to_string_lossy()).await);
+    }
 }
