@@ -245,7 +245,7 @@ impl Flashsale {
         let product = self.product(request.product_id).await?;
         let now = self.clock.now();
         if !product.window.is_open_at(now) {
-            return self.replay_or(&request, Error::SaleNotActive).await;
+            return Box::pin(self.replay_or(&request, Error::SaleNotActive)).await;
         }
         // Before the call: a lease is measured from a moment no later than the gate's answer.
         let sent = self.clock.monotonic();
@@ -257,6 +257,19 @@ impl Flashsale {
             // one: exactly its answer, without asking (`sold_out.rs`).
             return Err(Error::SoldOut);
         }
+        // The rest on the heap: a flood is mostly the refusal above, and its future (and
+        // the request's, which holds it) stays small without the reservation's and the
+        // commit's state (1,224 bytes with it; BENCHMARKS.md, seventh session).
+        Box::pin(self.reserve_and_commit(request, product, sent)).await
+    }
+
+    /// The purchase past the sold-out board: the gate's reservation, then the ledger.
+    async fn reserve_and_commit(
+        &self,
+        request: PurchaseRequest,
+        product: Arc<Product>,
+        sent: Duration,
+    ) -> Result<Purchased, Error> {
         let mut outcome = self.gate.reserve(&request, product.per_user_limit).await?;
         if outcome == Reserve::NotLoaded {
             self.load_stock(&product).await?;
