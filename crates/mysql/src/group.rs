@@ -328,8 +328,10 @@ async fn run_script(
 /// The whole write is one script, sent in one round trip: the batch into a user
 /// variable, the reservations, the orders (returning their ids), the stock log, the
 /// `order_created` events, one counter UPDATE per product, and the per-user check when a
-/// product has a limit. A round trip cost about as much as a statement's own work
-/// (BENCHMARKS.md, seventh session), and the eight of them were most of a group commit.
+/// product has a limit. Measured against one round trip per statement (eight with the
+/// BEGIN, the read-back and the COMMIT): +8 % orders/s (BENCHMARKS.md, seventh session).
+/// The statements' own work is most of a group commit; taking the BEGIN and the COMMIT
+/// into the script too gained nothing more.
 pub(crate) async fn insert(
     tx: &mut MySqlConnection,
     batch: &[Purchase],
