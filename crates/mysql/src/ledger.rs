@@ -12,6 +12,7 @@ use flashsale_core::{
     ReleaseReason, RequestId, UserId, STOCK_MAX,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlPool, MySqlPoolOptions};
+use sqlx::ConnectOptions;
 use sqlx::{Connection, Executor, MySqlConnection, Row};
 use tracing::{debug, warn};
 
@@ -53,6 +54,9 @@ const LOOKUP_BATCH_MAX: usize = 256;
 const LOOKUP_QUEUE_MAX: usize = 16_384;
 /// Lookup queries in flight at once.
 const LOOKUP_WORKERS: usize = 2;
+/// A ledger operation (retries included) slower than this is logged as a warning: far
+/// above a healthy one (milliseconds), so it points at a database in trouble.
+pub(crate) const SLOW_OPERATION: Duration = Duration::from_secs(1);
 /// Group transactions tried per batch: after one that met taken request_ids and set them
 /// aside, and one that met users over a per-user limit and set their excess aside, one
 /// more for the rest; past that the batch goes one by one.
@@ -201,7 +205,11 @@ impl MysqlLedger {
     /// Creates the database named in the URL if it does not exist, and a pool for it.
     pub async fn connect(config: &LedgerConfig) -> Result<Self, LedgerError> {
         let options = MySqlConnectOptions::from_str(&config.url)
-            .map_err(|e| LedgerError(format!("invalid database url: {e}")))?;
+            .map_err(|e| LedgerError(format!("invalid database url: {e}")))?
+            // sqlx's own slow-statement warning prints the whole statement: for a group
+            // commit that is its batch, up to a few hundred kilobytes of hex. Kept at
+            // debug; `run` warns instead, naming the operation.
+            .log_slow_statements(log::LevelFilter::Debug, SLOW_OPERATION);
         if let Some(name) = options.get_database() {
             let name = name.to_owned();
             if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
@@ -513,11 +521,23 @@ impl MysqlLedger {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, sqlx::Error>>,
     {
+        let started = std::time::Instant::now();
         let all = async {
             let mut pause = TX_RETRY_PAUSE;
             let mut attempt = 1;
             loop {
-                match f().await {
+                let outcome = f().await;
+                let elapsed = started.elapsed();
+                if elapsed >= SLOW_OPERATION {
+                    warn!(
+                        what,
+                        attempt,
+                        ?elapsed,
+                        ok = outcome.is_ok(),
+                        "slow ledger operation"
+                    );
+                }
+                match outcome {
                     Ok(value) => return Ok(value),
                     Err(e) if is_retryable(&e) && attempt < TX_ATTEMPTS_MAX => {
                         warn!(what, attempt, error = %e, "transaction retried");

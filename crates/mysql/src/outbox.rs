@@ -210,11 +210,23 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, sqlx::Error>>,
 {
+    let started = std::time::Instant::now();
     let all = async {
         let mut pause = RETRY_PAUSE;
         let mut attempt = 1;
         loop {
-            match f().await {
+            let outcome = f().await;
+            let elapsed = started.elapsed();
+            if elapsed >= crate::ledger::SLOW_OPERATION {
+                warn!(
+                    what,
+                    attempt,
+                    ?elapsed,
+                    ok = outcome.is_ok(),
+                    "slow ledger operation"
+                );
+            }
+            match outcome {
                 Ok(value) => return Ok(value),
                 Err(e)
                     if matches!(
