@@ -36,9 +36,9 @@ const TX_RETRY_PAUSE: Duration = Duration::from_millis(5);
 const LOCK_WAIT_TIMEOUT_SECS: u32 = 5;
 
 /// Most purchases one group commit writes: a batch this size commits in a few
-/// milliseconds, and its script (the batch as a hex literal, about 400 bytes per
-/// purchase, plus the statements) stays far below MariaDB's `max_allowed_packet`
-/// (16 MB by default, 1 MB at the least).
+/// milliseconds, and its script (the batch as a hex literal, at most about 400 bytes per
+/// purchase, plus the statements: about 110 KB) stays far below MariaDB's
+/// `max_allowed_packet` (16 MB by default).
 const GROUP_COMMIT_MAX: usize = 256;
 /// Purchases waiting for a group commit; past it callers wait for room (the API's
 /// in-flight limit bounds them first).
@@ -207,7 +207,7 @@ impl MysqlLedger {
         let options = MySqlConnectOptions::from_str(&config.url)
             .map_err(|e| LedgerError(format!("invalid database url: {e}")))?
             // sqlx's own slow-statement warning prints the whole statement: for a group
-            // commit that is its batch, up to a few hundred kilobytes of hex. Kept at
+            // commit that is its batch, up to about a hundred kilobytes of hex. Kept at
             // debug; `run` warns instead, naming the operation.
             .log_slow_statements(log::LevelFilter::Debug, SLOW_OPERATION);
         if let Some(name) = options.get_database() {
