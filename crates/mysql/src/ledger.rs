@@ -357,7 +357,10 @@ impl MysqlLedger {
     /// the batch would take over a per-user limit are set aside and answered one by one
     /// after it, as the one-purchase path answers them; anything
     /// else that keeps the batch from going through (too few units, a rebuilt
-    /// generation, a reused hold id) sends the whole batch one by one.
+    /// generation, a reused hold id) sends the whole batch one by one. A batch of one
+    /// goes the group way too: its script is fewer round trips than the one-purchase
+    /// transaction, and under load about one batch in seven is that small (measured:
+    /// +3 % sustained, +6 % rush; BENCHMARKS.md, seventh session).
     async fn group_commit(&self, batch: Vec<Purchase>) -> Vec<Result<Commit, LedgerError>> {
         let started = std::time::Instant::now();
         let mut results: Vec<Option<Result<Commit, LedgerError>>> =
@@ -366,7 +369,7 @@ impl MysqlLedger {
         let mut seen = std::collections::HashSet::new();
         let (mut plain, mut aside): (Vec<usize>, Vec<usize>) =
             (0..batch.len()).partition(|&i| seen.insert(batch[i].request.request_id.clone()));
-        let mut one_by_one = batch.len() == 1;
+        let mut one_by_one = false;
         for _ in 0..GROUP_ATTEMPTS_MAX {
             if one_by_one || plain.is_empty() {
                 break;
