@@ -2,7 +2,8 @@
 //! batched scripts.
 //!
 //! Callers [`Coalescer::call`] one item at a time; a worker task takes the first item
-//! waiting, everything else already queued behind it (up to the batch limit), runs the
+//! waiting, everything else already queued behind it and whatever the tasks that are
+//! ready to run queue next (a few scheduler passes, up to the batch limit), runs the
 //! batch, and hands each caller its own result. A few workers may run batches at once
 //! (one fills while another is in the store), each taking the next batch in turn. Batches are sized naturally by what
 //! queued while the previous batch ran: under light load every batch holds one item and
@@ -18,6 +19,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, Mutex};
+
+/// Scheduler passes a worker gives callers that are ready to queue before it cuts a
+/// batch (each pass that brought nothing new ends it): enough for a caller that is
+/// woken, then spawns the task that queues; bounded so a steady trickle can't hold a
+/// batch back.
+const READY_PASSES_MAX: usize = 4;
 
 /// A batch's work: items in, one result per item out, in the same order.
 pub type BatchFn<T, R> =
@@ -77,8 +84,32 @@ async fn worker<T, R>(rx: Queue<T, R>, batch_max: usize, run: BatchFn<T, R>) {
     loop {
         // `recv_many` waits for the first item and takes what else is queued; the lock
         // makes the workers take batches in turn.
-        if rx.lock().await.recv_many(&mut items, batch_max).await == 0 {
-            return;
+        {
+            let mut queue = rx.lock().await;
+            if queue.recv_many(&mut items, batch_max).await == 0 {
+                return;
+            }
+            // Callers woken together (a reservation batch's purchases, all answered at
+            // once) reach the queue one after another, and this worker, woken by the
+            // first, would run before the rest: let the tasks that are ready run first,
+            // for as long as that brings more items. Scheduler passes, not a timer: a
+            // lone caller still runs at once, a few microseconds later.
+            for _ in 0..READY_PASSES_MAX {
+                if items.len() >= batch_max {
+                    break;
+                }
+                tokio::task::yield_now().await;
+                let before = items.len();
+                while items.len() < batch_max {
+                    match queue.try_recv() {
+                        Ok(item) => items.push(item),
+                        Err(_) => break,
+                    }
+                }
+                if items.len() == before {
+                    break;
+                }
+            }
         }
         let batch: Vec<T> = items
             .drain(..)
@@ -137,6 +168,41 @@ mod tests {
         assert_eq!(sizes.iter().sum::<usize>(), 21);
         assert!(sizes.iter().all(|&n| n <= 8), "{sizes:?}");
         assert!(sizes.len() < 21, "nothing was coalesced: {sizes:?}");
+    }
+
+    // Checks that callers woken at the same moment end up in one batch even when each
+    // reaches the queue through a task of its own (as a purchase's commit does), on a
+    // runtime that runs a freshly woken task first: 20 tasks released together each
+    // spawn the call; the first batch must hold all 20. Without the worker's scheduler
+    // passes before it cuts the batch, the first batch held only the first caller.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn callers_woken_together_are_one_batch() {
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let c = Coalescer::start(64, 64, 1, recording(sizes.clone()));
+        let (go, ready) = tokio::sync::watch::channel(false);
+        let calls: Vec<_> = (0..20u32)
+            .map(|i| {
+                let c = c.clone();
+                let mut ready = ready.clone();
+                tokio::spawn(async move {
+                    let _ = ready.wait_for(|go| *go).await;
+                    tokio::spawn(async move { c.call(i).await })
+                        .await
+                        .expect("call task")
+                })
+            })
+            .collect();
+        // Every task is waiting for the signal; released from a task of the runtime, as
+        // a batch's answers are.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        tokio::spawn(async move { go.send(true) })
+            .await
+            .expect("release task")
+            .expect("release");
+        for (i, call) in calls.into_iter().enumerate() {
+            assert_eq!(call.await.expect("task"), Ok(i as u32 * 10));
+        }
+        assert_eq!(sizes.lock().expect("lock").clone(), vec![20]);
     }
 
     // Checks a batch that returns fewer results than items leaves the rest Unknown
