@@ -188,17 +188,17 @@ pub(crate) fn document(batch: &[Purchase]) -> String {
     serde_json::to_string(&rows).unwrap_or_default()
 }
 
-/// [`document`] as a table `b`, read from `$doc` (a placeholder, or the user variable
-/// that the group transaction's script sets). request_id compares as the tables' binary
+/// [`document`] as a table `b`, read from `$doc` (a placeholder, or [`batch_variable`],
+/// which the group transaction's script sets). request_id compares as the tables' binary
 /// collation does, so the joins use the unique keys. The statements read it in no
 /// particular order: nothing depends on the order rows are written in (orders are
 /// matched back by request_id), and an `ORDER BY` over `JSON_TABLE` costs a sort through
 /// a temporary table, about a third of each INSERT's time (measured, BENCHMARKS.md).
 macro_rules! batch_table {
-    ($doc:literal) => {
+    ($($doc:tt)+) => {
         concat!(
             "JSON_TABLE(",
-            $doc,
+            $($doc)+,
             ", '$[*]' COLUMNS (\
          request_id VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$[0]', \
          product_id BIGINT PATH '$[1]', user_id BIGINT PATH '$[2]', quantity INT PATH '$[3]', \
@@ -210,6 +210,15 @@ macro_rules! batch_table {
     };
 }
 pub(crate) use batch_table;
+
+/// The user variable that holds the batch's [`document`] for the statements of one
+/// group transaction's script (`batch_table!(batch_variable!())`), cleared at its end.
+macro_rules! batch_variable {
+    () => {
+        "@fs_batch"
+    };
+}
+pub(crate) use batch_variable;
 
 /// The request_ids of `batch` already taken in the ledger (committed by now).
 pub(crate) async fn taken(
@@ -229,10 +238,6 @@ pub(crate) async fn taken(
     .collect()
 }
 
-/// The user variable that holds the batch's [`document`] for the statements of one
-/// group transaction's script, and is cleared at its end.
-const BATCH_VARIABLE: &str = "@fs_batch";
-
 /// The statements of a group transaction, in the order [`insert`] sends them (the
 /// counter UPDATEs and the per-user check follow, built per batch). NOW(6) is each
 /// statement's start time: one value for every row of it.
@@ -241,7 +246,7 @@ const RESERVATIONS: &str = concat!(
      (request_id, product_id, user_id, quantity, hold_id, generation, status) \
      SELECT b.request_id, b.product_id, b.user_id, b.quantity, b.hold_id, \
      b.generation, 'PROCESSING' FROM ",
-    batch_table!("@fs_batch")
+    batch_table!(batch_variable!())
 );
 /// Returns the new orders' ids and times (MariaDB's `INSERT … RETURNING`), so no
 /// statement reads them back.
@@ -250,13 +255,13 @@ const ORDERS: &str = concat!(
      created_at, expires_at) SELECT b.request_id, b.user_id, b.product_id, \
      b.quantity, 'PENDING_PAYMENT', NOW(6), \
      NOW(6) + INTERVAL b.timeout_us MICROSECOND FROM ",
-    batch_table!("@fs_batch"),
+    batch_table!(batch_variable!()),
     " RETURNING id, CONVERT(request_id USING utf8mb4) AS request_id, created_at, expires_at"
 );
 const LOG: &str = concat!(
     "INSERT INTO inventory_log (request_id, product_id, order_id, quantity, type) \
      SELECT o.request_id, o.product_id, o.id, o.quantity, 'reserve' FROM ",
-    batch_table!("@fs_batch"),
+    batch_table!(batch_variable!()),
     " JOIN orders o ON o.request_id = b.request_id"
 );
 /// Of the batch's (user, product) pairs under a per-user limit, those whose live orders,
@@ -270,7 +275,7 @@ const OVER_LIMIT: &str = concat!(
      WHERE o.user_id = u.user_id AND o.product_id = u.product_id \
      AND o.status IN ('PENDING_PAYMENT', 'PAID')) AS units \
      FROM (SELECT b.user_id, b.product_id, MIN(b.user_limit) AS user_limit FROM ",
-    batch_table!("@fs_batch"),
+    batch_table!(batch_variable!()),
     " WHERE b.user_limit IS NOT NULL GROUP BY b.user_id, b.product_id) u \
      HAVING units > u.user_limit"
 );
@@ -347,8 +352,8 @@ pub(crate) async fn insert(
     }
     let limited = batch.iter().any(|p| p.per_user_limit.is_some());
     let mut script = format!(
-        "SET {BATCH_VARIABLE} = CONVERT({} USING utf8mb4);\n{RESERVATIONS};\n{ORDERS};\n\
-         {LOG};\n{};\n",
+        "SET {} = CONVERT({} USING utf8mb4);\n{RESERVATIONS};\n{ORDERS};\n{LOG};\n{};\n",
+        batch_variable!(),
         hex_literal(document),
         crate::outbox::CREATED_EVENTS
     );
@@ -365,7 +370,7 @@ pub(crate) async fn insert(
         script.push_str(OVER_LIMIT);
         script.push_str(";\n");
     }
-    script.push_str(&format!("SET {BATCH_VARIABLE} = NULL"));
+    script.push_str(concat!("SET ", batch_variable!(), " = NULL"));
     // Statement indices in the script: 0 sets the batch, 1 and 2 insert the
     // reservations and the orders, 3 and 4 the log and the events, the counters follow.
     const FIRST_INSERT: usize = 1;

@@ -56,7 +56,16 @@ const LOOKUP_QUEUE_MAX: usize = 16_384;
 const LOOKUP_WORKERS: usize = 2;
 /// A ledger operation (retries included) slower than this is logged as a warning: far
 /// above a healthy one (milliseconds), so it points at a database in trouble.
-pub(crate) const SLOW_OPERATION: Duration = Duration::from_secs(1);
+const SLOW_OPERATION: Duration = Duration::from_secs(1);
+/// Warns when a ledger operation, `started` then and now at `attempt`, took at least
+/// [`SLOW_OPERATION`].
+pub(crate) fn warn_if_slow(what: &str, attempt: u32, started: std::time::Instant, ok: bool) {
+    let elapsed = started.elapsed();
+    if elapsed >= SLOW_OPERATION {
+        warn!(what, attempt, ?elapsed, ok, "slow ledger operation");
+    }
+}
+
 /// Group transactions tried per batch: after one that met taken request_ids and set them
 /// aside, and one that met users over a per-user limit and set their excess aside, one
 /// more for the rest; past that the batch goes one by one.
@@ -530,16 +539,7 @@ impl MysqlLedger {
             let mut attempt = 1;
             loop {
                 let outcome = f().await;
-                let elapsed = started.elapsed();
-                if elapsed >= SLOW_OPERATION {
-                    warn!(
-                        what,
-                        attempt,
-                        ?elapsed,
-                        ok = outcome.is_ok(),
-                        "slow ledger operation"
-                    );
-                }
+                warn_if_slow(what, attempt, started, outcome.is_ok());
                 match outcome {
                     Ok(value) => return Ok(value),
                     Err(e) if is_retryable(&e) && attempt < TX_ATTEMPTS_MAX => {

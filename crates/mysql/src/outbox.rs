@@ -200,7 +200,7 @@ pub(crate) const CREATED_EVENTS: &str = concat!(
      'order_id', o.id, 'request_id', o.request_id, 'product_id', o.product_id, \
      'user_id', o.user_id, 'quantity', o.quantity, 'reason', NULL, \
      'occurred_at', DATE_FORMAT(NOW(6), '%Y-%m-%dT%H:%i:%s.%fZ')), NOW(6) FROM ",
-    crate::group::batch_table!("@fs_batch"),
+    crate::group::batch_table!(crate::group::batch_variable!()),
     " JOIN orders o ON o.request_id = b.request_id"
 );
 
@@ -216,16 +216,7 @@ where
         let mut attempt = 1;
         loop {
             let outcome = f().await;
-            let elapsed = started.elapsed();
-            if elapsed >= crate::ledger::SLOW_OPERATION {
-                warn!(
-                    what,
-                    attempt,
-                    ?elapsed,
-                    ok = outcome.is_ok(),
-                    "slow ledger operation"
-                );
-            }
+            crate::ledger::warn_if_slow(what, attempt, started, outcome.is_ok());
             match outcome {
                 Ok(value) => return Ok(value),
                 Err(e)
