@@ -581,8 +581,15 @@ pub trait Outbox: Send + Sync + 'static {
 
     /// Records failed publish attempts (row id, error) and ends `relay`'s leases on all the
     /// unsent rows it holds (or on the outbox), so they can be claimed again at once. The
-    /// relay calls it at the end of every round that held rows.
+    /// relay calls it at the end of every round that held rows. An adapter that leases
+    /// the whole outbox may keep that lease when the round had no failure and its claim
+    /// took a full batch (the relay goes on at once, so the lease would only change hands
+    /// between its rounds); [`Outbox::let_go`] ends it.
     async fn give_back(&self, relay: &str, failed: &[(i64, String)]) -> Result<(), LedgerError>;
+
+    /// Ends any lease `relay` still holds: the relay calls it when it stops, so that
+    /// another instance's relay takes over at once rather than when the lease runs out.
+    async fn let_go(&self, relay: &str) -> Result<(), LedgerError>;
 
     /// How many rows are not yet published.
     async fn unsent(&self) -> Result<u64, LedgerError>;

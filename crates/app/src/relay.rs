@@ -230,6 +230,10 @@ impl Relay {
                 _ = stop.changed() => {}
             }
         }
+        if let Err(e) = self.outbox.let_go(&self.relay_id).await {
+            // Its lease then runs out by itself (CLAIM_LEASE).
+            warn!(error = %e, "event relay could not end its outbox lease");
+        }
         info!(relay = %self.relay_id, "event relay stopped");
     }
 }
@@ -307,6 +311,10 @@ mod tests {
             failed: &[(i64, String)],
         ) -> Result<(), LedgerError> {
             self.given_back.lock().unwrap().extend_from_slice(failed);
+            Ok(())
+        }
+
+        async fn let_go(&self, _relay: &str) -> Result<(), LedgerError> {
             Ok(())
         }
 

@@ -20,10 +20,13 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, Mutex};
 
-/// Scheduler passes a worker gives callers that are ready to queue before it cuts a
-/// batch (each pass that brought nothing new ends it): enough for a caller that is
-/// woken, then spawns the task that queues; bounded so a steady trickle can't hold a
-/// batch back.
+/// Scheduler passes a worker that waited for a batch's first item gives callers that
+/// are ready to queue before it cuts the batch (each pass that brought nothing new ends
+/// it): enough for a caller that is woken, then spawns the task that queues; bounded so
+/// a steady trickle can't hold a batch back. A worker that finds items queued when it
+/// comes back from a batch makes none: under load those passes were the gap between one
+/// group commit and the next (0.5 ms of each 4.4 ms, measured: BENCHMARKS.md, eighth
+/// session).
 const READY_PASSES_MAX: usize = 4;
 
 /// A batch's work: items in, one result per item out, in the same order.
@@ -76,17 +79,31 @@ impl<T: Send + 'static, R: Send + 'static> Coalescer<T, R> {
     }
 }
 
+/// Moves what is queued now into `items`, up to `max` items in all, without waiting.
+fn take_queued<I>(queue: &mut mpsc::Receiver<I>, items: &mut Vec<I>, max: usize) {
+    while items.len() < max {
+        match queue.try_recv() {
+            Ok(item) => items.push(item),
+            Err(_) => break,
+        }
+    }
+}
+
 /// One worker: takes a batch (the first item waiting and what queued behind it), runs
 /// it, answers its callers; ends when every handle is gone.
 async fn worker<T, R>(rx: Queue<T, R>, batch_max: usize, run: BatchFn<T, R>) {
     let mut items = Vec::with_capacity(batch_max);
     let mut replies = Vec::with_capacity(batch_max);
     loop {
-        // `recv_many` waits for the first item and takes what else is queued; the lock
-        // makes the workers take batches in turn.
+        // Without anything queued, `recv_many` waits for the first item and takes what
+        // else is queued; the lock makes the workers take batches in turn.
         {
             let mut queue = rx.lock().await;
-            if queue.recv_many(&mut items, batch_max).await == 0 {
+            // Items that queued while this worker was busy with the last batch: cut the
+            // next batch from them at once.
+            take_queued(&mut queue, &mut items, batch_max);
+            let waited = items.is_empty();
+            if waited && queue.recv_many(&mut items, batch_max).await == 0 {
                 return;
             }
             // Callers woken together (a reservation batch's purchases, all answered at
@@ -94,18 +111,13 @@ async fn worker<T, R>(rx: Queue<T, R>, batch_max: usize, run: BatchFn<T, R>) {
             // first, would run before the rest: let the tasks that are ready run first,
             // for as long as that brings more items. Scheduler passes, not a timer: a
             // lone caller still runs at once, a few microseconds later.
-            for _ in 0..READY_PASSES_MAX {
+            for _ in 0..if waited { READY_PASSES_MAX } else { 0 } {
                 if items.len() >= batch_max {
                     break;
                 }
                 tokio::task::yield_now().await;
                 let before = items.len();
-                while items.len() < batch_max {
-                    match queue.try_recv() {
-                        Ok(item) => items.push(item),
-                        Err(_) => break,
-                    }
-                }
+                take_queued(&mut queue, &mut items, batch_max);
                 if items.len() == before {
                     break;
                 }
@@ -203,6 +215,71 @@ mod tests {
             assert_eq!(call.await.expect("task"), Ok(i as u32 * 10));
         }
         assert_eq!(sizes.lock().expect("lock").clone(), vec![20]);
+    }
+
+    // Checks that a worker coming back from a batch to callers that queued meanwhile
+    // cuts the next batch from them at once, without scheduler passes for more: while
+    // the first batch runs, 3 calls queue; 10 more callers are woken at the moment the
+    // first batch ends. The second batch must hold just the 3 (with the passes it held
+    // all 13, and the 3 waited for the other 10 to queue).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn callers_queued_meanwhile_are_cut_at_once() {
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let (late, late_rx) = tokio::sync::watch::channel(false);
+        let late = Arc::new(late);
+        let (first_go, first_wait) = tokio::sync::watch::channel(false);
+        let run: BatchFn<u32, u32> = {
+            let sizes = sizes.clone();
+            Arc::new(move |items: Vec<u32>| {
+                let (sizes, late) = (sizes.clone(), late.clone());
+                let mut first_wait = first_wait.clone();
+                Box::pin(async move {
+                    let first = {
+                        let mut sizes = sizes.lock().expect("lock");
+                        sizes.push(items.len());
+                        sizes.len() == 1
+                    };
+                    if first {
+                        let _ = first_wait.wait_for(|go| *go).await;
+                        // The late callers wake as this batch's answers go out.
+                        let _ = late.send(true);
+                    }
+                    items.into_iter().map(|i| i * 10).collect()
+                })
+            })
+        };
+        let c = Coalescer::start(64, 64, 1, run);
+        let first = tokio::spawn({
+            let c = c.clone();
+            async move { c.call(0).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let mut calls: Vec<_> = (1..=3u32)
+            .map(|i| {
+                let c = c.clone();
+                tokio::spawn(async move { c.call(i).await })
+            })
+            .collect();
+        calls.extend((4..14u32).map(|i| {
+            let c = c.clone();
+            let mut late_rx = late_rx.clone();
+            tokio::spawn(async move {
+                let _ = late_rx.wait_for(|go| *go).await;
+                tokio::spawn(async move { c.call(i).await })
+                    .await
+                    .expect("call task")
+            })
+        }));
+        // The 3 reach the queue while the first batch waits.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        first_go.send(true).expect("release");
+        assert_eq!(first.await.expect("task"), Ok(0));
+        for (i, call) in calls.into_iter().enumerate() {
+            assert_eq!(call.await.expect("task"), Ok((i as u32 + 1) * 10));
+        }
+        let sizes = sizes.lock().expect("lock").clone();
+        assert_eq!(sizes.iter().sum::<usize>(), 14, "{sizes:?}");
+        assert_eq!(&sizes[..2], &[1, 3], "{sizes:?}");
     }
 
     // Checks a batch that returns fewer results than items leaves the rest Unknown

@@ -99,6 +99,8 @@ pub struct MysqlLedger {
     lookups: OnceLock<Coalescer<RequestId, Lookup>>,
     /// Group commits in flight, which a retry of the same hold joins.
     in_flight: crate::group::InFlight,
+    /// This handle's relay's lease on the outbox, as far as it knows (`outbox.rs`).
+    outbox_lease: crate::outbox::KeptLease,
 }
 
 type Lookup = Result<Option<PurchaseRecord>, LedgerError>;
@@ -280,7 +282,12 @@ impl MysqlLedger {
             group: OnceLock::new(),
             lookups: OnceLock::new(),
             in_flight: Default::default(),
+            outbox_lease: Default::default(),
         })
+    }
+
+    pub(crate) fn outbox_lease(&self) -> &crate::outbox::KeptLease {
+        &self.outbox_lease
     }
 
     /// A ledger on the same pool that commits every purchase on its own: what the group
@@ -292,6 +299,7 @@ impl MysqlLedger {
             group: OnceLock::new(),
             lookups: OnceLock::new(),
             in_flight: Default::default(),
+            outbox_lease: Default::default(),
         }
     }
 

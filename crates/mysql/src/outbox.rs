@@ -15,7 +15,8 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use flashsale_app::ports::{Applied, LedgerError, Outbox, StatsEvent, StatsStore};
@@ -44,6 +45,13 @@ const OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
 const IDS_PER_STATEMENT: usize = 500;
 /// Longest `last_error` kept (the column's width).
 const LAST_ERROR_CHARS: usize = 255;
+
+/// How long a relay with a backlog goes on under its outbox lease without renewing it.
+/// A backlog drains in rounds of tens of milliseconds, each of which took and ended the
+/// lease (two commits) besides its one mark; now only the first round of every this long
+/// renews it. Short beside the lease, so that every round still starts with nearly all
+/// of its lease left (at least the lease minus this, or half the lease if shorter).
+const LEASE_RENEWED_WITHIN: Duration = Duration::from_secs(2);
 
 const ER_DUP_ENTRY: u16 = 1062;
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
@@ -239,6 +247,74 @@ where
         .map_err(|_| LedgerError(format!("{what}: no answer within the deadline")))?
 }
 
+/// What one ledger handle knows of its relay's lease on the outbox: when it was last
+/// taken or renewed, and whether the relay is draining a backlog (its last claim took a
+/// full batch), in which case the round's `give_back` keeps the lease for the next round
+/// instead of ending it. The database's `outbox_lease` row stays the authority: a lease
+/// is used unrenewed only for [`LEASE_RENEWED_WITHIN`] after this handle itself took or
+/// renewed it, which it did before that row could name another holder.
+#[derive(Debug, Default)]
+pub(crate) struct KeptLease(Mutex<Option<Held>>);
+
+#[derive(Debug)]
+struct Held {
+    relay: String,
+    /// Taken before the renewing statement was sent, so the database's lease ends no
+    /// earlier than this plus `lease`.
+    renewed: Instant,
+    lease: Duration,
+    backlog: bool,
+}
+
+impl KeptLease {
+    fn with<T>(&self, f: impl FnOnce(&mut Option<Held>) -> T) -> T {
+        // A panic while holding this lock left at worst a stale record, which the
+        // checks below treat like any other.
+        let mut held = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        f(&mut held)
+    }
+
+    /// Whether `relay` renewed the lease recently enough to use it without a statement.
+    fn fresh(&self, relay: &str) -> bool {
+        self.with(|held| {
+            held.as_ref().is_some_and(|h| {
+                h.relay == relay && h.renewed.elapsed() < LEASE_RENEWED_WITHIN.min(h.lease / 2)
+            })
+        })
+    }
+
+    fn renewed(&self, relay: &str, renewed: Instant, lease: Duration) {
+        self.with(|held| {
+            *held = Some(Held {
+                relay: relay.to_owned(),
+                renewed,
+                lease,
+                backlog: false,
+            })
+        });
+    }
+
+    fn set_backlog(&self, relay: &str, backlog: bool) {
+        self.with(|held| {
+            if let Some(h) = held.as_mut().filter(|h| h.relay == relay) {
+                h.backlog = backlog;
+            }
+        });
+    }
+
+    /// Whether `relay`'s round ends with its lease kept: it is draining a backlog.
+    fn keep(&self, relay: &str) -> bool {
+        self.with(|held| held.as_ref().is_some_and(|h| h.relay == relay && h.backlog))
+    }
+
+    fn forget(&self) {
+        self.with(|held| *held = None);
+    }
+}
+
 fn message(row: &sqlx::mysql::MySqlRow) -> Result<OutboxMessage, LedgerError> {
     let event_type = text(row, "event_type")?;
     let sequence: i32 = row.try_get("sequence").map_err(db)?;
@@ -266,23 +342,29 @@ impl Outbox for MysqlLedger {
     ) -> Result<Vec<OutboxMessage>, LedgerError> {
         let lease_micros = i64::try_from(lease.as_micros()).unwrap_or(i64::MAX);
         let limit = u64::try_from(limit).unwrap_or(u64::MAX);
-        // The lease on the whole outbox: taken when free or ended, renewed by its holder.
-        let held = bounded("lease the outbox", || async {
-            sqlx::query(
-                "UPDATE outbox_lease SET holder = ?, \
-                 lease_until = NOW(6) + INTERVAL ? MICROSECOND \
-                 WHERE id = 1 AND (holder = ? OR holder IS NULL OR lease_until < NOW(6))",
-            )
-            .bind(relay)
-            .bind(lease_micros)
-            .bind(relay)
-            .execute(self.pool())
-            .await
-        })
-        .await?;
-        if held.rows_affected() == 0 {
-            // Another instance's relay holds it.
-            return Ok(Vec::new());
+        // The lease on the whole outbox: taken when free or ended, renewed by its holder
+        // (at most every LEASE_RENEWED_WITHIN while it drains a backlog).
+        if !self.outbox_lease().fresh(relay) {
+            let renewed = Instant::now();
+            let held = bounded("lease the outbox", || async {
+                sqlx::query(
+                    "UPDATE outbox_lease SET holder = ?, \
+                     lease_until = NOW(6) + INTERVAL ? MICROSECOND \
+                     WHERE id = 1 AND (holder = ? OR holder IS NULL OR lease_until < NOW(6))",
+                )
+                .bind(relay)
+                .bind(lease_micros)
+                .bind(relay)
+                .execute(self.pool())
+                .await
+            })
+            .await?;
+            if held.rows_affected() == 0 {
+                // Another instance's relay holds it.
+                self.outbox_lease().forget();
+                return Ok(Vec::new());
+            }
+            self.outbox_lease().renewed(relay, renewed, lease);
         }
         let rows = bounded("read unsent outbox rows", || {
             sqlx::query(
@@ -299,6 +381,11 @@ impl Outbox for MysqlLedger {
             self.end_lease(relay).await?;
             return Ok(Vec::new());
         }
+        // A full batch: more may wait, and the relay goes on at once under the same lease.
+        self.outbox_lease().set_backlog(
+            relay,
+            u64::try_from(rows.len()).unwrap_or(u64::MAX) >= limit,
+        );
         let mut messages = rows.iter().map(message).collect::<Result<Vec<_>, _>>()?;
         // Sorted here rather than by the server, which read them in its index's order.
         messages.sort_by(|a, b| (&a.request_id, a.sequence).cmp(&(&b.request_id, b.sequence)));
@@ -347,6 +434,14 @@ impl Outbox for MysqlLedger {
                 .await?;
             }
         }
+        if failed.is_empty() && self.outbox_lease().keep(relay) {
+            // Draining a backlog: the next round follows at once.
+            return Ok(());
+        }
+        self.end_lease(relay).await
+    }
+
+    async fn let_go(&self, relay: &str) -> Result<(), LedgerError> {
         self.end_lease(relay).await
     }
 
@@ -362,6 +457,7 @@ impl Outbox for MysqlLedger {
 impl MysqlLedger {
     /// Ends `relay`'s lease on the outbox, if it holds it.
     async fn end_lease(&self, relay: &str) -> Result<(), LedgerError> {
+        self.outbox_lease().forget();
         bounded("end the outbox lease", || {
             sqlx::query(
                 "UPDATE outbox_lease SET holder = NULL, lease_until = NULL \
@@ -404,25 +500,31 @@ impl MysqlLedger {
 
     /// Applies a delivery's events in one transaction: the ones not consumed before are
     /// recorded with one multi-row INSERT and their deltas summed into one upsert per
-    /// product. `Ok(None)`: another consumer recorded one of them meanwhile (the caller
-    /// falls back to one transaction per event).
+    /// product. Without `look_first` it takes them all for new (the usual case: a
+    /// redelivery is rare) and skips the query for those consumed before; the INSERT's
+    /// duplicate key then says whether that was wrong. `Ok(None)`: one of them was
+    /// consumed before, or another consumer recorded one meanwhile (the caller looks
+    /// first, then falls back to one transaction per event).
     async fn apply_stats_all(
         &self,
         events: &[StatsEvent],
+        look_first: bool,
     ) -> Result<Option<Vec<Applied>>, sqlx::Error> {
         let mut tx = self.pool().begin().await?;
-        let sql = format!(
-            "SELECT CONVERT(event_id USING utf8mb4) AS event_id FROM consumed_event \
-             WHERE event_id IN ({})",
-            list(events.len(), "?")
-        );
-        let mut q = sqlx::query(&sql);
-        for e in events {
-            q = q.bind(e.event_id.as_str());
-        }
         let mut seen = std::collections::HashSet::new();
-        for row in q.fetch_all(&mut *tx).await? {
-            seen.insert(row.try_get_unchecked::<String, _>("event_id")?);
+        if look_first {
+            let sql = format!(
+                "SELECT CONVERT(event_id USING utf8mb4) AS event_id FROM consumed_event \
+                 WHERE event_id IN ({})",
+                list(events.len(), "?")
+            );
+            let mut q = sqlx::query(&sql);
+            for e in events {
+                q = q.bind(e.event_id.as_str());
+            }
+            for row in q.fetch_all(&mut *tx).await? {
+                seen.insert(row.try_get_unchecked::<String, _>("event_id")?);
+            }
         }
         let mut applied = Vec::with_capacity(events.len());
         let mut fresh = Vec::new();
@@ -517,12 +619,14 @@ impl StatsStore for MysqlLedger {
 
     async fn apply_all(&self, events: &[StatsEvent]) -> Result<Vec<Applied>, LedgerError> {
         if events.len() > 1 {
-            if let Some(applied) = bounded("apply events to sales stats", || {
-                self.apply_stats_all(events)
-            })
-            .await?
-            {
-                return Ok(applied);
+            for look_first in [false, true] {
+                if let Some(applied) = bounded("apply events to sales stats", || {
+                    self.apply_stats_all(events, look_first)
+                })
+                .await?
+                {
+                    return Ok(applied);
+                }
             }
         }
         let mut applied = Vec::with_capacity(events.len());

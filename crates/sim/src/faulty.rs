@@ -722,6 +722,18 @@ impl Outbox for FaultyLedger {
         .await
     }
 
+    async fn let_go(&self, relay: &str) -> Result<(), LedgerError> {
+        through(
+            &self.ctx,
+            Port::Ledger,
+            "outbox.let_go",
+            || relay.to_owned(),
+            LedgerError,
+            || self.inner.let_go(relay),
+        )
+        .await
+    }
+
     async fn unsent(&self) -> Result<u64, LedgerError> {
         through(
             &self.ctx,

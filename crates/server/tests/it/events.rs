@@ -640,3 +640,146 @@ async fn one_relay_at_a_time_holds_the_outbox() {
     assert_eq!(after.len(), 1, "A's lease ran out: B relays");
     app.cleanup().await;
 }
+
+// Checks that the MySQL adapter keeps its outbox lease across rounds while a relay drains
+// a backlog, and only then (real MariaDB, two ledger handles standing for two instances'
+// relays): a claim that takes a full batch leaves the lease with A after its give_back,
+// so B gets nothing; A's next claim within the renewal interval runs no lease statement
+// (the row's lease_until does not move); the claim that finds the outbox drained ends
+// the lease; and `let_go` (the relay stopping) ends a lease that was kept. Without the
+// keeping, B would get the second event; without the skipped renewal, lease_until would
+// move.
+#[tokio::test]
+async fn a_relay_keeps_the_outbox_while_it_drains_a_backlog() {
+    use flashsale_app::ports::Outbox;
+    let app = TestApp::spawn().await;
+    app.create_product(3610, 10, None).await;
+    let url = app.db.as_ref().expect("test database").url();
+    let handle = || async {
+        flashsale_mysql::MysqlLedger::connect(&flashsale_mysql::LedgerConfig {
+            url: url.clone(),
+            max_connections: 2,
+            acquire_timeout: Duration::from_secs(5),
+            transaction_timeout: Duration::from_secs(10),
+        })
+        .await
+        .expect("ledger")
+    };
+    let (a, b) = (handle().await, handle().await);
+    let lease = Duration::from_secs(30);
+    for (i, user) in [(1, 1), (2, 2), (3, 3)] {
+        let (status, _) = app.purchase(&format!("REQ_keep_{i}"), user, 3610, 1).await;
+        assert_eq!(status, StatusCode::CREATED);
+    }
+    let lease_until = || async {
+        sqlx::query_scalar::<_, Option<chrono::NaiveDateTime>>(
+            "SELECT lease_until FROM outbox_lease WHERE id = 1",
+        )
+        .fetch_one(&app.pool)
+        .await
+        .expect("lease row")
+    };
+
+    // A full batch (1 of 1): A goes on at once and keeps the outbox.
+    let first = a.claim("relay-a", 1, lease).await.expect("claim");
+    assert_eq!(first.len(), 1);
+    let until = lease_until().await;
+    assert!(until.is_some(), "A took the lease");
+    a.mark_sent(&[first[0].id]).await.expect("mark");
+    a.give_back("relay-a", &[]).await.expect("give back");
+    assert!(
+        b.claim("relay-b", 10, lease)
+            .await
+            .expect("claim")
+            .is_empty(),
+        "B waits while A drains the backlog"
+    );
+    let second = a.claim("relay-a", 1, lease).await.expect("claim");
+    assert_eq!(second.len(), 1, "A's next round");
+    assert_ne!(second[0].id, first[0].id);
+    assert_eq!(
+        lease_until().await,
+        until,
+        "a round right after the last one renews nothing"
+    );
+    a.mark_sent(&[second[0].id]).await.expect("mark");
+    a.give_back("relay-a", &[]).await.expect("give back");
+
+    // Stopping ends a kept lease: B takes over at once.
+    a.let_go("relay-a").await.expect("let go");
+    let third = b.claim("relay-b", 10, lease).await.expect("claim");
+    assert_eq!(third.len(), 1, "B relays once A let go");
+    b.mark_sent(&[third[0].id]).await.expect("mark");
+    // Fewer than its batch: B's round drained the outbox, so it does not keep the lease.
+    b.give_back("relay-b", &[]).await.expect("give back");
+    assert_eq!(
+        app.count("SELECT COUNT(*) FROM outbox_lease WHERE holder IS NULL")
+            .await,
+        1,
+        "a round that drained the outbox ends the lease"
+    );
+    assert_eq!(unsent(&app).await, 0);
+    app.cleanup().await;
+}
+
+// Checks the MySQL adapter's sales-statistics store with a delivery that holds an event
+// consumed before and one event twice (real MariaDB): the store first takes a delivery's
+// events for new, and a duplicate key sends it back to look them up. Each event is
+// applied once: the first delivery applies both its events, the second applies only its
+// new one, and sales_stats and consumed_event count each event once.
+#[tokio::test]
+async fn a_delivery_with_events_consumed_before_applies_only_the_new_ones() {
+    use flashsale_app::{Applied, StatsDelta, StatsStore};
+    let app = TestApp::spawn().await;
+    let url = app.db.as_ref().expect("test database").url();
+    let ledger = flashsale_mysql::MysqlLedger::connect(&flashsale_mysql::LedgerConfig {
+        url: url.clone(),
+        max_connections: 2,
+        acquire_timeout: Duration::from_secs(5),
+        transaction_timeout: Duration::from_secs(10),
+    })
+    .await
+    .expect("ledger");
+    let product = ProductId::parse(3620).expect("product id");
+    let created = |id: &str, units: i64| flashsale_app::ports::StatsEvent {
+        event_id: id.to_owned(),
+        event_type: EventType::OrderCreated,
+        product_id: product,
+        delta: StatsDelta {
+            orders_created: 1,
+            units_ordered: units,
+            ..StatsDelta::default()
+        },
+    };
+    let first = ledger
+        .apply_all(&[created("ev-1", 1), created("ev-2", 2)])
+        .await
+        .expect("apply");
+    assert_eq!(first, vec![Applied::Applied, Applied::Applied]);
+    let again = ledger
+        .apply_all(&[created("ev-2", 2), created("ev-3", 4), created("ev-3", 4)])
+        .await
+        .expect("apply");
+    assert_eq!(
+        again,
+        vec![
+            Applied::AlreadyApplied,
+            Applied::Applied,
+            Applied::AlreadyApplied
+        ]
+    );
+    let row = sqlx::query(
+        "SELECT orders_created, units_ordered FROM sales_stats WHERE product_id = 3620",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .expect("stats row");
+    assert_eq!(
+        row.get::<i64, _>("orders_created"),
+        3,
+        "each event counted once"
+    );
+    assert_eq!(row.get::<i64, _>("units_ordered"), 7);
+    assert_eq!(app.count("SELECT COUNT(*) FROM consumed_event").await, 3);
+    app.cleanup().await;
+}
