@@ -542,6 +542,19 @@ async fn unreachable_broker_blocks_neither_startup_nor_purchases() {
     app.cleanup().await;
 }
 
+/// A ledger handle of its own on the test's database, standing for another instance's
+/// (its relay, its consumer) beside the test's service.
+async fn ledger_handle(app: &TestApp) -> flashsale_mysql::MysqlLedger {
+    flashsale_mysql::MysqlLedger::connect(&flashsale_mysql::LedgerConfig {
+        url: app.db.as_ref().expect("test database").url(),
+        max_connections: 2,
+        acquire_timeout: Duration::from_secs(5),
+        transaction_timeout: Duration::from_secs(10),
+    })
+    .await
+    .expect("ledger")
+}
+
 // Checks the MySQL adapter's outbox lease on the real MariaDB, through the `Outbox` port
 // of two ledger handles standing for two instances' relays (no relay runs in this
 // test's service): while relay A holds the outbox, relay B's claim gets nothing and A's
@@ -554,18 +567,7 @@ async fn one_relay_at_a_time_holds_the_outbox() {
     use flashsale_app::ports::Outbox;
     let app = TestApp::spawn().await;
     app.create_product(3600, 10, None).await;
-    let url = app.db.as_ref().expect("test database").url();
-    let handle = || async {
-        flashsale_mysql::MysqlLedger::connect(&flashsale_mysql::LedgerConfig {
-            url: url.clone(),
-            max_connections: 2,
-            acquire_timeout: Duration::from_secs(5),
-            transaction_timeout: Duration::from_secs(10),
-        })
-        .await
-        .expect("ledger")
-    };
-    let (a, b) = (handle().await, handle().await);
+    let (a, b) = (ledger_handle(&app).await, ledger_handle(&app).await);
     let lease = Duration::from_secs(30);
     let (status, _) = app.purchase("REQ_lease_1", 1, 3600, 1).await;
     assert_eq!(status, StatusCode::CREATED);
@@ -654,18 +656,7 @@ async fn a_relay_keeps_the_outbox_while_it_drains_a_backlog() {
     use flashsale_app::ports::Outbox;
     let app = TestApp::spawn().await;
     app.create_product(3610, 10, None).await;
-    let url = app.db.as_ref().expect("test database").url();
-    let handle = || async {
-        flashsale_mysql::MysqlLedger::connect(&flashsale_mysql::LedgerConfig {
-            url: url.clone(),
-            max_connections: 2,
-            acquire_timeout: Duration::from_secs(5),
-            transaction_timeout: Duration::from_secs(10),
-        })
-        .await
-        .expect("ledger")
-    };
-    let (a, b) = (handle().await, handle().await);
+    let (a, b) = (ledger_handle(&app).await, ledger_handle(&app).await);
     let lease = Duration::from_secs(30);
     for (i, user) in [(1, 1), (2, 2), (3, 3)] {
         let (status, _) = app.purchase(&format!("REQ_keep_{i}"), user, 3610, 1).await;
@@ -731,15 +722,7 @@ async fn a_relay_keeps_the_outbox_while_it_drains_a_backlog() {
 async fn a_delivery_with_events_consumed_before_applies_only_the_new_ones() {
     use flashsale_app::{Applied, StatsDelta, StatsStore};
     let app = TestApp::spawn().await;
-    let url = app.db.as_ref().expect("test database").url();
-    let ledger = flashsale_mysql::MysqlLedger::connect(&flashsale_mysql::LedgerConfig {
-        url: url.clone(),
-        max_connections: 2,
-        acquire_timeout: Duration::from_secs(5),
-        transaction_timeout: Duration::from_secs(10),
-    })
-    .await
-    .expect("ledger");
+    let ledger = ledger_handle(&app).await;
     let product = ProductId::parse(3620).expect("product id");
     let created = |id: &str, units: i64| flashsale_app::ports::StatsEvent {
         event_id: id.to_owned(),
