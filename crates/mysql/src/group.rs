@@ -159,7 +159,9 @@ fn committed(
 /// The batch as one JSON document: `[request_id, product_id, user_id, quantity,
 /// hold_id, generation, payment timeout in µs, event id, per-user limit or null]` per
 /// purchase. Every statement of the group transaction reads the batch from it (set once
-/// per transaction, [`insert`]), and [`taken`] binds it as its single parameter: one
+/// per transaction, [`insert`]; the stored procedure of migration
+/// `…08_group_commit_procedure.sql` reads the same positions: change both together), and
+/// [`taken`] binds it as its single parameter: one
 /// statement text for every batch size (an `IN (?, ?, …)` list of each new length was a
 /// new statement to prepare, about one in five executions).
 ///
@@ -209,7 +211,6 @@ macro_rules! batch_table {
         )
     };
 }
-pub(crate) use batch_table;
 
 /// The user variable that holds the batch's [`document`] for the statements of one
 /// group transaction's script (`batch_table!(batch_variable!())`), cleared at its end.
@@ -218,7 +219,6 @@ macro_rules! batch_variable {
         "@fs_batch"
     };
 }
-pub(crate) use batch_variable;
 
 /// The request_ids of `batch` already taken in the ledger (committed by now).
 pub(crate) async fn taken(
@@ -238,32 +238,12 @@ pub(crate) async fn taken(
     .collect()
 }
 
-/// The statements of a group transaction, in the order [`insert`] sends them (the
-/// counter UPDATEs and the per-user check follow, built per batch). NOW(6) is each
-/// statement's start time: one value for every row of it.
-const RESERVATIONS: &str = concat!(
-    "INSERT INTO inventory_reservation \
-     (request_id, product_id, user_id, quantity, hold_id, generation, status) \
-     SELECT b.request_id, b.product_id, b.user_id, b.quantity, b.hold_id, \
-     b.generation, 'PROCESSING' FROM ",
-    batch_table!(batch_variable!())
-);
-/// Returns the new orders' ids and times (MariaDB's `INSERT … RETURNING`), so no
-/// statement reads them back.
-const ORDERS: &str = concat!(
-    "INSERT INTO orders (request_id, user_id, product_id, quantity, status, \
-     created_at, expires_at) SELECT b.request_id, b.user_id, b.product_id, \
-     b.quantity, 'PENDING_PAYMENT', NOW(6), \
-     NOW(6) + INTERVAL b.timeout_us MICROSECOND FROM ",
-    batch_table!(batch_variable!()),
-    " RETURNING id, CONVERT(request_id USING utf8mb4) AS request_id, created_at, expires_at"
-);
-const LOG: &str = concat!(
-    "INSERT INTO inventory_log (request_id, product_id, order_id, quantity, type) \
-     SELECT o.request_id, o.product_id, o.id, o.quantity, 'reserve' FROM ",
-    batch_table!(batch_variable!()),
-    " JOIN orders o ON o.request_id = b.request_id"
-);
+/// The rows of the batch in `@fs_batch` ([`batch_variable`]): its reservations, orders,
+/// stock log and `order_created` events, by the stored procedure of migration
+/// `…08_group_commit_procedure.sql` (a procedure is parsed once per connection; sent as
+/// text, these four statements were parsed on every commit). Its one result set is the
+/// new orders' ids and times (`INSERT … RETURNING`).
+const ROWS: &str = "CALL group_commit_insert()";
 /// Of the batch's (user, product) pairs under a per-user limit, those whose live orders,
 /// the batch's own included, add up to more than it: the ledger's own per-user check, as
 /// Redis's per-user counts can be lost. Runs after the batch's products' rows were
@@ -331,12 +311,13 @@ async fn run_script(
 /// the caller rolls back.
 ///
 /// The whole write is one script, sent in one round trip: the batch into a user
-/// variable, the reservations, the orders (returning their ids), the stock log, the
-/// `order_created` events, one counter UPDATE per product, and the per-user check when a
-/// product has a limit. Measured against one round trip per statement (eight with the
-/// BEGIN, the read-back and the COMMIT): +8 % orders/s (BENCHMARKS.md, seventh session).
-/// The statements' own work is most of a group commit; taking the BEGIN and the COMMIT
-/// into the script too gained nothing more.
+/// variable, the stored procedure that inserts the reservations, the orders (returning
+/// their ids), the stock log and the `order_created` events ([`ROWS`]), one counter
+/// UPDATE per product, and the per-user check when a product has a limit. Measured
+/// against one round trip per statement (eight with the BEGIN, the read-back and the
+/// COMMIT): +8 % orders/s (BENCHMARKS.md, seventh session); the procedure instead of the
+/// four INSERTs as text: +3–5 % (eighth session). The statements' own work is most of a
+/// group commit; taking the BEGIN and the COMMIT into the script too gained nothing more.
 pub(crate) async fn insert(
     tx: &mut MySqlConnection,
     batch: &[Purchase],
@@ -352,10 +333,9 @@ pub(crate) async fn insert(
     }
     let limited = batch.iter().any(|p| p.per_user_limit.is_some());
     let mut script = format!(
-        "SET {} = CONVERT({} USING utf8mb4);\n{RESERVATIONS};\n{ORDERS};\n{LOG};\n{};\n",
+        "SET {} = CONVERT({} USING utf8mb4);\n{ROWS};\n",
         batch_variable!(),
         hex_literal(document),
-        crate::outbox::CREATED_EVENTS
     );
     // Integers only: nothing of the batch's text enters the SQL here.
     for ((product_id, generation), q) in &units {
@@ -371,19 +351,15 @@ pub(crate) async fn insert(
         script.push_str(";\n");
     }
     script.push_str(concat!("SET ", batch_variable!(), " = NULL"));
-    // Statement indices in the script: 0 sets the batch, 1 and 2 insert the
-    // reservations and the orders, 3 and 4 the log and the events, the counters follow.
-    const FIRST_INSERT: usize = 1;
-    const ORDERS_AT: usize = 2;
-    const COUNTERS_AT: usize = 5;
+    // Results in the script: 0 sets the batch; 1 is the procedure's result set, the
+    // orders, and 2 the procedure's own; the counters follow. An error while the
+    // procedure inserts the reservations or the orders comes before its result set ends.
+    const ORDERS_AT: usize = 1;
+    const COUNTERS_AT: usize = 3;
     let outcomes = match run_script(tx, &script).await {
         Ok(outcomes) => outcomes,
         // A request_id or a hold id taken: the one-by-one path tells which and answers.
-        Err((at, e))
-            if (FIRST_INSERT..=ORDERS_AT).contains(&at) && crate::ledger::is_duplicate(&e) =>
-        {
-            return Ok(Written::NotPlain)
-        }
+        Err((ORDERS_AT, e)) if crate::ledger::is_duplicate(&e) => return Ok(Written::NotPlain),
         Err((_, e)) => return Err(e),
     };
     let expected = COUNTERS_AT + units.len() + usize::from(limited) + 1;

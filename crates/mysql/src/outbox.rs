@@ -3,7 +3,8 @@
 //! statistics consumer's store ([`StatsStore`]).
 //!
 //! An event row is built by the database in one `INSERT … SELECT`: its id is a `UUID()`
-//! (a group commit's `order_created` events bring theirs, UUIDv7, with the batch),
+//! (a group commit's `order_created` events bring theirs, UUIDv7, with the batch, and
+//! are written by its stored procedure: migration `…08_group_commit_procedure.sql`),
 //! its time the database's `NOW(6)`, its sequence one past the last of its request_id,
 //! and its JSON payload (`JSON_OBJECT`, escaped by the server) carries the same values, so
 //! writing an event costs one round trip inside the transaction and nothing else.
@@ -194,23 +195,6 @@ pub(crate) async fn record(
     }
     Ok(())
 }
-
-/// The `order_created` events of a group commit's new orders (the batch's
-/// [`crate::group::document`]), a statement of its transaction's script. Each is its
-/// request's first event (the request_id was free until this transaction), so its
-/// sequence is 1. The event ids come with the batch (UUIDv7, made by
-/// [`crate::group::document`]); NOW(6) is the statement's start time.
-pub(crate) const CREATED_EVENTS: &str = concat!(
-    "INSERT INTO outbox (event_id, event_type, request_id, order_id, product_id, \
-     sequence, payload, created_at) \
-     SELECT b.event_id, 'order_created', o.request_id, o.id, o.product_id, 1, \
-     JSON_OBJECT('event_id', b.event_id, 'event_type', 'order_created', 'sequence', 1, \
-     'order_id', o.id, 'request_id', o.request_id, 'product_id', o.product_id, \
-     'user_id', o.user_id, 'quantity', o.quantity, 'reason', NULL, \
-     'occurred_at', DATE_FORMAT(NOW(6), '%Y-%m-%dT%H:%i:%s.%fZ')), NOW(6) FROM ",
-    crate::group::batch_table!(crate::group::batch_variable!()),
-    " JOIN orders o ON o.request_id = b.request_id"
-);
 
 /// Runs `f` under [`OPERATION_TIMEOUT`], retrying deadlocks and lock wait timeouts.
 async fn bounded<T, F, Fut>(what: &'static str, mut f: F) -> Result<T, LedgerError>
