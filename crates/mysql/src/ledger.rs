@@ -21,6 +21,7 @@ use std::sync::{Arc, OnceLock};
 
 use flashsale_batch::{BatchFn, Coalescer};
 
+use crate::dedicated::{Dedicated, PING_WHEN_IDLE_FOR};
 use crate::group::{Purchase, SetAside, Written};
 
 use crate::rows::{self, corrupt, db, ORDER_COLUMNS};
@@ -46,13 +47,15 @@ const GROUP_QUEUE_MAX: usize = 8_192;
 /// Group commits in flight at once: one. Measured (BENCHMARKS.md): two or three in
 /// parallel split the queue into smaller batches that then wait on each other at the
 /// product row's lock, for the same throughput at three times the commits per order.
+/// Each worker has a connection of its own, outside the pool (`dedicated.rs`).
 const GROUP_WORKERS: usize = 1;
 /// Most request_ids one lookup query asks for (an IN list this long is still one
 /// index range scan per id).
 const LOOKUP_BATCH_MAX: usize = 256;
 /// Lookups waiting for a batch.
 const LOOKUP_QUEUE_MAX: usize = 16_384;
-/// Lookup queries in flight at once.
+/// Lookup queries in flight at once, each worker on a connection of its own, outside
+/// the pool (`dedicated.rs`).
 const LOOKUP_WORKERS: usize = 2;
 /// A ledger operation (retries included) slower than this is logged as a warning: far
 /// above a healthy one (milliseconds), so it points at a database in trouble.
@@ -70,10 +73,6 @@ pub(crate) fn warn_if_slow(what: &str, attempt: u32, started: std::time::Instant
 /// aside, and one that met users over a per-user limit and set their excess aside, one
 /// more for the rest; past that the batch goes one by one.
 const GROUP_ATTEMPTS_MAX: usize = 3;
-
-/// A pooled connection idle at least this long is pinged before use; younger ones were
-/// just used successfully.
-const PING_WHEN_IDLE_FOR: Duration = Duration::from_secs(1);
 
 const ER_DUP_ENTRY: u16 = 1062;
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
@@ -101,6 +100,9 @@ pub struct MysqlLedger {
     in_flight: crate::group::InFlight,
     /// This handle's relay's lease on the outbox, as far as it knows (`outbox.rs`).
     outbox_lease: crate::outbox::KeptLease,
+    /// The group committer's connection and the lookup workers', outside the pool.
+    group_conn: Arc<Dedicated>,
+    lookup_conns: Arc<Dedicated>,
 }
 
 type Lookup = Result<Option<PurchaseRecord>, LedgerError>;
@@ -109,6 +111,22 @@ fn error_number(e: &sqlx::Error) -> Option<u16> {
     e.as_database_error()
         .and_then(|d| d.try_downcast_ref::<MySqlDatabaseError>())
         .map(MySqlDatabaseError::number)
+}
+
+/// The session settings of every connection of the ledger, pooled or dedicated.
+pub(crate) async fn prepare_session(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
+    // READ COMMITTED: no gap locks, so concurrent inserts of distinct request_ids don't
+    // deadlock; every decision is a conditional UPDATE or a unique key anyway, never a
+    // snapshot read.
+    conn.execute(
+        format!(
+            "SET SESSION tx_isolation = 'READ-COMMITTED', \
+             SESSION innodb_lock_wait_timeout = {LOCK_WAIT_TIMEOUT_SECS}"
+        )
+        .as_str(),
+    )
+    .await?;
+    Ok(())
 }
 
 pub(crate) fn is_duplicate(e: &sqlx::Error) -> bool {
@@ -259,23 +277,15 @@ impl MysqlLedger {
                     Ok(true)
                 })
             })
-            .after_connect(|conn, _meta| {
-                Box::pin(async move {
-                    // READ COMMITTED: no gap locks, so concurrent inserts of distinct
-                    // request_ids don't deadlock; every decision is a conditional UPDATE
-                    // or a unique key anyway, never a snapshot read.
-                    conn.execute(
-                        format!(
-                            "SET SESSION tx_isolation = 'READ-COMMITTED', \
-                             SESSION innodb_lock_wait_timeout = {LOCK_WAIT_TIMEOUT_SECS}"
-                        )
-                        .as_str(),
-                    )
-                    .await?;
-                    Ok(())
-                })
-            })
-            .connect_lazy_with(options);
+            .after_connect(|conn, _meta| Box::pin(prepare_session(conn)))
+            .connect_lazy_with(options.clone());
+        let dedicated = |slots| {
+            Arc::new(Dedicated::new(
+                options.clone(),
+                config.acquire_timeout,
+                slots,
+            ))
+        };
         Ok(Self {
             pool,
             transaction_timeout: config.transaction_timeout,
@@ -283,6 +293,8 @@ impl MysqlLedger {
             lookups: OnceLock::new(),
             in_flight: Default::default(),
             outbox_lease: Default::default(),
+            group_conn: dedicated(GROUP_WORKERS),
+            lookup_conns: dedicated(LOOKUP_WORKERS),
         })
     }
 
@@ -300,6 +312,8 @@ impl MysqlLedger {
             lookups: OnceLock::new(),
             in_flight: Default::default(),
             outbox_lease: Default::default(),
+            group_conn: self.group_conn.clone(),
+            lookup_conns: self.lookup_conns.clone(),
         }
     }
 
@@ -343,8 +357,14 @@ impl MysqlLedger {
             serde_json::to_string(&ids.iter().map(RequestId::as_str).collect::<Vec<_>>())
                 .unwrap_or_default();
         let found = self
-            .run("find purchase", || {
-                sqlx::query(&sql).bind(&document).fetch_all(&self.pool)
+            .run("find purchase", || async {
+                let mut own = self.lookup_conns.take().await?;
+                let rows = sqlx::query(&sql)
+                    .bind(&document)
+                    .fetch_all(own.conn())
+                    .await;
+                own.give_back(&rows);
+                rows
             })
             .await;
         let rows = match found {
@@ -366,6 +386,32 @@ impl MysqlLedger {
         ids.iter()
             .map(|id| records.get(id.as_str()).cloned().unwrap_or(Ok(None)))
             .collect()
+    }
+
+    /// The group transaction on the group committer's own connection: the orders when it
+    /// committed, or why it was rolled back (`SetAside::Taken` with no ids: its caller
+    /// looks them up).
+    async fn group_transaction(
+        &self,
+        conn: &mut MySqlConnection,
+        members: &[Purchase],
+        document: &str,
+    ) -> Result<Result<Vec<Order>, SetAside>, sqlx::Error> {
+        let mut tx = conn.begin().await?;
+        match crate::group::insert(&mut tx, members, document).await? {
+            Written::Orders(orders) => {
+                tx.commit().await?;
+                Ok(Ok(orders))
+            }
+            Written::OverLimit(over) => {
+                tx.rollback().await?;
+                Ok(Err(SetAside::OverLimit(over)))
+            }
+            Written::NotPlain => {
+                tx.rollback().await?;
+                Ok(Err(SetAside::Taken(Default::default())))
+            }
+        }
     }
 
     /// Commits a batch of purchases in one transaction when they go the plain way.
@@ -395,21 +441,18 @@ impl MysqlLedger {
             let document = crate::group::document(&members);
             let written = self
                 .run("group commit", || async {
-                    let mut tx = self.pool.begin().await?;
-                    match crate::group::insert(&mut tx, &members, &document).await? {
-                        Written::Orders(orders) => {
-                            tx.commit().await?;
-                            Ok(Ok(orders))
-                        }
-                        Written::OverLimit(over) => {
-                            tx.rollback().await?;
-                            Ok(Err(SetAside::OverLimit(over)))
-                        }
-                        Written::NotPlain => {
-                            tx.rollback().await?;
+                    let mut own = self.group_conn.take().await?;
+                    let written = self
+                        .group_transaction(own.conn(), &members, &document)
+                        .await;
+                    own.give_back(&written);
+                    match written? {
+                        Ok(orders) => Ok(Ok(orders)),
+                        Err(SetAside::Taken(_)) => {
                             let taken = crate::group::taken(&self.pool, &document).await?;
                             Ok(Err(SetAside::Taken(taken)))
                         }
+                        Err(aside) => Ok(Err(aside)),
                     }
                 })
                 .await;

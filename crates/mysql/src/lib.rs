@@ -12,6 +12,7 @@
 //! as one transaction each.
 
 mod baseline;
+mod dedicated;
 mod group;
 mod ledger;
 mod maintenance;

@@ -1,0 +1,199 @@
+//! Connections of the ledger's own batch workers (the group committer, the lookups),
+//! kept outside the pool.
+//!
+//! sqlx pings every pooled connection when it goes back to the pool: a round trip after
+//! every use, on both the server's and MariaDB's CPU. A worker that runs one statement or
+//! one transaction at a time, all day long, gains nothing from sharing: it keeps a
+//! connection of its own and skips that round trip (measured: BENCHMARKS.md, eighth
+//! session). What the pool gave it is kept: the same session settings, a ping before a
+//! use after an idle spell, and a fresh connection after any failure.
+
+use std::time::{Duration, Instant};
+
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
+use sqlx::Connection;
+use tokio::sync::{Mutex, MutexGuard};
+
+/// A connection idle at least this long is pinged before use (as the pool does); a
+/// younger one was just used successfully.
+pub(crate) const PING_WHEN_IDLE_FOR: Duration = Duration::from_secs(1);
+
+/// Connections for `slots` workers, each taken by one call at a time. Bounded: at most
+/// `slots` connections, opened on first use.
+pub(crate) struct Dedicated {
+    options: MySqlConnectOptions,
+    acquire_timeout: Duration,
+    slots: Vec<Mutex<Option<Idle>>>,
+}
+
+struct Idle {
+    conn: MySqlConnection,
+    since: Instant,
+}
+
+impl Dedicated {
+    pub(crate) fn new(
+        options: MySqlConnectOptions,
+        acquire_timeout: Duration,
+        slots: usize,
+    ) -> Self {
+        Self {
+            options,
+            acquire_timeout,
+            slots: (0..slots.max(1)).map(|_| Mutex::new(None)).collect(),
+        }
+    }
+
+    /// A connection of its own for one call: a free slot's (the first slot's when all are
+    /// taken, waiting for it). Give it back with [`Taken::give_back`]; dropped without
+    /// that (the caller's future dropped halfway, say), it is closed, and the slot
+    /// connects again on its next use.
+    pub(crate) async fn take(&self) -> Result<Taken<'_>, sqlx::Error> {
+        let mut slot = match self.slots.iter().find_map(|s| s.try_lock().ok()) {
+            Some(slot) => slot,
+            None => self.slots[0].lock().await,
+        };
+        let conn = match slot.take() {
+            Some(idle) if idle.since.elapsed() < PING_WHEN_IDLE_FOR => idle.conn,
+            Some(mut idle) => match idle.conn.ping().await {
+                Ok(()) => idle.conn,
+                // Cut while idle (a restarted server, a proxy's timeout): a new one.
+                Err(_) => self.connect().await?,
+            },
+            None => self.connect().await?,
+        };
+        Ok(Taken { slot, conn })
+    }
+
+    async fn connect(&self) -> Result<MySqlConnection, sqlx::Error> {
+        let mut conn = tokio::time::timeout(
+            self.acquire_timeout,
+            MySqlConnection::connect_with(&self.options),
+        )
+        .await
+        .map_err(|_| sqlx::Error::PoolTimedOut)??;
+        crate::ledger::prepare_session(&mut conn).await?;
+        Ok(conn)
+    }
+}
+
+/// A slot's connection, in use.
+pub(crate) struct Taken<'a> {
+    slot: MutexGuard<'a, Option<Idle>>,
+    conn: MySqlConnection,
+}
+
+impl Taken<'_> {
+    pub(crate) fn conn(&mut self) -> &mut MySqlConnection {
+        &mut self.conn
+    }
+
+    /// Puts the connection back in its slot when the work on it succeeded or the database
+    /// refused a statement (the connection is fine then); after any other error it is
+    /// closed.
+    pub(crate) fn give_back<T>(self, outcome: &Result<T, sqlx::Error>) {
+        let Taken { mut slot, conn } = self;
+        if matches!(outcome, Ok(_) | Err(sqlx::Error::Database(_))) {
+            *slot = Some(Idle {
+                conn,
+                since: Instant::now(),
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr;
+
+    use flashsale_testkit::TestDb;
+    use sqlx::{Executor, Row};
+
+    use super::*;
+
+    const SERVER_URL: &str = "mysql://root@127.0.0.1:3306";
+
+    async fn connection_id(taken: &mut Taken<'_>) -> Result<u64, sqlx::Error> {
+        sqlx::query_scalar("SELECT CONNECTION_ID()")
+            .fetch_one(taken.conn())
+            .await
+    }
+
+    // Checks a dedicated connection's life on the real MariaDB, by its CONNECTION_ID():
+    // it has the ledger's session settings; it is reused from one use to the next (no
+    // new connection, so no release round trip either), also after the database refused a
+    // statement; one dropped without being given back (a caller's future dropped halfway)
+    // is closed on the server and replaced; one cut while idle is found out by the ping
+    // before its next use and replaced, so the use succeeds.
+    #[tokio::test]
+    async fn a_dedicated_connection_is_reused_until_it_fails() {
+        let db = TestDb::create(SERVER_URL).await.expect("test database");
+        let options = MySqlConnectOptions::from_str(&db.url()).expect("url");
+        let dedicated = Dedicated::new(options.clone(), Duration::from_secs(5), 1);
+
+        let mut taken = dedicated.take().await.expect("take");
+        let first = connection_id(&mut taken).await;
+        let isolation: String = sqlx::query("SELECT @@tx_isolation AS i")
+            .fetch_one(taken.conn())
+            .await
+            .expect("isolation")
+            .get("i");
+        assert_eq!(isolation, "READ-COMMITTED");
+        taken.give_back(&first);
+        let first = first.expect("connection id");
+
+        let mut taken = dedicated.take().await.expect("take");
+        assert_eq!(connection_id(&mut taken).await.expect("id"), first, "reused");
+        let refused = taken.conn().execute("SELECT * FROM no_such_table").await;
+        assert!(matches!(refused, Err(sqlx::Error::Database(_))));
+        taken.give_back(&refused);
+        let mut taken = dedicated.take().await.expect("take");
+        assert_eq!(
+            connection_id(&mut taken).await.expect("id"),
+            first,
+            "kept after the database refused a statement"
+        );
+
+        // Dropped halfway: closed, and the next use connects anew.
+        drop(taken);
+        let mut admin = MySqlConnection::connect_with(&options)
+            .await
+            .expect("admin connection");
+        let mut gone = false;
+        for _ in 0..50 {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?",
+            )
+            .bind(first)
+            .fetch_one(&mut admin)
+            .await
+            .expect("processlist");
+            if n == 0 {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(gone, "a connection dropped without give_back is closed");
+        let mut taken = dedicated.take().await.expect("take");
+        let second = connection_id(&mut taken).await;
+        taken.give_back(&second);
+        let second = second.expect("id");
+        assert_ne!(second, first);
+
+        // Cut while idle: the ping before the next use finds it, and a new one serves.
+        sqlx::query(&format!("KILL CONNECTION {second}"))
+            .execute(&mut admin)
+            .await
+            .expect("kill");
+        tokio::time::sleep(PING_WHEN_IDLE_FOR + Duration::from_millis(100)).await;
+        let mut taken = dedicated.take().await.expect("take after the cut");
+        let third = connection_id(&mut taken).await.expect("id after the cut");
+        assert_ne!(third, second);
+        taken.give_back(&Ok::<(), sqlx::Error>(()));
+
+        let _ = admin.close().await;
+        drop(dedicated);
+        db.drop_db().await.expect("drop test database");
+    }
+}
