@@ -143,7 +143,11 @@ mod tests {
         let first = first.expect("connection id");
 
         let mut taken = dedicated.take().await.expect("take");
-        assert_eq!(connection_id(&mut taken).await.expect("id"), first, "reused");
+        assert_eq!(
+            connection_id(&mut taken).await.expect("id"),
+            first,
+            "reused"
+        );
         let refused = taken.conn().execute("SELECT * FROM no_such_table").await;
         assert!(matches!(refused, Err(sqlx::Error::Database(_))));
         taken.give_back(&refused);
