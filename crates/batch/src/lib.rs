@@ -2,8 +2,9 @@
 //! batched scripts.
 //!
 //! Callers [`Coalescer::call`] one item at a time; a worker task takes the first item
-//! waiting, everything else already queued behind it and whatever the tasks that are
-//! ready to run queue next (a few scheduler passes, up to the batch limit), runs the
+//! waiting, everything else already queued behind it and, when it had to wait for that
+//! first item, whatever the tasks that are ready to run queue next (a few scheduler
+//! passes, up to the batch limit), runs the
 //! batch, and hands each caller its own result. A few workers may run batches at once
 //! (one fills while another is in the store), each taking the next batch in turn. Batches are sized naturally by what
 //! queued while the previous batch ran: under light load every batch holds one item and
