@@ -155,8 +155,13 @@ impl Relay {
         // once, and an outbox-wide lease (the MySQL adapter's) passes to another
         // instance's relay if this one stops.
         let given_back = self.outbox.give_back(&self.relay_id, &failed).await;
-        // A mark that failed leaves published rows unsent: their lease ends and they are
-        // published again, and dropped as duplicates.
+        // A mark that failed leaves published rows unsent: the lease ends (an adapter
+        // that kept it for a backlog lets go too) and they are published again, and
+        // dropped as duplicates.
+        if marked.is_err() {
+            // If this fails as well, the lease runs out by itself (CLAIM_LEASE).
+            let _ = self.outbox.let_go(&self.relay_id).await;
+        }
         marked?;
         given_back?;
         if !failed.is_empty() {
@@ -256,6 +261,10 @@ mod tests {
         sent: Mutex<BTreeSet<i64>>,
         held_elsewhere: BTreeSet<i64>,
         given_back: Mutex<Vec<(i64, String)>>,
+        /// mark_sent fails (the database is unreachable).
+        mark_fails: bool,
+        /// Relays that called let_go.
+        let_go: Mutex<Vec<String>>,
     }
 
     fn row(id: i64, request_id: &str, sequence: u32) -> OutboxMessage {
@@ -301,6 +310,9 @@ mod tests {
         }
 
         async fn mark_sent(&self, ids: &[i64]) -> Result<(), LedgerError> {
+            if self.mark_fails {
+                return Err(LedgerError("database unreachable".into()));
+            }
             self.sent.lock().unwrap().extend(ids);
             Ok(())
         }
@@ -314,7 +326,8 @@ mod tests {
             Ok(())
         }
 
-        async fn let_go(&self, _relay: &str) -> Result<(), LedgerError> {
+        async fn let_go(&self, relay: &str) -> Result<(), LedgerError> {
+            self.let_go.lock().unwrap().push(relay.to_owned());
             Ok(())
         }
 
@@ -417,6 +430,23 @@ mod tests {
         assert!(relay(&outbox, &refusing).relay_once(100).await.is_err());
         assert!(refusing.published.lock().unwrap().is_empty());
         assert_eq!(outbox.unsent().await.unwrap(), 2);
+    }
+
+    // Checks a round whose "sent" mark fails: the round reports the error (the loop backs
+    // off), the events stay unsent to be published again, and the relay lets go of its
+    // lease, which an adapter may have kept for a backlog.
+    #[tokio::test]
+    async fn a_failed_mark_fails_the_round_and_lets_go_of_the_lease() {
+        let outbox = Arc::new(MemOutbox {
+            rows: vec![row(1, "A", 1), row(2, "B", 1)],
+            mark_fails: true,
+            ..MemOutbox::default()
+        });
+        let bus = Arc::new(MemBus::default());
+        assert!(relay(&outbox, &bus).relay_once(2).await.is_err());
+        assert_eq!(*bus.published.lock().unwrap(), vec![1, 2]);
+        assert_eq!(outbox.unsent().await.unwrap(), 2);
+        assert_eq!(*outbox.let_go.lock().unwrap(), vec!["test".to_owned()]);
     }
 
     // Checks the loop drains a backlog larger than one batch and stops when told to.

@@ -6,7 +6,8 @@
 //! one transaction at a time, all day long, gains nothing from sharing: it keeps a
 //! connection of its own and skips that round trip (measured: BENCHMARKS.md, eighth
 //! session). What the pool gave it is kept: the same session settings, a ping before a
-//! use after an idle spell, and a fresh connection after any failure.
+//! use after an idle spell, a transaction left behind by a failed statement rolled back
+//! at once, a fresh connection after any other failure, and a lifetime limit.
 
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,10 @@ use tokio::sync::{Mutex, MutexGuard};
 /// A connection idle at least this long is pinged before use (as the pool does); a
 /// younger one was just used successfully.
 pub(crate) const PING_WHEN_IDLE_FOR: Duration = Duration::from_secs(1);
+/// A connection this old is closed and replaced before its next use, as the pool does
+/// with its (default) maximum lifetime: whatever a long-lived session accumulated on the
+/// server, or a setting changed since it connected, lasts no longer.
+const LIFETIME_MAX: Duration = Duration::from_secs(30 * 60);
 
 /// Connections for `slots` workers, each taken by one call at a time. Bounded: at most
 /// `slots` connections, opened on first use.
@@ -28,6 +33,9 @@ pub(crate) struct Dedicated {
 
 struct Idle {
     conn: MySqlConnection,
+    /// When it connected.
+    opened: Instant,
+    /// When it was last given back.
     since: Instant,
 }
 
@@ -53,16 +61,20 @@ impl Dedicated {
             Some(slot) => slot,
             None => self.slots[0].lock().await,
         };
-        let conn = match slot.take() {
-            Some(idle) if idle.since.elapsed() < PING_WHEN_IDLE_FOR => idle.conn,
+        let (conn, opened) = match slot.take() {
+            Some(idle) if idle.opened.elapsed() >= LIFETIME_MAX => {
+                let _ = idle.conn.close().await;
+                (self.connect().await?, Instant::now())
+            }
+            Some(idle) if idle.since.elapsed() < PING_WHEN_IDLE_FOR => (idle.conn, idle.opened),
             Some(mut idle) => match idle.conn.ping().await {
-                Ok(()) => idle.conn,
+                Ok(()) => (idle.conn, idle.opened),
                 // Cut while idle (a restarted server, a proxy's timeout): a new one.
-                Err(_) => self.connect().await?,
+                Err(_) => (self.connect().await?, Instant::now()),
             },
-            None => self.connect().await?,
+            None => (self.connect().await?, Instant::now()),
         };
-        Ok(Taken { slot, conn })
+        Ok(Taken { slot, conn, opened })
     }
 
     async fn connect(&self) -> Result<MySqlConnection, sqlx::Error> {
@@ -81,6 +93,7 @@ impl Dedicated {
 pub(crate) struct Taken<'a> {
     slot: MutexGuard<'a, Option<Idle>>,
     conn: MySqlConnection,
+    opened: Instant,
 }
 
 impl Taken<'_> {
@@ -90,12 +103,25 @@ impl Taken<'_> {
 
     /// Puts the connection back in its slot when the work on it succeeded or the database
     /// refused a statement (the connection is fine then); after any other error it is
-    /// closed.
-    pub(crate) fn give_back<T>(self, outcome: &Result<T, sqlx::Error>) {
-        let Taken { mut slot, conn } = self;
-        if matches!(outcome, Ok(_) | Err(sqlx::Error::Database(_))) {
+    /// closed. After a refused statement, a transaction dropped on the way out has its
+    /// ROLLBACK only queued (sqlx sends it with the connection's next command, which for
+    /// a pooled connection is the pool's release ping): it is sent now, so that no lock
+    /// of the failed transaction outlives it; if that fails, the connection is closed.
+    pub(crate) async fn give_back<T>(self, outcome: &Result<T, sqlx::Error>) {
+        let Taken {
+            mut slot,
+            mut conn,
+            opened,
+        } = self;
+        let fine = match outcome {
+            Ok(_) => true,
+            Err(sqlx::Error::Database(_)) => conn.ping().await.is_ok(),
+            Err(_) => false,
+        };
+        if fine {
             *slot = Some(Idle {
                 conn,
+                opened,
                 since: Instant::now(),
             });
         }
@@ -139,7 +165,7 @@ mod tests {
             .expect("isolation")
             .get("i");
         assert_eq!(isolation, "READ-COMMITTED");
-        taken.give_back(&first);
+        taken.give_back(&first).await;
         let first = first.expect("connection id");
 
         let mut taken = dedicated.take().await.expect("take");
@@ -150,7 +176,7 @@ mod tests {
         );
         let refused = taken.conn().execute("SELECT * FROM no_such_table").await;
         assert!(matches!(refused, Err(sqlx::Error::Database(_))));
-        taken.give_back(&refused);
+        taken.give_back(&refused).await;
         let mut taken = dedicated.take().await.expect("take");
         assert_eq!(
             connection_id(&mut taken).await.expect("id"),
@@ -181,7 +207,7 @@ mod tests {
         assert!(gone, "a connection dropped without give_back is closed");
         let mut taken = dedicated.take().await.expect("take");
         let second = connection_id(&mut taken).await;
-        taken.give_back(&second);
+        taken.give_back(&second).await;
         let second = second.expect("id");
         assert_ne!(second, first);
 
@@ -194,8 +220,77 @@ mod tests {
         let mut taken = dedicated.take().await.expect("take after the cut");
         let third = connection_id(&mut taken).await.expect("id after the cut");
         assert_ne!(third, second);
-        taken.give_back(&Ok::<(), sqlx::Error>(()));
+        taken.give_back(&Ok::<(), sqlx::Error>(())).await;
 
+        let _ = admin.close().await;
+        drop(dedicated);
+        db.drop_db().await.expect("drop test database");
+    }
+
+    // Checks that a transaction a failed statement left behind ends when its connection
+    // is given back (real MariaDB): a transaction that wrote a row, then ran a statement
+    // the database refused, is dropped (its ROLLBACK only queued by sqlx); once the
+    // connection is back in its slot, InnoDB has no transaction for it and another
+    // connection can take the row's lock at once. Without sending the queued ROLLBACK
+    // the transaction, and its lock, would last until the slot's next use.
+    #[tokio::test]
+    async fn a_failed_transaction_is_rolled_back_when_given_back() {
+        let db = TestDb::create(SERVER_URL).await.expect("test database");
+        let options = MySqlConnectOptions::from_str(&db.url()).expect("url");
+        let mut admin = MySqlConnection::connect_with(&options)
+            .await
+            .expect("admin connection");
+        admin
+            .execute("CREATE TABLE locked (id INT PRIMARY KEY, n INT NOT NULL)")
+            .await
+            .expect("table");
+        admin
+            .execute("INSERT INTO locked VALUES (1, 0)")
+            .await
+            .expect("row");
+        let dedicated = Dedicated::new(options, Duration::from_secs(5), 1);
+
+        let mut taken = dedicated.take().await.expect("take");
+        let id = connection_id(&mut taken).await.expect("id");
+        let outcome: Result<(), sqlx::Error> = async {
+            let mut tx = taken.conn().begin().await?;
+            sqlx::query("UPDATE locked SET n = n + 1 WHERE id = 1")
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("SELECT * FROM no_such_table")
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await
+        }
+        .await;
+        assert!(matches!(outcome, Err(sqlx::Error::Database(_))));
+        taken.give_back(&outcome).await;
+
+        let open: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = ?",
+        )
+        .bind(id)
+        .fetch_one(&mut admin)
+        .await
+        .expect("innodb_trx");
+        assert_eq!(open, 0, "the failed transaction is over");
+        admin
+            .execute("SET SESSION innodb_lock_wait_timeout = 1")
+            .await
+            .expect("timeout");
+        admin
+            .execute("UPDATE locked SET n = n + 10 WHERE id = 1")
+            .await
+            .expect("the row's lock is free");
+        let n: i32 = sqlx::query_scalar("SELECT n FROM locked WHERE id = 1")
+            .fetch_one(&mut admin)
+            .await
+            .expect("row");
+        assert_eq!(n, 10, "the failed transaction's write was rolled back");
+
+        let mut taken = dedicated.take().await.expect("take again");
+        assert_eq!(connection_id(&mut taken).await.expect("id"), id, "kept");
+        taken.give_back(&Ok::<(), sqlx::Error>(())).await;
         let _ = admin.close().await;
         drop(dedicated);
         db.drop_db().await.expect("drop test database");

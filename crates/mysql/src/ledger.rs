@@ -54,8 +54,8 @@ const GROUP_WORKERS: usize = 1;
 const LOOKUP_BATCH_MAX: usize = 256;
 /// Lookups waiting for a batch.
 const LOOKUP_QUEUE_MAX: usize = 16_384;
-/// Lookup queries in flight at once, each worker on a connection of its own, outside
-/// the pool (`dedicated.rs`).
+/// Lookup queries in flight at once, on as many connections of their own, outside the
+/// pool (`dedicated.rs`).
 const LOOKUP_WORKERS: usize = 2;
 /// A ledger operation (retries included) slower than this is logged as a warning: far
 /// above a healthy one (milliseconds), so it points at a database in trouble.
@@ -363,7 +363,7 @@ impl MysqlLedger {
                     .bind(&document)
                     .fetch_all(own.conn())
                     .await;
-                own.give_back(&rows);
+                own.give_back(&rows).await;
                 rows
             })
             .await;
@@ -445,7 +445,7 @@ impl MysqlLedger {
                     let written = self
                         .group_transaction(own.conn(), &members, &document)
                         .await;
-                    own.give_back(&written);
+                    own.give_back(&written).await;
                     match written? {
                         Ok(orders) => Ok(Ok(orders)),
                         Err(SetAside::Taken(_)) => {

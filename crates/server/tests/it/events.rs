@@ -558,7 +558,7 @@ async fn ledger_handle(app: &TestApp) -> flashsale_mysql::MysqlLedger {
 // Checks the MySQL adapter's outbox lease on the real MariaDB, through the `Outbox` port
 // of two ledger handles standing for two instances' relays (no relay runs in this
 // test's service): while relay A holds the outbox, relay B's claim gets nothing and A's
-// own claim renews it; A's give_back records A's failed publish on the row (attempts,
+// own claim still gets the row; A's give_back records A's failed publish on the row (attempts,
 // last_error) and ends the lease, and B then gets the same rows; a claim that
 // finds nothing unsent leaves the lease free; a lease that ran out passes to the other
 // relay without any give_back.
@@ -714,10 +714,11 @@ async fn a_relay_keeps_the_outbox_while_it_drains_a_backlog() {
 }
 
 // Checks the MySQL adapter's sales-statistics store with a delivery that holds an event
-// consumed before and one event twice (real MariaDB): the store first takes a delivery's
-// events for new, and a duplicate key sends it back to look them up. Each event is
-// applied once: the first delivery applies both its events, the second applies only its
-// new one, and sales_stats and consumed_event count each event once.
+// consumed before and one event twice (real MariaDB). However the store finds them out
+// (it first takes a delivery's events for new, and a duplicate key sends it back to look
+// them up), each event is applied once: the first delivery applies both its events, the
+// second applies only its new one, and sales_stats and consumed_event count each event
+// once.
 #[tokio::test]
 async fn a_delivery_with_events_consumed_before_applies_only_the_new_ones() {
     use flashsale_app::{Applied, StatsDelta, StatsStore};
