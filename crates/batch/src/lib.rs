@@ -103,24 +103,25 @@ async fn worker<T, R>(rx: Queue<T, R>, batch_max: usize, run: BatchFn<T, R>) {
             // Items that queued while this worker was busy with the last batch: cut the
             // next batch from them at once.
             take_queued(&mut queue, &mut items, batch_max);
-            let waited = items.is_empty();
-            if waited && queue.recv_many(&mut items, batch_max).await == 0 {
-                return;
-            }
-            // Callers woken together (a reservation batch's purchases, all answered at
-            // once) reach the queue one after another, and this worker, woken by the
-            // first, would run before the rest: let the tasks that are ready run first,
-            // for as long as that brings more items. Scheduler passes, not a timer: a
-            // lone caller still runs at once, a few microseconds later.
-            for _ in 0..if waited { READY_PASSES_MAX } else { 0 } {
-                if items.len() >= batch_max {
-                    break;
+            if items.is_empty() {
+                if queue.recv_many(&mut items, batch_max).await == 0 {
+                    return;
                 }
-                tokio::task::yield_now().await;
-                let before = items.len();
-                take_queued(&mut queue, &mut items, batch_max);
-                if items.len() == before {
-                    break;
+                // Callers woken together (a reservation batch's purchases, all answered
+                // at once) reach the queue one after another, and this worker, woken by
+                // the first, would run before the rest: let the tasks that are ready run
+                // first, for as long as that brings more items. Scheduler passes, not a
+                // timer: a lone caller still runs at once, a few microseconds later.
+                for _ in 0..READY_PASSES_MAX {
+                    if items.len() >= batch_max {
+                        break;
+                    }
+                    tokio::task::yield_now().await;
+                    let before = items.len();
+                    take_queued(&mut queue, &mut items, batch_max);
+                    if items.len() == before {
+                        break;
+                    }
                 }
             }
         }

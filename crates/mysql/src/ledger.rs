@@ -60,13 +60,52 @@ const LOOKUP_WORKERS: usize = 2;
 /// A ledger operation (retries included) slower than this is logged as a warning: far
 /// above a healthy one (milliseconds), so it points at a database in trouble.
 const SLOW_OPERATION: Duration = Duration::from_secs(1);
-/// Warns when a ledger operation, `started` then and now at `attempt`, took at least
-/// [`SLOW_OPERATION`].
-pub(crate) fn warn_if_slow(what: &str, attempt: u32, started: std::time::Instant, ok: bool) {
-    let elapsed = started.elapsed();
-    if elapsed >= SLOW_OPERATION {
-        warn!(what, attempt, ?elapsed, ok, "slow ledger operation");
-    }
+/// Runs `f` (one statement or one transaction) within `deadline`, retrying deadlocks and
+/// lock wait timeouts up to `attempts` times in all, the first pause `pause` and each
+/// further one twice the last; warns about an operation slower than
+/// [`SLOW_OPERATION`]. The ledger's transactions and the outbox's statements both go
+/// through it, with limits of their own.
+pub(crate) async fn retried<T, F, Fut>(
+    what: &'static str,
+    deadline: Duration,
+    attempts: u32,
+    mut pause: Duration,
+    mut f: F,
+) -> Result<T, LedgerError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, sqlx::Error>>,
+{
+    let started = std::time::Instant::now();
+    let all = async {
+        let mut attempt = 1;
+        loop {
+            let outcome = f().await;
+            let elapsed = started.elapsed();
+            if elapsed >= SLOW_OPERATION {
+                warn!(
+                    what,
+                    attempt,
+                    ?elapsed,
+                    ok = outcome.is_ok(),
+                    "slow ledger operation"
+                );
+            }
+            match outcome {
+                Ok(value) => return Ok(value),
+                Err(e) if is_retryable(&e) && attempt < attempts => {
+                    warn!(what, attempt, error = %e, "retried");
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                    attempt += 1;
+                }
+                Err(e) => return Err(db(e)),
+            }
+        }
+    };
+    tokio::time::timeout(deadline, all)
+        .await
+        .map_err(|_| LedgerError(format!("{what}: no answer within the deadline")))?
 }
 
 /// Group transactions tried per batch: after one that met taken request_ids and set them
@@ -388,30 +427,22 @@ impl MysqlLedger {
             .collect()
     }
 
-    /// The group transaction on the group committer's own connection: the orders when it
-    /// committed, or why it was rolled back (`SetAside::Taken` with no ids: its caller
-    /// looks them up).
+    /// The group transaction on `conn`, ended: committed when it wrote the orders, rolled
+    /// back otherwise.
     async fn group_transaction(
         &self,
         conn: &mut MySqlConnection,
         members: &[Purchase],
         document: &str,
-    ) -> Result<Result<Vec<Order>, SetAside>, sqlx::Error> {
+    ) -> Result<Written, sqlx::Error> {
         let mut tx = conn.begin().await?;
-        match crate::group::insert(&mut tx, members, document).await? {
-            Written::Orders(orders) => {
-                tx.commit().await?;
-                Ok(Ok(orders))
-            }
-            Written::OverLimit(over) => {
-                tx.rollback().await?;
-                Ok(Err(SetAside::OverLimit(over)))
-            }
-            Written::NotPlain => {
-                tx.rollback().await?;
-                Ok(Err(SetAside::Taken(Default::default())))
-            }
+        let written = crate::group::insert(&mut tx, members, document).await?;
+        if matches!(written, Written::Orders(_)) {
+            tx.commit().await?;
+        } else {
+            tx.rollback().await?;
         }
+        Ok(written)
     }
 
     /// Commits a batch of purchases in one transaction when they go the plain way.
@@ -447,12 +478,12 @@ impl MysqlLedger {
                         .await;
                     own.give_back(&written).await;
                     match written? {
-                        Ok(orders) => Ok(Ok(orders)),
-                        Err(SetAside::Taken(_)) => {
+                        Written::Orders(orders) => Ok(Ok(orders)),
+                        Written::OverLimit(over) => Ok(Err(SetAside::OverLimit(over))),
+                        Written::NotPlain => {
                             let taken = crate::group::taken(&self.pool, &document).await?;
                             Ok(Err(SetAside::Taken(taken)))
                         }
-                        Err(aside) => Ok(Err(aside)),
                     }
                 })
                 .await;
@@ -575,37 +606,19 @@ impl MysqlLedger {
 
     /// Runs `f` (one transaction) under the transaction deadline, retrying deadlocks and
     /// lock wait timeouts a bounded number of times.
-    pub(crate) async fn run<T, F, Fut>(
-        &self,
-        what: &'static str,
-        mut f: F,
-    ) -> Result<T, LedgerError>
+    pub(crate) async fn run<T, F, Fut>(&self, what: &'static str, f: F) -> Result<T, LedgerError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, sqlx::Error>>,
     {
-        let started = std::time::Instant::now();
-        let all = async {
-            let mut pause = TX_RETRY_PAUSE;
-            let mut attempt = 1;
-            loop {
-                let outcome = f().await;
-                warn_if_slow(what, attempt, started, outcome.is_ok());
-                match outcome {
-                    Ok(value) => return Ok(value),
-                    Err(e) if is_retryable(&e) && attempt < TX_ATTEMPTS_MAX => {
-                        warn!(what, attempt, error = %e, "transaction retried");
-                        tokio::time::sleep(pause).await;
-                        pause *= 2;
-                        attempt += 1;
-                    }
-                    Err(e) => return Err(db(e)),
-                }
-            }
-        };
-        tokio::time::timeout(self.transaction_timeout, all)
-            .await
-            .map_err(|_| LedgerError(format!("{what}: no answer within the deadline")))?
+        retried(
+            what,
+            self.transaction_timeout,
+            TX_ATTEMPTS_MAX,
+            TX_RETRY_PAUSE,
+            f,
+        )
+        .await
     }
 
     async fn insert_purchase(

@@ -25,9 +25,7 @@ use flashsale_app::{EventType, OutboxMessage, StatsDelta};
 use flashsale_core::{
     CancelReason, OrderId, OrderStatus, ProductId, PurchaseRequest, ReleaseReason, UserId,
 };
-use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{MySqlConnection, Row};
-use tracing::warn;
 
 use crate::ledger::MysqlLedger;
 use crate::rows::{corrupt, db, list, text};
@@ -53,16 +51,6 @@ const LAST_ERROR_CHARS: usize = 255;
 /// renews it. Short beside the lease, so that every round still starts with nearly all
 /// of its lease left (at least the lease minus this, or half the lease if shorter).
 const LEASE_RENEWED_WITHIN: Duration = Duration::from_secs(2);
-
-const ER_DUP_ENTRY: u16 = 1062;
-const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
-const ER_LOCK_DEADLOCK: u16 = 1213;
-
-fn error_number(e: &sqlx::Error) -> Option<u16> {
-    e.as_database_error()
-        .and_then(|d| d.try_downcast_ref::<MySqlDatabaseError>())
-        .map(MySqlDatabaseError::number)
-}
 
 /// The state change a ledger transaction is about to commit.
 pub(crate) enum Change<'a> {
@@ -197,38 +185,12 @@ pub(crate) async fn record(
 }
 
 /// Runs `f` under [`OPERATION_TIMEOUT`], retrying deadlocks and lock wait timeouts.
-async fn bounded<T, F, Fut>(what: &'static str, mut f: F) -> Result<T, LedgerError>
+async fn bounded<T, F, Fut>(what: &'static str, f: F) -> Result<T, LedgerError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, sqlx::Error>>,
 {
-    let started = std::time::Instant::now();
-    let all = async {
-        let mut pause = RETRY_PAUSE;
-        let mut attempt = 1;
-        loop {
-            let outcome = f().await;
-            crate::ledger::warn_if_slow(what, attempt, started, outcome.is_ok());
-            match outcome {
-                Ok(value) => return Ok(value),
-                Err(e)
-                    if matches!(
-                        error_number(&e),
-                        Some(ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT)
-                    ) && attempt < ATTEMPTS_MAX =>
-                {
-                    warn!(what, attempt, error = %e, "statement retried");
-                    tokio::time::sleep(pause).await;
-                    pause *= 2;
-                    attempt += 1;
-                }
-                Err(e) => return Err(db(e)),
-            }
-        }
-    };
-    tokio::time::timeout(OPERATION_TIMEOUT, all)
-        .await
-        .map_err(|_| LedgerError(format!("{what}: no answer within the deadline")))?
+    crate::ledger::retried(what, OPERATION_TIMEOUT, ATTEMPTS_MAX, RETRY_PAUSE, f).await
 }
 
 /// What one ledger handle knows of its relay's lease on the outbox: when it was last
@@ -471,7 +433,7 @@ impl MysqlLedger {
         .execute(&mut *tx)
         .await;
         match inserted {
-            Err(e) if error_number(&e) == Some(ER_DUP_ENTRY) => {
+            Err(e) if crate::ledger::is_duplicate(&e) => {
                 tx.rollback().await?;
                 return Ok(Applied::AlreadyApplied);
             }
@@ -534,7 +496,7 @@ impl MysqlLedger {
                     .bind(e.product_id.get());
             }
             match q.execute(&mut *tx).await {
-                Err(e) if error_number(&e) == Some(ER_DUP_ENTRY) => {
+                Err(e) if crate::ledger::is_duplicate(&e) => {
                     tx.rollback().await?;
                     return Ok(None);
                 }
