@@ -104,7 +104,8 @@ pub struct OutboxMessage {
     /// `sequence` order.
     pub request_id: String,
     pub sequence: u32,
-    /// The message body, JSON, exactly as it goes on the wire.
+    /// The event as it goes on the wire: one JSON object (an element of a message's body,
+    /// docs/events.md).
     pub payload: String,
     /// Failed publish attempts so far.
     pub attempts: u32,

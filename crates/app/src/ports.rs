@@ -602,12 +602,14 @@ pub trait EventBus: Send + Sync + 'static {
     /// round instead of leasing rows it can't publish).
     fn ready(&self) -> Result<(), BusError>;
 
-    /// Publishes one event (deduplicated by the broker on its event id) and waits, for a
-    /// bounded time, until the broker confirms it stored it (or already had it).
+    /// Publishes one event (the broker drops a copy of a message it already has) and
+    /// waits, for a bounded time, until the broker confirms it stored it (or already had
+    /// it).
     async fn publish(&self, message: &OutboxMessage) -> Result<(), BusError>;
 
-    /// Publishes independent events (no two of one request_id), one result per message
-    /// in order. The default publishes one after the other; an adapter may overlap them.
+    /// Publishes independent events (no two of one request_id), one result per event in
+    /// order. The default publishes one after the other; an adapter may overlap them or
+    /// pack several into one message.
     async fn publish_all(&self, messages: &[OutboxMessage]) -> Vec<Result<(), BusError>> {
         let mut results = Vec::with_capacity(messages.len());
         for message in messages {

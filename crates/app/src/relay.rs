@@ -12,7 +12,8 @@
 //! own transaction. When the broker is down the relay backs off (bounded) and the outbox
 //! grows; when it returns, the backlog drains in batches. A crash between publishing and
 //! marking sent publishes the row again after its lease ends; the broker drops the copy
-//! by its `Nats-Msg-Id` (the event id), and consumers deduplicate by event id anyway.
+//! when it goes out in a message like the first (by its `Nats-Msg-Id`), and consumers
+//! deduplicate by event id anyway.
 
 use std::collections::VecDeque;
 use std::sync::Arc;

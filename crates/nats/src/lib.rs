@@ -1,17 +1,20 @@
 //! flashsale's events on NATS JetStream.
 //!
 //! - [`NatsBus`] implements the [`EventBus`] port: it makes sure the stream exists (file
-//!   storage, subjects `<prefix>.events.>`, a duplicate window), publishes each event to
-//!   `<prefix>.events.<event_type>` with `Nats-Msg-Id` = event id, and waits (bounded) for
-//!   JetStream's acknowledgement. It connects lazily and reconnects by itself: nothing
-//!   here ever waits for a broker that is down, it reports "not connected" instead.
-//! - [`run_consumer`] drives one durable pull consumer: it fetches batches, hands each
-//!   event to the [`Consume`] use case and acknowledges a message only after the event
-//!   was applied (or found applied before).
+//!   storage, subjects `<prefix>.events.>`, a duplicate window), packs the events the relay
+//!   hands it together into messages ([`packs`]: one subject, up to
+//!   [`EVENTS_PER_MESSAGE_MAX`] events each), publishes each to
+//!   `<prefix>.events.<event_type>` with `Nats-Msg-Id` = [`pack_id`] of its events, and
+//!   waits (bounded) for JetStream's acknowledgement. It connects lazily and reconnects by
+//!   itself: nothing here ever waits for a broker that is down, it reports "not
+//!   connected" instead.
+//! - [`run_consumer`] drives one durable pull consumer: it fetches batches, hands their
+//!   events to the [`Consume`] use case and acknowledges a message only after all its
+//!   events were applied (or found applied before).
 //! - [`EventWorkers`] runs the relay loop and the consumer loop as tasks and stops them.
 //!
-//! The message body is the outbox payload, JSON; `docs/events.md` describes it and
-//! [`decode_event`] reads it.
+//! A message body is a JSON array of outbox payloads; `docs/events.md` describes it and
+//! [`decode_message`] reads it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -43,8 +46,9 @@ const RECONNECT_DELAY_FIRST: Duration = Duration::from_millis(50);
 /// one refused connection a second while it is down.
 const RECONNECT_DELAY_MAX: Duration = Duration::from_secs(1);
 /// JetStream's deduplication window on `Nats-Msg-Id`: longer than a relay's lease (30 s)
-/// plus its backoff, so the republication of a row whose "sent" mark was lost is dropped
-/// by the broker; older copies are dropped by the consumers' own deduplication.
+/// plus its backoff, so the republication of a message whose "sent" marks were lost is
+/// dropped by the broker; older copies, and events republished in another pack, are
+/// dropped by the consumers' own deduplication.
 pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 /// How long the stream keeps events: consumers that were down this long still catch
 /// up, and the stream's disk use stays bounded. (The outbox keeps every event anyway.)
@@ -57,6 +61,21 @@ const CONSUMER_ACK_WAIT: Duration = Duration::from_secs(30);
 /// Messages the consumer fetches at once: bounds memory and the work redelivered after a
 /// crash, while a backlog still drains in large steps.
 pub const CONSUMER_BATCH: usize = 100;
+/// Events after which a chunk takes no more messages (so at most this plus one message's
+/// [`EVENTS_PER_MESSAGE_MAX`] in one transaction): its INSERT binds 3 values per event,
+/// far under MariaDB's 65,535, and a chunk that must fall back to one transaction per
+/// event (a race with another consumer) stays short.
+pub const CONSUMER_EVENTS_MAX: usize = 1024;
+/// Most events packed into one message. One NATS message costs the broker about as much
+/// as one event's (storing it, acknowledging the publish, delivering it, taking the
+/// consumer's ack), so packing divides its work per event by the pack's size (BENCHMARKS.md,
+/// ninth session). A relay round reads 256 rows; half of that keeps a busy round at two or
+/// three messages while a consumer's chunk stays bounded.
+pub const EVENTS_PER_MESSAGE_MAX: usize = 128;
+/// Most body bytes of one message, so that no pack is refused for its size: NATS's
+/// `max_payload` is 1 MiB unless a server lowers it, and an event is at most about 600
+/// bytes (a 128-event pack about 75 KiB). A single larger event still goes alone.
+pub const MESSAGE_BYTES_MAX: usize = 256 * 1024;
 /// How long one fetch waits for messages when there are none: the consumer's idle
 /// latency, and one pull request per this period while idle.
 const FETCH_WAIT: Duration = Duration::from_secs(1);
@@ -197,13 +216,13 @@ impl NatsBus {
             .map_err(|e| bus_error(&format!("consumer {CONSUMER_NAME}"), e))
     }
 
-    /// Sends one message; the returned future waits for its acknowledgement.
-    async fn send(&self, message: &OutboxMessage) -> Result<context::PublishAckFuture, BusError> {
+    /// Sends one pack; the returned future waits for its acknowledgement.
+    async fn send(&self, pack: &Pack) -> Result<context::PublishAckFuture, BusError> {
         let publish = jetstream::message::PublishMessage::build()
-            .payload(bytes::Bytes::from(message.payload.clone()))
-            .message_id(message.event_id.as_str());
+            .payload(bytes::Bytes::from(pack.body.clone()))
+            .message_id(pack.id.as_str());
         self.js
-            .send_publish(self.config.subject(message.event_type), publish)
+            .send_publish(self.config.subject(pack.event_type), publish)
             .await
             .map_err(|e| self.publish_error(e))
     }
@@ -216,13 +235,14 @@ impl NatsBus {
         bus_error("publish", e)
     }
 
-    async fn acked(&self, event_id: &str, ack: context::PublishAckFuture) -> Result<(), BusError> {
+    async fn acked(&self, pack: &Pack, ack: context::PublishAckFuture) -> Result<(), BusError> {
         let ack = ack.await.map_err(|e| self.publish_error(e))?;
         if ack.duplicate {
             debug!(
-                event_id,
+                message_id = %pack.id,
+                events = pack.members.len(),
                 stream_seq = ack.sequence,
-                "broker already had this event"
+                "broker already had this message"
             );
         }
         Ok(())
@@ -250,32 +270,112 @@ impl EventBus for NatsBus {
     }
 
     async fn publish(&self, message: &OutboxMessage) -> Result<(), BusError> {
-        self.prepared().await?;
-        let ack = self.send(message).await?;
-        self.acked(&message.event_id, ack).await
+        let mut results = self.publish_all(std::slice::from_ref(message)).await;
+        results
+            .pop()
+            .unwrap_or_else(|| Err(BusError("no result for the event".to_owned())))
     }
 
-    /// Sends every message first, then waits for all the acknowledgements together: one
-    /// broker round trip for the whole wave.
+    /// Packs the events into messages ([`packs`]), sends every message first, then waits
+    /// for all the acknowledgements together: one broker round trip for the whole wave.
+    /// Each event gets its message's result.
     async fn publish_all(&self, messages: &[OutboxMessage]) -> Vec<Result<(), BusError>> {
         if let Err(e) = self.prepared().await {
             return messages.iter().map(|_| Err(e.clone())).collect();
         }
-        let mut sent = Vec::with_capacity(messages.len());
-        for message in messages {
-            sent.push(self.send(message).await);
+        let packs = packs(messages);
+        let mut sent = Vec::with_capacity(packs.len());
+        for pack in &packs {
+            sent.push(self.send(pack).await);
         }
-        let acks = sent
-            .into_iter()
-            .zip(messages)
-            .map(|(sent, message)| async move {
-                match sent {
-                    Ok(ack) => self.acked(&message.event_id, ack).await,
-                    Err(e) => Err(e),
-                }
-            });
-        futures::future::join_all(acks).await
+        let acks = sent.into_iter().zip(&packs).map(|(sent, pack)| async move {
+            match sent {
+                Ok(ack) => self.acked(pack, ack).await,
+                Err(e) => Err(e),
+            }
+        });
+        let mut results: Vec<Result<(), BusError>> = messages.iter().map(|_| Ok(())).collect();
+        for (pack, result) in packs.iter().zip(futures::future::join_all(acks).await) {
+            for &member in &pack.members {
+                results[member] = result.clone();
+            }
+        }
+        results
     }
+}
+
+/// One message to publish: events of one type, packed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pack {
+    pub event_type: EventType,
+    /// Positions of its events in the slice given to [`packs`], in order.
+    pub members: Vec<usize>,
+    /// `[payload,payload,…]`: the events' outbox payloads as they are, in a JSON array.
+    pub body: String,
+    /// Its `Nats-Msg-Id`: [`pack_id`] of its events.
+    pub id: String,
+}
+
+/// Groups events into messages: by type (each type has its own subject), in the order
+/// given, at most [`EVENTS_PER_MESSAGE_MAX`] events and [`MESSAGE_BYTES_MAX`] body bytes
+/// each (an event larger than that alone goes alone). The relay hands over one wave at a
+/// time, which holds at most one event of each order, so packing can't reorder an order's
+/// events.
+pub fn packs(messages: &[OutboxMessage]) -> Vec<Pack> {
+    let mut open: Vec<Pack> = Vec::new();
+    let mut done = Vec::new();
+    for (i, m) in messages.iter().enumerate() {
+        let slot = match open.iter().position(|p| p.event_type == m.event_type) {
+            Some(slot)
+                if open[slot].members.len() < EVENTS_PER_MESSAGE_MAX
+                    && open[slot].body.len() + 1 + m.payload.len() < MESSAGE_BYTES_MAX =>
+            {
+                slot
+            }
+            full => {
+                if let Some(slot) = full {
+                    done.push(open.swap_remove(slot));
+                }
+                open.push(Pack {
+                    event_type: m.event_type,
+                    members: Vec::new(),
+                    body: String::from("["),
+                    id: String::new(),
+                });
+                open.len() - 1
+            }
+        };
+        let pack = &mut open[slot];
+        if !pack.members.is_empty() {
+            pack.body.push(',');
+        }
+        pack.body.push_str(&m.payload);
+        pack.members.push(i);
+    }
+    done.extend(open);
+    for pack in &mut done {
+        pack.body.push(']');
+        pack.id = pack_id(pack.members.iter().map(|&i| messages[i].event_id.as_str()));
+    }
+    done.sort_by_key(|p| p.members[0]);
+    done
+}
+
+/// Namespace of the [`pack_id`]s (a random UUID, fixed forever: changing it would give
+/// the same pack another id).
+const PACK_NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6c1f_2a58_93d4_4f0e_9b7a_3e51_c0d8_a246);
+
+/// The `Nats-Msg-Id` of a message holding these events, in this order: a name-based UUID
+/// (v5) of their ids. The same events packed the same way again (a republication after
+/// lost "sent" marks) get the same id, which the broker drops inside its duplicate
+/// window; any other pack gets another.
+pub fn pack_id<'a>(event_ids: impl IntoIterator<Item = &'a str>) -> String {
+    let mut name = String::new();
+    for id in event_ids {
+        name.push_str(id);
+        name.push('\n');
+    }
+    uuid::Uuid::new_v5(&PACK_NAMESPACE, name.as_bytes()).to_string()
 }
 
 /// A message body that is not a valid event.
@@ -298,7 +398,25 @@ struct WireEvent {
     occurred_at: DateTime<Utc>,
 }
 
-/// Reads a message body into an [`Event`], checking every field as the domain does.
+/// Reads a message body: its events, each decoded on its own (one bad event doesn't take
+/// the others with it). A body is a JSON array of events; a body that is not an array is
+/// read as one event (flashsale published one event object per message before it packed
+/// them). `Err`: the body begins as an array but isn't one.
+pub fn decode_message(body: &[u8]) -> Result<Vec<Result<Event, DecodeError>>, DecodeError> {
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'[') {
+        return Ok(vec![decode_event(body)]);
+    }
+    let items: Vec<&serde_json::value::RawValue> =
+        serde_json::from_slice(body).map_err(|e| DecodeError(e.to_string()))?;
+    Ok(items
+        .into_iter()
+        .map(|item| decode_event(item.get().as_bytes()))
+        .collect())
+}
+
+/// Reads one event (an element of a message body) into an [`Event`], checking every field
+/// as the domain does.
 pub fn decode_event(body: &[u8]) -> Result<Event, DecodeError> {
     let w: WireEvent = serde_json::from_slice(body).map_err(|e| DecodeError(e.to_string()))?;
     let bad = |e: &dyn std::fmt::Display| DecodeError(e.to_string());
@@ -321,57 +439,79 @@ pub fn decode_event(body: &[u8]) -> Result<Event, DecodeError> {
     })
 }
 
-/// What became of one delivered message.
+/// What became of one delivered chunk.
 enum Handled {
     Done,
-    /// The store failed: the message will come again; back off.
+    /// The store failed: the messages will come again; back off.
     Retry,
 }
 
-/// Applies the messages delivered together (in one store transaction where it can),
-/// then acknowledges them; on a store failure they are all NAKed to come again.
-async fn handle(consume: &Consume, messages: &[jetstream::Message]) -> Handled {
-    let mut events = Vec::with_capacity(messages.len());
-    let mut decoded = Vec::with_capacity(messages.len());
-    for message in messages {
-        match decode_event(&message.payload) {
-            Ok(event) => {
-                events.push(event);
-                decoded.push(message);
+/// Messages delivered together and the events in them, applied in one store transaction
+/// where it can.
+#[derive(Default)]
+struct Chunk {
+    messages: Vec<jetstream::Message>,
+    events: Vec<Event>,
+}
+
+impl Chunk {
+    /// Adds a delivered message's events. Undecodable events are logged and left out:
+    /// redelivering them would never help. A message with no event to apply (not ours, or
+    /// corrupt) is terminated, so that it never comes again.
+    async fn take(&mut self, message: jetstream::Message) {
+        let decoded = match decode_message(&message.payload) {
+            Ok(decoded) => decoded,
+            Err(e) => vec![Err(e)],
+        };
+        let before = self.events.len();
+        for event in decoded {
+            match event {
+                Ok(event) => self.events.push(event),
+                Err(e) => {
+                    error!(subject = %message.subject, error = %e, "undecodable event dropped");
+                }
+            }
+        }
+        if self.events.len() > before {
+            self.messages.push(message);
+        } else if let Err(e) = message.ack_with(jetstream::AckKind::Term).await {
+            warn!(error = %e, "could not terminate an undecodable message");
+        }
+    }
+
+    /// Whether it takes no more messages.
+    fn full(&self) -> bool {
+        self.messages.len() >= CONSUMER_BATCH || self.events.len() >= CONSUMER_EVENTS_MAX
+    }
+
+    /// Applies the events, then acknowledges their messages; on a store failure the
+    /// messages are all NAKed to come again.
+    async fn handle(self, consume: &Consume) -> Handled {
+        if self.events.is_empty() {
+            return Handled::Done;
+        }
+        match consume.apply_all(&self.events).await {
+            Ok(_) => {
+                for message in &self.messages {
+                    // A lost ack means one more delivery, which the store ignores.
+                    if let Err(e) = message.ack().await {
+                        warn!(subject = %message.subject, error = %e, "ack failed; the message will be delivered again");
+                    }
+                }
+                Handled::Done
             }
             Err(e) => {
-                // Not ours or corrupt: redelivering it would never help.
-                error!(subject = %message.subject, error = %e, "undecodable event dropped");
-                if let Err(e) = message.ack_with(jetstream::AckKind::Term).await {
-                    warn!(error = %e, "could not terminate an undecodable message");
+                warn!(events = self.events.len(), error = %e, "events not applied; they will be delivered again");
+                for message in &self.messages {
+                    if let Err(e) = message
+                        .ack_with(jetstream::AckKind::Nak(Some(NAK_DELAY)))
+                        .await
+                    {
+                        debug!(error = %e, "nak failed; redelivered after the ack wait instead");
+                    }
                 }
+                Handled::Retry
             }
-        }
-    }
-    if events.is_empty() {
-        return Handled::Done;
-    }
-    match consume.apply_all(&events).await {
-        Ok(_) => {
-            for (message, event) in decoded.iter().zip(&events) {
-                // A lost ack means one more delivery, which the store ignores.
-                if let Err(e) = message.ack().await {
-                    warn!(event_id = %event.event_id, error = %e, "ack failed; the event will be delivered again");
-                }
-            }
-            Handled::Done
-        }
-        Err(e) => {
-            warn!(events = events.len(), error = %e, "events not applied; they will be delivered again");
-            for message in decoded {
-                if let Err(e) = message
-                    .ack_with(jetstream::AckKind::Nak(Some(NAK_DELAY)))
-                    .await
-                {
-                    debug!(error = %e, "nak failed; redelivered after the ack wait instead");
-                }
-            }
-            Handled::Retry
         }
     }
 }
@@ -422,8 +562,9 @@ pub async fn run_consumer(
                 }
             };
             // Events are applied in chunks: the first message, and whatever else arrives
-            // within CONSUMER_LINGER (up to CONSUMER_BATCH), so that a steady stream is
-            // applied in a few large transactions rather than many small ones.
+            // within CONSUMER_LINGER (up to CONSUMER_BATCH messages or CONSUMER_EVENTS_MAX
+            // events), so that a steady stream is applied in a few large transactions
+            // rather than many small ones.
             loop {
                 let first = tokio::select! {
                     first = messages.next() => first,
@@ -432,13 +573,25 @@ pub async fn run_consumer(
                 let Some(first) = first else {
                     break 'round None;
                 };
-                let mut chunk = Vec::with_capacity(CONSUMER_BATCH);
-                chunk.push(first);
+                let first = match first {
+                    Ok(first) => first,
+                    Err(e) => {
+                        consumer = None;
+                        break 'round Some(format!("fetch: {e}"));
+                    }
+                };
+                let mut chunk = Chunk::default();
+                chunk.take(first).await;
                 let linger = tokio::time::Instant::now() + CONSUMER_LINGER;
                 let mut ended = false;
-                while chunk.len() < CONSUMER_BATCH {
+                let mut broken = None;
+                while !chunk.full() {
                     match tokio::time::timeout_at(linger, messages.next()).await {
-                        Ok(Some(item)) => chunk.push(item),
+                        Ok(Some(Ok(message))) => chunk.take(message).await,
+                        Ok(Some(Err(e))) => {
+                            broken = Some(e);
+                            break;
+                        }
                         Ok(None) => {
                             ended = true;
                             break;
@@ -446,15 +599,7 @@ pub async fn run_consumer(
                         Err(_) => break,
                     }
                 }
-                let mut delivered = Vec::with_capacity(chunk.len());
-                let mut broken = None;
-                for item in chunk {
-                    match item {
-                        Ok(message) => delivered.push(message),
-                        Err(e) => broken = Some(e),
-                    }
-                }
-                if let Handled::Retry = handle(&consume, &delivered).await {
+                if let Handled::Retry = chunk.handle(&consume).await {
                     break 'round Some("the statistics store failed".to_owned());
                 }
                 if let Some(e) = broken {
@@ -563,6 +708,124 @@ mod tests {
         let bad = body.replace("\"quantity\": 2", "\"quantity\": 0");
         assert!(decode_event(bad.as_bytes()).is_err());
         assert!(decode_event(b"{}").is_err());
+    }
+
+    fn event(n: usize, event_type: EventType, payload_len: usize) -> OutboxMessage {
+        let event_id = format!("00000000-0000-7000-8000-{n:012}");
+        let pad = "x".repeat(payload_len.saturating_sub(30));
+        OutboxMessage {
+            id: n as i64,
+            payload: format!(r#"{{"event_id": "{event_id}", "p": "{pad}"}}"#),
+            event_id,
+            event_type,
+            request_id: format!("REQ_{n}"),
+            sequence: 1,
+            attempts: 0,
+            blocked: false,
+        }
+    }
+
+    // Checks packing: events are grouped by type in the order given, a pack holds at most
+    // EVENTS_PER_MESSAGE_MAX events and MESSAGE_BYTES_MAX bytes (an event larger than
+    // that goes alone), every event lands in exactly one pack, a body is the JSON array of
+    // its members' payloads, and its id is pack_id of its members' event ids.
+    #[test]
+    fn packs_group_by_type_within_bounds() {
+        let mut wave = Vec::new();
+        for n in 0..300 {
+            let t = if n % 3 == 0 {
+                EventType::OrderPaid
+            } else {
+                EventType::OrderCreated
+            };
+            wave.push(event(n, t, 100));
+        }
+        wave.push(event(
+            300,
+            EventType::OrderCancelled,
+            MESSAGE_BYTES_MAX + 10,
+        ));
+        wave.push(event(301, EventType::OrderCancelled, 100));
+        let packs = packs(&wave);
+        let mut seen = vec![0; wave.len()];
+        for p in &packs {
+            assert!(!p.members.is_empty());
+            assert!(p.members.len() <= EVENTS_PER_MESSAGE_MAX);
+            assert!(p.body.len() <= MESSAGE_BYTES_MAX || p.members.len() == 1);
+            assert!(p.members.windows(2).all(|w| w[0] < w[1]), "in order");
+            let mut body = String::from("[");
+            for (k, &m) in p.members.iter().enumerate() {
+                seen[m] += 1;
+                assert_eq!(wave[m].event_type, p.event_type);
+                if k > 0 {
+                    body.push(',');
+                }
+                body.push_str(&wave[m].payload);
+            }
+            body.push(']');
+            assert_eq!(p.body, body);
+            let ids: Vec<&str> = p
+                .members
+                .iter()
+                .map(|&m| wave[m].event_id.as_str())
+                .collect();
+            assert_eq!(p.id, pack_id(ids));
+            let items: Vec<serde_json::Value> = serde_json::from_str(&p.body).expect("json");
+            assert_eq!(items.len(), p.members.len());
+        }
+        assert!(seen.iter().all(|&n| n == 1), "each event in one pack");
+        let of = |t| packs.iter().filter(|p| p.event_type == t).count();
+        // 100 paid: one pack; 200 created: 128 + 72; the oversized cancel alone, then 301.
+        assert_eq!(of(EventType::OrderPaid), 1);
+        assert_eq!(of(EventType::OrderCreated), 2);
+        assert_eq!(of(EventType::OrderCancelled), 2);
+        assert_eq!(packs.len(), 5);
+        assert!(super::packs(&[]).is_empty());
+    }
+
+    // Checks pack ids: the same events in the same order give the same id (so the broker
+    // drops a republished pack), and another set or order, or ids that only concatenate
+    // alike, give another.
+    #[test]
+    fn pack_ids_name_their_events() {
+        let a = pack_id(["e1", "e2"]);
+        assert_eq!(a, pack_id(["e1", "e2"]));
+        assert_ne!(a, pack_id(["e2", "e1"]));
+        assert_ne!(a, pack_id(["e1"]));
+        assert_ne!(a, pack_id(["e1e2"]));
+        assert_ne!(pack_id(["e1", "e2", "e3"]), a);
+        assert_eq!(a.len(), 36);
+    }
+
+    // Checks message bodies: an array of events decodes element by element (a bad one is
+    // an error of its own, the rest still decode), a bare event object (the format before
+    // packing) reads as one event, and a broken array is an error.
+    #[test]
+    fn decodes_packed_and_single_messages() {
+        let one = r#"{"event_id": "5f0c6a4e-ebf5-11f1-b3b2-02fc00000001", "event_type": "order_created", "sequence": 1, "order_id": 7, "request_id": "REQ_1", "product_id": 1001, "user_id": 42, "quantity": 2, "reason": null, "occurred_at": "2026-11-29T10:00:00.123456Z"}"#;
+        let two = one.replace("REQ_1", "REQ_2").replace("0001\"", "0002\"");
+        let bad = one.replace("\"quantity\": 2", "\"quantity\": -1");
+        let body = format!(" [{one},{bad}, {two}]");
+        let events = decode_message(body.as_bytes()).expect("an array");
+        assert_eq!(events.len(), 3);
+        assert_eq!(
+            events[0].as_ref().expect("first").request_id.as_str(),
+            "REQ_1"
+        );
+        assert!(events[1].is_err());
+        let second = events[2].as_ref().expect("third");
+        assert_eq!(second.request_id.as_str(), "REQ_2");
+        assert!(second.event_id.ends_with("0002"));
+        let single = decode_message(one.as_bytes()).expect("an object");
+        assert_eq!(single.len(), 1);
+        assert_eq!(
+            single[0].as_ref().expect("event").order_id.map(|o| o.get()),
+            Some(7)
+        );
+        assert!(decode_message(format!("[{one}").as_bytes()).is_err());
+        assert!(decode_message(b"[]").expect("empty").is_empty());
+        let garbage = decode_message(b"nonsense").expect("read as one event");
+        assert!(garbage[0].is_err());
     }
 
     // Checks subjects are <prefix>.events.<type> and the stream captures all of them.

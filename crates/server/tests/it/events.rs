@@ -148,8 +148,9 @@ async fn wait_drained(app: &TestApp, products: &[i64]) {
 /// - exactly one outbox row per state change: order_created per order, order_paid per
 ///   PAID order, order_cancelled per CANCELLED order, reservation_released per RELEASED
 ///   reservation (cancelled orders and fences), and nothing else;
-/// - every row is sent, and the stream holds each event exactly once, under
-///   `<prefix>.events.<type>`, with Nats-Msg-Id = event id and the outbox payload as body;
+/// - every row is sent, and the stream holds each event exactly once, in a message under
+///   `<prefix>.events.<type>` whose body is a JSON array of the outbox payloads of its
+///   events (at most EVENTS_PER_MESSAGE_MAX) and whose Nats-Msg-Id is their pack_id;
 /// - each request_id's events are in the stream in `sequence` order, numbered 1, 2, …;
 /// - every body decodes, and its fields are those of its order (reason of a cancel too).
 async fn check_events(app: &TestApp, events: &TestEvents) {
@@ -178,55 +179,88 @@ async fn check_events(app: &TestApp, events: &TestEvents) {
 
     let messages = events.stream_messages().await;
     let by_id: BTreeMap<&str, &OutboxRow> = rows.iter().map(|r| (r.event_id.as_str(), r)).collect();
-    let in_stream: BTreeSet<&str> = messages.iter().map(|(id, _, _)| id.as_str()).collect();
+    let mut in_stream = Vec::new();
+    let mut last_seq: HashMap<String, i32> = HashMap::new();
+    for (msg_id, subject, body) in &messages {
+        let items: Vec<&serde_json::value::RawValue> =
+            serde_json::from_slice(body).expect("a message body is a JSON array");
+        assert!(
+            (1..=flashsale_nats::EVENTS_PER_MESSAGE_MAX).contains(&items.len()),
+            "{} events in one message",
+            items.len()
+        );
+        let mut ids = Vec::new();
+        for item in items {
+            let event: Event =
+                flashsale_nats::decode_event(item.get().as_bytes()).expect("decodable event");
+            let row = by_id[event.event_id.as_str()];
+            ids.push(row.event_id.as_str());
+            check_event(app, events, &event, subject, item.get(), row, &mut last_seq).await;
+        }
+        assert_eq!(
+            msg_id,
+            &flashsale_nats::pack_id(ids.iter().copied()),
+            "Nats-Msg-Id names the message's events"
+        );
+        in_stream.extend(ids);
+    }
+    let distinct: BTreeSet<&str> = in_stream.iter().copied().collect();
     assert_eq!(
+        distinct.len(),
         in_stream.len(),
-        messages.len(),
         "an event is stored twice in the stream"
     );
     assert_eq!(
-        in_stream,
+        distinct,
         by_id.keys().copied().collect::<BTreeSet<_>>(),
         "the stream holds exactly the outbox's events"
     );
-    let mut last_seq: HashMap<String, i32> = HashMap::new();
-    for (msg_id, subject, body) in &messages {
-        let row = by_id[msg_id.as_str()];
-        let event: Event = flashsale_nats::decode_event(body).expect("decodable event");
-        assert_eq!(&event.event_id, msg_id, "Nats-Msg-Id is the event id");
-        assert_eq!(body.as_slice(), row.payload.as_bytes());
-        assert_eq!(
-            subject,
-            &format!("{}.events.{}", events.subject_prefix, row.event_type)
-        );
-        assert_eq!(event.event_type.as_str(), row.event_type);
-        assert_eq!(event.request_id.as_str(), row.request_id);
-        assert_eq!(event.order_id.map(|o| o.get()), row.order_id);
-        assert_eq!(event.sequence as i32, row.sequence);
-        let previous = last_seq.insert(row.request_id.clone(), row.sequence);
-        assert_eq!(
-            row.sequence,
-            previous.unwrap_or(0) + 1,
-            "events of {} out of order in the stream",
-            row.request_id
-        );
-        if let Some(order) = event.order_id {
-            let o = sqlx::query(
-                "SELECT CONVERT(request_id USING utf8mb4) AS request_id, user_id, product_id, \
-                 quantity, CONVERT(cancel_reason USING utf8mb4) AS cancel_reason \
-                 FROM orders WHERE id = ?",
-            )
-            .bind(order.get())
-            .fetch_one(&app.pool)
-            .await
-            .expect("the event's order");
-            assert_eq!(o.get::<String, _>("request_id"), event.request_id.as_str());
-            assert_eq!(o.get::<i64, _>("user_id"), event.user_id.get());
-            assert_eq!(o.get::<i64, _>("product_id"), event.product_id.get());
-            assert_eq!(o.get::<i32, _>("quantity") as u32, event.quantity.get());
-            if event.event_type == EventType::OrderCancelled {
-                assert_eq!(o.get::<Option<String>, _>("cancel_reason"), event.reason);
-            }
+}
+
+/// One event of the stream against its outbox row and its order: subject, body (the row's
+/// payload), fields, and its place in its request_id's sequence (`last_seq`: the
+/// sequence seen last of each request_id, in stream order).
+async fn check_event(
+    app: &TestApp,
+    events: &TestEvents,
+    event: &Event,
+    subject: &str,
+    body: &str,
+    row: &OutboxRow,
+    last_seq: &mut HashMap<String, i32>,
+) {
+    assert_eq!(body, row.payload);
+    assert_eq!(
+        subject,
+        format!("{}.events.{}", events.subject_prefix, row.event_type)
+    );
+    assert_eq!(event.event_type.as_str(), row.event_type);
+    assert_eq!(event.request_id.as_str(), row.request_id);
+    assert_eq!(event.order_id.map(|o| o.get()), row.order_id);
+    assert_eq!(event.sequence as i32, row.sequence);
+    let previous = last_seq.insert(row.request_id.clone(), row.sequence);
+    assert_eq!(
+        row.sequence,
+        previous.unwrap_or(0) + 1,
+        "events of {} out of order in the stream",
+        row.request_id
+    );
+    if let Some(order) = event.order_id {
+        let o = sqlx::query(
+            "SELECT CONVERT(request_id USING utf8mb4) AS request_id, user_id, product_id, \
+             quantity, CONVERT(cancel_reason USING utf8mb4) AS cancel_reason \
+             FROM orders WHERE id = ?",
+        )
+        .bind(order.get())
+        .fetch_one(&app.pool)
+        .await
+        .expect("the event's order");
+        assert_eq!(o.get::<String, _>("request_id"), event.request_id.as_str());
+        assert_eq!(o.get::<i64, _>("user_id"), event.user_id.get());
+        assert_eq!(o.get::<i64, _>("product_id"), event.product_id.get());
+        assert_eq!(o.get::<i32, _>("quantity") as u32, event.quantity.get());
+        if event.event_type == EventType::OrderCancelled {
+            assert_eq!(o.get::<Option<String>, _>("cancel_reason"), event.reason);
         }
     }
 }
@@ -421,14 +455,17 @@ async fn broker_down_mid_sale_outbox_grows_then_drains() {
     app.cleanup().await;
 }
 
-// Checks duplicate delivery on the shared nats-server. (1) The relay republishes a row
-// whose "sent" mark was lost (its outbox_unsent row put back, as after a crash between
-// publish and mark): only the relay's mark after the broker's acknowledgement deletes that
-// row, so its going again shows the republish; JetStream drops the copy by Nats-Msg-Id
-// (the stream keeps one message per event). (2) The same event published directly under its id is
-// acknowledged as a duplicate. (3) A copy with another Nats-Msg-Id (as one arriving after
-// the duplicate window) is stored and delivered, and the consumer applies it zero times:
-// consumed_event and sales_stats do not move.
+// Checks duplicate delivery on the shared nats-server. (1) The relay republishes rows
+// whose "sent" marks were lost (their outbox_unsent rows put back, as after a crash between
+// publish and mark): only the relay's mark after the broker's acknowledgement deletes such
+// a row, so their going again shows the republish. The first time the events may be
+// packed otherwise than when they first went out: those messages reach the consumer,
+// which applies none of their events again. The second time the same rows are packed the
+// same way again, and JetStream drops every message by its Nats-Msg-Id (the stream does
+// not grow). (2) A message published directly under an existing message's id is
+// acknowledged as a duplicate. (3) A copy of an event under another Nats-Msg-Id (as one
+// arriving after the duplicate window) is stored and delivered, and the consumer applies
+// it zero times: consumed_event and sales_stats do not move.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicates_are_dropped_by_msg_id_and_applied_once() {
     let app = TestApp::spawn().await;
@@ -439,40 +476,76 @@ async fn duplicates_are_dropped_by_msg_id_and_applied_once() {
     assert_eq!(pay(&app, orders[0].0, orders[0].1).await, StatusCode::OK);
     wait_drained(&app, &[product]).await;
     let rows = outbox(&app).await;
-    let in_stream = events.stream_messages().await.len();
-    assert_eq!(in_stream, rows.len());
+    assert_eq!(rows.len(), 4);
     let consumed = app.count("SELECT COUNT(*) FROM consumed_event").await;
     assert_eq!(consumed, rows.len() as i64);
-
-    // (1) Republish by the relay.
-    let first = &rows[0];
-    sqlx::query("INSERT INTO outbox_unsent (id) SELECT id FROM outbox WHERE event_id = ?")
-        .bind(&first.event_id)
-        .execute(&app.pool)
-        .await
-        .expect("lose the sent mark");
-    assert_eq!(unsent(&app).await, 1);
-    wait_until("the relay republished the row", DRAIN_MAX, || async {
-        unsent(&app).await == 0
-    })
-    .await;
-    assert!(outbox(&app).await[0].sent, "published a second time");
-    assert_eq!(
-        events.stream_messages().await.len(),
-        in_stream,
-        "JetStream dropped the republished copy"
-    );
-
-    // (2) The same id published directly.
     let js = events.jetstream().await;
-    let subject = format!("{}.events.{}", events.subject_prefix, first.event_type);
-    let publish = |id: &str| {
+    let consumer_done = |last: u64| {
+        let js = js.clone();
+        let stream = events.stream.clone();
+        async move {
+            let stream = js.get_stream(&stream).await.expect("stream");
+            let info = stream
+                .consumer_info(flashsale_nats::CONSUMER_NAME)
+                .await
+                .expect("consumer info");
+            info.num_pending == 0
+                && info.num_ack_pending == 0
+                && info.ack_floor.stream_sequence == last
+        }
+    };
+    let last_seq = || async {
+        let stream = js.get_stream(&events.stream).await.expect("stream");
+        stream
+            .get_info()
+            .await
+            .expect("stream info")
+            .state
+            .last_sequence
+    };
+
+    // (1) Republished by the relay, twice.
+    let mut sizes = Vec::new();
+    for round in 0..2 {
+        sqlx::query("INSERT INTO outbox_unsent (id) SELECT id FROM outbox")
+            .execute(&app.pool)
+            .await
+            .expect("lose the sent marks");
+        assert_eq!(unsent(&app).await, 4);
+        wait_until("the relay republished the rows", DRAIN_MAX, || async {
+            unsent(&app).await == 0
+        })
+        .await;
+        assert!(outbox(&app).await.iter().all(|r| r.sent), "round {round}");
+        let last = last_seq().await;
+        wait_until("the consumer took the copies", DRAIN_MAX, || {
+            consumer_done(last)
+        })
+        .await;
+        assert_eq!(
+            app.count("SELECT COUNT(*) FROM consumed_event").await,
+            consumed,
+            "a republished event was applied again"
+        );
+        assert_eq!(stats_mismatch(&app, product).await, None);
+        sizes.push(events.stream_messages().await.len());
+    }
+    assert_eq!(
+        sizes[1], sizes[0],
+        "JetStream dropped the messages republished with the same events"
+    );
+    let in_stream = sizes[1];
+
+    // (2) An existing message's id published directly.
+    let messages = events.stream_messages().await;
+    let (first_id, first_subject, first_body) = &messages[0];
+    let publish = |id: &str, body: Vec<u8>| {
         async_nats::jetstream::message::PublishMessage::build()
-            .payload(first.payload.clone().into())
+            .payload(body.into())
             .message_id(id)
     };
     let ack = js
-        .send_publish(subject.clone(), publish(&first.event_id))
+        .send_publish(first_subject.clone(), publish(first_id, first_body.clone()))
         .await
         .expect("publish")
         .await
@@ -483,23 +556,19 @@ async fn duplicates_are_dropped_by_msg_id_and_applied_once() {
     );
 
     // (3) A copy the broker can't recognize reaches the consumer, which ignores it.
+    let first = &rows[0];
+    let subject = format!("{}.events.{}", events.subject_prefix, first.event_type);
+    let copy = format!("[{}]", first.payload).into_bytes();
     let ack = js
-        .send_publish(subject, publish("copy-after-the-window"))
+        .send_publish(subject, publish("copy-after-the-window", copy))
         .await
         .expect("publish")
         .await
         .expect("ack");
     assert!(!ack.duplicate);
     assert_eq!(events.stream_messages().await.len(), in_stream + 1);
-    wait_until("the consumer took the copy", DRAIN_MAX, || async {
-        let stream = js.get_stream(&events.stream).await.expect("stream");
-        let info = stream
-            .consumer_info(flashsale_nats::CONSUMER_NAME)
-            .await
-            .expect("consumer info");
-        info.num_pending == 0
-            && info.num_ack_pending == 0
-            && info.ack_floor.stream_sequence == ack.sequence
+    wait_until("the consumer took the copy", DRAIN_MAX, || {
+        consumer_done(ack.sequence)
     })
     .await;
     assert_eq!(
