@@ -120,7 +120,8 @@ async fn a_request_id_twice_in_one_call_holds_once() {
 // in batch order, a user's second purchase past the limit is refused (reply -2) while
 // the first counts, a purchase larger than what is left is refused as sold out, and the
 // entry's `avail` and `seq`, the per-user counts and the records end as the granted
-// purchases alone make them. A record from an older generation is replaced.
+// purchases alone make them. A record from an older generation is replaced whole (a
+// field the new record does not write is gone).
 #[tokio::test]
 async fn a_batch_writes_its_counters_once_as_if_one_at_a_time() {
     let mut conn = connect().await;
@@ -132,7 +133,14 @@ async fn a_batch_writes_its_counters_once_as_if_one_at_a_time() {
     let _: () = conn
         .hset_multiple(
             keys.record("old"),
-            &[("u", "9"), ("q", "4"), ("s", "h"), ("h", "3"), ("g", "1")],
+            &[
+                ("u", "9"),
+                ("q", "4"),
+                ("s", "h"),
+                ("h", "3"),
+                ("g", "1"),
+                ("z", "left over"),
+            ],
         )
         .await
         .expect("old record");
@@ -169,6 +177,11 @@ async fn a_batch_writes_its_counters_once_as_if_one_at_a_time() {
             Some("2".into())
         ]
     );
+    let kept: bool = conn
+        .hexists(keys.record("old"), "z")
+        .await
+        .expect("hexists");
+    assert!(!kept, "the older generation's record is replaced whole");
     let ttl: i64 = conn.pttl(keys.record("old")).await.expect("pttl");
     assert!(ttl > 0 && ttl <= TTL_MS as i64, "record lifetime {ttl}");
     let mut members: Vec<String> = conn.zrange(&keys.pending, 0, -1).await.expect("pending");

@@ -146,7 +146,7 @@ for i = 1, n do
       seq = seq + 1
       if counted == 1 then held_added[user] = (held_added[user] or 0) + q end
       local g = {key = KEYS[3 + i], hold = seq, counted = counted, user = user, q = q,
-        rid = rid, stale = rec[1] ~= nil}
+        rid = rid, stale = rec[1] and true or false}
       granted[#granted + 1] = g
       granted_key[g.key] = g
       replies[i] = {1, seq, gen}
@@ -168,7 +168,8 @@ end
 -- what `unpack` can pass).
 local pending = {}
 for _, g in ipairs(granted) do
-  -- An older generation's record: replaced whole, not merged into.
+  -- An older generation's record: replaced whole, not merged into. (`rec[1]` is false,
+  -- not nil, for a key HMGET did not find: `stale` is true only for a record that exists.)
   if g.stale then
     redis.call('DEL', g.key)
   end
