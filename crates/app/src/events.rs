@@ -69,11 +69,11 @@ impl FromStr for EventType {
     }
 }
 
-/// One event as consumers see it (the decoded message body).
+/// One event as consumers see it (decoded from a message body, which packs one or more).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
-    /// Unique id (a UUID the ledger generates when it writes the event); the broker's
-    /// `Nats-Msg-Id` and the consumers' deduplication key.
+    /// Unique id (a UUID the ledger generates when it writes the event): the consumers'
+    /// deduplication key (the broker's `Nats-Msg-Id` names a message's events together).
     pub event_id: String,
     pub event_type: EventType,
     /// Position among the events of this purchase (request_id), from 1: order_created is

@@ -55,32 +55,41 @@ pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 pub const STREAM_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The durable consumer that keeps `sales_stats`.
 pub const CONSUMER_NAME: &str = "sales_stats";
-/// How long JetStream waits for the consumer's ack before delivering a message again: a
-/// message is applied in one short transaction, bounded by 5 s in the store.
+/// How long JetStream waits for the consumer's ack before delivering a message again. A
+/// fetch ([`CONSUMER_BATCH`] messages, at most 4,096 events) is applied in at most four
+/// chunks, each one transaction bounded by 5 s in the store (or, after a race with
+/// another consumer, one short transaction per event): well within this.
 const CONSUMER_ACK_WAIT: Duration = Duration::from_secs(30);
-/// Messages the consumer fetches at once: bounds memory and the work redelivered after a
-/// crash, while a backlog still drains in large steps.
-pub const CONSUMER_BATCH: usize = 100;
+/// Messages the consumer fetches at once: bounds memory, the work redelivered after a
+/// crash and the time the last of them waits for its ack (packed, up to 32 × 128
+/// events), while a backlog still drains in large steps.
+pub const CONSUMER_BATCH: usize = 32;
 /// Events after which a chunk takes no more messages (so at most this plus one message's
 /// [`EVENTS_PER_MESSAGE_MAX`] in one transaction): its INSERT binds 3 values per event,
 /// far under MariaDB's 65,535, and a chunk that must fall back to one transaction per
 /// event (a race with another consumer) stays short.
 pub const CONSUMER_EVENTS_MAX: usize = 1024;
-/// Most events packed into one message. One NATS message costs the broker about as much
-/// as one event's (storing it, acknowledging the publish, delivering it, taking the
-/// consumer's ack), so packing divides its work per event by the pack's size (BENCHMARKS.md,
-/// ninth session). A relay round reads 256 rows; half of that keeps a busy round at two or
-/// three messages while a consumer's chunk stays bounded.
+/// Most events packed into one message (the default of `events_per_message`). One NATS
+/// message costs the broker about as much as one event's (storing it, acknowledging the
+/// publish, delivering it, taking the consumer's ack), so packing divides its work per
+/// event by the pack's size (BENCHMARKS.md, ninth session). A relay round reads 256 rows;
+/// half of that keeps a busy round at two or three messages while a consumer's chunk
+/// stays bounded.
 pub const EVENTS_PER_MESSAGE_MAX: usize = 128;
-/// Most body bytes of one message, so that no pack is refused for its size: NATS's
-/// `max_payload` is 1 MiB unless a server lowers it, and an event is at most about 600
-/// bytes (a 128-event pack about 75 KiB). A single larger event still goes alone.
+/// Most body bytes of one message: an event is at most about 600 bytes, so a 128-event
+/// pack is about 75 KiB; the broker's own `max_payload` (1 MiB unless a server lowers
+/// it) caps it further ([`MESSAGE_HEADROOM`] below it). A single event larger than the cap
+/// still goes alone (and a broker that refuses it keeps it in the outbox, as before).
 pub const MESSAGE_BYTES_MAX: usize = 256 * 1024;
+/// Room left under the broker's `max_payload` for the message's headers
+/// (`Nats-Msg-Id`), which count against it too.
+const MESSAGE_HEADROOM: usize = 1024;
 /// How long one fetch waits for messages when there are none: the consumer's idle
 /// latency, and one pull request per this period while idle.
 const FETCH_WAIT: Duration = Duration::from_secs(1);
 /// How long the consumer waits for more messages after the first of a chunk, so that a
-/// steady stream is applied in chunks of up to [`CONSUMER_BATCH`] (one transaction each)
+/// steady stream is applied in chunks of up to [`CONSUMER_BATCH`] messages or
+/// [`CONSUMER_EVENTS_MAX`] events (one transaction each)
 /// instead of a transaction per few events: 20 ms of added delay on a statistic nobody
 /// reads within that time, for several times fewer commits.
 const CONSUMER_LINGER: Duration = Duration::from_millis(20);
@@ -103,6 +112,10 @@ pub struct NatsConfig {
     pub subject_prefix: String,
     /// The JetStream stream that captures `<subject_prefix>.events.>`; created if missing.
     pub stream: String,
+    /// Most events in one message, 1..=[`EVENTS_PER_MESSAGE_MAX`]. 1 publishes every event
+    /// alone as a bare JSON object with `Nats-Msg-Id` = its event id: the format before
+    /// packing, which consumers of earlier versions read (docs/events.md, upgrading).
+    pub events_per_message: usize,
 }
 
 impl NatsConfig {
@@ -248,6 +261,22 @@ impl NatsBus {
         Ok(())
     }
 
+    /// How this bus packs events: the configured count, and a body that fits the broker.
+    fn pack_limits(&self) -> PackLimits {
+        // 0: no INFO from the broker yet (not connected; publishing fails anyway).
+        let broker = match self.client.server_info().max_payload {
+            0 => MESSAGE_BYTES_MAX,
+            n => n.saturating_sub(MESSAGE_HEADROOM),
+        };
+        PackLimits {
+            events: self
+                .config
+                .events_per_message
+                .clamp(1, EVENTS_PER_MESSAGE_MAX),
+            bytes: MESSAGE_BYTES_MAX.min(broker).max(1),
+        }
+    }
+
     async fn prepared(&self) -> Result<(), BusError> {
         self.ready()?;
         if !self.stream_ready.load(Ordering::SeqCst) {
@@ -283,7 +312,7 @@ impl EventBus for NatsBus {
         if let Err(e) = self.prepared().await {
             return messages.iter().map(|_| Err(e.clone())).collect();
         }
-        let packs = packs(messages);
+        let packs = packs(messages, &self.pack_limits());
         let mut sent = Vec::with_capacity(packs.len());
         for pack in &packs {
             sent.push(self.send(pack).await);
@@ -316,19 +345,40 @@ pub struct Pack {
     pub id: String,
 }
 
+/// How events are packed into messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackLimits {
+    /// Most events in one message; 1: each event alone, as a bare object (no array).
+    pub events: usize,
+    /// Most body bytes of one message (an event larger than that still goes alone).
+    pub bytes: usize,
+}
+
 /// Groups events into messages: by type (each type has its own subject), in the order
-/// given, at most [`EVENTS_PER_MESSAGE_MAX`] events and [`MESSAGE_BYTES_MAX`] body bytes
-/// each (an event larger than that alone goes alone). The relay hands over one wave at a
-/// time, which holds at most one event of each order, so packing can't reorder an order's
-/// events.
-pub fn packs(messages: &[OutboxMessage]) -> Vec<Pack> {
+/// given, at most `limits.events` events and `limits.bytes` body bytes each. The relay
+/// hands over one wave at a time, which holds at most one event of each order, so packing
+/// can't reorder an order's events. With `limits.events` 1 every event goes alone in the
+/// format before packing: its payload as the body, its event id as the message id.
+pub fn packs(messages: &[OutboxMessage], limits: &PackLimits) -> Vec<Pack> {
+    if limits.events <= 1 {
+        return messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| Pack {
+                event_type: m.event_type,
+                members: vec![i],
+                body: m.payload.clone(),
+                id: m.event_id.clone(),
+            })
+            .collect();
+    }
     let mut open: Vec<Pack> = Vec::new();
     let mut done = Vec::new();
     for (i, m) in messages.iter().enumerate() {
         let slot = match open.iter().position(|p| p.event_type == m.event_type) {
             Some(slot)
-                if open[slot].members.len() < EVENTS_PER_MESSAGE_MAX
-                    && open[slot].body.len() + 1 + m.payload.len() < MESSAGE_BYTES_MAX =>
+                if open[slot].members.len() < limits.events
+                    && open[slot].body.len() + 1 + m.payload.len() < limits.bytes =>
             {
                 slot
             }
@@ -746,7 +796,7 @@ mod tests {
             MESSAGE_BYTES_MAX + 10,
         ));
         wave.push(event(301, EventType::OrderCancelled, 100));
-        let packs = packs(&wave);
+        let packs = packs(&wave, &DEFAULT_LIMITS);
         let mut seen = vec![0; wave.len()];
         for p in &packs {
             assert!(!p.members.is_empty());
@@ -780,7 +830,47 @@ mod tests {
         assert_eq!(of(EventType::OrderCreated), 2);
         assert_eq!(of(EventType::OrderCancelled), 2);
         assert_eq!(packs.len(), 5);
-        assert!(super::packs(&[]).is_empty());
+        assert!(super::packs(&[], &DEFAULT_LIMITS).is_empty());
+    }
+
+    const DEFAULT_LIMITS: PackLimits = PackLimits {
+        events: EVENTS_PER_MESSAGE_MAX,
+        bytes: MESSAGE_BYTES_MAX,
+    };
+
+    // Checks the two other limits: a byte cap below the default (a broker with a smaller
+    // max_payload) splits packs by size, and one event per message gives the format
+    // before packing: each payload as it is (no array) under its own event id.
+    #[test]
+    fn packs_follow_the_byte_cap_and_the_single_event_format() {
+        let wave: Vec<OutboxMessage> = (0..10)
+            .map(|n| event(n, EventType::OrderCreated, 100))
+            .collect();
+        // Room for "[", four payloads, their three commas and "]", and one byte more.
+        let cap = 4 * wave[0].payload.len() + 6;
+        let capped = packs(
+            &wave,
+            &PackLimits {
+                events: 128,
+                bytes: cap,
+            },
+        );
+        let sizes: Vec<usize> = capped.iter().map(|p| p.members.len()).collect();
+        assert_eq!(sizes, [4, 4, 2]);
+        assert!(capped.iter().all(|p| p.body.len() <= cap));
+        let single = packs(
+            &wave,
+            &PackLimits {
+                events: 1,
+                bytes: MESSAGE_BYTES_MAX,
+            },
+        );
+        assert_eq!(single.len(), wave.len());
+        for (p, m) in single.iter().zip(&wave) {
+            assert_eq!(p.body, m.payload);
+            assert_eq!(p.id, m.event_id);
+            assert_eq!(p.members.len(), 1);
+        }
     }
 
     // Checks pack ids: the same events in the same order give the same id (so the broker
@@ -835,6 +925,7 @@ mod tests {
             url: "nats://127.0.0.1:4222".into(),
             subject_prefix: "flashsale".into(),
             stream: "FLASHSALE_EVENTS".into(),
+            events_per_message: EVENTS_PER_MESSAGE_MAX,
         };
         assert_eq!(
             c.subject(EventType::OrderPaid),

@@ -35,6 +35,9 @@ pub struct Config {
     pub nats_url: String,
     pub nats_subject_prefix: String,
     pub nats_stream: String,
+    /// Most events per NATS message (1 = one bare event object per message, the format
+    /// before packing, for consumers that don't read arrays yet).
+    pub nats_events_per_message: usize,
 }
 
 /// Every key a config file may hold, with its default; each is also read from the
@@ -65,6 +68,7 @@ pub const KEYS: &[(&str, Option<&str>)] = &[
     ("nats_url", Some("nats://127.0.0.1:4222")),
     ("nats_subject_prefix", Some("flashsale")),
     ("nats_stream", Some("FLASHSALE_EVENTS")),
+    ("nats_events_per_message", Some("128")),
 ];
 
 /// Upper bound of the per-order quantity setting: orders are for a flash sale, not bulk.
@@ -318,6 +322,11 @@ impl Config {
                 format!("at most {NATS_NAME_LEN_MAX} characters: letters, digits, _ and -"),
             ));
         }
+        let nats_events_per_message = number(
+            raw.value("nats_events_per_message"),
+            1,
+            flashsale_nats::EVENTS_PER_MESSAGE_MAX,
+        )?;
         Ok(Self {
             listen,
             redis_url: redis_url.to_owned(),
@@ -341,6 +350,7 @@ impl Config {
             nats_url: nats_url.to_owned(),
             nats_subject_prefix: nats_subject_prefix.to_owned(),
             nats_stream: nats_stream.to_owned(),
+            nats_events_per_message,
         })
     }
 }
@@ -416,18 +426,22 @@ mod tests {
 
     // Checks the NATS settings' defaults, and that subject prefixes and stream names that
     // NATS would refuse or misread (wildcards, spaces, empty tokens, dots in a stream
-    // name) and non-nats URLs stop startup naming the variable.
+    // name), non-nats URLs and events per message outside 1..=128 stop startup naming the
+    // variable.
     #[test]
     fn nats_settings() {
         let c = Config::from_parts(None, &env(&[])).expect("defaults are valid");
         assert_eq!(c.nats_url, "nats://127.0.0.1:4222");
         assert_eq!(c.nats_subject_prefix, "flashsale");
         assert_eq!(c.nats_stream, "FLASHSALE_EVENTS");
+        assert_eq!(c.nats_events_per_message, 128);
         let ok = env(&[
             ("FLASHSALE_NATS_SUBJECT_PREFIX", "shop.eu-1"),
             ("FLASHSALE_NATS_STREAM", "T_1-a"),
+            ("FLASHSALE_NATS_EVENTS_PER_MESSAGE", "1"),
         ]);
-        assert!(Config::from_parts(None, &ok).is_ok());
+        let c = Config::from_parts(None, &ok).expect("valid");
+        assert_eq!(c.nats_events_per_message, 1);
         for (var, value) in [
             ("FLASHSALE_NATS_URL", "http://x"),
             ("FLASHSALE_NATS_URL", "nats://"),
@@ -437,6 +451,9 @@ mod tests {
             ("FLASHSALE_NATS_SUBJECT_PREFIX", "a >"),
             ("FLASHSALE_NATS_STREAM", "A.B"),
             ("FLASHSALE_NATS_STREAM", ""),
+            ("FLASHSALE_NATS_EVENTS_PER_MESSAGE", "0"),
+            ("FLASHSALE_NATS_EVENTS_PER_MESSAGE", "129"),
+            ("FLASHSALE_NATS_EVENTS_PER_MESSAGE", "many"),
         ] {
             let err = Config::from_parts(None, &env(&[(var, value)])).unwrap_err();
             assert!(err.0.starts_with(var), "{var}={value}: {err}");

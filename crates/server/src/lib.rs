@@ -62,6 +62,7 @@ pub async fn start_events(config: &Config) -> Result<flashsale_nats::EventWorker
         url: config.nats_url.clone(),
         subject_prefix: config.nats_subject_prefix.clone(),
         stream: config.nats_stream.clone(),
+        events_per_message: config.nats_events_per_message,
     };
     flashsale_nats::EventWorkers::start(nats, ledger.clone(), ledger, format!("relay-{relay_id}"))
         .await

@@ -1,6 +1,12 @@
 //! `MemBus`: the broker (NATS JetStream) in memory — one stream, deduplication on the
 //! event id within the duplicate window, and one durable consumer position — behind the
 //! fault injector (a publish fails, or is stored but its acknowledgement is lost).
+//! It takes one event per message, as the NATS adapter does with
+//! `FLASHSALE_NATS_EVENTS_PER_MESSAGE=1`; packing several into one message (the
+//! adapter's default) is the adapter's own concern, tested against a real nats-server
+//! (`crates/server/tests/it/events.rs`). With packs the broker drops fewer copies (a
+//! republished event in another pack is new to it) and the consumer's own
+//! deduplication, which the simulator checks, drops the rest.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};

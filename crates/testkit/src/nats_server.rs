@@ -27,6 +27,8 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 const LOG_FILE: &str = "nats.log";
 /// JetStream's store directory inside the temp dir; kept across restarts.
 const STORE_DIR: &str = "jetstream";
+/// Name of the configuration file (settings without a command-line flag) in the temp dir.
+const CONFIG_FILE: &str = "nats.conf";
 
 /// A `nats-server` with JetStream of the test's own, on a free port of 127.0.0.1, its
 /// store in a temp dir.
@@ -45,7 +47,22 @@ impl PrivateNats {
     /// Starts `nats-server -a 127.0.0.1 -p N -js -sd <tempdir>/jetstream` on a free port
     /// and waits (bounded) until it greets clients.
     pub async fn start() -> io::Result<PrivateNats> {
+        Self::start_with_max_payload(None).await
+    }
+
+    /// [`start`](Self::start), with the largest message the server accepts
+    /// (`max_payload`, 1 MiB by default) set to `max_payload` bytes.
+    ///
+    /// Why: a broker configured to take smaller messages than the default, which the
+    /// publisher must learn from its greeting rather than assume.
+    pub async fn start_with_max_payload(max_payload: Option<usize>) -> io::Result<PrivateNats> {
         let dir = tempfile::Builder::new().prefix("fs-nats-").tempdir()?;
+        if let Some(bytes) = max_payload {
+            std::fs::write(
+                dir.path().join(CONFIG_FILE),
+                format!("max_payload: {bytes}\n"),
+            )?;
+        }
         let mut last_err = None;
         for attempt in 1..=START_ATTEMPTS {
             let port = free_port();
@@ -129,6 +146,10 @@ async fn launch(dir: &Path, port: u16) -> Result<Child, NotReady> {
         .arg("-js")
         .arg("-sd")
         .arg(dir.join(STORE_DIR));
+    let config = dir.join(CONFIG_FILE);
+    if config.exists() {
+        cmd.arg("-c").arg(config);
+    }
     let mut child = process::spawn_logged(&mut cmd, &log).map_err(NotReady::Failed)?;
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     process::wait_ready(&mut child, NATS_START_TIMEOUT, "nats-server", &log, || {

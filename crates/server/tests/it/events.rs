@@ -1,5 +1,6 @@
 //! Events (I7): every order and reservation state change writes one outbox row in its own
-//! transaction; the relay publishes them to NATS JetStream (Nats-Msg-Id = event id); the
+//! transaction; the relay publishes them to NATS JetStream, packed by type into messages
+//! (Nats-Msg-Id = the pack id of their events); the
 //! sales-statistics consumer applies each once. Each test runs the event workers exactly
 //! as `serve` does (`flashsale::start_events`), with a subject prefix and a stream of its
 //! own, and deletes its stream at the end. The broker-down test stops a private
@@ -153,7 +154,7 @@ async fn wait_drained(app: &TestApp, products: &[i64]) {
 ///   events (at most EVENTS_PER_MESSAGE_MAX) and whose Nats-Msg-Id is their pack_id;
 /// - each request_id's events are in the stream in `sequence` order, numbered 1, 2, …;
 /// - every body decodes, and its fields are those of its order (reason of a cancel too).
-async fn check_events(app: &TestApp, events: &TestEvents) {
+async fn check_events(app: &TestApp, events: &TestEvents, format: Format) {
     let rows = outbox(app).await;
     let count = |t: &str| rows.iter().filter(|r| r.event_type == t).count() as i64;
     assert_eq!(
@@ -182,8 +183,14 @@ async fn check_events(app: &TestApp, events: &TestEvents) {
     let mut in_stream = Vec::new();
     let mut last_seq: HashMap<String, i32> = HashMap::new();
     for (msg_id, subject, body) in &messages {
-        let items: Vec<&serde_json::value::RawValue> =
-            serde_json::from_slice(body).expect("a message body is a JSON array");
+        let items: Vec<&str> = match format {
+            Format::Packed => {
+                let items: Vec<&serde_json::value::RawValue> =
+                    serde_json::from_slice(body).expect("a message body is a JSON array");
+                items.into_iter().map(|item| item.get()).collect()
+            }
+            Format::Single => vec![std::str::from_utf8(body).expect("UTF-8 body")],
+        };
         assert!(
             (1..=flashsale_nats::EVENTS_PER_MESSAGE_MAX).contains(&items.len()),
             "{} events in one message",
@@ -192,14 +199,17 @@ async fn check_events(app: &TestApp, events: &TestEvents) {
         let mut ids = Vec::new();
         for item in items {
             let event: Event =
-                flashsale_nats::decode_event(item.get().as_bytes()).expect("decodable event");
+                flashsale_nats::decode_event(item.as_bytes()).expect("decodable event");
             let row = by_id[event.event_id.as_str()];
             ids.push(row.event_id.as_str());
-            check_event(app, events, &event, subject, item.get(), row, &mut last_seq).await;
+            check_event(app, events, &event, subject, item, row, &mut last_seq).await;
         }
+        let expected_id = match format {
+            Format::Packed => flashsale_nats::pack_id(ids.iter().copied()),
+            Format::Single => ids[0].to_owned(),
+        };
         assert_eq!(
-            msg_id,
-            &flashsale_nats::pack_id(ids.iter().copied()),
+            msg_id, &expected_id,
             "Nats-Msg-Id names the message's events"
         );
         in_stream.extend(ids);
@@ -215,6 +225,15 @@ async fn check_events(app: &TestApp, events: &TestEvents) {
         by_id.keys().copied().collect::<BTreeSet<_>>(),
         "the stream holds exactly the outbox's events"
     );
+}
+
+/// How the test's server publishes events (`FLASHSALE_NATS_EVENTS_PER_MESSAGE`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Format {
+    /// The default: a JSON array of events, `Nats-Msg-Id` = their pack id.
+    Packed,
+    /// One per message: the bare event object, `Nats-Msg-Id` = its event id.
+    Single,
 }
 
 /// One event of the stream against its outbox row and its order: subject, body (the row's
@@ -311,8 +330,9 @@ fn config_of(app: &TestApp) -> Config {
 // cancellations, repeated pays and cancels that change nothing, a pay of a cancelled order
 // (refused), and a fence (a reservation released without an order, written through the
 // ledger's fence as recovery does). Then: exactly one outbox row per state change and
-// none for the no-ops, every row sent, the stream holds each event once with Nats-Msg-Id
-// = event id and per-order order, every body matches its order, and the consumer's
+// none for the no-ops, every row sent, the stream holds each event once, in packed
+// messages whose Nats-Msg-Id is the pack id of their events, per-order in order, every
+// body matches its order, and the consumer's
 // sales_stats equal the ledger's totals for both products.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_state_change_reaches_jetstream_once_and_stats_match() {
@@ -354,7 +374,7 @@ async fn every_state_change_reaches_jetstream_once_and_stats_match() {
         .expect("fence");
 
     wait_drained(&app, &[product, fenced]).await;
-    check_events(&app, &events).await;
+    check_events(&app, &events, Format::Packed).await;
     let fence_event = outbox(&app)
         .await
         .into_iter()
@@ -367,6 +387,74 @@ async fn every_state_change_reaches_jetstream_once_and_stats_match() {
     assert_eq!(payload["reason"], "abandoned");
     assert_eq!(payload["order_id"], serde_json::Value::Null);
     invariants::assert_ok(&app, product).await;
+    events.cleanup().await;
+    app.cleanup().await;
+}
+
+// Checks packing against a broker that takes smaller messages than NATS's default
+// (max_payload 4 KiB, set in a private nats-server's config): 40 purchases wait in the
+// outbox while no relay runs, then the relay drains them in one wave. Every event reaches
+// the stream once (check_events), in messages that fit the broker (each body at most its
+// max_payload less the header room) and that still pack several events each. With packs
+// sized by the default cap alone the broker would refuse every one, and the outbox would
+// never drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn packs_fit_a_broker_with_a_smaller_max_payload() {
+    const MAX_PAYLOAD: usize = 4096;
+    let nats = PrivateNats::start_with_max_payload(Some(MAX_PAYLOAD))
+        .await
+        .expect("private nats-server");
+    let app = TestApp::spawn().await;
+    let product = 3171;
+    app.create_product(product, 100, None).await;
+    let orders = buy(&app, product, "small", 40).await;
+    assert_eq!(orders.len(), 40);
+    assert_eq!(unsent(&app).await, 40);
+    let events = TestEvents::start(&app, &nats.url()).await;
+    wait_drained(&app, &[product]).await;
+    check_events(&app, &events, Format::Packed).await;
+    let messages = events.stream_messages().await;
+    for (_, _, body) in &messages {
+        assert!(
+            body.len() <= MAX_PAYLOAD - 1024,
+            "a {}-byte message for a broker taking {MAX_PAYLOAD}",
+            body.len()
+        );
+    }
+    assert!(
+        messages.len() < 40 / 2,
+        "40 events in {} messages: not packed",
+        messages.len()
+    );
+    events.cleanup().await;
+    app.cleanup().await;
+}
+
+// Checks the format for consumers of earlier versions (FLASHSALE_NATS_EVENTS_PER_MESSAGE=1,
+// for a rolling upgrade): purchases, a payment and a cancellation; then every message in
+// the stream is one bare event object (no array) with Nats-Msg-Id = its event id, each
+// event once and per-order in order, and the consumer's sales_stats match the ledger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_event_per_message_keeps_the_format_before_packing() {
+    let app = TestApp::spawn().await;
+    let events = TestEvents::start_with(
+        &app,
+        NATS_URL,
+        &[("FLASHSALE_NATS_EVENTS_PER_MESSAGE", "1")],
+    )
+    .await;
+    let product = 3151;
+    app.create_product(product, 10, None).await;
+    let orders = buy(&app, product, "one", 6).await;
+    assert_eq!(pay(&app, orders[0].0, orders[0].1).await, StatusCode::OK);
+    assert_eq!(cancel(&app, orders[1].0, orders[1].1).await, StatusCode::OK);
+    wait_drained(&app, &[product]).await;
+    check_events(&app, &events, Format::Single).await;
+    assert_eq!(
+        events.stream_messages().await.len(),
+        outbox(&app).await.len(),
+        "one message per event"
+    );
     events.cleanup().await;
     app.cleanup().await;
 }
@@ -390,6 +478,7 @@ async fn broker_down_mid_sale_outbox_grows_then_drains() {
     assert_eq!(before.len(), 20);
     wait_drained(&app, &[product]).await;
     let published_before = outbox(&app).await.len();
+    let messages_before = events.stream_messages().await.len();
 
     nats.stop().expect("stop nats-server");
     let outage = Instant::now();
@@ -449,7 +538,15 @@ async fn broker_down_mid_sale_outbox_grows_then_drains() {
         "outbox drained {:?} after the broker returned",
         back.elapsed()
     );
-    check_events(&app, &events).await;
+    check_events(&app, &events, Format::Packed).await;
+    // The backlog went out packed: its 100 events are 60 order_created, then 20 order_paid
+    // and 10 order_cancelled, then 10 reservation_released, four waves of one relay round
+    // (a pack per type and wave); a few more if a round failed while the broker came up.
+    let backlog_messages = events.stream_messages().await.len() - messages_before;
+    assert!(
+        (4..=10).contains(&backlog_messages),
+        "the 100 waiting events went out in {backlog_messages} messages"
+    );
     invariants::assert_ok(&app, product).await;
     events.cleanup().await;
     app.cleanup().await;

@@ -305,6 +305,11 @@ impl TestEvents {
     /// Starts the event workers of `app`'s database against the broker at `nats_url`,
     /// with a subject prefix and stream named after the app's unique Redis prefix.
     pub async fn start(app: &TestApp, nats_url: &str) -> Self {
+        Self::start_with(app, nats_url, &[]).await
+    }
+
+    /// [`start`](Self::start) with more settings (`FLASHSALE_*` variables).
+    pub async fn start_with(app: &TestApp, nats_url: &str, settings: &[(&str, &str)]) -> Self {
         let tag = app
             .prefix
             .trim_start_matches("fs_test_")
@@ -312,7 +317,7 @@ impl TestEvents {
         let subject_prefix = format!("fs_test_{tag}");
         let stream = format!("FS_TEST_{tag}");
         let db = app.db.as_ref().expect("test database");
-        let env = HashMap::from([
+        let mut env = HashMap::from([
             ("FLASHSALE_DATABASE_URL".to_owned(), db.url()),
             ("FLASHSALE_NATS_URL".to_owned(), nats_url.to_owned()),
             (
@@ -321,6 +326,7 @@ impl TestEvents {
             ),
             ("FLASHSALE_NATS_STREAM".to_owned(), stream.clone()),
         ]);
+        env.extend(settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let config = Config::from_parts(None, &env).expect("valid events config");
         let workers = flashsale::start_events(&config)
             .await
