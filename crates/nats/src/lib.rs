@@ -323,14 +323,32 @@ impl EventBus for NatsBus {
                 Err(e) => Err(e),
             }
         });
-        let mut results: Vec<Result<(), BusError>> = messages.iter().map(|_| Ok(())).collect();
-        for (pack, result) in packs.iter().zip(futures::future::join_all(acks).await) {
-            for &member in &pack.members {
-                results[member] = result.clone();
+        per_event(
+            messages.len(),
+            &packs,
+            futures::future::join_all(acks).await,
+        )
+    }
+}
+
+/// Each event's result: its pack's. An event no pack holds (none, if `packs` came from
+/// [`packs`]) is reported failed, never as published.
+fn per_event(
+    events: usize,
+    packs: &[Pack],
+    results: Vec<Result<(), BusError>>,
+) -> Vec<Result<(), BusError>> {
+    let mut out: Vec<Result<(), BusError>> = (0..events)
+        .map(|_| Err(BusError("no message held the event".to_owned())))
+        .collect();
+    for (pack, result) in packs.iter().zip(results) {
+        for &member in &pack.members {
+            if let Some(slot) = out.get_mut(member) {
+                *slot = result.clone();
             }
         }
-        results
     }
+    out
 }
 
 /// One message to publish: events of one type, packed.
@@ -871,6 +889,44 @@ mod tests {
             assert_eq!(p.id, m.event_id);
             assert_eq!(p.members.len(), 1);
         }
+    }
+
+    // Checks that each event gets its own pack's result: with one pack of a wave failed
+    // and the others published, exactly the failed pack's events report the failure (the
+    // relay then holds back only those orders' later events), and an event no pack held
+    // is reported failed, never published.
+    #[test]
+    fn each_event_gets_its_packs_result() {
+        let mut wave = Vec::new();
+        for n in 0..6 {
+            let t = if n % 2 == 0 {
+                EventType::OrderCreated
+            } else {
+                EventType::OrderPaid
+            };
+            wave.push(event(n, t, 100));
+        }
+        let packs = packs(&wave, &DEFAULT_LIMITS);
+        assert_eq!(packs.len(), 2);
+        let failed = packs
+            .iter()
+            .position(|p| p.event_type == EventType::OrderPaid)
+            .expect("a paid pack");
+        let results: Vec<Result<(), BusError>> = (0..packs.len())
+            .map(|i| {
+                if i == failed {
+                    Err(BusError("timed out".into()))
+                } else {
+                    Ok(())
+                }
+            })
+            .collect();
+        let per = per_event(wave.len(), &packs, results);
+        for (m, r) in wave.iter().zip(&per) {
+            assert_eq!(r.is_err(), m.event_type == EventType::OrderPaid, "{}", m.id);
+        }
+        let short = per_event(wave.len() + 1, &packs, vec![Ok(()), Ok(())]);
+        assert!(short[wave.len()].is_err());
     }
 
     // Checks pack ids: the same events in the same order give the same id (so the broker
