@@ -4,7 +4,8 @@
 //!   storage, subjects `<prefix>.events.>`, a duplicate window), packs the events the relay
 //!   hands it together into messages ([`packs`]: one subject, up to
 //!   [`EVENTS_PER_MESSAGE_MAX`] events each), publishes each to
-//!   `<prefix>.events.<event_type>` with `Nats-Msg-Id` = [`pack_id`] of its events, and
+//!   `<prefix>.events.<event_type>` with `Nats-Msg-Id` = [`pack_id`] of its events (with
+//!   one event per message configured: the bare event under its event id), and
 //!   waits (bounded) for JetStream's acknowledgement. It connects lazily and reconnects by
 //!   itself: nothing here ever waits for a broker that is down, it reports "not
 //!   connected" instead.
@@ -13,8 +14,8 @@
 //!   events were applied (or found applied before).
 //! - [`EventWorkers`] runs the relay loop and the consumer loop as tasks and stops them.
 //!
-//! A message body is a JSON array of outbox payloads; `docs/events.md` describes it and
-//! [`decode_message`] reads it.
+//! A message body is a JSON array of outbox payloads (or one bare payload);
+//! `docs/events.md` describes it and [`decode_message`] reads it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -56,9 +57,10 @@ pub const STREAM_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The durable consumer that keeps `sales_stats`.
 pub const CONSUMER_NAME: &str = "sales_stats";
 /// How long JetStream waits for the consumer's ack before delivering a message again. A
-/// fetch ([`CONSUMER_BATCH`] messages, at most 4,096 events) is applied in at most four
-/// chunks, each one transaction bounded by 5 s in the store (or, after a race with
-/// another consumer, one short transaction per event): well within this.
+/// fetch ([`CONSUMER_BATCH`] messages, at most 4,096 events) is applied in chunks, each
+/// one transaction bounded by 5 s in the store (or, after a race with another consumer,
+/// one short transaction per event); a fetch that arrives at once makes at most four,
+/// one that trickles in more but smaller ones: well within this either way.
 const CONSUMER_ACK_WAIT: Duration = Duration::from_secs(30);
 /// Messages the consumer fetches at once: bounds memory, the work redelivered after a
 /// crash and the time the last of them waits for its ack (packed, up to 32 × 128
@@ -263,8 +265,9 @@ impl NatsBus {
 
     /// How this bus packs events: the configured count, and a body that fits the broker.
     fn pack_limits(&self) -> PackLimits {
-        // 0: no INFO from the broker yet (not connected; publishing fails anyway).
-        let broker = match self.client.server_info().max_payload {
+        // What the client itself enforces (the broker's announced limit); 0 is not
+        // expected, and is read as "unknown": the default cap alone.
+        let broker = match self.client.max_payload() {
             0 => MESSAGE_BYTES_MAX,
             n => n.saturating_sub(MESSAGE_HEADROOM),
         };
@@ -357,9 +360,11 @@ pub struct Pack {
     pub event_type: EventType,
     /// Positions of its events in the slice given to [`packs`], in order.
     pub members: Vec<usize>,
-    /// `[payload,payload,…]`: the events' outbox payloads as they are, in a JSON array.
+    /// `[payload,payload,…]`: the events' outbox payloads as they are, in a JSON array
+    /// (with one event per message: that event's payload alone).
     pub body: String,
-    /// Its `Nats-Msg-Id`: [`pack_id`] of its events.
+    /// Its `Nats-Msg-Id`: [`pack_id`] of its events (with one event per message: the
+    /// event id).
     pub id: String,
 }
 

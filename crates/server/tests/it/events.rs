@@ -150,8 +150,9 @@ async fn wait_drained(app: &TestApp, products: &[i64]) {
 ///   PAID order, order_cancelled per CANCELLED order, reservation_released per RELEASED
 ///   reservation (cancelled orders and fences), and nothing else;
 /// - every row is sent, and the stream holds each event exactly once, in a message under
-///   `<prefix>.events.<type>` whose body is a JSON array of the outbox payloads of its
-///   events (at most EVENTS_PER_MESSAGE_MAX) and whose Nats-Msg-Id is their pack_id;
+///   `<prefix>.events.<type>`: for `Format::Packed` a body that is a JSON array of the
+///   outbox payloads of its events (at most EVENTS_PER_MESSAGE_MAX) with Nats-Msg-Id =
+///   their pack_id, for `Format::Single` the one payload with Nats-Msg-Id = its event id;
 /// - each request_id's events are in the stream in `sequence` order, numbered 1, 2, …;
 /// - every body decodes, and its fields are those of its order (reason of a cancel too).
 async fn check_events(app: &TestApp, events: &TestEvents, format: Format) {
@@ -540,8 +541,9 @@ async fn broker_down_mid_sale_outbox_grows_then_drains() {
     );
     check_events(&app, &events, Format::Packed).await;
     // The backlog went out packed: its 100 events are 60 order_created, then 20 order_paid
-    // and 10 order_cancelled, then 10 reservation_released, four waves of one relay round
-    // (a pack per type and wave); a few more if a round failed while the broker came up.
+    // and 10 order_cancelled, then 10 reservation_released: three waves of one relay
+    // round, four messages (a pack per type and wave); a few more if a round failed while
+    // the broker came up.
     let backlog_messages = events.stream_messages().await.len() - messages_before;
     assert!(
         (4..=10).contains(&backlog_messages),
