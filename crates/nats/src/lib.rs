@@ -231,10 +231,11 @@ impl NatsBus {
             .map_err(|e| bus_error(&format!("consumer {CONSUMER_NAME}"), e))
     }
 
-    /// Sends one pack; the returned future waits for its acknowledgement.
-    async fn send(&self, pack: &Pack) -> Result<context::PublishAckFuture, BusError> {
+    /// Sends one pack, its body moved into the message (the pack keeps its members and
+    /// id for the acknowledgement); the returned future waits for its acknowledgement.
+    async fn send(&self, pack: &mut Pack) -> Result<context::PublishAckFuture, BusError> {
         let publish = jetstream::message::PublishMessage::build()
-            .payload(bytes::Bytes::from(pack.body.clone()))
+            .payload(bytes::Bytes::from(std::mem::take(&mut pack.body)))
             .message_id(pack.id.as_str());
         self.js
             .send_publish(self.config.subject(pack.event_type), publish)
@@ -315,9 +316,9 @@ impl EventBus for NatsBus {
         if let Err(e) = self.prepared().await {
             return messages.iter().map(|_| Err(e.clone())).collect();
         }
-        let packs = packs(messages, &self.pack_limits());
+        let mut packs = packs(messages, &self.pack_limits());
         let mut sent = Vec::with_capacity(packs.len());
-        for pack in &packs {
+        for pack in &mut packs {
             sent.push(self.send(pack).await);
         }
         let acks = sent.into_iter().zip(&packs).map(|(sent, pack)| async move {
@@ -798,21 +799,28 @@ mod tests {
         }
     }
 
+    /// `len` events of 100 bytes, every `paid_every`-th (from the first) an order_paid,
+    /// the others order_created.
+    fn mixed_wave(len: usize, paid_every: usize) -> Vec<OutboxMessage> {
+        (0..len)
+            .map(|n| {
+                let t = if n % paid_every == 0 {
+                    EventType::OrderPaid
+                } else {
+                    EventType::OrderCreated
+                };
+                event(n, t, 100)
+            })
+            .collect()
+    }
+
     // Checks packing: events are grouped by type in the order given, a pack holds at most
     // EVENTS_PER_MESSAGE_MAX events and MESSAGE_BYTES_MAX bytes (an event larger than
     // that goes alone), every event lands in exactly one pack, a body is the JSON array of
     // its members' payloads, and its id is pack_id of its members' event ids.
     #[test]
     fn packs_group_by_type_within_bounds() {
-        let mut wave = Vec::new();
-        for n in 0..300 {
-            let t = if n % 3 == 0 {
-                EventType::OrderPaid
-            } else {
-                EventType::OrderCreated
-            };
-            wave.push(event(n, t, 100));
-        }
+        let mut wave = mixed_wave(300, 3);
         wave.push(event(
             300,
             EventType::OrderCancelled,
@@ -902,15 +910,7 @@ mod tests {
     // is reported failed, never published.
     #[test]
     fn each_event_gets_its_packs_result() {
-        let mut wave = Vec::new();
-        for n in 0..6 {
-            let t = if n % 2 == 0 {
-                EventType::OrderCreated
-            } else {
-                EventType::OrderPaid
-            };
-            wave.push(event(n, t, 100));
-        }
+        let wave = mixed_wave(6, 2);
         let packs = packs(&wave, &DEFAULT_LIMITS);
         assert_eq!(packs.len(), 2);
         let failed = packs
