@@ -1,5 +1,7 @@
-use std::future::Future;
+use std::future::{poll_fn, Future};
+use std::pin::pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -122,10 +124,18 @@ fn path_id(raw: &str, field: &'static str) -> Result<i64, ApiError> {
 }
 
 /// Runs a use case under the request deadline; past it the outcome is unknown (503).
+///
+/// The deadline starts when the use case first has to wait: one answered without waiting
+/// (a refusal from the sold-out board, most of a flood) costs no timer and no clock read.
 async fn deadline<T>(
     state: &AppState,
     work: impl Future<Output = Result<T, flashsale_app::Error>>,
 ) -> Result<T, ApiError> {
+    let mut work = pin!(work);
+    let first = poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
+    if let Poll::Ready(result) = first {
+        return result.map_err(ApiError::from);
+    }
     match tokio::time::timeout(state.config.request_timeout, work).await {
         Ok(result) => result.map_err(ApiError::from),
         Err(_) => Err(ApiError::unavailable(

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use flashsale_core::ProductId;
 
@@ -23,7 +23,9 @@ const ENTRIES_MAX: usize = 100_000;
 
 struct Entry {
     product: Option<Arc<Product>>,
-    fetched_at: Instant,
+    /// On the service's monotonic clock ([`crate::ports::Clock::monotonic`]), which the
+    /// purchase reads anyway: no clock read of the cache's own.
+    fetched_at: Duration,
 }
 
 #[derive(Default)]
@@ -36,16 +38,17 @@ impl Catalog {
         &self,
         ledger: &dyn Ledger,
         product_id: ProductId,
+        now: Duration,
     ) -> Result<Option<Arc<Product>>, LedgerError> {
-        if let Some(hit) = self.cached(product_id) {
+        if let Some(hit) = self.cached(product_id, now) {
             return Ok(hit);
         }
         let product = ledger.product(product_id).await?.map(Arc::new);
-        self.put(product_id, product.clone());
+        self.put(product_id, product.clone(), now);
         Ok(product)
     }
 
-    fn cached(&self, product_id: ProductId) -> Option<Option<Arc<Product>>> {
+    fn cached(&self, product_id: ProductId, now: Duration) -> Option<Option<Arc<Product>>> {
         let entries = self.entries.read().unwrap_or_else(|p| p.into_inner());
         let entry = entries.get(&product_id)?;
         let ttl = if entry.product.is_some() {
@@ -53,10 +56,11 @@ impl Catalog {
         } else {
             MISSING_TTL
         };
-        (entry.fetched_at.elapsed() < ttl).then(|| entry.product.clone())
+        (now.saturating_sub(entry.fetched_at) < ttl).then(|| entry.product.clone())
     }
 
-    pub(crate) fn put(&self, product_id: ProductId, product: Option<Arc<Product>>) {
+    /// Remembers `product` as read at `now` (monotonic).
+    pub(crate) fn put(&self, product_id: ProductId, product: Option<Arc<Product>>, now: Duration) {
         let mut entries = self.entries.write().unwrap_or_else(|p| p.into_inner());
         if entries.len() >= ENTRIES_MAX && !entries.contains_key(&product_id) {
             entries.clear();
@@ -65,7 +69,7 @@ impl Catalog {
             product_id,
             Entry {
                 product,
-                fetched_at: Instant::now(),
+                fetched_at: now,
             },
         );
     }

@@ -200,8 +200,17 @@ impl Flashsale {
     }
 
     async fn product(&self, product_id: ProductId) -> Result<Arc<Product>, Error> {
+        self.product_at(product_id, self.clock.monotonic()).await
+    }
+
+    /// [`Self::product`] with the monotonic time already read.
+    async fn product_at(
+        &self,
+        product_id: ProductId,
+        now: Duration,
+    ) -> Result<Arc<Product>, Error> {
         self.catalog
-            .get(self.ledger.as_ref(), product_id)
+            .get(self.ledger.as_ref(), product_id, now)
             .await?
             .ok_or(Error::ProductNotFound)
     }
@@ -235,20 +244,24 @@ impl Flashsale {
             stock_loaded: true,
             ..product.clone()
         };
-        self.catalog.put(product.product_id, Some(Arc::new(loaded)));
+        self.catalog.put(
+            product.product_id,
+            Some(Arc::new(loaded)),
+            self.clock.monotonic(),
+        );
         Ok(())
     }
 
     // ---- purchase -------------------------------------------------------------------
 
     pub async fn purchase(&self, request: PurchaseRequest) -> Result<Purchased, Error> {
-        let product = self.product(request.product_id).await?;
-        let now = self.clock.now();
-        if !product.window.is_open_at(now) {
+        // Before the call: a lease is measured from a moment no later than the gate's answer.
+        // One read serves the catalog's freshness too.
+        let sent = self.clock.monotonic();
+        let product = self.product_at(request.product_id, sent).await?;
+        if !product.window.is_open_at(self.clock.now()) {
             return Box::pin(self.replay_or(&request, Error::SaleNotActive)).await;
         }
-        // Before the call: a lease is measured from a moment no later than the gate's answer.
-        let sent = self.clock.monotonic();
         if self
             .sold_out
             .refuses(request.product_id, &request.request_id, sent)
