@@ -26,6 +26,10 @@ pub enum Strategy {
     DbConditional,
     /// The seeds' Lua check-and-decrement in Redis, then a plain order insert.
     RedisLua,
+    /// No strategy: every purchase answered `sold_out` right after it was parsed, with no
+    /// store touched. The HTTP ceiling of the purchase endpoint itself — a POST with a
+    /// JSON body to read and parse, and a JSON refusal — beside `GET /healthz`'s.
+    HttpPostCeiling,
 }
 
 impl Strategy {
@@ -35,6 +39,7 @@ impl Strategy {
             "db-pessimistic" => Some(Self::DbPessimistic),
             "db-conditional" => Some(Self::DbConditional),
             "redis-lua" => Some(Self::RedisLua),
+            "http-post-ceiling" => Some(Self::HttpPostCeiling),
             _ => None,
         }
     }
@@ -45,6 +50,7 @@ impl Strategy {
             Self::DbPessimistic => "db-pessimistic",
             Self::DbConditional => "db-conditional",
             Self::RedisLua => "redis-lua",
+            Self::HttpPostCeiling => "http-post-ceiling",
         }
     }
 }
@@ -140,6 +146,8 @@ impl Baseline {
                     _ => return Err(Error::ProductNotFound),
                 }
             }
+            // The answer flashsale gives an outsider while a product is sold out.
+            Strategy::HttpPostCeiling => return Err(Error::SoldOut),
             Strategy::Flashsale => {
                 return Err(Error::Unavailable(
                     "the flashsale strategy is not a baseline".into(),

@@ -54,14 +54,18 @@ pub enum Strategy {
     DbConditional,
     /// Baseline: the seeds' Lua check-and-decrement in Redis, then an order insert.
     RedisLua,
+    /// Not a strategy: every purchase parsed and answered `sold_out` with no store
+    /// touched — the HTTP ceiling of the purchase endpoint (a POST with a JSON body).
+    HttpPostCeiling,
 }
 
 impl Strategy {
-    pub const ALL: [Strategy; 4] = [
+    pub const ALL: [Strategy; 5] = [
         Strategy::Flashsale,
         Strategy::DbPessimistic,
         Strategy::DbConditional,
         Strategy::RedisLua,
+        Strategy::HttpPostCeiling,
     ];
 
     /// The name the server's `FLASHSALE_STRATEGY` takes.
@@ -71,6 +75,7 @@ impl Strategy {
             Strategy::DbPessimistic => "db-pessimistic",
             Strategy::DbConditional => "db-conditional",
             Strategy::RedisLua => "redis-lua",
+            Strategy::HttpPostCeiling => "http-post-ceiling",
         }
     }
 
@@ -259,6 +264,7 @@ pub struct Args {
     #[arg(long, conflicts_with = "compare")]
     pub ceiling: bool,
     /// Side by side in one run (needs --spawn; rush or sustained): the HTTP ceiling,
+    /// http-post-ceiling (purchases parsed and refused, no store touched),
     /// db-pessimistic, db-conditional, redis-lua, flashsale and the ceiling again one
     /// after the other, each on its own freshly spawned server (FLASHSALE_STRATEGY) with
     /// the same sizes, mode and seed, then one comparison table (and --json / --html of
@@ -278,12 +284,14 @@ fn parse_key_value(s: &str) -> Result<(String, String), String> {
     Ok((k.to_owned(), v.to_owned()))
 }
 
-/// The order of `--compare`'s rows: the ceiling first, the baselines from the slowest
-/// expected to the fastest, flashsale, and the ceiling once more at the end. The ratios
+/// The order of `--compare`'s rows: the ceiling first, the purchase endpoint's own
+/// ceiling (`http-post-ceiling`), the baselines from the slowest expected to the fastest,
+/// flashsale, and the ceiling once more at the end. The ratios
 /// to the ceiling use the higher of its two runs: a ceiling measured while the box was
 /// still busy (a database flushing what the run before wrote) must not flatter the rest.
-pub const COMPARE_ROWS: [Option<Strategy>; 6] = [
+pub const COMPARE_ROWS: [Option<Strategy>; 7] = [
     None,
+    Some(Strategy::HttpPostCeiling),
     Some(Strategy::DbPessimistic),
     Some(Strategy::DbConditional),
     Some(Strategy::RedisLua),
@@ -574,12 +582,12 @@ mod tests {
         assert_eq!(not_spawned.strategy(), Ok(Strategy::Flashsale));
     }
 
-    // Checks --compare expands to the six rows in order (ceiling, db-pessimistic,
-    // db-conditional, redis-lua, flashsale, ceiling again): each strategy row adds its
+    // Checks --compare expands to the seven rows in order (ceiling, http-post-ceiling,
+    // db-pessimistic, db-conditional, redis-lua, flashsale, ceiling again): each strategy row adds its
     // FLASHSALE_STRATEGY after the user's own --server-env (kept for every row), the
     // ceiling rows add none, and --server-log becomes one file per row.
     #[test]
-    fn compare_expands_to_six_runs() {
+    fn compare_expands_to_seven_runs() {
         let args = parse(&[
             "sustained",
             "--spawn",
@@ -597,6 +605,7 @@ mod tests {
             labels,
             [
                 CEILING_LABEL,
+                "http-post-ceiling",
                 "db-pessimistic",
                 "db-conditional",
                 "redis-lua",
@@ -608,12 +617,12 @@ mod tests {
             "FLASHSALE_DATABASE_MAX_CONNECTIONS".to_owned(),
             "32".to_owned(),
         );
-        for ceiling in [&runs[0], &runs[5]] {
+        for ceiling in [&runs[0], &runs[6]] {
             assert_eq!(ceiling.target, Target::Healthz);
             assert_eq!(ceiling.strategy, None);
             assert_eq!(ceiling.server_env, vec![user.clone()]);
         }
-        for run in &runs[1..5] {
+        for run in &runs[1..6] {
             let name = run.strategy.expect("a strategy").name();
             assert_eq!(run.target, Target::Purchase);
             assert_eq!(
@@ -630,7 +639,7 @@ mod tests {
             Some(PathBuf::from("/tmp/s.log.http-ceiling"))
         );
         assert_eq!(
-            runs[5].server_log,
+            runs[6].server_log,
             Some(PathBuf::from("/tmp/s.log.http-ceiling-again"))
         );
     }

@@ -188,6 +188,7 @@ pub fn notes(rows: &[CompareRow]) -> Vec<String> {
             "attempts/s: purchase attempts sent per second of load ({CEILING_LABEL}: GET /healthz requests, same generator, mode and connections); orders/s, orders: orders created (201) per second, in all; ×ceiling and ×{}: attempts/s divided by that row's attempts/s (the ceiling runs first and last; ×ceiling divides by the higher of its runs).",
             REFERENCE.name()
         ),
+        format!("{}: the purchase endpoint with no strategy behind it — every attempt read, parsed and answered 409 sold_out, no store touched: what a POST with a JSON body costs the server and the generator beyond {CEILING_LABEL}'s GET; its ×ceiling is as far as any purchase path can get.", Strategy::HttpPostCeiling.name()),
         "p50, p99: latency of the run's requests (purchase; healthz for the ceiling) from send (open loop: intended send) to answer; 503 re-sends count as requests of their own.".into(),
         "per order: deltas of server-wide counters over the load divided by the orders created — Redis commands (INFO commandstats, including those run inside Lua scripts) and script calls (EVAL/EVALSHA/FCALL round trips); MariaDB Com_commit (COMMIT statements) and Handler_commit (engine commits, autocommit statements included); the server's background workers and anything else on the same Redis or MariaDB are counted too. '-': not measured (the ceiling makes no orders).".into(),
     ];

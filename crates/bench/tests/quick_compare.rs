@@ -8,7 +8,7 @@ use std::process::Command;
 use flashsale_bench::compare::{CompareReport, SCHEMA};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_flashsale-bench");
-/// A small sustained load per run, so six spawned debug servers (each started, loaded,
+/// A small sustained load per run, so seven spawned debug servers (each started, loaded,
 /// left to go quiet, checked and cleaned up) stay within about a minute.
 const ATTEMPTS: &str = "600";
 const USERS: &str = "300";
@@ -30,13 +30,13 @@ fn server_bin() -> PathBuf {
 }
 
 // Checks the comparison end to end by running the real binary: it exits 0 and prints
-// one table; its JSON has the six rows in order (ceiling, db-pessimistic,
-// db-conditional, redis-lua, flashsale, ceiling again), the ceilings without orders or
-// cost per order, the flashsale row's ratio to the ceiling taken against the higher
-// ceiling run,
-// every purchase row with throughput, latency and ratios to the ceiling and to
-// db-conditional, the baselines passing with their flashsale-specific checks listed as
-// skipped, and flashsale passing its audit.
+// one table; its JSON has the seven rows in order (ceiling, http-post-ceiling,
+// db-pessimistic, db-conditional, redis-lua, flashsale, ceiling again), the ceilings
+// without orders or cost per order, the flashsale row's ratio to the ceiling taken
+// against the higher ceiling run (the POST ceiling is not one of them), the POST ceiling
+// refusing every attempt (no order), every purchase row with throughput, latency and
+// ratios to the ceiling and to db-conditional, the baselines passing with their
+// flashsale-specific checks listed as skipped, and flashsale passing its audit.
 #[test]
 fn quick_compare_against_spawned_servers() {
     let server = server_bin();
@@ -84,6 +84,7 @@ fn quick_compare_against_spawned_servers() {
         labels,
         [
             "http-ceiling",
+            "http-post-ceiling",
             "db-pessimistic",
             "db-conditional",
             "redis-lua",
@@ -91,7 +92,7 @@ fn quick_compare_against_spawned_servers() {
             "http-ceiling-again"
         ]
     );
-    for ceiling in [&report.rows[0], &report.rows[5]] {
+    for ceiling in [&report.rows[0], &report.rows[6]] {
         assert_eq!(ceiling.verdict, "n/a");
         assert_eq!((ceiling.orders, ceiling.com_commit_per_order), (None, None));
         assert!(ceiling.attempts_per_s.unwrap_or(0.0) > 0.0);
@@ -99,16 +100,17 @@ fn quick_compare_against_spawned_servers() {
     let higher = report.rows[0]
         .attempts_per_s
         .unwrap_or(0.0)
-        .max(report.rows[5].attempts_per_s.unwrap_or(0.0));
-    let flashsale_row = &report.rows[4];
+        .max(report.rows[6].attempts_per_s.unwrap_or(0.0));
+    let flashsale_row = &report.rows[5];
     let expected = flashsale_row.attempts_per_s.unwrap_or(0.0) / higher;
     assert!(
         (flashsale_row.vs_ceiling.unwrap_or(0.0) - expected).abs() < 1e-9,
         "{flashsale_row:?}"
     );
-    for row in &report.rows[1..5] {
+    for row in &report.rows[1..6] {
         assert_eq!(row.verdict, "pass", "{row:?}");
-        assert!(row.orders.unwrap_or(0) > 0, "{row:?}");
+        let post_ceiling = row.label == "http-post-ceiling";
+        assert_eq!(row.orders.unwrap_or(0) > 0, !post_ceiling, "{row:?}");
         assert!(row.p50_us.is_some() && row.p99_us.is_some(), "{row:?}");
         assert!(
             row.vs_ceiling.is_some() && row.vs_db_conditional.is_some(),
@@ -117,8 +119,8 @@ fn quick_compare_against_spawned_servers() {
         let baseline = row.label != "flashsale";
         assert_eq!(row.skipped_checks.is_empty(), !baseline, "{row:?}");
     }
-    let flashsale = &report.runs[4];
+    let flashsale = &report.runs[5];
     assert_eq!(flashsale.label(), "flashsale");
     assert_eq!(flashsale.checks.audit.status, "passed");
-    assert_eq!(report.runs.len(), 6);
+    assert_eq!(report.runs.len(), 7);
 }

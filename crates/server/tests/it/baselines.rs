@@ -67,3 +67,38 @@ async fn baselines_sell_exactly_the_stock() {
         app.cleanup().await;
     }
 }
+
+// Checks the purchase endpoint's own ceiling (http-post-ceiling, a benchmark row): every
+// well-formed purchase is answered 409 sold_out with flashsale's refusal body while the
+// product has all its stock, a malformed one still gets 400 (the body is parsed as on
+// every path), and nothing is written: no order, no reservation, no Redis key, the
+// inventory untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_post_ceiling_parses_and_refuses_touching_no_store() {
+    let app = TestApp::spawn_with(Default::default(), &[("STRATEGY", "http-post-ceiling")]).await;
+    app.create_product(4200, 50, None).await;
+    let keys_before = app.redis_dump().await;
+    for i in 0..20 {
+        let (s, b) = app.purchase(&format!("REQ_pc_{i}"), i + 1, 4200, 1).await;
+        assert_eq!(s, StatusCode::CONFLICT, "{b}");
+        assert_eq!(code(&b), "sold_out", "{b}");
+        assert_eq!(b["message"], "not enough stock left", "{b}");
+    }
+    let (s, b) = app.purchase("bad id!", 1, 4200, 1).await;
+    assert_eq!(
+        (s, code(&b)),
+        (StatusCode::BAD_REQUEST, "invalid_request"),
+        "{b}"
+    );
+    assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 0);
+    assert_eq!(
+        app.count("SELECT COUNT(*) FROM inventory_reservation")
+            .await,
+        0
+    );
+    assert_eq!(app.redis_dump().await, keys_before);
+    let (s, product) = app.get("/v1/products/4200").await;
+    assert_eq!(s, StatusCode::OK, "{product}");
+    assert_eq!(product["inventory"]["available"], 50, "{product}");
+    app.cleanup().await;
+}
