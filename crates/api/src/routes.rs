@@ -124,24 +124,38 @@ fn path_id(raw: &str, field: &'static str) -> Result<i64, ApiError> {
 }
 
 /// Runs a use case under the request deadline; past it the outcome is unknown (503).
-///
-/// The deadline starts when the use case first has to wait: one answered without waiting
-/// (a refusal from the sold-out board, most of a flood) costs no timer and no clock read.
 async fn deadline<T>(
     state: &AppState,
     work: impl Future<Output = Result<T, flashsale_app::Error>>,
 ) -> Result<T, ApiError> {
+    within(state.config.request_timeout, work).await
+}
+
+/// `work` bounded by `limit`, counted from when it first has to wait: a use case answered
+/// without waiting (a refusal from the sold-out board, most of a flood) arms no timer and
+/// reads no clock, and one that waits is polled once per wake-up, as under
+/// `tokio::time::timeout`.
+async fn within<T>(
+    limit: Duration,
+    work: impl Future<Output = Result<T, flashsale_app::Error>>,
+) -> Result<T, ApiError> {
     let mut work = pin!(work);
-    let first = poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
-    if let Poll::Ready(result) = first {
-        return result.map_err(ApiError::from);
-    }
-    match tokio::time::timeout(state.config.request_timeout, work).await {
-        Ok(result) => result.map_err(ApiError::from),
-        Err(_) => Err(ApiError::unavailable(
-            "no answer within the request deadline; outcome unknown, retry with the same request_id",
-        )),
-    }
+    let mut timer = pin!(None::<tokio::time::Sleep>);
+    poll_fn(|cx| {
+        if let Poll::Ready(result) = work.as_mut().poll(cx) {
+            return Poll::Ready(result.map_err(ApiError::from));
+        }
+        if timer.is_none() {
+            timer.set(Some(tokio::time::sleep(limit)));
+        }
+        match timer.as_mut().as_pin_mut().map(|t| t.poll(cx)) {
+            Some(Poll::Ready(())) => Poll::Ready(Err(ApiError::unavailable(
+                "no answer within the request deadline; outcome unknown, retry with the same request_id",
+            ))),
+            _ => Poll::Pending,
+        }
+    })
+    .await
 }
 
 fn require_admin(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
@@ -280,6 +294,42 @@ async fn cancel(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Checks the request deadline's three outcomes: a use case answered without waiting
+    // returns its result without a timer (the runtime here has none: arming one would
+    // panic); one that never answers gets 503 unavailable once the limit passed; one that
+    // answers after waiting, within the limit, returns its result.
+    #[test]
+    fn the_deadline_bounds_only_what_waits() {
+        let no_timers = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let ready = no_timers.block_on(within(Duration::from_millis(1), async { Ok(7) }));
+        assert_eq!(ready.ok(), Some(7));
+        let refused = no_timers.block_on(within(Duration::from_millis(1), async {
+            Err::<(), _>(flashsale_app::Error::SoldOut)
+        }));
+        assert_eq!(refused.err().map(|e| e.code), Some("sold_out"));
+
+        let timers = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        let never = timers.block_on(within(
+            Duration::from_millis(20),
+            std::future::pending::<Result<(), flashsale_app::Error>>(),
+        ));
+        let e = never.expect_err("past the deadline");
+        assert_eq!(
+            (e.status, e.code),
+            (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+        );
+        let late = timers.block_on(within(Duration::from_secs(30), async {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            Ok(8)
+        }));
+        assert_eq!(late.ok(), Some(8));
+    }
 
     // Checks the token comparison: equal tokens pass; a different byte, a prefix, or an
     // empty token fail.

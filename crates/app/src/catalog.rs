@@ -9,7 +9,7 @@ use std::time::Duration;
 use flashsale_core::ProductId;
 
 use crate::model::Product;
-use crate::ports::{Ledger, LedgerError};
+use crate::ports::{Clock, Ledger, LedgerError};
 
 /// How long a known product is served from memory before it is read again.
 const FOUND_TTL: Duration = Duration::from_secs(60);
@@ -37,6 +37,7 @@ impl Catalog {
     pub(crate) async fn get(
         &self,
         ledger: &dyn Ledger,
+        clock: &dyn Clock,
         product_id: ProductId,
         now: Duration,
     ) -> Result<Option<Arc<Product>>, LedgerError> {
@@ -44,7 +45,10 @@ impl Catalog {
             return Ok(hit);
         }
         let product = ledger.product(product_id).await?.map(Arc::new);
-        self.put(product_id, product.clone(), now);
+        // Stamped when the read came back, not when it was asked: a slow ledger must not
+        // hand the cache entries that are stale already (a flood on an unknown id would
+        // then read the ledger on every attempt, just when it is slow).
+        self.put(product_id, product.clone(), clock.monotonic());
         Ok(product)
     }
 

@@ -210,7 +210,7 @@ impl Flashsale {
         now: Duration,
     ) -> Result<Arc<Product>, Error> {
         self.catalog
-            .get(self.ledger.as_ref(), product_id, now)
+            .get(self.ledger.as_ref(), self.clock.as_ref(), product_id, now)
             .await?
             .ok_or(Error::ProductNotFound)
     }
@@ -255,8 +255,10 @@ impl Flashsale {
     // ---- purchase -------------------------------------------------------------------
 
     pub async fn purchase(&self, request: PurchaseRequest) -> Result<Purchased, Error> {
-        // Before the call: a lease is measured from a moment no later than the gate's answer.
-        // One read serves the catalog's freshness too.
+        // Before the call: a lease is measured from a moment no later than the gate's answer
+        // (read before the catalog, which may have to ask the ledger: earlier still, so
+        // the lease is trusted a little less, never more). The same read tells the
+        // catalog whether its entry is fresh.
         let sent = self.clock.monotonic();
         let product = self.product_at(request.product_id, sent).await?;
         if !product.window.is_open_at(self.clock.now()) {

@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 
+use crate::cli::Strategy;
 use crate::compare::{self, CompareReport};
 use crate::report::{human_us, BenchResult};
 use crate::stats::CurvePoint;
@@ -345,10 +346,12 @@ pub fn throughput_chart(r: &BenchResult) -> Chart {
 }
 
 const OP_COLORS: [&str; 4] = ["#1f5fbf", "#2a9d4b", "#d62728", "#7f3fbf"];
-/// Colours of a comparison's runs, in row order (ceiling, db-pessimistic,
-/// db-conditional, redis-lua, flashsale; cycled beyond, so the second ceiling run is
-/// the first one's grey).
-const RUN_COLORS: [&str; 5] = ["#444444", "#d62728", "#e08a00", "#7f3fbf", "#1f5fbf"];
+/// Colours of a comparison's runs, in row order (ceiling, http-post-ceiling,
+/// db-pessimistic, db-conditional, redis-lua, flashsale; cycled beyond, so the second
+/// ceiling run is the first one's grey).
+const RUN_COLORS: [&str; 6] = [
+    "#444444", "#8c8c8c", "#d62728", "#e08a00", "#7f3fbf", "#1f5fbf",
+];
 
 /// Maps a percentile (0–100, below 100) to the "nines" axis: 90% → 1, 99% → 2, …
 pub fn nines(percentile: f64) -> f64 {
@@ -745,6 +748,11 @@ fn run_names(report: &CompareReport) -> Vec<String> {
         .collect()
 }
 
+/// The ceilings (GET and POST) are drawn dashed: yardsticks, not strategies.
+fn is_a_ceiling(r: &BenchResult) -> bool {
+    r.is_ceiling() || r.config.strategy.as_deref() == Some(Strategy::HttpPostCeiling.name())
+}
+
 /// Each run's latency percentile curve (of its main requests: purchases, healthz for
 /// the ceiling) on one chart.
 pub fn compare_latency_chart(report: &CompareReport) -> Chart {
@@ -758,7 +766,7 @@ pub fn compare_latency_chart(report: &CompareReport) -> Chart {
             Some(Series {
                 name: format!("{name} (max {})", human_us(o.latency.max_us)),
                 color,
-                dashed: r.is_ceiling(),
+                dashed: is_a_ceiling(r),
                 points: curve_points(&o.curve),
             })
         })
@@ -776,7 +784,7 @@ pub fn compare_throughput_chart(report: &CompareReport) -> Chart {
         .map(|((r, name), color)| Series {
             name,
             color,
-            dashed: r.is_ceiling(),
+            dashed: is_a_ceiling(r),
             points: r
                 .timeline
                 .iter()

@@ -9,7 +9,8 @@
 //!
 //! `--ceiling` sends `GET /healthz` instead of purchases with the same driver (the HTTP
 //! ceiling: no product, no checks, no cost per order). `--compare` runs the ceiling and
-//! every purchase strategy (`FLASHSALE_STRATEGY`: db-pessimistic, db-conditional,
+//! every purchase strategy (`FLASHSALE_STRATEGY`: http-post-ceiling — the purchase
+//! endpoint refusing everything, no store touched —, db-pessimistic, db-conditional,
 //! redis-lua, flashsale) one after the other on freshly spawned servers and prints them
 //! side by side (`compare.rs`). The baselines write no reservation rows and no Redis
 //! holds: the checks built on those (the inventory view, the by-request_id lookup,
@@ -676,8 +677,8 @@ fn listed<T: std::fmt::Debug>(items: &[T]) -> String {
 /// Why the inventory checks are skipped for a baseline.
 const BASELINE_INVENTORY_NOTE: &str = "the baselines keep no reservation rows and no Redis \
     holds: db-pessimistic and db-conditional move only MariaDB's counters, redis-lua only \
-    Redis's, so the API's inventory view (available from Redis, reserved and sold from \
-    MariaDB) does not add up by design";
+    Redis's (http-post-ceiling moves nothing), so the API's inventory view (available from \
+    Redis, reserved and sold from MariaDB) does not add up by design";
 
 /// The checks that need only what the client saw and the product's inventory. For a
 /// baseline (`baseline`), the inventory checks are skipped (and listed as such).

@@ -34,7 +34,7 @@ fn server_bin() -> PathBuf {
 // db-pessimistic, db-conditional, redis-lua, flashsale, ceiling again), the ceilings
 // without orders or cost per order, the flashsale row's ratio to the ceiling taken
 // against the higher ceiling run (the POST ceiling is not one of them), the POST ceiling
-// refusing every attempt (no order), every purchase row with throughput, latency and
+// answering every attempt 409 sold_out (no order), every purchase row with throughput, latency and
 // ratios to the ceiling and to db-conditional, the baselines passing with their
 // flashsale-specific checks listed as skipped, and flashsale passing its audit.
 #[test]
@@ -119,6 +119,19 @@ fn quick_compare_against_spawned_servers() {
         let baseline = row.label != "flashsale";
         assert_eq!(row.skipped_checks.is_empty(), !baseline, "{row:?}");
     }
+    // The POST ceiling refused every request it was sent, each with flashsale's own
+    // sold-out answer: nothing else (no 503, no 400) hides behind its zero orders.
+    let post = &report.runs[1];
+    assert_eq!(post.label(), "http-post-ceiling");
+    let purchases = post.main_op().expect("purchases sent");
+    let sent: u64 = purchases.statuses.values().sum();
+    assert!(sent > 0 && sent == post.attempts.sent, "{purchases:?}");
+    assert_eq!(purchases.statuses.get("409"), Some(&sent), "{purchases:?}");
+    assert_eq!(
+        purchases.errors.get("sold_out"),
+        Some(&sent),
+        "{purchases:?}"
+    );
     let flashsale = &report.runs[5];
     assert_eq!(flashsale.label(), "flashsale");
     assert_eq!(flashsale.checks.audit.status, "passed");
