@@ -17,6 +17,7 @@
 //! A message body is a JSON array of outbox payloads (or one bare payload);
 //! `docs/events.md` describes it and [`decode_message`] reads it.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -459,17 +460,31 @@ pub struct DecodeError(String);
 
 /// The JSON body as it is on the wire (docs/events.md).
 #[derive(Deserialize)]
-struct WireEvent {
+struct WireEvent<'a> {
     event_id: String,
-    event_type: String,
+    // Borrowed from the body unless escaped: both are only read, then dropped.
+    #[serde(borrow)]
+    event_type: Cow<'a, str>,
     sequence: u32,
     order_id: Option<i64>,
-    request_id: String,
+    #[serde(borrow)]
+    request_id: Cow<'a, str>,
     product_id: i64,
     user_id: i64,
     quantity: i64,
     reason: Option<String>,
+    #[serde(deserialize_with = "rfc3339")]
     occurred_at: DateTime<Utc>,
+}
+
+/// `occurred_at` as docs/events.md specifies it, RFC 3339, read by chrono's RFC 3339
+/// parser: serde's default for `DateTime` tries the laxer forms of `FromStr` too, which
+/// cost the consumer about as much as the rest of an event's decoding.
+fn rfc3339<'de, D: serde::Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::Error> {
+    let text = String::deserialize(d)?;
+    DateTime::parse_from_rfc3339(&text)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(serde::de::Error::custom)
 }
 
 /// Reads a message body: its events, each decoded on its own (one bad event doesn't take
@@ -492,7 +507,7 @@ pub fn decode_message(body: &[u8]) -> Result<Vec<Result<Event, DecodeError>>, De
 /// Reads one event (an element of a message body) into an [`Event`], checking every field
 /// as the domain does.
 pub fn decode_event(body: &[u8]) -> Result<Event, DecodeError> {
-    let w: WireEvent = serde_json::from_slice(body).map_err(|e| DecodeError(e.to_string()))?;
+    let w: WireEvent<'_> = serde_json::from_slice(body).map_err(|e| DecodeError(e.to_string()))?;
     let bad = |e: &dyn std::fmt::Display| DecodeError(e.to_string());
     Ok(Event {
         event_type: w.event_type.parse().map_err(|e| bad(&e))?,
@@ -766,7 +781,9 @@ mod tests {
     use super::*;
 
     // Checks the documented JSON form (as MariaDB's JSON_OBJECT writes it) decodes into
-    // the event, null order_id included, and that a bad field is refused.
+    // the event, null order_id included, an escaped request_id too (the borrowed fields
+    // fall back to a copy), and that a bad field is refused — an `occurred_at` that is not
+    // RFC 3339 (no offset, or no timestamp at all) among them.
     #[test]
     fn decodes_the_documented_payload() {
         let body = r#"{"event_id": "5f0c6a4e-ebf5-11f1-b3b2-02fc00000001", "event_type": "reservation_released", "sequence": 1, "order_id": null, "request_id": "REQ_1", "product_id": 1001, "user_id": 42, "quantity": 2, "reason": "sold_out", "occurred_at": "2026-11-29T10:00:00.123456Z"}"#;
@@ -779,8 +796,17 @@ mod tests {
             event.occurred_at.to_rfc3339(),
             "2026-11-29T10:00:00.123456+00:00"
         );
+        let escaped = body.replace("\"REQ_1\"", "\"REQ\\u005f1\"");
+        assert_eq!(
+            decode_event(escaped.as_bytes()).expect("valid").request_id,
+            event.request_id
+        );
         let bad = body.replace("\"quantity\": 2", "\"quantity\": 0");
         assert!(decode_event(bad.as_bytes()).is_err());
+        for at in ["2026-11-29T10:00:00.123456", "2026-11-29 10:00:00.123456", "yesterday"] {
+            let bad = body.replace("2026-11-29T10:00:00.123456Z", at);
+            assert!(decode_event(bad.as_bytes()).is_err(), "{at}");
+        }
         assert!(decode_event(b"{}").is_err());
     }
 
