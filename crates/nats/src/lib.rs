@@ -803,7 +803,11 @@ mod tests {
         );
         let bad = body.replace("\"quantity\": 2", "\"quantity\": 0");
         assert!(decode_event(bad.as_bytes()).is_err());
-        for at in ["2026-11-29T10:00:00.123456", "2026-11-29 10:00:00.123456", "yesterday"] {
+        for at in [
+            "2026-11-29T10:00:00.123456",
+            "2026-11-29 10:00:00.123456",
+            "yesterday",
+        ] {
             let bad = body.replace("2026-11-29T10:00:00.123456Z", at);
             assert!(decode_event(bad.as_bytes()).is_err(), "{at}");
         }
