@@ -265,14 +265,15 @@ const OVER_LIMIT: &str = concat!(
 /// whatever the batch's strings hold.
 fn hex_literal(text: &str) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(text.len() * 2 + 3);
-    out.push_str("X'");
+    // Bytes, not chars: `String::push` encodes each digit as UTF-8 on its own.
+    let mut out = Vec::with_capacity(text.len() * 2 + 3);
+    out.extend_from_slice(b"X'");
     for b in text.bytes() {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+        out.extend_from_slice(&[DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0x0f)]]);
     }
-    out.push('\'');
-    out
+    out.push(b'\'');
+    // ASCII throughout: the check cannot fail.
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// A `DATETIME(6)` column of a text-protocol result (a script's), read field by field.
