@@ -265,15 +265,14 @@ const OVER_LIMIT: &str = concat!(
 /// whatever the batch's strings hold.
 fn hex_literal(text: &str) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    // Bytes, not chars: `String::push` encodes each digit as UTF-8 on its own.
-    let mut out = Vec::with_capacity(text.len() * 2 + 3);
-    out.extend_from_slice(b"X'");
+    let mut out = String::with_capacity(text.len() * 2 + 3);
+    out.push_str("X'");
     for b in text.bytes() {
-        out.extend_from_slice(&[DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0x0f)]]);
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
     }
-    out.push(b'\'');
-    // ASCII throughout: the check cannot fail.
-    String::from_utf8(out).unwrap_or_default()
+    out.push('\'');
+    out
 }
 
 /// A `DATETIME(6)` column of a text-protocol result (a script's), read field by field.
@@ -487,9 +486,6 @@ fn over_limit(
 mod tests {
     use super::*;
 
-    // Checks the hexadecimal literal: every byte as two lowercase hex digits between
-    // X' and ', so a quote, a backslash or a multi-byte character in the text never
-    // reaches the SQL as itself.
     // Checks the text DATETIME reader against chrono's own parser on the forms MariaDB
     // writes (no fraction, one to six digits of it), and that anything else — another
     // separator, a sign, a seventh digit, a day that does not exist — is refused.
@@ -500,6 +496,7 @@ mod tests {
             "2026-12-01 00:22:59",
             "2026-12-01 00:22:59.5",
             "2026-02-28 23:59:59.000001",
+            "2024-02-29 12:00:00.000000",
             "1999-12-31 00:00:00.120",
         ] {
             let chrono = chrono::NaiveDateTime::parse_from_str(raw, "%Y-%m-%d %H:%M:%S%.f")
@@ -521,6 +518,9 @@ mod tests {
         }
     }
 
+    // Checks the hexadecimal literal: every byte as two lowercase hex digits between
+    // X' and ', so a quote, a backslash or a multi-byte character in the text never
+    // reaches the SQL as itself.
     #[test]
     fn hex_literal_carries_any_text_as_digits() {
         assert_eq!(hex_literal(""), "X''");

@@ -277,7 +277,11 @@ impl MysqlLedger {
             // sqlx's own slow-statement warning prints the whole statement: for a group
             // commit that is its batch, up to about a hundred kilobytes of hex. Kept at
             // debug; `run` warns instead, naming the operation.
-            .log_slow_statements(log::LevelFilter::Debug, SLOW_OPERATION);
+            .log_slow_statements(log::LevelFilter::Debug, SLOW_OPERATION)
+            // Every time is UTC: the DATETIME columns, the events' `…Z` timestamps and the
+            // text rows the group commit reads (`group::parse_datetime`). sqlx's default
+            // too, but a `?timezone=` in the URL must not change it.
+            .timezone(Some(String::from("+00:00")));
         if let Some(name) = options.get_database() {
             let name = name.to_owned();
             if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
