@@ -24,12 +24,11 @@ async fn sessions_are_utc_whatever_the_url_says() {
     })
     .await
     .expect("ledger");
-    let (zone, skew): (String, i64) = sqlx::query_as(
-        "SELECT @@session.time_zone, TIMESTAMPDIFF(MINUTE, UTC_TIMESTAMP(), NOW())",
-    )
-    .fetch_one(ledger.pool())
-    .await
-    .expect("session time zone");
+    let (zone, skew): (String, i64) =
+        sqlx::query_as("SELECT @@session.time_zone, TIMESTAMPDIFF(MINUTE, UTC_TIMESTAMP(), NOW())")
+            .fetch_one(ledger.pool())
+            .await
+            .expect("session time zone");
     assert_eq!((zone.as_str(), skew), ("+00:00", 0));
     ledger.pool().close().await;
     db.drop_db().await.expect("drop the test database");
