@@ -16,6 +16,9 @@ const MARGIN_LEFT: f64 = 72.0;
 const MARGIN_RIGHT: f64 = 20.0;
 const MARGIN_TOP: f64 = 52.0;
 const MARGIN_BOTTOM: f64 = 46.0;
+/// Height of one row of the legend; a legend wider than the chart wraps onto more rows,
+/// and the plot moves down by as much.
+const LEGEND_ROW: f64 = 16.0;
 /// Series with at most this many points get a marker on each point (a run of one second
 /// would otherwise draw an invisible line of one point).
 const MARKERS_MAX_POINTS: usize = 60;
@@ -113,8 +116,13 @@ pub fn log_ticks(min: f64, max: f64) -> Vec<f64> {
 
 /// Renders a chart as a standalone `<svg>` element.
 pub fn render_chart(chart: &Chart) -> String {
+    let names: Vec<&str> = chart.series.iter().map(|s| s.name.as_str()).collect();
+    let legend = legend_layout(&names);
+    let legend_extra = legend.iter().map(|&(_, row)| row).max().unwrap_or(0) as f64 * LEGEND_ROW;
+    let top = MARGIN_TOP + legend_extra;
+    let height = HEIGHT + legend_extra;
     let plot_w = WIDTH - MARGIN_LEFT - MARGIN_RIGHT;
-    let plot_h = HEIGHT - MARGIN_TOP - MARGIN_BOTTOM;
+    let plot_h = height - top - MARGIN_BOTTOM;
     let all: Vec<(f64, f64)> = chart
         .series
         .iter()
@@ -155,17 +163,17 @@ pub fn render_chart(chart: &Chart) -> String {
     let (x0, x1) = range(&mut x_ticks.iter().map(|t| t.0), chart.x_scale);
     let (y0, y1) = range(&mut y_ticks.iter().copied(), chart.y_scale);
     let px = |x: f64| MARGIN_LEFT + (x - x0) / (x1 - x0) * plot_w;
-    let py = |y: f64| MARGIN_TOP + plot_h - (y - y0) / (y1 - y0) * plot_h;
+    let py = |y: f64| top + plot_h - (y - y0) / (y1 - y0) * plot_h;
 
     let mut s = String::new();
     let _ = write!(
         s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" font-family="system-ui, sans-serif" font-size="12" role="img" aria-label="{title}">"#,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" height="{height}" font-family="system-ui, sans-serif" font-size="12" role="img" aria-label="{title}">"#,
         title = escape(&chart.title)
     );
     let _ = write!(
         s,
-        r##"<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="#ffffff"/><text x="{MARGIN_LEFT}" y="20" font-size="15" font-weight="600" fill="#222">{}</text>"##,
+        r##"<rect x="0" y="0" width="{WIDTH}" height="{height}" fill="#ffffff"/><text x="{MARGIN_LEFT}" y="20" font-size="15" font-weight="600" fill="#222">{}</text>"##,
         escape(&chart.title)
     );
     // Grid and tick labels.
@@ -190,32 +198,31 @@ pub fn render_chart(chart: &Chart) -> String {
         let x = px(v);
         let _ = write!(
             s,
-            r##"<line x1="{x:.1}" x2="{x:.1}" y1="{MARGIN_TOP}" y2="{:.1}" stroke="#efefef"/><text x="{x:.1}" y="{:.1}" text-anchor="middle" fill="#555">{}</text>"##,
-            MARGIN_TOP + plot_h,
-            MARGIN_TOP + plot_h + 16.0,
+            r##"<line x1="{x:.1}" x2="{x:.1}" y1="{top}" y2="{:.1}" stroke="#efefef"/><text x="{x:.1}" y="{:.1}" text-anchor="middle" fill="#555">{}</text>"##,
+            top + plot_h,
+            top + plot_h + 16.0,
             escape(label)
         );
     }
     let _ = write!(
         s,
-        r##"<rect x="{MARGIN_LEFT}" y="{MARGIN_TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>"##
+        r##"<rect x="{MARGIN_LEFT}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>"##
     );
     let _ = write!(
         s,
         r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#333">{}</text>"##,
         MARGIN_LEFT + plot_w / 2.0,
-        HEIGHT - 8.0,
+        height - 8.0,
         escape(&chart.x_label)
     );
     let _ = write!(
         s,
         r##"<text transform="translate(16 {:.1}) rotate(-90)" text-anchor="middle" fill="#333">{}</text>"##,
-        MARGIN_TOP + plot_h / 2.0,
+        top + plot_h / 2.0,
         escape(&chart.y_label)
     );
     // Series.
-    let mut legend_x = MARGIN_LEFT;
-    for series in &chart.series {
+    for (series, &(legend_x, row)) in chart.series.iter().zip(&legend) {
         let pts: Vec<(f64, f64)> = series
             .points
             .iter()
@@ -256,15 +263,34 @@ pub fn render_chart(chart: &Chart) -> String {
         // Legend entry.
         let _ = write!(
             s,
-            r##"<rect x="{legend_x:.1}" y="32" width="12" height="12" fill="{}"/><text x="{:.1}" y="42" fill="#333">{}</text>"##,
+            r##"<rect x="{legend_x:.1}" y="{:.1}" width="12" height="12" fill="{}"/><text x="{:.1}" y="{:.1}" fill="#333">{}</text>"##,
+            32.0 + row as f64 * LEGEND_ROW,
             series.color,
             legend_x + 16.0,
+            42.0 + row as f64 * LEGEND_ROW,
             escape(&series.name)
         );
-        legend_x += 28.0 + 7.2 * series.name.chars().count() as f64;
     }
     s.push_str("</svg>");
     s
+}
+
+/// Where each legend entry goes, `(x, row)`: entries side by side (a swatch, the name at
+/// about 7.2 units a character, a gap), wrapped onto a new row before one would run past
+/// the chart's right edge.
+fn legend_layout(names: &[&str]) -> Vec<(f64, usize)> {
+    let mut out = Vec::with_capacity(names.len());
+    let (mut x, mut row) = (MARGIN_LEFT, 0);
+    for name in names {
+        let drawn = 16.0 + 7.2 * name.chars().count() as f64;
+        if x > MARGIN_LEFT && x + drawn > WIDTH - 4.0 {
+            x = MARGIN_LEFT;
+            row += 1;
+        }
+        out.push((x, row));
+        x += drawn + 12.0;
+    }
+    out
 }
 
 /// A tick value without floating-point noise: at most 3 decimals, trailing zeros cut.
@@ -302,6 +328,20 @@ fn mb_format(v: f64) -> String {
 }
 
 /// Answers per second over time, one line per status class (plus orders and drops).
+/// A one-second bucket's point on a per-second chart: its count divided by the part of
+/// its second the load covered (second 0 covers [0, 1)), drawn at that part's middle. A
+/// run's last second is mostly partial, and all of a run shorter than a second is: counted
+/// as whole seconds, they would read as a drop, or as a rate the run never had. A last
+/// part under a tenth of a second counts as a tenth, so that a few late answers don't
+/// read as a spike; a run that ended within its first second is its own rate however
+/// short it was.
+fn rate_point(second: u32, count: u64, elapsed_s: f64) -> (f64, f64) {
+    let start = f64::from(second);
+    let floor = if second == 0 { 1e-3 } else { 0.1 };
+    let covered = (elapsed_s - start).clamp(floor, 1.0);
+    (start + covered / 2.0, count as f64 / covered)
+}
+
 pub fn throughput_chart(r: &BenchResult) -> Chart {
     type Pick = fn(&crate::stats::Bucket) -> u64;
     let lines: [(&str, &'static str, Pick, bool); 7] = [
@@ -325,11 +365,10 @@ pub fn throughput_chart(r: &BenchResult) -> Chart {
             name: (*name).to_owned(),
             color,
             dashed: *name == "orders (201)",
-            // Each bucket drawn at its middle: second 0 covers [0, 1).
             points: r
                 .timeline
                 .iter()
-                .map(|b| (f64::from(b.second) + 0.5, pick(b) as f64))
+                .map(|b| rate_point(b.second, pick(b), r.elapsed_s))
                 .collect(),
         })
         .collect();
@@ -790,7 +829,7 @@ pub fn compare_throughput_chart(report: &CompareReport) -> Chart {
                 .iter()
                 .map(|b| {
                     let all = b.ok + b.rejected + b.unavailable + b.transport_errors;
-                    (f64::from(b.second) + 0.5, all as f64)
+                    rate_point(b.second, all, r.elapsed_s)
                 })
                 .collect(),
         })
@@ -903,6 +942,80 @@ mod tests {
             rest = &rest[end..];
         }
         out
+    }
+
+    // Checks the legend's layout: a few short names stay on one row; the seven runs of a
+    // comparison with their "(max …)" wrap onto more rows, no entry's name runs past the
+    // chart's right edge, and the rendered chart grows by as many rows (its plot moved
+    // down, its legend rows below each other).
+    #[test]
+    fn legend_wraps_at_the_right_edge() {
+        assert!(legend_layout(&["2xx", "4xx", "5xx"])
+            .iter()
+            .all(|&(_, row)| row == 0));
+        let names = [
+            "http-ceiling (max 12.82ms)",
+            "http-post-ceiling (max 8.86ms)",
+            "db-pessimistic (max 48.67ms)",
+            "db-conditional (max 40.01ms)",
+            "redis-lua (max 27.30ms)",
+            "flashsale (max 13.11ms)",
+            "http-ceiling-again (max 9.75ms)",
+        ];
+        let layout = legend_layout(&names);
+        let rows = layout.iter().map(|&(_, row)| row).max().unwrap_or(0);
+        assert!(rows >= 1, "{layout:?}");
+        for (name, &(x, _)) in names.iter().zip(&layout) {
+            assert!(
+                x + 16.0 + 7.2 * name.chars().count() as f64 <= WIDTH,
+                "{name}: {x}"
+            );
+        }
+        let chart = Chart {
+            title: "t".into(),
+            x_label: "x".into(),
+            y_label: "y".into(),
+            x_scale: Scale::Linear,
+            y_scale: Scale::Linear,
+            x_ticks: Vec::new(),
+            y_format: number,
+            series: names
+                .iter()
+                .map(|n| Series {
+                    name: (*n).to_owned(),
+                    color: "#000000",
+                    dashed: false,
+                    points: vec![(0.0, 1.0), (1.0, 2.0)],
+                })
+                .collect(),
+        };
+        let svg = render_chart(&chart);
+        let grown = HEIGHT + rows as f64 * LEGEND_ROW;
+        assert!(svg.contains(&format!(r#"height="{grown}""#)), "{svg}");
+        let doc = roxmltree::Document::parse(&svg).expect("valid SVG");
+        let legend_ys: std::collections::BTreeSet<String> = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("rect") && n.attribute("width") == Some("12"))
+            .filter_map(|n| n.attribute("y").map(str::to_owned))
+            .collect();
+        assert_eq!(legend_ys.len(), rows + 1, "{legend_ys:?}");
+    }
+
+    // Checks a bucket's point is a rate: a whole second as counted, a run's partial last
+    // second (or a run shorter than a second, however short) divided by the part covered
+    // and drawn at its middle, and a last sliver under a tenth of a second counted as a
+    // tenth.
+    #[test]
+    fn buckets_are_drawn_as_rates() {
+        assert_eq!(rate_point(0, 5_000, 3.5), (0.5, 5_000.0));
+        assert_eq!(rate_point(3, 2_500, 3.5), (3.25, 5_000.0));
+        assert_eq!(rate_point(0, 4_000, 0.25), (0.125, 16_000.0));
+        assert_eq!(rate_point(0, 4_000, 0.05), (0.025, 80_000.0));
+        let (x, y) = rate_point(2, 30, 2.01);
+        assert!(
+            (x - 2.05).abs() < 1e-9 && (y - 300.0).abs() < 1e-6,
+            "{x} {y}"
+        );
     }
 
     fn series_names(doc: &roxmltree::Document) -> Vec<String> {
