@@ -327,7 +327,6 @@ fn mb_format(v: f64) -> String {
     format!("{} MB", number(v))
 }
 
-/// Answers per second over time, one line per status class (plus orders and drops).
 /// A one-second bucket's point on a per-second chart: its count divided by the part of
 /// its second the load covered (second 0 covers [0, 1)), drawn at that part's middle. A
 /// run's last second is mostly partial, and all of a run shorter than a second is: counted
@@ -342,6 +341,7 @@ fn rate_point(second: u32, count: u64, elapsed_s: f64) -> (f64, f64) {
     (start + covered / 2.0, count as f64 / covered)
 }
 
+/// Answers per second over time, one line per status class (plus orders and drops).
 pub fn throughput_chart(r: &BenchResult) -> Chart {
     type Pick = fn(&crate::stats::Bucket) -> u64;
     let lines: [(&str, &'static str, Pick, bool); 7] = [

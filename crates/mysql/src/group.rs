@@ -277,7 +277,7 @@ fn hex_literal(text: &str) -> String {
 
 /// A `DATETIME(6)` column of a text-protocol result (a script's), read field by field.
 /// sqlx reads it with chrono's format-string parser, which cost a group commit about 2,700
-/// instructions per value, a twentieth of the server's work per order
+/// instructions per value, about 4 % of the server's work per order
 /// (`scripts/instructions.sh`).
 fn text_datetime(row: &sqlx::mysql::MySqlRow, column: &str) -> Result<DateTime<Utc>, sqlx::Error> {
     let raw: &str = row.try_get_unchecked(column)?;
