@@ -15,6 +15,9 @@ const DURATION_MAX: Duration = Duration::from_secs(crate::stats::TIMELINE_SECOND
 /// Most concurrent connections / requests in flight: beyond this the client's sockets
 /// and the 2-core box are the bottleneck, not the server.
 const CONCURRENCY_MAX: u64 = 16_384;
+/// At most this many `--rounds`: a rush comparison round takes about two and a half
+/// minutes, so nine are over twenty minutes; more rounds narrow a median little further.
+pub const ROUNDS_MAX: u32 = 9;
 /// The server setting that selects the purchase strategy (a benchmark baseline or
 /// flashsale's own path).
 pub const STRATEGY_ENV: &str = "FLASHSALE_STRATEGY";
@@ -272,6 +275,12 @@ pub struct Args {
     /// the flashsale run has a violation.
     #[arg(long, requires = "spawn")]
     pub compare: bool,
+    /// With --compare: run all its rows this many times, interleaved (round 1's rows, then
+    /// round 2's, …), and tabulate the median of each figure and of each round's own
+    /// ratios (with their range): a box whose speed drifts during a run moves one round's
+    /// ratios, not the medians. Every round's own table is printed too.
+    #[arg(long, default_value_t = 1, requires = "compare")]
+    pub rounds: u32,
 }
 
 fn parse_key_value(s: &str) -> Result<(String, String), String> {
@@ -415,6 +424,9 @@ impl Args {
             }
         }
         let strategy = self.strategy()?;
+        if !(1..=ROUNDS_MAX).contains(&self.rounds) {
+            return Err(format!("--rounds must be 1..={ROUNDS_MAX}"));
+        }
         if self.compare {
             if self.server_env.iter().any(|(k, _)| k == STRATEGY_ENV) {
                 return Err(format!(
@@ -645,7 +657,8 @@ mod tests {
     }
 
     // Checks the combinations that cannot work are refused, by parsing them: --compare
-    // without --spawn and --compare with --ceiling (clap errors); --compare with mixed,
+    // without --spawn, --compare with --ceiling and --rounds without --compare (clap
+    // errors), --rounds outside 1..=9; --compare with mixed,
     // with FLASHSALE_STRATEGY in --server-env, and a baseline or an unknown strategy
     // for mixed (sizes() errors naming the flag).
     #[test]
@@ -655,7 +668,23 @@ mod tests {
         };
         assert!(cli(&["rush", "--compare"]).is_err(), "needs --spawn");
         assert!(cli(&["rush", "--spawn", "--compare", "--ceiling"]).is_err());
+        assert!(
+            cli(&["rush", "--spawn", "--rounds", "3"]).is_err(),
+            "--rounds needs --compare"
+        );
+        let three = parse(&["rush", "--spawn", "--compare", "--rounds", "3"]);
+        three.sizes().expect("valid");
+        assert_eq!(three.rounds, 3);
+        assert_eq!(three.runs().expect("ok").len(), COMPARE_ROWS.len());
         for (args, flag) in [
+            (
+                &["rush", "--spawn", "--compare", "--rounds", "0"][..],
+                "--rounds",
+            ),
+            (
+                &["rush", "--spawn", "--compare", "--rounds", "10"][..],
+                "--rounds",
+            ),
             (&["mixed", "--spawn", "--compare"][..], "--compare"),
             (
                 &[

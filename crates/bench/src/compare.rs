@@ -37,6 +37,13 @@ pub struct Meta {
     pub stock: i64,
     pub users: u64,
     pub quick: bool,
+    /// How many times the rows ran, interleaved (`--rounds`); 1 for a plain comparison.
+    #[serde(default = "one_round")]
+    pub rounds: u32,
+}
+
+fn one_round() -> u32 {
+    1
 }
 
 /// One row of the table: one run.
@@ -66,6 +73,17 @@ pub struct CompareRow {
     pub vs_ceiling: Option<f64>,
     /// attempts_per_s / db-conditional's.
     pub vs_db_conditional: Option<f64>,
+    /// Over several rounds: the lowest and highest of the rounds' own ×ceiling (the row's
+    /// `vs_ceiling` is their median); None for a single round.
+    #[serde(default)]
+    pub vs_ceiling_range: Option<[f64; 2]>,
+    /// The same for ×db-conditional.
+    #[serde(default)]
+    pub vs_db_conditional_range: Option<[f64; 2]>,
+    /// Over several rounds: in how many of them this row was measured; None for a single
+    /// round.
+    #[serde(default)]
+    pub measured_rounds: Option<u32>,
     /// "pass", "FAIL", "n/a" (the ceiling: nothing to check) or "error".
     pub verdict: String,
     pub violations: Vec<String>,
@@ -75,13 +93,31 @@ pub struct CompareRow {
     pub error: Option<String>,
 }
 
+/// One round of a comparison of several rounds: its own rows (their ratios to this
+/// round's own ceiling and db-conditional) and which of the report's `runs` it carried out.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Round {
+    pub rows: Vec<CompareRow>,
+    /// Indexes into `CompareReport::runs`.
+    pub runs: Vec<usize>,
+}
+
 /// The whole comparison: the table's rows, the notes printed under it, and every run's
 /// full result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompareReport {
     pub schema: String,
     pub meta: Meta,
+    /// One round: its rows. Several: per row, the median over the rounds of each figure,
+    /// and of each round's own ratios.
     pub rows: Vec<CompareRow>,
+    /// Each round, in the order run; empty for a single round (its rows are `rows`).
+    #[serde(default)]
+    pub rounds: Vec<Round>,
+    /// The round the charts show: the one whose flashsale ×ceiling is nearest the median
+    /// (0 for a single round).
+    #[serde(default)]
+    pub median_round: usize,
     /// How to read the table, the checks skipped and for which rows, the failures.
     pub notes: Vec<String>,
     /// No flashsale run found a violation (the baselines' checks are reported, not
@@ -89,6 +125,20 @@ pub struct CompareReport {
     pub passed: bool,
     /// The full result of every run that was carried out.
     pub runs: Vec<BenchResult>,
+}
+
+impl CompareReport {
+    /// The runs the charts show: every run of a single round, or the median round's.
+    pub fn chart_runs(&self) -> Vec<&BenchResult> {
+        match self.rounds.get(self.median_round) {
+            None => self.runs.iter().collect(),
+            Some(round) => round
+                .runs
+                .iter()
+                .filter_map(|&i| self.runs.get(i))
+                .collect(),
+        }
+    }
 }
 
 /// The row of a finished run.
@@ -119,6 +169,9 @@ pub fn row_of(r: &BenchResult) -> CompareRow {
         handler_commit_per_order: c.handler_commit_per_order.filter(|_| !ceiling),
         vs_ceiling: None,
         vs_db_conditional: None,
+        vs_ceiling_range: None,
+        vs_db_conditional_range: None,
+        measured_rounds: None,
         verdict: if ceiling {
             "n/a".into()
         } else if r.passed {
@@ -224,36 +277,193 @@ pub fn notes(rows: &[CompareRow]) -> Vec<String> {
     notes
 }
 
-/// The comparison of the runs, in the order given.
+/// The comparison of one round of runs, in the order given.
 pub fn build(meta: Meta, outcomes: Vec<RunOutcome>) -> CompareReport {
-    let mut rows = Vec::with_capacity(outcomes.len());
+    build_rounds(meta, vec![outcomes])
+}
+
+/// The comparison of one or more rounds of the same rows (in the same order each round):
+/// each round's ratios against its own ceiling and db-conditional, and for several rounds
+/// a table of medians (`median_rows`).
+pub fn build_rounds(meta: Meta, outcomes: Vec<Vec<RunOutcome>>) -> CompareReport {
+    let mut rounds = Vec::with_capacity(outcomes.len());
     let mut runs = Vec::new();
-    for o in outcomes {
-        match o.result {
-            Ok(r) => {
-                // The spec's label: the second ceiling run is named apart from the first.
-                rows.push(CompareRow {
-                    label: o.spec.label.clone(),
-                    ..row_of(&r)
-                });
-                runs.push(r);
+    for round in outcomes {
+        let mut rows = Vec::with_capacity(round.len());
+        let mut indexes = Vec::with_capacity(round.len());
+        for o in round {
+            match o.result {
+                Ok(r) => {
+                    // The spec's label: the second ceiling run is named apart from the first.
+                    rows.push(CompareRow {
+                        label: o.spec.label.clone(),
+                        ..row_of(&r)
+                    });
+                    indexes.push(runs.len());
+                    runs.push(r);
+                }
+                Err(e) => rows.push(error_row(&o.spec, &e)),
             }
-            Err(e) => rows.push(error_row(&o.spec, &e)),
         }
+        add_ratios(&mut rows);
+        rounds.push(Round {
+            rows,
+            runs: indexes,
+        });
     }
-    add_ratios(&mut rows);
+    let (rows, median_round) = if rounds.len() == 1 {
+        (rounds.pop().map(|r| r.rows).unwrap_or_default(), 0)
+    } else {
+        let per_round: Vec<&[CompareRow]> = rounds.iter().map(|r| r.rows.as_slice()).collect();
+        (median_rows(&per_round), median_round(&per_round))
+    };
+    let mut notes = notes(&rows);
+    if !rounds.is_empty() {
+        notes.insert(
+            1,
+            format!(
+                "{} rounds, interleaved (every row once per round, in the table's order): each figure is the median over the rounds that measured the row; ×ceiling and ×{} are the medians of each round's own ratios, their lowest and highest in brackets; the charts show round {}, whose flashsale ×ceiling is nearest the median.",
+                rounds.len(),
+                REFERENCE.name(),
+                median_round + 1
+            ),
+        );
+    }
     CompareReport {
         schema: SCHEMA.into(),
-        notes: notes(&rows),
+        notes,
         passed: flashsale_passed(&rows),
         meta,
         rows,
+        rounds,
+        median_round,
         runs,
     }
 }
 
+/// The median of `values` (the mean of the middle two for an even count); None when empty.
+pub fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.retain(|v| v.is_finite());
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
+}
+
+fn range(values: &[f64]) -> Option<[f64; 2]> {
+    let low = values.iter().copied().reduce(f64::min)?;
+    let high = values.iter().copied().reduce(f64::max)?;
+    Some([low, high])
+}
+
+/// Per row position, the median of each figure over the rounds that measured it; ratios
+/// are the medians of each round's own ratios (each round's drift stays inside it). A row
+/// failed if it failed in any round, and is an error only if no round measured it.
+pub fn median_rows(rounds: &[&[CompareRow]]) -> Vec<CompareRow> {
+    let width = rounds.iter().map(|r| r.len()).max().unwrap_or(0);
+    (0..width)
+        .map(|i| {
+            let all: Vec<&CompareRow> = rounds.iter().filter_map(|r| r.get(i)).collect();
+            let measured: Vec<&CompareRow> =
+                all.iter().copied().filter(|r| r.error.is_none()).collect();
+            let Some(first) = measured.first().or(all.first()) else {
+                return CompareRow::default();
+            };
+            let of = |pick: &dyn Fn(&CompareRow) -> Option<f64>| -> Vec<f64> {
+                measured.iter().filter_map(|r| pick(r)).collect()
+            };
+            let med = |pick: &dyn Fn(&CompareRow) -> Option<f64>| median(of(pick));
+            let med_u64 = |pick: &dyn Fn(&CompareRow) -> Option<u64>| {
+                median(
+                    measured
+                        .iter()
+                        .filter_map(|r| pick(r))
+                        .map(|v| v as f64)
+                        .collect(),
+                )
+                .map(|v| v.round() as u64)
+            };
+            let vs_ceiling = of(&|r| r.vs_ceiling);
+            let vs_reference = of(&|r| r.vs_db_conditional);
+            let mut violations = Vec::new();
+            let mut errors = Vec::new();
+            for (round, r) in all.iter().enumerate() {
+                violations.extend(
+                    r.violations
+                        .iter()
+                        .map(|v| format!("round {}: {v}", round + 1)),
+                );
+                if let Some(e) = &r.error {
+                    errors.push(format!("round {}: {e}", round + 1));
+                }
+            }
+            let verdict = if measured.is_empty() {
+                "error"
+            } else if measured.iter().any(|r| r.verdict == "FAIL") {
+                "FAIL"
+            } else {
+                first.verdict.as_str()
+            };
+            CompareRow {
+                label: first.label.clone(),
+                target: first.target.clone(),
+                strategy: first.strategy.clone(),
+                attempts_per_s: med(&|r| r.attempts_per_s),
+                orders_per_s: med(&|r| r.orders_per_s),
+                orders: med_u64(&|r| r.orders),
+                p50_us: med_u64(&|r| r.p50_us),
+                p99_us: med_u64(&|r| r.p99_us),
+                redis_commands_per_order: med(&|r| r.redis_commands_per_order),
+                redis_script_calls_per_order: med(&|r| r.redis_script_calls_per_order),
+                com_commit_per_order: med(&|r| r.com_commit_per_order),
+                handler_commit_per_order: med(&|r| r.handler_commit_per_order),
+                vs_ceiling: median(vs_ceiling.clone()),
+                vs_db_conditional: median(vs_reference.clone()),
+                vs_ceiling_range: range(&vs_ceiling),
+                vs_db_conditional_range: range(&vs_reference),
+                measured_rounds: Some(measured.len() as u32),
+                verdict: verdict.to_owned(),
+                violations,
+                skipped_checks: first.skipped_checks.clone(),
+                error: (!errors.is_empty()).then(|| errors.join("; ")),
+            }
+        })
+        .collect()
+}
+
+/// The round whose flashsale ×ceiling is nearest the median of them (the first such; 0
+/// when no round measured flashsale).
+pub fn median_round(rounds: &[&[CompareRow]]) -> usize {
+    let flashsale = |rows: &[CompareRow]| {
+        rows.iter()
+            .find(|r| r.strategy.as_deref() == Some(Strategy::Flashsale.name()))
+            .and_then(|r| r.vs_ceiling)
+    };
+    let Some(mid) = median(rounds.iter().filter_map(|r| flashsale(r)).collect()) else {
+        return 0;
+    };
+    rounds
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| flashsale(r).map(|v| (i, (v - mid).abs())))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map_or(0, |(i, _)| i)
+}
+
 fn dash<T>(v: Option<T>, f: impl Fn(T) -> String) -> String {
     v.map_or_else(|| "-".to_owned(), f)
+}
+
+/// A ratio, "2.50×", with the rounds' lowest and highest when there were several:
+/// "2.50× (2.10–2.80)".
+fn ratio_cell(value: Option<f64>, range: Option<[f64; 2]>) -> String {
+    match (value, range) {
+        (Some(v), Some([low, high])) => format!("{v:.2}× ({low:.2}–{high:.2})"),
+        (v, _) => dash(v, |v| format!("{v:.2}×")),
+    }
 }
 
 /// A row's cells in the table's column order.
@@ -273,8 +483,8 @@ pub fn cells(r: &CompareRow) -> Vec<String> {
         dash(r.redis_script_calls_per_order, |v| format!("{v:.2}")),
         dash(r.com_commit_per_order, |v| format!("{v:.2}")),
         dash(r.handler_commit_per_order, |v| format!("{v:.2}")),
-        dash(r.vs_ceiling, |v| format!("{v:.2}×")),
-        dash(r.vs_db_conditional, |v| format!("{v:.2}×")),
+        ratio_cell(r.vs_ceiling, r.vs_ceiling_range),
+        ratio_cell(r.vs_db_conditional, r.vs_db_conditional_range),
         checks,
     ]
 }
@@ -301,26 +511,11 @@ pub fn headers() -> Vec<String> {
     .collect()
 }
 
-/// The comparison as text: a header line, the table (first and last columns left
-/// aligned, figures right aligned), the notes, and the verdict.
-pub fn table(report: &CompareReport) -> String {
-    let m = &report.meta;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "flashsale-bench compare — {}{} — {} — {} attempts, stock {}, {} users, seed {} — started {}",
-        m.scenario,
-        if m.quick { " (quick)" } else { "" },
-        m.load,
-        m.attempts_max,
-        m.stock,
-        m.users,
-        m.seed,
-        m.started_at
-    );
-    let _ = writeln!(out);
+/// `rows` as lines of aligned cells under the headers (first and last columns left
+/// aligned, figures right aligned), then an empty line.
+fn grid(out: &mut String, rows: &[CompareRow]) {
     let mut grid = vec![headers()];
-    grid.extend(report.rows.iter().map(cells));
+    grid.extend(rows.iter().map(cells));
     let columns = grid[0].len();
     let widths: Vec<usize> = (0..columns)
         .map(|i| {
@@ -348,8 +543,43 @@ pub fn table(report: &CompareReport) -> String {
         let _ = writeln!(out, "{}", line.trim_end());
     }
     let _ = writeln!(out);
+}
+
+/// The comparison as text: a header line, the table (first and last columns left
+/// aligned, figures right aligned), the notes, and the verdict.
+pub fn table(report: &CompareReport) -> String {
+    let m = &report.meta;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "flashsale-bench compare — {}{} — {} — {} attempts, stock {}, {} users, seed {} — started {}",
+        m.scenario,
+        if m.quick { " (quick)" } else { "" },
+        m.load,
+        m.attempts_max,
+        m.stock,
+        m.users,
+        m.seed,
+        m.started_at
+    );
+    let _ = writeln!(out);
+    if !report.rounds.is_empty() {
+        let _ = writeln!(
+            out,
+            "medians over {} rounds (each round's own table follows the notes):",
+            report.rounds.len()
+        );
+    }
+    grid(&mut out, &report.rows);
     for note in &report.notes {
         let _ = writeln!(out, "note: {note}");
+    }
+    if !report.rounds.is_empty() {
+        let _ = writeln!(out);
+    }
+    for (i, round) in report.rounds.iter().enumerate() {
+        let _ = writeln!(out, "round {} of {}:", i + 1, report.rounds.len());
+        grid(&mut out, &round.rows);
     }
     let _ = writeln!(
         out,
@@ -379,6 +609,7 @@ mod tests {
             stock: 5000,
             users: 1500,
             quick: true,
+            rounds: 1,
         }
     }
 
@@ -603,5 +834,115 @@ mod tests {
         assert_eq!(v["schema"], SCHEMA);
         assert!(v["rows"][0]["redis_commands_per_order"].is_null());
         assert_eq!(v["runs"].as_array().map(Vec::len), Some(2));
+    }
+
+    // Checks the median of a few values: odd count the middle one, even count the mean
+    // of the middle two, none for no values; NaN is left out.
+    #[test]
+    fn medians() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median(vec![]), None);
+        assert_eq!(median(vec![f64::NAN, 5.0]), Some(5.0));
+    }
+
+    /// One round: the ceiling at `c`/s, db-conditional at 2,000/s, flashsale at `f`/s.
+    fn round(c: u64, f: u64, passed: bool) -> Vec<RunOutcome> {
+        vec![
+            outcome(ceiling(c)),
+            outcome(run("db-conditional", 2000, true)),
+            outcome(run("flashsale", f, passed)),
+        ]
+    }
+
+    // Checks a comparison of three rounds, the second one on a box that slowed down (its
+    // ceiling 6,000/s and flashsale 3,000/s): each row's throughput is the median of the
+    // rounds' (flashsale 5,400), its ×ceiling the median of each round's own ratio (0.90:
+    // rounds of 0.90, 0.50 and 0.95), with the lowest and highest; the charts show the
+    // round nearest the median (the first); the table holds the medians, then each
+    // round's own table; a violation in any one round fails the comparison and names it.
+    #[test]
+    fn rounds_take_the_median_of_each_rounds_own_ratio() {
+        let report = build_rounds(
+            meta(),
+            vec![
+                round(10_000, 9_000, true),
+                round(6_000, 3_000, true),
+                round(8_000, 7_600, true),
+            ],
+        );
+        let f = &report.rows[2];
+        assert_eq!(f.label, "flashsale");
+        assert_eq!(f.attempts_per_s, Some(7_600.0));
+        assert_eq!(f.vs_ceiling, Some(0.9));
+        assert_eq!(f.vs_ceiling_range, Some([0.5, 0.95]));
+        assert_eq!(f.vs_db_conditional, Some(3.8));
+        assert_eq!(f.vs_db_conditional_range, Some([1.5, 4.5]));
+        assert_eq!(f.measured_rounds, Some(3));
+        assert_eq!(report.rounds.len(), 3);
+        assert_eq!(report.rounds[1].rows[2].vs_ceiling, Some(0.5));
+        assert_eq!(report.median_round, 0);
+        assert_eq!(report.runs.len(), 9);
+        let charted: Vec<u64> = report
+            .chart_runs()
+            .iter()
+            .map(|r| r.attempts.sent)
+            .collect();
+        assert_eq!(charted, vec![10_000, 2000, 9_000]);
+        assert!(report.passed);
+        let text = table(&report);
+        assert!(text.contains("medians over 3 rounds"), "{text}");
+        assert!(text.contains("0.90× (0.50–0.95)"), "{text}");
+        assert!(text.contains("round 2 of 3:"), "{text}");
+        assert!(text.contains("note: 3 rounds, interleaved"), "{text}");
+        let back: CompareReport =
+            serde_json::from_str(&serde_json::to_string(&report).expect("serialize"))
+                .expect("parse back");
+        assert_eq!(back, report);
+
+        let failed = build_rounds(
+            meta(),
+            vec![round(10_000, 9_000, true), round(10_000, 9_000, false)],
+        );
+        assert!(!failed.passed);
+        assert_eq!(failed.rows[2].verdict, "FAIL");
+        assert!(table(&failed).contains(
+            "flashsale: CHECK FAILED: round 2: orders acknowledged 9 exceed the stock 5"
+        ));
+    }
+
+    // Checks a row that could not be carried out in one round of two: its figures are the
+    // other round's, it is not an error row, and the note names the round that failed; a
+    // row no round measured is an error row with empty figures.
+    #[test]
+    fn a_round_that_failed_to_run_a_row_leaves_the_others() {
+        let mut second = round(10_000, 5_000, true);
+        second[2] = RunOutcome {
+            spec: spec("flashsale", Some(Strategy::Flashsale)),
+            result: Err("the server exited during startup".into()),
+        };
+        second[0] = RunOutcome {
+            spec: spec(CEILING_LABEL, None),
+            result: Err("refused".into()),
+        };
+        let mut first = round(10_000, 6_000, true);
+        first[0] = RunOutcome {
+            spec: spec(CEILING_LABEL, None),
+            result: Err("refused".into()),
+        };
+        let report = build_rounds(meta(), vec![first, second]);
+        let f = &report.rows[2];
+        assert_eq!(f.verdict, "pass");
+        assert_eq!(f.measured_rounds, Some(1));
+        assert_eq!(f.vs_db_conditional, Some(3.0));
+        assert_eq!(
+            f.error.as_deref(),
+            Some("round 2: the server exited during startup")
+        );
+        let c = &report.rows[0];
+        assert_eq!(c.verdict, "error");
+        assert_eq!(c.attempts_per_s, None);
+        assert_eq!(f.vs_ceiling, None);
+        assert_eq!(report.runs.len(), 3);
     }
 }

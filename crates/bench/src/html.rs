@@ -770,11 +770,9 @@ pub fn report(r: &BenchResult) -> String {
 }
 
 /// The runs' names in a comparison: their labels, the second ceiling run's apart.
-fn run_names(report: &CompareReport) -> Vec<String> {
+fn run_names(runs: &[&BenchResult]) -> Vec<String> {
     let mut ceilings = 0;
-    report
-        .runs
-        .iter()
+    runs.iter()
         .map(|r| {
             if r.is_ceiling() {
                 ceilings += 1;
@@ -795,10 +793,10 @@ fn is_a_ceiling(r: &BenchResult) -> bool {
 /// Each run's latency percentile curve (of its main requests: purchases, healthz for
 /// the ceiling) on one chart.
 pub fn compare_latency_chart(report: &CompareReport) -> Chart {
-    let series = report
-        .runs
+    let runs = report.chart_runs();
+    let series = runs
         .iter()
-        .zip(run_names(report))
+        .zip(run_names(&runs))
         .zip(RUN_COLORS.iter().cycle())
         .filter_map(|((r, name), color)| {
             let o = r.main_op().filter(|o| o.latency.count > 0)?;
@@ -815,10 +813,10 @@ pub fn compare_latency_chart(report: &CompareReport) -> Chart {
 
 /// Each run's answers per second over time on one chart.
 pub fn compare_throughput_chart(report: &CompareReport) -> Chart {
-    let series = report
-        .runs
+    let runs = report.chart_runs();
+    let series = runs
         .iter()
-        .zip(run_names(report))
+        .zip(run_names(&runs))
         .zip(RUN_COLORS.iter().cycle())
         .map(|((r, name), color)| Series {
             name,
@@ -846,8 +844,22 @@ pub fn compare_throughput_chart(report: &CompareReport) -> Chart {
     }
 }
 
-/// The comparison's page: the table, the notes, the latency and throughput of every run
-/// on shared charts, and each run's checks.
+/// The comparison's table of `rows`, scrolling sideways on a narrow screen.
+fn compare_table(h: &mut String, rows: &[compare::CompareRow]) {
+    h.push_str(r#"<div style="overflow-x: auto"><table><tr>"#);
+    for head in compare::headers() {
+        let _ = write!(h, "<th>{}</th>", escape(&head));
+    }
+    h.push_str("</tr>");
+    for row in rows {
+        self::row(h, &compare::cells(row));
+    }
+    h.push_str("</table></div>");
+}
+
+/// The comparison's page: the table (of medians, over several rounds, followed by each
+/// round's), the notes, the latency and throughput of every run on shared charts (of the
+/// median round, over several), and each run's checks.
 pub fn compare_report(report: &CompareReport) -> String {
     let mut h = String::new();
     let m = &report.meta;
@@ -877,19 +889,19 @@ pub fn compare_report(report: &CompareReport) -> String {
         m.users,
         m.seed
     );
-    h.push_str(r#"<div style="overflow-x: auto"><table><tr>"#);
-    for head in compare::headers() {
-        let _ = write!(h, "<th>{}</th>", escape(&head));
+    if !report.rounds.is_empty() {
+        let _ = write!(h, "<p>Medians over {} rounds:</p>", report.rounds.len());
     }
-    h.push_str("</tr>");
-    for row in &report.rows {
-        self::row(&mut h, &compare::cells(row));
-    }
-    h.push_str("</table></div><ul>");
+    compare_table(&mut h, &report.rows);
+    h.push_str("<ul>");
     for note in &report.notes {
         let _ = write!(h, "<li>{}</li>", escape(note));
     }
     h.push_str("</ul>");
+    for (i, round) in report.rounds.iter().enumerate() {
+        let _ = write!(h, "<h3>Round {} of {}</h3>", i + 1, report.rounds.len());
+        compare_table(&mut h, &round.rows);
+    }
     if !report.runs.is_empty() {
         let _ = write!(
             h,
@@ -899,10 +911,15 @@ pub fn compare_report(report: &CompareReport) -> String {
         );
     }
     h.push_str("<h2>Each run's checks</h2>");
-    for r in &report.runs {
+    for (i, r) in report.runs.iter().enumerate() {
+        let round = report
+            .rounds
+            .iter()
+            .position(|round| round.runs.contains(&i))
+            .map_or_else(String::new, |k| format!(" (round {})", k + 1));
         let _ = write!(
             h,
-            "<h3>{}</h3><p>{} — audit {}</p><ul>",
+            "<h3>{}{round}</h3><p>{} — audit {}</p><ul>",
             escape(&r.label()),
             if r.passed { "pass" } else { "FAIL" },
             escape(&r.checks.audit.status)
@@ -1133,6 +1150,7 @@ mod tests {
                 stock: 600,
                 users: 1000,
                 quick: true,
+                rounds: 1,
             },
             vec![
                 crate::compare::RunOutcome {

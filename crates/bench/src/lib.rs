@@ -140,33 +140,43 @@ async fn run_compare(
     seed: u64,
 ) -> Result<bool, String> {
     let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    let mut outcomes = Vec::with_capacity(runs.len());
-    for (i, spec) in runs.iter().enumerate() {
-        if INTERRUPTED.load(Ordering::Relaxed) {
-            outcomes.push(compare::RunOutcome {
-                spec: spec.clone(),
-                result: Err("not run: interrupted".into()),
-            });
-            continue;
-        }
-        eprintln!(
-            "\nflashsale-bench: ===== compare run {}/{}: {} =====",
-            i + 1,
-            runs.len(),
-            spec.label
-        );
-        let result = run_one(args, sizes, spec, seed).await;
-        match &result {
-            Ok(r) => {
-                eprint!("{}", report::summary_table(r));
-                print_failed_audit(r, &mut std::io::stderr());
+    let rounds = args.rounds;
+    let total = runs.len() * rounds as usize;
+    let mut outcomes = Vec::with_capacity(rounds as usize);
+    for round in 1..=rounds {
+        let mut this_round = Vec::with_capacity(runs.len());
+        for (i, spec) in runs.iter().enumerate() {
+            if INTERRUPTED.load(Ordering::Relaxed) {
+                this_round.push(compare::RunOutcome {
+                    spec: spec.clone(),
+                    result: Err("not run: interrupted".into()),
+                });
+                continue;
             }
-            Err(e) => eprintln!("flashsale-bench: the {} run failed: {e}", spec.label),
+            let of_rounds = if rounds > 1 {
+                format!(" (round {round} of {rounds})")
+            } else {
+                String::new()
+            };
+            eprintln!(
+                "\nflashsale-bench: ===== compare run {}/{total}: {}{of_rounds} =====",
+                (round as usize - 1) * runs.len() + i + 1,
+                spec.label
+            );
+            let result = run_one(args, sizes, spec, seed).await;
+            match &result {
+                Ok(r) => {
+                    eprint!("{}", report::summary_table(r));
+                    print_failed_audit(r, &mut std::io::stderr());
+                }
+                Err(e) => eprintln!("flashsale-bench: the {} run failed: {e}", spec.label),
+            }
+            this_round.push(compare::RunOutcome {
+                spec: spec.clone(),
+                result,
+            });
         }
-        outcomes.push(compare::RunOutcome {
-            spec: spec.clone(),
-            result,
-        });
+        outcomes.push(this_round);
     }
     let meta = compare::Meta {
         scenario: args.scenario.name().into(),
@@ -180,8 +190,9 @@ async fn run_compare(
         stock: sizes.stock,
         users: sizes.users,
         quick: args.quick,
+        rounds,
     };
-    let report = compare::build(meta, outcomes);
+    let report = compare::build_rounds(meta, outcomes);
     println!();
     print!("{}", compare::table(&report));
     if let Some(path) = &args.json {

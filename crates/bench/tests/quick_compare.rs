@@ -5,12 +5,13 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use flashsale_bench::compare::{CompareReport, SCHEMA};
+use flashsale_bench::compare::{CompareReport, CompareRow, SCHEMA};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_flashsale-bench");
-/// A small sustained load per run, so seven spawned debug servers (each started, loaded,
-/// left to go quiet, checked and cleaned up) stay within about a minute.
-const ATTEMPTS: &str = "600";
+/// A small sustained load per run, so two rounds of seven spawned debug servers (each
+/// started, loaded, left to go quiet, checked and cleaned up) stay within about a
+/// minute (half of one on a fast machine).
+const ATTEMPTS: &str = "400";
 const USERS: &str = "300";
 const STOCK: &str = "1000";
 
@@ -29,14 +30,15 @@ fn server_bin() -> PathBuf {
     path
 }
 
-// Checks the comparison end to end by running the real binary: it exits 0 and prints
-// one table; its JSON has the seven rows in order (ceiling, http-post-ceiling,
+// Checks the comparison end to end by running the real binary with two rounds: it exits
+// 0 and prints the table of medians and each round's; its JSON has the seven rows in order (ceiling, http-post-ceiling,
 // db-pessimistic, db-conditional, redis-lua, flashsale, ceiling again), the ceilings
 // without orders or cost per order, the flashsale row's ratio to the ceiling taken
 // against the higher ceiling run (the POST ceiling is not one of them), the POST ceiling
 // answering every attempt 409 sold_out (no order), every purchase row with throughput, latency and
 // ratios to the ceiling and to db-conditional, the baselines passing with their
-// flashsale-specific checks listed as skipped, and flashsale passing its audit.
+// flashsale-specific checks listed as skipped, and flashsale passing its audit, in each
+// round; the medians' ratios are those of the rounds' own ratios (the mean of two).
 #[test]
 fn quick_compare_against_spawned_servers() {
     let server = server_bin();
@@ -54,6 +56,8 @@ fn quick_compare_against_spawned_servers() {
             "--quick",
             "--spawn",
             "--compare",
+            "--rounds",
+            "2",
             "--no-progress",
         ])
         .arg("--server-bin")
@@ -71,7 +75,9 @@ fn quick_compare_against_spawned_servers() {
         "flashsale-bench failed ({:?})\nstdout:\n{stdout}\nstderr:\n{stderr}",
         out.status
     );
-    assert_eq!(stdout.matches("×db-conditional").count(), 2, "{stdout}");
+    let tables = stdout.lines().filter(|l| l.starts_with("strategy")).count();
+    assert_eq!(tables, 3, "the medians and two rounds:\n{stdout}");
+    assert!(stdout.contains("round 2 of 2:"), "{stdout}");
     assert!(stdout.contains("RESULT: PASS"), "{stdout}");
 
     let text = std::fs::read_to_string(&json).expect("JSON written");
@@ -79,7 +85,50 @@ fn quick_compare_against_spawned_servers() {
     let report: CompareReport = serde_json::from_str(&text).expect("JSON parses");
     assert_eq!(report.schema, SCHEMA);
     assert!(report.passed);
-    let labels: Vec<&str> = report.rows.iter().map(|r| r.label.as_str()).collect();
+    assert_eq!(report.meta.rounds, 2);
+    assert_eq!(report.rounds.len(), 2);
+    assert_eq!(report.runs.len(), 14);
+    for (k, round) in report.rounds.iter().enumerate() {
+        check_round(&report, &round.rows, k);
+        assert_eq!(round.runs, (k * 7..k * 7 + 7).collect::<Vec<_>>());
+    }
+    check_round(&report, &report.rows, 0);
+    let flashsale_median = report.rows[5].vs_ceiling.unwrap_or(0.0);
+    let own: Vec<f64> = report
+        .rounds
+        .iter()
+        .map(|r| r.rows[5].vs_ceiling.unwrap_or(0.0))
+        .collect();
+    assert!(
+        (flashsale_median - (own[0] + own[1]) / 2.0).abs() < 1e-9,
+        "{flashsale_median} {own:?}"
+    );
+    assert_eq!(report.rows[5].measured_rounds, Some(2));
+    // The POST ceiling refused every request it was sent, each with flashsale's own
+    // sold-out answer: nothing else (no 503, no 400) hides behind its zero orders.
+    for post in [&report.runs[1], &report.runs[8]] {
+        assert_eq!(post.label(), "http-post-ceiling");
+        let purchases = post.main_op().expect("purchases sent");
+        let sent: u64 = purchases.statuses.values().sum();
+        assert!(sent > 0 && sent == post.attempts.sent, "{purchases:?}");
+        assert_eq!(purchases.statuses.get("409"), Some(&sent), "{purchases:?}");
+        assert_eq!(
+            purchases.errors.get("sold_out"),
+            Some(&sent),
+            "{purchases:?}"
+        );
+    }
+    for flashsale in [&report.runs[5], &report.runs[12]] {
+        assert_eq!(flashsale.label(), "flashsale");
+        assert_eq!(flashsale.checks.audit.status, "passed");
+    }
+}
+
+/// The rows of one round (or the medians, `k` 0): their order, the ceilings without
+/// orders, each purchase row measured, passed and with its ratios; in a round, the
+/// flashsale row's ratio taken against the higher of that round's own ceiling runs.
+fn check_round(report: &CompareReport, rows: &[CompareRow], k: usize) {
+    let labels: Vec<&str> = rows.iter().map(|r| r.label.as_str()).collect();
     assert_eq!(
         labels,
         [
@@ -90,24 +139,27 @@ fn quick_compare_against_spawned_servers() {
             "redis-lua",
             "flashsale",
             "http-ceiling-again"
-        ]
+        ],
+        "round {k}"
     );
-    for ceiling in [&report.rows[0], &report.rows[6]] {
+    for ceiling in [&rows[0], &rows[6]] {
         assert_eq!(ceiling.verdict, "n/a");
         assert_eq!((ceiling.orders, ceiling.com_commit_per_order), (None, None));
         assert!(ceiling.attempts_per_s.unwrap_or(0.0) > 0.0);
     }
-    let higher = report.rows[0]
-        .attempts_per_s
-        .unwrap_or(0.0)
-        .max(report.rows[6].attempts_per_s.unwrap_or(0.0));
-    let flashsale_row = &report.rows[5];
-    let expected = flashsale_row.attempts_per_s.unwrap_or(0.0) / higher;
-    assert!(
-        (flashsale_row.vs_ceiling.unwrap_or(0.0) - expected).abs() < 1e-9,
-        "{flashsale_row:?}"
-    );
-    for row in &report.rows[1..6] {
+    if rows[5].measured_rounds.is_none() {
+        let higher = rows[0]
+            .attempts_per_s
+            .unwrap_or(0.0)
+            .max(rows[6].attempts_per_s.unwrap_or(0.0));
+        let flashsale_row = &rows[5];
+        let expected = flashsale_row.attempts_per_s.unwrap_or(0.0) / higher;
+        assert!(
+            (flashsale_row.vs_ceiling.unwrap_or(0.0) - expected).abs() < 1e-9,
+            "{flashsale_row:?}"
+        );
+    }
+    for row in &rows[1..6] {
         assert_eq!(row.verdict, "pass", "{row:?}");
         let post_ceiling = row.label == "http-post-ceiling";
         assert_eq!(row.orders.unwrap_or(0) > 0, !post_ceiling, "{row:?}");
@@ -119,21 +171,5 @@ fn quick_compare_against_spawned_servers() {
         let baseline = row.label != "flashsale";
         assert_eq!(row.skipped_checks.is_empty(), !baseline, "{row:?}");
     }
-    // The POST ceiling refused every request it was sent, each with flashsale's own
-    // sold-out answer: nothing else (no 503, no 400) hides behind its zero orders.
-    let post = &report.runs[1];
-    assert_eq!(post.label(), "http-post-ceiling");
-    let purchases = post.main_op().expect("purchases sent");
-    let sent: u64 = purchases.statuses.values().sum();
-    assert!(sent > 0 && sent == post.attempts.sent, "{purchases:?}");
-    assert_eq!(purchases.statuses.get("409"), Some(&sent), "{purchases:?}");
-    assert_eq!(
-        purchases.errors.get("sold_out"),
-        Some(&sent),
-        "{purchases:?}"
-    );
-    let flashsale = &report.runs[5];
-    assert_eq!(flashsale.label(), "flashsale");
-    assert_eq!(flashsale.checks.audit.status, "passed");
-    assert_eq!(report.runs.len(), 7);
+    assert!(report.passed);
 }
