@@ -69,6 +69,12 @@ pub struct CompareRow {
     pub redis_script_calls_per_order: Option<f64>,
     pub com_commit_per_order: Option<f64>,
     pub handler_commit_per_order: Option<f64>,
+    /// CPU µs per attempt (per request for the ceiling): the server's, and the whole
+    /// machine's (server, generator, stores, kernel); None when not read.
+    #[serde(default)]
+    pub server_cpu_us: Option<f64>,
+    #[serde(default)]
+    pub machine_cpu_us: Option<f64>,
     /// attempts_per_s / the ceiling's.
     pub vs_ceiling: Option<f64>,
     /// attempts_per_s / db-conditional's.
@@ -167,6 +173,8 @@ pub fn row_of(r: &BenchResult) -> CompareRow {
         redis_script_calls_per_order: c.redis_script_calls_per_order.filter(|_| !ceiling),
         com_commit_per_order: c.com_commit_per_order.filter(|_| !ceiling),
         handler_commit_per_order: c.handler_commit_per_order.filter(|_| !ceiling),
+        server_cpu_us: r.cpu.us_per_attempt.get("server").copied(),
+        machine_cpu_us: r.cpu.us_per_attempt.get("machine").copied(),
         vs_ceiling: None,
         vs_db_conditional: None,
         vs_ceiling_range: None,
@@ -244,6 +252,7 @@ pub fn notes(rows: &[CompareRow]) -> Vec<String> {
         format!("{}: the purchase endpoint with no strategy behind it — every attempt read, parsed and answered 409 sold_out, no store touched: what a POST with a JSON body costs the server and the generator beyond {CEILING_LABEL}'s GET, the floor of any purchase path's cost (a run of one may still measure above it: the machine's speed drifts between runs).", Strategy::HttpPostCeiling.name()),
         "p50, p99: latency of the run's requests (purchase; healthz for the ceiling) from send (open loop: intended send) to answer; 503 re-sends count as requests of their own.".into(),
         "per order: deltas of server-wide counters over the load divided by the orders created — Redis commands (INFO commandstats, including those run inside Lua scripts) and script calls (EVAL/EVALSHA/FCALL round trips); MariaDB Com_commit (COMMIT statements) and Handler_commit (engine commits, autocommit statements included); the server's background workers and anything else on the same Redis or MariaDB are counted too. '-': not measured (the ceilings make no orders).".into(),
+        "srv CPU µs, all CPU µs: CPU time over the load per attempt sent (per request for the ceilings), from /proc — the server's, and the whole machine's busy time (server, generator, Redis, MariaDB, NATS, the kernel's work for them, anything else running); every run's summary splits it by process. It moves less than throughput when the box's share of its host drifts (time the host gives to others is not counted), but still with how fast the CPU runs.".into(),
     ];
     // The same reason applies to several baselines: listed once with their names.
     let mut skipped: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
@@ -420,6 +429,8 @@ pub fn median_rows(rounds: &[&[CompareRow]]) -> Vec<CompareRow> {
                 redis_script_calls_per_order: med(&|r| r.redis_script_calls_per_order),
                 com_commit_per_order: med(&|r| r.com_commit_per_order),
                 handler_commit_per_order: med(&|r| r.handler_commit_per_order),
+                server_cpu_us: med(&|r| r.server_cpu_us),
+                machine_cpu_us: med(&|r| r.machine_cpu_us),
                 vs_ceiling: median(vs_ceiling.clone()),
                 vs_db_conditional: median(vs_reference.clone()),
                 vs_ceiling_range: range(&vs_ceiling),
@@ -483,6 +494,8 @@ pub fn cells(r: &CompareRow) -> Vec<String> {
         dash(r.redis_script_calls_per_order, |v| format!("{v:.2}")),
         dash(r.com_commit_per_order, |v| format!("{v:.2}")),
         dash(r.handler_commit_per_order, |v| format!("{v:.2}")),
+        dash(r.server_cpu_us, |v| format!("{v:.1}")),
+        dash(r.machine_cpu_us, |v| format!("{v:.1}")),
         ratio_cell(r.vs_ceiling, r.vs_ceiling_range),
         ratio_cell(r.vs_db_conditional, r.vs_db_conditional_range),
         checks,
@@ -502,6 +515,8 @@ pub fn headers() -> Vec<String> {
         "Redis eval/ord",
         "COMMIT/ord",
         "Hdl commit/ord",
+        "srv CPU µs",
+        "all CPU µs",
         "×ceiling",
         &format!("×{}", REFERENCE.name()),
         "checks",

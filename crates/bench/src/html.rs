@@ -730,6 +730,14 @@ pub fn report(r: &BenchResult) -> String {
     ] {
         row(&mut h, &[k.to_owned(), v]);
     }
+    for (k, per) in [
+        ("CPU per attempt (/proc)", &r.cpu.us_per_attempt),
+        ("CPU per order (/proc)", &r.cpu.us_per_order),
+    ] {
+        if !per.is_empty() {
+            row(&mut h, &[k.to_owned(), crate::report::cpu_line(per)]);
+        }
+    }
     h.push_str("</table>");
     if !c.redis_commands_by_command.is_empty() {
         h.push_str("<table><tr><th>Redis command</th><th>calls (incl. inside scripts)</th></tr>");

@@ -41,7 +41,7 @@ use cli::{Args, RunSpec, Sizes, Target};
 use load::{Live, LoadOutcome, LoadPlan, Mode, Watcher};
 use probes::{CommitCounters, MysqlProbe, OrdersProbe, RedisProbe, RedisSnapshot};
 use report::{
-    AttemptCounts, AuditOutcome, BenchResult, Checks, Costs, Inventory, Memory, OpResult,
+    AttemptCounts, AuditOutcome, BenchResult, Checks, Costs, Cpu, Inventory, Memory, OpResult,
     OrderCounts, RunConfig, Throughput,
 };
 use server::{ServerEnv, Spawned};
@@ -435,7 +435,10 @@ async fn run_against(
             sizes.users,
         );
     }
+    let hz = probes::clock_ticks_per_s();
+    let cpu_before = probes::cpu_snapshot(pid);
     let outcome = load::run(plan, http.clone(), live.clone(), watcher).await;
+    let cpu_after = probes::cpu_snapshot(pid);
     bar.finish_and_clear();
 
     let redis_after = redis_snapshot(&mut redis).await;
@@ -538,6 +541,7 @@ async fn run_against(
         commits: [commits_before, commits_after],
         keys: [keys_before, keys_after, keys_settled],
         proc,
+        cpu: probes::cpu_seconds(&cpu_before, &cpu_after, hz),
         inventory,
         expiry,
         checks,
@@ -1106,6 +1110,8 @@ struct Built<'a> {
     commits: [Option<CommitCounters>; 2],
     keys: [Option<u64>; 3],
     proc: Option<probes::ProcMemory>,
+    /// CPU seconds over the load by process name (`probes::cpu_seconds`).
+    cpu: BTreeMap<String, f64>,
     inventory: Option<Inventory>,
     expiry: (u64, u64),
     checks: Checks,
@@ -1272,8 +1278,24 @@ fn build_result(b: Built<'_>) -> BenchResult {
             keys_after: b.keys[1],
             keys_settled: b.keys[2],
         },
+        cpu: Cpu {
+            us_per_attempt: per_unit(&b.cpu, sent),
+            us_per_order: per_unit(&b.cpu, orders),
+            seconds: b.cpu,
+        },
         inventory: b.inventory,
         checks: b.checks,
         passed: b.passed,
     }
+}
+
+/// CPU seconds by name as µs per one of `n` things; empty when `n` is 0.
+fn per_unit(seconds: &BTreeMap<String, f64>, n: u64) -> BTreeMap<String, f64> {
+    if n == 0 {
+        return BTreeMap::new();
+    }
+    seconds
+        .iter()
+        .map(|(name, s)| (name.clone(), s * 1e6 / n as f64))
+        .collect()
 }

@@ -408,6 +408,131 @@ pub fn proc_memory(pid: u32) -> Option<ProcMemory> {
         .map(|t| parse_proc_status(&t))
 }
 
+/// The processes whose CPU time a run reads, by name, each with the names its processes
+/// go by in `/proc/<pid>/comm`: every process of those names on the machine counts (the
+/// stores are the shared ones, whoever else uses them).
+pub const CPU_SERVICES: [(&str, &[&str]); 3] = [
+    ("redis", &["redis-server"]),
+    ("mariadb", &["mariadbd", "mysqld"]),
+    ("nats", &["nats-server"]),
+];
+
+/// CPU time used so far, in clock ticks (`utime` + `stime`, every thread, from
+/// `/proc/<pid>/stat`): the server's, the generator's own, each of `CPU_SERVICES`, and
+/// the whole machine's busy time (`/proc/stat`: every CPU's time but idle, iowait and
+/// steal).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CpuSnapshot {
+    /// "server", "generator", then the names of `CPU_SERVICES` → ticks; a process that
+    /// could not be read is left out.
+    pub ticks: BTreeMap<String, u64>,
+    pub machine_busy: Option<u64>,
+}
+
+/// Clock ticks per second of `/proc`'s CPU times (`sysconf(_SC_CLK_TCK)`; the kernel's
+/// `USER_HZ`, 100 on every Linux this runs on, when it cannot be read).
+pub fn clock_ticks_per_s() -> u64 {
+    // SAFETY: sysconf reads a constant of the C library; no memory is touched.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    u64::try_from(hz).ok().filter(|&hz| hz > 0).unwrap_or(100)
+}
+
+/// `utime + stime` out of a `/proc/<pid>/stat` line (fields 14 and 15, counted after
+/// the command name, which may itself hold spaces and parentheses).
+pub fn parse_stat_ticks(text: &str) -> Option<u64> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    // After ")": field 3 (state) is the first; utime is field 14, stime 15.
+    let utime: u64 = fields.nth(11)?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// The machine's busy ticks out of `/proc/stat`'s first line (`cpu  user nice system
+/// idle iowait irq softirq steal guest guest_nice`): user, nice, system, irq and softirq;
+/// not idle or iowait, not steal (time the host gave to someone else), not guest time
+/// (`user` already holds it).
+pub fn parse_machine_busy(text: &str) -> Option<u64> {
+    let line = text.lines().next()?.strip_prefix("cpu ")?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    let field = |i: usize| v.get(i).copied().unwrap_or(0);
+    Some(field(0) + field(1) + field(2) + field(5) + field(6))
+}
+
+fn stat_ticks(pid: &str) -> Option<u64> {
+    parse_stat_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Most `/proc` entries looked at for the stores' processes: a bound on the walk on a
+/// machine with a huge process table.
+const PROC_ENTRIES_MAX: usize = 100_000;
+
+/// The CPU ticks used so far by `server_pid` (if any), this process, every process of
+/// each of `CPU_SERVICES`, and the whole machine. Linux only; elsewhere it is empty.
+pub fn cpu_snapshot(server_pid: Option<u32>) -> CpuSnapshot {
+    let mut ticks = BTreeMap::new();
+    if let Some(t) = server_pid.and_then(|pid| stat_ticks(&pid.to_string())) {
+        ticks.insert("server".to_owned(), t);
+    }
+    if let Some(t) = stat_ticks("self") {
+        ticks.insert("generator".to_owned(), t);
+    }
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for entry in dir.flatten().take(PROC_ENTRIES_MAX) {
+            let name = entry.file_name();
+            let Some(pid) = name
+                .to_str()
+                .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+            else {
+                continue;
+            };
+            let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/comm")) else {
+                continue;
+            };
+            let Some((service, _)) = CPU_SERVICES
+                .iter()
+                .find(|(_, names)| names.contains(&comm.trim_end()))
+            else {
+                continue;
+            };
+            if let Some(t) = stat_ticks(pid) {
+                *ticks.entry((*service).to_owned()).or_insert(0) += t;
+            }
+        }
+    }
+    let machine_busy = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|t| parse_machine_busy(&t));
+    CpuSnapshot {
+        ticks,
+        machine_busy,
+    }
+}
+
+/// CPU seconds per process name between two snapshots ("machine" for the whole
+/// machine's busy time); a name missing from either, or whose ticks went down (a process
+/// of that name exited), is left out.
+pub fn cpu_seconds(before: &CpuSnapshot, after: &CpuSnapshot, hz: u64) -> BTreeMap<String, f64> {
+    let hz = hz.max(1) as f64;
+    let mut out: BTreeMap<String, f64> = after
+        .ticks
+        .iter()
+        .filter_map(|(name, &a)| {
+            let b = *before.ticks.get(name)?;
+            Some((name.clone(), a.checked_sub(b)? as f64 / hz))
+        })
+        .collect();
+    if let (Some(b), Some(a)) = (before.machine_busy, after.machine_busy) {
+        if let Some(d) = a.checked_sub(b) {
+            out.insert("machine".to_owned(), d as f64 / hz);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -489,5 +614,49 @@ mod tests {
         );
         let me = proc_memory(std::process::id()).expect("own /proc entry");
         assert!(me.vm_rss_kb.unwrap_or(0) > 0);
+    }
+
+    // Checks the CPU figures' parsing on real-shaped /proc text: utime + stime of a
+    // process whose name holds spaces and a parenthesis; the machine's busy time leaves
+    // idle, iowait and steal out; the seconds between two snapshots per name, a process that
+    // went away (missing, or fewer ticks) left out.
+    #[test]
+    fn cpu_ticks_and_seconds() {
+        let stat = "1234 (tokio (rt) 1) S 1 1234 1234 0 -1 4194560 500 0 0 0 250 75 0 0 20 0 9 0 100 1000 100 18446744073709551615";
+        assert_eq!(parse_stat_ticks(stat), Some(325));
+        assert_eq!(parse_stat_ticks("garbage"), None);
+        let proc_stat = "cpu  100 5 50 1000 20 3 2 1 0 0\ncpu0 50 2 25 500 10 1 1 0 0 0\n";
+        assert_eq!(parse_machine_busy(proc_stat), Some(160));
+        let before = CpuSnapshot {
+            ticks: BTreeMap::from([
+                ("server".into(), 100),
+                ("generator".into(), 50),
+                ("redis".into(), 900),
+            ]),
+            machine_busy: Some(1000),
+        };
+        let after = CpuSnapshot {
+            ticks: BTreeMap::from([
+                ("server".into(), 350),
+                ("generator".into(), 150),
+                ("redis".into(), 10),
+                ("nats".into(), 5),
+            ]),
+            machine_busy: Some(1600),
+        };
+        let s = cpu_seconds(&before, &after, 100);
+        assert_eq!(
+            s,
+            BTreeMap::from([
+                ("generator".into(), 1.0),
+                ("machine".into(), 6.0),
+                ("server".into(), 2.5)
+            ])
+        );
+        // This process itself is readable, and counts up.
+        let snap = cpu_snapshot(Some(std::process::id()));
+        assert!(snap.ticks.contains_key("server") && snap.ticks.contains_key("generator"));
+        assert!(snap.machine_busy.is_some());
+        assert!(clock_ticks_per_s() > 0);
     }
 }

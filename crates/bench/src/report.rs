@@ -28,6 +28,8 @@ pub struct BenchResult {
     pub timeline: Vec<Bucket>,
     pub costs: Costs,
     pub memory: Memory,
+    #[serde(default)]
+    pub cpu: Cpu,
     /// The product's inventory as the API reports it after the run.
     pub inventory: Option<Inventory>,
     pub checks: Checks,
@@ -173,6 +175,36 @@ pub struct Memory {
     pub keys_before: Option<u64>,
     pub keys_after: Option<u64>,
     pub keys_settled: Option<u64>,
+}
+
+/// CPU time over the load (from its first request sent to its last answer), read from
+/// `/proc` (Linux): the server (with --spawn or --server-pid), the generator itself, every
+/// Redis, MariaDB and NATS process on the machine, and the whole machine's busy time
+/// ("machine": all of the above, the kernel's work for them and anything else running).
+/// Work a run leaves behind after its last answer (events still being delivered) is not
+/// in it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Cpu {
+    /// Seconds of CPU by name: server, generator, redis, mariadb, nats, machine.
+    pub seconds: BTreeMap<String, f64>,
+    /// The same in µs per request of the run's kind sent (purchase attempts; GET
+    /// /healthz for the ceiling).
+    pub us_per_attempt: BTreeMap<String, f64>,
+    /// The same in µs per order created (empty when none was).
+    pub us_per_order: BTreeMap<String, f64>,
+}
+
+/// The order the CPU figures are printed in.
+pub const CPU_NAMES: [&str; 6] = ["server", "generator", "redis", "mariadb", "nats", "machine"];
+
+/// "server 10.8, generator 14.8, …, machine 27.1 µs" for one of `Cpu`'s per-unit maps, in
+/// `CPU_NAMES` order, the names measured only.
+pub fn cpu_line(per: &BTreeMap<String, f64>) -> String {
+    let parts: Vec<String> = CPU_NAMES
+        .iter()
+        .filter_map(|name| per.get(*name).map(|v| format!("{name} {v:.1}")))
+        .collect();
+    format!("{} µs", parts.join(", "))
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -377,6 +409,17 @@ pub fn summary_table(r: &BenchResult) -> String {
         );
         let _ = writeln!(out, "note: {}", r.costs.note);
     }
+    if !r.cpu.us_per_attempt.is_empty() {
+        let _ = writeln!(
+            out,
+            "CPU per {}: {}",
+            if r.is_ceiling() { "request" } else { "attempt" },
+            cpu_line(&r.cpu.us_per_attempt)
+        );
+    }
+    if !r.cpu.us_per_order.is_empty() {
+        let _ = writeln!(out, "CPU per order: {}", cpu_line(&r.cpu.us_per_order));
+    }
     let _ = writeln!(out);
     for line in &r.checks.client_passed {
         let _ = writeln!(out, "check ok: {line}");
@@ -576,6 +619,17 @@ pub(crate) mod tests {
                 keys_before: Some(3),
                 keys_after: Some(603),
                 keys_settled: Some(603),
+            },
+            cpu: Cpu {
+                seconds: BTreeMap::from([("server".into(), 0.3), ("machine".into(), 1.2)]),
+                us_per_attempt: BTreeMap::from([
+                    ("server".into(), 100.0),
+                    ("machine".into(), 400.0),
+                ]),
+                us_per_order: BTreeMap::from([
+                    ("server".into(), 500.0),
+                    ("machine".into(), 2000.0),
+                ]),
             },
             inventory: Some(Inventory {
                 total: 600,

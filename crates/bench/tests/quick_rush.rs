@@ -35,8 +35,9 @@ fn server_bin() -> PathBuf {
 // Checks the quick rush end to end: the bench starts its own flashsale, sells a
 // 100-unit product to 2,000 attempts from 800 users (per-user limit 1, 10% duplicate
 // request_ids), and exits 0 with a JSON result that says it passed — exactly the stock
-// sold, the rest refused with 409 sold_out/limit_exceeded, the audit passed — and an
-// HTML report with the inline SVG plots. It runs the real binary as a user would.
+// sold, the rest refused with 409 sold_out/limit_exceeded, the audit passed, the
+// server's memory and the CPU time of each process read — and an HTML report with the
+// inline SVG plots. It runs the real binary as a user would.
 #[test]
 fn quick_rush_against_a_spawned_server() {
     let server = server_bin();
@@ -100,8 +101,27 @@ fn quick_rush_against_a_spawned_server() {
     assert_eq!(answered, purchase.latency.count);
     assert!(!r.timeline.is_empty());
     assert!(r.throughput.answers_per_s > 0.0);
-    // The spawned server's memory was read from /proc.
+    // The spawned server's memory was read from /proc, and the CPU time of the server,
+    // the generator, the stores and the machine over the load: per attempt and per
+    // order, the server's part of the machine's (2,000 attempts cost the server CPU
+    // time, however fast the machine), and the machine's at least the server's and the
+    // generator's together (give or take a few ticks of sampling).
     assert!(r.memory.server_vm_hwm_kb.unwrap_or(0) > 0);
+    let cpu = |name: &str| r.cpu.seconds.get(name).copied().unwrap_or(0.0);
+    for name in ["server", "generator", "redis", "mariadb", "machine"] {
+        assert!(
+            r.cpu.us_per_attempt.contains_key(name),
+            "{name}: {:?}",
+            r.cpu
+        );
+        assert!(r.cpu.us_per_order.contains_key(name), "{name}: {:?}", r.cpu);
+    }
+    assert!(cpu("server") > 0.0, "{:?}", r.cpu);
+    assert!(
+        cpu("machine") + 0.05 >= cpu("server") + cpu("generator"),
+        "{:?}",
+        r.cpu
+    );
 
     let report = std::fs::read_to_string(&html).expect("HTML written");
     assert!(report.starts_with("<!DOCTYPE html>"));
