@@ -12,7 +12,8 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{BoxError, Json, Router};
-use flashsale_app::Flashsale;
+use flashsale_app::metrics::{index_of, outcome_index, ENDPOINTS, OUTCOMES};
+use flashsale_app::{Flashsale, Metrics, Monitor};
 use flashsale_core::{
     NewProduct, OrderId, ParseError, ProductId, PurchaseRequest, RequestId, SaleWindow, UserId,
 };
@@ -37,7 +38,30 @@ pub struct ApiConfig {
     /// A seeds' strategy serving `POST /v1/purchases` instead of flashsale's own path, for
     /// benchmarks only (`FLASHSALE_STRATEGY`).
     pub baseline: Option<Arc<flashsale_app::baseline::Baseline>>,
+    /// Where every answer is counted.
+    pub metrics: Arc<Metrics>,
+    /// Reads the stores' gauges for `GET /metrics` (None: the endpoint shows the counters
+    /// only).
+    pub monitor: Option<Arc<Monitor>>,
 }
+
+// The `endpoint` labels of the answers, checked against the list at compile time.
+const PURCHASE: usize = index_of(&ENDPOINTS, "purchase");
+const GET_PURCHASE: usize = index_of(&ENDPOINTS, "get_purchase");
+const GET_ORDER: usize = index_of(&ENDPOINTS, "get_order");
+const PAY: usize = index_of(&ENDPOINTS, "pay");
+const CANCEL: usize = index_of(&ENDPOINTS, "cancel");
+const CREATE_PRODUCT: usize = index_of(&ENDPOINTS, "create_product");
+const GET_PRODUCT: usize = index_of(&ENDPOINTS, "get_product");
+const RESTOCK: usize = index_of(&ENDPOINTS, "restock");
+const READYZ: usize = index_of(&ENDPOINTS, "readyz");
+const METRICS: usize = index_of(&ENDPOINTS, "metrics");
+const OTHER: usize = index_of(&ENDPOINTS, "other");
+const CREATED: usize = index_of(&OUTCOMES, "created");
+const REPLAYED: usize = index_of(&OUTCOMES, "replayed");
+const OK: usize = index_of(&OUTCOMES, "ok");
+/// The content type of the OpenMetrics text format.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 #[derive(Clone)]
 struct AppState {
@@ -47,6 +71,7 @@ struct AppState {
 
 pub fn router(service: Arc<Flashsale>, config: ApiConfig) -> Router {
     let in_flight_max = config.in_flight_max;
+    let shed = config.metrics.clone();
     let state = AppState {
         service,
         config: Arc::new(config),
@@ -54,6 +79,7 @@ pub fn router(service: Arc<Flashsale>, config: ApiConfig) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .route("/v1/products", post(create_product))
         .route("/v1/products/{id}", get(get_product))
         .route("/v1/products/{id}/restock", post(restock))
@@ -67,27 +93,72 @@ pub fn router(service: Arc<Flashsale>, config: ApiConfig) -> Router {
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
         .layer(
             ServiceBuilder::new()
-                .layer(HandleErrorLayer::new(overloaded))
+                .layer(HandleErrorLayer::new(move |_: BoxError| {
+                    let shed = shed.clone();
+                    async move {
+                        shed.answered_at(OTHER, outcome_index("unavailable"));
+                        overloaded()
+                    }
+                }))
                 .load_shed()
                 .concurrency_limit(in_flight_max),
         )
         .with_state(state)
 }
 
-async fn overloaded(_: BoxError) -> ApiError {
+fn overloaded() -> ApiError {
     ApiError::unavailable("too many requests in flight; retry shortly")
 }
 
-async fn not_found() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+async fn not_found(State(state): State<AppState>) -> Response {
+    counted::<()>(
+        &state,
+        OTHER,
+        Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no such endpoint",
+        )),
+    )
 }
 
-async fn method_not_allowed() -> ApiError {
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        "method not allowed on this endpoint",
+async fn method_not_allowed(State(state): State<AppState>) -> Response {
+    counted::<()>(
+        &state,
+        OTHER,
+        Err(ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "method not allowed on this endpoint",
+        )),
     )
+}
+
+/// The answer of `result`, counted under `endpoint` (an index into `ENDPOINTS`) with its
+/// outcome: its error code, or for a success `created` (201), `replayed` (a purchase's
+/// 200: the original order again) or `ok`.
+fn counted<T: IntoResponse>(
+    state: &AppState,
+    endpoint: usize,
+    result: Result<T, ApiError>,
+) -> Response {
+    let metrics = &state.config.metrics;
+    match result {
+        Ok(answer) => {
+            let response = answer.into_response();
+            let outcome = match response.status() {
+                StatusCode::CREATED => CREATED,
+                _ if endpoint == PURCHASE => REPLAYED,
+                _ => OK,
+            };
+            metrics.answered_at(endpoint, outcome);
+            response
+        }
+        Err(e) => {
+            metrics.answered_at(endpoint, outcome_index(e.code));
+            e.into_response()
+        }
+    }
 }
 
 /// The raw body, with axum's own rejections (too large, unreadable) turned into our JSON
@@ -181,65 +252,106 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// Not counted: a liveness probe's count tells nothing, and this endpoint stays the
+/// benchmark's trivial yardstick (the HTTP ceiling), as cheap as an answer gets.
 async fn healthz() -> impl IntoResponse {
     Json(serde_json::json!({"status": "ok"}))
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {
-    match deadline(&state, state.service.ready()).await {
-        Ok(()) => Json(serde_json::json!({"status": "ready"})).into_response(),
-        Err(e) => e.into_response(),
-    }
+    let ready = deadline(&state, state.service.ready())
+        .await
+        .map(|()| Json(serde_json::json!({"status": "ready"})));
+    counted(&state, READYZ, ready)
+}
+
+/// Every metric in the OpenMetrics text format, the stores' gauges read now (bounded by
+/// the request deadline as a whole and by the monitor's timeout per store).
+async fn metrics(State(state): State<AppState>) -> Response {
+    let text = match &state.config.monitor {
+        Some(monitor) => {
+            let scrape = async { Ok::<_, flashsale_app::Error>(monitor.scrape().await) };
+            within(state.config.request_timeout, scrape).await
+        }
+        None => Ok(state.config.metrics.encode()),
+    };
+    counted(
+        &state,
+        METRICS,
+        text.map(|text| ([(header::CONTENT_TYPE, OPENMETRICS)], text)),
+    )
 }
 
 async fn create_product(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Body(body): Body,
+    body: Result<Body, ApiError>,
+) -> Response {
+    let result = create_product_of(&state, &headers, body).await;
+    counted(&state, CREATE_PRODUCT, result)
+}
+
+async fn create_product_of(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Result<Body, ApiError>,
 ) -> Result<impl IntoResponse, ApiError> {
-    require_admin(&state, &headers)?;
+    require_admin(state, headers)?;
+    let Body(body) = body?;
     let b: NewProductBody = json(&body)?;
     let window = SaleWindow::new(b.sale_starts_at, b.sale_ends_at).map_err(invalid)?;
     let new = NewProduct::parse(b.product_id, &b.name, b.stock, b.per_user_limit, window)
         .map_err(invalid)?;
-    let view = deadline(&state, state.service.create_product(new)).await?;
+    let view = deadline(state, state.service.create_product(new)).await?;
     Ok((StatusCode::CREATED, Json(ProductJson::from(&view))))
 }
 
-async fn get_product(
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-) -> Result<Json<ProductJson>, ApiError> {
-    let id = ProductId::parse(path_id(&id, "product_id")?).map_err(invalid)?;
-    let view = deadline(&state, state.service.product_view(id)).await?;
-    Ok(Json(ProductJson::from(&view)))
+async fn get_product(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+    let result = async {
+        let id = ProductId::parse(path_id(&id, "product_id")?).map_err(invalid)?;
+        let view = deadline(&state, state.service.product_view(id)).await?;
+        Ok::<_, ApiError>(Json(ProductJson::from(&view)))
+    }
+    .await;
+    counted(&state, GET_PRODUCT, result)
 }
 
 async fn restock(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Body(body): Body,
-) -> Result<Json<ProductJson>, ApiError> {
-    require_admin(&state, &headers)?;
-    let id = ProductId::parse(path_id(&id, "product_id")?).map_err(invalid)?;
-    let b: RestockBody = json(&body)?;
-    let restock_id = RequestId::parse("request_id", &b.request_id).map_err(invalid)?;
-    let view = deadline(&state, state.service.restock(id, restock_id, b.quantity)).await?;
-    Ok(Json(ProductJson::from(&view)))
+    body: Result<Body, ApiError>,
+) -> Response {
+    let result = async {
+        require_admin(&state, &headers)?;
+        let Body(body) = body?;
+        let id = ProductId::parse(path_id(&id, "product_id")?).map_err(invalid)?;
+        let b: RestockBody = json(&body)?;
+        let restock_id = RequestId::parse("request_id", &b.request_id).map_err(invalid)?;
+        let view = deadline(&state, state.service.restock(id, restock_id, b.quantity)).await?;
+        Ok::<_, ApiError>(Json(ProductJson::from(&view)))
+    }
+    .await;
+    counted(&state, RESTOCK, result)
 }
 
-async fn purchase(
-    State(state): State<AppState>,
-    Body(body): Body,
+async fn purchase(State(state): State<AppState>, body: Result<Body, ApiError>) -> Response {
+    let result = purchase_of(&state, body).await;
+    counted(&state, PURCHASE, result)
+}
+
+async fn purchase_of(
+    state: &AppState,
+    body: Result<Body, ApiError>,
 ) -> Result<impl IntoResponse, ApiError> {
+    let Body(body) = body?;
     let b: PurchaseBody = json(&body)?;
     let max = state.service.settings().max_quantity_per_order;
     let request = PurchaseRequest::parse(&b.request_id, b.user_id, b.product_id, b.quantity, max)
         .map_err(invalid)?;
     let purchased = match &state.config.baseline {
-        Some(baseline) => deadline(&state, baseline.purchase(request)).await?,
-        None => deadline(&state, state.service.purchase(request)).await?,
+        Some(baseline) => deadline(state, baseline.purchase(request)).await?,
+        None => deadline(state, state.service.purchase(request)).await?,
     };
     let status = if purchased.replay {
         StatusCode::OK
@@ -249,46 +361,58 @@ async fn purchase(
     Ok((status, Json(OrderJson::from(&purchased.order))))
 }
 
-async fn get_purchase(
-    State(state): State<AppState>,
-    Path(request_id): Path<String>,
-) -> Result<Json<OrderJson>, ApiError> {
-    let request_id = RequestId::parse("request_id", &request_id).map_err(invalid)?;
-    let order = deadline(&state, state.service.purchase_record(&request_id)).await?;
-    Ok(Json(OrderJson::from(&order)))
+async fn get_purchase(State(state): State<AppState>, Path(request_id): Path<String>) -> Response {
+    let result = async {
+        let request_id = RequestId::parse("request_id", &request_id).map_err(invalid)?;
+        let order = deadline(&state, state.service.purchase_record(&request_id)).await?;
+        Ok::<_, ApiError>(Json(OrderJson::from(&order)))
+    }
+    .await;
+    counted(&state, GET_PURCHASE, result)
 }
 
-async fn get_order(
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-) -> Result<Json<OrderJson>, ApiError> {
-    let id = OrderId::parse(path_id(&id, "order_id")?).map_err(invalid)?;
-    let order = deadline(&state, state.service.order(id)).await?;
-    Ok(Json(OrderJson::from(&order)))
+async fn get_order(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+    let result = async {
+        let id = OrderId::parse(path_id(&id, "order_id")?).map_err(invalid)?;
+        let order = deadline(&state, state.service.order(id)).await?;
+        Ok::<_, ApiError>(Json(OrderJson::from(&order)))
+    }
+    .await;
+    counted(&state, GET_ORDER, result)
 }
 
 async fn pay(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    Body(body): Body,
-) -> Result<Json<OrderJson>, ApiError> {
-    let id = OrderId::parse(path_id(&id, "order_id")?).map_err(invalid)?;
-    let b: UserBody = json(&body)?;
-    let user = UserId::parse(b.user_id).map_err(invalid)?;
-    let order = deadline(&state, state.service.pay(id, user)).await?;
-    Ok(Json(OrderJson::from(&order)))
+    body: Result<Body, ApiError>,
+) -> Response {
+    let result = async {
+        let Body(body) = body?;
+        let id = OrderId::parse(path_id(&id, "order_id")?).map_err(invalid)?;
+        let b: UserBody = json(&body)?;
+        let user = UserId::parse(b.user_id).map_err(invalid)?;
+        let order = deadline(&state, state.service.pay(id, user)).await?;
+        Ok::<_, ApiError>(Json(OrderJson::from(&order)))
+    }
+    .await;
+    counted(&state, PAY, result)
 }
 
 async fn cancel(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    Body(body): Body,
-) -> Result<Json<OrderJson>, ApiError> {
-    let id = OrderId::parse(path_id(&id, "order_id")?).map_err(invalid)?;
-    let b: UserBody = json(&body)?;
-    let user = UserId::parse(b.user_id).map_err(invalid)?;
-    let order = deadline(&state, state.service.cancel(id, user)).await?;
-    Ok(Json(OrderJson::from(&order)))
+    body: Result<Body, ApiError>,
+) -> Response {
+    let result = async {
+        let Body(body) = body?;
+        let id = OrderId::parse(path_id(&id, "order_id")?).map_err(invalid)?;
+        let b: UserBody = json(&body)?;
+        let user = UserId::parse(b.user_id).map_err(invalid)?;
+        let order = deadline(&state, state.service.cancel(id, user)).await?;
+        Ok::<_, ApiError>(Json(OrderJson::from(&order)))
+    }
+    .await;
+    counted(&state, CANCEL, result)
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use crate::events::{Event, EventType};
+use crate::metrics::Metrics;
 use crate::ports::{Applied, LedgerError, StatsEvent, StatsStore};
 
 /// What one event adds to its product's counters.
@@ -64,11 +65,36 @@ impl std::ops::AddAssign<&StatsDelta> for StatsDelta {
 /// The consumer use case.
 pub struct Consume {
     stats: Arc<dyn StatsStore>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl Consume {
     pub fn new(stats: Arc<dyn StatsStore>) -> Self {
-        Self { stats }
+        Self {
+            stats,
+            metrics: None,
+        }
+    }
+
+    /// Counts the events applied and the failures in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Counts what one application did: the events applied now (not those applied
+    /// before), or a failure.
+    fn count<'a>(&self, result: Result<impl IntoIterator<Item = &'a Applied>, &LedgerError>) {
+        let Some(m) = &self.metrics else { return };
+        match result {
+            Ok(applied) => m.events_applied(
+                applied
+                    .into_iter()
+                    .filter(|a| **a == Applied::Applied)
+                    .count(),
+            ),
+            Err(_) => m.consumer_failed(),
+        }
     }
 
     /// Applies the event unless its id was applied before. An `Err` means the outcome is
@@ -82,7 +108,9 @@ impl Consume {
                 event.product_id,
                 &StatsDelta::of(event),
             )
-            .await?;
+            .await;
+        self.count(applied.as_ref().map(std::iter::once));
+        let applied = applied?;
         if applied == Applied::AlreadyApplied {
             tracing::debug!(event_id = %event.event_id, "event already applied; ignored");
         }
@@ -100,7 +128,9 @@ impl Consume {
                 delta: StatsDelta::of(e),
             })
             .collect();
-        self.stats.apply_all(&items).await
+        let applied = self.stats.apply_all(&items).await;
+        self.count(applied.as_ref());
+        applied
     }
 }
 

@@ -10,6 +10,7 @@ pub mod baseline;
 mod catalog;
 mod error;
 pub mod maintenance;
+pub mod metrics;
 pub mod model;
 pub mod ports;
 mod service;
@@ -17,6 +18,7 @@ pub mod sold_out;
 
 pub use error::Error;
 pub use maintenance::{Maintenance, MaintenanceSettings, Reconciliation, RecoveryReport};
+pub use metrics::{Metrics, Monitor};
 pub use model::*;
 pub use ports::{Clock, GateError, Ledger, LedgerError, StockGate, SystemClock};
 pub use service::{Flashsale, Settings};

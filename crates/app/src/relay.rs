@@ -23,6 +23,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::events::OutboxMessage;
+use crate::metrics::Metrics;
 use crate::ports::{BusError, EventBus, LedgerError, Outbox};
 
 /// Rows one round leases and publishes: large enough that a backlog of a big sale drains
@@ -66,6 +67,8 @@ pub struct Relay {
     bus: Arc<dyn EventBus>,
     /// Names this relay's leases; unique per running instance.
     relay_id: String,
+    /// Where `run` counts the events published and the rounds that failed.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl Relay {
@@ -74,7 +77,14 @@ impl Relay {
             outbox,
             bus,
             relay_id,
+            metrics: None,
         }
+    }
+
+    /// Counts the events published and the failed rounds of `run` in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// One round: leases up to `limit` unsent rows and publishes them, keeping order per
@@ -193,6 +203,9 @@ impl Relay {
             }
             let pause = match self.relay_once(RELAY_BATCH).await {
                 Ok(published) => {
+                    if let Some(m) = &self.metrics {
+                        m.events_published(published);
+                    }
                     if failures > 0 {
                         info!(failed_rounds = failures, "event relay publishing again");
                         failures = 0;
@@ -208,6 +221,9 @@ impl Relay {
                     }
                 }
                 Err(e) => {
+                    if let Some(m) = &self.metrics {
+                        m.relay_failed();
+                    }
                     failures += 1;
                     if failures % WARN_EVERY_FAILURES == 1 {
                         let unsent = self.outbox.unsent().await.ok();

@@ -27,7 +27,7 @@ use async_nats::jetstream::{self, consumer, context, stream};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use flashsale_app::ports::{BusError, EventBus, Outbox, StatsStore};
-use flashsale_app::{Consume, Event, EventType, OutboxMessage, Relay};
+use flashsale_app::{Consume, Event, EventType, Metrics, OutboxMessage, Relay};
 use flashsale_core::{OrderId, ProductId, Quantity, RequestId, UserId};
 use futures::StreamExt;
 use serde::Deserialize;
@@ -105,6 +105,13 @@ const CONSUMER_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// How long stopping waits for the loops to finish their current round (each is bounded
 /// by the timeouts above) before it abandons them.
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long the relay and the consumer wait for the broker's first connection before
+/// their first round: the client connects in the background (a few milliseconds when
+/// NATS is up), and a round before it would only fail, warn and count a failure at every
+/// start. Past it they start anyway and back off as usual (NATS is down).
+const FIRST_CONNECT_GRACE: Duration = Duration::from_secs(2);
+/// How often that wait looks at the connection.
+const FIRST_CONNECT_POLL: Duration = Duration::from_millis(10);
 
 /// Where and how events are published.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -737,6 +744,14 @@ pub async fn run_consumer(
     info!(consumer = CONSUMER_NAME, "event consumer stopped");
 }
 
+/// Waits until `bus` is connected, at most [`FIRST_CONNECT_GRACE`].
+async fn first_connection(bus: &NatsBus) {
+    let deadline = tokio::time::Instant::now() + FIRST_CONNECT_GRACE;
+    while bus.ready().is_err() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(FIRST_CONNECT_POLL).await;
+    }
+}
+
 /// The relay and consumer loops of one instance.
 pub struct EventWorkers {
     stop: watch::Sender<bool>,
@@ -753,17 +768,23 @@ impl EventWorkers {
         outbox: Arc<dyn Outbox>,
         stats: Arc<dyn StatsStore>,
         relay_id: String,
+        metrics: Arc<Metrics>,
     ) -> Result<Self, BusError> {
         let bus = Arc::new(NatsBus::connect(config).await?);
         let (stop, stopped) = watch::channel(false);
-        let relay = Relay::new(outbox, bus.clone(), relay_id);
+        let relay = Relay::new(outbox, bus.clone(), relay_id).with_metrics(metrics.clone());
         let relay_stopped = stopped.clone();
-        let relay_task = tokio::spawn(async move { relay.run(relay_stopped).await });
-        let consumer_task = tokio::spawn(run_consumer(
-            bus.clone(),
-            Arc::new(Consume::new(stats)),
-            stopped,
-        ));
+        let relay_bus = bus.clone();
+        let relay_task = tokio::spawn(async move {
+            first_connection(&relay_bus).await;
+            relay.run(relay_stopped).await
+        });
+        let consumer_bus = bus.clone();
+        let consume = Arc::new(Consume::new(stats).with_metrics(metrics));
+        let consumer_task = tokio::spawn(async move {
+            first_connection(&consumer_bus).await;
+            run_consumer(consumer_bus, consume, stopped).await
+        });
         Ok(Self {
             stop,
             tasks: vec![relay_task, consumer_task],

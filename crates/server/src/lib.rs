@@ -10,7 +10,9 @@ use std::time::Duration;
 use axum::Router;
 use flashsale_api::ApiConfig;
 use flashsale_app::baseline::{Baseline, Strategy};
-use flashsale_app::{Flashsale, Maintenance, MaintenanceSettings, Settings, SystemClock};
+use flashsale_app::{
+    Flashsale, Maintenance, MaintenanceSettings, Metrics, Monitor, Settings, SystemClock,
+};
 use flashsale_mysql::{LedgerConfig, MysqlLedger};
 use flashsale_redis::{GateConfig, RedisGate};
 use rand::Rng;
@@ -40,9 +42,13 @@ pub(crate) const WORKER_BATCH_SIZE: usize = 500;
 const EVENTS_DATABASE_CONNECTIONS: u32 = 2;
 
 /// Starts the event relay (outbox → NATS JetStream) and the sales-statistics consumer,
-/// on a database pool of their own. Returns at once, whether NATS is up or not: the
-/// broker is connected to in the background, and purchases never wait for it.
-pub async fn start_events(config: &Config) -> Result<flashsale_nats::EventWorkers, String> {
+/// on a database pool of their own, counting their work in `metrics`. Returns at once,
+/// whether NATS is up or not: the broker is connected to in the background, and
+/// purchases never wait for it.
+pub async fn start_events(
+    config: &Config,
+    metrics: Arc<Metrics>,
+) -> Result<flashsale_nats::EventWorkers, String> {
     let ledger = Arc::new(
         MysqlLedger::connect(&LedgerConfig {
             url: config.database_url.clone(),
@@ -64,9 +70,15 @@ pub async fn start_events(config: &Config) -> Result<flashsale_nats::EventWorker
         stream: config.nats_stream.clone(),
         events_per_message: config.nats_events_per_message,
     };
-    flashsale_nats::EventWorkers::start(nats, ledger.clone(), ledger, format!("relay-{relay_id}"))
-        .await
-        .map_err(|e| format!("events: {e}"))
+    flashsale_nats::EventWorkers::start(
+        nats,
+        ledger.clone(),
+        ledger,
+        format!("relay-{relay_id}"),
+        metrics,
+    )
+    .await
+    .map_err(|e| format!("events: {e}"))
 }
 
 /// A wired service.
@@ -75,6 +87,8 @@ pub struct App {
     pub service: Arc<Flashsale>,
     pub maintenance: Arc<Maintenance>,
     pub admin_token: String,
+    /// What `GET /metrics` shows; the workers and event loops count into it too.
+    pub metrics: Arc<Metrics>,
 }
 
 pub async fn connect_ledger(config: &Config) -> Result<MysqlLedger, String> {
@@ -166,6 +180,14 @@ pub async fn build(config: &Config) -> Result<App, String> {
             )))
         }
     };
+    let metrics = Arc::new(Metrics::new());
+    let monitor = Arc::new(Monitor::new(
+        metrics.clone(),
+        gate.clone(),
+        ledger.clone(),
+        ledger.clone(),
+        Some(ledger.clone()),
+    ));
     let service = Arc::new(Flashsale::new(
         gate,
         ledger,
@@ -194,6 +216,8 @@ pub async fn build(config: &Config) -> Result<App, String> {
             in_flight_max: config.in_flight_max,
             request_timeout: config.request_timeout,
             baseline,
+            metrics: metrics.clone(),
+            monitor: Some(monitor),
         },
     );
     Ok(App {
@@ -201,6 +225,7 @@ pub async fn build(config: &Config) -> Result<App, String> {
         service,
         maintenance,
         admin_token,
+        metrics,
     })
 }
 
@@ -211,8 +236,8 @@ pub async fn serve(config: &Config) -> Result<(), String> {
         .await
         .map_err(|e| format!("binding {}: {e}", config.listen))?;
     info!(listen = %config.listen, "flashsale serving");
-    let workers = workers::Workers::spawn(app.maintenance.clone(), config);
-    let events = start_events(config).await?;
+    let workers = workers::Workers::spawn(app.maintenance.clone(), config, app.metrics.clone());
+    let events = start_events(config, app.metrics.clone()).await?;
     axum::serve(listener, app.router)
         .with_graceful_shutdown(shutdown_signal())
         .await

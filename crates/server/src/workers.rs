@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flashsale_app::Maintenance;
+use flashsale_app::{Maintenance, Metrics};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -20,49 +20,65 @@ pub struct Workers {
 }
 
 impl Workers {
-    pub fn spawn(maintenance: Arc<Maintenance>, config: &Config) -> Self {
+    /// Starts the workers; each counts its passes and what they did in `metrics`.
+    pub fn spawn(maintenance: Arc<Maintenance>, config: &Config, metrics: Arc<Metrics>) -> Self {
         let (stop, stopped) = watch::channel(false);
-        let m = maintenance.clone();
+        let (m, k) = (maintenance.clone(), metrics.clone());
         let expiry = tokio::spawn(run(
             "expiry",
             config.expiry_interval,
             stopped.clone(),
+            metrics.clone(),
             move || {
-                let m = m.clone();
-                async move { m.expire_once().await.map(|n| n >= WORKER_BATCH_SIZE) }
+                let (m, k) = (m.clone(), k.clone());
+                async move {
+                    let n = m.expire_once().await?;
+                    k.orders_expired(n);
+                    Ok(n >= WORKER_BATCH_SIZE)
+                }
             },
         ));
-        let m = maintenance.clone();
+        let (m, k) = (maintenance.clone(), metrics.clone());
         let watch = tokio::spawn(run(
             "gate-watch",
             config.gate_watch_interval,
             stopped.clone(),
+            metrics.clone(),
             move || {
-                let m = m.clone();
+                let (m, k) = (m.clone(), k.clone());
                 // Never "busy": one pass rebuilds every product that needs it.
-                async move { m.watch_once().await.map(|_| false) }
+                async move {
+                    k.gates_rebuilt(m.watch_once().await?);
+                    Ok(false)
+                }
             },
         ));
-        let m = maintenance.clone();
+        let (m, k) = (maintenance.clone(), metrics.clone());
         let reconcile = tokio::spawn(run(
             "reconcile",
             config.reconcile_interval,
             stopped.clone(),
+            metrics.clone(),
             move || {
-                let m = m.clone();
+                let (m, k) = (m.clone(), k.clone());
                 // Report only (see Maintenance::reconcile_all), so no settle pause.
-                async move { m.reconcile_all(false, Duration::ZERO).await.map(|_| false) }
+                async move {
+                    k.reconciled(&m.reconcile_all(false, Duration::ZERO).await?);
+                    Ok(false)
+                }
             },
         ));
-        let m = maintenance;
+        let (m, k) = (maintenance, metrics.clone());
         let recovery = tokio::spawn(run(
             "recovery",
             config.recovery_interval,
             stopped,
+            metrics,
             move || {
-                let m = m.clone();
+                let (m, k) = (m.clone(), k.clone());
                 async move {
                     m.recover_once().await.map(|r| {
+                        k.recovered(&r);
                         r.aligned
                             + r.released
                             + r.orphans_released
@@ -91,11 +107,12 @@ impl Workers {
 /// One worker's loop. `pass` returns whether it filled a whole batch (then the next pass
 /// runs at once, to drain a backlog in bounded steps) or an error (logged; retried next
 /// period). Work it could not finish waits for the next period, so a store that is down
-/// is never hammered.
+/// is never hammered. Every pass is counted in `metrics`, by result.
 async fn run<F, Fut>(
     name: &'static str,
     every: Duration,
     mut stopped: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
     pass: F,
 ) where
     F: Fn() -> Fut,
@@ -103,7 +120,9 @@ async fn run<F, Fut>(
 {
     info!(worker = name, every = ?every, "worker started");
     loop {
-        let busy = match pass().await {
+        let result = pass().await;
+        metrics.worker_pass(name, result.is_ok());
+        let busy = match result {
             Ok(busy) => busy,
             Err(e) => {
                 warn!(worker = name, error = %e, "worker pass failed; retrying next period");

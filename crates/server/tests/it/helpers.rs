@@ -47,6 +47,8 @@ pub struct TestApp {
     pub prefix: String,
     /// The instance's workers and checks, driven by tests one pass at a time.
     pub maintenance: std::sync::Arc<flashsale_app::Maintenance>,
+    /// What the instance's `GET /metrics` shows; event workers started for it count here.
+    pub metrics: std::sync::Arc<flashsale_app::Metrics>,
     server: JoinHandle<()>,
 }
 
@@ -95,6 +97,7 @@ impl TestApp {
         let config = Config::from_parts(None, &env).expect("valid test config");
         let app = flashsale::build(&config).await.expect("build app");
         let maintenance = app.maintenance.clone();
+        let metrics = app.metrics.clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -121,6 +124,7 @@ impl TestApp {
             redis,
             prefix,
             maintenance,
+            metrics,
             server,
         }
     }
@@ -328,7 +332,7 @@ impl TestEvents {
         ]);
         env.extend(settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let config = Config::from_parts(None, &env).expect("valid events config");
-        let workers = flashsale::start_events(&config)
+        let workers = flashsale::start_events(&config, app.metrics.clone())
             .await
             .expect("start event workers");
         Self {

@@ -14,6 +14,7 @@ mod faults;
 mod group_commit;
 mod helpers;
 mod invariants;
+mod metrics;
 mod orders;
 mod purchase;
 mod recovery;

@@ -1,0 +1,526 @@
+//! What an operator watches during a sale, as Prometheus metrics (`GET /metrics`, the
+//! OpenMetrics text format): the answers of every endpoint by outcome (the purchases'
+//! refusal and failure rates among them), what the background workers did (payment
+//! timeouts, recoveries, incidents, gate rebuilds, reconciliation drift), the events'
+//! flow (published, applied, waiting in the outbox), whether Redis and MariaDB answer,
+//! and each product's stock.
+//!
+//! Counters are plain atomics, counted where the work happens; the gauges that describe
+//! the stores (`Monitor`) are read when the metrics are scraped, so a scrape shows the
+//! stores as they are, not as a worker last saw them.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tracing::warn;
+
+use crate::maintenance::{Reconciliation, RecoveryReport};
+use crate::ports::{Ledger, LedgerMaintenance, Outbox, StockGate};
+
+/// Most products whose stock one scrape reports (the first by id): each costs a Redis and
+/// a MariaDB read per scrape, and a flash sale's products worth watching are few; a
+/// bound keeps a shop with thousands of products from making each scrape slow and each
+/// series set huge.
+pub const PRODUCTS_MAX: usize = 100;
+/// Longest one store read of a scrape may take before that store counts as down (a
+/// scrape must answer even while a store hangs: that is when it matters most).
+pub const STORE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The HTTP endpoints, as the `endpoint` label names them (`GET /healthz` is not counted:
+/// see the route).
+pub const ENDPOINTS: [&str; 11] = [
+    "purchase",
+    "get_purchase",
+    "get_order",
+    "pay",
+    "cancel",
+    "create_product",
+    "get_product",
+    "restock",
+    "readyz",
+    "metrics",
+    "other",
+];
+
+/// The outcomes, as the `outcome` label names them: a success (`created` and `replayed`
+/// for purchases, `ok` for the rest) or the answer's error code. `sold_out` first: most of
+/// a flash sale's answers are that refusal, found at the first comparison.
+pub const OUTCOMES: [&str; 20] = [
+    "sold_out",
+    "created",
+    "replayed",
+    "ok",
+    "limit_exceeded",
+    "invalid_request",
+    "payload_too_large",
+    "unauthorized",
+    "not_found",
+    "method_not_allowed",
+    "product_not_found",
+    "order_not_found",
+    "product_exists",
+    "sale_not_active",
+    "request_id_conflict",
+    "request_released",
+    "order_not_payable",
+    "order_expired",
+    "order_not_cancellable",
+    "unavailable",
+];
+
+/// Where `name` is in `list`, at compile time (a name missing from it fails the build).
+pub const fn index_of(list: &[&str], name: &str) -> usize {
+    let mut i = 0;
+    while i < list.len() {
+        let (a, b) = (list[i].as_bytes(), name.as_bytes());
+        if a.len() == b.len() {
+            let mut j = 0;
+            while j < a.len() && a[j] == b[j] {
+                j += 1;
+            }
+            if j == a.len() {
+                return i;
+            }
+        }
+        i += 1;
+    }
+    panic!("not in the list")
+}
+
+/// The index of an error code in `OUTCOMES`, or `OUTCOMES.len()` ("other") for one it
+/// does not know.
+pub fn outcome_index(code: &str) -> usize {
+    OUTCOMES
+        .iter()
+        .position(|&o| o == code)
+        .unwrap_or(OUTCOMES.len())
+}
+
+/// The outcome label of an error code this list does not know (a code added to the API
+/// and not here): still counted, never dropped.
+const OTHER_OUTCOME: &str = "other";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HttpLabels {
+    endpoint: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WorkerLabels {
+    worker: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabels {
+    action: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreLabels {
+    store: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StockLabels {
+    product_id: String,
+    state: &'static str,
+}
+
+/// Every metric of one server process, registered in its own registry.
+pub struct Metrics {
+    registry: Registry,
+    responses: Family<HttpLabels, Counter>,
+    /// `responses`' counters by (endpoint, outcome) index, taken out of the family on
+    /// first use: counting an answer is then one atomic add, no hashing, no lock.
+    cells: Box<[OnceLock<Counter>]>,
+    worker_passes: Family<WorkerLabels, Counter>,
+    orders_expired: Counter,
+    recovery: Family<ActionLabels, Counter>,
+    incidents: Counter,
+    gate_rebuilds: Counter,
+    drift_products: Gauge,
+    drift_units: Gauge,
+    events_published: Counter,
+    relay_failures: Counter,
+    events_applied: Counter,
+    consumer_failures: Counter,
+    store_up: Family<StoreLabels, Gauge>,
+    outbox_unsent: Gauge,
+    stock: Family<StockLabels, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("flashsale");
+        let responses = Family::<HttpLabels, Counter>::default();
+        registry.register(
+            "http_responses",
+            "Answers by endpoint and outcome (a success, or the error code answered)",
+            responses.clone(),
+        );
+        let worker_passes = Family::<WorkerLabels, Counter>::default();
+        registry.register(
+            "worker_passes",
+            "Passes of each background worker, by result (ok, or error: a store did not answer)",
+            worker_passes.clone(),
+        );
+        let orders_expired = Counter::default();
+        registry.register(
+            "orders_expired",
+            "Unpaid orders cancelled at their payment deadline, their stock given back",
+            orders_expired.clone(),
+        );
+        let recovery = Family::<ActionLabels, Counter>::default();
+        registry.register(
+            "recovery_actions",
+            "What recovery did: aligned (the order existed), released (no order: fenced and given back), orphans_released, returns_completed, restocks_completed, deferred (a store did not answer; tried again)",
+            recovery.clone(),
+        );
+        let incidents = Counter::default();
+        registry.register(
+            "recovery_incidents",
+            "Outcomes recovery could not learn after its tries, recorded in recovery_incident for an operator",
+            incidents.clone(),
+        );
+        let gate_rebuilds = Counter::default();
+        registry.register(
+            "gate_rebuilds",
+            "Products whose Redis state was lost and rebuilt from MariaDB's facts in a new stock generation",
+            gate_rebuilds.clone(),
+        );
+        let drift_products = Gauge::default();
+        registry.register(
+            "reconcile_drift_products",
+            "Products whose Redis available count differed from what MariaDB's facts imply at the last reconciliation pass",
+            drift_products.clone(),
+        );
+        let drift_units = Gauge::default();
+        registry.register(
+            "reconcile_drift_units",
+            "Units of that drift, summed over products (absolute values)",
+            drift_units.clone(),
+        );
+        let events_published = Counter::default();
+        registry.register(
+            "events_published",
+            "Outbox events published to NATS JetStream and marked sent by this instance's relay",
+            events_published.clone(),
+        );
+        let relay_failures = Counter::default();
+        registry.register(
+            "relay_failures",
+            "Relay rounds that failed (NATS or MariaDB did not answer); the events wait in the outbox",
+            relay_failures.clone(),
+        );
+        let events_applied = Counter::default();
+        registry.register(
+            "events_applied",
+            "Events the sales-statistics consumer applied (each once, duplicates not counted)",
+            events_applied.clone(),
+        );
+        let consumer_failures = Counter::default();
+        registry.register(
+            "consumer_failures",
+            "Deliveries the consumer could not apply (MariaDB did not answer); redelivered later",
+            consumer_failures.clone(),
+        );
+        let store_up = Family::<StoreLabels, Gauge>::default();
+        registry.register(
+            "store_up",
+            "Whether the store answered when the metrics were read (1) or not (0)",
+            store_up.clone(),
+        );
+        let outbox_unsent = Gauge::default();
+        registry.register(
+            "outbox_unsent",
+            "Events waiting in the outbox to be published, when the metrics were read (-1: MariaDB did not answer)",
+            outbox_unsent.clone(),
+        );
+        let stock = Family::<StockLabels, Gauge>::default();
+        registry.register(
+            "product_stock",
+            "Units of each product (at most 100, the first by id) by state — total, available (Redis), reserved and sold (MariaDB) — when the metrics were read",
+            stock.clone(),
+        );
+        Self {
+            registry,
+            responses,
+            cells: (0..ENDPOINTS.len() * (OUTCOMES.len() + 1))
+                .map(|_| OnceLock::new())
+                .collect(),
+            worker_passes,
+            orders_expired,
+            recovery,
+            incidents,
+            gate_rebuilds,
+            drift_products,
+            drift_units,
+            events_published,
+            relay_failures,
+            events_applied,
+            consumer_failures,
+            store_up,
+            outbox_unsent,
+            stock,
+        }
+    }
+
+    /// Counts one answer of `endpoint` (one of `ENDPOINTS`, else "other") with `outcome`
+    /// (one of `OUTCOMES`, else "other").
+    pub fn answered(&self, endpoint: &str, outcome: &str) {
+        let e = ENDPOINTS
+            .iter()
+            .position(|&x| x == endpoint)
+            .unwrap_or(ENDPOINTS.len() - 1);
+        self.answered_at(e, outcome_index(outcome));
+    }
+
+    /// Counts one answer by index into `ENDPOINTS` and `OUTCOMES` (`OUTCOMES.len()` for
+    /// "other"): the hot path's form, without the name lookups.
+    pub fn answered_at(&self, endpoint: usize, outcome: usize) {
+        let endpoint = endpoint.min(ENDPOINTS.len() - 1);
+        let outcome = outcome.min(OUTCOMES.len());
+        let cell = &self.cells[endpoint * (OUTCOMES.len() + 1) + outcome];
+        cell.get_or_init(|| {
+            self.responses.get_or_create_owned(&HttpLabels {
+                endpoint: ENDPOINTS[endpoint],
+                outcome: OUTCOMES.get(outcome).copied().unwrap_or(OTHER_OUTCOME),
+            })
+        })
+        .inc();
+    }
+
+    /// Counts one pass of `worker`, and what it did.
+    pub fn worker_pass(&self, worker: &'static str, ok: bool) {
+        self.worker_passes
+            .get_or_create(&WorkerLabels {
+                worker,
+                result: if ok { "ok" } else { "error" },
+            })
+            .inc();
+    }
+
+    pub fn orders_expired(&self, n: usize) {
+        self.orders_expired.inc_by(n as u64);
+    }
+
+    pub fn recovered(&self, r: &RecoveryReport) {
+        for (action, n) in [
+            ("aligned", r.aligned),
+            ("released", r.released),
+            ("orphans_released", r.orphans_released),
+            ("returns_completed", r.returns_completed),
+            ("restocks_completed", r.restocks_completed),
+            ("deferred", r.deferred),
+        ] {
+            if n > 0 {
+                self.recovery
+                    .get_or_create(&ActionLabels { action })
+                    .inc_by(n as u64);
+            }
+        }
+        self.incidents.inc_by(r.incidents as u64);
+    }
+
+    pub fn gates_rebuilt(&self, n: usize) {
+        self.gate_rebuilds.inc_by(n as u64);
+    }
+
+    /// The drifts the last reconciliation pass found (an empty list: none).
+    pub fn reconciled(&self, drifted: &[Reconciliation]) {
+        self.drift_products.set(drifted.len() as i64);
+        self.drift_units
+            .set(drifted.iter().map(|r| r.drift.saturating_abs()).sum());
+    }
+
+    pub fn events_published(&self, n: usize) {
+        self.events_published.inc_by(n as u64);
+    }
+
+    pub fn relay_failed(&self) {
+        self.relay_failures.inc();
+    }
+
+    pub fn events_applied(&self, n: usize) {
+        self.events_applied.inc_by(n as u64);
+    }
+
+    pub fn consumer_failed(&self) {
+        self.consumer_failures.inc();
+    }
+
+    /// Every metric in the OpenMetrics text format (what Prometheus scrapes).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            // Only a formatting error of a label: the metrics encoded so far still go out.
+            warn!(error = %e, "encoding metrics failed part-way");
+        }
+        out
+    }
+}
+
+/// Reads the gauges that describe the stores when the metrics are scraped: whether Redis
+/// and MariaDB answer, the outbox's backlog, and the stock of the first `PRODUCTS_MAX`
+/// products. Each read is bounded by `STORE_TIMEOUT`; a store that does not answer shows
+/// as down (and its figures as missing), never as a stale value.
+pub struct Monitor {
+    metrics: Arc<Metrics>,
+    gate: Arc<dyn StockGate>,
+    ledger: Arc<dyn Ledger>,
+    ledger_m: Arc<dyn LedgerMaintenance>,
+    outbox: Option<Arc<dyn Outbox>>,
+}
+
+impl std::fmt::Debug for Monitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Monitor").finish_non_exhaustive()
+    }
+}
+
+async fn bounded<T, E>(f: impl std::future::Future<Output = Result<T, E>>) -> Option<T> {
+    tokio::time::timeout(STORE_TIMEOUT, f).await.ok()?.ok()
+}
+
+impl Monitor {
+    pub fn new(
+        metrics: Arc<Metrics>,
+        gate: Arc<dyn StockGate>,
+        ledger: Arc<dyn Ledger>,
+        ledger_m: Arc<dyn LedgerMaintenance>,
+        outbox: Option<Arc<dyn Outbox>>,
+    ) -> Self {
+        Self {
+            metrics,
+            gate,
+            ledger,
+            ledger_m,
+            outbox,
+        }
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Reads the stores' gauges, then encodes every metric.
+    pub async fn scrape(&self) -> String {
+        let m = &self.metrics;
+        let redis_up = bounded(self.gate.ping()).await.is_some();
+        let mariadb_up = bounded(self.ledger.ping()).await.is_some();
+        for (store, up) in [("redis", redis_up), ("mariadb", mariadb_up)] {
+            m.store_up
+                .get_or_create(&StoreLabels { store })
+                .set(i64::from(up));
+        }
+        if let Some(outbox) = &self.outbox {
+            let unsent = match bounded(outbox.unsent()).await {
+                Some(n) => i64::try_from(n).unwrap_or(i64::MAX),
+                None => -1,
+            };
+            m.outbox_unsent.set(unsent);
+        }
+        // Products gone from the list, or whose figures could not be read this time,
+        // must not keep their last value.
+        m.stock.clear();
+        let mut products = if mariadb_up {
+            bounded(self.ledger_m.loaded_products())
+                .await
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        products.sort();
+        products.truncate(PRODUCTS_MAX);
+        for product_id in products {
+            let id = product_id.to_string();
+            let set = |state: &'static str, v: i64| {
+                m.stock
+                    .get_or_create(&StockLabels {
+                        product_id: id.clone(),
+                        state,
+                    })
+                    .set(v);
+            };
+            if let Some(Some(c)) = bounded(self.ledger.inventory(product_id)).await {
+                set("total", c.total);
+                set("reserved", c.reserved);
+                set("sold", c.sold);
+            }
+            if redis_up {
+                if let Some(Some(available)) = bounded(self.gate.available(product_id)).await {
+                    set("available", available);
+                }
+            }
+        }
+        m.encode()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Checks the text the counters encode to: an answer counted by name and one by
+    // index land in the same series; an unknown endpoint and an unknown code are
+    // counted as "other", not dropped; the worker, recovery and event counters and the
+    // drift gauges appear with their values; the format ends with OpenMetrics' "# EOF".
+    #[test]
+    fn counters_encode_as_openmetrics() {
+        let m = Metrics::new();
+        m.answered("purchase", "sold_out");
+        m.answered_at(
+            0,
+            OUTCOMES.iter().position(|&o| o == "sold_out").unwrap_or(0),
+        );
+        m.answered("purchase", "created");
+        m.answered("nope", "teapot");
+        m.worker_pass("recovery", true);
+        m.worker_pass("recovery", false);
+        m.recovered(&RecoveryReport {
+            released: 2,
+            incidents: 1,
+            ..RecoveryReport::default()
+        });
+        m.events_published(5);
+        m.reconciled(&[]);
+        let text = m.encode();
+        for line in [
+            r#"flashsale_http_responses_total{endpoint="purchase",outcome="sold_out"} 2"#,
+            r#"flashsale_http_responses_total{endpoint="purchase",outcome="created"} 1"#,
+            r#"flashsale_http_responses_total{endpoint="other",outcome="other"} 1"#,
+            r#"flashsale_worker_passes_total{worker="recovery",result="ok"} 1"#,
+            r#"flashsale_worker_passes_total{worker="recovery",result="error"} 1"#,
+            r#"flashsale_recovery_actions_total{action="released"} 2"#,
+            "flashsale_recovery_incidents_total 1",
+            "flashsale_events_published_total 5",
+            "flashsale_reconcile_drift_products 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert!(
+            !text.contains(r#"{action="aligned"}"#),
+            "zero actions add no series:\n{text}"
+        );
+    }
+}
