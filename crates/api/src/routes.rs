@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::error_handling::HandleErrorLayer;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, FromRequest, Path, Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{DefaultBodyLimit, FromRequest, MatchedPath, Path, Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{BoxError, Json, Router};
@@ -18,6 +18,7 @@ use flashsale_core::{
     NewProduct, OrderId, ParseError, ProductId, PurchaseRequest, RequestId, SaleWindow, UserId,
 };
 use serde::de::DeserializeOwned;
+use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::ServiceBuilder;
 
 use crate::error::ApiError;
@@ -93,17 +94,40 @@ pub fn router(service: Arc<Flashsale>, config: ApiConfig) -> Router {
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
         .layer(
             ServiceBuilder::new()
-                .layer(HandleErrorLayer::new(move |_: BoxError| {
-                    let shed = shed.clone();
-                    async move {
-                        shed.answered_at(OTHER, outcome_index("unavailable"));
-                        overloaded()
-                    }
-                }))
+                .layer(HandleErrorLayer::new(
+                    move |method: Method, matched: Option<MatchedPath>, _: BoxError| {
+                        let shed = shed.clone();
+                        async move {
+                            let endpoint = endpoint_of(&method, matched.as_ref());
+                            shed.answered_at(endpoint, outcome_index("unavailable"));
+                            overloaded()
+                        }
+                    },
+                ))
                 .load_shed()
-                .concurrency_limit(in_flight_max),
+                // Global: `Router::layer` wraps each route on its own, and a plain
+                // concurrency limit would then bound each route apart, not the server.
+                .layer(GlobalConcurrencyLimitLayer::new(in_flight_max)),
         )
         .with_state(state)
+}
+
+/// The `endpoint` label of a request, from its method and the route it matched (the
+/// counts of requests shed before their handler ran).
+fn endpoint_of(method: &Method, matched: Option<&MatchedPath>) -> usize {
+    match (method, matched.map(MatchedPath::as_str)) {
+        (&Method::POST, Some("/v1/purchases")) => PURCHASE,
+        (&Method::GET, Some("/v1/purchases/{request_id}")) => GET_PURCHASE,
+        (&Method::GET, Some("/v1/orders/{id}")) => GET_ORDER,
+        (&Method::POST, Some("/v1/orders/{id}/pay")) => PAY,
+        (&Method::POST, Some("/v1/orders/{id}/cancel")) => CANCEL,
+        (&Method::POST, Some("/v1/products")) => CREATE_PRODUCT,
+        (&Method::GET, Some("/v1/products/{id}")) => GET_PRODUCT,
+        (&Method::POST, Some("/v1/products/{id}/restock")) => RESTOCK,
+        (&Method::GET, Some("/readyz")) => READYZ,
+        (&Method::GET, Some("/metrics")) => METRICS,
+        _ => OTHER,
+    }
 }
 
 fn overloaded() -> ApiError {
@@ -183,6 +207,13 @@ impl<S: Send + Sync> FromRequest<S> for Body {
 
 fn json<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))
+}
+
+/// A path parameter, or axum's rejection of it (a segment that is not valid UTF-8 once
+/// percent-decoded) as our JSON `invalid_request`.
+fn path(p: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    p.map(|Path(v)| v)
+        .map_err(|e| ApiError::invalid(e.body_text()))
 }
 
 fn invalid(e: ParseError) -> ApiError {
@@ -266,19 +297,16 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 /// Every metric in the OpenMetrics text format, the stores' gauges read now (bounded by
-/// the request deadline as a whole and by the monitor's timeout per store).
+/// the monitor itself: a scrape answers even while a store hangs).
 async fn metrics(State(state): State<AppState>) -> Response {
     let text = match &state.config.monitor {
-        Some(monitor) => {
-            let scrape = async { Ok::<_, flashsale_app::Error>(monitor.scrape().await) };
-            within(state.config.request_timeout, scrape).await
-        }
-        None => Ok(state.config.metrics.encode()),
+        Some(monitor) => monitor.scrape().await,
+        None => state.config.metrics.encode(),
     };
     counted(
         &state,
         METRICS,
-        text.map(|text| ([(header::CONTENT_TYPE, OPENMETRICS)], text)),
+        Ok::<_, ApiError>(([(header::CONTENT_TYPE, OPENMETRICS)], text)),
     )
 }
 
@@ -296,8 +324,8 @@ async fn create_product_of(
     headers: &HeaderMap,
     body: Result<Body, ApiError>,
 ) -> Result<impl IntoResponse, ApiError> {
-    require_admin(state, headers)?;
     let Body(body) = body?;
+    require_admin(state, headers)?;
     let b: NewProductBody = json(&body)?;
     let window = SaleWindow::new(b.sale_starts_at, b.sale_ends_at).map_err(invalid)?;
     let new = NewProduct::parse(b.product_id, &b.name, b.stock, b.per_user_limit, window)
@@ -306,8 +334,12 @@ async fn create_product_of(
     Ok((StatusCode::CREATED, Json(ProductJson::from(&view))))
 }
 
-async fn get_product(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+async fn get_product(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Response {
     let result = async {
+        let id = path(id)?;
         let id = ProductId::parse(path_id(&id, "product_id")?).map_err(invalid)?;
         let view = deadline(&state, state.service.product_view(id)).await?;
         Ok::<_, ApiError>(Json(ProductJson::from(&view)))
@@ -319,12 +351,13 @@ async fn get_product(State(state): State<AppState>, Path(id): Path<String>) -> R
 async fn restock(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
     body: Result<Body, ApiError>,
 ) -> Response {
     let result = async {
-        require_admin(&state, &headers)?;
+        let id = path(id)?;
         let Body(body) = body?;
+        require_admin(&state, &headers)?;
         let id = ProductId::parse(path_id(&id, "product_id")?).map_err(invalid)?;
         let b: RestockBody = json(&body)?;
         let restock_id = RequestId::parse("request_id", &b.request_id).map_err(invalid)?;
@@ -361,8 +394,12 @@ async fn purchase_of(
     Ok((status, Json(OrderJson::from(&purchased.order))))
 }
 
-async fn get_purchase(State(state): State<AppState>, Path(request_id): Path<String>) -> Response {
+async fn get_purchase(
+    State(state): State<AppState>,
+    request_id: Result<Path<String>, PathRejection>,
+) -> Response {
     let result = async {
+        let request_id = path(request_id)?;
         let request_id = RequestId::parse("request_id", &request_id).map_err(invalid)?;
         let order = deadline(&state, state.service.purchase_record(&request_id)).await?;
         Ok::<_, ApiError>(Json(OrderJson::from(&order)))
@@ -371,8 +408,12 @@ async fn get_purchase(State(state): State<AppState>, Path(request_id): Path<Stri
     counted(&state, GET_PURCHASE, result)
 }
 
-async fn get_order(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+async fn get_order(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Response {
     let result = async {
+        let id = path(id)?;
         let id = OrderId::parse(path_id(&id, "order_id")?).map_err(invalid)?;
         let order = deadline(&state, state.service.order(id)).await?;
         Ok::<_, ApiError>(Json(OrderJson::from(&order)))
@@ -383,10 +424,11 @@ async fn get_order(State(state): State<AppState>, Path(id): Path<String>) -> Res
 
 async fn pay(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
     body: Result<Body, ApiError>,
 ) -> Response {
     let result = async {
+        let id = path(id)?;
         let Body(body) = body?;
         let id = OrderId::parse(path_id(&id, "order_id")?).map_err(invalid)?;
         let b: UserBody = json(&body)?;
@@ -400,10 +442,11 @@ async fn pay(
 
 async fn cancel(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
     body: Result<Body, ApiError>,
 ) -> Response {
     let result = async {
+        let id = path(id)?;
         let Body(body) = body?;
         let id = OrderId::parse(path_id(&id, "order_id")?).map_err(invalid)?;
         let b: UserBody = json(&body)?;

@@ -21,6 +21,7 @@ use tracing::{error, info, warn};
 
 use crate::audit::{self, AuditReport};
 use crate::error::Error;
+use crate::metrics::Metrics;
 use crate::model::PurchaseOutcome;
 use crate::ports::{
     Fence, GateMaintenance, Ledger, LedgerMaintenance, Release, ReleaseOf, Restock, StaleHold,
@@ -52,6 +53,9 @@ pub struct Maintenance {
     ledger_m: Arc<dyn LedgerMaintenance>,
     settings: MaintenanceSettings,
     tries: Mutex<HashMap<RequestId, u32>>,
+    /// Where what the workers do is counted, as it happens (a pass that fails half-way
+    /// still counts what it did).
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// What one recovery pass did.
@@ -104,23 +108,38 @@ impl Maintenance {
             ledger_m,
             settings,
             tries: Mutex::new(HashMap::new()),
+            metrics: None,
         }
+    }
+
+    /// Counts the orders expired, the recoveries and the gate rebuilds in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Cancels unpaid orders past their deadline (on the database's clock) and returns
     /// their units. Returns how many orders it cancelled.
     pub async fn expire_once(&self) -> Result<usize, Error> {
+        let mut expired = 0;
+        let result = self.expire_into(&mut expired).await;
+        if let Some(m) = &self.metrics {
+            m.orders_expired(expired);
+        }
+        result.map(|()| expired)
+    }
+
+    async fn expire_into(&self, expired: &mut usize) -> Result<(), Error> {
         let due = self
             .ledger_m
             .expired_orders(self.settings.batch_size)
             .await?;
-        let mut expired = 0;
         for order in &due {
             let Some(attempt) = self.ledger_m.expire(order).await? else {
                 continue;
             };
             if attempt.applied {
-                expired += 1;
+                *expired += 1;
                 info!(order_id = %order.order_id, request_id = %attempt.order.request_id, "order expired unpaid; cancelled");
             }
             if let Some(of) = attempt.pending_return {
@@ -134,12 +153,23 @@ impl Maintenance {
                 .await;
             }
         }
-        Ok(expired)
+        Ok(())
     }
 
     /// One recovery pass over every loaded product.
     pub async fn recover_once(&self) -> Result<RecoveryReport, Error> {
         let mut report = RecoveryReport::default();
+        let result = self.recover_into(&mut report).await;
+        if let Some(m) = &self.metrics {
+            m.recovered(&report);
+        }
+        if report != RecoveryReport::default() {
+            info!(?report, "recovery pass");
+        }
+        result.map(|()| report)
+    }
+
+    async fn recover_into(&self, report: &mut RecoveryReport) -> Result<(), Error> {
         // Released reservations whose units did not make it back.
         for pending in self
             .ledger_m
@@ -170,7 +200,7 @@ impl Maintenance {
                         "return_impossible",
                         "reservation released but Redis has no hold record to release; \
                          reconciliation must account for its units",
-                        &mut report,
+                        report,
                     )
                     .await
                 }
@@ -214,7 +244,7 @@ impl Maintenance {
                 .await?;
             let mut aligned = Vec::new();
             for hold in stale {
-                self.recover_hold(product_id, hold, &mut aligned, &mut report)
+                self.recover_hold(product_id, hold, &mut aligned, report)
                     .await;
             }
             report.aligned += aligned.len();
@@ -222,10 +252,7 @@ impl Maintenance {
                 self.gate_m.forget_pending(product_id, &aligned).await?;
             }
         }
-        if report != RecoveryReport::default() {
-            info!(?report, "recovery pass");
-        }
-        Ok(report)
+        Ok(())
     }
 
     async fn recover_hold(
@@ -450,6 +477,9 @@ impl Maintenance {
     pub async fn rebuild(&self, product_id: ProductId) -> Result<bool, Error> {
         let plan = self.ledger_m.advance_generation(product_id).await?;
         let applied = self.gate_m.rebuild(product_id, &plan).await?;
+        if let (true, Some(m)) = (applied, &self.metrics) {
+            m.gates_rebuilt(1);
+        }
         warn!(%product_id, generation = plan.generation, available = plan.available, applied,
             "gate rebuilt from the ledger's facts; sales resume");
         Ok(applied)

@@ -10,7 +10,7 @@
 //! stores as they are, not as a worker last saw them.
 
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -22,14 +22,21 @@ use tracing::warn;
 use crate::maintenance::{Reconciliation, RecoveryReport};
 use crate::ports::{Ledger, LedgerMaintenance, Outbox, StockGate};
 
-/// Most products whose stock one scrape reports (the first by id): each costs a Redis and
-/// a MariaDB read per scrape, and a flash sale's products worth watching are few; a
-/// bound keeps a shop with thousands of products from making each scrape slow and each
-/// series set huge.
+/// Most products whose stock one scrape reports (the highest ids, the latest created
+/// when ids grow): each costs a Redis and a MariaDB read per scrape, and a flash sale's
+/// products worth watching are few; a bound keeps a shop with thousands of products from
+/// making each scrape slow and each series set huge.
 pub const PRODUCTS_MAX: usize = 100;
 /// Longest one store read of a scrape may take before that store counts as down (a
 /// scrape must answer even while a store hangs: that is when it matters most).
 pub const STORE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest all of a scrape's store reads may take together; the figures not read by then
+/// are left out and the rest goes out (a slow database must not cost the counters).
+pub const SCRAPE_BUDGET: Duration = Duration::from_secs(3);
+/// A scrape this recent is answered again instead of reading the stores once more: one
+/// scrape at a time reads them, however many scrapers (or anyone else) ask, so
+/// `GET /metrics` cannot be used to load Redis and MariaDB.
+pub const SCRAPE_REUSE: Duration = Duration::from_secs(1);
 
 /// The HTTP endpoints, as the `endpoint` label names them (`GET /healthz` is not counted:
 /// see the route).
@@ -240,7 +247,7 @@ impl Metrics {
         let consumer_failures = Counter::default();
         registry.register(
             "consumer_failures",
-            "Deliveries the consumer could not apply (MariaDB did not answer); redelivered later",
+            "Chunks of events the consumer could not apply (MariaDB did not answer); redelivered later",
             consumer_failures.clone(),
         );
         let store_up = Family::<StoreLabels, Gauge>::default();
@@ -258,7 +265,7 @@ impl Metrics {
         let stock = Family::<StockLabels, Gauge>::default();
         registry.register(
             "product_stock",
-            "Units of each product (at most 100, the first by id) by state — total, available (Redis), reserved and sold (MariaDB) — when the metrics were read",
+            "Units of each product (at most 100, the highest ids) by state — available (Redis), total, reserved and sold (MariaDB) — when the metrics were read",
             stock.clone(),
         );
         Self {
@@ -380,15 +387,18 @@ impl Metrics {
 }
 
 /// Reads the gauges that describe the stores when the metrics are scraped: whether Redis
-/// and MariaDB answer, the outbox's backlog, and the stock of the first `PRODUCTS_MAX`
-/// products. Each read is bounded by `STORE_TIMEOUT`; a store that does not answer shows
-/// as down (and its figures as missing), never as a stale value.
+/// and MariaDB answer, the outbox's backlog, and the stock of `PRODUCTS_MAX` products.
+/// Each read is bounded by `STORE_TIMEOUT` and all of them by `SCRAPE_BUDGET`; a figure
+/// not read is left out (the backlog reads -1), never shown stale. One scrape reads the
+/// stores at a time, and one younger than `SCRAPE_REUSE` is answered again.
 pub struct Monitor {
     metrics: Arc<Metrics>,
     gate: Arc<dyn StockGate>,
     ledger: Arc<dyn Ledger>,
     ledger_m: Arc<dyn LedgerMaintenance>,
     outbox: Option<Arc<dyn Outbox>>,
+    /// The last scrape's text and when its reads began.
+    last: tokio::sync::Mutex<Option<(Instant, String)>>,
 }
 
 impl std::fmt::Debug for Monitor {
@@ -397,8 +407,13 @@ impl std::fmt::Debug for Monitor {
     }
 }
 
-async fn bounded<T, E>(f: impl std::future::Future<Output = Result<T, E>>) -> Option<T> {
-    tokio::time::timeout(STORE_TIMEOUT, f).await.ok()?.ok()
+/// `f`'s value if it answers within `STORE_TIMEOUT` and before `deadline`.
+async fn bounded<T, E>(
+    deadline: Instant,
+    f: impl std::future::Future<Output = Result<T, E>>,
+) -> Option<T> {
+    let limit = deadline.min(Instant::now() + STORE_TIMEOUT);
+    tokio::time::timeout_at(limit.into(), f).await.ok()?.ok()
 }
 
 impl Monitor {
@@ -415,6 +430,7 @@ impl Monitor {
             ledger,
             ledger_m,
             outbox,
+            last: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -422,34 +438,49 @@ impl Monitor {
         &self.metrics
     }
 
-    /// Reads the stores' gauges, then encodes every metric.
+    /// Every metric as text, the stores' gauges read now (or by a scrape younger than
+    /// `SCRAPE_REUSE`, which a concurrent caller waits for).
     pub async fn scrape(&self) -> String {
+        let mut last = self.last.lock().await;
+        if let Some((at, text)) = last.as_ref() {
+            if at.elapsed() < SCRAPE_REUSE {
+                return text.clone();
+            }
+        }
+        let started = Instant::now();
+        self.read_stores(started + SCRAPE_BUDGET).await;
+        let text = self.metrics.encode();
+        *last = Some((started, text.clone()));
+        text
+    }
+
+    async fn read_stores(&self, deadline: Instant) {
         let m = &self.metrics;
-        let redis_up = bounded(self.gate.ping()).await.is_some();
-        let mariadb_up = bounded(self.ledger.ping()).await.is_some();
+        let redis_up = bounded(deadline, self.gate.ping()).await.is_some();
+        let mariadb_up = bounded(deadline, self.ledger.ping()).await.is_some();
         for (store, up) in [("redis", redis_up), ("mariadb", mariadb_up)] {
             m.store_up
                 .get_or_create(&StoreLabels { store })
                 .set(i64::from(up));
         }
         if let Some(outbox) = &self.outbox {
-            let unsent = match bounded(outbox.unsent()).await {
-                Some(n) => i64::try_from(n).unwrap_or(i64::MAX),
-                None => -1,
+            let unsent = match mariadb_up {
+                true => bounded(deadline, outbox.unsent()).await,
+                false => None,
             };
-            m.outbox_unsent.set(unsent);
+            m.outbox_unsent
+                .set(unsent.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX)));
         }
         // Products gone from the list, or whose figures could not be read this time,
         // must not keep their last value.
         m.stock.clear();
-        let mut products = if mariadb_up {
-            bounded(self.ledger_m.loaded_products())
+        let mut products = match mariadb_up {
+            true => bounded(deadline, self.ledger_m.loaded_products())
                 .await
-                .unwrap_or_default()
-        } else {
-            Vec::new()
+                .unwrap_or_default(),
+            false => Vec::new(),
         };
-        products.sort();
+        products.sort_unstable_by(|a, b| b.cmp(a));
         products.truncate(PRODUCTS_MAX);
         for product_id in products {
             let id = product_id.to_string();
@@ -461,18 +492,19 @@ impl Monitor {
                     })
                     .set(v);
             };
-            if let Some(Some(c)) = bounded(self.ledger.inventory(product_id)).await {
+            if let Some(Some(c)) = bounded(deadline, self.ledger.inventory(product_id)).await {
                 set("total", c.total);
                 set("reserved", c.reserved);
                 set("sold", c.sold);
             }
             if redis_up {
-                if let Some(Some(available)) = bounded(self.gate.available(product_id)).await {
+                if let Some(Some(available)) =
+                    bounded(deadline, self.gate.available(product_id)).await
+                {
                     set("available", available);
                 }
             }
         }
-        m.encode()
     }
 }
 

@@ -872,7 +872,7 @@ mod tests {
 
     // Checks a comparison of three rounds, the second one on a box that slowed down (its
     // ceiling 6,000/s and flashsale 3,000/s): each row's throughput is the median of the
-    // rounds' (flashsale 5,400), its ×ceiling the median of each round's own ratio (0.90:
+    // rounds' (flashsale 7,600), its ×ceiling the median of each round's own ratio (0.90:
     // rounds of 0.90, 0.50 and 0.95), with the lowest and highest; the charts show the
     // round nearest the median (the first); the table holds the medians, then each
     // round's own table; a violation in any one round fails the comparison and names it.

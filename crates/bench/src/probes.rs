@@ -423,9 +423,9 @@ pub const CPU_SERVICES: [(&str, &[&str]); 3] = [
 /// steal).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CpuSnapshot {
-    /// "server", "generator", then the names of `CPU_SERVICES` → ticks; a process that
+    /// ("server" | "generator" | a name of `CPU_SERVICES`, pid) → ticks; a process that
     /// could not be read is left out.
-    pub ticks: BTreeMap<String, u64>,
+    pub ticks: BTreeMap<(String, u32), u64>,
     pub machine_busy: Option<u64>,
 }
 
@@ -474,19 +474,18 @@ const PROC_ENTRIES_MAX: usize = 100_000;
 /// each of `CPU_SERVICES`, and the whole machine. Linux only; elsewhere it is empty.
 pub fn cpu_snapshot(server_pid: Option<u32>) -> CpuSnapshot {
     let mut ticks = BTreeMap::new();
-    if let Some(t) = server_pid.and_then(|pid| stat_ticks(&pid.to_string())) {
-        ticks.insert("server".to_owned(), t);
+    if let Some(pid) = server_pid {
+        if let Some(t) = stat_ticks(&pid.to_string()) {
+            ticks.insert(("server".to_owned(), pid), t);
+        }
     }
     if let Some(t) = stat_ticks("self") {
-        ticks.insert("generator".to_owned(), t);
+        ticks.insert(("generator".to_owned(), std::process::id()), t);
     }
     if let Ok(dir) = std::fs::read_dir("/proc") {
         for entry in dir.flatten().take(PROC_ENTRIES_MAX) {
             let name = entry.file_name();
-            let Some(pid) = name
-                .to_str()
-                .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
-            else {
+            let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
                 continue;
             };
             let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/comm")) else {
@@ -498,8 +497,8 @@ pub fn cpu_snapshot(server_pid: Option<u32>) -> CpuSnapshot {
             else {
                 continue;
             };
-            if let Some(t) = stat_ticks(pid) {
-                *ticks.entry((*service).to_owned()).or_insert(0) += t;
+            if let Some(t) = stat_ticks(&pid.to_string()) {
+                ticks.insert(((*service).to_owned(), pid), t);
             }
         }
     }
@@ -513,17 +512,20 @@ pub fn cpu_snapshot(server_pid: Option<u32>) -> CpuSnapshot {
 }
 
 /// CPU seconds per process name between two snapshots ("machine" for the whole
-/// machine's busy time); a name missing from either, or whose ticks went down (a process
-/// of that name exited), is left out.
+/// machine's busy time), summed over the name's processes: each one's ticks since the
+/// first snapshot, or all of them for a process that started since (or whose pid was
+/// reused: its ticks went down). A process that exited in between is lost, its last
+/// ticks unread; a name with no process in the second snapshot is left out.
 pub fn cpu_seconds(before: &CpuSnapshot, after: &CpuSnapshot, hz: u64) -> BTreeMap<String, f64> {
     let hz = hz.max(1) as f64;
-    let mut out: BTreeMap<String, f64> = after
-        .ticks
-        .iter()
-        .filter_map(|(name, &a)| {
-            let b = *before.ticks.get(name)?;
-            Some((name.clone(), a.checked_sub(b)? as f64 / hz))
-        })
+    let mut used: BTreeMap<String, u64> = BTreeMap::new();
+    for ((name, pid), &a) in &after.ticks {
+        let b = before.ticks.get(&(name.clone(), *pid)).copied();
+        *used.entry(name.clone()).or_insert(0) += b.and_then(|b| a.checked_sub(b)).unwrap_or(a);
+    }
+    let mut out: BTreeMap<String, f64> = used
+        .into_iter()
+        .map(|(name, t)| (name, t as f64 / hz))
         .collect();
     if let (Some(b), Some(a)) = (before.machine_busy, after.machine_busy) {
         if let Some(d) = a.checked_sub(b) {
@@ -618,8 +620,9 @@ mod tests {
 
     // Checks the CPU figures' parsing on real-shaped /proc text: utime + stime of a
     // process whose name holds spaces and a parenthesis; the machine's busy time leaves
-    // idle, iowait and steal out; the seconds between two snapshots per name, a process that
-    // went away (missing, or fewer ticks) left out.
+    // idle, iowait and steal out; the seconds between two snapshots per name, summed over
+    // its processes: one that went on counts its ticks since, one that started since all
+    // of its ticks, one that exited nothing; a name seen only before is left out.
     #[test]
     fn cpu_ticks_and_seconds() {
         let stat = "1234 (tokio (rt) 1) S 1 1234 1234 0 -1 4194560 500 0 0 0 250 75 0 0 20 0 9 0 100 1000 100 18446744073709551615";
@@ -629,18 +632,21 @@ mod tests {
         assert_eq!(parse_machine_busy(proc_stat), Some(160));
         let before = CpuSnapshot {
             ticks: BTreeMap::from([
-                ("server".into(), 100),
-                ("generator".into(), 50),
-                ("redis".into(), 900),
+                (("server".into(), 10), 100),
+                (("generator".into(), 11), 50),
+                (("redis".into(), 12), 900),
+                (("redis".into(), 13), 40),
             ]),
             machine_busy: Some(1000),
         };
         let after = CpuSnapshot {
             ticks: BTreeMap::from([
-                ("server".into(), 350),
-                ("generator".into(), 150),
-                ("redis".into(), 10),
-                ("nats".into(), 5),
+                (("server".into(), 10), 350),
+                (("generator".into(), 11), 150),
+                // Redis 12 went on, 13 exited, 14 started since; NATS only now.
+                (("redis".into(), 12), 960),
+                (("redis".into(), 14), 30),
+                (("nats".into(), 15), 5),
             ]),
             machine_busy: Some(1600),
         };
@@ -650,12 +656,16 @@ mod tests {
             BTreeMap::from([
                 ("generator".into(), 1.0),
                 ("machine".into(), 6.0),
+                ("nats".into(), 0.05),
+                ("redis".into(), 0.9),
                 ("server".into(), 2.5)
             ])
         );
         // This process itself is readable, and counts up.
-        let snap = cpu_snapshot(Some(std::process::id()));
-        assert!(snap.ticks.contains_key("server") && snap.ticks.contains_key("generator"));
+        let me = std::process::id();
+        let snap = cpu_snapshot(Some(me));
+        assert!(snap.ticks.contains_key(&("server".to_owned(), me)));
+        assert!(snap.ticks.contains_key(&("generator".to_owned(), me)));
         assert!(snap.machine_busy.is_some());
         assert!(clock_ticks_per_s() > 0);
     }

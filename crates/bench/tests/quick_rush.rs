@@ -108,7 +108,8 @@ fn quick_rush_against_a_spawned_server() {
     // generator's together (give or take a few ticks of sampling).
     assert!(r.memory.server_vm_hwm_kb.unwrap_or(0) > 0);
     let cpu = |name: &str| r.cpu.seconds.get(name).copied().unwrap_or(0.0);
-    for name in ["server", "generator", "redis", "mariadb", "machine"] {
+    // (Redis and MariaDB are read too when they run on this machine; not required here.)
+    for name in ["server", "generator", "machine"] {
         assert!(
             r.cpu.us_per_attempt.contains_key(name),
             "{name}: {:?}",

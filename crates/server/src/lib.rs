@@ -119,8 +119,9 @@ fn maintenance_for(
     config: &Config,
     gate: Arc<RedisGate>,
     ledger: Arc<MysqlLedger>,
+    metrics: Option<Arc<Metrics>>,
 ) -> Arc<Maintenance> {
-    Arc::new(Maintenance::new(
+    let maintenance = Maintenance::new(
         gate.clone(),
         gate,
         ledger.clone(),
@@ -129,7 +130,11 @@ fn maintenance_for(
             recovery_after: config.recovery_after,
             batch_size: WORKER_BATCH_SIZE,
         },
-    ))
+    );
+    Arc::new(match metrics {
+        Some(metrics) => maintenance.with_metrics(metrics),
+        None => maintenance,
+    })
 }
 
 /// The workers and checks without the HTTP side, for the `audit` and `reconcile`
@@ -137,7 +142,7 @@ fn maintenance_for(
 pub async fn connect_maintenance(config: &Config) -> Result<Arc<Maintenance>, String> {
     let ledger = Arc::new(connect_ledger(config).await?);
     let gate = Arc::new(gate_for(config)?);
-    Ok(maintenance_for(config, gate, ledger))
+    Ok(maintenance_for(config, gate, ledger, None))
 }
 
 /// Connects, applies migrations, and builds the router.
@@ -164,7 +169,8 @@ pub async fn build(config: &Config) -> Result<App, String> {
     };
     let ledger = Arc::new(ledger);
     let gate = Arc::new(gate_for(config)?);
-    let maintenance = maintenance_for(config, gate.clone(), ledger.clone());
+    let metrics = Arc::new(Metrics::new());
+    let maintenance = maintenance_for(config, gate.clone(), ledger.clone(), Some(metrics.clone()));
     let baseline = match config.strategy {
         Strategy::Flashsale => None,
         strategy => {
@@ -180,7 +186,6 @@ pub async fn build(config: &Config) -> Result<App, String> {
             )))
         }
     };
-    let metrics = Arc::new(Metrics::new());
     let monitor = Arc::new(Monitor::new(
         metrics.clone(),
         gate.clone(),

@@ -20,37 +20,32 @@ pub struct Workers {
 }
 
 impl Workers {
-    /// Starts the workers; each counts its passes and what they did in `metrics`.
+    /// Starts the workers; each pass is counted in `metrics` by result, and the last
+    /// reconciliation's drift set there (what the passes do, `maintenance` counts itself
+    /// as it happens).
     pub fn spawn(maintenance: Arc<Maintenance>, config: &Config, metrics: Arc<Metrics>) -> Self {
         let (stop, stopped) = watch::channel(false);
-        let (m, k) = (maintenance.clone(), metrics.clone());
+        let m = maintenance.clone();
         let expiry = tokio::spawn(run(
             "expiry",
             config.expiry_interval,
             stopped.clone(),
             metrics.clone(),
             move || {
-                let (m, k) = (m.clone(), k.clone());
-                async move {
-                    let n = m.expire_once().await?;
-                    k.orders_expired(n);
-                    Ok(n >= WORKER_BATCH_SIZE)
-                }
+                let m = m.clone();
+                async move { m.expire_once().await.map(|n| n >= WORKER_BATCH_SIZE) }
             },
         ));
-        let (m, k) = (maintenance.clone(), metrics.clone());
+        let m = maintenance.clone();
         let watch = tokio::spawn(run(
             "gate-watch",
             config.gate_watch_interval,
             stopped.clone(),
             metrics.clone(),
             move || {
-                let (m, k) = (m.clone(), k.clone());
+                let m = m.clone();
                 // Never "busy": one pass rebuilds every product that needs it.
-                async move {
-                    k.gates_rebuilt(m.watch_once().await?);
-                    Ok(false)
-                }
+                async move { m.watch_once().await.map(|_| false) }
             },
         ));
         let (m, k) = (maintenance.clone(), metrics.clone());
@@ -68,17 +63,16 @@ impl Workers {
                 }
             },
         ));
-        let (m, k) = (maintenance, metrics.clone());
+        let m = maintenance;
         let recovery = tokio::spawn(run(
             "recovery",
             config.recovery_interval,
             stopped,
             metrics,
             move || {
-                let (m, k) = (m.clone(), k.clone());
+                let m = m.clone();
                 async move {
                     m.recover_once().await.map(|r| {
-                        k.recovered(&r);
                         r.aligned
                             + r.released
                             + r.orphans_released

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use flashsale::Config;
+use flashsale_app::metrics::SCRAPE_REUSE;
 use flashsale_testkit::TcpProxy;
 use reqwest::StatusCode;
 
@@ -49,7 +50,8 @@ fn responses(endpoint: &str, outcome: &str) -> String {
 // (404) and a method not allowed (405), the counters say exactly that; Redis and
 // MariaDB are up; the product's stock reads total 2, available 0 (from Redis), reserved
 // 2 and sold 0 (from MariaDB); the two order_created events wait in the outbox (no
-// relay runs here); and the answer is OpenMetrics text ending in "# EOF".
+// relay runs here); and the answer is OpenMetrics text ending in "# EOF". A scrape within
+// a second of the last answers its text again; a later one reads and counts anew.
 #[tokio::test]
 async fn metrics_count_every_answer_and_read_the_stores() {
     let app = TestApp::spawn().await;
@@ -117,9 +119,20 @@ async fn metrics_count_every_answer_and_read_the_stores() {
     ] {
         assert_eq!(sample(&text, &series), Some(want), "{series}:\n{text}");
     }
-    // The scrape itself is counted from the next one on.
+    // Within SCRAPE_REUSE the same text is answered again (the stores are not read
+    // again): a refusal since is not in it yet; a second later a new scrape counts it,
+    // and the two scrapes before.
+    let (status, _) = app.purchase("m-4", 7, 4101, 1).await;
+    assert_eq!(status, StatusCode::CONFLICT);
     let (again, _) = scrape(&app).await;
-    assert_eq!(sample(&again, &responses("metrics", "ok")), Some(1.0));
+    assert_eq!(again, text);
+    tokio::time::sleep(SCRAPE_REUSE + Duration::from_millis(100)).await;
+    let (fresh, _) = scrape(&app).await;
+    assert_eq!(
+        sample(&fresh, &responses("purchase", "sold_out")),
+        Some(2.0)
+    );
+    assert_eq!(sample(&fresh, &responses("metrics", "ok")), Some(2.0));
     app.cleanup().await;
 }
 
@@ -196,6 +209,8 @@ async fn metrics_show_a_hanging_redis_as_down() {
     assert_eq!(sample(&text, available), Some(3.0), "{text}");
 
     proxy.blackhole();
+    // Past the reuse of the last scrape's text: this one reads the stores.
+    tokio::time::sleep(SCRAPE_REUSE + Duration::from_millis(100)).await;
     let started = Instant::now();
     let (text, _) = scrape(&app).await;
     let took = started.elapsed();
@@ -220,5 +235,73 @@ async fn metrics_show_a_hanging_redis_as_down() {
         sample(&text, r#"flashsale_store_up{store="redis"}"#) == Some(1.0)
     })
     .await;
+    app.cleanup().await;
+}
+
+// Checks that the in-flight limit bounds the whole server, not each route, and that the
+// requests it sheds are counted under their own endpoint: with FLASHSALE_IN_FLIGHT_MAX=2
+// and Redis hanging (its proxy passes nothing, so a purchase waits about a second for
+// Redis's timeout), two purchases in flight make a GET /v1/orders/{id} — another route,
+// which would otherwise answer 404 at once from MariaDB — answer 503 unavailable; once
+// they are done the same GET answers 404; the metrics count the shed GET as
+// get_order/unavailable.
+#[tokio::test]
+async fn the_in_flight_limit_is_global_and_shed_requests_are_counted() {
+    let proxy = TcpProxy::start(redis_addr()).await.expect("proxy");
+    let app = TestApp::spawn_with(
+        Routes {
+            redis: Some(proxy.addr()),
+            mysql: None,
+        },
+        &[("IN_FLIGHT_MAX", "2")],
+    )
+    .await;
+    app.create_product(4104, 3, None).await;
+    proxy.blackhole();
+    let base = app.base.clone();
+    let http = app.http.clone();
+    let hanging: Vec<_> = (0..2)
+        .map(|i| {
+            let (base, http) = (base.clone(), http.clone());
+            tokio::spawn(async move {
+                http.post(format!("{base}/v1/purchases"))
+                    .header("content-type", "application/json")
+                    .body(format!(
+                        r#"{{"request_id":"hang-{i}","user_id":{},"product_id":4104,"quantity":1}}"#,
+                        i + 1
+                    ))
+                    .send()
+                    .await
+                    .map(|r| r.status())
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, body) = app.get("/v1/orders/987654").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"], "unavailable", "{body}");
+    for h in hanging {
+        let answered = h.await.expect("task").expect("answer");
+        assert_eq!(answered, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    let (status, _) = app.get("/v1/orders/987654").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    proxy.restore();
+    let (text, _) = scrape(&app).await;
+    assert_eq!(
+        sample(&text, &responses("get_order", "unavailable")),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, &responses("get_order", "order_not_found")),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, &responses("purchase", "unavailable")),
+        Some(2.0),
+        "{text}"
+    );
     app.cleanup().await;
 }
