@@ -484,6 +484,7 @@ async fn run_against(
             .await
             .map(|p| p.inventory);
         client_checks(&mut checks, rec, sizes, inventory.as_ref(), baseline);
+        check_server_counts(&mut checks, &http, &base_url, rec, spawned.is_some()).await;
         check_acknowledged(&mut checks, &http, &base_url, &workload, rec, baseline).await;
         check_ledger(
             &mut checks,
@@ -694,6 +695,73 @@ const BASELINE_INVENTORY_NOTE: &str = "the baselines keep no reservation rows an
     holds: db-pessimistic and db-conditional move only MariaDB's counters, redis-lua only \
     Redis's (http-post-ceiling moves nothing), so the API's inventory view (available from \
     Redis, reserved and sold from MariaDB) does not add up by design";
+
+/// The server's own count of its purchase answers (`GET /metrics`) against what the
+/// generator received, outcome by outcome: `created` = the 201s, `replayed` = the 200s,
+/// each error code = the answers carrying it. Only on a server the bench spawned (its
+/// counters start with the run) and when every attempt got an answer (an exchange lost
+/// in transit may have been answered and counted).
+async fn check_server_counts(
+    checks: &mut Checks,
+    http: &reqwest::Client,
+    base_url: &str,
+    rec: &Recorder,
+    spawned: bool,
+) {
+    let what = "the server's own count of its purchase answers (GET /metrics)";
+    if !spawned {
+        checks.skipped.push(format!(
+            "{what}: the server was not started by the bench, so its counters hold other clients' answers too"
+        ));
+        return;
+    }
+    let purchases = rec.op(Op::Purchase);
+    if purchases.statuses.get(&0).copied().unwrap_or(0) > 0 {
+        checks.skipped.push(format!(
+            "{what}: some attempts got no answer, which the server may still have counted"
+        ));
+        return;
+    }
+    let text = match http.get(format!("{base_url}/metrics")).send().await {
+        Ok(r) if r.status().is_success() => r.text().await.ok(),
+        _ => None,
+    };
+    let Some(text) = text else {
+        checks
+            .client_violations
+            .push(format!("{what}: GET /metrics did not answer"));
+        return;
+    };
+    let server = probes::responses_by_outcome(&text, "purchase");
+    match compare_counts(purchases, &server) {
+        Ok(answered) => checks.client_passed.push(format!(
+            "{what} agrees with the generator's, outcome by outcome ({answered} answers)"
+        )),
+        Err(client) => checks.client_violations.push(format!(
+            "{what} differs from the generator's: server {server:?}, generator {client:?}"
+        )),
+    }
+}
+
+/// The generator's purchase answers by the server's outcome names (`created` for 201,
+/// `replayed` for 200, else the error code) against the server's: Ok(answers) when they
+/// are equal, Err(the generator's) when not.
+fn compare_counts(
+    purchases: &stats::OpStats,
+    server: &BTreeMap<String, u64>,
+) -> Result<u64, BTreeMap<String, u64>> {
+    let mut client: BTreeMap<String, u64> = purchases.errors.clone();
+    for (status, outcome) in [(201, "created"), (200, "replayed")] {
+        if let Some(&n) = purchases.statuses.get(&status) {
+            client.insert(outcome.to_owned(), n);
+        }
+    }
+    if &client == server {
+        Ok(purchases.statuses.values().sum())
+    } else {
+        Err(client)
+    }
+}
 
 /// The checks that need only what the client saw and the product's inventory. For a
 /// baseline (`baseline`), the inventory checks are skipped (and listed as such).
@@ -1298,4 +1366,37 @@ fn per_unit(seconds: &BTreeMap<String, f64>, n: u64) -> BTreeMap<String, f64> {
         .iter()
         .map(|(name, s)| (name.clone(), s * 1e6 / n as f64))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Checks the comparison of the server's answer counts with the generator's: equal
+    // maps (201s as created, 200s as replayed, error codes as themselves) agree and give
+    // the number of answers; one answer more on either side, or an outcome named
+    // differently, disagrees.
+    #[test]
+    fn server_counts_must_match_the_generators() {
+        let mut purchases = stats::OpStats::default();
+        purchases.statuses = BTreeMap::from([(201, 3), (200, 1), (409, 5)]);
+        purchases.errors = BTreeMap::from([("sold_out".to_owned(), 5)]);
+        let server = |pairs: &[(&str, u64)]| -> BTreeMap<String, u64> {
+            pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
+        };
+        assert_eq!(
+            compare_counts(
+                &purchases,
+                &server(&[("created", 3), ("replayed", 1), ("sold_out", 5)])
+            ),
+            Ok(9)
+        );
+        for wrong in [
+            server(&[("created", 4), ("replayed", 1), ("sold_out", 5)]),
+            server(&[("created", 3), ("sold_out", 5)]),
+            server(&[("created", 3), ("replayed", 1), ("limit_exceeded", 5)]),
+        ] {
+            assert!(compare_counts(&purchases, &wrong).is_err(), "{wrong:?}");
+        }
+    }
 }

@@ -408,6 +408,21 @@ pub fn proc_memory(pid: u32) -> Option<ProcMemory> {
         .map(|t| parse_proc_status(&t))
 }
 
+/// The server's own count of its answers to `endpoint` by outcome, out of `GET /metrics`
+/// text (`flashsale_http_responses_total{endpoint="…",outcome="…"} N` lines).
+pub fn responses_by_outcome(text: &str, endpoint: &str) -> BTreeMap<String, u64> {
+    let prefix = format!("flashsale_http_responses_total{{endpoint=\"{endpoint}\",outcome=\"");
+    text.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(&prefix)?;
+            let (outcome, value) = rest.split_once("\"} ")?;
+            // Counters encode as integers, or as floats ("3.0") in some encoders.
+            let n = value.trim().parse::<f64>().ok()?;
+            Some((outcome.to_owned(), n as u64))
+        })
+        .collect()
+}
+
 /// The processes whose CPU time a run reads, by name, each with the names its processes
 /// go by in `/proc/<pid>/comm`: every process of those names on the machine counts (the
 /// stores are the shared ones, whoever else uses them).
@@ -668,5 +683,20 @@ mod tests {
         assert!(snap.ticks.contains_key(&("generator".to_owned(), me)));
         assert!(snap.machine_busy.is_some());
         assert!(clock_ticks_per_s() > 0);
+    }
+
+    // Checks reading the server's answer counts out of /metrics text: only the lines of
+    // the endpoint asked for, by outcome, other metrics and comments ignored.
+    #[test]
+    fn answer_counts_from_metrics_text() {
+        let text = "# TYPE flashsale_http_responses counter\n\
+            flashsale_http_responses_total{endpoint=\"purchase\",outcome=\"sold_out\"} 1999\n\
+            flashsale_http_responses_total{endpoint=\"purchase\",outcome=\"created\"} 100\n\
+            flashsale_http_responses_total{endpoint=\"get_order\",outcome=\"ok\"} 5\n\
+            flashsale_store_up{store=\"redis\"} 1\n# EOF\n";
+        assert_eq!(
+            responses_by_outcome(text, "purchase"),
+            BTreeMap::from([("created".into(), 100), ("sold_out".into(), 1999)])
+        );
     }
 }

@@ -36,7 +36,8 @@ fn server_bin() -> PathBuf {
 // 100-unit product to 2,000 attempts from 800 users (per-user limit 1, 10% duplicate
 // request_ids), and exits 0 with a JSON result that says it passed — exactly the stock
 // sold, the rest refused with 409 sold_out/limit_exceeded, the audit passed, the
-// server's memory and the CPU time of each process read — and an HTML report with the
+// server's own answer counts (GET /metrics) equal to the generator's, the server's
+// memory and the CPU time of each process read — and an HTML report with the
 // inline SVG plots. It runs the real binary as a user would.
 #[test]
 fn quick_rush_against_a_spawned_server() {
@@ -85,6 +86,16 @@ fn quick_rush_against_a_spawned_server() {
     assert!(r.config.spawned && r.config.quick);
     assert_eq!(r.checks.audit.status, "passed", "{}", r.checks.audit.output);
     assert!(r.checks.client_violations.is_empty());
+    // The server's own count of its purchase answers (GET /metrics) was compared with
+    // the generator's, and agreed.
+    assert!(
+        r.checks
+            .client_passed
+            .iter()
+            .any(|l| l.starts_with("the server's own count of its purchase answers")),
+        "{:?}",
+        r.checks
+    );
     assert_eq!(r.attempts.sent, 2000, "{stdout}");
     assert!(r.attempts.client_retries > 0, "some request_ids re-sent");
     // Exactly the stock was sold: each unit to one acknowledged order.
