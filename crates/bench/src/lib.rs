@@ -1378,9 +1378,11 @@ mod tests {
     // differently, disagrees.
     #[test]
     fn server_counts_must_match_the_generators() {
-        let mut purchases = stats::OpStats::default();
-        purchases.statuses = BTreeMap::from([(201, 3), (200, 1), (409, 5)]);
-        purchases.errors = BTreeMap::from([("sold_out".to_owned(), 5)]);
+        let purchases = stats::OpStats {
+            statuses: BTreeMap::from([(201, 3), (200, 1), (409, 5)]),
+            errors: BTreeMap::from([("sold_out".to_owned(), 5)]),
+            ..Default::default()
+        };
         let server = |pairs: &[(&str, u64)]| -> BTreeMap<String, u64> {
             pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
         };
