@@ -38,6 +38,26 @@ pub const SCRAPE_BUDGET: Duration = Duration::from_secs(3);
 /// `GET /metrics` cannot be used to load Redis and MariaDB.
 pub const SCRAPE_REUSE: Duration = Duration::from_secs(1);
 
+/// Every metric family, as registered (after the `flashsale_` prefix; counters are
+/// exposed with a `_total` suffix). Docs and alert rules are checked against it.
+pub const NAMES: [&str; 15] = [
+    "http_responses",
+    "worker_passes",
+    "orders_expired",
+    "recovery_actions",
+    "recovery_incidents",
+    "gate_rebuilds",
+    "reconcile_drift_products",
+    "reconcile_drift_units",
+    "events_published",
+    "relay_failures",
+    "events_applied",
+    "consumer_failures",
+    "store_up",
+    "outbox_unsent",
+    "product_stock",
+];
+
 /// The HTTP endpoints, as the `endpoint` label names them (`GET /healthz` is not counted:
 /// see the route).
 pub const ENDPOINTS: [&str; 11] = [
@@ -554,5 +574,77 @@ mod tests {
             !text.contains(r#"{action="aligned"}"#),
             "zero actions add no series:\n{text}"
         );
+    }
+
+    /// Every metric with at least one series: each counting method called once, and
+    /// the gauges the monitor sets given a value.
+    fn all_touched() -> Metrics {
+        let m = Metrics::new();
+        m.answered("purchase", "created");
+        m.worker_pass("expiry", true);
+        m.orders_expired(1);
+        m.recovered(&RecoveryReport {
+            released: 1,
+            incidents: 1,
+            ..RecoveryReport::default()
+        });
+        m.gates_rebuilt(1);
+        m.reconciled(&[]);
+        m.events_published(1);
+        m.relay_failed();
+        m.events_applied(1);
+        m.consumer_failed();
+        m.store_up
+            .get_or_create(&StoreLabels { store: "redis" })
+            .set(1);
+        m.outbox_unsent.set(0);
+        m.stock
+            .get_or_create(&StockLabels {
+                product_id: "1".into(),
+                state: "total",
+            })
+            .set(1);
+        m
+    }
+
+    // Checks that `NAMES` is the registry's list: with every metric touched, the
+    // encoded text declares exactly the families `NAMES` lists, no more, no fewer.
+    #[test]
+    fn names_are_the_registered_families() {
+        let text = all_touched().encode();
+        let mut declared: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE flashsale_"))
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        declared.sort_unstable();
+        let mut names = NAMES.to_vec();
+        names.sort_unstable();
+        assert_eq!(declared, names, "{text}");
+    }
+
+    // Checks the alert rules (docs/alerts.md) and the README's list name only metrics
+    // that exist: every `flashsale_…` word in them, less a counter's `_total`, is one of
+    // the registered families.
+    #[test]
+    fn alert_rules_name_real_metrics() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        for doc in ["docs/alerts.md", "README.md"] {
+            let text = std::fs::read_to_string(root.join(doc)).expect(doc);
+            let mut seen = 0;
+            for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                let Some(name) = word.strip_prefix("flashsale_") else {
+                    continue;
+                };
+                // Crate names and settings are not metrics.
+                if name.is_empty() || word.starts_with("flashsale_app") {
+                    continue;
+                }
+                seen += 1;
+                let family = name.strip_suffix("_total").unwrap_or(name);
+                assert!(NAMES.contains(&family), "{doc}: {word} is no metric");
+            }
+            assert!(seen >= 10, "{doc}: only {seen} metric names found");
+        }
     }
 }
