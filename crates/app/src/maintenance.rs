@@ -247,10 +247,11 @@ impl Maintenance {
                 self.recover_hold(product_id, hold, &mut aligned, report)
                     .await;
             }
-            report.aligned += aligned.len();
             if !aligned.is_empty() {
                 self.gate_m.forget_pending(product_id, &aligned).await?;
             }
+            // Counted once trimmed: a failed trim is tried (and counted) again next pass.
+            report.aligned += aligned.len();
         }
         Ok(())
     }

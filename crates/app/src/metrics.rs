@@ -38,25 +38,33 @@ pub const SCRAPE_BUDGET: Duration = Duration::from_secs(3);
 /// `GET /metrics` cannot be used to load Redis and MariaDB.
 pub const SCRAPE_REUSE: Duration = Duration::from_secs(1);
 
-/// Every metric family, as registered (after the `flashsale_` prefix; counters are
-/// exposed with a `_total` suffix). Docs and alert rules are checked against it.
-pub const NAMES: [&str; 15] = [
-    "http_responses",
-    "worker_passes",
-    "orders_expired",
-    "recovery_actions",
-    "recovery_incidents",
-    "gate_rebuilds",
-    "reconcile_drift_products",
-    "reconcile_drift_units",
-    "events_published",
-    "relay_failures",
-    "events_applied",
-    "consumer_failures",
-    "store_up",
-    "outbox_unsent",
-    "product_stock",
+/// Every metric family, as registered (after the `flashsale_` prefix), and whether it
+/// is a counter (exposed with a `_total` suffix) or a gauge. Docs and alert rules are
+/// checked against it.
+pub const NAMES: [(&str, Kind); 15] = [
+    ("http_responses", Kind::Counter),
+    ("worker_passes", Kind::Counter),
+    ("orders_expired", Kind::Counter),
+    ("recovery_actions", Kind::Counter),
+    ("recovery_incidents", Kind::Counter),
+    ("gate_rebuilds", Kind::Counter),
+    ("reconcile_drift_products", Kind::Gauge),
+    ("reconcile_drift_units", Kind::Gauge),
+    ("events_published", Kind::Counter),
+    ("relay_failures", Kind::Counter),
+    ("events_applied", Kind::Counter),
+    ("consumer_failures", Kind::Counter),
+    ("store_up", Kind::Gauge),
+    ("outbox_unsent", Kind::Gauge),
+    ("product_stock", Kind::Gauge),
 ];
+
+/// A metric family's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+}
 
 /// The HTTP endpoints, as the `endpoint` label names them (`GET /healthz` is not counted:
 /// see the route).
@@ -417,7 +425,7 @@ pub struct Monitor {
     ledger: Arc<dyn Ledger>,
     ledger_m: Arc<dyn LedgerMaintenance>,
     outbox: Option<Arc<dyn Outbox>>,
-    /// The last scrape's text and when its reads began.
+    /// The last scrape's text and when it finished.
     last: tokio::sync::Mutex<Option<(Instant, String)>>,
 }
 
@@ -458,26 +466,31 @@ impl Monitor {
         &self.metrics
     }
 
-    /// Every metric as text, the stores' gauges read now (or by a scrape younger than
-    /// `SCRAPE_REUSE`, which a concurrent caller waits for).
+    /// Every metric as text, the stores' gauges read now — or by a scrape that finished
+    /// less than `SCRAPE_REUSE` ago, or while this caller waited for it: a caller waits
+    /// at most for the one scrape in progress (`SCRAPE_BUDGET`), however many queue.
     pub async fn scrape(&self) -> String {
+        let arrived = Instant::now();
         let mut last = self.last.lock().await;
-        if let Some((at, text)) = last.as_ref() {
-            if at.elapsed() < SCRAPE_REUSE {
+        if let Some((finished, text)) = last.as_ref() {
+            if *finished >= arrived || finished.elapsed() < SCRAPE_REUSE {
                 return text.clone();
             }
         }
-        let started = Instant::now();
-        self.read_stores(started + SCRAPE_BUDGET).await;
+        self.read_stores(Instant::now() + SCRAPE_BUDGET).await;
         let text = self.metrics.encode();
-        *last = Some((started, text.clone()));
+        *last = Some((Instant::now(), text.clone()));
         text
     }
 
     async fn read_stores(&self, deadline: Instant) {
         let m = &self.metrics;
-        let redis_up = bounded(deadline, self.gate.ping()).await.is_some();
-        let mariadb_up = bounded(deadline, self.ledger.ping()).await.is_some();
+        // Together: a hanging store must not eat the other's share of the budget.
+        let (redis, mariadb) = tokio::join!(
+            bounded(deadline, self.gate.ping()),
+            bounded(deadline, self.ledger.ping())
+        );
+        let (redis_up, mariadb_up) = (redis.is_some(), mariadb.is_some());
         for (store, up) in [("redis", redis_up), ("mariadb", mariadb_up)] {
             m.store_up
                 .get_or_create(&StoreLabels { store })
@@ -503,6 +516,9 @@ impl Monitor {
         products.sort_unstable_by(|a, b| b.cmp(a));
         products.truncate(PRODUCTS_MAX);
         for product_id in products {
+            if Instant::now() >= deadline {
+                break;
+            }
             let id = product_id.to_string();
             let set = |state: &'static str, v: i64| {
                 m.stock
@@ -608,28 +624,41 @@ mod tests {
     }
 
     // Checks that `NAMES` is the registry's list: with every metric touched, the
-    // encoded text declares exactly the families `NAMES` lists, no more, no fewer.
+    // encoded text declares exactly the families `NAMES` lists, each with its type, no
+    // more, no fewer.
     #[test]
     fn names_are_the_registered_families() {
         let text = all_touched().encode();
-        let mut declared: Vec<&str> = text
+        let mut declared: Vec<(&str, &str)> = text
             .lines()
             .filter_map(|l| l.strip_prefix("# TYPE flashsale_"))
-            .filter_map(|l| l.split_whitespace().next())
+            .filter_map(|l| l.split_once(' '))
             .collect();
         declared.sort_unstable();
-        let mut names = NAMES.to_vec();
+        let mut names: Vec<(&str, &str)> = NAMES
+            .iter()
+            .map(|&(n, k)| {
+                (
+                    n,
+                    if k == Kind::Counter {
+                        "counter"
+                    } else {
+                        "gauge"
+                    },
+                )
+            })
+            .collect();
         names.sort_unstable();
         assert_eq!(declared, names, "{text}");
     }
 
-    // Checks the alert rules (docs/alerts.md) and the README's list name only metrics
-    // that exist: every `flashsale_…` word in them, less a counter's `_total`, is one of
-    // the registered families.
+    // Checks the alert rules (docs/alerts.yml) and the README's list name only series
+    // that exist: every `flashsale_…` word in them is a registered counter with its
+    // `_total` or a registered gauge without one.
     #[test]
     fn alert_rules_name_real_metrics() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        for doc in ["docs/alerts.md", "README.md"] {
+        for doc in ["docs/alerts.yml", "README.md"] {
             let text = std::fs::read_to_string(root.join(doc)).expect(doc);
             let mut seen = 0;
             for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
@@ -641,8 +670,12 @@ mod tests {
                     continue;
                 }
                 seen += 1;
-                let family = name.strip_suffix("_total").unwrap_or(name);
-                assert!(NAMES.contains(&family), "{doc}: {word} is no metric");
+                // A counter's samples are `_total`; a gauge's are its bare name.
+                let found = NAMES.iter().any(|&(n, kind)| match kind {
+                    Kind::Counter => name.strip_suffix("_total") == Some(n),
+                    Kind::Gauge => name == n,
+                });
+                assert!(found, "{doc}: {word} is no metric's samples");
             }
             assert!(seen >= 10, "{doc}: only {seen} metric names found");
         }

@@ -138,11 +138,13 @@ async fn metrics_count_every_answer_and_read_the_stores() {
 
 // Checks the background workers' counters, by running them as `serve` does (every
 // 50 ms) against a real service: within a few seconds each of the four workers
-// (expiry, recovery, gate watch, reconciliation) has passes counted as ok, and the
-// reconciliation gauges read no drift on a consistent product.
+// (expiry, recovery, gate watch, reconciliation) has passes counted as ok; an order left
+// unpaid past its 1 s payment timeout is counted expired; a product whose Redis stock
+// entry is deleted is counted rebuilt by the gate watch; and the reconciliation gauges
+// read no drift once the product is consistent again.
 #[tokio::test]
 async fn metrics_count_the_workers_passes() {
-    let app = TestApp::spawn().await;
+    let app = TestApp::spawn_with(Routes::default(), &[("PAYMENT_TIMEOUT", "1s")]).await;
     app.create_product(4102, 5, None).await;
     let (status, _) = app.purchase("w-1", 7, 4102, 1).await;
     assert_eq!(status, StatusCode::CREATED);
@@ -158,18 +160,45 @@ async fn metrics_count_the_workers_passes() {
     let config = Config::from_parts(None, &env).expect("worker config");
     let workers =
         flashsale::workers::Workers::spawn(app.maintenance.clone(), &config, app.metrics.clone());
-    wait_until("every worker counted", Duration::from_secs(20), || async {
-        let (text, _) = scrape(&app).await;
-        ["expiry", "recovery", "gate-watch", "reconcile"]
-            .iter()
-            .all(|w| {
-                let series =
-                    format!(r#"flashsale_worker_passes_total{{worker="{w}",result="ok"}}"#);
-                sample(&text, &series).unwrap_or(0.0) >= 2.0
-            })
-    })
+    wait_until(
+        "every worker counted, the order expired",
+        Duration::from_secs(20),
+        || async {
+            let (text, _) = scrape(&app).await;
+            let passes = ["expiry", "recovery", "gate-watch", "reconcile"]
+                .iter()
+                .all(|w| {
+                    let series =
+                        format!(r#"flashsale_worker_passes_total{{worker="{w}",result="ok"}}"#);
+                    sample(&text, &series).unwrap_or(0.0) >= 2.0
+                });
+            passes && sample(&text, "flashsale_orders_expired_total") == Some(1.0)
+        },
+    )
     .await;
+    let mut conn = app.redis.clone();
+    let _: () = redis::cmd("DEL")
+        .arg(app.key(4102, "inv"))
+        .query_async(&mut conn)
+        .await
+        .expect("DEL the stock entry");
+    wait_until(
+        "the gate rebuilt and counted",
+        Duration::from_secs(20),
+        || async {
+            let (text, _) = scrape(&app).await;
+            sample(&text, "flashsale_gate_rebuilds_total") == Some(1.0)
+                && sample(
+                    &text,
+                    r#"flashsale_product_stock{product_id="4102",state="available"}"#,
+                ) == Some(5.0)
+        },
+    )
+    .await;
+    // Past the last reconciliation against the rebuilt entry.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     workers.stop().await;
+    tokio::time::sleep(SCRAPE_REUSE + Duration::from_millis(100)).await;
     let (text, _) = scrape(&app).await;
     assert_eq!(
         sample(&text, "flashsale_reconcile_drift_products"),
@@ -178,11 +207,6 @@ async fn metrics_count_the_workers_passes() {
     );
     assert_eq!(
         sample(&text, "flashsale_reconcile_drift_units"),
-        Some(0.0),
-        "{text}"
-    );
-    assert_eq!(
-        sample(&text, "flashsale_orders_expired_total"),
         Some(0.0),
         "{text}"
     );
