@@ -9,4 +9,4 @@ mod routes;
 mod wire;
 
 pub use error::ApiError;
-pub use routes::{router, ApiConfig};
+pub use routes::{metrics_router, router, ApiConfig};

@@ -44,6 +44,9 @@ pub struct ApiConfig {
     /// Reads the stores' gauges for `GET /metrics` (None: the endpoint shows the counters
     /// only).
     pub monitor: Option<Arc<Monitor>>,
+    /// Whether this router serves `GET /metrics` (false: it is served on a listener of
+    /// its own, `metrics_router`).
+    pub serve_metrics: bool,
 }
 
 // The `endpoint` labels of the answers, checked against the list at compile time.
@@ -77,10 +80,14 @@ pub fn router(service: Arc<Flashsale>, config: ApiConfig) -> Router {
         service,
         config: Arc::new(config),
     };
-    Router::new()
+    let router = Router::new();
+    let router = match state.config.serve_metrics {
+        true => router.route("/metrics", get(metrics)),
+        false => router,
+    };
+    router
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
         .route("/v1/products", post(create_product))
         .route("/v1/products/{id}", get(get_product))
         .route("/v1/products/{id}/restock", post(restock))
@@ -110,6 +117,26 @@ pub fn router(service: Arc<Flashsale>, config: ApiConfig) -> Router {
                 .layer(GlobalConcurrencyLimitLayer::new(in_flight_max)),
         )
         .with_state(state)
+}
+
+/// `GET /metrics` alone, for a listener of its own (`FLASHSALE_METRICS_LISTEN`): outside
+/// the API's in-flight limit, so a scrape still answers while a flood is shed, and off the
+/// API's address, so the public need not reach it. Its scrapes are not counted.
+pub fn metrics_router(monitor: Arc<Monitor>) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(|State(monitor): State<Arc<Monitor>>| async move {
+                (
+                    [(header::CONTENT_TYPE, OPENMETRICS)],
+                    monitor.scrape().await,
+                )
+            }),
+        )
+        .fallback(|| async {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+        })
+        .with_state(monitor)
 }
 
 /// The `endpoint` label of a request, from its method and the route it matched (the

@@ -11,6 +11,8 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: SocketAddr,
+    /// Where `GET /metrics` is served instead of `listen` (None: on `listen`).
+    pub metrics_listen: Option<SocketAddr>,
     pub redis_url: String,
     pub database_url: String,
     pub redis_prefix: String,
@@ -44,6 +46,7 @@ pub struct Config {
 /// environment variable `FLASHSALE_<KEY in upper case>`, which wins over the file.
 pub const KEYS: &[(&str, Option<&str>)] = &[
     ("listen", Some("127.0.0.1:8080")),
+    ("metrics_listen", None),
     ("redis_url", Some("redis://127.0.0.1:6379")),
     (
         "database_url",
@@ -215,6 +218,18 @@ impl Config {
         let listen: SocketAddr = v
             .parse()
             .map_err(|_| invalid(name, format!("{v:?} is not an address like 127.0.0.1:8080")))?;
+        let metrics_listen = match raw.get("metrics_listen") {
+            None => None,
+            Some((name, v)) => Some(v.parse::<SocketAddr>().map_err(|_| {
+                invalid(name, format!("{v:?} is not an address like 127.0.0.1:9100"))
+            })?),
+        };
+        if metrics_listen == Some(listen) {
+            return Err(invalid(
+                raw.value("metrics_listen").0,
+                "must differ from the API's listen address",
+            ));
+        }
 
         let (name, redis_url) = raw.value("redis_url");
         if !(redis_url.starts_with("redis://") || redis_url.starts_with("rediss://")) {
@@ -329,6 +344,7 @@ impl Config {
         )?;
         Ok(Self {
             listen,
+            metrics_listen,
             redis_url: redis_url.to_owned(),
             database_url: database_url.to_owned(),
             redis_prefix: redis_prefix.to_owned(),
@@ -371,6 +387,7 @@ mod tests {
     fn defaults() {
         let c = Config::from_parts(None, &env(&[])).expect("defaults are valid");
         assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.metrics_listen, None);
         assert_eq!(c.redis_url, "redis://127.0.0.1:6379");
         assert_eq!(c.database_url, "mysql://root@127.0.0.1:3306/flashsale");
         assert_eq!(c.payment_timeout, Duration::from_secs(15 * 60));

@@ -89,6 +89,9 @@ pub struct App {
     pub admin_token: String,
     /// What `GET /metrics` shows; the workers and event loops count into it too.
     pub metrics: Arc<Metrics>,
+    /// `GET /metrics` for a listener of its own, when `FLASHSALE_METRICS_LISTEN` is set
+    /// (the API's router then leaves it out).
+    pub metrics_router: Option<Router>,
 }
 
 pub async fn connect_ledger(config: &Config) -> Result<MysqlLedger, String> {
@@ -222,15 +225,20 @@ pub async fn build(config: &Config) -> Result<App, String> {
             request_timeout: config.request_timeout,
             baseline,
             metrics: metrics.clone(),
-            monitor: Some(monitor),
+            monitor: Some(monitor.clone()),
+            serve_metrics: config.metrics_listen.is_none(),
         },
     );
+    let metrics_router = config
+        .metrics_listen
+        .map(|_| flashsale_api::metrics_router(monitor));
     Ok(App {
         router,
         service,
         maintenance,
         admin_token,
         metrics,
+        metrics_router,
     })
 }
 
@@ -241,12 +249,29 @@ pub async fn serve(config: &Config) -> Result<(), String> {
         .await
         .map_err(|e| format!("binding {}: {e}", config.listen))?;
     info!(listen = %config.listen, "flashsale serving");
+    let metrics_server = match (config.metrics_listen, app.metrics_router) {
+        (Some(addr), Some(router)) => {
+            let listener = TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("binding {addr} (FLASHSALE_METRICS_LISTEN): {e}"))?;
+            info!(listen = %addr, "metrics served on their own listener");
+            Some(tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, router).await {
+                    warn!(error = %e, "metrics listener stopped");
+                }
+            }))
+        }
+        _ => None,
+    };
     let workers = workers::Workers::spawn(app.maintenance.clone(), config, app.metrics.clone());
     let events = start_events(config, app.metrics.clone()).await?;
     axum::serve(listener, app.router)
         .with_graceful_shutdown(shutdown_signal())
         .await
         .map_err(|e| format!("server: {e}"))?;
+    if let Some(metrics_server) = metrics_server {
+        metrics_server.abort();
+    }
     workers.stop().await;
     events.stop().await;
     info!("drained; bye");

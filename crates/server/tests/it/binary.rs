@@ -43,6 +43,8 @@ fn bad_config_stops_startup_naming_the_variable() {
         ("FLASHSALE_PAYMENT_TIMEOUT", "soon"),
         ("FLASHSALE_MAX_QUANTITY_PER_ORDER", "-1"),
         ("FLASHSALE_LISTEN", "not-an-address"),
+        ("FLASHSALE_METRICS_LISTEN", "nowhere"),
+        ("FLASHSALE_METRICS_LISTEN", "127.0.0.1:8080"),
     ] {
         let out = Command::new(BIN)
             .arg("serve")
@@ -57,7 +59,8 @@ fn bad_config_stops_startup_naming_the_variable() {
 
 // Checks the service as started from the command line: with a database that does not
 // exist yet (created and migrated at start), JSON logs that announce a generated admin
-// token once, a product created with that token, and SIGTERM draining a request in
+// token once, a product created with that token, `GET /metrics` on its own listener
+// (FLASHSALE_METRICS_LISTEN; the API's address answers it 404), and SIGTERM draining a request in
 // flight: a purchase stuck on a hanging Redis still gets its answer (503, not a dropped
 // connection) and the process then exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -69,9 +72,14 @@ async fn serve_creates_database_logs_json_and_drains_on_sigterm() {
     let prefix = redis_prefix();
     let proxy = TcpProxy::start(redis_addr()).await.expect("proxy");
     let port = free_port();
+    let metrics_port = free_port();
     let mut child = Command::new(BIN)
         .arg("serve")
         .env("FLASHSALE_LISTEN", format!("127.0.0.1:{port}"))
+        .env(
+            "FLASHSALE_METRICS_LISTEN",
+            format!("127.0.0.1:{metrics_port}"),
+        )
         .env("FLASHSALE_DATABASE_URL", &database_url)
         .env("FLASHSALE_REDIS_URL", format!("redis://{}", proxy.addr()))
         .env("FLASHSALE_REDIS_PREFIX", &prefix)
@@ -129,6 +137,30 @@ async fn serve_creates_database_logs_json_and_drains_on_sigterm() {
         .await
         .expect("create");
     assert_eq!(created.status(), 201);
+
+    let scraped = http
+        .get(format!("http://127.0.0.1:{metrics_port}/metrics"))
+        .send()
+        .await
+        .expect("scrape the metrics listener");
+    assert_eq!(scraped.status(), 200);
+    let text = scraped.text().await.expect("metrics text");
+    assert!(
+        text.contains(
+            r#"flashsale_http_responses_total{endpoint="create_product",outcome="created"} 1"#
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"flashsale_store_up{store="mariadb"} 1"#),
+        "{text}"
+    );
+    let on_api = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("GET /metrics on the API");
+    assert_eq!(on_api.status(), 404);
 
     // A purchase in flight when SIGTERM arrives: Redis hangs, so it waits for its timeout.
     proxy.blackhole();
