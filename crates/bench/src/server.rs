@@ -126,6 +126,9 @@ pub async fn spawn(opts: SpawnOptions<'_>) -> Result<Spawned, String> {
     let mut cmd = Command::new(opts.bin);
     cmd.arg("serve")
         .env("FLASHSALE_LISTEN", format!("127.0.0.1:{port}"))
+        // Its metrics on the API's own address, where the bench reads them (a variable
+        // exported for a production server must not move them elsewhere).
+        .env_remove("FLASHSALE_METRICS_LISTEN")
         .env("FLASHSALE_ADMIN_TOKEN", &admin_token)
         .env("FLASHSALE_NATS_URL", opts.nats_url)
         .env("RUST_LOG", opts.log_level)

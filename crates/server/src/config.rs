@@ -224,11 +224,17 @@ impl Config {
                 invalid(name, format!("{v:?} is not an address like 127.0.0.1:9100"))
             })?),
         };
-        if metrics_listen == Some(listen) {
-            return Err(invalid(
-                raw.value("metrics_listen").0,
-                "must differ from the API's listen address",
-            ));
+        if let Some(m) = metrics_listen {
+            // The same port on the same address, or on any address when either binds
+            // them all (0.0.0.0, ::): the second bind would fail after startup's work.
+            let overlap =
+                m.ip() == listen.ip() || m.ip().is_unspecified() || listen.ip().is_unspecified();
+            if m.port() != 0 && m.port() == listen.port() && overlap {
+                return Err(invalid(
+                    raw.value("metrics_listen").0,
+                    format!("{m} overlaps the API's listen address {listen}"),
+                ));
+            }
         }
 
         let (name, redis_url) = raw.value("redis_url");
@@ -388,6 +394,20 @@ mod tests {
         let c = Config::from_parts(None, &env(&[])).expect("defaults are valid");
         assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
         assert_eq!(c.metrics_listen, None);
+        // A metrics listener of its own: another port, or another address; not one the
+        // API's listener overlaps (the same address and port, or an unspecified address).
+        for (metrics, ok) in [
+            ("127.0.0.1:9100", true),
+            ("127.0.0.2:8080", true),
+            ("127.0.0.1:0", true),
+            ("127.0.0.1:8080", false),
+            ("0.0.0.0:8080", false),
+            ("[::]:8080", false),
+        ] {
+            let env = HashMap::from([("FLASHSALE_METRICS_LISTEN".to_owned(), metrics.to_owned())]);
+            let parsed = Config::from_parts(None, &env);
+            assert_eq!(parsed.is_ok(), ok, "{metrics}: {parsed:?}");
+        }
         assert_eq!(c.redis_url, "redis://127.0.0.1:6379");
         assert_eq!(c.database_url, "mysql://root@127.0.0.1:3306/flashsale");
         assert_eq!(c.payment_timeout, Duration::from_secs(15 * 60));

@@ -248,13 +248,19 @@ pub async fn serve(config: &Config) -> Result<(), String> {
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("binding {}: {e}", config.listen))?;
-    info!(listen = %config.listen, "flashsale serving");
-    let metrics_server = match (config.metrics_listen, app.metrics_router) {
-        (Some(addr), Some(router)) => {
-            let listener = TcpListener::bind(addr)
+    // Both listeners bound before anything is announced or started.
+    let metrics_listener = match config.metrics_listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
                 .await
-                .map_err(|e| format!("binding {addr} (FLASHSALE_METRICS_LISTEN): {e}"))?;
-            info!(listen = %addr, "metrics served on their own listener");
+                .map_err(|e| format!("binding {addr} (FLASHSALE_METRICS_LISTEN): {e}"))?,
+        ),
+        None => None,
+    };
+    info!(listen = %config.listen, "flashsale serving");
+    let metrics_server = match (metrics_listener, app.metrics_router) {
+        (Some(listener), Some(router)) => {
+            info!(listen = ?listener.local_addr().ok(), "metrics served on their own listener");
             Some(tokio::spawn(async move {
                 if let Err(e) = axum::serve(listener, router).await {
                     warn!(error = %e, "metrics listener stopped");
@@ -269,11 +275,12 @@ pub async fn serve(config: &Config) -> Result<(), String> {
         .with_graceful_shutdown(shutdown_signal())
         .await
         .map_err(|e| format!("server: {e}"))?;
+    workers.stop().await;
+    events.stop().await;
+    // Last: the drain above is still worth watching.
     if let Some(metrics_server) = metrics_server {
         metrics_server.abort();
     }
-    workers.stop().await;
-    events.stop().await;
     info!("drained; bye");
     Ok(())
 }
