@@ -236,9 +236,11 @@ fn json<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))
 }
 
-/// A path parameter, or axum's rejection of it (a segment that is not valid UTF-8 once
-/// percent-decoded) as our JSON `invalid_request`.
-fn path(p: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+/// A path parameter as extracted: the segment, or axum's rejection of it (not valid UTF-8
+/// once percent-decoded), which `path` turns into our JSON `invalid_request`.
+type PathParam = Result<Path<String>, PathRejection>;
+
+fn path(p: PathParam) -> Result<String, ApiError> {
     p.map(|Path(v)| v)
         .map_err(|e| ApiError::invalid(e.body_text()))
 }
@@ -247,9 +249,22 @@ fn invalid(e: ParseError) -> ApiError {
     ApiError::invalid(e.to_string())
 }
 
-fn path_id(raw: &str, field: &'static str) -> Result<i64, ApiError> {
-    raw.parse::<i64>()
+/// A numeric id from the path (its sign checked by the id's own parse).
+fn path_id(p: PathParam, field: &'static str) -> Result<i64, ApiError> {
+    path(p)?
+        .parse::<i64>()
         .map_err(|_| ApiError::invalid(format!("{field}: must be a positive integer")))
+}
+
+/// The order of `/v1/orders/{id}/…` and the user of its `{"user_id": …}` body.
+fn order_and_user(
+    id: PathParam,
+    body: Result<Body, ApiError>,
+) -> Result<(OrderId, UserId), ApiError> {
+    let id = OrderId::parse(path_id(id, "order_id")?).map_err(invalid)?;
+    let Body(body) = body?;
+    let b: UserBody = json(&body)?;
+    Ok((id, UserId::parse(b.user_id).map_err(invalid)?))
 }
 
 /// Runs a use case under the request deadline; past it the outcome is unknown (503).
@@ -361,13 +376,9 @@ async fn create_product_of(
     Ok((StatusCode::CREATED, Json(ProductJson::from(&view))))
 }
 
-async fn get_product(
-    State(state): State<AppState>,
-    id: Result<Path<String>, PathRejection>,
-) -> Response {
+async fn get_product(State(state): State<AppState>, id: PathParam) -> Response {
     let result = async {
-        let id = path(id)?;
-        let id = ProductId::parse(path_id(&id, "product_id")?).map_err(invalid)?;
+        let id = ProductId::parse(path_id(id, "product_id")?).map_err(invalid)?;
         let view = deadline(&state, state.service.product_view(id)).await?;
         Ok::<_, ApiError>(Json(ProductJson::from(&view)))
     }
@@ -378,14 +389,13 @@ async fn get_product(
 async fn restock(
     State(state): State<AppState>,
     headers: HeaderMap,
-    id: Result<Path<String>, PathRejection>,
+    id: PathParam,
     body: Result<Body, ApiError>,
 ) -> Response {
     let result = async {
-        let id = path(id)?;
+        let id = ProductId::parse(path_id(id, "product_id")?).map_err(invalid)?;
         let Body(body) = body?;
         require_admin(&state, &headers)?;
-        let id = ProductId::parse(path_id(&id, "product_id")?).map_err(invalid)?;
         let b: RestockBody = json(&body)?;
         let restock_id = RequestId::parse("request_id", &b.request_id).map_err(invalid)?;
         let view = deadline(&state, state.service.restock(id, restock_id, b.quantity)).await?;
@@ -421,10 +431,7 @@ async fn purchase_of(
     Ok((status, Json(OrderJson::from(&purchased.order))))
 }
 
-async fn get_purchase(
-    State(state): State<AppState>,
-    request_id: Result<Path<String>, PathRejection>,
-) -> Response {
+async fn get_purchase(State(state): State<AppState>, request_id: PathParam) -> Response {
     let result = async {
         let request_id = path(request_id)?;
         let request_id = RequestId::parse("request_id", &request_id).map_err(invalid)?;
@@ -435,13 +442,9 @@ async fn get_purchase(
     counted(&state, GET_PURCHASE, result)
 }
 
-async fn get_order(
-    State(state): State<AppState>,
-    id: Result<Path<String>, PathRejection>,
-) -> Response {
+async fn get_order(State(state): State<AppState>, id: PathParam) -> Response {
     let result = async {
-        let id = path(id)?;
-        let id = OrderId::parse(path_id(&id, "order_id")?).map_err(invalid)?;
+        let id = OrderId::parse(path_id(id, "order_id")?).map_err(invalid)?;
         let order = deadline(&state, state.service.order(id)).await?;
         Ok::<_, ApiError>(Json(OrderJson::from(&order)))
     }
@@ -451,15 +454,11 @@ async fn get_order(
 
 async fn pay(
     State(state): State<AppState>,
-    id: Result<Path<String>, PathRejection>,
+    id: PathParam,
     body: Result<Body, ApiError>,
 ) -> Response {
     let result = async {
-        let id = path(id)?;
-        let Body(body) = body?;
-        let id = OrderId::parse(path_id(&id, "order_id")?).map_err(invalid)?;
-        let b: UserBody = json(&body)?;
-        let user = UserId::parse(b.user_id).map_err(invalid)?;
+        let (id, user) = order_and_user(id, body)?;
         let order = deadline(&state, state.service.pay(id, user)).await?;
         Ok::<_, ApiError>(Json(OrderJson::from(&order)))
     }
@@ -469,15 +468,11 @@ async fn pay(
 
 async fn cancel(
     State(state): State<AppState>,
-    id: Result<Path<String>, PathRejection>,
+    id: PathParam,
     body: Result<Body, ApiError>,
 ) -> Response {
     let result = async {
-        let id = path(id)?;
-        let Body(body) = body?;
-        let id = OrderId::parse(path_id(&id, "order_id")?).map_err(invalid)?;
-        let b: UserBody = json(&body)?;
-        let user = UserId::parse(b.user_id).map_err(invalid)?;
+        let (id, user) = order_and_user(id, body)?;
         let order = deadline(&state, state.service.cancel(id, user)).await?;
         Ok::<_, ApiError>(Json(OrderJson::from(&order)))
     }

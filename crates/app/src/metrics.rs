@@ -16,7 +16,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 use tracing::warn;
 
 use crate::maintenance::{Reconciliation, RecoveryReport};
@@ -37,34 +37,6 @@ pub const SCRAPE_BUDGET: Duration = Duration::from_secs(3);
 /// scrape at a time reads them, however many scrapers (or anyone else) ask, so
 /// `GET /metrics` cannot be used to load Redis and MariaDB.
 pub const SCRAPE_REUSE: Duration = Duration::from_secs(1);
-
-/// Every metric family, as registered (after the `flashsale_` prefix), and whether it
-/// is a counter (exposed with a `_total` suffix) or a gauge. Docs and alert rules are
-/// checked against it.
-pub const NAMES: [(&str, Kind); 15] = [
-    ("http_responses", Kind::Counter),
-    ("worker_passes", Kind::Counter),
-    ("orders_expired", Kind::Counter),
-    ("recovery_actions", Kind::Counter),
-    ("recovery_incidents", Kind::Counter),
-    ("gate_rebuilds", Kind::Counter),
-    ("reconcile_drift_products", Kind::Gauge),
-    ("reconcile_drift_units", Kind::Gauge),
-    ("events_published", Kind::Counter),
-    ("relay_failures", Kind::Counter),
-    ("events_applied", Kind::Counter),
-    ("consumer_failures", Kind::Counter),
-    ("store_up", Kind::Gauge),
-    ("outbox_unsent", Kind::Gauge),
-    ("product_stock", Kind::Gauge),
-];
-
-/// A metric family's type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Counter,
-    Gauge,
-}
 
 /// The HTTP endpoints, as the `endpoint` label names them (`GET /healthz` is not counted:
 /// see the route).
@@ -168,6 +140,13 @@ struct StockLabels {
     state: &'static str,
 }
 
+/// `metric`, registered in `registry` under `name` with `help`: the handle kept to count
+/// with.
+fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 /// Every metric of one server process, registered in its own registry.
 pub struct Metrics {
     registry: Registry,
@@ -206,127 +185,102 @@ impl std::fmt::Debug for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("flashsale");
-        let responses = Family::<HttpLabels, Counter>::default();
-        registry.register(
-            "http_responses",
-            "Answers by endpoint and outcome (a success, or the error code answered)",
-            responses.clone(),
-        );
-        let worker_passes = Family::<WorkerLabels, Counter>::default();
-        registry.register(
-            "worker_passes",
-            "Passes of each background worker, by result (ok, or error: a store did not answer)",
-            worker_passes.clone(),
-        );
-        let orders_expired = Counter::default();
-        registry.register(
-            "orders_expired",
-            "Unpaid orders cancelled at their payment deadline, their stock given back",
-            orders_expired.clone(),
-        );
-        let recovery = Family::<ActionLabels, Counter>::default();
-        registry.register(
-            "recovery_actions",
-            "What recovery did: aligned (the order existed), released (no order: fenced and given back), orphans_released, returns_completed, restocks_completed, deferred (a store did not answer; tried again)",
-            recovery.clone(),
-        );
-        let incidents = Counter::default();
-        registry.register(
-            "recovery_incidents",
-            "Outcomes recovery could not learn after its tries, recorded in recovery_incident for an operator",
-            incidents.clone(),
-        );
-        let gate_rebuilds = Counter::default();
-        registry.register(
-            "gate_rebuilds",
-            "Products whose Redis state was lost and rebuilt from MariaDB's facts in a new stock generation",
-            gate_rebuilds.clone(),
-        );
-        let drift_products = Gauge::default();
-        registry.register(
-            "reconcile_drift_products",
-            "Products whose Redis available count differed from what MariaDB's facts imply at the last reconciliation pass",
-            drift_products.clone(),
-        );
-        let drift_units = Gauge::default();
-        registry.register(
-            "reconcile_drift_units",
-            "Units of that drift, summed over products (absolute values)",
-            drift_units.clone(),
-        );
-        let events_published = Counter::default();
-        registry.register(
-            "events_published",
-            "Outbox events published to NATS JetStream and marked sent by this instance's relay",
-            events_published.clone(),
-        );
-        let relay_failures = Counter::default();
-        registry.register(
-            "relay_failures",
-            "Relay rounds that failed (NATS or MariaDB did not answer); the events wait in the outbox",
-            relay_failures.clone(),
-        );
-        let events_applied = Counter::default();
-        registry.register(
-            "events_applied",
-            "Events the sales-statistics consumer applied (each once, duplicates not counted)",
-            events_applied.clone(),
-        );
-        let consumer_failures = Counter::default();
-        registry.register(
-            "consumer_failures",
-            "Chunks of events the consumer could not apply (MariaDB did not answer); redelivered later",
-            consumer_failures.clone(),
-        );
-        let store_up = Family::<StoreLabels, Gauge>::default();
-        registry.register(
-            "store_up",
-            "Whether the store answered when the metrics were read (1) or not (0)",
-            store_up.clone(),
-        );
-        let outbox_unsent = Gauge::default();
-        registry.register(
-            "outbox_unsent",
-            "Events waiting in the outbox to be published, when the metrics were read (-1: MariaDB did not answer)",
-            outbox_unsent.clone(),
-        );
-        let stock = Family::<StockLabels, Gauge>::default();
-        registry.register(
-            "product_stock",
-            "Units of each product (at most 100, the highest ids) by state — available (Redis), total, reserved and sold (MariaDB) — when the metrics were read",
-            stock.clone(),
-        );
         Self {
-            registry,
-            responses,
+            responses: registered(
+                &mut registry,
+                "http_responses",
+                "Answers by endpoint and outcome (a success, or the error code answered)",
+                Family::default(),
+            ),
+            worker_passes: registered(
+                &mut registry,
+                "worker_passes",
+                "Passes of each background worker, by result (ok, or error: a store did not answer)",
+                Family::default(),
+            ),
+            orders_expired: registered(
+                &mut registry,
+                "orders_expired",
+                "Unpaid orders cancelled at their payment deadline, their stock given back",
+                Counter::default(),
+            ),
+            recovery: registered(
+                &mut registry,
+                "recovery_actions",
+                "What recovery did: aligned (the order existed), released (no order: fenced and given back), orphans_released, returns_completed, restocks_completed, deferred (a store did not answer; tried again)",
+                Family::default(),
+            ),
+            incidents: registered(
+                &mut registry,
+                "recovery_incidents",
+                "Outcomes recovery could not learn after its tries, recorded in recovery_incident for an operator",
+                Counter::default(),
+            ),
+            gate_rebuilds: registered(
+                &mut registry,
+                "gate_rebuilds",
+                "Products whose Redis state was lost and rebuilt from MariaDB's facts in a new stock generation",
+                Counter::default(),
+            ),
+            drift_products: registered(
+                &mut registry,
+                "reconcile_drift_products",
+                "Products whose Redis available count differed from what MariaDB's facts imply at the last reconciliation pass",
+                Gauge::default(),
+            ),
+            drift_units: registered(
+                &mut registry,
+                "reconcile_drift_units",
+                "Units of that drift, summed over products (absolute values)",
+                Gauge::default(),
+            ),
+            events_published: registered(
+                &mut registry,
+                "events_published",
+                "Outbox events published to NATS JetStream and marked sent by this instance's relay",
+                Counter::default(),
+            ),
+            relay_failures: registered(
+                &mut registry,
+                "relay_failures",
+                "Relay rounds that failed (NATS or MariaDB did not answer); the events wait in the outbox",
+                Counter::default(),
+            ),
+            events_applied: registered(
+                &mut registry,
+                "events_applied",
+                "Events the sales-statistics consumer applied (each once, duplicates not counted)",
+                Counter::default(),
+            ),
+            consumer_failures: registered(
+                &mut registry,
+                "consumer_failures",
+                "Chunks of events the consumer could not apply (MariaDB did not answer); redelivered later",
+                Counter::default(),
+            ),
+            store_up: registered(
+                &mut registry,
+                "store_up",
+                "Whether the store answered when the metrics were read (1) or not (0)",
+                Family::default(),
+            ),
+            outbox_unsent: registered(
+                &mut registry,
+                "outbox_unsent",
+                "Events waiting in the outbox to be published, when the metrics were read (-1: MariaDB did not answer)",
+                Gauge::default(),
+            ),
+            stock: registered(
+                &mut registry,
+                "product_stock",
+                "Units of each product (at most 100, the highest ids) by state — available (Redis), total, reserved and sold (MariaDB) — when the metrics were read",
+                Family::default(),
+            ),
             cells: (0..ENDPOINTS.len() * (OUTCOMES.len() + 1))
                 .map(|_| OnceLock::new())
                 .collect(),
-            worker_passes,
-            orders_expired,
-            recovery,
-            incidents,
-            gate_rebuilds,
-            drift_products,
-            drift_units,
-            events_published,
-            relay_failures,
-            events_applied,
-            consumer_failures,
-            store_up,
-            outbox_unsent,
-            stock,
+            registry,
         }
-    }
-
-    /// Counts one answer of `endpoint` (one of `ENDPOINTS`, else "other") with `outcome`
-    /// (one of `OUTCOMES`, else "other").
-    pub fn answered(&self, endpoint: &str, outcome: &str) {
-        let e = ENDPOINTS
-            .iter()
-            .position(|&x| x == endpoint)
-            .unwrap_or(ENDPOINTS.len() - 1);
-        self.answered_at(e, outcome_index(outcome));
     }
 
     /// Counts one answer by index into `ENDPOINTS` and `OUTCOMES` (`OUTCOMES.len()` for
@@ -462,10 +416,6 @@ impl Monitor {
         }
     }
 
-    pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.metrics
-    }
-
     /// Every metric as text, the stores' gauges read now — or by a scrape that finished
     /// less than `SCRAPE_REUSE` ago, or while this caller waited for it: a caller waits
     /// at most for the one scrape in progress (`SCRAPE_BUDGET`), however many queue.
@@ -548,20 +498,18 @@ impl Monitor {
 mod tests {
     use super::*;
 
-    // Checks the text the counters encode to: an answer counted by name and one by
-    // index land in the same series; an unknown endpoint and an unknown code are
-    // counted as "other", not dropped; the worker, recovery and event counters and the
+    // Checks the text the counters encode to: two answers counted by index land in one
+    // series; an endpoint index past the list and an unknown code are counted as
+    // "other", not dropped; the worker, recovery and event counters and the
     // drift gauges appear with their values; the format ends with OpenMetrics' "# EOF".
     #[test]
     fn counters_encode_as_openmetrics() {
         let m = Metrics::new();
-        m.answered("purchase", "sold_out");
-        m.answered_at(
-            0,
-            OUTCOMES.iter().position(|&o| o == "sold_out").unwrap_or(0),
-        );
-        m.answered("purchase", "created");
-        m.answered("nope", "teapot");
+        let purchase = index_of(&ENDPOINTS, "purchase");
+        m.answered_at(purchase, outcome_index("sold_out"));
+        m.answered_at(purchase, outcome_index("sold_out"));
+        m.answered_at(purchase, outcome_index("created"));
+        m.answered_at(usize::MAX, outcome_index("teapot"));
         m.worker_pass("recovery", true);
         m.worker_pass("recovery", false);
         m.recovered(&RecoveryReport {
@@ -596,7 +544,7 @@ mod tests {
     /// the gauges the monitor sets given a value.
     fn all_touched() -> Metrics {
         let m = Metrics::new();
-        m.answered("purchase", "created");
+        m.answered_at(0, outcome_index("created"));
         m.worker_pass("expiry", true);
         m.orders_expired(1);
         m.recovered(&RecoveryReport {
@@ -623,59 +571,36 @@ mod tests {
         m
     }
 
-    // Checks that `NAMES` is the registry's list: with every metric touched, the
-    // encoded text declares exactly the families `NAMES` lists, each with its type, no
-    // more, no fewer.
-    #[test]
-    fn names_are_the_registered_families() {
-        let text = all_touched().encode();
-        let mut declared: Vec<(&str, &str)> = text
-            .lines()
-            .filter_map(|l| l.strip_prefix("# TYPE flashsale_"))
-            .filter_map(|l| l.split_once(' '))
-            .collect();
-        declared.sort_unstable();
-        let mut names: Vec<(&str, &str)> = NAMES
-            .iter()
-            .map(|&(n, k)| {
-                (
-                    n,
-                    if k == Kind::Counter {
-                        "counter"
-                    } else {
-                        "gauge"
-                    },
-                )
-            })
-            .collect();
-        names.sort_unstable();
-        assert_eq!(declared, names, "{text}");
-    }
-
     // Checks the alert rules (docs/alerts.yml) and the README's list name only series
-    // that exist: every `flashsale_…` word in them is a registered counter with its
-    // `_total` or a registered gauge without one.
+    // that exist: every `flashsale_…` word in them is the name of a sample the metrics
+    // encode to (a counter's with its `_total`, a gauge's bare), all 15 families touched.
     #[test]
     fn alert_rules_name_real_metrics() {
+        let text = all_touched().encode();
+        let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
+        assert_eq!(
+            families, 15,
+            "every family registered in Metrics::new:\n{text}"
+        );
+        let samples: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .collect();
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         for doc in ["docs/alerts.yml", "README.md"] {
             let text = std::fs::read_to_string(root.join(doc)).expect(doc);
             let mut seen = 0;
             for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
-                let Some(name) = word.strip_prefix("flashsale_") else {
-                    continue;
-                };
                 // Crate names and settings are not metrics.
-                if name.is_empty() || word.starts_with("flashsale_app") {
+                if !word.starts_with("flashsale_") || word.starts_with("flashsale_app") {
                     continue;
                 }
                 seen += 1;
-                // A counter's samples are `_total`; a gauge's are its bare name.
-                let found = NAMES.iter().any(|&(n, kind)| match kind {
-                    Kind::Counter => name.strip_suffix("_total") == Some(n),
-                    Kind::Gauge => name == n,
-                });
-                assert!(found, "{doc}: {word} is no metric's samples");
+                assert!(
+                    samples.contains(&word),
+                    "{doc}: {word} is no metric's samples"
+                );
             }
             assert!(seen >= 10, "{doc}: only {seen} metric names found");
         }
