@@ -13,7 +13,7 @@
 //! - [`Maintenance::audit`] and [`Maintenance::reconcile`]: compare the stores.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use flashsale_core::{ProductId, ReleaseReason, RequestId};
@@ -44,6 +44,28 @@ pub struct MaintenanceSettings {
     pub recovery_after: Duration,
     /// Most items one pass of a worker handles (per product for holds).
     pub batch_size: usize,
+    /// Most products read from the ledger at once while a pass walks them (keyset pages,
+    /// so every loaded product is reached however many there are).
+    pub products_page: usize,
+    /// Most products one pass looks after; the next pass goes on where it stopped, so a
+    /// pass's cost stays known and no product is left out for good.
+    pub products_per_pass: usize,
+}
+
+/// The walks over the loaded products that remember where a pass stopped.
+#[derive(Debug, Clone, Copy)]
+enum Sweep {
+    Recover = 0,
+    Watch = 1,
+    Reconcile = 2,
+}
+
+/// Where one pass's walk over the loaded products is.
+struct Walk {
+    sweep: Option<Sweep>,
+    after: Option<ProductId>,
+    seen: usize,
+    done: bool,
 }
 
 pub struct Maintenance {
@@ -53,6 +75,9 @@ pub struct Maintenance {
     ledger_m: Arc<dyn LedgerMaintenance>,
     settings: MaintenanceSettings,
     tries: Mutex<HashMap<RequestId, u32>>,
+    /// Per sweep, the last product a pass reached when it stopped at
+    /// `products_per_pass` (None: the next pass starts from the first product).
+    resume: [Mutex<Option<ProductId>>; 3],
     /// Where what the workers do is counted, as it happens (a pass that fails half-way
     /// still counts what it did).
     metrics: Option<Arc<Metrics>>,
@@ -108,6 +133,7 @@ impl Maintenance {
             ledger_m,
             settings,
             tries: Mutex::new(HashMap::new()),
+            resume: Default::default(),
             metrics: None,
         }
     }
@@ -156,7 +182,8 @@ impl Maintenance {
         Ok(())
     }
 
-    /// One recovery pass over every loaded product.
+    /// One recovery pass: pending returns and restocks, then the stale holds of the loaded
+    /// products (up to `products_per_pass` of them, going on where the last pass stopped).
     pub async fn recover_once(&self) -> Result<RecoveryReport, Error> {
         let mut report = RecoveryReport::default();
         let result = self.recover_into(&mut report).await;
@@ -233,26 +260,39 @@ impl Maintenance {
                 Ok(Restock::NotLoaded) | Err(_) => report.deferred += 1,
             }
         }
-        for product_id in self.ledger_m.loaded_products().await? {
-            let stale = self
-                .gate_m
-                .stale_holds(
-                    product_id,
-                    self.settings.recovery_after,
-                    self.settings.batch_size,
-                )
-                .await?;
-            let mut aligned = Vec::new();
-            for hold in stale {
-                self.recover_hold(product_id, hold, &mut aligned, report)
-                    .await;
+        let mut walk = self.walk(Some(Sweep::Recover));
+        while let Some(page) = self.next_page(&mut walk).await? {
+            for product_id in page {
+                self.recover_product(product_id, report).await?;
             }
-            if !aligned.is_empty() {
-                self.gate_m.forget_pending(product_id, &aligned).await?;
-            }
-            // Counted once trimmed: a failed trim is tried (and counted) again next pass.
-            report.aligned += aligned.len();
         }
+        Ok(())
+    }
+
+    async fn recover_product(
+        &self,
+        product_id: ProductId,
+        report: &mut RecoveryReport,
+    ) -> Result<(), Error> {
+        let stale = self
+            .gate_m
+            .stale_holds(
+                product_id,
+                self.settings.recovery_after,
+                self.settings.batch_size,
+            )
+            .await?;
+        let mut aligned = Vec::new();
+        for hold in stale {
+            self.recover_hold(product_id, hold, &mut aligned, report)
+                .await;
+        }
+        if !aligned.is_empty() {
+            self.gate_m.forget_pending(product_id, &aligned).await?;
+        }
+        // Counted once trimmed: a failed trim is tried (and counted) again next pass.
+        report.aligned += aligned.len();
+
         Ok(())
     }
 
@@ -376,7 +416,7 @@ impl Maintenance {
         report: &mut RecoveryReport,
     ) {
         let tries = {
-            let mut tries = self.tries.lock().unwrap_or_else(|p| p.into_inner());
+            let mut tries = lock(&self.tries);
             if tries.len() >= TRACKED_HOLDS_MAX && !tries.contains_key(request_id) {
                 tries.clear();
             }
@@ -422,7 +462,7 @@ impl Maintenance {
     /// raised about it while it was not.
     async fn forget_tries(&self, request_id: &RequestId) {
         let had_tries = {
-            let mut tries = self.tries.lock().unwrap_or_else(|p| p.into_inner());
+            let mut tries = lock(&self.tries);
             tries.remove(request_id).is_some()
         };
         if had_tries {
@@ -436,40 +476,48 @@ impl Maintenance {
     /// copy (it restarted from a snapshot or failed over to a replica: the entry was
     /// written by another Redis process, so any write acknowledged after the copy may be
     /// gone, a release as much as a hold), or behind (its last hold id is below one the
-    /// ledger recorded) — and rebuilds them from the ledger's facts. Returns how many it
-    /// rebuilt.
+    /// ledger recorded) — and rebuilds them from the ledger's facts. Looks at up to
+    /// `products_per_pass` products, going on where the last pass stopped. Returns how
+    /// many it rebuilt.
     pub async fn watch_once(&self) -> Result<usize, Error> {
         let mut rebuilt = 0;
-        for product_id in self.ledger_m.loaded_products().await? {
-            let Some(mark) = self.ledger_m.watermark(product_id).await? else {
-                continue;
-            };
-            let lost = match self.gate_m.state(product_id).await? {
-                None => Some("stock entry missing"),
-                Some(s) if s.server_changed => {
-                    Some("Redis restarted or failed over since the entry was written")
-                }
-                Some(s) if s.generation < mark.generation => Some("older generation"),
-                Some(s)
-                    if s.generation == mark.generation && s.last_hold_id < mark.last_hold_id =>
-                {
-                    Some("behind the ledger's last hold")
-                }
-                Some(s) if s.generation > mark.generation => {
-                    error!(%product_id, gate = s.generation, ledger = mark.generation,
-                        "gate is at a newer generation than the ledger; was the database restored?");
-                    None
-                }
-                Some(_) => None,
-            };
-            if let Some(why) = lost {
-                warn!(%product_id, why, "gate lost state; sales of the product pause until it is rebuilt");
-                if self.rebuild(product_id).await? {
+        let mut walk = self.walk(Some(Sweep::Watch));
+        while let Some(page) = self.next_page(&mut walk).await? {
+            for product_id in page {
+                if self.watch_product(product_id).await? {
                     rebuilt += 1;
                 }
             }
         }
         Ok(rebuilt)
+    }
+
+    /// Rebuilds one product's gate state if it was lost; whether it rebuilt.
+    async fn watch_product(&self, product_id: ProductId) -> Result<bool, Error> {
+        let Some(mark) = self.ledger_m.watermark(product_id).await? else {
+            return Ok(false);
+        };
+        let lost = match self.gate_m.state(product_id).await? {
+            None => Some("stock entry missing"),
+            Some(s) if s.server_changed => {
+                Some("Redis restarted or failed over since the entry was written")
+            }
+            Some(s) if s.generation < mark.generation => Some("older generation"),
+            Some(s) if s.generation == mark.generation && s.last_hold_id < mark.last_hold_id => {
+                Some("behind the ledger's last hold")
+            }
+            Some(s) if s.generation > mark.generation => {
+                error!(%product_id, gate = s.generation, ledger = mark.generation,
+                    "gate is at a newer generation than the ledger; was the database restored?");
+                None
+            }
+            Some(_) => None,
+        };
+        let Some(why) = lost else {
+            return Ok(false);
+        };
+        warn!(%product_id, why, "gate lost state; sales of the product pause until it is rebuilt");
+        self.rebuild(product_id).await
     }
 
     /// Rebuilds one product's gate state from the ledger in a new generation: holds of
@@ -497,9 +545,59 @@ impl Maintenance {
         Ok(audit::check(product_id.get(), &gate, &ledger))
     }
 
-    /// Products the workers and audit look after.
+    /// Products the workers and audit look after (the first `products_per_pass` of them).
     pub async fn products(&self) -> Result<Vec<ProductId>, Error> {
-        Ok(self.ledger_m.loaded_products().await?)
+        let mut walk = self.walk(None);
+        let mut all = Vec::new();
+        while let Some(page) = self.next_page(&mut walk).await? {
+            all.extend(page);
+        }
+        Ok(all)
+    }
+
+    /// Starts a pass's walk over the loaded products: where the sweep's last pass stopped
+    /// (from the first product without a sweep).
+    fn walk(&self, sweep: Option<Sweep>) -> Walk {
+        let after = sweep.and_then(|s| *lock(&self.resume[s as usize]));
+        Walk {
+            sweep,
+            after,
+            seen: 0,
+            done: false,
+        }
+    }
+
+    /// The walk's next page of loaded products, None once it reached the last product
+    /// (the sweep's next pass then starts from the first) or `products_per_pass` (the next
+    /// pass goes on from here).
+    async fn next_page(&self, walk: &mut Walk) -> Result<Option<Vec<ProductId>>, Error> {
+        if walk.done {
+            return Ok(None);
+        }
+        let room = self.settings.products_per_pass.saturating_sub(walk.seen);
+        let want = self.settings.products_page.min(room).max(1);
+        let mut page = self.ledger_m.loaded_products(walk.after, want).await?;
+        if page.is_empty() && walk.seen == 0 && walk.after.is_some() {
+            // The last pass stopped at the last product: this one starts over.
+            walk.after = None;
+            page = self.ledger_m.loaded_products(None, want).await?;
+        }
+        walk.seen += page.len();
+        let at_end = page.len() < want;
+        walk.done = at_end || walk.seen >= self.settings.products_per_pass;
+        walk.after = page.last().copied().or(walk.after);
+        if let (true, Some(sweep)) = (walk.done, walk.sweep) {
+            let resume = match at_end {
+                true => None,
+                false => {
+                    info!(?sweep, products = walk.seen, after = ?walk.after,
+                        "pass reached its product limit; the next pass goes on from here");
+                    walk.after
+                }
+            };
+            *lock(&self.resume[sweep as usize]) = resume;
+        }
+        Ok((!page.is_empty()).then_some(page))
     }
 
     /// Compares Redis's available count with what the ledger's facts imply, counting
@@ -527,7 +625,8 @@ impl Maintenance {
         Ok(Reconciliation { repaired, ..second })
     }
 
-    /// One reconciliation pass over every loaded product: reports every drift, and with
+    /// One reconciliation pass over the loaded products (up to `products_per_pass`, going
+    /// on where the last pass stopped): reports every drift, and with
     /// `repair` repairs the ones that outlive the work in flight. The periodic worker
     /// only reports: its look at Redis (count, then hold records) is not one atomic
     /// read, so under load a purchase between the two reads can look like drift (found
@@ -539,13 +638,16 @@ impl Maintenance {
         settle: Duration,
     ) -> Result<Vec<Reconciliation>, Error> {
         let mut drifted = Vec::new();
-        for product_id in self.ledger_m.loaded_products().await? {
-            let r = self.reconcile(product_id, repair, settle).await?;
-            if r.drift != 0 {
-                warn!(%product_id, drift = r.drift, repaired = r.repaired,
-                    redis = ?r.redis_available, expected = r.expected_available,
-                    "reconciliation found drift");
-                drifted.push(r);
+        let mut walk = self.walk(Some(Sweep::Reconcile));
+        while let Some(page) = self.next_page(&mut walk).await? {
+            for product_id in page {
+                let r = self.reconcile(product_id, repair, settle).await?;
+                if r.drift != 0 {
+                    warn!(%product_id, drift = r.drift, repaired = r.repaired,
+                        redis = ?r.redis_available, expected = r.expected_available,
+                        "reconciliation found drift");
+                    drifted.push(r);
+                }
             }
         }
         Ok(drifted)
@@ -581,4 +683,10 @@ impl Maintenance {
             repaired: false,
         })
     }
+}
+
+/// The mutex's value, even if a thread panicked holding it (every value it guards is
+/// valid at every step).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -457,14 +457,12 @@ impl Monitor {
         // Products gone from the list, or whose figures could not be read this time,
         // must not keep their last value.
         m.stock.clear();
-        let mut products = match mariadb_up {
-            true => bounded(deadline, self.ledger_m.loaded_products())
+        let products = match mariadb_up {
+            true => bounded(deadline, self.ledger_m.newest_products(PRODUCTS_MAX))
                 .await
                 .unwrap_or_default(),
             false => Vec::new(),
         };
-        products.sort_unstable_by(|a, b| b.cmp(a));
-        products.truncate(PRODUCTS_MAX);
         for product_id in products {
             if Instant::now() >= deadline {
                 break;

@@ -481,8 +481,17 @@ pub struct PendingReturn {
 /// The ledger's side of the background work and the audit.
 #[async_trait]
 pub trait LedgerMaintenance: Send + Sync + 'static {
-    /// Products whose stock was loaded into the gate (the ones with holds to look after).
-    async fn loaded_products(&self) -> Result<Vec<ProductId>, LedgerError>;
+    /// Products whose stock was loaded into the gate (the ones with holds to look after),
+    /// in ascending id order: up to `limit` of those whose id is above `after` (from the
+    /// first when None). Callers page through them, so no product is ever out of reach.
+    async fn loaded_products(
+        &self,
+        after: Option<ProductId>,
+        limit: usize,
+    ) -> Result<Vec<ProductId>, LedgerError>;
+
+    /// The `limit` loaded products with the highest ids (the newest sales), highest first.
+    async fn newest_products(&self, limit: usize) -> Result<Vec<ProductId>, LedgerError>;
 
     /// Unpaid orders whose deadline passed on the database's clock, oldest first.
     async fn expired_orders(&self, limit: usize) -> Result<Vec<ExpiredOrder>, LedgerError>;

@@ -16,9 +16,6 @@ use sqlx::Row;
 use crate::ledger::MysqlLedger;
 use crate::rows::{corrupt, db, quantity, text};
 
-/// Most products the workers look after per pass; a flash-sale deployment has far fewer
-/// products with loaded stock, and the bound keeps a pass's cost known.
-const LOADED_PRODUCTS_MAX: i64 = 10_000;
 /// Most request_ids an audit lists per kind of problem.
 const LISTED_MAX: i64 = 100;
 /// Longest incident detail stored (the column width).
@@ -28,22 +25,46 @@ fn limit(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
+fn product_ids(ids: Vec<i64>) -> Result<Vec<ProductId>, LedgerError> {
+    ids.into_iter()
+        .map(|id| ProductId::parse(id).map_err(corrupt))
+        .collect()
+}
+
 #[async_trait]
 impl LedgerMaintenance for MysqlLedger {
-    async fn loaded_products(&self) -> Result<Vec<ProductId>, LedgerError> {
+    async fn loaded_products(
+        &self,
+        after: Option<ProductId>,
+        max: usize,
+    ) -> Result<Vec<ProductId>, LedgerError> {
+        let after = after.map_or(0, ProductId::get);
         let ids: Vec<i64> = self
             .run("loaded products", || {
                 sqlx::query_scalar(
-                    "SELECT product_id FROM products WHERE stock_loaded = 1 \
+                    "SELECT product_id FROM products WHERE stock_loaded = 1 AND product_id > ? \
                      ORDER BY product_id LIMIT ?",
                 )
-                .bind(LOADED_PRODUCTS_MAX)
+                .bind(after)
+                .bind(limit(max))
                 .fetch_all(self.pool())
             })
             .await?;
-        ids.into_iter()
-            .map(|id| ProductId::parse(id).map_err(corrupt))
-            .collect()
+        product_ids(ids)
+    }
+
+    async fn newest_products(&self, max: usize) -> Result<Vec<ProductId>, LedgerError> {
+        let ids: Vec<i64> = self
+            .run("newest products", || {
+                sqlx::query_scalar(
+                    "SELECT product_id FROM products WHERE stock_loaded = 1 \
+                     ORDER BY product_id DESC LIMIT ?",
+                )
+                .bind(limit(max))
+                .fetch_all(self.pool())
+            })
+            .await?;
+        product_ids(ids)
     }
 
     async fn expired_orders(&self, max: usize) -> Result<Vec<ExpiredOrder>, LedgerError> {

@@ -549,14 +549,30 @@ impl Ledger for FaultyLedger {
 
 #[async_trait]
 impl LedgerMaintenance for FaultyLedger {
-    async fn loaded_products(&self) -> Result<Vec<ProductId>, LedgerError> {
+    async fn loaded_products(
+        &self,
+        after: Option<ProductId>,
+        limit: usize,
+    ) -> Result<Vec<ProductId>, LedgerError> {
         through(
             &self.ctx,
             Port::Ledger,
             "ledger.loaded_products",
             String::new,
             LedgerError,
-            || self.inner.loaded_products(),
+            || self.inner.loaded_products(after, limit),
+        )
+        .await
+    }
+
+    async fn newest_products(&self, limit: usize) -> Result<Vec<ProductId>, LedgerError> {
+        through(
+            &self.ctx,
+            Port::Ledger,
+            "ledger.newest_products",
+            String::new,
+            LedgerError,
+            || self.inner.newest_products(limit),
         )
         .await
     }

@@ -38,8 +38,6 @@ use crate::ctx::{Ctx, Point};
 /// (`TX_ATTEMPTS_MAX` there): in memory a collision is always with a committed row, so
 /// the first lookup finds it, but the loop keeps the same shape and bound.
 const TX_ATTEMPTS_MAX: u32 = 4;
-/// Most products `loaded_products` returns (`LOADED_PRODUCTS_MAX` there).
-const LOADED_PRODUCTS_MAX: usize = 10_000;
 /// Most request_ids the facts list per kind of problem (`LISTED_MAX` there).
 const LISTED_MAX: usize = 100;
 
@@ -1247,14 +1245,32 @@ impl Ledger for MemLedger {
 
 #[async_trait]
 impl LedgerMaintenance for MemLedger {
-    async fn loaded_products(&self) -> Result<Vec<ProductId>, LedgerError> {
+    async fn loaded_products(
+        &self,
+        after: Option<ProductId>,
+        limit: usize,
+    ) -> Result<Vec<ProductId>, LedgerError> {
+        let from = after.map_or(0, ProductId::get);
+        Ok(self
+            .lock()
+            .products
+            .range(from.saturating_add(1)..)
+            .map(|(_, p)| p)
+            .filter(|p| p.stock_loaded)
+            .map(|p| p.product_id)
+            .take(limit)
+            .collect())
+    }
+
+    async fn newest_products(&self, limit: usize) -> Result<Vec<ProductId>, LedgerError> {
         Ok(self
             .lock()
             .products
             .values()
+            .rev()
             .filter(|p| p.stock_loaded)
             .map(|p| p.product_id)
-            .take(LOADED_PRODUCTS_MAX)
+            .take(limit)
             .collect())
     }
 

@@ -331,10 +331,7 @@ async fn two_recovery_workers_return_stock_once() {
         std::sync::Arc::new(gate(&app)),
         ledger(&app).await,
         ledger(&app).await,
-        flashsale_app::MaintenanceSettings {
-            recovery_after: Duration::from_secs(2),
-            batch_size: 7,
-        },
+        settings(7, 2, 3),
     );
     let (a, b) = tokio::join!(
         async {
@@ -367,6 +364,118 @@ async fn two_recovery_workers_return_stock_once() {
     invariants::assert_audit_clean(&app, 2600).await;
     other.cleanup().await;
     app.cleanup().await;
+}
+
+// Checks that the workers reach every loaded product however many there are: five
+// products, read two to a page and at most three to a pass (the server reads a thousand to
+// a page and a hundred thousand to a pass). Abandoned holds on the first and the last
+// product are released by the first and the second recovery pass (the second goes on
+// where the first stopped; a third starts over and finds nothing); the last product's
+// lost Redis entry is rebuilt by the second gate-watch pass; drift on the fourth is
+// reported by the second reconciliation pass; the product list pages through all five.
+// Before, the workers read one capped list, and products past the cap were never looked
+// after.
+#[tokio::test]
+async fn workers_walk_every_loaded_product_in_pages_and_passes() {
+    let app = TestApp::spawn_with(Default::default(), FAST_RECOVERY).await;
+    let ids = [2700, 2701, 2702, 2703, 2704];
+    for id in ids {
+        app.create_product(id, 3, None).await;
+    }
+    abandoned_hold(&app, "REQ_walk_first", 1, 2700).await;
+    abandoned_hold(&app, "REQ_walk_last", 2, 2704).await;
+    let walker = |per_pass| {
+        let app = &app;
+        async move {
+            flashsale_app::Maintenance::new(
+                std::sync::Arc::new(gate(app)),
+                std::sync::Arc::new(gate(app)),
+                ledger(app).await,
+                ledger(app).await,
+                settings(100, 2, per_pass),
+            )
+        }
+    };
+    let all: Vec<i64> = walker(100)
+        .await
+        .products()
+        .await
+        .expect("products")
+        .into_iter()
+        .map(|p| p.get())
+        .collect();
+    assert_eq!(all, ids, "three pages of two, every product listed");
+    let m = walker(3).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let mut released = Vec::new();
+    for _ in 0..3 {
+        released.push(m.recover_once().await.expect("recovery pass").released);
+    }
+    assert_eq!(
+        released,
+        [1, 1, 0],
+        "2700..2702, then 2703..2704, then again"
+    );
+    assert_eq!(app.redis_available(2700).await, Some(3));
+    assert_eq!(app.redis_available(2704).await, Some(3));
+
+    let mut conn = app.redis.clone();
+    let _: i64 = redis::cmd("DEL")
+        .arg(app.key(2704, "inv"))
+        .query_async(&mut conn)
+        .await
+        .expect("lose the last product's entry");
+    let mut rebuilt = Vec::new();
+    for _ in 0..2 {
+        rebuilt.push(m.watch_once().await.expect("watch pass"));
+    }
+    assert_eq!(rebuilt, [0, 1], "the second pass reaches 2704");
+    assert_eq!(app.redis_available(2704).await, Some(3));
+
+    let _: i64 = redis::cmd("HINCRBY")
+        .arg(app.key(2703, "inv"))
+        .arg("avail")
+        .arg(2)
+        .query_async(&mut conn)
+        .await
+        .expect("inject drift");
+    let first = m
+        .reconcile_all(false, Duration::ZERO)
+        .await
+        .expect("reconcile");
+    assert!(first.is_empty(), "2700..2702 are clean: {first:?}");
+    let second = m
+        .reconcile_all(false, Duration::ZERO)
+        .await
+        .expect("reconcile");
+    let found: Vec<(i64, i64)> = second
+        .iter()
+        .map(|r| (r.product_id.get(), r.drift))
+        .collect();
+    assert_eq!(found, [(2703, 2)]);
+    let repaired = m
+        .reconcile(second[0].product_id, true, Duration::from_millis(50))
+        .await
+        .expect("repair");
+    assert!(repaired.repaired, "{repaired:?}");
+    for id in ids {
+        invariants::assert_ok(&app, id).await;
+        invariants::assert_audit_clean(&app, id).await;
+    }
+    app.cleanup().await;
+}
+
+fn settings(
+    batch_size: usize,
+    products_page: usize,
+    products_per_pass: usize,
+) -> flashsale_app::MaintenanceSettings {
+    flashsale_app::MaintenanceSettings {
+        recovery_after: Duration::from_secs(2),
+        batch_size,
+        products_page,
+        products_per_pass,
+    }
 }
 
 async fn ledger(app: &TestApp) -> std::sync::Arc<flashsale_mysql::MysqlLedger> {
