@@ -2,12 +2,15 @@ use std::future::{poll_fn, Future};
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::error_handling::HandleErrorLayer;
 use axum::extract::rejection::{BytesRejection, PathRejection};
-use axum::extract::{DefaultBodyLimit, FromRequest, MatchedPath, Path, Request, State};
+use axum::extract::{
+    DefaultBodyLimit, FromRequest, FromRequestParts, MatchedPath, Path, Request, State,
+};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -161,8 +164,9 @@ fn overloaded() -> ApiError {
     ApiError::unavailable("too many requests in flight; retry shortly")
 }
 
-async fn not_found(State(state): State<AppState>) -> Response {
+async fn not_found(started: Started, State(state): State<AppState>) -> Response {
     counted::<()>(
+        started,
         &state,
         OTHER,
         Err(ApiError::new(
@@ -173,8 +177,9 @@ async fn not_found(State(state): State<AppState>) -> Response {
     )
 }
 
-async fn method_not_allowed(State(state): State<AppState>) -> Response {
+async fn method_not_allowed(started: Started, State(state): State<AppState>) -> Response {
     counted::<()>(
+        started,
         &state,
         OTHER,
         Err(ApiError::new(
@@ -189,12 +194,12 @@ async fn method_not_allowed(State(state): State<AppState>) -> Response {
 /// outcome: its error code, or for a success `created` (201), `replayed` (a purchase's
 /// 200: the original order again) or `ok`.
 fn counted<T: IntoResponse>(
+    Started(started): Started,
     state: &AppState,
     endpoint: usize,
     result: Result<T, ApiError>,
 ) -> Response {
-    let metrics = &state.config.metrics;
-    match result {
+    let (response, outcome) = match result {
         Ok(answer) => {
             let response = answer.into_response();
             let outcome = match response.status() {
@@ -202,13 +207,28 @@ fn counted<T: IntoResponse>(
                 _ if endpoint == PURCHASE => REPLAYED,
                 _ => OK,
             };
-            metrics.answered_at(endpoint, outcome);
-            response
+            (response, outcome)
         }
         Err(e) => {
-            metrics.answered_at(endpoint, outcome_index(e.code));
-            e.into_response()
+            let outcome = outcome_index(e.code);
+            (e.into_response(), outcome)
         }
+    };
+    state
+        .config
+        .metrics
+        .answered_in(endpoint, outcome, started.elapsed());
+    response
+}
+
+/// When a request's handler started: its first extractor, so reading the body counts.
+struct Started(Instant);
+
+impl<S: Send + Sync> FromRequestParts<S> for Started {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(_: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Started(Instant::now()))
     }
 }
 
@@ -331,21 +351,22 @@ async fn healthz() -> impl IntoResponse {
     Json(serde_json::json!({"status": "ok"}))
 }
 
-async fn readyz(State(state): State<AppState>) -> Response {
+async fn readyz(started: Started, State(state): State<AppState>) -> Response {
     let ready = deadline(&state, state.service.ready())
         .await
         .map(|()| Json(serde_json::json!({"status": "ready"})));
-    counted(&state, READYZ, ready)
+    counted(started, &state, READYZ, ready)
 }
 
 /// Every metric in the OpenMetrics text format, the stores' gauges read now (bounded by
 /// the monitor itself: a scrape answers even while a store hangs).
-async fn metrics(State(state): State<AppState>) -> Response {
+async fn metrics(started: Started, State(state): State<AppState>) -> Response {
     let text = match &state.config.monitor {
         Some(monitor) => monitor.scrape().await,
         None => state.config.metrics.encode(),
     };
     counted(
+        started,
         &state,
         METRICS,
         Ok::<_, ApiError>(([(header::CONTENT_TYPE, OPENMETRICS)], text)),
@@ -353,12 +374,13 @@ async fn metrics(State(state): State<AppState>) -> Response {
 }
 
 async fn create_product(
+    started: Started,
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Result<Body, ApiError>,
 ) -> Response {
     let result = create_product_of(&state, &headers, body).await;
-    counted(&state, CREATE_PRODUCT, result)
+    counted(started, &state, CREATE_PRODUCT, result)
 }
 
 async fn create_product_of(
@@ -376,17 +398,18 @@ async fn create_product_of(
     Ok((StatusCode::CREATED, Json(ProductJson::from(&view))))
 }
 
-async fn get_product(State(state): State<AppState>, id: PathParam) -> Response {
+async fn get_product(started: Started, State(state): State<AppState>, id: PathParam) -> Response {
     let result = async {
         let id = ProductId::parse(path_id(id, "product_id")?).map_err(invalid)?;
         let view = deadline(&state, state.service.product_view(id)).await?;
         Ok::<_, ApiError>(Json(ProductJson::from(&view)))
     }
     .await;
-    counted(&state, GET_PRODUCT, result)
+    counted(started, &state, GET_PRODUCT, result)
 }
 
 async fn restock(
+    started: Started,
     State(state): State<AppState>,
     headers: HeaderMap,
     id: PathParam,
@@ -402,12 +425,16 @@ async fn restock(
         Ok::<_, ApiError>(Json(ProductJson::from(&view)))
     }
     .await;
-    counted(&state, RESTOCK, result)
+    counted(started, &state, RESTOCK, result)
 }
 
-async fn purchase(State(state): State<AppState>, body: Result<Body, ApiError>) -> Response {
+async fn purchase(
+    started: Started,
+    State(state): State<AppState>,
+    body: Result<Body, ApiError>,
+) -> Response {
     let result = purchase_of(&state, body).await;
-    counted(&state, PURCHASE, result)
+    counted(started, &state, PURCHASE, result)
 }
 
 async fn purchase_of(
@@ -431,7 +458,11 @@ async fn purchase_of(
     Ok((status, Json(OrderJson::from(&purchased.order))))
 }
 
-async fn get_purchase(State(state): State<AppState>, request_id: PathParam) -> Response {
+async fn get_purchase(
+    started: Started,
+    State(state): State<AppState>,
+    request_id: PathParam,
+) -> Response {
     let result = async {
         let request_id = path(request_id)?;
         let request_id = RequestId::parse("request_id", &request_id).map_err(invalid)?;
@@ -439,20 +470,21 @@ async fn get_purchase(State(state): State<AppState>, request_id: PathParam) -> R
         Ok::<_, ApiError>(Json(OrderJson::from(&order)))
     }
     .await;
-    counted(&state, GET_PURCHASE, result)
+    counted(started, &state, GET_PURCHASE, result)
 }
 
-async fn get_order(State(state): State<AppState>, id: PathParam) -> Response {
+async fn get_order(started: Started, State(state): State<AppState>, id: PathParam) -> Response {
     let result = async {
         let id = OrderId::parse(path_id(id, "order_id")?).map_err(invalid)?;
         let order = deadline(&state, state.service.order(id)).await?;
         Ok::<_, ApiError>(Json(OrderJson::from(&order)))
     }
     .await;
-    counted(&state, GET_ORDER, result)
+    counted(started, &state, GET_ORDER, result)
 }
 
 async fn pay(
+    started: Started,
     State(state): State<AppState>,
     id: PathParam,
     body: Result<Body, ApiError>,
@@ -463,10 +495,11 @@ async fn pay(
         Ok::<_, ApiError>(Json(OrderJson::from(&order)))
     }
     .await;
-    counted(&state, PAY, result)
+    counted(started, &state, PAY, result)
 }
 
 async fn cancel(
+    started: Started,
     State(state): State<AppState>,
     id: PathParam,
     body: Result<Body, ApiError>,
@@ -477,7 +510,7 @@ async fn cancel(
         Ok::<_, ApiError>(Json(OrderJson::from(&order)))
     }
     .await;
-    counted(&state, CANCEL, result)
+    counted(started, &state, CANCEL, result)
 }
 
 #[cfg(test)]

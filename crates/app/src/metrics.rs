@@ -1,6 +1,6 @@
 //! What an operator watches during a sale, as Prometheus metrics (`GET /metrics`, the
 //! OpenMetrics text format): the answers of every endpoint by outcome (the purchases'
-//! refusal and failure rates among them), what the background workers did (payment
+//! refusal and failure rates among them) and how long they took, what the background workers did (payment
 //! timeouts, recoveries, incidents, gate rebuilds, reconciliation drift), the events'
 //! flow (published, applied, waiting in the outbox), whether Redis and MariaDB answer,
 //! and each product's stock.
@@ -16,6 +16,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Metric, Registry};
 use tracing::warn;
 
@@ -108,6 +109,17 @@ pub fn outcome_index(code: &str) -> usize {
         .unwrap_or(OUTCOMES.len())
 }
 
+/// Upper bounds of the answer-time buckets, in seconds: a refusal takes tens of
+/// microseconds, a durable order a millisecond or a few, a request past its deadline
+/// (2 s by default) ends by then; fourteen buckets keep each series set small.
+pub const LATENCY_BUCKETS: [f64; 14] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS)
+}
+
 /// The outcome label of an error code this list does not know (a code added to the API
 /// and not here): still counted, never dropped.
 const OTHER_OUTCOME: &str = "other";
@@ -140,6 +152,18 @@ struct StockLabels {
     state: &'static str,
 }
 
+/// The cell of (endpoint, outcome) in `Metrics::cells` and `latency_cells`, and its
+/// labels (an index past a list's end counts as its last entry, `other`).
+fn cell_of(endpoint: usize, outcome: usize) -> (usize, HttpLabels) {
+    let endpoint = endpoint.min(ENDPOINTS.len() - 1);
+    let outcome = outcome.min(OUTCOMES.len());
+    let labels = HttpLabels {
+        endpoint: ENDPOINTS[endpoint],
+        outcome: OUTCOMES.get(outcome).copied().unwrap_or(OTHER_OUTCOME),
+    };
+    (endpoint * (OUTCOMES.len() + 1) + outcome, labels)
+}
+
 /// `metric`, registered in `registry` under `name` with `help`: the handle kept to count
 /// with.
 fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
@@ -154,6 +178,9 @@ pub struct Metrics {
     /// `responses`' counters by (endpoint, outcome) index, taken out of the family on
     /// first use: counting an answer is then one atomic add, no hashing, no lock.
     cells: Box<[OnceLock<Counter>]>,
+    latency: Family<HttpLabels, Histogram, fn() -> Histogram>,
+    /// `latency`'s histograms by (endpoint, outcome) index, as `cells`.
+    latency_cells: Box<[OnceLock<Histogram>]>,
     worker_passes: Family<WorkerLabels, Counter>,
     orders_expired: Counter,
     recovery: Family<ActionLabels, Counter>,
@@ -191,6 +218,12 @@ impl Metrics {
                 "http_responses",
                 "Answers by endpoint and outcome (a success, or the error code answered)",
                 Family::default(),
+            ),
+            latency: registered(
+                &mut registry,
+                "http_response_seconds",
+                "Time from a request's handler starting (after routing and admission) to its answer, by endpoint and outcome",
+                Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             ),
             worker_passes: registered(
                 &mut registry,
@@ -279,6 +312,9 @@ impl Metrics {
             cells: (0..ENDPOINTS.len() * (OUTCOMES.len() + 1))
                 .map(|_| OnceLock::new())
                 .collect(),
+            latency_cells: (0..ENDPOINTS.len() * (OUTCOMES.len() + 1))
+                .map(|_| OnceLock::new())
+                .collect(),
             registry,
         }
     }
@@ -286,16 +322,21 @@ impl Metrics {
     /// Counts one answer by index into `ENDPOINTS` and `OUTCOMES` (`OUTCOMES.len()` for
     /// "other"): the hot path's form, without the name lookups.
     pub fn answered_at(&self, endpoint: usize, outcome: usize) {
-        let endpoint = endpoint.min(ENDPOINTS.len() - 1);
-        let outcome = outcome.min(OUTCOMES.len());
-        let cell = &self.cells[endpoint * (OUTCOMES.len() + 1) + outcome];
-        cell.get_or_init(|| {
-            self.responses.get_or_create_owned(&HttpLabels {
-                endpoint: ENDPOINTS[endpoint],
-                outcome: OUTCOMES.get(outcome).copied().unwrap_or(OTHER_OUTCOME),
-            })
-        })
-        .inc();
+        let (cell, labels) = cell_of(endpoint, outcome);
+        self.cells[cell]
+            .get_or_init(|| self.responses.get_or_create_owned(&labels))
+            .inc();
+    }
+
+    /// Counts one answer as `answered_at` does and records how long it took.
+    pub fn answered_in(&self, endpoint: usize, outcome: usize, took: Duration) {
+        let (cell, labels) = cell_of(endpoint, outcome);
+        self.cells[cell]
+            .get_or_init(|| self.responses.get_or_create_owned(&labels))
+            .inc();
+        self.latency_cells[cell]
+            .get_or_init(|| self.latency.get_or_create_owned(&labels))
+            .observe(took.as_secs_f64());
     }
 
     /// Counts one pass of `worker`, and what it did.
@@ -542,7 +583,7 @@ mod tests {
     /// the gauges the monitor sets given a value.
     fn all_touched() -> Metrics {
         let m = Metrics::new();
-        m.answered_at(0, outcome_index("created"));
+        m.answered_in(0, outcome_index("created"), Duration::from_millis(3));
         m.worker_pass("expiry", true);
         m.orders_expired(1);
         m.recovered(&RecoveryReport {
@@ -577,13 +618,18 @@ mod tests {
         let text = all_touched().encode();
         let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
         assert_eq!(
-            families, 15,
+            families, 16,
             "every family registered in Metrics::new:\n{text}"
         );
+        // A histogram is named by its family (its samples add _bucket, _sum, _count).
+        let histograms = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" histogram"));
         let samples: Vec<&str> = text
             .lines()
             .filter(|l| !l.starts_with('#'))
             .filter_map(|l| l.split(['{', ' ']).next())
+            .chain(histograms)
             .collect();
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         for doc in ["docs/alerts.yml", "README.md"] {

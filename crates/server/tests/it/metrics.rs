@@ -44,13 +44,28 @@ fn responses(endpoint: &str, outcome: &str) -> String {
     format!(r#"flashsale_http_responses_total{{endpoint="{endpoint}",outcome="{outcome}"}}"#)
 }
 
+/// The answer-time histogram's series `part` (`count`, `sum`) of (endpoint, outcome).
+fn took(part: &str, endpoint: &str, outcome: &str) -> String {
+    format!(
+        r#"flashsale_http_response_seconds_{part}{{endpoint="{endpoint}",outcome="{outcome}"}}"#
+    )
+}
+
+/// The number of (endpoint, outcome)'s answers that took at most `le` seconds.
+fn took_at_most(le: &str, endpoint: &str, outcome: &str) -> String {
+    format!(
+        r#"flashsale_http_response_seconds_bucket{{le="{le}",endpoint="{endpoint}",outcome="{outcome}"}}"#
+    )
+}
+
 // Checks that every answer is counted by endpoint and outcome, and that the stores'
 // gauges are read at the scrape: after a product of 2 units, two purchases (201), a
 // replay of the first (200), a refusal (409 sold_out), a bad body (400), an unknown path
 // (404) and a method not allowed (405), the counters say exactly that; Redis and
 // MariaDB are up; the product's stock reads total 2, available 0 (from Redis), reserved
 // 2 and sold 0 (from MariaDB); the two order_created events wait in the outbox (no
-// relay runs here); and the answer is OpenMetrics text ending in "# EOF". A scrape within
+// relay runs here); every answer is timed too (as many observations as answers); and
+// the answer is OpenMetrics text ending in "# EOF". A scrape within
 // a second of the last answers its text again; a later one reads and counts anew.
 #[tokio::test]
 async fn metrics_count_every_answer_and_read_the_stores() {
@@ -118,6 +133,27 @@ async fn metrics_count_every_answer_and_read_the_stores() {
         ("flashsale_outbox_unsent".to_owned(), 2.0),
     ] {
         assert_eq!(sample(&text, &series), Some(want), "{series}:\n{text}");
+    }
+    // Every answer counted is also timed: as many observations as answers, every one
+    // within the last finite bucket (2.5 s; nothing here waits), a positive total time.
+    for (endpoint, outcome, n) in [
+        ("create_product", "created", 1.0),
+        ("purchase", "created", 2.0),
+        ("purchase", "replayed", 1.0),
+        ("purchase", "sold_out", 1.0),
+        ("purchase", "invalid_request", 1.0),
+        ("other", "not_found", 1.0),
+        ("other", "method_not_allowed", 1.0),
+    ] {
+        let series = took("count", endpoint, outcome);
+        assert_eq!(sample(&text, &series), Some(n), "{series}:\n{text}");
+        let series = took_at_most("2.5", endpoint, outcome);
+        assert_eq!(sample(&text, &series), Some(n), "{series}:\n{text}");
+        let series = took("sum", endpoint, outcome);
+        assert!(
+            sample(&text, &series).is_some_and(|t| t > 0.0),
+            "{series}:\n{text}"
+        );
     }
     // Within SCRAPE_REUSE the same text is answered again (the stores are not read
     // again): a refusal since is not in it yet; a second later a new scrape counts it,
@@ -268,7 +304,8 @@ async fn metrics_show_a_hanging_redis_as_down() {
 // Redis's timeout), two purchases in flight make a GET /v1/orders/{id} — another route,
 // which would otherwise answer 404 at once from MariaDB — answer 503 unavailable; once
 // they are done the same GET answers 404; the metrics count the shed GET as
-// get_order/unavailable.
+// get_order/unavailable (counted, not timed: no handler ran), and time each of the two
+// purchases at over half a second.
 #[tokio::test]
 async fn the_in_flight_limit_is_global_and_shed_requests_are_counted() {
     let proxy = TcpProxy::start(redis_addr()).await.expect("proxy");
@@ -325,6 +362,17 @@ async fn the_in_flight_limit_is_global_and_shed_requests_are_counted() {
     assert_eq!(
         sample(&text, &responses("purchase", "unavailable")),
         Some(2.0),
+        "{text}"
+    );
+    // The two purchases waited for Redis's one-second timeout, and their answer times
+    // say so; the shed GET never reached a handler, so it is counted but not timed.
+    for (le, n) in [("0.5", 0.0), ("2.5", 2.0)] {
+        let series = took_at_most(le, "purchase", "unavailable");
+        assert_eq!(sample(&text, &series), Some(n), "{series}:\n{text}");
+    }
+    assert_eq!(
+        sample(&text, &took("count", "get_order", "unavailable")),
+        None,
         "{text}"
     );
     app.cleanup().await;
