@@ -44,28 +44,27 @@ pub struct MaintenanceSettings {
     pub recovery_after: Duration,
     /// Most items one pass of a worker handles (per product for holds).
     pub batch_size: usize,
-    /// Most products read from the ledger at once while a pass walks them (keyset pages,
-    /// so every loaded product is reached however many there are).
+    /// Most products read from the ledger at once while a pass walks them: keyset pages,
+    /// so a pass reaches every loaded product however many there are, in bounded memory.
     pub products_page: usize,
-    /// Most products one pass looks after; the next pass goes on where it stopped, so a
-    /// pass's cost stays known and no product is left out for good.
-    pub products_per_pass: usize,
 }
 
-/// The walks over the loaded products that remember where a pass stopped.
-#[derive(Debug, Clone, Copy)]
-enum Sweep {
-    Recover = 0,
-    Watch = 1,
-    Reconcile = 2,
-}
+/// Failures in a row, one product after another, that end a pass: a store that is down
+/// fails every product, and the pass stops instead of waiting out each one's timeout; a
+/// product that fails alone (a damaged key, say) is logged and passed over, so it cannot
+/// keep the products after it from being looked after.
+const PRODUCT_FAILURES_IN_A_ROW_MAX: u32 = 3;
 
 /// Where one pass's walk over the loaded products is.
+#[derive(Default)]
 struct Walk {
-    sweep: Option<Sweep>,
+    /// The last product of the last page read (None: start from the first).
     after: Option<ProductId>,
-    seen: usize,
+    /// The last page was short: no product is left.
     done: bool,
+    /// The first product failure of the pass, reported when the pass ends.
+    failed: Option<Error>,
+    in_a_row: u32,
 }
 
 pub struct Maintenance {
@@ -75,9 +74,6 @@ pub struct Maintenance {
     ledger_m: Arc<dyn LedgerMaintenance>,
     settings: MaintenanceSettings,
     tries: Mutex<HashMap<RequestId, u32>>,
-    /// Per sweep, the last product a pass reached when it stopped at
-    /// `products_per_pass` (None: the next pass starts from the first product).
-    resume: [Mutex<Option<ProductId>>; 3],
     /// Where what the workers do is counted, as it happens (a pass that fails half-way
     /// still counts what it did).
     metrics: Option<Arc<Metrics>>,
@@ -133,7 +129,6 @@ impl Maintenance {
             ledger_m,
             settings,
             tries: Mutex::new(HashMap::new()),
-            resume: Default::default(),
             metrics: None,
         }
     }
@@ -182,8 +177,8 @@ impl Maintenance {
         Ok(())
     }
 
-    /// One recovery pass: pending returns and restocks, then the stale holds of the loaded
-    /// products (up to `products_per_pass` of them, going on where the last pass stopped).
+    /// One recovery pass: pending returns and restocks, then the stale holds of every
+    /// loaded product.
     pub async fn recover_once(&self) -> Result<RecoveryReport, Error> {
         let mut report = RecoveryReport::default();
         let result = self.recover_into(&mut report).await;
@@ -260,13 +255,14 @@ impl Maintenance {
                 Ok(Restock::NotLoaded) | Err(_) => report.deferred += 1,
             }
         }
-        let mut walk = self.walk(Some(Sweep::Recover));
+        let mut walk = Walk::default();
         while let Some(page) = self.next_page(&mut walk).await? {
             for product_id in page {
-                self.recover_product(product_id, report).await?;
+                let result = self.recover_product(product_id, report).await;
+                walk.settle(product_id, "recovery", result)?;
             }
         }
-        Ok(())
+        walk.end()
     }
 
     async fn recover_product(
@@ -476,20 +472,20 @@ impl Maintenance {
     /// copy (it restarted from a snapshot or failed over to a replica: the entry was
     /// written by another Redis process, so any write acknowledged after the copy may be
     /// gone, a release as much as a hold), or behind (its last hold id is below one the
-    /// ledger recorded) — and rebuilds them from the ledger's facts. Looks at up to
-    /// `products_per_pass` products, going on where the last pass stopped. Returns how
-    /// many it rebuilt.
+    /// ledger recorded) — and rebuilds them from the ledger's facts. Returns how many it
+    /// rebuilt.
     pub async fn watch_once(&self) -> Result<usize, Error> {
         let mut rebuilt = 0;
-        let mut walk = self.walk(Some(Sweep::Watch));
+        let mut walk = Walk::default();
         while let Some(page) = self.next_page(&mut walk).await? {
             for product_id in page {
-                if self.watch_product(product_id).await? {
+                let result = self.watch_product(product_id).await;
+                if walk.settle(product_id, "gate watch", result)? == Some(true) {
                     rebuilt += 1;
                 }
             }
         }
-        Ok(rebuilt)
+        walk.end().map(|()| rebuilt)
     }
 
     /// Rebuilds one product's gate state if it was lost; whether it rebuilt.
@@ -545,9 +541,9 @@ impl Maintenance {
         Ok(audit::check(product_id.get(), &gate, &ledger))
     }
 
-    /// Products the workers and audit look after (the first `products_per_pass` of them).
+    /// Products the workers and audit look after: every product whose stock was loaded.
     pub async fn products(&self) -> Result<Vec<ProductId>, Error> {
-        let mut walk = self.walk(None);
+        let mut walk = Walk::default();
         let mut all = Vec::new();
         while let Some(page) = self.next_page(&mut walk).await? {
             all.extend(page);
@@ -555,48 +551,16 @@ impl Maintenance {
         Ok(all)
     }
 
-    /// Starts a pass's walk over the loaded products: where the sweep's last pass stopped
-    /// (from the first product without a sweep).
-    fn walk(&self, sweep: Option<Sweep>) -> Walk {
-        let after = sweep.and_then(|s| *lock(&self.resume[s as usize]));
-        Walk {
-            sweep,
-            after,
-            seen: 0,
-            done: false,
-        }
-    }
-
-    /// The walk's next page of loaded products, None once it reached the last product
-    /// (the sweep's next pass then starts from the first) or `products_per_pass` (the next
-    /// pass goes on from here).
+    /// The walk's next page of loaded products (ascending ids), None past the last one.
     async fn next_page(&self, walk: &mut Walk) -> Result<Option<Vec<ProductId>>, Error> {
         if walk.done {
             return Ok(None);
         }
-        let room = self.settings.products_per_pass.saturating_sub(walk.seen);
-        let want = self.settings.products_page.min(room).max(1);
-        let mut page = self.ledger_m.loaded_products(walk.after, want).await?;
-        if page.is_empty() && walk.seen == 0 && walk.after.is_some() {
-            // The last pass stopped at the last product: this one starts over.
-            walk.after = None;
-            page = self.ledger_m.loaded_products(None, want).await?;
-        }
-        walk.seen += page.len();
-        let at_end = page.len() < want;
-        walk.done = at_end || walk.seen >= self.settings.products_per_pass;
+        let want = self.settings.products_page.max(1);
+        let page = self.ledger_m.loaded_products(walk.after, want).await?;
+        walk.done = page.len() < want;
+        // Ids only grow from page to page, so the walk ends.
         walk.after = page.last().copied().or(walk.after);
-        if let (true, Some(sweep)) = (walk.done, walk.sweep) {
-            let resume = match at_end {
-                true => None,
-                false => {
-                    info!(?sweep, products = walk.seen, after = ?walk.after,
-                        "pass reached its product limit; the next pass goes on from here");
-                    walk.after
-                }
-            };
-            *lock(&self.resume[sweep as usize]) = resume;
-        }
         Ok((!page.is_empty()).then_some(page))
     }
 
@@ -625,8 +589,7 @@ impl Maintenance {
         Ok(Reconciliation { repaired, ..second })
     }
 
-    /// One reconciliation pass over the loaded products (up to `products_per_pass`, going
-    /// on where the last pass stopped): reports every drift, and with
+    /// One reconciliation pass over every loaded product: reports every drift, and with
     /// `repair` repairs the ones that outlive the work in flight. The periodic worker
     /// only reports: its look at Redis (count, then hold records) is not one atomic
     /// read, so under load a purchase between the two reads can look like drift (found
@@ -638,10 +601,13 @@ impl Maintenance {
         settle: Duration,
     ) -> Result<Vec<Reconciliation>, Error> {
         let mut drifted = Vec::new();
-        let mut walk = self.walk(Some(Sweep::Reconcile));
+        let mut walk = Walk::default();
         while let Some(page) = self.next_page(&mut walk).await? {
             for product_id in page {
-                let r = self.reconcile(product_id, repair, settle).await?;
+                let result = self.reconcile(product_id, repair, settle).await;
+                let Some(r) = walk.settle(product_id, "reconciliation", result)? else {
+                    continue;
+                };
                 if r.drift != 0 {
                     warn!(%product_id, drift = r.drift, repaired = r.repaired,
                         redis = ?r.redis_available, expected = r.expected_available,
@@ -650,7 +616,7 @@ impl Maintenance {
                 }
             }
         }
-        Ok(drifted)
+        walk.end().map(|()| drifted)
     }
 
     async fn measure(&self, product_id: ProductId) -> Result<Reconciliation, Error> {
@@ -682,6 +648,40 @@ impl Maintenance {
             in_flight_units,
             repaired: false,
         })
+    }
+}
+
+impl Walk {
+    /// Takes one product's result: its value, or None for a failure passed over (logged;
+    /// the pass goes on and ends with the first failure), or the failure itself once
+    /// `PRODUCT_FAILURES_IN_A_ROW_MAX` products in a row failed (a store is down: the pass
+    /// ends now).
+    fn settle<T>(
+        &mut self,
+        product_id: ProductId,
+        pass: &'static str,
+        result: Result<T, Error>,
+    ) -> Result<Option<T>, Error> {
+        match result {
+            Ok(value) => {
+                self.in_a_row = 0;
+                Ok(Some(value))
+            }
+            Err(e) => {
+                self.in_a_row += 1;
+                if self.in_a_row >= PRODUCT_FAILURES_IN_A_ROW_MAX {
+                    return Err(e);
+                }
+                warn!(%product_id, pass, error = %e, "product passed over this pass; tried again next pass");
+                self.failed.get_or_insert(e);
+                Ok(None)
+            }
+        }
+    }
+
+    /// How the pass ended: with the first product failure it passed over, if any.
+    fn end(self) -> Result<(), Error> {
+        self.failed.map_or(Ok(()), Err)
     }
 }
 

@@ -612,7 +612,8 @@ mod tests {
 
     // Checks the alert rules (docs/alerts.yml) and the README's list name only series
     // that exist: every `flashsale_…` word in them is the name of a sample the metrics
-    // encode to (a counter's with its `_total`, a gauge's bare), all 15 families touched.
+    // encode to (a counter's with its `_total`, a gauge's bare) or a histogram's family
+    // name, all 16 families touched.
     #[test]
     fn alert_rules_name_real_metrics() {
         let text = all_touched().encode();

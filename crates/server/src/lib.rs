@@ -39,11 +39,6 @@ pub(crate) const WORKER_BATCH_SIZE: usize = 500;
 /// Products a worker reads from the ledger at once while it walks the loaded products:
 /// one small query per thousand products, and a page's ids take a few kilobytes.
 const PRODUCTS_PAGE: usize = 1_000;
-/// Most products one worker pass looks after; the next pass goes on where it stopped.
-/// Far more than a shop runs sales on at once, and still a pass a few minutes long at
-/// worst (two round trips per product), so every product is looked after every few
-/// periods however many accumulate.
-const PRODUCTS_PER_PASS: usize = 100_000;
 
 /// Connections of the event workers' own database pool: the relay and the consumer use
 /// one at a time each; a pool of their own never takes a connection a purchase waits for.
@@ -141,7 +136,6 @@ fn maintenance_for(
             recovery_after: config.recovery_after,
             batch_size: WORKER_BATCH_SIZE,
             products_page: PRODUCTS_PAGE,
-            products_per_pass: PRODUCTS_PER_PASS,
         },
     );
     Arc::new(match metrics {

@@ -250,10 +250,8 @@ impl World {
             MaintenanceSettings {
                 recovery_after: self.sc.recovery_after,
                 batch_size: self.sc.batch_size,
-                // One product to a page and at most `batch_size` (1, 2, 5 or 100) to a
-                // pass: with two products, some seeds walk them across passes.
+                // One product to a page: with two products, some seeds walk two pages.
                 products_page: 1,
-                products_per_pass: self.sc.batch_size,
             },
         );
         let outbox: Arc<dyn Outbox> = self.fledger.clone();
@@ -824,11 +822,6 @@ async fn drain(w: Rc<World>) {
     let (Some(m), Some(relay), Some(consume)) = (w.maint(0), w.relay(0), w.consume(0)) else {
         return;
     };
-    // A pass of the walking workers looks after at most `batch_size` products (see
-    // `products_per_pass` above), so the system is quiet only once enough quiet passes in
-    // a row reached every product.
-    let cycle = w.sc.products.len().div_ceil(w.sc.batch_size.max(1));
-    let mut quiet_passes = 0;
     for _ in 0..DRAIN_PASSES_MAX {
         let watched = m.watch_once().await;
         let expired = m.expire_once().await;
@@ -850,12 +843,7 @@ async fn drain(w: Rc<World>) {
             && matches!(consumed, Ok(0))
             && w.bus.caught_up()
         {
-            quiet_passes += 1;
-            if quiet_passes >= cycle {
-                return;
-            }
-        } else {
-            quiet_passes = 0;
+            return;
         }
     }
     w.violation(format!(

@@ -331,7 +331,7 @@ async fn two_recovery_workers_return_stock_once() {
         std::sync::Arc::new(gate(&app)),
         ledger(&app).await,
         ledger(&app).await,
-        settings(7, 2, 3),
+        settings(7, 2),
     );
     let (a, b) = tokio::join!(
         async {
@@ -366,17 +366,18 @@ async fn two_recovery_workers_return_stock_once() {
     app.cleanup().await;
 }
 
-// Checks that the workers reach every loaded product however many there are: five
-// products, read two to a page and at most three to a pass (the server reads a thousand to
-// a page and a hundred thousand to a pass). Abandoned holds on the first and the last
-// product are released by the first and the second recovery pass (the second goes on
-// where the first stopped; a third starts over and finds nothing); the last product's
-// lost Redis entry is rebuilt by the second gate-watch pass; drift on the fourth is
-// reported by the second reconciliation pass; the product list pages through all five.
-// Before, the workers read one capped list, and products past the cap were never looked
-// after.
+// Checks that the workers reach every loaded product however many there are, and that
+// one product that fails cannot keep them from the others: five products, read two to a
+// page (the server reads a thousand). One recovery pass releases abandoned holds on the
+// first and the last product; one gate-watch pass rebuilds the last product's lost Redis
+// entry; one reconciliation pass reports drift on the fourth; the product list holds all
+// five. Then the second product's pending index is damaged (a string where a sorted set
+// belongs, so reading it fails): a recovery pass still releases a new abandoned hold on
+// the fifth product, and the pass ends in an error naming the damage, not in silence.
+// Before, the workers read one list capped at 10,000 products, and products past the cap
+// were never looked after.
 #[tokio::test]
-async fn workers_walk_every_loaded_product_in_pages_and_passes() {
+async fn workers_walk_every_loaded_product_page_by_page() {
     let app = TestApp::spawn_with(Default::default(), FAST_RECOVERY).await;
     let ids = [2700, 2701, 2702, 2703, 2704];
     for id in ids {
@@ -384,38 +385,24 @@ async fn workers_walk_every_loaded_product_in_pages_and_passes() {
     }
     abandoned_hold(&app, "REQ_walk_first", 1, 2700).await;
     abandoned_hold(&app, "REQ_walk_last", 2, 2704).await;
-    let walker = |per_pass| {
-        let app = &app;
-        async move {
-            flashsale_app::Maintenance::new(
-                std::sync::Arc::new(gate(app)),
-                std::sync::Arc::new(gate(app)),
-                ledger(app).await,
-                ledger(app).await,
-                settings(100, 2, per_pass),
-            )
-        }
-    };
-    let all: Vec<i64> = walker(100)
-        .await
+    let m = flashsale_app::Maintenance::new(
+        std::sync::Arc::new(gate(&app)),
+        std::sync::Arc::new(gate(&app)),
+        ledger(&app).await,
+        ledger(&app).await,
+        settings(100, 2),
+    );
+    let all: Vec<i64> = m
         .products()
         .await
         .expect("products")
         .into_iter()
         .map(|p| p.get())
         .collect();
-    assert_eq!(all, ids, "three pages of two, every product listed");
-    let m = walker(3).await;
+    assert_eq!(all, ids, "pages of 2, 2 and 1: every product listed");
     tokio::time::sleep(Duration::from_millis(2100)).await;
-    let mut released = Vec::new();
-    for _ in 0..3 {
-        released.push(m.recover_once().await.expect("recovery pass").released);
-    }
-    assert_eq!(
-        released,
-        [1, 1, 0],
-        "2700..2702, then 2703..2704, then again"
-    );
+    let report = m.recover_once().await.expect("recovery pass");
+    assert_eq!(report.released, 2, "2700 and 2704: {report:?}");
     assert_eq!(app.redis_available(2700).await, Some(3));
     assert_eq!(app.redis_available(2704).await, Some(3));
 
@@ -425,11 +412,7 @@ async fn workers_walk_every_loaded_product_in_pages_and_passes() {
         .query_async(&mut conn)
         .await
         .expect("lose the last product's entry");
-    let mut rebuilt = Vec::new();
-    for _ in 0..2 {
-        rebuilt.push(m.watch_once().await.expect("watch pass"));
-    }
-    assert_eq!(rebuilt, [0, 1], "the second pass reaches 2704");
+    assert_eq!(m.watch_once().await.expect("watch pass"), 1);
     assert_eq!(app.redis_available(2704).await, Some(3));
 
     let _: i64 = redis::cmd("HINCRBY")
@@ -439,25 +422,44 @@ async fn workers_walk_every_loaded_product_in_pages_and_passes() {
         .query_async(&mut conn)
         .await
         .expect("inject drift");
-    let first = m
+    let drifted = m
         .reconcile_all(false, Duration::ZERO)
         .await
         .expect("reconcile");
-    assert!(first.is_empty(), "2700..2702 are clean: {first:?}");
-    let second = m
-        .reconcile_all(false, Duration::ZERO)
-        .await
-        .expect("reconcile");
-    let found: Vec<(i64, i64)> = second
+    let found: Vec<(i64, i64)> = drifted
         .iter()
         .map(|r| (r.product_id.get(), r.drift))
         .collect();
     assert_eq!(found, [(2703, 2)]);
     let repaired = m
-        .reconcile(second[0].product_id, true, Duration::from_millis(50))
+        .reconcile(drifted[0].product_id, true, Duration::from_millis(50))
         .await
         .expect("repair");
     assert!(repaired.repaired, "{repaired:?}");
+
+    let _: () = redis::cmd("SET")
+        .arg(app.key(2701, "pending"))
+        .arg("not a sorted set")
+        .query_async(&mut conn)
+        .await
+        .expect("damage 2701's pending index");
+    // 2704's rebuilt entry started under a fresh sold-out lease (250 ms here).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    abandoned_hold(&app, "REQ_walk_after_damage", 3, 2704).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let failed = m.recover_once().await.expect_err("2701 fails");
+    assert!(failed.to_string().contains("WRONGTYPE"), "{failed}");
+    assert_eq!(
+        app.redis_available(2704).await,
+        Some(3),
+        "2704's hold released although 2701 failed before it"
+    );
+    let _: i64 = redis::cmd("DEL")
+        .arg(app.key(2701, "pending"))
+        .query_async(&mut conn)
+        .await
+        .expect("repair 2701's pending index");
+    assert_eq!(m.recover_once().await.expect("recovery pass").released, 0);
     for id in ids {
         invariants::assert_ok(&app, id).await;
         invariants::assert_audit_clean(&app, id).await;
@@ -465,16 +467,11 @@ async fn workers_walk_every_loaded_product_in_pages_and_passes() {
     app.cleanup().await;
 }
 
-fn settings(
-    batch_size: usize,
-    products_page: usize,
-    products_per_pass: usize,
-) -> flashsale_app::MaintenanceSettings {
+fn settings(batch_size: usize, products_page: usize) -> flashsale_app::MaintenanceSettings {
     flashsale_app::MaintenanceSettings {
         recovery_after: Duration::from_secs(2),
         batch_size,
         products_page,
-        products_per_pass,
     }
 }
 
