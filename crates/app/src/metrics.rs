@@ -228,7 +228,7 @@ impl Metrics {
             worker_passes: registered(
                 &mut registry,
                 "worker_passes",
-                "Passes of each background worker, by result (ok, or error: a store did not answer)",
+                "Passes of each background worker, by result (ok, or error: a store did not answer, or a product's step failed and was passed over)",
                 Family::default(),
             ),
             orders_expired: registered(
