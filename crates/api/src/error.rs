@@ -1,9 +1,11 @@
 //! The one place where outcomes become HTTP statuses and error codes. The set of codes is
 //! part of the API contract (README): add, never rename.
 
+use std::sync::OnceLock;
+
+use axum::body::{Body as HttpBody, Bytes};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use flashsale_app::Error;
 use serde::Serialize;
 use tracing::warn;
@@ -15,8 +17,16 @@ const RETRY_AFTER_SECS: &str = "1";
 pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
-    pub message: String,
+    message: String,
+    /// The answer's body, encoded once for the process: outcomes whose message never
+    /// varies (a flood's `sold_out`, above all), so refusing one costs no JSON encoding
+    /// and no allocation of its text (BENCHMARKS.md, thirteenth session).
+    encoded: Option<&'static OnceLock<Bytes>>,
 }
+
+/// The encoded bodies of the outcomes whose text is fixed, one per variant of
+/// [`Error`] that carries nothing.
+static FIXED: [OnceLock<Bytes>; 11] = [const { OnceLock::new() }; 11];
 
 #[derive(Serialize)]
 struct Body<'a> {
@@ -30,6 +40,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            encoded: None,
         }
     }
 
@@ -45,21 +56,32 @@ impl ApiError {
 impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
         use StatusCode as S;
-        let (status, code) = match &e {
-            Error::Invalid(_) => (S::BAD_REQUEST, "invalid_request"),
-            Error::ProductNotFound => (S::NOT_FOUND, "product_not_found"),
-            Error::OrderNotFound => (S::NOT_FOUND, "order_not_found"),
-            Error::ProductExists => (S::CONFLICT, "product_exists"),
-            Error::SaleNotActive => (S::CONFLICT, "sale_not_active"),
-            Error::SoldOut => (S::CONFLICT, "sold_out"),
-            Error::LimitExceeded => (S::CONFLICT, "limit_exceeded"),
-            Error::RequestIdConflict => (S::CONFLICT, "request_id_conflict"),
-            Error::RequestReleased => (S::CONFLICT, "request_released"),
-            Error::OrderNotPayable => (S::CONFLICT, "order_not_payable"),
-            Error::OrderExpired => (S::CONFLICT, "order_expired"),
-            Error::OrderNotCancellable => (S::CONFLICT, "order_not_cancellable"),
-            Error::Unavailable(_) => (S::SERVICE_UNAVAILABLE, "unavailable"),
+        // The last element: the variant's place in `FIXED` when its text never varies.
+        let (status, code, fixed) = match &e {
+            Error::Invalid(_) => (S::BAD_REQUEST, "invalid_request", None),
+            Error::ProductNotFound => (S::NOT_FOUND, "product_not_found", Some(0)),
+            Error::OrderNotFound => (S::NOT_FOUND, "order_not_found", Some(1)),
+            Error::ProductExists => (S::CONFLICT, "product_exists", Some(2)),
+            Error::SaleNotActive => (S::CONFLICT, "sale_not_active", Some(3)),
+            Error::SoldOut => (S::CONFLICT, "sold_out", Some(4)),
+            Error::LimitExceeded => (S::CONFLICT, "limit_exceeded", Some(5)),
+            Error::RequestIdConflict => (S::CONFLICT, "request_id_conflict", Some(6)),
+            Error::RequestReleased => (S::CONFLICT, "request_released", Some(7)),
+            Error::OrderNotPayable => (S::CONFLICT, "order_not_payable", Some(8)),
+            Error::OrderExpired => (S::CONFLICT, "order_expired", Some(9)),
+            Error::OrderNotCancellable => (S::CONFLICT, "order_not_cancellable", Some(10)),
+            Error::Unavailable(_) => (S::SERVICE_UNAVAILABLE, "unavailable", None),
         };
+        if let Some(i) = fixed {
+            let cell = &FIXED[i];
+            cell.get_or_init(|| encode(code, &e.to_string()));
+            return Self {
+                status,
+                code,
+                message: String::new(),
+                encoded: Some(cell),
+            };
+        }
         if status.is_server_error() {
             // The cause is for operators; the client learns only that it should retry.
             warn!(error = %e, "request answered 503");
@@ -73,13 +95,30 @@ impl From<Error> for ApiError {
     }
 }
 
+/// The JSON body of an error answer.
+fn encode(code: &str, message: &str) -> Bytes {
+    // Two strings into a struct of two strings: serializing cannot fail.
+    serde_json::to_vec(&Body {
+        error: code,
+        message,
+    })
+    .map(Bytes::from)
+    .unwrap_or_default()
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = Body {
-            error: self.code,
-            message: &self.message,
+        let body = match self.encoded.and_then(OnceLock::get) {
+            // A clone of the one encoding: a reference count, no copy.
+            Some(body) => body.clone(),
+            None => encode(self.code, &self.message),
         };
-        let mut response = (self.status, Json(body)).into_response();
+        let mut response = Response::new(HttpBody::from(body));
+        *response.status_mut() = self.status;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             response.headers_mut().insert(
                 header::RETRY_AFTER,
@@ -87,5 +126,107 @@ impl IntoResponse for ApiError {
             );
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    // What: every outcome's answer — status, `Content-Type`, and a body whose `error` is
+    // its code and whose `message` is the outcome's text — whether its body was encoded
+    // once (the fixed outcomes) or for this answer; a 503's `Retry-After`. How: each
+    // variant of `Error` turned into a response twice (the second from the encoded cell)
+    // and its body read back as JSON; two variants sharing a cell would answer with the
+    // other's code.
+    use super::*;
+    use flashsale_core::ParseError;
+
+    async fn answer(
+        e: Error,
+    ) -> (
+        StatusCode,
+        Option<String>,
+        Option<String>,
+        serde_json::Value,
+    ) {
+        let response = ApiError::from(e).into_response();
+        let status = response.status();
+        let header = |name| {
+            response
+                .headers()
+                .get(name)
+                .map(|v: &HeaderValue| v.to_str().unwrap().to_owned())
+        };
+        let (content_type, retry_after) =
+            (header(header::CONTENT_TYPE), header(header::RETRY_AFTER));
+        let bytes = axum::body::to_bytes(response.into_body(), 4096)
+            .await
+            .unwrap();
+        (
+            status,
+            content_type,
+            retry_after,
+            serde_json::from_slice(&bytes).unwrap(),
+        )
+    }
+
+    fn every_outcome() -> Vec<(Error, u16, &'static str)> {
+        vec![
+            (
+                Error::Invalid(ParseError::new("quantity", "must be at least 1")),
+                400,
+                "invalid_request",
+            ),
+            (Error::ProductNotFound, 404, "product_not_found"),
+            (Error::OrderNotFound, 404, "order_not_found"),
+            (Error::ProductExists, 409, "product_exists"),
+            (Error::SaleNotActive, 409, "sale_not_active"),
+            (Error::SoldOut, 409, "sold_out"),
+            (Error::LimitExceeded, 409, "limit_exceeded"),
+            (Error::RequestIdConflict, 409, "request_id_conflict"),
+            (Error::RequestReleased, 409, "request_released"),
+            (Error::OrderNotPayable, 409, "order_not_payable"),
+            (Error::OrderExpired, 409, "order_expired"),
+            (Error::OrderNotCancellable, 409, "order_not_cancellable"),
+            (
+                Error::Unavailable("redis: timed out".into()),
+                503,
+                "unavailable",
+            ),
+        ]
+    }
+
+    #[tokio::test]
+    async fn every_outcome_answers_its_code_and_text_the_first_time_and_again() {
+        for _round in 0..2 {
+            for (e, status, code) in every_outcome() {
+                let text = e.to_string();
+                let (s, content_type, retry_after, body) = answer(e).await;
+                assert_eq!(s.as_u16(), status, "{code}");
+                assert_eq!(content_type.as_deref(), Some("application/json"), "{code}");
+                assert_eq!(body["error"], code);
+                assert_eq!(body.as_object().map(|o| o.len()), Some(2), "{code}: {body}");
+                if status == 503 {
+                    // The cause is for the logs; the client is told to retry.
+                    assert_eq!(retry_after.as_deref(), Some(RETRY_AFTER_SECS));
+                    assert!(!body["message"].as_str().unwrap().contains("redis"));
+                } else {
+                    assert_eq!(retry_after, None, "{code}");
+                    assert_eq!(body["message"], text.as_str(), "{code}");
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn an_error_built_by_hand_answers_its_own_text() {
+        let response = ApiError::new(StatusCode::NOT_FOUND, "not_found", "no \"such\" endpoint")
+            .into_response();
+        assert_eq!(response.status(), StatusCode::NOT_FOUND);
+        let bytes = axum::body::to_bytes(response.into_body(), 4096)
+            .await
+            .unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(body["error"], "not_found");
+        assert_eq!(body["message"], "no \"such\" endpoint");
     }
 }

@@ -20,7 +20,7 @@ use flashsale_app::{Flashsale, Metrics, Monitor};
 use flashsale_core::{
     NewProduct, OrderId, ParseError, ProductId, PurchaseRequest, RequestId, SaleWindow, UserId,
 };
-use serde::de::DeserializeOwned;
+use serde::Deserialize;
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::ServiceBuilder;
 
@@ -252,7 +252,7 @@ impl<S: Send + Sync> FromRequest<S> for Body {
     }
 }
 
-fn json<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+fn json<'a, T: Deserialize<'a>>(body: &'a Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))
 }
 

@@ -1,12 +1,17 @@
 //! JSON shapes of requests and responses.
 
+use std::borrow::Cow;
+
 use chrono::{DateTime, Utc};
 use flashsale_app::{Order, ProductView};
 use serde::{Deserialize, Serialize};
 
+/// A purchase as sent; `request_id` borrowed from the body when it has no escapes (the
+/// flood's refusals then allocate nothing for it: `RequestId` copies it only once checked).
 #[derive(Debug, Deserialize)]
-pub struct PurchaseBody {
-    pub request_id: String,
+pub struct PurchaseBody<'a> {
+    #[serde(borrow)]
+    pub request_id: Cow<'a, str>,
     pub user_id: i64,
     pub product_id: i64,
     pub quantity: i64,

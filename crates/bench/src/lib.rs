@@ -21,6 +21,7 @@
 pub mod cli;
 pub mod compare;
 pub mod html;
+pub mod http;
 pub mod load;
 pub mod probes;
 pub mod report;
@@ -334,7 +335,8 @@ async fn run_against(
         Mode::Open { max_in_flight, .. } => max_in_flight,
         Mode::Closed { connections } => connections,
     };
-    let http = load::http_client(usize::try_from(pool).unwrap_or(usize::MAX))?;
+    let load_http = load::load_client(&base_url, usize::try_from(pool).unwrap_or(usize::MAX))?;
+    let http = load::control_client()?;
 
     // The ceiling creates nothing and measures no cost per order: no probes either.
     let (mut redis, mut mysql) = if ceiling {
@@ -437,7 +439,7 @@ async fn run_against(
     }
     let hz = probes::clock_ticks_per_s();
     let cpu_before = probes::cpu_snapshot(pid);
-    let outcome = load::run(plan, http.clone(), live.clone(), watcher).await;
+    let outcome = load::run(plan, load_http, live.clone(), watcher).await;
     let cpu_after = probes::cpu_snapshot(pid);
     bar.finish_and_clear();
 

@@ -6,12 +6,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use hyper::body::Bytes;
+use hyper::{Method, Uri};
 use serde::Deserialize;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::cli::Target;
+use crate::http::Client;
 use crate::schedule::Schedule;
 use crate::stats::{Op, Recorder};
 use crate::workload::{FollowUp, Workload};
@@ -22,7 +24,7 @@ use crate::workload::{FollowUp, Workload};
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bound on opening a connection to the server (127.0.0.1: a slow connect is a stuck
 /// accept queue).
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Re-sends of one request after a 503 or no answer, with the same request_id: a client
 /// that gives up after a few tries, so a down server ends the run instead of looping.
 pub const RETRIES_503_MAX: u32 = 3;
@@ -95,9 +97,9 @@ pub struct LoadOutcome {
 
 struct Shared {
     plan: LoadPlan,
-    http: reqwest::Client,
-    purchase_url: String,
-    healthz_url: String,
+    http: Client,
+    purchase_path: Uri,
+    healthz_path: Uri,
     shards: Vec<Mutex<Recorder>>,
     live: Arc<Live>,
     start: Instant,
@@ -120,14 +122,18 @@ struct Exchange {
     retry_after: Option<Duration>,
 }
 
-/// Builds the HTTP client for the load: keep-alive connections reused across requests,
-/// as many idle ones kept as the load has concurrent requests.
-pub fn http_client(pool: usize) -> Result<reqwest::Client, String> {
+/// Builds the HTTP client for the load (`crate::http`): keep-alive connections reused
+/// across requests, as many idle ones kept as the load has concurrent requests.
+pub fn load_client(base_url: &str, pool: usize) -> Result<Client, String> {
+    Client::new(base_url, pool, CONNECT_TIMEOUT, CLIENT_TIMEOUT)
+}
+
+/// Builds the client of the run's few other calls (creating the product, the checks, the
+/// metrics): reqwest, whose cost per request does not matter there.
+pub fn control_client() -> Result<reqwest::Client, String> {
     reqwest::Client::builder()
         .timeout(CLIENT_TIMEOUT)
         .connect_timeout(CONNECT_TIMEOUT)
-        .pool_max_idle_per_host(pool)
-        .tcp_nodelay(true)
         .build()
         .map_err(|e| format!("http client: {e}"))
 }
@@ -146,41 +152,20 @@ impl Shared {
         lock(&self.shards[(intent % SHARDS as u64) as usize])
     }
 
-    /// One exchange: a POST of `body` as JSON, or a GET when there is no body.
-    async fn send(&self, url: &str, body: Option<&str>) -> Exchange {
-        let request = match body {
-            Some(body) => self
-                .http
-                .post(url)
-                .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-                .body(body.to_owned()),
-            None => self.http.get(url),
+    /// One exchange: a POST of `body` as JSON, or a GET when there is no body. No whole
+    /// answer (a transport failure, a timeout, a body cut short): status 0, as unknown as
+    /// no answer at all.
+    async fn send(&self, path: &Uri, body: Option<&Bytes>) -> Exchange {
+        let method = match body {
+            Some(_) => Method::POST,
+            None => Method::GET,
         };
-        let sent = request.send().await;
-        let response = match sent {
-            Ok(r) => r,
-            Err(_) => {
-                return Exchange {
-                    status: 0,
-                    answer: Answer::default(),
-                    retry_after: None,
-                }
-            }
-        };
-        let status = response.status().as_u16();
-        let retry_after = response
-            .headers()
-            .get(RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
-        match response.bytes().await {
-            Ok(bytes) => Exchange {
-                status,
-                answer: serde_json::from_slice(&bytes).unwrap_or_default(),
-                retry_after,
+        match self.http.send(method, path, body.cloned()).await {
+            Ok(answer) => Exchange {
+                status: answer.status,
+                answer: serde_json::from_slice(&answer.body).unwrap_or_default(),
+                retry_after: answer.retry_after,
             },
-            // The body did not arrive: as unknown as no answer at all.
             Err(_) => Exchange {
                 status: 0,
                 answer: Answer::default(),
@@ -189,21 +174,21 @@ impl Shared {
         }
     }
 
-    /// Sends `body` to `url` (a GET when `None`), re-sending after a 503 or no answer (at most
+    /// Sends `body` to `path` (a GET when `None`), re-sending after a 503 or no answer (at most
     /// `RETRIES_503_MAX` times), and records every exchange. The first exchange's latency
     /// counts from `intended` (open loop: its place on the timeline).
     async fn exchange(
         &self,
         op: Op,
         intent: u64,
-        url: &str,
-        body: Option<&str>,
+        path: &Uri,
+        body: Option<&Bytes>,
         intended: Instant,
     ) -> Exchange {
         let mut sent_at = intended;
         let mut tries = 0;
         loop {
-            let ex = self.send(url, body).await;
+            let ex = self.send(path, body).await;
             let now = Instant::now();
             let retry = ex.status == 0 || ex.status == 503;
             {
@@ -250,7 +235,7 @@ impl Shared {
             Target::Healthz => {
                 // Every ceiling request is a new one: no request_id, nothing to repeat.
                 self.new_intents.fetch_add(1, Ordering::Relaxed);
-                self.exchange(Op::Healthz, k, &self.healthz_url, None, intended)
+                self.exchange(Op::Healthz, k, &self.healthz_path, None, intended)
                     .await;
             }
         }
@@ -265,17 +250,17 @@ impl Shared {
         } else {
             self.new_intents.fetch_add(1, Ordering::Relaxed);
         }
-        let body = format!(
+        let body = Bytes::from(format!(
             r#"{{"request_id":"{}","user_id":{},"product_id":{},"quantity":1}}"#,
             plan.workload.request_id(a.intent),
             a.user_id,
             plan.product_id
-        );
+        ));
         let ex = self
             .exchange(
                 Op::Purchase,
                 a.intent,
-                &self.purchase_url,
+                &self.purchase_path,
                 Some(&body),
                 intended,
             )
@@ -308,10 +293,13 @@ impl Shared {
                 return;
             }
         };
-        let url = format!("{}/v1/orders/{order_id}/{verb}", plan.base_url);
-        let body = format!(r#"{{"user_id":{}}}"#, a.user_id);
+        let Ok(path) = format!("/v1/orders/{order_id}/{verb}").parse::<Uri>() else {
+            // An order id is digits: its path always parses.
+            return;
+        };
+        let body = Bytes::from(format!(r#"{{"user_id":{}}}"#, a.user_id));
         let ex = self
-            .exchange(op, a.intent, &url, Some(&body), Instant::now())
+            .exchange(op, a.intent, &path, Some(&body), Instant::now())
             .await;
         if ex.status == 200 {
             let mut shard = self.shard(a.intent);
@@ -354,17 +342,15 @@ pub trait Watcher: Send + Sync {
 /// Runs the load to completion (every attempt taken, the duration cap, or Ctrl-C).
 pub async fn run(
     plan: LoadPlan,
-    http: reqwest::Client,
+    http: Client,
     live: Arc<Live>,
     watcher: Arc<dyn Watcher>,
 ) -> LoadOutcome {
-    let purchase_url = format!("{}/v1/purchases", plan.base_url);
-    let healthz_url = format!("{}/healthz", plan.base_url);
     let shared = Arc::new(Shared {
         plan,
         http,
-        purchase_url,
-        healthz_url,
+        purchase_path: Uri::from_static("/v1/purchases"),
+        healthz_path: Uri::from_static("/healthz"),
         shards: (0..SHARDS)
             .map(|_| Mutex::new(Recorder::default()))
             .collect(),
