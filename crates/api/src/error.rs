@@ -2,6 +2,7 @@
 //! part of the API contract (README): add, never rename.
 
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use axum::body::{Body as HttpBody, Bytes};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -18,6 +19,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     message: String,
+    /// `Retry-After` of a 429, in seconds (a 503's is always `RETRY_AFTER_SECS`).
+    retry_after_secs: Option<u64>,
     /// The answer's body, encoded once for the process: outcomes whose message never
     /// varies (a flood's `sold_out`, above all), so refusing one costs no JSON encoding
     /// and no allocation of its text (BENCHMARKS.md, thirteenth session).
@@ -40,8 +43,22 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after_secs: None,
             encoded: None,
         }
+    }
+
+    /// A purchase over a rate limit (`what`: whose), to be retried after `retry_after`
+    /// (rounded up to whole seconds, at least one): nothing was done.
+    pub fn rate_limited(what: &str, retry_after: Duration) -> Self {
+        let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            format!("too many purchase attempts from this {what}; nothing was done, retry after the Retry-After seconds"),
+        );
+        e.retry_after_secs = Some(secs.max(1));
+        e
     }
 
     pub fn invalid(message: impl Into<String>) -> Self {
@@ -79,6 +96,7 @@ impl From<Error> for ApiError {
                 status,
                 code,
                 message: String::new(),
+                retry_after_secs: None,
                 encoded: Some(cell),
             };
         }
@@ -124,6 +142,10 @@ impl IntoResponse for ApiError {
                 header::RETRY_AFTER,
                 HeaderValue::from_static(RETRY_AFTER_SECS),
             );
+        } else if let Some(secs) = self.retry_after_secs {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         response
     }

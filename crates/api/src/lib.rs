@@ -5,8 +5,9 @@
 //! render its result. This crate never talks to Redis or MariaDB itself.
 
 mod error;
+pub mod limit;
 mod routes;
 mod wire;
 
 pub use error::ApiError;
-pub use routes::{metrics_router, router, ApiConfig};
+pub use routes::{metrics_router, router, ApiConfig, PurchaseLimits};

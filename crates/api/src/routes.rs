@@ -1,4 +1,5 @@
 use std::future::{poll_fn, Future};
+use std::net::{IpAddr, SocketAddr};
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::Poll;
@@ -7,11 +8,12 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use axum::error_handling::HandleErrorLayer;
 use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::ConnectInfo;
 use axum::extract::{
     DefaultBodyLimit, FromRequest, FromRequestParts, MatchedPath, Path, Request, State,
 };
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{BoxError, Json, Router};
@@ -25,6 +27,7 @@ use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::ServiceBuilder;
 
 use crate::error::ApiError;
+use crate::limit::{address_key, Limiter};
 use crate::wire::{NewProductBody, OrderJson, ProductJson, PurchaseBody, RestockBody, UserBody};
 
 /// Largest request body accepted: every valid body is a few hundred bytes.
@@ -50,6 +53,22 @@ pub struct ApiConfig {
     /// Whether this router serves `GET /metrics` (false: it is served on a listener of
     /// its own, `metrics_router`).
     pub serve_metrics: bool,
+    /// The purchase endpoint's rate limits.
+    pub limits: Arc<PurchaseLimits>,
+}
+
+/// Rate limits of `POST /v1/purchases` (`limit.rs`): a purchase over either is answered
+/// 429 `rate_limited` with `Retry-After`, and nothing is done.
+#[derive(Debug, Default)]
+pub struct PurchaseLimits {
+    /// Per `user_id`, checked once the purchase parsed.
+    pub per_user: Option<Limiter<i64>>,
+    /// Per client address (an IPv6 client's /64), checked before the body is parsed.
+    pub per_address: Option<Limiter<IpAddr>>,
+    /// Where the client's address is read instead of the connection's peer: a header
+    /// that the proxy in front appends to (its last comma-separated entry is taken). A
+    /// request without a parsable one is keyed by its peer.
+    pub client_ip_header: Option<HeaderName>,
 }
 
 // The `endpoint` labels of the answers, checked against the list at compile time.
@@ -252,6 +271,42 @@ impl<S: Send + Sync> FromRequest<S> for Body {
     }
 }
 
+/// The client's address for the per-address limit, when that limit is on: the last entry
+/// of the configured header (what the proxy in front appended), else the connection's
+/// peer (None when the server was not given it).
+struct Client(Option<IpAddr>);
+
+impl FromRequestParts<AppState> for Client {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let limits = &state.config.limits;
+        if limits.per_address.is_none() {
+            return Ok(Client(None));
+        }
+        let from_header = limits.client_ip_header.as_ref().and_then(|name| {
+            parts
+                .headers
+                .get_all(name)
+                .iter()
+                .next_back()
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.rsplit(',').next())
+                .and_then(|v| v.trim().parse::<IpAddr>().ok())
+        });
+        let peer = || {
+            parts
+                .extensions
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|ConnectInfo(addr)| addr.ip())
+        };
+        Ok(Client(from_header.or_else(peer)))
+    }
+}
+
 fn json<'a, T: Deserialize<'a>>(body: &'a Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))
 }
@@ -431,21 +486,35 @@ async fn restock(
 async fn purchase(
     started: Started,
     State(state): State<AppState>,
+    client: Client,
     body: Result<Body, ApiError>,
 ) -> Response {
-    let result = purchase_of(&state, body).await;
+    let result = purchase_of(&state, started.0, client, body).await;
     counted(started, &state, PURCHASE, result)
 }
 
 async fn purchase_of(
     state: &AppState,
+    now: Instant,
+    Client(client): Client,
     body: Result<Body, ApiError>,
 ) -> Result<impl IntoResponse, ApiError> {
+    let limits = &state.config.limits;
+    if let (Some(limiter), Some(ip)) = (&limits.per_address, client) {
+        limiter
+            .check(address_key(ip), now)
+            .map_err(|l| ApiError::rate_limited("client address", l.retry_after))?;
+    }
     let Body(body) = body?;
     let b: PurchaseBody = json(&body)?;
     let max = state.service.settings().max_quantity_per_order;
     let request = PurchaseRequest::parse(&b.request_id, b.user_id, b.product_id, b.quantity, max)
         .map_err(invalid)?;
+    if let Some(limiter) = &limits.per_user {
+        limiter
+            .check(request.user_id.get(), now)
+            .map_err(|l| ApiError::rate_limited("user", l.retry_after))?;
+    }
     let purchased = match &state.config.baseline {
         Some(baseline) => deadline(state, baseline.purchase(request)).await?,
         None => deadline(state, state.service.purchase(request)).await?,

@@ -58,7 +58,7 @@ pub const ENDPOINTS: [&str; 11] = [
 /// The outcomes, as the `outcome` label names them: a success (`created` and `replayed`
 /// for purchases, `ok` for the rest) or the answer's error code. `sold_out` first: most of
 /// a flash sale's answers are that refusal, found at the first comparison.
-pub const OUTCOMES: [&str; 20] = [
+pub const OUTCOMES: [&str; 21] = [
     "sold_out",
     "created",
     "replayed",
@@ -78,6 +78,7 @@ pub const OUTCOMES: [&str; 20] = [
     "order_not_payable",
     "order_expired",
     "order_not_cancellable",
+    "rate_limited",
     "unavailable",
 ];
 

@@ -7,6 +7,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use flashsale_api::limit::Rate;
+
 /// Everything `serve` needs, parsed.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -40,6 +42,12 @@ pub struct Config {
     /// Most events per NATS message (1 = one bare event object per message, the format
     /// before packing, for consumers that don't read arrays yet).
     pub nats_events_per_message: usize,
+    /// Purchase attempts per user (None: no limit).
+    pub user_purchase_rate: Option<Rate>,
+    /// Purchase attempts per client address (None: no limit).
+    pub ip_purchase_rate: Option<Rate>,
+    /// The header the client's address is read from, lower case (None: the peer).
+    pub client_ip_header: Option<String>,
 }
 
 /// Every key a config file may hold, with its default; each is also read from the
@@ -72,6 +80,11 @@ pub const KEYS: &[(&str, Option<&str>)] = &[
     ("nats_subject_prefix", Some("flashsale")),
     ("nats_stream", Some("FLASHSALE_EVENTS")),
     ("nats_events_per_message", Some("128")),
+    ("user_purchase_rate", Some("10")),
+    ("user_purchase_burst", Some("20")),
+    ("ip_purchase_rate", Some("0")),
+    ("ip_purchase_burst", Some("100")),
+    ("client_ip_header", None),
 ];
 
 /// Upper bound of the per-order quantity setting: orders are for a flash sale, not bulk.
@@ -83,6 +96,9 @@ const IN_FLIGHT_LIMIT: usize = 1_000_000;
 /// Longest sold-out lease: units given back during a lease wait for its end, so a longer
 /// one would hold stock back where buyers notice.
 const SOLD_OUT_LEASE_MAX: Duration = Duration::from_secs(5);
+/// Upper bound of a rate limit's rate and burst: a million purchase attempts a second
+/// from one user or address is no limit at all.
+const RATE_LIMIT_MAX: u32 = 1_000_000;
 /// Longest Redis key prefix: it is repeated in every key.
 const REDIS_PREFIX_LEN_MAX: usize = 64;
 /// Longest NATS subject prefix and stream name: both are repeated in every subject or
@@ -348,6 +364,24 @@ impl Config {
             1,
             flashsale_nats::EVENTS_PER_MESSAGE_MAX,
         )?;
+        let user_purchase_rate = rate(raw, "user_purchase_rate", "user_purchase_burst")?;
+        let ip_purchase_rate = rate(raw, "ip_purchase_rate", "ip_purchase_burst")?;
+        let client_ip_header = match raw.get("client_ip_header") {
+            None => None,
+            Some((name, h)) => {
+                let h = h.trim().to_ascii_lowercase();
+                if axum::http::HeaderName::from_bytes(h.as_bytes()).is_err() {
+                    return Err(invalid(name, format!("{h:?} is not a header name")));
+                }
+                if ip_purchase_rate.is_none() {
+                    return Err(invalid(
+                        name,
+                        "is read only for the per-address limit: set FLASHSALE_IP_PURCHASE_RATE too",
+                    ));
+                }
+                Some(h)
+            }
+        };
         Ok(Self {
             listen,
             metrics_listen,
@@ -373,8 +407,18 @@ impl Config {
             nats_subject_prefix: nats_subject_prefix.to_owned(),
             nats_stream: nats_stream.to_owned(),
             nats_events_per_message,
+            user_purchase_rate,
+            ip_purchase_rate,
+            client_ip_header,
         })
     }
+}
+
+/// A rate limit from its two keys: attempts a second (0: no limit) and the burst.
+fn rate(raw: &Raw, rate_key: &str, burst_key: &str) -> Result<Option<Rate>, ConfigError> {
+    let per_second = number(raw.value(rate_key), 0, RATE_LIMIT_MAX)?;
+    let burst = number(raw.value(burst_key), 1, RATE_LIMIT_MAX)?;
+    Ok((per_second > 0).then_some(Rate { per_second, burst }))
 }
 
 #[cfg(test)]
@@ -419,6 +463,54 @@ mod tests {
         let off = Config::from_parts(None, &env(&[("FLASHSALE_SOLD_OUT_LEASE", "0")]))
             .expect("0 turns leases off");
         assert_eq!(off.sold_out_lease, Duration::ZERO);
+        assert_eq!(
+            c.user_purchase_rate,
+            Some(Rate {
+                per_second: 10,
+                burst: 20
+            })
+        );
+        assert_eq!(c.ip_purchase_rate, None);
+        assert_eq!(c.client_ip_header, None);
+    }
+
+    // Checks the rate limits' settings: 0 turns one off, the burst and the header are
+    // taken as given (the header in lower case), and bad values (not a number, a burst of
+    // 0, past the bound, a header that is no header name, a header without the
+    // per-address limit it is for) stop startup naming the variable.
+    #[test]
+    fn rate_limit_settings() {
+        let c = Config::from_parts(
+            None,
+            &env(&[
+                ("FLASHSALE_USER_PURCHASE_RATE", "0"),
+                ("FLASHSALE_IP_PURCHASE_RATE", "50"),
+                ("FLASHSALE_IP_PURCHASE_BURST", "1"),
+                ("FLASHSALE_CLIENT_IP_HEADER", "X-Forwarded-For"),
+            ]),
+        )
+        .expect("valid");
+        assert_eq!(c.user_purchase_rate, None);
+        assert_eq!(
+            c.ip_purchase_rate,
+            Some(Rate {
+                per_second: 50,
+                burst: 1
+            })
+        );
+        assert_eq!(c.client_ip_header.as_deref(), Some("x-forwarded-for"));
+        for (var, value) in [
+            ("FLASHSALE_USER_PURCHASE_RATE", "fast"),
+            ("FLASHSALE_USER_PURCHASE_RATE", "-1"),
+            ("FLASHSALE_USER_PURCHASE_RATE", "1000001"),
+            ("FLASHSALE_USER_PURCHASE_BURST", "0"),
+            ("FLASHSALE_IP_PURCHASE_BURST", "x"),
+            ("FLASHSALE_CLIENT_IP_HEADER", "x forwarded"),
+            ("FLASHSALE_CLIENT_IP_HEADER", "x-real-ip"),
+        ] {
+            let err = Config::from_parts(None, &env(&[(var, value)])).unwrap_err();
+            assert!(err.0.starts_with(var), "{var}={value}: {err}");
+        }
     }
 
     // Checks that the file sets values and the environment overrides the file.

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use flashsale_api::ApiConfig;
+use flashsale_api::limit::{self, Limiter};
+use flashsale_api::{ApiConfig, PurchaseLimits};
 use flashsale_app::baseline::{Baseline, Strategy};
 use flashsale_app::{
     Flashsale, Maintenance, MaintenanceSettings, Metrics, Monitor, Settings, SystemClock,
@@ -231,6 +232,7 @@ pub async fn build(config: &Config) -> Result<App, String> {
             metrics: metrics.clone(),
             monitor: Some(monitor.clone()),
             serve_metrics: config.metrics_listen.is_none(),
+            limits: Arc::new(purchase_limits(config)),
         },
     );
     let metrics_router = config
@@ -244,6 +246,22 @@ pub async fn build(config: &Config) -> Result<App, String> {
         metrics,
         metrics_router,
     })
+}
+
+/// The purchase endpoint's rate limits as configured.
+fn purchase_limits(config: &Config) -> PurchaseLimits {
+    PurchaseLimits {
+        per_user: config
+            .user_purchase_rate
+            .map(|rate| Limiter::new(rate, limit::KEYS_MAX)),
+        per_address: config
+            .ip_purchase_rate
+            .map(|rate| Limiter::new(rate, limit::KEYS_MAX)),
+        client_ip_header: config
+            .client_ip_header
+            .as_deref()
+            .and_then(|h| axum::http::HeaderName::from_bytes(h.as_bytes()).ok()),
+    }
 }
 
 /// Serves until SIGTERM or Ctrl-C, then stops accepting and drains in-flight requests.
@@ -275,10 +293,21 @@ pub async fn serve(config: &Config) -> Result<(), String> {
     };
     let workers = workers::Workers::spawn(app.maintenance.clone(), config, app.metrics.clone());
     let events = start_events(config, app.metrics.clone()).await?;
-    axum::serve(listener, app.router)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .map_err(|e| format!("server: {e}"))?;
+    let served = if config.ip_purchase_rate.is_some() {
+        // With each connection's peer address, which the per-address purchase limit keys
+        // by (it costs every request an extension: only when that limit is on).
+        let service = app
+            .router
+            .into_make_service_with_connect_info::<std::net::SocketAddr>();
+        axum::serve(listener, service)
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+    } else {
+        axum::serve(listener, app.router)
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+    };
+    served.map_err(|e| format!("server: {e}"))?;
     workers.stop().await;
     events.stop().await;
     // Last: the drain above is still worth watching.

@@ -90,6 +90,10 @@ impl TestApp {
             ("FLASHSALE_REDIS_URL".into(), redis_url),
             ("FLASHSALE_REDIS_PREFIX".into(), prefix.clone()),
             ("FLASHSALE_ADMIN_TOKEN".into(), ADMIN_TOKEN.into()),
+            // The tests of everything else send one user's purchases far faster than a
+            // person would (floods, races, retries in a loop); `rate_limit.rs` tests the
+            // limits with their settings.
+            ("FLASHSALE_USER_PURCHASE_RATE".into(), "0".into()),
         ]);
         for (k, v) in settings {
             env.insert(format!("FLASHSALE_{k}"), (*v).to_owned());
@@ -103,7 +107,10 @@ impl TestApp {
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let server = tokio::spawn(async move {
-            let _ = axum::serve(listener, app.router).await;
+            let service = app
+                .router
+                .into_make_service_with_connect_info::<std::net::SocketAddr>();
+            let _ = axum::serve(listener, service).await;
         });
         let pool = MySqlPool::connect(&db.url()).await.expect("check pool");
         let client = redis::Client::open(check_redis_url).expect("redis url");

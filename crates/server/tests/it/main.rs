@@ -17,5 +17,6 @@ mod invariants;
 mod metrics;
 mod orders;
 mod purchase;
+mod rate_limit;
 mod recovery;
 mod sold_out;
