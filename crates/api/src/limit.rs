@@ -22,6 +22,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use tracing::warn;
+
 /// Keys tracked by one limiter: about 30 bytes each, so at most about 15 MB, and room for
 /// every buyer of a large sale's busy minute.
 pub const KEYS_MAX: usize = 500_000;
@@ -129,6 +131,14 @@ impl<K: Hash + Eq + Copy> Limiter<K> {
                 if sweep_due {
                     shard.cells.retain(|_, tat| *tat > now);
                     shard.swept_at = Some(now);
+                    if shard.cells.len() >= self.keys_per_shard_max {
+                        // At most once a sweep interval a shard: the operator learns the
+                        // limit is failing open, the log is not flooded.
+                        warn!(
+                            keys_max = self.keys_per_shard_max * SHARDS,
+                            "rate limiter full of busy keys: new keys pass untracked for now"
+                        );
+                    }
                 }
                 if shard.cells.len() >= self.keys_per_shard_max {
                     self.untracked.fetch_add(1, Ordering::Relaxed);
