@@ -29,7 +29,7 @@ pub struct ApiError {
 
 /// The encoded bodies of the outcomes whose text is fixed, one per variant of
 /// [`Error`] that carries nothing.
-static FIXED: [OnceLock<Bytes>; 11] = [const { OnceLock::new() }; 11];
+static FIXED: [OnceLock<Bytes>; 12] = [const { OnceLock::new() }; 12];
 
 #[derive(Serialize)]
 struct Body<'a> {
@@ -51,13 +51,12 @@ impl ApiError {
     /// A purchase over a rate limit (`what`: whose), to be retried after `retry_after`
     /// (rounded up to whole seconds, at least one): nothing was done.
     pub fn rate_limited(what: &str, retry_after: Duration) -> Self {
-        let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
         let mut e = Self::new(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limited",
             format!("too many purchase attempts from this {what}; nothing was done, retry after the Retry-After seconds"),
         );
-        e.retry_after_secs = Some(secs.max(1));
+        e.retry_after_secs = Some(whole_seconds(retry_after));
         e
     }
 
@@ -87,16 +86,21 @@ impl From<Error> for ApiError {
             Error::OrderNotPayable => (S::CONFLICT, "order_not_payable", Some(8)),
             Error::OrderExpired => (S::CONFLICT, "order_expired", Some(9)),
             Error::OrderNotCancellable => (S::CONFLICT, "order_not_cancellable", Some(10)),
+            Error::RateLimited { .. } => (S::TOO_MANY_REQUESTS, "rate_limited", Some(11)),
             Error::Unavailable(_) => (S::SERVICE_UNAVAILABLE, "unavailable", None),
         };
         if let Some(i) = fixed {
             let cell = &FIXED[i];
             cell.get_or_init(|| encode(code, &e.to_string()));
+            let retry_after_secs = match e {
+                Error::RateLimited { retry_after } => Some(whole_seconds(retry_after)),
+                _ => None,
+            };
             return Self {
                 status,
                 code,
                 message: String::new(),
-                retry_after_secs: None,
+                retry_after_secs,
                 encoded: Some(cell),
             };
         }
@@ -111,6 +115,11 @@ impl From<Error> for ApiError {
         }
         Self::new(status, code, e.to_string())
     }
+}
+
+/// `Retry-After` for a wait: whole seconds, rounded up, at least one.
+fn whole_seconds(wait: Duration) -> u64 {
+    (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
 }
 
 /// The JSON body of an error answer.
@@ -155,7 +164,8 @@ impl IntoResponse for ApiError {
 mod tests {
     // What: every outcome's answer — status, `Content-Type`, and a body whose `error` is
     // its code and whose `message` is the outcome's text — whether its body was encoded
-    // once (the fixed outcomes) or for this answer; a 503's `Retry-After`. How: each
+    // once (the fixed outcomes) or for this answer; a 503's `Retry-After`, and a 429's
+    // (its wait rounded up to whole seconds). How: each
     // variant of `Error` turned into a response twice (the second from the encoded cell)
     // and its body read back as JSON; two variants sharing a cell would answer with the
     // other's code.
@@ -210,6 +220,13 @@ mod tests {
             (Error::OrderExpired, 409, "order_expired"),
             (Error::OrderNotCancellable, 409, "order_not_cancellable"),
             (
+                Error::RateLimited {
+                    retry_after: Duration::from_millis(1500),
+                },
+                429,
+                "rate_limited",
+            ),
+            (
                 Error::Unavailable("redis: timed out".into()),
                 503,
                 "unavailable",
@@ -231,6 +248,10 @@ mod tests {
                     // The cause is for the logs; the client is told to retry.
                     assert_eq!(retry_after.as_deref(), Some(RETRY_AFTER_SECS));
                     assert!(!body["message"].as_str().unwrap().contains("redis"));
+                } else if status == 429 {
+                    // 1.5 s, rounded up.
+                    assert_eq!(retry_after.as_deref(), Some("2"));
+                    assert_eq!(body["message"], text.as_str(), "{code}");
                 } else {
                     assert_eq!(retry_after, None, "{code}");
                     assert_eq!(body["message"], text.as_str(), "{code}");

@@ -5,7 +5,6 @@
 //! render its result. This crate never talks to Redis or MariaDB itself.
 
 mod error;
-pub mod limit;
 mod routes;
 mod wire;
 

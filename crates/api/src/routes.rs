@@ -17,6 +17,7 @@ use axum::http::{header, HeaderMap, HeaderName, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{BoxError, Json, Router};
+use flashsale_app::limit::{address_key, Limiter};
 use flashsale_app::metrics::{index_of, outcome_index, ENDPOINTS, OUTCOMES};
 use flashsale_app::{Flashsale, Metrics, Monitor};
 use flashsale_core::{
@@ -27,7 +28,6 @@ use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::ServiceBuilder;
 
 use crate::error::ApiError;
-use crate::limit::{address_key, Limiter};
 use crate::wire::{NewProductBody, OrderJson, ProductJson, PurchaseBody, RestockBody, UserBody};
 
 /// Largest request body accepted: every valid body is a few hundred bytes.
@@ -57,14 +57,15 @@ pub struct ApiConfig {
     pub limits: Arc<PurchaseLimits>,
 }
 
-/// Rate limits of `POST /v1/purchases` (`limit.rs`): a purchase over either is answered
-/// 429 `rate_limited` with `Retry-After`, and nothing is done.
-#[derive(Debug, Default)]
+/// The per-address rate limit of `POST /v1/purchases` (`flashsale_app::limit`; the
+/// per-user one is the use case's): a purchase over it is answered 429 `rate_limited`
+/// with `Retry-After`, and nothing is done.
+#[derive(Debug)]
 pub struct PurchaseLimits {
-    /// Per `user_id`, checked once the purchase parsed.
-    pub per_user: Option<Limiter<i64>>,
     /// Per client address (an IPv6 client's /64), checked before the body is parsed.
     pub per_address: Option<Limiter<IpAddr>>,
+    /// The origin of the times the limiter is given.
+    pub epoch: Instant,
     /// Where the client's address is read instead of the connection's peer: a header
     /// that the proxy in front appends to (its last comma-separated entry is taken). A
     /// request without a parsable one is keyed by its peer.
@@ -502,7 +503,7 @@ async fn purchase_of(
     let limits = &state.config.limits;
     if let (Some(limiter), Some(ip)) = (&limits.per_address, client) {
         limiter
-            .check(address_key(ip), now)
+            .check(address_key(ip), now.saturating_duration_since(limits.epoch))
             .map_err(|l| ApiError::rate_limited("client address", l.retry_after))?;
     }
     let Body(body) = body?;
@@ -510,11 +511,6 @@ async fn purchase_of(
     let max = state.service.settings().max_quantity_per_order;
     let request = PurchaseRequest::parse(&b.request_id, b.user_id, b.product_id, b.quantity, max)
         .map_err(invalid)?;
-    if let Some(limiter) = &limits.per_user {
-        limiter
-            .check(request.user_id.get(), now)
-            .map_err(|l| ApiError::rate_limited("user", l.retry_after))?;
-    }
     let purchased = match &state.config.baseline {
         Some(baseline) => deadline(state, baseline.purchase(request)).await?,
         None => deadline(state, state.service.purchase(request)).await?,

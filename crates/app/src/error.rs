@@ -1,6 +1,8 @@
 //! The use cases' errors. Each variant is one stable, documented outcome; the HTTP layer
 //! maps each to a status and an error code, and nothing else.
 
+use std::time::Duration;
+
 use flashsale_core::ParseError;
 
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +31,9 @@ pub enum Error {
     OrderExpired,
     #[error("order can't be cancelled in its current state")]
     OrderNotCancellable,
+    /// This user sent purchases faster than its rate; nothing was done.
+    #[error("too many purchase attempts from this user; nothing was done, retry after the Retry-After seconds")]
+    RateLimited { retry_after: Duration },
     /// A dependency could not be reached or the outcome is unknown: the client retries
     /// with the same request_id. Never used for an outcome that is known.
     #[error("temporarily unavailable: {0}")]

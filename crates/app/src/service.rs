@@ -25,6 +25,7 @@ use tracing::{error, info, warn};
 
 use crate::catalog::Catalog;
 use crate::error::Error;
+use crate::limit::{self, Limiter, Rate};
 use crate::model::{
     InventoryView, Order, Product, ProductView, PurchaseOutcome, PurchaseRecord, Purchased,
 };
@@ -50,6 +51,8 @@ pub struct Flashsale {
     settings: Settings,
     catalog: Catalog,
     sold_out: SoldOutBoard,
+    /// Purchase attempts per user that reach the gate (None: no limit).
+    user_rate: Option<Limiter<i64>>,
 }
 
 /// Whether the hold being committed was taken by this attempt or found from an earlier one.
@@ -73,7 +76,16 @@ impl Flashsale {
             settings,
             catalog: Catalog::default(),
             sold_out: SoldOutBoard::default(),
+            user_rate: None,
         }
+    }
+
+    /// Limits each user's purchase attempts to `rate` (`limit.rs`). Counted are the
+    /// attempts that would reach the gate: a refusal of a sold-out product from the
+    /// sold-out board costs no store anything, and is answered as always.
+    pub fn with_user_rate(mut self, rate: Rate) -> Self {
+        self.user_rate = Some(Limiter::new(rate, limit::KEYS_MAX));
+        self
     }
 
     pub fn settings(&self) -> &Settings {
@@ -271,6 +283,13 @@ impl Flashsale {
             // The gate promised to grant no hold now, and this request_id never held
             // one: exactly its answer, without asking (`sold_out.rs`).
             return Err(Error::SoldOut);
+        }
+        if let Some(limiter) = &self.user_rate {
+            limiter
+                .check(request.user_id.get(), sent)
+                .map_err(|l| Error::RateLimited {
+                    retry_after: l.retry_after,
+                })?;
         }
         // The rest on the heap: a flood is mostly the refusal above, and its future (and
         // the request's, which holds it) stays small without the reservation's and the

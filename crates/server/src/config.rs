@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use flashsale_api::limit::Rate;
+use flashsale_app::limit::Rate;
 
 /// Everything `serve` needs, parsed.
 #[derive(Debug, Clone)]

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use flashsale_api::limit::{self, Limiter};
 use flashsale_api::{ApiConfig, PurchaseLimits};
 use flashsale_app::baseline::{Baseline, Strategy};
+use flashsale_app::limit::{self, Limiter};
 use flashsale_app::{
     Flashsale, Maintenance, MaintenanceSettings, Metrics, Monitor, Settings, SystemClock,
 };
@@ -201,7 +201,7 @@ pub async fn build(config: &Config) -> Result<App, String> {
         ledger.clone(),
         Some(ledger.clone()),
     ));
-    let service = Arc::new(Flashsale::new(
+    let mut service = Flashsale::new(
         gate,
         ledger,
         Arc::new(SystemClock),
@@ -209,7 +209,11 @@ pub async fn build(config: &Config) -> Result<App, String> {
             payment_timeout: config.payment_timeout,
             max_quantity_per_order: config.max_quantity_per_order,
         },
-    ));
+    );
+    if let Some(rate) = config.user_purchase_rate {
+        service = service.with_user_rate(rate);
+    }
+    let service = Arc::new(service);
     let admin_token = match &config.admin_token {
         Some(token) => token.clone(),
         None => {
@@ -248,12 +252,10 @@ pub async fn build(config: &Config) -> Result<App, String> {
     })
 }
 
-/// The purchase endpoint's rate limits as configured.
+/// The purchase endpoint's per-address rate limit as configured.
 fn purchase_limits(config: &Config) -> PurchaseLimits {
     PurchaseLimits {
-        per_user: config
-            .user_purchase_rate
-            .map(|rate| Limiter::new(rate, limit::KEYS_MAX)),
+        epoch: std::time::Instant::now(),
         per_address: config
             .ip_purchase_rate
             .map(|rate| Limiter::new(rate, limit::KEYS_MAX)),

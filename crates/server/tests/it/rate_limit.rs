@@ -134,6 +134,48 @@ async fn the_per_user_limit_refuses_the_excess_and_changes_nothing() {
     app.cleanup().await;
 }
 
+// Checks that the per-user limit counts only the attempts that reach the gate: once a
+// product is sold out (a long sold-out lease here), a user's burst of 2 at 1 a second is
+// spent on the purchase that sold the unit and the one that heard the lease, and every
+// later attempt is answered by the sold-out board with 409 sold_out, not 429 — the
+// answer they would have had, at no store's cost. A product not sold out still limits
+// the same user at once.
+#[tokio::test]
+async fn refusals_of_a_sold_out_product_are_not_rate_limited() {
+    let app = TestApp::spawn_with(
+        Default::default(),
+        &[
+            ("USER_PURCHASE_RATE", "1"),
+            ("USER_PURCHASE_BURST", "2"),
+            ("SOLD_OUT_LEASE", "3s"),
+        ],
+    )
+    .await;
+    app.create_product(5103, 1, None).await;
+    app.create_product(5104, 10, None).await;
+    let (status, _, body) = purchase_with(&app, &[], "RL_s_0", 9, 5103).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    for i in 1..=10 {
+        let (status, _, body) = purchase_with(&app, &[], &format!("RL_s_{i}"), 9, 5103).await;
+        assert_eq!(
+            (status, code(&body)),
+            (StatusCode::CONFLICT, "sold_out"),
+            "attempt {i}: {body}"
+        );
+    }
+    // The burst is spent: the same user's purchase of a product with stock is refused.
+    let (status, _, body) = purchase_with(&app, &[], "RL_s_other", 9, 5104).await;
+    assert_eq!(
+        (status, code(&body)),
+        (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
+        "{body}"
+    );
+    assert_eq!(app.redis_available(5104).await, Some(10));
+    invariants::assert_ok(&app, 5103).await;
+    invariants::assert_ok(&app, 5104).await;
+    app.cleanup().await;
+}
+
 // Checks the per-address limit (1 a second, a burst of 2) with the client's address read
 // from X-Forwarded-For: the last entry counts (what the proxy in front appended), one
 // address's third purchase is refused while another address buys; an IPv6 client is

@@ -1,6 +1,8 @@
-//! Rate limits of the purchase endpoint, per user and per client address: the seeds'
-//! entry protection (对每个 IP 与每个 UID 做限流: a client that presses "buy" far more
-//! often than a person can is told to retry later, before it costs the stores anything).
+//! Rate limits of purchases, per user (the purchase use case, `service.rs`) and per
+//! client address (the HTTP layer): the seeds' entry protection (对每个 IP 与每个 UID 做
+//! 限流: a client that presses "buy" far more often than a person can is told to retry
+//! later, before it costs the stores anything). Pure: times are passed in, on whatever
+//! monotonic clock the caller reads for all its calls.
 //!
 //! Each key has one GCRA cell (the generic cell rate algorithm): the *theoretical
 //! arrival time* of its next request, a `u64` of nanoseconds. A request at `now` passes
@@ -20,7 +22,7 @@ use std::hash::{BuildHasher, Hash, RandomState};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tracing::warn;
 
@@ -54,8 +56,6 @@ pub struct Limiter<K> {
     /// How far ahead of now a cell's time may be for a request to pass.
     tolerance_ns: u64,
     keys_per_shard_max: usize,
-    /// The origin of the cells' times.
-    epoch: Instant,
     untracked: AtomicU64,
 }
 
@@ -93,17 +93,14 @@ impl<K: Hash + Eq + Copy> Limiter<K> {
             interval_ns,
             tolerance_ns: interval_ns * u64::from(rate.burst.max(1) - 1),
             keys_per_shard_max: keys_max.div_ceil(SHARDS).max(1),
-            epoch: Instant::now(),
             untracked: AtomicU64::new(0),
         }
     }
 
-    /// Takes one request of `key` at `now` (a time read anyway by the caller, never
-    /// before the limiter was made: earlier counts as its start).
-    pub fn check(&self, key: K, now: Instant) -> Result<(), Limited> {
-        let now_ns =
-            u64::try_from(now.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX);
-        self.check_at(key, now_ns)
+    /// Takes one request of `key` at `now`, a reading of the caller's monotonic clock (a
+    /// time it reads anyway; every call of one limiter on the same clock).
+    pub fn check(&self, key: K, now: Duration) -> Result<(), Limited> {
+        self.check_at(key, u64::try_from(now.as_nanos()).unwrap_or(u64::MAX))
     }
 
     fn check_at(&self, key: K, now: u64) -> Result<(), Limited> {
