@@ -295,8 +295,7 @@ impl FromRequestParts<AppState> for Client {
                 .iter()
                 .next_back()
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.rsplit(',').next())
-                .and_then(|v| v.trim().parse::<IpAddr>().ok())
+                .and_then(last_address)
         });
         let peer = || {
             parts
@@ -306,6 +305,23 @@ impl FromRequestParts<AppState> for Client {
         };
         Ok(Client(from_header.or_else(peer)))
     }
+}
+
+/// The address in the last comma-separated entry of a forwarding header: a bare IPv4 or
+/// IPv6 address, or one with a port (`203.0.113.7:5555`, `[2001:db8::1]:443`), as
+/// proxies write it.
+fn last_address(value: &str) -> Option<IpAddr> {
+    let entry = value.rsplit(',').next()?.trim();
+    entry
+        .parse::<IpAddr>()
+        .ok()
+        .or_else(|| entry.parse::<SocketAddr>().ok().map(|a| a.ip()))
+        .or_else(|| {
+            entry
+                .strip_prefix('[')
+                .and_then(|e| e.strip_suffix(']'))
+                .and_then(|e| e.parse().ok())
+        })
 }
 
 fn json<'a, T: Deserialize<'a>>(body: &'a Bytes) -> Result<T, ApiError> {
@@ -616,6 +632,26 @@ mod tests {
             Ok(8)
         }));
         assert_eq!(late.ok(), Some(8));
+    }
+
+    // Checks which address a forwarding header names: its last entry, bare or with a
+    // port, IPv6 bracketed or not; nothing when that entry is no address.
+    #[test]
+    fn a_forwarding_header_names_its_last_address() {
+        let ip = |s: &str| s.parse::<IpAddr>().ok();
+        for (value, want) in [
+            ("203.0.113.7", ip("203.0.113.7")),
+            ("198.51.100.1, 203.0.113.7", ip("203.0.113.7")),
+            ("198.51.100.1,203.0.113.7:5555", ip("203.0.113.7")),
+            ("2001:db8::1", ip("2001:db8::1")),
+            ("[2001:db8::1]", ip("2001:db8::1")),
+            ("10.0.0.1, [2001:db8::1]:443", ip("2001:db8::1")),
+            ("203.0.113.7, unknown", None),
+            ("", None),
+            ("203.0.113.7,", None),
+        ] {
+            assert_eq!(last_address(value), want, "{value:?}");
+        }
     }
 
     // Checks the token comparison: equal tokens pass; a different byte, a prefix, or an

@@ -206,7 +206,11 @@ async fn the_per_address_limit_keys_by_the_proxy_header_or_the_peer() {
             &[("x-forwarded-for", "203.0.113.5, 10.0.0.1")],
             StatusCode::TOO_MANY_REQUESTS,
         ),
-        (&[("x-forwarded-for", "10.0.0.2")], StatusCode::CREATED),
+        // Another address, written with a port as some proxies do.
+        (
+            &[("x-forwarded-for", "10.0.0.2:40123")],
+            StatusCode::CREATED,
+        ),
         (
             &[("x-forwarded-for", "2001:db8:0:1::1")],
             StatusCode::CREATED,
