@@ -71,7 +71,7 @@ impl<K> std::fmt::Debug for Limiter<K> {
 
 struct Shard<K> {
     cells: HashMap<K, u64>,
-    /// When this shard was last swept (nanoseconds since `epoch`), if ever.
+    /// When this shard was last swept (the callers' clock, in nanoseconds), if ever.
     swept_at: Option<u64>,
 }
 
@@ -133,6 +133,7 @@ impl<K: Hash + Eq + Copy> Limiter<K> {
                         // limit is failing open, the log is not flooded.
                         warn!(
                             keys_max = self.keys_per_shard_max * SHARDS,
+                            untracked_so_far = self.untracked.load(Ordering::Relaxed),
                             "rate limiter full of busy keys: new keys pass untracked for now"
                         );
                     }
@@ -150,17 +151,15 @@ impl<K: Hash + Eq + Copy> Limiter<K> {
     }
 
     /// Requests let through untracked because the limiter was full (since it was made).
-    pub fn untracked(&self) -> u64 {
+    #[cfg(test)]
+    fn untracked(&self) -> u64 {
         self.untracked.load(Ordering::Relaxed)
     }
 
     /// Keys tracked now.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.shards.iter().map(|s| lock(s).cells.len()).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

@@ -53,7 +53,8 @@ pub struct Answer {
     pub body: Bytes,
 }
 
-/// Why an exchange brought back no answer.
+/// Why an exchange brought back no answer (the load counts any of them as no answer;
+/// the details are for a reader of `Debug`).
 #[derive(Debug)]
 pub enum Failure {
     Connect(String),
@@ -62,17 +63,6 @@ pub enum Failure {
     Transport(String),
     /// The answer's body exceeded `ANSWER_BYTES_MAX`.
     TooLarge,
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Failure::Connect(e) => write!(f, "connect: {e}"),
-            Failure::Timeout => f.write_str("no answer within the client's deadline"),
-            Failure::Transport(e) => write!(f, "transport: {e}"),
-            Failure::TooLarge => write!(f, "answer larger than {ANSWER_BYTES_MAX} bytes"),
-        }
-    }
 }
 
 impl Client {

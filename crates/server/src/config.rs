@@ -46,8 +46,8 @@ pub struct Config {
     pub user_purchase_rate: Option<Rate>,
     /// Purchase attempts per client address (None: no limit).
     pub ip_purchase_rate: Option<Rate>,
-    /// The header the client's address is read from, lower case (None: the peer).
-    pub client_ip_header: Option<String>,
+    /// The header the client's address is read from (None: the peer).
+    pub client_ip_header: Option<axum::http::HeaderName>,
 }
 
 /// Every key a config file may hold, with its default; each is also read from the
@@ -369,17 +369,15 @@ impl Config {
         let client_ip_header = match raw.get("client_ip_header") {
             None => None,
             Some((name, h)) => {
-                let h = h.trim().to_ascii_lowercase();
-                if axum::http::HeaderName::from_bytes(h.as_bytes()).is_err() {
-                    return Err(invalid(name, format!("{h:?} is not a header name")));
-                }
+                let header = axum::http::HeaderName::from_bytes(h.trim().as_bytes())
+                    .map_err(|_| invalid(name, format!("{h:?} is not a header name")))?;
                 if ip_purchase_rate.is_none() {
                     return Err(invalid(
                         name,
                         "is read only for the per-address limit: set FLASHSALE_IP_PURCHASE_RATE too",
                     ));
                 }
-                Some(h)
+                Some(header)
             }
         };
         Ok(Self {
@@ -498,7 +496,10 @@ mod tests {
                 burst: 1
             })
         );
-        assert_eq!(c.client_ip_header.as_deref(), Some("x-forwarded-for"));
+        assert_eq!(
+            c.client_ip_header.as_ref().map(|h| h.as_str()),
+            Some("x-forwarded-for")
+        );
         for (var, value) in [
             ("FLASHSALE_USER_PURCHASE_RATE", "fast"),
             ("FLASHSALE_USER_PURCHASE_RATE", "-1"),

@@ -259,10 +259,7 @@ fn purchase_limits(config: &Config) -> PurchaseLimits {
         per_address: config
             .ip_purchase_rate
             .map(|rate| Limiter::new(rate, limit::KEYS_MAX)),
-        client_ip_header: config
-            .client_ip_header
-            .as_deref()
-            .and_then(|h| axum::http::HeaderName::from_bytes(h.as_bytes()).ok()),
+        client_ip_header: config.client_ip_header.clone(),
     }
 }
 
