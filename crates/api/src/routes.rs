@@ -16,7 +16,7 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderName, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{BoxError, Json, Router};
+use axum::{middleware, BoxError, Json, Router};
 use flashsale_app::limit::{address_key, Limiter};
 use flashsale_app::metrics::{index_of, outcome_index, ENDPOINTS, OUTCOMES};
 use flashsale_app::{Flashsale, Metrics, Monitor};
@@ -27,6 +27,7 @@ use serde::Deserialize;
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::ServiceBuilder;
 
+use crate::body::{read_first, BodyLimits};
 use crate::error::ApiError;
 use crate::wire::{NewProductBody, OrderJson, ProductJson, PurchaseBody, RestockBody, UserBody};
 
@@ -96,21 +97,29 @@ struct AppState {
     config: Arc<ApiConfig>,
 }
 
+/// Readiness probes answered at once: each pings both stores, and a probe has its own
+/// slots (not the API's, so a flood never starves it), bounded so that probes cannot be
+/// used to load the stores.
+const PROBES_IN_FLIGHT_MAX: usize = 64;
+
 pub fn router(service: Arc<Flashsale>, config: ApiConfig) -> Router {
     let in_flight_max = config.in_flight_max;
-    let shed = config.metrics.clone();
+    let metrics = config.metrics.clone();
+    let body_limits = BodyLimits {
+        bytes_max: BODY_BYTES_MAX,
+        deadline: config.request_timeout,
+        metrics: metrics.clone(),
+    };
     let state = AppState {
         service,
         config: Arc::new(config),
     };
     let router = Router::new();
     let router = match state.config.serve_metrics {
-        true => router.route("/metrics", get(metrics)),
+        true => router.route("/metrics", get(metrics_text)),
         false => router,
     };
     router
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
         .route("/v1/products", post(create_product))
         .route("/v1/products/{id}", get(get_product))
         .route("/v1/products/{id}/restock", post(restock))
@@ -122,24 +131,58 @@ pub fn router(service: Arc<Flashsale>, config: ApiConfig) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
-        .layer(
-            ServiceBuilder::new()
-                .layer(HandleErrorLayer::new(
-                    move |method: Method, matched: Option<MatchedPath>, _: BoxError| {
-                        let shed = shed.clone();
-                        async move {
-                            let endpoint = endpoint_of(&method, matched.as_ref());
-                            shed.answered_at(endpoint, outcome_index("unavailable"));
-                            overloaded()
-                        }
-                    },
-                ))
-                .load_shed()
-                // Global: `Router::layer` wraps each route on its own, and a plain
-                // concurrency limit would then bound each route apart, not the server.
-                .layer(GlobalConcurrencyLimitLayer::new(in_flight_max)),
+        .layer(shed_past(in_flight_max, metrics.clone()))
+        // Outermost: the body is read before the request takes an in-flight slot.
+        .layer(middleware::from_fn_with_state(body_limits, read_first))
+        // The probes, added after the layers above, are outside the API's in-flight limit.
+        .route("/healthz", get(healthz))
+        .route(
+            "/readyz",
+            get(readyz).layer(shed_past(PROBES_IN_FLIGHT_MAX, metrics)),
         )
         .with_state(state)
+}
+
+/// At most `limit` requests at once through what it wraps (one semaphore for all of it:
+/// `Router::layer` wraps each route on its own, and a plain concurrency limit would then
+/// bound each route apart); past it a request is answered 503 at once, counted under its
+/// endpoint, instead of queueing.
+fn shed_past<S>(
+    limit: usize,
+    metrics: Arc<Metrics>,
+) -> impl tower::Layer<
+    S,
+    Service = impl tower::Service<
+        Request,
+        Response = Response,
+        Error = std::convert::Infallible,
+        Future = impl Send + 'static,
+    > + Clone
+                  + Send
+                  + Sync
+                  + 'static,
+> + Clone
+where
+    S: tower::Service<Request, Response = Response, Error = std::convert::Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    ServiceBuilder::new()
+        .layer(HandleErrorLayer::new(
+            move |method: Method, matched: Option<MatchedPath>, _: BoxError| {
+                let shed = metrics.clone();
+                async move {
+                    let endpoint = endpoint_of(&method, matched.as_ref());
+                    shed.answered_at(endpoint, outcome_index("unavailable"));
+                    overloaded()
+                }
+            },
+        ))
+        .load_shed()
+        .layer(GlobalConcurrencyLimitLayer::new(limit))
 }
 
 /// `GET /metrics` alone, for a listener of its own (`FLASHSALE_METRICS_LISTEN`): outside
@@ -164,7 +207,7 @@ pub fn metrics_router(monitor: Arc<Monitor>) -> Router {
 
 /// The `endpoint` label of a request, from its method and the route it matched (the
 /// counts of requests shed before their handler ran).
-fn endpoint_of(method: &Method, matched: Option<&MatchedPath>) -> usize {
+pub(crate) fn endpoint_of(method: &Method, matched: Option<&MatchedPath>) -> usize {
     match (method, matched.map(MatchedPath::as_str)) {
         (&Method::POST, Some("/v1/purchases")) => PURCHASE,
         (&Method::GET, Some("/v1/purchases/{request_id}")) => GET_PURCHASE,
@@ -432,7 +475,7 @@ async fn readyz(started: Started, State(state): State<AppState>) -> Response {
 
 /// Every metric in the OpenMetrics text format, the stores' gauges read now (bounded by
 /// the monitor itself: a scrape answers even while a store hangs).
-async fn metrics(started: Started, State(state): State<AppState>) -> Response {
+async fn metrics_text(started: Started, State(state): State<AppState>) -> Response {
     let text = match &state.config.monitor {
         Some(monitor) => monitor.scrape().await,
         None => state.config.metrics.encode(),

@@ -58,7 +58,7 @@ pub const ENDPOINTS: [&str; 11] = [
 /// The outcomes, as the `outcome` label names them: a success (`created` and `replayed`
 /// for purchases, `ok` for the rest) or the answer's error code. `sold_out` first: most of
 /// a flash sale's answers are that refusal, found at the first comparison.
-pub const OUTCOMES: [&str; 21] = [
+pub const OUTCOMES: [&str; 22] = [
     "sold_out",
     "created",
     "replayed",
@@ -66,6 +66,7 @@ pub const OUTCOMES: [&str; 21] = [
     "limit_exceeded",
     "invalid_request",
     "payload_too_large",
+    "request_timeout",
     "unauthorized",
     "not_found",
     "method_not_allowed",

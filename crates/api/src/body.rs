@@ -1,0 +1,206 @@
+//! Request bodies read in full *before* a request takes one of the in-flight slots.
+//!
+//! A client that sends its headers and then its body a byte at a time (or never) would
+//! otherwise hold an in-flight slot while the handler waits for the body: 100 such
+//! sockets lock a server with `FLASHSALE_IN_FLIGHT_MAX=100` out for everyone. Read here,
+//! a stalled body holds only its own connection (the listener bounds how many there are),
+//! for at most the request deadline, and the slots go to requests ready to be worked on.
+
+use std::future::{poll_fn, Future};
+use std::pin::pin;
+use std::task::Poll;
+use std::time::Duration;
+
+use axum::body::{Body, HttpBody};
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use flashsale_app::metrics::outcome_index;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+
+use crate::error::ApiError;
+
+/// What reading a body ended with, when it did not end with the body.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum BodyFailure {
+    /// Longer than the limit (or announced so by its `Content-Length`).
+    TooLarge,
+    /// Not complete within the request deadline.
+    TimedOut,
+    /// The framing was broken (malformed chunked encoding) or the connection was cut.
+    Unreadable,
+}
+
+impl BodyFailure {
+    fn error(&self, limit: usize) -> ApiError {
+        match self {
+            Self::TooLarge => ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("request body larger than {limit} bytes"),
+            ),
+            Self::TimedOut => ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                "the request body did not arrive within the request deadline",
+            ),
+            Self::Unreadable => ApiError::invalid(
+                "request body unreadable: malformed chunked encoding, or cut short",
+            ),
+        }
+    }
+}
+
+/// Reads `body` whole: at most `limit` bytes, within `deadline` from the first time it
+/// has to wait (a body that came with its headers, nearly every one, arms no timer).
+pub(crate) async fn read_whole(
+    body: Body,
+    limit: usize,
+    deadline: Duration,
+) -> Result<axum::body::Bytes, BodyFailure> {
+    if body.size_hint().lower() > limit as u64 {
+        return Err(BodyFailure::TooLarge);
+    }
+    let collect = Limited::new(body, limit).collect();
+    let collected = lazy_timeout(deadline, collect).await;
+    match collected {
+        None => Err(BodyFailure::TimedOut),
+        Some(Ok(collected)) => Ok(collected.to_bytes()),
+        Some(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            Err(BodyFailure::TooLarge)
+        }
+        Some(Err(_)) => Err(BodyFailure::Unreadable),
+    }
+}
+
+/// `work`'s output, or None when it has not finished `limit` after it first had to wait.
+async fn lazy_timeout<T>(limit: Duration, work: impl Future<Output = T>) -> Option<T> {
+    let mut work = pin!(work);
+    let mut timer = pin!(None::<tokio::time::Sleep>);
+    poll_fn(|cx| {
+        if let Poll::Ready(out) = work.as_mut().poll(cx) {
+            return Poll::Ready(Some(out));
+        }
+        if timer.is_none() {
+            timer.set(Some(tokio::time::sleep(limit)));
+        }
+        match timer.as_mut().as_pin_mut().map(|t| t.poll(cx)) {
+            Some(Poll::Ready(())) => Poll::Ready(None),
+            _ => Poll::Pending,
+        }
+    })
+    .await
+}
+
+/// The layer's state: the limits and where a refusal is counted.
+#[derive(Clone)]
+pub(crate) struct BodyLimits {
+    pub bytes_max: usize,
+    pub deadline: Duration,
+    pub metrics: std::sync::Arc<flashsale_app::Metrics>,
+}
+
+/// The middleware: buffers the body, then hands the request on (to the in-flight limit
+/// and the handler) with the body in memory. A body that can't be read is answered here,
+/// counted under its endpoint; the connection is closed after a body that timed out.
+pub(crate) async fn read_first(
+    State(limits): State<BodyLimits>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if request.body().is_end_stream() {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    match read_whole(body, limits.bytes_max, limits.deadline).await {
+        Ok(bytes) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        Err(failure) => {
+            let endpoint =
+                crate::routes::endpoint_of(&parts.method, parts.extensions.get::<MatchedPath>());
+            let e = failure.error(limits.bytes_max);
+            limits.metrics.answered_at(endpoint, outcome_index(e.code));
+            let mut response = e.into_response();
+            if failure != BodyFailure::TooLarge || parts.method != Method::GET {
+                // What is left of the body is not worth reading: the connection goes.
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            response
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Bytes;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime")
+    }
+
+    // Checks each way a body read ends: whole (returned), over the limit (TooLarge, also
+    // when only announced by its size), stalled past the deadline (TimedOut), and broken
+    // framing (Unreadable).
+    #[test]
+    fn a_body_is_read_whole_or_refused_by_kind() {
+        let rt = runtime();
+        let got = rt.block_on(read_whole(
+            Body::from("{\"a\":1}"),
+            16,
+            Duration::from_secs(1),
+        ));
+        assert_eq!(got, Ok(Bytes::from_static(b"{\"a\":1}")));
+
+        let big = rt.block_on(read_whole(
+            Body::from(vec![b'x'; 17]),
+            16,
+            Duration::from_secs(1),
+        ));
+        assert_eq!(big, Err(BodyFailure::TooLarge));
+
+        // Chunks whose sum passes the limit, with no size announced.
+        let ten = || Ok(Bytes::from_static(b"0123456789"));
+        let chunks = futures_stream(vec![ten(), ten()]);
+        let streamed = rt.block_on(read_whole(chunks, 16, Duration::from_secs(1)));
+        assert_eq!(streamed, Err(BodyFailure::TooLarge));
+
+        let late = rt.block_on(read_whole(stalled_body(), 16, Duration::from_millis(30)));
+        assert_eq!(late, Err(BodyFailure::TimedOut));
+
+        let broken = futures_stream(vec![
+            Ok(Bytes::from_static(b"01")),
+            Err(std::io::Error::other("bad chunk size")),
+        ]);
+        let unreadable = rt.block_on(read_whole(broken, 16, Duration::from_secs(1)));
+        assert_eq!(unreadable, Err(BodyFailure::Unreadable));
+    }
+
+    // Checks that a body which was all there at the first poll arms no timer: the
+    // runtime below has no time driver, so arming one would panic.
+    #[test]
+    fn a_body_that_is_there_arms_no_timer() {
+        let no_timers = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let got = no_timers.block_on(read_whole(Body::from("x"), 16, Duration::from_millis(1)));
+        assert_eq!(got, Ok(Bytes::from_static(b"x")));
+    }
+
+    fn futures_stream(items: Vec<Result<Bytes, std::io::Error>>) -> Body {
+        Body::from_stream(futures::stream::iter(items))
+    }
+
+    /// A body whose first chunk never comes.
+    fn stalled_body() -> Body {
+        Body::from_stream(futures::stream::pending::<Result<Bytes, std::io::Error>>())
+    }
+}
