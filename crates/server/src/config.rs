@@ -29,6 +29,12 @@ pub struct Config {
     pub database_max_connections: u32,
     pub request_timeout: Duration,
     pub in_flight_max: usize,
+    /// Most client connections open at once (lowered at startup to what the open-files
+    /// limit allows).
+    pub connections_max: usize,
+    /// A request head must arrive within this time of the connection opening or of the
+    /// previous answer; an idle keep-alive connection is closed after it.
+    pub header_timeout: Duration,
     pub recovery_after: Duration,
     pub expiry_interval: Duration,
     pub recovery_interval: Duration,
@@ -70,6 +76,8 @@ pub const KEYS: &[(&str, Option<&str>)] = &[
     ("database_max_connections", Some("16")),
     ("request_timeout", Some("10s")),
     ("in_flight_max", Some("4096")),
+    ("connections_max", Some("10000")),
+    ("header_timeout", Some("10s")),
     ("recovery_after", Some("30s")),
     ("expiry_interval", Some("1s")),
     ("recovery_interval", Some("5s")),
@@ -93,6 +101,11 @@ const MAX_QUANTITY_PER_ORDER_LIMIT: u32 = 1000;
 const DATABASE_CONNECTIONS_LIMIT: u32 = 256;
 /// Upper bound of concurrently handled requests.
 const IN_FLIGHT_LIMIT: usize = 1_000_000;
+/// Upper bound of the connection cap: each open connection holds up to about 40 KiB
+/// (README), so a million would be 40 GiB.
+const CONNECTIONS_LIMIT: usize = 1_000_000;
+/// Longest header deadline: a slow client holds its connection this long.
+const HEADER_TIMEOUT_MAX: Duration = Duration::from_secs(300);
 /// Longest sold-out lease: units given back during a lease wait for its end, so a longer
 /// one would hold stock back where buyers notice.
 const SOLD_OUT_LEASE_MAX: Duration = Duration::from_secs(5);
@@ -317,6 +330,17 @@ impl Config {
         )?;
         let request_timeout = duration(raw.value("request_timeout"))?;
         let in_flight_max = number(raw.value("in_flight_max"), 1, IN_FLIGHT_LIMIT)?;
+        let connections_max = number(raw.value("connections_max"), 1, CONNECTIONS_LIMIT)?;
+        let header_timeout = duration(raw.value("header_timeout"))?;
+        if header_timeout > HEADER_TIMEOUT_MAX {
+            return Err(invalid(
+                raw.value("header_timeout").0,
+                format!(
+                    "must be at most {} (a slow client holds its connection this long)",
+                    humantime::format_duration(HEADER_TIMEOUT_MAX)
+                ),
+            ));
+        }
         let recovery_after = duration(raw.value("recovery_after"))?;
         if recovery_after <= request_timeout {
             // An attempt may still be working on its hold until its deadline; recovery
@@ -395,6 +419,8 @@ impl Config {
             database_max_connections,
             request_timeout,
             in_flight_max,
+            connections_max,
+            header_timeout,
             recovery_after,
             expiry_interval,
             recovery_interval,

@@ -2,6 +2,7 @@
 //! `main.rs` is a thin command line over this; integration tests call it directly.
 
 pub mod config;
+pub mod http;
 pub mod workers;
 
 use std::sync::Arc;
@@ -263,6 +264,33 @@ fn purchase_limits(config: &Config) -> PurchaseLimits {
     }
 }
 
+/// Connections the metrics listener keeps open at once: a few Prometheus servers scrape
+/// it, each on one connection.
+const METRICS_CONNECTIONS_MAX: usize = 64;
+
+/// The API listener's bounds as configured, the connection cap fitted to the open-files
+/// limit (logged).
+pub fn http_settings(config: &Config) -> http::HttpSettings {
+    let (connections_max, descriptors) = http::fit_connections(config.connections_max);
+    if connections_max < config.connections_max {
+        warn!(
+            wanted = config.connections_max,
+            connections_max,
+            open_files_limit = descriptors,
+            "FLASHSALE_CONNECTIONS_MAX lowered to fit the open-files limit"
+        );
+    }
+    let settings = http::HttpSettings {
+        connections_max,
+        header_timeout: config.header_timeout,
+        // A request in flight has its deadline; a little more lets it answer.
+        drain_timeout: config.request_timeout + Duration::from_secs(1),
+        connect_info: config.ip_purchase_rate.is_some(),
+    };
+    http::announce(&settings, descriptors);
+    settings
+}
+
 /// Serves until SIGTERM or Ctrl-C, then stops accepting and drains in-flight requests.
 pub async fn serve(config: &Config) -> Result<(), String> {
     let app = build(config).await?;
@@ -278,35 +306,28 @@ pub async fn serve(config: &Config) -> Result<(), String> {
         ),
         None => None,
     };
+    let settings = http_settings(config);
     info!(listen = %config.listen, "flashsale serving");
     let metrics_server = match (metrics_listener, app.metrics_router) {
         (Some(listener), Some(router)) => {
             info!(listen = ?listener.local_addr().ok(), "metrics served on their own listener");
-            Some(tokio::spawn(async move {
-                if let Err(e) = axum::serve(listener, router).await {
-                    warn!(error = %e, "metrics listener stopped");
-                }
-            }))
+            let settings = http::HttpSettings {
+                connections_max: METRICS_CONNECTIONS_MAX,
+                connect_info: false,
+                ..settings
+            };
+            Some(tokio::spawn(http::serve(
+                listener,
+                router,
+                settings,
+                std::future::pending(),
+            )))
         }
         _ => None,
     };
     let workers = workers::Workers::spawn(app.maintenance.clone(), config, app.metrics.clone());
     let events = start_events(config, app.metrics.clone()).await?;
-    let served = if config.ip_purchase_rate.is_some() {
-        // With each connection's peer address, which the per-address purchase limit keys
-        // by (it costs every request an extension: only when that limit is on).
-        let service = app
-            .router
-            .into_make_service_with_connect_info::<std::net::SocketAddr>();
-        axum::serve(listener, service)
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-    } else {
-        axum::serve(listener, app.router)
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-    };
-    served.map_err(|e| format!("server: {e}"))?;
+    http::serve(listener, app.router, settings, shutdown_signal()).await;
     workers.stop().await;
     events.stop().await;
     // Last: the drain above is still worth watching.

@@ -106,12 +106,17 @@ impl TestApp {
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let server = tokio::spawn(async move {
-            let service = app
-                .router
-                .into_make_service_with_connect_info::<std::net::SocketAddr>();
-            let _ = axum::serve(listener, service).await;
-        });
+        // The binary's own listener, with every request's peer address.
+        let http = flashsale::http::HttpSettings {
+            connect_info: true,
+            ..flashsale::http_settings(&config)
+        };
+        let server = tokio::spawn(flashsale::http::serve(
+            listener,
+            app.router,
+            http,
+            std::future::pending(),
+        ));
         let pool = MySqlPool::connect(&db.url()).await.expect("check pool");
         let client = redis::Client::open(check_redis_url).expect("redis url");
         let redis = client

@@ -19,4 +19,5 @@ mod orders;
 mod purchase;
 mod rate_limit;
 mod recovery;
+mod slow_clients;
 mod sold_out;

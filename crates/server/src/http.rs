@@ -1,0 +1,368 @@
+//! The HTTP listener: every connection, and what a slow, idle or malicious client can
+//! hold, bounded.
+//!
+//! `axum::serve` bounds none of it: a client could hold a connection open forever by
+//! sending nothing, or a header a byte at a time, and enough of them exhaust the process's
+//! file descriptors, after which `accept` fails for everyone. Here each connection is
+//! served by hyper's HTTP/1.1 server with:
+//!
+//! - a header deadline: a request's head must arrive within `header_timeout` of the
+//!   connection opening or of the previous answer (hyper's header read timeout, which
+//!   also closes an idle keep-alive connection then);
+//! - a cap on a request head's bytes ([`HEADER_BYTES_MAX`], answered 431 by hyper) and
+//!   on its header count ([`HEADERS_MAX`]);
+//! - a write deadline ([`WRITE_STALL_MAX`]): a client that stops reading its answers is
+//!   dropped instead of holding the connection;
+//! - a cap on open connections (`connections_max`). At the cap a new connection first
+//!   evicts the oldest connection that is not inside a request (idle, or still sending
+//!   its head: slowloris), so an attacker's idle sockets cannot lock real buyers out; if
+//!   every connection is inside a request, the newcomer is answered 503 and closed.
+//!
+//! Request bodies are read before a request takes one of the API's in-flight slots, by
+//! the API's own layer (`flashsale_api`), under the request deadline.
+//!
+//! HTTP/1.1 only: HTTP/2 is for the proxy in front to terminate.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::ConnectInfo;
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinSet;
+use tokio_io_timeout::TimeoutStream;
+use tower::Service;
+use tracing::{info, warn};
+
+/// Most bytes of one request head (request line and headers): hyper answers 431 past it.
+/// The API's requests carry a few short headers (a bearer token is under 2 KiB); the
+/// cap also bounds the read buffer a connection holds (hyper's default grows to about
+/// 400 KiB, which let 500 slow headers take 185 MiB).
+pub const HEADER_BYTES_MAX: usize = 16 * 1024;
+/// Most header fields in one request head: a browser sends about 20.
+pub const HEADERS_MAX: usize = 64;
+/// How long a write to a client may stall before the connection is dropped: an answer is
+/// a few hundred bytes, so a client that has not taken it in this time is not reading.
+pub const WRITE_STALL_MAX: Duration = Duration::from_secs(10);
+/// Connections refused at the cap that may be answered at once (each reads the request
+/// head briefly, then gets 503); past it a refused connection is closed unanswered, so a
+/// connect flood cannot turn the refusals themselves into unbounded work.
+const REFUSALS_IN_FLIGHT_MAX: usize = 256;
+/// How long a refused connection may take to send its request head before its 503: long
+/// enough for a client on a slow link, short enough that refusals stay few.
+const REFUSAL_READ_MAX: Duration = Duration::from_millis(500);
+/// The wait after `accept` fails for want of resources (too many open files), so the loop
+/// does not spin while connections close; it never gives up.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
+/// Descriptors kept free of client connections: the stores' pools, the metrics listener,
+/// logs and the refusals' sockets need some (`connections_max` is lowered to fit).
+pub const DESCRIPTORS_RESERVED: u64 = 512;
+
+/// The answer to a connection refused at the cap (the API's JSON error shape).
+const REFUSED: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
+content-type: application/json\r\n\
+retry-after: 1\r\n\
+connection: close\r\n\
+content-length: 76\r\n\r\n\
+{\"error\":\"unavailable\",\"message\":\"too many connections; retry in a moment\"}";
+
+/// The listener's bounds.
+#[derive(Debug, Clone, Copy)]
+pub struct HttpSettings {
+    /// Most connections open at once.
+    pub connections_max: usize,
+    /// A request head must arrive within this time of the connection opening or of the
+    /// previous answer; an idle keep-alive connection is closed after it.
+    pub header_timeout: Duration,
+    /// How long a graceful shutdown waits for requests in flight before closing the
+    /// connections still open.
+    pub drain_timeout: Duration,
+    /// Whether requests carry their peer's address (`ConnectInfo<SocketAddr>`), which the
+    /// per-address rate limit keys by.
+    pub connect_info: bool,
+}
+
+/// The most connections this process can hold: `wanted`, lowered to what the descriptor
+/// limit leaves after [`DESCRIPTORS_RESERVED`], once the soft limit is raised to the hard
+/// one (as Go's runtime does). Returns the cap and the limit it was fitted to.
+pub fn fit_connections(wanted: usize) -> (usize, u64) {
+    let limit = rlimit::increase_nofile_limit(u64::MAX).unwrap_or_else(|e| {
+        warn!(error = %e, "could not read or raise the open-files limit");
+        rlimit::getrlimit(rlimit::Resource::NOFILE)
+            .map(|(soft, _)| soft)
+            .unwrap_or(1024)
+    });
+    let room = limit.saturating_sub(DESCRIPTORS_RESERVED).max(1);
+    let cap = usize::try_from(room).unwrap_or(usize::MAX).min(wanted);
+    (cap, limit)
+}
+
+/// One open connection, as the accept loop sees it.
+struct Conn {
+    /// Requests of this connection inside the router now (HTTP/1.1: 0 or 1).
+    busy: AtomicUsize,
+    /// Told to close at once: the loop needs its place for a newcomer.
+    evict: Notify,
+}
+
+/// The open connections by age (ids only grow, so the first idle one is the oldest).
+#[derive(Default)]
+struct Registry {
+    conns: Mutex<BTreeMap<u64, Arc<Conn>>>,
+    next_id: AtomicU64,
+}
+
+impl Registry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<Conn>>> {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn open(self: &Arc<Self>) -> (u64, Arc<Conn>) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let conn = Arc::new(Conn {
+            busy: AtomicUsize::new(0),
+            evict: Notify::new(),
+        });
+        self.lock().insert(id, conn.clone());
+        (id, conn)
+    }
+
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Tells the oldest connection outside a request to close, and forgets it (so two
+    /// newcomers never pick the same one); false when every connection is in a request.
+    fn evict_oldest_idle(&self) -> bool {
+        let mut conns = self.lock();
+        let idle = conns
+            .iter()
+            .find(|(_, c)| c.busy.load(Ordering::Acquire) == 0)
+            .map(|(id, _)| *id);
+        match idle.and_then(|id| conns.remove(&id)) {
+            Some(conn) => {
+                conn.evict.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Removes its connection from the registry when the connection's task ends, however.
+struct Registered {
+    registry: Arc<Registry>,
+    id: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.registry.lock().remove(&self.id);
+    }
+}
+
+/// Counts a request as inside the router until dropped (its answer produced).
+struct Busy(Arc<Conn>);
+
+impl Busy {
+    fn enter(conn: &Arc<Conn>) -> Self {
+        conn.busy.fetch_add(1, Ordering::AcqRel);
+        Self(conn.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown` completes, then stops accepting, lets
+/// requests in flight finish (within `drain_timeout`) and closes every connection.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    settings: HttpSettings,
+    shutdown: impl Future<Output = ()>,
+) {
+    let registry = Arc::new(Registry::default());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let refusals = Arc::new(tokio::sync::Semaphore::new(REFUSALS_IN_FLIGHT_MAX));
+    let mut tasks = JoinSet::new();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(settings.header_timeout)
+        .max_buf_size(HEADER_BYTES_MAX)
+        .max_headers(HEADERS_MAX);
+    let mut accept_errors = ErrorLog::default();
+    let mut shutdown = pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    accept_errors.note(&e);
+                    if !is_connection_error(&e) {
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    }
+                    continue;
+                }
+            },
+            // Reaps finished connections' tasks, so the set holds only live ones.
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
+        };
+        if registry.len() >= settings.connections_max && !registry.evict_oldest_idle() {
+            refuse(stream, &refusals);
+            continue;
+        }
+        let _ = stream.set_nodelay(true);
+        let (id, conn) = registry.open();
+        let registered = Registered {
+            registry: registry.clone(),
+            id,
+        };
+        tasks.spawn(connection(
+            stream,
+            peer,
+            conn,
+            registered,
+            router.clone(),
+            builder.clone(),
+            settings,
+            stop_rx.clone(),
+        ));
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    let drained = tokio::time::timeout(settings.drain_timeout, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        warn!(
+            connections = tasks.len(),
+            "requests still in flight after the drain timeout; closing their connections"
+        );
+        tasks.shutdown().await;
+    }
+}
+
+/// Serves one connection until the client closes it, a bound closes it, it is evicted,
+/// or the server stops (then it finishes the request in flight, if any, and closes).
+#[allow(clippy::too_many_arguments)]
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    conn: Arc<Conn>,
+    registered: Registered,
+    router: Router,
+    builder: hyper::server::conn::http1::Builder,
+    settings: HttpSettings,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut io = TimeoutStream::new(stream);
+    io.set_write_timeout(Some(WRITE_STALL_MAX));
+    let io = TokioIo::new(Box::pin(io));
+    let in_request = conn.clone();
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+        let busy = Busy::enter(&in_request);
+        if settings.connect_info {
+            request.extensions_mut().insert(ConnectInfo(peer));
+        }
+        let answer = router.clone().call(request);
+        async move {
+            let response = answer.await;
+            drop(busy);
+            response
+        }
+    });
+    let served = builder.serve_connection(io, service);
+    let mut served = pin!(served);
+    tokio::select! {
+        _ = served.as_mut() => return,
+        () = conn.evict.notified() => return,
+        _ = stop.wait_for(|stop| *stop) => {}
+    }
+    // Stopping: an idle connection closes now, a busy one after its answer.
+    served.as_mut().graceful_shutdown();
+    let _ = served.await;
+    drop(registered);
+}
+
+/// Answers a connection refused at the cap with 503 and closes it, without holding up
+/// the accept loop; past [`REFUSALS_IN_FLIGHT_MAX`] such answers at once, closes it
+/// unanswered.
+fn refuse(mut stream: TcpStream, refusals: &Arc<tokio::sync::Semaphore>) {
+    let Ok(permit) = refusals.clone().try_acquire_owned() else {
+        return;
+    };
+    tokio::spawn(async move {
+        // Read (and drop) what the client sends first, so that closing does not reset
+        // the connection before it reads the answer.
+        let mut head = [0u8; 1024];
+        let _ = tokio::time::timeout(REFUSAL_READ_MAX, async {
+            let _ = tokio::io::AsyncReadExt::read(&mut stream, &mut head).await;
+        })
+        .await;
+        let _ = tokio::time::timeout(REFUSAL_READ_MAX, async {
+            let _ = stream.write_all(REFUSED).await;
+            let _ = stream.shutdown().await;
+        })
+        .await;
+        drop(permit);
+    });
+}
+
+/// Errors of one incoming connection (it was reset before we took it): nothing to wait
+/// for, the next one may be fine.
+fn is_connection_error(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
+}
+
+/// Logs accept failures at most once a second, with how many there were since.
+#[derive(Default)]
+struct ErrorLog {
+    last: Option<Instant>,
+    since: u64,
+}
+
+impl ErrorLog {
+    fn note(&mut self, e: &io::Error) {
+        self.since += 1;
+        if self
+            .last
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+        {
+            warn!(error = %e, failures = self.since, "accepting a connection failed; going on");
+            self.last = Some(Instant::now());
+            self.since = 0;
+        }
+    }
+}
+
+/// Logs the listener's bounds once at startup.
+pub fn announce(settings: &HttpSettings, descriptors: u64) {
+    info!(
+        connections_max = settings.connections_max,
+        open_files_limit = descriptors,
+        header_timeout = ?settings.header_timeout,
+        "HTTP/1.1 listener bounds"
+    );
+}
