@@ -74,8 +74,9 @@ pub(crate) async fn read_whole(
     }
 }
 
-/// `work`'s output, or None when it has not finished `limit` after it first had to wait.
-async fn lazy_timeout<T>(limit: Duration, work: impl Future<Output = T>) -> Option<T> {
+/// `work`'s output, or None when it has not finished `limit` after it first had to wait
+/// (a timer is armed only then: work done at its first poll reads no clock).
+pub(crate) async fn lazy_timeout<T>(limit: Duration, work: impl Future<Output = T>) -> Option<T> {
     let mut work = pin!(work);
     let mut timer = pin!(None::<tokio::time::Sleep>);
     poll_fn(|cx| {

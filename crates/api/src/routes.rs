@@ -1,8 +1,6 @@
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::pin::pin;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -27,7 +25,7 @@ use serde::Deserialize;
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::ServiceBuilder;
 
-use crate::body::{read_first, BodyLimits};
+use crate::body::{lazy_timeout, read_first, BodyLimits};
 use crate::error::ApiError;
 use crate::wire::{NewProductBody, OrderJson, ProductJson, PurchaseBody, RestockBody, UserBody};
 
@@ -418,23 +416,12 @@ async fn within<T>(
     limit: Duration,
     work: impl Future<Output = Result<T, flashsale_app::Error>>,
 ) -> Result<T, ApiError> {
-    let mut work = pin!(work);
-    let mut timer = pin!(None::<tokio::time::Sleep>);
-    poll_fn(|cx| {
-        if let Poll::Ready(result) = work.as_mut().poll(cx) {
-            return Poll::Ready(result.map_err(ApiError::from));
-        }
-        if timer.is_none() {
-            timer.set(Some(tokio::time::sleep(limit)));
-        }
-        match timer.as_mut().as_pin_mut().map(|t| t.poll(cx)) {
-            Some(Poll::Ready(())) => Poll::Ready(Err(ApiError::unavailable(
-                "no answer within the request deadline; outcome unknown, retry with the same request_id",
-            ))),
-            _ => Poll::Pending,
-        }
-    })
-    .await
+    match lazy_timeout(limit, work).await {
+        Some(result) => result.map_err(ApiError::from),
+        None => Err(ApiError::unavailable(
+            "no answer within the request deadline; outcome unknown, retry with the same request_id",
+        )),
+    }
 }
 
 fn require_admin(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
