@@ -11,7 +11,7 @@ pub mod state;
 
 pub use ids::{OrderId, ParseError, ProductId, Quantity, RequestId, UserId};
 pub use inventory::InventoryCounters;
-pub use product::{parse_restock, NewProduct, SaleWindow, STOCK_MAX};
+pub use product::{parse_restock, NewProduct, SaleWindow, SALE_TIME_MAX, SALE_TIME_MIN, STOCK_MAX};
 pub use purchase::PurchaseRequest;
 pub use state::{
     CancelReason, OrderStatus, ReleaseReason, ReservationStatus, Transition, TransitionError,

@@ -1,6 +1,6 @@
 //! A product's sale definition: stock, per-user limit, sale window.
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, SubsecRound, Utc};
 
 use crate::ids::{ParseError, ProductId};
 
@@ -10,7 +10,50 @@ pub const STOCK_MAX: i64 = 1_000_000_000;
 /// Longest product name accepted (the `products.name` column width).
 pub const NAME_LEN_MAX: usize = 200;
 
-/// When a product may be bought: `[starts_at, ends_at)`, either end open.
+/// Earliest sale window bound accepted: the first instant MariaDB's `DATETIME` stores
+/// (`products.sale_starts_at`, `sale_ends_at`), so every accepted window is stored exactly.
+pub const SALE_TIME_MIN: DateTime<Utc> = utc(1000, 1, 1, 0, 0, 0, 0);
+/// Latest sale window bound accepted: the last instant MariaDB's `DATETIME(6)` stores.
+pub const SALE_TIME_MAX: DateTime<Utc> = utc(9999, 12, 31, 23, 59, 59, 999_999);
+
+/// A UTC instant from its fields, for the constants above (invalid fields fail the build).
+const fn utc(y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32, micro: u32) -> DateTime<Utc> {
+    let (Some(date), Some(time)) = (
+        NaiveDate::from_ymd_opt(y, mo, d),
+        NaiveTime::from_hms_micro_opt(h, mi, s, micro),
+    ) else {
+        panic!("invalid date or time");
+    };
+    DateTime::from_naive_utc_and_offset(NaiveDateTime::new(date, time), Utc)
+}
+
+/// Nanoseconds in a second: chrono writes a leap second as a fraction of this or more.
+const NANOS_PER_SECOND: u32 = 1_000_000_000;
+
+/// Fractional digits of a second the sale window keeps: the columns' `DATETIME(6)`.
+const SALE_TIME_DIGITS: u16 = 6;
+
+/// A sale window bound cut to the microsecond (the columns' precision; clients commonly
+/// send nanoseconds, and a sale moved by less than a microsecond is the same sale), if
+/// within [`SALE_TIME_MIN`, `SALE_TIME_MAX`] and not a leap second (which `DATETIME` has
+/// no place for): what is kept is exactly what the ledger stores and the API shows; a
+/// bound it could not hold is refused, never stored as something else.
+fn sale_time(field: &'static str, at: DateTime<Utc>) -> Result<DateTime<Utc>, ParseError> {
+    let at = at.trunc_subsecs(SALE_TIME_DIGITS);
+    if !(SALE_TIME_MIN..=SALE_TIME_MAX).contains(&at) {
+        return Err(ParseError::new(
+            field,
+            "must be between 1000-01-01T00:00:00Z and 9999-12-31T23:59:59.999999Z",
+        ));
+    }
+    if at.timestamp_subsec_nanos() >= NANOS_PER_SECOND {
+        return Err(ParseError::new(field, "must not be a leap second"));
+    }
+    Ok(at)
+}
+
+/// When a product may be bought: `[starts_at, ends_at)`, either end open; each bound
+/// within [`SALE_TIME_MIN`, `SALE_TIME_MAX`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SaleWindow {
     pub starts_at: Option<DateTime<Utc>>,
@@ -22,6 +65,12 @@ impl SaleWindow {
         starts_at: Option<DateTime<Utc>>,
         ends_at: Option<DateTime<Utc>>,
     ) -> Result<Self, ParseError> {
+        let starts_at = starts_at
+            .map(|at| sale_time("sale_starts_at", at))
+            .transpose()?;
+        let ends_at = ends_at
+            .map(|at| sale_time("sale_ends_at", at))
+            .transpose()?;
         if let (Some(s), Some(e)) = (starts_at, ends_at) {
             if e <= s {
                 return Err(ParseError::new(
@@ -151,6 +200,61 @@ mod tests {
         for (result, field) in cases {
             assert_eq!(result.unwrap_err().field, field);
         }
+    }
+
+    // Checks the sale window's range: both ends of [SALE_TIME_MIN, SALE_TIME_MAX] are
+    // accepted as either bound (so 1960 and 2040, outside TIMESTAMP's 1970–2038, are too),
+    // kept as given; a microsecond outside either end is refused naming the field, and so
+    // is a leap second, which the columns cannot hold; a bound finer than a microsecond
+    // is cut to the microsecond (so the last nanosecond of 9999 is still in range).
+    #[test]
+    fn sale_window_range() {
+        let micro = chrono::Duration::microseconds(1);
+        let parsed = |s: &str| s.parse::<DateTime<Utc>>().expect("RFC 3339");
+        assert_eq!(SALE_TIME_MIN, parsed("1000-01-01T00:00:00Z"));
+        assert_eq!(SALE_TIME_MAX, parsed("9999-12-31T23:59:59.999999Z"));
+        let edges = [
+            (SALE_TIME_MIN, SALE_TIME_MIN + micro),
+            (SALE_TIME_MAX - micro, SALE_TIME_MAX),
+            (
+                parsed("1960-01-01T00:00:00Z"),
+                parsed("1961-01-01T00:00:00Z"),
+            ),
+            (
+                parsed("2040-01-01T10:00:00Z"),
+                parsed("2040-01-01T12:00:00Z"),
+            ),
+        ];
+        for (s, e) in edges {
+            let w = SaleWindow::new(Some(s), Some(e)).expect("within the range");
+            assert_eq!((w.starts_at, w.ends_at), (Some(s), Some(e)));
+        }
+        let refused = [
+            SALE_TIME_MIN - micro,
+            SALE_TIME_MAX + micro,
+            parsed("+262142-01-01T00:00:00Z"),
+            parsed("0999-12-31T23:59:59.999999999Z"),
+            parsed("2016-12-31T23:59:60Z"),
+        ];
+        for at in refused {
+            assert_eq!(
+                SaleWindow::new(Some(at), None).unwrap_err().field,
+                "sale_starts_at",
+                "{at:?}"
+            );
+            assert_eq!(
+                SaleWindow::new(None, Some(at)).unwrap_err().field,
+                "sale_ends_at",
+                "{at:?}"
+            );
+        }
+        let cut = SaleWindow::new(
+            Some(parsed("2040-01-01T10:00:00.123456789Z")),
+            Some(parsed("9999-12-31T23:59:59.999999999Z")),
+        )
+        .expect("cut to the microsecond, within the range");
+        assert_eq!(cut.starts_at, Some(parsed("2040-01-01T10:00:00.123456Z")));
+        assert_eq!(cut.ends_at, Some(SALE_TIME_MAX));
     }
 
     // Checks restock bounds: 1..=STOCK_MAX.

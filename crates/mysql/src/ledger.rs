@@ -1108,8 +1108,13 @@ impl MysqlLedger {
         .bind(new.product_id.get())
         .bind(&new.name)
         .bind(new.per_user_limit)
-        .bind(new.window.starts_at)
-        .bind(new.window.ends_at)
+        // As DATETIME parameters (NaiveDateTime, UTC like every session): sqlx sends a
+        // DateTime<Utc> as a TIMESTAMP parameter, which MariaDB stores as NULL, silently,
+        // outside TIMESTAMP's 1970–2038, so the window would vanish and the product sell
+        // at once and forever. A DATETIME parameter holds the whole range the domain
+        // accepts (`SALE_TIME_MIN`..=`SALE_TIME_MAX`) exactly.
+        .bind(new.window.starts_at.map(|at| at.naive_utc()))
+        .bind(new.window.ends_at.map(|at| at.naive_utc()))
         .execute(&mut *tx)
         .await;
         match inserted {

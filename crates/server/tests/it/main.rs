@@ -16,6 +16,7 @@ mod helpers;
 mod invariants;
 mod metrics;
 mod orders;
+mod products;
 mod purchase;
 mod rate_limit;
 mod recovery;

@@ -1,0 +1,99 @@
+//! Product creation: sale windows across the whole accepted range.
+
+use chrono::{DateTime, Utc};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use crate::helpers::{code, TestApp};
+
+fn at(raw: &str) -> DateTime<Utc> {
+    raw.parse().expect("RFC 3339")
+}
+
+/// A window bound of an answer, parsed.
+fn bound(body: &Value, field: &str) -> Option<DateTime<Utc>> {
+    body[field]
+        .as_str()
+        .map(|raw| raw.parse().expect("an RFC 3339 bound"))
+}
+
+/// The stored window of a product, as MariaDB writes it, to the microsecond.
+async fn stored_window(app: &TestApp, product_id: i64) -> (Option<String>, Option<String>) {
+    sqlx::query_as(
+        "SELECT DATE_FORMAT(sale_starts_at, '%Y-%m-%dT%H:%i:%s.%fZ'), \
+         DATE_FORMAT(sale_ends_at, '%Y-%m-%dT%H:%i:%s.%fZ') FROM products WHERE product_id = ?",
+    )
+    .bind(product_id)
+    .fetch_one(&app.pool)
+    .await
+    .expect("stored window")
+}
+
+// Checks sale windows outside TIMESTAMP's 1970–2038 are kept exactly, never dropped: each
+// window below is created, and the 201's body, a later GET and the stored columns (read
+// as text, to the microsecond) all carry the bounds sent (cut to the microsecond where
+// sent in nanoseconds). A window in 2040 (not yet open) and one in 1960–1961 (long over)
+// both refuse a purchase now with 409 sale_not_active and leave the gate's count as it
+// was; a window from the first to the last instant accepted (1000-01-01 to
+// 9999-12-31T23:59:59.999999Z) is open now, and sells.
+#[tokio::test]
+async fn sale_windows_are_stored_exactly_over_the_whole_range() {
+    let app = TestApp::spawn().await;
+    // Product, bounds sent, bounds kept, whether the window is open now.
+    let windows = [
+        (
+            3801,
+            ("2040-01-01T10:00:00Z", "2040-01-01T12:00:00.123456789Z"),
+            ("2040-01-01T10:00:00.000000Z", "2040-01-01T12:00:00.123456Z"),
+            false,
+        ),
+        (
+            3802,
+            ("1960-01-01T00:00:00Z", "1961-01-01T00:00:00Z"),
+            ("1960-01-01T00:00:00.000000Z", "1961-01-01T00:00:00.000000Z"),
+            false,
+        ),
+        (
+            3803,
+            ("1000-01-01T00:00:00Z", "9999-12-31T23:59:59.999999Z"),
+            ("1000-01-01T00:00:00.000000Z", "9999-12-31T23:59:59.999999Z"),
+            true,
+        ),
+    ];
+    for (product, (sent_starts, sent_ends), (starts, ends), open) in windows {
+        let (s, created) = app
+            .admin_post(
+                "/v1/products",
+                json!({"product_id": product, "name": format!("window {product}"), "stock": 5,
+                       "sale_starts_at": sent_starts, "sale_ends_at": sent_ends}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{created}");
+        let (s, read) = app.get(&format!("/v1/products/{product}")).await;
+        assert_eq!(s, StatusCode::OK, "{read}");
+        for body in [&created, &read] {
+            assert_eq!(bound(body, "sale_starts_at"), Some(at(starts)), "{body}");
+            assert_eq!(bound(body, "sale_ends_at"), Some(at(ends)), "{body}");
+        }
+        assert_eq!(
+            stored_window(&app, product).await,
+            (Some(starts.to_owned()), Some(ends.to_owned()))
+        );
+        let (s, b) = app
+            .purchase(&format!("REQ_window_{product}"), 1, product, 1)
+            .await;
+        if open {
+            assert_eq!(s, StatusCode::CREATED, "{b}");
+            assert_eq!(app.redis_available(product).await, Some(4));
+        } else {
+            assert_eq!(
+                (s, code(&b)),
+                (StatusCode::CONFLICT, "sale_not_active"),
+                "{b}"
+            );
+            assert_eq!(app.redis_available(product).await, Some(5));
+        }
+    }
+    assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 1);
+    app.cleanup().await;
+}
