@@ -10,6 +10,21 @@ pub const STOCK_MAX: i64 = 1_000_000_000;
 /// Longest product name accepted (the `products.name` column width).
 pub const NAME_LEN_MAX: usize = 200;
 
+/// Bidirectional formatting characters (embeddings and overrides U+202A–U+202E, isolates
+/// U+2066–U+2069, the marks U+200E, U+200F and U+061C): refused in a name, where they
+/// would reorder how the name, and the text after it, is shown in a console or a log.
+const BIDI_FORMATTING: [char; 12] = [
+    '\u{202A}', '\u{202B}', '\u{202C}', '\u{202D}', '\u{202E}', '\u{2066}', '\u{2067}', '\u{2068}',
+    '\u{2069}', '\u{200E}', '\u{200F}', '\u{061C}',
+];
+
+/// Whether `c` may appear in a product name: neither a control character (Unicode
+/// category Cc, NUL, ESC and DEL among them: they end strings, drive terminals, split log
+/// lines) nor a bidirectional formatting character.
+fn allowed_in_name(c: char) -> bool {
+    !c.is_control() && !BIDI_FORMATTING.contains(&c)
+}
+
 /// Earliest sale window bound accepted: the first instant MariaDB's `DATETIME` stores
 /// (`products.sale_starts_at`, `sale_ends_at`), so every accepted window is stored exactly.
 pub const SALE_TIME_MIN: DateTime<Utc> = utc(1000, 1, 1, 0, 0, 0, 0);
@@ -107,6 +122,13 @@ impl NewProduct {
         window: SaleWindow,
     ) -> Result<Self, ParseError> {
         let product_id = ProductId::parse(product_id)?;
+        // The whole input, before trimming: a control character is refused even at an end.
+        if !name.chars().all(allowed_in_name) {
+            return Err(ParseError::new(
+                "name",
+                "must not contain control or bidirectional formatting characters",
+            ));
+        }
         let name = name.trim();
         if name.is_empty() || name.chars().count() > NAME_LEN_MAX {
             return Err(ParseError::new(
@@ -255,6 +277,35 @@ mod tests {
         .expect("cut to the microsecond, within the range");
         assert_eq!(cut.starts_at, Some(parsed("2040-01-01T10:00:00.123456Z")));
         assert_eq!(cut.ends_at, Some(SALE_TIME_MAX));
+    }
+
+    // Checks a name with any control character (category Cc: NUL, ESC, DEL, C1's NEL,
+    // also a newline at an end, which trimming would otherwise hide) or any bidirectional
+    // formatting character is refused naming the field, while other non-ASCII text
+    // (accents, CJK, emoji, Arabic and Hebrew letters, inner spaces) is accepted.
+    #[test]
+    fn name_refuses_control_and_bidi_characters() {
+        let w = SaleWindow::default();
+        for ok in ["Téléphone", "手机 Pro", "📱 Phone", "هاتف", "טלפון", "A  B"] {
+            assert_eq!(NewProduct::parse(1, ok, 1, None, w).expect(ok).name, ok);
+        }
+        let mut refused: Vec<char> = vec!['\0', '\u{1B}', '\u{7F}', '\u{85}', '\u{9F}', '\t'];
+        refused.extend(BIDI_FORMATTING);
+        for c in refused {
+            for name in [format!("ab{c}cd"), format!("{c}abc"), format!("abc{c}")] {
+                assert_eq!(
+                    NewProduct::parse(1, &name, 1, None, w).unwrap_err().field,
+                    "name",
+                    "{name:?}"
+                );
+            }
+        }
+        assert_eq!(
+            BIDI_FORMATTING.len(),
+            5 + 4 + 3,
+            "U+202A–E, U+2066–9, three marks"
+        );
+        assert!(NewProduct::parse(1, "Phone\n", 1, None, w).is_err());
     }
 
     // Checks restock bounds: 1..=STOCK_MAX.
