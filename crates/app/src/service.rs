@@ -101,23 +101,29 @@ impl Flashsale {
 
     // ---- products -------------------------------------------------------------------
 
-    /// Creates a product and loads its stock into the gate before answering. Retrying a
-    /// creation whose warm-up failed (same definition) finishes the warm-up.
+    /// Creates a product and loads its stock into the gate before answering. Only the
+    /// call whose insert created the product succeeds (the ledger's primary key picks
+    /// it); every other gets `ProductExists`. One with the same definition, such as a
+    /// retry of a creation whose warm-up failed, finishes the warm-up first.
     pub async fn create_product(&self, new: NewProduct) -> Result<ProductView, Error> {
-        let product = match self.ledger.create_product(&new).await? {
-            CreateProduct::Created(product) => product,
+        match self.ledger.create_product(&new).await? {
+            // Read back after the insert committed: a concurrent duplicate (below) or a
+            // purchase may have loaded the stock since, and then the gate's count stands.
+            CreateProduct::Created(product) if product.stock_loaded => {}
+            CreateProduct::Created(product) => self.load_stock(&product).await?,
             CreateProduct::Exists(existing, total) => {
                 let same = existing.name == new.name
                     && existing.per_user_limit == new.per_user_limit
                     && existing.window == new.window
                     && total == new.stock;
-                if !same || existing.stock_loaded {
-                    return Err(Error::ProductExists);
+                // Loading is idempotent (the gate keeps a count it has), so this is
+                // harmless while the creator is still loading too.
+                if same && !existing.stock_loaded {
+                    self.load_stock(&existing).await?;
                 }
-                existing
+                return Err(Error::ProductExists);
             }
-        };
-        self.load_stock(&product).await?;
+        }
         info!(product_id = %new.product_id, stock = new.stock, "product created and stock loaded");
         self.product_view(new.product_id).await
     }
