@@ -17,6 +17,7 @@ pub mod ports;
 mod service;
 pub mod sold_out;
 
+pub use audit::AuditBounds;
 pub use error::Error;
 pub use maintenance::{Maintenance, MaintenanceSettings, Reconciliation, RecoveryReport};
 pub use metrics::{Metrics, Monitor};

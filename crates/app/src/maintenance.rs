@@ -19,7 +19,7 @@ use std::time::Duration;
 use flashsale_core::{ProductId, ReleaseReason, RequestId};
 use tracing::{error, info, warn};
 
-use crate::audit::{self, AuditReport};
+use crate::audit::{self, AuditBounds, AuditReport};
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::model::PurchaseOutcome;
@@ -47,7 +47,16 @@ pub struct MaintenanceSettings {
     /// Most products read from the ledger at once while a pass walks them: keyset pages,
     /// so a pass reaches every loaded product however many there are, in bounded memory.
     pub products_page: usize,
+    /// How long work in flight may take before the audit calls it stuck.
+    pub audit_bounds: AuditBounds,
 }
+
+/// Pause before the audit's second look at a product whose first look found a
+/// cross-store difference: the cancels and restocks that fall between one look's reads
+/// finish both their steps within milliseconds, so a difference they faked is gone a
+/// second later, while a real one is still the same. Paid only by products whose first
+/// look found such a difference.
+pub const AUDIT_SECOND_LOOK_AFTER: Duration = Duration::from_secs(1);
 
 /// Failures in a row, one product after another, that end a pass: a store that is down
 /// fails every product, and the pass stops instead of waiting out each one's timeout; a
@@ -530,15 +539,49 @@ impl Maintenance {
         Ok(applied)
     }
 
-    /// Checks a quiet product's stores against the invariants.
+    /// Checks a product's stores against the invariants, during a sale too: work in
+    /// flight within its bound is reported as pending ([`audit::check`]). A finding that
+    /// compares reads made at different moments (`cross_store`) is kept only if a second
+    /// look [`AUDIT_SECOND_LOOK_AFTER`] later finds it again, identical (the same counts,
+    /// the same holds): a cancel or a restock between one look's reads fakes one that is
+    /// gone by the next look, a real one stays. One not found again is reported as
+    /// pending. The price: while purchases keep changing the counts, a real drift is
+    /// pending too, until a quiet moment (the reconciliation worker logs it meanwhile).
     pub async fn audit(&self, product_id: ProductId) -> Result<AuditReport, Error> {
+        let first = self.look(product_id).await?;
+        if !first.violations.iter().any(|v| v.cross_store) {
+            return Ok(first);
+        }
+        tokio::time::sleep(AUDIT_SECOND_LOOK_AFTER).await;
+        let mut second = self.look(product_id).await?;
+        let (kept, moved): (Vec<_>, Vec<_>) = std::mem::take(&mut second.violations)
+            .into_iter()
+            .partition(|v| !v.cross_store || first.violations.contains(v));
+        second.violations = kept;
+        second.pending.extend(moved.into_iter().map(|mut v| {
+            v.message
+                .push_str(" (not in the look before: work in flight)");
+            v
+        }));
+        Ok(second)
+    }
+
+    /// One look at both stores. Redis first, then the ledger: a hold Redis's look saw in
+    /// flight that committed since is in the ledger's facts, and one taken since is told
+    /// apart by its hold id (`GateFacts::last_hold_id`).
+    async fn look(&self, product_id: ProductId) -> Result<AuditReport, Error> {
+        let gate = self.gate_m.facts(product_id).await?;
         let ledger = self
             .ledger_m
             .facts(product_id)
             .await?
             .ok_or(Error::ProductNotFound)?;
-        let gate = self.gate_m.facts(product_id).await?;
-        Ok(audit::check(product_id.get(), &gate, &ledger))
+        Ok(audit::check(
+            product_id.get(),
+            &gate,
+            &ledger,
+            &self.settings.audit_bounds,
+        ))
     }
 
     /// Products the workers and audit look after: every product whose stock was loaded.

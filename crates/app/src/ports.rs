@@ -442,15 +442,22 @@ pub struct Watermark {
     pub stock_loaded: bool,
 }
 
-/// A product's state in the gate.
+/// A product's state in the gate. `available`, `generation`, `last_hold_id` and
+/// `pending` are one atomic look; `held` is read after it, so it may hold holds taken
+/// since (their ids are above `last_hold_id`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct GateFacts {
     /// None when the gate has no stock entry for the product.
     pub available: Option<i64>,
+    /// The entry's stock generation (0 without an entry).
+    pub generation: i64,
+    /// The last hold id handed out when `available` was read: hold ids only grow, across
+    /// generations too, so a hold with a higher id was taken after the look.
+    pub last_hold_id: i64,
     /// Holds whose units are still taken: request_id → (hold id, units).
     pub held: std::collections::BTreeMap<String, (i64, i64)>,
-    /// Request_ids in the pending index.
-    pub pending: std::collections::BTreeSet<String>,
+    /// Request_ids in the pending index, each with its hold's age on the gate's clock.
+    pub pending: std::collections::BTreeMap<String, Duration>,
 }
 
 /// An order the expiry worker found past its deadline.
@@ -542,16 +549,24 @@ pub struct LedgerFacts {
     pub mismatched: Vec<String>,
     /// Live (PROCESSING or CONFIRMED) reservations: request_id → (hold id, units).
     pub live: std::collections::BTreeMap<String, (i64, i64)>,
-    /// RELEASED reservations whose units are not back in the gate: request_id → units.
-    pub unreturned: std::collections::BTreeMap<String, i64>,
+    /// RELEASED reservations whose units are not back in the gate: request_id → (units,
+    /// time since the release, on the database's clock).
+    pub unreturned: std::collections::BTreeMap<String, (i64, Duration)>,
+    /// Restocks recorded whose units the gate does not have yet: restock request_id →
+    /// (stock generation, units, age on the database's clock).
+    pub unapplied_restocks: std::collections::BTreeMap<String, (i64, i64, Duration)>,
     /// Every request_id with a reservation row (live or released).
     pub reserved_request_ids: std::collections::BTreeSet<String>,
-    /// PENDING_PAYMENT orders already past their deadline (database clock).
+    /// PENDING_PAYMENT orders already past their deadline (database clock), and how long
+    /// past it the oldest is.
     pub overdue_unpaid: i64,
+    pub overdue_oldest: Duration,
     /// Request_ids whose outbox events do not match their state changes one to one.
     pub event_mismatches: Vec<String>,
-    /// Outbox events of the product not yet acknowledged by the broker.
+    /// Outbox events of the product not yet acknowledged by the broker, and the age of
+    /// the oldest (database clock).
     pub unsent_events: i64,
+    pub unsent_oldest: Duration,
     /// Open recovery incidents.
     pub open_incidents: i64,
 }

@@ -21,6 +21,15 @@ const LISTED_MAX: i64 = 100;
 /// Longest incident detail stored (the column width).
 const INCIDENT_DETAIL_MAX: usize = 1000;
 
+/// Most unapplied restocks of one product an audit reads: restocks are an operator's
+/// few calls, and recovery applies them within a pass.
+const UNAPPLIED_RESTOCKS_MAX: i64 = 10_000;
+
+/// An age the database measured in microseconds (never negative: a clock step back).
+fn age(micros: i64) -> std::time::Duration {
+    std::time::Duration::from_micros(u64::try_from(micros).unwrap_or(0))
+}
+
 fn limit(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
@@ -215,12 +224,24 @@ impl LedgerMaintenance for MysqlLedger {
     async fn facts(&self, product_id: ProductId) -> Result<Option<LedgerFacts>, LedgerError> {
         let pool = self.pool();
         let p = product_id.get();
+        // The counters and the orders' units in one statement, so one snapshot: a
+        // purchase or a payment changes both in one transaction, and two statements
+        // could see it between them.
         let Some(row) = self
             .run("facts: inventory", || {
                 sqlx::query(
-                    "SELECT total_stock, available_stock, pre_deduct_stock, sold_count \
-                     FROM product_inventory WHERE product_id = ?",
+                    "SELECT i.total_stock, i.available_stock, i.pre_deduct_stock, i.sold_count, \
+                     u.pending, u.paid, u.overdue, u.overdue_us \
+                     FROM product_inventory i, (SELECT \
+                     CAST(COALESCE(SUM(CASE WHEN status = 'PENDING_PAYMENT' THEN quantity END), 0) AS SIGNED) AS pending, \
+                     CAST(COALESCE(SUM(CASE WHEN status = 'PAID' THEN quantity END), 0) AS SIGNED) AS paid, \
+                     CAST(COALESCE(SUM(status = 'PENDING_PAYMENT' AND expires_at <= NOW(6)), 0) AS SIGNED) AS overdue, \
+                     CAST(COALESCE(MAX(CASE WHEN status = 'PENDING_PAYMENT' AND expires_at <= NOW(6) \
+                       THEN TIMESTAMPDIFF(MICROSECOND, expires_at, NOW(6)) END), 0) AS SIGNED) AS overdue_us \
+                     FROM orders WHERE product_id = ?) u \
+                     WHERE i.product_id = ?",
                 )
+                .bind(p)
                 .bind(p)
                 .fetch_optional(pool)
             })
@@ -234,19 +255,7 @@ impl LedgerMaintenance for MysqlLedger {
             reserved: row.try_get("pre_deduct_stock").map_err(db)?,
             sold: row.try_get("sold_count").map_err(db)?,
         };
-        let units = self
-            .run("facts: units", || {
-                sqlx::query(
-                    "SELECT \
-                     CAST(COALESCE(SUM(CASE WHEN status = 'PENDING_PAYMENT' THEN quantity END), 0) AS SIGNED) AS pending, \
-                     CAST(COALESCE(SUM(CASE WHEN status = 'PAID' THEN quantity END), 0) AS SIGNED) AS paid, \
-                     CAST(COALESCE(SUM(status = 'PENDING_PAYMENT' AND expires_at <= NOW(6)), 0) AS SIGNED) AS overdue \
-                     FROM orders WHERE product_id = ?",
-                )
-                .bind(p)
-                .fetch_one(pool)
-            })
-            .await?;
+        let units = row;
         let ids = |sql: &'static str| async move {
             let rows = self
                 .run("facts: request ids", || {
@@ -286,26 +295,54 @@ impl LedgerMaintenance for MysqlLedger {
                  WHERE e.request_id = r.request_id AND e.event_type = 'reservation_released')) \
              LIMIT ?")
         .await?;
-        let unsent_events: i64 = self
+        let (unsent_events, unsent_us): (i64, i64) = self
             .run("facts: unsent events", || {
-                sqlx::query_scalar(
-                    "SELECT COUNT(*) FROM outbox_unsent u JOIN outbox o ON o.id = u.id \
+                sqlx::query_as(
+                    "SELECT COUNT(*), CAST(COALESCE(MAX(TIMESTAMPDIFF(MICROSECOND, \
+                     o.created_at, NOW(6))), 0) AS SIGNED) \
+                     FROM outbox_unsent u JOIN outbox o ON o.id = u.id \
                      WHERE o.product_id = ?",
                 )
                 .bind(p)
                 .fetch_one(pool)
             })
             .await?;
+        // A released reservation's `updated_at` is its release: nothing updates it again
+        // until its units are back (then it is no longer listed).
         let reservations = self
             .run("facts: reservations", || {
                 sqlx::query(
-                    "SELECT request_id, hold_id, quantity, status, stock_returned \
+                    "SELECT request_id, hold_id, quantity, status, stock_returned, \
+                     CAST(TIMESTAMPDIFF(MICROSECOND, updated_at, NOW(6)) AS SIGNED) AS age_us \
                      FROM inventory_reservation WHERE product_id = ?",
                 )
                 .bind(p)
                 .fetch_all(pool)
             })
             .await?;
+        let restocks = self
+            .run("facts: unapplied restocks", || {
+                sqlx::query(
+                    "SELECT request_id, generation, quantity, \
+                     CAST(TIMESTAMPDIFF(MICROSECOND, created_at, NOW(6)) AS SIGNED) AS age_us \
+                     FROM restock_request WHERE product_id = ? AND gate_applied = 0 LIMIT ?",
+                )
+                .bind(p)
+                .bind(UNAPPLIED_RESTOCKS_MAX)
+                .fetch_all(pool)
+            })
+            .await?;
+        let mut unapplied_restocks = BTreeMap::new();
+        for r in &restocks {
+            unapplied_restocks.insert(
+                text(r, "request_id")?,
+                (
+                    r.try_get("generation").map_err(db)?,
+                    r.try_get("quantity").map_err(db)?,
+                    age(r.try_get("age_us").map_err(db)?),
+                ),
+            );
+        }
         let mut live = BTreeMap::new();
         let mut unreturned = BTreeMap::new();
         let mut reserved_request_ids = BTreeSet::new();
@@ -315,7 +352,8 @@ impl LedgerMaintenance for MysqlLedger {
             let status = text(r, "status")?;
             if status == "RELEASED" {
                 if !r.try_get::<bool, _>("stock_returned").map_err(db)? {
-                    unreturned.insert(request_id.clone(), quantity);
+                    let released_for = age(r.try_get("age_us").map_err(db)?);
+                    unreturned.insert(request_id.clone(), (quantity, released_for));
                 }
             } else {
                 let hold_id: i64 = r.try_get("hold_id").map_err(db)?;
@@ -343,9 +381,12 @@ impl LedgerMaintenance for MysqlLedger {
             unreturned,
             reserved_request_ids,
             overdue_unpaid: units.try_get("overdue").map_err(db)?,
+            overdue_oldest: age(units.try_get("overdue_us").map_err(db)?),
+            unapplied_restocks,
             open_incidents,
             event_mismatches,
             unsent_events,
+            unsent_oldest: age(unsent_us),
         }))
     }
 

@@ -24,7 +24,7 @@ mod reserve;
 mod trim;
 
 use async_trait::async_trait;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use flashsale_app::ports::{
     ExistingHold, GateFacts, GateMaintenance, GateState, RebuildPlan, Release, ReleaseOf, Reserve,
@@ -517,18 +517,40 @@ impl GateMaintenance for RedisGate {
     }
 
     async fn facts(&self, product_id: ProductId) -> Result<GateFacts, GateError> {
-        let state = self.state(product_id).await?;
-        let available = state.map(|s| s.available);
-        let generation = state.map_or(0, |s| s.generation);
         let mut conn = self.conn.clone();
-        let pending: BTreeSet<String> = redis::cmd("ZRANGE")
-            .arg(self.key(product_id, "pending"))
-            .arg(0)
-            .arg(-1)
-            .query_async::<Vec<String>>(&mut conn)
-            .await
-            .map_err(unavailable)?
+        // One atomic look (MULTI/EXEC) at the count, the last hold id and the pending
+        // index, with Redis's clock to age the holds on: every hold the count has taken
+        // is either in the index or has reached the ledger, and one taken after the look
+        // has a higher id. The records are read after it.
+        let (inv, index, (secs, micros)): (Vec<Option<i64>>, Vec<(String, f64)>, (i64, i64)) =
+            redis::pipe()
+                .atomic()
+                .cmd("HMGET")
+                .arg(self.key(product_id, "inv"))
+                .arg("avail")
+                .arg("seq")
+                .arg("gen")
+                .cmd("ZRANGE")
+                .arg(self.key(product_id, "pending"))
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES")
+                .cmd("TIME")
+                .query_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+        let field = |i: usize| inv.get(i).copied().flatten();
+        let available = field(0);
+        let last_hold_id = field(1).unwrap_or(0);
+        let generation = available.map_or(0, |_| field(2).unwrap_or(1));
+        let now_ms = secs.saturating_mul(1000).saturating_add(micros / 1000);
+        let pending: BTreeMap<String, Duration> = index
             .into_iter()
+            .map(|(request_id, taken_ms)| {
+                // Scores are whole milliseconds; a hold stamped ahead of now is new.
+                let age_ms = u64::try_from(now_ms.saturating_sub(taken_ms as i64)).unwrap_or(0);
+                (request_id, Duration::from_millis(age_ms))
+            })
             .collect();
         let marker = self.key(product_id, "r:");
         let mut request_ids = Vec::new();
@@ -572,6 +594,8 @@ impl GateMaintenance for RedisGate {
         }
         Ok(GateFacts {
             available,
+            generation,
+            last_hold_id,
             held,
             pending,
         })

@@ -40,6 +40,9 @@ pub struct Config {
     pub recovery_interval: Duration,
     pub gate_watch_interval: Duration,
     pub reconcile_interval: Duration,
+    /// How long an outbox event may wait for the broker's acknowledgement before the
+    /// audit calls it stuck.
+    pub outbox_pending_max: Duration,
     pub strategy: flashsale_app::baseline::Strategy,
     /// NATS JetStream for events: server URL, subject prefix, stream name.
     pub nats_url: String,
@@ -83,6 +86,11 @@ pub const KEYS: &[(&str, Option<&str>)] = &[
     ("recovery_interval", Some("5s")),
     ("gate_watch_interval", Some("1s")),
     ("reconcile_interval", Some("60s")),
+    // An event waits for the relay's next round (200 ms), its backoff while NATS is down
+    // (up to 5 s between tries) and, if a relay died holding it, the end of its claim
+    // (30 s): a minute covers all three, and an outage of the broker longer than that is
+    // worth an operator's look.
+    ("outbox_pending_max", Some("60s")),
     ("strategy", Some("flashsale")),
     ("nats_url", Some("nats://127.0.0.1:4222")),
     ("nats_subject_prefix", Some("flashsale")),
@@ -354,6 +362,7 @@ impl Config {
         let recovery_interval = duration(raw.value("recovery_interval"))?;
         let gate_watch_interval = duration(raw.value("gate_watch_interval"))?;
         let reconcile_interval = duration(raw.value("reconcile_interval"))?;
+        let outbox_pending_max = duration(raw.value("outbox_pending_max"))?;
         let (name, raw_strategy) = raw.value("strategy");
         let strategy = flashsale_app::baseline::Strategy::parse(raw_strategy).ok_or_else(|| {
             invalid(
@@ -426,6 +435,7 @@ impl Config {
             recovery_interval,
             gate_watch_interval,
             reconcile_interval,
+            outbox_pending_max,
             strategy,
             nats_url: nats_url.to_owned(),
             nats_subject_prefix: nats_subject_prefix.to_owned(),

@@ -13,7 +13,8 @@ use flashsale_api::{ApiConfig, PurchaseLimits};
 use flashsale_app::baseline::{Baseline, Strategy};
 use flashsale_app::limit::{self, Limiter};
 use flashsale_app::{
-    Flashsale, Maintenance, MaintenanceSettings, Metrics, Monitor, Settings, SystemClock,
+    AuditBounds, Flashsale, Maintenance, MaintenanceSettings, Metrics, Monitor, Settings,
+    SystemClock,
 };
 use flashsale_mysql::{LedgerConfig, MysqlLedger};
 use flashsale_redis::{GateConfig, RedisGate};
@@ -138,12 +139,25 @@ fn maintenance_for(
             recovery_after: config.recovery_after,
             batch_size: WORKER_BATCH_SIZE,
             products_page: PRODUCTS_PAGE,
+            audit_bounds: audit_bounds(config),
         },
     );
     Arc::new(match metrics {
         Some(metrics) => maintenance.with_metrics(metrics),
         None => maintenance,
     })
+}
+
+/// How long the audit lets work in flight take. Recovery releases a hold once it is
+/// `recovery_after` old, in the first pass after that; expiry and the completion of
+/// returns and restocks take a pass of their worker, well within the same time.
+pub fn audit_bounds(config: &Config) -> AuditBounds {
+    AuditBounds {
+        workers: config
+            .recovery_after
+            .saturating_add(config.recovery_interval.max(config.expiry_interval)),
+        outbox: config.outbox_pending_max,
+    }
 }
 
 /// The workers and checks without the HTTP side, for the `audit` and `reconcile`

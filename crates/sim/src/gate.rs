@@ -216,10 +216,23 @@ impl MemGate {
         let generation = keys.inv.as_ref().map_or(0, |i| i.gen.unwrap_or(1));
         GateFacts {
             available: keys.inv.as_ref().map(|i| i.avail),
+            generation,
+            last_hold_id: keys.inv.as_ref().and_then(|i| i.seq).unwrap_or(0),
             held: held(keys, generation, now),
-            pending: keys.pending.keys().cloned().collect(),
+            pending: aged(&keys.pending, now),
         }
     }
+}
+
+/// The pending index with each hold's age at `now_ms`, as `RedisGate::facts` reads it.
+fn aged(pending: &BTreeMap<String, i64>, now_ms: i64) -> BTreeMap<String, Duration> {
+    pending
+        .iter()
+        .map(|(rid, taken)| {
+            let age = u64::try_from(now_ms - taken).unwrap_or(0);
+            (rid.clone(), Duration::from_millis(age))
+        })
+        .collect()
 }
 
 /// Records holding units in the gate's current generation (as `RedisGate::facts` reads
@@ -660,17 +673,20 @@ impl GateMaintenance for MemGate {
         Ok(())
     }
 
-    /// The state, the pending index and the records, each read separately as
-    /// `RedisGate::facts` does.
+    /// The state and the pending index in one step, then the records, as
+    /// `RedisGate::facts` reads them.
     async fn facts(&self, product_id: ProductId) -> Result<GateFacts, GateError> {
-        let state = self.state(product_id).await?;
-        let available = state.map(|s| s.available);
-        let generation = state.map_or(0, |s| s.generation);
-        self.round_trip("facts: pending").await;
-        let pending = {
+        let (available, generation, last_hold_id, pending) = {
+            let now = self.now_ms();
             let mut store = self.lock();
             let keys = store.products.entry(product_id.get()).or_default();
-            keys.pending.keys().cloned().collect()
+            let inv = keys.inv.as_ref();
+            (
+                inv.map(|i| i.avail),
+                inv.map_or(0, |i| i.gen.unwrap_or(1)),
+                inv.and_then(|i| i.seq).unwrap_or(0),
+                aged(&keys.pending, now),
+            )
         };
         self.round_trip("facts: records").await;
         let now = self.now_ms();
@@ -678,6 +694,8 @@ impl GateMaintenance for MemGate {
         let keys = store.products.entry(product_id.get()).or_default();
         Ok(GateFacts {
             available,
+            generation,
+            last_hold_id,
             held: held(keys, generation, now),
             pending,
         })

@@ -907,7 +907,7 @@ fn rest_of(
         let q = i64::from(r.request.quantity.get());
         if r.status == ReservationStatus::Released {
             if !r.stock_returned {
-                unreturned.insert(rid.clone(), q);
+                unreturned.insert(rid.clone(), (q, Duration::ZERO));
             }
         } else {
             live.insert(rid.clone(), (r.hold_id, q));
@@ -934,9 +934,14 @@ fn rest_of(
         unreturned,
         reserved_request_ids,
         overdue_unpaid,
+        // The simulator audits a drained system with `AuditBounds::QUIET`: any work in
+        // flight is a violation, whatever its age.
+        overdue_oldest: Duration::ZERO,
+        unapplied_restocks: BTreeMap::new(),
         open_incidents: i64::try_from(open_incidents).unwrap_or(i64::MAX),
         event_mismatches: t.event_mismatches(Some(product_id), LISTED_MAX),
         unsent_events: i64::try_from(unsent_events).unwrap_or(i64::MAX),
+        unsent_oldest: Duration::ZERO,
     }
 }
 
@@ -1403,12 +1408,16 @@ impl LedgerMaintenance for MemLedger {
     /// what is committed when it runs.
     async fn facts(&self, product_id: ProductId) -> Result<Option<LedgerFacts>, LedgerError> {
         let p = product_id.get();
-        let Some(counters) = counters_of(&self.lock(), p) else {
-            return Ok(None);
-        };
-        self.round_trip("facts: units").await;
+        // The counters and the units in one step, as the adapter reads them in one
+        // statement.
         let now = self.now();
-        let (pending, paid, overdue) = units_of(&self.lock(), p, now);
+        let (counters, (pending, paid, overdue)) = {
+            let t = self.lock();
+            let Some(counters) = counters_of(&t, p) else {
+                return Ok(None);
+            };
+            (counters, units_of(&t, p, now))
+        };
         self.round_trip("facts: reservations").await;
         let t = self.lock();
         Ok(Some(rest_of(&t, p, counters, pending, paid, overdue)))

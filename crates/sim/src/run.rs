@@ -252,6 +252,7 @@ impl World {
                 batch_size: self.sc.batch_size,
                 // One product to a page: with two products, some seeds walk two pages.
                 products_page: 1,
+                audit_bounds: audit::AuditBounds::QUIET,
             },
         );
         let outbox: Arc<dyn Outbox> = self.fledger.clone();
@@ -1256,7 +1257,7 @@ fn audit_all(w: &World, when: &str) {
             continue;
         };
         let gate: GateFacts = w.gate.peek_facts(id);
-        let report = audit::check(id, &gate, &ledger);
+        let report = audit::check(id, &gate, &ledger, &audit::AuditBounds::QUIET);
         for v in report.violations {
             w.violation(format!(
                 "{} (audit {when}): {} {:?}",

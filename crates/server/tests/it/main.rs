@@ -3,6 +3,7 @@
 //! and fault tests put a TCP proxy of their own between flashsale and a service, so the
 //! shared services are never stopped, paused or flushed.
 
+mod audit;
 mod bad_input;
 mod baselines;
 mod binary;

@@ -1,0 +1,170 @@
+//! `flashsale audit` on a live system: work in flight within its bound is pending, not a
+//! violation; work stuck past its bound is a violation (exit 1). Runs the audit as the
+//! command does (`Maintenance::audit`, the function `flashsale audit` calls) and as the
+//! binary itself.
+
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flashsale_core::ProductId;
+use reqwest::StatusCode;
+use serde_json::json;
+
+use crate::helpers::{order_id, Routes, TestApp, TestEvents, NATS_URL, REDIS_URL};
+
+const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
+/// How long the buyers keep buying: long enough for several audits to run among them.
+const FLOOD_FOR: Duration = Duration::from_secs(4);
+/// Concurrent buyers: more than the machine's cores, so purchases overlap the audit's
+/// reads at every step.
+const BUYERS: i64 = 8;
+/// Most purchases one buyer makes, whatever the machine's speed.
+const PURCHASES_PER_BUYER_MAX: i64 = 2_000;
+/// Every this many orders a buyer cancels the one it just got: cancels give units back
+/// between the audit's reads too.
+const CANCEL_EVERY: i64 = 5;
+
+/// Runs `flashsale audit --product <id>` against the test's stores, with extra settings.
+fn run_audit(app: &TestApp, product: i64, settings: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["audit", "--product", &product.to_string()])
+        .env("FLASHSALE_DATABASE_URL", app.db.as_ref().expect("db").url())
+        .env("FLASHSALE_REDIS_URL", REDIS_URL)
+        .env("FLASHSALE_REDIS_PREFIX", &app.prefix)
+        .env("RUST_LOG", "warn");
+    for (k, v) in settings {
+        cmd.env(format!("FLASHSALE_{k}"), v);
+    }
+    cmd.output().expect("run flashsale audit")
+}
+
+// Checks the audit during a flood of purchases (8 concurrent buyers for 4 s, some orders
+// cancelled at once, the relay running): every audit taken meanwhile, through
+// `Maintenance::audit` and as the binary, finds no violation (the binary exits 0), and at
+// least one of them saw work in flight and reported it as pending. After the flood the
+// final audit is clean too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_during_a_flood_of_purchases_finds_no_violation() {
+    let app = Arc::new(TestApp::spawn().await);
+    let events = TestEvents::start(&app, NATS_URL).await;
+    let product = 5301;
+    app.create_product(product, 1_000_000, None).await;
+    let done = Arc::new(AtomicBool::new(false));
+    let orders = Arc::new(AtomicUsize::new(0));
+    let mut buyers = Vec::new();
+    for b in 0..BUYERS {
+        let (app, done, orders) = (app.clone(), done.clone(), orders.clone());
+        buyers.push(tokio::spawn(async move {
+            for i in 0..PURCHASES_PER_BUYER_MAX {
+                if done.load(Ordering::Relaxed) {
+                    break;
+                }
+                let user = b + 1;
+                let (status, body) = app
+                    .purchase(&format!("REQ_flood_{b}_{i}"), user, product, 1)
+                    .await;
+                assert_eq!(status, StatusCode::CREATED, "{body}");
+                orders.fetch_add(1, Ordering::Relaxed);
+                if i % CANCEL_EVERY == 0 {
+                    let (status, body) = app
+                        .post(
+                            &format!("/v1/orders/{}/cancel", order_id(&body)),
+                            json!({"user_id": user}),
+                        )
+                        .await;
+                    assert_eq!(status, StatusCode::OK, "{body}");
+                }
+            }
+        }));
+    }
+    let id = ProductId::parse(product).expect("product id");
+    let started = Instant::now();
+    let (mut audits, mut with_pending) = (0, 0);
+    let mut binary_runs = 0;
+    while started.elapsed() < FLOOD_FOR {
+        let report = app.maintenance.audit(id).await.expect("audit");
+        assert!(
+            report.violations.is_empty(),
+            "audit during the flood:\n{report}"
+        );
+        audits += 1;
+        with_pending += usize::from(!report.pending.is_empty());
+        if audits % 4 == 0 {
+            let out = tokio::task::spawn_blocking({
+                let app = app.clone();
+                move || run_audit(&app, product, &[])
+            })
+            .await
+            .expect("audit process");
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "flashsale audit during the flood:\n{text}"
+            );
+            binary_runs += 1;
+        }
+    }
+    done.store(true, Ordering::Relaxed);
+    for b in buyers {
+        b.await.expect("buyer");
+    }
+    let bought = orders.load(Ordering::Relaxed);
+    println!(
+        "{audits} audits ({with_pending} with pending work, {binary_runs} by the binary) \
+         during {bought} purchases"
+    );
+    assert!(binary_runs > 0, "the binary ran during the flood");
+    assert!(
+        with_pending > 0,
+        "no audit saw work in flight: the flood was not live"
+    );
+    let report = app.maintenance.audit(id).await.expect("audit");
+    assert!(
+        report.violations.is_empty(),
+        "audit after the flood:\n{report}"
+    );
+    events.cleanup().await;
+    if let Ok(app) = Arc::try_unwrap(app) {
+        app.cleanup().await;
+    }
+}
+
+// Checks undelivered events with no relay running (the event workers are never started)
+// and the outbox bound set to 2 s: just after the purchases the audit reports their
+// events as pending I7 work and no violation; once they are older than the bound it
+// reports the I7 violation, and `flashsale audit` with the same bound exits 1 naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undelivered_events_past_the_bound_are_a_violation() {
+    const BOUND: &str = "2s";
+    let bound = Duration::from_secs(2);
+    let app = TestApp::spawn_with(Routes::default(), &[("OUTBOX_PENDING_MAX", BOUND)]).await;
+    let product = 5302;
+    app.create_product(product, 10, None).await;
+    for i in 0..3 {
+        let (status, body) = app
+            .purchase(&format!("REQ_stuck_{i}"), i + 1, product, 1)
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    let bought = Instant::now();
+    let id = ProductId::parse(product).expect("product id");
+    let report = app.maintenance.audit(id).await.expect("audit");
+    if bought.elapsed() < bound {
+        assert!(report.violations.is_empty(), "{report}");
+        assert!(
+            report.pending.iter().any(|p| p.invariant == "I7"),
+            "{report}"
+        );
+    }
+    tokio::time::sleep(bound.saturating_sub(bought.elapsed()) + Duration::from_millis(200)).await;
+    let report = app.maintenance.audit(id).await.expect("audit");
+    let broken: Vec<_> = report.violations.iter().map(|v| v.invariant).collect();
+    assert_eq!(broken, vec!["I7"], "{report}");
+    let out = run_audit(&app, product, &[("OUTBOX_PENDING_MAX", BOUND)]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("VIOLATION I7"), "{text}");
+    app.cleanup().await;
+}
