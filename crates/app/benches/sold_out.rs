@@ -8,7 +8,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use flashsale_app::ports::SoldOutLease;
+use flashsale_app::ports::{LeaseListener, SoldOutLease};
 use flashsale_app::sold_out::SoldOutBoard;
 use flashsale_core::{ProductId, RequestId};
 
@@ -18,6 +18,7 @@ fn request_id(i: usize) -> RequestId {
 
 fn board(holders: usize) -> SoldOutBoard {
     let board = SoldOutBoard::default();
+    board.listening();
     let product = ProductId::parse(1).expect("valid product id");
     let lease = SoldOutLease {
         remaining: Duration::from_secs(3_600),
@@ -25,7 +26,7 @@ fn board(holders: usize) -> SoldOutBoard {
         holds: holders as i64,
     };
     let snapshot = board
-        .leased(product, Duration::ZERO, lease)
+        .leased(product, Duration::ZERO, board.heard(product), lease)
         .expect("first lease asks for a snapshot");
     let ids: HashSet<RequestId> = (0..holders).map(request_id).collect();
     board.took(snapshot, Ok(Some(ids)));

@@ -114,9 +114,9 @@ pub enum Reserve {
 }
 
 /// The gate's promise, made when it found a product with no unit left: it grants no
-/// hold of the product — to any caller, even for units given back or restocked
-/// meanwhile — for `remaining` from the moment it answered. Units that come back wait
-/// for the lease's end. The product's holds, at the time of the answer, number
+/// hold of the product for `remaining` from the moment it answered, unless units come
+/// back first — then the gate ends the lease and publishes a revocation (see
+/// [`LeaseListener`]). The product's holds, at the time of the answer, number
 /// `holds` in stock generation `generation` (hold ids count up per generation), so
 /// while a later answer reports the same pair no hold was granted in between.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,6 +124,18 @@ pub struct SoldOutLease {
     pub remaining: Duration,
     pub generation: i64,
     pub holds: i64,
+}
+
+/// What an instance hears of sold-out leases ended early. Every gate step that adds
+/// units to a product ends the product's lease and publishes a revocation; the gate
+/// adapter's subscriber reports here when it is listening (subscribed: every later
+/// revocation will be heard), when it is deaf (not subscribed, or the subscription was
+/// lost: revocations may be missed), and each revocation (`None` when its product can't
+/// be read).
+pub trait LeaseListener: Send + Sync + 'static {
+    fn listening(&self);
+    fn deaf(&self);
+    fn revoked(&self, product_id: Option<ProductId>);
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

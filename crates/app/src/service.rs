@@ -30,10 +30,10 @@ use crate::model::{
     InventoryView, Order, Product, ProductView, PurchaseOutcome, PurchaseRecord, Purchased,
 };
 use crate::ports::{
-    Clock, Commit, CreateProduct, Fence, Ledger, RecordRestock, Release, ReleaseOf, Reserve,
-    Restock, SoldOutLease, StaleHold, StockGate,
+    Clock, Commit, CreateProduct, Fence, LeaseListener, Ledger, RecordRestock, Release,
+    ReleaseOf, Reserve, Restock, SoldOutLease, StaleHold, StockGate,
 };
-use crate::sold_out::{SoldOutBoard, Taking, HOLDERS_MAX};
+use crate::sold_out::{Check, Heard, SoldOutBoard, Taking, HOLDERS_MAX};
 
 /// Settings the use cases need, parsed and validated by the binary.
 #[derive(Debug, Clone)]
@@ -50,7 +50,7 @@ pub struct Flashsale {
     clock: Arc<dyn Clock>,
     settings: Settings,
     catalog: Catalog,
-    sold_out: SoldOutBoard,
+    sold_out: Arc<SoldOutBoard>,
     /// Purchase attempts per user that reach the gate (None: no limit).
     user_rate: Option<Limiter<i64>>,
 }
@@ -75,7 +75,7 @@ impl Flashsale {
             clock,
             settings,
             catalog: Catalog::default(),
-            sold_out: SoldOutBoard::default(),
+            sold_out: Arc::new(SoldOutBoard::default()),
             user_rate: None,
         }
     }
@@ -86,6 +86,13 @@ impl Flashsale {
     pub fn with_user_rate(mut self, rate: Rate) -> Self {
         self.user_rate = Some(Limiter::new(rate, limit::KEYS_MAX));
         self
+    }
+
+    /// Where the gate's revocations of sold-out leases go: until something reports
+    /// [`LeaseListener::listening`] here, no lease is trusted and every purchase asks
+    /// the gate.
+    pub fn lease_listener(&self) -> Arc<dyn LeaseListener> {
+        self.sold_out.clone()
     }
 
     pub fn settings(&self) -> &Settings {
@@ -282,14 +289,15 @@ impl Flashsale {
         if !product.window.is_open_at(self.clock.now()) {
             return Box::pin(self.replay_or(&request, Error::SaleNotActive)).await;
         }
-        if self
+        let heard = match self
             .sold_out
-            .refuses(request.product_id, &request.request_id, sent)
+            .check(request.product_id, &request.request_id, sent)
         {
-            // The gate promised to grant no hold now, and this request_id never held
-            // one: exactly its answer, without asking (`sold_out.rs`).
-            return Err(Error::SoldOut);
-        }
+            // The gate promised to grant no hold now, nothing revoked it, and this
+            // request_id never held one: its answer, without asking (`sold_out.rs`).
+            Check::Refuse => return Err(Error::SoldOut),
+            Check::Ask(heard) => heard,
+        };
         if let Some(limiter) = &self.user_rate {
             limiter
                 .check(request.user_id.get(), sent)
@@ -300,7 +308,7 @@ impl Flashsale {
         // The rest on the heap: a flood is mostly the refusal above, and its future (and
         // the request's, which holds it) stays small without the reservation's and the
         // commit's state (1,224 bytes with it; BENCHMARKS.md, seventh session).
-        Box::pin(self.reserve_and_commit(request, product, sent)).await
+        Box::pin(self.reserve_and_commit(request, product, sent, heard)).await
     }
 
     /// The purchase past the sold-out board: the gate's reservation, then the ledger.
@@ -309,6 +317,7 @@ impl Flashsale {
         request: PurchaseRequest,
         product: Arc<Product>,
         sent: Duration,
+        heard: Heard,
     ) -> Result<Purchased, Error> {
         let mut outcome = self.gate.reserve(&request, product.per_user_limit).await?;
         if outcome == Reserve::NotLoaded {
@@ -361,7 +370,8 @@ impl Flashsale {
             }
             Reserve::SoldOut { unseen, lease } => {
                 if let Some(lease) = lease {
-                    self.heard_lease(request.product_id, sent, lease).await;
+                    self.heard_lease(request.product_id, sent, heard, lease)
+                        .await;
                 }
                 if unseen {
                     // The gate vouches the request_id never held units here: no replay
@@ -391,8 +401,14 @@ impl Flashsale {
     /// this instance has no complete list of them yet. Pending index first, then the
     /// ledger (`sold_out.rs` says why that order misses no holder). Failures only leave
     /// this instance asking the gate, as without a lease.
-    async fn heard_lease(&self, product_id: ProductId, sent: Duration, lease: SoldOutLease) {
-        let Some(snapshot) = self.sold_out.leased(product_id, sent, lease) else {
+    async fn heard_lease(
+        &self,
+        product_id: ProductId,
+        sent: Duration,
+        heard: Heard,
+        lease: SoldOutLease,
+    ) {
+        let Some(snapshot) = self.sold_out.leased(product_id, sent, heard, lease) else {
             return;
         };
         let taking = Taking::new(&self.sold_out, snapshot);

@@ -17,6 +17,18 @@
 //! keeps reporting that count in that generation (no hold granted since). A purchase
 //! whose request_id is a holder goes to the gate as always.
 //!
+//! A lease ends early when units come back: every gate step that adds units to the
+//! product (a restock, a release, a rebuild, a repair) ends its lease in the same atomic
+//! step and publishes a *revocation*, which this instance hears through its subscription
+//! ([`LeaseListener`]) and which drops the product from the board. A revocation can
+//! cross the answer that carried a lease (they travel on different connections), so a
+//! lease is kept only if no revocation that might concern its product arrived while its
+//! call was out ([`Heard`]). A revocation can also be lost: while the subscription is not
+//! live (not yet subscribed, or lost and not yet back) the board refuses nothing, and
+//! when it goes, every lease heard before is forgotten. So a local `sold_out` outlives
+//! units coming back by the revocation's delivery, or, if the subscription died silently,
+//! until the subscriber notices (and never past the lease's end).
+//!
 //! Everything here is bounded: [`HOLDERS_MAX`] request_ids per product (more, and the
 //! product is simply always asked of the gate), [`PRODUCTS_MAX`] products.
 
@@ -26,7 +38,7 @@ use std::time::Duration;
 
 use flashsale_core::{ProductId, RequestId};
 
-use crate::ports::SoldOutLease;
+use crate::ports::{LeaseListener, SoldOutLease};
 
 /// Most request_ids in one product's snapshot: about 10 MB at most. A product that had
 /// more holds than this (a big promotion, sold out) is always asked of the gate.
@@ -38,10 +50,58 @@ const PRODUCTS_MAX: usize = 10_000;
 /// margin covers a gate whose clock runs faster than this instance's (slew is well below
 /// 0.1 %; 10 % leaves room for far worse).
 const TRUST_SHARE: (u32, u32) = (9, 10);
+/// Revocation counters, one per product id modulo this: a revocation voids the leases in
+/// flight of its bucket's products only, so one product's give-backs seldom cost another
+/// product its lease (256 counters, 2 KB).
+const BUCKETS: usize = 256;
 
 #[derive(Default)]
 pub struct SoldOutBoard {
-    products: Mutex<HashMap<ProductId, Entry>>,
+    board: Mutex<Board>,
+}
+
+struct Board {
+    products: HashMap<ProductId, Entry>,
+    /// Whether the subscription to revocations is live: only then may a lease be trusted.
+    live: bool,
+    /// Bumped whenever the subscription goes or comes back, or a revocation of unknown
+    /// products arrives: it voids every lease whose call was out meanwhile.
+    era: u64,
+    /// Revocations heard, per bucket of product ids.
+    revoked: [u64; BUCKETS],
+}
+
+impl Default for Board {
+    fn default() -> Self {
+        Self {
+            products: HashMap::new(),
+            live: false,
+            era: 0,
+            revoked: [0; BUCKETS],
+        }
+    }
+}
+
+fn bucket(product_id: ProductId) -> usize {
+    // Product ids are positive: the remainder is below BUCKETS.
+    (product_id.get().unsigned_abs() % BUCKETS as u64) as usize
+}
+
+/// What the board had heard of revocations when a call to the gate was sent: a lease
+/// its answer carries is kept only if nothing that could void it arrived since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heard {
+    era: u64,
+    revoked: u64,
+}
+
+/// The board's verdict on a purchase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    /// Answer `sold_out` here: the gate's lease says so and nothing revoked it.
+    Refuse,
+    /// Ask the gate; a lease in its answer goes to [`SoldOutBoard::leased`] with this.
+    Ask(Heard),
 }
 
 struct Entry {
@@ -71,33 +131,66 @@ pub struct Snapshot {
 }
 
 impl SoldOutBoard {
-    fn lock(&self) -> MutexGuard<'_, HashMap<ProductId, Entry>> {
-        // The map stays consistent whatever panicked while holding it: every update is a
-        // single assignment.
-        self.products.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Board> {
+        // The board stays consistent whatever panicked while holding it: every update is
+        // a single assignment.
+        self.board.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether this instance can answer `sold_out` to the purchase itself, at monotonic
-    /// time `now`.
-    pub fn refuses(&self, product_id: ProductId, request_id: &RequestId, now: Duration) -> bool {
-        let products = self.lock();
-        let Some(entry) = products.get(&product_id) else {
-            return false;
-        };
-        now < entry.until
-            && matches!(&entry.holders, Holders::Known(holders) if !holders.contains(request_id))
+    /// time `now`; if not, what it had heard of revocations before asking the gate.
+    pub fn check(&self, product_id: ProductId, request_id: &RequestId, now: Duration) -> Check {
+        let board = self.lock();
+        let refuse = board.products.get(&product_id).is_some_and(|entry| {
+            now < entry.until
+                && matches!(&entry.holders, Holders::Known(holders) if !holders.contains(request_id))
+        });
+        if refuse {
+            Check::Refuse
+        } else {
+            Check::Ask(Heard {
+                era: board.era,
+                revoked: board.revoked[bucket(product_id)],
+            })
+        }
     }
 
-    /// The gate answered a call sent at monotonic time `sent` with a lease. Returns the
-    /// snapshot the caller should take now, if one is needed and nobody is taking it.
+    /// What the board has heard of revocations concerning `product_id`, now (for a call
+    /// to the gate made without [`Self::check`]).
+    pub fn heard(&self, product_id: ProductId) -> Heard {
+        let board = self.lock();
+        Heard {
+            era: board.era,
+            revoked: board.revoked[bucket(product_id)],
+        }
+    }
+
+    /// Whether this instance can answer `sold_out` to the purchase itself at `now`.
+    pub fn refuses(&self, product_id: ProductId, request_id: &RequestId, now: Duration) -> bool {
+        self.check(product_id, request_id, now) == Check::Refuse
+    }
+
+    /// The gate answered a call sent at monotonic time `sent`, when the board had
+    /// `heard` what it had, with a lease. Returns the snapshot the caller should take
+    /// now, if one is needed and nobody is taking it.
     pub fn leased(
         &self,
         product_id: ProductId,
         sent: Duration,
+        heard: Heard,
         lease: SoldOutLease,
     ) -> Option<Snapshot> {
         let until = sent + lease.remaining * TRUST_SHARE.0 / TRUST_SHARE.1;
-        let mut products = self.lock();
+        let mut board = self.lock();
+        // Not subscribed, or a revocation arrived while the call was out: it may have
+        // ended this very lease before the answer came in.
+        if !board.live
+            || board.era != heard.era
+            || board.revoked[bucket(product_id)] != heard.revoked
+        {
+            return None;
+        }
+        let products = &mut board.products;
         if !products.contains_key(&product_id) && products.len() >= PRODUCTS_MAX {
             products.retain(|_, e| e.until > sent);
             if products.len() >= PRODUCTS_MAX {
@@ -132,8 +225,8 @@ impl SoldOutBoard {
     /// The outcome of taking `snapshot`: the holders, `Ok(None)` when there were too
     /// many, `Err(())` when a store could not be read (someone takes it again later).
     pub fn took(&self, snapshot: Snapshot, holders: Result<Option<HashSet<RequestId>>, ()>) {
-        let mut products = self.lock();
-        let Some(entry) = products.get_mut(&snapshot.product_id) else {
+        let mut board = self.lock();
+        let Some(entry) = board.products.get_mut(&snapshot.product_id) else {
             return;
         };
         if (entry.generation, entry.holds) != (snapshot.generation, snapshot.holds)
@@ -146,6 +239,36 @@ impl SoldOutBoard {
             Ok(None) => Holders::TooMany,
             Err(()) => Holders::Unknown,
         };
+    }
+}
+
+impl LeaseListener for SoldOutBoard {
+    fn listening(&self) {
+        let mut board = self.lock();
+        board.live = true;
+        board.era += 1;
+    }
+
+    fn deaf(&self) {
+        let mut board = self.lock();
+        board.live = false;
+        board.era += 1;
+        board.products.clear();
+    }
+
+    fn revoked(&self, product_id: Option<ProductId>) {
+        let mut board = self.lock();
+        match product_id {
+            Some(product_id) => {
+                board.revoked[bucket(product_id)] += 1;
+                board.products.remove(&product_id);
+            }
+            // A revocation whose product can't be read may concern any of them.
+            None => {
+                board.era += 1;
+                board.products.clear();
+            }
+        }
     }
 }
 
@@ -200,6 +323,12 @@ mod tests {
             holds,
         }
     }
+    /// A board whose subscription to revocations is live.
+    fn live() -> SoldOutBoard {
+        let board = SoldOutBoard::default();
+        board.listening();
+        board
+    }
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
     }
@@ -209,9 +338,8 @@ mod tests {
 
     #[test]
     fn refuses_outsiders_only_inside_the_trusted_share_with_a_snapshot() {
-        let board = SoldOutBoard::default();
-        let snapshot = board
-            .leased(p(1), ms(1_000), lease(100, 1, 5))
+        let board = live();
+        let snapshot = board.leased(p(1), ms(1_000), board.heard(p(1)), lease(100, 1, 5))
             .expect("take");
         assert!(
             !board.refuses(p(1), &r("NEW"), ms(1_001)),
@@ -233,19 +361,18 @@ mod tests {
 
     #[test]
     fn a_new_hold_count_or_generation_makes_the_snapshot_stale() {
-        let board = SoldOutBoard::default();
-        let snapshot = board.leased(p(1), ms(0), lease(1_000, 1, 5)).expect("take");
+        let board = live();
+        let snapshot = board.leased(p(1), ms(0), board.heard(p(1)), lease(1_000, 1, 5)).expect("take");
         board.took(snapshot, holders(&[]));
         assert!(
-            board.leased(p(1), ms(10), lease(1_000, 1, 5)).is_none(),
+            board.leased(p(1), ms(10), board.heard(p(1)), lease(1_000, 1, 5)).is_none(),
             "still complete"
         );
         assert!(
             board.refuses(p(1), &r("NEW"), ms(905)),
             "the later lease extends"
         );
-        let snapshot = board
-            .leased(p(1), ms(20), lease(1_000, 1, 6))
+        let snapshot = board.leased(p(1), ms(20), board.heard(p(1)), lease(1_000, 1, 6))
             .expect("stale");
         assert!(!board.refuses(p(1), &r("NEW"), ms(21)));
         board.took(snapshot, holders(&["NEW"]));
@@ -254,7 +381,7 @@ mod tests {
             "NEW took the sixth hold"
         );
         assert!(
-            board.leased(p(1), ms(30), lease(1_000, 2, 6)).is_some(),
+            board.leased(p(1), ms(30), board.heard(p(1)), lease(1_000, 2, 6)).is_some(),
             "rebuilt"
         );
         assert!(!board.refuses(p(1), &r("OTHER"), ms(31)));
@@ -262,32 +389,89 @@ mod tests {
 
     #[test]
     fn one_taker_at_a_time_and_a_dropped_taker_gives_it_back() {
-        let board = SoldOutBoard::default();
-        let snapshot = board.leased(p(1), ms(0), lease(1_000, 1, 1)).expect("take");
+        let board = live();
+        let snapshot = board.leased(p(1), ms(0), board.heard(p(1)), lease(1_000, 1, 1)).expect("take");
         assert!(
-            board.leased(p(1), ms(1), lease(1_000, 1, 1)).is_none(),
+            board.leased(p(1), ms(1), board.heard(p(1)), lease(1_000, 1, 1)).is_none(),
             "being taken"
         );
         drop(Taking::new(&board, snapshot));
-        let snapshot = board
-            .leased(p(1), ms(2), lease(1_000, 1, 1))
+        let snapshot = board.leased(p(1), ms(2), board.heard(p(1)), lease(1_000, 1, 1))
             .expect("again");
         Taking::new(&board, snapshot).done(Ok(None));
         assert!(
             !board.refuses(p(1), &r("NEW"), ms(3)),
             "too many holders: ask the gate"
         );
-        assert!(board.leased(p(1), ms(4), lease(1_000, 1, 1)).is_none());
+        assert!(board.leased(p(1), ms(4), board.heard(p(1)), lease(1_000, 1, 1)).is_none());
     }
 
     #[test]
     fn a_snapshot_for_an_older_hold_count_is_not_kept() {
-        let board = SoldOutBoard::default();
-        let old = board.leased(p(1), ms(0), lease(1_000, 1, 1)).expect("take");
-        let _new = board
-            .leased(p(1), ms(1), lease(1_000, 1, 2))
+        let board = live();
+        let old = board.leased(p(1), ms(0), board.heard(p(1)), lease(1_000, 1, 1)).expect("take");
+        let _new = board.leased(p(1), ms(1), board.heard(p(1)), lease(1_000, 1, 2))
             .expect("stale");
         board.took(old, holders(&[]));
         assert!(!board.refuses(p(1), &r("NEW"), ms(2)));
+    }
+
+    // Checks revocations: one drops its product's entry at once (other products keep
+    // theirs); a lease whose call was out when a revocation of its product (or of an
+    // unreadable one) arrived is not kept; nothing is trusted while the subscription is
+    // not live, and leases heard before it went are forgotten, also once it is back.
+    #[test]
+    fn revocations_and_a_lost_subscription_end_trust() {
+        let board = live();
+        for id in [1, 2] {
+            let snapshot = board
+                .leased(p(id), ms(0), board.heard(p(id)), lease(5_000, 1, 1))
+                .expect("take");
+            board.took(snapshot, holders(&[]));
+        }
+        board.revoked(Some(p(1)));
+        assert!(!board.refuses(p(1), &r("NEW"), ms(1)), "revoked");
+        assert!(board.refuses(p(2), &r("NEW"), ms(1)), "another product");
+
+        let before = board.heard(p(1));
+        board.revoked(Some(p(1)));
+        assert!(
+            board.leased(p(1), ms(2), before, lease(5_000, 1, 1)).is_none(),
+            "the revocation may have ended this very lease"
+        );
+        assert!(!board.refuses(p(1), &r("NEW"), ms(3)));
+        let before = board.heard(p(1));
+        board.revoked(None);
+        assert!(board.leased(p(1), ms(4), before, lease(5_000, 1, 1)).is_none());
+        assert!(!board.refuses(p(2), &r("NEW"), ms(4)), "unreadable: all");
+
+        let snapshot = board
+            .leased(p(1), ms(5), board.heard(p(1)), lease(5_000, 1, 1))
+            .expect("after the revocation");
+        board.took(snapshot, holders(&[]));
+        assert!(board.refuses(p(1), &r("NEW"), ms(6)));
+        let before = board.heard(p(1));
+        board.deaf();
+        assert!(!board.refuses(p(1), &r("NEW"), ms(7)), "forgotten");
+        assert!(
+            board
+                .leased(p(1), ms(8), board.heard(p(1)), lease(5_000, 1, 1))
+                .is_none(),
+            "not trusted while deaf"
+        );
+        board.listening();
+        assert!(
+            board.leased(p(1), ms(9), before, lease(5_000, 1, 1)).is_none(),
+            "heard before the gap"
+        );
+        assert!(board
+            .leased(p(1), ms(10), board.heard(p(1)), lease(5_000, 1, 1))
+            .is_some());
+        assert!(
+            SoldOutBoard::default()
+                .leased(p(1), ms(0), SoldOutBoard::default().heard(p(1)), lease(5_000, 1, 1))
+                .is_none(),
+            "never subscribed"
+        );
     }
 }

@@ -12,6 +12,10 @@
 //! | `<prefix>{p:<id>}:restock:<id>`  | string | marker of an applied restock               |
 //! | `<prefix>{p:<id>}:rel:<request_id>` | string | marker of a reservation's release (expires with the records) |
 //!
+//! One pub/sub channel, `<prefix>lease:revoked`: every script that adds units to a
+//! product ends its sold-out lease and publishes `<product id>:<generation>` there in the
+//! same atomic step; each instance's subscriber (`revoke.rs`) hears it.
+//!
 //! Every script validates its arguments before its first write, and is idempotent on its
 //! request or restock id: a client retry after a lost reply never takes or returns stock
 //! twice. The hold record is written in the same atomic step as the decrement, so no
@@ -21,6 +25,7 @@
 use std::time::Duration;
 
 mod reserve;
+pub mod revoke;
 mod trim;
 
 use async_trait::async_trait;
@@ -47,9 +52,8 @@ pub struct GateConfig {
     pub response_timeout: Duration,
     /// How long to wait for a connection before calling Redis unreachable.
     pub connect_timeout: Duration,
-    /// How long a product found with no unit left grants no hold (the sold-out lease,
-    /// `reserve.lua`); zero grants none. Every instance must use the same value: a
-    /// rebuild holds sales back this long for the leases of the state that was lost.
+    /// How long a product found with no unit left grants no hold unless units come back
+    /// (the sold-out lease, `reserve.lua`); zero grants none.
     pub sold_out_lease: Duration,
 }
 
@@ -64,6 +68,8 @@ pub struct RedisGate {
     trimmer: std::sync::OnceLock<trim::Trimmer>,
     conn: ConnectionManager,
     prefix: String,
+    /// Where lease revocations are published ([`revoke::channel`]).
+    revocations: String,
     record_ttl_ms: u64,
     sold_out_lease_ms: u64,
     reserve: Script,
@@ -95,6 +101,7 @@ impl RedisGate {
             trimmer: std::sync::OnceLock::new(),
             conn,
             prefix: config.prefix.clone(),
+            revocations: revoke::channel(&config.prefix),
             record_ttl_ms: u64::try_from(config.record_ttl.as_millis()).unwrap_or(u64::MAX),
             sold_out_lease_ms: u64::try_from(config.sold_out_lease.as_millis()).unwrap_or(u64::MAX),
             reserve: Script::new(include_str!("lua/reserve.lua")),
@@ -297,6 +304,8 @@ impl StockGate for RedisGate {
             .arg(self.record_ttl_ms)
             .arg(hold)
             .arg(hold_generation)
+            .arg(&self.revocations)
+            .arg(product_id.get())
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable)?;
@@ -323,6 +332,8 @@ impl StockGate for RedisGate {
             .key(self.key(product_id, &format!("restock:{restock_id}")))
             .arg(quantity)
             .arg(generation)
+            .arg(&self.revocations)
+            .arg(product_id.get())
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable)?;
@@ -607,6 +618,8 @@ impl GateMaintenance for RedisGate {
             .adjust
             .key(self.key(product_id, "inv"))
             .arg(delta)
+            .arg(&self.revocations)
+            .arg(product_id.get())
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable)?;
@@ -645,7 +658,8 @@ impl GateMaintenance for RedisGate {
             .arg(plan.generation)
             .arg(plan.available)
             .arg(plan.last_hold_id)
-            .arg(self.sold_out_lease_ms);
+            .arg(&self.revocations)
+            .arg(product_id.get());
         for (user, units) in &plan.user_units {
             invocation.arg(user.get()).arg(*units);
         }

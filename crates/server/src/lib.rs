@@ -229,6 +229,16 @@ pub async fn build(config: &Config) -> Result<App, String> {
         service = service.with_user_rate(rate);
     }
     let service = Arc::new(service);
+    if config.strategy == Strategy::Flashsale && !config.sold_out_lease.is_zero() {
+        // Detached: it runs as long as the runtime, like the server itself.
+        flashsale_redis::revoke::listen(
+            &config.redis_url,
+            &config.redis_prefix,
+            service.lease_listener(),
+        )
+        .await
+        .map_err(|e| format!("invalid redis url: {e}"))?;
+    }
     let admin_token = match &config.admin_token {
         Some(token) => token.clone(),
         None => {

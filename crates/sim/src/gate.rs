@@ -19,8 +19,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, TimeDelta, Utc};
 use flashsale_app::ports::{
-    ExistingHold, GateFacts, GateMaintenance, GateState, RebuildPlan, Release, ReleaseOf, Reserve,
-    Restock, SoldOutLease, StaleHold,
+    ExistingHold, GateFacts, GateMaintenance, GateState, LeaseListener, RebuildPlan, Release,
+    ReleaseOf, Reserve, Restock, SoldOutLease, StaleHold,
 };
 use flashsale_app::{GateError, StockGate};
 use flashsale_core::{ProductId, PurchaseRequest, Quantity, RequestId, UserId};
@@ -121,6 +121,10 @@ pub struct MemGate {
     /// The run id of the "Redis process": a new one after every wipe or failover, as a
     /// restarted or promoted Redis has.
     server: AtomicU64,
+    /// Each instance's subscription to lease revocations, by instance index. Delivery is
+    /// modelled as instant; a wipe or failover breaks every subscription (the instance
+    /// hears nothing in between) and the instance subscribes again at once.
+    listeners: Mutex<Vec<(usize, Arc<dyn LeaseListener>)>>,
 }
 
 fn ms(t: DateTime<Utc>) -> i64 {
@@ -162,6 +166,33 @@ impl MemGate {
             defects,
             store: Mutex::new(GateSnapshot::default()),
             server: AtomicU64::new(1),
+            listeners: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Instance `instance` (a new process of it, replacing any before) subscribes to
+    /// lease revocations.
+    pub fn listen(&self, instance: usize, listener: Arc<dyn LeaseListener>) {
+        let mut listeners = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
+        listeners.retain(|(i, _)| *i != instance);
+        listener.listening();
+        listeners.push((instance, listener));
+    }
+
+    /// PUBLISH of a revocation (release.lua, restock.lua, adjust.lua, rebuild.lua).
+    fn revoke(&self, product_id: ProductId) {
+        let listeners = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
+        for (_, listener) in listeners.iter() {
+            listener.revoked(Some(product_id));
+        }
+    }
+
+    /// The Redis process changed: every subscription broke and is made again.
+    fn resubscribe(&self) {
+        let listeners = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
+        for (_, listener) in listeners.iter() {
+            listener.deaf();
+            listener.listening();
         }
     }
 
@@ -183,6 +214,7 @@ impl MemGate {
     pub fn wipe(&self) {
         self.lock().products.clear();
         self.server.fetch_add(1, Ordering::Relaxed);
+        self.resubscribe();
     }
 
     fn server(&self) -> u64 {
@@ -198,6 +230,7 @@ impl MemGate {
     pub fn restore(&self, snapshot: GateSnapshot) {
         *self.lock() = snapshot;
         self.server.fetch_add(1, Ordering::Relaxed);
+        self.resubscribe();
     }
 
     /// The available count (for the online checks; no fault, no yield).
@@ -501,6 +534,9 @@ impl StockGate for MemGate {
         }
         if let Some(i) = keys.inv.as_mut() {
             i.avail += q;
+            if i.lease.take().is_some() {
+                self.revoke(product_id);
+            }
         }
         if counted {
             let left = keys.users.get(&user).copied().unwrap_or(0) - q;
@@ -549,6 +585,9 @@ impl StockGate for MemGate {
             return Ok(Restock::Stale);
         }
         inv.avail += quantity;
+        if inv.lease.take().is_some() {
+            self.revoke(product_id);
+        }
         keys.restocks.insert(restock_id.as_str().to_owned());
         Ok(Restock::Applied)
     }
@@ -712,6 +751,9 @@ impl GateMaintenance for MemGate {
             return Ok(false);
         }
         inv.avail += delta;
+        if delta > 0 && inv.lease.take().is_some() {
+            self.revoke(product_id);
+        }
         Ok(true)
     }
 
@@ -736,7 +778,6 @@ impl GateMaintenance for MemGate {
             return Err(GateError("ERR flashsale rebuild: invalid arguments".into()));
         }
         let server = self.server();
-        let redis_now = self.now_ms();
         let mut store = self.lock();
         let keys = store.products.entry(product_id.get()).or_default();
         let current = keys.inv.as_ref().and_then(|i| i.gen).unwrap_or(0);
@@ -750,8 +791,8 @@ impl GateMaintenance for MemGate {
             srv: Some(server),
             fresh: None,
             loaded: None,
-            // rebuild.lua: the lost state's leases may still be trusted.
-            lease: (self.sold_out_lease_ms > 0).then_some(redis_now + self.sold_out_lease_ms),
+            // rebuild.lua: no lease, and the lost state's are revoked below.
+            lease: None,
         });
         keys.users = plan
             .user_units
@@ -760,6 +801,7 @@ impl GateMaintenance for MemGate {
             .collect();
         keys.pending.clear();
         drop(store);
+        self.revoke(product_id);
         self.ctx.lock().stats.rebuilds += 1;
         Ok(true)
     }

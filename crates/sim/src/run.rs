@@ -258,6 +258,8 @@ impl World {
         let outbox: Arc<dyn Outbox> = self.fledger.clone();
         let bus: Arc<dyn EventBus> = self.bus.clone();
         let stats: Arc<dyn StatsStore> = self.fledger.clone();
+        // Subscribed to lease revocations as the server is (`revoke.rs`).
+        self.gate.listen(i, service.lease_listener());
         // A restarted process picks a new relay id (the server draws a random one).
         let gen = self.ctx.lock().instance_gen.get(i).copied().unwrap_or(0);
         Instance {

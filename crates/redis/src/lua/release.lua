@@ -4,14 +4,18 @@
 -- ARGV[1] request_id  ARGV[2] release generation (0: a hold the ledger never counted —
 -- its own generation decides)  ARGV[3] user_id  ARGV[4] quantity  ARGV[5] limited 0/1
 -- ARGV[6] record ttl ms  ARGV[7] the hold's id  ARGV[8] the generation it was taken in
+-- ARGV[9] revocation channel  ARGV[10] product id
 -- Returns 1 released | 0 nothing to add (already released, or a rebuild counted the
 -- units) | -1 no record of this hold | -2 not loaded, or the gate is behind the
 -- release's generation (retry after the rebuild).
+-- Units given back end the product's sold-out lease, and a revocation is published (see
+-- reserve.lua).
 local relgen = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[6])
 local hold = tonumber(ARGV[7])
 local hgen = tonumber(ARGV[8])
-if not relgen or relgen < 0 or not ttl or ttl < 1 or not hold or not hgen then
+if not relgen or relgen < 0 or not ttl or ttl < 1 or not hold or not hgen or not ARGV[9]
+   or ARGV[9] == '' or not tonumber(ARGV[10]) then
   return redis.error_reply('ERR flashsale release: invalid arguments')
 end
 local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen')
@@ -61,6 +65,9 @@ else
 end
 if not q or q < 1 then return redis.error_reply('ERR flashsale release: corrupt hold record') end
 redis.call('HINCRBY', KEYS[1], 'avail', q)
+if redis.call('HDEL', KEYS[1], 'lease') == 1 then
+  redis.call('PUBLISH', ARGV[9], ARGV[10] .. ':' .. (inv[2] or '1'))
+end
 if counted then
   local left = redis.call('HINCRBY', KEYS[2], user, -q)
   if left <= 0 then redis.call('HDEL', KEYS[2], user) end

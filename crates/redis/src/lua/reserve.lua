@@ -17,10 +17,12 @@
 -- less than a record's lifetime ago, and Redis never evicts keys). The caller may then
 -- refuse without asking the ledger whether it is a replay of an accepted purchase.
 -- The sold-out lease (`lease` in the entry, ms on Redis's clock): a purchase that finds
--- no unit left grants one, and until it ends no purchase is granted a hold — units given
--- back or restocked meanwhile wait for its end. An instance that heard the lease may
--- refuse purchases itself until then (app/src/sold_out.rs); `holds` (the entry's `seq`)
--- tells it whether holds were granted since it last listed the product's holders.
+-- no unit left grants one, and until it ends no purchase is granted a hold. Units that
+-- come back end it at once: every script that adds units (release, restock, adjust,
+-- rebuild) deletes `lease` and publishes a revocation on the instances' channel in the
+-- same atomic step. An instance that heard the lease may refuse purchases itself until
+-- it ends or is revoked (app/src/sold_out.rs); `holds` (the entry's `seq`) tells it
+-- whether holds were granted since it last listed the product's holders.
 -- Every argument is validated before the first write: Redis does not roll back a script
 -- that fails halfway.
 local ttl, lease_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -47,7 +49,7 @@ end
 -- A Redis process that neither loaded nor rebuilt the entry (restarted from a snapshot,
 -- a promoted replica) may be behind: its records and its sold-out lease may be gone, so
 -- it answers nothing until the gate watch has rebuilt the entry from the ledger (which
--- starts it under a fresh lease).
+-- revokes every lease of the lost state, see rebuild.lua).
 local srv = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
 if inv[5] and srv ~= inv[5] then
   for i = 1, n do replies[i] = {-3} end

@@ -40,7 +40,11 @@ pub struct Routes {
 pub struct TestApp {
     pub base: String,
     pub http: reqwest::Client,
+    /// The test's database; None on an instance beside another, which owns nothing.
     pub db: Option<TestDb>,
+    /// The service's database URL and Redis URL, for an instance beside this one.
+    database_url: String,
+    redis_url: String,
     /// Direct connections for checks, never through a test's proxy.
     pub pool: MySqlPool,
     pub redis: MultiplexedConnection,
@@ -98,6 +102,8 @@ impl TestApp {
         for (k, v) in settings {
             env.insert(format!("FLASHSALE_{k}"), (*v).to_owned());
         }
+        let database_url = env["FLASHSALE_DATABASE_URL"].clone();
+        let redis_url = env["FLASHSALE_REDIS_URL"].clone();
         let config = Config::from_parts(None, &env).expect("valid test config");
         let app = flashsale::build(&config).await.expect("build app");
         let maintenance = app.maintenance.clone();
@@ -132,9 +138,51 @@ impl TestApp {
             base: format!("http://{addr}"),
             http,
             db: Some(db),
+            database_url,
+            redis_url,
             pool,
             redis,
             prefix,
+            maintenance,
+            metrics,
+            server,
+        }
+    }
+
+    /// A second instance beside this one, as behind a balancer: its own router, caches
+    /// and sold-out board, on the same database and Redis key prefix, with extra
+    /// `FLASHSALE_*` settings. It owns neither store: clean it up before this one.
+    pub async fn spawn_beside(&self, settings: &[(&str, &str)]) -> Self {
+        let mut env: HashMap<String, String> = HashMap::from([
+            ("FLASHSALE_DATABASE_URL".into(), self.database_url.clone()),
+            ("FLASHSALE_REDIS_URL".into(), self.redis_url.clone()),
+            ("FLASHSALE_REDIS_PREFIX".into(), self.prefix.clone()),
+            ("FLASHSALE_ADMIN_TOKEN".into(), ADMIN_TOKEN.into()),
+            ("FLASHSALE_USER_PURCHASE_RATE".into(), "0".into()),
+        ]);
+        for (k, v) in settings {
+            env.insert(format!("FLASHSALE_{k}"), (*v).to_owned());
+        }
+        let config = Config::from_parts(None, &env).expect("valid test config");
+        let app = flashsale::build(&config).await.expect("build app");
+        let maintenance = app.maintenance.clone();
+        let metrics = app.metrics.clone();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app.router).await;
+        });
+        Self {
+            base: format!("http://{addr}"),
+            http: self.http.clone(),
+            db: None,
+            database_url: self.database_url.clone(),
+            redis_url: self.redis_url.clone(),
+            pool: self.pool.clone(),
+            redis: self.redis.clone(),
+            prefix: self.prefix.clone(),
             maintenance,
             metrics,
             server,
@@ -283,9 +331,10 @@ impl TestApp {
 
     pub async fn cleanup(mut self) {
         self.server.abort();
-        self.pool.close().await;
-        let _ = delete_prefix(REDIS_URL, &self.prefix).await;
+        // An instance beside another shares its stores: they are the other's to drop.
         if let Some(db) = self.db.take() {
+            self.pool.close().await;
+            let _ = delete_prefix(REDIS_URL, &self.prefix).await;
             let _ = db.drop_db().await;
         }
     }

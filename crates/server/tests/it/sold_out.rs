@@ -1,57 +1,116 @@
 //! Sold-out leases: once a product has no unit left, Redis grants no hold for a while
 //! (the lease), and an instance that heard the lease answers `sold_out` itself to every
 //! request_id that never held units of the product — without a Redis call — while
-//! replays of real purchases still get their orders.
+//! replays of real purchases still get their orders. Units that come back (a restock, a
+//! cancel, a rebuild) revoke the lease on every instance at once rather than wait it out.
 
 use std::time::{Duration, Instant};
 
-use flashsale_testkit::TcpProxy;
+use flashsale_testkit::PrivateRedis;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::helpers::{code, order_id, redis_addr, Routes, TestApp};
+use crate::helpers::{code, order_id, wait_until, Routes, TestApp, MYSQL_SERVER};
 use crate::invariants;
 
-/// Long enough for the steps a test takes inside one lease on a slow CI machine.
-const LEASE: &str = "3s";
-/// Longest a test waits for a lease to end: the lease plus generous slack.
-const LEASE_WAIT: Duration = Duration::from_secs(8);
+/// The longest lease there is, for the tests of revocation: a purchase that succeeds
+/// well inside it succeeded because the lease was revoked, not because it ran out.
+const LONG_LEASE: &str = "5s";
+/// Units that came back must be bought within this, on every instance: half the long
+/// lease, of which an instance trusts 90 %. Revocation takes milliseconds (printed).
+const REVOKED_WITHIN: Duration = Duration::from_millis(2_500);
+/// Pause between a poller's purchases.
+const POLL_PAUSE: Duration = Duration::from_millis(5);
 
-/// Retries a fresh purchase (a new request_id each time) until it is sold, or fails the
-/// test after [`LEASE_WAIT`]. Returns how long it took.
-async fn buy_once_the_lease_ends(app: &TestApp, product: i64, user: i64) -> Duration {
+/// Retries a fresh purchase (a new request_id each time) on `app` until it is sold, for
+/// at most [`REVOKED_WITHIN`]; every other answer must be `sold_out`. Returns how long
+/// it took, or None if nothing sold in that time.
+async fn buy_within(app: &TestApp, product: i64, user: i64) -> Option<Duration> {
     let start = Instant::now();
     let mut i = 0;
-    loop {
+    while start.elapsed() < REVOKED_WITHIN {
         i += 1;
         let (s, b) = app
             .purchase(&format!("REQ_after_{user}_{i}"), user, product, 1)
             .await;
         if s == StatusCode::CREATED {
-            return start.elapsed();
+            return Some(start.elapsed());
         }
         assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "sold_out"), "{b}");
-        assert!(
-            start.elapsed() < LEASE_WAIT,
-            "units given back never became buyable"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(POLL_PAUSE).await;
     }
+    None
 }
 
-// Checks the local answer and its limits, with Redis behind a proxy the test cuts: after
-// the product sells out and one refusal heard the lease, new request_ids are refused
-// with 409 sold_out while Redis is unreachable (so no Redis call was made: a call would
-// have been a 503), while a replay of a sold request_id is not answered locally (503,
-// outcome unknown) and, with Redis back, gets its original order (200). Audit clean.
+/// Waits until `n` instances listen for lease revocations on this test's prefix, so a
+/// lease heard afterwards is trusted (the server subscribes before it serves, but the
+/// check keeps the tests honest about it).
+async fn wait_for_listeners(app: &TestApp, n: i64) {
+    let channel = format!("{}lease:revoked", app.prefix);
+    wait_until("instances subscribed", Duration::from_secs(10), || {
+        let mut conn = app.redis.clone();
+        let channel = channel.clone();
+        async move {
+            let (_, count): (String, i64) = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&channel)
+                .query_async(&mut conn)
+                .await
+                .expect("PUBSUB NUMSUB");
+            count == n
+        }
+    })
+    .await;
+}
+
+/// Whether Redis holds a sold-out lease for the product (ending in the future).
+async fn lease_in_redis(app: &TestApp, product: i64) -> bool {
+    let mut conn = app.redis.clone();
+    let lease: Option<i64> = redis::cmd("HGET")
+        .arg(app.key(product, "inv"))
+        .arg("lease")
+        .query_async(&mut conn)
+        .await
+        .expect("hget");
+    let (secs, micros): (i64, i64) = redis::cmd("TIME")
+        .query_async(&mut conn)
+        .await
+        .expect("time");
+    lease.is_some_and(|until| until > secs * 1000 + micros / 1000)
+}
+
+/// Scripts Redis has run (EVALSHA and EVAL calls), from its command statistics.
+async fn scripts_run(app: &TestApp) -> i64 {
+    let mut conn = app.redis.clone();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO");
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<i64>().ok())
+        .sum()
+}
+
+// Checks the local answer and its limits, on a private Redis whose command statistics
+// count every script it runs: after the product sells out and one refusal heard the
+// lease, 20 new request_ids are refused with 409 sold_out while Redis runs no script (so
+// no Redis call was made for them), and a replay of a sold request_id is not answered
+// locally: Redis is asked (a script runs) and the replay gets its original order (200).
+// Audit clean.
 #[tokio::test]
 async fn sold_out_is_answered_here_while_the_lease_lasts() {
-    let proxy = TcpProxy::start(redis_addr()).await.expect("proxy");
-    let routes = Routes {
-        redis: Some(proxy.addr()),
-        mysql: None,
-    };
-    let app = TestApp::spawn_with(routes, &[("SOLD_OUT_LEASE", LEASE)]).await;
+    let redis = PrivateRedis::start().await.expect("private redis");
+    let app = TestApp::spawn_on(
+        Routes::default(),
+        redis.url(),
+        &redis.url(),
+        MYSQL_SERVER,
+        &[("SOLD_OUT_LEASE", LONG_LEASE)],
+    )
+    .await;
+    wait_for_listeners(&app, 1).await;
     app.create_product(3700, 2, None).await;
     let mut orders = Vec::new();
     for (i, rid) in ["REQ_so_a", "REQ_so_b"].iter().enumerate() {
@@ -61,28 +120,33 @@ async fn sold_out_is_answered_here_while_the_lease_lasts() {
     }
     let (s, b) = app.purchase("REQ_so_first_refusal", 10, 3700, 1).await;
     assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "sold_out"), "{b}");
+    // The early trim of the committed holds is the last script the sales cause.
+    wait_until("committed holds trimmed", Duration::from_secs(10), || async {
+        let mut conn = app.redis.clone();
+        let pending: i64 = redis::cmd("ZCARD")
+            .arg(app.key(3700, "pending"))
+            .query_async(&mut conn)
+            .await
+            .expect("zcard");
+        pending == 0
+    })
+    .await;
 
-    proxy.cut();
+    let before = scripts_run(&app).await;
     for i in 0..20 {
         let (s, b) = app
             .purchase(&format!("REQ_so_local_{i}"), 100 + i, 3700, 1)
             .await;
-        assert_eq!(
-            (s, code(&b)),
-            (StatusCode::CONFLICT, "sold_out"),
-            "refused here, Redis unreachable: {b}"
-        );
+        assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "sold_out"), "{b}");
     }
-    let (s, b) = app.purchase("REQ_so_a", 1, 3700, 1).await;
-    assert_eq!(
-        s,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "a holder's replay must ask Redis, never hear sold_out: {b}"
-    );
-    proxy.restore();
+    assert_eq!(scripts_run(&app).await, before, "refused without Redis");
     let (s, b) = app.purchase("REQ_so_a", 1, 3700, 1).await;
     assert_eq!(s, StatusCode::OK, "{b}");
     assert_eq!(order_id(&b), orders[0], "the replay's original order");
+    assert!(
+        scripts_run(&app).await > before,
+        "a holder's replay must ask Redis, never hear sold_out"
+    );
 
     assert_eq!(
         app.count("SELECT COUNT(*) FROM orders WHERE product_id = 3700")
@@ -94,48 +158,93 @@ async fn sold_out_is_answered_here_while_the_lease_lasts() {
     app.cleanup().await;
 }
 
-// Checks that a lease never strands stock: a unit given back (an order cancelled) while
-// the lease holds is refused to a new buyer at once (the lease's promise), and sold to a
-// buyer who tries again after the lease — within the lease plus slack. Redis's available
-// count and the ledger agree at the end (audit clean, nothing in limbo).
-#[tokio::test]
-async fn units_given_back_during_a_lease_sell_after_it() {
-    let app = TestApp::spawn_with(Routes::default(), &[("SOLD_OUT_LEASE", LEASE)]).await;
-    app.create_product(3710, 1, None).await;
-    let (s, b) = app.purchase("REQ_gb_a", 1, 3710, 1).await;
-    assert_eq!(s, StatusCode::CREATED, "{b}");
-    let order = order_id(&b);
-    let (s, b) = app.purchase("REQ_gb_refused", 2, 3710, 1).await;
-    assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "sold_out"), "{b}");
-    let (s, b) = app
-        .post(&format!("/v1/orders/{order}/cancel"), json!({"user_id": 1}))
+// Checks that a restock revokes the lease on every instance: two instances on the same
+// stores (a long lease), the product sold out and refused on both (each heard the lease,
+// Redis holds it), a restock of 2 through the first (its answer shows them available),
+// then a buyer polling on each instance: both buy within REVOKED_WITHIN of the restock's
+// 200 — without revocation neither could before the lease's end. Prints the times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restock_is_bought_at_once_on_every_instance() {
+    let a = TestApp::spawn_with(Routes::default(), &[("SOLD_OUT_LEASE", LONG_LEASE)]).await;
+    let b = a.spawn_beside(&[("SOLD_OUT_LEASE", LONG_LEASE)]).await;
+    wait_for_listeners(&a, 2).await;
+    a.create_product(3730, 1, None).await;
+    let (s, body) = a.purchase("REQ_rs_first", 1, 3730, 1).await;
+    assert_eq!(s, StatusCode::CREATED, "{body}");
+    for (app, rid) in [(&a, "REQ_rs_refused_a"), (&b, "REQ_rs_refused_b")] {
+        let (s, body) = app.purchase(rid, 2, 3730, 1).await;
+        assert_eq!((s, code(&body)), (StatusCode::CONFLICT, "sold_out"), "{body}");
+    }
+    assert!(lease_in_redis(&a, 3730).await);
+
+    let (s, body) = a
+        .admin_post(
+            "/v1/products/3730/restock",
+            json!({"request_id": "RS_revoke", "quantity": 2}),
+        )
         .await;
-    assert_eq!(s, StatusCode::OK, "{b}");
-    assert_eq!(app.redis_available(3710).await, Some(1), "the unit is back");
-    let (s, b) = app.purchase("REQ_gb_during", 3, 3710, 1).await;
-    assert_eq!(
-        (s, code(&b)),
-        (StatusCode::CONFLICT, "sold_out"),
-        "no hold while the lease lasts: {b}"
-    );
-    let waited = buy_once_the_lease_ends(&app, 3710, 4).await;
-    assert!(waited <= LEASE_WAIT, "{waited:?}");
-    assert_eq!(app.redis_available(3710).await, Some(0));
-    invariants::assert_ok(&app, 3710).await;
-    invariants::assert_audit_clean(&app, 3710).await;
-    app.cleanup().await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(body["inventory"]["available"], 2, "{body}");
+    let (on_a, on_b) = tokio::join!(buy_within(&a, 3730, 10), buy_within(&b, 3730, 20));
+    println!("restock to first 201: instance a {on_a:?}, instance b {on_b:?}");
+    assert!(on_a.is_some() && on_b.is_some(), "{on_a:?} {on_b:?}");
+    assert!(!lease_in_redis(&a, 3730).await, "no unit left: a new lease");
+    invariants::assert_ok(&a, 3730).await;
+    invariants::assert_audit_clean(&a, 3730).await;
+    b.cleanup().await;
+    a.cleanup().await;
 }
 
-// Checks that a gate rebuilt from the ledger starts under a lease (the lost state may
-// have granted one that instances still trust): the test deletes its own product's
-// Redis keys, one gate-watch pass rebuilds them, the rebuilt entry carries a lease
-// ending in the future, a purchase right away is refused, and one after the lease sells.
+// Checks that a unit given back on one instance (an order cancelled there) is bought at
+// once on another that heard the lease: two instances on the same stores (a long lease),
+// the only unit sold on the first, a refusal on the second, the order cancelled on the
+// first; a buyer polling on the second buys it within REVOKED_WITHIN of the cancel's 200.
+// Prints the time. Redis's count and the ledger agree at the end (audit clean).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancel_on_one_instance_is_bought_at_once_on_another() {
+    let a = TestApp::spawn_with(Routes::default(), &[("SOLD_OUT_LEASE", LONG_LEASE)]).await;
+    let b = a.spawn_beside(&[("SOLD_OUT_LEASE", LONG_LEASE)]).await;
+    wait_for_listeners(&a, 2).await;
+    a.create_product(3710, 1, None).await;
+    let (s, body) = a.purchase("REQ_gb_a", 1, 3710, 1).await;
+    assert_eq!(s, StatusCode::CREATED, "{body}");
+    let order = order_id(&body);
+    let (s, body) = b.purchase("REQ_gb_refused", 2, 3710, 1).await;
+    assert_eq!((s, code(&body)), (StatusCode::CONFLICT, "sold_out"), "{body}");
+    assert!(lease_in_redis(&a, 3710).await);
+    let (s, body) = a
+        .post(&format!("/v1/orders/{order}/cancel"), json!({"user_id": 1}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    let waited = buy_within(&b, 3710, 3).await;
+    println!("cancel to first 201 on the other instance: {waited:?}");
+    assert!(waited.is_some(), "the unit given back was not bought in time");
+    assert_eq!(a.redis_available(3710).await, Some(0));
+    invariants::assert_ok(&a, 3710).await;
+    invariants::assert_audit_clean(&a, 3710).await;
+    b.cleanup().await;
+    a.cleanup().await;
+}
+
+// Checks that a rebuild revokes the leases of the state it replaces instead of waiting
+// them out: the product sells out and a refusal hears the lease (a long one); its Redis
+// entry is then lost (the test deletes its keys), an order is cancelled meanwhile (the
+// unit is owed to Redis), and one gate-watch pass rebuilds the entry with that unit
+// available and no lease; a buyer on the instance that trusted the old lease buys it
+// within REVOKED_WITHIN. After a recovery pass (which records the return), audit clean.
 #[tokio::test]
-async fn a_rebuilt_gate_starts_under_a_lease() {
-    let app = TestApp::spawn_with(Routes::default(), &[("SOLD_OUT_LEASE", LEASE)]).await;
-    app.create_product(3720, 3, None).await;
+async fn a_rebuild_revokes_the_leases_of_the_lost_state() {
+    let app = TestApp::spawn_with(Routes::default(), &[("SOLD_OUT_LEASE", LONG_LEASE)]).await;
+    wait_for_listeners(&app, 1).await;
+    app.create_product(3720, 2, None).await;
     let (s, b) = app.purchase("REQ_rb_a", 1, 3720, 1).await;
     assert_eq!(s, StatusCode::CREATED, "{b}");
+    let order = order_id(&b);
+    let (s, b) = app.purchase("REQ_rb_b", 2, 3720, 1).await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let (s, b) = app.purchase("REQ_rb_refused", 3, 3720, 1).await;
+    assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "sold_out"), "{b}");
+    assert!(lease_in_redis(&app, 3720).await);
     let mut conn = app.redis.clone();
     let _: () = redis::cmd("DEL")
         .arg(app.key(3720, "inv"))
@@ -143,27 +252,20 @@ async fn a_rebuilt_gate_starts_under_a_lease() {
         .query_async(&mut conn)
         .await
         .expect("del");
+    let (s, b) = app
+        .post(&format!("/v1/orders/{order}/cancel"), json!({"user_id": 1}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
     let rebuilt = app.maintenance.watch_once().await.expect("watch");
     assert_eq!(rebuilt, 1);
-    assert_eq!(app.redis_available(3720).await, Some(2));
-    let lease: Option<i64> = redis::cmd("HGET")
-        .arg(app.key(3720, "inv"))
-        .arg("lease")
-        .query_async(&mut conn)
-        .await
-        .expect("hget");
-    let (secs, micros): (i64, i64) = redis::cmd("TIME")
-        .query_async(&mut conn)
-        .await
-        .expect("time");
-    let now_ms = secs * 1000 + micros / 1000;
-    assert!(
-        lease.is_some_and(|until| until > now_ms),
-        "lease {lease:?} at {now_ms}"
-    );
-    let (s, b) = app.purchase("REQ_rb_early", 2, 3720, 1).await;
-    assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "sold_out"), "{b}");
-    buy_once_the_lease_ends(&app, 3720, 3).await;
+    assert_eq!(app.redis_available(3720).await, Some(1));
+    assert!(!lease_in_redis(&app, 3720).await, "no lease on a rebuilt entry");
+    let started = Instant::now();
+    let waited = buy_within(&app, 3720, 4).await;
+    println!("rebuild to first 201: {waited:?}");
+    assert!(waited.is_some(), "not bought within {REVOKED_WITHIN:?} of the rebuild");
+    assert!(started.elapsed() < REVOKED_WITHIN);
+    app.maintenance.recover_once().await.expect("recovery pass");
     invariants::assert_ok(&app, 3720).await;
     invariants::assert_audit_clean(&app, 3720).await;
     app.cleanup().await;
