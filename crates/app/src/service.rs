@@ -30,8 +30,8 @@ use crate::model::{
     InventoryView, Order, Product, ProductView, PurchaseOutcome, PurchaseRecord, Purchased,
 };
 use crate::ports::{
-    Clock, Commit, CreateProduct, Fence, LeaseListener, Ledger, RecordRestock, Release,
-    ReleaseOf, Reserve, Restock, SoldOutLease, StaleHold, StockGate,
+    Clock, Commit, CreateProduct, Fence, LeaseListener, Ledger, RecordRestock, Release, ReleaseOf,
+    Reserve, Restock, SoldOutLease, StaleHold, StockGate,
 };
 use crate::sold_out::{Check, Heard, SoldOutBoard, Taking, HOLDERS_MAX};
 

@@ -339,7 +339,8 @@ mod tests {
     #[test]
     fn refuses_outsiders_only_inside_the_trusted_share_with_a_snapshot() {
         let board = live();
-        let snapshot = board.leased(p(1), ms(1_000), board.heard(p(1)), lease(100, 1, 5))
+        let snapshot = board
+            .leased(p(1), ms(1_000), board.heard(p(1)), lease(100, 1, 5))
             .expect("take");
         assert!(
             !board.refuses(p(1), &r("NEW"), ms(1_001)),
@@ -362,17 +363,22 @@ mod tests {
     #[test]
     fn a_new_hold_count_or_generation_makes_the_snapshot_stale() {
         let board = live();
-        let snapshot = board.leased(p(1), ms(0), board.heard(p(1)), lease(1_000, 1, 5)).expect("take");
+        let snapshot = board
+            .leased(p(1), ms(0), board.heard(p(1)), lease(1_000, 1, 5))
+            .expect("take");
         board.took(snapshot, holders(&[]));
         assert!(
-            board.leased(p(1), ms(10), board.heard(p(1)), lease(1_000, 1, 5)).is_none(),
+            board
+                .leased(p(1), ms(10), board.heard(p(1)), lease(1_000, 1, 5))
+                .is_none(),
             "still complete"
         );
         assert!(
             board.refuses(p(1), &r("NEW"), ms(905)),
             "the later lease extends"
         );
-        let snapshot = board.leased(p(1), ms(20), board.heard(p(1)), lease(1_000, 1, 6))
+        let snapshot = board
+            .leased(p(1), ms(20), board.heard(p(1)), lease(1_000, 1, 6))
             .expect("stale");
         assert!(!board.refuses(p(1), &r("NEW"), ms(21)));
         board.took(snapshot, holders(&["NEW"]));
@@ -381,7 +387,9 @@ mod tests {
             "NEW took the sixth hold"
         );
         assert!(
-            board.leased(p(1), ms(30), board.heard(p(1)), lease(1_000, 2, 6)).is_some(),
+            board
+                .leased(p(1), ms(30), board.heard(p(1)), lease(1_000, 2, 6))
+                .is_some(),
             "rebuilt"
         );
         assert!(!board.refuses(p(1), &r("OTHER"), ms(31)));
@@ -390,27 +398,37 @@ mod tests {
     #[test]
     fn one_taker_at_a_time_and_a_dropped_taker_gives_it_back() {
         let board = live();
-        let snapshot = board.leased(p(1), ms(0), board.heard(p(1)), lease(1_000, 1, 1)).expect("take");
+        let snapshot = board
+            .leased(p(1), ms(0), board.heard(p(1)), lease(1_000, 1, 1))
+            .expect("take");
         assert!(
-            board.leased(p(1), ms(1), board.heard(p(1)), lease(1_000, 1, 1)).is_none(),
+            board
+                .leased(p(1), ms(1), board.heard(p(1)), lease(1_000, 1, 1))
+                .is_none(),
             "being taken"
         );
         drop(Taking::new(&board, snapshot));
-        let snapshot = board.leased(p(1), ms(2), board.heard(p(1)), lease(1_000, 1, 1))
+        let snapshot = board
+            .leased(p(1), ms(2), board.heard(p(1)), lease(1_000, 1, 1))
             .expect("again");
         Taking::new(&board, snapshot).done(Ok(None));
         assert!(
             !board.refuses(p(1), &r("NEW"), ms(3)),
             "too many holders: ask the gate"
         );
-        assert!(board.leased(p(1), ms(4), board.heard(p(1)), lease(1_000, 1, 1)).is_none());
+        assert!(board
+            .leased(p(1), ms(4), board.heard(p(1)), lease(1_000, 1, 1))
+            .is_none());
     }
 
     #[test]
     fn a_snapshot_for_an_older_hold_count_is_not_kept() {
         let board = live();
-        let old = board.leased(p(1), ms(0), board.heard(p(1)), lease(1_000, 1, 1)).expect("take");
-        let _new = board.leased(p(1), ms(1), board.heard(p(1)), lease(1_000, 1, 2))
+        let old = board
+            .leased(p(1), ms(0), board.heard(p(1)), lease(1_000, 1, 1))
+            .expect("take");
+        let _new = board
+            .leased(p(1), ms(1), board.heard(p(1)), lease(1_000, 1, 2))
             .expect("stale");
         board.took(old, holders(&[]));
         assert!(!board.refuses(p(1), &r("NEW"), ms(2)));
@@ -436,13 +454,17 @@ mod tests {
         let before = board.heard(p(1));
         board.revoked(Some(p(1)));
         assert!(
-            board.leased(p(1), ms(2), before, lease(5_000, 1, 1)).is_none(),
+            board
+                .leased(p(1), ms(2), before, lease(5_000, 1, 1))
+                .is_none(),
             "the revocation may have ended this very lease"
         );
         assert!(!board.refuses(p(1), &r("NEW"), ms(3)));
         let before = board.heard(p(1));
         board.revoked(None);
-        assert!(board.leased(p(1), ms(4), before, lease(5_000, 1, 1)).is_none());
+        assert!(board
+            .leased(p(1), ms(4), before, lease(5_000, 1, 1))
+            .is_none());
         assert!(!board.refuses(p(2), &r("NEW"), ms(4)), "unreadable: all");
 
         let snapshot = board
@@ -461,7 +483,9 @@ mod tests {
         );
         board.listening();
         assert!(
-            board.leased(p(1), ms(9), before, lease(5_000, 1, 1)).is_none(),
+            board
+                .leased(p(1), ms(9), before, lease(5_000, 1, 1))
+                .is_none(),
             "heard before the gap"
         );
         assert!(board
@@ -469,7 +493,12 @@ mod tests {
             .is_some());
         assert!(
             SoldOutBoard::default()
-                .leased(p(1), ms(0), SoldOutBoard::default().heard(p(1)), lease(5_000, 1, 1))
+                .leased(
+                    p(1),
+                    ms(0),
+                    SoldOutBoard::default().heard(p(1)),
+                    lease(5_000, 1, 1)
+                )
                 .is_none(),
             "never subscribed"
         );

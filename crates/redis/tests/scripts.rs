@@ -225,3 +225,61 @@ async fn forget_removes_only_holds_still_recorded_as_themselves() {
         .await
         .expect("cleanup");
 }
+
+// Checks adjust.lua (reconciliation's repair) against the revocation rule every script
+// that adds units follows: with a subscriber on the test's channel and a lease in the
+// entry, a negative delta leaves the lease and publishes nothing; a positive one deletes
+// the lease and publishes `<product>:<generation>`; a second positive one, with no lease
+// left, publishes nothing more.
+#[tokio::test]
+async fn adding_units_ends_the_lease_and_publishes_a_revocation() {
+    use futures::StreamExt;
+    let mut conn = connect().await;
+    let keys = Keys::new();
+    let channel = format!("{}lease:revoked", keys.prefix);
+    let mut pubsub = redis::Client::open(REDIS_URL)
+        .expect("redis url")
+        .get_async_pubsub()
+        .await
+        .expect("pubsub");
+    pubsub.subscribe(&channel).await.expect("subscribe");
+    let _: () = conn
+        .hset_multiple(&keys.inv, &[("avail", "1"), ("gen", "3"), ("lease", "1")])
+        .await
+        .expect("entry");
+    let script = Script::new(include_str!("../src/lua/adjust.lua"));
+    let adjust = |delta: i64| {
+        let mut call = script.prepare_invoke();
+        call.key(&keys.inv).arg(delta).arg(&channel).arg(7);
+        call
+    };
+    let code: i64 = adjust(-1).invoke_async(&mut conn).await.expect("adjust");
+    assert_eq!(code, 1);
+    assert_eq!(
+        hmget(&mut conn, &keys.inv, &["lease"]).await,
+        [Some("1".into())]
+    );
+    for _ in 0..2 {
+        let code: i64 = adjust(2).invoke_async(&mut conn).await.expect("adjust");
+        assert_eq!(code, 1);
+    }
+    assert_eq!(
+        hmget(&mut conn, &keys.inv, &["avail", "lease"]).await,
+        [Some("4".into()), None]
+    );
+    // A marker after the revocation: had either other call published, it would come first.
+    let _: i64 = conn.publish(&channel, "marker").await.expect("publish");
+    let mut messages = pubsub.on_message();
+    let payloads: Vec<String> = [
+        messages.next().await.expect("message"),
+        messages.next().await.expect("message"),
+    ]
+    .iter()
+    .map(|m| m.get_payload::<String>().expect("payload"))
+    .collect();
+    assert_eq!(payloads, ["7:3", "marker"]);
+    drop(messages);
+    delete_prefix(REDIS_URL, &keys.prefix)
+        .await
+        .expect("cleanup");
+}

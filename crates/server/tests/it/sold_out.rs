@@ -89,7 +89,14 @@ async fn scripts_run(app: &TestApp) -> i64 {
         .expect("INFO");
     info.lines()
         .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<i64>().ok())
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<i64>()
+                .ok()
+        })
         .sum()
 }
 
@@ -121,15 +128,19 @@ async fn sold_out_is_answered_here_while_the_lease_lasts() {
     let (s, b) = app.purchase("REQ_so_first_refusal", 10, 3700, 1).await;
     assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "sold_out"), "{b}");
     // The early trim of the committed holds is the last script the sales cause.
-    wait_until("committed holds trimmed", Duration::from_secs(10), || async {
-        let mut conn = app.redis.clone();
-        let pending: i64 = redis::cmd("ZCARD")
-            .arg(app.key(3700, "pending"))
-            .query_async(&mut conn)
-            .await
-            .expect("zcard");
-        pending == 0
-    })
+    wait_until(
+        "committed holds trimmed",
+        Duration::from_secs(10),
+        || async {
+            let mut conn = app.redis.clone();
+            let pending: i64 = redis::cmd("ZCARD")
+                .arg(app.key(3700, "pending"))
+                .query_async(&mut conn)
+                .await
+                .expect("zcard");
+            pending == 0
+        },
+    )
     .await;
 
     let before = scripts_run(&app).await;
@@ -173,7 +184,11 @@ async fn a_restock_is_bought_at_once_on_every_instance() {
     assert_eq!(s, StatusCode::CREATED, "{body}");
     for (app, rid) in [(&a, "REQ_rs_refused_a"), (&b, "REQ_rs_refused_b")] {
         let (s, body) = app.purchase(rid, 2, 3730, 1).await;
-        assert_eq!((s, code(&body)), (StatusCode::CONFLICT, "sold_out"), "{body}");
+        assert_eq!(
+            (s, code(&body)),
+            (StatusCode::CONFLICT, "sold_out"),
+            "{body}"
+        );
     }
     assert!(lease_in_redis(&a, 3730).await);
 
@@ -210,7 +225,11 @@ async fn a_cancel_on_one_instance_is_bought_at_once_on_another() {
     assert_eq!(s, StatusCode::CREATED, "{body}");
     let order = order_id(&body);
     let (s, body) = b.purchase("REQ_gb_refused", 2, 3710, 1).await;
-    assert_eq!((s, code(&body)), (StatusCode::CONFLICT, "sold_out"), "{body}");
+    assert_eq!(
+        (s, code(&body)),
+        (StatusCode::CONFLICT, "sold_out"),
+        "{body}"
+    );
     assert!(lease_in_redis(&a, 3710).await);
     let (s, body) = a
         .post(&format!("/v1/orders/{order}/cancel"), json!({"user_id": 1}))
@@ -218,7 +237,10 @@ async fn a_cancel_on_one_instance_is_bought_at_once_on_another() {
     assert_eq!(s, StatusCode::OK, "{body}");
     let waited = buy_within(&b, 3710, 3).await;
     println!("cancel to first 201 on the other instance: {waited:?}");
-    assert!(waited.is_some(), "the unit given back was not bought in time");
+    assert!(
+        waited.is_some(),
+        "the unit given back was not bought in time"
+    );
     assert_eq!(a.redis_available(3710).await, Some(0));
     invariants::assert_ok(&a, 3710).await;
     invariants::assert_audit_clean(&a, 3710).await;
@@ -259,11 +281,17 @@ async fn a_rebuild_revokes_the_leases_of_the_lost_state() {
     let rebuilt = app.maintenance.watch_once().await.expect("watch");
     assert_eq!(rebuilt, 1);
     assert_eq!(app.redis_available(3720).await, Some(1));
-    assert!(!lease_in_redis(&app, 3720).await, "no lease on a rebuilt entry");
+    assert!(
+        !lease_in_redis(&app, 3720).await,
+        "no lease on a rebuilt entry"
+    );
     let started = Instant::now();
     let waited = buy_within(&app, 3720, 4).await;
     println!("rebuild to first 201: {waited:?}");
-    assert!(waited.is_some(), "not bought within {REVOKED_WITHIN:?} of the rebuild");
+    assert!(
+        waited.is_some(),
+        "not bought within {REVOKED_WITHIN:?} of the rebuild"
+    );
     assert!(started.elapsed() < REVOKED_WITHIN);
     app.maintenance.recover_once().await.expect("recovery pass");
     invariants::assert_ok(&app, 3720).await;
