@@ -56,6 +56,36 @@ pub struct TestApp {
     server: JoinHandle<()>,
 }
 
+/// Builds an instance from `env` and serves it on a free loopback port with the binary's
+/// own listener (every request given its peer's address); the address, the instance's
+/// maintenance and metrics, and the server's task.
+async fn serve_with(
+    env: &HashMap<String, String>,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<flashsale_app::Maintenance>,
+    std::sync::Arc<flashsale_app::Metrics>,
+    JoinHandle<()>,
+) {
+    let config = Config::from_parts(None, env).expect("valid test config");
+    let app = flashsale::build(&config).await.expect("build app");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let http = flashsale::http::HttpSettings {
+        connect_info: true,
+        ..flashsale::http_settings(&config)
+    };
+    let server = tokio::spawn(flashsale::http::serve(
+        listener,
+        app.router,
+        http,
+        std::future::pending(),
+    ));
+    (addr, app.maintenance, app.metrics, server)
+}
+
 impl TestApp {
     pub async fn spawn() -> Self {
         Self::spawn_with(Routes::default(), &[]).await
@@ -104,25 +134,7 @@ impl TestApp {
         }
         let database_url = env["FLASHSALE_DATABASE_URL"].clone();
         let redis_url = env["FLASHSALE_REDIS_URL"].clone();
-        let config = Config::from_parts(None, &env).expect("valid test config");
-        let app = flashsale::build(&config).await.expect("build app");
-        let maintenance = app.maintenance.clone();
-        let metrics = app.metrics.clone();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        // The binary's own listener, with every request's peer address.
-        let http = flashsale::http::HttpSettings {
-            connect_info: true,
-            ..flashsale::http_settings(&config)
-        };
-        let server = tokio::spawn(flashsale::http::serve(
-            listener,
-            app.router,
-            http,
-            std::future::pending(),
-        ));
+        let (addr, maintenance, metrics, server) = serve_with(&env).await;
         let pool = MySqlPool::connect(&db.url()).await.expect("check pool");
         let client = redis::Client::open(check_redis_url).expect("redis url");
         let redis = client
@@ -163,17 +175,7 @@ impl TestApp {
         for (k, v) in settings {
             env.insert(format!("FLASHSALE_{k}"), (*v).to_owned());
         }
-        let config = Config::from_parts(None, &env).expect("valid test config");
-        let app = flashsale::build(&config).await.expect("build app");
-        let maintenance = app.maintenance.clone();
-        let metrics = app.metrics.clone();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let server = tokio::spawn(async move {
-            let _ = axum::serve(listener, app.router).await;
-        });
+        let (addr, maintenance, metrics, server) = serve_with(&env).await;
         Self {
             base: format!("http://{addr}"),
             http: self.http.clone(),
