@@ -21,6 +21,8 @@ pub struct ApiError {
     message: String,
     /// `Retry-After` of a 429, in seconds (a 503's is always `RETRY_AFTER_SECS`).
     retry_after_secs: Option<u64>,
+    /// `WWW-Authenticate` of a 401 whose credentials were a bearer token (RFC 6750 §3).
+    challenge: Option<&'static str>,
     /// The answer's body, encoded once for the process: outcomes whose message never
     /// varies (a flood's `sold_out`, above all), so refusing one costs no JSON encoding
     /// and no allocation of its text (BENCHMARKS.md, thirteenth session).
@@ -44,8 +46,26 @@ impl ApiError {
             code,
             message: message.into(),
             retry_after_secs: None,
+            challenge: None,
             encoded: None,
         }
+    }
+
+    /// Credentials missing or refused, with the `WWW-Authenticate` challenge when they
+    /// are a bearer token's.
+    pub fn unauthorized(message: impl Into<String>, challenge: Option<&'static str>) -> Self {
+        let mut e = Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message);
+        e.challenge = challenge;
+        e
+    }
+
+    /// A body that is not declared JSON.
+    pub fn unsupported_media_type(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            message,
+        )
     }
 
     /// A purchase over a rate limit (`what`: whose), to be retried after `retry_after`
@@ -101,6 +121,7 @@ impl From<Error> for ApiError {
                 code,
                 message: String::new(),
                 retry_after_secs,
+                challenge: None,
                 encoded: Some(cell),
             };
         }
@@ -155,6 +176,12 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if let Some(challenge) = self.challenge {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(challenge),
+            );
         }
         response
     }

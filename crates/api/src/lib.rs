@@ -4,6 +4,7 @@
 //! before anything is touched), call one use case of [`flashsale_app::Flashsale`], and
 //! render its result. This crate never talks to Redis or MariaDB itself.
 
+pub mod auth;
 mod body;
 mod error;
 mod routes;

@@ -5,13 +5,13 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::error_handling::HandleErrorLayer;
-use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::rejection::{BytesRejection, FailedToBufferBody, PathRejection};
 use axum::extract::ConnectInfo;
 use axum::extract::{
     DefaultBodyLimit, FromRequest, FromRequestParts, MatchedPath, Path, Request, State,
 };
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, HeaderName, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{middleware, BoxError, Json, Router};
@@ -25,9 +25,12 @@ use serde::Deserialize;
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::ServiceBuilder;
 
+use crate::auth::{acting_user, bearer, BuyerAuth};
 use crate::body::{lazy_timeout, read_first, BodyLimits};
 use crate::error::ApiError;
-use crate::wire::{NewProductBody, OrderJson, ProductJson, PurchaseBody, RestockBody, UserBody};
+use crate::wire::{
+    decimal, NewProductBody, OrderJson, ProductJson, PurchaseBody, RestockBody, UserBody,
+};
 
 /// Largest request body accepted: every valid body is a few hundred bytes.
 const BODY_BYTES_MAX: usize = 16 * 1024;
@@ -54,6 +57,9 @@ pub struct ApiConfig {
     pub serve_metrics: bool,
     /// The purchase endpoint's rate limits.
     pub limits: Arc<PurchaseLimits>,
+    /// How a buyer is known (`FLASHSALE_BUYER_AUTH`); with an identity, orders and
+    /// purchases are read, paid and cancelled by their own buyer only.
+    pub buyer_auth: BuyerAuth,
 }
 
 /// The per-address rate limit of `POST /v1/purchases` (`flashsale_app::limit`; the
@@ -293,24 +299,55 @@ impl<S: Send + Sync> FromRequestParts<S> for Started {
     }
 }
 
-/// The raw body, with axum's own rejections (too large, unreadable) turned into our JSON
-/// errors.
+/// The raw body, declared JSON, with axum's own rejections (too large, unreadable) turned
+/// into our JSON errors. A body must come with `Content-Type: application/json`
+/// (parameters such as `charset` allowed); another type is refused unread, and a body
+/// without one is refused too (415), since `curl -d` sends form encoding unasked. An
+/// empty body needs no type.
 struct Body(Bytes);
 
 impl<S: Send + Sync> FromRequest<S> for Body {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match Bytes::from_request(req, state).await {
-            Ok(bytes) => Ok(Body(bytes)),
-            Err(BytesRejection::FailedToBufferBody(_)) => Err(ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                format!("request body larger than {BODY_BYTES_MAX} bytes, or unreadable"),
-            )),
-            Err(e) => Err(ApiError::invalid(e.body_text())),
+        let declared = req.headers().get(header::CONTENT_TYPE).map(is_json);
+        if declared == Some(false) {
+            return Err(ApiError::unsupported_media_type(
+                "the body must be Content-Type: application/json",
+            ));
         }
+        let bytes = match Bytes::from_request(req, state).await {
+            Ok(bytes) => bytes,
+            Err(BytesRejection::FailedToBufferBody(FailedToBufferBody::LengthLimitError(_))) => {
+                return Err(ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "payload_too_large",
+                    format!("request body larger than {BODY_BYTES_MAX} bytes"),
+                ))
+            }
+            // A malformed chunked encoding, or the connection failing mid-body.
+            Err(BytesRejection::FailedToBufferBody(_)) => {
+                return Err(ApiError::invalid("request body unreadable"))
+            }
+            Err(e) => return Err(ApiError::invalid(e.body_text())),
+        };
+        if declared.is_none() && !bytes.is_empty() {
+            return Err(ApiError::unsupported_media_type(
+                "the body needs Content-Type: application/json",
+            ));
+        }
+        Ok(Body(bytes))
     }
+}
+
+/// Whether a `Content-Type` is JSON's: `application/json`, in any case, with or without
+/// parameters.
+fn is_json(value: &HeaderValue) -> bool {
+    value.to_str().is_ok_and(|v| {
+        v.split(';')
+            .next()
+            .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
+    })
 }
 
 /// The client's address for the per-address limit, when that limit is on: the last entry
@@ -382,22 +419,44 @@ fn invalid(e: ParseError) -> ApiError {
     ApiError::invalid(e.to_string())
 }
 
-/// A numeric id from the path (its sign checked by the id's own parse).
+/// A numeric id from the path, a strict decimal ([`decimal`]; zero is then refused by
+/// the id's own parse).
 fn path_id(p: PathParam, field: &'static str) -> Result<i64, ApiError> {
-    path(p)?
-        .parse::<i64>()
-        .map_err(|_| ApiError::invalid(format!("{field}: must be a positive integer")))
+    decimal(&path(p)?).ok_or_else(|| {
+        ApiError::invalid(format!(
+            "{field}: must be a positive integer in decimal digits"
+        ))
+    })
 }
 
-/// The order of `/v1/orders/{id}/…` and the user of its `{"user_id": …}` body.
+/// The order of `/v1/orders/{id}/…` and the user it acts for: the authenticated buyer,
+/// or the body's `user_id` (an empty body is no fields, as an authenticated buyer may send
+/// none).
 fn order_and_user(
+    state: &AppState,
+    headers: &HeaderMap,
     id: PathParam,
     body: Result<Body, ApiError>,
 ) -> Result<(OrderId, UserId), ApiError> {
     let id = OrderId::parse(path_id(id, "order_id")?).map_err(invalid)?;
+    let buyer = state.config.buyer_auth.buyer(headers)?;
     let Body(body) = body?;
-    let b: UserBody = json(&body)?;
-    Ok((id, UserId::parse(b.user_id).map_err(invalid)?))
+    let claimed = match body.is_empty() {
+        true => None,
+        false => json::<UserBody>(&body)?.user_id,
+    };
+    Ok((id, acting_user(buyer, claimed)?))
+}
+
+/// An order as its reader may see it: with buyer authentication on, only its own buyer;
+/// anyone else is told it does not exist, as for an id never used (ids leak nothing).
+fn visible(order: flashsale_app::Order, buyer: Option<UserId>) -> Result<OrderJson, ApiError> {
+    match buyer {
+        Some(buyer) if buyer != order.user_id => {
+            Err(ApiError::from(flashsale_app::Error::OrderNotFound))
+        }
+        _ => Ok(OrderJson::from(&order)),
+    }
 }
 
 /// Runs a use case under the request deadline; past it the outcome is unknown (503).
@@ -425,18 +484,13 @@ async fn within<T>(
 }
 
 fn require_admin(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
+    let given = bearer(headers).unwrap_or("");
     if constant_time_eq(given.as_bytes(), state.config.admin_token.as_bytes()) {
         Ok(())
     } else {
-        Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
+        Err(ApiError::unauthorized(
             "admin endpoints need Authorization: Bearer <admin token>",
+            Some("Bearer"),
         ))
     }
 }
@@ -490,8 +544,9 @@ async fn create_product_of(
     headers: &HeaderMap,
     body: Result<Body, ApiError>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let Body(body) = body?;
+    // Credentials first: a stranger learns nothing about what else was wrong.
     require_admin(state, headers)?;
+    let Body(body) = body?;
     let b: NewProductBody = json(&body)?;
     let window = SaleWindow::new(b.sale_starts_at, b.sale_ends_at).map_err(invalid)?;
     let new = NewProduct::parse(b.product_id, &b.name, b.stock, b.per_user_limit, window)
@@ -519,8 +574,8 @@ async fn restock(
 ) -> Response {
     let result = async {
         let id = ProductId::parse(path_id(id, "product_id")?).map_err(invalid)?;
-        let Body(body) = body?;
         require_admin(&state, &headers)?;
+        let Body(body) = body?;
         let b: RestockBody = json(&body)?;
         let restock_id = RequestId::parse("request_id", &b.request_id).map_err(invalid)?;
         let view = deadline(&state, state.service.restock(id, restock_id, b.quantity)).await?;
@@ -534,9 +589,10 @@ async fn purchase(
     started: Started,
     State(state): State<AppState>,
     client: Client,
+    headers: HeaderMap,
     body: Result<Body, ApiError>,
 ) -> Response {
-    let result = purchase_of(&state, started.0, client, body).await;
+    let result = purchase_of(&state, started.0, client, &headers, body).await;
     counted(started, &state, PURCHASE, result)
 }
 
@@ -544,6 +600,7 @@ async fn purchase_of(
     state: &AppState,
     now: Instant,
     Client(client): Client,
+    headers: &HeaderMap,
     body: Result<Body, ApiError>,
 ) -> Result<impl IntoResponse, ApiError> {
     let limits = &state.config.limits;
@@ -552,10 +609,13 @@ async fn purchase_of(
             .check(address_key(ip), now.saturating_duration_since(limits.epoch))
             .map_err(|l| ApiError::rate_limited("client address", l.retry_after))?;
     }
+    let buyer = state.config.buyer_auth.buyer(headers)?;
     let Body(body) = body?;
     let b: PurchaseBody = json(&body)?;
+    // The per-user limits (the rate and `per_user_limit`) then count this user.
+    let user = acting_user(buyer, b.user_id)?;
     let max = state.service.settings().max_quantity_per_order;
-    let request = PurchaseRequest::parse(&b.request_id, b.user_id, b.product_id, b.quantity, max)
+    let request = PurchaseRequest::parse(&b.request_id, user.get(), b.product_id, b.quantity, max)
         .map_err(invalid)?;
     let purchased = match &state.config.baseline {
         Some(baseline) => deadline(state, baseline.purchase(request)).await?,
@@ -572,23 +632,31 @@ async fn purchase_of(
 async fn get_purchase(
     started: Started,
     State(state): State<AppState>,
+    headers: HeaderMap,
     request_id: PathParam,
 ) -> Response {
     let result = async {
         let request_id = path(request_id)?;
         let request_id = RequestId::parse("request_id", &request_id).map_err(invalid)?;
+        let buyer = state.config.buyer_auth.buyer(&headers)?;
         let order = deadline(&state, state.service.purchase_record(&request_id)).await?;
-        Ok::<_, ApiError>(Json(OrderJson::from(&order)))
+        Ok::<_, ApiError>(Json(visible(order, buyer)?))
     }
     .await;
     counted(started, &state, GET_PURCHASE, result)
 }
 
-async fn get_order(started: Started, State(state): State<AppState>, id: PathParam) -> Response {
+async fn get_order(
+    started: Started,
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    id: PathParam,
+) -> Response {
     let result = async {
         let id = OrderId::parse(path_id(id, "order_id")?).map_err(invalid)?;
+        let buyer = state.config.buyer_auth.buyer(&headers)?;
         let order = deadline(&state, state.service.order(id)).await?;
-        Ok::<_, ApiError>(Json(OrderJson::from(&order)))
+        Ok::<_, ApiError>(Json(visible(order, buyer)?))
     }
     .await;
     counted(started, &state, GET_ORDER, result)
@@ -597,11 +665,12 @@ async fn get_order(started: Started, State(state): State<AppState>, id: PathPara
 async fn pay(
     started: Started,
     State(state): State<AppState>,
+    headers: HeaderMap,
     id: PathParam,
     body: Result<Body, ApiError>,
 ) -> Response {
     let result = async {
-        let (id, user) = order_and_user(id, body)?;
+        let (id, user) = order_and_user(&state, &headers, id, body)?;
         let order = deadline(&state, state.service.pay(id, user)).await?;
         Ok::<_, ApiError>(Json(OrderJson::from(&order)))
     }
@@ -612,11 +681,12 @@ async fn pay(
 async fn cancel(
     started: Started,
     State(state): State<AppState>,
+    headers: HeaderMap,
     id: PathParam,
     body: Result<Body, ApiError>,
 ) -> Response {
     let result = async {
-        let (id, user) = order_and_user(id, body)?;
+        let (id, user) = order_and_user(&state, &headers, id, body)?;
         let order = deadline(&state, state.service.cancel(id, user)).await?;
         Ok::<_, ApiError>(Json(OrderJson::from(&order)))
     }

@@ -1,4 +1,5 @@
-//! JSON shapes of requests and responses.
+//! Shapes of requests and responses: the JSON bodies, and the decimal ids of paths and
+//! headers.
 
 use std::borrow::Cow;
 
@@ -12,14 +13,26 @@ use serde::{Deserialize, Serialize};
 pub struct PurchaseBody<'a> {
     #[serde(borrow)]
     pub request_id: Cow<'a, str>,
-    pub user_id: i64,
+    /// Optional when the buyer is authenticated (it must then name that buyer).
+    pub user_id: Option<i64>,
     pub product_id: i64,
     pub quantity: i64,
 }
 
 #[derive(Debug, Deserialize)]
 pub struct UserBody {
-    pub user_id: i64,
+    /// Optional when the buyer is authenticated (it must then name that buyer).
+    pub user_id: Option<i64>,
+}
+
+/// A strict decimal id, as paths and identity headers carry one: ASCII digits only, no
+/// sign, no whitespace, no leading zero (but "0" itself, which the id's own parse then
+/// refuses), at most what an `i64` holds. One spelling per id, so `/v1/orders/06` and
+/// `/v1/orders/+6` are not another name of order 6.
+pub fn decimal(s: &str) -> Option<i64> {
+    let strict =
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+    strict.then(|| s.parse().ok()).flatten()
 }
 
 #[derive(Debug, Deserialize)]
@@ -109,6 +122,37 @@ impl From<&ProductView> for ProductJson {
                 reserved: v.inventory.reserved,
                 sold: v.inventory.sold,
             },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Checks what a strict decimal id is: digits only, without sign, whitespace, leading
+    // zeros or overflow; "0" parses (the id's own parse refuses it).
+    #[test]
+    fn strict_decimal_ids() {
+        for (s, want) in [
+            ("6", Some(6)),
+            ("0", Some(0)),
+            ("1234567890", Some(1_234_567_890)),
+            ("9223372036854775807", Some(i64::MAX)),
+            ("9223372036854775808", None),
+            ("06", None),
+            ("00", None),
+            ("+6", None),
+            ("-6", None),
+            (" 6", None),
+            ("6 ", None),
+            ("6\n", None),
+            ("", None),
+            ("6a", None),
+            ("\u{0666}", None),
+            ("1_000", None),
+        ] {
+            assert_eq!(decimal(s), want, "{s:?}");
         }
     }
 }

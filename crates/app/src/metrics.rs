@@ -58,7 +58,7 @@ pub const ENDPOINTS: [&str; 11] = [
 /// The outcomes, as the `outcome` label names them: a success (`created` and `replayed`
 /// for purchases, `ok` for the rest) or the answer's error code. `sold_out` first: most of
 /// a flash sale's answers are that refusal, found at the first comparison.
-pub const OUTCOMES: [&str; 22] = [
+pub const OUTCOMES: [&str; 24] = [
     "sold_out",
     "created",
     "replayed",
@@ -81,6 +81,8 @@ pub const OUTCOMES: [&str; 22] = [
     "order_not_cancellable",
     "rate_limited",
     "unavailable",
+    "forbidden",
+    "unsupported_media_type",
 ];
 
 /// Where `name` is in `list`, at compile time (a name missing from it fails the build).

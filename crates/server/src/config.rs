@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use flashsale_api::auth::{BuyerAuth, ExpectedClaims, JwtVerifier};
 use flashsale_app::limit::Rate;
 
 /// Everything `serve` needs, parsed.
@@ -57,6 +58,9 @@ pub struct Config {
     pub ip_purchase_rate: Option<Rate>,
     /// The header the client's address is read from (None: the peer).
     pub client_ip_header: Option<axum::http::HeaderName>,
+    /// How a buyer is known: a verified JWT, a gateway's header, or (development only)
+    /// the body's `user_id`.
+    pub buyer_auth: BuyerAuth,
 }
 
 /// Every key a config file may hold, with its default; each is also read from the
@@ -101,7 +105,23 @@ pub const KEYS: &[(&str, Option<&str>)] = &[
     ("ip_purchase_rate", Some("0")),
     ("ip_purchase_burst", Some("100")),
     ("client_ip_header", None),
+    ("buyer_auth", Some("none")),
+    // Unset: `X-User-Id` in the header mode (unset so that setting it in another mode,
+    // where it would be ignored, can be refused).
+    ("buyer_header", None),
+    ("buyer_jwt_secret", None),
+    ("buyer_jwt_public_key", None),
+    ("buyer_jwt_issuer", None),
+    ("buyer_jwt_audience", None),
 ];
+
+/// The header naming the buyer in the `header` mode, unless `FLASHSALE_BUYER_HEADER`
+/// names another.
+const BUYER_HEADER_DEFAULT: &str = "x-user-id";
+/// Largest public key file read: a 4096-bit RSA key's PEM is about 800 bytes.
+const PUBLIC_KEY_FILE_BYTES_MAX: u64 = 64 * 1024;
+/// Shortest admin token: a guessable one would hand out the shop.
+const ADMIN_TOKEN_LEN_MIN: usize = 8;
 
 /// Upper bound of the per-order quantity setting: orders are for a flash sale, not bulk.
 const MAX_QUANTITY_PER_ORDER_LIMIT: u32 = 1000;
@@ -291,8 +311,18 @@ impl Config {
         }
         let admin_token = match raw.get("admin_token") {
             None => None,
-            Some((name, t)) if t.len() < 8 => {
-                return Err(invalid(name, "must be at least 8 characters"))
+            // Only visible ASCII can be sent in an Authorization header as it is: a token
+            // with whitespace or other characters could never be presented.
+            Some((name, t))
+                if t.len() < ADMIN_TOKEN_LEN_MIN || !t.bytes().all(|b| b.is_ascii_graphic()) =>
+            {
+                return Err(invalid(
+                    name,
+                    format!(
+                        "must be at least {ADMIN_TOKEN_LEN_MIN} characters, visible ASCII \
+                         only (no whitespace)"
+                    ),
+                ))
             }
             Some((_, t)) => Some(t.to_owned()),
         };
@@ -413,6 +443,7 @@ impl Config {
                 Some(header)
             }
         };
+        let buyer_auth = buyer_auth(raw)?;
         Ok(Self {
             listen,
             metrics_listen,
@@ -444,8 +475,111 @@ impl Config {
             user_purchase_rate,
             ip_purchase_rate,
             client_ip_header,
+            buyer_auth,
         })
     }
+}
+
+/// The buyer authentication of `FLASHSALE_BUYER_AUTH` and the settings of its mode; a
+/// setting of another mode is refused rather than silently ignored (a JWT secret set
+/// while buyers go unauthenticated is a deployment that believes it is safe).
+fn buyer_auth(raw: &Raw) -> Result<BuyerAuth, ConfigError> {
+    let (mode_name, mode) = raw.value("buyer_auth");
+    let mode_keys: &[&str] = match mode {
+        "none" => &[],
+        "header" => &["buyer_header"],
+        "jwt" => &[
+            "buyer_jwt_secret",
+            "buyer_jwt_public_key",
+            "buyer_jwt_issuer",
+            "buyer_jwt_audience",
+        ],
+        _ => return Err(invalid(mode_name, "must be jwt, header or none")),
+    };
+    for key in [
+        "buyer_header",
+        "buyer_jwt_secret",
+        "buyer_jwt_public_key",
+        "buyer_jwt_issuer",
+        "buyer_jwt_audience",
+    ] {
+        if let Some((name, _)) = raw.get(key) {
+            if !mode_keys.contains(&key) {
+                return Err(invalid(
+                    name,
+                    format!("is not read with FLASHSALE_BUYER_AUTH={mode}"),
+                ));
+            }
+        }
+    }
+    match mode {
+        "header" => {
+            let (name, h) = raw
+                .get("buyer_header")
+                .unwrap_or(("FLASHSALE_BUYER_HEADER", BUYER_HEADER_DEFAULT));
+            let header = axum::http::HeaderName::from_bytes(h.trim().as_bytes())
+                .map_err(|_| invalid(name, format!("{h:?} is not a header name")))?;
+            Ok(BuyerAuth::Header(header))
+        }
+        "jwt" => {
+            let claim = |key| -> Result<Option<String>, ConfigError> {
+                match raw.get(key) {
+                    None => Ok(None),
+                    Some((name, v)) if v.trim().is_empty() || v.trim() != v => Err(invalid(
+                        name,
+                        "must be non-empty, without surrounding spaces",
+                    )),
+                    Some((_, v)) => Ok(Some(v.to_owned())),
+                }
+            };
+            let expected = ExpectedClaims {
+                issuer: claim("buyer_jwt_issuer")?,
+                audience: claim("buyer_jwt_audience")?,
+            };
+            let verifier = match (raw.get("buyer_jwt_secret"), raw.get("buyer_jwt_public_key")) {
+                (Some((name, secret)), None) => JwtVerifier::hs256(secret.as_bytes(), &expected)
+                    .map_err(|e| invalid(name, e))?,
+                (None, Some((name, path))) => {
+                    let pem = read_key_file(Path::new(path)).map_err(|e| invalid(name, e))?;
+                    JwtVerifier::from_public_pem(&pem, &expected)
+                        .map_err(|e| invalid(name, format!("{path}: {e}")))?
+                }
+                (Some((name, _)), Some(_)) => {
+                    return Err(invalid(
+                        name,
+                        "give either it (HS256) or FLASHSALE_BUYER_JWT_PUBLIC_KEY (RS256, EdDSA), \
+                         not both",
+                    ))
+                }
+                (None, None) => {
+                    return Err(ConfigError(
+                        "FLASHSALE_BUYER_JWT_SECRET or FLASHSALE_BUYER_JWT_PUBLIC_KEY: one is \
+                         needed with FLASHSALE_BUYER_AUTH=jwt"
+                            .to_owned(),
+                    ))
+                }
+            };
+            Ok(BuyerAuth::Jwt(std::sync::Arc::new(verifier)))
+        }
+        _ => Ok(BuyerAuth::None),
+    }
+}
+
+/// A key file's bytes, refused past [`PUBLIC_KEY_FILE_BYTES_MAX`].
+fn read_key_file(path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut pem = Vec::new();
+    file.take(PUBLIC_KEY_FILE_BYTES_MAX + 1)
+        .read_to_end(&mut pem)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if pem.len() as u64 > PUBLIC_KEY_FILE_BYTES_MAX {
+        return Err(format!(
+            "{}: larger than {PUBLIC_KEY_FILE_BYTES_MAX} bytes, no public key",
+            path.display()
+        ));
+    }
+    Ok(pem)
 }
 
 /// A rate limit from its two keys: attempts a second (0: no limit) and the burst.
@@ -548,6 +682,174 @@ mod tests {
             let err = Config::from_parts(None, &env(&[(var, value)])).unwrap_err();
             assert!(err.0.starts_with(var), "{var}={value}: {err}");
         }
+    }
+
+    // Checks the buyer authentication settings: none by default; header mode with its
+    // default and a configured header; jwt with an HS256 secret, an RS256 or Ed25519
+    // public key file, issuer and audience. Refused, naming the variable: an unknown
+    // mode, a short secret, a missing, private, small or damaged key file, both a secret
+    // and a key, neither, a setting of another mode, a blank issuer; and an admin token
+    // that is short or holds whitespace (it could never be sent).
+    #[test]
+    fn buyer_auth_settings() {
+        let fixture =
+            |name: &str| format!("{}/tests/it/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+        let secret = "0123456789abcdef0123456789abcdef";
+        let c = Config::from_parts(None, &env(&[])).expect("defaults");
+        assert!(c.buyer_auth.is_none());
+        let header = |pairs: &[(&str, &str)]| match Config::from_parts(None, &env(pairs)) {
+            Ok(Config {
+                buyer_auth: BuyerAuth::Header(h),
+                ..
+            }) => Some(h.as_str().to_owned()),
+            _ => None,
+        };
+        assert_eq!(
+            header(&[("FLASHSALE_BUYER_AUTH", "header")]).as_deref(),
+            Some("x-user-id")
+        );
+        assert_eq!(
+            header(&[
+                ("FLASHSALE_BUYER_AUTH", "header"),
+                ("FLASHSALE_BUYER_HEADER", "X-Buyer")
+            ])
+            .as_deref(),
+            Some("x-buyer")
+        );
+        let algorithm = |pairs: &[(&str, &str)]| match Config::from_parts(None, &env(pairs)) {
+            Ok(Config {
+                buyer_auth: BuyerAuth::Jwt(v),
+                ..
+            }) => Some(v.algorithm()),
+            _ => None,
+        };
+        use jsonwebtoken::Algorithm;
+        let (rsa, ed) = (
+            fixture("buyer_rsa_public.pem"),
+            fixture("buyer_ed25519_public.pem"),
+        );
+        for (pairs, want) in [
+            (
+                vec![("FLASHSALE_BUYER_JWT_SECRET", secret)],
+                Algorithm::HS256,
+            ),
+            (
+                vec![("FLASHSALE_BUYER_JWT_PUBLIC_KEY", rsa.as_str())],
+                Algorithm::RS256,
+            ),
+            (
+                vec![("FLASHSALE_BUYER_JWT_PUBLIC_KEY", ed.as_str())],
+                Algorithm::EdDSA,
+            ),
+            (
+                vec![
+                    ("FLASHSALE_BUYER_JWT_SECRET", secret),
+                    ("FLASHSALE_BUYER_JWT_ISSUER", "https://id.example"),
+                    ("FLASHSALE_BUYER_JWT_AUDIENCE", "flashsale"),
+                ],
+                Algorithm::HS256,
+            ),
+        ] {
+            let mut pairs = pairs;
+            pairs.push(("FLASHSALE_BUYER_AUTH", "jwt"));
+            assert_eq!(algorithm(&pairs), Some(want), "{pairs:?}");
+        }
+        let (private, small, missing) = (
+            fixture("buyer_rsa_private.pem"),
+            fixture("rsa_1024_public.pem"),
+            fixture("no_such.pem"),
+        );
+        let readme = fixture("README.md");
+        let jwt = ("FLASHSALE_BUYER_AUTH", "jwt");
+        for (pairs, blamed) in [
+            (
+                vec![("FLASHSALE_BUYER_AUTH", "oauth")],
+                "FLASHSALE_BUYER_AUTH",
+            ),
+            (vec![jwt], "FLASHSALE_BUYER_JWT_SECRET"),
+            (
+                vec![jwt, ("FLASHSALE_BUYER_JWT_SECRET", "short")],
+                "FLASHSALE_BUYER_JWT_SECRET",
+            ),
+            (
+                vec![
+                    jwt,
+                    ("FLASHSALE_BUYER_JWT_SECRET", secret),
+                    ("FLASHSALE_BUYER_JWT_PUBLIC_KEY", rsa.as_str()),
+                ],
+                "FLASHSALE_BUYER_JWT_SECRET",
+            ),
+            (
+                vec![jwt, ("FLASHSALE_BUYER_JWT_PUBLIC_KEY", private.as_str())],
+                "FLASHSALE_BUYER_JWT_PUBLIC_KEY",
+            ),
+            (
+                vec![jwt, ("FLASHSALE_BUYER_JWT_PUBLIC_KEY", small.as_str())],
+                "FLASHSALE_BUYER_JWT_PUBLIC_KEY",
+            ),
+            (
+                vec![jwt, ("FLASHSALE_BUYER_JWT_PUBLIC_KEY", missing.as_str())],
+                "FLASHSALE_BUYER_JWT_PUBLIC_KEY",
+            ),
+            (
+                vec![jwt, ("FLASHSALE_BUYER_JWT_PUBLIC_KEY", readme.as_str())],
+                "FLASHSALE_BUYER_JWT_PUBLIC_KEY",
+            ),
+            (
+                vec![
+                    jwt,
+                    ("FLASHSALE_BUYER_JWT_SECRET", secret),
+                    ("FLASHSALE_BUYER_JWT_ISSUER", " "),
+                ],
+                "FLASHSALE_BUYER_JWT_ISSUER",
+            ),
+            (
+                vec![
+                    jwt,
+                    ("FLASHSALE_BUYER_JWT_SECRET", secret),
+                    ("FLASHSALE_BUYER_HEADER", "x-user-id"),
+                ],
+                "FLASHSALE_BUYER_HEADER",
+            ),
+            (
+                vec![("FLASHSALE_BUYER_JWT_SECRET", secret)],
+                "FLASHSALE_BUYER_JWT_SECRET",
+            ),
+            (
+                vec![
+                    ("FLASHSALE_BUYER_AUTH", "header"),
+                    ("FLASHSALE_BUYER_JWT_AUDIENCE", "a"),
+                ],
+                "FLASHSALE_BUYER_JWT_AUDIENCE",
+            ),
+            (
+                vec![
+                    ("FLASHSALE_BUYER_AUTH", "header"),
+                    ("FLASHSALE_BUYER_HEADER", "x user"),
+                ],
+                "FLASHSALE_BUYER_HEADER",
+            ),
+            (
+                vec![("FLASHSALE_ADMIN_TOKEN", "        ")],
+                "FLASHSALE_ADMIN_TOKEN",
+            ),
+            (
+                vec![("FLASHSALE_ADMIN_TOKEN", "secret token")],
+                "FLASHSALE_ADMIN_TOKEN",
+            ),
+            (
+                vec![("FLASHSALE_ADMIN_TOKEN", "1234567")],
+                "FLASHSALE_ADMIN_TOKEN",
+            ),
+        ] {
+            let err = Config::from_parts(None, &env(&pairs)).unwrap_err();
+            assert!(err.0.starts_with(blamed), "{pairs:?}: {err}");
+        }
+        let ok = Config::from_parts(None, &env(&[("FLASHSALE_ADMIN_TOKEN", "s3cret-t0ken")]));
+        assert_eq!(
+            ok.map(|c| c.admin_token),
+            Ok(Some("s3cret-t0ken".to_owned()))
+        );
     }
 
     // Checks that the file sets values and the environment overrides the file.

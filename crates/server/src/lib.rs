@@ -251,6 +251,12 @@ pub async fn build(config: &Config) -> Result<App, String> {
             token
         }
     };
+    if config.buyer_auth.is_none() {
+        warn!(
+            "FLASHSALE_BUYER_AUTH=none: buyers are whoever a request's user_id says; for \
+             development only (set jwt or header in production)"
+        );
+    }
     let router = flashsale_api::router(
         service.clone(),
         ApiConfig {
@@ -262,6 +268,7 @@ pub async fn build(config: &Config) -> Result<App, String> {
             monitor: Some(monitor.clone()),
             serve_metrics: config.metrics_listen.is_none(),
             limits: Arc::new(purchase_limits(config)),
+            buyer_auth: config.buyer_auth.clone(),
         },
     );
     let metrics_router = config

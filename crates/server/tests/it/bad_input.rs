@@ -10,7 +10,7 @@ type Case = (Method, String, Option<String>, bool, u16, &'static str);
 
 /// Everything a request could have changed: row counts of every table and every Redis
 /// key of the test with its serialized value.
-async fn snapshot(app: &TestApp) -> (Vec<i64>, Vec<(String, String)>) {
+pub async fn snapshot(app: &TestApp) -> (Vec<i64>, Vec<(String, String)>) {
     let mut counts = Vec::new();
     for table in [
         "products",
@@ -86,6 +86,14 @@ async fn bad_inputs_are_refused_and_change_nothing() {
         (Method::GET, "/v1/purchases/REQ_nope".into(), None, false, 404, "order_not_found"),
         (Method::GET, "/v1/orders/abc".into(), None, false, 400, "invalid_request"),
         (Method::GET, "/v1/orders/0".into(), None, false, 400, "invalid_request"),
+        (Method::GET, format!("/v1/orders/+{order}"), None, false, 400, "invalid_request"),
+        (Method::GET, format!("/v1/orders/0{order}"), None, false, 400, "invalid_request"),
+        (Method::GET, format!("/v1/orders/%20{order}"), None, false, 400, "invalid_request"),
+        (Method::GET, format!("/v1/orders/{order}%20"), None, false, 400, "invalid_request"),
+        (Method::POST, format!("/v1/orders/+{order}/pay"), Some(json!({"user_id": 1}).to_string()), false, 400, "invalid_request"),
+        (Method::POST, format!("/v1/orders/0{order}/cancel"), Some(json!({"user_id": 1}).to_string()), false, 400, "invalid_request"),
+        (Method::GET, "/v1/products/01100".into(), None, false, 400, "invalid_request"),
+        (Method::POST, "/v1/products/+1100/restock".into(), Some(json!({"request_id": "RS", "quantity": 1}).to_string()), true, 400, "invalid_request"),
         (Method::GET, "/v1/orders/99999999".into(), None, false, 404, "order_not_found"),
         (Method::POST, format!("/v1/orders/{order}/pay"), Some("{}".into()), false, 400, "invalid_request"),
         (Method::POST, format!("/v1/orders/{order}/pay"), Some(json!({"user_id": 0}).to_string()), false, 400, "invalid_request"),
@@ -150,5 +158,105 @@ async fn bad_inputs_are_refused_and_change_nothing() {
         .expect("request");
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(snapshot(&app).await, before);
+    app.cleanup().await;
+}
+
+/// Sends `request` as raw bytes on a fresh connection and returns the answer's status
+/// code and body.
+async fn raw(app: &TestApp, request: &str) -> (u16, serde_json::Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = app.base.trim_start_matches("http://");
+    let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    conn.write_all(request.as_bytes()).await.expect("send");
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        conn.read_to_end(&mut answer),
+    )
+    .await;
+    let text = String::from_utf8_lossy(&answer);
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split("\r\n\r\n")
+        .nth(1)
+        .and_then(|b| serde_json::from_str(b).ok())
+        .unwrap_or_default();
+    (status, body)
+}
+
+// Checks the body's framing and type: a body must be declared application/json (in
+// any case, parameters allowed): text/plain, form encoding and a body without a type
+// are 415 `unsupported_media_type`; a malformed chunked body is 400 `invalid_request`
+// (only a body over the limit is 413); the admin token's scheme is case-insensitive.
+// Nothing refused changes anything; the accepted ones create their orders.
+#[tokio::test]
+async fn bodies_must_be_json_and_well_framed() {
+    let app = TestApp::spawn().await;
+    app.create_product(1200, 10, None).await;
+    let before = snapshot(&app).await;
+    let body = |r: &str| {
+        json!({"request_id": r, "user_id": 1, "product_id": 1200, "quantity": 1}).to_string()
+    };
+    let post = |content_type: Option<&str>, body: String| {
+        let mut req = app
+            .http
+            .post(format!("{}/v1/purchases", app.base))
+            .body(body);
+        if let Some(t) = content_type {
+            req = req.header("content-type", t);
+        }
+        async move {
+            let resp = req.send().await.expect("request");
+            let status = resp.status();
+            (
+                status,
+                resp.json::<serde_json::Value>().await.unwrap_or_default(),
+            )
+        }
+    };
+    for content_type in [
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        Some("application/jsonp"),
+        None,
+    ] {
+        let (s, b) = post(content_type, body("CT_1")).await;
+        assert_eq!(
+            (s, code(&b)),
+            (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
+            "{content_type:?}: {b}"
+        );
+    }
+    let chunked = "POST /v1/purchases HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                   Transfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\n{}\r\n0\r\n\r\n";
+    let (s, b) = raw(&app, chunked).await;
+    assert_eq!((s, code(&b)), (400, "invalid_request"), "{b}");
+    assert_eq!(
+        snapshot(&app).await,
+        before,
+        "a refused body changed something"
+    );
+
+    let (s, b) = post(Some("application/json; charset=utf-8"), body("CT_2")).await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let (s, b) = post(Some("Application/JSON"), body("CT_3")).await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let resp = app
+        .http
+        .post(format!("{}/v1/products", app.base))
+        .header(
+            "authorization",
+            format!("bearer {}", crate::helpers::ADMIN_TOKEN),
+        )
+        .header("content-type", "application/json")
+        .body(json!({"product_id": 1201, "name": "x", "stock": 1}).to_string())
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(resp.status(), StatusCode::CREATED);
     app.cleanup().await;
 }

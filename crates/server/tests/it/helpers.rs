@@ -214,6 +214,31 @@ impl TestApp {
         Ok((status, value))
     }
 
+    /// A request with extra headers (credentials, say) and an optional JSON body; the
+    /// answer's status, body and headers.
+    pub async fn send_with(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, Value, reqwest::header::HeaderMap) {
+        let mut req = self.http.request(method, format!("{}{path}", self.base));
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        if let Some(body) = body {
+            req = req
+                .header("content-type", "application/json")
+                .body(body.to_string());
+        }
+        let resp = req.send().await.expect("request");
+        let (status, headers) = (resp.status(), resp.headers().clone());
+        let text = resp.text().await.expect("answer");
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, value, headers)
+    }
+
     pub async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
         self.send(reqwest::Method::POST, path, Some(&body.to_string()), false)
             .await
@@ -340,6 +365,30 @@ impl TestApp {
             let _ = db.drop_db().await;
         }
     }
+}
+
+/// A buyer's JWT as an identity provider would issue it: `sub` the decimal user id,
+/// `exp` `lifetime_secs` from now (negative: already expired), signed with `key` by
+/// `algorithm`.
+pub fn buyer_token(
+    key: &jsonwebtoken::EncodingKey,
+    algorithm: jsonwebtoken::Algorithm,
+    user_id: i64,
+    lifetime_secs: i64,
+) -> String {
+    let exp = jsonwebtoken::get_current_timestamp() as i64 + lifetime_secs;
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(algorithm),
+        &json!({"sub": user_id.to_string(), "exp": exp}),
+        key,
+    )
+    .expect("sign a test token")
+}
+
+/// The contents of a test key in `tests/it/fixtures`.
+pub fn fixture(name: &str) -> Vec<u8> {
+    let path = format!("{}/tests/it/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
 /// The order id of a successful purchase response.

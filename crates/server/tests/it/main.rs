@@ -7,6 +7,7 @@ mod audit;
 mod bad_input;
 mod baselines;
 mod binary;
+mod buyers;
 #[cfg(feature = "failpoints")]
 mod crash;
 mod data_loss;
