@@ -21,6 +21,10 @@ pub const ROUNDS_MAX: u32 = 9;
 /// The server setting that selects the purchase strategy (a benchmark baseline or
 /// flashsale's own path).
 pub const STRATEGY_ENV: &str = "FLASHSALE_STRATEGY";
+/// The server settings of buyer authentication, which --buyer-jwt-secret sets for a
+/// spawned server.
+pub const BUYER_AUTH_ENV: &str = "FLASHSALE_BUYER_AUTH";
+pub const BUYER_SECRET_ENV: &str = "FLASHSALE_BUYER_JWT_SECRET";
 /// The label of the HTTP-ceiling run (`--ceiling`, and the first row of `--compare`).
 pub const CEILING_LABEL: &str = "http-ceiling";
 /// The label of `--compare`'s second HTTP-ceiling run, after every strategy's.
@@ -153,6 +157,16 @@ pub struct Args {
     /// The server's admin token (ignored with --spawn).
     #[arg(long, env = "FLASHSALE_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// The HS256 secret of a server that authenticates buyers
+    /// (`FLASHSALE_BUYER_AUTH=jwt`): each user's requests carry a bearer token signed with
+    /// it, all minted before the load. With --spawn, the server is started with it.
+    #[arg(
+        long,
+        value_name = "SECRET",
+        env = "FLASHSALE_BUYER_JWT_SECRET",
+        hide_env_values = true
+    )]
+    pub buyer_jwt_secret: Option<String>,
     /// The server's MariaDB (for the audit and the commit counters); with --spawn, the
     /// server that hosts the fresh database.
     #[arg(
@@ -475,6 +489,20 @@ impl Args {
     /// The runs to carry out: one, or with --compare one per row of `COMPARE_ROWS`, each
     /// with the user's --server-env plus its strategy and a log file of its own.
     pub fn runs(&self) -> Result<Vec<RunSpec>, String> {
+        let mut runs = self.runs_as_given()?;
+        if let Some(secret) = &self.buyer_jwt_secret {
+            // A spawned server authenticates its buyers with the secret the bench signs with.
+            for run in &mut runs {
+                run.server_env.extend([
+                    (BUYER_AUTH_ENV.to_owned(), "jwt".to_owned()),
+                    (BUYER_SECRET_ENV.to_owned(), secret.clone()),
+                ]);
+            }
+        }
+        Ok(runs)
+    }
+
+    fn runs_as_given(&self) -> Result<Vec<RunSpec>, String> {
         if !self.compare {
             let strategy = self.strategy()?;
             return Ok(vec![RunSpec {

@@ -19,7 +19,7 @@ use std::time::Duration;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
 use hyper::client::conn::http1::{self, Connection, SendRequest};
-use hyper::header::{HeaderValue, CONTENT_TYPE, HOST, RETRY_AFTER};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST, RETRY_AFTER};
 use hyper::{Method, Request, Uri};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -103,14 +103,16 @@ impl Client {
         })
     }
 
-    /// Sends one request (`body`, if any, as JSON) and reads the whole answer, on an idle
-    /// connection or a new one. A connection that failed, timed out or was told to close
-    /// is dropped, never reused.
+    /// Sends one request (`body`, if any, as JSON; `authorization`, if any, as the
+    /// buyer's credentials) and reads the whole answer, on an idle connection or a new
+    /// one. A connection that failed, timed out or was told to close is dropped, never
+    /// reused.
     pub async fn send(
         &self,
         method: Method,
         path: &Uri,
         body: Option<Bytes>,
+        authorization: Option<&HeaderValue>,
     ) -> Result<Answer, Failure> {
         let mut conn = match self.take_idle() {
             Some(conn) => conn,
@@ -124,6 +126,9 @@ impl Client {
         headers.insert(HOST, self.host.clone());
         if json {
             headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
+        if let Some(value) = authorization {
+            headers.insert(AUTHORIZATION, value.clone());
         }
         let answer = tokio::time::timeout(self.exchange_timeout, exchange(&mut conn, request))
             .await
@@ -299,18 +304,18 @@ mod tests {
             server(vec![vec![ok("one"), ok("two"), closing], vec![ok("four")]]).await;
         let client = Client::new(&url, 4, SECOND, SECOND).unwrap();
         let path: Uri = "/healthz".parse().unwrap();
-        let a = client.send(Method::GET, &path, None).await.unwrap();
+        let a = client.send(Method::GET, &path, None, None).await.unwrap();
         assert_eq!((a.status, &a.body[..]), (200, &b"one"[..]));
         let b = client
-            .send(Method::POST, &path, Some(Bytes::from_static(b"{}")))
+            .send(Method::POST, &path, Some(Bytes::from_static(b"{}")), None)
             .await
             .unwrap();
         assert_eq!((b.status, &b.body[..]), (200, &b"two"[..]));
-        let c = client.send(Method::GET, &path, None).await.unwrap();
+        let c = client.send(Method::GET, &path, None, None).await.unwrap();
         assert_eq!(c.status, 503);
         assert_eq!(c.retry_after, Some(SECOND));
         // The server said close: the next request needs a second connection.
-        let d = client.send(Method::GET, &path, None).await.unwrap();
+        let d = client.send(Method::GET, &path, None, None).await.unwrap();
         assert_eq!((d.status, &d.body[..]), (200, &b"four"[..]));
         assert_eq!(accepted.await.unwrap(), 2);
     }
@@ -323,11 +328,11 @@ mod tests {
         let client = Client::new(&url, 4, SECOND, SECOND).unwrap();
         let path: Uri = "/".parse().unwrap();
         assert!(matches!(
-            client.send(Method::GET, &path, None).await,
+            client.send(Method::GET, &path, None, None).await,
             Err(Failure::TooLarge)
         ));
         assert!(matches!(
-            client.send(Method::GET, &path, None).await,
+            client.send(Method::GET, &path, None, None).await,
             Err(Failure::Transport(_))
         ));
     }
@@ -343,7 +348,7 @@ mod tests {
         let client = Client::new(&format!("http://{addr}"), 4, SECOND, SECOND).unwrap();
         let path: Uri = "/".parse().unwrap();
         assert!(matches!(
-            client.send(Method::GET, &path, None).await,
+            client.send(Method::GET, &path, None, None).await,
             Err(Failure::Connect(_))
         ));
     }

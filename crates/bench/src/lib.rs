@@ -28,6 +28,7 @@ pub mod report;
 pub mod schedule;
 pub mod server;
 pub mod stats;
+pub mod tokens;
 pub mod workload;
 
 use std::collections::{BTreeMap, HashMap};
@@ -47,6 +48,7 @@ use report::{
 };
 use server::{ServerEnv, Spawned};
 use stats::{Op, Recorder};
+use tokens::BuyerTokens;
 use workload::Workload;
 
 /// Wait after the load before checking: the outbox relay publishes the last events,
@@ -382,6 +384,14 @@ async fn run_against(
             0.0
         },
     };
+    // Minted before the load: signing is not part of what is measured.
+    let tokens = match (&args.buyer_jwt_secret, spec.target) {
+        (Some(secret), Target::Purchase) => Some(Arc::new(BuyerTokens::mint(
+            secret.as_bytes(),
+            workload.users,
+        )?)),
+        _ => None,
+    };
     let plan = LoadPlan {
         mode,
         attempts: sizes.attempts,
@@ -391,6 +401,7 @@ async fn run_against(
         base_url: base_url.clone(),
         follow_ups: sizes.follow_ups && !ceiling,
         target: spec.target,
+        tokens: tokens.clone(),
     };
     let live = Arc::new(Live::default());
     let _watch = AbortOnDrop(watch_ctrl_c(
@@ -482,9 +493,10 @@ async fn run_against(
         keys_settled = count_keys(&mut redis, &env.redis_prefix).await;
 
         let rec = &outcome.recorder;
-        inventory = get_json::<ProductView>(&http, &format!("{base_url}/v1/products/{product_id}"))
-            .await
-            .map(|p| p.inventory);
+        inventory =
+            get_json::<ProductView>(&http, &format!("{base_url}/v1/products/{product_id}"), None)
+                .await
+                .map(|p| p.inventory);
         client_checks(&mut checks, rec, sizes, inventory.as_ref(), baseline);
         check_server_counts(
             &mut checks,
@@ -494,7 +506,17 @@ async fn run_against(
             spawned.is_some() && outcome.abandoned == 0,
         )
         .await;
-        check_acknowledged(&mut checks, &http, &base_url, &workload, rec, baseline).await;
+        let tokens = tokens.as_deref();
+        check_acknowledged(
+            &mut checks,
+            &http,
+            &base_url,
+            &workload,
+            rec,
+            baseline,
+            tokens,
+        )
+        .await;
         check_ledger(
             &mut checks,
             &env.database_url,
@@ -505,7 +527,7 @@ async fn run_against(
         )
         .await;
         if sizes.follow_ups && sizes.payment_timeout.is_some() {
-            expiry = check_expired(&mut checks, &http, &base_url, rec).await;
+            expiry = check_expired(&mut checks, &http, &base_url, rec, tokens).await;
         }
         checks.audit = if baseline {
             checks.skipped.push(
@@ -645,8 +667,17 @@ async fn create_product(
     Ok(())
 }
 
-async fn get_json<T: serde::de::DeserializeOwned>(http: &reqwest::Client, url: &str) -> Option<T> {
-    let response = http.get(url).send().await.ok()?;
+/// The JSON answer of a GET, sent with `authorization` (a buyer's token) when given.
+async fn get_json<T: serde::de::DeserializeOwned>(
+    http: &reqwest::Client,
+    url: &str,
+    authorization: Option<&hyper::header::HeaderValue>,
+) -> Option<T> {
+    let mut request = http.get(url);
+    if let Some(value) = authorization {
+        request = request.header(reqwest::header::AUTHORIZATION, value.as_bytes());
+    }
+    let response = request.send().await.ok()?;
     if !response.status().is_success() {
         return None;
     }
@@ -903,6 +934,7 @@ async fn check_acknowledged(
     workload: &Workload,
     rec: &Recorder,
     baseline: bool,
+    tokens: Option<&BuyerTokens>,
 ) {
     let mut intents: Vec<(&u64, &i64)> = rec.acks.iter().collect();
     intents.sort_unstable();
@@ -922,7 +954,8 @@ async fn check_acknowledged(
         } else {
             format!("{base_url}/v1/purchases/{rid}")
         };
-        match get_json::<OrderView>(http, &url).await {
+        let authorization = tokens.and_then(|t| t.of(workload.user_of(*intent)));
+        match get_json::<OrderView>(http, &url, authorization).await {
             Some(o) if o.order_id == *order_id && o.request_id.as_deref() == Some(&rid) => {}
             Some(o) => bad.push(format!(
                 "{rid}: acknowledged order {order_id}, now order {} of request_id {}",
@@ -1078,8 +1111,10 @@ async fn check_expired(
     http: &reqwest::Client,
     base_url: &str,
     rec: &Recorder,
+    tokens: Option<&BuyerTokens>,
 ) -> (u64, u64) {
     let mut pending: Vec<i64> = rec.expire_sample.iter().map(|(o, _)| *o).collect();
+    let buyers: BTreeMap<i64, i64> = rec.expire_sample.iter().copied().collect();
     let checked = pending.len() as u64;
     let mut wrong: BTreeMap<i64, String> = BTreeMap::new();
     for round in 0..=EXPIRY_RECHECKS_MAX {
@@ -1088,7 +1123,11 @@ async fn check_expired(
         }
         let mut still = Vec::new();
         for order_id in pending {
-            match get_json::<OrderView>(http, &format!("{base_url}/v1/orders/{order_id}")).await {
+            let authorization = tokens
+                .zip(buyers.get(&order_id))
+                .and_then(|(t, user)| t.of(*user));
+            let url = format!("{base_url}/v1/orders/{order_id}");
+            match get_json::<OrderView>(http, &url, authorization).await {
                 Some(o)
                     if o.status == "CANCELLED"
                         && o.cancel_reason.as_deref() == Some("payment_timeout") =>

@@ -16,6 +16,7 @@ use crate::cli::Target;
 use crate::http::Client;
 use crate::schedule::Schedule;
 use crate::stats::{Op, Recorder};
+use crate::tokens::BuyerTokens;
 use crate::workload::{FollowUp, Workload};
 
 /// The client's deadline for one exchange: well above the server's own request deadline
@@ -66,6 +67,9 @@ pub struct LoadPlan {
     /// Purchase attempts, or `GET /healthz` for the HTTP ceiling (same driver, same
     /// pacing: only the request differs).
     pub target: Target,
+    /// Each user's bearer token, for a server that authenticates buyers (None: the body's
+    /// user_id is the buyer).
+    pub tokens: Option<Arc<BuyerTokens>>,
 }
 
 /// Counters read by the progress bar while the load runs.
@@ -155,12 +159,22 @@ impl Shared {
     /// One exchange: a POST of `body` as JSON, or a GET when there is no body. No whole
     /// answer (a transport failure, a timeout, a body cut short): status 0, as unknown as
     /// no answer at all.
-    async fn send(&self, path: &Uri, body: Option<&Bytes>) -> Exchange {
+    async fn send(&self, path: &Uri, body: Option<&Bytes>, user: Option<i64>) -> Exchange {
         let method = match body {
             Some(_) => Method::POST,
             None => Method::GET,
         };
-        match self.http.send(method, path, body.cloned()).await {
+        let authorization = self
+            .plan
+            .tokens
+            .as_ref()
+            .zip(user)
+            .and_then(|(tokens, user)| tokens.of(user));
+        match self
+            .http
+            .send(method, path, body.cloned(), authorization)
+            .await
+        {
             Ok(answer) => Exchange {
                 status: answer.status,
                 answer: serde_json::from_slice(&answer.body).unwrap_or_default(),
@@ -183,12 +197,13 @@ impl Shared {
         intent: u64,
         path: &Uri,
         body: Option<&Bytes>,
+        user: Option<i64>,
         intended: Instant,
     ) -> Exchange {
         let mut sent_at = intended;
         let mut tries = 0;
         loop {
-            let ex = self.send(path, body).await;
+            let ex = self.send(path, body, user).await;
             let now = Instant::now();
             let retry = ex.status == 0 || ex.status == 503;
             {
@@ -235,7 +250,7 @@ impl Shared {
             Target::Healthz => {
                 // Every ceiling request is a new one: no request_id, nothing to repeat.
                 self.new_intents.fetch_add(1, Ordering::Relaxed);
-                self.exchange(Op::Healthz, k, &self.healthz_path, None, intended)
+                self.exchange(Op::Healthz, k, &self.healthz_path, None, None, intended)
                     .await;
             }
         }
@@ -262,6 +277,7 @@ impl Shared {
                 a.intent,
                 &self.purchase_path,
                 Some(&body),
+                Some(a.user_id),
                 intended,
             )
             .await;
@@ -299,7 +315,14 @@ impl Shared {
         };
         let body = Bytes::from(format!(r#"{{"user_id":{}}}"#, a.user_id));
         let ex = self
-            .exchange(op, a.intent, &path, Some(&body), Instant::now())
+            .exchange(
+                op,
+                a.intent,
+                &path,
+                Some(&body),
+                Some(a.user_id),
+                Instant::now(),
+            )
             .await;
         if ex.status == 200 {
             let mut shard = self.shard(a.intent);
