@@ -350,6 +350,22 @@ fn is_json(value: &HeaderValue) -> bool {
     })
 }
 
+/// The request's authenticated buyer, as `BuyerAuth::buyer` reads it from the headers in
+/// place (a `HeaderMap` extractor would copy them for every purchase); `None` with buyer
+/// authentication off.
+struct Buyer(Result<Option<UserId>, ApiError>);
+
+impl FromRequestParts<AppState> for Buyer {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(Buyer(state.config.buyer_auth.buyer(&parts.headers)))
+    }
+}
+
 /// The client's address for the per-address limit, when that limit is on: the last entry
 /// of the configured header (what the proxy in front appended), else the connection's
 /// peer (None when the server was not given it).
@@ -433,13 +449,12 @@ fn path_id(p: PathParam, field: &'static str) -> Result<i64, ApiError> {
 /// or the body's `user_id` (an empty body is no fields, as an authenticated buyer may send
 /// none).
 fn order_and_user(
-    state: &AppState,
-    headers: &HeaderMap,
+    Buyer(buyer): Buyer,
     id: PathParam,
     body: Result<Body, ApiError>,
 ) -> Result<(OrderId, UserId), ApiError> {
     let id = OrderId::parse(path_id(id, "order_id")?).map_err(invalid)?;
-    let buyer = state.config.buyer_auth.buyer(headers)?;
+    let buyer = buyer?;
     let Body(body) = body?;
     let claimed = match body.is_empty() {
         true => None,
@@ -589,10 +604,10 @@ async fn purchase(
     started: Started,
     State(state): State<AppState>,
     client: Client,
-    headers: HeaderMap,
+    buyer: Buyer,
     body: Result<Body, ApiError>,
 ) -> Response {
-    let result = purchase_of(&state, started.0, client, &headers, body).await;
+    let result = purchase_of(&state, started.0, client, buyer, body).await;
     counted(started, &state, PURCHASE, result)
 }
 
@@ -600,7 +615,7 @@ async fn purchase_of(
     state: &AppState,
     now: Instant,
     Client(client): Client,
-    headers: &HeaderMap,
+    Buyer(buyer): Buyer,
     body: Result<Body, ApiError>,
 ) -> Result<impl IntoResponse, ApiError> {
     let limits = &state.config.limits;
@@ -609,7 +624,7 @@ async fn purchase_of(
             .check(address_key(ip), now.saturating_duration_since(limits.epoch))
             .map_err(|l| ApiError::rate_limited("client address", l.retry_after))?;
     }
-    let buyer = state.config.buyer_auth.buyer(headers)?;
+    let buyer = buyer?;
     let Body(body) = body?;
     let b: PurchaseBody = json(&body)?;
     // The per-user limits (the rate and `per_user_limit`) then count this user.
@@ -632,13 +647,13 @@ async fn purchase_of(
 async fn get_purchase(
     started: Started,
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Buyer(buyer): Buyer,
     request_id: PathParam,
 ) -> Response {
     let result = async {
         let request_id = path(request_id)?;
         let request_id = RequestId::parse("request_id", &request_id).map_err(invalid)?;
-        let buyer = state.config.buyer_auth.buyer(&headers)?;
+        let buyer = buyer?;
         let order = deadline(&state, state.service.purchase_record(&request_id)).await?;
         Ok::<_, ApiError>(Json(visible(order, buyer)?))
     }
@@ -649,12 +664,12 @@ async fn get_purchase(
 async fn get_order(
     started: Started,
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Buyer(buyer): Buyer,
     id: PathParam,
 ) -> Response {
     let result = async {
         let id = OrderId::parse(path_id(id, "order_id")?).map_err(invalid)?;
-        let buyer = state.config.buyer_auth.buyer(&headers)?;
+        let buyer = buyer?;
         let order = deadline(&state, state.service.order(id)).await?;
         Ok::<_, ApiError>(Json(visible(order, buyer)?))
     }
@@ -665,12 +680,12 @@ async fn get_order(
 async fn pay(
     started: Started,
     State(state): State<AppState>,
-    headers: HeaderMap,
+    buyer: Buyer,
     id: PathParam,
     body: Result<Body, ApiError>,
 ) -> Response {
     let result = async {
-        let (id, user) = order_and_user(&state, &headers, id, body)?;
+        let (id, user) = order_and_user(buyer, id, body)?;
         let order = deadline(&state, state.service.pay(id, user)).await?;
         Ok::<_, ApiError>(Json(OrderJson::from(&order)))
     }
@@ -681,12 +696,12 @@ async fn pay(
 async fn cancel(
     started: Started,
     State(state): State<AppState>,
-    headers: HeaderMap,
+    buyer: Buyer,
     id: PathParam,
     body: Result<Body, ApiError>,
 ) -> Response {
     let result = async {
-        let (id, user) = order_and_user(&state, &headers, id, body)?;
+        let (id, user) = order_and_user(buyer, id, body)?;
         let order = deadline(&state, state.service.cancel(id, user)).await?;
         Ok::<_, ApiError>(Json(OrderJson::from(&order)))
     }
