@@ -3,12 +3,14 @@
 //! Nothing here performs I/O, awaits, or reads a clock: time is passed in. That keeps
 //! every rule testable in isolation and lets the deterministic simulator drive it.
 
+pub mod hold;
 pub mod ids;
 pub mod inventory;
 pub mod product;
 pub mod purchase;
 pub mod state;
 
+pub use hold::{Generation, HoldId, HoldRef};
 pub use ids::{OrderId, ParseError, ProductId, Quantity, RequestId, UserId};
 pub use inventory::InventoryCounters;
 pub use product::{parse_restock, NewProduct, SaleWindow, SALE_TIME_MAX, SALE_TIME_MIN, STOCK_MAX};
