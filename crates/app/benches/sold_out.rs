@@ -10,7 +10,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use flashsale_app::ports::{LeaseListener, SoldOutLease};
 use flashsale_app::sold_out::SoldOutBoard;
-use flashsale_core::{ProductId, RequestId};
+use flashsale_core::{Generation, ProductId, RequestId};
 
 fn request_id(i: usize) -> RequestId {
     RequestId::parse("request_id", &format!("REQ-{i:012}")).expect("valid request id")
@@ -22,7 +22,7 @@ fn board(holders: usize) -> SoldOutBoard {
     let product = ProductId::parse(1).expect("valid product id");
     let lease = SoldOutLease {
         remaining: Duration::from_secs(3_600),
-        generation: 1,
+        generation: Generation::FIRST,
         holds: holders as i64,
     };
     let snapshot = board

@@ -266,7 +266,7 @@ pub fn check(
     let restocking: i64 = ledger
         .unapplied_restocks
         .values()
-        .filter(|(generation, _, _)| *generation == gate.generation)
+        .filter(|(generation, _, _)| Some(*generation) == gate.generation)
         .map(|(_, units, _)| units)
         .sum();
     if let Some(a) = gate.available {
@@ -430,7 +430,7 @@ impl std::fmt::Display for AuditReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flashsale_core::InventoryCounters;
+    use flashsale_core::{Generation, InventoryCounters};
     use std::collections::{BTreeMap, BTreeSet};
 
     const BOUNDS: AuditBounds = AuditBounds {
@@ -444,7 +444,7 @@ mod tests {
             [("A".to_owned(), (1, 2)), ("B".to_owned(), (2, 1))].into();
         let gate = GateFacts {
             available: Some(7),
-            generation: 1,
+            generation: Some(Generation::FIRST),
             last_hold_id: 2,
             held: live.clone(),
             pending: BTreeMap::from([("A".to_owned(), Duration::from_millis(5))]),
@@ -619,7 +619,8 @@ mod tests {
                     let (g, mut l) = quiet();
                     l.counters.total = 15;
                     l.counters.available = 12;
-                    l.unapplied_restocks.insert("RS".into(), (1, 5, age));
+                    l.unapplied_restocks
+                        .insert("RS".into(), (Generation::FIRST, 5, age));
                     (g, l)
                 },
                 BOUNDS.workers,

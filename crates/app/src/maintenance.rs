@@ -334,25 +334,17 @@ impl Maintenance {
                 // one, then give its units back.
                 match self
                     .ledger
-                    .fence(
-                        &hold.request,
-                        hold.hold_id,
-                        hold.generation,
-                        ReleaseReason::Abandoned,
-                    )
+                    .fence(&hold.request, hold.hold, ReleaseReason::Abandoned)
                     .await
                 {
                     Ok(Fence::Fenced) => {
-                        warn!(%request_id, %product_id, hold_id = hold.hold_id, "abandoned hold fenced; returning its units");
+                        warn!(%request_id, %product_id, hold_id = %hold.hold.id, "abandoned hold fenced; returning its units");
                         match give_back(
                             self.gate.as_ref(),
                             self.ledger.as_ref(),
                             product_id,
                             &request_id,
-                            &ReleaseOf::Hold {
-                                generation: hold.generation,
-                                hold_id: hold.hold_id,
-                            },
+                            &ReleaseOf::Hold { hold: hold.hold },
                         )
                         .await
                         {
@@ -379,7 +371,7 @@ impl Maintenance {
             }
         };
         self.forget_tries(&request_id).await;
-        if record.is_hold(product_id, hold.generation, hold.hold_id) {
+        if record.is_hold(product_id, hold.hold) {
             match record.outcome {
                 // The order accounts for this hold: only the index entry was left.
                 PurchaseOutcome::Order(_) => aligned.push(hold),
@@ -390,13 +382,10 @@ impl Maintenance {
         }
         // The ledger holds the request_id for another hold: this one can never become an
         // order.
-        let of = ReleaseOf::Hold {
-            generation: hold.generation,
-            hold_id: hold.hold_id,
-        };
+        let of = ReleaseOf::Hold { hold: hold.hold };
         match self.gate.release(product_id, &request_id, &of).await {
             Ok(Release::Released | Release::AlreadyReleased) => {
-                warn!(%request_id, %product_id, hold_id = hold.hold_id, "orphan hold released");
+                warn!(%request_id, %product_id, hold_id = %hold.hold.id, "orphan hold released");
                 report.orphans_released += 1;
             }
             Ok(outcome) => {
@@ -512,7 +501,7 @@ impl Maintenance {
                 Some("behind the ledger's last hold")
             }
             Some(s) if s.generation > mark.generation => {
-                error!(%product_id, gate = s.generation, ledger = mark.generation,
+                error!(%product_id, gate = %s.generation, ledger = %mark.generation,
                     "gate is at a newer generation than the ledger; was the database restored?");
                 None
             }
@@ -534,7 +523,7 @@ impl Maintenance {
         if let (true, Some(m)) = (applied, &self.metrics) {
             m.gates_rebuilt(1);
         }
-        warn!(%product_id, generation = plan.generation, available = plan.available, applied,
+        warn!(%product_id, generation = %plan.generation, available = plan.available, applied,
             "gate rebuilt from the ledger's facts; sales resume");
         Ok(applied)
     }

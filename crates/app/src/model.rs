@@ -2,8 +2,8 @@
 
 use chrono::{DateTime, Utc};
 use flashsale_core::{
-    CancelReason, OrderId, OrderStatus, ProductId, PurchaseRequest, Quantity, ReleaseReason,
-    RequestId, SaleWindow, UserId,
+    CancelReason, HoldRef, OrderId, OrderStatus, ProductId, PurchaseRequest, Quantity,
+    ReleaseReason, RequestId, SaleWindow, UserId,
 };
 
 /// A product as the ledger stores it.
@@ -53,10 +53,8 @@ impl Order {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PurchaseRecord {
     pub request: PurchaseRequest,
-    /// The stock gate hold this reservation accounts for: hold ids count per product
-    /// and generation (a rebuild may hand an id out again in the next one).
-    pub generation: i64,
-    pub hold_id: i64,
+    /// The stock gate hold this reservation accounts for.
+    pub hold: HoldRef,
     pub outcome: PurchaseOutcome,
 }
 
@@ -71,10 +69,8 @@ pub enum PurchaseOutcome {
 
 impl PurchaseRecord {
     /// Whether this record accounts for the given gate hold.
-    pub fn is_hold(&self, product_id: ProductId, generation: i64, hold_id: i64) -> bool {
-        self.request.product_id == product_id
-            && self.generation == generation
-            && self.hold_id == hold_id
+    pub fn is_hold(&self, product_id: ProductId, hold: HoldRef) -> bool {
+        self.request.product_id == product_id && self.hold == hold
     }
 }
 

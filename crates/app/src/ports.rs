@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use flashsale_core::{
-    CancelReason, InventoryCounters, NewProduct, OrderId, ProductId, PurchaseRequest, Quantity,
-    ReleaseReason, RequestId, UserId,
+    CancelReason, Generation, HoldRef, InventoryCounters, NewProduct, OrderId, ProductId,
+    PurchaseRequest, Quantity, ReleaseReason, RequestId, UserId,
 };
 
 use crate::model::{Order, Product, PurchaseRecord};
@@ -37,7 +37,7 @@ pub trait StockGate: Send + Sync + 'static {
         &self,
         product_id: ProductId,
         available: i64,
-        generation: i64,
+        generation: Generation,
     ) -> Result<bool, GateError>;
 
     /// The ledger accounts for this hold now (its order committed): the gate may drop it
@@ -69,7 +69,7 @@ pub trait StockGate: Send + Sync + 'static {
         product_id: ProductId,
         restock_id: &RequestId,
         quantity: i64,
-        generation: i64,
+        generation: Generation,
     ) -> Result<Restock, GateError>;
 
     /// The live available count; None when the gate holds nothing for the product.
@@ -84,14 +84,13 @@ pub trait StockGate: Send + Sync + 'static {
         &self,
         product_id: ProductId,
         max: usize,
-    ) -> Result<Option<(i64, Vec<RequestId>)>, GateError>;
+    ) -> Result<Option<(Generation, Vec<RequestId>)>, GateError>;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reserve {
-    /// Units taken; `hold_id` identifies this hold among the product's holds, taken in
-    /// stock generation `generation`.
-    Reserved { hold_id: i64, generation: i64 },
+    /// Units taken, by this hold.
+    Reserved { hold: HoldRef },
     /// Too few units. `unseen`: the gate vouches that this request_id never held units
     /// of the product (no record of it, and none can have been lost or expired), so it
     /// is not a replay of an accepted purchase and the ledger need not be asked.
@@ -122,7 +121,7 @@ pub enum Reserve {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SoldOutLease {
     pub remaining: Duration,
-    pub generation: i64,
+    pub generation: Generation,
     pub holds: i64,
 }
 
@@ -140,8 +139,7 @@ pub trait LeaseListener: Send + Sync + 'static {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExistingHold {
-    pub hold_id: i64,
-    pub generation: i64,
+    pub hold: HoldRef,
     pub user_id: UserId,
     pub quantity: Quantity,
     pub released: bool,
@@ -156,16 +154,14 @@ pub enum ReleaseOf {
     /// in that generation. A hold is named by that generation and its id: the record
     /// under its request_id may be another hold's by now, which this release leaves
     /// alone.
-    Hold { generation: i64, hold_id: i64 },
+    Hold { hold: HoldRef },
     /// A reservation the ledger counted as live, released (cancelled, expired) in
     /// `generation`: a rebuild after that generation already counted the units as
     /// available; the gate gives them back only in that very generation.
     Reservation {
-        generation: i64,
-        /// The gate hold the reservation accounts for: the generation it was taken in
-        /// and its id.
-        hold_generation: i64,
-        hold_id: i64,
+        generation: Generation,
+        /// The gate hold the reservation accounts for (taken in its own generation).
+        hold: HoldRef,
         user_id: UserId,
         quantity: Quantity,
         /// Whether the product has a per-user limit (the gate keeps per-user counts).
@@ -209,7 +205,7 @@ pub trait Ledger: Send + Sync + 'static {
     async fn mark_stock_loaded(&self, product_id: ProductId) -> Result<(), LedgerError>;
 
     /// The product's current stock generation.
-    async fn generation(&self, product_id: ProductId) -> Result<Option<i64>, LedgerError>;
+    async fn generation(&self, product_id: ProductId) -> Result<Option<Generation>, LedgerError>;
 
     async fn inventory(
         &self,
@@ -223,8 +219,7 @@ pub trait Ledger: Send + Sync + 'static {
     async fn commit_purchase(
         &self,
         request: &PurchaseRequest,
-        hold_id: i64,
-        generation: i64,
+        hold: HoldRef,
         per_user_limit: Option<u32>,
         payment_timeout: Duration,
     ) -> Result<Commit, LedgerError>;
@@ -234,8 +229,7 @@ pub trait Ledger: Send + Sync + 'static {
     async fn fence(
         &self,
         request: &PurchaseRequest,
-        hold_id: i64,
-        generation: i64,
+        hold: HoldRef,
         reason: ReleaseReason,
     ) -> Result<Fence, LedgerError>;
 
@@ -336,7 +330,10 @@ pub struct CancelAttempt {
 pub enum RecordRestock {
     /// Recorded now or before (in stock generation `generation`); `applied` says
     /// whether the gate already has the units.
-    Recorded { applied: bool, generation: i64 },
+    Recorded {
+        applied: bool,
+        generation: Generation,
+    },
     /// The restock id was used for another product or quantity.
     Conflict,
     /// The total would exceed the largest stock a product may have.
@@ -373,9 +370,7 @@ impl Clock for SystemClock {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StaleHold {
     pub request: PurchaseRequest,
-    pub hold_id: i64,
-    /// The stock generation the hold was taken in.
-    pub generation: i64,
+    pub hold: HoldRef,
     /// Whether its units were already given back (then only the index entry remains).
     pub released: bool,
 }
@@ -422,7 +417,7 @@ pub trait GateMaintenance: Send + Sync + 'static {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GateState {
     pub available: i64,
-    pub generation: i64,
+    pub generation: Generation,
     /// The last hold id handed out.
     pub last_hold_id: i64,
     /// Whether the entry was written by another Redis process than the one serving it
@@ -436,7 +431,7 @@ pub struct GateState {
 /// advanced the product's generation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RebuildPlan {
-    pub generation: i64,
+    pub generation: Generation,
     pub available: i64,
     /// Hold ids of the new generation start after this (above every recorded hold id).
     pub last_hold_id: i64,
@@ -449,7 +444,7 @@ pub struct RebuildPlan {
 /// lost writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Watermark {
-    pub generation: i64,
+    pub generation: Generation,
     pub last_hold_id: i64,
     pub stock_loaded: bool,
 }
@@ -461,8 +456,8 @@ pub struct Watermark {
 pub struct GateFacts {
     /// None when the gate has no stock entry for the product.
     pub available: Option<i64>,
-    /// The entry's stock generation (0 without an entry).
-    pub generation: i64,
+    /// The entry's stock generation (None without an entry).
+    pub generation: Option<Generation>,
     /// The last hold id handed out when `available` was read: hold ids only grow, across
     /// generations too, so a hold with a higher id was taken after the look.
     pub last_hold_id: i64,
@@ -486,7 +481,7 @@ pub struct PendingRestock {
     pub restock_id: RequestId,
     pub quantity: i64,
     /// The stock generation it was recorded in.
-    pub generation: i64,
+    pub generation: Generation,
 }
 
 /// A reservation released in the ledger whose units are not yet back in the gate.
@@ -566,7 +561,7 @@ pub struct LedgerFacts {
     pub unreturned: std::collections::BTreeMap<String, (i64, Duration)>,
     /// Restocks recorded whose units the gate does not have yet: restock request_id →
     /// (stock generation, units, age on the database's clock).
-    pub unapplied_restocks: std::collections::BTreeMap<String, (i64, i64, Duration)>,
+    pub unapplied_restocks: std::collections::BTreeMap<String, (Generation, i64, Duration)>,
     /// Every request_id with a reservation row (live or released).
     pub reserved_request_ids: std::collections::BTreeSet<String>,
     /// PENDING_PAYMENT orders already past their deadline (database clock), and how long

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flashsale_core::{
-    parse_restock, CancelReason, NewProduct, OrderId, OrderStatus, ProductId, PurchaseRequest,
-    ReleaseReason, RequestId, Transition, UserId,
+    parse_restock, CancelReason, HoldRef, NewProduct, OrderId, OrderStatus, ProductId,
+    PurchaseRequest, ReleaseReason, RequestId, Transition, UserId,
 };
 use tracing::{error, info, warn};
 
@@ -325,13 +325,9 @@ impl Flashsale {
             outcome = self.gate.reserve(&request, product.per_user_limit).await?;
         }
         match outcome {
-            Reserve::Reserved {
-                hold_id,
-                generation,
-            } => {
+            Reserve::Reserved { hold } => {
                 // Crash tests stop here: units taken in Redis, nothing in MariaDB yet.
                 fail::fail_point!("purchase-after-reserve");
-                let hold = (generation, hold_id);
                 self.commit(&request, hold, product.per_user_limit, HoldOrigin::Fresh)
                     .await
             }
@@ -347,12 +343,9 @@ impl Flashsale {
                 }
                 // Most replays are of finished purchases: one read answers them.
                 if let Some(record) = self.ledger.find_purchase(&request.request_id).await? {
-                    if !hold.released
-                        && !record.is_hold(request.product_id, hold.generation, hold.hold_id)
-                    {
+                    if !hold.released && !record.is_hold(request.product_id, hold.hold) {
                         // An orphan left by an earlier attempt whose release failed.
-                        self.release_orphan(&request, hold.generation, hold.hold_id)
-                            .await;
+                        self.release_orphan(&request, hold.hold).await;
                     }
                     return answer(&request, record);
                 }
@@ -364,9 +357,13 @@ impl Flashsale {
                 }
                 // The first attempt is still in flight, or died before its commit:
                 // complete it. The ledger's unique key lets exactly one commit win.
-                let held = (hold.generation, hold.hold_id);
-                self.commit(&request, held, product.per_user_limit, HoldOrigin::Earlier)
-                    .await
+                self.commit(
+                    &request,
+                    hold.hold,
+                    product.per_user_limit,
+                    HoldOrigin::Earlier,
+                )
+                .await
             }
             Reserve::SoldOut { unseen, lease } => {
                 if let Some(lease) = lease {
@@ -459,27 +456,21 @@ impl Flashsale {
         }
     }
 
-    /// Writes the order for a hold (`(generation, hold_id)`).
+    /// Writes the order for a hold.
     async fn commit(
         &self,
         request: &PurchaseRequest,
-        (generation, hold_id): (i64, i64),
+        hold: HoldRef,
         per_user_limit: Option<u32>,
         origin: HoldOrigin,
     ) -> Result<Purchased, Error> {
         let committed = self
             .ledger
-            .commit_purchase(
-                request,
-                hold_id,
-                generation,
-                per_user_limit,
-                self.settings.payment_timeout,
-            )
+            .commit_purchase(request, hold, per_user_limit, self.settings.payment_timeout)
             .await;
         match committed {
             Ok(Commit::Committed(order)) => {
-                self.accounted_for(request, generation, hold_id);
+                self.accounted_for(request, hold);
                 // Crash tests stop here: committed, the client not answered yet.
                 fail::fail_point!("purchase-after-commit");
                 Ok(Purchased {
@@ -488,10 +479,10 @@ impl Flashsale {
                 })
             }
             Ok(Commit::Duplicate(record)) => {
-                if record.is_hold(request.product_id, generation, hold_id) {
+                if record.is_hold(request.product_id, hold) {
                     // A concurrent replay completed this very hold first: it is this
                     // attempt's order.
-                    self.accounted_for(request, generation, hold_id);
+                    self.accounted_for(request, hold);
                     return answer_as(request, record, origin == HoldOrigin::Earlier);
                 }
                 if origin == HoldOrigin::Fresh {
@@ -499,7 +490,7 @@ impl Flashsale {
                     // request's earlier hold record expired, or the id was used on
                     // another product): this hold can never become an order. Give it
                     // back.
-                    self.release_orphan(request, generation, hold_id).await;
+                    self.release_orphan(request, hold).await;
                 }
                 answer(request, record)
             }
@@ -511,17 +502,10 @@ impl Flashsale {
                 };
                 warn!(request_id = %request.request_id, product_id = %request.product_id,
                     %reason, "ledger refused a hold the gate granted: gate and ledger disagree");
-                match self
-                    .ledger
-                    .fence(request, hold_id, generation, reason)
-                    .await?
-                {
+                match self.ledger.fence(request, hold, reason).await? {
                     Fence::Fenced => {
                         // The ledger never counted a fenced hold: its own generation decides.
-                        let of = ReleaseOf::Hold {
-                            generation,
-                            hold_id,
-                        };
+                        let of = ReleaseOf::Hold { hold };
                         self.return_stock(request.product_id, &request.request_id, &of)
                             .await;
                         Err(error)
@@ -533,7 +517,7 @@ impl Flashsale {
                 // The gate lost the state this hold was taken in and is being (or was)
                 // rebuilt from the ledger's facts without it: the hold is void. A retry
                 // reserves afresh in the current generation.
-                warn!(request_id = %request.request_id, generation, "hold from a lost stock generation refused");
+                warn!(request_id = %request.request_id, generation = %hold.generation, "hold from a lost stock generation refused");
                 Err(Error::Unavailable(
                     "stock state is being rebuilt; retry".into(),
                 ))
@@ -548,13 +532,12 @@ impl Flashsale {
     }
 
     /// The ledger holds the order of this hold: recovery need not look at it again.
-    fn accounted_for(&self, request: &PurchaseRequest, generation: i64, hold_id: i64) {
+    fn accounted_for(&self, request: &PurchaseRequest, hold: HoldRef) {
         self.gate.committed(
             request.product_id,
             StaleHold {
                 request: request.clone(),
-                hold_id,
-                generation,
+                hold,
                 released: false,
             },
         );
@@ -562,11 +545,8 @@ impl Flashsale {
 
     /// Returns the units of a hold that can never become an order; no ledger write is
     /// needed because the request_id is already taken there by another record.
-    async fn release_orphan(&self, request: &PurchaseRequest, generation: i64, hold_id: i64) {
-        let of = ReleaseOf::Hold {
-            generation,
-            hold_id,
-        };
+    async fn release_orphan(&self, request: &PurchaseRequest, hold: HoldRef) {
+        let of = ReleaseOf::Hold { hold };
         match self
             .gate
             .release(request.product_id, &request.request_id, &of)

@@ -36,7 +36,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use flashsale_core::{ProductId, RequestId};
+use flashsale_core::{Generation, ProductId, RequestId};
 
 use crate::ports::{LeaseListener, SoldOutLease};
 
@@ -107,7 +107,7 @@ pub enum Check {
 struct Entry {
     /// Until when (monotonic) this instance may refuse on its own.
     until: Duration,
-    generation: i64,
+    generation: Generation,
     holds: i64,
     holders: Holders,
 }
@@ -126,7 +126,7 @@ enum Holders {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Snapshot {
     pub product_id: ProductId,
-    pub generation: i64,
+    pub generation: Generation,
     pub holds: i64,
 }
 
@@ -319,7 +319,7 @@ mod tests {
     fn lease(ms: u64, generation: i64, holds: i64) -> SoldOutLease {
         SoldOutLease {
             remaining: Duration::from_millis(ms),
-            generation,
+            generation: Generation::from_stored(generation).expect("generation"),
             holds,
         }
     }

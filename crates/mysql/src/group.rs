@@ -13,7 +13,9 @@ use std::time::Duration;
 use chrono::{DateTime, NaiveDate, Utc};
 use flashsale_app::ports::{Commit, LedgerError};
 use flashsale_batch::Coalescer;
-use flashsale_core::{OrderId, OrderStatus, PurchaseRequest, RequestId};
+use flashsale_core::{
+    Generation, HoldRef, OrderId, OrderStatus, ProductId, PurchaseRequest, RequestId,
+};
 use futures::future::{BoxFuture, FutureExt, Shared};
 use sqlx::{MySqlConnection, Row};
 
@@ -23,8 +25,7 @@ use flashsale_app::{Order, PurchaseOutcome, PurchaseRecord};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Purchase {
     pub request: PurchaseRequest,
-    pub hold_id: i64,
-    pub generation: i64,
+    pub hold: HoldRef,
     pub payment_timeout: Duration,
     /// The product's per-user limit, checked in the batch's transaction.
     pub per_user_limit: Option<u32>,
@@ -111,8 +112,7 @@ impl InFlight {
             Turn::Join(pending) => pending.await.map(|answer| match answer {
                 Commit::Committed(order) => Commit::Duplicate(PurchaseRecord {
                     request: purchase.request,
-                    generation: purchase.generation,
-                    hold_id: purchase.hold_id,
+                    hold: purchase.hold,
                     outcome: PurchaseOutcome::Order(order),
                 }),
                 other => other,
@@ -179,8 +179,8 @@ pub(crate) fn document(batch: &[Purchase]) -> String {
                 p.request.product_id.get(),
                 p.request.user_id.get(),
                 p.request.quantity.get(),
-                p.hold_id,
-                p.generation,
+                p.hold.id.get(),
+                p.hold.generation.get(),
                 crate::ledger::micros(p.payment_timeout),
                 uuid::Uuid::now_v7().hyphenated().to_string(),
                 p.per_user_limit,
@@ -367,10 +367,10 @@ pub(crate) async fn insert(
 ) -> Result<Written, sqlx::Error> {
     // The hot rows last, in product order (two batches never wait on each other in a
     // cycle), each once for all its units; the conditions as in the one-purchase path.
-    let mut units: BTreeMap<(i64, i64), i64> = BTreeMap::new();
+    let mut units: BTreeMap<(ProductId, Generation), i64> = BTreeMap::new();
     for p in batch {
         *units
-            .entry((p.request.product_id.get(), p.generation))
+            .entry((p.request.product_id, p.hold.generation))
             .or_default() += i64::from(p.request.quantity.get());
     }
     let limited = batch.iter().any(|p| p.per_user_limit.is_some());
@@ -381,6 +381,7 @@ pub(crate) async fn insert(
     );
     // Integers only: nothing of the batch's text enters the SQL here.
     for ((product_id, generation), q) in &units {
+        let (product_id, generation) = (product_id.get(), generation.get());
         script.push_str(&format!(
             "UPDATE product_inventory SET available_stock = available_stock - {q}, \
              pre_deduct_stock = pre_deduct_stock + {q}, version = version + 1 \

@@ -8,8 +8,8 @@ use flashsale_app::ports::{
 };
 use flashsale_app::{Ledger, LedgerError, Order, Product, PurchaseRecord};
 use flashsale_core::{
-    CancelReason, InventoryCounters, NewProduct, OrderId, OrderStatus, ProductId, PurchaseRequest,
-    ReleaseReason, RequestId, UserId, STOCK_MAX,
+    CancelReason, Generation, HoldRef, InventoryCounters, NewProduct, OrderId, OrderStatus,
+    ProductId, PurchaseRequest, ReleaseReason, RequestId, UserId, STOCK_MAX,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlPool, MySqlPoolOptions};
 use sqlx::ConnectOptions;
@@ -540,13 +540,7 @@ impl MysqlLedger {
         aside.extend(plain);
         let answers = futures::future::join_all(aside.iter().map(|&i| {
             let p = &batch[i];
-            self.commit_one(
-                &p.request,
-                p.hold_id,
-                p.generation,
-                p.per_user_limit,
-                p.payment_timeout,
-            )
+            self.commit_one(&p.request, p.hold, p.per_user_limit, p.payment_timeout)
         }))
         .await;
         for (&i, answer) in aside.iter().zip(answers) {
@@ -563,21 +557,14 @@ impl MysqlLedger {
     async fn commit_one(
         &self,
         request: &PurchaseRequest,
-        hold_id: i64,
-        generation: i64,
+        hold: HoldRef,
         per_user_limit: Option<u32>,
         payment_timeout: Duration,
     ) -> Result<Commit, LedgerError> {
         let outcome = self
             .purchase_or_taken("commit purchase", &request.request_id, || {
                 self.run("commit purchase", move || {
-                    self.insert_purchase(
-                        request,
-                        hold_id,
-                        generation,
-                        per_user_limit,
-                        payment_timeout,
-                    )
+                    self.insert_purchase(request, hold, per_user_limit, payment_timeout)
                 })
             })
             .await?;
@@ -587,8 +574,7 @@ impl MysqlLedger {
             Ok(Committed::LimitExceeded) => Commit::LimitExceeded,
             Ok(Committed::StaleGeneration) => Commit::StaleGeneration,
             Ok(Committed::HoldReused) => {
-                self.gate_behind(request.product_id, hold_id, generation)
-                    .await?;
+                self.gate_behind(request.product_id, hold).await?;
                 Commit::StaleGeneration
             }
             Err(record) => Commit::Duplicate(record),
@@ -628,8 +614,7 @@ impl MysqlLedger {
     async fn insert_purchase(
         &self,
         request: &PurchaseRequest,
-        hold_id: i64,
-        generation: i64,
+        hold: HoldRef,
         per_user_limit: Option<u32>,
         payment_timeout: Duration,
     ) -> Result<Attempt<Committed>, sqlx::Error> {
@@ -643,8 +628,8 @@ impl MysqlLedger {
         .bind(request.product_id.get())
         .bind(request.user_id.get())
         .bind(request.quantity.get())
-        .bind(hold_id)
-        .bind(generation)
+        .bind(hold.id.get())
+        .bind(hold.generation.get())
         .execute(&mut *tx)
         .await;
         match inserted {
@@ -685,7 +670,7 @@ impl MysqlLedger {
         .bind(request.quantity.get())
         .bind(request.product_id.get())
         .bind(request.quantity.get())
-        .bind(generation)
+        .bind(hold.generation.get())
         .execute(&mut *tx)
         .await?;
         if updated.rows_affected() != 1 {
@@ -695,7 +680,7 @@ impl MysqlLedger {
                     .fetch_optional(&mut *tx)
                     .await?;
             tx.rollback().await?;
-            return Ok(Attempt::Done(if current == Some(generation) {
+            return Ok(Attempt::Done(if current == Some(hold.generation.get()) {
                 Committed::InsufficientStock
             } else {
                 Committed::StaleGeneration
@@ -728,8 +713,7 @@ impl MysqlLedger {
     async fn insert_fence(
         &self,
         request: &PurchaseRequest,
-        hold_id: i64,
-        generation: i64,
+        hold: HoldRef,
         reason: ReleaseReason,
     ) -> Result<Attempt<bool>, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
@@ -742,8 +726,8 @@ impl MysqlLedger {
         .bind(request.product_id.get())
         .bind(request.user_id.get())
         .bind(request.quantity.get())
-        .bind(hold_id)
-        .bind(generation)
+        .bind(hold.id.get())
+        .bind(hold.generation.get())
         .bind(reason.as_str())
         .execute(&mut *tx)
         .await;
@@ -771,15 +755,10 @@ impl MysqlLedger {
     /// The gate handed out a hold id twice in one generation: it lost writes. Advancing
     /// the generation makes every hold of that state void and makes the gate watch
     /// rebuild the gate from the facts.
-    async fn gate_behind(
-        &self,
-        product_id: ProductId,
-        hold_id: i64,
-        generation: i64,
-    ) -> Result<(), LedgerError> {
-        warn!(%product_id, hold_id, generation, "gate reused a hold id: it lost writes; advancing the generation");
+    async fn gate_behind(&self, product_id: ProductId, hold: HoldRef) -> Result<(), LedgerError> {
+        warn!(%product_id, hold_id = %hold.id, generation = %hold.generation, "gate reused a hold id: it lost writes; advancing the generation");
         let current = self.generation(product_id).await?;
-        if current == Some(generation) {
+        if current == Some(hold.generation) {
             flashsale_app::ports::LedgerMaintenance::advance_generation(self, product_id).await?;
         }
         Ok(())
@@ -838,9 +817,10 @@ impl MysqlLedger {
         let return_pending: bool = row.try_get("return_pending")?;
         let pending_return = if return_pending {
             Some(ReleaseOf::Reservation {
-                generation: row.try_get("released_generation")?,
-                hold_generation: row.try_get("hold_generation")?,
-                hold_id: row.try_get("hold_id")?,
+                generation: rows::generation(row.try_get("released_generation")?)
+                    .map_err(rows::undecodable)?,
+                hold: rows::hold(row.try_get("hold_generation")?, row.try_get("hold_id")?)
+                    .map_err(rows::undecodable)?,
                 user_id: order.user_id,
                 quantity: order.quantity,
                 limited: row.try_get::<bool, _>("limited")?,
@@ -1048,7 +1028,8 @@ impl MysqlLedger {
                 return Ok(if same {
                     RecordRestock::Recorded {
                         applied: row.try_get("gate_applied")?,
-                        generation: row.try_get("generation")?,
+                        generation: rows::generation(row.try_get("generation")?)
+                            .map_err(rows::undecodable)?,
                     }
                 } else {
                     RecordRestock::Conflict
@@ -1078,8 +1059,9 @@ impl MysqlLedger {
                 .bind(product_id.get())
                 .fetch_one(&mut *tx)
                 .await?;
+        let generation = rows::generation(generation).map_err(rows::undecodable)?;
         sqlx::query("UPDATE restock_request SET generation = ? WHERE request_id = ?")
-            .bind(generation)
+            .bind(generation.get())
             .bind(restock_id.as_str())
             .execute(&mut *tx)
             .await?;
@@ -1176,13 +1158,15 @@ impl Ledger for MysqlLedger {
         row.as_ref().map(rows::product).transpose()
     }
 
-    async fn generation(&self, product_id: ProductId) -> Result<Option<i64>, LedgerError> {
-        self.run("read generation", || {
-            sqlx::query_scalar("SELECT generation FROM product_inventory WHERE product_id = ?")
-                .bind(product_id.get())
-                .fetch_optional(&self.pool)
-        })
-        .await
+    async fn generation(&self, product_id: ProductId) -> Result<Option<Generation>, LedgerError> {
+        let generation: Option<i64> = self
+            .run("read generation", || {
+                sqlx::query_scalar("SELECT generation FROM product_inventory WHERE product_id = ?")
+                    .bind(product_id.get())
+                    .fetch_optional(&self.pool)
+            })
+            .await?;
+        generation.map(rows::generation).transpose()
     }
 
     async fn mark_stock_loaded(&self, product_id: ProductId) -> Result<(), LedgerError> {
@@ -1221,15 +1205,13 @@ impl Ledger for MysqlLedger {
     async fn commit_purchase(
         &self,
         request: &PurchaseRequest,
-        hold_id: i64,
-        generation: i64,
+        hold: HoldRef,
         per_user_limit: Option<u32>,
         payment_timeout: Duration,
     ) -> Result<Commit, LedgerError> {
         let purchase = Purchase {
             request: request.clone(),
-            hold_id,
-            generation,
+            hold,
             payment_timeout,
             per_user_limit,
         };
@@ -1239,25 +1221,22 @@ impl Ledger for MysqlLedger {
     async fn fence(
         &self,
         request: &PurchaseRequest,
-        hold_id: i64,
-        generation: i64,
+        hold: HoldRef,
         reason: ReleaseReason,
     ) -> Result<Fence, LedgerError> {
         let outcome = self
             .purchase_or_taken("fence", &request.request_id, || {
-                self.run("fence", move || {
-                    self.insert_fence(request, hold_id, generation, reason)
-                })
+                self.run("fence", move || self.insert_fence(request, hold, reason))
             })
             .await?;
         match outcome {
             Ok(true) => Ok(Fence::Fenced),
             Ok(false) => {
-                self.gate_behind(request.product_id, hold_id, generation)
-                    .await?;
+                self.gate_behind(request.product_id, hold).await?;
                 Err(LedgerError(format!(
-                    "hold {hold_id} of generation {generation} was handed out twice; \
-                     the gate lost writes and is being rebuilt"
+                    "hold {} of generation {} was handed out twice; \
+                     the gate lost writes and is being rebuilt",
+                    hold.id, hold.generation
                 )))
             }
             Err(record) => Ok(Fence::Duplicate(record)),

@@ -14,7 +14,7 @@ use flashsale_core::{
 use sqlx::Row;
 
 use crate::ledger::MysqlLedger;
-use crate::rows::{corrupt, db, quantity, text};
+use crate::rows::{self, corrupt, db, quantity, text};
 
 /// Most request_ids an audit lists per kind of problem.
 const LISTED_MAX: i64 = 100;
@@ -133,9 +133,13 @@ impl LedgerMaintenance for MysqlLedger {
                 // A reservation with an order was counted by the ledger; a fence was not.
                 let of = if r.try_get::<bool, _>("has_order").map_err(db)? {
                     ReleaseOf::Reservation {
-                        generation: r.try_get("released_generation").map_err(db)?,
-                        hold_generation: r.try_get("hold_generation").map_err(db)?,
-                        hold_id: r.try_get("hold_id").map_err(db)?,
+                        generation: rows::generation(
+                            r.try_get("released_generation").map_err(db)?,
+                        )?,
+                        hold: rows::hold(
+                            r.try_get("hold_generation").map_err(db)?,
+                            r.try_get("hold_id").map_err(db)?,
+                        )?,
                         user_id: UserId::parse(r.try_get("user_id").map_err(db)?)
                             .map_err(corrupt)?,
                         quantity: quantity(r.try_get::<i32, _>("quantity").map_err(db)?)?,
@@ -143,8 +147,10 @@ impl LedgerMaintenance for MysqlLedger {
                     }
                 } else {
                     ReleaseOf::Hold {
-                        generation: r.try_get("hold_generation").map_err(db)?,
-                        hold_id: r.try_get("hold_id").map_err(db)?,
+                        hold: rows::hold(
+                            r.try_get("hold_generation").map_err(db)?,
+                            r.try_get("hold_id").map_err(db)?,
+                        )?,
                     }
                 };
                 Ok(PendingReturn {
@@ -177,7 +183,7 @@ impl LedgerMaintenance for MysqlLedger {
                     restock_id: RequestId::parse("request_id", &text(r, "request_id")?)
                         .map_err(corrupt)?,
                     quantity: r.try_get("quantity").map_err(db)?,
-                    generation: r.try_get("generation").map_err(db)?,
+                    generation: rows::generation(r.try_get("generation").map_err(db)?)?,
                 })
             })
             .collect()
@@ -337,7 +343,7 @@ impl LedgerMaintenance for MysqlLedger {
             unapplied_restocks.insert(
                 text(r, "request_id")?,
                 (
-                    r.try_get("generation").map_err(db)?,
+                    rows::generation(r.try_get("generation").map_err(db)?)?,
                     r.try_get("quantity").map_err(db)?,
                     age(r.try_get("age_us").map_err(db)?),
                 ),
@@ -407,7 +413,7 @@ impl LedgerMaintenance for MysqlLedger {
             .await?;
         let Some(row) = row else { return Ok(None) };
         Ok(Some(Watermark {
-            generation: row.try_get("generation").map_err(db)?,
+            generation: rows::generation(row.try_get("generation").map_err(db)?)?,
             last_hold_id: row.try_get("last_hold_id").map_err(db)?,
             stock_loaded: row.try_get::<bool, _>("stock_loaded").map_err(db)?,
         }))
@@ -434,13 +440,15 @@ impl MysqlLedger {
         .fetch_optional(&mut *tx)
         .await?;
         let Some(row) = row else { return Ok(None) };
-        let generation: i64 = row.try_get::<i64, _>("generation")? + 1;
+        let generation = rows::generation(row.try_get("generation")?)
+            .map_err(rows::undecodable)?
+            .next();
         let available: i64 = row.try_get("available_stock")?;
         sqlx::query(
             "UPDATE product_inventory SET generation = ?, version = version + 1 \
              WHERE product_id = ?",
         )
-        .bind(generation)
+        .bind(generation.get())
         .bind(p)
         .execute(&mut *tx)
         .await?;

@@ -4,8 +4,8 @@
 use chrono::{DateTime, Utc};
 use flashsale_app::{LedgerError, Order, Product, PurchaseOutcome, PurchaseRecord};
 use flashsale_core::{
-    CancelReason, OrderId, OrderStatus, ProductId, PurchaseRequest, Quantity, ReleaseReason,
-    RequestId, SaleWindow, UserId,
+    CancelReason, Generation, HoldRef, OrderId, OrderStatus, ProductId, PurchaseRequest, Quantity,
+    ReleaseReason, RequestId, SaleWindow, UserId,
 };
 use sqlx::mysql::MySqlRow;
 use sqlx::Row;
@@ -16,6 +16,22 @@ pub(crate) fn corrupt(what: impl std::fmt::Display) -> LedgerError {
 
 pub(crate) fn db(e: sqlx::Error) -> LedgerError {
     LedgerError(e.to_string())
+}
+
+/// For row mappers that answer in sqlx's error type.
+pub(crate) fn undecodable(e: LedgerError) -> sqlx::Error {
+    sqlx::Error::Decode(e.0.into())
+}
+
+/// A stock generation column's value: the schema only ever stores generations from 1 up.
+pub(crate) fn generation(raw: i64) -> Result<Generation, LedgerError> {
+    Generation::from_stored(raw).ok_or_else(|| corrupt(format!("stock generation {raw}")))
+}
+
+/// A hold's (generation, hold_id) columns: hold ids, too, start at 1.
+pub(crate) fn hold(generation: i64, hold_id: i64) -> Result<HoldRef, LedgerError> {
+    HoldRef::from_stored(generation, hold_id)
+        .ok_or_else(|| corrupt(format!("hold {hold_id} of stock generation {generation}")))
 }
 
 /// Columns `ORDER_COLUMNS` selects, prefixed by `o.`.
@@ -74,7 +90,10 @@ pub(crate) fn purchase(row: &MySqlRow) -> Result<PurchaseRecord, LedgerError> {
         product_id: ProductId::parse(row.try_get("r_product_id").map_err(db)?).map_err(corrupt)?,
         quantity: quantity(row.try_get::<i32, _>("r_quantity").map_err(db)?)?,
     };
-    let hold_id: i64 = row.try_get("r_hold_id").map_err(db)?;
+    let hold = hold(
+        row.try_get("r_generation").map_err(db)?,
+        row.try_get("r_hold_id").map_err(db)?,
+    )?;
     let order_id: Option<i64> = row.try_get("id").map_err(db)?;
     let outcome = if order_id.is_some() {
         PurchaseOutcome::Order(order(row)?)
@@ -96,8 +115,7 @@ pub(crate) fn purchase(row: &MySqlRow) -> Result<PurchaseRecord, LedgerError> {
     };
     Ok(PurchaseRecord {
         request,
-        generation: row.try_get("r_generation").map_err(db)?,
-        hold_id,
+        hold,
         outcome,
     })
 }

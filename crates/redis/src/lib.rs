@@ -36,7 +36,9 @@ use flashsale_app::ports::{
     Restock, SoldOutLease, StaleHold,
 };
 use flashsale_app::{GateError, StockGate};
-use flashsale_core::{ProductId, PurchaseRequest, Quantity, RequestId, UserId};
+use flashsale_core::{
+    Generation, HoldRef, ProductId, PurchaseRequest, Quantity, RequestId, UserId,
+};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 
@@ -168,8 +170,7 @@ fn parse_reserve(reply: &Value) -> Result<Reserve, GateError> {
         .ok_or_else(bad)?;
     Ok(match ints.as_slice() {
         [1, hold_id, generation] => Reserve::Reserved {
-            hold_id: *hold_id,
-            generation: *generation,
+            hold: HoldRef::from_stored(*generation, *hold_id).ok_or_else(bad)?,
         },
         [0] => Reserve::SoldOut {
             unseen: false,
@@ -183,7 +184,7 @@ fn parse_reserve(reply: &Value) -> Result<Reserve, GateError> {
             unseen: *unseen == 1,
             lease: Some(SoldOutLease {
                 remaining: Duration::from_millis(remaining.unsigned_abs()),
-                generation: *generation,
+                generation: Generation::from_stored(*generation).ok_or_else(bad)?,
                 holds: *holds,
             }),
         },
@@ -194,8 +195,7 @@ fn parse_reserve(reply: &Value) -> Result<Reserve, GateError> {
             unseen: *unseen == 1,
         },
         [2, hold_id, user, quantity, released, generation] => Reserve::Existing(ExistingHold {
-            hold_id: *hold_id,
-            generation: *generation,
+            hold: HoldRef::from_stored(*generation, *hold_id).ok_or_else(bad)?,
             user_id: UserId::parse(*user).map_err(|_| bad())?,
             quantity: Quantity::from_stored(*quantity).ok_or_else(bad)?,
             released: *released == 1,
@@ -219,14 +219,14 @@ impl StockGate for RedisGate {
         &self,
         product_id: ProductId,
         available: i64,
-        generation: i64,
+        generation: Generation,
     ) -> Result<bool, GateError> {
         let mut conn = self.conn.clone();
         let loaded: i64 = self
             .load
             .key(self.key(product_id, "inv"))
             .arg(available)
-            .arg(generation)
+            .arg(generation.get())
             .arg(self.record_ttl_ms)
             .invoke_async(&mut conn)
             .await
@@ -268,22 +268,19 @@ impl StockGate for RedisGate {
         of: &ReleaseOf,
     ) -> Result<Release, GateError> {
         let mut conn = self.conn.clone();
-        let (generation, hold_generation, hold, user, quantity, limited) = match of {
-            ReleaseOf::Hold {
-                generation,
-                hold_id,
-            } => (0, *generation, *hold_id, 0, 0, false),
+        // The script takes integers; 0 stands for "no release generation" (a hold the
+        // ledger never counted) and for "no user".
+        let (generation, hold, user, quantity, limited) = match of {
+            ReleaseOf::Hold { hold } => (0, *hold, 0, 0, false),
             ReleaseOf::Reservation {
                 generation,
-                hold_generation,
-                hold_id,
+                hold,
                 user_id,
                 quantity,
                 limited,
             } => (
-                *generation,
-                *hold_generation,
-                *hold_id,
+                generation.get(),
+                *hold,
                 user_id.get(),
                 quantity.get(),
                 *limited,
@@ -302,8 +299,8 @@ impl StockGate for RedisGate {
             .arg(quantity)
             .arg(u8::from(limited))
             .arg(self.record_ttl_ms)
-            .arg(hold)
-            .arg(hold_generation)
+            .arg(hold.id.get())
+            .arg(hold.generation.get())
             .arg(&self.revocations)
             .arg(product_id.get())
             .invoke_async(&mut conn)
@@ -323,7 +320,7 @@ impl StockGate for RedisGate {
         product_id: ProductId,
         restock_id: &RequestId,
         quantity: i64,
-        generation: i64,
+        generation: Generation,
     ) -> Result<Restock, GateError> {
         let mut conn = self.conn.clone();
         let code: i64 = self
@@ -331,7 +328,7 @@ impl StockGate for RedisGate {
             .key(self.key(product_id, "inv"))
             .key(self.key(product_id, &format!("restock:{restock_id}")))
             .arg(quantity)
-            .arg(generation)
+            .arg(generation.get())
             .arg(&self.revocations)
             .arg(product_id.get())
             .invoke_async(&mut conn)
@@ -360,7 +357,7 @@ impl StockGate for RedisGate {
         &self,
         product_id: ProductId,
         max: usize,
-    ) -> Result<Option<(i64, Vec<RequestId>)>, GateError> {
+    ) -> Result<Option<(Generation, Vec<RequestId>)>, GateError> {
         let mut conn = self.conn.clone();
         let reply: Value = self
             .holders
@@ -373,7 +370,7 @@ impl StockGate for RedisGate {
         let Value::Array(items) = &reply else {
             return Err(unexpected("holders", &reply));
         };
-        let generation = items.get(1).and_then(int);
+        let generation = items.get(1).and_then(int).and_then(Generation::from_stored);
         match (items.first().and_then(int), generation) {
             (Some(1), Some(generation)) => items[2..]
                 .iter()
@@ -493,8 +490,7 @@ impl GateMaintenance for RedisGate {
                         product_id,
                         quantity: Quantity::from_stored(q)?,
                     },
-                    hold_id,
-                    generation,
+                    hold: HoldRef::from_stored(generation, hold_id)?,
                     released,
                 })
             });
@@ -553,7 +549,7 @@ impl GateMaintenance for RedisGate {
         let field = |i: usize| inv.get(i).copied().flatten();
         let available = field(0);
         let last_hold_id = field(1).unwrap_or(0);
-        let generation = available.map_or(0, |_| field(2).unwrap_or(1));
+        let generation = available.and_then(|_| Generation::from_stored(field(2).unwrap_or(1)));
         let now_ms = secs.saturating_mul(1000).saturating_add(micros / 1000);
         let pending: BTreeMap<String, Duration> = index
             .into_iter()
@@ -597,7 +593,7 @@ impl GateMaintenance for RedisGate {
                 // Records of older generations hold nothing: the rebuild counted stock
                 // without them.
                 if let Some((_, q, false, hold_id, g)) = record {
-                    if g == generation {
+                    if generation.is_some_and(|generation| generation.get() == g) {
                         held.insert(request_id.clone(), (hold_id, q));
                     }
                 }
@@ -634,17 +630,16 @@ impl GateMaintenance for RedisGate {
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable)?;
+        let bad = || GateError(format!("unexpected reply from the state script: {reply:?}"));
         match reply[..] {
             [] => Ok(None),
             [available, last_hold_id, generation, changed] => Ok(Some(GateState {
                 available,
-                generation,
+                generation: Generation::from_stored(generation).ok_or_else(bad)?,
                 last_hold_id,
                 server_changed: changed == 1,
             })),
-            _ => Err(GateError(format!(
-                "unexpected reply from the state script: {reply:?}"
-            ))),
+            _ => Err(bad()),
         }
     }
 
@@ -655,7 +650,7 @@ impl GateMaintenance for RedisGate {
             .key(self.key(product_id, "inv"))
             .key(self.key(product_id, "users"))
             .key(self.key(product_id, "pending"))
-            .arg(plan.generation)
+            .arg(plan.generation.get())
             .arg(plan.available)
             .arg(plan.last_hold_id)
             .arg(&self.revocations)
@@ -698,8 +693,7 @@ mod tests {
         assert_eq!(
             parse_reserve(&arr(vec![Value::Int(1), Value::Int(7), s("3")])).ok(),
             Some(Reserve::Reserved {
-                hold_id: 7,
-                generation: 3
+                hold: HoldRef::from_stored(3, 7).expect("hold")
             })
         );
         assert_eq!(
@@ -729,7 +723,7 @@ mod tests {
                 unseen: false,
                 lease: Some(SoldOutLease {
                     remaining: Duration::from_millis(250),
-                    generation: 3,
+                    generation: Generation::from_stored(3).expect("generation"),
                     holds: 1000
                 })
             })
@@ -772,16 +766,19 @@ mod tests {
         ]));
         match existing {
             Ok(Reserve::Existing(h)) => {
-                assert_eq!(h.hold_id, 9);
+                assert_eq!(h.hold, HoldRef::from_stored(2, 9).expect("hold"));
                 assert_eq!(h.user_id.get(), i64::MAX);
                 assert_eq!(h.quantity.get(), 3);
                 assert!(h.released);
-                assert_eq!(h.generation, 2);
             }
             other => panic!("unexpected {other:?}"),
         }
         assert!(parse_reserve(&Value::Int(1)).is_err());
         assert!(parse_reserve(&arr(vec![Value::Int(5)])).is_err());
         assert!(parse_reserve(&arr(vec![Value::Int(2), s("x")])).is_err());
+        assert!(
+            parse_reserve(&arr(vec![Value::Int(1), Value::Int(0), s("3")])).is_err(),
+            "hold id 0 names no hold"
+        );
     }
 }

@@ -95,8 +95,8 @@ impl Forget {
                     &format!("r:{request_id}"),
                 ))
                 .arg(request_id.as_str())
-                .arg(hold.hold_id)
-                .arg(hold.generation);
+                .arg(hold.hold.id.get())
+                .arg(hold.hold.generation.get());
         }
         invocation.invoke_async(&mut conn).await
     }

@@ -28,8 +28,8 @@ use flashsale_app::{
     StatsDelta, StockGate,
 };
 use flashsale_core::{
-    CancelReason, InventoryCounters, NewProduct, OrderId, ProductId, PurchaseRequest,
-    ReleaseReason, RequestId, UserId,
+    CancelReason, Generation, HoldRef, InventoryCounters, NewProduct, OrderId, ProductId,
+    PurchaseRequest, ReleaseReason, RequestId, UserId,
 };
 
 use crate::ctx::{Ctx, Fault, Point, Port};
@@ -115,7 +115,7 @@ impl StockGate for FaultyGate {
         &self,
         product_id: ProductId,
         available: i64,
-        generation: i64,
+        generation: Generation,
     ) -> Result<bool, GateError> {
         through(
             &self.ctx,
@@ -166,7 +166,7 @@ impl StockGate for FaultyGate {
         product_id: ProductId,
         restock_id: &RequestId,
         quantity: i64,
-        generation: i64,
+        generation: Generation,
     ) -> Result<Restock, GateError> {
         through(
             &self.ctx,
@@ -198,7 +198,7 @@ impl StockGate for FaultyGate {
         &self,
         product_id: ProductId,
         max: usize,
-    ) -> Result<Option<(i64, Vec<RequestId>)>, GateError> {
+    ) -> Result<Option<(Generation, Vec<RequestId>)>, GateError> {
         through(
             &self.ctx,
             Port::Gate,
@@ -242,7 +242,12 @@ impl GateMaintenance for FaultyGate {
             || {
                 let ids: Vec<String> = holds
                     .iter()
-                    .map(|h| format!("{}@{}/{}", h.request.request_id, h.generation, h.hold_id))
+                    .map(|h| {
+                        format!(
+                            "{}@{}/{}",
+                            h.request.request_id, h.hold.generation, h.hold.id
+                        )
+                    })
                     .collect();
                 format!("p{product_id} {ids:?}")
             },
@@ -357,7 +362,7 @@ impl Ledger for FaultyLedger {
         .await
     }
 
-    async fn generation(&self, product_id: ProductId) -> Result<Option<i64>, LedgerError> {
+    async fn generation(&self, product_id: ProductId) -> Result<Option<Generation>, LedgerError> {
         through(
             &self.ctx,
             Port::Ledger,
@@ -387,8 +392,7 @@ impl Ledger for FaultyLedger {
     async fn commit_purchase(
         &self,
         request: &PurchaseRequest,
-        hold_id: i64,
-        generation: i64,
+        hold: HoldRef,
         per_user_limit: Option<u32>,
         payment_timeout: Duration,
     ) -> Result<Commit, LedgerError> {
@@ -396,16 +400,11 @@ impl Ledger for FaultyLedger {
             &self.ctx,
             Port::Ledger,
             "ledger.commit_purchase",
-            || format!("{} hold {hold_id} gen {generation}", req(request)),
+            || format!("{} hold {} gen {}", req(request), hold.id, hold.generation),
             LedgerError,
             || {
-                self.inner.commit_purchase(
-                    request,
-                    hold_id,
-                    generation,
-                    per_user_limit,
-                    payment_timeout,
-                )
+                self.inner
+                    .commit_purchase(request, hold, per_user_limit, payment_timeout)
             },
         )
         .await
@@ -414,17 +413,23 @@ impl Ledger for FaultyLedger {
     async fn fence(
         &self,
         request: &PurchaseRequest,
-        hold_id: i64,
-        generation: i64,
+        hold: HoldRef,
         reason: ReleaseReason,
     ) -> Result<Fence, LedgerError> {
         through(
             &self.ctx,
             Port::Ledger,
             "ledger.fence",
-            || format!("{} hold {hold_id} gen {generation} {reason}", req(request)),
+            || {
+                format!(
+                    "{} hold {} gen {} {reason}",
+                    req(request),
+                    hold.id,
+                    hold.generation
+                )
+            },
             LedgerError,
-            || self.inner.fence(request, hold_id, generation, reason),
+            || self.inner.fence(request, hold, reason),
         )
         .await
     }

@@ -23,7 +23,9 @@ use flashsale_app::ports::{
     ReleaseOf, Reserve, Restock, SoldOutLease, StaleHold,
 };
 use flashsale_app::{GateError, StockGate};
-use flashsale_core::{ProductId, PurchaseRequest, Quantity, RequestId, UserId};
+use flashsale_core::{
+    Generation, HoldRef, ProductId, PurchaseRequest, Quantity, RequestId, UserId,
+};
 
 use crate::ctx::{Ctx, Point};
 
@@ -144,9 +146,9 @@ impl MemGate {
         let keys = store.products.entry(product_id.get()).or_default();
         for hold in holds {
             let rid = hold.request.request_id.as_str();
-            let same = keys
-                .record(rid, redis_now)
-                .is_none_or(|r| r.h == Some(hold.hold_id) && r.g.unwrap_or(1) == hold.generation);
+            let same = keys.record(rid, redis_now).is_none_or(|r| {
+                r.h == Some(hold.hold.id.get()) && r.g.unwrap_or(1) == hold.hold.generation.get()
+            });
             if same {
                 keys.pending.remove(rid);
             }
@@ -249,7 +251,7 @@ impl MemGate {
         let generation = keys.inv.as_ref().map_or(0, |i| i.gen.unwrap_or(1));
         GateFacts {
             available: keys.inv.as_ref().map(|i| i.avail),
-            generation,
+            generation: Generation::from_stored(generation),
             last_hold_id: keys.inv.as_ref().and_then(|i| i.seq).unwrap_or(0),
             held: held(keys, generation, now),
             pending: aged(&keys.pending, now),
@@ -300,8 +302,9 @@ impl StockGate for MemGate {
         &self,
         product_id: ProductId,
         available: i64,
-        generation: i64,
+        generation: Generation,
     ) -> Result<bool, GateError> {
+        let generation = generation.get();
         if available < 0 || generation < 1 {
             return Err(GateError("ERR flashsale load: invalid arguments".into()));
         }
@@ -354,8 +357,8 @@ impl StockGate for MemGate {
                 // which `parse_reserve` refuses.
                 let hold_id = rec.h.ok_or_else(|| bad_reply("reserve", "[2]"))?;
                 return Ok(Reserve::Existing(ExistingHold {
-                    hold_id,
-                    generation: gen,
+                    hold: HoldRef::from_stored(gen, hold_id)
+                        .ok_or_else(|| bad_reply("reserve", "hold"))?,
                     user_id: UserId::parse(rec.u).map_err(|_| bad_reply("reserve", "user"))?,
                     quantity: Quantity::from_stored(rec.q)
                         .ok_or_else(|| bad_reply("reserve", "quantity"))?,
@@ -382,13 +385,17 @@ impl StockGate for MemGate {
             };
             return Ok(Reserve::SoldOut {
                 unseen,
-                lease: leased.map(|until| SoldOutLease {
-                    remaining: Duration::from_millis(
-                        until.saturating_sub(redis_now).unsigned_abs(),
-                    ),
-                    generation: gen,
-                    holds: inv.seq.unwrap_or(0),
-                }),
+                lease: match leased {
+                    None => None,
+                    Some(until) => Some(SoldOutLease {
+                        remaining: Duration::from_millis(
+                            until.saturating_sub(redis_now).unsigned_abs(),
+                        ),
+                        generation: Generation::from_stored(gen)
+                            .ok_or_else(|| bad_reply("reserve", "generation"))?,
+                        holds: inv.seq.unwrap_or(0),
+                    }),
+                },
             });
         }
         let user = request.user_id.get();
@@ -431,8 +438,7 @@ impl StockGate for MemGate {
         );
         keys.pending.insert(rid.to_owned(), redis_now);
         Ok(Reserve::Reserved {
-            hold_id: hold,
-            generation: gen,
+            hold: HoldRef::from_stored(gen, hold).ok_or_else(|| bad_reply("reserve", "hold"))?,
         })
     }
 
@@ -445,17 +451,12 @@ impl StockGate for MemGate {
     ) -> Result<Release, GateError> {
         let redis_now = self.now_ms();
         let ttl = self.record_ttl.num_milliseconds();
+        // release.lua's integer arguments.
         let (relgen, hgen, hold) = match of {
-            ReleaseOf::Hold {
-                generation,
-                hold_id,
-            } => (0, *generation, *hold_id),
+            ReleaseOf::Hold { hold } => (0, hold.generation.get(), hold.id.get()),
             ReleaseOf::Reservation {
-                generation,
-                hold_generation,
-                hold_id,
-                ..
-            } => (*generation, *hold_generation, *hold_id),
+                generation, hold, ..
+            } => (generation.get(), hold.generation.get(), hold.id.get()),
         };
         if relgen < 0 || ttl < 1 {
             return Err(GateError("ERR flashsale release: invalid arguments".into()));
@@ -564,8 +565,9 @@ impl StockGate for MemGate {
         product_id: ProductId,
         restock_id: &RequestId,
         quantity: i64,
-        generation: i64,
+        generation: Generation,
     ) -> Result<Restock, GateError> {
+        let generation = generation.get();
         if quantity < 1 {
             return Err(GateError("ERR flashsale restock: invalid arguments".into()));
         }
@@ -601,7 +603,7 @@ impl StockGate for MemGate {
         &self,
         product_id: ProductId,
         max: usize,
-    ) -> Result<Option<(i64, Vec<RequestId>)>, GateError> {
+    ) -> Result<Option<(Generation, Vec<RequestId>)>, GateError> {
         let server = self.server();
         let store = self.lock();
         let Some((keys, inv)) = store
@@ -626,7 +628,11 @@ impl StockGate for MemGate {
                     .map_err(|e| GateError(format!("pending index holds a bad request_id: {e}")))
             })
             .collect::<Result<_, _>>()
-            .map(|ids| Some((inv.gen.unwrap_or(1), ids)))
+            .and_then(|ids| {
+                let generation = Generation::from_stored(inv.gen.unwrap_or(1))
+                    .ok_or_else(|| bad_reply("holders", "generation"))?;
+                Ok(Some((generation, ids)))
+            })
     }
 }
 
@@ -680,8 +686,7 @@ impl GateMaintenance for MemGate {
                                 product_id,
                                 quantity: Quantity::from_stored(q)?,
                             },
-                            hold_id: h,
-                            generation: g,
+                            hold: HoldRef::from_stored(g, h)?,
                             released,
                         })
                     });
@@ -733,7 +738,7 @@ impl GateMaintenance for MemGate {
         let keys = store.products.entry(product_id.get()).or_default();
         Ok(GateFacts {
             available,
-            generation,
+            generation: Generation::from_stored(generation),
             last_hold_id,
             held: held(keys, generation, now),
             pending,
@@ -764,30 +769,35 @@ impl GateMaintenance for MemGate {
             .products
             .get(&product_id.get())
             .and_then(|k| k.inv.as_ref())
-            .map(|i| GateState {
-                available: i.avail,
-                generation: i.gen.unwrap_or(1),
-                last_hold_id: i.seq.unwrap_or(0),
-                server_changed: i.srv != Some(server),
-            }))
+            .map(|i| {
+                Ok(GateState {
+                    available: i.avail,
+                    generation: Generation::from_stored(i.gen.unwrap_or(1))
+                        .ok_or_else(|| bad_reply("state", "generation"))?,
+                    last_hold_id: i.seq.unwrap_or(0),
+                    server_changed: i.srv != Some(server),
+                })
+            })
+            .transpose()?)
     }
 
     /// rebuild.lua
     async fn rebuild(&self, product_id: ProductId, plan: &RebuildPlan) -> Result<bool, GateError> {
-        if plan.generation < 1 || plan.available < 0 || plan.last_hold_id < 0 {
+        let generation = plan.generation.get();
+        if generation < 1 || plan.available < 0 || plan.last_hold_id < 0 {
             return Err(GateError("ERR flashsale rebuild: invalid arguments".into()));
         }
         let server = self.server();
         let mut store = self.lock();
         let keys = store.products.entry(product_id.get()).or_default();
         let current = keys.inv.as_ref().and_then(|i| i.gen).unwrap_or(0);
-        if current >= plan.generation {
+        if current >= generation {
             return Ok(false);
         }
         keys.inv = Some(Inv {
             avail: plan.available,
             seq: Some(plan.last_hold_id),
-            gen: Some(plan.generation),
+            gen: Some(generation),
             srv: Some(server),
             fresh: None,
             loaded: None,

@@ -28,8 +28,8 @@ use flashsale_app::{
     PurchaseRecord, StatsDelta,
 };
 use flashsale_core::{
-    CancelReason, InventoryCounters, NewProduct, OrderId, OrderStatus, ProductId, PurchaseRequest,
-    ReleaseReason, RequestId, ReservationStatus, UserId, STOCK_MAX,
+    CancelReason, Generation, HoldRef, InventoryCounters, NewProduct, OrderId, OrderStatus,
+    ProductId, PurchaseRequest, ReleaseReason, RequestId, ReservationStatus, UserId, STOCK_MAX,
 };
 
 use crate::ctx::{Ctx, Point};
@@ -58,20 +58,19 @@ struct InventoryRow {
     available: i64,
     reserved: i64,
     sold: i64,
-    generation: i64,
+    generation: Generation,
 }
 
 #[derive(Debug, Clone)]
 struct ReservationRow {
     id: i64,
     request: PurchaseRequest,
-    hold_id: i64,
-    /// The generation column: the generation of the hold it accounts for.
-    generation: i64,
+    /// The (generation, hold_id) columns: the hold it accounts for.
+    hold: HoldRef,
     status: ReservationStatus,
     release_reason: Option<ReleaseReason>,
     stock_returned: bool,
-    released_generation: Option<i64>,
+    released_generation: Option<Generation>,
     updated_at: DateTime<Utc>,
     /// Sim bookkeeping: terminal transitions applied to this row (I3: at most one).
     transitions: u32,
@@ -82,7 +81,7 @@ struct RestockRow {
     product_id: i64,
     quantity: i64,
     gate_applied: bool,
-    generation: i64,
+    generation: Generation,
 }
 
 #[derive(Debug, Clone)]
@@ -204,12 +203,10 @@ fn check_counters(c: &InventoryRow) -> bool {
 
 impl Tables {
     /// `uk_reservation_hold (product_id, generation, hold_id)`.
-    fn hold_recorded(&self, product_id: i64, generation: i64, hold_id: i64) -> bool {
-        self.reservations.values().any(|r| {
-            r.request.product_id.get() == product_id
-                && r.generation == generation
-                && r.hold_id == hold_id
-        })
+    fn hold_recorded(&self, product_id: i64, hold: HoldRef) -> bool {
+        self.reservations
+            .values()
+            .any(|r| r.request.product_id.get() == product_id && r.hold == hold)
     }
 
     fn purchase_record(&self, request_id: &str) -> Result<Option<PurchaseRecord>, LedgerError> {
@@ -233,8 +230,7 @@ impl Tables {
         };
         Ok(Some(PurchaseRecord {
             request: r.request.clone(),
-            generation: r.generation,
-            hold_id: r.hold_id,
+            hold: r.hold,
             outcome,
         }))
     }
@@ -345,12 +341,10 @@ impl Tables {
         let order = row.order.clone();
         let expired = order.expires_at <= now;
         let r = self.reservations.get(order.request_id.as_str());
-        let pending =
-            r.is_some_and(|r| r.status == ReservationStatus::Released && !r.stock_returned);
-        let pending_return = pending.then(|| ReleaseOf::Reservation {
-            generation: r.and_then(|r| r.released_generation).unwrap_or(1),
-            hold_generation: r.map_or(1, |r| r.generation),
-            hold_id: r.map_or(0, |r| r.hold_id),
+        let pending = r.filter(|r| r.status == ReservationStatus::Released && !r.stock_returned);
+        let pending_return = pending.map(|r| ReleaseOf::Reservation {
+            generation: r.released_generation.unwrap_or(Generation::FIRST),
+            hold: r.hold,
             user_id: order.user_id,
             quantity: order.quantity,
             limited: self
@@ -394,7 +388,11 @@ impl MemLedger {
 
     /// As `MysqlLedger::gate_behind`: a reused hold id means the gate lost writes;
     /// advance the generation (once per detection of the current one).
-    async fn gate_behind(&self, product_id: ProductId, generation: i64) -> Result<(), LedgerError> {
+    async fn gate_behind(
+        &self,
+        product_id: ProductId,
+        generation: Generation,
+    ) -> Result<(), LedgerError> {
         let current = self
             .lock()
             .inventory
@@ -414,8 +412,7 @@ impl MemLedger {
     fn tx_purchase(
         &self,
         request: &PurchaseRequest,
-        hold_id: i64,
-        generation: i64,
+        hold: HoldRef,
         per_user_limit: Option<u32>,
         payment_timeout: Duration,
     ) -> Result<Attempt<Commit>, LedgerError> {
@@ -427,7 +424,7 @@ impl MemLedger {
         if t.reservations.contains_key(rid) || t.order_by_request.contains_key(rid) {
             return Ok(Attempt::Taken);
         }
-        if t.hold_recorded(request.product_id.get(), generation, hold_id) {
+        if t.hold_recorded(request.product_id.get(), hold) {
             return Ok(Attempt::HoldReused);
         }
         if t.log.contains(&(rid.to_owned(), "reserve")) {
@@ -446,10 +443,10 @@ impl MemLedger {
         let p = request.product_id.get();
         let current = t.inventory.get(&p).map(|i| i.generation);
         let fits = t.inventory.get(&p).is_some_and(|i| {
-            (self.defects.no_stock_guard || i.available >= q) && i.generation == generation
+            (self.defects.no_stock_guard || i.available >= q) && i.generation == hold.generation
         });
         if !fits {
-            return Ok(Attempt::Done(if current == Some(generation) {
+            return Ok(Attempt::Done(if current == Some(hold.generation) {
                 Commit::InsufficientStock
             } else {
                 Commit::StaleGeneration
@@ -508,8 +505,7 @@ impl MemLedger {
             ReservationRow {
                 id,
                 request: request.clone(),
-                hold_id,
-                generation,
+                hold,
                 status: ReservationStatus::Processing,
                 release_reason: None,
                 stock_returned: false,
@@ -535,8 +531,7 @@ impl MemLedger {
     fn tx_fence(
         &self,
         request: &PurchaseRequest,
-        hold_id: i64,
-        generation: i64,
+        hold: HoldRef,
         reason: ReleaseReason,
     ) -> Result<Attempt<()>, LedgerError> {
         let now = self.now();
@@ -546,7 +541,7 @@ impl MemLedger {
         if t.reservations.contains_key(rid) {
             return Ok(Attempt::Taken);
         }
-        if t.hold_recorded(request.product_id.get(), generation, hold_id) {
+        if t.hold_recorded(request.product_id.get(), hold) {
             return Ok(Attempt::HoldReused);
         }
         if self.defects.fence_writes_nothing {
@@ -574,8 +569,7 @@ impl MemLedger {
             ReservationRow {
                 id,
                 request: request.clone(),
-                hold_id,
-                generation,
+                hold,
                 status: ReservationStatus::Released,
                 release_reason: Some(reason),
                 stock_returned: false,
@@ -910,7 +904,7 @@ fn rest_of(
                 unreturned.insert(rid.clone(), (q, Duration::ZERO));
             }
         } else {
-            live.insert(rid.clone(), (r.hold_id, q));
+            live.insert(rid.clone(), (r.hold.id.get(), q));
         }
         reserved_request_ids.insert(rid.clone());
     }
@@ -975,7 +969,7 @@ impl Ledger for MemLedger {
                             available: new.stock,
                             reserved: 0,
                             sold: 0,
-                            generation: 1,
+                            generation: Generation::FIRST,
                         },
                     );
                     true
@@ -1009,7 +1003,7 @@ impl Ledger for MemLedger {
         Ok(())
     }
 
-    async fn generation(&self, product_id: ProductId) -> Result<Option<i64>, LedgerError> {
+    async fn generation(&self, product_id: ProductId) -> Result<Option<Generation>, LedgerError> {
         Ok(self
             .lock()
             .inventory
@@ -1027,22 +1021,16 @@ impl Ledger for MemLedger {
     async fn commit_purchase(
         &self,
         request: &PurchaseRequest,
-        hold_id: i64,
-        generation: i64,
+        hold: HoldRef,
         per_user_limit: Option<u32>,
         payment_timeout: Duration,
     ) -> Result<Commit, LedgerError> {
         for _ in 0..TX_ATTEMPTS_MAX {
-            match self.tx_purchase(
-                request,
-                hold_id,
-                generation,
-                per_user_limit,
-                payment_timeout,
-            )? {
+            match self.tx_purchase(request, hold, per_user_limit, payment_timeout)? {
                 Attempt::Done(commit) => return Ok(commit),
                 Attempt::HoldReused => {
-                    self.gate_behind(request.product_id, generation).await?;
+                    self.gate_behind(request.product_id, hold.generation)
+                        .await?;
                     return Ok(Commit::StaleGeneration);
                 }
                 Attempt::Taken => {
@@ -1063,17 +1051,18 @@ impl Ledger for MemLedger {
     async fn fence(
         &self,
         request: &PurchaseRequest,
-        hold_id: i64,
-        generation: i64,
+        hold: HoldRef,
         reason: ReleaseReason,
     ) -> Result<Fence, LedgerError> {
         for _ in 0..TX_ATTEMPTS_MAX {
-            match self.tx_fence(request, hold_id, generation, reason)? {
+            match self.tx_fence(request, hold, reason)? {
                 Attempt::Done(()) => return Ok(Fence::Fenced),
                 Attempt::HoldReused => {
-                    self.gate_behind(request.product_id, generation).await?;
+                    self.gate_behind(request.product_id, hold.generation)
+                        .await?;
                     return Err(LedgerError(format!(
-                        "hold {hold_id} of generation {generation} was handed out twice"
+                        "hold {} of generation {} was handed out twice",
+                        hold.id, hold.generation
                     )));
                 }
                 Attempt::Taken => {
@@ -1335,9 +1324,8 @@ impl LedgerMaintenance for MemLedger {
                 // A reservation with an order was counted by the ledger; a fence was not.
                 let of = if t.order_by_request.contains_key(rid) {
                     ReleaseOf::Reservation {
-                        generation: r.released_generation.unwrap_or(1),
-                        hold_generation: r.generation,
-                        hold_id: r.hold_id,
+                        generation: r.released_generation.unwrap_or(Generation::FIRST),
+                        hold: r.hold,
                         user_id: r.request.user_id,
                         quantity: r.request.quantity,
                         limited: t
@@ -1346,10 +1334,7 @@ impl LedgerMaintenance for MemLedger {
                             .is_some_and(|p| p.per_user_limit.is_some()),
                     }
                 } else {
-                    ReleaseOf::Hold {
-                        generation: r.generation,
-                        hold_id: r.hold_id,
-                    }
+                    ReleaseOf::Hold { hold: r.hold }
                 };
                 PendingReturn {
                     product_id: r.request.product_id,
@@ -1432,8 +1417,8 @@ impl LedgerMaintenance for MemLedger {
         let last_hold_id = t
             .reservations
             .values()
-            .filter(|r| r.request.product_id.get() == p && r.generation == inv.generation)
-            .map(|r| r.hold_id)
+            .filter(|r| r.request.product_id.get() == p && r.hold.generation == inv.generation)
+            .map(|r| r.hold.id.get())
             .max()
             .unwrap_or(0);
         Ok(Some(Watermark {
@@ -1453,7 +1438,7 @@ impl LedgerMaintenance for MemLedger {
                 "product {product_id} has no inventory"
             )));
         };
-        inv.generation += 1;
+        inv.generation = inv.generation.next();
         let generation = inv.generation;
         let available = inv.available;
         for r in t.reservations.values_mut() {
@@ -1488,7 +1473,7 @@ impl LedgerMaintenance for MemLedger {
             .reservations
             .values()
             .filter(|r| r.request.product_id.get() == p)
-            .map(|r| r.hold_id)
+            .map(|r| r.hold.id.get())
             .max()
             .unwrap_or(0);
         Ok(RebuildPlan {

@@ -11,8 +11,8 @@ use flashsale_app::ports::{
 };
 use flashsale_app::{Ledger, PurchaseOutcome, StockGate};
 use flashsale_core::{
-    CancelReason, NewProduct, OrderStatus, ProductId, PurchaseRequest, Quantity, ReleaseReason,
-    RequestId, SaleWindow, UserId,
+    CancelReason, Generation, HoldRef, NewProduct, OrderStatus, ProductId, PurchaseRequest,
+    Quantity, ReleaseReason, RequestId, SaleWindow, UserId,
 };
 use flashsale_sim::ctx::Ctx;
 use flashsale_sim::exec::block_on;
@@ -43,6 +43,14 @@ fn request(id: &str, user: i64, quantity: i64) -> PurchaseRequest {
     }
 }
 
+fn gen(raw: i64) -> Generation {
+    Generation::from_stored(raw).expect("generation")
+}
+
+fn hold(generation: i64, id: i64) -> HoldRef {
+    HoldRef::from_stored(generation, id).expect("hold")
+}
+
 fn p1() -> ProductId {
     ProductId::parse(1).expect("product")
 }
@@ -62,22 +70,19 @@ fn gate(ctx: &Arc<Ctx>) -> MemGate {
 fn reserve_is_idempotent_and_bounded() {
     let ctx = ctx();
     let g = gate(&ctx);
-    assert!(now(g.load(p1(), 3, 1)).expect("load"));
+    assert!(now(g.load(p1(), 3, gen(1))).expect("load"));
     assert!(
-        !now(g.load(p1(), 99, 1)).expect("load"),
+        !now(g.load(p1(), 99, gen(1))).expect("load"),
         "load never overwrites"
     );
     let a = request("A", 1, 2);
     let first = now(g.reserve(&a, Some(2))).expect("reserve");
     assert!(matches!(
         first,
-        Reserve::Reserved {
-            hold_id: 1,
-            generation: 1
-        }
+        Reserve::Reserved { hold: h } if h == hold(1, 1)
     ));
     match now(g.reserve(&a, Some(2))).expect("reserve") {
-        Reserve::Existing(h) => assert_eq!((h.hold_id, h.released), (1, false)),
+        Reserve::Existing(h) => assert_eq!((h.hold, h.released), (hold(1, 1), false)),
         other => panic!("{other:?}"),
     }
     assert_eq!(now(g.available(p1())).expect("available"), Some(1));
@@ -103,29 +108,21 @@ fn reserve_is_idempotent_and_bounded() {
 fn release_returns_units_once() {
     let ctx = ctx();
     let g = gate(&ctx);
-    now(g.load(p1(), 3, 1)).expect("load");
+    now(g.load(p1(), 3, gen(1))).expect("load");
     let a = request("A", 1, 2);
-    let Reserve::Reserved {
-        hold_id,
-        generation,
-    } = now(g.reserve(&a, Some(2))).expect("reserve")
-    else {
+    let Reserve::Reserved { hold: taken } = now(g.reserve(&a, Some(2))).expect("reserve") else {
         panic!("not reserved")
     };
     let rid = &a.request_id;
     let other_id = ReleaseOf::Hold {
-        generation,
-        hold_id: hold_id + 1,
+        hold: hold(taken.generation.get(), taken.id.get() + 1),
     };
     assert_eq!(
         now(g.release(p1(), rid, &other_id)).expect("release"),
         Release::Missing
     );
     assert_eq!(now(g.available(p1())).expect("available"), Some(1));
-    let hold = ReleaseOf::Hold {
-        generation,
-        hold_id,
-    };
+    let hold = ReleaseOf::Hold { hold: taken };
     assert_eq!(
         now(g.release(p1(), rid, &hold)).expect("release"),
         Release::Released
@@ -157,7 +154,7 @@ fn adjust_wipe_and_rebuild() {
         !now(g.adjust(p1(), 1)).expect("adjust"),
         "no count to adjust"
     );
-    now(g.load(p1(), 2, 1)).expect("load");
+    now(g.load(p1(), 2, gen(1))).expect("load");
     assert!(!now(g.adjust(p1(), -3)).expect("adjust"));
     assert!(now(g.adjust(p1(), -2)).expect("adjust"));
     g.wipe();
@@ -166,7 +163,7 @@ fn adjust_wipe_and_rebuild() {
         Reserve::NotLoaded
     );
     let plan = flashsale_app::ports::RebuildPlan {
-        generation: 2,
+        generation: gen(2),
         available: 5,
         last_hold_id: 7,
         user_units: vec![],
@@ -178,10 +175,7 @@ fn adjust_wipe_and_rebuild() {
     );
     assert!(matches!(
         now(g.reserve(&request("A", 1, 1), None)).expect("reserve"),
-        Reserve::Reserved {
-            hold_id: 8,
-            generation: 2
-        }
+        Reserve::Reserved { hold: h } if h == hold(2, 8)
     ));
 }
 
@@ -192,7 +186,7 @@ fn adjust_wipe_and_rebuild() {
 fn failover_marks_entries_as_written_by_another_server() {
     let ctx = ctx();
     let g = gate(&ctx);
-    now(g.load(p1(), 2, 1)).expect("load");
+    now(g.load(p1(), 2, gen(1))).expect("load");
     let copy = g.snapshot();
     let state = now(g.state(p1())).expect("state").expect("loaded");
     assert!(!state.server_changed);
@@ -202,7 +196,7 @@ fn failover_marks_entries_as_written_by_another_server() {
     assert!(state.server_changed, "{state:?}");
     assert_eq!(state.available, 2, "the copy is older than the last write");
     let plan = flashsale_app::ports::RebuildPlan {
-        generation: 2,
+        generation: gen(2),
         available: 1,
         last_hold_id: 1,
         user_units: vec![],
@@ -218,7 +212,7 @@ fn failover_marks_entries_as_written_by_another_server() {
 fn stale_holds_age_on_the_gate_clock() {
     let ctx = ctx();
     let g = gate(&ctx);
-    now(g.load(p1(), 3, 1)).expect("load");
+    now(g.load(p1(), 3, gen(1))).expect("load");
     now(g.reserve(&request("A", 1, 1), None)).expect("reserve");
     let window = Duration::from_secs(5);
     assert!(now(g.stale_holds(p1(), window, 10))
@@ -245,23 +239,23 @@ fn commit_is_unique_and_guarded() {
     let l = ledger(&ctx, 2);
     let timeout = Duration::from_secs(10);
     let a = request("A", 1, 2);
-    let order = match now(l.commit_purchase(&a, 1, 1, None, timeout)).expect("commit") {
+    let order = match now(l.commit_purchase(&a, hold(1, 1), None, timeout)).expect("commit") {
         Commit::Committed(o) => o,
         other => panic!("{other:?}"),
     };
-    match now(l.commit_purchase(&a, 9, 1, None, timeout)).expect("commit") {
+    match now(l.commit_purchase(&a, hold(1, 9), None, timeout)).expect("commit") {
         Commit::Duplicate(r) => {
-            assert_eq!(r.hold_id, 1);
+            assert_eq!(r.hold.id.get(), 1);
             assert!(matches!(r.outcome, PurchaseOutcome::Order(o) if o.order_id == order.order_id));
         }
         other => panic!("{other:?}"),
     }
     assert_eq!(
-        now(l.commit_purchase(&request("B", 2, 1), 2, 1, None, timeout)).expect("commit"),
+        now(l.commit_purchase(&request("B", 2, 1), hold(1, 2), None, timeout)).expect("commit"),
         Commit::InsufficientStock
     );
     assert_eq!(
-        now(l.commit_purchase(&request("B", 2, 1), 2, 7, None, timeout)).expect("commit"),
+        now(l.commit_purchase(&request("B", 2, 1), hold(7, 2), None, timeout)).expect("commit"),
         Commit::StaleGeneration
     );
 }
@@ -273,10 +267,10 @@ fn fence_blocks_a_late_commit() {
     let l = ledger(&ctx, 2);
     let a = request("A", 1, 1);
     assert_eq!(
-        now(l.fence(&a, 1, 1, ReleaseReason::Abandoned)).expect("fence"),
+        now(l.fence(&a, hold(1, 1), ReleaseReason::Abandoned)).expect("fence"),
         Fence::Fenced
     );
-    match now(l.commit_purchase(&a, 1, 1, None, Duration::from_secs(10))).expect("commit") {
+    match now(l.commit_purchase(&a, hold(1, 1), None, Duration::from_secs(10))).expect("commit") {
         Commit::Duplicate(r) => assert!(matches!(
             r.outcome,
             PurchaseOutcome::Released {
@@ -295,10 +289,9 @@ fn pay_and_expire_decide_on_the_ledger_clock() {
     let l = ledger(&ctx, 3);
     let timeout = Duration::from_secs(10);
     // Each hold id commits once per generation (uk_reservation_hold).
-    let commit = |id: &str, hold: i64| match now(l.commit_purchase(
+    let commit = |id: &str, hold_id: i64| match now(l.commit_purchase(
         &request(id, 1, 1),
-        hold,
-        1,
+        hold(1, hold_id),
         None,
         timeout,
     )) {
@@ -341,7 +334,7 @@ fn pay_and_expire_decide_on_the_ledger_clock() {
 fn refusals_vouch_only_while_no_record_can_be_lost() {
     let ctx = ctx();
     let g = gate(&ctx);
-    now(g.load(p1(), 1, 1)).expect("load");
+    now(g.load(p1(), 1, gen(1))).expect("load");
     now(g.reserve(&request("A", 1, 1), None)).expect("reserve");
     assert_eq!(
         now(g.reserve(&request("B", 2, 1), None)).expect("reserve"),
@@ -363,7 +356,7 @@ fn refusals_vouch_only_while_no_record_can_be_lost() {
         "another Redis process: records may be lost, it answers nothing until rebuilt"
     );
     let plan = flashsale_app::ports::RebuildPlan {
-        generation: 2,
+        generation: gen(2),
         available: 0,
         last_hold_id: 1,
         user_units: vec![],

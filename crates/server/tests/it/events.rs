@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use flashsale::Config;
 use flashsale_app::{Event, EventType, Ledger};
-use flashsale_core::{ProductId, PurchaseRequest, Quantity, ReleaseReason, RequestId, UserId};
+use flashsale_core::{
+    HoldRef, ProductId, PurchaseRequest, Quantity, ReleaseReason, RequestId, UserId,
+};
 use flashsale_testkit::{free_port, PrivateNats};
 use futures::stream::{self, StreamExt};
 use reqwest::StatusCode;
@@ -370,7 +372,11 @@ async fn every_state_change_reaches_jetstream_once_and_stats_match() {
         quantity: Quantity::from_stored(1).expect("quantity"),
     };
     ledger
-        .fence(&request, 1, 1, ReleaseReason::Abandoned)
+        .fence(
+            &request,
+            HoldRef::from_stored(1, 1).expect("hold"),
+            ReleaseReason::Abandoned,
+        )
         .await
         .expect("fence");
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use flashsale_app::ports::Commit;
 use flashsale_app::Ledger;
-use flashsale_core::{ProductId, PurchaseRequest, Quantity, RequestId, UserId};
+use flashsale_core::{HoldRef, ProductId, PurchaseRequest, Quantity, RequestId, UserId};
 use flashsale_mysql::{LedgerConfig, MysqlLedger};
 
 use crate::helpers::TestApp;
@@ -55,7 +55,12 @@ async fn concurrent_purchases_commit_together_with_the_same_answers() {
         let n = if i >= 200 { i - 200 } else { i };
         tokio::spawn(async move {
             let r = ledger
-                .commit_purchase(&request(n, 3500), n + 1, 1, None, timeout)
+                .commit_purchase(
+                    &request(n, 3500),
+                    HoldRef::from_stored(1, n + 1).expect("hold"),
+                    None,
+                    timeout,
+                )
                 .await;
             (n, r)
         })
@@ -72,7 +77,10 @@ async fn concurrent_purchases_commit_together_with_the_same_answers() {
                 );
             }
             Commit::Duplicate(record) => {
-                assert!(record.is_hold(ProductId::parse(3500).expect("id"), 1, n + 1));
+                assert!(record.is_hold(
+                    ProductId::parse(3500).expect("id"),
+                    HoldRef::from_stored(1, n + 1).expect("hold"),
+                ));
                 duplicates += 1;
             }
             Commit::InsufficientStock => refused += 1,
@@ -143,7 +151,12 @@ async fn per_user_limits_hold_inside_group_commits() {
                 quantity: Quantity::from_stored(1).expect("quantity"),
             };
             let r = ledger
-                .commit_purchase(&request, i + 1, 1, Some(2), timeout)
+                .commit_purchase(
+                    &request,
+                    HoldRef::from_stored(1, i + 1).expect("hold"),
+                    Some(2),
+                    timeout,
+                )
                 .await;
             (user, r)
         })

@@ -440,7 +440,7 @@ async fn retry_completes_an_attempt_that_died_after_reserving() {
     .expect("gate");
     let request = PurchaseRequest::parse("REQ_died", 77, 1300, 1, 5).expect("valid");
     let reserved = gate.reserve(&request, Some(1)).await.expect("reserve");
-    let Reserve::Reserved { hold_id, .. } = reserved else {
+    let Reserve::Reserved { hold } = reserved else {
         panic!("expected a fresh hold, got {reserved:?}");
     };
     assert_eq!(app.redis_available(1300).await, Some(2));
@@ -458,7 +458,8 @@ async fn retry_completes_an_attempt_that_died_after_reserving() {
         .count("SELECT hold_id FROM inventory_reservation WHERE request_id = 'REQ_died'")
         .await;
     assert_eq!(
-        recorded_hold, hold_id,
+        recorded_hold,
+        hold.id.get(),
         "the order accounts for the original hold"
     );
     invariants::assert_ok(&app, 1300).await;

@@ -36,7 +36,7 @@ fn gate(app: &TestApp) -> RedisGate {
 async fn abandoned_hold(app: &TestApp, request_id: &str, user: i64, product: i64) -> i64 {
     let request = PurchaseRequest::parse(request_id, user, product, 1, 5).expect("valid");
     match gate(app).reserve(&request, None).await.expect("reserve") {
-        Reserve::Reserved { hold_id, .. } => hold_id,
+        Reserve::Reserved { hold } => hold.id.get(),
         other => panic!("expected a fresh hold, got {other:?}"),
     }
 }
