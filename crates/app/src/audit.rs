@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use flashsale_core::HoldId;
+
 use crate::ports::{GateFacts, LedgerFacts};
 
 /// One finding: a broken invariant, or work in flight (pending), with the request_ids
@@ -242,9 +244,10 @@ pub fn check(
     // Redis's count was read (with the last hold id) before the ledger's facts. A hold
     // taken after that read is not in the count, whether or not it committed since:
     // leave out every hold with a higher id, on both sides.
-    let seen = |hold: i64| hold <= gate.last_hold_id;
-    let traced =
-        |request_id: &String, hold: i64| ledger.live.get(request_id).map(|(h, _)| *h) == Some(hold);
+    let seen = |hold: HoldId| hold.get() <= gate.last_hold_id;
+    let traced = |request_id: &String, hold: HoldId| {
+        ledger.live.get(request_id).map(|(h, _)| *h) == Some(hold)
+    };
     let live_seen: i64 = ledger
         .live
         .values()
@@ -431,6 +434,10 @@ impl std::fmt::Display for AuditReport {
 mod tests {
     use super::*;
     use flashsale_core::{Generation, InventoryCounters};
+
+    fn hold(id: i64) -> HoldId {
+        HoldId::from_stored(id).expect("hold id")
+    }
     use std::collections::{BTreeMap, BTreeSet};
 
     const BOUNDS: AuditBounds = AuditBounds {
@@ -440,8 +447,11 @@ mod tests {
     const JUST_UNDER: Duration = Duration::from_millis(1);
 
     fn quiet() -> (GateFacts, LedgerFacts) {
-        let live: BTreeMap<String, (i64, i64)> =
-            [("A".to_owned(), (1, 2)), ("B".to_owned(), (2, 1))].into();
+        let live: BTreeMap<String, (HoldId, i64)> = [
+            ("A".to_owned(), (hold(1), 2)),
+            ("B".to_owned(), (hold(2), 1)),
+        ]
+        .into();
         let gate = GateFacts {
             available: Some(7),
             generation: Some(Generation::FIRST),
@@ -514,11 +524,11 @@ mod tests {
         assert_eq!(broken(&g, &l), vec!["I4"]);
 
         let (mut g, l) = quiet();
-        g.held.insert("ghost".into(), (1, 1));
+        g.held.insert("ghost".into(), (hold(1), 1));
         assert_eq!(broken(&g, &l), vec!["I4", "I4"], "untraced, and the count");
 
         let (mut g, l) = quiet();
-        g.held.insert("B".into(), (1, 1));
+        g.held.insert("B".into(), (hold(1), 1));
         assert_eq!(
             broken(&g, &l),
             vec!["I4", "I4"],
@@ -578,7 +588,7 @@ mod tests {
                 |age| {
                     let (mut g, l) = quiet();
                     g.last_hold_id = 3;
-                    g.held.insert("C".into(), (3, 2));
+                    g.held.insert("C".into(), (hold(3), 2));
                     g.pending.insert("C".into(), age);
                     g.available = Some(5);
                     (g, l)
@@ -591,7 +601,7 @@ mod tests {
                 |age| {
                     let (mut g, l) = quiet();
                     g.last_hold_id = 3;
-                    g.held.insert("B".into(), (3, 1));
+                    g.held.insert("B".into(), (hold(3), 1));
                     g.pending.insert("B".into(), age);
                     g.available = Some(6);
                     (g, l)
@@ -674,13 +684,13 @@ mod tests {
     #[test]
     fn purchases_between_the_reads_are_not_drift() {
         let (mut g, mut l) = quiet();
-        l.live.insert("C".into(), (3, 2));
+        l.live.insert("C".into(), (hold(3), 2));
         l.reserved_request_ids.insert("C".into());
         l.pending_units += 2;
         l.counters.reserved += 2;
         l.counters.available -= 2;
-        g.held.insert("C".into(), (3, 2));
-        g.held.insert("D".into(), (4, 1));
+        g.held.insert("C".into(), (hold(3), 2));
+        g.held.insert("D".into(), (hold(4), 1));
         assert!(broken(&g, &l).is_empty(), "{}", check(1, &g, &l, &BOUNDS));
 
         g.last_hold_id = 4;

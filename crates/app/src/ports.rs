@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use flashsale_core::{
-    CancelReason, Generation, HoldRef, InventoryCounters, NewProduct, OrderId, ProductId,
+    CancelReason, Generation, HoldId, HoldRef, InventoryCounters, NewProduct, OrderId, ProductId,
     PurchaseRequest, Quantity, ReleaseReason, RequestId, UserId,
 };
 
@@ -462,7 +462,7 @@ pub struct GateFacts {
     /// generations too, so a hold with a higher id was taken after the look.
     pub last_hold_id: i64,
     /// Holds whose units are still taken: request_id → (hold id, units).
-    pub held: std::collections::BTreeMap<String, (i64, i64)>,
+    pub held: std::collections::BTreeMap<String, (HoldId, i64)>,
     /// Request_ids in the pending index, each with its hold's age on the gate's clock.
     pub pending: std::collections::BTreeMap<String, Duration>,
 }
@@ -555,7 +555,7 @@ pub struct LedgerFacts {
     /// Request_ids whose reservation state does not match their order's (must be none).
     pub mismatched: Vec<String>,
     /// Live (PROCESSING or CONFIRMED) reservations: request_id → (hold id, units).
-    pub live: std::collections::BTreeMap<String, (i64, i64)>,
+    pub live: std::collections::BTreeMap<String, (HoldId, i64)>,
     /// RELEASED reservations whose units are not back in the gate: request_id → (units,
     /// time since the release, on the database's clock).
     pub unreturned: std::collections::BTreeMap<String, (i64, Duration)>,

@@ -9,7 +9,7 @@ use flashsale_app::ports::{
 };
 use flashsale_app::LedgerError;
 use flashsale_core::{
-    CancelReason, InventoryCounters, OrderId, OrderStatus, ProductId, RequestId, UserId,
+    CancelReason, HoldId, InventoryCounters, OrderId, OrderStatus, ProductId, RequestId, UserId,
 };
 use sqlx::Row;
 
@@ -363,6 +363,9 @@ impl LedgerMaintenance for MysqlLedger {
                 }
             } else {
                 let hold_id: i64 = r.try_get("hold_id").map_err(db)?;
+                let hold_id = HoldId::from_stored(hold_id).ok_or_else(|| {
+                    corrupt(format!("reservation {request_id} hold id {hold_id}"))
+                })?;
                 live.insert(request_id.clone(), (hold_id, quantity));
             }
             reserved_request_ids.insert(request_id);

@@ -37,7 +37,7 @@ use flashsale_app::ports::{
 };
 use flashsale_app::{GateError, StockGate};
 use flashsale_core::{
-    Generation, HoldRef, ProductId, PurchaseRequest, Quantity, RequestId, UserId,
+    Generation, HoldId, HoldRef, ProductId, PurchaseRequest, Quantity, RequestId, UserId,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
@@ -594,6 +594,9 @@ impl GateMaintenance for RedisGate {
                 // without them.
                 if let Some((_, q, false, hold_id, g)) = record {
                     if generation.is_some_and(|generation| generation.get() == g) {
+                        let hold_id = HoldId::from_stored(hold_id).ok_or_else(|| {
+                            GateError(format!("hold record of {request_id} has hold id {hold_id}"))
+                        })?;
                         held.insert(request_id.clone(), (hold_id, q));
                     }
                 }

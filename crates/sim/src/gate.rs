@@ -24,7 +24,7 @@ use flashsale_app::ports::{
 };
 use flashsale_app::{GateError, StockGate};
 use flashsale_core::{
-    Generation, HoldRef, ProductId, PurchaseRequest, Quantity, RequestId, UserId,
+    Generation, HoldId, HoldRef, ProductId, PurchaseRequest, Quantity, RequestId, UserId,
 };
 
 use crate::ctx::{Ctx, Point};
@@ -253,7 +253,7 @@ impl MemGate {
             available: keys.inv.as_ref().map(|i| i.avail),
             generation: Generation::from_stored(generation),
             last_hold_id: keys.inv.as_ref().and_then(|i| i.seq).unwrap_or(0),
-            held: held(keys, generation, now),
+            held: held(keys, generation, now).expect("the sim's gate hands out hold ids from 1"),
             pending: aged(&keys.pending, now),
         }
     }
@@ -272,17 +272,24 @@ fn aged(pending: &BTreeMap<String, i64>, now_ms: i64) -> BTreeMap<String, Durati
 
 /// Records holding units in the gate's current generation (as `RedisGate::facts` reads
 /// them).
-fn held(keys: &mut Keys, generation: i64, now_ms: i64) -> BTreeMap<String, (i64, i64)> {
+fn held(
+    keys: &mut Keys,
+    generation: i64,
+    now_ms: i64,
+) -> Result<BTreeMap<String, (HoldId, i64)>, GateError> {
     let ids: Vec<String> = keys.records.keys().cloned().collect();
     let mut held = BTreeMap::new();
     for id in ids {
         if let Some((_, q, false, hold_id, g)) = keys.hold_fields(&id, now_ms) {
             if g == generation {
+                let hold_id = HoldId::from_stored(hold_id).ok_or_else(|| {
+                    GateError(format!("hold record of {id} has hold id {hold_id}"))
+                })?;
                 held.insert(id, (hold_id, q));
             }
         }
     }
-    held
+    Ok(held)
 }
 
 #[async_trait]
@@ -740,7 +747,7 @@ impl GateMaintenance for MemGate {
             available,
             generation: Generation::from_stored(generation),
             last_hold_id,
-            held: held(keys, generation, now),
+            held: held(keys, generation, now)?,
             pending,
         })
     }

@@ -904,7 +904,7 @@ fn rest_of(
                 unreturned.insert(rid.clone(), (q, Duration::ZERO));
             }
         } else {
-            live.insert(rid.clone(), (r.hold.id.get(), q));
+            live.insert(rid.clone(), (r.hold.id, q));
         }
         reserved_request_ids.insert(rid.clone());
     }
