@@ -1,10 +1,12 @@
-//! Request bodies read in full *before* a request takes one of the in-flight slots.
+//! Request bodies read in full, by size and by time, *before* a request takes one of the
+//! in-flight slots (which `routes::deadline` takes only for the use case).
 //!
 //! A client that sends its headers and then its body a byte at a time (or never) would
 //! otherwise hold an in-flight slot while the handler waits for the body: 100 such
-//! sockets lock a server with `FLASHSALE_IN_FLIGHT_MAX=100` out for everyone. Read here,
-//! a stalled body holds only its own connection (the listener bounds how many there are),
-//! for at most the request deadline, and the slots go to requests ready to be worked on.
+//! sockets locked a server with `FLASHSALE_IN_FLIGHT_MAX=100` out for everyone. Read
+//! first, a stalled body holds only its own connection (the listener bounds how many
+//! there are), for at most the request deadline, and the slots go to requests ready to be
+//! worked on.
 
 use std::future::{poll_fn, Future};
 use std::pin::pin;
@@ -12,11 +14,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use axum::body::{Body, HttpBody};
-use axum::extract::{MatchedPath, Request, State};
-use axum::http::{header, HeaderValue, Method, StatusCode};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use flashsale_app::metrics::outcome_index;
+use axum::http::StatusCode;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use crate::error::ApiError;
@@ -33,7 +31,9 @@ pub(crate) enum BodyFailure {
 }
 
 impl BodyFailure {
-    fn error(&self, limit: usize) -> ApiError {
+    /// The answer: 413, 408 (and the connection closed: what is left of the body is not
+    /// worth waiting for), or 400.
+    pub(crate) fn error(&self, limit: usize) -> ApiError {
         match self {
             Self::TooLarge => ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -44,7 +44,8 @@ impl BodyFailure {
                 StatusCode::REQUEST_TIMEOUT,
                 "request_timeout",
                 "the request body did not arrive within the request deadline",
-            ),
+            )
+            .closing(),
             Self::Unreadable => ApiError::invalid(
                 "request body unreadable: malformed chunked encoding, or cut short",
             ),
@@ -92,48 +93,6 @@ pub(crate) async fn lazy_timeout<T>(limit: Duration, work: impl Future<Output = 
         }
     })
     .await
-}
-
-/// The layer's state: the limits and where a refusal is counted.
-#[derive(Clone)]
-pub(crate) struct BodyLimits {
-    pub bytes_max: usize,
-    pub deadline: Duration,
-    pub metrics: std::sync::Arc<flashsale_app::Metrics>,
-}
-
-/// The middleware: buffers the body, then hands the request on (to the in-flight limit
-/// and the handler) with the body in memory. A body that can't be read is answered here,
-/// counted under its endpoint; the connection is closed after a body that timed out.
-pub(crate) async fn read_first(
-    State(limits): State<BodyLimits>,
-    request: Request,
-    next: Next,
-) -> Response {
-    if request.body().is_end_stream() {
-        return next.run(request).await;
-    }
-    let (parts, body) = request.into_parts();
-    match read_whole(body, limits.bytes_max, limits.deadline).await {
-        Ok(bytes) => {
-            next.run(Request::from_parts(parts, Body::from(bytes)))
-                .await
-        }
-        Err(failure) => {
-            let endpoint =
-                crate::routes::endpoint_of(&parts.method, parts.extensions.get::<MatchedPath>());
-            let e = failure.error(limits.bytes_max);
-            limits.metrics.answered_at(endpoint, outcome_index(e.code));
-            let mut response = e.into_response();
-            if failure != BodyFailure::TooLarge || parts.method != Method::GET {
-                // What is left of the body is not worth reading: the connection goes.
-                response
-                    .headers_mut()
-                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            }
-            response
-        }
-    }
 }
 
 #[cfg(test)]

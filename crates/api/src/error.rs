@@ -23,6 +23,9 @@ pub struct ApiError {
     retry_after_secs: Option<u64>,
     /// `WWW-Authenticate` of a 401 whose credentials were a bearer token (RFC 6750 §3).
     challenge: Option<&'static str>,
+    /// Whether the connection is closed after this answer (`Connection: close`): a request
+    /// whose body never arrived leaves nothing worth reading on it.
+    close: bool,
     /// The answer's body, encoded once for the process: outcomes whose message never
     /// varies (a flood's `sold_out`, above all), so refusing one costs no JSON encoding
     /// and no allocation of its text (BENCHMARKS.md, thirteenth session).
@@ -47,8 +50,15 @@ impl ApiError {
             message: message.into(),
             retry_after_secs: None,
             challenge: None,
+            close: false,
             encoded: None,
         }
+    }
+
+    /// The same answer, with the connection closed after it.
+    pub fn closing(mut self) -> Self {
+        self.close = true;
+        self
     }
 
     /// Credentials missing or refused, with the `WWW-Authenticate` challenge when they
@@ -122,6 +132,7 @@ impl From<Error> for ApiError {
                 message: String::new(),
                 retry_after_secs,
                 challenge: None,
+                close: false,
                 encoded: Some(cell),
             };
         }
@@ -176,6 +187,11 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if self.close {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         if let Some(challenge) = self.challenge {
             response.headers_mut().insert(

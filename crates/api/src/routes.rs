@@ -4,17 +4,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::error_handling::HandleErrorLayer;
-use axum::extract::rejection::{BytesRejection, FailedToBufferBody, PathRejection};
+use axum::extract::rejection::PathRejection;
 use axum::extract::ConnectInfo;
-use axum::extract::{
-    DefaultBodyLimit, FromRequest, FromRequestParts, MatchedPath, Path, Request, State,
-};
+use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{middleware, BoxError, Json, Router};
+use axum::{Json, Router};
 use flashsale_app::limit::{address_key, Limiter};
 use flashsale_app::metrics::{index_of, outcome_index, ENDPOINTS, OUTCOMES};
 use flashsale_app::{Flashsale, Metrics, Monitor};
@@ -22,11 +19,10 @@ use flashsale_core::{
     NewProduct, OrderId, ParseError, ProductId, PurchaseRequest, RequestId, SaleWindow, UserId,
 };
 use serde::Deserialize;
-use tower::limit::GlobalConcurrencyLimitLayer;
-use tower::ServiceBuilder;
+use tokio::sync::Semaphore;
 
 use crate::auth::{acting_user, bearer, BuyerAuth};
-use crate::body::{lazy_timeout, read_first, BodyLimits};
+use crate::body::{lazy_timeout, read_whole};
 use crate::error::ApiError;
 use crate::wire::{
     decimal, NewProductBody, OrderJson, ProductJson, PurchaseBody, RestockBody, UserBody,
@@ -99,6 +95,12 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 struct AppState {
     service: Arc<Flashsale>,
     config: Arc<ApiConfig>,
+    /// The in-flight limit (`ApiConfig::in_flight_max`): a request holds one of these
+    /// only while its use case works on the stores, after its body has arrived and been
+    /// parsed, so a client that sends slowly (or never) holds none.
+    slots: Arc<Semaphore>,
+    /// The readiness probes' own slots, so a flood never starves them.
+    probe_slots: Arc<Semaphore>,
 }
 
 /// Readiness probes answered at once: each pings both stores, and a probe has its own
@@ -107,15 +109,10 @@ struct AppState {
 const PROBES_IN_FLIGHT_MAX: usize = 64;
 
 pub fn router(service: Arc<Flashsale>, config: ApiConfig) -> Router {
-    let in_flight_max = config.in_flight_max;
-    let metrics = config.metrics.clone();
-    let body_limits = BodyLimits {
-        bytes_max: BODY_BYTES_MAX,
-        deadline: config.request_timeout,
-        metrics: metrics.clone(),
-    };
     let state = AppState {
         service,
+        slots: Arc::new(Semaphore::new(config.in_flight_max)),
+        probe_slots: Arc::new(Semaphore::new(PROBES_IN_FLIGHT_MAX)),
         config: Arc::new(config),
     };
     let router = Router::new();
@@ -124,6 +121,8 @@ pub fn router(service: Arc<Flashsale>, config: ApiConfig) -> Router {
         false => router,
     };
     router
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .route("/v1/products", post(create_product))
         .route("/v1/products/{id}", get(get_product))
         .route("/v1/products/{id}/restock", post(restock))
@@ -134,59 +133,7 @@ pub fn router(service: Arc<Flashsale>, config: ApiConfig) -> Router {
         .route("/v1/orders/{id}/cancel", post(cancel))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
-        .layer(shed_past(in_flight_max, metrics.clone()))
-        // Outermost: the body is read before the request takes an in-flight slot.
-        .layer(middleware::from_fn_with_state(body_limits, read_first))
-        // The probes, added after the layers above, are outside the API's in-flight limit.
-        .route("/healthz", get(healthz))
-        .route(
-            "/readyz",
-            get(readyz).layer(shed_past(PROBES_IN_FLIGHT_MAX, metrics)),
-        )
         .with_state(state)
-}
-
-/// At most `limit` requests at once through what it wraps (one semaphore for all of it:
-/// `Router::layer` wraps each route on its own, and a plain concurrency limit would then
-/// bound each route apart); past it a request is answered 503 at once, counted under its
-/// endpoint, instead of queueing.
-fn shed_past<S>(
-    limit: usize,
-    metrics: Arc<Metrics>,
-) -> impl tower::Layer<
-    S,
-    Service = impl tower::Service<
-        Request,
-        Response = Response,
-        Error = std::convert::Infallible,
-        Future = impl Send + 'static,
-    > + Clone
-                  + Send
-                  + Sync
-                  + 'static,
-> + Clone
-where
-    S: tower::Service<Request, Response = Response, Error = std::convert::Infallible>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    S::Future: Send + 'static,
-{
-    ServiceBuilder::new()
-        .layer(HandleErrorLayer::new(
-            move |method: Method, matched: Option<MatchedPath>, _: BoxError| {
-                let shed = metrics.clone();
-                async move {
-                    let endpoint = endpoint_of(&method, matched.as_ref());
-                    shed.answered_at(endpoint, outcome_index("unavailable"));
-                    overloaded()
-                }
-            },
-        ))
-        .load_shed()
-        .layer(GlobalConcurrencyLimitLayer::new(limit))
 }
 
 /// `GET /metrics` alone, for a listener of its own (`FLASHSALE_METRICS_LISTEN`): outside
@@ -207,24 +154,6 @@ pub fn metrics_router(monitor: Arc<Monitor>) -> Router {
             ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
         })
         .with_state(monitor)
-}
-
-/// The `endpoint` label of a request, from its method and the route it matched (the
-/// counts of requests shed before their handler ran).
-pub(crate) fn endpoint_of(method: &Method, matched: Option<&MatchedPath>) -> usize {
-    match (method, matched.map(MatchedPath::as_str)) {
-        (&Method::POST, Some("/v1/purchases")) => PURCHASE,
-        (&Method::GET, Some("/v1/purchases/{request_id}")) => GET_PURCHASE,
-        (&Method::GET, Some("/v1/orders/{id}")) => GET_ORDER,
-        (&Method::POST, Some("/v1/orders/{id}/pay")) => PAY,
-        (&Method::POST, Some("/v1/orders/{id}/cancel")) => CANCEL,
-        (&Method::POST, Some("/v1/products")) => CREATE_PRODUCT,
-        (&Method::GET, Some("/v1/products/{id}")) => GET_PRODUCT,
-        (&Method::POST, Some("/v1/products/{id}/restock")) => RESTOCK,
-        (&Method::GET, Some("/readyz")) => READYZ,
-        (&Method::GET, Some("/metrics")) => METRICS,
-        _ => OTHER,
-    }
 }
 
 fn overloaded() -> ApiError {
@@ -306,31 +235,25 @@ impl<S: Send + Sync> FromRequestParts<S> for Started {
 /// empty body needs no type.
 struct Body(Bytes);
 
-impl<S: Send + Sync> FromRequest<S> for Body {
+impl FromRequest<AppState> for Body {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
         let declared = req.headers().get(header::CONTENT_TYPE).map(is_json);
         if declared == Some(false) {
             return Err(ApiError::unsupported_media_type(
                 "the body must be Content-Type: application/json",
             ));
         }
-        let bytes = match Bytes::from_request(req, state).await {
-            Ok(bytes) => bytes,
-            Err(BytesRejection::FailedToBufferBody(FailedToBufferBody::LengthLimitError(_))) => {
-                return Err(ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "payload_too_large",
-                    format!("request body larger than {BODY_BYTES_MAX} bytes"),
-                ))
-            }
-            // A malformed chunked encoding, or the connection failing mid-body.
-            Err(BytesRejection::FailedToBufferBody(_)) => {
-                return Err(ApiError::invalid("request body unreadable"))
-            }
-            Err(e) => return Err(ApiError::invalid(e.body_text())),
-        };
+        // Read whole before the request takes an in-flight slot (`deadline`): a slow
+        // body holds only its own connection, for at most the request deadline.
+        let bytes = read_whole(
+            req.into_body(),
+            BODY_BYTES_MAX,
+            state.config.request_timeout,
+        )
+        .await
+        .map_err(|failure| failure.error(BODY_BYTES_MAX))?;
         if declared.is_none() && !bytes.is_empty() {
             return Err(ApiError::unsupported_media_type(
                 "the body needs Content-Type: application/json",
@@ -474,11 +397,23 @@ fn visible(order: flashsale_app::Order, buyer: Option<UserId>) -> Result<OrderJs
     }
 }
 
-/// Runs a use case under the request deadline; past it the outcome is unknown (503).
+/// Runs a use case in one of the in-flight slots, under the request deadline: with no
+/// slot free the answer is 503 at once (a flood is shed, not queued), and past the
+/// deadline the outcome is unknown (503).
 async fn deadline<T>(
     state: &AppState,
     work: impl Future<Output = Result<T, flashsale_app::Error>>,
 ) -> Result<T, ApiError> {
+    in_slot(&state.slots, state, work).await
+}
+
+/// `work` in one of `slots`, under the request deadline.
+async fn in_slot<T>(
+    slots: &Semaphore,
+    state: &AppState,
+    work: impl Future<Output = Result<T, flashsale_app::Error>>,
+) -> Result<T, ApiError> {
+    let _slot = slots.try_acquire().map_err(|_| overloaded())?;
     within(state.config.request_timeout, work).await
 }
 
@@ -523,7 +458,7 @@ async fn healthz() -> impl IntoResponse {
 }
 
 async fn readyz(started: Started, State(state): State<AppState>) -> Response {
-    let ready = deadline(&state, state.service.ready())
+    let ready = in_slot(&state.probe_slots, &state, state.service.ready())
         .await
         .map(|()| Json(serde_json::json!({"status": "ready"})));
     counted(started, &state, READYZ, ready)
