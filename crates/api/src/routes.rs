@@ -228,8 +228,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Started {
     }
 }
 
-/// The raw body, declared JSON, with axum's own rejections (too large, unreadable) turned
-/// into our JSON errors. A body must come with `Content-Type: application/json`
+/// The raw body, read whole by [`read_whole`] (its size and time bounded; a failure is
+/// our JSON 413, 408 or 400), declared JSON. A body must come with `Content-Type: application/json`
 /// (parameters such as `charset` allowed); another type is refused unread, and a body
 /// without one is refused too (415), since `curl -d` sends form encoding unasked. An
 /// empty body needs no type.

@@ -129,8 +129,8 @@ const MAX_QUANTITY_PER_ORDER_LIMIT: u32 = 1000;
 const DATABASE_CONNECTIONS_LIMIT: u32 = 256;
 /// Upper bound of concurrently handled requests.
 const IN_FLIGHT_LIMIT: usize = 1_000_000;
-/// Upper bound of the connection cap: each open connection holds up to about 40 KiB
-/// (README), so a million would be 40 GiB.
+/// Upper bound of the connection cap: each open connection holds about 16–17 KiB
+/// (README, measured by `tests/it/slow_clients.rs`), so a million would be 17 GB.
 const CONNECTIONS_LIMIT: usize = 1_000_000;
 /// Longest header deadline: a slow client holds its connection this long.
 const HEADER_TIMEOUT_MAX: Duration = Duration::from_secs(300);

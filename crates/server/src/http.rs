@@ -266,7 +266,7 @@ async fn connection(
     stream: TcpStream,
     peer: SocketAddr,
     conn: Arc<Conn>,
-    registered: Registered,
+    _registered: Registered,
     router: Router,
     builder: hyper::server::conn::http1::Builder,
     settings: HttpSettings,
@@ -298,7 +298,6 @@ async fn connection(
     // Stopping: an idle connection closes now, a busy one after its answer.
     served.as_mut().graceful_shutdown();
     let _ = served.await;
-    drop(registered);
 }
 
 /// Answers a connection refused at the cap with 503 and closes it, without holding up
