@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use flashsale_testkit::{delete_prefix, free_port, redis_prefix, TcpProxy, TestDb};
 use serde_json::json;
 
-use crate::helpers::{redis_addr, MYSQL_SERVER, REDIS_URL};
+use crate::helpers::{redis_addr, stream_name, MYSQL_SERVER, REDIS_URL};
 
 const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
 /// How long the binary may take to start answering (it creates its database and migrates).
@@ -95,12 +95,9 @@ async fn serve_creates_database_logs_json_and_drains_on_sigterm() {
         // this test's events.
         .env(
             "FLASHSALE_NATS_SUBJECT_PREFIX",
-            prefix.trim_end_matches(':'),
+            stream_name(&prefix).to_lowercase(),
         )
-        .env(
-            "FLASHSALE_NATS_STREAM",
-            prefix.trim_end_matches(':').to_uppercase(),
-        )
+        .env("FLASHSALE_NATS_STREAM", stream_name(&prefix))
         .env_remove("FLASHSALE_ADMIN_TOKEN")
         .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
@@ -215,9 +212,7 @@ async fn serve_creates_database_logs_json_and_drains_on_sigterm() {
     let _ = delete_prefix(REDIS_URL, &prefix).await;
     if let Ok(client) = async_nats::connect("nats://127.0.0.1:4222").await {
         let js = async_nats::jetstream::new(client);
-        let _ = js
-            .delete_stream(prefix.trim_end_matches(':').to_uppercase())
-            .await;
+        let _ = js.delete_stream(stream_name(&prefix)).await;
     }
     let _ = db.drop_db().await;
 }

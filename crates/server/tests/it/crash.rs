@@ -10,7 +10,7 @@ use flashsale_testkit::{delete_prefix, free_port, redis_prefix, TestDb};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{code, ADMIN_TOKEN, MYSQL_SERVER, REDIS_URL};
+use crate::helpers::{code, stream_name, ADMIN_TOKEN, MYSQL_SERVER, REDIS_URL};
 
 const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
 /// How long a started service may take to answer /healthz.
@@ -123,10 +123,6 @@ async fn purchase_then_kill(service: Service, request_id: &str) {
         hanging.await.expect("join").is_err(),
         "the client must not have been answered"
     );
-}
-
-fn stream_name(prefix: &str) -> String {
-    prefix.trim_end_matches(':').to_uppercase()
 }
 
 /// Waits (bounded) until the running service's relay has delivered every outbox event,

@@ -405,6 +405,12 @@ pub fn code(body: &Value) -> &str {
 // ---- events (outbox → NATS JetStream → sales_stats) -----------------------------------
 
 /// The shared NATS JetStream server on this machine.
+/// The JetStream stream of a binary started by a test with Redis prefix `prefix`, its
+/// subjects' prefix in lower case: its own on the shared NATS, deleted at the end.
+pub fn stream_name(prefix: &str) -> String {
+    prefix.trim_end_matches(':').to_uppercase()
+}
+
 pub const NATS_URL: &str = "nats://127.0.0.1:4222";
 
 /// One test's event workers (relay and consumer, as `serve` runs them) and the NATS names

@@ -13,7 +13,7 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::helpers::{ADMIN_TOKEN, MYSQL_SERVER, REDIS_URL};
+use crate::helpers::{stream_name, ADMIN_TOKEN, MYSQL_SERVER, REDIS_URL};
 
 const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
 /// How long the binary may take to start answering (it creates its database and migrates).
@@ -60,12 +60,9 @@ impl Server {
             .env("FLASHSALE_ADMIN_TOKEN", ADMIN_TOKEN)
             .env(
                 "FLASHSALE_NATS_SUBJECT_PREFIX",
-                prefix.trim_end_matches(':'),
+                stream_name(&prefix).to_lowercase(),
             )
-            .env(
-                "FLASHSALE_NATS_STREAM",
-                prefix.trim_end_matches(':').to_uppercase(),
-            )
+            .env("FLASHSALE_NATS_STREAM", stream_name(&prefix))
             .env("FLASHSALE_USER_PURCHASE_RATE", "0")
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
@@ -171,9 +168,7 @@ impl Server {
         let _ = delete_prefix(REDIS_URL, &self.prefix).await;
         if let Ok(client) = async_nats::connect(crate::helpers::NATS_URL).await {
             let js = async_nats::jetstream::new(client);
-            let _ = js
-                .delete_stream(self.prefix.trim_end_matches(':').to_uppercase())
-                .await;
+            let _ = js.delete_stream(stream_name(&self.prefix)).await;
         }
         if let Some(db) = self.db.take() {
             let _ = db.drop_db().await;
