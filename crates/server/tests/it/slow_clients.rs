@@ -364,11 +364,13 @@ async fn an_oversized_head_is_answered_431() {
 // 1,100 idle sockets only evict each other, oldest first, while /healthz answers within
 // 100 ms and a buyer gets 201. When every connection is inside a request (stalled bodies,
 // which the cap cannot evict), a newcomer is answered 503 `unavailable` (JSON, with
-// Retry-After) and closed; once those requests hit their deadline, the server serves
-// again.
+// Retry-After) and closed; once those requests hit their deadline (each is closed), the
+// server serves again. The deadline (8 s) is long enough that the stalled requests are
+// still in flight when the newcomer arrives even on a loaded CI box, where opening them
+// took over 2 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_connection_cap_evicts_idle_ones_and_refuses_cleanly() {
-    let server = Server::start(&[("REQUEST_TIMEOUT", "2s")], Some(1024)).await;
+    let server = Server::start(&[("REQUEST_TIMEOUT", "8s")], Some(1024)).await;
     let idle = open_with(server.port, 1100, b"").await;
     let median = server.probe_median().await;
     server.buy("CAP_1").await;
@@ -397,8 +399,10 @@ async fn the_connection_cap_evicts_idle_ones_and_refuses_cleanly() {
     assert!(text.contains(r#""error":"unavailable""#), "{text}");
 
     // The stalled requests end at their deadline; the places are free again.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    drop(stalled);
+    for mut s in stalled {
+        let closed = read_within(&mut s, Duration::from_secs(15)).await;
+        assert!(closed.is_some(), "a stalled request outlived its deadline");
+    }
     let median = server.probe_median().await;
     assert!(median <= PROBE_MAX, "healthz median {median:?} after");
     server.buy("CAP_2").await;
