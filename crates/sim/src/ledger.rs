@@ -1567,8 +1567,16 @@ impl Outbox for MemLedger {
         Ok(())
     }
 
-    async fn let_go(&self, _relay: &str) -> Result<(), LedgerError> {
-        // Leases are per row here, and give_back ended them all.
+    async fn let_go(&self, relay: &str) -> Result<(), LedgerError> {
+        let mut t = self.lock();
+        for row in t
+            .outbox
+            .values_mut()
+            .filter(|r| !r.sent && r.claimed_by.as_deref() == Some(relay))
+        {
+            row.claimed_by = None;
+            row.claimed_until = None;
+        }
         Ok(())
     }
 
