@@ -1,0 +1,547 @@
+//! The ledger's contract (`Ledger` + `LedgerMaintenance`): what the SQL's unique keys,
+//! conditional UPDATEs, generation fence and group commit promise.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use flashsale_app::ports::{
+    Commit, CreateProduct, ExpiredOrder, Fence, LedgerMaintenance, RecordRestock, ReleaseOf,
+};
+use flashsale_app::{Ledger, Order, PurchaseOutcome};
+use flashsale_core::{
+    CancelReason, HoldRef, InventoryCounters, OrderStatus, ProductId, PurchaseRequest,
+    ReleaseReason,
+};
+
+use crate::{generation, hold, new_product, product, product_n, purchase, request_id, user};
+
+/// A payment deadline no test reaches.
+pub const PAYMENT_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// A fresh, empty ledger, and the clock its deadlines are decided on.
+#[async_trait(?Send)]
+pub trait LedgerWorld: Sized + 'static {
+    type Ledger: Ledger + LedgerMaintenance;
+    async fn open() -> Self;
+    fn ledger(&self) -> &Self::Ledger;
+    /// Lets `d` pass on the ledger's clock.
+    async fn pass(&self, d: Duration);
+    /// Removes what the test wrote.
+    async fn close(self);
+}
+
+/// Creates [`product`] (or `product_id`) with `stock` units.
+pub async fn create<L: Ledger>(l: &L, product_id: ProductId, stock: i64, limit: Option<i64>) {
+    match l
+        .create_product(&new_product(product_id, stock, limit))
+        .await
+        .expect("create")
+    {
+        CreateProduct::Created(p) => assert_eq!(p.product_id, product_id),
+        other => panic!("expected a new product, got {other:?}"),
+    }
+}
+
+async fn commit<L: Ledger>(l: &L, r: &PurchaseRequest, h: HoldRef, limit: Option<u32>) -> Commit {
+    l.commit_purchase(r, h, limit, PAYMENT_TIMEOUT)
+        .await
+        .expect("commit")
+}
+
+fn committed(c: Commit) -> Order {
+    match c {
+        Commit::Committed(order) => order,
+        other => panic!("expected an order, got {other:?}"),
+    }
+}
+
+async fn counters<L: Ledger>(l: &L) -> InventoryCounters {
+    l.inventory(product())
+        .await
+        .expect("inventory")
+        .expect("a product")
+}
+
+/// A product is created once: a second create finds the stored one and its total.
+pub async fn a_product_is_created_once<W: LedgerWorld>(w: &W) {
+    let l = w.ledger();
+    assert_eq!(l.product(product()).await.expect("product"), None);
+    create(l, product(), 7, Some(2)).await;
+    match l
+        .create_product(&new_product(product(), 99, None))
+        .await
+        .expect("again")
+    {
+        CreateProduct::Exists(p, total) => {
+            assert_eq!(p.per_user_limit, Some(2));
+            assert_eq!(total, 7);
+        }
+        other => panic!("a second create found {other:?}"),
+    }
+    let p = l
+        .product(product())
+        .await
+        .expect("product")
+        .expect("stored");
+    assert!(!p.stock_loaded);
+    l.mark_stock_loaded(product()).await.expect("loaded");
+    assert!(
+        l.product(product())
+            .await
+            .expect("p")
+            .expect("p")
+            .stock_loaded
+    );
+    assert_eq!(
+        l.generation(product()).await.expect("gen"),
+        Some(generation(1))
+    );
+    let c = counters(l).await;
+    assert_eq!((c.total, c.available, c.reserved, c.sold), (7, 7, 0, 0));
+}
+
+/// A purchase commits once per request_id: the order is pending payment, the counters
+/// move, and a second commit — the same hold or another — is answered with the record.
+pub async fn a_purchase_commits_once_per_request_id<W: LedgerWorld>(w: &W) {
+    let l = w.ledger();
+    create(l, product(), 5, None).await;
+    let a = purchase("C_A", 1, 2);
+    let order = committed(commit(l, &a, hold(1, 1), None).await);
+    assert_eq!(order.request_id, a.request_id);
+    assert_eq!(order.user_id, user(1));
+    assert_eq!(order.quantity.get(), 2);
+    assert_eq!(order.status, OrderStatus::PendingPayment);
+    for h in [hold(1, 1), hold(1, 2)] {
+        match commit(l, &a, h, None).await {
+            Commit::Duplicate(record) => {
+                assert_eq!(record.hold, hold(1, 1));
+                assert_eq!(record.outcome, PurchaseOutcome::Order(order.clone()));
+            }
+            other => panic!("a second commit got {other:?}"),
+        }
+    }
+    let found = l.find_purchase(&a.request_id).await.expect("find");
+    let found = found.expect("a record");
+    assert!(found.is_hold(product(), hold(1, 1)));
+    assert_eq!(
+        l.find_purchase(&request_id("C_NONE")).await.expect("f"),
+        None
+    );
+    assert_eq!(l.order(order.order_id).await.expect("order"), Some(order));
+    let c = counters(l).await;
+    assert_eq!((c.total, c.available, c.reserved, c.sold), (5, 3, 2, 0));
+}
+
+/// The ledger checks for itself what the gate checked: too few units, a user over the
+/// per-user limit (live orders count), and a hold of a generation that was advanced
+/// past; each refusal writes nothing.
+pub async fn the_ledger_refuses_what_the_gate_wrongly_admits<W: LedgerWorld>(w: &W) {
+    let l = w.ledger();
+    create(l, product(), 3, Some(2)).await;
+    committed(commit(l, &purchase("V_A", 1, 2), hold(1, 1), Some(2)).await);
+    assert_eq!(
+        commit(l, &purchase("V_B", 1, 1), hold(1, 2), Some(2)).await,
+        Commit::LimitExceeded
+    );
+    assert_eq!(
+        commit(l, &purchase("V_C", 2, 2), hold(1, 3), Some(2)).await,
+        Commit::InsufficientStock
+    );
+    let plan = l.advance_generation(product()).await.expect("advance");
+    assert_eq!(plan.generation, generation(2));
+    assert_eq!(plan.available, 1);
+    assert!(plan.last_hold_id >= 1);
+    assert_eq!(plan.user_units, vec![(user(1), 2)]);
+    assert_eq!(
+        commit(l, &purchase("V_D", 3, 1), hold(1, 4), Some(2)).await,
+        Commit::StaleGeneration
+    );
+    let next = plan.last_hold_id + 1;
+    committed(commit(l, &purchase("V_D", 3, 1), hold(2, next), Some(2)).await);
+    for refused in ["V_B", "V_C"] {
+        assert_eq!(
+            l.find_purchase(&request_id(refused)).await.expect("f"),
+            None
+        );
+    }
+    let c = counters(l).await;
+    assert_eq!((c.total, c.available, c.reserved, c.sold), (3, 0, 3, 0));
+}
+
+/// A fence takes the request_id with a released reservation and no order, so a late
+/// commit of that request finds the fence; a fence of a committed request finds the
+/// order and changes nothing.
+pub async fn a_fence_blocks_a_late_commit<W: LedgerWorld>(w: &W) {
+    let l = w.ledger();
+    create(l, product(), 5, None).await;
+    let a = purchase("F_A", 1, 1);
+    assert_eq!(
+        l.fence(&a, hold(1, 1), ReleaseReason::Abandoned)
+            .await
+            .expect("fence"),
+        Fence::Fenced
+    );
+    assert_eq!(
+        l.fence(&a, hold(1, 1), ReleaseReason::Abandoned)
+            .await
+            .expect("again"),
+        Fence::Duplicate(flashsale_app::PurchaseRecord {
+            request: a.clone(),
+            hold: hold(1, 1),
+            outcome: PurchaseOutcome::Released {
+                reason: ReleaseReason::Abandoned
+            },
+        })
+    );
+    match commit(l, &a, hold(1, 1), None).await {
+        Commit::Duplicate(record) => assert_eq!(
+            record.outcome,
+            PurchaseOutcome::Released {
+                reason: ReleaseReason::Abandoned
+            }
+        ),
+        other => panic!("a late commit got {other:?}"),
+    }
+    let b = purchase("F_B", 2, 1);
+    let order = committed(commit(l, &b, hold(1, 2), None).await);
+    match l
+        .fence(&b, hold(1, 2), ReleaseReason::Abandoned)
+        .await
+        .expect("fence")
+    {
+        Fence::Duplicate(record) => assert_eq!(record.outcome, PurchaseOutcome::Order(order)),
+        other => panic!("a fence of an order got {other:?}"),
+    }
+    let c = counters(l).await;
+    assert_eq!((c.available, c.reserved), (4, 1), "a fence takes no stock");
+    let ids = l
+        .reservation_request_ids(product(), 10)
+        .await
+        .expect("ids")
+        .expect("all");
+    let ids: BTreeSet<_> = ids.iter().map(|r| r.as_str().to_owned()).collect();
+    assert_eq!(ids, BTreeSet::from(["F_A".to_owned(), "F_B".to_owned()]));
+    assert_eq!(
+        l.reservation_request_ids(product(), 1).await.expect("ids"),
+        None
+    );
+}
+
+/// Payment moves an order to paid once; a cancel moves an unpaid one to cancelled once,
+/// leaving its units to be returned to the gate (once marked returned, no longer
+/// pending); neither applies to another user's order or a settled one.
+pub async fn pay_and_cancel_resolve_an_order_once<W: LedgerWorld>(w: &W) {
+    let l = w.ledger();
+    create(l, product(), 5, Some(3)).await;
+    let paid = committed(commit(l, &purchase("P_A", 1, 1), hold(1, 1), Some(3)).await);
+    let cancelled = committed(commit(l, &purchase("P_B", 2, 2), hold(1, 2), Some(3)).await);
+    assert_eq!(l.pay(paid.order_id, user(9)).await.expect("pay"), None);
+    let first = l
+        .pay(paid.order_id, user(1))
+        .await
+        .expect("pay")
+        .expect("o");
+    assert!(first.applied && !first.expired);
+    assert_eq!(first.order.status, OrderStatus::Paid);
+    let again = l
+        .pay(paid.order_id, user(1))
+        .await
+        .expect("pay")
+        .expect("o");
+    assert!(!again.applied);
+    let cancel_paid = l
+        .cancel(paid.order_id, user(1), CancelReason::UserCancelled)
+        .await
+        .expect("cancel")
+        .expect("o");
+    assert!(!cancel_paid.applied);
+    assert_eq!(cancel_paid.order.status, OrderStatus::Paid);
+
+    let attempt = l
+        .cancel(cancelled.order_id, user(2), CancelReason::UserCancelled)
+        .await
+        .expect("cancel")
+        .expect("o");
+    assert!(attempt.applied);
+    assert_eq!(attempt.order.status, OrderStatus::Cancelled);
+    let expected = ReleaseOf::Reservation {
+        generation: generation(1),
+        hold: hold(1, 2),
+        user_id: user(2),
+        quantity: cancelled.quantity,
+        limited: true,
+    };
+    assert_eq!(attempt.pending_return, Some(expected));
+    let twice = l
+        .cancel(cancelled.order_id, user(2), CancelReason::UserCancelled)
+        .await
+        .expect("cancel")
+        .expect("o");
+    assert!(!twice.applied);
+    let pay_cancelled = l.pay(cancelled.order_id, user(2)).await.expect("p");
+    assert!(!pay_cancelled.expect("o").applied);
+    let returns = l.pending_returns(10).await.expect("returns");
+    assert_eq!(returns.len(), 1, "{returns:?}");
+    assert_eq!(returns[0].request_id, request_id("P_B"));
+    assert_eq!(returns[0].of, expected);
+    l.mark_stock_returned(&request_id("P_B"))
+        .await
+        .expect("mark");
+    assert!(l.pending_returns(10).await.expect("returns").is_empty());
+    let c = counters(l).await;
+    assert_eq!((c.total, c.available, c.reserved, c.sold), (5, 4, 0, 1));
+}
+
+/// An unpaid order past its deadline on the ledger's clock is listed and expired once;
+/// one still within it is neither, and a paid one never.
+pub async fn orders_expire_on_the_ledgers_clock<W: LedgerWorld>(w: &W) {
+    let l = w.ledger();
+    create(l, product(), 5, None).await;
+    let short = l
+        .commit_purchase(
+            &purchase("E_A", 1, 1),
+            hold(1, 1),
+            None,
+            Duration::from_secs(1),
+        )
+        .await
+        .expect("commit");
+    let short = committed(short);
+    let long = committed(commit(l, &purchase("E_B", 2, 1), hold(1, 2), None).await);
+    assert!(l.expired_orders(10).await.expect("expired").is_empty());
+    let early = ExpiredOrder {
+        order_id: short.order_id,
+        user_id: user(1),
+    };
+    let before = l.expire(&early).await.expect("expire").expect("o");
+    assert!(!before.applied, "not past its deadline yet");
+    w.pass(Duration::from_millis(1500)).await;
+    let expired = l.expired_orders(10).await.expect("expired");
+    assert_eq!(expired, vec![early.clone()]);
+    let attempt = l.expire(&early).await.expect("expire").expect("o");
+    assert!(attempt.applied);
+    assert_eq!(attempt.order.status, OrderStatus::Cancelled);
+    assert_eq!(
+        attempt.order.cancel_reason,
+        Some(CancelReason::PaymentTimeout)
+    );
+    assert!(attempt.pending_return.is_some());
+    assert!(!l.expire(&early).await.expect("again").expect("o").applied);
+    assert!(l.expired_orders(10).await.expect("expired").is_empty());
+    let paid = l
+        .pay(long.order_id, user(2))
+        .await
+        .expect("pay")
+        .expect("o");
+    assert!(paid.applied);
+}
+
+/// A restock is recorded once per restock id (in the current generation), refused when
+/// the same id names another product or quantity, listed until marked applied, and
+/// refused when the total would pass the largest stock a product may have.
+pub async fn a_restock_is_recorded_once<W: LedgerWorld>(w: &W) {
+    let l = w.ledger();
+    create(l, product(), 5, None).await;
+    create(l, product_n(2), 5, None).await;
+    let r = request_id("S_R1");
+    let first = l.record_restock(product(), &r, 3).await.expect("restock");
+    assert_eq!(
+        first,
+        RecordRestock::Recorded {
+            applied: false,
+            generation: generation(1)
+        }
+    );
+    assert_eq!(
+        l.record_restock(product(), &r, 3).await.expect("again"),
+        first
+    );
+    assert_eq!(
+        l.record_restock(product(), &r, 4)
+            .await
+            .expect("other quantity"),
+        RecordRestock::Conflict
+    );
+    assert_eq!(
+        l.record_restock(product_n(2), &r, 3)
+            .await
+            .expect("other product"),
+        RecordRestock::Conflict
+    );
+    let pending = l.pending_restocks(10).await.expect("pending");
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0].restock_id, r);
+    assert_eq!(pending[0].quantity, 3);
+    l.mark_restock_applied(&r).await.expect("applied");
+    assert!(l.pending_restocks(10).await.expect("pending").is_empty());
+    assert_eq!(
+        l.record_restock(product(), &r, 3).await.expect("after"),
+        RecordRestock::Recorded {
+            applied: true,
+            generation: generation(1)
+        }
+    );
+    assert_eq!(
+        l.record_restock(product(), &request_id("S_BIG"), i64::MAX / 2)
+            .await
+            .expect("too large"),
+        RecordRestock::TooLarge
+    );
+    let c = counters(l).await;
+    assert_eq!((c.total, c.available), (8, 8));
+}
+
+/// Advancing a generation plans the gate from committed facts: released units not yet
+/// returned and restocks not yet applied count as done, hold ids continue above every
+/// recorded one, and the watermark follows.
+pub async fn advancing_a_generation_plans_from_the_facts<W: LedgerWorld>(w: &W) {
+    let l = w.ledger();
+    create(l, product(), 10, Some(5)).await;
+    l.mark_stock_loaded(product()).await.expect("loaded");
+    committed(commit(l, &purchase("A_A", 1, 2), hold(1, 4), Some(5)).await);
+    let b = committed(commit(l, &purchase("A_B", 2, 3), hold(1, 9), Some(5)).await);
+    l.cancel(b.order_id, user(2), CancelReason::UserCancelled)
+        .await
+        .expect("cancel")
+        .expect("o");
+    let r = request_id("A_R");
+    l.record_restock(product(), &r, 4).await.expect("restock");
+    let mark = l.watermark(product()).await.expect("w").expect("a product");
+    assert_eq!(mark.generation, generation(1));
+    assert_eq!(mark.last_hold_id, 9);
+    assert!(mark.stock_loaded);
+    let plan = l.advance_generation(product()).await.expect("advance");
+    assert_eq!(plan.generation, generation(2));
+    assert_eq!(plan.available, 12);
+    assert!(plan.last_hold_id >= 9);
+    assert_eq!(plan.user_units, vec![(user(1), 2)]);
+    assert!(l.pending_returns(10).await.expect("r").is_empty());
+    assert!(l.pending_restocks(10).await.expect("r").is_empty());
+    let mark = l.watermark(product()).await.expect("w").expect("a product");
+    assert_eq!(mark.generation, generation(2));
+    let facts = l.facts(product()).await.expect("facts").expect("a product");
+    assert_eq!(facts.counters.available, 12);
+    assert_eq!(facts.pending_units, 2);
+    assert_eq!(facts.live.len(), 1);
+    assert_eq!(
+        facts.live.get("A_A").map(|(h, q)| (h.get(), *q)),
+        Some((4, 2))
+    );
+    assert!(facts.orders_without_reservation.is_empty());
+    assert!(facts.mismatched.is_empty());
+    assert!(facts.unreturned.is_empty());
+    assert!(facts.unapplied_restocks.is_empty());
+    let ids: Vec<_> = facts.reserved_request_ids.into_iter().collect();
+    assert_eq!(ids, vec!["A_A".to_owned(), "A_B".to_owned()]);
+}
+
+/// Loaded products page in ascending id order, and the newest are listed highest first.
+pub async fn loaded_products_page_in_id_order<W: LedgerWorld>(w: &W) {
+    let l = w.ledger();
+    for id in [3, 1, 7, 5] {
+        create(l, product_n(id), 1, None).await;
+    }
+    for id in [1, 5, 7] {
+        l.mark_stock_loaded(product_n(id)).await.expect("loaded");
+    }
+    let first = l.loaded_products(None, 2).await.expect("page");
+    assert_eq!(first, vec![product_n(1), product_n(5)]);
+    let next = l
+        .loaded_products(Some(product_n(5)), 2)
+        .await
+        .expect("page");
+    assert_eq!(next, vec![product_n(7)]);
+    let newest = l.newest_products(2).await.expect("newest");
+    assert_eq!(newest, vec![product_n(7), product_n(5)]);
+}
+
+/// Concurrent commits — distinct purchases and copies of the same request_id and hold,
+/// as a flood with client retries sends them (group-committed where the adapter groups)
+/// — each get the answer they would have had alone: exactly the stock is sold, the rest
+/// refused for stock, every copy answered with its request's record.
+pub async fn concurrent_commits_answer_as_alone<W: LedgerWorld>(w: &W) {
+    const STOCK: i64 = 10;
+    const BUYERS: i64 = 16;
+    let l = w.ledger();
+    create(l, product(), STOCK, Some(1)).await;
+    // Buyer i (user 1000 + i) uses hold i + 1; the copies repeat the first half; the
+    // last buyer is user 1000's second purchase (over the limit of 1).
+    let calls: Vec<(PurchaseRequest, HoldRef)> = (0..BUYERS)
+        .chain(0..BUYERS / 2)
+        .map(|i| {
+            let u = 1000 + if i == BUYERS - 1 { 0 } else { i };
+            (purchase(&format!("G_{i}"), u, 1), hold(1, i + 1))
+        })
+        .collect();
+    let answers =
+        futures::future::join_all(calls.iter().map(|(r, h)| commit(l, r, *h, Some(1)))).await;
+    let mut orders = std::collections::BTreeMap::new();
+    let mut refused = 0;
+    let mut limited = 0;
+    for ((r, _), answer) in calls.iter().zip(&answers) {
+        match answer {
+            Commit::Committed(order) => {
+                assert!(
+                    orders
+                        .insert(r.request_id.as_str().to_owned(), order.clone())
+                        .is_none(),
+                    "{r:?} committed twice"
+                );
+            }
+            Commit::Duplicate(_) | Commit::InsufficientStock => {}
+            Commit::LimitExceeded => limited += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+        if *answer == Commit::InsufficientStock {
+            refused += 1;
+        }
+    }
+    assert!(
+        limited <= 1,
+        "only user 1000's second purchase is over its limit"
+    );
+    assert_eq!(orders.len() as i64, STOCK, "{answers:?}");
+    assert_eq!(refused + limited + STOCK, BUYERS, "{answers:?}");
+    for ((r, h), answer) in calls.iter().zip(&answers) {
+        if let Commit::Duplicate(record) = answer {
+            let order = orders
+                .get(r.request_id.as_str())
+                .expect("a copy of an order");
+            assert_eq!(record.hold, *h);
+            assert_eq!(record.outcome, PurchaseOutcome::Order(order.clone()));
+        }
+    }
+    let c = counters(l).await;
+    assert_eq!((c.available, c.reserved), (0, STOCK));
+}
+
+/// Expands to one `#[tokio::test]` per body of the ledger's contract, over world `$w`.
+#[macro_export]
+macro_rules! ledger_contract {
+    ($w:ty) => {
+        $crate::ledger_contract!(@tests $w;
+            a_product_is_created_once,
+            a_purchase_commits_once_per_request_id,
+            the_ledger_refuses_what_the_gate_wrongly_admits,
+            a_fence_blocks_a_late_commit,
+            pay_and_cancel_resolve_an_order_once,
+            orders_expire_on_the_ledgers_clock,
+            a_restock_is_recorded_once,
+            advancing_a_generation_plans_from_the_facts,
+            loaded_products_page_in_id_order,
+            concurrent_commits_answer_as_alone,
+        );
+    };
+    (@tests $w:ty; $($name:ident),* $(,)?) => {
+        $(
+            // The ledger contract's body of the same name (crates/contract/src/ledger.rs).
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let world = <$w as $crate::ledger::LedgerWorld>::open().await;
+                $crate::ledger::$name(&world).await;
+                $crate::ledger::LedgerWorld::close(world).await;
+            }
+        )*
+    };
+}

@@ -1,0 +1,178 @@
+//! The outbox's contract (`Outbox`): every state change writes its events in its own
+//! transaction; rows are leased to one relay at a time, published in order per
+//! request_id, and marked sent once.
+
+use std::time::Duration;
+
+use flashsale_app::events::{EventType, OutboxMessage};
+use flashsale_app::ports::{Commit, Outbox};
+use flashsale_app::Ledger;
+use flashsale_core::{CancelReason, ReleaseReason};
+
+use crate::ledger::{create, LedgerWorld, PAYMENT_TIMEOUT};
+use crate::{hold, product, purchase, user};
+
+/// A lease no test outlives unless it lets time pass on purpose.
+const LEASE: Duration = Duration::from_secs(60);
+/// More rows than any test writes.
+const ALL: usize = 100;
+
+fn kinds(rows: &[OutboxMessage]) -> Vec<(String, u32, EventType)> {
+    rows.iter()
+        .map(|m| (m.request_id.clone(), m.sequence, m.event_type))
+        .collect()
+}
+
+/// Writes the test's changes: an order paid (A), an order cancelled (B), a fence (C).
+async fn changes<L: Ledger>(l: &L) {
+    create(l, product(), 5, None).await;
+    let mut orders = Vec::new();
+    for (id, u, h) in [("O_A", 1, 1), ("O_B", 2, 2)] {
+        match l
+            .commit_purchase(&purchase(id, u, 1), hold(1, h), None, PAYMENT_TIMEOUT)
+            .await
+            .expect("commit")
+        {
+            Commit::Committed(order) => orders.push(order),
+            other => panic!("expected an order, got {other:?}"),
+        }
+    }
+    l.pay(orders[0].order_id, user(1)).await.expect("pay");
+    l.cancel(orders[1].order_id, user(2), CancelReason::UserCancelled)
+        .await
+        .expect("cancel");
+    l.fence(&purchase("O_C", 3, 1), hold(1, 3), ReleaseReason::Abandoned)
+        .await
+        .expect("fence");
+}
+
+/// Each change wrote its events, numbered per request_id, claimed in (request_id,
+/// sequence) order with their payloads' JSON; marked sent once, they are gone.
+pub async fn every_change_writes_its_events_in_order<W: LedgerWorld>(w: &W)
+where
+    W::Ledger: Outbox,
+{
+    let l = w.ledger();
+    changes(l).await;
+    assert_eq!(l.unsent().await.expect("unsent"), 6);
+    let rows = l.claim("relay-a", ALL, LEASE).await.expect("claim");
+    let expected: Vec<(String, u32, EventType)> = vec![
+        ("O_A".into(), 1, EventType::OrderCreated),
+        ("O_A".into(), 2, EventType::OrderPaid),
+        ("O_B".into(), 1, EventType::OrderCreated),
+        ("O_B".into(), 2, EventType::OrderCancelled),
+        ("O_B".into(), 3, EventType::ReservationReleased),
+        ("O_C".into(), 1, EventType::ReservationReleased),
+    ];
+    assert_eq!(kinds(&rows), expected);
+    for m in &rows {
+        assert!(!m.blocked);
+        assert_eq!(m.attempts, 0);
+        let payload: serde_json::Value = serde_json::from_str(&m.payload).expect("json");
+        assert_eq!(payload["event_id"].as_str(), Some(m.event_id.as_str()));
+    }
+    let ids: Vec<i64> = rows.iter().map(|m| m.id).collect();
+    l.mark_sent(&ids).await.expect("sent");
+    l.mark_sent(&ids).await.expect("sent twice");
+    assert_eq!(l.unsent().await.expect("unsent"), 0);
+    l.give_back("relay-a", &[]).await.expect("give back");
+    assert!(l
+        .claim("relay-a", ALL, LEASE)
+        .await
+        .expect("claim")
+        .is_empty());
+}
+
+/// Rows claimed by one relay are not handed to another while its lease lasts; given
+/// back (with the failures counted as attempts), let go, or once the lease ran out on
+/// the ledger's clock, they are claimable again.
+pub async fn a_claim_leases_rows_to_one_relay<W: LedgerWorld>(w: &W)
+where
+    W::Ledger: Outbox,
+{
+    let l = w.ledger();
+    changes(l).await;
+    let rows = l.claim("relay-a", ALL, LEASE).await.expect("claim");
+    assert_eq!(rows.len(), 6);
+    assert!(l
+        .claim("relay-b", ALL, LEASE)
+        .await
+        .expect("claim")
+        .is_empty());
+    let failed: Vec<(i64, String)> = rows.iter().map(|m| (m.id, "broker down".into())).collect();
+    l.give_back("relay-a", &failed).await.expect("give back");
+    let again = l.claim("relay-b", ALL, LEASE).await.expect("claim");
+    assert_eq!(kinds(&again), kinds(&rows));
+    assert!(again.iter().all(|m| m.attempts == 1), "{again:?}");
+    assert!(l
+        .claim("relay-a", ALL, LEASE)
+        .await
+        .expect("claim")
+        .is_empty());
+    l.let_go("relay-b").await.expect("let go");
+
+    let short = l
+        .claim("relay-a", ALL, Duration::from_secs(1))
+        .await
+        .expect("claim");
+    assert_eq!(short.len(), 6);
+    w.pass(Duration::from_millis(1500)).await;
+    let taken_over = l.claim("relay-b", ALL, LEASE).await.expect("claim");
+    assert_eq!(kinds(&taken_over), kinds(&rows));
+    let ids: Vec<i64> = taken_over.iter().map(|m| m.id).collect();
+    l.mark_sent(&ids).await.expect("sent");
+    assert_eq!(l.unsent().await.expect("unsent"), 0);
+}
+
+/// A claim returns at most `limit` rows, the oldest first, and what is left comes in
+/// the next rounds.
+pub async fn claims_are_bounded_and_oldest_first<W: LedgerWorld>(w: &W)
+where
+    W::Ledger: Outbox,
+{
+    let l = w.ledger();
+    changes(l).await;
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        let rows = l.claim("relay-a", 2, LEASE).await.expect("claim");
+        assert!(rows.len() <= 2, "{rows:?}");
+        if rows.is_empty() {
+            break;
+        }
+        let ids: Vec<i64> = rows.iter().map(|m| m.id).collect();
+        l.mark_sent(&ids).await.expect("sent");
+        l.give_back("relay-a", &[]).await.expect("give back");
+        seen.extend(kinds(&rows));
+    }
+    assert_eq!(seen.len(), 6, "{seen:?}");
+    // Per request_id, the events came out in sequence order.
+    for id in ["O_A", "O_B", "O_C"] {
+        let seqs: Vec<u32> = seen.iter().filter(|k| k.0 == id).map(|k| k.1).collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{id}: {seqs:?}");
+    }
+    assert_eq!(l.unsent().await.expect("unsent"), 0);
+}
+
+/// Expands to one `#[tokio::test]` per body of the outbox's contract, over world `$w`
+/// (a [`LedgerWorld`] whose ledger is also the outbox).
+#[macro_export]
+macro_rules! outbox_contract {
+    ($w:ty) => {
+        $crate::outbox_contract!(@tests $w;
+            every_change_writes_its_events_in_order,
+            a_claim_leases_rows_to_one_relay,
+            claims_are_bounded_and_oldest_first,
+        );
+    };
+    (@tests $w:ty; $($name:ident),* $(,)?) => {
+        $(
+            // The outbox contract's body of the same name (crates/contract/src/outbox.rs).
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let world = <$w as $crate::ledger::LedgerWorld>::open().await;
+                $crate::outbox::$name(&world).await;
+                $crate::ledger::LedgerWorld::close(world).await;
+            }
+        )*
+    };
+}

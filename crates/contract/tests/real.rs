@@ -1,0 +1,102 @@
+//! The port contracts (crates/contract) run against the real adapters: `RedisGate` on
+//! the shared Redis under a key prefix of its own per test, `MysqlLedger` (ledger and
+//! outbox) on a database of its own per test on the shared MariaDB.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use flashsale_contract::gate::{GateWorld, RECORD_TTL};
+use flashsale_contract::ledger::LedgerWorld;
+use flashsale_mysql::{LedgerConfig, MysqlLedger};
+use flashsale_redis::{GateConfig, RedisGate};
+use flashsale_testkit::{delete_prefix, redis_prefix, TestDb};
+
+const REDIS_URL: &str = "redis://127.0.0.1:6379";
+const MYSQL_SERVER: &str = "mysql://root@127.0.0.1:3306";
+
+pub struct RealGate {
+    gate: RedisGate,
+    prefix: String,
+}
+
+#[async_trait(?Send)]
+impl GateWorld for RealGate {
+    type Gate = RedisGate;
+
+    async fn open(lease: Duration) -> Self {
+        let prefix = redis_prefix();
+        let gate = RedisGate::new(&GateConfig {
+            url: REDIS_URL.into(),
+            prefix: prefix.clone(),
+            record_ttl: RECORD_TTL,
+            response_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+            sold_out_lease: lease,
+        })
+        .expect("gate");
+        Self { gate, prefix }
+    }
+
+    fn gate(&self) -> &RedisGate {
+        &self.gate
+    }
+
+    async fn pass(&self, d: Duration) {
+        tokio::time::sleep(d).await;
+    }
+
+    async fn close(self) {
+        delete_prefix(REDIS_URL, &self.prefix)
+            .await
+            .expect("delete the test's keys");
+    }
+}
+
+pub struct RealLedger {
+    ledger: MysqlLedger,
+    db: TestDb,
+}
+
+#[async_trait(?Send)]
+impl LedgerWorld for RealLedger {
+    type Ledger = MysqlLedger;
+
+    async fn open() -> Self {
+        let db = TestDb::create(MYSQL_SERVER).await.expect("test database");
+        let ledger = MysqlLedger::connect(&LedgerConfig {
+            url: db.url(),
+            max_connections: 8,
+            acquire_timeout: Duration::from_secs(10),
+            transaction_timeout: Duration::from_secs(20),
+        })
+        .await
+        .expect("ledger");
+        ledger.migrate().await.expect("migrate");
+        Self { ledger, db }
+    }
+
+    fn ledger(&self) -> &MysqlLedger {
+        &self.ledger
+    }
+
+    async fn pass(&self, d: Duration) {
+        tokio::time::sleep(d).await;
+    }
+
+    async fn close(self) {
+        self.ledger.pool().close().await;
+        self.db.drop_db().await.expect("drop the test database");
+    }
+}
+
+mod gate {
+    flashsale_contract::gate_contract!(super::RealGate);
+}
+
+mod ledger {
+    flashsale_contract::ledger_contract!(super::RealLedger);
+}
+
+mod outbox {
+    flashsale_contract::outbox_contract!(super::RealLedger);
+}
