@@ -17,13 +17,17 @@ use crate::{generation, hold, product, product_n, purchase, purchase_of, request
 /// How long the contract's gates keep a hold record: far beyond any test.
 pub const RECORD_TTL: Duration = Duration::from_secs(1800);
 
+/// The record retention of [`records_expire_after_their_retention`]: short enough to
+/// wait out on a real Redis.
+pub const SHORT_RECORD_TTL: Duration = Duration::from_millis(800);
+
 /// A fresh gate, and the clock it ages holds on.
 #[async_trait(?Send)]
 pub trait GateWorld: Sized + 'static {
     type Gate: StockGate + GateMaintenance;
-    /// A gate with nothing loaded, keeping records for [`RECORD_TTL`] and granting a
+    /// A gate with nothing loaded, keeping hold records for `record_ttl` and granting a
     /// sold-out lease of `lease` (zero: none).
-    async fn open(lease: Duration) -> Self;
+    async fn open(lease: Duration, record_ttl: Duration) -> Self;
     fn gate(&self) -> &Self::Gate;
     /// Lets `d` pass on the gate's clock.
     async fn pass(&self, d: Duration);
@@ -508,11 +512,51 @@ pub async fn a_sold_out_lease_ends_when_units_come_back<W: GateWorld>(w: &W) {
     );
 }
 
+/// Hold records expire after their retention on the gate's clock: recovery then drops
+/// their index entries and reports nothing for them, a replay of the request_id takes
+/// a new hold, and a refusal no longer vouches that a request_id was never seen (its
+/// record may be gone).
+pub async fn records_expire_after_their_retention<W: GateWorld>(w: &W) {
+    let g = w.gate();
+    assert!(g.load(product(), 3, generation(1)).await.expect("load"));
+    let a = purchase("T_A", 1, 1);
+    assert_eq!(reserved(g.reserve(&a, None).await.expect("a")), hold(1, 1));
+    w.pass(SHORT_RECORD_TTL + Duration::from_millis(400)).await;
+    let stale = g
+        .stale_holds(product(), Duration::from_millis(100), 10)
+        .await
+        .expect("stale");
+    assert!(
+        stale.is_empty(),
+        "an expired record recovers nothing: {stale:?}"
+    );
+    let (_, ids) = g
+        .pending_request_ids(product(), 10)
+        .await
+        .expect("pending")
+        .expect("all");
+    assert!(
+        ids.is_empty(),
+        "the expired record's index entry was dropped: {ids:?}"
+    );
+    assert_eq!(
+        reserved(g.reserve(&a, None).await.expect("again")),
+        hold(1, 2)
+    );
+    reserved(g.reserve(&purchase("T_B", 2, 1), None).await.expect("b"));
+    match g.reserve(&purchase("T_C", 3, 1), None).await.expect("c") {
+        Reserve::SoldOut { unseen, .. } => {
+            assert!(!unseen, "past a record's lifetime nothing is vouched for")
+        }
+        other => panic!("expected sold out, got {other:?}"),
+    }
+}
+
 /// Expands to one `#[tokio::test]` per body of the gate's contract, over world `$w`.
 #[macro_export]
 macro_rules! gate_contract {
     ($w:ty) => {
-        $crate::gate_contract!(@tests $w, ::std::time::Duration::ZERO;
+        $crate::gate_contract!(@tests $w, ::std::time::Duration::ZERO, $crate::gate::RECORD_TTL;
             load_sets_the_count_once,
             nothing_is_answered_without_an_entry,
             reserve_takes_units_once_per_request_id,
@@ -527,16 +571,19 @@ macro_rules! gate_contract {
             facts_tell_what_is_held,
             concurrent_reserves_sell_exactly_the_stock,
         );
-        $crate::gate_contract!(@tests $w, ::std::time::Duration::from_secs(30);
+        $crate::gate_contract!(@tests $w, ::std::time::Duration::from_secs(30), $crate::gate::RECORD_TTL;
             a_sold_out_lease_ends_when_units_come_back,
         );
+        $crate::gate_contract!(@tests $w, ::std::time::Duration::ZERO, $crate::gate::SHORT_RECORD_TTL;
+            records_expire_after_their_retention,
+        );
     };
-    (@tests $w:ty, $lease:expr; $($name:ident),* $(,)?) => {
+    (@tests $w:ty, $lease:expr, $ttl:expr; $($name:ident),* $(,)?) => {
         $(
             // The gate contract's body of the same name (crates/contract/src/gate.rs).
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
-                let world = <$w as $crate::gate::GateWorld>::open($lease).await;
+                let world = <$w as $crate::gate::GateWorld>::open($lease, $ttl).await;
                 $crate::gate::$name(&world).await;
                 $crate::gate::GateWorld::close(world).await;
             }

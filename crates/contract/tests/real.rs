@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use flashsale_contract::gate::{GateWorld, RECORD_TTL};
+use flashsale_contract::gate::GateWorld;
 use flashsale_contract::ledger::LedgerWorld;
 use flashsale_mysql::{LedgerConfig, MysqlLedger};
 use flashsale_redis::{GateConfig, RedisGate};
@@ -23,12 +23,12 @@ pub struct RealGate {
 impl GateWorld for RealGate {
     type Gate = RedisGate;
 
-    async fn open(lease: Duration) -> Self {
+    async fn open(lease: Duration, record_ttl: Duration) -> Self {
         let prefix = redis_prefix();
         let gate = RedisGate::new(&GateConfig {
             url: REDIS_URL.into(),
             prefix: prefix.clone(),
-            record_ttl: RECORD_TTL,
+            record_ttl,
             response_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
             sold_out_lease: lease,

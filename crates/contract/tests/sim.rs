@@ -31,9 +31,9 @@ pub struct SimGate {
 }
 
 impl SimGate {
-    fn with(lease: Duration, defects: GateDefects) -> Self {
+    fn with(lease: Duration, record_ttl: Duration, defects: GateDefects) -> Self {
         let ctx = ctx();
-        let gate = MemGate::new(ctx.clone(), delta(RECORD_TTL), delta(lease), defects);
+        let gate = MemGate::new(ctx.clone(), delta(record_ttl), delta(lease), defects);
         Self { ctx, gate }
     }
 }
@@ -42,8 +42,8 @@ impl SimGate {
 impl GateWorld for SimGate {
     type Gate = MemGate;
 
-    async fn open(lease: Duration) -> Self {
-        SimGate::with(lease, GateDefects::default())
+    async fn open(lease: Duration, record_ttl: Duration) -> Self {
+        SimGate::with(lease, record_ttl, GateDefects::default())
     }
 
     fn gate(&self) -> &MemGate {
@@ -119,7 +119,7 @@ async fn the_contracts_catch_planted_defects() {
     let below_zero = GateDefects {
         reserve_below_zero: true,
     };
-    let gate = SimGate::with(Duration::ZERO, below_zero);
+    let gate = SimGate::with(Duration::ZERO, RECORD_TTL, below_zero);
     assert!(breaks(flashsale_contract::gate::reserve_takes_units_once_per_request_id(&gate)).await);
 
     let no_guard = SimLedger::with(LedgerDefects {
