@@ -357,8 +357,8 @@ async fn run_script(
 /// their ids), the stock log and the `order_created` events ([`ROWS`]), one counter
 /// UPDATE per product, and the per-user check when a product has a limit. Measured
 /// against one round trip per statement (eight with the BEGIN, the read-back and the
-/// COMMIT): +8 % orders/s (BENCHMARKS.md, seventh session); the procedure instead of the
-/// four INSERTs as text: +3–5 % (eighth session). The statements' own work is most of a
+/// COMMIT): +8 % orders/s; the procedure instead of the four INSERTs as text: +1–8 %
+/// (BENCHMARKS.md, "Ablation"). The statements' own work is most of a
 /// group commit; taking the BEGIN and the COMMIT into the script too gained nothing more.
 pub(crate) async fn insert(
     tx: &mut MySqlConnection,

@@ -458,7 +458,7 @@ impl MysqlLedger {
     /// generation, a reused hold id) sends the whole batch one by one. A batch of one
     /// goes the group way too: its script is fewer round trips than the one-purchase
     /// transaction, and under load about one batch in seven is that small (measured:
-    /// +3 % sustained, +6 % rush; BENCHMARKS.md, seventh session).
+    /// +3 % sustained, +6 % rush; BENCHMARKS.md, "Ablation").
     async fn group_commit(&self, batch: Vec<Purchase>) -> Vec<Result<Commit, LedgerError>> {
         let started = std::time::Instant::now();
         let mut results: Vec<Option<Result<Commit, LedgerError>>> =
