@@ -17,6 +17,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::Notify;
+
 use flashsale_core::{
     parse_restock, CancelReason, HoldRef, NewProduct, OrderId, OrderStatus, ProductId,
     PurchaseRequest, ReleaseReason, RequestId, Transition, UserId,
@@ -53,6 +55,9 @@ pub struct Flashsale {
     sold_out: Arc<SoldOutBoard>,
     /// Purchase attempts per user that reach the gate (None: no limit).
     user_rate: Option<Limiter<i64>>,
+    /// Wakes the gate watch when a purchase meets a gate that must be rebuilt, so the
+    /// rebuild starts at once instead of at the watch's next period (None: no watch).
+    gate_watch: Option<Arc<Notify>>,
 }
 
 /// Whether the hold being committed was taken by this attempt or found from an earlier one.
@@ -77,6 +82,22 @@ impl Flashsale {
             catalog: Catalog::default(),
             sold_out: Arc::new(SoldOutBoard::default()),
             user_rate: None,
+            gate_watch: None,
+        }
+    }
+
+    /// Purchases that meet a gate behind the ledger (an entry another Redis process
+    /// wrote, a hold of a generation since advanced) wake the gate watch through
+    /// `nudge`, besides answering 503.
+    pub fn with_gate_watch(mut self, nudge: Arc<Notify>) -> Self {
+        self.gate_watch = Some(nudge);
+        self
+    }
+
+    /// The gate is behind the ledger: the gate watch should look now.
+    fn gate_behind(&self) {
+        if let Some(nudge) = &self.gate_watch {
+            nudge.notify_one();
         }
     }
 
@@ -387,10 +408,13 @@ impl Flashsale {
                 request.product_id
             ))),
             // The gate watch notices the new Redis process and rebuilds the entry.
-            Reserve::NotRebuilt => Err(Error::Unavailable(format!(
-                "stock of product {} is being rebuilt after Redis changed; retry",
-                request.product_id
-            ))),
+            Reserve::NotRebuilt => {
+                self.gate_behind();
+                Err(Error::Unavailable(format!(
+                    "stock of product {} is being rebuilt after Redis changed; retry",
+                    request.product_id
+                )))
+            }
         }
     }
 
@@ -518,6 +542,7 @@ impl Flashsale {
                 // rebuilt from the ledger's facts without it: the hold is void. A retry
                 // reserves afresh in the current generation.
                 warn!(request_id = %request.request_id, generation = %hold.generation, "hold from a lost stock generation refused");
+                self.gate_behind();
                 Err(Error::Unavailable(
                     "stock state is being rebuilt; retry".into(),
                 ))

@@ -12,14 +12,17 @@ use axum::Router;
 use flashsale_api::{ApiConfig, PurchaseLimits};
 use flashsale_app::baseline::{Baseline, Strategy};
 use flashsale_app::limit::{self, Limiter};
+use flashsale_app::ports::LeaseListener;
 use flashsale_app::{
     AuditBounds, Flashsale, Maintenance, MaintenanceSettings, Metrics, Monitor, Settings,
     SystemClock,
 };
+use flashsale_core::ProductId;
 use flashsale_mysql::{LedgerConfig, MysqlLedger};
 use flashsale_redis::{GateConfig, RedisGate};
 use rand::Rng;
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 use tracing::{info, warn};
 
 pub use config::Config;
@@ -98,6 +101,9 @@ pub struct App {
     /// `GET /metrics` for a listener of its own, when `FLASHSALE_METRICS_LISTEN` is set
     /// (the API's router then leaves it out).
     pub metrics_router: Option<Router>,
+    /// Wakes the gate watch between its periods: a purchase met a gate behind the
+    /// ledger, or the lease subscription came back (Redis may have restarted).
+    pub gate_watch: Arc<Notify>,
 }
 
 pub async fn connect_ledger(config: &Config) -> Result<MysqlLedger, String> {
@@ -228,13 +234,17 @@ pub async fn build(config: &Config) -> Result<App, String> {
     if let Some(rate) = config.user_purchase_rate {
         service = service.with_user_rate(rate);
     }
-    let service = Arc::new(service);
+    let gate_watch = Arc::new(Notify::new());
+    let service = Arc::new(service.with_gate_watch(gate_watch.clone()));
     if config.strategy == Strategy::Flashsale && !config.sold_out_lease.is_zero() {
         // Detached: it runs as long as the runtime, like the server itself.
         flashsale_redis::revoke::listen(
             &config.redis_url,
             &config.redis_prefix,
-            service.lease_listener(),
+            Arc::new(NudgeWhenHeard {
+                inner: service.lease_listener(),
+                gate_watch: gate_watch.clone(),
+            }),
         )
         .await
         .map_err(|e| format!("invalid redis url: {e}"))?;
@@ -281,7 +291,31 @@ pub async fn build(config: &Config) -> Result<App, String> {
         admin_token,
         metrics,
         metrics_router,
+        gate_watch,
     })
+}
+
+/// Passes lease news on to the service and wakes the gate watch whenever the
+/// subscription to revocations is (re-)established: after a break, the Redis process
+/// may be a new one (restarted, failed over), whose entries only a rebuild can vouch for.
+struct NudgeWhenHeard {
+    inner: Arc<dyn LeaseListener>,
+    gate_watch: Arc<Notify>,
+}
+
+impl LeaseListener for NudgeWhenHeard {
+    fn listening(&self) {
+        self.inner.listening();
+        self.gate_watch.notify_one();
+    }
+
+    fn deaf(&self) {
+        self.inner.deaf();
+    }
+
+    fn revoked(&self, product_id: Option<ProductId>) {
+        self.inner.revoked(product_id);
+    }
 }
 
 /// The purchase endpoint's per-address rate limit as configured.
@@ -356,7 +390,12 @@ pub async fn serve(config: &Config) -> Result<(), String> {
         }
         _ => None,
     };
-    let workers = workers::Workers::spawn(app.maintenance.clone(), config, app.metrics.clone());
+    let workers = workers::Workers::spawn(
+        app.maintenance.clone(),
+        config,
+        app.metrics.clone(),
+        app.gate_watch.clone(),
+    );
     let events = start_events(config, app.metrics.clone()).await?;
     http::serve(listener, app.router, settings, shutdown_signal()).await;
     workers.stop().await;

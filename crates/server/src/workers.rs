@@ -1,5 +1,6 @@
 //! Runs the background workers: each runs one bounded pass of its reconciler every
-//! period (at once again after a full batch), logs what it did, and stops on shutdown.
+//! period (at once again after a full batch; the gate watch also when nudged), logs what
+//! it did, and stops on shutdown.
 //! Operators activate the checks on demand with `flashsale audit` and `reconcile`.
 
 use std::future::Future;
@@ -7,11 +8,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flashsale_app::{Maintenance, Metrics};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::{Config, WORKER_BATCH_SIZE};
+
+/// The least time between the end of a pass and a pass started by a nudge: the nudges
+/// of one rush of purchases, arriving while a pass runs, start one more pass, not one
+/// after another.
+const NUDGED_PASS_GAP_MIN: Duration = Duration::from_millis(50);
 
 /// Running workers and the means to stop them.
 pub struct Workers {
@@ -23,12 +29,19 @@ impl Workers {
     /// Starts the workers; each pass is counted in `metrics` by result, and the last
     /// reconciliation's drift set there (what the passes do, `maintenance` counts itself
     /// as it happens).
-    pub fn spawn(maintenance: Arc<Maintenance>, config: &Config, metrics: Arc<Metrics>) -> Self {
+    /// `gate_watch` wakes the gate watch between its periods.
+    pub fn spawn(
+        maintenance: Arc<Maintenance>,
+        config: &Config,
+        metrics: Arc<Metrics>,
+        gate_watch: Arc<Notify>,
+    ) -> Self {
         let (stop, stopped) = watch::channel(false);
         let m = maintenance.clone();
         let expiry = tokio::spawn(run(
             "expiry",
             config.expiry_interval,
+            None,
             stopped.clone(),
             metrics.clone(),
             move || {
@@ -40,6 +53,7 @@ impl Workers {
         let watch = tokio::spawn(run(
             "gate-watch",
             config.gate_watch_interval,
+            Some(gate_watch),
             stopped.clone(),
             metrics.clone(),
             move || {
@@ -52,6 +66,7 @@ impl Workers {
         let reconcile = tokio::spawn(run(
             "reconcile",
             config.reconcile_interval,
+            None,
             stopped.clone(),
             metrics.clone(),
             move || {
@@ -67,6 +82,7 @@ impl Workers {
         let recovery = tokio::spawn(run(
             "recovery",
             config.recovery_interval,
+            None,
             stopped,
             metrics,
             move || {
@@ -101,10 +117,13 @@ impl Workers {
 /// One worker's loop. `pass` returns whether it filled a whole batch (then the next pass
 /// runs at once, to drain a backlog in bounded steps) or an error (logged; retried next
 /// period). Work it could not finish waits for the next period, so a store that is down
-/// is never hammered. Every pass is counted in `metrics`, by result.
+/// is never hammered. A `nudge` starts the next pass before the period ends: Notify
+/// keeps at most one wake-up, so however many nudges arrive during a pass, they cost
+/// one more pass. Every pass is counted in `metrics`, by result.
 async fn run<F, Fut>(
     name: &'static str,
     every: Duration,
+    nudge: Option<Arc<Notify>>,
     mut stopped: watch::Receiver<bool>,
     metrics: Arc<Metrics>,
     pass: F,
@@ -116,6 +135,7 @@ async fn run<F, Fut>(
     loop {
         let result = pass().await;
         metrics.worker_pass(name, result.is_ok());
+        let ok = result.is_ok();
         let busy = match result {
             Ok(busy) => busy,
             Err(e) => {
@@ -131,8 +151,21 @@ async fn run<F, Fut>(
             tokio::task::yield_now().await;
             continue;
         }
+        let ended = tokio::time::Instant::now();
+        let nudged = async {
+            match &nudge {
+                // After a failed pass only the period starts the next one: nudges from
+                // a flood of purchases must not turn a store that is down into a loop.
+                Some(n) if ok => {
+                    n.notified().await;
+                    tokio::time::sleep_until(ended + NUDGED_PASS_GAP_MIN).await;
+                }
+                _ => std::future::pending().await,
+            }
+        };
         tokio::select! {
             () = tokio::time::sleep(every) => {}
+            () = nudged => {}
             _ = stopped.changed() => break,
         }
     }

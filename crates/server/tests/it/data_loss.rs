@@ -336,3 +336,72 @@ async fn per_user_limit_holds_when_redis_loses_its_counts() {
     invariants::assert_audit_clean(&app, 3400).await;
     app.cleanup().await;
 }
+
+// Checks that a purchase meeting a gate Redis can't vouch for wakes the gate watch: with
+// the workers running every 60 s, a private redis-server restarted from a snapshot (a
+// new process) answers no purchase until the entry is rebuilt, and the buyer's retries
+// with the same request_id get 201 within 10 s of the restart — the watch was woken (by
+// the 503 purchase, or by the lease subscription coming back), not left to its period.
+// Exactly one order for that request_id, and the invariants and the audit hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_purchase_behind_a_restarted_redis_wakes_the_gate_watch() {
+    const PERIOD: &str = "60s";
+    let mut redis = PrivateRedis::start().await.expect("private redis");
+    let mut app = app_on(&redis).await;
+    app.create_product(3500, 10, None).await;
+    let (s, b) = app.purchase("REQ_nudge_0", 40_000, 3500, 1).await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let env = [
+        ("FLASHSALE_EXPIRY_INTERVAL", PERIOD),
+        ("FLASHSALE_RECOVERY_INTERVAL", PERIOD),
+        ("FLASHSALE_GATE_WATCH_INTERVAL", PERIOD),
+        ("FLASHSALE_RECONCILE_INTERVAL", PERIOD),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    let config = flashsale::Config::from_parts(None, &env).expect("worker config");
+    // Their first passes run at once; the next ones only a period later, unless woken.
+    let workers = flashsale::workers::Workers::spawn(
+        app.maintenance.clone(),
+        &config,
+        app.metrics.clone(),
+        app.gate_watch.clone(),
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut conn = app.redis.clone();
+    let _: () = redis::cmd("SAVE")
+        .query_async(&mut conn)
+        .await
+        .expect("SAVE");
+    redis.restart_from_snapshot().await.expect("restart redis");
+    reconnect(&mut app, &redis).await;
+    let restarted = std::time::Instant::now();
+    let mut unavailable = 0;
+    loop {
+        let (s, b) = app.purchase("REQ_nudge_1", 40_001, 3500, 1).await;
+        if s == StatusCode::CREATED {
+            break;
+        }
+        assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{b}");
+        unavailable += 1;
+        assert!(
+            restarted.elapsed() < Duration::from_secs(10),
+            "no rebuild within 10 s of the restart: the gate watch waited for its period"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "bought {:?} after the restart, after {unavailable} answers 503",
+        restarted.elapsed()
+    );
+    assert_eq!(
+        app.count("SELECT COUNT(*) FROM orders WHERE request_id = 'REQ_nudge_1'")
+            .await,
+        1
+    );
+    workers.stop().await;
+    invariants::assert_ok(&app, 3500).await;
+    invariants::assert_audit_clean(&app, 3500).await;
+    app.cleanup().await;
+}

@@ -53,6 +53,8 @@ pub struct TestApp {
     pub maintenance: std::sync::Arc<flashsale_app::Maintenance>,
     /// What the instance's `GET /metrics` shows; event workers started for it count here.
     pub metrics: std::sync::Arc<flashsale_app::Metrics>,
+    /// Wakes the gate watch of workers the test starts itself (`Workers::spawn`).
+    pub gate_watch: std::sync::Arc<tokio::sync::Notify>,
     server: JoinHandle<()>,
 }
 
@@ -65,6 +67,7 @@ async fn serve_with(
     std::net::SocketAddr,
     std::sync::Arc<flashsale_app::Maintenance>,
     std::sync::Arc<flashsale_app::Metrics>,
+    std::sync::Arc<tokio::sync::Notify>,
     JoinHandle<()>,
 ) {
     let config = Config::from_parts(None, env).expect("valid test config");
@@ -83,7 +86,7 @@ async fn serve_with(
         http,
         std::future::pending(),
     ));
-    (addr, app.maintenance, app.metrics, server)
+    (addr, app.maintenance, app.metrics, app.gate_watch, server)
 }
 
 impl TestApp {
@@ -134,7 +137,7 @@ impl TestApp {
         }
         let database_url = env["FLASHSALE_DATABASE_URL"].clone();
         let redis_url = env["FLASHSALE_REDIS_URL"].clone();
-        let (addr, maintenance, metrics, server) = serve_with(&env).await;
+        let (addr, maintenance, metrics, gate_watch, server) = serve_with(&env).await;
         let pool = MySqlPool::connect(&db.url()).await.expect("check pool");
         let client = redis::Client::open(check_redis_url).expect("redis url");
         let redis = client
@@ -157,6 +160,7 @@ impl TestApp {
             prefix,
             maintenance,
             metrics,
+            gate_watch,
             server,
         }
     }
@@ -175,7 +179,7 @@ impl TestApp {
         for (k, v) in settings {
             env.insert(format!("FLASHSALE_{k}"), (*v).to_owned());
         }
-        let (addr, maintenance, metrics, server) = serve_with(&env).await;
+        let (addr, maintenance, metrics, gate_watch, server) = serve_with(&env).await;
         Self {
             base: format!("http://{addr}"),
             http: self.http.clone(),
@@ -187,6 +191,7 @@ impl TestApp {
             prefix: self.prefix.clone(),
             maintenance,
             metrics,
+            gate_watch,
             server,
         }
     }

@@ -194,8 +194,12 @@ async fn metrics_count_the_workers_passes() {
     .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
     .collect();
     let config = Config::from_parts(None, &env).expect("worker config");
-    let workers =
-        flashsale::workers::Workers::spawn(app.maintenance.clone(), &config, app.metrics.clone());
+    let workers = flashsale::workers::Workers::spawn(
+        app.maintenance.clone(),
+        &config,
+        app.metrics.clone(),
+        app.gate_watch.clone(),
+    );
     wait_until(
         "every worker counted, the order expired",
         Duration::from_secs(20),
