@@ -7,7 +7,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use axum::http::{header, HeaderMap, HeaderName, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName};
+use flashsale_app::Outcome;
 use flashsale_core::UserId;
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
@@ -283,8 +284,7 @@ pub(crate) fn acting_user(buyer: Option<UserId>, claimed: Option<i64>) -> Result
         (Some(buyer), None) => Ok(buyer),
         (Some(buyer), Some(claimed)) if claimed == buyer.get() => Ok(buyer),
         (Some(_), Some(_)) => Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "forbidden",
+            Outcome::Forbidden,
             "user_id: not the authenticated buyer (it may be left out)",
         )),
         (None, Some(claimed)) => {
@@ -347,7 +347,7 @@ mod tests {
     fn buyer_of(auth: &BuyerAuth, token: &str) -> Result<Option<i64>, (u16, String)> {
         auth.buyer(&headers(&[("authorization", &format!("Bearer {token}"))]))
             .map(|u| u.map(UserId::get))
-            .map_err(|e| (e.status.as_u16(), e.code.to_owned()))
+            .map_err(|e| (e.status.as_u16(), e.outcome.as_str().to_owned()))
     }
 
     // Checks the bearer scheme: its name in any case, one or more spaces before the
@@ -424,7 +424,7 @@ mod tests {
             assert_eq!(buyer_of(&auth, &token), unauthorized, "{token}");
         }
         let e = auth.buyer(&HeaderMap::new()).unwrap_err();
-        assert_eq!((e.status.as_u16(), e.code), (401, "unauthorized"));
+        assert_eq!((e.status.as_u16(), e.outcome), (401, Outcome::Unauthorized));
     }
 
     // Checks the optional issuer and audience: when configured, a token must carry the
@@ -529,7 +529,7 @@ mod tests {
     #[test]
     fn the_acting_user() {
         let u = |n| UserId::parse(n).unwrap();
-        let code = |r: Result<UserId, ApiError>| r.map(UserId::get).map_err(|e| e.code);
+        let code = |r: Result<UserId, ApiError>| r.map(UserId::get).map_err(|e| e.outcome.as_str());
         assert_eq!(code(acting_user(Some(u(4)), None)), Ok(4));
         assert_eq!(code(acting_user(Some(u(4)), Some(4))), Ok(4));
         assert_eq!(code(acting_user(Some(u(4)), Some(5))), Err("forbidden"));

@@ -14,7 +14,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use axum::body::{Body, HttpBody};
-use axum::http::StatusCode;
+use flashsale_app::Outcome;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use crate::error::ApiError;
@@ -36,13 +36,11 @@ impl BodyFailure {
     pub(crate) fn error(&self, limit: usize) -> ApiError {
         match self {
             Self::TooLarge => ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
+                Outcome::PayloadTooLarge,
                 format!("request body larger than {limit} bytes"),
             ),
             Self::TimedOut => ApiError::new(
-                StatusCode::REQUEST_TIMEOUT,
-                "request_timeout",
+                Outcome::RequestTimeout,
                 "the request body did not arrive within the request deadline",
             )
             .closing(),

@@ -1,5 +1,6 @@
-//! The one place where outcomes become HTTP statuses and error codes. The set of codes is
-//! part of the API contract (README): add, never rename.
+//! The one place where outcomes become HTTP statuses ([`status`]) and answers. The set of
+//! codes (`flashsale_app::Outcome`) is part of the API contract (README): add, never
+//! rename.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -7,17 +8,49 @@ use std::time::Duration;
 use axum::body::{Body as HttpBody, Bytes};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use flashsale_app::Error;
+use flashsale_app::{Error, Outcome};
 use serde::Serialize;
 use tracing::warn;
 
 /// Seconds a client should wait before retrying a 503.
 const RETRY_AFTER_SECS: &str = "1";
 
+/// The HTTP status of each outcome: an exhaustive match, so a new outcome needs its
+/// status here before anything can answer it.
+pub const fn status(outcome: Outcome) -> StatusCode {
+    use Outcome as O;
+    use StatusCode as S;
+    match outcome {
+        O::Created => S::CREATED,
+        O::Replayed | O::Ok => S::OK,
+        O::InvalidRequest => S::BAD_REQUEST,
+        O::Unauthorized => S::UNAUTHORIZED,
+        O::Forbidden => S::FORBIDDEN,
+        O::NotFound | O::ProductNotFound | O::OrderNotFound => S::NOT_FOUND,
+        O::MethodNotAllowed => S::METHOD_NOT_ALLOWED,
+        O::RequestTimeout => S::REQUEST_TIMEOUT,
+        O::SoldOut
+        | O::LimitExceeded
+        | O::ProductExists
+        | O::SaleNotActive
+        | O::RequestIdConflict
+        | O::RequestReleased
+        | O::OrderNotPayable
+        | O::OrderExpired
+        | O::OrderNotCancellable => S::CONFLICT,
+        O::PayloadTooLarge => S::PAYLOAD_TOO_LARGE,
+        O::UnsupportedMediaType => S::UNSUPPORTED_MEDIA_TYPE,
+        O::RateLimited => S::TOO_MANY_REQUESTS,
+        O::Unavailable => S::SERVICE_UNAVAILABLE,
+    }
+}
+
 #[derive(Debug)]
 pub struct ApiError {
+    /// `status(outcome)`.
     pub status: StatusCode,
-    pub code: &'static str,
+    /// The answer's code, and what it is counted as.
+    pub outcome: Outcome,
     message: String,
     /// `Retry-After` of a 429, in seconds (a 503's is always `RETRY_AFTER_SECS`).
     retry_after_secs: Option<u64>,
@@ -32,9 +65,10 @@ pub struct ApiError {
     encoded: Option<&'static OnceLock<Bytes>>,
 }
 
-/// The encoded bodies of the outcomes whose text is fixed, one per variant of
-/// [`Error`] that carries nothing.
-static FIXED: [OnceLock<Bytes>; 12] = [const { OnceLock::new() }; 12];
+/// The encoded bodies of the outcomes whose text is fixed (the variants of [`Error`]
+/// whose text never varies), by outcome index.
+static FIXED: [OnceLock<Bytes>; Outcome::ALL.len()] =
+    [const { OnceLock::new() }; Outcome::ALL.len()];
 
 #[derive(Serialize)]
 struct Body<'a> {
@@ -43,10 +77,10 @@ struct Body<'a> {
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(outcome: Outcome, message: impl Into<String>) -> Self {
         Self {
-            status,
-            code,
+            status: status(outcome),
+            outcome,
             message: message.into(),
             retry_after_secs: None,
             challenge: None,
@@ -64,26 +98,21 @@ impl ApiError {
     /// Credentials missing or refused, with the `WWW-Authenticate` challenge when they
     /// are a bearer token's.
     pub fn unauthorized(message: impl Into<String>, challenge: Option<&'static str>) -> Self {
-        let mut e = Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message);
+        let mut e = Self::new(Outcome::Unauthorized, message);
         e.challenge = challenge;
         e
     }
 
     /// A body that is not declared JSON.
     pub fn unsupported_media_type(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
-            message,
-        )
+        Self::new(Outcome::UnsupportedMediaType, message)
     }
 
     /// A purchase over a rate limit (`what`: whose), to be retried after `retry_after`
     /// (rounded up to whole seconds, at least one): nothing was done.
     pub fn rate_limited(what: &str, retry_after: Duration) -> Self {
         let mut e = Self::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limited",
+            Outcome::RateLimited,
             format!("too many purchase attempts from this {what}; nothing was done, retry after the Retry-After seconds"),
         );
         e.retry_after_secs = Some(whole_seconds(retry_after));
@@ -91,44 +120,30 @@ impl ApiError {
     }
 
     pub fn invalid(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+        Self::new(Outcome::InvalidRequest, message)
     }
 
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+        Self::new(Outcome::Unavailable, message)
     }
 }
 
 impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
-        use StatusCode as S;
-        // The last element: the variant's place in `FIXED` when its text never varies.
-        let (status, code, fixed) = match &e {
-            Error::Invalid(_) => (S::BAD_REQUEST, "invalid_request", None),
-            Error::ProductNotFound => (S::NOT_FOUND, "product_not_found", Some(0)),
-            Error::OrderNotFound => (S::NOT_FOUND, "order_not_found", Some(1)),
-            Error::ProductExists => (S::CONFLICT, "product_exists", Some(2)),
-            Error::SaleNotActive => (S::CONFLICT, "sale_not_active", Some(3)),
-            Error::SoldOut => (S::CONFLICT, "sold_out", Some(4)),
-            Error::LimitExceeded => (S::CONFLICT, "limit_exceeded", Some(5)),
-            Error::RequestIdConflict => (S::CONFLICT, "request_id_conflict", Some(6)),
-            Error::RequestReleased => (S::CONFLICT, "request_released", Some(7)),
-            Error::OrderNotPayable => (S::CONFLICT, "order_not_payable", Some(8)),
-            Error::OrderExpired => (S::CONFLICT, "order_expired", Some(9)),
-            Error::OrderNotCancellable => (S::CONFLICT, "order_not_cancellable", Some(10)),
-            Error::RateLimited { .. } => (S::TOO_MANY_REQUESTS, "rate_limited", Some(11)),
-            Error::Unavailable(_) => (S::SERVICE_UNAVAILABLE, "unavailable", None),
-        };
-        if let Some(i) = fixed {
-            let cell = &FIXED[i];
-            cell.get_or_init(|| encode(code, &e.to_string()));
+        let outcome = e.outcome();
+        // Whether the variant's text never varies: then its body is encoded once, in
+        // its outcome's cell.
+        let fixed = !matches!(e, Error::Invalid(_) | Error::Unavailable(_));
+        if fixed {
+            let cell = &FIXED[outcome.index()];
+            cell.get_or_init(|| encode(outcome.as_str(), &e.to_string()));
             let retry_after_secs = match e {
                 Error::RateLimited { retry_after } => Some(whole_seconds(retry_after)),
                 _ => None,
             };
             return Self {
-                status,
-                code,
+                status: status(outcome),
+                outcome,
                 message: String::new(),
                 retry_after_secs,
                 challenge: None,
@@ -136,16 +151,15 @@ impl From<Error> for ApiError {
                 encoded: Some(cell),
             };
         }
-        if status.is_server_error() {
+        if outcome == Outcome::Unavailable {
             // The cause is for operators; the client learns only that it should retry.
             warn!(error = %e, "request answered 503");
             return Self::new(
-                status,
-                code,
+                outcome,
                 "temporarily unavailable or outcome unknown; retry with the same request_id",
             );
         }
-        Self::new(status, code, e.to_string())
+        Self::new(outcome, e.to_string())
     }
 }
 
@@ -170,7 +184,7 @@ impl IntoResponse for ApiError {
         let body = match self.encoded.and_then(OnceLock::get) {
             // A clone of the one encoding: a reference count, no copy.
             Some(body) => body.clone(),
-            None => encode(self.code, &self.message),
+            None => encode(self.outcome.as_str(), &self.message),
         };
         let mut response = Response::new(HttpBody::from(body));
         *response.status_mut() = self.status;
@@ -305,8 +319,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_error_built_by_hand_answers_its_own_text() {
-        let response = ApiError::new(StatusCode::NOT_FOUND, "not_found", "no \"such\" endpoint")
-            .into_response();
+        let response = ApiError::new(Outcome::NotFound, "no \"such\" endpoint").into_response();
         assert_eq!(response.status(), StatusCode::NOT_FOUND);
         let bytes = axum::body::to_bytes(response.into_body(), 4096)
             .await
@@ -314,5 +327,74 @@ mod tests {
         let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(body["error"], "not_found");
         assert_eq!(body["message"], "no \"such\" endpoint");
+    }
+
+    // Checks that each variant of `Error` answers an outcome of its own, with the code and
+    // status the hand-written list above expects: by mapping every variant and collecting
+    // the outcomes in a set (two variants on one outcome would share a fixed body).
+    #[test]
+    fn each_error_answers_an_outcome_of_its_own() {
+        let mut seen = std::collections::BTreeSet::new();
+        for (e, want_status, code) in every_outcome() {
+            let outcome = e.outcome();
+            assert_eq!(outcome.as_str(), code);
+            assert_eq!(status(outcome).as_u16(), want_status, "{code}");
+            assert!(seen.insert(code), "{code} twice");
+        }
+    }
+
+    // Checks the README's table of error codes against `Outcome::ALL`: every outcome that
+    // is not a success is listed in the row of its status, and every code the table lists
+    // is an outcome with that row's status. How: the table's rows parsed ("| 409 | `a`,
+    // `b` |"), each backquoted word a code.
+    #[test]
+    fn the_readme_lists_every_error_code_under_its_status() {
+        let readme = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
+        )
+        .expect("README.md");
+        let table = readme
+            .split("### Error codes")
+            .nth(1)
+            .expect("the README has a section of error codes");
+        let mut listed = Vec::new();
+        for row in table.lines().skip_while(|l| !l.starts_with('|')) {
+            let Some(cells) = row.strip_prefix('|') else {
+                break;
+            };
+            let mut cells = cells.split('|');
+            let (Some(code), Some(codes)) = (cells.next(), cells.next()) else {
+                continue;
+            };
+            let Ok(code) = code.trim().parse::<u16>() else {
+                continue;
+            };
+            // The codes are the backquoted words before any parenthesis of prose.
+            let codes = codes.split('(').next().unwrap_or_default();
+            for word in codes.split('`').skip(1).step_by(2) {
+                listed.push((code, word.to_owned()));
+            }
+        }
+        assert!(listed.len() >= 20, "the table parsed: {listed:?}");
+        for &(code, ref word) in &listed {
+            let outcome = Outcome::ALL.iter().find(|o| o.as_str() == word);
+            assert!(outcome.is_some(), "README lists {word}, no outcome");
+            assert_eq!(
+                outcome.map(|&o| status(o).as_u16()),
+                Some(code),
+                "{word} listed under {code}"
+            );
+        }
+        for o in Outcome::ALL {
+            if status(o).is_success() {
+                continue;
+            }
+            let want = (status(o).as_u16(), o.as_str().to_owned());
+            assert!(
+                listed.contains(&want),
+                "README does not list {o} under {}",
+                want.0
+            );
+        }
     }
 }

@@ -13,8 +13,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use flashsale_app::limit::{address_key, Limiter};
-use flashsale_app::metrics::{index_of, outcome_index, ENDPOINTS, OUTCOMES};
-use flashsale_app::{Flashsale, Metrics, Monitor};
+use flashsale_app::metrics::{index_of, ENDPOINTS};
+use flashsale_app::{Flashsale, Metrics, Monitor, Outcome};
 use flashsale_core::{
     NewProduct, OrderId, ParseError, ProductId, PurchaseRequest, RequestId, SaleWindow, UserId,
 };
@@ -85,9 +85,6 @@ const RESTOCK: usize = index_of(&ENDPOINTS, "restock");
 const READYZ: usize = index_of(&ENDPOINTS, "readyz");
 const METRICS: usize = index_of(&ENDPOINTS, "metrics");
 const OTHER: usize = index_of(&ENDPOINTS, "other");
-const CREATED: usize = index_of(&OUTCOMES, "created");
-const REPLAYED: usize = index_of(&OUTCOMES, "replayed");
-const OK: usize = index_of(&OUTCOMES, "ok");
 /// The content type of the OpenMetrics text format.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -150,9 +147,7 @@ pub fn metrics_router(monitor: Arc<Monitor>) -> Router {
                 )
             }),
         )
-        .fallback(|| async {
-            ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
-        })
+        .fallback(|| async { ApiError::new(Outcome::NotFound, "no such endpoint") })
         .with_state(monitor)
 }
 
@@ -165,11 +160,7 @@ async fn not_found(started: Started, State(state): State<AppState>) -> Response 
         started,
         &state,
         OTHER,
-        Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            "no such endpoint",
-        )),
+        Err(ApiError::new(Outcome::NotFound, "no such endpoint")),
     )
 }
 
@@ -179,8 +170,7 @@ async fn method_not_allowed(started: Started, State(state): State<AppState>) -> 
         &state,
         OTHER,
         Err(ApiError::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
+            Outcome::MethodNotAllowed,
             "method not allowed on this endpoint",
         )),
     )
@@ -199,14 +189,14 @@ fn counted<T: IntoResponse>(
         Ok(answer) => {
             let response = answer.into_response();
             let outcome = match response.status() {
-                StatusCode::CREATED => CREATED,
-                _ if endpoint == PURCHASE => REPLAYED,
-                _ => OK,
+                StatusCode::CREATED => Outcome::Created,
+                _ if endpoint == PURCHASE => Outcome::Replayed,
+                _ => Outcome::Ok,
             };
             (response, outcome)
         }
         Err(e) => {
-            let outcome = outcome_index(e.code);
+            let outcome = e.outcome;
             (e.into_response(), outcome)
         }
     };
@@ -662,7 +652,7 @@ mod tests {
         let refused = no_timers.block_on(within(Duration::from_millis(1), async {
             Err::<(), _>(flashsale_app::Error::SoldOut)
         }));
-        assert_eq!(refused.err().map(|e| e.code), Some("sold_out"));
+        assert_eq!(refused.err().map(|e| e.outcome), Some(Outcome::SoldOut));
 
         let timers = tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -674,8 +664,8 @@ mod tests {
         ));
         let e = never.expect_err("past the deadline");
         assert_eq!(
-            (e.status, e.code),
-            (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+            (e.status, e.outcome),
+            (StatusCode::SERVICE_UNAVAILABLE, Outcome::Unavailable)
         );
         let late = timers.block_on(within(Duration::from_secs(30), async {
             tokio::time::sleep(Duration::from_millis(5)).await;

@@ -1,9 +1,11 @@
-//! The use cases' errors. Each variant is one stable, documented outcome; the HTTP layer
-//! maps each to a status and an error code, and nothing else.
+//! The use cases' errors. Each variant is one stable, documented outcome
+//! ([`Error::outcome`]); the HTTP layer maps each outcome to a status, and nothing else.
 
 use std::time::Duration;
 
 use flashsale_core::ParseError;
+
+use crate::outcome::Outcome;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -38,6 +40,29 @@ pub enum Error {
     /// with the same request_id. Never used for an outcome that is known.
     #[error("temporarily unavailable: {0}")]
     Unavailable(String),
+}
+
+impl Error {
+    /// The outcome this error is answered with: one per variant, so an error cannot be
+    /// answered without its outcome being counted.
+    pub const fn outcome(&self) -> Outcome {
+        match self {
+            Self::Invalid(_) => Outcome::InvalidRequest,
+            Self::ProductNotFound => Outcome::ProductNotFound,
+            Self::ProductExists => Outcome::ProductExists,
+            Self::SaleNotActive => Outcome::SaleNotActive,
+            Self::SoldOut => Outcome::SoldOut,
+            Self::LimitExceeded => Outcome::LimitExceeded,
+            Self::RequestIdConflict => Outcome::RequestIdConflict,
+            Self::RequestReleased => Outcome::RequestReleased,
+            Self::OrderNotFound => Outcome::OrderNotFound,
+            Self::OrderNotPayable => Outcome::OrderNotPayable,
+            Self::OrderExpired => Outcome::OrderExpired,
+            Self::OrderNotCancellable => Outcome::OrderNotCancellable,
+            Self::RateLimited { .. } => Outcome::RateLimited,
+            Self::Unavailable(_) => Outcome::Unavailable,
+        }
+    }
 }
 
 impl From<crate::ports::GateError> for Error {

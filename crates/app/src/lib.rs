@@ -13,6 +13,7 @@ pub mod limit;
 pub mod maintenance;
 pub mod metrics;
 pub mod model;
+pub mod outcome;
 pub mod ports;
 mod service;
 pub mod sold_out;
@@ -22,6 +23,7 @@ pub use error::Error;
 pub use maintenance::{Maintenance, MaintenanceSettings, Reconciliation, RecoveryReport};
 pub use metrics::{Metrics, Monitor};
 pub use model::*;
+pub use outcome::Outcome;
 pub use ports::{Clock, GateError, Ledger, LedgerError, StockGate, SystemClock};
 pub use service::{Flashsale, Settings};
 

@@ -21,6 +21,7 @@ use prometheus_client::registry::{Metric, Registry};
 use tracing::warn;
 
 use crate::maintenance::{Reconciliation, RecoveryReport};
+use crate::outcome::Outcome;
 use crate::ports::{Ledger, LedgerMaintenance, Outbox, StockGate};
 
 /// Most products whose stock one scrape reports (the highest ids, the latest created
@@ -55,36 +56,6 @@ pub const ENDPOINTS: [&str; 11] = [
     "other",
 ];
 
-/// The outcomes, as the `outcome` label names them: a success (`created` and `replayed`
-/// for purchases, `ok` for the rest) or the answer's error code. `sold_out` first: most of
-/// a flash sale's answers are that refusal, found at the first comparison.
-pub const OUTCOMES: [&str; 24] = [
-    "sold_out",
-    "created",
-    "replayed",
-    "ok",
-    "limit_exceeded",
-    "invalid_request",
-    "payload_too_large",
-    "request_timeout",
-    "unauthorized",
-    "not_found",
-    "method_not_allowed",
-    "product_not_found",
-    "order_not_found",
-    "product_exists",
-    "sale_not_active",
-    "request_id_conflict",
-    "request_released",
-    "order_not_payable",
-    "order_expired",
-    "order_not_cancellable",
-    "rate_limited",
-    "unavailable",
-    "forbidden",
-    "unsupported_media_type",
-];
-
 /// Where `name` is in `list`, at compile time (a name missing from it fails the build).
 pub const fn index_of(list: &[&str], name: &str) -> usize {
     let mut i = 0;
@@ -104,15 +75,6 @@ pub const fn index_of(list: &[&str], name: &str) -> usize {
     panic!("not in the list")
 }
 
-/// The index of an error code in `OUTCOMES`, or `OUTCOMES.len()` ("other") for one it
-/// does not know.
-pub fn outcome_index(code: &str) -> usize {
-    OUTCOMES
-        .iter()
-        .position(|&o| o == code)
-        .unwrap_or(OUTCOMES.len())
-}
-
 /// Upper bounds of the answer-time buckets, in seconds: a refusal takes tens of
 /// microseconds, a durable order a millisecond or a few, a request past its deadline
 /// (2 s by default) ends by then; fourteen buckets keep each series set small.
@@ -123,10 +85,6 @@ pub const LATENCY_BUCKETS: [f64; 14] = [
 fn latency_histogram() -> Histogram {
     Histogram::new(LATENCY_BUCKETS)
 }
-
-/// The outcome label of an error code this list does not know (a code added to the API
-/// and not here): still counted, never dropped.
-const OTHER_OUTCOME: &str = "other";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HttpLabels {
@@ -157,15 +115,14 @@ struct StockLabels {
 }
 
 /// The cell of (endpoint, outcome) in `Metrics::cells` and `latency_cells`, and its
-/// labels (an index past a list's end counts as its last entry, `other`).
-fn cell_of(endpoint: usize, outcome: usize) -> (usize, HttpLabels) {
+/// labels (an endpoint index past the list's end counts as its last entry, `other`).
+fn cell_of(endpoint: usize, outcome: Outcome) -> (usize, HttpLabels) {
     let endpoint = endpoint.min(ENDPOINTS.len() - 1);
-    let outcome = outcome.min(OUTCOMES.len());
     let labels = HttpLabels {
         endpoint: ENDPOINTS[endpoint],
-        outcome: OUTCOMES.get(outcome).copied().unwrap_or(OTHER_OUTCOME),
+        outcome: outcome.as_str(),
     };
-    (endpoint * (OUTCOMES.len() + 1) + outcome, labels)
+    (endpoint * Outcome::ALL.len() + outcome.index(), labels)
 }
 
 /// `metric`, registered in `registry` under `name` with `help`: the handle kept to count
@@ -313,19 +270,19 @@ impl Metrics {
                 "Units of each product (at most 100, the highest ids) by state — available (Redis), total, reserved and sold (MariaDB) — when the metrics were read",
                 Family::default(),
             ),
-            cells: (0..ENDPOINTS.len() * (OUTCOMES.len() + 1))
+            cells: (0..ENDPOINTS.len() * Outcome::ALL.len())
                 .map(|_| OnceLock::new())
                 .collect(),
-            latency_cells: (0..ENDPOINTS.len() * (OUTCOMES.len() + 1))
+            latency_cells: (0..ENDPOINTS.len() * Outcome::ALL.len())
                 .map(|_| OnceLock::new())
                 .collect(),
             registry,
         }
     }
 
-    /// Counts one answer by index into `ENDPOINTS` and `OUTCOMES` (`OUTCOMES.len()` for
-    /// "other"): the hot path's form, without the name lookups.
-    pub fn answered_at(&self, endpoint: usize, outcome: usize) {
+    /// Counts one answer by index into `ENDPOINTS` and its outcome: the hot path's form,
+    /// without name lookups.
+    pub fn answered_at(&self, endpoint: usize, outcome: Outcome) {
         let (cell, labels) = cell_of(endpoint, outcome);
         self.cells[cell]
             .get_or_init(|| self.responses.get_or_create_owned(&labels))
@@ -333,7 +290,7 @@ impl Metrics {
     }
 
     /// Counts one answer as `answered_at` does and records how long it took.
-    pub fn answered_in(&self, endpoint: usize, outcome: usize, took: Duration) {
+    pub fn answered_in(&self, endpoint: usize, outcome: Outcome, took: Duration) {
         let (cell, labels) = cell_of(endpoint, outcome);
         self.cells[cell]
             .get_or_init(|| self.responses.get_or_create_owned(&labels))
@@ -542,17 +499,16 @@ mod tests {
     use super::*;
 
     // Checks the text the counters encode to: two answers counted by index land in one
-    // series; an endpoint index past the list and an unknown code are counted as
-    // "other", not dropped; the worker, recovery and event counters and the
+    // series; an endpoint index past the list is counted as "other", not dropped; the worker, recovery and event counters and the
     // drift gauges appear with their values; the format ends with OpenMetrics' "# EOF".
     #[test]
     fn counters_encode_as_openmetrics() {
         let m = Metrics::new();
         let purchase = index_of(&ENDPOINTS, "purchase");
-        m.answered_at(purchase, outcome_index("sold_out"));
-        m.answered_at(purchase, outcome_index("sold_out"));
-        m.answered_at(purchase, outcome_index("created"));
-        m.answered_at(usize::MAX, outcome_index("teapot"));
+        m.answered_at(purchase, Outcome::SoldOut);
+        m.answered_at(purchase, Outcome::SoldOut);
+        m.answered_at(purchase, Outcome::Created);
+        m.answered_at(usize::MAX, Outcome::NotFound);
         m.worker_pass("recovery", true);
         m.worker_pass("recovery", false);
         m.recovered(&RecoveryReport {
@@ -566,7 +522,7 @@ mod tests {
         for line in [
             r#"flashsale_http_responses_total{endpoint="purchase",outcome="sold_out"} 2"#,
             r#"flashsale_http_responses_total{endpoint="purchase",outcome="created"} 1"#,
-            r#"flashsale_http_responses_total{endpoint="other",outcome="other"} 1"#,
+            r#"flashsale_http_responses_total{endpoint="other",outcome="not_found"} 1"#,
             r#"flashsale_worker_passes_total{worker="recovery",result="ok"} 1"#,
             r#"flashsale_worker_passes_total{worker="recovery",result="error"} 1"#,
             r#"flashsale_recovery_actions_total{action="released"} 2"#,
@@ -583,11 +539,47 @@ mod tests {
         );
     }
 
+    // Checks that every outcome of every endpoint is counted and timed in a series of
+    // its own, labelled with its code: each (endpoint, outcome) pair answered a distinct
+    // number of times (1 + its cell's index), then each series' count read back from the
+    // text; two pairs sharing a cell, or an outcome without one, would read another count.
+    #[test]
+    fn every_outcome_of_every_endpoint_has_its_own_series() {
+        let m = Metrics::new();
+        let mut n = 0;
+        for endpoint in ENDPOINTS {
+            for outcome in Outcome::ALL {
+                n += 1;
+                for _ in 0..n {
+                    m.answered_in(
+                        index_of(&ENDPOINTS, endpoint),
+                        outcome,
+                        Duration::from_millis(1),
+                    );
+                }
+            }
+        }
+        let text = m.encode();
+        let mut n = 0;
+        for endpoint in ENDPOINTS {
+            for outcome in Outcome::ALL {
+                n += 1;
+                let labels = format!(r#"{{endpoint="{endpoint}",outcome="{outcome}"}}"#);
+                for line in [
+                    format!("flashsale_http_responses_total{labels} {n}"),
+                    format!("flashsale_http_response_seconds_count{labels} {n}"),
+                ] {
+                    assert!(text.lines().any(|l| l == line), "missing {line}");
+                }
+            }
+        }
+    }
+
     /// Every metric with at least one series: each counting method called once, and
     /// the gauges the monitor sets given a value.
     fn all_touched() -> Metrics {
         let m = Metrics::new();
-        m.answered_in(0, outcome_index("created"), Duration::from_millis(3));
+        m.answered_in(0, Outcome::Created, Duration::from_millis(3));
         m.worker_pass("expiry", true);
         m.orders_expired(1);
         m.recovered(&RecoveryReport {

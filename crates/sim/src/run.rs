@@ -529,17 +529,11 @@ impl World {
     }
 }
 
+/// A refusal's code as the client reads it; the text of an error whose text varies.
 fn refusal(e: &Error) -> String {
     match e {
-        Error::SoldOut => "sold_out".into(),
-        Error::LimitExceeded => "limit_exceeded".into(),
-        Error::RequestIdConflict => "request_id_conflict".into(),
-        Error::RequestReleased => "request_released".into(),
-        Error::SaleNotActive => "sale_not_active".into(),
-        Error::OrderExpired => "order_expired".into(),
-        Error::OrderNotPayable => "order_not_payable".into(),
-        Error::OrderNotCancellable => "order_not_cancellable".into(),
-        other => format!("{other}"),
+        Error::Invalid(_) | Error::Unavailable(_) => e.to_string(),
+        _ => e.outcome().as_str().into(),
     }
 }
 
