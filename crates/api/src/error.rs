@@ -8,6 +8,7 @@ use std::time::Duration;
 use axum::body::{Body as HttpBody, Bytes};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use flashsale_app::ports::ErrorKind;
 use flashsale_app::{Error, Outcome};
 use serde::Serialize;
 use tracing::warn;
@@ -56,6 +57,8 @@ pub struct ApiError {
     retry_after_secs: Option<u64>,
     /// `WWW-Authenticate` of a 401 whose credentials were a bearer token (RFC 6750 §3).
     challenge: Option<&'static str>,
+    /// The store error behind a 503, by store and kind (counted in `store_errors`).
+    pub fault: Option<(&'static str, ErrorKind)>,
     /// Whether the connection is closed after this answer (`Connection: close`): a request
     /// whose body never arrived leaves nothing worth reading on it.
     close: bool,
@@ -84,6 +87,7 @@ impl ApiError {
             message: message.into(),
             retry_after_secs: None,
             challenge: None,
+            fault: None,
             close: false,
             encoded: None,
         }
@@ -147,17 +151,20 @@ impl From<Error> for ApiError {
                 message: String::new(),
                 retry_after_secs,
                 challenge: None,
+                fault: None,
                 close: false,
                 encoded: Some(cell),
             };
         }
-        if outcome == Outcome::Unavailable {
+        if let Error::Unavailable(why) = &e {
             // The cause is for operators; the client learns only that it should retry.
             warn!(error = %e, "request answered 503");
-            return Self::new(
+            let mut answer = Self::new(
                 outcome,
                 "temporarily unavailable or outcome unknown; retry with the same request_id",
             );
+            answer.fault = why.store_fault();
+            return answer;
         }
         Self::new(outcome, e.to_string())
     }
@@ -284,7 +291,7 @@ mod tests {
                 "rate_limited",
             ),
             (
-                Error::Unavailable("redis: timed out".into()),
+                Error::from(flashsale_app::ports::GateError::timed_out("redis: reserve")),
                 503,
                 "unavailable",
             ),
@@ -395,6 +402,31 @@ mod tests {
                 "README does not list {o} under {}",
                 want.0
             );
+        }
+    }
+
+    // Checks that a 503 keeps which store failed and how, for the `store_errors` metric,
+    // and that nothing else carries one: a gate timeout and a ledger contention answer
+    // with their (store, kind); the use case's own reason to retry and a refusal with
+    // none. How: each turned into an ApiError and its `fault` read.
+    #[test]
+    fn a_503_names_the_store_and_kind_behind_it() {
+        use flashsale_app::ports::{GateError, LedgerError};
+        for (e, fault) in [
+            (
+                Error::from(GateError::timed_out("reserve")),
+                Some(("redis", ErrorKind::TimedOut)),
+            ),
+            (
+                Error::from(LedgerError::contention("commit")),
+                Some(("mariadb", ErrorKind::Contention)),
+            ),
+            (Error::Unavailable("stock is being rebuilt".into()), None),
+            (Error::SoldOut, None),
+        ] {
+            let text = e.to_string();
+            let answer = ApiError::from(e);
+            assert_eq!(answer.fault, fault, "{text}");
         }
     }
 }

@@ -196,6 +196,9 @@ fn counted<T: IntoResponse>(
             (response, outcome)
         }
         Err(e) => {
+            if let Some((store, kind)) = e.fault {
+                state.config.metrics.store_failed(store, kind);
+            }
             let outcome = e.outcome;
             (e.into_response(), outcome)
         }

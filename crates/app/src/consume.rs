@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::events::{Event, EventType};
 use crate::metrics::Metrics;
-use crate::ports::{Applied, LedgerError, StatsEvent, StatsStore};
+use crate::ports::{Applied, LedgerError, PortError, StatsEvent, StatsStore};
 
 /// What one event adds to its product's counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -93,7 +93,10 @@ impl Consume {
                     .filter(|a| **a == Applied::Applied)
                     .count(),
             ),
-            Err(_) => m.consumer_failed(),
+            Err(e) => {
+                m.consumer_failed();
+                m.store_failed(LedgerError::STORE, e.kind());
+            }
         }
     }
 

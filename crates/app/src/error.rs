@@ -6,6 +6,7 @@ use std::time::Duration;
 use flashsale_core::ParseError;
 
 use crate::outcome::Outcome;
+use crate::ports::{ErrorKind, GateError, LedgerError, PortError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -39,7 +40,45 @@ pub enum Error {
     /// A dependency could not be reached or the outcome is unknown: the client retries
     /// with the same request_id. Never used for an outcome that is known.
     #[error("temporarily unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(Unavailable),
+}
+
+/// Why an answer is `unavailable`: a store's error (which store, what kind, its
+/// source), or the use case's own reason to have the client retry.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Unavailable {
+    #[error(transparent)]
+    Gate(#[from] GateError),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// The stores answered, but not yet what the request needs: a product's stock not
+    /// loaded or being rebuilt, an order changed concurrently, an outcome not known yet.
+    #[error("{0}")]
+    Retry(String),
+}
+
+impl Unavailable {
+    /// The store whose error this is and its kind, for the `store_errors` metric; None
+    /// for the use case's own reasons.
+    pub fn store_fault(&self) -> Option<(&'static str, ErrorKind)> {
+        match self {
+            Self::Gate(e) => Some((GateError::STORE, e.kind())),
+            Self::Ledger(e) => Some((LedgerError::STORE, e.kind())),
+            Self::Retry(_) => None,
+        }
+    }
+}
+
+impl From<String> for Unavailable {
+    fn from(why: String) -> Self {
+        Self::Retry(why)
+    }
+}
+
+impl From<&str> for Unavailable {
+    fn from(why: &str) -> Self {
+        Self::Retry(why.to_owned())
+    }
 }
 
 impl Error {
@@ -65,14 +104,14 @@ impl Error {
     }
 }
 
-impl From<crate::ports::GateError> for Error {
-    fn from(e: crate::ports::GateError) -> Self {
-        Self::Unavailable(e.to_string())
+impl From<GateError> for Error {
+    fn from(e: GateError) -> Self {
+        Self::Unavailable(Unavailable::Gate(e))
     }
 }
 
-impl From<crate::ports::LedgerError> for Error {
-    fn from(e: crate::ports::LedgerError) -> Self {
-        Self::Unavailable(e.to_string())
+impl From<LedgerError> for Error {
+    fn from(e: LedgerError) -> Self {
+        Self::Unavailable(Unavailable::Ledger(e))
     }
 }

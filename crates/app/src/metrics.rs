@@ -20,9 +20,10 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Metric, Registry};
 use tracing::warn;
 
+use crate::error::Error;
 use crate::maintenance::{Reconciliation, RecoveryReport};
 use crate::outcome::Outcome;
-use crate::ports::{Ledger, LedgerMaintenance, Outbox, StockGate};
+use crate::ports::{ErrorKind, Ledger, LedgerMaintenance, Outbox, StockGate};
 
 /// Most products whose stock one scrape reports (the highest ids, the latest created
 /// when ids grow): each costs a Redis and a MariaDB read per scrape, and a flash sale's
@@ -109,6 +110,12 @@ struct StoreLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreErrorLabels {
+    store: &'static str,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StockLabels {
     product_id: String,
     state: &'static str,
@@ -153,6 +160,7 @@ pub struct Metrics {
     relay_failures: Counter,
     events_applied: Counter,
     consumer_failures: Counter,
+    store_errors: Family<StoreErrorLabels, Counter>,
     store_up: Family<StoreLabels, Gauge>,
     outbox_unsent: Gauge,
     stock: Family<StockLabels, Gauge>,
@@ -251,6 +259,12 @@ impl Metrics {
                 "consumer_failures",
                 "Chunks of events the consumer could not apply (MariaDB did not answer); redelivered later",
                 Counter::default(),
+            ),
+            store_errors: registered(
+                &mut registry,
+                "store_errors",
+                "Store errors that ended an answer (503), a worker pass, a relay round or a consumer chunk, by store and kind (unreachable, timed_out, rejected, contention, not_ready, corrupt, too_large, stopped, config)",
+                Family::default(),
             ),
             store_up: registered(
                 &mut registry,
@@ -357,6 +371,25 @@ impl Metrics {
 
     pub fn consumer_failed(&self) {
         self.consumer_failures.inc();
+    }
+
+    /// Counts one store error by store (`redis`, `mariadb`, `nats`) and kind.
+    pub fn store_failed(&self, store: &'static str, kind: ErrorKind) {
+        self.store_errors
+            .get_or_create(&StoreErrorLabels {
+                store,
+                kind: kind.as_str(),
+            })
+            .inc();
+    }
+
+    /// Counts the store error an answer or a pass ended with, if it ended with one.
+    pub fn failed(&self, e: &Error) {
+        if let Error::Unavailable(why) = e {
+            if let Some((store, kind)) = why.store_fault() {
+                self.store_failed(store, kind);
+            }
+        }
     }
 
     /// Every metric in the OpenMetrics text format (what Prometheus scrapes).
@@ -575,6 +608,33 @@ mod tests {
         }
     }
 
+    // Checks the store errors' counter: an error that ended an answer or a pass is
+    // counted under its store and kind, the use case's own reasons and the other
+    // outcomes not at all. How: `failed` called with each and the text read back.
+    #[test]
+    fn store_errors_are_counted_by_store_and_kind() {
+        use crate::ports::{GateError, LedgerError};
+        let m = Metrics::new();
+        m.failed(&GateError::timed_out("reserve").into());
+        m.failed(&GateError::timed_out("release").into());
+        m.failed(&LedgerError::unreachable("pool").into());
+        m.failed(&Error::Unavailable("being rebuilt".into()));
+        m.failed(&Error::SoldOut);
+        let text = m.encode();
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("flashsale_store_errors_total"))
+            .collect();
+        let mut want = vec![
+            r#"flashsale_store_errors_total{store="redis",kind="timed_out"} 2"#,
+            r#"flashsale_store_errors_total{store="mariadb",kind="unreachable"} 1"#,
+        ];
+        let mut got = series.clone();
+        got.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(got, want, "{text}");
+    }
+
     /// Every metric with at least one series: each counting method called once, and
     /// the gauges the monitor sets given a value.
     fn all_touched() -> Metrics {
@@ -593,6 +653,7 @@ mod tests {
         m.relay_failed();
         m.events_applied(1);
         m.consumer_failed();
+        m.store_failed("redis", ErrorKind::TimedOut);
         m.store_up
             .get_or_create(&StoreLabels { store: "redis" })
             .set(1);
@@ -609,13 +670,13 @@ mod tests {
     // Checks the alert rules (docs/alerts.yml) and the README's list name only series
     // that exist: every `flashsale_…` word in them is the name of a sample the metrics
     // encode to (a counter's with its `_total`, a gauge's bare) or a histogram's family
-    // name, all 16 families touched.
+    // name, all 17 families touched.
     #[test]
     fn alert_rules_name_real_metrics() {
         let text = all_touched().encode();
         let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
         assert_eq!(
-            families, 16,
+            families, 17,
             "every family registered in Metrics::new:\n{text}"
         );
         // A histogram is named by its family (its samples add _bucket, _sum, _count).

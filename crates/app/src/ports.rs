@@ -1,8 +1,9 @@
 //! The ports: what the use cases need from the outside world, and nothing more.
 //!
 //! Every method is idempotent, so a caller that lost a reply may call again. An `Err`
-//! means "could not be done, or the outcome is unknown"; the use cases answer it with
-//! `unavailable` (503) and the client retries with the same request_id.
+//! means "could not be done, or the outcome is unknown" (its [`ErrorKind`] says what
+//! happened); the use cases answer it with `unavailable` (503) and the client retries
+//! with the same request_id.
 
 use std::time::Duration;
 
@@ -15,15 +16,252 @@ use flashsale_core::{
 
 use crate::model::{Order, Product, PurchaseRecord};
 
-/// The stock gate could not be reached, or did not answer in time (outcome unknown).
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("stock gate: {0}")]
-pub struct GateError(pub String);
+/// What went wrong in a call to a store, as far as the adapter can tell. To a client every
+/// kind is the same answer (`unavailable`, 503: retry with the same request_id); logs and
+/// metrics (`store_errors{store,kind}`) tell them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// Could not connect, or the connection failed (refused, reset, closed, not
+    /// connected): a call sent before it broke may have run, so the outcome is unknown.
+    Unreachable,
+    /// No answer within the deadline: the call may have run (outcome unknown).
+    TimedOut,
+    /// The store answered with an error of its own — a script error, out of memory under
+    /// `noeviction`, a read-only replica, a failed statement or migration, a message the
+    /// broker refused. What was asked was not done (a Lua script keeps the writes it
+    /// made before its error).
+    Rejected,
+    /// Lock conflicts outlasted the retries: deadlocks or lock waits past the bounded
+    /// attempts, a request_id kept taken by transactions that rolled back. Nothing was
+    /// committed.
+    Contention,
+    /// The store's state can't answer this now and is being repaired: the gate has no
+    /// entry for the product, or one another Redis process wrote; a hold handed out twice
+    /// (the gate lost writes; it is being rebuilt). Retry later.
+    NotReady,
+    /// A reply that does not parse, or a stored value no write of ours could have
+    /// produced (out of range, a missing row, an unparsable id).
+    Corrupt,
+    /// An answer larger than the adapter's bound on it.
+    TooLarge,
+    /// The adapter's own worker that carries the call (a batcher, the group committer)
+    /// stopped or dropped it: the outcome is unknown.
+    Stopped,
+    /// The adapter's configuration is invalid (a URL, a database name).
+    Config,
+}
 
-/// The ledger could not be reached, or a commit's outcome is unknown.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("ledger: {0}")]
-pub struct LedgerError(pub String);
+impl ErrorKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [ErrorKind; 9] = [
+        Self::Unreachable,
+        Self::TimedOut,
+        Self::Rejected,
+        Self::Contention,
+        Self::NotReady,
+        Self::Corrupt,
+        Self::TooLarge,
+        Self::Stopped,
+        Self::Config,
+    ];
+
+    /// The kind as logs and the metrics' `kind` label name it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Unreachable => "unreachable",
+            Self::TimedOut => "timed_out",
+            Self::Rejected => "rejected",
+            Self::Contention => "contention",
+            Self::NotReady => "not_ready",
+            Self::Corrupt => "corrupt",
+            Self::TooLarge => "too_large",
+            Self::Stopped => "stopped",
+            Self::Config => "config",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An underlying error a port error keeps as its `source`, shared so the port error
+/// stays `Clone` (a group commit answers every purchase of a batch with one error).
+pub type Source = std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What every port error is built from: a kind, a detail for the logs, the underlying
+/// error if there is one. Generic code (the simulator's fault injector, timeouts around
+/// any port) builds port errors through it.
+pub trait PortError: std::error::Error + Clone + Send + Sync + 'static {
+    /// The store this port's adapter talks to, as the metrics' `store` label names it.
+    const STORE: &'static str;
+
+    fn new(kind: ErrorKind, detail: impl Into<String>) -> Self;
+
+    /// `detail`, followed by the underlying error's text, which is also kept as the
+    /// error's `source`.
+    fn caused(
+        kind: ErrorKind,
+        detail: impl std::fmt::Display,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self;
+
+    fn kind(&self) -> ErrorKind;
+}
+
+/// Declares a port error: a kind, a detail, an optional source; a constructor per kind
+/// so call sites stay short.
+macro_rules! port_error {
+    ($(#[$doc:meta])* $name:ident, $prefix:literal, $store:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone)]
+        pub struct $name {
+            kind: ErrorKind,
+            detail: String,
+            source: Option<Source>,
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "{}: {}: {}", $prefix, self.kind, self.detail)
+            }
+        }
+
+        // By hand: the source is the error inside the `Arc` (an `Arc` is an error
+        // itself, and `#[source]` would hand out that wrapper, which downcasts to
+        // nothing).
+        impl std::error::Error for $name {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                self.source
+                    .as_deref()
+                    .map(|e| e as &(dyn std::error::Error + 'static))
+            }
+        }
+
+        impl PortError for $name {
+            const STORE: &'static str = $store;
+
+            fn new(kind: ErrorKind, detail: impl Into<String>) -> Self {
+                Self {
+                    kind,
+                    detail: detail.into(),
+                    source: None,
+                }
+            }
+
+            fn caused(
+                kind: ErrorKind,
+                detail: impl std::fmt::Display,
+                source: impl std::error::Error + Send + Sync + 'static,
+            ) -> Self {
+                Self {
+                    kind,
+                    detail: format!("{detail}: {source}"),
+                    source: Some(std::sync::Arc::new(source)),
+                }
+            }
+
+            fn kind(&self) -> ErrorKind {
+                self.kind
+            }
+        }
+
+        impl $name {
+            pub fn new(kind: ErrorKind, detail: impl Into<String>) -> Self {
+                <Self as PortError>::new(kind, detail)
+            }
+
+            /// See [`PortError::caused`].
+            pub fn caused(
+                kind: ErrorKind,
+                detail: impl std::fmt::Display,
+                source: impl std::error::Error + Send + Sync + 'static,
+            ) -> Self {
+                <Self as PortError>::caused(kind, detail, source)
+            }
+
+            pub fn kind(&self) -> ErrorKind {
+                self.kind
+            }
+
+            /// What happened, without the store's name and the kind.
+            pub fn detail(&self) -> &str {
+                &self.detail
+            }
+
+            /// [`ErrorKind::Unreachable`].
+            pub fn unreachable(detail: impl Into<String>) -> Self {
+                Self::new(ErrorKind::Unreachable, detail)
+            }
+
+            /// [`ErrorKind::TimedOut`].
+            pub fn timed_out(detail: impl Into<String>) -> Self {
+                Self::new(ErrorKind::TimedOut, detail)
+            }
+
+            /// [`ErrorKind::Rejected`].
+            pub fn rejected(detail: impl Into<String>) -> Self {
+                Self::new(ErrorKind::Rejected, detail)
+            }
+
+            /// [`ErrorKind::Contention`].
+            pub fn contention(detail: impl Into<String>) -> Self {
+                Self::new(ErrorKind::Contention, detail)
+            }
+
+            /// [`ErrorKind::NotReady`].
+            pub fn not_ready(detail: impl Into<String>) -> Self {
+                Self::new(ErrorKind::NotReady, detail)
+            }
+
+            /// [`ErrorKind::Corrupt`].
+            pub fn corrupt(detail: impl Into<String>) -> Self {
+                Self::new(ErrorKind::Corrupt, detail)
+            }
+
+            /// [`ErrorKind::TooLarge`].
+            pub fn too_large(detail: impl Into<String>) -> Self {
+                Self::new(ErrorKind::TooLarge, detail)
+            }
+
+            /// [`ErrorKind::Stopped`].
+            pub fn stopped(detail: impl Into<String>) -> Self {
+                Self::new(ErrorKind::Stopped, detail)
+            }
+
+            /// [`ErrorKind::Config`].
+            pub fn config(detail: impl Into<String>) -> Self {
+                Self::new(ErrorKind::Config, detail)
+            }
+        }
+    };
+}
+
+port_error!(
+    /// A stock gate call failed, or its outcome is unknown ([`ErrorKind`] says which).
+    GateError,
+    "stock gate",
+    "redis"
+);
+
+port_error!(
+    /// A ledger call failed, or its outcome (a commit's) is unknown ([`ErrorKind`] says
+    /// which).
+    LedgerError,
+    "ledger",
+    "mariadb"
+);
+
+port_error!(
+    /// The event broker could not be reached, refused a message, or did not confirm it
+    /// in time ([`ErrorKind`] says which). The event stays unsent in the outbox and is
+    /// published again later.
+    BusError,
+    "event bus",
+    "nats"
+);
 
 /// The fast, shared counter of available stock (Redis). It admits or refuses each
 /// purchase atomically and keeps a trace of every unit it hands out.
@@ -583,12 +821,6 @@ pub struct LedgerFacts {
 use crate::consume::StatsDelta;
 use crate::events::{EventType, OutboxMessage};
 
-/// The event broker could not be reached, refused a message, or did not confirm it in
-/// time. The event stays unsent in the outbox and is published again later.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("event bus: {0}")]
-pub struct BusError(pub String);
-
 /// The outbox: one row per state change, written by the ledger in the transaction of the
 /// change, waiting to be published. Rows are leased to one relay at a time (row by row,
 /// or the whole outbox at once as the MySQL adapter does), so several instances can run
@@ -691,4 +923,58 @@ pub struct StatsEvent {
     pub event_type: EventType,
     pub product_id: ProductId,
     pub delta: StatsDelta,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Checks what a port error says and keeps: each kind's constructor gives that kind;
+    // the text names the store, the kind and the detail; an error built with a cause
+    // keeps it as its `source` (found again by downcasting) and appends its text, and a
+    // clone shares it. How: one error of each kind per port, and one caused by an I/O
+    // error.
+    #[test]
+    fn a_port_error_keeps_its_kind_detail_and_source() {
+        let built: [(GateError, ErrorKind); 9] = [
+            (GateError::unreachable("d"), ErrorKind::Unreachable),
+            (GateError::timed_out("d"), ErrorKind::TimedOut),
+            (GateError::rejected("d"), ErrorKind::Rejected),
+            (GateError::contention("d"), ErrorKind::Contention),
+            (GateError::not_ready("d"), ErrorKind::NotReady),
+            (GateError::corrupt("d"), ErrorKind::Corrupt),
+            (GateError::too_large("d"), ErrorKind::TooLarge),
+            (GateError::stopped("d"), ErrorKind::Stopped),
+            (GateError::config("d"), ErrorKind::Config),
+        ];
+        for (e, kind) in &built {
+            assert_eq!(e.kind(), *kind);
+            assert_eq!(e.to_string(), format!("stock gate: {kind}: d"));
+            assert!(std::error::Error::source(e).is_none());
+        }
+        let kinds: std::collections::BTreeSet<_> = built.iter().map(|(_, k)| k.as_str()).collect();
+        assert_eq!(
+            kinds.len(),
+            ErrorKind::ALL.len(),
+            "every kind, each its own name"
+        );
+
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let e = LedgerError::caused(ErrorKind::Unreachable, "MariaDB", refused);
+        assert_eq!(e.to_string(), "ledger: unreachable: MariaDB: refused");
+        assert_eq!(e.detail(), "MariaDB: refused");
+        let copy = e.clone();
+        let source = std::error::Error::source(&copy).expect("the cause is kept");
+        let io = source
+            .downcast_ref::<std::io::Error>()
+            .expect("as the error it was");
+        assert_eq!(io.kind(), std::io::ErrorKind::ConnectionRefused);
+
+        let e = BusError::timed_out("publish");
+        assert_eq!(e.to_string(), "event bus: timed_out: publish");
+        assert_eq!(
+            (GateError::STORE, LedgerError::STORE, BusError::STORE),
+            ("redis", "mariadb", "nats")
+        );
+    }
 }

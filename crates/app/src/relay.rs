@@ -24,7 +24,7 @@ use tracing::{debug, info, warn};
 
 use crate::events::OutboxMessage;
 use crate::metrics::Metrics;
-use crate::ports::{BusError, EventBus, LedgerError, Outbox};
+use crate::ports::{BusError, EventBus, LedgerError, Outbox, PortError};
 
 /// Rows one round leases and publishes: large enough that a backlog of a big sale drains
 /// at thousands of events a second (a round costs three statements plus one broker
@@ -136,7 +136,7 @@ impl Relay {
             for (owner, message) in owners.into_iter().zip(&wave) {
                 let result = results
                     .next()
-                    .unwrap_or_else(|| Err(BusError("the bus gave no result".into())));
+                    .unwrap_or_else(|| Err(BusError::stopped("the bus gave no result")));
                 match result {
                     Ok(()) => sent.push(message.id),
                     Err(e) => {
@@ -144,7 +144,7 @@ impl Relay {
                         // put them ahead of this one.
                         queues[owner].clear();
                         wave_failures += 1;
-                        failed.push((message.id, e.0.clone()));
+                        failed.push((message.id, e.to_string()));
                         first_error.get_or_insert(e);
                     }
                 }
@@ -223,6 +223,10 @@ impl Relay {
                 Err(e) => {
                     if let Some(m) = &self.metrics {
                         m.relay_failed();
+                        match &e {
+                            RelayError::Outbox(e) => m.store_failed(LedgerError::STORE, e.kind()),
+                            RelayError::Bus(e) => m.store_failed(BusError::STORE, e.kind()),
+                        }
                     }
                     failures += 1;
                     if failures % WARN_EVERY_FAILURES == 1 {
@@ -328,7 +332,7 @@ mod tests {
 
         async fn mark_sent(&self, ids: &[i64]) -> Result<(), LedgerError> {
             if self.mark_fails {
-                return Err(LedgerError("database unreachable".into()));
+                return Err(LedgerError::unreachable("database unreachable"));
             }
             self.sent.lock().unwrap().extend(ids);
             Ok(())
@@ -365,7 +369,7 @@ mod tests {
     impl EventBus for MemBus {
         fn ready(&self) -> Result<(), BusError> {
             if self.down {
-                Err(BusError("not connected".into()))
+                Err(BusError::unreachable("not connected"))
             } else {
                 Ok(())
             }
@@ -373,7 +377,7 @@ mod tests {
 
         async fn publish(&self, message: &OutboxMessage) -> Result<(), BusError> {
             if self.refuse.contains(&message.id) {
-                return Err(BusError(format!("refused {}", message.id)));
+                return Err(BusError::rejected(format!("refused {}", message.id)));
             }
             self.published.lock().unwrap().push(message.id);
             Ok(())

@@ -173,9 +173,9 @@ impl Flashsale {
             // Never loaded: nothing was sold through the gate yet, the ledger is exact.
             None if !product.stock_loaded => counters.available,
             None => {
-                return Err(Error::Unavailable(format!(
-                    "stock of product {product_id} is missing from the stock gate"
-                )))
+                return Err(Error::Unavailable(
+                    format!("stock of product {product_id} is missing from the stock gate").into(),
+                ))
             }
         };
         Ok(ProductView {
@@ -235,10 +235,13 @@ impl Flashsale {
                     info!(%product_id, %restock_id, quantity, "restocked");
                 }
                 Restock::NotLoaded => {
-                    return Err(Error::Unavailable(format!(
-                        "stock of product {product_id} is missing from the stock gate or \
+                    return Err(Error::Unavailable(
+                        format!(
+                            "stock of product {product_id} is missing from the stock gate or \
                          being rebuilt; the restock is recorded and will apply on retry"
-                    )))
+                        )
+                        .into(),
+                    ))
                 }
             }
         }
@@ -267,10 +270,13 @@ impl Flashsale {
     async fn load_stock(&self, product: &Product) -> Result<(), Error> {
         if product.stock_loaded {
             error!(product_id = %product.product_id, "stock missing from the stock gate after it was loaded");
-            return Err(Error::Unavailable(format!(
-                "stock of product {} is missing from the stock gate",
-                product.product_id
-            )));
+            return Err(Error::Unavailable(
+                format!(
+                    "stock of product {} is missing from the stock gate",
+                    product.product_id
+                )
+                .into(),
+            ));
         }
         let counters = self
             .ledger
@@ -403,17 +409,19 @@ impl Flashsale {
             Reserve::LimitExceeded { unseen: false } => {
                 self.replay_or(&request, Error::LimitExceeded).await
             }
-            Reserve::NotLoaded => Err(Error::Unavailable(format!(
-                "stock of product {} is not loaded",
-                request.product_id
-            ))),
+            Reserve::NotLoaded => Err(Error::Unavailable(
+                format!("stock of product {} is not loaded", request.product_id).into(),
+            )),
             // The gate watch notices the new Redis process and rebuilds the entry.
             Reserve::NotRebuilt => {
                 self.gate_behind();
-                Err(Error::Unavailable(format!(
-                    "stock of product {} is being rebuilt after Redis changed; retry",
-                    request.product_id
-                )))
+                Err(Error::Unavailable(
+                    format!(
+                        "stock of product {} is being rebuilt after Redis changed; retry",
+                        request.product_id
+                    )
+                    .into(),
+                ))
             }
         }
     }

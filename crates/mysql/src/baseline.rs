@@ -89,8 +89,7 @@ impl MysqlLedger {
                 .bind(request.request_id.as_str())
                 .fetch_one(self.pool())
                 .await?;
-                let order =
-                    crate::rows::order(&row).map_err(|e| sqlx::Error::Decode(e.0.into()))?;
+                let order = crate::rows::order(&row).map_err(crate::rows::undecodable)?;
                 Ok(BaselineOutcome::Existing(order))
             }
             Err(e) => Err(e),

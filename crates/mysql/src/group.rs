@@ -139,8 +139,8 @@ impl InFlight {
         });
         async move {
             task.await.unwrap_or_else(|_| {
-                Err(LedgerError(
-                    "commit purchase: the commit task stopped; outcome unknown".into(),
+                Err(LedgerError::stopped(
+                    "commit purchase: the commit task stopped; outcome unknown",
                 ))
             })
         }
@@ -153,7 +153,7 @@ fn committed(
     answer: Result<Result<Commit, LedgerError>, flashsale_batch::Lost>,
 ) -> Result<Commit, LedgerError> {
     answer.map_err(|_| {
-        LedgerError("commit purchase: the group committer stopped; outcome unknown".into())
+        LedgerError::stopped("commit purchase: the group committer stopped; outcome unknown")
     })?
 }
 

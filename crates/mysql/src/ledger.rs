@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flashsale_app::ports::{
-    CancelAttempt, Commit, CreateProduct, Fence, PayAttempt, RecordRestock, ReleaseOf,
+    CancelAttempt, Commit, CreateProduct, ErrorKind, Fence, PayAttempt, RecordRestock, ReleaseOf,
 };
 use flashsale_app::{Ledger, LedgerError, Order, Product, PurchaseRecord};
 use flashsale_core::{
@@ -105,7 +105,7 @@ where
     };
     tokio::time::timeout(deadline, all)
         .await
-        .map_err(|_| LedgerError(format!("{what}: no answer within the deadline")))?
+        .map_err(|_| LedgerError::timed_out(format!("{what}: no answer within the deadline")))?
 }
 
 /// Group transactions tried per batch: after one that met taken request_ids and set them
@@ -180,7 +180,7 @@ fn is_reused_hold(e: &sqlx::Error) -> bool {
             .is_some_and(|d| d.message().contains("uk_reservation_hold"))
 }
 
-fn is_retryable(e: &sqlx::Error) -> bool {
+pub(crate) fn is_retryable(e: &sqlx::Error) -> bool {
     matches!(
         error_number(e),
         Some(ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT)
@@ -273,7 +273,7 @@ impl MysqlLedger {
     /// Creates the database named in the URL if it does not exist, and a pool for it.
     pub async fn connect(config: &LedgerConfig) -> Result<Self, LedgerError> {
         let options = MySqlConnectOptions::from_str(&config.url)
-            .map_err(|e| LedgerError(format!("invalid database url: {e}")))?
+            .map_err(|e| LedgerError::caused(ErrorKind::Config, "invalid database url", e))?
             // sqlx's own slow-statement warning prints the whole statement: for a group
             // commit that is its batch, up to about a hundred kilobytes of hex. Kept at
             // debug; `run` warns instead, naming the operation.
@@ -285,7 +285,7 @@ impl MysqlLedger {
         if let Some(name) = options.get_database() {
             let name = name.to_owned();
             if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                return Err(LedgerError(format!(
+                return Err(LedgerError::config(format!(
                     "database name {name:?} must be letters, digits and _"
                 )));
             }
@@ -295,7 +295,7 @@ impl MysqlLedger {
                 MySqlConnection::connect_with(&server),
             )
             .await
-            .map_err(|_| LedgerError("connecting to the database timed out".into()))?
+            .map_err(|_| LedgerError::timed_out("connecting to the database timed out"))?
             .map_err(db)?;
             conn.execute(format!("CREATE DATABASE IF NOT EXISTS `{name}`").as_str())
                 .await
@@ -549,7 +549,7 @@ impl MysqlLedger {
         debug!(size = batch.len(), one_by_one = aside.len(), elapsed = ?started.elapsed(), "group commit");
         results
             .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(LedgerError("group commit: no answer".into()))))
+            .map(|r| r.unwrap_or_else(|| Err(LedgerError::stopped("group commit: no answer"))))
             .collect()
     }
 
@@ -587,7 +587,7 @@ impl MysqlLedger {
         sqlx::migrate!("./migrations")
             .run(&self.pool)
             .await
-            .map_err(|e| LedgerError(format!("migration failed: {e}")))
+            .map_err(|e| LedgerError::caused(ErrorKind::Rejected, "migration failed", e))
     }
 
     pub fn pool(&self) -> &MySqlPool {
@@ -787,7 +787,7 @@ impl MysqlLedger {
                 }
             }
         }
-        Err(LedgerError(format!(
+        Err(LedgerError::contention(format!(
             "{what}: request_id {request_id} kept colliding with transactions that rolled back"
         )))
     }
@@ -812,7 +812,7 @@ impl MysqlLedger {
         .fetch_optional(&mut *conn)
         .await?;
         let Some(row) = row else { return Ok(None) };
-        let order = rows::order(&row).map_err(|e| sqlx::Error::Decode(e.0.into()))?;
+        let order = rows::order(&row).map_err(rows::undecodable)?;
         let expired: bool = row.try_get("expired")?;
         let return_pending: bool = row.try_get("return_pending")?;
         let pending_return = if return_pending {
@@ -1233,7 +1233,7 @@ impl Ledger for MysqlLedger {
             Ok(true) => Ok(Fence::Fenced),
             Ok(false) => {
                 self.gate_behind(request.product_id, hold).await?;
-                Err(LedgerError(format!(
+                Err(LedgerError::not_ready(format!(
                     "hold {} of generation {} was handed out twice; \
                      the gate lost writes and is being rebuilt",
                     hold.id, hold.generation
@@ -1250,7 +1250,7 @@ impl Ledger for MysqlLedger {
         self.lookups()
             .call(request_id.clone())
             .await
-            .map_err(|_| LedgerError("find purchase: the lookup batcher stopped".into()))?
+            .map_err(|_| LedgerError::stopped("find purchase: the lookup batcher stopped"))?
     }
 
     async fn order(&self, order_id: OrderId) -> Result<Option<Order>, LedgerError> {
@@ -1351,8 +1351,9 @@ impl Ledger for MysqlLedger {
         rows.iter()
             .map(|row| {
                 let raw = rows::text(row, "request_id")?;
-                RequestId::parse("request_id", &raw)
-                    .map_err(|e| LedgerError(format!("reservation holds a bad request_id: {e}")))
+                RequestId::parse("request_id", &raw).map_err(|e| {
+                    LedgerError::corrupt(format!("reservation holds a bad request_id: {e}"))
+                })
             })
             .collect::<Result<_, _>>()
             .map(Some)

@@ -425,7 +425,7 @@ impl LedgerMaintenance for MysqlLedger {
     async fn advance_generation(&self, product_id: ProductId) -> Result<RebuildPlan, LedgerError> {
         self.run("advance generation", || self.advance(product_id))
             .await?
-            .ok_or_else(|| LedgerError(format!("product {product_id} has no inventory")))
+            .ok_or_else(|| LedgerError::corrupt(format!("product {product_id} has no inventory")))
     }
 }
 

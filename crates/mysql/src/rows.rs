@@ -2,6 +2,7 @@
 //! as an error, never mapped to a default.
 
 use chrono::{DateTime, Utc};
+use flashsale_app::ports::ErrorKind;
 use flashsale_app::{LedgerError, Order, Product, PurchaseOutcome, PurchaseRecord};
 use flashsale_core::{
     CancelReason, Generation, HoldRef, OrderId, OrderStatus, ProductId, PurchaseRequest, Quantity,
@@ -11,16 +12,34 @@ use sqlx::mysql::MySqlRow;
 use sqlx::Row;
 
 pub(crate) fn corrupt(what: impl std::fmt::Display) -> LedgerError {
-    LedgerError(format!("unexpected data in the ledger: {what}"))
+    LedgerError::corrupt(format!("unexpected data in the ledger: {what}"))
 }
 
+/// An sqlx error by what happened: no connection (the database unreachable, or none
+/// free in time), lock conflicts (deadlocks, lock waits: what retries are for), an
+/// error the database answered, a row or value that does not decode, a bad setting.
 pub(crate) fn db(e: sqlx::Error) -> LedgerError {
-    LedgerError(e.to_string())
+    use sqlx::Error as E;
+    let kind = match &e {
+        E::Io(_) | E::Tls(_) | E::PoolTimedOut => ErrorKind::Unreachable,
+        E::PoolClosed | E::WorkerCrashed => ErrorKind::Stopped,
+        E::Database(_) if crate::ledger::is_retryable(&e) => ErrorKind::Contention,
+        E::Protocol(_)
+        | E::RowNotFound
+        | E::TypeNotFound { .. }
+        | E::ColumnIndexOutOfBounds { .. }
+        | E::ColumnNotFound(_)
+        | E::ColumnDecode { .. }
+        | E::Decode(_) => ErrorKind::Corrupt,
+        E::Configuration(_) => ErrorKind::Config,
+        _ => ErrorKind::Rejected,
+    };
+    LedgerError::caused(kind, "MariaDB", e)
 }
 
 /// For row mappers that answer in sqlx's error type.
 pub(crate) fn undecodable(e: LedgerError) -> sqlx::Error {
-    sqlx::Error::Decode(e.0.into())
+    sqlx::Error::Decode(Box::new(e))
 }
 
 /// A stock generation column's value: the schema only ever stores generations from 1 up.
@@ -136,4 +155,32 @@ pub(crate) fn opt_text(row: &MySqlRow, column: &str) -> Result<Option<String>, L
 /// or the rows of a multi-row `VALUES`.
 pub(crate) fn list(n: usize, item: &str) -> String {
     vec![item; n].join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Checks how sqlx's errors are classified, by building each and reading the kind:
+    // no connection (I/O, none free in time) is unreachable, a closed pool stopped, a
+    // row or value that does not decode corrupt, a bad setting config; the text keeps
+    // sqlx's own.
+    #[test]
+    fn sqlx_errors_are_typed_by_what_happened() {
+        let io = || std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        for (e, kind) in [
+            (sqlx::Error::Io(io()), ErrorKind::Unreachable),
+            (sqlx::Error::PoolTimedOut, ErrorKind::Unreachable),
+            (sqlx::Error::PoolClosed, ErrorKind::Stopped),
+            (sqlx::Error::RowNotFound, ErrorKind::Corrupt),
+            (sqlx::Error::Decode("bad".into()), ErrorKind::Corrupt),
+            (sqlx::Error::Configuration("bad".into()), ErrorKind::Config),
+        ] {
+            let text = e.to_string();
+            let typed = db(e);
+            assert_eq!(typed.kind(), kind, "{text}");
+            assert!(typed.to_string().ends_with(&text), "{typed}");
+        }
+        assert_eq!(corrupt("x").kind(), ErrorKind::Corrupt);
+    }
 }

@@ -24,9 +24,10 @@ use std::time::Duration;
 
 use async_nats::connection::State;
 use async_nats::jetstream::{self, consumer, context, stream};
+use async_nats::ConnectErrorKind;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use flashsale_app::ports::{BusError, EventBus, Outbox, StatsStore};
+use flashsale_app::ports::{BusError, ErrorKind, EventBus, Outbox, StatsStore};
 use flashsale_app::{Consume, Event, EventType, Metrics, OutboxMessage, Relay};
 use flashsale_core::{OrderId, ProductId, Quantity, RequestId, UserId};
 use futures::StreamExt;
@@ -150,8 +151,12 @@ pub struct NatsBus {
     ensuring: Mutex<()>,
 }
 
-fn bus_error(what: &str, e: impl std::fmt::Display) -> BusError {
-    BusError(format!("{what}: {e}"))
+fn bus_error(
+    what: &str,
+    kind: ErrorKind,
+    e: impl std::error::Error + Send + Sync + 'static,
+) -> BusError {
+    BusError::caused(kind, what, e)
 }
 
 impl NatsBus {
@@ -171,7 +176,14 @@ impl NatsBus {
             })
             .connect(config.url.as_str())
             .await
-            .map_err(|e| bus_error(&format!("nats url {}", config.url), e))?;
+            .map_err(|e| {
+                let kind = match e.kind() {
+                    ConnectErrorKind::ServerParse => ErrorKind::Config,
+                    ConnectErrorKind::TimedOut => ErrorKind::TimedOut,
+                    _ => ErrorKind::Unreachable,
+                };
+                bus_error(&format!("nats url {}", config.url), kind, e)
+            })?;
         let js = jetstream::ContextBuilder::new()
             .timeout(REQUEST_TIMEOUT)
             .build(client.clone());
@@ -208,11 +220,19 @@ impl NatsBus {
             max_age: STREAM_MAX_AGE,
             ..Default::default()
         };
-        let stream = self
-            .js
-            .get_or_create_stream(config)
-            .await
-            .map_err(|e| bus_error(&format!("stream {}", self.config.stream), e))?;
+        let stream = self.js.get_or_create_stream(config).await.map_err(|e| {
+            use context::CreateStreamErrorKind as K;
+            let kind = match e.kind() {
+                K::TimedOut => ErrorKind::TimedOut,
+                K::JetStreamUnavailable => ErrorKind::Unreachable,
+                K::EmptyStreamName | K::InvalidStreamName | K::DomainAndExternalSet => {
+                    ErrorKind::Config
+                }
+                K::ResponseParse => ErrorKind::Corrupt,
+                _ => ErrorKind::Rejected,
+            };
+            bus_error(&format!("stream {}", self.config.stream), kind, e)
+        })?;
         if !self.stream_ready.swap(true, Ordering::SeqCst) {
             info!(stream = %self.config.stream, subjects = %self.config.subjects(), "event stream ready");
         }
@@ -236,7 +256,15 @@ impl NatsBus {
                 },
             )
             .await
-            .map_err(|e| bus_error(&format!("consumer {CONSUMER_NAME}"), e))
+            .map_err(|e| {
+                use stream::ConsumerErrorKind as K;
+                let kind = match e.kind() {
+                    K::TimedOut => ErrorKind::TimedOut,
+                    K::InvalidName | K::InvalidConsumerType => ErrorKind::Config,
+                    _ => ErrorKind::Rejected,
+                };
+                bus_error(&format!("consumer {CONSUMER_NAME}"), kind, e)
+            })
     }
 
     /// Sends one pack, its body moved into the message (the pack keeps its members and
@@ -256,7 +284,15 @@ impl NatsBus {
             // Deleted behind our back, or never made on this server: make it again.
             self.stream_ready.store(false, Ordering::SeqCst);
         }
-        bus_error("publish", e)
+        use context::PublishErrorKind as K;
+        let kind = match e.kind() {
+            K::TimedOut => ErrorKind::TimedOut,
+            K::BrokenPipe => ErrorKind::Unreachable,
+            K::StreamNotFound => ErrorKind::NotReady,
+            K::MaxPayloadExceeded => ErrorKind::TooLarge,
+            _ => ErrorKind::Rejected,
+        };
+        bus_error("publish", kind, e)
     }
 
     async fn acked(&self, pack: &Pack, ack: context::PublishAckFuture) -> Result<(), BusError> {
@@ -303,7 +339,7 @@ impl EventBus for NatsBus {
     fn ready(&self) -> Result<(), BusError> {
         match self.client.connection_state() {
             State::Connected => Ok(()),
-            other => Err(BusError(format!(
+            other => Err(BusError::unreachable(format!(
                 "not connected to {} ({other:?})",
                 self.config.url
             ))),
@@ -314,7 +350,7 @@ impl EventBus for NatsBus {
         let mut results = self.publish_all(std::slice::from_ref(message)).await;
         results
             .pop()
-            .unwrap_or_else(|| Err(BusError("no result for the event".to_owned())))
+            .unwrap_or_else(|| Err(BusError::stopped("no result for the event")))
     }
 
     /// Packs the events into messages ([`packs`]), sends every message first, then waits
@@ -351,7 +387,7 @@ fn per_event(
     results: Vec<Result<(), BusError>>,
 ) -> Vec<Result<(), BusError>> {
     let mut out: Vec<Result<(), BusError>> = (0..events)
-        .map(|_| Err(BusError("no message held the event".to_owned())))
+        .map(|_| Err(BusError::stopped("no message held the event")))
         .collect();
     for (pack, result) in packs.iter().zip(results) {
         for &member in &pack.members {
@@ -983,7 +1019,7 @@ mod tests {
         let results: Vec<Result<(), BusError>> = (0..packs.len())
             .map(|i| {
                 if i == failed {
-                    Err(BusError("timed out".into()))
+                    Err(BusError::timed_out("timed out"))
                 } else {
                     Ok(())
                 }

@@ -31,6 +31,7 @@ mod trim;
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 
+use flashsale_app::ports::ErrorKind;
 use flashsale_app::ports::{
     ExistingHold, GateFacts, GateMaintenance, GateState, RebuildPlan, Release, ReleaseOf, Reserve,
     Restock, SoldOutLease, StaleHold,
@@ -91,7 +92,7 @@ impl RedisGate {
     /// (and reports not ready) while Redis is down.
     pub fn new(config: &GateConfig) -> Result<Self, GateError> {
         let client = redis::Client::open(config.url.as_str())
-            .map_err(|e| GateError(format!("invalid redis url: {e}")))?;
+            .map_err(|e| GateError::caused(ErrorKind::Config, "invalid redis url", e))?;
         let manager_config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(config.response_timeout))
             .set_connection_timeout(Some(config.connect_timeout))
@@ -141,8 +142,18 @@ fn key(prefix: &str, product_id: i64, suffix: &str) -> String {
     format!("{prefix}{{p:{product_id}}}:{suffix}")
 }
 
+/// A redis-rs error by what happened: no reply in time, the connection failed, a reply
+/// of the wrong shape, a bad client setting, or an error Redis answered.
 fn unavailable(e: redis::RedisError) -> GateError {
-    GateError(e.to_string())
+    use redis::ErrorKind as K;
+    let kind = match e.kind() {
+        _ if e.is_timeout() => ErrorKind::TimedOut,
+        K::Io => ErrorKind::Unreachable,
+        K::Parse | K::UnexpectedReturnType => ErrorKind::Corrupt,
+        K::InvalidClientConfig => ErrorKind::Config,
+        _ => ErrorKind::Rejected,
+    };
+    GateError::caused(kind, "redis", e)
 }
 
 fn int(value: &Value) -> Option<i64> {
@@ -155,7 +166,7 @@ fn int(value: &Value) -> Option<i64> {
 }
 
 fn unexpected(script: &str, value: &Value) -> GateError {
-    GateError(format!("unexpected reply from {script} script: {value:?}"))
+    GateError::corrupt(format!("unexpected reply from {script} script: {value:?}"))
 }
 
 fn parse_reserve(reply: &Value) -> Result<Reserve, GateError> {
@@ -258,7 +269,7 @@ impl StockGate for RedisGate {
         reserver
             .call((request.clone(), per_user_limit))
             .await
-            .map_err(|_| GateError("reserve: the batcher stopped; outcome unknown".into()))?
+            .map_err(|_| GateError::stopped("reserve: the batcher stopped; outcome unknown"))?
     }
 
     async fn release(
@@ -384,13 +395,12 @@ impl StockGate for RedisGate {
                 .collect::<Result<_, _>>()
                 .map(|ids| Some((generation, ids))),
             (Some(2), Some(_)) => Ok(None),
-            (Some(-1), _) => Err(GateError(format!(
+            (Some(-1), _) => Err(GateError::not_ready(format!(
                 "stock of product {product_id} is missing from the stock gate"
             ))),
-            (Some(-3), _) => Err(GateError(
+            (Some(-3), _) => Err(GateError::not_ready(
                 "the stock gate can't vouch for its pending holds (another Redis process \
-                 wrote the entry, or keys may be evicted)"
-                    .into(),
+                 wrote the entry, or keys may be evicted)",
             )),
             _ => Err(unexpected("holders", &reply)),
         }
@@ -577,7 +587,7 @@ impl GateMaintenance for RedisGate {
                     .filter_map(|k| k.strip_prefix(&marker).map(str::to_owned)),
             );
             if request_ids.len() > FACTS_HOLDS_MAX {
-                return Err(GateError(format!(
+                return Err(GateError::too_large(format!(
                     "more than {FACTS_HOLDS_MAX} hold records for product {product_id}"
                 )));
             }
@@ -595,7 +605,9 @@ impl GateMaintenance for RedisGate {
                 if let Some((_, q, false, hold_id, g)) = record {
                     if generation.is_some_and(|generation| generation.get() == g) {
                         let hold_id = HoldId::from_stored(hold_id).ok_or_else(|| {
-                            GateError(format!("hold record of {request_id} has hold id {hold_id}"))
+                            GateError::corrupt(format!(
+                                "hold record of {request_id} has hold id {hold_id}"
+                            ))
                         })?;
                         held.insert(request_id.clone(), (hold_id, q));
                     }
@@ -633,7 +645,8 @@ impl GateMaintenance for RedisGate {
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable)?;
-        let bad = || GateError(format!("unexpected reply from the state script: {reply:?}"));
+        let bad =
+            || GateError::corrupt(format!("unexpected reply from the state script: {reply:?}"));
         match reply[..] {
             [] => Ok(None),
             [available, last_hold_id, generation, changed] => Ok(Some(GateState {

@@ -85,7 +85,7 @@ impl Reserver {
         }
         out.into_iter()
             .map(|r| {
-                r.unwrap_or_else(|| Err(GateError("reserve: no reply for the purchase".into())))
+                r.unwrap_or_else(|| Err(GateError::stopped("reserve: no reply for the purchase")))
             })
             .collect()
     }

@@ -136,6 +136,9 @@ async fn run<F, Fut>(
         let result = pass().await;
         metrics.worker_pass(name, result.is_ok());
         let ok = result.is_ok();
+        if let Err(e) = &result {
+            metrics.failed(e);
+        }
         let busy = match result {
             Ok(busy) => busy,
             Err(e) => {

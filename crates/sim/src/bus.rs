@@ -90,7 +90,7 @@ impl EventBus for MemBus {
     fn ready(&self) -> Result<(), BusError> {
         let s = self.ctx.lock();
         if s.step < s.bus_down_until {
-            return Err(BusError("not connected (injected outage)".into()));
+            return Err(BusError::unreachable("not connected (injected outage)"));
         }
         Ok(())
     }
@@ -106,7 +106,6 @@ impl EventBus for MemBus {
                     message.event_id, message.request_id, message.sequence
                 )
             },
-            BusError,
             || self.store(message),
         )
         .await

@@ -18,10 +18,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flashsale_app::ports::{
-    Applied, CancelAttempt, Commit, CreateProduct, ExpiredOrder, Fence, GateFacts, GateMaintenance,
-    GateState, LedgerFacts, LedgerMaintenance, Outbox, PayAttempt, PendingRestock, PendingReturn,
-    RebuildPlan, RecordRestock, Release, ReleaseOf, Reserve, Restock, StaleHold, StatsStore,
-    Watermark,
+    Applied, CancelAttempt, Commit, CreateProduct, ErrorKind, ExpiredOrder, Fence, GateFacts,
+    GateMaintenance, GateState, LedgerFacts, LedgerMaintenance, Outbox, PayAttempt, PendingRestock,
+    PendingReturn, PortError, RebuildPlan, RecordRestock, Release, ReleaseOf, Reserve, Restock,
+    StaleHold, StatsStore, Watermark,
 };
 use flashsale_app::{
     EventType, GateError, Ledger, LedgerError, Order, OutboxMessage, Product, PurchaseRecord,
@@ -41,12 +41,11 @@ pub(crate) async fn through<T, E, F, Fut>(
     port: Port,
     what: &'static str,
     args: impl FnOnce() -> String,
-    err: fn(String) -> E,
     op: F,
 ) -> Result<T, E>
 where
     T: Debug,
-    E: Debug,
+    E: PortError,
     F: Fn() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
@@ -60,7 +59,10 @@ where
     };
     if fault == Fault::Fail {
         ctx.trace(|| format!("{what}({args}) FAILED (injected, not applied)"));
-        return Err(err(format!("{what}: unreachable (injected)")));
+        return Err(E::new(
+            ErrorKind::Unreachable,
+            format!("{what}: unreachable (injected)"),
+        ));
     }
     let mut reply = op().await;
     if let Fault::Duplicate { second } = fault {
@@ -73,7 +75,10 @@ where
     ctx.trace(|| format!("{what}({args}) -> {reply:?}"));
     if fault == Fault::LoseReply {
         ctx.trace(|| format!("{what}: REPLY LOST (injected, applied)"));
-        return Err(err(format!("{what}: no answer in time (injected)")));
+        return Err(E::new(
+            ErrorKind::TimedOut,
+            format!("{what}: no answer in time (injected)"),
+        ));
     }
     ctx.maybe_kill(what);
     Point::new().await;
@@ -100,14 +105,9 @@ impl StockGate for FaultyGate {
     }
 
     async fn ping(&self) -> Result<(), GateError> {
-        through(
-            &self.ctx,
-            Port::Gate,
-            "gate.ping",
-            String::new,
-            GateError,
-            || self.inner.ping(),
-        )
+        through(&self.ctx, Port::Gate, "gate.ping", String::new, || {
+            self.inner.ping()
+        })
         .await
     }
 
@@ -122,7 +122,6 @@ impl StockGate for FaultyGate {
             Port::Gate,
             "gate.load",
             || format!("p{product_id} {available} gen {generation}"),
-            GateError,
             || self.inner.load(product_id, available, generation),
         )
         .await
@@ -138,7 +137,6 @@ impl StockGate for FaultyGate {
             Port::Gate,
             "gate.reserve",
             || req(request),
-            GateError,
             || self.inner.reserve(request, per_user_limit),
         )
         .await
@@ -155,7 +153,6 @@ impl StockGate for FaultyGate {
             Port::Gate,
             "gate.release",
             || format!("p{product_id} {request_id} {of:?}"),
-            GateError,
             || self.inner.release(product_id, request_id, of),
         )
         .await
@@ -173,7 +170,6 @@ impl StockGate for FaultyGate {
             Port::Gate,
             "gate.restock",
             || format!("p{product_id} {restock_id} +{quantity} gen {generation}"),
-            GateError,
             || {
                 self.inner
                     .restock(product_id, restock_id, quantity, generation)
@@ -188,7 +184,6 @@ impl StockGate for FaultyGate {
             Port::Gate,
             "gate.available",
             || format!("p{product_id}"),
-            GateError,
             || self.inner.available(product_id),
         )
         .await
@@ -204,7 +199,6 @@ impl StockGate for FaultyGate {
             Port::Gate,
             "gate.pending_request_ids",
             || format!("p{product_id}"),
-            GateError,
             || self.inner.pending_request_ids(product_id, max),
         )
         .await
@@ -224,7 +218,6 @@ impl GateMaintenance for FaultyGate {
             Port::Gate,
             "gate.stale_holds",
             || format!("p{product_id} older than {older_than:?} limit {limit}"),
-            GateError,
             || self.inner.stale_holds(product_id, older_than, limit),
         )
         .await
@@ -251,7 +244,6 @@ impl GateMaintenance for FaultyGate {
                     .collect();
                 format!("p{product_id} {ids:?}")
             },
-            GateError,
             || self.inner.forget_pending(product_id, holds),
         )
         .await
@@ -263,7 +255,6 @@ impl GateMaintenance for FaultyGate {
             Port::Gate,
             "gate.facts",
             || format!("p{product_id}"),
-            GateError,
             || self.inner.facts(product_id),
         )
         .await
@@ -275,7 +266,6 @@ impl GateMaintenance for FaultyGate {
             Port::Gate,
             "gate.adjust",
             || format!("p{product_id} {delta:+}"),
-            GateError,
             || self.inner.adjust(product_id, delta),
         )
         .await
@@ -287,7 +277,6 @@ impl GateMaintenance for FaultyGate {
             Port::Gate,
             "gate.state",
             || format!("p{product_id}"),
-            GateError,
             || self.inner.state(product_id),
         )
         .await
@@ -299,7 +288,6 @@ impl GateMaintenance for FaultyGate {
             Port::Gate,
             "gate.rebuild",
             || format!("p{product_id} {plan:?}"),
-            GateError,
             || self.inner.rebuild(product_id, plan),
         )
         .await
@@ -315,14 +303,9 @@ pub struct FaultyLedger {
 #[async_trait]
 impl Ledger for FaultyLedger {
     async fn ping(&self) -> Result<(), LedgerError> {
-        through(
-            &self.ctx,
-            Port::Ledger,
-            "ledger.ping",
-            String::new,
-            LedgerError,
-            || self.inner.ping(),
-        )
+        through(&self.ctx, Port::Ledger, "ledger.ping", String::new, || {
+            self.inner.ping()
+        })
         .await
     }
 
@@ -332,7 +315,6 @@ impl Ledger for FaultyLedger {
             Port::Ledger,
             "ledger.create_product",
             || format!("p{} stock {}", product.product_id, product.stock),
-            LedgerError,
             || self.inner.create_product(product),
         )
         .await
@@ -344,7 +326,6 @@ impl Ledger for FaultyLedger {
             Port::Ledger,
             "ledger.product",
             || format!("p{product_id}"),
-            LedgerError,
             || self.inner.product(product_id),
         )
         .await
@@ -356,7 +337,6 @@ impl Ledger for FaultyLedger {
             Port::Ledger,
             "ledger.mark_stock_loaded",
             || format!("p{product_id}"),
-            LedgerError,
             || self.inner.mark_stock_loaded(product_id),
         )
         .await
@@ -368,7 +348,6 @@ impl Ledger for FaultyLedger {
             Port::Ledger,
             "ledger.generation",
             || format!("p{product_id}"),
-            LedgerError,
             || self.inner.generation(product_id),
         )
         .await
@@ -383,7 +362,6 @@ impl Ledger for FaultyLedger {
             Port::Ledger,
             "ledger.inventory",
             || format!("p{product_id}"),
-            LedgerError,
             || self.inner.inventory(product_id),
         )
         .await
@@ -401,7 +379,6 @@ impl Ledger for FaultyLedger {
             Port::Ledger,
             "ledger.commit_purchase",
             || format!("{} hold {} gen {}", req(request), hold.id, hold.generation),
-            LedgerError,
             || {
                 self.inner
                     .commit_purchase(request, hold, per_user_limit, payment_timeout)
@@ -428,7 +405,6 @@ impl Ledger for FaultyLedger {
                     hold.generation
                 )
             },
-            LedgerError,
             || self.inner.fence(request, hold, reason),
         )
         .await
@@ -443,7 +419,6 @@ impl Ledger for FaultyLedger {
             Port::Ledger,
             "ledger.find_purchase",
             || request_id.to_string(),
-            LedgerError,
             || self.inner.find_purchase(request_id),
         )
         .await
@@ -455,7 +430,6 @@ impl Ledger for FaultyLedger {
             Port::Ledger,
             "ledger.order",
             || format!("order {order_id}"),
-            LedgerError,
             || self.inner.order(order_id),
         )
         .await
@@ -471,7 +445,6 @@ impl Ledger for FaultyLedger {
             Port::Ledger,
             "ledger.pay",
             || format!("order {order_id} u{user_id}"),
-            LedgerError,
             || self.inner.pay(order_id, user_id),
         )
         .await
@@ -488,7 +461,6 @@ impl Ledger for FaultyLedger {
             Port::Ledger,
             "ledger.cancel",
             || format!("order {order_id} u{user_id} {reason}"),
-            LedgerError,
             || self.inner.cancel(order_id, user_id, reason),
         )
         .await
@@ -500,7 +472,6 @@ impl Ledger for FaultyLedger {
             Port::Ledger,
             "ledger.mark_stock_returned",
             || request_id.to_string(),
-            LedgerError,
             || self.inner.mark_stock_returned(request_id),
         )
         .await
@@ -517,7 +488,6 @@ impl Ledger for FaultyLedger {
             Port::Ledger,
             "ledger.record_restock",
             || format!("p{product_id} {restock_id} +{quantity}"),
-            LedgerError,
             || self.inner.record_restock(product_id, restock_id, quantity),
         )
         .await
@@ -529,7 +499,6 @@ impl Ledger for FaultyLedger {
             Port::Ledger,
             "ledger.mark_restock_applied",
             || restock_id.to_string(),
-            LedgerError,
             || self.inner.mark_restock_applied(restock_id),
         )
         .await
@@ -545,7 +514,6 @@ impl Ledger for FaultyLedger {
             Port::Ledger,
             "ledger.reservation_request_ids",
             || format!("p{product_id}"),
-            LedgerError,
             || self.inner.reservation_request_ids(product_id, max),
         )
         .await
@@ -564,7 +532,6 @@ impl LedgerMaintenance for FaultyLedger {
             Port::Ledger,
             "ledger.loaded_products",
             String::new,
-            LedgerError,
             || self.inner.loaded_products(after, limit),
         )
         .await
@@ -576,7 +543,6 @@ impl LedgerMaintenance for FaultyLedger {
             Port::Ledger,
             "ledger.newest_products",
             String::new,
-            LedgerError,
             || self.inner.newest_products(limit),
         )
         .await
@@ -588,7 +554,6 @@ impl LedgerMaintenance for FaultyLedger {
             Port::Ledger,
             "ledger.expired_orders",
             || format!("limit {limit}"),
-            LedgerError,
             || self.inner.expired_orders(limit),
         )
         .await
@@ -600,7 +565,6 @@ impl LedgerMaintenance for FaultyLedger {
             Port::Ledger,
             "ledger.expire",
             || format!("order {}", order.order_id),
-            LedgerError,
             || self.inner.expire(order),
         )
         .await
@@ -612,7 +576,6 @@ impl LedgerMaintenance for FaultyLedger {
             Port::Ledger,
             "ledger.pending_returns",
             || format!("limit {limit}"),
-            LedgerError,
             || self.inner.pending_returns(limit),
         )
         .await
@@ -624,7 +587,6 @@ impl LedgerMaintenance for FaultyLedger {
             Port::Ledger,
             "ledger.pending_restocks",
             || format!("limit {limit}"),
-            LedgerError,
             || self.inner.pending_restocks(limit),
         )
         .await
@@ -642,7 +604,6 @@ impl LedgerMaintenance for FaultyLedger {
             Port::Ledger,
             "ledger.record_incident",
             || format!("{request_id} p{product_id} {kind}: {detail}"),
-            LedgerError,
             || {
                 self.inner
                     .record_incident(request_id, product_id, kind, detail)
@@ -657,7 +618,6 @@ impl LedgerMaintenance for FaultyLedger {
             Port::Ledger,
             "ledger.resolve_incidents",
             || request_id.to_string(),
-            LedgerError,
             || self.inner.resolve_incidents(request_id),
         )
         .await
@@ -669,7 +629,6 @@ impl LedgerMaintenance for FaultyLedger {
             Port::Ledger,
             "ledger.facts",
             || format!("p{product_id}"),
-            LedgerError,
             || self.inner.facts(product_id),
         )
         .await
@@ -681,7 +640,6 @@ impl LedgerMaintenance for FaultyLedger {
             Port::Ledger,
             "ledger.watermark",
             || format!("p{product_id}"),
-            LedgerError,
             || self.inner.watermark(product_id),
         )
         .await
@@ -693,7 +651,6 @@ impl LedgerMaintenance for FaultyLedger {
             Port::Ledger,
             "ledger.advance_generation",
             || format!("p{product_id}"),
-            LedgerError,
             || self.inner.advance_generation(product_id),
         )
         .await
@@ -713,7 +670,6 @@ impl Outbox for FaultyLedger {
             Port::Ledger,
             "outbox.claim",
             || format!("{relay} limit {limit}"),
-            LedgerError,
             || self.inner.claim(relay, limit, lease),
         )
         .await
@@ -725,7 +681,6 @@ impl Outbox for FaultyLedger {
             Port::Ledger,
             "outbox.mark_sent",
             || format!("{ids:?}"),
-            LedgerError,
             || self.inner.mark_sent(ids),
         )
         .await
@@ -737,7 +692,6 @@ impl Outbox for FaultyLedger {
             Port::Ledger,
             "outbox.give_back",
             || format!("{relay} {failed:?}"),
-            LedgerError,
             || self.inner.give_back(relay, failed),
         )
         .await
@@ -749,7 +703,6 @@ impl Outbox for FaultyLedger {
             Port::Ledger,
             "outbox.let_go",
             || relay.to_owned(),
-            LedgerError,
             || self.inner.let_go(relay),
         )
         .await
@@ -761,7 +714,6 @@ impl Outbox for FaultyLedger {
             Port::Ledger,
             "outbox.unsent",
             String::new,
-            LedgerError,
             || self.inner.unsent(),
         )
         .await
@@ -782,7 +734,6 @@ impl StatsStore for FaultyLedger {
             Port::Ledger,
             "stats.apply_once",
             || format!("{event_id} {event_type} p{product_id}"),
-            LedgerError,
             || {
                 self.inner
                     .apply_once(event_id, event_type, product_id, delta)

@@ -134,7 +134,7 @@ fn ms(t: DateTime<Utc>) -> i64 {
 }
 
 fn bad_reply(script: &str, what: &str) -> GateError {
-    GateError(format!("unexpected reply from {script} script: {what}"))
+    GateError::corrupt(format!("unexpected reply from {script} script: {what}"))
 }
 
 impl MemGate {
@@ -283,7 +283,7 @@ fn held(
         if let Some((_, q, false, hold_id, g)) = keys.hold_fields(&id, now_ms) {
             if g == generation {
                 let hold_id = HoldId::from_stored(hold_id).ok_or_else(|| {
-                    GateError(format!("hold record of {id} has hold id {hold_id}"))
+                    GateError::corrupt(format!("hold record of {id} has hold id {hold_id}"))
                 })?;
                 held.insert(id, (hold_id, q));
             }
@@ -313,7 +313,7 @@ impl StockGate for MemGate {
     ) -> Result<bool, GateError> {
         let generation = generation.get();
         if available < 0 || generation < 1 {
-            return Err(GateError("ERR flashsale load: invalid arguments".into()));
+            return Err(GateError::rejected("ERR flashsale load: invalid arguments"));
         }
         let mut store = self.lock();
         let keys = store.products.entry(product_id.get()).or_default();
@@ -376,7 +376,9 @@ impl StockGate for MemGate {
         let q = i64::from(request.quantity.get());
         let limit = i64::from(per_user_limit.unwrap_or(0));
         if ttl < 1 || rid.is_empty() {
-            return Err(GateError("ERR flashsale reserve: invalid arguments".into()));
+            return Err(GateError::rejected(
+                "ERR flashsale reserve: invalid arguments",
+            ));
         }
         let leased = inv.lease.filter(|&until| until > redis_now);
         if leased.is_some() || (inv.avail < q && !self.defects.reserve_below_zero) {
@@ -466,7 +468,9 @@ impl StockGate for MemGate {
             } => (generation.get(), hold.generation.get(), hold.id.get()),
         };
         if relgen < 0 || ttl < 1 {
-            return Err(GateError("ERR flashsale release: invalid arguments".into()));
+            return Err(GateError::rejected(
+                "ERR flashsale release: invalid arguments",
+            ));
         }
         let rid = request_id.as_str();
         let mut store = self.lock();
@@ -536,8 +540,8 @@ impl StockGate for MemGate {
             }
         };
         if q < 1 {
-            return Err(GateError(
-                "ERR flashsale release: corrupt hold record".into(),
+            return Err(GateError::rejected(
+                "ERR flashsale release: corrupt hold record",
             ));
         }
         if let Some(i) = keys.inv.as_mut() {
@@ -576,7 +580,9 @@ impl StockGate for MemGate {
     ) -> Result<Restock, GateError> {
         let generation = generation.get();
         if quantity < 1 {
-            return Err(GateError("ERR flashsale restock: invalid arguments".into()));
+            return Err(GateError::rejected(
+                "ERR flashsale restock: invalid arguments",
+            ));
         }
         let mut store = self.lock();
         let keys = store.products.entry(product_id.get()).or_default();
@@ -618,11 +624,11 @@ impl StockGate for MemGate {
             .get(&product_id.get())
             .and_then(|keys| Some((keys, keys.inv.as_ref()?)))
         else {
-            return Err(GateError("stock missing from the stock gate".into()));
+            return Err(GateError::not_ready("stock missing from the stock gate"));
         };
         if inv.srv != Some(server) {
-            return Err(GateError(
-                "the stock gate can't vouch for its pending holds".into(),
+            return Err(GateError::not_ready(
+                "the stock gate can't vouch for its pending holds",
             ));
         }
         if keys.pending.len() > max {
@@ -631,8 +637,9 @@ impl StockGate for MemGate {
         keys.pending
             .keys()
             .map(|rid| {
-                RequestId::parse("request_id", rid)
-                    .map_err(|e| GateError(format!("pending index holds a bad request_id: {e}")))
+                RequestId::parse("request_id", rid).map_err(|e| {
+                    GateError::corrupt(format!("pending index holds a bad request_id: {e}"))
+                })
             })
             .collect::<Result<_, _>>()
             .and_then(|ids| {
@@ -792,7 +799,9 @@ impl GateMaintenance for MemGate {
     async fn rebuild(&self, product_id: ProductId, plan: &RebuildPlan) -> Result<bool, GateError> {
         let generation = plan.generation.get();
         if generation < 1 || plan.available < 0 || plan.last_hold_id < 0 {
-            return Err(GateError("ERR flashsale rebuild: invalid arguments".into()));
+            return Err(GateError::rejected(
+                "ERR flashsale rebuild: invalid arguments",
+            ));
         }
         let server = self.server();
         let mut store = self.lock();

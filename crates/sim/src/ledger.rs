@@ -183,7 +183,7 @@ pub struct MemLedger {
 }
 
 fn corrupt(what: impl std::fmt::Display) -> LedgerError {
-    LedgerError(format!("unexpected data in the ledger: {what}"))
+    LedgerError::corrupt(format!("unexpected data in the ledger: {what}"))
 }
 
 /// What one purchase or fence transaction did (`Attempt` in `MysqlLedger`).
@@ -406,7 +406,7 @@ impl MemLedger {
 
     fn anomaly(&self, t: &mut Tables, what: String) -> LedgerError {
         t.anomalies.push(what.clone());
-        LedgerError(what)
+        LedgerError::rejected(what)
     }
 
     fn tx_purchase(
@@ -609,7 +609,7 @@ impl MemLedger {
                 }
                 OrderStatus::Cancelled => true,
                 OrderStatus::PendingPayment => {
-                    return Err(LedgerError("no transition to PENDING_PAYMENT".into()))
+                    return Err(LedgerError::rejected("no transition to PENDING_PAYMENT"))
                 }
             };
         if !matched {
@@ -1042,7 +1042,7 @@ impl Ledger for MemLedger {
                 }
             }
         }
-        Err(LedgerError(format!(
+        Err(LedgerError::contention(format!(
             "commit purchase: request_id {} kept colliding with transactions that rolled back",
             request.request_id
         )))
@@ -1060,7 +1060,7 @@ impl Ledger for MemLedger {
                 Attempt::HoldReused => {
                     self.gate_behind(request.product_id, hold.generation)
                         .await?;
-                    return Err(LedgerError(format!(
+                    return Err(LedgerError::not_ready(format!(
                         "hold {} of generation {} was handed out twice",
                         hold.id, hold.generation
                     )));
@@ -1073,7 +1073,7 @@ impl Ledger for MemLedger {
                 }
             }
         }
-        Err(LedgerError(format!(
+        Err(LedgerError::contention(format!(
             "fence: request_id {} kept colliding with transactions that rolled back",
             request.request_id
         )))
@@ -1086,7 +1086,10 @@ impl Ledger for MemLedger {
         let mut guard = self.lock();
         match guard.purchase_record(request_id.as_str()) {
             Ok(r) => Ok(r),
-            Err(e) => Err(self.anomaly(&mut guard, e.0)),
+            Err(e) => {
+                guard.anomalies.push(e.detail().to_owned());
+                Err(e)
+            }
         }
     }
 
@@ -1229,8 +1232,9 @@ impl Ledger for MemLedger {
         }
         ids.into_iter()
             .map(|rid| {
-                RequestId::parse("request_id", rid)
-                    .map_err(|e| LedgerError(format!("reservation holds a bad request_id: {e}")))
+                RequestId::parse("request_id", rid).map_err(|e| {
+                    LedgerError::corrupt(format!("reservation holds a bad request_id: {e}"))
+                })
             })
             .collect::<Result<_, _>>()
             .map(Some)
@@ -1434,7 +1438,7 @@ impl LedgerMaintenance for MemLedger {
         let t = &mut *guard;
         let p = product_id.get();
         let Some(inv) = t.inventory.get_mut(&p) else {
-            return Err(LedgerError(format!(
+            return Err(LedgerError::corrupt(format!(
                 "product {product_id} has no inventory"
             )));
         };

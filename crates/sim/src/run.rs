@@ -573,7 +573,7 @@ async fn purchase_client(w: Rc<World>, request: PurchaseRequest, then: Then, arr
         let heard = match &answer {
             None => Heard::Nothing,
             Some(Ok(p)) => Heard::Order(p.order.order_id.get()),
-            Some(Err(Error::Unavailable(why))) => Heard::Unavailable(why.clone()),
+            Some(Err(Error::Unavailable(why))) => Heard::Unavailable(why.to_string()),
             Some(Err(e)) => Heard::Refused(refusal(e)),
         };
         w.ctx.trace(|| format!("client {rid} heard {heard:?}"));
@@ -754,11 +754,11 @@ async fn worker(w: Rc<World>, i: usize, kind: WorkerKind) {
                     .relay_once(batch)
                     .await
                     .map(|n| format!("published {n}"))
-                    .map_err(|e| Error::Unavailable(e.to_string())),
+                    .map_err(|e| Error::Unavailable(e.to_string().into())),
                 WorkerKind::Consume => consume_some(&w2, &consume, CONSUMER_BATCH)
                     .await
                     .map(|n| format!("consumed {n}"))
-                    .map_err(|e| Error::Unavailable(e.to_string())),
+                    .map_err(|e| Error::Unavailable(e.to_string().into())),
             }
         })
         .await;
@@ -1127,7 +1127,7 @@ fn phases(w: &Rc<World>, exec: &mut Executor, rt: &tokio::runtime::Runtime) {
                 let Some(service) = w2.service(0) else { return };
                 let heard = match service.purchase(request.clone()).await {
                     Ok(p) => Heard::Order(p.order.order_id.get()),
-                    Err(Error::Unavailable(why)) => Heard::Unavailable(why),
+                    Err(Error::Unavailable(why)) => Heard::Unavailable(why.to_string()),
                     Err(e) => Heard::Refused(refusal(&e)),
                 };
                 w2.ctx
