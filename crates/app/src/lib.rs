@@ -9,6 +9,7 @@ pub mod audit;
 pub mod baseline;
 mod catalog;
 mod error;
+pub mod group;
 pub mod limit;
 pub mod maintenance;
 pub mod metrics;
