@@ -3,18 +3,21 @@
 //! transaction (`MysqlLedger::insert_purchase`), written for a whole batch at once,
 //! per-user limits included. A batch that meets anything but the plain case (a
 //! request_id or hold id already taken, a user over a limit, too few units, a rebuilt
-//! generation) is rolled back whole; the purchases concerned are committed one by one,
-//! where each such case has its answer.
+//! generation) is rolled back whole. What happens next — which purchases are set aside
+//! and committed one by one, where each such case has its answer, and which go together
+//! again — is decided by `flashsale_app::group::GroupCommit`, which
+//! `MysqlLedger::group_commit` feeds with what each transaction did.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, Utc};
+use flashsale_app::group::{Held, OverLimit};
 use flashsale_app::ports::{Commit, LedgerError};
 use flashsale_batch::Coalescer;
 use flashsale_core::{
-    Generation, HoldRef, OrderId, OrderStatus, ProductId, PurchaseRequest, RequestId,
+    Generation, HoldRef, OrderId, OrderStatus, ProductId, PurchaseRequest, RequestId, UserId,
 };
 use futures::future::{BoxFuture, FutureExt, Shared};
 use sqlx::{MySqlConnection, Row};
@@ -31,25 +34,13 @@ pub(crate) struct Purchase {
     pub per_user_limit: Option<u32>,
 }
 
-/// Why a group transaction was rolled back: the purchases to set aside.
-pub(crate) enum SetAside {
-    /// Their request_ids are taken (empty: something else went wrong, all go one by one).
-    Taken(HashSet<String>),
-    /// Their (user, product) pairs would go over a per-user limit: see [`OverLimit`].
-    OverLimit(OverLimit),
-}
-
-/// The (user, product) pairs a batch would take over their per-user limit, each with
-/// the live units the user held before the batch and the limit.
-pub(crate) type OverLimit = HashMap<(i64, i64), (i64, i64)>;
-
 /// What [`insert`] wrote.
 pub(crate) enum Written {
     /// Every purchase, in batch order: the caller commits.
     Orders(Vec<Order>),
     /// These (user, product) pairs would hold more than the product's per-user limit:
-    /// the caller rolls back, keeps those of their purchases that fit, in batch order,
-    /// and commits the others one by one.
+    /// the caller rolls back (which of their purchases stay is the decision's,
+    /// `flashsale_app::group`).
     OverLimit(OverLimit),
     /// Something else kept the batch from going the plain way: the caller rolls back.
     NotPlain,
@@ -225,7 +216,7 @@ macro_rules! batch_variable {
 pub(crate) async fn taken(
     pool: &sqlx::MySqlPool,
     document: &str,
-) -> Result<std::collections::HashSet<String>, sqlx::Error> {
+) -> Result<BTreeSet<RequestId>, sqlx::Error> {
     sqlx::query(concat!(
         "SELECT CONVERT(r.request_id USING utf8mb4) AS request_id FROM ",
         batch_table!("?"),
@@ -235,7 +226,10 @@ pub(crate) async fn taken(
     .fetch_all(pool)
     .await?
     .iter()
-    .map(|row| row.try_get_unchecked::<String, _>("request_id"))
+    .map(|row| {
+        let raw: String = row.try_get_unchecked("request_id")?;
+        RequestId::parse("request_id", &raw).map_err(|e| sqlx::Error::Decode(e.into()))
+    })
     .collect()
 }
 
@@ -467,18 +461,27 @@ fn over_limit(
     batch: &[Purchase],
     rows: &[sqlx::mysql::MySqlRow],
 ) -> Result<OverLimit, sqlx::Error> {
-    let mut own: HashMap<(i64, i64), i64> = HashMap::new();
+    let decode = |e: flashsale_core::ParseError| sqlx::Error::Decode(e.into());
+    let mut own: HashMap<(UserId, ProductId), i64> = HashMap::new();
     for p in batch {
         let r = &p.request;
-        *own.entry((r.user_id.get(), r.product_id.get()))
-            .or_default() += i64::from(r.quantity.get());
+        *own.entry((r.user_id, r.product_id)).or_default() += i64::from(r.quantity.get());
     }
     let mut over = OverLimit::new();
     for row in rows {
-        let pair = (row.try_get("user_id")?, row.try_get("product_id")?);
+        let pair = (
+            UserId::parse(row.try_get("user_id")?).map_err(decode)?,
+            ProductId::parse(row.try_get("product_id")?).map_err(decode)?,
+        );
         let units: i64 = row.try_get("units")?;
         let before = units - own.get(&pair).copied().unwrap_or(0);
-        over.insert(pair, (before, row.try_get("user_limit")?));
+        over.insert(
+            pair,
+            Held {
+                before,
+                limit: row.try_get("user_limit")?,
+            },
+        );
     }
     Ok(over)
 }

@@ -22,7 +22,8 @@ use std::sync::{Arc, OnceLock};
 use flashsale_batch::{BatchFn, Coalescer};
 
 use crate::dedicated::{Dedicated, PING_WHEN_IDLE_FOR};
-use crate::group::{Purchase, SetAside, Written};
+use crate::group::{Purchase, Written};
+use flashsale_app::group::{self, GroupCommit};
 
 use crate::rows::{self, corrupt, db, ORDER_COLUMNS};
 
@@ -107,11 +108,6 @@ where
         .await
         .map_err(|_| LedgerError::timed_out(format!("{what}: no answer within the deadline")))?
 }
-
-/// Group transactions tried per batch: after one that met taken request_ids and set them
-/// aside, and one that met users over a per-user limit and set their excess aside, one
-/// more for the rest; past that the batch goes one by one.
-const GROUP_ATTEMPTS_MAX: usize = 3;
 
 const ER_DUP_ENTRY: u16 = 1062;
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
@@ -449,29 +445,19 @@ impl MysqlLedger {
         Ok(written)
     }
 
-    /// Commits a batch of purchases in one transaction when they go the plain way.
-    /// Purchases whose request_id is already taken — a second copy in the batch, or one
-    /// committed (or committing) elsewhere, as client retries are — and those of a user
-    /// the batch would take over a per-user limit are set aside and answered one by one
-    /// after it, as the one-purchase path answers them; anything
-    /// else that keeps the batch from going through (too few units, a rebuilt
-    /// generation, a reused hold id) sends the whole batch one by one. A batch of one
-    /// goes the group way too: its script is fewer round trips than the one-purchase
+    /// Commits a batch of purchases in one transaction when they go the plain way: the
+    /// decision of which go together, which are set aside and answered one by one, and
+    /// which get the batch's result is `flashsale_app::group::GroupCommit`'s; this runs
+    /// the SQL it asks for and feeds back what each transaction did. A batch of one goes
+    /// the group way too: its script is fewer round trips than the one-purchase
     /// transaction, and under load about one batch in seven is that small (measured:
     /// +3 % sustained, +6 % rush; BENCHMARKS.md, "Ablation").
     async fn group_commit(&self, batch: Vec<Purchase>) -> Vec<Result<Commit, LedgerError>> {
         let started = std::time::Instant::now();
-        let mut results: Vec<Option<Result<Commit, LedgerError>>> =
-            batch.iter().map(|_| None).collect();
-        // Indices of the batch: first copies of their request_id, and the rest.
-        let mut seen = std::collections::HashSet::new();
-        let (mut plain, mut aside): (Vec<usize>, Vec<usize>) =
-            (0..batch.len()).partition(|&i| seen.insert(batch[i].request.request_id.clone()));
-        let mut one_by_one = false;
-        for _ in 0..GROUP_ATTEMPTS_MAX {
-            if one_by_one || plain.is_empty() {
-                break;
-            }
+        let mut decision = GroupCommit::new(batch.iter().map(|p| &p.request));
+        let mut orders: Vec<Option<Order>> = Vec::new();
+        let mut error = None;
+        while let Some(plain) = decision.next() {
             let members: Vec<Purchase> = plain.iter().map(|&i| batch[i].clone()).collect();
             let document = crate::group::document(&members);
             let written = self
@@ -482,74 +468,51 @@ impl MysqlLedger {
                         .await;
                     own.give_back(&written).await;
                     match written? {
-                        Written::Orders(orders) => Ok(Ok(orders)),
-                        Written::OverLimit(over) => Ok(Err(SetAside::OverLimit(over))),
+                        Written::Orders(orders) => Ok((group::Written::Orders, orders)),
+                        Written::OverLimit(over) => Ok((group::Written::OverLimit(over), vec![])),
                         Written::NotPlain => {
                             let taken = crate::group::taken(&self.pool, &document).await?;
-                            Ok(Err(SetAside::Taken(taken)))
+                            Ok((group::Written::Taken(taken), vec![]))
                         }
                     }
                 })
                 .await;
-            match written {
-                Ok(Ok(orders)) => {
-                    for (&i, order) in plain.iter().zip(orders) {
-                        results[i] = Some(Ok(Commit::Committed(order)));
-                    }
-                    plain.clear();
+            decision.written(match written {
+                Ok((written, written_orders)) => {
+                    orders = written_orders.into_iter().map(Some).collect();
+                    written
                 }
-                Ok(Err(SetAside::Taken(taken))) if !taken.is_empty() => {
-                    let (t, rest): (Vec<usize>, Vec<usize>) = plain
-                        .iter()
-                        .partition(|&&i| taken.contains(batch[i].request.request_id.as_str()));
-                    aside.extend(t);
-                    plain = rest;
-                }
-                // Of a user the batch would take over a limit, the purchases that fit
-                // (in batch order) stay; the others go one by one, where each learns its
-                // answer.
-                Ok(Err(SetAside::OverLimit(mut over))) => {
-                    let (fit, o): (Vec<usize>, Vec<usize>) = plain.iter().partition(|&&i| {
-                        let r = &batch[i].request;
-                        let Some((held, limit)) =
-                            over.get_mut(&(r.user_id.get(), r.product_id.get()))
-                        else {
-                            return true;
-                        };
-                        let q = i64::from(r.quantity.get());
-                        let fits = *held + q <= *limit;
-                        if fits {
-                            *held += q;
-                        }
-                        fits
-                    });
-                    aside.extend(o);
-                    plain = fit;
-                }
-                Ok(Err(SetAside::Taken(_))) => one_by_one = true,
                 // Unknown whether it committed: each caller hears so and retries; the
                 // unique keys make a retry find the order if it did.
                 Err(e) => {
-                    for &i in &plain {
-                        results[i] = Some(Err(e.clone()));
-                    }
-                    plain.clear();
+                    error = Some(e);
+                    group::Written::Unknown
                 }
-            }
+            });
         }
-        aside.extend(plain);
-        let answers = futures::future::join_all(aside.iter().map(|&i| {
+        let answers = decision.answers();
+        let aside: Vec<usize> = (0..batch.len())
+            .filter(|&i| answers[i] == group::Answer::OneByOne)
+            .collect();
+        let mut one_by_one = futures::future::join_all(aside.iter().map(|&i| {
             let p = &batch[i];
             self.commit_one(&p.request, p.hold, p.per_user_limit, p.payment_timeout)
         }))
-        .await;
-        for (&i, answer) in aside.iter().zip(answers) {
-            results[i] = Some(answer);
-        }
+        .await
+        .into_iter();
         debug!(size = batch.len(), one_by_one = aside.len(), elapsed = ?started.elapsed(), "group commit");
-        results
+        let lost = || LedgerError::stopped("group commit: no answer");
+        answers
             .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(LedgerError::stopped("group commit: no answer"))))
+            .map(|answer| match answer {
+                group::Answer::Committed(n) => orders
+                    .get_mut(n)
+                    .and_then(Option::take)
+                    .map(Commit::Committed)
+                    .ok_or_else(lost),
+                group::Answer::Unknown => Err(error.clone().unwrap_or_else(lost)),
+                group::Answer::OneByOne => one_by_one.next().unwrap_or_else(|| Err(lost())),
+            })
             .collect()
     }
 
