@@ -444,6 +444,12 @@ impl Ctx {
         self.lock().timers.keys().next().map(|k| k.0)
     }
 
+    /// The task being polled waits for a waker of the simulation's own (a batch it
+    /// queued in, `coalesce.rs`): it is not polled until that wakes it.
+    pub fn park(&self) {
+        self.lock().parked = true;
+    }
+
     /// Whether the task just polled went to sleep (and clears the mark).
     pub fn take_parked(&self) -> bool {
         std::mem::take(&mut self.lock().parked)

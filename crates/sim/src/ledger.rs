@@ -32,7 +32,10 @@ use flashsale_core::{
     ProductId, PurchaseRequest, ReleaseReason, RequestId, ReservationStatus, UserId, STOCK_MAX,
 };
 
-use crate::ctx::{Ctx, Point};
+use flashsale_app::group::{self, GroupCommit, Held, OverLimit};
+
+use crate::coalesce::Coalescer;
+use crate::ctx::{Ctx, Fault, Point, Port};
 
 /// `MysqlLedger`'s bound on transactions that collide with a row that then rolls back
 /// (`TX_ATTEMPTS_MAX` there): in memory a collision is always with a committed row, so
@@ -40,6 +43,10 @@ use crate::ctx::{Ctx, Point};
 const TX_ATTEMPTS_MAX: u32 = 4;
 /// Most request_ids the facts list per kind of problem (`LISTED_MAX` there).
 const LISTED_MAX: usize = 100;
+/// Most purchases one group commit takes (`GROUP_COMMIT_MAX` there).
+const GROUP_COMMIT_MAX: usize = 256;
+/// Most request_ids one batched lookup reads (`LOOKUP_BATCH_MAX` there).
+const LOOKUP_BATCH_MAX: usize = 256;
 
 /// Deliberate defects, to prove the simulator catches what they break.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -50,6 +57,12 @@ pub struct LedgerDefects {
     /// `fence` answers Fenced without writing the fence row, so a late commit of the
     /// fenced request can still create an order after its units were given back.
     pub fence_writes_nothing: bool,
+    /// Group commit answers the purchases it set aside from the batch's result (the
+    /// committed transaction's first order) instead of committing them one by one.
+    pub aside_from_batch: bool,
+    /// A group transaction checks the request_ids (fences included), yields, then
+    /// writes what it checked: a fence that lands in between is overwritten by an order.
+    pub group_writes_late: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -176,10 +189,34 @@ struct Tables {
     anomalies: Vec<String>,
 }
 
+/// One purchase queued for a group commit (`group::Purchase` in `MysqlLedger`).
+struct Queued {
+    request: PurchaseRequest,
+    hold: HoldRef,
+    per_user_limit: Option<u32>,
+    payment_timeout: Duration,
+}
+
+/// What one simulated group transaction's checks found (`group::Written` there).
+enum Checked {
+    /// Nothing in the way: it writes.
+    Plain,
+    /// A request_id or hold id taken, too few units, a rebuilt generation.
+    NotPlain,
+    OverLimit(OverLimit),
+}
+
+type Lookup = Result<Option<PurchaseRecord>, LedgerError>;
+
 pub struct MemLedger {
     ctx: Arc<Ctx>,
     defects: LedgerDefects,
     tables: Mutex<Tables>,
+    /// Group commit: `commit_purchase` calls queued while a group transaction runs go
+    /// together in the next one.
+    group: Coalescer<Queued, Result<Commit, LedgerError>>,
+    /// Batched lookups: `find_purchase` calls queued while a lookup runs go together.
+    lookups: Coalescer<RequestId, Lookup>,
 }
 
 fn corrupt(what: impl std::fmt::Display) -> LedgerError {
@@ -233,6 +270,73 @@ impl Tables {
             hold: r.hold,
             outcome,
         }))
+    }
+
+    /// The writes of one purchase: its order, its reservation, the log, the
+    /// `order_created` event and the counters. The caller has checked everything.
+    fn write_purchase(
+        &mut self,
+        request: &PurchaseRequest,
+        hold: HoldRef,
+        payment_timeout: Duration,
+        now: DateTime<Utc>,
+        step: u64,
+    ) -> Result<Order, LedgerError> {
+        let rid = request.request_id.as_str();
+        let timeout = TimeDelta::from_std(payment_timeout).unwrap_or(TimeDelta::MAX);
+        let order_id = self.next_order_id;
+        let order = Order {
+            order_id: OrderId::parse(order_id).map_err(corrupt)?,
+            request_id: request.request_id.clone(),
+            user_id: request.user_id,
+            product_id: request.product_id,
+            quantity: request.quantity,
+            status: OrderStatus::PendingPayment,
+            created_at: now,
+            expires_at: now + timeout,
+            paid_at: None,
+            cancelled_at: None,
+            cancel_reason: None,
+        };
+        self.next_order_id += 1;
+        let id = self.next_reservation_id;
+        self.next_reservation_id += 1;
+        self.reservations.insert(
+            rid.to_owned(),
+            ReservationRow {
+                id,
+                request: request.clone(),
+                hold,
+                status: ReservationStatus::Processing,
+                release_reason: None,
+                stock_returned: false,
+                released_generation: None,
+                updated_at: now,
+                transitions: 0,
+            },
+        );
+        self.orders.insert(
+            order_id,
+            OrderRow {
+                order: order.clone(),
+                committed_step: step,
+            },
+        );
+        self.order_by_request.insert(rid.to_owned(), order_id);
+        self.log.insert((rid.to_owned(), "reserve"));
+        let events = vec![Draft {
+            event_type: EventType::OrderCreated,
+            order_id: Some(order_id),
+            request: request.clone(),
+            reason: None,
+        }];
+        self.write_events(events, now);
+        if let Some(inv) = self.inventory.get_mut(&request.product_id.get()) {
+            let q = i64::from(request.quantity.get());
+            inv.available -= q;
+            inv.reserved += q;
+        }
+        Ok(order)
     }
 
     /// Whether the events can be written: none may collide on `uk_outbox_request_type`
@@ -367,6 +471,16 @@ impl MemLedger {
                 next_outbox_id: 1,
                 ..Tables::default()
             }),
+            group: Coalescer::new(GROUP_COMMIT_MAX, || {
+                Err(LedgerError::stopped(
+                    "commit purchase: the group committer stopped; outcome unknown",
+                ))
+            }),
+            lookups: Coalescer::new(LOOKUP_BATCH_MAX, || {
+                Err(LedgerError::stopped(
+                    "find purchase: the lookup batcher stopped",
+                ))
+            }),
         }
     }
 
@@ -482,49 +596,7 @@ impl MemLedger {
                 format!("CHECK chk_inventory_conservation failed: {counters:?}"),
             ));
         }
-        let timeout = TimeDelta::from_std(payment_timeout).unwrap_or(TimeDelta::MAX);
-        let order_id = t.next_order_id;
-        let order = Order {
-            order_id: OrderId::parse(order_id).map_err(corrupt)?,
-            request_id: request.request_id.clone(),
-            user_id: request.user_id,
-            product_id: request.product_id,
-            quantity: request.quantity,
-            status: OrderStatus::PendingPayment,
-            created_at: now,
-            expires_at: now + timeout,
-            paid_at: None,
-            cancelled_at: None,
-            cancel_reason: None,
-        };
-        t.next_order_id += 1;
-        let id = t.next_reservation_id;
-        t.next_reservation_id += 1;
-        t.reservations.insert(
-            rid.to_owned(),
-            ReservationRow {
-                id,
-                request: request.clone(),
-                hold,
-                status: ReservationStatus::Processing,
-                release_reason: None,
-                stock_returned: false,
-                released_generation: None,
-                updated_at: now,
-                transitions: 0,
-            },
-        );
-        t.orders.insert(
-            order_id,
-            OrderRow {
-                order: order.clone(),
-                committed_step: step,
-            },
-        );
-        t.order_by_request.insert(rid.to_owned(), order_id);
-        t.log.insert((rid.to_owned(), "reserve"));
-        t.write_events(events, now);
-        t.inventory.insert(p, counters);
+        let order = t.write_purchase(request, hold, payment_timeout, now, step)?;
         Ok(Attempt::Done(Commit::Committed(order)))
     }
 
@@ -581,6 +653,302 @@ impl MemLedger {
         t.log.insert((rid.to_owned(), "release"));
         t.write_events(events, now);
         Ok(Attempt::Done(()))
+    }
+
+    /// A statement or transaction the adapter's batch task sends on its own connection:
+    /// a yield point (where the task leading the batch may be abandoned), then the
+    /// seeded fault of that call.
+    async fn send(&self, what: &'static str) -> Fault {
+        self.round_trip(what).await;
+        self.ctx.fault(Port::Ledger)
+    }
+
+    /// `MysqlLedger::group_commit`: the group transactions `GroupCommit` asks for, each
+    /// fed back to it, then each member answered as it says (the set-aside ones by
+    /// [`Self::commit_one`], one after the other).
+    async fn group_commit(&self, batch: Vec<Queued>) -> Vec<Result<Commit, LedgerError>> {
+        let mut decision = GroupCommit::new(batch.iter().map(|p| &p.request));
+        let mut orders: Vec<Order> = Vec::new();
+        let mut error = None;
+        while let Some(plain) = decision.next() {
+            let members: Vec<&Queued> = plain.iter().map(|&i| &batch[i]).collect();
+            decision.written(match self.group_transaction(&members).await {
+                Ok((written, written_orders)) => {
+                    orders = written_orders;
+                    written
+                }
+                Err(e) => {
+                    error = Some(e);
+                    group::Written::Unknown
+                }
+            });
+        }
+        let tried = decision.attempts();
+        let answers = decision.answers();
+        self.ctx.trace(|| {
+            format!(
+                "group commit of {} in {tried} transaction(s): {answers:?}",
+                batch.len()
+            )
+        });
+        let lost = || LedgerError::stopped("group commit: no answer");
+        let mut results = Vec::with_capacity(batch.len());
+        for (p, answer) in batch.iter().zip(answers) {
+            results.push(match answer {
+                group::Answer::Committed(n) => orders
+                    .get(n)
+                    .cloned()
+                    .map(Commit::Committed)
+                    .ok_or_else(lost),
+                group::Answer::Unknown => Err(error.clone().unwrap_or_else(lost)),
+                group::Answer::OneByOne => match orders.first() {
+                    Some(order) if self.defects.aside_from_batch => {
+                        Ok(Commit::Committed(order.clone()))
+                    }
+                    _ => self.commit_one_sent(p).await,
+                },
+            });
+        }
+        results
+    }
+
+    /// A set-aside purchase's own transaction, sent by the batch task (with its fault).
+    async fn commit_one_sent(&self, p: &Queued) -> Result<Commit, LedgerError> {
+        let fault = self.send("group commit: one by one").await;
+        if fault == Fault::Fail {
+            return Err(LedgerError::unreachable(
+                "commit purchase: unreachable (injected)",
+            ));
+        }
+        let answer = self
+            .commit_one(&p.request, p.hold, p.per_user_limit, p.payment_timeout)
+            .await;
+        if fault == Fault::LoseReply {
+            return Err(LedgerError::timed_out(
+                "commit purchase: no answer in time (injected)",
+            ));
+        }
+        answer
+    }
+
+    /// One group transaction: the script with its fault (failed: nothing written; reply
+    /// lost: written, the outcome unknown), and on a rollback that is not about a
+    /// per-user limit, the separate read of which request_ids are taken (`group::taken`).
+    async fn group_transaction(
+        &self,
+        members: &[&Queued],
+    ) -> Result<(group::Written, Vec<Order>), LedgerError> {
+        let fault = self.send("group commit").await;
+        if fault == Fault::Fail {
+            return Err(LedgerError::unreachable(
+                "group commit: unreachable (injected)",
+            ));
+        }
+        let checked = self.tx_group(members).await?;
+        self.ctx.trace(|| {
+            let ids: Vec<&str> = members
+                .iter()
+                .map(|m| m.request.request_id.as_str())
+                .collect();
+            let what = match &checked {
+                Ok(orders) => format!("{} orders", orders.len()),
+                Err(Checked::OverLimit(over)) => format!("over a limit {over:?}"),
+                Err(_) => "not plain".to_owned(),
+            };
+            format!("group transaction {ids:?}: {what}")
+        });
+        if fault == Fault::LoseReply {
+            return Err(LedgerError::timed_out(
+                "group commit: no answer in time (injected)",
+            ));
+        }
+        self.round_trip("group commit: the reply").await;
+        match checked {
+            Ok(orders) => Ok((group::Written::Orders, orders)),
+            Err(Checked::OverLimit(over)) => Ok((group::Written::OverLimit(over), Vec::new())),
+            Err(_) => {
+                if matches!(
+                    self.send("group commit: taken").await,
+                    Fault::Fail | Fault::LoseReply
+                ) {
+                    return Err(LedgerError::unreachable(
+                        "group commit: taken: unreachable (injected)",
+                    ));
+                }
+                let t = self.lock();
+                let taken = members
+                    .iter()
+                    .map(|m| &m.request.request_id)
+                    .filter(|id| t.reservations.contains_key(id.as_str()))
+                    .cloned()
+                    .collect();
+                Ok((group::Written::Taken(taken), Vec::new()))
+            }
+        }
+    }
+
+    /// The group transaction itself, all or nothing: the orders, or why it rolled back.
+    async fn tx_group(
+        &self,
+        members: &[&Queued],
+    ) -> Result<Result<Vec<Order>, Checked>, LedgerError> {
+        let now = self.now();
+        let step = self.ctx.step();
+        let checked = {
+            let mut guard = self.lock();
+            let checked = self.group_check(&guard, members);
+            if !self.defects.group_writes_late || !matches!(checked, Checked::Plain) {
+                return match checked {
+                    Checked::Plain => Ok(Ok(self.group_write(&mut guard, members, now, step)?)),
+                    other => Ok(Err(other)),
+                };
+            }
+            checked
+        };
+        // The defect: what was checked is written after a yield, whatever landed since.
+        debug_assert!(matches!(checked, Checked::Plain));
+        self.round_trip("group commit: write what was checked")
+            .await;
+        let mut guard = self.lock();
+        Ok(Ok(self.group_write(&mut guard, members, now, step)?))
+    }
+
+    /// What the group transaction's statements check, in their order: the unique keys
+    /// of the procedure's INSERTs (request_id, (product, generation, hold id), the log's
+    /// and the outbox's), then one counter UPDATE per (product, generation) — `available
+    /// >= q AND generation = g` — then the per-user check (`OVER_LIMIT`).
+    fn group_check(&self, t: &Tables, members: &[&Queued]) -> Checked {
+        let mut holds = BTreeSet::new();
+        let mut units: BTreeMap<(ProductId, Generation), i64> = BTreeMap::new();
+        for m in members {
+            let r = &m.request;
+            let rid = r.request_id.as_str();
+            if t.reservations.contains_key(rid)
+                || t.order_by_request.contains_key(rid)
+                || t.hold_recorded(r.product_id.get(), m.hold)
+                || !holds.insert((r.product_id, m.hold))
+                || t.log.contains(&(rid.to_owned(), "reserve"))
+                || t.outbox_keys
+                    .contains_key(&(rid.to_owned(), EventType::OrderCreated))
+            {
+                return Checked::NotPlain;
+            }
+            *units.entry((r.product_id, m.hold.generation)).or_default() +=
+                i64::from(r.quantity.get());
+        }
+        let mut available: BTreeMap<ProductId, i64> = BTreeMap::new();
+        for ((p, generation), q) in &units {
+            let Some(inv) = t.inventory.get(&p.get()) else {
+                return Checked::NotPlain;
+            };
+            let left = available.entry(*p).or_insert(inv.available);
+            if inv.generation != *generation || (!self.defects.no_stock_guard && *left < *q) {
+                return Checked::NotPlain;
+            }
+            *left -= q;
+        }
+        // (own units of the pair in the batch, the smallest limit among them)
+        let mut pairs: BTreeMap<(UserId, ProductId), (i64, Option<i64>)> = BTreeMap::new();
+        for m in members {
+            let r = &m.request;
+            let e = pairs.entry((r.user_id, r.product_id)).or_default();
+            e.0 += i64::from(r.quantity.get());
+            if let Some(limit) = m.per_user_limit.map(i64::from) {
+                e.1 = Some(e.1.map_or(limit, |l| l.min(limit)));
+            }
+        }
+        let mut over = OverLimit::new();
+        for ((user, product), (own, limit)) in pairs {
+            let Some(limit) = limit else { continue };
+            let before: i64 = t
+                .orders
+                .values()
+                .filter(|o| {
+                    o.order.user_id == user
+                        && o.order.product_id == product
+                        && o.order.status.holds_stock()
+                })
+                .map(|o| i64::from(o.order.quantity.get()))
+                .sum();
+            if before + own > limit {
+                over.insert((user, product), Held { before, limit });
+            }
+        }
+        if over.is_empty() {
+            Checked::Plain
+        } else {
+            Checked::OverLimit(over)
+        }
+    }
+
+    /// The group transaction's writes, every member's.
+    fn group_write(
+        &self,
+        t: &mut Tables,
+        members: &[&Queued],
+        now: DateTime<Utc>,
+        step: u64,
+    ) -> Result<Vec<Order>, LedgerError> {
+        members
+            .iter()
+            .map(|m| t.write_purchase(&m.request, m.hold, m.payment_timeout, now, step))
+            .collect()
+    }
+
+    /// `MysqlLedger::find_purchases`: one read for the whole batch, with its fault.
+    async fn find_purchases(&self, ids: Vec<RequestId>) -> Vec<Lookup> {
+        if matches!(
+            self.send("find purchases").await,
+            Fault::Fail | Fault::LoseReply
+        ) {
+            return ids
+                .iter()
+                .map(|_| {
+                    Err(LedgerError::unreachable(
+                        "find purchase: unreachable (injected)",
+                    ))
+                })
+                .collect();
+        }
+        let mut guard = self.lock();
+        let t = &mut *guard;
+        ids.iter()
+            .map(|id| match t.purchase_record(id.as_str()) {
+                Ok(r) => Ok(r),
+                Err(e) => Err(self.anomaly(t, e.detail().to_owned())),
+            })
+            .collect()
+    }
+
+    /// One purchase in its own transaction (`MysqlLedger::commit_one`).
+    async fn commit_one(
+        &self,
+        request: &PurchaseRequest,
+        hold: HoldRef,
+        per_user_limit: Option<u32>,
+        payment_timeout: Duration,
+    ) -> Result<Commit, LedgerError> {
+        for _ in 0..TX_ATTEMPTS_MAX {
+            match self.tx_purchase(request, hold, per_user_limit, payment_timeout)? {
+                Attempt::Done(commit) => return Ok(commit),
+                Attempt::HoldReused => {
+                    self.gate_behind(request.product_id, hold.generation)
+                        .await?;
+                    return Ok(Commit::StaleGeneration);
+                }
+                Attempt::Taken => {
+                    self.round_trip("commit purchase: find the record that won")
+                        .await;
+                    if let Some(record) = self.find_purchase(&request.request_id).await? {
+                        return Ok(Commit::Duplicate(record));
+                    }
+                }
+            }
+        }
+        Err(LedgerError::contention(format!(
+            "commit purchase: request_id {} kept colliding with transactions that rolled back",
+            request.request_id
+        )))
     }
 
     /// `MysqlLedger::transition`: the order out of PENDING_PAYMENT, its reservation out of
@@ -1025,27 +1393,15 @@ impl Ledger for MemLedger {
         per_user_limit: Option<u32>,
         payment_timeout: Duration,
     ) -> Result<Commit, LedgerError> {
-        for _ in 0..TX_ATTEMPTS_MAX {
-            match self.tx_purchase(request, hold, per_user_limit, payment_timeout)? {
-                Attempt::Done(commit) => return Ok(commit),
-                Attempt::HoldReused => {
-                    self.gate_behind(request.product_id, hold.generation)
-                        .await?;
-                    return Ok(Commit::StaleGeneration);
-                }
-                Attempt::Taken => {
-                    self.round_trip("commit purchase: find the record that won")
-                        .await;
-                    if let Some(record) = self.find_purchase(&request.request_id).await? {
-                        return Ok(Commit::Duplicate(record));
-                    }
-                }
-            }
-        }
-        Err(LedgerError::contention(format!(
-            "commit purchase: request_id {} kept colliding with transactions that rolled back",
-            request.request_id
-        )))
+        let queued = Queued {
+            request: request.clone(),
+            hold,
+            per_user_limit,
+            payment_timeout,
+        };
+        self.group
+            .call(&self.ctx, queued, |batch| self.group_commit(batch))
+            .await
     }
 
     async fn fence(
@@ -1083,14 +1439,11 @@ impl Ledger for MemLedger {
         &self,
         request_id: &RequestId,
     ) -> Result<Option<PurchaseRecord>, LedgerError> {
-        let mut guard = self.lock();
-        match guard.purchase_record(request_id.as_str()) {
-            Ok(r) => Ok(r),
-            Err(e) => {
-                guard.anomalies.push(e.detail().to_owned());
-                Err(e)
-            }
-        }
+        self.lookups
+            .call(&self.ctx, request_id.clone(), |ids| {
+                self.find_purchases(ids)
+            })
+            .await
     }
 
     async fn order(&self, order_id: OrderId) -> Result<Option<Order>, LedgerError> {

@@ -15,6 +15,7 @@
 //! every choice drawn from one `StdRng`, every collection ordered.
 
 pub mod bus;
+pub mod coalesce;
 pub mod ctx;
 pub mod exec;
 pub mod faulty;
