@@ -42,12 +42,20 @@ use ledger::LedgerDefects;
 pub const REPORT_TRACE_LINES: usize = 50;
 
 /// The named defects the command line and the tests can switch on.
-pub const DEFECTS: &[&str] = &["oversell", "no-fence"];
+pub const DEFECTS: &[&str] = &[
+    "oversell",
+    "no-fence",
+    "aside-from-batch",
+    "late-group-write",
+];
 
 impl Defects {
     /// `oversell`: Redis lets `reserve` go below zero and the ledger has neither its
     /// `available_stock >= q` guard nor the CHECK constraint. `no-fence`: the ledger's
-    /// fence writes nothing, so a late commit can follow a release.
+    /// fence writes nothing, so a late commit can follow a release. `aside-from-batch`:
+    /// group commit answers the purchases it set aside from the batch's result.
+    /// `late-group-write`: a group transaction checks, yields, then writes, so a fence
+    /// that lands in between is overwritten by an order.
     pub fn named(name: &str) -> Option<Self> {
         match name {
             "oversell" => Some(Self {
@@ -62,6 +70,20 @@ impl Defects {
             "no-fence" => Some(Self {
                 ledger: LedgerDefects {
                     fence_writes_nothing: true,
+                    ..LedgerDefects::default()
+                },
+                ..Self::default()
+            }),
+            "aside-from-batch" => Some(Self {
+                ledger: LedgerDefects {
+                    aside_from_batch: true,
+                    ..LedgerDefects::default()
+                },
+                ..Self::default()
+            }),
+            "late-group-write" => Some(Self {
+                ledger: LedgerDefects {
+                    group_writes_late: true,
                     ..LedgerDefects::default()
                 },
                 ..Self::default()

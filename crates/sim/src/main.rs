@@ -25,7 +25,8 @@ struct Args {
     /// Run exactly this seed, with its trace.
     #[arg(long)]
     seed: Option<u64>,
-    /// Run against a deliberately broken store (oversell, no-fence).
+    /// Run against a deliberately broken store (oversell, no-fence, aside-from-batch,
+    /// late-group-write).
     #[arg(long)]
     defect: Option<String>,
     /// Leave parts of the world out, comma-separated (wipe, rollback, reconcile,

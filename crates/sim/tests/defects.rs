@@ -3,8 +3,15 @@
 //! below zero and the ledger has neither its `available_stock >= q` guard nor its CHECK
 //! constraint — I1 must break. `no-fence`: the ledger's fence writes nothing, so a late
 //! commit of a request whose hold was given back still creates an order — the units are
-//! then counted twice, which breaks I1 or I4. A seed counts only if the same seed with
-//! sound stores does not break that invariant (so a real bug can't pass for a catch).
+//! then counted twice, which breaks I1 or I4. `aside-from-batch`: group commit answers a
+//! purchase it set aside (a later copy, a taken request_id, an excess over a limit) with
+//! the batch's first order — a client is told of an order that is not its own (I5) or of
+//! two orders for one request (I2). `late-group-write`: a group transaction checks, then
+//! yields, then writes, so a fence that recovery writes in between is overwritten by an
+//! order whose units were already given back — the stores then disagree (I4) and the
+//! request's events no longer match its changes (I7). A seed counts only if the same
+//! seed with sound stores does not break that invariant (so a real bug can't pass for a
+//! catch).
 
 use std::collections::BTreeSet;
 use std::sync::OnceLock;
@@ -68,4 +75,18 @@ fn an_oversell_is_caught() {
 #[test]
 fn a_missing_fence_is_caught() {
     caught("no-fence", &["I1", "I4"]);
+}
+
+// Runs seeds 0..SEEDS with group commit answering its set-aside purchases from the
+// batch's result and expects an I5 or I2 violation that sound stores don't have.
+#[test]
+fn a_set_aside_purchase_answered_from_the_batch_is_caught() {
+    caught("aside-from-batch", &["I5", "I2"]);
+}
+
+// Runs seeds 0..SEEDS with group transactions that write after a yield what they
+// checked before it and expects an I4 or I7 violation that sound stores don't have.
+#[test]
+fn a_fence_landing_between_a_batch_s_check_and_write_is_caught() {
+    caught("late-group-write", &["I4", "I7"]);
 }
