@@ -11,6 +11,15 @@
 //! COMMITTED: each statement sees what is committed when it runs). Times are the
 //! database's own clock (`NOW(6)`), which the simulation moves separately from the
 //! instances' clocks.
+//!
+//! Purchases commit as the adapter commits them, by group commit: `commit_purchase` calls
+//! that queue while a group transaction runs go together in the next one
+//! ([`crate::coalesce`], on the seeded scheduler), the group transaction checks what the
+//! adapter's script checks and writes all or nothing, and `flashsale_app::group`'s
+//! `GroupCommit` — the adapter's own decision — says which purchases go together, which
+//! are set aside and committed one by one, and who gets the batch's result.
+//! `find_purchase` calls are batched the same way. Each group transaction, lookup batch
+//! and one-by-one commit the batch task sends draws a seeded fault of its own.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -4,7 +4,7 @@
 //! expire, recover, watch (rebuild), reconcile, the outbox relay and the statistics
 //! consumer — run unchanged against in-memory implementations of the same ports:
 //! [`gate::MemGate`] (the Redis scripts' semantics), [`ledger::MemLedger`] (the MariaDB
-//! transactions' semantics, outbox included) and [`bus::MemBus`] (JetStream's). A seeded,
+//! transactions' semantics, outbox, group commit and batched lookups included) and [`bus::MemBus`] (JetStream's). A seeded,
 //! single-threaded scheduler ([`exec::Executor`]) interleaves many concurrent clients and
 //! workers; the fault injector ([`faulty`]) fails calls, loses replies and duplicates
 //! them; the run ([`run`]) crashes instances between any two effects, restarts Redis
