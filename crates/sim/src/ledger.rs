@@ -741,8 +741,9 @@ impl MemLedger {
     }
 
     /// One group transaction: the script with its fault (failed: nothing written; reply
-    /// lost: written, the outcome unknown), and on a rollback that is not about a
-    /// per-user limit, the separate read of which request_ids are taken (`group::taken`).
+    /// lost: written, the outcome unknown; a duplicate is drawn as nothing, since a
+    /// transaction is never sent twice), and on a rollback that is not about a per-user
+    /// limit, the separate read of which request_ids are taken (`group::taken`).
     async fn group_transaction(
         &self,
         members: &[&Queued],
