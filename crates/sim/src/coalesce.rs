@@ -21,6 +21,8 @@ use crate::ctx::Ctx;
 
 struct State<T, A> {
     next_ticket: u64,
+    /// No bound of its own (the adapter's queue has one, `GROUP_QUEUE_MAX`): it holds at
+    /// most one item per simulated call in flight, and the scenario bounds those.
     queue: VecDeque<(u64, T)>,
     /// A batch is running.
     busy: bool,
