@@ -18,9 +18,10 @@ use std::sync::OnceLock;
 
 use flashsale_sim::{run_seeds, Defects, Options, Outcome};
 
-/// Seeds tried per defect; each is expected to be caught well within them (`no-fence`
-/// needs a late commit after recovery fenced its hold, which about 1 seed in 300 stages:
-/// the first is seed 864).
+/// Seeds tried per defect; each is expected to be caught well within them. The rarest:
+/// `no-fence` needs a late commit after recovery fenced its hold (15 seeds of 1,500, the
+/// first 285), `late-group-write` a fence that lands inside a group transaction (17, the
+/// first 13).
 const SEEDS: u64 = 1_500;
 
 fn breaks(o: &Outcome, invariants: &[&str]) -> bool {
