@@ -40,7 +40,7 @@ pub fn channel(prefix: &str) -> String {
 }
 
 /// The product a revocation names, if its payload can be read.
-fn product_of(payload: &[u8]) -> Option<ProductId> {
+pub fn product_of(payload: &[u8]) -> Option<ProductId> {
     let text = std::str::from_utf8(payload).ok()?;
     let (product, _generation) = text.split_once(':')?;
     ProductId::parse(product.parse().ok()?).ok()

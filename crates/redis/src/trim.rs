@@ -7,14 +7,16 @@
 //! still that hold. Best effort: what it drops or fails to trim, recovery trims later.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use flashsale_app::ports::StaleHold;
 use flashsale_core::ProductId;
-use redis::aio::ConnectionManager;
-use redis::Script;
 use tokio::sync::mpsc;
 use tracing::debug;
+
+use crate::calls::Layout;
+use crate::RedisWire;
 
 /// Committed holds waiting for a round; past it new ones are left to recovery, so a
 /// Redis outage never grows this queue.
@@ -36,9 +38,8 @@ pub(crate) struct Trimmer {
 
 /// What the worker needs of the gate.
 pub(crate) struct Forget {
-    pub conn: ConnectionManager,
-    pub script: Script,
-    pub prefix: String,
+    pub wire: Arc<RedisWire>,
+    pub layout: Arc<Layout>,
 }
 
 impl Trimmer {
@@ -65,39 +66,15 @@ impl Forget {
                 by_product.entry(product_id).or_default().push(hold);
             }
             for (product_id, holds) in by_product {
-                if let Err(e) = self.forget(product_id, &holds).await {
+                if let Err(e) = self
+                    .layout
+                    .forget(self.wire.as_ref(), product_id, &holds)
+                    .await
+                {
                     debug!(%product_id, holds = holds.len(), error = %e, "early trim failed; recovery trims them later");
                 }
             }
             tokio::time::sleep(TRIM_INTERVAL).await;
         }
-    }
-
-    /// Removes `holds` from the product's pending index, each only while its request_id's
-    /// record is still that hold (`forget.lua`).
-    pub(crate) async fn forget(
-        &self,
-        product_id: ProductId,
-        holds: &[StaleHold],
-    ) -> Result<i64, redis::RedisError> {
-        if holds.is_empty() {
-            return Ok(0);
-        }
-        let mut conn = self.conn.clone();
-        let mut invocation = self.script.prepare_invoke();
-        invocation.key(crate::key(&self.prefix, product_id.get(), "pending"));
-        for hold in holds {
-            let request_id = &hold.request.request_id;
-            invocation
-                .key(crate::key(
-                    &self.prefix,
-                    product_id.get(),
-                    &format!("r:{request_id}"),
-                ))
-                .arg(request_id.as_str())
-                .arg(hold.hold.id.get())
-                .arg(hold.hold.generation.get());
-        }
-        invocation.invoke_async(&mut conn).await
     }
 }

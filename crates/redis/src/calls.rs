@@ -1,0 +1,814 @@
+//! Every call the gate makes to Redis, once, over any [`Wire`]: which script or commands
+//! it sends, with which keys and arguments, and how each reply is read. [`crate::RedisGate`]
+//! sends them to a real Redis; the simulator (`crates/sim`) runs the very same calls, and
+//! the very same Lua text ([`Lua`]), on its in-memory Redis. So the two cannot drift: a
+//! change to a script, to its arguments or to the reading of its reply reaches both.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use flashsale_app::ports::{
+    ExistingHold, GateFacts, GateState, RebuildPlan, Release, ReleaseOf, Reserve, Restock,
+    SoldOutLease, StaleHold,
+};
+use flashsale_app::GateError;
+use flashsale_core::{
+    Generation, HoldId, HoldRef, ProductId, PurchaseRequest, Quantity, RequestId, UserId,
+};
+use redis::{FromRedisValue, Value};
+
+/// One of the gate's Lua scripts: its name (for errors) and its text, the bytes sent.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Lua {
+    pub name: &'static str,
+    pub source: &'static str,
+}
+
+pub const RESERVE: Lua = Lua {
+    name: "reserve",
+    source: include_str!("lua/reserve.lua"),
+};
+pub const RELEASE: Lua = Lua {
+    name: "release",
+    source: include_str!("lua/release.lua"),
+};
+pub const RESTOCK: Lua = Lua {
+    name: "restock",
+    source: include_str!("lua/restock.lua"),
+};
+pub const LOAD: Lua = Lua {
+    name: "load",
+    source: include_str!("lua/load.lua"),
+};
+pub const ADJUST: Lua = Lua {
+    name: "adjust",
+    source: include_str!("lua/adjust.lua"),
+};
+pub const REBUILD: Lua = Lua {
+    name: "rebuild",
+    source: include_str!("lua/rebuild.lua"),
+};
+pub const STATE: Lua = Lua {
+    name: "state",
+    source: include_str!("lua/state.lua"),
+};
+pub const FORGET: Lua = Lua {
+    name: "forget",
+    source: include_str!("lua/forget.lua"),
+};
+pub const HOLDERS: Lua = Lua {
+    name: "holders",
+    source: include_str!("lua/holders.lua"),
+};
+pub const SEED_DECREMENT: Lua = Lua {
+    name: "seed_decrement",
+    source: include_str!("lua/seed_decrement.lua"),
+};
+
+/// Every script, for a wire that prepares them all at once.
+pub const SCRIPTS: [&Lua; 10] = [
+    &RESERVE,
+    &RELEASE,
+    &RESTOCK,
+    &LOAD,
+    &ADJUST,
+    &REBUILD,
+    &STATE,
+    &FORGET,
+    &HOLDERS,
+    &SEED_DECREMENT,
+];
+
+/// One script call: the script, its KEYS and its ARGV.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    pub script: &'static Lua,
+    pub keys: Vec<String>,
+    pub args: Vec<String>,
+}
+
+/// One plain command: its name and arguments, as sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cmd(pub Vec<String>);
+
+impl Cmd {
+    fn new(name: &str) -> Self {
+        Self(vec![name.to_owned()])
+    }
+
+    fn arg(mut self, arg: impl ToString) -> Self {
+        self.0.push(arg.to_string());
+        self
+    }
+}
+
+/// A connection to a Redis, real or simulated.
+#[async_trait]
+pub trait Wire: Send + Sync {
+    /// Runs one script call; an error reply is an `Err`.
+    async fn eval(&self, call: &Call) -> Result<Value, GateError>;
+    /// Sends `cmds` in one round trip (a pipeline; MULTI/EXEC when `atomic`), one reply
+    /// each.
+    async fn query(&self, cmds: &[Cmd], atomic: bool) -> Result<Vec<Value>, GateError>;
+    /// Between two round trips of one operation (the simulator lets other work run here).
+    async fn between(&self, _what: &'static str) {}
+}
+
+/// A purchase waiting for a reserve call, with its per-user limit.
+pub type Item = (PurchaseRequest, Option<u32>);
+/// A purchase's answer.
+pub type Reply = Result<Reserve, GateError>;
+
+/// Keys one SCAN step asks for when collecting a product's hold records (audit only).
+const SCAN_COUNT: usize = 1000;
+/// Most hold records an audit reads for one product; far above any product's live holds
+/// (bounded by its stock), it stops a runaway scan on a corrupted keyspace.
+const FACTS_HOLDS_MAX: usize = 5_000_000;
+
+/// A parsed hold record: user, quantity, released, hold id, generation.
+type Hold = (i64, i64, bool, i64, i64);
+
+/// A hold record's fields as HMGET returns them: user, quantity, state, hold id,
+/// generation.
+type RawHold = (
+    Option<i64>,
+    Option<i64>,
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+);
+
+/// One product call's purchases (their places in the batch) and its answers.
+pub type ProductReplies = (Vec<usize>, Result<Vec<Reply>, GateError>);
+
+/// A reply that is not what the script or command answers.
+pub fn unexpected(script: &str, value: &Value) -> GateError {
+    GateError::corrupt(format!("unexpected reply from {script} script: {value:?}"))
+}
+
+/// An error reply from Redis to a command or a script (a script's `error_reply`, a
+/// refused argument): the call was refused.
+pub fn refused(e: impl std::fmt::Display) -> GateError {
+    GateError::rejected(format!("redis: {e}"))
+}
+
+fn int(value: &Value) -> Option<i64> {
+    match value {
+        Value::Int(n) => Some(*n),
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+/// A reply read as `T`, or the error naming what answered it.
+fn typed<T: FromRedisValue>(what: &str, value: &Value) -> Result<T, GateError> {
+    if let Value::ServerError(e) = value {
+        return Err(refused(format!("{e:?}")));
+    }
+    redis::from_redis_value_ref(value).map_err(|_| unexpected(what, value))
+}
+
+/// The one reply a one-command round trip gets.
+fn only(what: &str, replies: Vec<Value>) -> Result<Value, GateError> {
+    let mut replies = replies.into_iter();
+    match (replies.next(), replies.next()) {
+        (Some(v), None) => Ok(v),
+        _ => Err(GateError::corrupt(format!("{what}: not one reply"))),
+    }
+}
+
+/// Reads one purchase's reply of `reserve.lua`.
+pub fn parse_reserve(reply: &Value) -> Result<Reserve, GateError> {
+    let bad = || unexpected("reserve", reply);
+    let Value::Array(items) = reply else {
+        return Err(bad());
+    };
+    let ints: Vec<i64> = items
+        .iter()
+        .map(int)
+        .collect::<Option<_>>()
+        .ok_or_else(bad)?;
+    Ok(match ints.as_slice() {
+        [1, hold_id, generation] => Reserve::Reserved {
+            hold: HoldRef::from_stored(*generation, *hold_id).ok_or_else(bad)?,
+        },
+        [0] => Reserve::SoldOut {
+            unseen: false,
+            lease: None,
+        },
+        [0, unseen] => Reserve::SoldOut {
+            unseen: *unseen == 1,
+            lease: None,
+        },
+        [0, unseen, remaining, generation, holds] if *remaining > 0 => Reserve::SoldOut {
+            unseen: *unseen == 1,
+            lease: Some(SoldOutLease {
+                remaining: Duration::from_millis(remaining.unsigned_abs()),
+                generation: Generation::from_stored(*generation).ok_or_else(bad)?,
+                holds: *holds,
+            }),
+        },
+        [-1] => Reserve::NotLoaded,
+        [-3] => Reserve::NotRebuilt,
+        [-2] => Reserve::LimitExceeded { unseen: false },
+        [-2, unseen] => Reserve::LimitExceeded {
+            unseen: *unseen == 1,
+        },
+        [2, hold_id, user, quantity, released, generation] => Reserve::Existing(ExistingHold {
+            hold: HoldRef::from_stored(*generation, *hold_id).ok_or_else(bad)?,
+            user_id: UserId::parse(*user).map_err(|_| bad())?,
+            quantity: Quantity::from_stored(*quantity).ok_or_else(bad)?,
+            released: *released == 1,
+        }),
+        _ => return Err(bad()),
+    })
+}
+
+/// Reads a batch's reply of `reserve.lua`: one answer per purchase, in order.
+pub fn parse_reserve_batch(reply: &Value, purchases: usize) -> Result<Vec<Reply>, GateError> {
+    let Value::Array(replies) = reply else {
+        return Err(unexpected("reserve", reply));
+    };
+    if replies.len() != purchases {
+        return Err(unexpected("reserve", reply));
+    }
+    Ok(replies.iter().map(parse_reserve).collect())
+}
+
+/// A batch's purchases by product (ascending), each product's in batch order: one
+/// `reserve.lua` call each.
+pub fn split_by_product(batch: &[Item]) -> Vec<(ProductId, Vec<usize>)> {
+    let mut by_product: BTreeMap<ProductId, Vec<usize>> = BTreeMap::new();
+    for (i, (request, _)) in batch.iter().enumerate() {
+        by_product.entry(request.product_id).or_default().push(i);
+    }
+    by_product.into_iter().collect()
+}
+
+/// Each purchase's answer in batch order, from each product call's answers (a failed
+/// call answers each of its purchases with its error).
+pub fn gather(len: usize, calls: Vec<ProductReplies>) -> Vec<Reply> {
+    let mut out: Vec<Option<Reply>> = (0..len).map(|_| None).collect();
+    for (members, replies) in calls {
+        match replies {
+            Ok(replies) => {
+                for (i, reply) in members.into_iter().zip(replies) {
+                    if let Some(slot) = out.get_mut(i) {
+                        *slot = Some(reply);
+                    }
+                }
+            }
+            Err(e) => {
+                for i in members {
+                    if let Some(slot) = out.get_mut(i) {
+                        *slot = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+    out.into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(GateError::corrupt("reserve: no reply for the purchase"))))
+        .collect()
+}
+
+/// Where a deployment's keys live and the settings its scripts take.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub prefix: String,
+    /// Where lease revocations are published ([`crate::revoke::channel`]).
+    pub revocations: String,
+    pub record_ttl_ms: u64,
+    pub sold_out_lease_ms: u64,
+}
+
+impl Layout {
+    pub fn new(prefix: &str, record_ttl: Duration, sold_out_lease: Duration) -> Self {
+        Self {
+            prefix: prefix.to_owned(),
+            revocations: crate::revoke::channel(prefix),
+            record_ttl_ms: u64::try_from(record_ttl.as_millis()).unwrap_or(u64::MAX),
+            sold_out_lease_ms: u64::try_from(sold_out_lease.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// A key of one product, as the table in the crate's documentation lays them out.
+    pub fn key(&self, product_id: ProductId, suffix: &str) -> String {
+        format!("{}{{p:{product_id}}}:{suffix}", self.prefix)
+    }
+
+    fn hold_key(&self, product_id: ProductId, request_id: &str) -> String {
+        self.key(product_id, &format!("r:{request_id}"))
+    }
+
+    pub async fn load(
+        &self,
+        w: &dyn Wire,
+        product_id: ProductId,
+        available: i64,
+        generation: Generation,
+    ) -> Result<bool, GateError> {
+        let call = Call {
+            script: &LOAD,
+            keys: vec![self.key(product_id, "inv")],
+            args: vec![
+                available.to_string(),
+                generation.get().to_string(),
+                self.record_ttl_ms.to_string(),
+            ],
+        };
+        let reply = w.eval(&call).await?;
+        Ok(typed::<i64>("load", &reply)? == 1)
+    }
+
+    /// One `reserve.lua` call for purchases of one product, in order.
+    pub fn reserve_call(&self, product_id: ProductId, purchases: &[&Item]) -> Call {
+        let mut keys = vec![
+            self.key(product_id, "inv"),
+            self.key(product_id, "users"),
+            self.key(product_id, "pending"),
+        ];
+        let mut args = vec![
+            self.record_ttl_ms.to_string(),
+            self.sold_out_lease_ms.to_string(),
+        ];
+        for (request, limit) in purchases {
+            keys.push(self.hold_key(product_id, request.request_id.as_str()));
+            args.push(request.quantity.get().to_string());
+            args.push(request.user_id.get().to_string());
+            args.push(limit.unwrap_or(0).to_string());
+            args.push(request.request_id.as_str().to_owned());
+        }
+        Call {
+            script: &RESERVE,
+            keys,
+            args,
+        }
+    }
+
+    /// A batch of purchases: one script call per product, sent together; each purchase
+    /// answered in the batch's order.
+    pub async fn reserve_batch(&self, w: &dyn Wire, batch: &[Item]) -> Vec<Reply> {
+        let calls = split_by_product(batch)
+            .into_iter()
+            .map(|(product_id, members)| async move {
+                let purchases: Vec<&Item> = members.iter().filter_map(|&i| batch.get(i)).collect();
+                let call = self.reserve_call(product_id, &purchases);
+                let replies = match w.eval(&call).await {
+                    Ok(reply) => parse_reserve_batch(&reply, members.len()),
+                    Err(e) => Err(e),
+                };
+                (members, replies)
+            });
+        gather(batch.len(), futures::future::join_all(calls).await)
+    }
+
+    pub async fn release(
+        &self,
+        w: &dyn Wire,
+        product_id: ProductId,
+        request_id: &RequestId,
+        of: &ReleaseOf,
+    ) -> Result<Release, GateError> {
+        // The script takes integers; 0 stands for "no release generation" (a hold the
+        // ledger never counted) and for "no user".
+        let (generation, hold, user, quantity, limited) = match of {
+            ReleaseOf::Hold { hold } => (0, *hold, 0, 0, false),
+            ReleaseOf::Reservation {
+                generation,
+                hold,
+                user_id,
+                quantity,
+                limited,
+            } => (
+                generation.get(),
+                *hold,
+                user_id.get(),
+                quantity.get(),
+                *limited,
+            ),
+        };
+        let call = Call {
+            script: &RELEASE,
+            keys: vec![
+                self.key(product_id, "inv"),
+                self.key(product_id, "users"),
+                self.hold_key(product_id, request_id.as_str()),
+                self.key(product_id, "pending"),
+                self.key(product_id, &format!("rel:{request_id}")),
+            ],
+            args: vec![
+                request_id.as_str().to_owned(),
+                generation.to_string(),
+                user.to_string(),
+                quantity.to_string(),
+                u8::from(limited).to_string(),
+                self.record_ttl_ms.to_string(),
+                hold.id.get().to_string(),
+                hold.generation.get().to_string(),
+                self.revocations.clone(),
+                product_id.get().to_string(),
+            ],
+        };
+        let reply = w.eval(&call).await?;
+        match typed::<i64>("release", &reply)? {
+            1 => Ok(Release::Released),
+            0 => Ok(Release::AlreadyReleased),
+            -1 => Ok(Release::Missing),
+            -2 => Ok(Release::NotLoaded),
+            _ => Err(unexpected("release", &reply)),
+        }
+    }
+
+    pub async fn restock(
+        &self,
+        w: &dyn Wire,
+        product_id: ProductId,
+        restock_id: &RequestId,
+        quantity: i64,
+        generation: Generation,
+    ) -> Result<Restock, GateError> {
+        let call = Call {
+            script: &RESTOCK,
+            keys: vec![
+                self.key(product_id, "inv"),
+                self.key(product_id, &format!("restock:{restock_id}")),
+            ],
+            args: vec![
+                quantity.to_string(),
+                generation.get().to_string(),
+                self.revocations.clone(),
+                product_id.get().to_string(),
+            ],
+        };
+        let reply = w.eval(&call).await?;
+        match typed::<i64>("restock", &reply)? {
+            1 => Ok(Restock::Applied),
+            0 => Ok(Restock::AlreadyApplied),
+            -1 => Ok(Restock::NotLoaded),
+            -3 => Ok(Restock::Stale),
+            _ => Err(unexpected("restock", &reply)),
+        }
+    }
+
+    pub async fn available(
+        &self,
+        w: &dyn Wire,
+        product_id: ProductId,
+    ) -> Result<Option<i64>, GateError> {
+        let get = Cmd::new("HGET")
+            .arg(self.key(product_id, "inv"))
+            .arg("avail");
+        let reply = only("HGET", w.query(&[get], false).await?)?;
+        typed("HGET", &reply)
+    }
+
+    pub async fn pending_request_ids(
+        &self,
+        w: &dyn Wire,
+        product_id: ProductId,
+        max: usize,
+    ) -> Result<Option<(Generation, Vec<RequestId>)>, GateError> {
+        let call = Call {
+            script: &HOLDERS,
+            keys: vec![self.key(product_id, "inv"), self.key(product_id, "pending")],
+            args: vec![max.to_string()],
+        };
+        let reply = w.eval(&call).await?;
+        let Value::Array(items) = &reply else {
+            return Err(unexpected("holders", &reply));
+        };
+        let generation = items.get(1).and_then(int).and_then(Generation::from_stored);
+        match (items.first().and_then(int), generation) {
+            (Some(1), Some(generation)) => items[2..]
+                .iter()
+                .map(|id| match id {
+                    Value::BulkString(bytes) => std::str::from_utf8(bytes)
+                        .ok()
+                        .and_then(|id| RequestId::parse("request_id", id).ok())
+                        .ok_or_else(|| unexpected("holders", id)),
+                    other => Err(unexpected("holders", other)),
+                })
+                .collect::<Result<_, _>>()
+                .map(|ids| Some((generation, ids))),
+            (Some(2), Some(_)) => Ok(None),
+            (Some(-1), _) => Err(GateError::not_ready(format!(
+                "stock of product {product_id} is missing from the stock gate"
+            ))),
+            (Some(-3), _) => Err(GateError::not_ready(
+                "the stock gate can't vouch for its pending holds (another Redis process \
+                 wrote the entry, or keys may be evicted)",
+            )),
+            _ => Err(unexpected("holders", &reply)),
+        }
+    }
+
+    /// Reads hold records (user, quantity, state, hold id, generation) for request_ids,
+    /// in one round trip; None where the record is gone.
+    async fn holds(
+        &self,
+        w: &dyn Wire,
+        product_id: ProductId,
+        request_ids: &[String],
+    ) -> Result<Vec<Option<Hold>>, GateError> {
+        if request_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let cmds: Vec<Cmd> = request_ids
+            .iter()
+            .map(|request_id| {
+                Cmd::new("HMGET")
+                    .arg(self.hold_key(product_id, request_id))
+                    .arg("u")
+                    .arg("q")
+                    .arg("s")
+                    .arg("h")
+                    .arg("g")
+            })
+            .collect();
+        let rows = w.query(&cmds, false).await?;
+        if rows.len() != request_ids.len() {
+            return Err(GateError::corrupt("HMGET: not one reply per record"));
+        }
+        rows.iter()
+            .map(|row| {
+                let fields: RawHold = typed("HMGET", row)?;
+                Ok(match fields {
+                    (Some(u), Some(q), Some(s), Some(h), g) => {
+                        Some((u, q, s == "r", h, g.unwrap_or(1)))
+                    }
+                    _ => None,
+                })
+            })
+            .collect()
+    }
+
+    pub async fn stale_holds(
+        &self,
+        w: &dyn Wire,
+        product_id: ProductId,
+        older_than: Duration,
+        limit: usize,
+    ) -> Result<Vec<StaleHold>, GateError> {
+        let pending = self.key(product_id, "pending");
+        // Holds are aged on Redis's clock, the one that stamped them.
+        let time = only("TIME", w.query(&[Cmd::new("TIME")], false).await?)?;
+        let (secs, micros): (i64, i64) = typed("TIME", &time)?;
+        let older_than_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
+        let taken_before_ms = (secs * 1000 + micros / 1000).saturating_sub(older_than_ms);
+        w.between("stale_holds: zrangebyscore").await;
+        let range = Cmd::new("ZRANGEBYSCORE")
+            .arg(&pending)
+            .arg("-inf")
+            .arg(format!("({taken_before_ms}"))
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit);
+        let ids: Vec<String> = typed(
+            "ZRANGEBYSCORE",
+            &only("ZRANGEBYSCORE", w.query(&[range], false).await?)?,
+        )?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        w.between("stale_holds: records").await;
+        let records = self.holds(w, product_id, &ids).await?;
+        let mut stale = Vec::new();
+        let mut gone = Vec::new();
+        for (request_id, record) in ids.into_iter().zip(records) {
+            let parsed = record.and_then(|(u, q, released, hold_id, generation)| {
+                Some(StaleHold {
+                    request: PurchaseRequest {
+                        request_id: RequestId::parse("request_id", &request_id).ok()?,
+                        user_id: UserId::parse(u).ok()?,
+                        product_id,
+                        quantity: Quantity::from_stored(q)?,
+                    },
+                    hold: HoldRef::from_stored(generation, hold_id)?,
+                    released,
+                })
+            });
+            match parsed {
+                Some(hold) => stale.push(hold),
+                // The record outlived its retention: nothing left to recover here.
+                None => gone.push(request_id),
+            }
+        }
+        if !gone.is_empty() {
+            w.between("stale_holds: zrem").await;
+            let zrem = gone.iter().fold(Cmd::new("ZREM").arg(&pending), Cmd::arg);
+            let removed = only("ZREM", w.query(&[zrem], false).await?)?;
+            typed::<i64>("ZREM", &removed)?;
+        }
+        Ok(stale)
+    }
+
+    /// Removes `holds` from the product's pending index, each only while its
+    /// request_id's record is still that hold (`forget.lua`); how many it removed.
+    pub async fn forget(
+        &self,
+        w: &dyn Wire,
+        product_id: ProductId,
+        holds: &[StaleHold],
+    ) -> Result<i64, GateError> {
+        if holds.is_empty() {
+            return Ok(0);
+        }
+        let mut keys = vec![self.key(product_id, "pending")];
+        let mut args = Vec::with_capacity(holds.len() * 3);
+        for hold in holds {
+            let request_id = hold.request.request_id.as_str();
+            keys.push(self.hold_key(product_id, request_id));
+            args.push(request_id.to_owned());
+            args.push(hold.hold.id.get().to_string());
+            args.push(hold.hold.generation.get().to_string());
+        }
+        let call = Call {
+            script: &FORGET,
+            keys,
+            args,
+        };
+        typed("forget", &w.eval(&call).await?)
+    }
+
+    pub async fn facts(&self, w: &dyn Wire, product_id: ProductId) -> Result<GateFacts, GateError> {
+        // One atomic look (MULTI/EXEC) at the count, the last hold id and the pending
+        // index, with Redis's clock to age the holds on: every hold the count has taken
+        // is either in the index or has reached the ledger, and one taken after the look
+        // has a higher id. The records are read after it.
+        let look = [
+            Cmd::new("HMGET")
+                .arg(self.key(product_id, "inv"))
+                .arg("avail")
+                .arg("seq")
+                .arg("gen"),
+            Cmd::new("ZRANGE")
+                .arg(self.key(product_id, "pending"))
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES"),
+            Cmd::new("TIME"),
+        ];
+        let replies = w.query(&look, true).await?;
+        let [inv, index, time] = replies.as_slice() else {
+            return Err(GateError::corrupt("facts: not three replies"));
+        };
+        let inv: Vec<Option<i64>> = typed("HMGET", inv)?;
+        let index: Vec<(String, f64)> = typed("ZRANGE", index)?;
+        let (secs, micros): (i64, i64) = typed("TIME", time)?;
+        let field = |i: usize| inv.get(i).copied().flatten();
+        let available = field(0);
+        let last_hold_id = field(1).unwrap_or(0);
+        let generation = available.and_then(|_| Generation::from_stored(field(2).unwrap_or(1)));
+        let now_ms = secs.saturating_mul(1000).saturating_add(micros / 1000);
+        let pending: BTreeMap<String, Duration> = index
+            .into_iter()
+            .map(|(request_id, taken_ms)| {
+                // Scores are whole milliseconds; a hold stamped ahead of now is new.
+                let age_ms = u64::try_from(now_ms.saturating_sub(taken_ms as i64)).unwrap_or(0);
+                (request_id, Duration::from_millis(age_ms))
+            })
+            .collect();
+        let marker = self.key(product_id, "r:");
+        let mut request_ids = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            w.between("facts: scan").await;
+            let scan = Cmd::new("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{marker}*"))
+                .arg("COUNT")
+                .arg(SCAN_COUNT);
+            let (next, keys): (u64, Vec<String>) =
+                typed("SCAN", &only("SCAN", w.query(&[scan], false).await?)?)?;
+            request_ids.extend(
+                keys.iter()
+                    .filter_map(|k| k.strip_prefix(&marker).map(str::to_owned)),
+            );
+            if request_ids.len() > FACTS_HOLDS_MAX {
+                return Err(GateError::too_large(format!(
+                    "more than {FACTS_HOLDS_MAX} hold records for product {product_id}"
+                )));
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        let mut held = BTreeMap::new();
+        for chunk in request_ids.chunks(SCAN_COUNT) {
+            w.between("facts: records").await;
+            let records = self.holds(w, product_id, chunk).await?;
+            for (request_id, record) in chunk.iter().zip(records) {
+                // Records of older generations hold nothing: the rebuild counted stock
+                // without them.
+                if let Some((_, q, false, hold_id, g)) = record {
+                    if generation.is_some_and(|generation| generation.get() == g) {
+                        let hold_id = HoldId::from_stored(hold_id).ok_or_else(|| {
+                            GateError::corrupt(format!(
+                                "hold record of {request_id} has hold id {hold_id}"
+                            ))
+                        })?;
+                        held.insert(request_id.clone(), (hold_id, q));
+                    }
+                }
+            }
+        }
+        Ok(GateFacts {
+            available,
+            generation,
+            last_hold_id,
+            held,
+            pending,
+        })
+    }
+
+    pub async fn adjust(
+        &self,
+        w: &dyn Wire,
+        product_id: ProductId,
+        delta: i64,
+    ) -> Result<bool, GateError> {
+        let call = Call {
+            script: &ADJUST,
+            keys: vec![self.key(product_id, "inv")],
+            args: vec![
+                delta.to_string(),
+                self.revocations.clone(),
+                product_id.get().to_string(),
+            ],
+        };
+        Ok(typed::<i64>("adjust", &w.eval(&call).await?)? == 1)
+    }
+
+    pub async fn state(
+        &self,
+        w: &dyn Wire,
+        product_id: ProductId,
+    ) -> Result<Option<GateState>, GateError> {
+        let call = Call {
+            script: &STATE,
+            keys: vec![self.key(product_id, "inv")],
+            args: Vec::new(),
+        };
+        let reply: Vec<i64> = typed("state", &w.eval(&call).await?)?;
+        let bad =
+            || GateError::corrupt(format!("unexpected reply from the state script: {reply:?}"));
+        match reply[..] {
+            [] => Ok(None),
+            [available, last_hold_id, generation, changed] => Ok(Some(GateState {
+                available,
+                generation: Generation::from_stored(generation).ok_or_else(bad)?,
+                last_hold_id,
+                server_changed: changed == 1,
+            })),
+            _ => Err(bad()),
+        }
+    }
+
+    pub async fn rebuild(
+        &self,
+        w: &dyn Wire,
+        product_id: ProductId,
+        plan: &RebuildPlan,
+    ) -> Result<bool, GateError> {
+        let mut args = vec![
+            plan.generation.get().to_string(),
+            plan.available.to_string(),
+            plan.last_hold_id.to_string(),
+            self.revocations.clone(),
+            product_id.get().to_string(),
+        ];
+        for (user, units) in &plan.user_units {
+            args.push(user.get().to_string());
+            args.push(units.to_string());
+        }
+        let call = Call {
+            script: &REBUILD,
+            keys: vec![
+                self.key(product_id, "inv"),
+                self.key(product_id, "users"),
+                self.key(product_id, "pending"),
+            ],
+            args,
+        };
+        Ok(typed::<i64>("rebuild", &w.eval(&call).await?)? == 1)
+    }
+
+    pub async fn seed_decrement(
+        &self,
+        w: &dyn Wire,
+        product_id: ProductId,
+        quantity: u32,
+    ) -> Result<i64, GateError> {
+        let call = Call {
+            script: &SEED_DECREMENT,
+            keys: vec![self.key(product_id, "inv")],
+            args: vec![quantity.to_string()],
+        };
+        typed("seed_decrement", &w.eval(&call).await?)
+    }
+}
