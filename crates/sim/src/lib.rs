@@ -21,6 +21,7 @@ pub mod exec;
 pub mod faulty;
 pub mod gate;
 pub mod ledger;
+pub mod memredis;
 pub mod run;
 pub mod scenario;
 
