@@ -1,295 +1,344 @@
-//! `MemGate`: the Redis stock gate in memory, with the semantics of the Lua scripts in
-//! `crates/redis/src/lua/` and of `RedisGate`'s plain commands (`crates/redis/src/lib.rs`).
+//! `MemGate`: the Redis stock gate in memory — the Redis adapter's own calls
+//! (`flashsale_redis::calls`: the same Lua scripts, keys, arguments and reply parsing as
+//! `RedisGate`) sent to a [`MemRedis`] instead of a Redis server.
 //!
-//! Each script is one method body that runs without yielding, as a script runs
-//! atomically in Redis. Operations that take several round trips in `RedisGate` (the
-//! recovery scan, the audit's facts) yield between them, so other work interleaves there
-//! as it does against a real Redis. Hold records expire after the record retention on
-//! Redis's own clock (the sim's true time); nothing else expires.
-//!
-//! Keys of one product (see the key table in `crates/redis/src/lib.rs`):
-//! `inv` {avail, seq, gen} → [`Inv`]; `users` → `users`; `r:<request_id>` → `records`;
-//! `pending` (zset) → `pending`; `restock:<id>` → `restocks`.
+//! A script runs atomically, as in Redis. Operations that take several round trips in
+//! `RedisGate` (the recovery scan, the audit's facts) yield between them, so other work
+//! interleaves there as it does against a real Redis. Reservations are batched as the
+//! adapter batches them: per instance, the purchases that queue while a reserve call is
+//! in flight go together in the next one, split by product by the adapter's own code;
+//! which purchases share a call is decided by the scheduler, so by the seed. Lease
+//! revocations the scripts PUBLISH reach every instance's listener at once; a wipe or a
+//! failover breaks every subscription.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::TimeDelta;
 use flashsale_app::ports::{
-    ExistingHold, GateFacts, GateMaintenance, GateState, LeaseListener, RebuildPlan, Release,
-    ReleaseOf, Reserve, Restock, SoldOutLease, StaleHold,
+    GateFacts, GateMaintenance, GateState, LeaseListener, RebuildPlan, Release, ReleaseOf, Reserve,
+    Restock, StaleHold,
 };
 use flashsale_app::{GateError, StockGate};
-use flashsale_core::{
-    Generation, HoldId, HoldRef, ProductId, PurchaseRequest, Quantity, RequestId, UserId,
-};
+use flashsale_core::{Generation, ProductId, PurchaseRequest, RequestId};
+use flashsale_redis::calls::{self, Call, Cmd, Item, Layout, Reply, Wire};
+use flashsale_redis::RESERVE_BATCH_MAX;
+use redis::Value;
 
 use crate::ctx::{Ctx, Point};
+use crate::exec::block_on;
+use crate::memredis::{Keyspace, MemRedis, ScriptId};
 
-/// Deliberate defects, to prove the simulator catches what they break.
+/// The key prefix of the simulated deployment.
+const PREFIX: &str = "sim:";
+/// Polls an operation with no round trip in between may need (it never waits).
+const INSTANT_POLLS_MAX: usize = 16;
+
+/// Deliberate defects, planted in the scripts' text, to prove the simulator catches what
+/// they break.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GateDefects {
-    /// `reserve` skips its `avail < q` check, so the count can go below zero.
+    /// reserve.lua skips its `avail < q` check, so the count can go below zero.
     pub reserve_below_zero: bool,
+    /// reserve.lua forgets the holds its batch granted so far, so a request_id twice in
+    /// one batch takes units twice.
+    pub batch_counts_twice: bool,
 }
 
-/// The inventory hash. It exists only with `avail` (every script checks `avail` first).
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Inv {
-    avail: i64,
-    /// `seq`: the last hold id handed out (absent = 0).
-    seq: Option<i64>,
-    /// `gen`: the stock generation (absent = 1, as the scripts read it).
-    gen: Option<i64>,
-    /// `srv`: the run id of the Redis process that loaded or rebuilt it.
-    srv: Option<u64>,
-    /// `fresh`: until when (ms, Redis's clock) every hold record of the product still
-    /// exists; set by load, brought forward by a shorter record lifetime, absent after a
-    /// rebuild.
-    fresh: Option<i64>,
-    /// `loaded`: when load wrote the entry (ms, Redis's clock).
-    loaded: Option<i64>,
-    /// `lease`: until when (ms, Redis's clock) no hold is granted (the sold-out lease).
-    lease: Option<i64>,
+/// `reserve_below_zero`: the sold-out branch is taken only under a lease.
+const AVAIL_CHECK: (&str, &str) = ("elseif leased or avail < q then", "elseif leased then");
+/// `batch_counts_twice`: a request_id already granted in the batch is not looked up.
+const SAME_IN_BATCH: (&str, &str) = ("local same = granted_key[KEYS[3 + i]]", "local same = nil");
+
+/// `source` with `pattern` replaced; panics if the script no longer contains it, so an
+/// edit to the script cannot silently disarm a defect.
+fn plant(source: &str, (pattern, replacement): (&str, &str)) -> String {
+    assert!(
+        source.contains(pattern),
+        "the planted defect's pattern {pattern:?} is no longer in the script"
+    );
+    source.replacen(pattern, replacement, 1)
 }
 
-/// A hold record `r:<request_id>`. Fields are optional where a script may write a record
-/// without them (release.lua's record of a lost hold has no `h` or `c`); the time it
-/// was taken is kept only in the `pending` index, as in reserve.lua.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct HoldRec {
-    u: i64,
-    q: i64,
-    /// `s`: 'h' (held) or 'r' (released).
-    released: bool,
-    h: Option<i64>,
-    /// `c`: whether the per-user count includes it.
-    counted: bool,
-    /// `g`: the generation it was taken in (absent = 1).
-    g: Option<i64>,
-    /// When Redis drops it (PEXPIRE), on Redis's clock, in ms.
-    expires_ms: i64,
-}
+/// The whole keyspace of the simulated Redis.
+pub type GateSnapshot = Keyspace;
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct Keys {
-    inv: Option<Inv>,
-    users: BTreeMap<i64, i64>,
-    records: BTreeMap<String, HoldRec>,
-    /// The `pending` zset: member → score (ms).
-    pending: BTreeMap<String, i64>,
-    restocks: BTreeSet<String>,
-    /// `rel:<request_id>` markers: request_id → expiry (ms).
-    release_markers: BTreeMap<String, i64>,
-}
+/// A purchase waiting for its reserve call, and where its answer goes.
+type Waiting = (Item, Arc<Mutex<Option<Reply>>>);
 
-impl Keys {
-    /// The live record of a request: an expired one is dropped first, as Redis would.
-    fn record(&mut self, request_id: &str, now_ms: i64) -> Option<&mut HoldRec> {
-        if self
-            .records
-            .get(request_id)
-            .is_some_and(|r| r.expires_ms <= now_ms)
-        {
-            self.records.remove(request_id);
-        }
-        self.records.get_mut(request_id)
-    }
-
-    /// `HMGET r:<id> u q s h g` as `RedisGate::holds` parses it: None unless u, q, s and
-    /// h are all there.
-    fn hold_fields(&mut self, request_id: &str, now_ms: i64) -> Option<(i64, i64, bool, i64, i64)> {
-        let r = self.record(request_id, now_ms)?;
-        Some((r.u, r.q, r.released, r.h?, r.g.unwrap_or(1)))
-    }
-}
-
-/// The whole keyspace the gate uses: product id → its keys.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct GateSnapshot {
-    products: BTreeMap<i64, Keys>,
+/// One instance's reservation batcher: what queued, and whether a call is in flight
+/// (`RESERVE_WORKERS` is one).
+#[derive(Default)]
+struct Batcher {
+    waiting: VecDeque<Waiting>,
+    busy: bool,
 }
 
 pub struct MemGate {
     ctx: Arc<Ctx>,
-    record_ttl: TimeDelta,
-    /// The sold-out lease reserve.lua grants (ms; 0 = none).
-    sold_out_lease_ms: i64,
-    defects: GateDefects,
-    store: Mutex<GateSnapshot>,
-    /// The run id of the "Redis process": a new one after every wipe or failover, as a
-    /// restarted or promoted Redis has.
-    server: AtomicU64,
+    layout: Layout,
+    redis: Mutex<MemRedis>,
+    /// Each script's id in `redis` (the defects' texts in place of the originals).
+    scripts: BTreeMap<&'static str, ScriptId>,
     /// Each instance's subscription to lease revocations, by instance index. Delivery is
     /// modelled as instant; a wipe or failover breaks every subscription (the instance
     /// hears nothing in between) and the instance subscribes again at once.
     listeners: Mutex<Vec<(usize, Arc<dyn LeaseListener>)>>,
+    /// Reservation batchers, by instance.
+    batchers: Mutex<BTreeMap<usize, Batcher>>,
+    /// Each product's inventory key, for the check after every step.
+    inv_keys: Mutex<BTreeMap<i64, Arc<str>>>,
 }
 
-fn ms(t: DateTime<Utc>) -> i64 {
-    t.timestamp_millis()
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Single-threaded: a poisoned lock only means a panic is already unwinding.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn bad_reply(script: &str, what: &str) -> GateError {
-    GateError::corrupt(format!("unexpected reply from {script} script: {what}"))
+/// The gate's connection to its [`MemRedis`]: with round trips that yield to the
+/// scheduler, or none (the online checks, the final audit).
+struct Conn<'a> {
+    gate: &'a MemGate,
+    yields: bool,
+}
+
+#[async_trait]
+impl Wire for Conn<'_> {
+    async fn eval(&self, call: &Call) -> Result<Value, GateError> {
+        self.gate.eval(call)
+    }
+
+    async fn query(&self, cmds: &[Cmd], _atomic: bool) -> Result<Vec<Value>, GateError> {
+        // One lock for the whole pipeline: nothing runs between its commands.
+        let now = self.gate.now_ms();
+        let redis = lock(&self.gate.redis);
+        cmds.iter()
+            .map(|Cmd(args)| redis.command(now, args).map_err(calls::refused))
+            .collect()
+    }
+
+    async fn between(&self, what: &'static str) {
+        if self.yields {
+            self.gate.ctx.maybe_kill(what);
+            Point::new().await;
+        }
+    }
+}
+
+/// Marks an instance's batcher free when its call ends — or when the caller driving it
+/// is dropped, so another waiting purchase takes over.
+struct Driving<'a> {
+    gate: &'a MemGate,
+    instance: usize,
+}
+
+impl Drop for Driving<'_> {
+    fn drop(&mut self) {
+        if let Some(b) = lock(&self.gate.batchers).get_mut(&self.instance) {
+            b.busy = false;
+        }
+    }
 }
 
 impl MemGate {
-    /// `forget.lua`: drops holds from the pending index, each only while its request_id's
-    /// record is still that hold (or is gone).
-    fn forget_now(&self, product_id: ProductId, holds: &[StaleHold]) {
-        let redis_now = self.now_ms();
-        let mut store = self.lock();
-        let keys = store.products.entry(product_id.get()).or_default();
-        for hold in holds {
-            let rid = hold.request.request_id.as_str();
-            let same = keys.record(rid, redis_now).is_none_or(|r| {
-                r.h == Some(hold.hold.id.get()) && r.g.unwrap_or(1) == hold.hold.generation.get()
-            });
-            if same {
-                keys.pending.remove(rid);
-            }
-        }
-    }
-
     pub fn new(
         ctx: Arc<Ctx>,
         record_ttl: TimeDelta,
         sold_out_lease: TimeDelta,
         defects: GateDefects,
     ) -> Self {
+        let mut redis = MemRedis::new().expect("the simulated Redis's Lua starts");
+        let mut scripts = BTreeMap::new();
+        for lua in calls::SCRIPTS {
+            let mut source = lua.source.to_owned();
+            if lua == &calls::RESERVE {
+                if defects.reserve_below_zero {
+                    source = plant(&source, AVAIL_CHECK);
+                }
+                if defects.batch_counts_twice {
+                    source = plant(&source, SAME_IN_BATCH);
+                }
+            }
+            let id = redis
+                .script_load(&source)
+                .unwrap_or_else(|e| panic!("{}.lua compiles: {e}", lua.name));
+            scripts.insert(lua.name, id);
+        }
+        let duration = |d: TimeDelta| d.to_std().unwrap_or_default();
         Self {
             ctx,
-            record_ttl,
-            sold_out_lease_ms: sold_out_lease.num_milliseconds().max(0),
-            defects,
-            store: Mutex::new(GateSnapshot::default()),
-            server: AtomicU64::new(1),
+            layout: Layout::new(PREFIX, duration(record_ttl), duration(sold_out_lease)),
+            redis: Mutex::new(redis),
+            scripts,
             listeners: Mutex::new(Vec::new()),
+            batchers: Mutex::new(BTreeMap::new()),
+            inv_keys: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    fn conn(&self) -> Conn<'_> {
+        Conn {
+            gate: self,
+            yields: true,
+        }
+    }
+
+    fn instant(&self) -> Conn<'_> {
+        Conn {
+            gate: self,
+            yields: false,
+        }
+    }
+
+    /// Redis's clock (ms).
+    fn now_ms(&self) -> i64 {
+        self.ctx.gate_now().timestamp_millis()
+    }
+
+    /// A script call, atomically; what it published is delivered before it returns.
+    fn eval(&self, call: &Call) -> Result<Value, GateError> {
+        let script = *self
+            .scripts
+            .get(call.script.name)
+            .ok_or_else(|| GateError::config(format!("no script {}", call.script.name)))?;
+        let (reply, published) =
+            lock(&self.redis).eval(self.now_ms(), script, &call.keys, &call.args);
+        for (channel, message) in published {
+            if channel == self.layout.revocations.as_bytes() {
+                let product_id = flashsale_redis::revoke::product_of(&message);
+                for (_, listener) in lock(&self.listeners).iter() {
+                    listener.revoked(product_id);
+                }
+            }
+        }
+        reply.map_err(calls::refused)
     }
 
     /// Instance `instance` (a new process of it, replacing any before) subscribes to
     /// lease revocations.
     pub fn listen(&self, instance: usize, listener: Arc<dyn LeaseListener>) {
-        let mut listeners = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
+        let mut listeners = lock(&self.listeners);
         listeners.retain(|(i, _)| *i != instance);
         listener.listening();
         listeners.push((instance, listener));
     }
 
-    /// PUBLISH of a revocation (release.lua, restock.lua, adjust.lua, rebuild.lua).
-    fn revoke(&self, product_id: ProductId) {
-        let listeners = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
-        for (_, listener) in listeners.iter() {
-            listener.revoked(Some(product_id));
-        }
-    }
-
     /// The Redis process changed: every subscription broke and is made again.
     fn resubscribe(&self) {
-        let listeners = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
-        for (_, listener) in listeners.iter() {
+        for (_, listener) in lock(&self.listeners).iter() {
             listener.deaf();
             listener.listening();
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, GateSnapshot> {
-        self.store.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn now_ms(&self) -> i64 {
-        ms(self.ctx.gate_now())
-    }
-
-    /// Between two round trips of one operation: other work may run here.
-    async fn round_trip(&self, what: &str) {
-        self.ctx.maybe_kill(what);
-        Point::new().await;
-    }
-
     /// Redis restarts empty: every key is gone.
     pub fn wipe(&self) {
-        self.lock().products.clear();
-        self.server.fetch_add(1, Ordering::Relaxed);
+        lock(&self.redis).restart(Keyspace::default());
         self.resubscribe();
-    }
-
-    fn server(&self) -> u64 {
-        self.server.load(Ordering::Relaxed)
     }
 
     /// A copy of the keyspace, to come back to after a failover that loses later writes.
     pub fn snapshot(&self) -> GateSnapshot {
-        self.lock().clone()
+        lock(&self.redis).snapshot()
     }
 
     /// A failover to a replica that had only `snapshot`: later writes are lost.
     pub fn restore(&self, snapshot: GateSnapshot) {
-        *self.lock() = snapshot;
-        self.server.fetch_add(1, Ordering::Relaxed);
+        lock(&self.redis).restart(snapshot);
         self.resubscribe();
+    }
+
+    /// Runs an operation that never waits to its end.
+    fn now<T>(&self, fut: impl std::future::Future<Output = T>) -> T {
+        block_on(fut, INSTANT_POLLS_MAX).expect("an operation without round trips never waits")
     }
 
     /// The available count (for the online checks; no fault, no yield).
     pub fn peek_available(&self, product_id: i64) -> Option<i64> {
-        self.lock()
-            .products
-            .get(&product_id)
-            .and_then(|k| k.inv.as_ref().map(|i| i.avail))
+        let key = {
+            let mut keys = lock(&self.inv_keys);
+            match keys.get(&product_id) {
+                Some(key) => key.clone(),
+                None => {
+                    let key: Arc<str> = self
+                        .layout
+                        .key(ProductId::parse(product_id).ok()?, "inv")
+                        .into();
+                    keys.insert(product_id, key.clone());
+                    key
+                }
+            }
+        };
+        let avail = lock(&self.redis).peek_hget(self.now_ms(), key.as_bytes(), b"avail")?;
+        std::str::from_utf8(&avail).ok()?.parse().ok()
     }
 
     /// `GateMaintenance::facts` in one atomic look (for the final checks of a quiet run).
     pub fn peek_facts(&self, product_id: i64) -> GateFacts {
-        let now = self.now_ms();
-        let mut store = self.lock();
-        let keys = store.products.entry(product_id).or_default();
-        let generation = keys.inv.as_ref().map_or(0, |i| i.gen.unwrap_or(1));
-        GateFacts {
-            available: keys.inv.as_ref().map(|i| i.avail),
-            generation: Generation::from_stored(generation),
-            last_hold_id: keys.inv.as_ref().and_then(|i| i.seq).unwrap_or(0),
-            held: held(keys, generation, now).expect("the sim's gate hands out hold ids from 1"),
-            pending: aged(&keys.pending, now),
-        }
+        let product_id = ProductId::parse(product_id).expect("a product id of the run");
+        self.now(self.layout.facts(&self.instant(), product_id))
+            .expect("the simulated Redis answers the audit's reads")
     }
-}
 
-/// The pending index with each hold's age at `now_ms`, as `RedisGate::facts` reads it.
-fn aged(pending: &BTreeMap<String, i64>, now_ms: i64) -> BTreeMap<String, Duration> {
-    pending
-        .iter()
-        .map(|(rid, taken)| {
-            let age = u64::try_from(now_ms - taken).unwrap_or(0);
-            (rid.clone(), Duration::from_millis(age))
-        })
-        .collect()
-}
+    /// The instance the running request belongs to (its batcher).
+    fn instance(&self) -> usize {
+        self.ctx
+            .lock()
+            .current_req
+            .as_ref()
+            .map_or(usize::MAX, |r| r.instance)
+    }
 
-/// Records holding units in the gate's current generation (as `RedisGate::facts` reads
-/// them).
-fn held(
-    keys: &mut Keys,
-    generation: i64,
-    now_ms: i64,
-) -> Result<BTreeMap<String, (HoldId, i64)>, GateError> {
-    let ids: Vec<String> = keys.records.keys().cloned().collect();
-    let mut held = BTreeMap::new();
-    for id in ids {
-        if let Some((_, q, false, hold_id, g)) = keys.hold_fields(&id, now_ms) {
-            if g == generation {
-                let hold_id = HoldId::from_stored(hold_id).ok_or_else(|| {
-                    GateError::corrupt(format!("hold record of {id} has hold id {hold_id}"))
-                })?;
-                held.insert(id, (hold_id, q));
+    /// Queues a purchase on its instance's batcher and waits for its answer. A waiting
+    /// purchase that finds no call in flight sends one with everything queued (up to
+    /// `RESERVE_BATCH_MAX`); the call travels (a yield point, where more purchases
+    /// queue or the sender dies) before Redis runs it. A purchase whose caller is gone
+    /// stays queued and is sent with a later batch, as the adapter's coalescer does.
+    async fn reserve_batched(&self, item: Item) -> Reply {
+        let instance = self.instance();
+        let answer = Arc::new(Mutex::new(None));
+        lock(&self.batchers)
+            .entry(instance)
+            .or_default()
+            .waiting
+            .push_back((item, answer.clone()));
+        loop {
+            if let Some(reply) = lock(&answer).take() {
+                return reply;
+            }
+            let drive = {
+                let mut batchers = lock(&self.batchers);
+                let b = batchers.entry(instance).or_default();
+                !std::mem::replace(&mut b.busy, true)
+            };
+            if !drive {
+                // A call is in flight: wait for it (bounded by the phase's steps).
+                Point::new().await;
+                continue;
+            }
+            let _driving = Driving {
+                gate: self,
+                instance,
+            };
+            self.conn().between("reserve: the batch's call").await;
+            let batch: Vec<Waiting> = {
+                let mut batchers = lock(&self.batchers);
+                let b = batchers.entry(instance).or_default();
+                let n = b.waiting.len().min(RESERVE_BATCH_MAX);
+                b.waiting.drain(..n).collect()
+            };
+            let (items, answers): (Vec<Item>, Vec<_>) = batch.into_iter().unzip();
+            if items.len() > 1 {
+                self.ctx
+                    .trace(|| format!("reserve: one call for a batch of {}", items.len()));
+            }
+            let replies = self.layout.reserve_batch(&self.instant(), &items).await;
+            for (answer, reply) in answers.into_iter().zip(replies) {
+                *lock(&answer) = Some(reply);
             }
         }
     }
-    Ok(held)
 }
 
 #[async_trait]
@@ -297,280 +346,45 @@ impl StockGate for MemGate {
     /// The Redis adapter trims a moment later; here at once (the script re-checks the
     /// record either way).
     fn committed(&self, product_id: ProductId, hold: StaleHold) {
-        self.forget_now(product_id, &[hold]);
+        // Best effort, as the adapter's trimmer: recovery trims what this misses.
+        let _ = self.now(self.layout.forget(&self.instant(), product_id, &[hold]));
     }
 
     async fn ping(&self) -> Result<(), GateError> {
         Ok(())
     }
 
-    /// load.lua
     async fn load(
         &self,
         product_id: ProductId,
         available: i64,
         generation: Generation,
     ) -> Result<bool, GateError> {
-        let generation = generation.get();
-        if available < 0 || generation < 1 {
-            return Err(GateError::rejected("ERR flashsale load: invalid arguments"));
-        }
-        let mut store = self.lock();
-        let keys = store.products.entry(product_id.get()).or_default();
-        if keys.inv.is_some() {
-            return Ok(false);
-        }
-        let loaded = self.now_ms();
-        keys.inv = Some(Inv {
-            avail: available,
-            seq: Some(0),
-            gen: Some(generation),
-            srv: Some(self.server()),
-            fresh: Some(loaded + self.record_ttl.num_milliseconds()),
-            loaded: Some(loaded),
-            lease: None,
-        });
-        Ok(true)
+        self.layout
+            .load(&self.conn(), product_id, available, generation)
+            .await
     }
 
-    /// reserve.lua
     async fn reserve(
         &self,
         request: &PurchaseRequest,
         per_user_limit: Option<u32>,
     ) -> Result<Reserve, GateError> {
-        // The hold's time is Redis's own clock (TIME inside the script).
-        let redis_now = self.now_ms();
-        let ttl = self.record_ttl.num_milliseconds();
-        let mut store = self.lock();
-        let keys = store.products.entry(request.product_id.get()).or_default();
-        let Some(inv) = keys.inv.clone() else {
-            return Ok(Reserve::NotLoaded);
-        };
-        let gen = inv.gen.unwrap_or(1);
-        let rid = request.request_id.as_str();
-        let server = self.server.load(Ordering::Relaxed);
-        // reserve.lua: an entry another Redis process wrote answers nothing until rebuilt.
-        if inv.srv.is_some_and(|srv| srv != server) {
-            return Ok(Reserve::NotRebuilt);
-        }
-        // reserve.lua's `unseen`: no record in any generation, and the entry vouches.
-        let unseen = keys.record(rid, redis_now).is_none()
-            && inv.fresh.is_some_and(|f| redis_now < f)
-            && inv.srv == Some(server);
-        if let Some(rec) = keys.record(rid, redis_now) {
-            if rec.g.unwrap_or(1) == gen {
-                // `{2, h, u, q, released, gen}`: a nil `h` ends the Lua array at `{2}`,
-                // which `parse_reserve` refuses.
-                let hold_id = rec.h.ok_or_else(|| bad_reply("reserve", "[2]"))?;
-                return Ok(Reserve::Existing(ExistingHold {
-                    hold: HoldRef::from_stored(gen, hold_id)
-                        .ok_or_else(|| bad_reply("reserve", "hold"))?,
-                    user_id: UserId::parse(rec.u).map_err(|_| bad_reply("reserve", "user"))?,
-                    quantity: Quantity::from_stored(rec.q)
-                        .ok_or_else(|| bad_reply("reserve", "quantity"))?,
-                    released: rec.released,
-                }));
-            }
-        }
-        let q = i64::from(request.quantity.get());
-        let limit = i64::from(per_user_limit.unwrap_or(0));
-        if ttl < 1 || rid.is_empty() {
-            return Err(GateError::rejected(
-                "ERR flashsale reserve: invalid arguments",
-            ));
-        }
-        let leased = inv.lease.filter(|&until| until > redis_now);
-        if leased.is_some() || (inv.avail < q && !self.defects.reserve_below_zero) {
-            let leased = match leased {
-                None if inv.avail == 0 && self.sold_out_lease_ms > 0 => {
-                    let until = redis_now + self.sold_out_lease_ms;
-                    if let Some(inv) = keys.inv.as_mut() {
-                        inv.lease = Some(until);
-                    }
-                    Some(until)
-                }
-                leased => leased,
-            };
-            return Ok(Reserve::SoldOut {
-                unseen,
-                lease: match leased {
-                    None => None,
-                    Some(until) => Some(SoldOutLease {
-                        remaining: Duration::from_millis(
-                            until.saturating_sub(redis_now).unsigned_abs(),
-                        ),
-                        generation: Generation::from_stored(gen)
-                            .ok_or_else(|| bad_reply("reserve", "generation"))?,
-                        holds: inv.seq.unwrap_or(0),
-                    }),
-                },
-            });
-        }
-        let user = request.user_id.get();
-        let mut counted = false;
-        if limit > 0 {
-            let held = keys.users.get(&user).copied().unwrap_or(0);
-            if held + q > limit {
-                return Ok(Reserve::LimitExceeded { unseen });
-            }
-            counted = true;
-        }
-        let hold = inv.seq.unwrap_or(0) + 1;
-        keys.inv = Some(Inv {
-            avail: inv.avail - q,
-            seq: Some(hold),
-            gen: inv.gen,
-            srv: inv.srv,
-            fresh: match (inv.fresh, inv.loaded) {
-                (Some(f), Some(l)) => Some(f.min(l + ttl)),
-                (Some(_), None) => Some(0),
-                (None, _) => None,
-            },
-            loaded: inv.loaded,
-            lease: inv.lease,
-        });
-        if counted {
-            *keys.users.entry(user).or_insert(0) += q;
-        }
-        keys.records.insert(
-            rid.to_owned(),
-            HoldRec {
-                u: user,
-                q,
-                released: false,
-                h: Some(hold),
-                counted,
-                g: Some(gen),
-                expires_ms: redis_now + ttl,
-            },
-        );
-        keys.pending.insert(rid.to_owned(), redis_now);
-        Ok(Reserve::Reserved {
-            hold: HoldRef::from_stored(gen, hold).ok_or_else(|| bad_reply("reserve", "hold"))?,
-        })
+        self.reserve_batched((request.clone(), per_user_limit))
+            .await
     }
 
-    /// release.lua
     async fn release(
         &self,
         product_id: ProductId,
         request_id: &RequestId,
         of: &ReleaseOf,
     ) -> Result<Release, GateError> {
-        let redis_now = self.now_ms();
-        let ttl = self.record_ttl.num_milliseconds();
-        // release.lua's integer arguments.
-        let (relgen, hgen, hold) = match of {
-            ReleaseOf::Hold { hold } => (0, hold.generation.get(), hold.id.get()),
-            ReleaseOf::Reservation {
-                generation, hold, ..
-            } => (generation.get(), hold.generation.get(), hold.id.get()),
-        };
-        if relgen < 0 || ttl < 1 {
-            return Err(GateError::rejected(
-                "ERR flashsale release: invalid arguments",
-            ));
-        }
-        let rid = request_id.as_str();
-        let mut store = self.lock();
-        let keys = store.products.entry(product_id.get()).or_default();
-        let Some(inv) = keys.inv.clone() else {
-            return Ok(Release::NotLoaded);
-        };
-        let gen = inv.gen.unwrap_or(1);
-        let rec = keys.record(rid, redis_now).cloned();
-        let mine = rec
-            .as_ref()
-            .is_some_and(|r| r.h == Some(hold) && r.g.unwrap_or(1) == hgen);
-        let (user, q, counted) = match of {
-            ReleaseOf::Hold { .. } => {
-                if gen < hgen {
-                    return Ok(Release::NotLoaded);
-                }
-                if gen > hgen {
-                    if mine && rec.as_ref().is_some_and(|r| !r.released) {
-                        if let Some(r) = keys.records.get_mut(rid) {
-                            r.released = true;
-                        }
-                        keys.pending.remove(rid);
-                    }
-                    return Ok(Release::AlreadyReleased);
-                }
-                let Some(rec) = rec.as_ref().filter(|_| mine) else {
-                    return Ok(Release::Missing);
-                };
-                if rec.released {
-                    return Ok(Release::AlreadyReleased);
-                }
-                (rec.u, rec.q, rec.counted)
-            }
-            ReleaseOf::Reservation {
-                user_id,
-                quantity,
-                limited,
-                ..
-            } => {
-                if gen < relgen {
-                    return Ok(Release::NotLoaded);
-                }
-                if keys
-                    .release_markers
-                    .get(rid)
-                    .is_some_and(|e| *e <= redis_now)
-                {
-                    keys.release_markers.remove(rid);
-                }
-                if keys.release_markers.contains_key(rid) {
-                    return Ok(Release::AlreadyReleased);
-                }
-                if mine && rec.as_ref().is_some_and(|r| r.released) {
-                    return Ok(Release::AlreadyReleased);
-                }
-                if gen > relgen {
-                    if mine {
-                        if let Some(r) = keys.records.get_mut(rid) {
-                            r.released = true;
-                        }
-                        keys.pending.remove(rid);
-                    }
-                    return Ok(Release::AlreadyReleased);
-                }
-                (user_id.get(), i64::from(quantity.get()), *limited)
-            }
-        };
-        if q < 1 {
-            return Err(GateError::rejected(
-                "ERR flashsale release: corrupt hold record",
-            ));
-        }
-        if let Some(i) = keys.inv.as_mut() {
-            i.avail += q;
-            if i.lease.take().is_some() {
-                self.revoke(product_id);
-            }
-        }
-        if counted {
-            let left = keys.users.get(&user).copied().unwrap_or(0) - q;
-            if left <= 0 {
-                keys.users.remove(&user);
-            } else {
-                keys.users.insert(user, left);
-            }
-        }
-        if mine {
-            if let Some(r) = keys.records.get_mut(rid) {
-                r.released = true;
-            }
-            keys.pending.remove(rid);
-        }
-        if relgen > 0 {
-            keys.release_markers.insert(rid.to_owned(), redis_now + ttl);
-        }
-        Ok(Release::Released)
+        self.layout
+            .release(&self.conn(), product_id, request_id, of)
+            .await
     }
 
-    /// restock.lua
     async fn restock(
         &self,
         product_id: ProductId,
@@ -578,257 +392,67 @@ impl StockGate for MemGate {
         quantity: i64,
         generation: Generation,
     ) -> Result<Restock, GateError> {
-        let generation = generation.get();
-        if quantity < 1 {
-            return Err(GateError::rejected(
-                "ERR flashsale restock: invalid arguments",
-            ));
-        }
-        let mut store = self.lock();
-        let keys = store.products.entry(product_id.get()).or_default();
-        if keys.restocks.contains(restock_id.as_str()) {
-            return Ok(Restock::AlreadyApplied);
-        }
-        let Some(inv) = keys.inv.as_mut() else {
-            return Ok(Restock::NotLoaded);
-        };
-        let current = inv.gen.unwrap_or(1);
-        if current < generation {
-            return Ok(Restock::NotLoaded);
-        }
-        if current > generation {
-            return Ok(Restock::Stale);
-        }
-        inv.avail += quantity;
-        if inv.lease.take().is_some() {
-            self.revoke(product_id);
-        }
-        keys.restocks.insert(restock_id.as_str().to_owned());
-        Ok(Restock::Applied)
+        self.layout
+            .restock(&self.conn(), product_id, restock_id, quantity, generation)
+            .await
     }
 
     async fn available(&self, product_id: ProductId) -> Result<Option<i64>, GateError> {
-        Ok(self.peek_available(product_id.get()))
+        self.layout.available(&self.conn(), product_id).await
     }
 
-    /// holders.lua
     async fn pending_request_ids(
         &self,
         product_id: ProductId,
         max: usize,
     ) -> Result<Option<(Generation, Vec<RequestId>)>, GateError> {
-        let server = self.server();
-        let store = self.lock();
-        let Some((keys, inv)) = store
-            .products
-            .get(&product_id.get())
-            .and_then(|keys| Some((keys, keys.inv.as_ref()?)))
-        else {
-            return Err(GateError::not_ready("stock missing from the stock gate"));
-        };
-        if inv.srv != Some(server) {
-            return Err(GateError::not_ready(
-                "the stock gate can't vouch for its pending holds",
-            ));
-        }
-        if keys.pending.len() > max {
-            return Ok(None);
-        }
-        keys.pending
-            .keys()
-            .map(|rid| {
-                RequestId::parse("request_id", rid).map_err(|e| {
-                    GateError::corrupt(format!("pending index holds a bad request_id: {e}"))
-                })
-            })
-            .collect::<Result<_, _>>()
-            .and_then(|ids| {
-                let generation = Generation::from_stored(inv.gen.unwrap_or(1))
-                    .ok_or_else(|| bad_reply("holders", "generation"))?;
-                Ok(Some((generation, ids)))
-            })
+        self.layout
+            .pending_request_ids(&self.conn(), product_id, max)
+            .await
     }
 }
 
 #[async_trait]
 impl GateMaintenance for MemGate {
-    /// TIME, ZRANGEBYSCORE, then the records in one pipeline, then ZREM of the gone ones:
-    /// separate round trips, with other work possible in between.
     async fn stale_holds(
         &self,
         product_id: ProductId,
         older_than: std::time::Duration,
         limit: usize,
     ) -> Result<Vec<StaleHold>, GateError> {
-        let older_than_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
-        let before = self.now_ms().saturating_sub(older_than_ms);
-        self.round_trip("stale_holds: zrangebyscore").await;
-        let ids: Vec<String> = {
-            let mut store = self.lock();
-            let keys = store.products.entry(product_id.get()).or_default();
-            let mut by_score: Vec<(i64, &String)> = keys
-                .pending
-                .iter()
-                .filter(|(_, score)| **score < before)
-                .map(|(id, score)| (*score, id))
-                .collect();
-            by_score.sort();
-            by_score
-                .into_iter()
-                .take(limit)
-                .map(|(_, id)| id.clone())
-                .collect()
-        };
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.round_trip("stale_holds: records").await;
-        let now = self.now_ms();
-        let mut stale = Vec::new();
-        let mut gone = Vec::new();
-        {
-            let mut store = self.lock();
-            let keys = store.products.entry(product_id.get()).or_default();
-            for id in ids {
-                let parsed = keys
-                    .hold_fields(&id, now)
-                    .and_then(|(u, q, released, h, g)| {
-                        Some(StaleHold {
-                            request: PurchaseRequest {
-                                request_id: RequestId::parse("request_id", &id).ok()?,
-                                user_id: UserId::parse(u).ok()?,
-                                product_id,
-                                quantity: Quantity::from_stored(q)?,
-                            },
-                            hold: HoldRef::from_stored(g, h)?,
-                            released,
-                        })
-                    });
-                match parsed {
-                    Some(hold) => stale.push(hold),
-                    None => gone.push(id),
-                }
-            }
-        }
-        if !gone.is_empty() {
-            self.round_trip("stale_holds: zrem").await;
-            let mut store = self.lock();
-            let keys = store.products.entry(product_id.get()).or_default();
-            for id in &gone {
-                keys.pending.remove(id);
-            }
-        }
-        Ok(stale)
+        self.layout
+            .stale_holds(&self.conn(), product_id, older_than, limit)
+            .await
     }
 
-    /// forget.lua
     async fn forget_pending(
         &self,
         product_id: ProductId,
         holds: &[StaleHold],
     ) -> Result<(), GateError> {
-        self.forget_now(product_id, holds);
-        Ok(())
+        self.layout
+            .forget(&self.conn(), product_id, holds)
+            .await
+            .map(drop)
     }
 
-    /// The state and the pending index in one step, then the records, as
-    /// `RedisGate::facts` reads them.
     async fn facts(&self, product_id: ProductId) -> Result<GateFacts, GateError> {
-        let (available, generation, last_hold_id, pending) = {
-            let now = self.now_ms();
-            let mut store = self.lock();
-            let keys = store.products.entry(product_id.get()).or_default();
-            let inv = keys.inv.as_ref();
-            (
-                inv.map(|i| i.avail),
-                inv.map_or(0, |i| i.gen.unwrap_or(1)),
-                inv.and_then(|i| i.seq).unwrap_or(0),
-                aged(&keys.pending, now),
-            )
-        };
-        self.round_trip("facts: records").await;
-        let now = self.now_ms();
-        let mut store = self.lock();
-        let keys = store.products.entry(product_id.get()).or_default();
-        Ok(GateFacts {
-            available,
-            generation: Generation::from_stored(generation),
-            last_hold_id,
-            held: held(keys, generation, now)?,
-            pending,
-        })
+        self.layout.facts(&self.conn(), product_id).await
     }
 
-    /// adjust.lua
     async fn adjust(&self, product_id: ProductId, delta: i64) -> Result<bool, GateError> {
-        let mut store = self.lock();
-        let keys = store.products.entry(product_id.get()).or_default();
-        let Some(inv) = keys.inv.as_mut() else {
-            return Ok(false);
-        };
-        if inv.avail + delta < 0 {
-            return Ok(false);
-        }
-        inv.avail += delta;
-        if delta > 0 && inv.lease.take().is_some() {
-            self.revoke(product_id);
-        }
-        Ok(true)
+        self.layout.adjust(&self.conn(), product_id, delta).await
     }
 
     async fn state(&self, product_id: ProductId) -> Result<Option<GateState>, GateError> {
-        let server = self.server();
-        let store = self.lock();
-        Ok(store
-            .products
-            .get(&product_id.get())
-            .and_then(|k| k.inv.as_ref())
-            .map(|i| {
-                Ok(GateState {
-                    available: i.avail,
-                    generation: Generation::from_stored(i.gen.unwrap_or(1))
-                        .ok_or_else(|| bad_reply("state", "generation"))?,
-                    last_hold_id: i.seq.unwrap_or(0),
-                    server_changed: i.srv != Some(server),
-                })
-            })
-            .transpose()?)
+        self.layout.state(&self.conn(), product_id).await
     }
 
-    /// rebuild.lua
     async fn rebuild(&self, product_id: ProductId, plan: &RebuildPlan) -> Result<bool, GateError> {
-        let generation = plan.generation.get();
-        if generation < 1 || plan.available < 0 || plan.last_hold_id < 0 {
-            return Err(GateError::rejected(
-                "ERR flashsale rebuild: invalid arguments",
-            ));
+        let rebuilt = self.layout.rebuild(&self.conn(), product_id, plan).await?;
+        if rebuilt {
+            self.ctx.lock().stats.rebuilds += 1;
         }
-        let server = self.server();
-        let mut store = self.lock();
-        let keys = store.products.entry(product_id.get()).or_default();
-        let current = keys.inv.as_ref().and_then(|i| i.gen).unwrap_or(0);
-        if current >= generation {
-            return Ok(false);
-        }
-        keys.inv = Some(Inv {
-            avail: plan.available,
-            seq: Some(plan.last_hold_id),
-            gen: Some(generation),
-            srv: Some(server),
-            fresh: None,
-            loaded: None,
-            // rebuild.lua: no lease, and the lost state's are revoked below.
-            lease: None,
-        });
-        keys.users = plan
-            .user_units
-            .iter()
-            .map(|(user, units)| (user.get(), *units))
-            .collect();
-        keys.pending.clear();
-        drop(store);
-        self.revoke(product_id);
-        self.ctx.lock().stats.rebuilds += 1;
-        Ok(true)
+        Ok(rebuilt)
     }
 }

@@ -3,8 +3,11 @@
 //! The use cases of `flashsale-app` — purchase, pay, cancel, restock, and the workers'
 //! expire, recover, watch (rebuild), reconcile, the outbox relay and the statistics
 //! consumer — run unchanged against in-memory implementations of the same ports:
-//! [`gate::MemGate`] (the Redis scripts' semantics), [`ledger::MemLedger`] (the MariaDB
-//! transactions' semantics, outbox, group commit and batched lookups included) and [`bus::MemBus`] (JetStream's). A seeded,
+//! [`gate::MemGate`] (the Redis adapter's own calls — its Lua scripts, run by an embedded
+//! Lua 5.1, its plain commands, its reply parsing and its batched reservations — over
+//! [`memredis::MemRedis`], an in-memory Redis), [`ledger::MemLedger`] (the MariaDB
+//! transactions' semantics, outbox, group commit and batched lookups included) and
+//! [`bus::MemBus`] (JetStream's). A seeded,
 //! single-threaded scheduler ([`exec::Executor`]) interleaves many concurrent clients and
 //! workers; the fault injector ([`faulty`]) fails calls, loses replies and duplicates
 //! them; the run ([`run`]) crashes instances between any two effects, restarts Redis
@@ -48,6 +51,7 @@ pub const DEFECTS: &[&str] = &[
     "no-fence",
     "aside-from-batch",
     "late-group-write",
+    "batch-twice",
 ];
 
 impl Defects {
@@ -56,12 +60,14 @@ impl Defects {
     /// fence writes nothing, so a late commit can follow a release. `aside-from-batch`:
     /// group commit answers the purchases it set aside from the batch's result.
     /// `late-group-write`: a group transaction checks, yields, then writes, so a fence
-    /// that lands in between is overwritten by an order.
+    /// that lands in between is overwritten by an order. `batch-twice`: reserve.lua
+    /// takes units again for a request_id already granted in the same batch.
     pub fn named(name: &str) -> Option<Self> {
         match name {
             "oversell" => Some(Self {
                 gate: GateDefects {
                     reserve_below_zero: true,
+                    ..GateDefects::default()
                 },
                 ledger: LedgerDefects {
                     no_stock_guard: true,
@@ -86,6 +92,13 @@ impl Defects {
                 ledger: LedgerDefects {
                     group_writes_late: true,
                     ..LedgerDefects::default()
+                },
+                ..Self::default()
+            }),
+            "batch-twice" => Some(Self {
+                gate: GateDefects {
+                    batch_counts_twice: true,
+                    ..GateDefects::default()
                 },
                 ..Self::default()
             }),

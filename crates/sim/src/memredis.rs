@@ -644,14 +644,11 @@ return function(script)
 end
 "#;
 
-/// A Redis: its keyspace, its process identity, and a Lua interpreter with the scripts
-/// loaded.
-pub struct MemRedis {
+/// A Lua interpreter with the scripts loaded, and the server its `redis.call` reaches.
+struct Interp {
     server: Arc<Mutex<Server>>,
     /// Instruction checks the running script has passed (see [`SCRIPT_INSTRUCTIONS_MAX`]).
     checks: Arc<AtomicU32>,
-    /// How many Redis processes there were: names the current one's run_id.
-    process: u64,
     lua: Lua,
     /// Runs a compiled script under pcall, mapping its error to an error reply.
     runner: Function,
@@ -669,8 +666,39 @@ fn lua_error(e: mlua::Error) -> String {
     format!("ERR the simulated Redis's Lua failed: {e}")
 }
 
-impl MemRedis {
-    pub fn new() -> Result<Self, String> {
+/// Interpreters a thread keeps for its next runs: starting Lua and compiling the scripts
+/// again for every seed cost about a tenth of a seed's time; one per thread suffices (a
+/// thread runs one seed at a time), a few cover tests that hold several.
+const SPARE_MAX: usize = 4;
+
+thread_local! {
+    static SPARE: std::cell::RefCell<Vec<Interp>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A Redis: its keyspace, its process identity, and a Lua interpreter with the scripts
+/// loaded.
+pub struct MemRedis {
+    /// Always there until the drop, which hands it to the thread's spares.
+    interp: Option<Interp>,
+    /// How many Redis processes there were: names the current one's run_id.
+    process: u64,
+}
+
+impl Drop for MemRedis {
+    fn drop(&mut self) {
+        if let Some(interp) = self.interp.take() {
+            SPARE.with(|spare| {
+                let mut spare = spare.borrow_mut();
+                if spare.len() < SPARE_MAX {
+                    spare.push(interp);
+                }
+            });
+        }
+    }
+}
+
+impl Interp {
+    fn new() -> Result<Self, String> {
         // Redis loads base, table, string, math (and a few more the scripts don't use);
         // `math.random` is removed below, so nothing random reaches a script.
         let lua = Lua::new_with(
@@ -735,21 +763,46 @@ impl MemRedis {
             },
         )
         .map_err(lua_error)?;
-        let mut redis = Self {
+        Ok(Self {
             checks,
             server,
-            process: 0,
             lua,
             runner,
             scripts: Vec::new(),
             loaded: HashMap::new(),
+        })
+    }
+}
+
+impl MemRedis {
+    /// A Redis with no keys, its first process running; the interpreter is a spare of
+    /// this thread's if there is one (the scripts it compiled stay loaded: nothing of a
+    /// run but the keyspace, which starts empty, reaches the next).
+    pub fn new() -> Result<Self, String> {
+        let interp = match SPARE.with(|spare| spare.borrow_mut().pop()) {
+            Some(interp) => interp,
+            None => Interp::new()?,
+        };
+        *interp.server.lock().unwrap_or_else(|p| p.into_inner()) = Server::default();
+        let mut redis = Self {
+            interp: Some(interp),
+            process: 0,
         };
         redis.restart(Keyspace::default());
         Ok(redis)
     }
 
+    fn interp(&self) -> &Interp {
+        self.interp
+            .as_ref()
+            .expect("the interpreter stays until the drop")
+    }
+
     fn lock(&self) -> MutexGuard<'_, Server> {
-        self.server.lock().unwrap_or_else(|p| p.into_inner())
+        self.interp()
+            .server
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// A new Redis process serving `data` (empty after a restart that lost everything, a
@@ -768,18 +821,22 @@ impl MemRedis {
 
     /// Compiles a script once (SCRIPT LOAD); the same text again gets the same id.
     pub fn script_load(&mut self, source: &str) -> Result<ScriptId, String> {
-        if let Some(&id) = self.loaded.get(source) {
+        let interp = self
+            .interp
+            .as_mut()
+            .expect("the interpreter stays until the drop");
+        if let Some(&id) = interp.loaded.get(source) {
             return Ok(ScriptId(id));
         }
-        let function = self
+        let function = interp
             .lua
             .load(source)
             .set_name("=user_script")
             .into_function()
             .map_err(|e| format!("ERR Error compiling script: {e}"))?;
-        self.scripts.push(function);
-        let id = self.scripts.len() - 1;
-        self.loaded.insert(source.to_owned(), id);
+        interp.scripts.push(function);
+        let id = interp.scripts.len() - 1;
+        interp.loaded.insert(source.to_owned(), id);
         Ok(ScriptId(id))
     }
 
@@ -789,6 +846,21 @@ impl MemRedis {
         server.now_ms = now_ms;
         let args: Vec<Vec<u8>> = args.iter().map(|a| a.as_bytes().to_vec()).collect();
         server.command(&args)
+    }
+
+    /// HGET without building a command, and without touching the keyspace (an expired
+    /// key reads as absent and stays until its next access): the simulator's check after
+    /// every step.
+    pub fn peek_hget(&self, now_ms: i64, key: &[u8], field: &[u8]) -> Option<Vec<u8>> {
+        let server = self.lock();
+        let entry = server.data.keys.get(key)?;
+        if entry.expires_ms.is_some_and(|at| at <= now_ms) {
+            return None;
+        }
+        match &entry.data {
+            Data::Hash(h) => h.get(field).cloned(),
+            _ => None,
+        }
     }
 
     /// Runs a loaded script atomically at `now_ms`; its reply, and the messages it
@@ -811,26 +883,27 @@ impl MemRedis {
     }
 
     fn run(&self, script: ScriptId, keys: &[String], args: &[String]) -> CmdResult {
-        let function = self
+        let interp = self.interp();
+        let function = interp
             .scripts
             .get(script.0)
             .ok_or_else(|| "NOSCRIPT No matching script".to_owned())?;
         let strings = |items: &[String]| -> mlua::Result<Table> {
-            let t = self.lua.create_table_with_capacity(items.len(), 0)?;
+            let t = interp.lua.create_table_with_capacity(items.len(), 0)?;
             for (i, item) in items.iter().enumerate() {
                 t.raw_set(i + 1, item.as_str())?;
             }
             Ok(t)
         };
-        let globals = self.lua.globals();
+        let globals = interp.lua.globals();
         globals
             .raw_set("KEYS", strings(keys).map_err(lua_error)?)
             .map_err(lua_error)?;
         globals
             .raw_set("ARGV", strings(args).map_err(lua_error)?)
             .map_err(lua_error)?;
-        self.checks.store(0, Ordering::Relaxed);
-        let reply: LuaValue = self.runner.call(function).map_err(lua_error)?;
+        interp.checks.store(0, Ordering::Relaxed);
+        let reply: LuaValue = interp.runner.call(function).map_err(lua_error)?;
         from_lua(reply)
     }
 }

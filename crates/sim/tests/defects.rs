@@ -9,9 +9,12 @@
 //! two orders for one request (I2). `late-group-write`: a group transaction checks, then
 //! yields, then writes, so a fence that recovery writes in between is overwritten by an
 //! order whose units were already given back — the stores then disagree (I4) and the
-//! request's events no longer match its changes (I7). A seed counts only if the same
-//! seed with sound stores does not break that invariant (so a real bug can't pass for a
-//! catch).
+//! request's events no longer match its changes (I7). `batch-twice`: reserve.lua takes
+//! units again for a request_id already granted in the same batch (a client retry queued
+//! beside its first attempt), so Redis holds units no reservation accounts for — I4
+//! (Redis's count against the ledger's) or I6 (stock left in limbo) must break. A seed
+//! counts only if the same seed with sound stores does not break that invariant (so a
+//! real bug can't pass for a catch).
 
 use std::collections::BTreeSet;
 use std::sync::OnceLock;
@@ -90,4 +93,12 @@ fn a_set_aside_purchase_answered_from_the_batch_is_caught() {
 #[test]
 fn a_fence_landing_between_a_batch_s_check_and_write_is_caught() {
     caught("late-group-write", &["I4", "I7"]);
+}
+
+// Runs seeds 0..SEEDS with reserve.lua's batch loop forgetting the holds the batch
+// granted so far, and expects an I4 or I6 violation that the sound scripts don't have:
+// a request_id twice in one batch then takes units twice and keeps one record.
+#[test]
+fn a_batch_counting_a_request_twice_is_caught() {
+    caught("batch-twice", &["I4", "I6"]);
 }
