@@ -73,6 +73,8 @@ type Waiting = (Item, Arc<Mutex<Option<Reply>>>);
 struct Batcher {
     waiting: VecDeque<Waiting>,
     busy: bool,
+    /// Which process of the instance this is (its purchases die with it).
+    process: u64,
 }
 
 pub struct MemGate {
@@ -131,12 +133,15 @@ impl Wire for Conn<'_> {
 struct Driving<'a> {
     gate: &'a MemGate,
     instance: usize,
+    process: u64,
 }
 
 impl Drop for Driving<'_> {
     fn drop(&mut self) {
         if let Some(b) = lock(&self.gate.batchers).get_mut(&self.instance) {
-            b.busy = false;
+            if b.process == self.process {
+                b.busy = false;
+            }
         }
     }
 }
@@ -216,8 +221,16 @@ impl MemGate {
     }
 
     /// Instance `instance` (a new process of it, replacing any before) subscribes to
-    /// lease revocations.
+    /// lease revocations. The purchases its previous process had queued die with it.
     pub fn listen(&self, instance: usize, listener: Arc<dyn LeaseListener>) {
+        {
+            let mut batchers = lock(&self.batchers);
+            let b = batchers.entry(instance).or_default();
+            *b = Batcher {
+                process: b.process + 1,
+                ..Batcher::default()
+            };
+        }
         let mut listeners = lock(&self.listeners);
         listeners.retain(|(i, _)| *i != instance);
         listener.listening();
@@ -298,11 +311,12 @@ impl MemGate {
     async fn reserve_batched(&self, item: Item) -> Reply {
         let instance = self.instance();
         let answer = Arc::new(Mutex::new(None));
-        lock(&self.batchers)
-            .entry(instance)
-            .or_default()
-            .waiting
-            .push_back((item, answer.clone()));
+        let mine = {
+            let mut batchers = lock(&self.batchers);
+            let b = batchers.entry(instance).or_default();
+            b.waiting.push_back((item, answer.clone()));
+            b.process
+        };
         loop {
             if let Some(reply) = lock(&answer).take() {
                 return reply;
@@ -310,16 +324,22 @@ impl MemGate {
             let drive = {
                 let mut batchers = lock(&self.batchers);
                 let b = batchers.entry(instance).or_default();
-                !std::mem::replace(&mut b.busy, true)
+                if b.process != mine {
+                    return Err(GateError(
+                        "reserve: the process that queued it is gone".into(),
+                    ));
+                }
+                (!std::mem::replace(&mut b.busy, true)).then_some(b.process)
             };
-            if !drive {
+            let Some(process) = drive else {
                 // A call is in flight: wait for it (bounded by the phase's steps).
                 Point::new().await;
                 continue;
-            }
+            };
             let _driving = Driving {
                 gate: self,
                 instance,
+                process,
             };
             self.conn().between("reserve: the batch's call").await;
             let batch: Vec<Waiting> = {

@@ -1,6 +1,7 @@
-//! Spot checks of the in-memory stores against the semantics they copy (the Lua scripts
-//! and the SQL), one rule per test, so a divergence shows up here before it muddies a
-//! simulation run.
+//! Spot checks of the in-memory stores, one rule per test: the gate (the adapter's own
+//! Lua scripts and calls over the in-memory Redis) as the simulation batches and drives
+//! it, and the ledger against the SQL semantics it copies, so a divergence shows up here
+//! before it muddies a simulation run.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -98,6 +99,77 @@ fn reserve_is_idempotent_and_bounded() {
         }
     );
     assert_eq!(now(g.available(p1())).expect("available"), Some(1));
+}
+
+/// Polls two calls in turn, first `a`, until both finish (as the scheduler would
+/// interleave two requests).
+fn together<A: std::future::Future, B: std::future::Future>(a: A, b: B) -> (A::Output, B::Output) {
+    use std::task::{Context, Poll, Waker};
+    let (mut a, mut b) = (std::pin::pin!(a), std::pin::pin!(b));
+    let mut cx = Context::from_waker(Waker::noop());
+    let (mut ra, mut rb) = (None, None);
+    for _ in 0..POLLS_MAX {
+        if ra.is_none() {
+            if let Poll::Ready(v) = a.as_mut().poll(&mut cx) {
+                ra = Some(v);
+            }
+        }
+        if rb.is_none() {
+            if let Poll::Ready(v) = b.as_mut().poll(&mut cx) {
+                rb = Some(v);
+            }
+        }
+        if ra.is_some() && rb.is_some() {
+            break;
+        }
+    }
+    (
+        ra.expect("the first call finished"),
+        rb.expect("the second call finished"),
+    )
+}
+
+// Checks the batched reservation path: a purchase queued while another's reserve call
+// is on its way goes in the same reserve.lua call. The same request_id twice in one
+// batch holds once — the second copy finds the first's hold — and takes the units once;
+// with the `batch_counts_twice` defect planted in the script it takes them twice.
+#[test]
+fn a_request_id_twice_in_one_batch_holds_once() {
+    for (defects, left) in [
+        (GateDefects::default(), 3),
+        (
+            GateDefects {
+                batch_counts_twice: true,
+                ..GateDefects::default()
+            },
+            1,
+        ),
+    ] {
+        let ctx = ctx();
+        let g = MemGate::new(
+            ctx.clone(),
+            TimeDelta::minutes(30),
+            TimeDelta::zero(),
+            defects,
+        );
+        assert!(now(g.load(p1(), 5, gen(1))).expect("load"));
+        let a = request("A", 1, 2);
+        let (first, second) = together(g.reserve(&a, None), g.reserve(&a, None));
+        assert_eq!(
+            first.expect("reserve"),
+            Reserve::Reserved { hold: hold(1, 1) }
+        );
+        let second = second.expect("reserve");
+        if left == 3 {
+            match second {
+                Reserve::Existing(h) => assert_eq!((h.hold, h.released), (hold(1, 1), false)),
+                other => panic!("{other:?}"),
+            }
+        } else {
+            assert_eq!(second, Reserve::Reserved { hold: hold(1, 2) });
+        }
+        assert_eq!(now(g.available(p1())).expect("available"), Some(left));
+    }
 }
 
 // Checks release.lua: a hold's units come back once, whatever the retries, and the
