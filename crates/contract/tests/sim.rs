@@ -118,6 +118,7 @@ async fn breaks(body: impl std::future::Future<Output = ()>) -> bool {
 async fn the_contracts_catch_planted_defects() {
     let below_zero = GateDefects {
         reserve_below_zero: true,
+        ..GateDefects::default()
     };
     let gate = SimGate::with(Duration::ZERO, RECORD_TTL, below_zero);
     assert!(breaks(flashsale_contract::gate::reserve_takes_units_once_per_request_id(&gate)).await);

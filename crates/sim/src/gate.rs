@@ -325,8 +325,8 @@ impl MemGate {
                 let mut batchers = lock(&self.batchers);
                 let b = batchers.entry(instance).or_default();
                 if b.process != mine {
-                    return Err(GateError(
-                        "reserve: the process that queued it is gone".into(),
+                    return Err(GateError::stopped(
+                        "reserve: the process that queued it is gone",
                     ));
                 }
                 (!std::mem::replace(&mut b.busy, true)).then_some(b.process)
