@@ -6,6 +6,7 @@
 pub mod hold;
 pub mod ids;
 pub mod inventory;
+pub mod mode;
 pub mod product;
 pub mod purchase;
 pub mod state;
@@ -13,6 +14,7 @@ pub mod state;
 pub use hold::{Generation, HoldId, HoldRef};
 pub use ids::{OrderId, ParseError, ProductId, Quantity, RequestId, UserId};
 pub use inventory::InventoryCounters;
+pub use mode::StockMode;
 pub use product::{parse_restock, NewProduct, SaleWindow, SALE_TIME_MAX, SALE_TIME_MIN, STOCK_MAX};
 pub use purchase::PurchaseRequest;
 pub use state::{
