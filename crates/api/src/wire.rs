@@ -103,6 +103,8 @@ pub struct ProductJson {
     pub sale_starts_at: Option<DateTime<Utc>>,
     pub sale_ends_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
+    /// Who serves the stock now: `gate` (Redis) or `ledger` (MariaDB alone).
+    pub stock_mode: &'static str,
     pub inventory: InventoryJson,
 }
 
@@ -116,6 +118,7 @@ impl From<&ProductView> for ProductJson {
             sale_starts_at: p.window.starts_at,
             sale_ends_at: p.window.ends_at,
             created_at: p.created_at,
+            stock_mode: p.stock_mode.as_str(),
             inventory: InventoryJson {
                 total: v.inventory.total,
                 available: v.inventory.available,

@@ -1,6 +1,8 @@
 //! An in-process cache of product definitions, so the purchase path does not read the
 //! ledger for every attempt. Definitions never change after creation except the
-//! `stock_loaded` flag, which only ever goes from false to true.
+//! `stock_loaded` flag, which only ever goes from false to true, and the `stock_mode`,
+//! which a cached copy may show up to [`FOUND_TTL`] late: nothing may decide from it
+//! (the ledger's own answers to a purchase decide the mode).
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};

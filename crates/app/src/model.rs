@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use flashsale_core::{
     CancelReason, HoldRef, OrderId, OrderStatus, ProductId, PurchaseRequest, Quantity,
-    ReleaseReason, RequestId, SaleWindow, UserId,
+    ReleaseReason, RequestId, SaleWindow, StockMode, UserId,
 };
 
 /// A product as the ledger stores it.
@@ -17,6 +17,8 @@ pub struct Product {
     /// reservation can exist, so loading from the ledger's counters is safe; after it,
     /// a missing gate entry means the gate lost data.
     pub stock_loaded: bool,
+    /// Who serves the stock now: the gate, or the ledger alone (see `StockMode`).
+    pub stock_mode: StockMode,
     pub created_at: DateTime<Utc>,
 }
 

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use flashsale_core::{
     CancelReason, Generation, HoldId, HoldRef, InventoryCounters, NewProduct, OrderId, ProductId,
-    PurchaseRequest, Quantity, ReleaseReason, RequestId, UserId,
+    PurchaseRequest, Quantity, ReleaseReason, RequestId, StockMode, UserId,
 };
 
 use crate::model::{Order, Product, PurchaseRecord};
@@ -462,6 +462,20 @@ pub trait Ledger: Send + Sync + 'static {
         payment_timeout: Duration,
     ) -> Result<Commit, LedgerError>;
 
+    /// A purchase with no gate hold, for a product in ledger mode, in one transaction:
+    /// the counters' conditional UPDATE (enough units available, the product in ledger
+    /// mode) hands out the hold id (one above the last the ledger handed out in the
+    /// current generation), then the same rows as [`Ledger::commit_purchase`] writes for
+    /// that (generation, hold id), the per-user limit checked as there. Idempotent on
+    /// request_id: a replay is answered [`Commit::Duplicate`] with the record. A product
+    /// in gate mode is answered [`Commit::GateMode`] (the caller goes to the gate).
+    async fn commit_ledger_purchase(
+        &self,
+        request: &PurchaseRequest,
+        per_user_limit: Option<u32>,
+        payment_timeout: Duration,
+    ) -> Result<Commit, LedgerError>;
+
     /// Takes the request_id with a RELEASED reservation and no order, so no attempt can
     /// ever commit an order for it; afterwards its hold may be returned to the gate.
     async fn fence(
@@ -534,9 +548,32 @@ pub enum Commit {
     /// The order would take the user's live units of the product past its per-user
     /// limit (checked in the ledger too, as Redis's per-user counts can be lost).
     LimitExceeded,
-    /// The hold was taken in a stock generation that has since been rebuilt: it belongs
-    /// to lost gate state and can never become an order.
+    /// The hold was taken in a stock generation that has since been rebuilt (or the
+    /// product is in ledger mode now): it belongs to lost gate state and can never
+    /// become an order.
     StaleGeneration,
+    /// A purchase without a gate hold ([`Ledger::commit_ledger_purchase`]) for a product
+    /// the gate serves: nothing was written; the purchase goes through the gate.
+    GateMode,
+}
+
+/// What [`LedgerMaintenance::enter_ledger_mode`] found and did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModeSwitch {
+    /// The product was in gate mode and is in ledger mode now, from `generation` on (the
+    /// one the switch advanced to): no hold of an earlier generation can commit.
+    Entered { generation: Generation },
+    /// The product was in ledger mode already (in `generation`); nothing changed.
+    AlreadyLedger { generation: Generation },
+}
+
+impl ModeSwitch {
+    /// The generation the product is in, in ledger mode, after the call.
+    pub fn generation(self) -> Generation {
+        match self {
+            Self::Entered { generation } | Self::AlreadyLedger { generation } => generation,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -685,6 +722,9 @@ pub struct Watermark {
     pub generation: Generation,
     pub last_hold_id: i64,
     pub stock_loaded: bool,
+    /// Who serves the stock: in ledger mode the gate is expected to stay behind (its
+    /// generation older) until the ledger gives the product back with a rebuild.
+    pub mode: StockMode,
 }
 
 /// A product's state in the gate. `available`, `generation`, `last_hold_id` and
@@ -779,6 +819,23 @@ pub trait LedgerMaintenance: Send + Sync + 'static {
     /// not yet returned and restocks not yet applied count as done (the plan includes
     /// them), and the plan for the gate is computed from the committed facts.
     async fn advance_generation(&self, product_id: ProductId) -> Result<RebuildPlan, LedgerError>;
+
+    /// Puts the product in ledger mode, in one transaction that waits for commits in
+    /// flight: if it is in gate mode, the generation advances (so no hold the gate
+    /// handed out before can ever commit) and the ledger starts handing out hold ids
+    /// from 1 in it. Idempotent: a product in ledger mode already is reported and left
+    /// as it is.
+    async fn enter_ledger_mode(&self, product_id: ProductId) -> Result<ModeSwitch, LedgerError>;
+
+    /// Gives the product back to the gate, in one transaction: if it is in ledger mode,
+    /// exactly what [`advance_generation`](Self::advance_generation) does (the plan's
+    /// hold ids start above every recorded one, the ledger's own included) and the mode
+    /// back to gate; the caller rebuilds the gate with the plan. None when the product
+    /// is in gate mode already (nothing changed).
+    async fn leave_ledger_mode(
+        &self,
+        product_id: ProductId,
+    ) -> Result<Option<RebuildPlan>, LedgerError>;
 }
 
 /// A product's business facts in the ledger.

@@ -21,7 +21,7 @@ use tokio::sync::Notify;
 
 use flashsale_core::{
     parse_restock, CancelReason, HoldRef, NewProduct, OrderId, OrderStatus, ProductId,
-    PurchaseRequest, ReleaseReason, RequestId, Transition, UserId,
+    PurchaseRequest, ReleaseReason, RequestId, StockMode, Transition, UserId,
 };
 use tracing::{error, info, warn};
 
@@ -168,7 +168,13 @@ impl Flashsale {
             .inventory(product_id)
             .await?
             .ok_or(Error::ProductNotFound)?;
-        let available = match self.gate.available(product_id).await? {
+        let gate_available = match product.stock_mode {
+            // The ledger serves the stock, and its counters are exact: the gate is
+            // behind (or unreachable) until it is rebuilt on the way back.
+            StockMode::Ledger => Some(counters.available),
+            StockMode::Gate => self.gate.available(product_id).await?,
+        };
+        let available = match gate_available {
             Some(available) => available,
             // Never loaded: nothing was sold through the gate yet, the ledger is exact.
             None if !product.stock_loaded => counters.available,
@@ -553,6 +559,14 @@ impl Flashsale {
                 self.gate_behind();
                 Err(Error::Unavailable(
                     "stock state is being rebuilt; retry".into(),
+                ))
+            }
+            Ok(Commit::GateMode) => {
+                // Only a purchase without a gate hold is answered so; a gate hold's commit
+                // never is. Nothing was written: the hold stays for a retry or recovery.
+                error!(request_id = %request.request_id, "the ledger answered a gate hold's commit as one without a hold");
+                Err(Error::Unavailable(
+                    "the ledger answered the purchase as one without a gate hold; retry".into(),
                 ))
             }
             Err(e) => {

@@ -380,7 +380,7 @@ pub(crate) async fn insert(
             "UPDATE product_inventory SET available_stock = available_stock - {q}, \
              pre_deduct_stock = pre_deduct_stock + {q}, version = version + 1 \
              WHERE product_id = {product_id} AND available_stock >= {q} \
-             AND generation = {generation};\n"
+             AND generation = {generation} AND stock_mode = 'GATE';\n"
         ));
     }
     if limited {

@@ -9,7 +9,7 @@ use flashsale_app::ports::{
 use flashsale_app::{Ledger, LedgerError, Order, Product, PurchaseRecord};
 use flashsale_core::{
     CancelReason, Generation, HoldRef, InventoryCounters, NewProduct, OrderId, OrderStatus,
-    ProductId, PurchaseRequest, ReleaseReason, RequestId, UserId, STOCK_MAX,
+    ProductId, PurchaseRequest, ReleaseReason, RequestId, StockMode, UserId, STOCK_MAX,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlPool, MySqlPoolOptions};
 use sqlx::ConnectOptions;
@@ -216,6 +216,91 @@ enum Committed {
     StaleGeneration,
     /// The hold id was already recorded in this generation: the gate is behind.
     HoldReused,
+    /// A purchase without a gate hold for a product in gate mode.
+    GateMode,
+}
+
+/// What writing a purchase's rows did.
+enum Rows {
+    Written(Order),
+    /// The request_id is taken (`Attempt::Taken`).
+    Taken,
+    /// The (product, generation, hold id) is recorded already (`Committed::HoldReused`).
+    HoldReused,
+}
+
+/// The rows of a purchase for `hold`, in the open transaction `tx`, the counters aside:
+/// the reservation (PROCESSING), the order (PENDING_PAYMENT, expiring `payment_timeout`
+/// after the database's now), the reserve log row and the `order_created` event. A gate
+/// purchase and a ledger-mode purchase write the same ones.
+async fn write_purchase_rows(
+    tx: &mut MySqlConnection,
+    request: &PurchaseRequest,
+    hold: HoldRef,
+    payment_timeout: Duration,
+) -> Result<Rows, sqlx::Error> {
+    let inserted = sqlx::query(
+        "INSERT INTO inventory_reservation \
+         (request_id, product_id, user_id, quantity, hold_id, generation, status) \
+         VALUES (?, ?, ?, ?, ?, ?, 'PROCESSING')",
+    )
+    .bind(request.request_id.as_str())
+    .bind(request.product_id.get())
+    .bind(request.user_id.get())
+    .bind(request.quantity.get())
+    .bind(hold.id.get())
+    .bind(hold.generation.get())
+    .execute(&mut *tx)
+    .await;
+    match inserted {
+        Err(e) if is_reused_hold(&e) => return Ok(Rows::HoldReused),
+        Err(e) if is_duplicate(&e) => return Ok(Rows::Taken),
+        other => other?,
+    };
+    let order = match insert_order(&mut *tx, request, payment_timeout).await {
+        Err(e) if is_duplicate(&e) => return Ok(Rows::Taken),
+        other => other?,
+    };
+    let order_id = order.order_id.get();
+    sqlx::query(
+        "INSERT INTO inventory_log (request_id, product_id, order_id, quantity, type) \
+         VALUES (?, ?, ?, ?, 'reserve')",
+    )
+    .bind(request.request_id.as_str())
+    .bind(request.product_id.get())
+    .bind(order_id)
+    .bind(request.quantity.get())
+    .execute(&mut *tx)
+    .await?;
+    crate::outbox::record(
+        &mut *tx,
+        crate::outbox::Change::Created { order_id, request },
+    )
+    .await?;
+    Ok(Rows::Written(order))
+}
+
+/// The ledger's own per-user check, as Redis's per-user counts can be lost: whether the
+/// user's live orders of the product, this purchase's included, pass `limit`. The caller
+/// holds the product row's lock (taken by its counter UPDATE), which orders the
+/// purchases of the product, and the session reads READ COMMITTED: this read sees every
+/// order of the product committed before, this one included. (A cancel committing
+/// meanwhile only lowers the sum.)
+async fn over_user_limit(
+    tx: &mut MySqlConnection,
+    request: &PurchaseRequest,
+    limit: u32,
+) -> Result<bool, sqlx::Error> {
+    let live: i64 = sqlx::query_scalar(
+        "SELECT CAST(COALESCE(SUM(quantity), 0) AS SIGNED) FROM orders \
+         WHERE user_id = ? AND product_id = ? \
+         AND status IN ('PENDING_PAYMENT', 'PAID')",
+    )
+    .bind(request.user_id.get())
+    .bind(request.product_id.get())
+    .fetch_one(&mut *tx)
+    .await?;
+    Ok(live > i64::from(limit))
 }
 
 /// What one purchase transaction did.
@@ -540,6 +625,11 @@ impl MysqlLedger {
                 self.gate_behind(request.product_id, hold).await?;
                 Commit::StaleGeneration
             }
+            Ok(Committed::GateMode) => {
+                return Err(LedgerError::corrupt(
+                    "a gate purchase was answered as one without a hold",
+                ))
+            }
             Err(record) => Commit::Duplicate(record),
         })
     }
@@ -582,52 +672,20 @@ impl MysqlLedger {
         payment_timeout: Duration,
     ) -> Result<Attempt<Committed>, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
-        let inserted = sqlx::query(
-            "INSERT INTO inventory_reservation \
-             (request_id, product_id, user_id, quantity, hold_id, generation, status) \
-             VALUES (?, ?, ?, ?, ?, ?, 'PROCESSING')",
-        )
-        .bind(request.request_id.as_str())
-        .bind(request.product_id.get())
-        .bind(request.user_id.get())
-        .bind(request.quantity.get())
-        .bind(hold.id.get())
-        .bind(hold.generation.get())
-        .execute(&mut *tx)
-        .await;
-        match inserted {
-            Err(e) if is_reused_hold(&e) => return Ok(Attempt::Done(Committed::HoldReused)),
-            Err(e) if is_duplicate(&e) => return Ok(Attempt::Taken),
-            other => other?,
+        let order = match write_purchase_rows(&mut tx, request, hold, payment_timeout).await? {
+            Rows::Written(order) => order,
+            Rows::Taken => return Ok(Attempt::Taken),
+            Rows::HoldReused => return Ok(Attempt::Done(Committed::HoldReused)),
         };
-        let order = match insert_order(&mut tx, request, payment_timeout).await {
-            Err(e) if is_duplicate(&e) => return Ok(Attempt::Taken),
-            other => other?,
-        };
-        let order_id = order.order_id.get();
-        sqlx::query(
-            "INSERT INTO inventory_log (request_id, product_id, order_id, quantity, type) \
-             VALUES (?, ?, ?, ?, 'reserve')",
-        )
-        .bind(request.request_id.as_str())
-        .bind(request.product_id.get())
-        .bind(order_id)
-        .bind(request.quantity.get())
-        .execute(&mut *tx)
-        .await?;
-        // Its event, in this transaction (before the hot row, to keep its lock short).
-        crate::outbox::record(
-            &mut tx,
-            crate::outbox::Change::Created { order_id, request },
-        )
-        .await?;
         // The hot row last, so its lock is held only from here to COMMIT. Its conditions
         // are the ledger's own no-oversell check, independent of the gate, and the fence
-        // against holds taken in a gate state that was lost and rebuilt since.
+        // against holds taken in a gate state that was lost and rebuilt since, or before
+        // the product went to ledger mode.
         let updated = sqlx::query(
             "UPDATE product_inventory SET available_stock = available_stock - ?, \
              pre_deduct_stock = pre_deduct_stock + ?, version = version + 1 \
-             WHERE product_id = ? AND available_stock >= ? AND generation = ?",
+             WHERE product_id = ? AND available_stock >= ? AND generation = ? \
+             AND stock_mode = 'GATE'",
         )
         .bind(request.quantity.get())
         .bind(request.quantity.get())
@@ -637,34 +695,108 @@ impl MysqlLedger {
         .execute(&mut *tx)
         .await?;
         if updated.rows_affected() != 1 {
-            let current: Option<i64> =
-                sqlx::query_scalar("SELECT generation FROM product_inventory WHERE product_id = ?")
-                    .bind(request.product_id.get())
-                    .fetch_optional(&mut *tx)
-                    .await?;
+            let current = sqlx::query(
+                "SELECT generation, stock_mode FROM product_inventory WHERE product_id = ?",
+            )
+            .bind(request.product_id.get())
+            .fetch_optional(&mut *tx)
+            .await?;
+            let in_hold_generation = match &current {
+                Some(row) => {
+                    let mode = rows::stock_mode(row, "stock_mode").map_err(rows::undecodable)?;
+                    row.try_get::<i64, _>("generation")? == hold.generation.get()
+                        && mode == StockMode::Gate
+                }
+                None => false,
+            };
             tx.rollback().await?;
-            return Ok(Attempt::Done(if current == Some(hold.generation.get()) {
+            return Ok(Attempt::Done(if in_hold_generation {
                 Committed::InsufficientStock
             } else {
                 Committed::StaleGeneration
             }));
         }
         if let Some(limit) = per_user_limit {
-            // The ledger's own per-user check, as Redis's per-user counts can be lost.
-            // The product row's lock (taken just above) orders the purchases of the
-            // product, and the session reads READ COMMITTED: this read sees every order
-            // of the product committed before, this one included. (A cancel committing
-            // meanwhile only lowers the sum.)
-            let live: i64 = sqlx::query_scalar(
-                "SELECT CAST(COALESCE(SUM(quantity), 0) AS SIGNED) FROM orders \
-                 WHERE user_id = ? AND product_id = ? \
-                 AND status IN ('PENDING_PAYMENT', 'PAID')",
+            if over_user_limit(&mut tx, request, limit).await? {
+                tx.rollback().await?;
+                return Ok(Attempt::Done(Committed::LimitExceeded));
+            }
+        }
+        tx.commit().await?;
+        Ok(Attempt::Done(Committed::Order(order)))
+    }
+
+    /// A ledger-mode purchase in one transaction: the counter UPDATE first, as it hands
+    /// out the hold id (so the product row's lock is held to COMMIT; one purchase at a
+    /// time per product, as in the seeds), then the purchase's rows for that hold and the
+    /// per-user check. A taken request_id rolls it all back, the hold id with it.
+    async fn insert_ledger_purchase(
+        &self,
+        request: &PurchaseRequest,
+        per_user_limit: Option<u32>,
+        payment_timeout: Duration,
+    ) -> Result<Attempt<Committed>, sqlx::Error> {
+        let p = request.product_id.get();
+        let q = request.quantity.get();
+        let mut tx = self.pool.begin().await?;
+        // The ledger's own stock check, and the mode: a product the gate serves is sold
+        // through the gate's holds only. The generation is the current one by
+        // construction: it is read under this row lock below.
+        let updated = sqlx::query(
+            "UPDATE product_inventory SET available_stock = available_stock - ?, \
+             pre_deduct_stock = pre_deduct_stock + ?, ledger_hold_seq = ledger_hold_seq + 1, \
+             version = version + 1 \
+             WHERE product_id = ? AND available_stock >= ? AND stock_mode = 'LEDGER'",
+        )
+        .bind(q)
+        .bind(q)
+        .bind(p)
+        .bind(q)
+        .execute(&mut *tx)
+        .await?;
+        if updated.rows_affected() != 1 {
+            let mode: Option<String> = sqlx::query_scalar(
+                "SELECT CAST(stock_mode AS CHAR) FROM product_inventory WHERE product_id = ?",
             )
-            .bind(request.user_id.get())
-            .bind(request.product_id.get())
-            .fetch_one(&mut *tx)
+            .bind(p)
+            .fetch_optional(&mut *tx)
             .await?;
-            if live > i64::from(limit) {
+            // A replay of a purchase recorded before (in either mode) is answered with
+            // its record, not with the refusal a new purchase would get.
+            let taken: Option<i64> =
+                sqlx::query_scalar("SELECT id FROM inventory_reservation WHERE request_id = ?")
+                    .bind(request.request_id.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            tx.rollback().await?;
+            if taken.is_some() {
+                return Ok(Attempt::Taken);
+            }
+            let Some(mode) = mode else {
+                return Err(sqlx::Error::RowNotFound);
+            };
+            return Ok(Attempt::Done(
+                match StockMode::from_stored(&mode).map_err(|e| sqlx::Error::Decode(e.into()))? {
+                    StockMode::Gate => Committed::GateMode,
+                    StockMode::Ledger => Committed::InsufficientStock,
+                },
+            ));
+        }
+        let row = sqlx::query(
+            "SELECT generation, ledger_hold_seq FROM product_inventory WHERE product_id = ?",
+        )
+        .bind(p)
+        .fetch_one(&mut *tx)
+        .await?;
+        let hold = rows::hold(row.try_get("generation")?, row.try_get("ledger_hold_seq")?)
+            .map_err(rows::undecodable)?;
+        let order = match write_purchase_rows(&mut tx, request, hold, payment_timeout).await? {
+            Rows::Written(order) => order,
+            Rows::Taken => return Ok(Attempt::Taken),
+            Rows::HoldReused => return Ok(Attempt::Done(Committed::HoldReused)),
+        };
+        if let Some(limit) = per_user_limit {
+            if over_user_limit(&mut tx, request, limit).await? {
                 tx.rollback().await?;
                 return Ok(Attempt::Done(Committed::LimitExceeded));
             }
@@ -1111,8 +1243,10 @@ impl Ledger for MysqlLedger {
         let row = self
             .run("read product", || {
                 sqlx::query(
-                    "SELECT product_id, name, per_user_limit, sale_starts_at, sale_ends_at, \
-                     stock_loaded, created_at FROM products WHERE product_id = ?",
+                    "SELECT p.product_id, p.name, p.per_user_limit, p.sale_starts_at, \
+                     p.sale_ends_at, p.stock_loaded, p.created_at, i.stock_mode \
+                     FROM products p LEFT JOIN product_inventory i ON i.product_id = p.product_id \
+                     WHERE p.product_id = ?",
                 )
                 .bind(product_id.get())
                 .fetch_optional(&self.pool)
@@ -1179,6 +1313,37 @@ impl Ledger for MysqlLedger {
             per_user_limit,
         };
         self.in_flight.commit(self.group(), purchase).await
+    }
+
+    async fn commit_ledger_purchase(
+        &self,
+        request: &PurchaseRequest,
+        per_user_limit: Option<u32>,
+        payment_timeout: Duration,
+    ) -> Result<Commit, LedgerError> {
+        const WHAT: &str = "commit ledger purchase";
+        let outcome = self
+            .purchase_or_taken(WHAT, &request.request_id, || {
+                self.run(WHAT, move || {
+                    self.insert_ledger_purchase(request, per_user_limit, payment_timeout)
+                })
+            })
+            .await?;
+        match outcome {
+            Ok(Committed::Order(order)) => Ok(Commit::Committed(order)),
+            Ok(Committed::InsufficientStock) => Ok(Commit::InsufficientStock),
+            Ok(Committed::LimitExceeded) => Ok(Commit::LimitExceeded),
+            Ok(Committed::GateMode) => Ok(Commit::GateMode),
+            // The ledger's own counter handed out a hold id recorded before in this
+            // generation: only a write outside the ledger's paths does that.
+            Ok(Committed::HoldReused | Committed::StaleGeneration) => {
+                Err(LedgerError::corrupt(format!(
+                    "{WHAT}: product {}: the ledger's hold id was recorded already",
+                    request.product_id
+                )))
+            }
+            Err(record) => Ok(Commit::Duplicate(record)),
+        }
     }
 
     async fn fence(

@@ -4,14 +4,16 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use async_trait::async_trait;
 use flashsale_app::ports::{
-    CancelAttempt, ExpiredOrder, LedgerFacts, LedgerMaintenance, PendingRestock, PendingReturn,
-    RebuildPlan, ReleaseOf, Watermark,
+    CancelAttempt, ExpiredOrder, LedgerFacts, LedgerMaintenance, ModeSwitch, PendingRestock,
+    PendingReturn, RebuildPlan, ReleaseOf, Watermark,
 };
 use flashsale_app::LedgerError;
 use flashsale_core::{
-    CancelReason, HoldId, InventoryCounters, OrderId, OrderStatus, ProductId, RequestId, UserId,
+    CancelReason, Generation, HoldId, InventoryCounters, OrderId, OrderStatus, ProductId,
+    RequestId, StockMode, UserId,
 };
-use sqlx::Row;
+use sqlx::{MySqlConnection, Row};
+use tracing::info;
 
 use crate::ledger::MysqlLedger;
 use crate::rows::{self, corrupt, db, quantity, text};
@@ -403,7 +405,7 @@ impl LedgerMaintenance for MysqlLedger {
         let row = self
             .run("watermark", || {
                 sqlx::query(
-                    "SELECT pi.generation, p.stock_loaded, \
+                    "SELECT pi.generation, pi.stock_mode, p.stock_loaded, \
                      (SELECT COALESCE(MAX(r.hold_id), 0) FROM inventory_reservation r \
                       WHERE r.product_id = pi.product_id AND r.generation = pi.generation) \
                      AS last_hold_id \
@@ -419,91 +421,213 @@ impl LedgerMaintenance for MysqlLedger {
             generation: rows::generation(row.try_get("generation").map_err(db)?)?,
             last_hold_id: row.try_get("last_hold_id").map_err(db)?,
             stock_loaded: row.try_get::<bool, _>("stock_loaded").map_err(db)?,
+            mode: rows::stock_mode(&row, "stock_mode")?,
         }))
     }
 
     async fn advance_generation(&self, product_id: ProductId) -> Result<RebuildPlan, LedgerError> {
         self.run("advance generation", || self.advance(product_id))
             .await?
-            .ok_or_else(|| LedgerError::corrupt(format!("product {product_id} has no inventory")))
+            .ok_or_else(|| no_inventory(product_id))
     }
+
+    async fn enter_ledger_mode(&self, product_id: ProductId) -> Result<ModeSwitch, LedgerError> {
+        let switch = self
+            .run("enter ledger mode", || self.enter(product_id))
+            .await?
+            .ok_or_else(|| no_inventory(product_id))?;
+        if let ModeSwitch::Entered { generation } = switch {
+            info!(%product_id, %generation, "product in ledger mode");
+        }
+        Ok(switch)
+    }
+
+    async fn leave_ledger_mode(
+        &self,
+        product_id: ProductId,
+    ) -> Result<Option<RebuildPlan>, LedgerError> {
+        let plan = self
+            .run("leave ledger mode", || self.leave(product_id))
+            .await?
+            .ok_or_else(|| no_inventory(product_id))?;
+        if let Some(plan) = &plan {
+            info!(%product_id, generation = %plan.generation, available = plan.available,
+                "product back in gate mode; the gate is to be rebuilt");
+        }
+        Ok(plan)
+    }
+}
+
+fn no_inventory(product_id: ProductId) -> LedgerError {
+    LedgerError::corrupt(format!("product {product_id} has no inventory"))
+}
+
+/// A product's inventory row, locked for the rest of the transaction.
+struct Locked {
+    generation: Generation,
+    available: i64,
+    mode: StockMode,
+}
+
+/// Locks the product's inventory row (`FOR UPDATE`: waits for the transactions that hold
+/// it, the purchases in flight among them) and reads what a switch needs; None when the
+/// product has none.
+async fn lock_inventory(tx: &mut MySqlConnection, p: i64) -> Result<Option<Locked>, sqlx::Error> {
+    let row = sqlx::query(
+        "SELECT generation, available_stock, stock_mode FROM product_inventory \
+         WHERE product_id = ? FOR UPDATE",
+    )
+    .bind(p)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    Ok(Some(Locked {
+        generation: rows::generation(row.try_get("generation")?).map_err(rows::undecodable)?,
+        available: row.try_get("available_stock")?,
+        mode: rows::stock_mode(&row, "stock_mode").map_err(rows::undecodable)?,
+    }))
+}
+
+/// What the gate gets when a product is rebuilt in the next generation, in the open
+/// transaction `tx` that locked its row (`locked`): the generation advances (the ledger's
+/// hold ids restart with it), and with `to_gate` the product goes back to gate mode;
+/// releases not yet returned and restocks not yet applied count as done; the plan is
+/// computed from the committed facts.
+async fn advance_locked(
+    tx: &mut MySqlConnection,
+    p: i64,
+    locked: &Locked,
+    to_gate: bool,
+) -> Result<RebuildPlan, sqlx::Error> {
+    let generation = locked.generation.next();
+    let sql = if to_gate {
+        "UPDATE product_inventory SET generation = ?, ledger_hold_seq = 0, \
+         stock_mode = 'GATE', mode_changed_at = NOW(6), version = version + 1 \
+         WHERE product_id = ?"
+    } else {
+        "UPDATE product_inventory SET generation = ?, ledger_hold_seq = 0, \
+         version = version + 1 WHERE product_id = ?"
+    };
+    sqlx::query(sql)
+        .bind(generation.get())
+        .bind(p)
+        .execute(&mut *tx)
+        .await?;
+    // Units of releases and restocks not yet applied to the gate are in the counters
+    // the plan is made from: the new gate state has them, so they are settled.
+    sqlx::query(
+        "UPDATE inventory_reservation SET stock_returned = 1 \
+         WHERE product_id = ? AND status = 'RELEASED' AND stock_returned = 0",
+    )
+    .bind(p)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE restock_request SET gate_applied = 1 WHERE product_id = ? AND gate_applied = 0",
+    )
+    .bind(p)
+    .execute(&mut *tx)
+    .await?;
+    let limited: Option<Option<u32>> =
+        sqlx::query_scalar("SELECT per_user_limit FROM products WHERE product_id = ?")
+            .bind(p)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let mut user_units = Vec::new();
+    if matches!(limited, Some(Some(_))) {
+        let rows = sqlx::query(
+            "SELECT user_id, CAST(SUM(quantity) AS SIGNED) AS units FROM orders \
+             WHERE product_id = ? AND status IN ('PENDING_PAYMENT', 'PAID') \
+             GROUP BY user_id",
+        )
+        .bind(p)
+        .fetch_all(&mut *tx)
+        .await?;
+        for r in &rows {
+            let user =
+                UserId::parse(r.try_get("user_id")?).map_err(|e| sqlx::Error::Decode(e.into()))?;
+            user_units.push((user, r.try_get::<i64, _>("units")?));
+        }
+    }
+    // Every hold id recorded, of any generation and the ledger's own (ledger mode)
+    // included: the gate's next ones start above them all.
+    let last_hold_id: i64 = sqlx::query_scalar(
+        "SELECT CAST(COALESCE(MAX(hold_id), 0) AS SIGNED) FROM inventory_reservation \
+         WHERE product_id = ?",
+    )
+    .bind(p)
+    .fetch_one(&mut *tx)
+    .await?;
+    Ok(RebuildPlan {
+        generation,
+        available: locked.available,
+        last_hold_id,
+        user_units,
+    })
 }
 
 impl MysqlLedger {
     /// One transaction: lock the inventory row (waiting for commits in flight), move to
-    /// the next generation, settle what the rebuild counts, and compute the plan.
+    /// the next generation, settle what the rebuild counts, and compute the plan. A
+    /// product in ledger mode stays in it (the ledger's hold ids restart in the new
+    /// generation).
     async fn advance(&self, product_id: ProductId) -> Result<Option<RebuildPlan>, sqlx::Error> {
         let p = product_id.get();
         let mut tx = self.pool().begin().await?;
-        let row = sqlx::query(
-            "SELECT generation, available_stock FROM product_inventory \
-             WHERE product_id = ? FOR UPDATE",
-        )
-        .bind(p)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(row) = row else { return Ok(None) };
-        let generation = rows::generation(row.try_get("generation")?)
-            .map_err(rows::undecodable)?
-            .next();
-        let available: i64 = row.try_get("available_stock")?;
+        let Some(locked) = lock_inventory(&mut tx, p).await? else {
+            return Ok(None);
+        };
+        let plan = advance_locked(&mut tx, p, &locked, false).await?;
+        tx.commit().await?;
+        Ok(Some(plan))
+    }
+
+    /// One transaction: lock the inventory row (waiting for commits in flight); in gate
+    /// mode, move to the next generation in ledger mode, the ledger's hold ids from 0.
+    async fn enter(&self, product_id: ProductId) -> Result<Option<ModeSwitch>, sqlx::Error> {
+        let p = product_id.get();
+        let mut tx = self.pool().begin().await?;
+        let Some(locked) = lock_inventory(&mut tx, p).await? else {
+            return Ok(None);
+        };
+        if locked.mode == StockMode::Ledger {
+            tx.rollback().await?;
+            return Ok(Some(ModeSwitch::AlreadyLedger {
+                generation: locked.generation,
+            }));
+        }
+        let generation = locked.generation.next();
         sqlx::query(
-            "UPDATE product_inventory SET generation = ?, version = version + 1 \
+            "UPDATE product_inventory SET generation = ?, stock_mode = 'LEDGER', \
+             ledger_hold_seq = 0, mode_changed_at = NOW(6), version = version + 1 \
              WHERE product_id = ?",
         )
         .bind(generation.get())
         .bind(p)
         .execute(&mut *tx)
         .await?;
-        // Units of releases and restocks not yet applied to the gate are in the counters
-        // the plan is made from: the new gate state has them, so they are settled.
-        sqlx::query(
-            "UPDATE inventory_reservation SET stock_returned = 1 \
-             WHERE product_id = ? AND status = 'RELEASED' AND stock_returned = 0",
-        )
-        .bind(p)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "UPDATE restock_request SET gate_applied = 1 WHERE product_id = ? AND gate_applied = 0",
-        )
-        .bind(p)
-        .execute(&mut *tx)
-        .await?;
-        let limited: Option<Option<u32>> =
-            sqlx::query_scalar("SELECT per_user_limit FROM products WHERE product_id = ?")
-                .bind(p)
-                .fetch_optional(&mut *tx)
-                .await?;
-        let mut user_units = Vec::new();
-        if matches!(limited, Some(Some(_))) {
-            let rows = sqlx::query(
-                "SELECT user_id, CAST(SUM(quantity) AS SIGNED) AS units FROM orders \
-                 WHERE product_id = ? AND status IN ('PENDING_PAYMENT', 'PAID') \
-                 GROUP BY user_id",
-            )
-            .bind(p)
-            .fetch_all(&mut *tx)
-            .await?;
-            for r in &rows {
-                let user = UserId::parse(r.try_get("user_id")?)
-                    .map_err(|e| sqlx::Error::Decode(e.into()))?;
-                user_units.push((user, r.try_get::<i64, _>("units")?));
-            }
-        }
-        let last_hold_id: i64 = sqlx::query_scalar(
-            "SELECT CAST(COALESCE(MAX(hold_id), 0) AS SIGNED) FROM inventory_reservation \
-             WHERE product_id = ?",
-        )
-        .bind(p)
-        .fetch_one(&mut *tx)
-        .await?;
         tx.commit().await?;
-        Ok(Some(RebuildPlan {
-            generation,
-            available,
-            last_hold_id,
-            user_units,
-        }))
+        Ok(Some(ModeSwitch::Entered { generation }))
+    }
+
+    /// One transaction: lock the inventory row (waiting for commits in flight); in ledger
+    /// mode, what [`Self::advance`] does and the mode back to gate. `Some(None)`: the
+    /// product is in gate mode already.
+    async fn leave(
+        &self,
+        product_id: ProductId,
+    ) -> Result<Option<Option<RebuildPlan>>, sqlx::Error> {
+        let p = product_id.get();
+        let mut tx = self.pool().begin().await?;
+        let Some(locked) = lock_inventory(&mut tx, p).await? else {
+            return Ok(None);
+        };
+        if locked.mode == StockMode::Gate {
+            tx.rollback().await?;
+            return Ok(Some(None));
+        }
+        let plan = advance_locked(&mut tx, p, &locked, true).await?;
+        tx.commit().await?;
+        Ok(Some(Some(plan)))
     }
 }

@@ -6,7 +6,7 @@ use flashsale_app::ports::ErrorKind;
 use flashsale_app::{LedgerError, Order, Product, PurchaseOutcome, PurchaseRecord};
 use flashsale_core::{
     CancelReason, Generation, HoldRef, OrderId, OrderStatus, ProductId, PurchaseRequest, Quantity,
-    ReleaseReason, RequestId, SaleWindow, UserId,
+    ReleaseReason, RequestId, SaleWindow, StockMode, UserId,
 };
 use sqlx::mysql::MySqlRow;
 use sqlx::Row;
@@ -96,8 +96,14 @@ pub(crate) fn product(row: &MySqlRow) -> Result<Product, LedgerError> {
         per_user_limit: limit,
         window: SaleWindow::new(starts, ends).map_err(corrupt)?,
         stock_loaded: row.try_get::<bool, _>("stock_loaded").map_err(db)?,
+        stock_mode: stock_mode(row, "stock_mode")?,
         created_at: row.try_get("created_at").map_err(db)?,
     })
+}
+
+/// A `stock_mode` column's value (`GATE` / `LEDGER`).
+pub(crate) fn stock_mode(row: &MySqlRow, column: &str) -> Result<StockMode, LedgerError> {
+    StockMode::from_stored(&text(row, column)?).map_err(corrupt)
 }
 
 /// A row of the purchase lookup: reservation columns `r_*` and order columns (nullable).

@@ -19,9 +19,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use flashsale_app::ports::{
     Applied, CancelAttempt, Commit, CreateProduct, ErrorKind, ExpiredOrder, Fence, GateFacts,
-    GateMaintenance, GateState, LedgerFacts, LedgerMaintenance, Outbox, PayAttempt, PendingRestock,
-    PendingReturn, PortError, RebuildPlan, RecordRestock, Release, ReleaseOf, Reserve, Restock,
-    StaleHold, StatsStore, Watermark,
+    GateMaintenance, GateState, LedgerFacts, LedgerMaintenance, ModeSwitch, Outbox, PayAttempt,
+    PendingRestock, PendingReturn, PortError, RebuildPlan, RecordRestock, Release, ReleaseOf,
+    Reserve, Restock, StaleHold, StatsStore, Watermark,
 };
 use flashsale_app::{
     EventType, GateError, Ledger, LedgerError, Order, OutboxMessage, Product, PurchaseRecord,
@@ -387,6 +387,25 @@ impl Ledger for FaultyLedger {
         .await
     }
 
+    async fn commit_ledger_purchase(
+        &self,
+        request: &PurchaseRequest,
+        per_user_limit: Option<u32>,
+        payment_timeout: Duration,
+    ) -> Result<Commit, LedgerError> {
+        through(
+            &self.ctx,
+            Port::Ledger,
+            "ledger.commit_ledger_purchase",
+            || req(request),
+            || {
+                self.inner
+                    .commit_ledger_purchase(request, per_user_limit, payment_timeout)
+            },
+        )
+        .await
+    }
+
     async fn fence(
         &self,
         request: &PurchaseRequest,
@@ -652,6 +671,31 @@ impl LedgerMaintenance for FaultyLedger {
             "ledger.advance_generation",
             || format!("p{product_id}"),
             || self.inner.advance_generation(product_id),
+        )
+        .await
+    }
+
+    async fn enter_ledger_mode(&self, product_id: ProductId) -> Result<ModeSwitch, LedgerError> {
+        through(
+            &self.ctx,
+            Port::Ledger,
+            "ledger.enter_ledger_mode",
+            || format!("p{product_id}"),
+            || self.inner.enter_ledger_mode(product_id),
+        )
+        .await
+    }
+
+    async fn leave_ledger_mode(
+        &self,
+        product_id: ProductId,
+    ) -> Result<Option<RebuildPlan>, LedgerError> {
+        through(
+            &self.ctx,
+            Port::Ledger,
+            "ledger.leave_ledger_mode",
+            || format!("p{product_id}"),
+            || self.inner.leave_ledger_mode(product_id),
         )
         .await
     }

@@ -29,7 +29,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, TimeDelta, Utc};
 use flashsale_app::ports::{
     Applied, CancelAttempt, Commit, CreateProduct, ExpiredOrder, Fence, LedgerFacts,
-    LedgerMaintenance, Outbox, PayAttempt, PendingRestock, PendingReturn, RebuildPlan,
+    LedgerMaintenance, ModeSwitch, Outbox, PayAttempt, PendingRestock, PendingReturn, RebuildPlan,
     RecordRestock, ReleaseOf, StatsStore, Watermark,
 };
 use flashsale_app::{
@@ -38,7 +38,8 @@ use flashsale_app::{
 };
 use flashsale_core::{
     CancelReason, Generation, HoldRef, InventoryCounters, NewProduct, OrderId, OrderStatus,
-    ProductId, PurchaseRequest, ReleaseReason, RequestId, ReservationStatus, UserId, STOCK_MAX,
+    ProductId, PurchaseRequest, ReleaseReason, RequestId, ReservationStatus, StockMode, UserId,
+    STOCK_MAX,
 };
 
 use flashsale_app::group::{self, GroupCommit, Held, OverLimit};
@@ -81,6 +82,10 @@ struct InventoryRow {
     reserved: i64,
     sold: i64,
     generation: Generation,
+    /// `stock_mode`, and `ledger_hold_seq`: the last hold id the ledger handed out in
+    /// the current generation (ledger mode).
+    mode: StockMode,
+    ledger_hold_seq: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -532,23 +537,21 @@ impl MemLedger {
         LedgerError::rejected(what)
     }
 
-    fn tx_purchase(
+    /// The checks of a purchase's row INSERTs (`write_purchase_rows` there): the
+    /// request_id's unique keys, `uk_reservation_hold`, and what no write of ours can
+    /// collide on (the log's and the outbox's keys). None: the rows fit.
+    fn rows_refuse(
         &self,
+        t: &mut Tables,
         request: &PurchaseRequest,
         hold: HoldRef,
-        per_user_limit: Option<u32>,
-        payment_timeout: Duration,
-    ) -> Result<Attempt<Commit>, LedgerError> {
-        let now = self.now();
-        let step = self.ctx.step();
-        let mut guard = self.lock();
-        let t = &mut *guard;
+    ) -> Result<Option<Attempt<Commit>>, LedgerError> {
         let rid = request.request_id.as_str();
         if t.reservations.contains_key(rid) || t.order_by_request.contains_key(rid) {
-            return Ok(Attempt::Taken);
+            return Ok(Some(Attempt::Taken));
         }
         if t.hold_recorded(request.product_id.get(), hold) {
-            return Ok(Attempt::HoldReused);
+            return Ok(Some(Attempt::HoldReused));
         }
         if t.log.contains(&(rid.to_owned(), "reserve")) {
             return Err(self.anomaly(t, format!("duplicate inventory_log (reserve) for {rid}")));
@@ -562,14 +565,68 @@ impl MemLedger {
         if !t.events_fit(&events) {
             return Err(self.anomaly(t, format!("duplicate outbox order_created for {rid}")));
         }
+        Ok(None)
+    }
+
+    /// The ledger's per-user check (`over_user_limit` there): the user's live units of
+    /// the product with this purchase's would pass `limit`.
+    fn over_user_limit(t: &Tables, request: &PurchaseRequest, limit: Option<u32>) -> bool {
+        let Some(limit) = limit else { return false };
+        let live: i64 = t
+            .orders
+            .values()
+            .filter(|o| {
+                o.order.user_id == request.user_id
+                    && o.order.product_id == request.product_id
+                    && o.order.status != OrderStatus::Cancelled
+            })
+            .map(|o| i64::from(o.order.quantity.get()))
+            .sum();
+        live + i64::from(request.quantity.get()) > i64::from(limit)
+    }
+
+    /// The CHECK constraint on the counters after `q` more units are reserved.
+    fn reserve_fits(&self, t: &mut Tables, inv: &InventoryRow, q: i64) -> Result<(), LedgerError> {
+        let counters = InventoryRow {
+            available: inv.available - q,
+            reserved: inv.reserved + q,
+            ..inv.clone()
+        };
+        if !self.defects.no_stock_guard && !check_counters(&counters) {
+            return Err(self.anomaly(
+                t,
+                format!("CHECK chk_inventory_conservation failed: {counters:?}"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn tx_purchase(
+        &self,
+        request: &PurchaseRequest,
+        hold: HoldRef,
+        per_user_limit: Option<u32>,
+        payment_timeout: Duration,
+    ) -> Result<Attempt<Commit>, LedgerError> {
+        let now = self.now();
+        let step = self.ctx.step();
+        let mut guard = self.lock();
+        let t = &mut *guard;
+        if let Some(refused) = self.rows_refuse(t, request, hold)? {
+            return Ok(refused);
+        }
         let q = i64::from(request.quantity.get());
         let p = request.product_id.get();
-        let current = t.inventory.get(&p).map(|i| i.generation);
-        let fits = t.inventory.get(&p).is_some_and(|i| {
-            (self.defects.no_stock_guard || i.available >= q) && i.generation == hold.generation
-        });
+        let in_hold_generation = t
+            .inventory
+            .get(&p)
+            .is_some_and(|i| i.generation == hold.generation && i.mode == StockMode::Gate);
+        let fits = in_hold_generation
+            && t.inventory
+                .get(&p)
+                .is_some_and(|i| self.defects.no_stock_guard || i.available >= q);
         if !fits {
-            return Ok(Attempt::Done(if current == Some(hold.generation) {
+            return Ok(Attempt::Done(if in_hold_generation {
                 Commit::InsufficientStock
             } else {
                 Commit::StaleGeneration
@@ -578,34 +635,62 @@ impl MemLedger {
         let Some(inv) = t.inventory.get(&p).cloned() else {
             return Ok(Attempt::Done(Commit::StaleGeneration));
         };
-        if let Some(limit) = per_user_limit {
-            // The per-user check after the counters UPDATE, as in the SQL.
-            let live: i64 = t
-                .orders
-                .values()
-                .filter(|o| {
-                    o.order.user_id == request.user_id
-                        && o.order.product_id == request.product_id
-                        && o.order.status != OrderStatus::Cancelled
-                })
-                .map(|o| i64::from(o.order.quantity.get()))
-                .sum();
-            if live + q > i64::from(limit) {
-                return Ok(Attempt::Done(Commit::LimitExceeded));
-            }
+        // The per-user check after the counters UPDATE, as in the SQL.
+        if Self::over_user_limit(t, request, per_user_limit) {
+            return Ok(Attempt::Done(Commit::LimitExceeded));
         }
-        let counters = InventoryRow {
-            available: inv.available - q,
-            reserved: inv.reserved + q,
-            ..inv
-        };
-        if !self.defects.no_stock_guard && !check_counters(&counters) {
-            return Err(self.anomaly(
-                t,
-                format!("CHECK chk_inventory_conservation failed: {counters:?}"),
-            ));
-        }
+        self.reserve_fits(t, &inv, q)?;
         let order = t.write_purchase(request, hold, payment_timeout, now, step)?;
+        Ok(Attempt::Done(Commit::Committed(order)))
+    }
+
+    /// `MysqlLedger::insert_ledger_purchase`: the counter UPDATE (ledger mode, enough
+    /// units) hands out the next hold id, then the purchase's rows and the per-user check.
+    /// A refused UPDATE for a request_id taken answers as a taken one (the record).
+    fn tx_ledger_purchase(
+        &self,
+        request: &PurchaseRequest,
+        per_user_limit: Option<u32>,
+        payment_timeout: Duration,
+    ) -> Result<Attempt<Commit>, LedgerError> {
+        let now = self.now();
+        let step = self.ctx.step();
+        let mut guard = self.lock();
+        let t = &mut *guard;
+        let q = i64::from(request.quantity.get());
+        let p = request.product_id.get();
+        let Some(inv) = t.inventory.get(&p).cloned() else {
+            return Err(corrupt(format!("product {p} has no inventory")));
+        };
+        let rid = request.request_id.as_str();
+        let taken = t.reservations.contains_key(rid) || t.order_by_request.contains_key(rid);
+        let refused = if inv.mode == StockMode::Gate {
+            Some(Commit::GateMode)
+        } else if !self.defects.no_stock_guard && inv.available < q {
+            Some(Commit::InsufficientStock)
+        } else {
+            None
+        };
+        if let Some(refused) = refused {
+            return Ok(if taken {
+                Attempt::Taken
+            } else {
+                Attempt::Done(refused)
+            });
+        }
+        let hold = HoldRef::from_stored(inv.generation.get(), inv.ledger_hold_seq + 1)
+            .ok_or_else(|| corrupt(format!("ledger hold seq {}", inv.ledger_hold_seq)))?;
+        if let Some(refused) = self.rows_refuse(t, request, hold)? {
+            return Ok(refused);
+        }
+        if Self::over_user_limit(t, request, per_user_limit) {
+            return Ok(Attempt::Done(Commit::LimitExceeded));
+        }
+        self.reserve_fits(t, &inv, q)?;
+        let order = t.write_purchase(request, hold, payment_timeout, now, step)?;
+        if let Some(inv) = t.inventory.get_mut(&p) {
+            inv.ledger_hold_seq += 1;
+        }
         Ok(Attempt::Done(Commit::Committed(order)))
     }
 
@@ -852,7 +937,10 @@ impl MemLedger {
                 return Checked::NotPlain;
             };
             let left = available.entry(*p).or_insert(inv.available);
-            if inv.generation != *generation || (!self.defects.no_stock_guard && *left < *q) {
+            if inv.generation != *generation
+                || inv.mode != StockMode::Gate
+                || (!self.defects.no_stock_guard && *left < *q)
+            {
                 return Checked::NotPlain;
             }
             *left -= q;
@@ -1338,6 +1426,7 @@ impl Ledger for MemLedger {
                         per_user_limit: new.per_user_limit,
                         window: new.window,
                         stock_loaded: false,
+                        stock_mode: StockMode::Gate,
                         created_at: now,
                     });
                     t.inventory.insert(
@@ -1348,6 +1437,8 @@ impl Ledger for MemLedger {
                             reserved: 0,
                             sold: 0,
                             generation: Generation::FIRST,
+                            mode: StockMode::Gate,
+                            ledger_hold_seq: 0,
                         },
                     );
                     true
@@ -1371,7 +1462,13 @@ impl Ledger for MemLedger {
     }
 
     async fn product(&self, product_id: ProductId) -> Result<Option<Product>, LedgerError> {
-        Ok(self.lock().products.get(&product_id.get()).cloned())
+        let t = self.lock();
+        let p = product_id.get();
+        // The mode is the inventory row's (the SQL joins it).
+        Ok(t.products.get(&p).map(|product| Product {
+            stock_mode: t.inventory.get(&p).map_or(StockMode::Gate, |i| i.mode),
+            ..product.clone()
+        }))
     }
 
     async fn mark_stock_loaded(&self, product_id: ProductId) -> Result<(), LedgerError> {
@@ -1412,6 +1509,38 @@ impl Ledger for MemLedger {
         self.group
             .call(&self.ctx, queued, |batch| self.group_commit(batch))
             .await
+    }
+
+    async fn commit_ledger_purchase(
+        &self,
+        request: &PurchaseRequest,
+        per_user_limit: Option<u32>,
+        payment_timeout: Duration,
+    ) -> Result<Commit, LedgerError> {
+        for _ in 0..TX_ATTEMPTS_MAX {
+            match self.tx_ledger_purchase(request, per_user_limit, payment_timeout)? {
+                Attempt::Done(commit) => return Ok(commit),
+                Attempt::HoldReused => {
+                    return Err(corrupt(format!(
+                        "commit ledger purchase: product {}: the ledger's hold id was \
+                         recorded already",
+                        request.product_id
+                    )))
+                }
+                Attempt::Taken => {
+                    self.round_trip("commit ledger purchase: find the record that won")
+                        .await;
+                    if let Some(record) = self.find_purchase(&request.request_id).await? {
+                        return Ok(Commit::Duplicate(record));
+                    }
+                }
+            }
+        }
+        Err(LedgerError::contention(format!(
+            "commit ledger purchase: request_id {} kept colliding with transactions that \
+             rolled back",
+            request.request_id
+        )))
     }
 
     async fn fence(
@@ -1792,64 +1921,113 @@ impl LedgerMaintenance for MemLedger {
             generation: inv.generation,
             last_hold_id,
             stock_loaded: t.products.get(&p).is_some_and(|x| x.stock_loaded),
+            mode: inv.mode,
         }))
     }
 
     async fn advance_generation(&self, product_id: ProductId) -> Result<RebuildPlan, LedgerError> {
         let now = self.now();
-        let mut guard = self.lock();
-        let t = &mut *guard;
-        let p = product_id.get();
-        let Some(inv) = t.inventory.get_mut(&p) else {
-            return Err(LedgerError::corrupt(format!(
-                "product {product_id} has no inventory"
-            )));
+        let mut t = self.lock();
+        advance_locked(&mut t, product_id, now, false)
+    }
+
+    async fn enter_ledger_mode(&self, product_id: ProductId) -> Result<ModeSwitch, LedgerError> {
+        let mut t = self.lock();
+        let Some(inv) = t.inventory.get_mut(&product_id.get()) else {
+            return Err(no_inventory(product_id));
         };
+        if inv.mode == StockMode::Ledger {
+            return Ok(ModeSwitch::AlreadyLedger {
+                generation: inv.generation,
+            });
+        }
         inv.generation = inv.generation.next();
-        let generation = inv.generation;
-        let available = inv.available;
-        for r in t.reservations.values_mut() {
-            if r.request.product_id.get() == p
-                && r.status == ReservationStatus::Released
-                && !r.stock_returned
-            {
-                r.stock_returned = true;
-                r.updated_at = now;
-            }
-        }
-        for r in t.restocks.values_mut() {
-            if r.product_id == p {
-                r.gate_applied = true;
-            }
-        }
-        let mut user_units = Vec::new();
-        if t.products
-            .get(&p)
-            .is_some_and(|x| x.per_user_limit.is_some())
-        {
-            let mut by_user: BTreeMap<UserId, i64> = BTreeMap::new();
-            for row in t.orders.values() {
-                let o = &row.order;
-                if o.product_id.get() == p && o.status.holds_stock() {
-                    *by_user.entry(o.user_id).or_insert(0) += i64::from(o.quantity.get());
-                }
-            }
-            user_units = by_user.into_iter().collect();
-        }
-        let last_hold_id = t
-            .reservations
-            .values()
-            .filter(|r| r.request.product_id.get() == p)
-            .map(|r| r.hold.id.get())
-            .max()
-            .unwrap_or(0);
-        Ok(RebuildPlan {
-            generation,
-            available,
-            last_hold_id,
-            user_units,
+        inv.mode = StockMode::Ledger;
+        inv.ledger_hold_seq = 0;
+        Ok(ModeSwitch::Entered {
+            generation: inv.generation,
         })
     }
+
+    async fn leave_ledger_mode(
+        &self,
+        product_id: ProductId,
+    ) -> Result<Option<RebuildPlan>, LedgerError> {
+        let now = self.now();
+        let mut t = self.lock();
+        match t.inventory.get(&product_id.get()) {
+            None => Err(no_inventory(product_id)),
+            Some(inv) if inv.mode == StockMode::Gate => Ok(None),
+            Some(_) => advance_locked(&mut t, product_id, now, true).map(Some),
+        }
+    }
+}
+
+fn no_inventory(product_id: ProductId) -> LedgerError {
+    LedgerError::corrupt(format!("product {product_id} has no inventory"))
+}
+
+/// `advance_locked` in `MysqlLedger`: the next generation (the ledger's hold ids restart
+/// with it; with `to_gate`, back in gate mode), releases not yet returned and restocks
+/// not yet applied settled, and the plan from the facts.
+fn advance_locked(
+    t: &mut Tables,
+    product_id: ProductId,
+    now: DateTime<Utc>,
+    to_gate: bool,
+) -> Result<RebuildPlan, LedgerError> {
+    let p = product_id.get();
+    let Some(inv) = t.inventory.get_mut(&p) else {
+        return Err(no_inventory(product_id));
+    };
+    inv.generation = inv.generation.next();
+    inv.ledger_hold_seq = 0;
+    if to_gate {
+        inv.mode = StockMode::Gate;
+    }
+    let generation = inv.generation;
+    let available = inv.available;
+    for r in t.reservations.values_mut() {
+        if r.request.product_id.get() == p
+            && r.status == ReservationStatus::Released
+            && !r.stock_returned
+        {
+            r.stock_returned = true;
+            r.updated_at = now;
+        }
+    }
+    for r in t.restocks.values_mut() {
+        if r.product_id == p {
+            r.gate_applied = true;
+        }
+    }
+    let mut user_units = Vec::new();
+    if t.products
+        .get(&p)
+        .is_some_and(|x| x.per_user_limit.is_some())
+    {
+        let mut by_user: BTreeMap<UserId, i64> = BTreeMap::new();
+        for row in t.orders.values() {
+            let o = &row.order;
+            if o.product_id.get() == p && o.status.holds_stock() {
+                *by_user.entry(o.user_id).or_insert(0) += i64::from(o.quantity.get());
+            }
+        }
+        user_units = by_user.into_iter().collect();
+    }
+    let last_hold_id = t
+        .reservations
+        .values()
+        .filter(|r| r.request.product_id.get() == p)
+        .map(|r| r.hold.id.get())
+        .max()
+        .unwrap_or(0);
+    Ok(RebuildPlan {
+        generation,
+        available,
+        last_hold_id,
+        user_units,
+    })
 }
 
 #[async_trait]
