@@ -6,12 +6,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flashsale_app::ports::{
-    Commit, CreateProduct, ExpiredOrder, Fence, LedgerMaintenance, RecordRestock, ReleaseOf,
+    Commit, CreateProduct, ExpiredOrder, Fence, LedgerMaintenance, ModeSwitch, RecordRestock,
+    ReleaseOf,
 };
 use flashsale_app::{Ledger, Order, PurchaseOutcome};
 use flashsale_core::{
     CancelReason, HoldRef, InventoryCounters, OrderStatus, ProductId, PurchaseRequest,
-    ReleaseReason,
+    ReleaseReason, StockMode,
 };
 
 use crate::{generation, hold, new_product, product, product_n, purchase, request_id, user};
@@ -520,6 +521,332 @@ pub async fn concurrent_commits_answer_as_alone<W: LedgerWorld>(w: &W) {
     assert_eq!((c.available, c.reserved), (0, STOCK));
 }
 
+async fn ledger_commit<L: Ledger>(l: &L, r: &PurchaseRequest, limit: Option<u32>) -> Commit {
+    l.commit_ledger_purchase(r, limit, PAYMENT_TIMEOUT)
+        .await
+        .expect("ledger commit")
+}
+
+async fn mode<L: Ledger>(l: &L) -> StockMode {
+    l.product(product())
+        .await
+        .expect("product")
+        .expect("stored")
+        .stock_mode
+}
+
+/// The hold a request_id's record names.
+async fn hold_of<L: Ledger>(l: &L, id: &str) -> HoldRef {
+    l.find_purchase(&request_id(id))
+        .await
+        .expect("find")
+        .expect("a record")
+        .hold
+}
+
+/// Entering ledger mode advances the generation in gate mode, so a hold the gate handed
+/// out before can no longer commit (nor can a gate hold of the new generation: the
+/// ledger serves the stock); a second call reports ledger mode and changes nothing.
+pub async fn entering_ledger_mode_voids_the_gates_holds<W: LedgerWorld>(w: &W) {
+    let l = w.ledger();
+    create(l, product(), 5, None).await;
+    assert_eq!(mode(l).await, StockMode::Gate);
+    committed(commit(l, &purchase("M_A", 1, 1), hold(1, 1), None).await);
+    assert_eq!(
+        l.enter_ledger_mode(product()).await.expect("enter"),
+        ModeSwitch::Entered {
+            generation: generation(2)
+        }
+    );
+    assert_eq!(
+        l.enter_ledger_mode(product()).await.expect("again"),
+        ModeSwitch::AlreadyLedger {
+            generation: generation(2)
+        }
+    );
+    assert_eq!(
+        l.generation(product()).await.expect("gen"),
+        Some(generation(2))
+    );
+    assert_eq!(mode(l).await, StockMode::Ledger);
+    let mark = l.watermark(product()).await.expect("w").expect("a product");
+    assert_eq!(
+        (mark.generation, mark.mode),
+        (generation(2), StockMode::Ledger)
+    );
+    assert_eq!(
+        commit(l, &purchase("M_B", 2, 1), hold(1, 2), None).await,
+        Commit::StaleGeneration,
+        "a hold taken before the switch"
+    );
+    assert_eq!(
+        commit(l, &purchase("M_C", 3, 1), hold(2, 1), None).await,
+        Commit::StaleGeneration,
+        "a gate hold in ledger mode"
+    );
+    for refused in ["M_B", "M_C"] {
+        assert_eq!(
+            l.find_purchase(&request_id(refused)).await.expect("f"),
+            None
+        );
+    }
+    let c = counters(l).await;
+    assert_eq!((c.total, c.available, c.reserved, c.sold), (5, 4, 1, 0));
+}
+
+/// In ledger mode the ledger sells by itself: hold ids 1, 2, … in the mode's generation,
+/// exactly the stock and then InsufficientStock (writing nothing), and a replay —
+/// before or after the stock ran out — answered with its record.
+pub async fn ledger_purchases_sell_exactly_the_stock<W: LedgerWorld>(w: &W) {
+    let l = w.ledger();
+    create(l, product(), 3, None).await;
+    l.enter_ledger_mode(product()).await.expect("enter");
+    let a = purchase("L_A", 1, 1);
+    let order = committed(ledger_commit(l, &a, None).await);
+    assert_eq!(order.request_id, a.request_id);
+    assert_eq!(order.status, OrderStatus::PendingPayment);
+    committed(ledger_commit(l, &purchase("L_B", 2, 2), None).await);
+    assert_eq!(hold_of(l, "L_A").await, hold(2, 1));
+    assert_eq!(hold_of(l, "L_B").await, hold(2, 2));
+    let replay = |c: Commit| match c {
+        Commit::Duplicate(record) => {
+            assert_eq!(record.hold, hold(2, 1));
+            assert_eq!(record.outcome, PurchaseOutcome::Order(order.clone()));
+        }
+        other => panic!("a replay got {other:?}"),
+    };
+    replay(ledger_commit(l, &a, None).await);
+    assert_eq!(
+        ledger_commit(l, &purchase("L_C", 3, 1), None).await,
+        Commit::InsufficientStock
+    );
+    replay(ledger_commit(l, &a, None).await);
+    assert_eq!(l.find_purchase(&request_id("L_C")).await.expect("f"), None);
+    let mark = l.watermark(product()).await.expect("w").expect("a product");
+    assert_eq!((mark.generation, mark.last_hold_id), (generation(2), 2));
+    let c = counters(l).await;
+    assert_eq!((c.total, c.available, c.reserved, c.sold), (3, 0, 3, 0));
+}
+
+/// A ledger purchase respects the per-user limit as a gate purchase's commit does: the
+/// user's live orders (of either mode) count, and a refusal writes nothing.
+pub async fn ledger_purchases_respect_the_per_user_limit<W: LedgerWorld>(w: &W) {
+    let l = w.ledger();
+    create(l, product(), 10, Some(2)).await;
+    committed(commit(l, &purchase("U_G", 1, 1), hold(1, 1), Some(2)).await);
+    l.enter_ledger_mode(product()).await.expect("enter");
+    committed(ledger_commit(l, &purchase("U_A", 1, 1), Some(2)).await);
+    assert_eq!(
+        ledger_commit(l, &purchase("U_B", 1, 1), Some(2)).await,
+        Commit::LimitExceeded
+    );
+    committed(ledger_commit(l, &purchase("U_C", 2, 2), Some(2)).await);
+    assert_eq!(l.find_purchase(&request_id("U_B")).await.expect("f"), None);
+    assert_eq!(
+        hold_of(l, "U_C").await,
+        hold(2, 2),
+        "a refusal takes no hold id"
+    );
+    let c = counters(l).await;
+    assert_eq!((c.available, c.reserved), (6, 4));
+}
+
+/// A purchase without a gate hold for a product in gate mode is answered GateMode and
+/// writes nothing.
+pub async fn a_ledger_purchase_in_gate_mode_goes_to_the_gate<W: LedgerWorld>(w: &W) {
+    let l = w.ledger();
+    create(l, product(), 5, None).await;
+    assert_eq!(
+        ledger_commit(l, &purchase("K_A", 1, 1), None).await,
+        Commit::GateMode
+    );
+    assert_eq!(l.find_purchase(&request_id("K_A")).await.expect("f"), None);
+    let c = counters(l).await;
+    assert_eq!((c.available, c.reserved), (5, 0));
+    assert_eq!(
+        l.generation(product()).await.expect("gen"),
+        Some(generation(1))
+    );
+}
+
+/// Orders of ledger mode are paid, cancelled and expired like the gate's: a cancel's
+/// pending return names the mode's generation and the ledger's hold, and expiry runs on
+/// the ledger's clock.
+pub async fn ledger_mode_orders_resolve_like_gate_ones<W: LedgerWorld>(w: &W) {
+    let l = w.ledger();
+    create(l, product(), 5, Some(3)).await;
+    l.enter_ledger_mode(product()).await.expect("enter");
+    let paid = committed(ledger_commit(l, &purchase("R_A", 1, 1), Some(3)).await);
+    let cancelled = committed(ledger_commit(l, &purchase("R_B", 2, 2), Some(3)).await);
+    let short = l
+        .commit_ledger_purchase(&purchase("R_C", 3, 1), Some(3), Duration::from_secs(1))
+        .await
+        .expect("commit");
+    let short = committed(short);
+    let first = l
+        .pay(paid.order_id, user(1))
+        .await
+        .expect("pay")
+        .expect("o");
+    assert!(first.applied);
+    assert_eq!(first.order.status, OrderStatus::Paid);
+    let attempt = l
+        .cancel(cancelled.order_id, user(2), CancelReason::UserCancelled)
+        .await
+        .expect("cancel")
+        .expect("o");
+    assert!(attempt.applied);
+    let expected = ReleaseOf::Reservation {
+        generation: generation(2),
+        hold: hold(2, 2),
+        user_id: user(2),
+        quantity: cancelled.quantity,
+        limited: true,
+    };
+    assert_eq!(attempt.pending_return, Some(expected));
+    let returns = l.pending_returns(10).await.expect("returns");
+    assert_eq!(returns.len(), 1, "{returns:?}");
+    assert_eq!(returns[0].of, expected);
+    w.pass(Duration::from_millis(1500)).await;
+    let late = ExpiredOrder {
+        order_id: short.order_id,
+        user_id: user(3),
+    };
+    assert_eq!(
+        l.expired_orders(10).await.expect("expired"),
+        vec![late.clone()]
+    );
+    let expired = l.expire(&late).await.expect("expire").expect("o");
+    assert!(expired.applied);
+    assert_eq!(
+        expired.order.cancel_reason,
+        Some(CancelReason::PaymentTimeout)
+    );
+    let c = counters(l).await;
+    assert_eq!((c.total, c.available, c.reserved, c.sold), (5, 4, 0, 1));
+}
+
+/// Leaving ledger mode is an advance and the mode back to gate, in one step: the plan's
+/// generation is the next, its available count the ledger's (released units and
+/// restocks of ledger mode included, all settled), its hold ids above every recorded
+/// one (the ledger's own too), its per-user units from the live orders of both modes. A
+/// second call finds gate mode and changes nothing; purchases go through the gate again.
+pub async fn leaving_ledger_mode_plans_the_gate<W: LedgerWorld>(w: &W) {
+    let l = w.ledger();
+    create(l, product(), 10, Some(5)).await;
+    l.mark_stock_loaded(product()).await.expect("loaded");
+    committed(commit(l, &purchase("X_G", 1, 2), hold(1, 1), Some(5)).await);
+    l.enter_ledger_mode(product()).await.expect("enter");
+    committed(ledger_commit(l, &purchase("X_A", 2, 3), Some(5)).await);
+    committed(ledger_commit(l, &purchase("X_B", 3, 1), Some(5)).await);
+    committed(ledger_commit(l, &purchase("X_C", 3, 1), Some(5)).await);
+    let b = l
+        .find_purchase(&request_id("X_B"))
+        .await
+        .expect("f")
+        .expect("a record");
+    let PurchaseOutcome::Order(b) = b.outcome else {
+        panic!("X_B is an order")
+    };
+    l.cancel(b.order_id, user(3), CancelReason::UserCancelled)
+        .await
+        .expect("cancel")
+        .expect("o");
+    l.record_restock(product(), &request_id("X_R"), 4)
+        .await
+        .expect("restock");
+    let plan = l
+        .leave_ledger_mode(product())
+        .await
+        .expect("leave")
+        .expect("a plan");
+    assert_eq!(plan.generation, generation(3));
+    assert_eq!(plan.available, 10 + 4 - 2 - 3 - 1);
+    assert!(plan.last_hold_id >= 3, "{plan:?}");
+    assert_eq!(
+        plan.user_units,
+        vec![(user(1), 2), (user(2), 3), (user(3), 1)]
+    );
+    assert!(l.pending_returns(10).await.expect("r").is_empty());
+    assert!(l.pending_restocks(10).await.expect("r").is_empty());
+    assert_eq!(mode(l).await, StockMode::Gate);
+    let mark = l.watermark(product()).await.expect("w").expect("a product");
+    assert_eq!(
+        (mark.generation, mark.mode),
+        (generation(3), StockMode::Gate)
+    );
+    assert_eq!(l.leave_ledger_mode(product()).await.expect("again"), None);
+    assert_eq!(
+        l.generation(product()).await.expect("gen"),
+        Some(generation(3))
+    );
+    assert_eq!(
+        ledger_commit(l, &purchase("X_D", 4, 1), Some(5)).await,
+        Commit::GateMode
+    );
+    let next = plan.last_hold_id + 1;
+    committed(commit(l, &purchase("X_E", 4, 1), hold(3, next), Some(5)).await);
+    let c = counters(l).await;
+    assert_eq!(
+        (c.total, c.available, c.reserved),
+        (14, plan.available - 1, 7)
+    );
+}
+
+/// Concurrent ledger purchases — distinct ones and copies of the same request_id —
+/// sell exactly the stock, each request once, the hold ids 1 to the stock without a
+/// gap, every copy answered with its request's record.
+pub async fn concurrent_ledger_purchases_sell_exactly_the_stock<W: LedgerWorld>(w: &W) {
+    const STOCK: i64 = 10;
+    const BUYERS: i64 = 16;
+    let l = w.ledger();
+    create(l, product(), STOCK, None).await;
+    l.enter_ledger_mode(product()).await.expect("enter");
+    let calls: Vec<PurchaseRequest> = (0..BUYERS)
+        .chain(0..BUYERS / 2)
+        .map(|i| purchase(&format!("Q_{i}"), 2000 + i, 1))
+        .collect();
+    let answers = futures::future::join_all(calls.iter().map(|r| ledger_commit(l, r, None))).await;
+    let mut orders = std::collections::BTreeMap::new();
+    let mut refused = BTreeSet::new();
+    for (r, answer) in calls.iter().zip(&answers) {
+        let id = r.request_id.as_str().to_owned();
+        match answer {
+            Commit::Committed(order) => {
+                assert!(
+                    orders.insert(id, order.clone()).is_none(),
+                    "{r:?} committed twice"
+                );
+            }
+            Commit::Duplicate(_) => {}
+            Commit::InsufficientStock => {
+                refused.insert(id);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(orders.len() as i64, STOCK, "{answers:?}");
+    assert_eq!(refused.len() as i64, BUYERS - STOCK, "{answers:?}");
+    assert!(orders.keys().all(|id| !refused.contains(id)), "{answers:?}");
+    for (r, answer) in calls.iter().zip(&answers) {
+        if let Commit::Duplicate(record) = answer {
+            let order = orders
+                .get(r.request_id.as_str())
+                .expect("a copy of an order");
+            assert_eq!(record.outcome, PurchaseOutcome::Order(order.clone()));
+        }
+    }
+    let mut holds = Vec::new();
+    for id in orders.keys() {
+        holds.push(hold_of(l, id).await);
+    }
+    holds.sort();
+    let expected: Vec<HoldRef> = (1..=STOCK).map(|i| hold(2, i)).collect();
+    assert_eq!(holds, expected);
+    let c = counters(l).await;
+    assert_eq!((c.available, c.reserved), (0, STOCK));
+}
+
 /// Expands to one `#[tokio::test]` per body of the ledger's contract, over world `$w`.
 #[macro_export]
 macro_rules! ledger_contract {
@@ -535,6 +862,13 @@ macro_rules! ledger_contract {
             advancing_a_generation_plans_from_the_facts,
             loaded_products_page_in_id_order,
             concurrent_commits_answer_as_alone,
+            entering_ledger_mode_voids_the_gates_holds,
+            ledger_purchases_sell_exactly_the_stock,
+            ledger_purchases_respect_the_per_user_limit,
+            a_ledger_purchase_in_gate_mode_goes_to_the_gate,
+            ledger_mode_orders_resolve_like_gate_ones,
+            leaving_ledger_mode_plans_the_gate,
+            concurrent_ledger_purchases_sell_exactly_the_stock,
         );
     };
     (@tests $w:ty; $($name:ident),* $(,)?) => {
