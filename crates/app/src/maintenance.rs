@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use flashsale_core::{ProductId, ReleaseReason, RequestId};
+use flashsale_core::{ProductId, ReleaseReason, RequestId, StockMode};
 use tracing::{error, info, warn};
 
 use crate::audit::{self, AuditBounds, AuditReport};
@@ -491,6 +491,13 @@ impl Maintenance {
         let Some(mark) = self.ledger_m.watermark(product_id).await? else {
             return Ok(false);
         };
+        if mark.mode == StockMode::Ledger {
+            // The ledger serves the stock and the gate is behind on purpose: it is
+            // rebuilt when the product leaves ledger mode, from that plan. A rebuild now
+            // would put the gate in the mode's generation, where its hold ids could meet
+            // the ledger's own.
+            return Ok(false);
+        }
         let lost = match self.gate_m.state(product_id).await? {
             None => Some("stock entry missing"),
             Some(s) if s.server_changed => {
