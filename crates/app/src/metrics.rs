@@ -12,6 +12,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use flashsale_core::StockMode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -121,6 +122,11 @@ struct StockLabels {
     state: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProductLabels {
+    product_id: String,
+}
+
 /// The cell of (endpoint, outcome) in `Metrics::cells` and `latency_cells`, and its
 /// labels (an endpoint index past the list's end counts as its last entry, `other`).
 fn cell_of(endpoint: usize, outcome: Outcome) -> (usize, HttpLabels) {
@@ -164,6 +170,7 @@ pub struct Metrics {
     store_up: Family<StoreLabels, Gauge>,
     outbox_unsent: Gauge,
     stock: Family<StockLabels, Gauge>,
+    ledger_mode: Family<ProductLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -282,6 +289,12 @@ impl Metrics {
                 &mut registry,
                 "product_stock",
                 "Units of each product (at most 100, the highest ids) by state — available (Redis), total, reserved and sold (MariaDB) — when the metrics were read",
+                Family::default(),
+            ),
+            ledger_mode: registered(
+                &mut registry,
+                "product_ledger_mode",
+                "Whether each product (the same ones as product_stock) is sold from MariaDB (1: ledger mode, Redis unreachable) or through the Redis gate (0), when the metrics were read",
                 Family::default(),
             ),
             cells: (0..ENDPOINTS.len() * Outcome::ALL.len())
@@ -492,6 +505,7 @@ impl Monitor {
         // Products gone from the list, or whose figures could not be read this time,
         // must not keep their last value.
         m.stock.clear();
+        m.ledger_mode.clear();
         let products = match mariadb_up {
             true => bounded(deadline, self.ledger_m.newest_products(PRODUCTS_MAX))
                 .await
@@ -515,6 +529,13 @@ impl Monitor {
                 set("total", c.total);
                 set("reserved", c.reserved);
                 set("sold", c.sold);
+            }
+            if let Some(Some(p)) = bounded(deadline, self.ledger.product(product_id)).await {
+                m.ledger_mode
+                    .get_or_create(&ProductLabels {
+                        product_id: id.clone(),
+                    })
+                    .set(i64::from(p.stock_mode == StockMode::Ledger));
             }
             if redis_up {
                 if let Some(Some(available)) =
@@ -664,19 +685,24 @@ mod tests {
                 state: "total",
             })
             .set(1);
+        m.ledger_mode
+            .get_or_create(&ProductLabels {
+                product_id: "1".into(),
+            })
+            .set(0);
         m
     }
 
     // Checks the alert rules (docs/alerts.yml) and the README's list name only series
     // that exist: every `flashsale_…` word in them is the name of a sample the metrics
     // encode to (a counter's with its `_total`, a gauge's bare) or a histogram's family
-    // name, all 17 families touched.
+    // name, all 18 families touched.
     #[test]
     fn alert_rules_name_real_metrics() {
         let text = all_touched().encode();
         let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
         assert_eq!(
-            families, 17,
+            families, 18,
             "every family registered in Metrics::new:\n{text}"
         );
         // A histogram is named by its family (its samples add _bucket, _sum, _count).

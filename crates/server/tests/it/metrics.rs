@@ -63,10 +63,12 @@ fn took_at_most(le: &str, endpoint: &str, outcome: &str) -> String {
 // replay of the first (200), a refusal (409 sold_out), a bad body (400), an unknown path
 // (404) and a method not allowed (405), the counters say exactly that; Redis and
 // MariaDB are up; the product's stock reads total 2, available 0 (from Redis), reserved
-// 2 and sold 0 (from MariaDB); the two order_created events wait in the outbox (no
-// relay runs here); every answer is timed too (as many observations as answers); and
-// the answer is OpenMetrics text ending in "# EOF". A scrape within
-// a second of the last answers its text again; a later one reads and counts anew.
+// 2 and sold 0 (from MariaDB), and it is served by the gate (ledger mode 0); the two
+// order_created events wait in the outbox (no relay runs here); every answer is timed
+// too (as many observations as answers); and the answer is OpenMetrics text ending in
+// "# EOF". A scrape within a second of the last answers its text again; a later one
+// reads and counts anew, and shows the product in ledger mode (1) once the ledger
+// switched it.
 #[tokio::test]
 async fn metrics_count_every_answer_and_read_the_stores() {
     let app = TestApp::spawn().await;
@@ -131,6 +133,10 @@ async fn metrics_count_every_answer_and_read_the_stores() {
             0.0,
         ),
         ("flashsale_outbox_unsent".to_owned(), 2.0),
+        (
+            r#"flashsale_product_ledger_mode{product_id="4101"}"#.to_owned(),
+            0.0,
+        ),
     ] {
         assert_eq!(sample(&text, &series), Some(want), "{series}:\n{text}");
     }
@@ -162,11 +168,38 @@ async fn metrics_count_every_answer_and_read_the_stores() {
     assert_eq!(status, StatusCode::CONFLICT);
     let (again, _) = scrape(&app).await;
     assert_eq!(again, text);
+    let ledger = flashsale::connect_ledger(
+        &flashsale::Config::from_parts(
+            None,
+            &[(
+                "FLASHSALE_DATABASE_URL".to_owned(),
+                app.db.as_ref().expect("test database").url(),
+            )]
+            .into_iter()
+            .collect(),
+        )
+        .expect("config"),
+    )
+    .await
+    .expect("ledger");
+    flashsale_app::ports::LedgerMaintenance::enter_ledger_mode(
+        &ledger,
+        flashsale_core::ProductId::parse(4101).expect("id"),
+    )
+    .await
+    .expect("ledger mode");
     tokio::time::sleep(SCRAPE_REUSE + Duration::from_millis(100)).await;
     let (fresh, _) = scrape(&app).await;
     assert_eq!(
         sample(&fresh, &responses("purchase", "sold_out")),
         Some(2.0)
+    );
+    assert_eq!(
+        sample(
+            &fresh,
+            r#"flashsale_product_ledger_mode{product_id="4101"}"#
+        ),
+        Some(1.0)
     );
     assert_eq!(sample(&fresh, &responses("metrics", "ok")), Some(2.0));
     app.cleanup().await;
