@@ -280,6 +280,25 @@ async fn write_purchase_rows(
     Ok(Rows::Written(order))
 }
 
+/// The end of a purchase's transaction once its rows are written (a gate purchase's and
+/// a ledger-mode one's alike): the ledger's own per-user check, rolled back over the
+/// limit, then COMMIT.
+async fn limit_then_commit(
+    mut tx: sqlx::Transaction<'_, sqlx::MySql>,
+    request: &PurchaseRequest,
+    per_user_limit: Option<u32>,
+    order: Order,
+) -> Result<Attempt<Committed>, sqlx::Error> {
+    if let Some(limit) = per_user_limit {
+        if over_user_limit(&mut tx, request, limit).await? {
+            tx.rollback().await?;
+            return Ok(Attempt::Done(Committed::LimitExceeded));
+        }
+    }
+    tx.commit().await?;
+    Ok(Attempt::Done(Committed::Order(order)))
+}
+
 /// The ledger's own per-user check, as Redis's per-user counts can be lost: whether the
 /// user's live orders of the product, this purchase's included, pass `limit`. The caller
 /// holds the product row's lock (taken by its counter UPDATE), which orders the
@@ -716,14 +735,7 @@ impl MysqlLedger {
                 Committed::StaleGeneration
             }));
         }
-        if let Some(limit) = per_user_limit {
-            if over_user_limit(&mut tx, request, limit).await? {
-                tx.rollback().await?;
-                return Ok(Attempt::Done(Committed::LimitExceeded));
-            }
-        }
-        tx.commit().await?;
-        Ok(Attempt::Done(Committed::Order(order)))
+        limit_then_commit(tx, request, per_user_limit, order).await
     }
 
     /// A ledger-mode purchase in one transaction: the counter UPDATE first, as it hands
@@ -795,14 +807,7 @@ impl MysqlLedger {
             Rows::Taken => return Ok(Attempt::Taken),
             Rows::HoldReused => return Ok(Attempt::Done(Committed::HoldReused)),
         };
-        if let Some(limit) = per_user_limit {
-            if over_user_limit(&mut tx, request, limit).await? {
-                tx.rollback().await?;
-                return Ok(Attempt::Done(Committed::LimitExceeded));
-            }
-        }
-        tx.commit().await?;
-        Ok(Attempt::Done(Committed::Order(order)))
+        limit_then_commit(tx, request, per_user_limit, order).await
     }
 
     async fn insert_fence(
