@@ -347,7 +347,7 @@ mod tests {
     fn buyer_of(auth: &BuyerAuth, token: &str) -> Result<Option<i64>, (u16, String)> {
         auth.buyer(&headers(&[("authorization", &format!("Bearer {token}"))]))
             .map(|u| u.map(UserId::get))
-            .map_err(|e| (e.status.as_u16(), e.outcome.as_str().to_owned()))
+            .map_err(|e| (e.status().as_u16(), e.outcome.as_str().to_owned()))
     }
 
     // Checks the bearer scheme: its name in any case, one or more spaces before the
@@ -424,7 +424,10 @@ mod tests {
             assert_eq!(buyer_of(&auth, &token), unauthorized, "{token}");
         }
         let e = auth.buyer(&HeaderMap::new()).unwrap_err();
-        assert_eq!((e.status.as_u16(), e.outcome), (401, Outcome::Unauthorized));
+        assert_eq!(
+            (e.status().as_u16(), e.outcome),
+            (401, Outcome::Unauthorized)
+        );
     }
 
     // Checks the optional issuer and audience: when configured, a token must carry the

@@ -48,8 +48,6 @@ pub const fn status(outcome: Outcome) -> StatusCode {
 
 #[derive(Debug)]
 pub struct ApiError {
-    /// `status(outcome)`.
-    pub status: StatusCode,
     /// The answer's code, and what it is counted as.
     pub outcome: Outcome,
     message: String,
@@ -80,9 +78,13 @@ struct Body<'a> {
 }
 
 impl ApiError {
+    /// The answer's HTTP status: its outcome's.
+    pub const fn status(&self) -> StatusCode {
+        status(self.outcome)
+    }
+
     pub fn new(outcome: Outcome, message: impl Into<String>) -> Self {
         Self {
-            status: status(outcome),
             outcome,
             message: message.into(),
             retry_after_secs: None,
@@ -146,7 +148,6 @@ impl From<Error> for ApiError {
                 _ => None,
             };
             return Self {
-                status: status(outcome),
                 outcome,
                 message: String::new(),
                 retry_after_secs,
@@ -194,12 +195,13 @@ impl IntoResponse for ApiError {
             None => encode(self.outcome.as_str(), &self.message),
         };
         let mut response = Response::new(HttpBody::from(body));
-        *response.status_mut() = self.status;
+        let status = self.status();
+        *response.status_mut() = status;
         response.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+        if status == StatusCode::SERVICE_UNAVAILABLE {
             response.headers_mut().insert(
                 header::RETRY_AFTER,
                 HeaderValue::from_static(RETRY_AFTER_SECS),

@@ -667,7 +667,7 @@ mod tests {
         ));
         let e = never.expect_err("past the deadline");
         assert_eq!(
-            (e.status, e.outcome),
+            (e.status(), e.outcome),
             (StatusCode::SERVICE_UNAVAILABLE, Outcome::Unavailable)
         );
         let late = timers.block_on(within(Duration::from_secs(30), async {
