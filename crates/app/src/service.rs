@@ -168,21 +168,21 @@ impl Flashsale {
             .inventory(product_id)
             .await?
             .ok_or(Error::ProductNotFound)?;
-        let gate_available = match product.stock_mode {
+        let available = match product.stock_mode {
             // The ledger serves the stock, and its counters are exact: the gate is
             // behind (or unreachable) until it is rebuilt on the way back.
-            StockMode::Ledger => Some(counters.available),
-            StockMode::Gate => self.gate.available(product_id).await?,
-        };
-        let available = match gate_available {
-            Some(available) => available,
-            // Never loaded: nothing was sold through the gate yet, the ledger is exact.
-            None if !product.stock_loaded => counters.available,
-            None => {
-                return Err(Error::Unavailable(
-                    format!("stock of product {product_id} is missing from the stock gate").into(),
-                ))
-            }
+            StockMode::Ledger => counters.available,
+            StockMode::Gate => match self.gate.available(product_id).await? {
+                Some(available) => available,
+                // Never loaded: nothing was sold through the gate yet, the ledger is exact.
+                None if !product.stock_loaded => counters.available,
+                None => {
+                    return Err(Error::Unavailable(
+                        format!("stock of product {product_id} is missing from the stock gate")
+                            .into(),
+                    ))
+                }
+            },
         };
         Ok(ProductView {
             product,
