@@ -1018,6 +1018,33 @@ impl MemLedger {
             .collect()
     }
 
+    /// `MysqlLedger::purchase_or_taken`: runs `attempt` until it is done or meets a
+    /// recorded hold id, answering a request_id taken by a transaction that committed
+    /// with that transaction's record; a collision with one that rolled back is tried
+    /// again, at most `TX_ATTEMPTS_MAX` times in all.
+    async fn or_taken<T>(
+        &self,
+        what: &'static str,
+        request_id: &RequestId,
+        mut attempt: impl FnMut() -> Result<Attempt<T>, LedgerError>,
+    ) -> Result<Result<Attempt<T>, PurchaseRecord>, LedgerError> {
+        for _ in 0..TX_ATTEMPTS_MAX {
+            match attempt()? {
+                Attempt::Taken => {
+                    self.round_trip(what).await;
+                    if let Some(record) = self.find_purchase(request_id).await? {
+                        return Ok(Err(record));
+                    }
+                }
+                done => return Ok(Ok(done)),
+            }
+        }
+        Err(LedgerError::contention(format!(
+            "{what}: request_id {request_id} kept colliding with transactions that rolled \
+             back"
+        )))
+    }
+
     /// One purchase in its own transaction (`MysqlLedger::commit_one`).
     async fn commit_one(
         &self,
@@ -1026,27 +1053,22 @@ impl MemLedger {
         per_user_limit: Option<u32>,
         payment_timeout: Duration,
     ) -> Result<Commit, LedgerError> {
-        for _ in 0..TX_ATTEMPTS_MAX {
-            match self.tx_purchase(request, hold, per_user_limit, payment_timeout)? {
-                Attempt::Done(commit) => return Ok(commit),
-                Attempt::HoldReused => {
-                    self.gate_behind(request.product_id, hold.generation)
-                        .await?;
-                    return Ok(Commit::StaleGeneration);
-                }
-                Attempt::Taken => {
-                    self.round_trip("commit purchase: find the record that won")
-                        .await;
-                    if let Some(record) = self.find_purchase(&request.request_id).await? {
-                        return Ok(Commit::Duplicate(record));
-                    }
-                }
+        let attempt = self
+            .or_taken(
+                "commit purchase: find the record that won",
+                &request.request_id,
+                || self.tx_purchase(request, hold, per_user_limit, payment_timeout),
+            )
+            .await?;
+        match attempt {
+            Ok(Attempt::Done(commit)) => Ok(commit),
+            Ok(_) => {
+                self.gate_behind(request.product_id, hold.generation)
+                    .await?;
+                Ok(Commit::StaleGeneration)
             }
+            Err(record) => Ok(Commit::Duplicate(record)),
         }
-        Err(LedgerError::contention(format!(
-            "commit purchase: request_id {} kept colliding with transactions that rolled back",
-            request.request_id
-        )))
     }
 
     /// `MysqlLedger::transition`: the order out of PENDING_PAYMENT, its reservation out of
@@ -1517,30 +1539,22 @@ impl Ledger for MemLedger {
         per_user_limit: Option<u32>,
         payment_timeout: Duration,
     ) -> Result<Commit, LedgerError> {
-        for _ in 0..TX_ATTEMPTS_MAX {
-            match self.tx_ledger_purchase(request, per_user_limit, payment_timeout)? {
-                Attempt::Done(commit) => return Ok(commit),
-                Attempt::HoldReused => {
-                    return Err(corrupt(format!(
-                        "commit ledger purchase: product {}: the ledger's hold id was \
-                         recorded already",
-                        request.product_id
-                    )))
-                }
-                Attempt::Taken => {
-                    self.round_trip("commit ledger purchase: find the record that won")
-                        .await;
-                    if let Some(record) = self.find_purchase(&request.request_id).await? {
-                        return Ok(Commit::Duplicate(record));
-                    }
-                }
-            }
+        let attempt = self
+            .or_taken(
+                "commit ledger purchase: find the record that won",
+                &request.request_id,
+                || self.tx_ledger_purchase(request, per_user_limit, payment_timeout),
+            )
+            .await?;
+        match attempt {
+            Ok(Attempt::Done(commit)) => Ok(commit),
+            Ok(_) => Err(corrupt(format!(
+                "commit ledger purchase: product {}: the ledger's hold id was recorded \
+                 already",
+                request.product_id
+            ))),
+            Err(record) => Ok(Commit::Duplicate(record)),
         }
-        Err(LedgerError::contention(format!(
-            "commit ledger purchase: request_id {} kept colliding with transactions that \
-             rolled back",
-            request.request_id
-        )))
     }
 
     async fn fence(
@@ -1549,29 +1563,25 @@ impl Ledger for MemLedger {
         hold: HoldRef,
         reason: ReleaseReason,
     ) -> Result<Fence, LedgerError> {
-        for _ in 0..TX_ATTEMPTS_MAX {
-            match self.tx_fence(request, hold, reason)? {
-                Attempt::Done(()) => return Ok(Fence::Fenced),
-                Attempt::HoldReused => {
-                    self.gate_behind(request.product_id, hold.generation)
-                        .await?;
-                    return Err(LedgerError::not_ready(format!(
-                        "hold {} of generation {} was handed out twice",
-                        hold.id, hold.generation
-                    )));
-                }
-                Attempt::Taken => {
-                    self.round_trip("fence: find the record that won").await;
-                    if let Some(record) = self.find_purchase(&request.request_id).await? {
-                        return Ok(Fence::Duplicate(record));
-                    }
-                }
+        let attempt = self
+            .or_taken(
+                "fence: find the record that won",
+                &request.request_id,
+                || self.tx_fence(request, hold, reason),
+            )
+            .await?;
+        match attempt {
+            Ok(Attempt::Done(())) => Ok(Fence::Fenced),
+            Ok(_) => {
+                self.gate_behind(request.product_id, hold.generation)
+                    .await?;
+                Err(LedgerError::not_ready(format!(
+                    "hold {} of generation {} was handed out twice",
+                    hold.id, hold.generation
+                )))
             }
+            Err(record) => Ok(Fence::Duplicate(record)),
         }
-        Err(LedgerError::contention(format!(
-            "fence: request_id {} kept colliding with transactions that rolled back",
-            request.request_id
-        )))
     }
 
     async fn find_purchase(
