@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use flashsale_core::HoldId;
+use flashsale_core::{HoldId, StockMode};
 
 use crate::ports::{GateFacts, LedgerFacts};
 
@@ -187,17 +187,6 @@ pub fn check(
             vec![],
         );
     }
-    match gate.available {
-        // The gate watch rebuilds a lost entry within its interval, but a lost entry is a
-        // failure, not a step of normal work: it is reported.
-        None => f.violation(
-            "I1",
-            "Redis has no available count for the product".into(),
-            vec![],
-        ),
-        Some(a) if a < 0 => f.violation("I1", format!("Redis available count is {a} < 0"), vec![]),
-        Some(_) => {}
-    }
 
     // I2: one order and one reservation per request (one statement: an order and its
     // reservation are inserted in one transaction).
@@ -212,7 +201,7 @@ pub fn check(
         );
     }
 
-    // I3: each reservation resolved consistently with its order, units returned once.
+    // I3: each reservation resolved consistently with its order.
     if !ledger.mismatched.is_empty() {
         f.violation(
             "I3",
@@ -223,6 +212,101 @@ pub fn check(
             ids(&ledger.mismatched),
         );
     }
+
+    // I4: conservation.
+    if let Err(e) = c.check_against_orders(ledger.pending_units, ledger.paid_units) {
+        f.violation("I4", e.to_string(), vec![]);
+    }
+
+    let mut figures = vec![
+        ("stock mode", ledger.mode.to_string()),
+        ("total stock", c.total.to_string()),
+        (
+            "ledger counters available/reserved/sold",
+            format!("{}/{}/{}", c.available, c.reserved, c.sold),
+        ),
+        (
+            "units in PENDING_PAYMENT orders",
+            ledger.pending_units.to_string(),
+        ),
+        ("units in PAID orders", ledger.paid_units.to_string()),
+        ("live reservations", ledger.live.len().to_string()),
+    ];
+    match ledger.mode {
+        StockMode::Gate => gate_against_ledger(&mut f, &mut figures, gate, ledger, bounds),
+        // The ledger serves the stock and the gate is behind on purpose (or down): what
+        // it holds is not compared. What it was owed was settled by the switch, and the
+        // way back rebuilds it from these facts.
+        StockMode::Ledger => figures.push(("Redis", "not compared: ledger mode".to_owned())),
+    }
+
+    // I6: no stock limbo past the workers' bounds.
+    f.counted(
+        "I6",
+        "unpaid orders are past their payment deadline and still hold stock",
+        ledger.overdue_unpaid,
+        ledger.overdue_oldest,
+        bounds.workers,
+    );
+    if ledger.open_incidents > 0 {
+        f.violation(
+            "I6",
+            format!("{} recovery incidents are open", ledger.open_incidents),
+            vec![],
+        );
+    }
+
+    // I7: one outbox event per state change (one statement: an event is written in its
+    // change's transaction), all delivered within the relay's bound.
+    if !ledger.event_mismatches.is_empty() {
+        f.violation(
+            "I7",
+            format!(
+                "{} requests' outbox events do not match their state changes one to one",
+                ledger.event_mismatches.len()
+            ),
+            ids(&ledger.event_mismatches),
+        );
+    }
+    f.counted(
+        "I7",
+        "outbox events not yet acknowledged by the broker",
+        ledger.unsent_events,
+        ledger.unsent_oldest,
+        bounds.outbox,
+    );
+
+    AuditReport {
+        product_id,
+        figures,
+        violations: f.violations,
+        pending: f.pending,
+    }
+}
+
+/// The checks that compare the gate with the ledger, for a product the gate serves: I1
+/// (Redis's count), I3 (units returned to Redis), I4 (Redis's count against the ledger's
+/// facts, and holds no reservation accounts for) and I6 (holds and restocks in flight).
+fn gate_against_ledger(
+    f: &mut Findings,
+    figures: &mut Vec<(&'static str, String)>,
+    gate: &GateFacts,
+    ledger: &LedgerFacts,
+    bounds: &AuditBounds,
+) {
+    let c = &ledger.counters;
+    match gate.available {
+        // The gate watch rebuilds a lost entry within its interval, but a lost entry is a
+        // failure, not a step of normal work: it is reported.
+        None => f.violation(
+            "I1",
+            "Redis has no available count for the product".into(),
+            vec![],
+        ),
+        Some(a) if a < 0 => f.violation("I1", format!("Redis available count is {a} < 0"), vec![]),
+        Some(_) => {}
+    }
+
     // A cancel gives the units back to Redis just after its commit, or recovery does in
     // its next pass.
     let unreturned: BTreeMap<&String, Duration> = ledger
@@ -237,10 +321,6 @@ pub fn check(
         bounds.workers,
     );
 
-    // I4: conservation.
-    if let Err(e) = c.check_against_orders(ledger.pending_units, ledger.paid_units) {
-        f.violation("I4", e.to_string(), vec![]);
-    }
     // Redis's count was read (with the last hold id) before the ledger's facts. A hold
     // taken after that read is not in the count, whether or not it committed since:
     // leave out every hold with a higher id, on both sides.
@@ -335,64 +415,18 @@ pub fn check(
         &unresolved,
         bounds.workers,
     );
-    f.counted(
-        "I6",
-        "unpaid orders are past their payment deadline and still hold stock",
-        ledger.overdue_unpaid,
-        ledger.overdue_oldest,
-        bounds.workers,
-    );
     let restocks: BTreeMap<&String, Duration> = ledger
         .unapplied_restocks
         .iter()
         .map(|(id, (_, _, age))| (id, *age))
         .collect();
     f.aged("I6", "restocks not yet in Redis", &restocks, bounds.workers);
-    if ledger.open_incidents > 0 {
-        f.violation(
-            "I6",
-            format!("{} recovery incidents are open", ledger.open_incidents),
-            vec![],
-        );
-    }
-
-    // I7: one outbox event per state change (one statement: an event is written in its
-    // change's transaction), all delivered within the relay's bound.
-    if !ledger.event_mismatches.is_empty() {
-        f.violation(
-            "I7",
-            format!(
-                "{} requests' outbox events do not match their state changes one to one",
-                ledger.event_mismatches.len()
-            ),
-            ids(&ledger.event_mismatches),
-        );
-    }
-    f.counted(
-        "I7",
-        "outbox events not yet acknowledged by the broker",
-        ledger.unsent_events,
-        ledger.unsent_oldest,
-        bounds.outbox,
-    );
-
-    let figures = vec![
-        ("total stock", c.total.to_string()),
-        (
-            "ledger counters available/reserved/sold",
-            format!("{}/{}/{}", c.available, c.reserved, c.sold),
-        ),
-        (
-            "units in PENDING_PAYMENT orders",
-            ledger.pending_units.to_string(),
-        ),
-        ("units in PAID orders", ledger.paid_units.to_string()),
+    figures.extend([
         (
             "Redis available",
             gate.available
                 .map_or_else(|| "missing".to_owned(), |a| a.to_string()),
         ),
-        ("live reservations", ledger.live.len().to_string()),
         ("Redis holds taking units", gate.held.len().to_string()),
         ("units held in flight", in_flight_units.to_string()),
         ("restocked units not in Redis yet", restocking.to_string()),
@@ -400,13 +434,7 @@ pub fn check(
             "Redis pending index entries",
             gate.pending.len().to_string(),
         ),
-    ];
-    AuditReport {
-        product_id,
-        figures,
-        violations: f.violations,
-        pending: f.pending,
-    }
+    ]);
 }
 
 impl std::fmt::Display for AuditReport {
@@ -460,6 +488,7 @@ mod tests {
             pending: BTreeMap::from([("A".to_owned(), Duration::from_millis(5))]),
         };
         let ledger = LedgerFacts {
+            mode: StockMode::Gate,
             counters: InventoryCounters {
                 total: 10,
                 available: 7,
@@ -498,6 +527,35 @@ mod tests {
             .iter()
             .map(|v| v.invariant)
             .collect()
+    }
+
+    // Checks a product in ledger mode: the gate is not compared (no entry, holds nobody
+    // accounts for, a release not returned to it are all expected while the ledger
+    // serves the stock), and the ledger's own invariants are still checked.
+    #[test]
+    fn ledger_mode_checks_the_ledger_alone() {
+        let (_, mut l) = quiet();
+        l.mode = StockMode::Ledger;
+        l.unreturned = BTreeMap::from([("C".to_owned(), (1, Duration::from_secs(3600)))]);
+        let gone = GateFacts::default();
+        assert!(broken(&gone, &l).is_empty(), "{:?}", broken(&gone, &l));
+        let stale = GateFacts {
+            available: Some(-3),
+            held: BTreeMap::from([("Z".to_owned(), (hold(9), 4))]),
+            ..GateFacts::default()
+        };
+        assert!(broken(&stale, &l).is_empty());
+        let report = check(1, &gone, &l, &BOUNDS);
+        assert!(report
+            .figures
+            .iter()
+            .any(|(name, value)| *name == "stock mode" && value == "ledger"));
+        l.paid_units = 11;
+        assert!(broken(&gone, &l).contains(&"I1"));
+        let (_, mut l) = quiet();
+        l.mode = StockMode::Ledger;
+        l.mismatched = vec!["A".into()];
+        assert_eq!(broken(&gone, &l), vec!["I3"]);
     }
 
     // Checks a consistent product passes, then breaks one fact at a time and expects the

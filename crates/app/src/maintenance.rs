@@ -24,8 +24,8 @@ use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::model::PurchaseOutcome;
 use crate::ports::{
-    Fence, GateMaintenance, Ledger, LedgerMaintenance, Release, ReleaseOf, Restock, StaleHold,
-    StockGate,
+    Fence, GateFacts, GateMaintenance, Ledger, LedgerMaintenance, Release, ReleaseOf, Restock,
+    StaleHold, StockGate,
 };
 use crate::service::{give_back, GiveBack};
 
@@ -565,13 +565,19 @@ impl Maintenance {
     /// One look at both stores. Redis first, then the ledger: a hold Redis's look saw in
     /// flight that committed since is in the ledger's facts, and one taken since is told
     /// apart by its hold id (`GateFacts::last_hold_id`).
+    /// In ledger mode the gate is not compared, so a gate that does not answer (Redis is
+    /// down: why the product is in ledger mode) does not stop the audit.
     async fn look(&self, product_id: ProductId) -> Result<AuditReport, Error> {
-        let gate = self.gate_m.facts(product_id).await?;
-        let ledger = self
-            .ledger_m
-            .facts(product_id)
-            .await?
-            .ok_or(Error::ProductNotFound)?;
+        let (gate, ledger) = match self.gate_m.facts(product_id).await {
+            Ok(gate) => (gate, self.ledger_m.facts(product_id).await?),
+            Err(e) => match self.ledger_m.facts(product_id).await? {
+                Some(ledger) if ledger.mode == StockMode::Ledger => {
+                    (GateFacts::default(), Some(ledger))
+                }
+                _ => return Err(e.into()),
+            },
+        };
+        let ledger = ledger.ok_or(Error::ProductNotFound)?;
         Ok(audit::check(
             product_id.get(),
             &gate,
@@ -664,6 +670,17 @@ impl Maintenance {
             .facts(product_id)
             .await?
             .ok_or(Error::ProductNotFound)?;
+        if ledger.mode == StockMode::Ledger {
+            // The ledger serves the stock; the gate is rebuilt from it on the way back.
+            return Ok(Reconciliation {
+                product_id,
+                redis_available: None,
+                expected_available: ledger.counters.available,
+                drift: 0,
+                in_flight_units: 0,
+                repaired: false,
+            });
+        }
         let gate = self.gate_m.facts(product_id).await?;
         let live_units: i64 = ledger.live.values().map(|(_, units)| units).sum();
         // Units Redis counts as taken that no live reservation accounts for: attempts

@@ -820,28 +820,49 @@ pub trait LedgerMaintenance: Send + Sync + 'static {
     /// them), and the plan for the gate is computed from the committed facts.
     async fn advance_generation(&self, product_id: ProductId) -> Result<RebuildPlan, LedgerError>;
 
-    /// Puts the product in ledger mode, in one transaction that waits for commits in
-    /// flight: if it is in gate mode, the generation advances (so no hold the gate
-    /// handed out before can ever commit) and the ledger starts handing out hold ids
-    /// from 1 in it. Idempotent: a product in ledger mode already is reported and left
-    /// as it is.
+    /// Reports that an instance cannot reach the gate while the product is being bought.
+    /// In gate mode: puts the product in ledger mode, in one transaction that waits for
+    /// commits in flight; the generation advances (so no hold the gate handed out before
+    /// can ever commit), the ledger starts handing out hold ids from 1 in it, and what
+    /// was owed to the gate (releases not yet returned, restocks not yet applied) is
+    /// settled, as a rebuild settles it: the way back rebuilds the gate from the counters.
+    /// In ledger mode already: nothing changes but the time of the last report, which
+    /// holds off the way back ([`leave_ledger_mode`](Self::leave_ledger_mode)).
     async fn enter_ledger_mode(&self, product_id: ProductId) -> Result<ModeSwitch, LedgerError>;
 
-    /// Gives the product back to the gate, in one transaction: if it is in ledger mode,
-    /// exactly what [`advance_generation`](Self::advance_generation) does (the plan's
-    /// hold ids start above every recorded one, the ledger's own included) and the mode
-    /// back to gate; the caller rebuilds the gate with the plan. None when the product
-    /// is in gate mode already (nothing changed).
+    /// Gives the product back to the gate, in one transaction, if it is in ledger mode
+    /// and no instance reported the gate unreachable for it within `quiet` (on the
+    /// database's clock): exactly what [`advance_generation`](Self::advance_generation)
+    /// does (the plan's hold ids start above every recorded one, the ledger's own
+    /// included) and the mode back to gate; the caller rebuilds the gate with the plan.
     async fn leave_ledger_mode(
         &self,
         product_id: ProductId,
-    ) -> Result<Option<RebuildPlan>, LedgerError>;
+        quiet: Duration,
+    ) -> Result<Leave, LedgerError>;
+
+    /// The products in ledger mode, in ascending id order, at most `limit`.
+    async fn ledger_mode_products(&self, limit: usize) -> Result<Vec<ProductId>, LedgerError>;
+}
+
+/// What [`LedgerMaintenance::leave_ledger_mode`] found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Leave {
+    /// The product is in gate mode now; the gate is to be rebuilt with the plan.
+    Left(RebuildPlan),
+    /// The product was in gate mode already: nothing changed.
+    NotLedger,
+    /// An instance reported the gate unreachable within the quiet time: nothing changed.
+    TooSoon,
 }
 
 /// A product's business facts in the ledger.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LedgerFacts {
     pub counters: InventoryCounters,
+    /// Who serves the stock: in ledger mode the gate is behind on purpose and is not
+    /// compared with the ledger (the way back rebuilds it from these facts).
+    pub mode: StockMode,
     /// Units of PENDING_PAYMENT and of PAID orders.
     pub pending_units: i64,
     pub paid_units: i64,

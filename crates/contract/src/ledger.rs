@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flashsale_app::ports::{
-    Commit, CreateProduct, ExpiredOrder, Fence, LedgerMaintenance, ModeSwitch, RecordRestock,
-    ReleaseOf,
+    Commit, CreateProduct, ExpiredOrder, Fence, Leave, LedgerMaintenance, ModeSwitch,
+    RecordRestock, ReleaseOf,
 };
 use flashsale_app::{Ledger, Order, PurchaseOutcome};
 use flashsale_core::{
@@ -669,9 +669,9 @@ pub async fn a_ledger_purchase_in_gate_mode_goes_to_the_gate<W: LedgerWorld>(w: 
     );
 }
 
-/// Orders of ledger mode are paid, cancelled and expired like the gate's: a cancel's
-/// pending return names the mode's generation and the ledger's hold, and expiry runs on
-/// the ledger's clock.
+/// Orders of ledger mode are paid, cancelled and expired like the gate's: a cancel
+/// gives its units back to the ledger's counters only (no return is owed to the gate),
+/// and expiry runs on the ledger's clock.
 pub async fn ledger_mode_orders_resolve_like_gate_ones<W: LedgerWorld>(w: &W) {
     let l = w.ledger();
     create(l, product(), 5, Some(3)).await;
@@ -696,17 +696,10 @@ pub async fn ledger_mode_orders_resolve_like_gate_ones<W: LedgerWorld>(w: &W) {
         .expect("cancel")
         .expect("o");
     assert!(attempt.applied);
-    let expected = ReleaseOf::Reservation {
-        generation: generation(2),
-        hold: hold(2, 2),
-        user_id: user(2),
-        quantity: cancelled.quantity,
-        limited: true,
-    };
-    assert_eq!(attempt.pending_return, Some(expected));
-    let returns = l.pending_returns(10).await.expect("returns");
-    assert_eq!(returns.len(), 1, "{returns:?}");
-    assert_eq!(returns[0].of, expected);
+    // The units are back in the counters, where the stock is served: nothing is owed to
+    // the gate, and recovery has nothing to give back.
+    assert_eq!(attempt.pending_return, None);
+    assert!(l.pending_returns(10).await.expect("returns").is_empty());
     w.pass(Duration::from_millis(1500)).await;
     let late = ExpiredOrder {
         order_id: short.order_id,
@@ -755,11 +748,20 @@ pub async fn leaving_ledger_mode_plans_the_gate<W: LedgerWorld>(w: &W) {
     l.record_restock(product(), &request_id("X_R"), 4)
         .await
         .expect("restock");
-    let plan = l
-        .leave_ledger_mode(product())
+    assert_eq!(
+        l.leave_ledger_mode(product(), Duration::from_secs(3600))
+            .await
+            .expect("leave"),
+        Leave::TooSoon,
+        "the switch itself reported the gate unreachable"
+    );
+    let Leave::Left(plan) = l
+        .leave_ledger_mode(product(), Duration::ZERO)
         .await
         .expect("leave")
-        .expect("a plan");
+    else {
+        panic!("no plan")
+    };
     assert_eq!(plan.generation, generation(3));
     assert_eq!(plan.available, 10 + 4 - 2 - 3 - 1);
     assert!(plan.last_hold_id >= 3, "{plan:?}");
@@ -775,7 +777,12 @@ pub async fn leaving_ledger_mode_plans_the_gate<W: LedgerWorld>(w: &W) {
         (mark.generation, mark.mode),
         (generation(3), StockMode::Gate)
     );
-    assert_eq!(l.leave_ledger_mode(product()).await.expect("again"), None);
+    assert_eq!(
+        l.leave_ledger_mode(product(), Duration::ZERO)
+            .await
+            .expect("again"),
+        Leave::NotLedger
+    );
     assert_eq!(
         l.generation(product()).await.expect("gen"),
         Some(generation(3))
@@ -847,6 +854,80 @@ pub async fn concurrent_ledger_purchases_sell_exactly_the_stock<W: LedgerWorld>(
     assert_eq!((c.available, c.reserved), (0, STOCK));
 }
 
+/// Entering ledger mode settles what the gate is owed, as a rebuild does: a release not
+/// yet returned and a restock not yet applied are done (the counters have their units),
+/// so recovery gives nothing back to a gate that is not used. A product never loaded is
+/// loaded from then on (its gate is only ever rebuilt from a plan), a restock in ledger
+/// mode is applied at once, and the product is listed among those in ledger mode.
+pub async fn entering_ledger_mode_settles_what_the_gate_is_owed<W: LedgerWorld>(w: &W) {
+    let l = w.ledger();
+    create(l, product(), 5, None).await;
+    assert!(l.ledger_mode_products(10).await.expect("list").is_empty());
+    let order = committed(commit(l, &purchase("S_A", 1, 2), hold(1, 1), None).await);
+    let attempt = l
+        .cancel(order.order_id, user(1), CancelReason::UserCancelled)
+        .await
+        .expect("cancel")
+        .expect("o");
+    assert!(attempt.pending_return.is_some(), "gate mode owes the gate");
+    l.record_restock(product(), &request_id("S_R"), 3)
+        .await
+        .expect("restock");
+    assert_eq!(l.pending_returns(10).await.expect("r").len(), 1);
+    assert_eq!(l.pending_restocks(10).await.expect("r").len(), 1);
+    l.enter_ledger_mode(product()).await.expect("enter");
+    assert!(l.pending_returns(10).await.expect("r").is_empty());
+    assert!(l.pending_restocks(10).await.expect("r").is_empty());
+    let stored = l.product(product()).await.expect("p").expect("a product");
+    assert!(stored.stock_loaded);
+    assert_eq!(stored.stock_mode, StockMode::Ledger);
+    assert_eq!(
+        l.record_restock(product(), &request_id("S_S"), 2)
+            .await
+            .expect("restock"),
+        RecordRestock::Recorded {
+            applied: true,
+            generation: generation(2)
+        }
+    );
+    assert!(l.pending_restocks(10).await.expect("r").is_empty());
+    assert_eq!(
+        l.ledger_mode_products(10).await.expect("list"),
+        vec![product()]
+    );
+    let c = counters(l).await;
+    assert_eq!((c.total, c.available, c.reserved), (10, 10, 0));
+}
+
+/// The way back waits until no instance has reported the gate unreachable for the quiet
+/// time: each report (a call on a product in ledger mode already) starts it again, and
+/// only a product quiet for that long is given back.
+pub async fn the_way_back_waits_for_quiet<W: LedgerWorld>(w: &W) {
+    const QUIET: Duration = Duration::from_millis(1000);
+    let l = w.ledger();
+    create(l, product(), 5, None).await;
+    l.enter_ledger_mode(product()).await.expect("enter");
+    w.pass(Duration::from_millis(700)).await;
+    assert!(matches!(
+        l.enter_ledger_mode(product()).await.expect("report"),
+        ModeSwitch::AlreadyLedger { .. }
+    ));
+    w.pass(Duration::from_millis(700)).await;
+    assert_eq!(
+        l.leave_ledger_mode(product(), QUIET).await.expect("leave"),
+        Leave::TooSoon,
+        "reported 0.7 s ago"
+    );
+    assert_eq!(mode(l).await, StockMode::Ledger);
+    w.pass(Duration::from_millis(600)).await;
+    assert!(matches!(
+        l.leave_ledger_mode(product(), QUIET).await.expect("leave"),
+        Leave::Left(_)
+    ));
+    assert_eq!(mode(l).await, StockMode::Gate);
+    assert!(l.ledger_mode_products(10).await.expect("list").is_empty());
+}
+
 /// Expands to one `#[tokio::test]` per body of the ledger's contract, over world `$w`.
 #[macro_export]
 macro_rules! ledger_contract {
@@ -869,6 +950,8 @@ macro_rules! ledger_contract {
             ledger_mode_orders_resolve_like_gate_ones,
             leaving_ledger_mode_plans_the_gate,
             concurrent_ledger_purchases_sell_exactly_the_stock,
+            entering_ledger_mode_settles_what_the_gate_is_owed,
+            the_way_back_waits_for_quiet,
         );
     };
     (@tests $w:ty; $($name:ident),* $(,)?) => {

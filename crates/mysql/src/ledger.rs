@@ -1073,10 +1073,13 @@ impl MysqlLedger {
             // This transaction holds the inventory row's lock now, so the generation read
             // here is the one its counters change lands in: a rebuild either counted this
             // release already (it committed first) or comes after it.
+            // In ledger mode the units are back where the stock is served, in these
+            // counters: nothing is owed to the gate, whose way back is a rebuild from them.
             sqlx::query(
-                "UPDATE inventory_reservation SET released_generation = \
-                 (SELECT generation FROM product_inventory WHERE product_id = ?) \
-                 WHERE request_id = ?",
+                "UPDATE inventory_reservation r, product_inventory i \
+                 SET r.released_generation = i.generation, \
+                 r.stock_returned = (i.stock_mode = 'LEDGER') \
+                 WHERE i.product_id = ? AND r.request_id = ?",
             )
             .bind(product_id)
             .bind(&request_id)
@@ -1153,18 +1156,26 @@ impl MysqlLedger {
             tx.rollback().await?;
             return Ok(RecordRestock::TooLarge);
         }
-        // Holding the inventory row's lock, the generation is the one the restock lands in.
-        let generation: i64 =
-            sqlx::query_scalar("SELECT generation FROM product_inventory WHERE product_id = ?")
-                .bind(product_id.get())
-                .fetch_one(&mut *tx)
-                .await?;
-        let generation = rows::generation(generation).map_err(rows::undecodable)?;
-        sqlx::query("UPDATE restock_request SET generation = ? WHERE request_id = ?")
-            .bind(generation.get())
-            .bind(restock_id.as_str())
-            .execute(&mut *tx)
-            .await?;
+        // Holding the inventory row's lock, the generation and the mode are the ones the
+        // restock lands in. In ledger mode the counters are where the stock is served, so
+        // nothing is owed to the gate (its way back is a rebuild from the counters).
+        let row = sqlx::query(
+            "SELECT generation, stock_mode FROM product_inventory WHERE product_id = ?",
+        )
+        .bind(product_id.get())
+        .fetch_one(&mut *tx)
+        .await?;
+        let generation = rows::generation(row.try_get("generation")?).map_err(rows::undecodable)?;
+        let applied =
+            rows::stock_mode(&row, "stock_mode").map_err(rows::undecodable)? == StockMode::Ledger;
+        sqlx::query(
+            "UPDATE restock_request SET generation = ?, gate_applied = ? WHERE request_id = ?",
+        )
+        .bind(generation.get())
+        .bind(applied)
+        .bind(restock_id.as_str())
+        .execute(&mut *tx)
+        .await?;
         sqlx::query(
             "INSERT INTO inventory_log (request_id, product_id, quantity, type) \
              VALUES (?, ?, ?, 'restock')",
@@ -1176,7 +1187,7 @@ impl MysqlLedger {
         .await?;
         tx.commit().await?;
         Ok(RecordRestock::Recorded {
-            applied: false,
+            applied,
             generation,
         })
     }

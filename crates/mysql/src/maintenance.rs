@@ -1,10 +1,11 @@
 //! The ledger's side of the background workers and the audit.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use flashsale_app::ports::{
-    CancelAttempt, ExpiredOrder, LedgerFacts, LedgerMaintenance, ModeSwitch, PendingRestock,
+    CancelAttempt, ExpiredOrder, Leave, LedgerFacts, LedgerMaintenance, ModeSwitch, PendingRestock,
     PendingReturn, RebuildPlan, ReleaseOf, Watermark,
 };
 use flashsale_app::LedgerError;
@@ -29,7 +30,7 @@ const UNAPPLIED_RESTOCKS_MAX: i64 = 10_000;
 
 /// An age the database measured in microseconds (never negative: a clock step back).
 fn age(micros: i64) -> std::time::Duration {
-    std::time::Duration::from_micros(u64::try_from(micros).unwrap_or(0))
+    Duration::from_micros(u64::try_from(micros).unwrap_or(0))
 }
 
 fn limit(n: usize) -> i64 {
@@ -123,8 +124,9 @@ impl LedgerMaintenance for MysqlLedger {
                      FROM inventory_reservation r \
                      LEFT JOIN orders o ON o.request_id = r.request_id \
                      LEFT JOIN products p ON p.product_id = r.product_id \
+                     JOIN product_inventory i ON i.product_id = r.product_id \
                      WHERE r.stock_returned = 0 AND r.status = 'RELEASED' \
-                     ORDER BY r.updated_at LIMIT ?",
+                     AND i.stock_mode = 'GATE' ORDER BY r.updated_at LIMIT ?",
                 )
                 .bind(limit(max))
                 .fetch_all(self.pool())
@@ -170,8 +172,10 @@ impl LedgerMaintenance for MysqlLedger {
         let rows = self
             .run("pending restocks", || {
                 sqlx::query(
-                    "SELECT request_id, product_id, quantity, generation FROM restock_request \
-                     WHERE gate_applied = 0 ORDER BY created_at LIMIT ?",
+                    "SELECT r.request_id, r.product_id, r.quantity, r.generation \
+                     FROM restock_request r JOIN product_inventory i ON i.product_id = r.product_id \
+                     WHERE r.gate_applied = 0 AND i.stock_mode = 'GATE' \
+                     ORDER BY r.created_at LIMIT ?",
                 )
                 .bind(limit(max))
                 .fetch_all(self.pool())
@@ -239,7 +243,7 @@ impl LedgerMaintenance for MysqlLedger {
             .run("facts: inventory", || {
                 sqlx::query(
                     "SELECT i.total_stock, i.available_stock, i.pre_deduct_stock, i.sold_count, \
-                     u.pending, u.paid, u.overdue, u.overdue_us \
+                     i.stock_mode, u.pending, u.paid, u.overdue, u.overdue_us \
                      FROM product_inventory i, (SELECT \
                      CAST(COALESCE(SUM(CASE WHEN status = 'PENDING_PAYMENT' THEN quantity END), 0) AS SIGNED) AS pending, \
                      CAST(COALESCE(SUM(CASE WHEN status = 'PAID' THEN quantity END), 0) AS SIGNED) AS paid, \
@@ -263,6 +267,7 @@ impl LedgerMaintenance for MysqlLedger {
             reserved: row.try_get("pre_deduct_stock").map_err(db)?,
             sold: row.try_get("sold_count").map_err(db)?,
         };
+        let mode = rows::stock_mode(&row, "stock_mode")?;
         let units = row;
         let ids = |sql: &'static str| async move {
             let rows = self
@@ -384,6 +389,7 @@ impl LedgerMaintenance for MysqlLedger {
             .await?;
         Ok(Some(LedgerFacts {
             counters,
+            mode,
             pending_units: units.try_get("pending").map_err(db)?,
             paid_units: units.try_get("paid").map_err(db)?,
             orders_without_reservation,
@@ -445,16 +451,31 @@ impl LedgerMaintenance for MysqlLedger {
     async fn leave_ledger_mode(
         &self,
         product_id: ProductId,
-    ) -> Result<Option<RebuildPlan>, LedgerError> {
-        let plan = self
-            .run("leave ledger mode", || self.leave(product_id))
+        quiet: Duration,
+    ) -> Result<Leave, LedgerError> {
+        let left = self
+            .run("leave ledger mode", || self.leave(product_id, quiet))
             .await?
             .ok_or_else(|| no_inventory(product_id))?;
-        if let Some(plan) = &plan {
+        if let Leave::Left(plan) = &left {
             info!(%product_id, generation = %plan.generation, available = plan.available,
                 "product back in gate mode; the gate is to be rebuilt");
         }
-        Ok(plan)
+        Ok(left)
+    }
+
+    async fn ledger_mode_products(&self, max: usize) -> Result<Vec<ProductId>, LedgerError> {
+        let ids: Vec<i64> = self
+            .run("ledger mode products", || {
+                sqlx::query_scalar(
+                    "SELECT product_id FROM product_inventory WHERE stock_mode = 'LEDGER' \
+                     ORDER BY product_id LIMIT ?",
+                )
+                .bind(limit(max))
+                .fetch_all(self.pool())
+            })
+            .await?;
+        product_ids(ids)
     }
 }
 
@@ -488,6 +509,26 @@ async fn lock_inventory(tx: &mut MySqlConnection, p: i64) -> Result<Option<Locke
     }))
 }
 
+/// Records every release and restock of the product the gate has not had yet as done: the
+/// counters have their units, and the gate's next state is made from the counters (a
+/// rebuild's plan, or ledger mode, where the gate is not used until that rebuild).
+async fn settle_owed(tx: &mut MySqlConnection, p: i64) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE inventory_reservation SET stock_returned = 1 \
+         WHERE product_id = ? AND status = 'RELEASED' AND stock_returned = 0",
+    )
+    .bind(p)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE restock_request SET gate_applied = 1 WHERE product_id = ? AND gate_applied = 0",
+    )
+    .bind(p)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
 /// What the gate gets when a product is rebuilt in the next generation, in the open
 /// transaction `tx` that locked its row (`locked`): the generation advances (the ledger's
 /// hold ids restart with it), and with `to_gate` the product goes back to gate mode;
@@ -515,19 +556,7 @@ async fn advance_locked(
         .await?;
     // Units of releases and restocks not yet applied to the gate are in the counters
     // the plan is made from: the new gate state has them, so they are settled.
-    sqlx::query(
-        "UPDATE inventory_reservation SET stock_returned = 1 \
-         WHERE product_id = ? AND status = 'RELEASED' AND stock_returned = 0",
-    )
-    .bind(p)
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query(
-        "UPDATE restock_request SET gate_applied = 1 WHERE product_id = ? AND gate_applied = 0",
-    )
-    .bind(p)
-    .execute(&mut *tx)
-    .await?;
+    settle_owed(tx, p).await?;
     let limited: Option<Option<u32>> =
         sqlx::query_scalar("SELECT per_user_limit FROM products WHERE product_id = ?")
             .bind(p)
@@ -582,16 +611,35 @@ impl MysqlLedger {
         Ok(Some(plan))
     }
 
-    /// One transaction: lock the inventory row (waiting for commits in flight); in gate
-    /// mode, move to the next generation in ledger mode, the ledger's hold ids from 0.
+    /// In ledger mode already: one statement records the report (no wait for the
+    /// purchases in flight). Otherwise one transaction: lock the inventory row (waiting
+    /// for commits in flight); in gate mode, move to the next generation in ledger mode,
+    /// the ledger's hold ids from 0, and settle what was owed to the gate.
     async fn enter(&self, product_id: ProductId) -> Result<Option<ModeSwitch>, sqlx::Error> {
         let p = product_id.get();
+        let reported = sqlx::query(
+            "UPDATE product_inventory SET gate_unreachable_at = NOW(6) \
+             WHERE product_id = ? AND stock_mode = 'LEDGER'",
+        )
+        .bind(p)
+        .execute(self.pool())
+        .await?;
         let mut tx = self.pool().begin().await?;
         let Some(locked) = lock_inventory(&mut tx, p).await? else {
             return Ok(None);
         };
         if locked.mode == StockMode::Ledger {
-            tx.rollback().await?;
+            if reported.rows_affected() == 0 {
+                // Entered between the two statements: this report counts from now.
+                sqlx::query(
+                    "UPDATE product_inventory SET gate_unreachable_at = NOW(6) \
+                     WHERE product_id = ?",
+                )
+                .bind(p)
+                .execute(&mut *tx)
+                .await?;
+            }
+            tx.commit().await?;
             return Ok(Some(ModeSwitch::AlreadyLedger {
                 generation: locked.generation,
             }));
@@ -599,24 +647,32 @@ impl MysqlLedger {
         let generation = locked.generation.next();
         sqlx::query(
             "UPDATE product_inventory SET generation = ?, stock_mode = 'LEDGER', \
-             ledger_hold_seq = 0, mode_changed_at = NOW(6), version = version + 1 \
-             WHERE product_id = ?",
+             ledger_hold_seq = 0, mode_changed_at = NOW(6), gate_unreachable_at = NOW(6), \
+             version = version + 1 WHERE product_id = ?",
         )
         .bind(generation.get())
         .bind(p)
         .execute(&mut *tx)
         .await?;
+        settle_owed(&mut tx, p).await?;
+        // From now on the ledger serves the stock: it is never again loaded from the
+        // counters as if nothing had been sold (the way back rebuilds it from a plan).
+        sqlx::query("UPDATE products SET stock_loaded = 1 WHERE product_id = ?")
+            .bind(p)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(Some(ModeSwitch::Entered { generation }))
     }
 
     /// One transaction: lock the inventory row (waiting for commits in flight); in ledger
-    /// mode, what [`Self::advance`] does and the mode back to gate. `Some(None)`: the
-    /// product is in gate mode already.
+    /// mode with no report of an unreachable gate within `quiet`, what [`Self::advance`]
+    /// does and the mode back to gate.
     async fn leave(
         &self,
         product_id: ProductId,
-    ) -> Result<Option<Option<RebuildPlan>>, sqlx::Error> {
+        quiet: Duration,
+    ) -> Result<Option<Leave>, sqlx::Error> {
         let p = product_id.get();
         let mut tx = self.pool().begin().await?;
         let Some(locked) = lock_inventory(&mut tx, p).await? else {
@@ -624,10 +680,23 @@ impl MysqlLedger {
         };
         if locked.mode == StockMode::Gate {
             tx.rollback().await?;
-            return Ok(Some(None));
+            return Ok(Some(Leave::NotLedger));
+        }
+        let quiet_us = i64::try_from(quiet.as_micros()).unwrap_or(i64::MAX);
+        let reported_lately: bool = sqlx::query_scalar(
+            "SELECT COALESCE(gate_unreachable_at > NOW(6) - INTERVAL ? MICROSECOND, 0) \
+             FROM product_inventory WHERE product_id = ?",
+        )
+        .bind(quiet_us)
+        .bind(p)
+        .fetch_one(&mut *tx)
+        .await?;
+        if reported_lately {
+            tx.rollback().await?;
+            return Ok(Some(Leave::TooSoon));
         }
         let plan = advance_locked(&mut tx, p, &locked, true).await?;
         tx.commit().await?;
-        Ok(Some(Some(plan)))
+        Ok(Some(Leave::Left(plan)))
     }
 }

@@ -19,9 +19,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use flashsale_app::ports::{
     Applied, CancelAttempt, Commit, CreateProduct, ErrorKind, ExpiredOrder, Fence, GateFacts,
-    GateMaintenance, GateState, LedgerFacts, LedgerMaintenance, ModeSwitch, Outbox, PayAttempt,
-    PendingRestock, PendingReturn, PortError, RebuildPlan, RecordRestock, Release, ReleaseOf,
-    Reserve, Restock, StaleHold, StatsStore, Watermark,
+    GateMaintenance, GateState, Leave, LedgerFacts, LedgerMaintenance, ModeSwitch, Outbox,
+    PayAttempt, PendingRestock, PendingReturn, PortError, RebuildPlan, RecordRestock, Release,
+    ReleaseOf, Reserve, Restock, StaleHold, StatsStore, Watermark,
 };
 use flashsale_app::{
     EventType, GateError, Ledger, LedgerError, Order, OutboxMessage, Product, PurchaseRecord,
@@ -689,13 +689,25 @@ impl LedgerMaintenance for FaultyLedger {
     async fn leave_ledger_mode(
         &self,
         product_id: ProductId,
-    ) -> Result<Option<RebuildPlan>, LedgerError> {
+        quiet: Duration,
+    ) -> Result<Leave, LedgerError> {
         through(
             &self.ctx,
             Port::Ledger,
             "ledger.leave_ledger_mode",
             || format!("p{product_id}"),
-            || self.inner.leave_ledger_mode(product_id),
+            || self.inner.leave_ledger_mode(product_id, quiet),
+        )
+        .await
+    }
+
+    async fn ledger_mode_products(&self, limit: usize) -> Result<Vec<ProductId>, LedgerError> {
+        through(
+            &self.ctx,
+            Port::Ledger,
+            "ledger.ledger_mode_products",
+            String::new,
+            || self.inner.ledger_mode_products(limit),
         )
         .await
     }

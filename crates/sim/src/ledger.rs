@@ -28,7 +28,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, TimeDelta, Utc};
 use flashsale_app::ports::{
-    Applied, CancelAttempt, Commit, CreateProduct, ExpiredOrder, Fence, LedgerFacts,
+    Applied, CancelAttempt, Commit, CreateProduct, ExpiredOrder, Fence, Leave, LedgerFacts,
     LedgerMaintenance, ModeSwitch, Outbox, PayAttempt, PendingRestock, PendingReturn, RebuildPlan,
     RecordRestock, ReleaseOf, StatsStore, Watermark,
 };
@@ -86,6 +86,9 @@ struct InventoryRow {
     /// the current generation (ledger mode).
     mode: StockMode,
     ledger_hold_seq: i64,
+    /// `gate_unreachable_at`: the last report of an instance that could not reach the
+    /// gate (the simulated database's clock).
+    gate_unreachable_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone)]
@@ -253,6 +256,19 @@ fn check_counters(c: &InventoryRow) -> bool {
 }
 
 impl Tables {
+    /// Who serves the product's stock (gate mode for a product with no inventory row).
+    fn mode_of(&self, product_id: i64) -> StockMode {
+        self.inventory
+            .get(&product_id)
+            .map_or(StockMode::Gate, |i| i.mode)
+    }
+
+    /// Whether the gate serves the product: what it is owed (returns, restocks) is
+    /// given to it only then; in ledger mode the way back's rebuild settles it.
+    fn gate_serves(&self, product_id: i64) -> bool {
+        self.mode_of(product_id) == StockMode::Gate
+    }
+
     /// `uk_reservation_hold (product_id, generation, hold_id)`.
     fn hold_recorded(&self, product_id: i64, hold: HoldRef) -> bool {
         self.reservations
@@ -1185,7 +1201,8 @@ impl MemLedger {
             } else {
                 r.status = ReservationStatus::Released;
                 r.release_reason = Some(ReleaseReason::for_cancel(reason));
-                r.stock_returned = false;
+                // In ledger mode the units are back where the stock is served.
+                r.stock_returned = inv.mode == StockMode::Ledger;
                 r.released_generation = Some(inv.generation);
             }
         }
@@ -1299,11 +1316,12 @@ impl MemLedger {
         let now = self.now();
         let t = self.lock();
         let counters = counters_of(&t, product_id)?;
+        let mode = t.mode_of(product_id);
         let (pending_units, paid_units, overdue_unpaid) = units_of(&t, product_id, now);
         Some(rest_of(
             &t,
             product_id,
-            counters,
+            (counters, mode),
             pending_units,
             paid_units,
             overdue_unpaid,
@@ -1345,7 +1363,7 @@ fn units_of(t: &Tables, product_id: i64, now: DateTime<Utc>) -> (i64, i64, i64) 
 fn rest_of(
     t: &Tables,
     product_id: i64,
-    counters: InventoryCounters,
+    (counters, mode): (InventoryCounters, StockMode),
     pending_units: i64,
     paid_units: i64,
     overdue_unpaid: i64,
@@ -1408,6 +1426,7 @@ fn rest_of(
         .count();
     LedgerFacts {
         counters,
+        mode,
         pending_units,
         paid_units,
         orders_without_reservation,
@@ -1461,6 +1480,7 @@ impl Ledger for MemLedger {
                             generation: Generation::FIRST,
                             mode: StockMode::Gate,
                             ledger_hold_seq: 0,
+                            gate_unreachable_at: None,
                         },
                     );
                     true
@@ -1685,6 +1705,8 @@ impl Ledger for MemLedger {
             return Err(self.anomaly(t, format!("duplicate inventory_log (restock) for {rid}")));
         }
         let generation = inv.generation;
+        // In ledger mode nothing is owed to the gate (its way back is a rebuild).
+        let applied = inv.mode == StockMode::Ledger;
         t.inventory.insert(
             p,
             InventoryRow {
@@ -1698,13 +1720,13 @@ impl Ledger for MemLedger {
             RestockRow {
                 product_id: p,
                 quantity,
-                gate_applied: false,
+                gate_applied: applied,
                 generation,
             },
         );
         t.log.insert((rid.to_owned(), "restock"));
         Ok(RecordRestock::Recorded {
-            applied: false,
+            applied,
             generation,
         })
     }
@@ -1820,6 +1842,7 @@ impl LedgerMaintenance for MemLedger {
             .reservations
             .iter()
             .filter(|(_, r)| r.status == ReservationStatus::Released && !r.stock_returned)
+            .filter(|(_, r)| t.gate_serves(r.request.product_id.get()))
             .map(|(rid, r)| (r.updated_at, r.id, rid, r))
             .collect();
         rows.sort_by_key(|(at, id, _, _)| (*at, *id));
@@ -1855,7 +1878,7 @@ impl LedgerMaintenance for MemLedger {
         let t = self.lock();
         t.restocks
             .iter()
-            .filter(|(_, r)| !r.gate_applied)
+            .filter(|(_, r)| !r.gate_applied && t.gate_serves(r.product_id))
             .take(limit)
             .map(|(id, r)| {
                 Ok(PendingRestock {
@@ -1907,7 +1930,7 @@ impl LedgerMaintenance for MemLedger {
             let Some(counters) = counters_of(&t, p) else {
                 return Ok(None);
             };
-            (counters, units_of(&t, p, now))
+            ((counters, t.mode_of(p)), units_of(&t, p, now))
         };
         self.round_trip("facts: reservations").await;
         let t = self.lock();
@@ -1942,10 +1965,13 @@ impl LedgerMaintenance for MemLedger {
     }
 
     async fn enter_ledger_mode(&self, product_id: ProductId) -> Result<ModeSwitch, LedgerError> {
+        let now = self.now();
         let mut t = self.lock();
-        let Some(inv) = t.inventory.get_mut(&product_id.get()) else {
+        let p = product_id.get();
+        let Some(inv) = t.inventory.get_mut(&p) else {
             return Err(no_inventory(product_id));
         };
+        inv.gate_unreachable_at = Some(now);
         if inv.mode == StockMode::Ledger {
             return Ok(ModeSwitch::AlreadyLedger {
                 generation: inv.generation,
@@ -1954,21 +1980,58 @@ impl LedgerMaintenance for MemLedger {
         inv.generation = inv.generation.next();
         inv.mode = StockMode::Ledger;
         inv.ledger_hold_seq = 0;
-        Ok(ModeSwitch::Entered {
-            generation: inv.generation,
-        })
+        let generation = inv.generation;
+        settle_owed(&mut t, p, now);
+        if let Some(product) = t.products.get_mut(&p) {
+            product.stock_loaded = true;
+        }
+        Ok(ModeSwitch::Entered { generation })
     }
 
     async fn leave_ledger_mode(
         &self,
         product_id: ProductId,
-    ) -> Result<Option<RebuildPlan>, LedgerError> {
+        quiet: Duration,
+    ) -> Result<Leave, LedgerError> {
         let now = self.now();
         let mut t = self.lock();
+        let quiet = TimeDelta::from_std(quiet).unwrap_or(TimeDelta::MAX);
         match t.inventory.get(&product_id.get()) {
             None => Err(no_inventory(product_id)),
-            Some(inv) if inv.mode == StockMode::Gate => Ok(None),
-            Some(_) => advance_locked(&mut t, product_id, now, true).map(Some),
+            Some(inv) if inv.mode == StockMode::Gate => Ok(Leave::NotLedger),
+            Some(inv) if inv.gate_unreachable_at.is_some_and(|at| at > now - quiet) => {
+                Ok(Leave::TooSoon)
+            }
+            Some(_) => advance_locked(&mut t, product_id, now, true).map(Leave::Left),
+        }
+    }
+
+    async fn ledger_mode_products(&self, limit: usize) -> Result<Vec<ProductId>, LedgerError> {
+        let t = self.lock();
+        t.inventory
+            .iter()
+            .filter(|(_, inv)| inv.mode == StockMode::Ledger)
+            .take(limit)
+            .map(|(p, _)| ProductId::parse(*p).map_err(corrupt))
+            .collect()
+    }
+}
+
+/// `settle_owed` in `MysqlLedger`: releases not yet returned to the gate and restocks
+/// not yet applied to it count as done (the counters have their units).
+fn settle_owed(t: &mut Tables, p: i64, now: DateTime<Utc>) {
+    for r in t.reservations.values_mut() {
+        if r.request.product_id.get() == p
+            && r.status == ReservationStatus::Released
+            && !r.stock_returned
+        {
+            r.stock_returned = true;
+            r.updated_at = now;
+        }
+    }
+    for r in t.restocks.values_mut() {
+        if r.product_id == p {
+            r.gate_applied = true;
         }
     }
 }
@@ -1997,20 +2060,7 @@ fn advance_locked(
     }
     let generation = inv.generation;
     let available = inv.available;
-    for r in t.reservations.values_mut() {
-        if r.request.product_id.get() == p
-            && r.status == ReservationStatus::Released
-            && !r.stock_returned
-        {
-            r.stock_returned = true;
-            r.updated_at = now;
-        }
-    }
-    for r in t.restocks.values_mut() {
-        if r.product_id == p {
-            r.gate_applied = true;
-        }
-    }
+    settle_owed(t, p, now);
     let mut user_units = Vec::new();
     if t.products
         .get(&p)
