@@ -14,6 +14,7 @@ pub mod limit;
 pub mod maintenance;
 pub mod metrics;
 pub mod model;
+pub mod modes;
 pub mod outcome;
 pub mod ports;
 mod service;

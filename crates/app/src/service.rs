@@ -31,9 +31,10 @@ use crate::limit::{self, Limiter, Rate};
 use crate::model::{
     InventoryView, Order, Product, ProductView, PurchaseOutcome, PurchaseRecord, Purchased,
 };
+use crate::modes::ModeBoard;
 use crate::ports::{
-    Clock, Commit, CreateProduct, Fence, LeaseListener, Ledger, RecordRestock, Release, ReleaseOf,
-    Reserve, Restock, SoldOutLease, StaleHold, StockGate,
+    Clock, Commit, CreateProduct, ErrorKind, Fence, LeaseListener, Ledger, RecordRestock, Release,
+    ReleaseOf, Reserve, Restock, SoldOutLease, StaleHold, StockGate,
 };
 use crate::sold_out::{Check, Heard, SoldOutBoard, Taking, HOLDERS_MAX};
 
@@ -53,6 +54,8 @@ pub struct Flashsale {
     settings: Settings,
     catalog: Catalog,
     sold_out: Arc<SoldOutBoard>,
+    /// Which products the ledger serves, as this instance knows (`modes.rs`).
+    modes: Arc<ModeBoard>,
     /// Purchase attempts per user that reach the gate (None: no limit).
     user_rate: Option<Limiter<i64>>,
     /// Wakes the gate watch when a purchase meets a gate that must be rebuilt, so the
@@ -81,6 +84,7 @@ impl Flashsale {
             settings,
             catalog: Catalog::default(),
             sold_out: Arc::new(SoldOutBoard::default()),
+            modes: Arc::new(ModeBoard::default()),
             user_rate: None,
             gate_watch: None,
         }
@@ -114,6 +118,12 @@ impl Flashsale {
     /// the gate.
     pub fn lease_listener(&self) -> Arc<dyn LeaseListener> {
         self.sold_out.clone()
+    }
+
+    /// Which products this instance sends to the ledger: the fallback worker keeps it
+    /// (`fallback.rs`), purchases read it and correct it from the ledger's answers.
+    pub fn mode_board(&self) -> Arc<ModeBoard> {
+        self.modes.clone()
     }
 
     pub fn settings(&self) -> &Settings {
@@ -205,8 +215,9 @@ impl Flashsale {
         let quantity = parse_restock(quantity)?;
         let product = self.product(product_id).await?;
         // Record restocks only against a loaded gate, so warm-up (which copies the
-        // ledger's counters) never meets a restock that is also still to be applied.
-        if !product.stock_loaded {
+        // ledger's counters) never meets a restock that is also still to be applied. In
+        // ledger mode the ledger records it as applied: the gate is not used.
+        if !product.stock_loaded && self.modes.mode(product_id) == StockMode::Gate {
             self.load_stock(&product).await?;
         }
         let (applied, generation) = match self
@@ -217,7 +228,10 @@ impl Flashsale {
             RecordRestock::Recorded {
                 applied,
                 generation,
-            } => (applied, generation),
+            } => {
+                self.modes.lift_sold_out(product_id);
+                (applied, generation)
+            }
             RecordRestock::Conflict => return Err(Error::RequestIdConflict),
             RecordRestock::TooLarge => {
                 return Err(Error::Invalid(flashsale_core::ParseError::new(
@@ -322,6 +336,33 @@ impl Flashsale {
         if !product.window.is_open_at(self.clock.now()) {
             return Box::pin(self.replay_or(&request, Error::SaleNotActive)).await;
         }
+        if self.modes.mode(request.product_id) == StockMode::Ledger {
+            self.rate_limit(&request, sent)?;
+            return Box::pin(self.sell_from_ledger(request, product, sent)).await;
+        }
+        self.through_gate(request, product, sent).await
+    }
+
+    /// Counts the attempt against its user's rate (when one is set).
+    fn rate_limit(&self, request: &PurchaseRequest, now: Duration) -> Result<(), Error> {
+        if let Some(limiter) = &self.user_rate {
+            limiter
+                .check(request.user_id.get(), now)
+                .map_err(|l| Error::RateLimited {
+                    retry_after: l.retry_after,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// A purchase of a product the gate serves: the sold-out board, the rate limit, then
+    /// the gate's reservation and the ledger's commit.
+    async fn through_gate(
+        &self,
+        request: PurchaseRequest,
+        product: Arc<Product>,
+        sent: Duration,
+    ) -> Result<Purchased, Error> {
         let heard = match self
             .sold_out
             .check(request.product_id, &request.request_id, sent)
@@ -331,17 +372,66 @@ impl Flashsale {
             Check::Refuse => return Err(Error::SoldOut),
             Check::Ask(heard) => heard,
         };
-        if let Some(limiter) = &self.user_rate {
-            limiter
-                .check(request.user_id.get(), sent)
-                .map_err(|l| Error::RateLimited {
-                    retry_after: l.retry_after,
-                })?;
-        }
+        self.rate_limit(&request, sent)?;
         // The rest on the heap: a flood is mostly the refusal above, and its future (and
         // the request's, which holds it) stays small without the reservation's and the
         // commit's state (1,224 bytes with it; BENCHMARKS.md, "Ablation").
         Box::pin(self.reserve_and_commit(request, product, sent, heard)).await
+    }
+
+    /// A purchase of a product in ledger mode: the ledger's conditional UPDATE decides
+    /// and records it in one transaction. While the ledger's last "not enough stock" is
+    /// fresh (`modes.rs`), a purchase is only looked up (a replay is answered with its
+    /// record) instead of taking the product's row lock to be refused again.
+    async fn sell_from_ledger(
+        &self,
+        request: PurchaseRequest,
+        product: Arc<Product>,
+        sent: Duration,
+    ) -> Result<Purchased, Error> {
+        let product_id = request.product_id;
+        if self.modes.marked_sold_out(product_id, sent) {
+            return self.replay_or(&request, Error::SoldOut).await;
+        }
+        let committed = self
+            .ledger
+            .commit_ledger_purchase(
+                &request,
+                product.per_user_limit,
+                self.settings.payment_timeout,
+            )
+            .await;
+        match committed {
+            Ok(Commit::Committed(order)) => {
+                fail::fail_point!("purchase-after-commit");
+                Ok(Purchased {
+                    order,
+                    replay: false,
+                })
+            }
+            Ok(Commit::Duplicate(record)) => answer(&request, record),
+            Ok(Commit::InsufficientStock) => {
+                self.modes.mark_sold_out(product_id, sent);
+                Err(Error::SoldOut)
+            }
+            Ok(Commit::LimitExceeded) => Err(Error::LimitExceeded),
+            Ok(Commit::GateMode) => {
+                // Given back to the gate since this instance last looked: go there.
+                self.modes.set(product_id, StockMode::Gate);
+                self.through_gate(request, product, self.clock.monotonic())
+                    .await
+            }
+            Ok(Commit::StaleGeneration) => {
+                error!(request_id = %request.request_id, "the ledger answered a purchase without a gate hold as a stale hold");
+                Err(Error::Unavailable(
+                    "the ledger answered the purchase as a stale hold; retry".into(),
+                ))
+            }
+            Err(e) => {
+                warn!(request_id = %request.request_id, error = %e, "ledger purchase failed; outcome unknown until a retry");
+                Err(e.into())
+            }
+        }
     }
 
     /// The purchase past the sold-out board: the gate's reservation, then the ledger.
@@ -352,10 +442,10 @@ impl Flashsale {
         sent: Duration,
         heard: Heard,
     ) -> Result<Purchased, Error> {
-        let mut outcome = self.gate.reserve(&request, product.per_user_limit).await?;
+        let mut outcome = self.reserve(&request, &product, sent).await?;
         if outcome == Reserve::NotLoaded {
             self.load_stock(&product).await?;
-            outcome = self.gate.reserve(&request, product.per_user_limit).await?;
+            outcome = self.reserve(&request, &product, sent).await?;
         }
         match outcome {
             Reserve::Reserved { hold } => {
@@ -428,6 +518,26 @@ impl Flashsale {
                     )
                     .into(),
                 ))
+            }
+        }
+    }
+
+    /// The gate's reservation. A gate that does not answer marks the product as bought
+    /// while the gate is unreachable: the fallback worker switches it to ledger mode if
+    /// that lasts (`fallback.rs`).
+    async fn reserve(
+        &self,
+        request: &PurchaseRequest,
+        product: &Product,
+        sent: Duration,
+    ) -> Result<Reserve, Error> {
+        match self.gate.reserve(request, product.per_user_limit).await {
+            Ok(outcome) => Ok(outcome),
+            Err(e) => {
+                if matches!(e.kind(), ErrorKind::Unreachable | ErrorKind::TimedOut) {
+                    self.modes.unreached(request.product_id, sent);
+                }
+                Err(e.into())
             }
         }
     }
@@ -684,6 +794,7 @@ impl Flashsale {
             }
         } else {
             info!(%order_id, "order cancelled");
+            self.modes.lift_sold_out(attempt.order.product_id);
         }
         debug_assert_eq!(attempt.order.status, OrderStatus::Cancelled);
         if let Some(of) = attempt.pending_return {
