@@ -9,6 +9,7 @@ pub mod audit;
 pub mod baseline;
 mod catalog;
 mod error;
+pub mod fallback;
 pub mod group;
 pub mod limit;
 pub mod maintenance;
@@ -22,6 +23,7 @@ pub mod sold_out;
 
 pub use audit::AuditBounds;
 pub use error::Error;
+pub use fallback::{Fallback, FallbackSettings};
 pub use maintenance::{Maintenance, MaintenanceSettings, Reconciliation, RecoveryReport};
 pub use metrics::{Metrics, Monitor};
 pub use model::*;

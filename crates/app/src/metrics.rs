@@ -123,6 +123,11 @@ struct StockLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModeLabels {
+    to: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProductLabels {
     product_id: String,
 }
@@ -160,6 +165,7 @@ pub struct Metrics {
     recovery: Family<ActionLabels, Counter>,
     incidents: Counter,
     gate_rebuilds: Counter,
+    mode_switches: Family<ModeLabels, Counter>,
     drift_products: Gauge,
     drift_units: Gauge,
     events_published: Counter,
@@ -230,6 +236,12 @@ impl Metrics {
                 "gate_rebuilds",
                 "Products whose Redis state was lost and rebuilt from MariaDB's facts in a new stock generation",
                 Counter::default(),
+            ),
+            mode_switches: registered(
+                &mut registry,
+                "mode_switches",
+                "Products this instance switched to ledger mode (to=\"ledger\": Redis unreachable) or back to the Redis gate (to=\"gate\", Redis rebuilt)",
+                Family::default(),
             ),
             drift_products: registered(
                 &mut registry,
@@ -357,6 +369,13 @@ impl Metrics {
             }
         }
         self.incidents.inc_by(r.incidents as u64);
+    }
+
+    /// This instance switched a product to `to`.
+    pub fn mode_switched(&self, to: flashsale_core::StockMode) {
+        self.mode_switches
+            .get_or_create(&ModeLabels { to: to.as_str() })
+            .inc();
     }
 
     pub fn gates_rebuilt(&self, n: usize) {
@@ -669,6 +688,7 @@ mod tests {
             ..RecoveryReport::default()
         });
         m.gates_rebuilt(1);
+        m.mode_switched(flashsale_core::StockMode::Ledger);
         m.reconciled(&[]);
         m.events_published(1);
         m.relay_failed();
@@ -702,7 +722,7 @@ mod tests {
         let text = all_touched().encode();
         let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
         assert_eq!(
-            families, 18,
+            families, 19,
             "every family registered in Metrics::new:\n{text}"
         );
         // A histogram is named by its family (its samples add _bucket, _sum, _count).

@@ -41,6 +41,8 @@ pub struct Config {
     pub recovery_interval: Duration,
     pub gate_watch_interval: Duration,
     pub reconcile_interval: Duration,
+    /// When products switch to ledger mode, and back (`flashsale_app::fallback`).
+    pub fallback: flashsale_app::FallbackSettings,
     /// How long an outbox event may wait for the broker's acknowledgement before the
     /// audit calls it stuck.
     pub outbox_pending_max: Duration,
@@ -90,6 +92,12 @@ pub const KEYS: &[(&str, Option<&str>)] = &[
     ("recovery_interval", Some("5s")),
     ("gate_watch_interval", Some("1s")),
     ("reconcile_interval", Some("60s")),
+    // A Redis restart or failover takes a second or two; three seconds of 503s is what a
+    // buyer retries through, longer loses the sale's first seconds.
+    ("fallback_after", Some("3s")),
+    // Long enough that a Redis which drops out every few seconds keeps the products in
+    // ledger mode instead of making them switch back and forth.
+    ("fallback_recover_after", Some("30s")),
     // An event waits for the relay's next round (200 ms), its backoff while NATS is down
     // (up to 5 s between tries) and, if a relay died holding it, the end of its claim
     // (30 s): a minute covers all three, and an outage of the broker longer than that is
@@ -132,6 +140,12 @@ const IN_FLIGHT_LIMIT: usize = 1_000_000;
 /// Upper bound of the connection cap: each open connection holds about 16–17 KiB
 /// (README, measured by `tests/it/slow_clients.rs`), so a million would be 17 GB.
 const CONNECTIONS_LIMIT: usize = 1_000_000;
+/// Shortest `FLASHSALE_FALLBACK_AFTER`: two probes of the fallback worker, so one lost
+/// probe never switches a product.
+const FALLBACK_AFTER_MIN: Duration = Duration::from_millis(500);
+/// Longest `FLASHSALE_FALLBACK_AFTER` and `FLASHSALE_FALLBACK_RECOVER_AFTER`: an hour of
+/// a sale lost to waiting is no fallback.
+const FALLBACK_MAX: Duration = Duration::from_secs(3600);
 /// Longest header deadline: a slow client holds its connection this long.
 const HEADER_TIMEOUT_MAX: Duration = Duration::from_secs(300);
 /// Longest sold-out lease: units given back during a lease wait for its end, so a longer
@@ -190,6 +204,42 @@ impl Raw {
 
 fn invalid(name: &str, message: impl std::fmt::Display) -> ConfigError {
     ConfigError(format!("{name}: {message}"))
+}
+
+/// `FLASHSALE_FALLBACK_AFTER` (`off`, or a duration) and
+/// `FLASHSALE_FALLBACK_RECOVER_AFTER`, each within its bounds, the way back no quicker
+/// than the way in (or a Redis that drops out for a moment would make the mode thrash).
+fn fallback(raw: &Raw) -> Result<flashsale_app::FallbackSettings, ConfigError> {
+    let bounded = |(name, value): (&str, &str), min: Duration| {
+        let d = duration((name, value))?;
+        if d < min || d > FALLBACK_MAX {
+            return Err(invalid(
+                name,
+                format!(
+                    "must be between {} and {}",
+                    humantime::format_duration(min),
+                    humantime::format_duration(FALLBACK_MAX)
+                ),
+            ));
+        }
+        Ok(d)
+    };
+    let after = match raw.value("fallback_after") {
+        (_, v) if v.trim() == "off" => None,
+        value => Some(bounded(value, FALLBACK_AFTER_MIN)?),
+    };
+    let recover_name = raw.value("fallback_recover_after").0;
+    let recover_after = bounded(raw.value("fallback_recover_after"), FALLBACK_AFTER_MIN)?;
+    if after.is_some_and(|after| recover_after < after) {
+        return Err(invalid(
+            recover_name,
+            "must be at least FLASHSALE_FALLBACK_AFTER (the way back no quicker than the way in)",
+        ));
+    }
+    Ok(flashsale_app::FallbackSettings {
+        after,
+        recover_after,
+    })
 }
 
 fn duration((name, raw): (&str, &str)) -> Result<Duration, ConfigError> {
@@ -393,6 +443,7 @@ impl Config {
         let gate_watch_interval = duration(raw.value("gate_watch_interval"))?;
         let reconcile_interval = duration(raw.value("reconcile_interval"))?;
         let outbox_pending_max = duration(raw.value("outbox_pending_max"))?;
+        let fallback = fallback(raw)?;
         let (name, raw_strategy) = raw.value("strategy");
         let strategy = flashsale_app::baseline::Strategy::parse(raw_strategy).ok_or_else(|| {
             invalid(
@@ -466,6 +517,7 @@ impl Config {
             recovery_interval,
             gate_watch_interval,
             reconcile_interval,
+            fallback,
             outbox_pending_max,
             strategy,
             nats_url: nats_url.to_owned(),
@@ -850,6 +902,44 @@ mod tests {
             ok.map(|c| c.admin_token),
             Ok(Some("s3cret-t0ken".to_owned()))
         );
+    }
+
+    // Checks the fallback settings: 3 s and 30 s by default, `off` turns the switch to
+    // ledger mode off (the way back stays), and values out of bounds, unparsable, or a
+    // way back quicker than the way in stop startup naming the variable.
+    #[test]
+    fn fallback_settings() {
+        let c = Config::from_parts(None, &env(&[])).expect("defaults");
+        assert_eq!(
+            c.fallback,
+            flashsale_app::FallbackSettings {
+                after: Some(Duration::from_secs(3)),
+                recover_after: Duration::from_secs(30),
+            }
+        );
+        let off =
+            Config::from_parts(None, &env(&[("FLASHSALE_FALLBACK_AFTER", "off")])).expect("off");
+        assert_eq!(off.fallback.after, None);
+        let quick = Config::from_parts(
+            None,
+            &env(&[
+                ("FLASHSALE_FALLBACK_AFTER", "500ms"),
+                ("FLASHSALE_FALLBACK_RECOVER_AFTER", "2s"),
+            ]),
+        )
+        .expect("quick");
+        assert_eq!(quick.fallback.after, Some(Duration::from_millis(500)));
+        assert_eq!(quick.fallback.recover_after, Duration::from_secs(2));
+        for (var, value) in [
+            ("FLASHSALE_FALLBACK_AFTER", "never"),
+            ("FLASHSALE_FALLBACK_AFTER", "100ms"),
+            ("FLASHSALE_FALLBACK_AFTER", "2h"),
+            ("FLASHSALE_FALLBACK_RECOVER_AFTER", "off"),
+            ("FLASHSALE_FALLBACK_RECOVER_AFTER", "2s"),
+        ] {
+            let err = Config::from_parts(None, &env(&[(var, value)])).unwrap_err();
+            assert!(err.0.starts_with(var), "{var}={value}: {err}");
+        }
     }
 
     // Checks that the file sets values and the environment overrides the file.

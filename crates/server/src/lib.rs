@@ -14,7 +14,7 @@ use flashsale_app::baseline::{Baseline, Strategy};
 use flashsale_app::limit::{self, Limiter};
 use flashsale_app::ports::LeaseListener;
 use flashsale_app::{
-    AuditBounds, Flashsale, Maintenance, MaintenanceSettings, Metrics, Monitor, Settings,
+    AuditBounds, Fallback, Flashsale, Maintenance, MaintenanceSettings, Metrics, Monitor, Settings,
     SystemClock,
 };
 use flashsale_core::ProductId;
@@ -104,6 +104,9 @@ pub struct App {
     /// Wakes the gate watch between its periods: a purchase met a gate behind the
     /// ledger, or the lease subscription came back (Redis may have restarted).
     pub gate_watch: Arc<Notify>,
+    /// Switches products to ledger mode while Redis is down, and back
+    /// (`flashsale_app::fallback`); its worker also keeps the service's mode board.
+    pub fallback: Arc<Fallback>,
 }
 
 pub async fn connect_ledger(config: &Config) -> Result<MysqlLedger, String> {
@@ -223,8 +226,8 @@ pub async fn build(config: &Config) -> Result<App, String> {
         Some(ledger.clone()),
     ));
     let mut service = Flashsale::new(
-        gate,
-        ledger,
+        gate.clone(),
+        ledger.clone(),
         Arc::new(SystemClock),
         Settings {
             payment_timeout: config.payment_timeout,
@@ -236,6 +239,17 @@ pub async fn build(config: &Config) -> Result<App, String> {
     }
     let gate_watch = Arc::new(Notify::new());
     let service = Arc::new(service.with_gate_watch(gate_watch.clone()));
+    let fallback = Arc::new(
+        Fallback::new(
+            gate.clone(),
+            gate,
+            ledger,
+            Arc::new(SystemClock),
+            service.mode_board(),
+            config.fallback,
+        )
+        .with_metrics(metrics.clone()),
+    );
     if config.strategy == Strategy::Flashsale && !config.sold_out_lease.is_zero() {
         // Detached: it runs as long as the runtime, like the server itself.
         flashsale_redis::revoke::listen(
@@ -292,6 +306,7 @@ pub async fn build(config: &Config) -> Result<App, String> {
         metrics,
         metrics_router,
         gate_watch,
+        fallback,
     })
 }
 
@@ -395,6 +410,7 @@ pub async fn serve(config: &Config) -> Result<(), String> {
         config,
         app.metrics.clone(),
         app.gate_watch.clone(),
+        app.fallback.clone(),
     );
     let events = start_events(config, app.metrics.clone()).await?;
     http::serve(listener, app.router, settings, shutdown_signal()).await;

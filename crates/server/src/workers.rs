@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flashsale_app::{Maintenance, Metrics};
+use flashsale_app::{Fallback, Maintenance, Metrics};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -29,14 +29,28 @@ impl Workers {
     /// Starts the workers; each pass is counted in `metrics` by result, and the last
     /// reconciliation's drift set there (what the passes do, `maintenance` counts itself
     /// as it happens).
-    /// `gate_watch` wakes the gate watch between its periods.
+    /// `gate_watch` wakes the gate watch between its periods. `fallback` probes Redis,
+    /// follows the products' stock modes and switches them.
     pub fn spawn(
         maintenance: Arc<Maintenance>,
         config: &Config,
         metrics: Arc<Metrics>,
         gate_watch: Arc<Notify>,
+        fallback: Arc<Fallback>,
     ) -> Self {
         let (stop, stopped) = watch::channel(false);
+        let modes = tokio::spawn(run(
+            "fallback",
+            flashsale_app::modes::FOLLOW_INTERVAL,
+            None,
+            stopped.clone(),
+            metrics.clone(),
+            move || {
+                let f = fallback.clone();
+                // Never "busy": each pass makes a bounded number of switches.
+                async move { f.pass().await.map(|_| false) }
+            },
+        ));
         let m = maintenance.clone();
         let expiry = tokio::spawn(run(
             "expiry",
@@ -101,7 +115,7 @@ impl Workers {
         ));
         Self {
             stop,
-            tasks: vec![expiry, watch, reconcile, recovery],
+            tasks: vec![expiry, watch, reconcile, recovery, modes],
         }
     }
 

@@ -367,6 +367,7 @@ async fn a_purchase_behind_a_restarted_redis_wakes_the_gate_watch() {
         &config,
         app.metrics.clone(),
         app.gate_watch.clone(),
+        app.fallback.clone(),
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut conn = app.redis.clone();

@@ -55,21 +55,25 @@ pub struct TestApp {
     pub metrics: std::sync::Arc<flashsale_app::Metrics>,
     /// Wakes the gate watch of workers the test starts itself (`Workers::spawn`).
     pub gate_watch: std::sync::Arc<tokio::sync::Notify>,
+    /// The instance's fallback to ledger mode, for workers the test starts itself.
+    pub fallback: std::sync::Arc<flashsale_app::Fallback>,
+    server: JoinHandle<()>,
+}
+
+/// What [`serve_with`] started.
+struct Served {
+    addr: std::net::SocketAddr,
+    maintenance: std::sync::Arc<flashsale_app::Maintenance>,
+    metrics: std::sync::Arc<flashsale_app::Metrics>,
+    gate_watch: std::sync::Arc<tokio::sync::Notify>,
+    fallback: std::sync::Arc<flashsale_app::Fallback>,
     server: JoinHandle<()>,
 }
 
 /// Builds an instance from `env` and serves it on a free loopback port with the binary's
 /// own listener (every request given its peer's address); the address, the instance's
-/// maintenance and metrics, and the server's task.
-async fn serve_with(
-    env: &HashMap<String, String>,
-) -> (
-    std::net::SocketAddr,
-    std::sync::Arc<flashsale_app::Maintenance>,
-    std::sync::Arc<flashsale_app::Metrics>,
-    std::sync::Arc<tokio::sync::Notify>,
-    JoinHandle<()>,
-) {
+/// maintenance, metrics and fallback, and the server's task.
+async fn serve_with(env: &HashMap<String, String>) -> Served {
     let config = Config::from_parts(None, env).expect("valid test config");
     let app = flashsale::build(&config).await.expect("build app");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -86,7 +90,14 @@ async fn serve_with(
         http,
         std::future::pending(),
     ));
-    (addr, app.maintenance, app.metrics, app.gate_watch, server)
+    Served {
+        addr,
+        maintenance: app.maintenance,
+        metrics: app.metrics,
+        gate_watch: app.gate_watch,
+        fallback: app.fallback,
+        server,
+    }
 }
 
 impl TestApp {
@@ -137,7 +148,14 @@ impl TestApp {
         }
         let database_url = env["FLASHSALE_DATABASE_URL"].clone();
         let redis_url = env["FLASHSALE_REDIS_URL"].clone();
-        let (addr, maintenance, metrics, gate_watch, server) = serve_with(&env).await;
+        let Served {
+            addr,
+            maintenance,
+            metrics,
+            gate_watch,
+            fallback,
+            server,
+        } = serve_with(&env).await;
         let pool = MySqlPool::connect(&db.url()).await.expect("check pool");
         let client = redis::Client::open(check_redis_url).expect("redis url");
         let redis = client
@@ -161,6 +179,7 @@ impl TestApp {
             maintenance,
             metrics,
             gate_watch,
+            fallback,
             server,
         }
     }
@@ -179,7 +198,14 @@ impl TestApp {
         for (k, v) in settings {
             env.insert(format!("FLASHSALE_{k}"), (*v).to_owned());
         }
-        let (addr, maintenance, metrics, gate_watch, server) = serve_with(&env).await;
+        let Served {
+            addr,
+            maintenance,
+            metrics,
+            gate_watch,
+            fallback,
+            server,
+        } = serve_with(&env).await;
         Self {
             base: format!("http://{addr}"),
             http: self.http.clone(),
@@ -192,6 +218,7 @@ impl TestApp {
             maintenance,
             metrics,
             gate_watch,
+            fallback,
             server,
         }
     }

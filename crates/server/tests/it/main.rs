@@ -12,6 +12,7 @@ mod buyers;
 mod crash;
 mod data_loss;
 mod events;
+mod fallback;
 mod faults;
 mod group_commit;
 mod helpers;

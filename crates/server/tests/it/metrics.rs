@@ -232,13 +232,14 @@ async fn metrics_count_the_workers_passes() {
         &config,
         app.metrics.clone(),
         app.gate_watch.clone(),
+        app.fallback.clone(),
     );
     wait_until(
         "every worker counted, the order expired",
         Duration::from_secs(20),
         || async {
             let (text, _) = scrape(&app).await;
-            let passes = ["expiry", "recovery", "gate-watch", "reconcile"]
+            let passes = ["expiry", "recovery", "gate-watch", "reconcile", "fallback"]
                 .iter()
                 .all(|w| {
                     let series =

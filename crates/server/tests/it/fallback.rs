@@ -1,0 +1,459 @@
+//! Ledger mode (数据库兜底): while Redis is down the sale goes on from MariaDB, and when
+//! Redis is back the products return to it. Each test runs the instance's own workers
+//! (the fallback worker among them) with short settings, breaks Redis as a real outage
+//! would (a private redis-server killed, or a proxy cut), and ends with the invariant
+//! checks and the audit.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use flashsale::workers::Workers;
+use flashsale_testkit::{PrivateRedis, TcpProxy};
+use futures::{stream, StreamExt};
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use crate::helpers::{code, order_id, redis_addr, wait_until, Routes, TestApp, MYSQL_SERVER};
+use crate::invariants;
+
+/// `FLASHSALE_FALLBACK_AFTER` in these tests.
+const FALLBACK_AFTER: Duration = Duration::from_secs(1);
+/// `FLASHSALE_FALLBACK_RECOVER_AFTER` in these tests.
+const RECOVER_AFTER: Duration = Duration::from_secs(4);
+/// The bound stated for the time from Redis's death to the first 201 beyond
+/// `FALLBACK_AFTER`: a probe in flight when Redis died (its response timeout, 1 s), the
+/// probe period (0.25 s), the switch's transaction, a buyer's retry pause (0.1 s), and a
+/// second of slack for a loaded CI machine.
+const SWITCH_BOUND: Duration = Duration::from_millis(2500);
+/// How long the way back may take beyond `RECOVER_AFTER`: the probe period, the leave
+/// transaction and the rebuild, with the same slack.
+const BACK_BOUND: Duration = Duration::from_secs(5);
+
+fn settings() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("FALLBACK_AFTER", "1s"),
+        ("FALLBACK_RECOVER_AFTER", "4s"),
+        // Redis's clock ages holds; recovery must not fence a hold a retry is finishing.
+        ("RECOVERY_AFTER", "15s"),
+    ]
+}
+
+/// The instance's workers, with short periods: the fallback worker probes every 250 ms
+/// whatever is set here.
+fn start_workers(app: &TestApp) -> Workers {
+    let env = [
+        ("FLASHSALE_EXPIRY_INTERVAL", "200ms"),
+        ("FLASHSALE_RECOVERY_INTERVAL", "500ms"),
+        ("FLASHSALE_GATE_WATCH_INTERVAL", "200ms"),
+        ("FLASHSALE_RECONCILE_INTERVAL", "60s"),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    let config = flashsale::Config::from_parts(None, &env).expect("worker config");
+    Workers::spawn(
+        app.maintenance.clone(),
+        &config,
+        app.metrics.clone(),
+        app.gate_watch.clone(),
+        app.fallback.clone(),
+    )
+}
+
+async fn mode(app: &TestApp, product_id: i64) -> String {
+    let (status, body) = app.get(&format!("/v1/products/{product_id}")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body["stock_mode"].as_str().unwrap_or("none").to_owned()
+}
+
+/// The mode as the ledger stores it, read directly.
+async fn stored_mode(app: &TestApp, product_id: i64) -> String {
+    sqlx::query_scalar(
+        "SELECT CAST(stock_mode AS CHAR) FROM product_inventory WHERE product_id = ?",
+    )
+    .bind(product_id)
+    .fetch_one(&app.pool)
+    .await
+    .expect("mode")
+}
+
+/// One buyer's final answer and when it came.
+struct Answer {
+    request_id: String,
+    status: StatusCode,
+    body: Value,
+    at: Instant,
+}
+
+/// Buyers `from..to` each buy one unit of `product`, retrying every 503 with the same
+/// request_id (spread over `spread`, the `i`-th buyer on `apps[i % apps.len()]`).
+async fn buyers(
+    apps: &[&TestApp],
+    product: i64,
+    from: i64,
+    to: i64,
+    spread: Duration,
+) -> Vec<Answer> {
+    let span = u64::try_from(to - from).expect("count").max(1);
+    stream::iter(from..to)
+        .map(|i| async move {
+            let offset = u64::try_from(i - from).expect("offset");
+            tokio::time::sleep(
+                spread * u32::try_from(offset).expect("fits") / u32::try_from(span).expect("fits"),
+            )
+            .await;
+            let app = apps[usize::try_from(i).expect("index") % apps.len()];
+            let request_id = format!("REQ_fb_{product}_{i}");
+            let (status, body, _) = app
+                .purchase_until_known(&request_id, i + 1, product, 1)
+                .await;
+            Answer {
+                request_id,
+                status,
+                body,
+                at: Instant::now(),
+            }
+        })
+        .buffer_unordered(256)
+        .collect()
+        .await
+}
+
+/// Request_id → order id of every acknowledged purchase; panics on any answer but an
+/// order or `sold_out`.
+fn acknowledged(answers: &[Answer]) -> BTreeMap<String, i64> {
+    let mut orders = BTreeMap::new();
+    for a in answers {
+        match a.status {
+            StatusCode::CREATED | StatusCode::OK => {
+                orders.insert(a.request_id.clone(), order_id(&a.body));
+            }
+            StatusCode::CONFLICT if code(&a.body) == "sold_out" => {}
+            other => panic!(
+                "{}: unexpected final answer {other} {}",
+                a.request_id, a.body
+            ),
+        }
+    }
+    orders
+}
+
+/// Every acknowledged order is in the ledger under its request_id, and exactly `stock`
+/// units sold.
+async fn assert_sold_exactly(
+    app: &TestApp,
+    product: i64,
+    stock: i64,
+    orders: &BTreeMap<String, i64>,
+) {
+    assert_eq!(
+        orders.len() as i64,
+        stock,
+        "demand exceeds the stock: all of it sells"
+    );
+    for (request_id, id) in orders {
+        let found: Option<String> =
+            sqlx::query_scalar("SELECT CONVERT(request_id USING utf8mb4) FROM orders WHERE id = ?")
+                .bind(id)
+                .fetch_optional(&app.pool)
+                .await
+                .expect("lookup");
+        assert_eq!(
+            found.as_deref(),
+            Some(request_id.as_str()),
+            "acknowledged order lost"
+        );
+    }
+    let sold: i64 = sqlx::query_scalar(
+        "SELECT CAST(COALESCE(SUM(quantity), 0) AS SIGNED) FROM orders WHERE product_id = ?",
+    )
+    .bind(product)
+    .fetch_one(&app.pool)
+    .await
+    .expect("sum");
+    assert_eq!(sold, stock);
+}
+
+/// A counter of `/metrics`, 0 when absent.
+async fn metric(app: &TestApp, series: &str) -> f64 {
+    let text = app
+        .http
+        .get(format!("{}/metrics", app.base))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
+
+// Checks a private redis-server killed with SIGKILL mid-sale: purchases answer 201 again
+// within FALLBACK_AFTER plus SWITCH_BOUND, from the ledger (the product in ledger mode in
+// the API and the metrics); once Redis is back (restarted empty) the product returns to
+// the gate after RECOVER_AFTER, Redis is rebuilt from the ledger's facts and the sale goes
+// on through it; requests acknowledged in ledger mode replay with their order; exactly
+// the stock sells, every 201 is an order, and the invariants and the audit hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_killed_mid_sale_sells_from_the_ledger_and_comes_back() {
+    const PRODUCT: i64 = 5101;
+    const STOCK: i64 = 120;
+    let mut redis = PrivateRedis::start().await.expect("private redis");
+    let mut app = TestApp::spawn_on(
+        Routes::default(),
+        redis.url(),
+        &redis.url(),
+        MYSQL_SERVER,
+        &settings(),
+    )
+    .await;
+    let workers = start_workers(&app);
+    app.create_product(PRODUCT, STOCK, None).await;
+    let before = buyers(&[&app], PRODUCT, 0, 40, Duration::from_millis(300)).await;
+    assert!(before.iter().all(|a| a.status == StatusCode::CREATED));
+    assert_eq!(mode(&app, PRODUCT).await, "gate");
+
+    redis.kill9().expect("kill redis");
+    let killed = Instant::now();
+    let during = buyers(&[&app], PRODUCT, 40, 100, Duration::from_millis(500)).await;
+    let first = during
+        .iter()
+        .filter(|a| a.status == StatusCode::CREATED)
+        .map(|a| a.at)
+        .min()
+        .expect("sales went on while Redis was down");
+    let took = first - killed;
+    println!("Redis killed → first 201 from the ledger: {took:?}");
+    assert!(
+        took < FALLBACK_AFTER + SWITCH_BOUND,
+        "first 201 {took:?} after Redis died (bound {:?})",
+        FALLBACK_AFTER + SWITCH_BOUND
+    );
+    assert!(during.iter().all(|a| a.status == StatusCode::CREATED));
+    assert_eq!(mode(&app, PRODUCT).await, "ledger");
+    assert_eq!(stored_mode(&app, PRODUCT).await, "LEDGER");
+    assert_eq!(
+        metric(&app, r#"flashsale_mode_switches_total{to="ledger"}"#).await,
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &app,
+            &format!(r#"flashsale_product_ledger_mode{{product_id="{PRODUCT}"}}"#)
+        )
+        .await,
+        1.0
+    );
+    // The audit works without Redis in ledger mode.
+    invariants::assert_audit_clean(&app, PRODUCT).await;
+
+    redis.restart().await.expect("restart redis");
+    app.redis = redis::Client::open(redis.url())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("reconnect");
+    let back = Instant::now();
+    wait_until(
+        "the product back in gate mode",
+        RECOVER_AFTER + BACK_BOUND,
+        || async {
+            stored_mode(&app, PRODUCT).await == "GATE"
+                && app.redis_available(PRODUCT).await.is_some()
+        },
+    )
+    .await;
+    println!(
+        "Redis back → product in gate mode, Redis rebuilt: {:?}",
+        back.elapsed()
+    );
+    assert_eq!(app.redis_available(PRODUCT).await, Some(STOCK - 100));
+    assert_eq!(
+        metric(&app, r#"flashsale_mode_switches_total{to="gate"}"#).await,
+        1.0
+    );
+    for a in during.iter().take(5) {
+        let i: i64 = a
+            .request_id
+            .rsplit('_')
+            .next()
+            .and_then(|i| i.parse().ok())
+            .expect("i");
+        let (status, body) = app.purchase(&a.request_id, i + 10_000, PRODUCT, 1).await;
+        assert_eq!(
+            code(&body),
+            "request_id_conflict",
+            "{status}: another payload"
+        );
+        let (status, body) = app.purchase(&a.request_id, i + 1, PRODUCT, 1).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(
+            order_id(&body),
+            order_id(&a.body),
+            "replayed with its order"
+        );
+    }
+    let after = buyers(&[&app], PRODUCT, 100, 160, Duration::from_millis(300)).await;
+    let mut all = before;
+    all.extend(during);
+    all.extend(after);
+    let orders = acknowledged(&all);
+    assert_sold_exactly(&app, PRODUCT, STOCK, &orders).await;
+    workers.stop().await;
+    invariants::assert_ok(&app, PRODUCT).await;
+    invariants::assert_audit_clean(&app, PRODUCT).await;
+    app.cleanup().await;
+}
+
+// Checks a Redis that answers one second and not the next, for 20 seconds, through a
+// proxy cut and restored: the product switches to ledger mode once and stays there while
+// Redis flaps (no thrashing: one switch each way in the metrics), returns to the gate
+// RECOVER_AFTER after Redis settles, exactly the stock sells and the audit holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_flapping_for_20_seconds_does_not_thrash_the_mode() {
+    const PRODUCT: i64 = 5102;
+    const STOCK: i64 = 150;
+    let proxy = TcpProxy::start(redis_addr()).await.expect("proxy");
+    let routes = Routes {
+        redis: Some(proxy.addr()),
+        mysql: None,
+    };
+    let app = TestApp::spawn_with(routes, &settings()).await;
+    let workers = start_workers(&app);
+    app.create_product(PRODUCT, STOCK, None).await;
+    let flapping = async {
+        for _ in 0..10 {
+            proxy.cut();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            proxy.restore();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    };
+    let watching = async {
+        // The mode as the ledger has it, every 100 ms while Redis flaps.
+        let mut seen = Vec::new();
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(20) {
+            let now = stored_mode(&app, PRODUCT).await;
+            if seen.last() != Some(&now) {
+                seen.push(now);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        seen
+    };
+    let apps = [&app];
+    let (answers, (), seen) = tokio::join!(
+        buyers(&apps, PRODUCT, 0, 300, Duration::from_secs(18)),
+        flapping,
+        watching
+    );
+    println!("modes while Redis flapped: {seen:?}");
+    assert_eq!(
+        seen,
+        ["GATE", "LEDGER"],
+        "one switch, no way back while flapping"
+    );
+    wait_until(
+        "the product back in gate mode",
+        RECOVER_AFTER + BACK_BOUND,
+        || async {
+            stored_mode(&app, PRODUCT).await == "GATE"
+                && app.redis_available(PRODUCT).await.is_some()
+        },
+    )
+    .await;
+    assert_eq!(
+        metric(&app, r#"flashsale_mode_switches_total{to="ledger"}"#).await,
+        1.0
+    );
+    assert_eq!(
+        metric(&app, r#"flashsale_mode_switches_total{to="gate"}"#).await,
+        1.0
+    );
+    let orders = acknowledged(&answers);
+    assert_sold_exactly(&app, PRODUCT, STOCK, &orders).await;
+    workers.stop().await;
+    invariants::assert_ok(&app, PRODUCT).await;
+    invariants::assert_audit_clean(&app, PRODUCT).await;
+    app.cleanup().await;
+}
+
+// Checks two instances of which only one can reach Redis (the other's goes through a
+// proxy that is cut): the one that cannot switches the product to ledger mode, the other
+// follows it and sells from the ledger too; the one that can reach Redis never takes the
+// product back while the other still reports Redis unreachable (the mode stays LEDGER for
+// more than twice RECOVER_AFTER), nothing is oversold, and once the proxy is restored
+// the product returns to the gate, exactly the stock sells, and the audit holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_with_a_split_view_of_redis_never_oversell() {
+    const PRODUCT: i64 = 5103;
+    const STOCK: i64 = 100;
+    let proxy = TcpProxy::start(redis_addr()).await.expect("proxy");
+    let a = TestApp::spawn_with(Routes::default(), &settings()).await;
+    let through_proxy = format!("redis://{}", proxy.addr());
+    let mut beside = settings();
+    beside.push(("REDIS_URL", through_proxy.as_str()));
+    let b = a.spawn_beside(&beside).await;
+    let workers = (start_workers(&a), start_workers(&b));
+    a.create_product(PRODUCT, STOCK, None).await;
+    proxy.cut();
+    let watching = async {
+        let mut seen = Vec::new();
+        let started = Instant::now();
+        while started.elapsed() < RECOVER_AFTER * 2 + Duration::from_secs(2) {
+            let now = stored_mode(&a, PRODUCT).await;
+            if seen.last() != Some(&now) {
+                seen.push(now);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        seen
+    };
+    let apps = [&a, &b];
+    let (answers, seen) = tokio::join!(buyers(&apps, PRODUCT, 0, 150, RECOVER_AFTER * 2), watching);
+    println!("modes during the split: {seen:?}");
+    assert_eq!(
+        seen,
+        ["GATE", "LEDGER"],
+        "never given back while B cannot reach Redis"
+    );
+    let from_a = answers
+        .iter()
+        .filter(|x| x.status == StatusCode::CREATED)
+        .filter(|x| {
+            x.request_id
+                .rsplit('_')
+                .next()
+                .and_then(|i| i.parse::<i64>().ok())
+                .is_some_and(|i| i % 2 == 0)
+        })
+        .count();
+    assert!(from_a > 0, "the instance that reaches Redis sold too");
+    assert_eq!(
+        metric(&a, r#"flashsale_mode_switches_total{to="gate"}"#).await,
+        0.0
+    );
+    proxy.restore();
+    wait_until(
+        "the product back in gate mode",
+        RECOVER_AFTER + BACK_BOUND,
+        || async {
+            stored_mode(&a, PRODUCT).await == "GATE" && a.redis_available(PRODUCT).await.is_some()
+        },
+    )
+    .await;
+    let after = buyers(&[&a, &b], PRODUCT, 150, 200, Duration::from_millis(500)).await;
+    let mut all = answers;
+    all.extend(after);
+    let orders = acknowledged(&all);
+    assert_sold_exactly(&a, PRODUCT, STOCK, &orders).await;
+    workers.0.stop().await;
+    workers.1.stop().await;
+    invariants::assert_ok(&a, PRODUCT).await;
+    invariants::assert_audit_clean(&a, PRODUCT).await;
+    b.cleanup().await;
+    a.cleanup().await;
+}
