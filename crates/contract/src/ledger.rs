@@ -854,6 +854,48 @@ pub async fn concurrent_ledger_purchases_sell_exactly_the_stock<W: LedgerWorld>(
     assert_eq!((c.available, c.reserved), (0, STOCK));
 }
 
+/// Concurrent ledger purchases under a per-user limit, with more demand than stock:
+/// nobody holds more than the limit, exactly the stock sells when demand within the
+/// limits exceeds it, each refusal is the ledger's (not enough units, or the limit),
+/// and the hold ids run from 1 to the units sold without a gap — however the ledger
+/// batches them.
+pub async fn concurrent_ledger_purchases_respect_limits_and_stock<W: LedgerWorld>(w: &W) {
+    const STOCK: i64 = 12;
+    const USERS: i64 = 8;
+    const LIMIT: u32 = 2;
+    let l = w.ledger();
+    create(l, product(), STOCK, Some(i64::from(LIMIT))).await;
+    l.enter_ledger_mode(product()).await.expect("enter");
+    let calls: Vec<PurchaseRequest> = (0..USERS * 3)
+        .map(|i| purchase(&format!("U_{i}"), 3000 + i % USERS, 1))
+        .collect();
+    let answers =
+        futures::future::join_all(calls.iter().map(|r| ledger_commit(l, r, Some(LIMIT)))).await;
+    let mut per_user = std::collections::BTreeMap::new();
+    let mut sold = Vec::new();
+    for (r, answer) in calls.iter().zip(&answers) {
+        match answer {
+            Commit::Committed(order) => {
+                *per_user.entry(r.user_id).or_insert(0) += 1;
+                sold.push(order.request_id.as_str().to_owned());
+            }
+            Commit::InsufficientStock | Commit::LimitExceeded => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(per_user.values().all(|&n| n <= LIMIT), "{per_user:?}");
+    assert_eq!(sold.len() as i64, STOCK, "{answers:?}");
+    let mut holds = Vec::new();
+    for id in &sold {
+        holds.push(hold_of(l, id).await);
+    }
+    holds.sort();
+    let expected: Vec<HoldRef> = (1..=STOCK).map(|i| hold(2, i)).collect();
+    assert_eq!(holds, expected);
+    let c = counters(l).await;
+    assert_eq!((c.available, c.reserved), (0, STOCK));
+}
+
 /// Entering ledger mode settles what the gate is owed, as a rebuild does: a release not
 /// yet returned and a restock not yet applied are done (the counters have their units),
 /// so recovery gives nothing back to a gate that is not used. A product never loaded is
@@ -950,6 +992,7 @@ macro_rules! ledger_contract {
             ledger_mode_orders_resolve_like_gate_ones,
             leaving_ledger_mode_plans_the_gate,
             concurrent_ledger_purchases_sell_exactly_the_stock,
+            concurrent_ledger_purchases_respect_limits_and_stock,
             entering_ledger_mode_settles_what_the_gate_is_owed,
             the_way_back_waits_for_quiet,
         );

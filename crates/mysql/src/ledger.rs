@@ -22,7 +22,7 @@ use std::sync::{Arc, OnceLock};
 use flashsale_batch::{BatchFn, Coalescer};
 
 use crate::dedicated::{Dedicated, PING_WHEN_IDLE_FOR};
-use crate::group::{Purchase, Written};
+use crate::group::{Counters, LedgerPurchase, Purchase, Written};
 use flashsale_app::group::{self, GroupCommit};
 
 use crate::rows::{self, corrupt, db, ORDER_COLUMNS};
@@ -131,12 +131,17 @@ pub struct MysqlLedger {
     group: OnceLock<Coalescer<Purchase, Result<Commit, LedgerError>>>,
     /// The purchase-record lookups, batched likewise (a rush asks one per rejection).
     lookups: OnceLock<Coalescer<RequestId, Lookup>>,
+    /// The ledger-mode purchases' group committer, started on the first of them.
+    ledger_group: OnceLock<Coalescer<LedgerPurchase, Result<Commit, LedgerError>>>,
     /// Group commits in flight, which a retry of the same hold joins.
     in_flight: crate::group::InFlight,
     /// This handle's relay's lease on the outbox, as far as it knows (`outbox.rs`).
     outbox_lease: crate::outbox::KeptLease,
     /// The group committer's connection and the lookup workers', outside the pool.
     group_conn: Arc<Dedicated>,
+    /// The ledger-mode group committer's connection: its transactions hold their
+    /// products' rows from the first statement, so they do not queue behind the gate's.
+    ledger_group_conn: Arc<Dedicated>,
     lookup_conns: Arc<Dedicated>,
 }
 
@@ -434,9 +439,11 @@ impl MysqlLedger {
             transaction_timeout: config.transaction_timeout,
             group: OnceLock::new(),
             lookups: OnceLock::new(),
+            ledger_group: OnceLock::new(),
             in_flight: Default::default(),
             outbox_lease: Default::default(),
             group_conn: dedicated(GROUP_WORKERS),
+            ledger_group_conn: dedicated(GROUP_WORKERS),
             lookup_conns: dedicated(LOOKUP_WORKERS),
         })
     }
@@ -453,9 +460,11 @@ impl MysqlLedger {
             transaction_timeout: self.transaction_timeout,
             group: OnceLock::new(),
             lookups: OnceLock::new(),
+            ledger_group: OnceLock::new(),
             in_flight: Default::default(),
             outbox_lease: Default::default(),
             group_conn: self.group_conn.clone(),
+            ledger_group_conn: self.ledger_group_conn.clone(),
             lookup_conns: self.lookup_conns.clone(),
         }
     }
@@ -467,6 +476,18 @@ impl MysqlLedger {
                 Arc::new(move |batch: Vec<Purchase>| {
                     let ledger = ledger.clone();
                     Box::pin(async move { ledger.group_commit(batch).await })
+                });
+            Coalescer::start(GROUP_QUEUE_MAX, GROUP_COMMIT_MAX, GROUP_WORKERS, run)
+        })
+    }
+
+    fn ledger_group(&self) -> &Coalescer<LedgerPurchase, Result<Commit, LedgerError>> {
+        self.ledger_group.get_or_init(|| {
+            let ledger = Arc::new(self.single());
+            let run: BatchFn<LedgerPurchase, Result<Commit, LedgerError>> =
+                Arc::new(move |batch: Vec<LedgerPurchase>| {
+                    let ledger = ledger.clone();
+                    Box::pin(async move { ledger.ledger_group_commit(batch).await })
                 });
             Coalescer::start(GROUP_QUEUE_MAX, GROUP_COMMIT_MAX, GROUP_WORKERS, run)
         })
@@ -540,7 +561,7 @@ impl MysqlLedger {
         document: &str,
     ) -> Result<Written, sqlx::Error> {
         let mut tx = conn.begin().await?;
-        let written = crate::group::insert(&mut tx, members, document).await?;
+        let written = crate::group::insert(&mut tx, members, document, Counters::Gate).await?;
         if matches!(written, Written::Orders(_)) {
             tx.commit().await?;
         } else {
@@ -618,6 +639,131 @@ impl MysqlLedger {
                 group::Answer::OneByOne => one_by_one.next().unwrap_or_else(|| Err(lost())),
             })
             .collect()
+    }
+
+    /// Commits a batch of ledger-mode purchases in one transaction when they go the plain
+    /// way: the first copy of each request_id, every product in ledger mode with units
+    /// for all of them, none taken before, nobody over a per-user limit. Anything else
+    /// rolls the batch back, and each purchase is then committed on its own, where it
+    /// gets its own answer (a replay, a refusal). Later copies of a request_id in the
+    /// batch go on their own after it, and are answered as replays.
+    async fn ledger_group_commit(
+        &self,
+        batch: Vec<LedgerPurchase>,
+    ) -> Vec<Result<Commit, LedgerError>> {
+        let started = std::time::Instant::now();
+        let mut seen = std::collections::HashSet::with_capacity(batch.len());
+        let (plain, later): (Vec<usize>, Vec<usize>) =
+            (0..batch.len()).partition(|&i| seen.insert(batch[i].request.request_id.clone()));
+        let members: Vec<LedgerPurchase> = plain.iter().map(|&i| batch[i].clone()).collect();
+        let written = self
+            .run("ledger group commit", || async {
+                let mut own = self.ledger_group_conn.take().await?;
+                let written = Self::ledger_group_transaction(own.conn(), &members).await;
+                own.give_back(&written).await;
+                written
+            })
+            .await;
+        let mut answers: Vec<Option<Result<Commit, LedgerError>>> = vec![None; batch.len()];
+        let mut one_by_one = later;
+        match written {
+            Ok(Some(orders)) => {
+                for (&i, order) in plain.iter().zip(orders) {
+                    answers[i] = Some(Ok(Commit::Committed(order)));
+                }
+            }
+            Ok(None) => one_by_one.extend(plain),
+            // Unknown whether it committed: each caller hears so and retries; the unique
+            // key on request_id makes a retry find its order if it did.
+            Err(e) => {
+                for &i in &plain {
+                    answers[i] = Some(Err(e.clone()));
+                }
+            }
+        }
+        one_by_one.sort_unstable();
+        // One after another: they all wait on the same product rows anyway.
+        for &i in &one_by_one {
+            let p = &batch[i];
+            answers[i] = Some(
+                self.commit_ledger_one(&p.request, p.per_user_limit, p.payment_timeout)
+                    .await,
+            );
+        }
+        debug!(size = batch.len(), one_by_one = one_by_one.len(), elapsed = ?started.elapsed(), "ledger group commit");
+        answers
+            .into_iter()
+            .map(|a| {
+                a.unwrap_or_else(|| Err(LedgerError::stopped("ledger group commit: no answer")))
+            })
+            .collect()
+    }
+
+    /// The ledger-mode group transaction on `conn`, ended: the units taken and the hold
+    /// ids handed out first ([`crate::group::take_ledger_units`]), then the rows as a gate
+    /// batch's, by the same procedure; committed with the orders, or rolled back (None).
+    async fn ledger_group_transaction(
+        conn: &mut MySqlConnection,
+        members: &[LedgerPurchase],
+    ) -> Result<Option<Vec<Order>>, sqlx::Error> {
+        let mut tx = conn.begin().await?;
+        let Some(holds) = crate::group::take_ledger_units(&mut tx, members).await? else {
+            tx.rollback().await?;
+            return Ok(None);
+        };
+        let purchases: Vec<Purchase> = members
+            .iter()
+            .zip(holds)
+            .map(|(p, hold)| Purchase {
+                request: p.request.clone(),
+                hold,
+                payment_timeout: p.payment_timeout,
+                per_user_limit: p.per_user_limit,
+            })
+            .collect();
+        let document = crate::group::document(&purchases);
+        match crate::group::insert(&mut tx, &purchases, &document, Counters::Taken).await? {
+            Written::Orders(orders) => {
+                tx.commit().await?;
+                Ok(Some(orders))
+            }
+            Written::OverLimit(_) | Written::NotPlain => {
+                tx.rollback().await?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// One ledger-mode purchase in its own transaction.
+    async fn commit_ledger_one(
+        &self,
+        request: &PurchaseRequest,
+        per_user_limit: Option<u32>,
+        payment_timeout: Duration,
+    ) -> Result<Commit, LedgerError> {
+        const WHAT: &str = "commit ledger purchase";
+        let outcome = self
+            .purchase_or_taken(WHAT, &request.request_id, || {
+                self.run(WHAT, move || {
+                    self.insert_ledger_purchase(request, per_user_limit, payment_timeout)
+                })
+            })
+            .await?;
+        match outcome {
+            Ok(Committed::Order(order)) => Ok(Commit::Committed(order)),
+            Ok(Committed::InsufficientStock) => Ok(Commit::InsufficientStock),
+            Ok(Committed::LimitExceeded) => Ok(Commit::LimitExceeded),
+            Ok(Committed::GateMode) => Ok(Commit::GateMode),
+            // The ledger's own counter handed out a hold id recorded before in this
+            // generation: only a write outside the ledger's paths does that.
+            Ok(Committed::HoldReused | Committed::StaleGeneration) => {
+                Err(LedgerError::corrupt(format!(
+                    "{WHAT}: product {}: the ledger's hold id was recorded already",
+                    request.product_id
+                )))
+            }
+            Err(record) => Ok(Commit::Duplicate(record)),
+        }
     }
 
     /// One purchase in its own transaction.
@@ -1337,29 +1483,16 @@ impl Ledger for MysqlLedger {
         per_user_limit: Option<u32>,
         payment_timeout: Duration,
     ) -> Result<Commit, LedgerError> {
-        const WHAT: &str = "commit ledger purchase";
-        let outcome = self
-            .purchase_or_taken(WHAT, &request.request_id, || {
-                self.run(WHAT, move || {
-                    self.insert_ledger_purchase(request, per_user_limit, payment_timeout)
-                })
-            })
-            .await?;
-        match outcome {
-            Ok(Committed::Order(order)) => Ok(Commit::Committed(order)),
-            Ok(Committed::InsufficientStock) => Ok(Commit::InsufficientStock),
-            Ok(Committed::LimitExceeded) => Ok(Commit::LimitExceeded),
-            Ok(Committed::GateMode) => Ok(Commit::GateMode),
-            // The ledger's own counter handed out a hold id recorded before in this
-            // generation: only a write outside the ledger's paths does that.
-            Ok(Committed::HoldReused | Committed::StaleGeneration) => {
-                Err(LedgerError::corrupt(format!(
-                    "{WHAT}: product {}: the ledger's hold id was recorded already",
-                    request.product_id
-                )))
-            }
-            Err(record) => Ok(Commit::Duplicate(record)),
-        }
+        let purchase = LedgerPurchase {
+            request: request.clone(),
+            payment_timeout,
+            per_user_limit,
+        };
+        self.ledger_group().call(purchase).await.map_err(|_| {
+            LedgerError::stopped(
+                "commit ledger purchase: the group committer stopped; outcome unknown",
+            )
+        })?
     }
 
     async fn fence(
