@@ -280,6 +280,8 @@ impl Fallback {
                 m.mode_switched(StockMode::Gate);
             }
             pass.left.push(product_id);
+            // Crash tests stop here: back in gate mode in the ledger, Redis not rebuilt.
+            fail::fail_point!("fallback-after-leave");
             // The product is the gate's again, in a generation the gate does not have
             // yet: its purchases answer 503 until this rebuild (or the gate watch's, if
             // this one fails) puts the plan in place.

@@ -10,7 +10,7 @@ use flashsale_testkit::{delete_prefix, free_port, redis_prefix, TestDb};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{code, stream_name, ADMIN_TOKEN, MYSQL_SERVER, REDIS_URL};
+use crate::helpers::{code, redis_addr, stream_name, ADMIN_TOKEN, MYSQL_SERVER, REDIS_URL};
 
 const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
 /// How long a started service may take to answer /healthz.
@@ -277,6 +277,144 @@ async fn killed_after_commit_before_reply() {
     assert_eq!(s, StatusCode::OK, "{b}");
     assert_eq!(b["order_id"], committed);
     assert_eq!(count(&pool, "SELECT COUNT(*) FROM orders").await, 1);
+    drained(&pool).await;
+    drop(second);
+    audit_passes(&db, &prefix).await;
+    cleanup(db, &prefix, pool).await;
+}
+
+/// Buys one unit of product 2 as user `user`, retrying every 503 (bounded): the final
+/// status and body.
+async fn buy_until_known(service: &Service, request_id: &str, user: i64) -> (StatusCode, Value) {
+    let body =
+        json!({"request_id": request_id, "user_id": user + 1, "product_id": 2, "quantity": 1});
+    let started = Instant::now();
+    loop {
+        let (s, b) = service.post("/v1/purchases", body.clone(), false).await;
+        if s != StatusCode::SERVICE_UNAVAILABLE {
+            return (s, b);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{request_id} still unknown"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+// Checks an instance killed (SIGKILL) in the middle of the way back from ledger mode:
+// Redis (through a proxy) is cut until the product switches to ledger mode and sells
+// from MariaDB, then restored; the instance gives the product back to the gate in
+// MariaDB and is killed before it rebuilds Redis (a failpoint holds it there). Another
+// instance's gate watch finds Redis a generation behind and rebuilds it, the sale goes
+// on through Redis, exactly the stock sells, every 201 is an order, and the audit
+// passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_between_leaving_ledger_mode_and_the_rebuild() {
+    const STOCK: i64 = 30;
+    let db = TestDb::create(MYSQL_SERVER).await.expect("db");
+    let prefix = redis_prefix();
+    let proxy = flashsale_testkit::TcpProxy::start(redis_addr())
+        .await
+        .expect("proxy");
+    let through_proxy = format!("redis://{}", proxy.addr());
+    let first = Service::start(
+        &db,
+        &prefix,
+        &[
+            ("FAILPOINTS", "fallback-after-leave=sleep(60000)"),
+            ("FLASHSALE_REDIS_URL", through_proxy.as_str()),
+            ("FLASHSALE_FALLBACK_AFTER", "1s"),
+            ("FLASHSALE_FALLBACK_RECOVER_AFTER", "2s"),
+            ("FLASHSALE_USER_PURCHASE_RATE", "0"),
+        ],
+    )
+    .await;
+    let product = json!({"product_id": 2, "name": "x", "stock": STOCK});
+    let (s, b) = first.post("/v1/products", product, true).await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let mut acknowledged = Vec::new();
+    for i in 0..5 {
+        let (s, b) = buy_until_known(&first, &format!("REQ_w{i}"), i).await;
+        assert_eq!(s, StatusCode::CREATED, "{b}");
+        acknowledged.push((format!("REQ_w{i}"), b["order_id"].clone()));
+    }
+    proxy.cut();
+    for i in 5..10 {
+        let (s, b) = buy_until_known(&first, &format!("REQ_w{i}"), i).await;
+        assert_eq!(s, StatusCode::CREATED, "{b}");
+        acknowledged.push((format!("REQ_w{i}"), b["order_id"].clone()));
+    }
+    let pool = sqlx::MySqlPool::connect(&db.url()).await.expect("pool");
+    let mode = || async {
+        sqlx::query_scalar::<_, String>(
+            "SELECT CAST(stock_mode AS CHAR) FROM product_inventory WHERE product_id = 2",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("mode")
+    };
+    assert_eq!(
+        mode().await,
+        "LEDGER",
+        "sold from MariaDB while Redis was cut"
+    );
+    proxy.restore();
+    let started = Instant::now();
+    while mode().await != "GATE" {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "never left ledger mode"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Held at the failpoint: MariaDB says gate mode in a new generation, Redis is behind.
+    let ledger_gen: i64 = count(
+        &pool,
+        "SELECT generation FROM product_inventory WHERE product_id = 2",
+    )
+    .await;
+    let mut redis = redis::Client::open(REDIS_URL)
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    let gate_gen: Option<i64> = redis::cmd("HGET")
+        .arg(format!("{prefix}{{p:2}}:inv"))
+        .arg("gen")
+        .query_async(&mut redis)
+        .await
+        .expect("HGET");
+    assert!(
+        gate_gen < Some(ledger_gen),
+        "Redis not rebuilt yet: {gate_gen:?} < {ledger_gen}"
+    );
+    first.kill9();
+
+    let second = Service::start(&db, &prefix, &[("FLASHSALE_USER_PURCHASE_RATE", "0")]).await;
+    let mut sold_out = 0;
+    for i in 10..(STOCK + 5) {
+        let (s, b) = buy_until_known(&second, &format!("REQ_w{i}"), i).await;
+        match s {
+            StatusCode::CREATED => acknowledged.push((format!("REQ_w{i}"), b["order_id"].clone())),
+            StatusCode::CONFLICT if code(&b) == "sold_out" => sold_out += 1,
+            other => panic!("REQ_w{i}: {other} {b}"),
+        }
+    }
+    assert_eq!((acknowledged.len() as i64, sold_out), (STOCK, 5));
+    for (request_id, order_id) in &acknowledged {
+        let found: i64 = count(
+            &pool,
+            &format!("SELECT id FROM orders WHERE request_id = '{request_id}'"),
+        )
+        .await;
+        assert_eq!(
+            Some(found),
+            order_id.as_i64(),
+            "{request_id}: acknowledged order lost"
+        );
+    }
+    assert_eq!(count(&pool, "SELECT COUNT(*) FROM orders").await, STOCK);
     drained(&pool).await;
     drop(second);
     audit_passes(&db, &prefix).await;

@@ -457,3 +457,53 @@ async fn two_instances_with_a_split_view_of_redis_never_oversell() {
     b.cleanup().await;
     a.cleanup().await;
 }
+
+// Checks a product created while Redis is down, so its stock was never loaded into
+// Redis: the creation answers 503 (the product is recorded, its stock not loaded), its
+// buyers' purchases find Redis unreachable and switch it to ledger mode, where it sells;
+// once Redis is back it is given to the gate from MariaDB's facts (not loaded again from
+// the counters as if nothing had sold), and exactly the stock sells.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_product_never_loaded_into_redis_sells_from_the_ledger() {
+    const PRODUCT: i64 = 5104;
+    const STOCK: i64 = 20;
+    let mut redis = PrivateRedis::start().await.expect("private redis");
+    let mut app = TestApp::spawn_on(
+        Routes::default(),
+        redis.url(),
+        &redis.url(),
+        MYSQL_SERVER,
+        &settings(),
+    )
+    .await;
+    let workers = start_workers(&app);
+    redis.kill9().expect("kill redis");
+    let body =
+        serde_json::json!({"product_id": PRODUCT, "name": "born in an outage", "stock": STOCK});
+    let (status, body) = app.admin_post("/v1/products", body).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let answers = buyers(&[&app], PRODUCT, 0, 30, Duration::from_millis(500)).await;
+    assert_eq!(mode(&app, PRODUCT).await, "ledger");
+    redis.restart().await.expect("restart redis");
+    app.redis = redis::Client::open(redis.url())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("reconnect");
+    wait_until(
+        "the product back in gate mode",
+        RECOVER_AFTER + BACK_BOUND,
+        || async {
+            stored_mode(&app, PRODUCT).await == "GATE"
+                && app.redis_available(PRODUCT).await.is_some()
+        },
+    )
+    .await;
+    assert_eq!(app.redis_available(PRODUCT).await, Some(0));
+    let orders = acknowledged(&answers);
+    assert_sold_exactly(&app, PRODUCT, STOCK, &orders).await;
+    workers.stop().await;
+    invariants::assert_ok(&app, PRODUCT).await;
+    invariants::assert_audit_clean(&app, PRODUCT).await;
+    app.cleanup().await;
+}
