@@ -295,6 +295,18 @@ pub struct Args {
     /// ratios, not the medians. Every round's own table is printed too.
     #[arg(long, default_value_t = 1, requires = "compare")]
     pub rounds: u32,
+
+    // --- a Redis outage ---
+    /// A sale through a Redis outage (needs --spawn; sustained): the server gets a private
+    /// redis-server, which is killed with SIGKILL after a phase of sales through Redis and
+    /// restarted empty after a phase in ledger mode; prints durable orders/s through Redis,
+    /// in ledger mode and through Redis again, the time from Redis's death to the first
+    /// order from MariaDB and from its restart to gate mode, then audits.
+    #[arg(long, requires = "spawn", conflicts_with_all = ["compare", "ceiling"])]
+    pub outage: bool,
+    /// With --outage: how long each phase of sales runs (default 10s, quick 5s).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, requires = "outage")]
+    pub outage_phase: Option<Duration>,
 }
 
 fn parse_key_value(s: &str) -> Result<(String, String), String> {

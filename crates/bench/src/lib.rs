@@ -23,6 +23,7 @@ pub mod compare;
 pub mod html;
 pub mod http;
 pub mod load;
+pub mod outage;
 pub mod probes;
 pub mod report;
 pub mod schedule;
@@ -96,6 +97,9 @@ pub async fn run(args: Args) -> Result<bool, String> {
     let runs = args.runs()?;
     // One seed for every run of a comparison: the same requests in the same order.
     let seed = args.seed.unwrap_or_else(rand::random);
+    if args.outage {
+        return outage::run(&args).await;
+    }
     if args.compare {
         return run_compare(&args, &sizes, &runs, seed).await;
     }
