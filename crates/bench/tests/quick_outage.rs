@@ -64,9 +64,15 @@ fn an_outage_run_reports_both_modes_and_the_switch_times() {
         assert!(figure(&stdout, phase) > 0.0, "{phase}: no orders\n{stdout}");
     }
     let first = figure(&stdout, "Redis killed → first order from MariaDB:");
-    assert!(first >= 1.0, "the switch waits FALLBACK_AFTER: {first}\n{stdout}");
+    assert!(
+        first >= 1.0,
+        "the switch waits FALLBACK_AFTER: {first}\n{stdout}"
+    );
     let back = figure(&stdout, "Redis restarted → product in gate mode:");
-    assert!(back >= 2.0, "the way back waits RECOVER_AFTER: {back}\n{stdout}");
+    assert!(
+        back >= 2.0,
+        "the way back waits RECOVER_AFTER: {back}\n{stdout}"
+    );
     assert!(stdout.contains("flashsale audit: passed"), "{stdout}");
     assert!(!stdout.contains("FAILED"), "{stdout}");
 }

@@ -507,3 +507,75 @@ async fn a_product_never_loaded_into_redis_sells_from_the_ledger() {
     invariants::assert_audit_clean(&app, PRODUCT).await;
     app.cleanup().await;
 }
+
+// Checks a product an operator's tooling (or another instance) put in ledger mode while
+// this instance's Redis answers: the instance follows the switch within the fallback
+// worker's period, sells from MariaDB, and the per-user rate limit still applies (the
+// third purchase of a user with a burst of 2 gets 429, nothing written); once it is sold
+// out, refusals are `sold_out`; with Redis answering all along, the product returns to
+// the gate after RECOVER_AFTER.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_instance_follows_a_switch_made_elsewhere_and_its_limits_hold() {
+    const PRODUCT: i64 = 5105;
+    let mut s = settings();
+    s.extend([("USER_PURCHASE_RATE", "1"), ("USER_PURCHASE_BURST", "2")]);
+    let app = TestApp::spawn_with(Routes::default(), &s).await;
+    let workers = start_workers(&app);
+    app.create_product(PRODUCT, 3, None).await;
+    let env = [(
+        "FLASHSALE_DATABASE_URL".to_owned(),
+        app.db.as_ref().expect("test database").url(),
+    )]
+    .into_iter()
+    .collect();
+    let ledger =
+        flashsale::connect_ledger(&flashsale::Config::from_parts(None, &env).expect("config"))
+            .await
+            .expect("ledger");
+    let product = flashsale_core::ProductId::parse(PRODUCT).expect("id");
+    flashsale_app::ports::LedgerMaintenance::enter_ledger_mode(&ledger, product)
+        .await
+        .expect("ledger mode");
+    // The fallback worker reads the modes every 250 ms: after that and some slack, the
+    // instance must send the purchase to the ledger (a gate hold would be refused in
+    // the new generation and answered 503).
+    tokio::time::sleep(flashsale_app::modes::FOLLOW_INTERVAL + Duration::from_millis(350)).await;
+    let (status, body) = app.purchase("REQ_follow_0", 1, PRODUCT, 1).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let hold: i64 = sqlx::query_scalar(
+        "SELECT generation FROM inventory_reservation WHERE request_id = 'REQ_follow_0'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .expect("reservation");
+    assert_eq!(hold, 2, "sold in the ledger mode's generation");
+    let (status, _) = app.purchase("REQ_follow_1", 1, PRODUCT, 1).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, body) = app.purchase("REQ_follow_2", 1, PRODUCT, 1).await;
+    assert_eq!(
+        (status, code(&body)),
+        (StatusCode::TOO_MANY_REQUESTS, "rate_limited")
+    );
+    assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 2);
+    let (status, _) = app.purchase("REQ_follow_3", 2, PRODUCT, 1).await;
+    assert_eq!(status, StatusCode::CREATED);
+    for i in 4..8 {
+        let (status, body) = app
+            .purchase(&format!("REQ_follow_{i}"), i, PRODUCT, 1)
+            .await;
+        assert_eq!((status, code(&body)), (StatusCode::CONFLICT, "sold_out"));
+    }
+    wait_until(
+        "the product back in gate mode",
+        RECOVER_AFTER + BACK_BOUND,
+        || async {
+            stored_mode(&app, PRODUCT).await == "GATE"
+                && app.redis_available(PRODUCT).await == Some(0)
+        },
+    )
+    .await;
+    workers.stop().await;
+    invariants::assert_ok(&app, PRODUCT).await;
+    invariants::assert_audit_clean(&app, PRODUCT).await;
+    app.cleanup().await;
+}
