@@ -292,6 +292,15 @@ macro_rules! batch_variable {
     };
 }
 
+/// A batch document of request_ids alone (`[[request_id], …]`), for [`taken`] when the
+/// batch's holds are not known (a ledger batch rolled back before it handed them out):
+/// the other columns read as NULL.
+pub(crate) fn request_ids_document<'a>(ids: impl Iterator<Item = &'a RequestId>) -> String {
+    let rows: Vec<[&str; 1]> = ids.map(|id| [id.as_str()]).collect();
+    // Strings only: serializing cannot fail.
+    serde_json::to_string(&rows).unwrap_or_default()
+}
+
 /// The request_ids of `batch` already taken in the ledger (committed by now).
 pub(crate) async fn taken(
     pool: &sqlx::MySqlPool,

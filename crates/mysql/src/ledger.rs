@@ -642,70 +642,87 @@ impl MysqlLedger {
     }
 
     /// Commits a batch of ledger-mode purchases in one transaction when they go the plain
-    /// way: the first copy of each request_id, every product in ledger mode with units
-    /// for all of them, none taken before, nobody over a per-user limit. Anything else
-    /// rolls the batch back, and each purchase is then committed on its own, where it
-    /// gets its own answer (a replay, a refusal). Later copies of a request_id in the
-    /// batch go on their own after it, and are answered as replays.
+    /// way, with the same decision as the gate's batches (`GroupCommit`): a request_id's
+    /// later copies, taken request_ids and users' excess over a per-user limit are set
+    /// aside and the rest tried again; a product short of units or back in gate mode
+    /// sends the whole batch one by one. Set-aside purchases are committed on their own,
+    /// one after another (they wait on the same product rows anyway), where each gets
+    /// its answer.
     async fn ledger_group_commit(
         &self,
         batch: Vec<LedgerPurchase>,
     ) -> Vec<Result<Commit, LedgerError>> {
         let started = std::time::Instant::now();
-        let mut seen = std::collections::HashSet::with_capacity(batch.len());
-        let (plain, later): (Vec<usize>, Vec<usize>) =
-            (0..batch.len()).partition(|&i| seen.insert(batch[i].request.request_id.clone()));
-        let members: Vec<LedgerPurchase> = plain.iter().map(|&i| batch[i].clone()).collect();
-        let written = self
-            .run("ledger group commit", || async {
-                let mut own = self.ledger_group_conn.take().await?;
-                let written = Self::ledger_group_transaction(own.conn(), &members).await;
-                own.give_back(&written).await;
-                written
-            })
-            .await;
-        let mut answers: Vec<Option<Result<Commit, LedgerError>>> = vec![None; batch.len()];
-        let mut one_by_one = later;
-        match written {
-            Ok(Some(orders)) => {
-                for (&i, order) in plain.iter().zip(orders) {
-                    answers[i] = Some(Ok(Commit::Committed(order)));
+        let mut decision = GroupCommit::new(batch.iter().map(|p| &p.request));
+        let mut orders: Vec<Option<Order>> = Vec::new();
+        let mut error = None;
+        while let Some(plain) = decision.next() {
+            let members: Vec<LedgerPurchase> = plain.iter().map(|&i| batch[i].clone()).collect();
+            let written = self
+                .run("ledger group commit", || async {
+                    let mut own = self.ledger_group_conn.take().await?;
+                    let written = Self::ledger_group_transaction(own.conn(), &members).await;
+                    own.give_back(&written).await;
+                    match written? {
+                        Some(Written::Orders(orders)) => Ok((group::Written::Orders, orders)),
+                        Some(Written::OverLimit(over)) => {
+                            Ok((group::Written::OverLimit(over), vec![]))
+                        }
+                        Some(Written::NotPlain) => {
+                            let document = crate::group::request_ids_document(
+                                members.iter().map(|p| &p.request.request_id),
+                            );
+                            let taken = crate::group::taken(&self.pool, &document).await?;
+                            Ok((group::Written::Taken(taken), vec![]))
+                        }
+                        // Short of units or not in ledger mode: one by one.
+                        None => Ok((group::Written::Taken(Default::default()), vec![])),
+                    }
+                })
+                .await;
+            decision.written(match written {
+                Ok((written, written_orders)) => {
+                    orders = written_orders.into_iter().map(Some).collect();
+                    written
                 }
-            }
-            Ok(None) => one_by_one.extend(plain),
-            // Unknown whether it committed: each caller hears so and retries; the unique
-            // key on request_id makes a retry find its order if it did.
-            Err(e) => {
-                for &i in &plain {
-                    answers[i] = Some(Err(e.clone()));
+                // Unknown whether it committed: each caller hears so and retries; the
+                // unique key on request_id makes a retry find its order if it did.
+                Err(e) => {
+                    error = Some(e);
+                    group::Written::Unknown
                 }
-            }
+            });
         }
-        one_by_one.sort_unstable();
-        // One after another: they all wait on the same product rows anyway.
-        for &i in &one_by_one {
-            let p = &batch[i];
-            answers[i] = Some(
-                self.commit_ledger_one(&p.request, p.per_user_limit, p.payment_timeout)
-                    .await,
-            );
+        let mut answers = Vec::with_capacity(batch.len());
+        let mut one_by_one = 0;
+        let lost = || LedgerError::stopped("ledger group commit: no answer");
+        for (p, answer) in batch.iter().zip(decision.answers()) {
+            answers.push(match answer {
+                group::Answer::Committed(n) => orders
+                    .get_mut(n)
+                    .and_then(Option::take)
+                    .map(Commit::Committed)
+                    .ok_or_else(lost),
+                group::Answer::Unknown => Err(error.clone().unwrap_or_else(lost)),
+                group::Answer::OneByOne => {
+                    one_by_one += 1;
+                    self.commit_ledger_one(&p.request, p.per_user_limit, p.payment_timeout)
+                        .await
+                }
+            });
         }
-        debug!(size = batch.len(), one_by_one = one_by_one.len(), elapsed = ?started.elapsed(), "ledger group commit");
+        debug!(size = batch.len(), one_by_one, elapsed = ?started.elapsed(), "ledger group commit");
         answers
-            .into_iter()
-            .map(|a| {
-                a.unwrap_or_else(|| Err(LedgerError::stopped("ledger group commit: no answer")))
-            })
-            .collect()
     }
 
     /// The ledger-mode group transaction on `conn`, ended: the units taken and the hold
     /// ids handed out first ([`crate::group::take_ledger_units`]), then the rows as a gate
-    /// batch's, by the same procedure; committed with the orders, or rolled back (None).
+    /// batch's, by the same procedure; committed with the orders, or rolled back. None:
+    /// a product was short of units or not in ledger mode.
     async fn ledger_group_transaction(
         conn: &mut MySqlConnection,
         members: &[LedgerPurchase],
-    ) -> Result<Option<Vec<Order>>, sqlx::Error> {
+    ) -> Result<Option<Written>, sqlx::Error> {
         let mut tx = conn.begin().await?;
         let Some(holds) = crate::group::take_ledger_units(&mut tx, members).await? else {
             tx.rollback().await?;
@@ -722,16 +739,13 @@ impl MysqlLedger {
             })
             .collect();
         let document = crate::group::document(&purchases);
-        match crate::group::insert(&mut tx, &purchases, &document, Counters::Taken).await? {
-            Written::Orders(orders) => {
-                tx.commit().await?;
-                Ok(Some(orders))
-            }
-            Written::OverLimit(_) | Written::NotPlain => {
-                tx.rollback().await?;
-                Ok(None)
-            }
+        let written = crate::group::insert(&mut tx, &purchases, &document, Counters::Taken).await?;
+        if matches!(written, Written::Orders(_)) {
+            tx.commit().await?;
+        } else {
+            tx.rollback().await?;
         }
+        Ok(Some(written))
     }
 
     /// One ledger-mode purchase in its own transaction.

@@ -201,3 +201,130 @@ async fn per_user_limits_hold_inside_group_commits() {
     );
     app.cleanup().await;
 }
+
+// Checks ledger mode's group commit against the real MariaDB, straight through the
+// ledger port: product 3600 in ledger mode with 500 units and a limit of 2 per user;
+// 60 users send 3 purchases each and the first 20 request_ids are sent twice, all 200 at
+// once. Exactly 2 per user commit (120), every third is refused with LimitExceeded, each
+// copy gets its first's answer (the order as a duplicate, or the same refusal), and
+// orders sharing one `created_at` (one statement's NOW(6)) show they were written
+// together. Then product 3601 in ledger mode with 50 units gets 80 purchases at once:
+// exactly 50 commit, the rest are refused for stock, and the hold ids the ledger handed
+// out are 1 to 50 without a gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ledger_mode_purchases_commit_together_with_the_same_answers() {
+    use flashsale_app::ports::LedgerMaintenance;
+    let app = TestApp::spawn().await;
+    app.create_product(3600, 500, Some(2)).await;
+    app.create_product(3601, 50, None).await;
+    let ledger = ledger(&app).await;
+    for p in [3600, 3601] {
+        ledger
+            .enter_ledger_mode(ProductId::parse(p).expect("id"))
+            .await
+            .expect("ledger mode");
+    }
+    let timeout = Duration::from_secs(600);
+    let limited = |i: i64| PurchaseRequest {
+        request_id: RequestId::parse("request_id", &format!("REQ_lg_{i}")).expect("id"),
+        user_id: UserId::parse(1000 + i % 60).expect("user"),
+        product_id: ProductId::parse(3600).expect("product"),
+        quantity: Quantity::from_stored(1).expect("quantity"),
+    };
+    let calls = (0..200i64).map(|i| {
+        let ledger = ledger.clone();
+        // 180..200 repeat the first 20.
+        let n = if i >= 180 { i - 180 } else { i };
+        tokio::spawn(async move {
+            let r = ledger
+                .commit_ledger_purchase(&limited(n), Some(2), timeout)
+                .await;
+            (i, n, r.expect("ledger answered"))
+        })
+    });
+    let answers: Vec<(i64, i64, Commit)> = futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .map(|c| c.expect("task"))
+        .collect();
+    let first: std::collections::BTreeMap<i64, &Commit> = answers
+        .iter()
+        .filter(|(i, _, _)| *i < 180)
+        .map(|(_, n, c)| (*n, c))
+        .collect();
+    let mut per_user = std::collections::BTreeMap::new();
+    for (_, n, c) in answers.iter().filter(|(i, _, _)| *i < 180) {
+        match c {
+            Commit::Committed(_) => *per_user.entry(n % 60).or_insert(0) += 1,
+            Commit::LimitExceeded => {}
+            Commit::Duplicate(record) => {
+                // A copy that committed first: the other one is the duplicate.
+                assert!(matches!(
+                    record.outcome,
+                    flashsale_app::PurchaseOutcome::Order(_)
+                ));
+                *per_user.entry(n % 60).or_insert(0) += 1;
+            }
+            other => panic!("REQ_lg_{n}: unexpected {other:?}"),
+        }
+    }
+    assert!(per_user.values().all(|&k| k == 2), "{per_user:?}");
+    assert_eq!(per_user.len(), 60);
+    for (_, n, copy) in answers.iter().filter(|(i, _, _)| *i >= 180) {
+        match (first[n], copy) {
+            (Commit::Committed(o), Commit::Duplicate(r))
+            | (Commit::Duplicate(r), Commit::Committed(o)) => {
+                assert_eq!(r.outcome, flashsale_app::PurchaseOutcome::Order(o.clone()));
+            }
+            (Commit::LimitExceeded, Commit::LimitExceeded) => {}
+            (a, b) => panic!("REQ_lg_{n}: {a:?} then {b:?}"),
+        }
+    }
+    assert_eq!(
+        app.count("SELECT COUNT(*) FROM orders WHERE product_id = 3600")
+            .await,
+        120
+    );
+    let instants = app
+        .count("SELECT COUNT(DISTINCT created_at) FROM orders WHERE product_id = 3600")
+        .await;
+    assert!(
+        instants < 120,
+        "written together: {instants} distinct created_at"
+    );
+    let stock = (0..80i64).map(|i| {
+        let ledger = ledger.clone();
+        tokio::spawn(async move {
+            ledger
+                .commit_ledger_purchase(&request(i, 3601), None, timeout)
+                .await
+                .expect("ledger answered")
+        })
+    });
+    let mut sold = 0;
+    for answer in futures::future::join_all(stock).await {
+        match answer.expect("task") {
+            Commit::Committed(_) => sold += 1,
+            Commit::InsufficientStock => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(sold, 50);
+    assert_eq!(
+        app.count(
+            "SELECT COUNT(DISTINCT hold_id) FROM inventory_reservation \
+             WHERE product_id = 3601 AND hold_id BETWEEN 1 AND 50"
+        )
+        .await,
+        50
+    );
+    assert_eq!(
+        app.count(
+            "SELECT COUNT(*) FROM product_inventory WHERE product_id IN (3600, 3601) \
+             AND available_stock + pre_deduct_stock = total_stock"
+        )
+        .await,
+        2
+    );
+    app.cleanup().await;
+}
