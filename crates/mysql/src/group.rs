@@ -34,15 +34,6 @@ pub(crate) struct Purchase {
     pub per_user_limit: Option<u32>,
 }
 
-/// One ledger-mode purchase of a batch: no hold yet, the ledger hands it out
-/// ([`take_ledger_units`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct LedgerPurchase {
-    pub request: PurchaseRequest,
-    pub payment_timeout: Duration,
-    pub per_user_limit: Option<u32>,
-}
-
 /// Whose counters a batch's [`insert`] updates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Counters {
@@ -53,65 +44,6 @@ pub(crate) enum Counters {
     /// Ledger purchases: [`take_ledger_units`] updated them first, as it hands out the
     /// hold ids the rows are written with.
     Taken,
-}
-
-/// Takes the units of a batch of ledger-mode purchases in the open transaction `tx`: per
-/// product, in product order (two batches never wait on each other in a cycle), one
-/// UPDATE that requires ledger mode and enough units for the whole batch, and hands out
-/// as many hold ids (`ledger_hold_seq`), read back under the row's lock. The holds, in
-/// batch order; None when a product is not in ledger mode or has too few units (the
-/// caller rolls back and commits the purchases one by one, where each has its answer).
-pub(crate) async fn take_ledger_units(
-    tx: &mut MySqlConnection,
-    batch: &[LedgerPurchase],
-) -> Result<Option<Vec<HoldRef>>, sqlx::Error> {
-    let mut per_product: BTreeMap<ProductId, (i64, i64)> = BTreeMap::new();
-    for p in batch {
-        let entry = per_product.entry(p.request.product_id).or_default();
-        entry.0 += i64::from(p.request.quantity.get());
-        entry.1 += 1;
-    }
-    // Per product: the generation and the first hold id of the batch's.
-    let mut next: HashMap<ProductId, (Generation, i64)> = HashMap::new();
-    for (product_id, (units, count)) in &per_product {
-        let updated = sqlx::query(
-            "UPDATE product_inventory SET available_stock = available_stock - ?, \
-             pre_deduct_stock = pre_deduct_stock + ?, ledger_hold_seq = ledger_hold_seq + ?, \
-             version = version + 1 \
-             WHERE product_id = ? AND available_stock >= ? AND stock_mode = 'LEDGER'",
-        )
-        .bind(units)
-        .bind(units)
-        .bind(count)
-        .bind(product_id.get())
-        .bind(units)
-        .execute(&mut *tx)
-        .await?;
-        if updated.rows_affected() != 1 {
-            return Ok(None);
-        }
-        let row = sqlx::query(
-            "SELECT generation, ledger_hold_seq FROM product_inventory WHERE product_id = ?",
-        )
-        .bind(product_id.get())
-        .fetch_one(&mut *tx)
-        .await?;
-        let generation = crate::rows::generation(row.try_get("generation")?)
-            .map_err(crate::rows::undecodable)?;
-        let last: i64 = row.try_get("ledger_hold_seq")?;
-        next.insert(*product_id, (generation, last - count + 1));
-    }
-    let mut holds = Vec::with_capacity(batch.len());
-    for p in batch {
-        let Some((generation, id)) = next.get_mut(&p.request.product_id) else {
-            return Err(sqlx::Error::Protocol(
-                "a batch product without a counter".into(),
-            ));
-        };
-        holds.push(crate::rows::hold(generation.get(), *id).map_err(crate::rows::undecodable)?);
-        *id += 1;
-    }
-    Ok(Some(holds))
 }
 
 /// What [`insert`] wrote.

@@ -1,0 +1,317 @@
+//! Ledger mode's purchases (`flashsale_core::StockMode::Ledger`): the ledger decides and
+//! records each purchase without a gate hold, handing out the hold ids itself
+//! (`product_inventory.ledger_hold_seq`). Purchases that arrive together go through a
+//! group commit of their own, with the gate batches' decision (`GroupCommit`) and rows
+//! (`crate::group::insert`); anything but the plain case is committed one by one here.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use flashsale_app::group::{self, GroupCommit};
+use flashsale_app::ports::{Commit, LedgerError};
+use flashsale_app::Order;
+use flashsale_batch::{BatchFn, Coalescer};
+use flashsale_core::{Generation, HoldRef, ProductId, PurchaseRequest, StockMode};
+use sqlx::{Acquire, MySqlConnection, Row};
+use tracing::debug;
+
+use super::{
+    limit_then_commit, write_purchase_rows, Attempt, Committed, MysqlLedger, Rows,
+    GROUP_COMMIT_MAX, GROUP_QUEUE_MAX, GROUP_WORKERS,
+};
+use crate::group::{Counters, Purchase, Written};
+use crate::rows;
+
+/// One ledger-mode purchase of a batch: no hold yet, the ledger hands it out
+/// ([`take_ledger_units`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LedgerPurchase {
+    pub request: PurchaseRequest,
+    pub payment_timeout: Duration,
+    pub per_user_limit: Option<u32>,
+}
+
+/// Takes the units of a batch of ledger-mode purchases in the open transaction `tx`: per
+/// product, in product order (two batches never wait on each other in a cycle), one
+/// UPDATE that requires ledger mode and enough units for the whole batch, and hands out
+/// as many hold ids (`ledger_hold_seq`), read back under the row's lock. The holds, in
+/// batch order; None when a product is not in ledger mode or has too few units (the
+/// caller rolls back and commits the purchases one by one, where each has its answer).
+async fn take_ledger_units(
+    tx: &mut MySqlConnection,
+    batch: &[LedgerPurchase],
+) -> Result<Option<Vec<HoldRef>>, sqlx::Error> {
+    let mut per_product: BTreeMap<ProductId, (i64, i64)> = BTreeMap::new();
+    for p in batch {
+        let entry = per_product.entry(p.request.product_id).or_default();
+        entry.0 += i64::from(p.request.quantity.get());
+        entry.1 += 1;
+    }
+    // Per product: the generation and the first hold id of the batch's.
+    let mut next: HashMap<ProductId, (Generation, i64)> = HashMap::new();
+    for (product_id, (units, count)) in &per_product {
+        let updated = sqlx::query(
+            "UPDATE product_inventory SET available_stock = available_stock - ?, \
+             pre_deduct_stock = pre_deduct_stock + ?, ledger_hold_seq = ledger_hold_seq + ?, \
+             version = version + 1 \
+             WHERE product_id = ? AND available_stock >= ? AND stock_mode = 'LEDGER'",
+        )
+        .bind(units)
+        .bind(units)
+        .bind(count)
+        .bind(product_id.get())
+        .bind(units)
+        .execute(&mut *tx)
+        .await?;
+        if updated.rows_affected() != 1 {
+            return Ok(None);
+        }
+        let row = sqlx::query(
+            "SELECT generation, ledger_hold_seq FROM product_inventory WHERE product_id = ?",
+        )
+        .bind(product_id.get())
+        .fetch_one(&mut *tx)
+        .await?;
+        let generation = crate::rows::generation(row.try_get("generation")?)
+            .map_err(crate::rows::undecodable)?;
+        let last: i64 = row.try_get("ledger_hold_seq")?;
+        next.insert(*product_id, (generation, last - count + 1));
+    }
+    let mut holds = Vec::with_capacity(batch.len());
+    for p in batch {
+        let Some((generation, id)) = next.get_mut(&p.request.product_id) else {
+            return Err(sqlx::Error::Protocol(
+                "a batch product without a counter".into(),
+            ));
+        };
+        holds.push(crate::rows::hold(generation.get(), *id).map_err(crate::rows::undecodable)?);
+        *id += 1;
+    }
+    Ok(Some(holds))
+}
+
+impl MysqlLedger {
+    pub(super) fn ledger_group(&self) -> &Coalescer<LedgerPurchase, Result<Commit, LedgerError>> {
+        self.ledger_group.get_or_init(|| {
+            let ledger = Arc::new(self.single());
+            let run: BatchFn<LedgerPurchase, Result<Commit, LedgerError>> =
+                Arc::new(move |batch: Vec<LedgerPurchase>| {
+                    let ledger = ledger.clone();
+                    Box::pin(async move { ledger.ledger_group_commit(batch).await })
+                });
+            Coalescer::start(GROUP_QUEUE_MAX, GROUP_COMMIT_MAX, GROUP_WORKERS, run)
+        })
+    }
+
+    /// Commits a batch of ledger-mode purchases in one transaction when they go the plain
+    /// way, with the same decision as the gate's batches (`GroupCommit`): a request_id's
+    /// later copies, taken request_ids and users' excess over a per-user limit are set
+    /// aside and the rest tried again; a product short of units or back in gate mode
+    /// sends the whole batch one by one. Set-aside purchases are committed on their own,
+    /// one after another (they wait on the same product rows anyway), where each gets
+    /// its answer.
+    async fn ledger_group_commit(
+        &self,
+        batch: Vec<LedgerPurchase>,
+    ) -> Vec<Result<Commit, LedgerError>> {
+        let started = std::time::Instant::now();
+        let mut decision = GroupCommit::new(batch.iter().map(|p| &p.request));
+        let mut orders: Vec<Option<Order>> = Vec::new();
+        let mut error = None;
+        while let Some(plain) = decision.next() {
+            let members: Vec<LedgerPurchase> = plain.iter().map(|&i| batch[i].clone()).collect();
+            let written = self
+                .run("ledger group commit", || async {
+                    let mut own = self.ledger_group_conn.take().await?;
+                    let written = Self::ledger_group_transaction(own.conn(), &members).await;
+                    own.give_back(&written).await;
+                    match written? {
+                        Some(Written::Orders(orders)) => Ok((group::Written::Orders, orders)),
+                        Some(Written::OverLimit(over)) => {
+                            Ok((group::Written::OverLimit(over), vec![]))
+                        }
+                        Some(Written::NotPlain) => {
+                            let document = crate::group::request_ids_document(
+                                members.iter().map(|p| &p.request.request_id),
+                            );
+                            let taken = crate::group::taken(&self.pool, &document).await?;
+                            Ok((group::Written::Taken(taken), vec![]))
+                        }
+                        // Short of units or not in ledger mode: one by one.
+                        None => Ok((group::Written::Taken(Default::default()), vec![])),
+                    }
+                })
+                .await;
+            decision.written(match written {
+                Ok((written, written_orders)) => {
+                    orders = written_orders.into_iter().map(Some).collect();
+                    written
+                }
+                // Unknown whether it committed: each caller hears so and retries; the
+                // unique key on request_id makes a retry find its order if it did.
+                Err(e) => {
+                    error = Some(e);
+                    group::Written::Unknown
+                }
+            });
+        }
+        let mut answers = Vec::with_capacity(batch.len());
+        let mut one_by_one = 0;
+        let lost = || LedgerError::stopped("ledger group commit: no answer");
+        for (p, answer) in batch.iter().zip(decision.answers()) {
+            answers.push(match answer {
+                group::Answer::Committed(n) => orders
+                    .get_mut(n)
+                    .and_then(Option::take)
+                    .map(Commit::Committed)
+                    .ok_or_else(lost),
+                group::Answer::Unknown => Err(error.clone().unwrap_or_else(lost)),
+                group::Answer::OneByOne => {
+                    one_by_one += 1;
+                    self.commit_ledger_one(&p.request, p.per_user_limit, p.payment_timeout)
+                        .await
+                }
+            });
+        }
+        debug!(size = batch.len(), one_by_one, elapsed = ?started.elapsed(), "ledger group commit");
+        answers
+    }
+
+    /// The ledger-mode group transaction on `conn`, ended: the units taken and the hold
+    /// ids handed out first ([`take_ledger_units`]), then the rows as a gate
+    /// batch's, by the same procedure; committed with the orders, or rolled back. None:
+    /// a product was short of units or not in ledger mode.
+    async fn ledger_group_transaction(
+        conn: &mut MySqlConnection,
+        members: &[LedgerPurchase],
+    ) -> Result<Option<Written>, sqlx::Error> {
+        let mut tx = conn.begin().await?;
+        let Some(holds) = take_ledger_units(&mut tx, members).await? else {
+            tx.rollback().await?;
+            return Ok(None);
+        };
+        let purchases: Vec<Purchase> = members
+            .iter()
+            .zip(holds)
+            .map(|(p, hold)| Purchase {
+                request: p.request.clone(),
+                hold,
+                payment_timeout: p.payment_timeout,
+                per_user_limit: p.per_user_limit,
+            })
+            .collect();
+        let document = crate::group::document(&purchases);
+        let written = crate::group::insert(&mut tx, &purchases, &document, Counters::Taken).await?;
+        if matches!(written, Written::Orders(_)) {
+            tx.commit().await?;
+        } else {
+            tx.rollback().await?;
+        }
+        Ok(Some(written))
+    }
+
+    /// One ledger-mode purchase in its own transaction.
+    async fn commit_ledger_one(
+        &self,
+        request: &PurchaseRequest,
+        per_user_limit: Option<u32>,
+        payment_timeout: Duration,
+    ) -> Result<Commit, LedgerError> {
+        const WHAT: &str = "commit ledger purchase";
+        let outcome = self
+            .purchase_or_taken(WHAT, &request.request_id, || {
+                self.run(WHAT, move || {
+                    self.insert_ledger_purchase(request, per_user_limit, payment_timeout)
+                })
+            })
+            .await?;
+        match outcome {
+            Ok(Committed::Order(order)) => Ok(Commit::Committed(order)),
+            Ok(Committed::InsufficientStock) => Ok(Commit::InsufficientStock),
+            Ok(Committed::LimitExceeded) => Ok(Commit::LimitExceeded),
+            Ok(Committed::GateMode) => Ok(Commit::GateMode),
+            // The ledger's own counter handed out a hold id recorded before in this
+            // generation: only a write outside the ledger's paths does that.
+            Ok(Committed::HoldReused | Committed::StaleGeneration) => {
+                Err(LedgerError::corrupt(format!(
+                    "{WHAT}: product {}: the ledger's hold id was recorded already",
+                    request.product_id
+                )))
+            }
+            Err(record) => Ok(Commit::Duplicate(record)),
+        }
+    }
+
+    /// A ledger-mode purchase in one transaction: the counter UPDATE first, as it hands
+    /// out the hold id (so the product row's lock is held to COMMIT; one purchase at a
+    /// time per product, as in the seeds), then the purchase's rows for that hold and the
+    /// per-user check. A taken request_id rolls it all back, the hold id with it.
+    async fn insert_ledger_purchase(
+        &self,
+        request: &PurchaseRequest,
+        per_user_limit: Option<u32>,
+        payment_timeout: Duration,
+    ) -> Result<Attempt<Committed>, sqlx::Error> {
+        let p = request.product_id.get();
+        let q = request.quantity.get();
+        let mut tx = self.pool.begin().await?;
+        // The ledger's own stock check, and the mode: a product the gate serves is sold
+        // through the gate's holds only. The generation is the current one by
+        // construction: it is read under this row lock below.
+        let updated = sqlx::query(
+            "UPDATE product_inventory SET available_stock = available_stock - ?, \
+             pre_deduct_stock = pre_deduct_stock + ?, ledger_hold_seq = ledger_hold_seq + 1, \
+             version = version + 1 \
+             WHERE product_id = ? AND available_stock >= ? AND stock_mode = 'LEDGER'",
+        )
+        .bind(q)
+        .bind(q)
+        .bind(p)
+        .bind(q)
+        .execute(&mut *tx)
+        .await?;
+        if updated.rows_affected() != 1 {
+            let mode: Option<String> = sqlx::query_scalar(
+                "SELECT CAST(stock_mode AS CHAR) FROM product_inventory WHERE product_id = ?",
+            )
+            .bind(p)
+            .fetch_optional(&mut *tx)
+            .await?;
+            // A replay of a purchase recorded before (in either mode) is answered with
+            // its record, not with the refusal a new purchase would get.
+            let taken: Option<i64> =
+                sqlx::query_scalar("SELECT id FROM inventory_reservation WHERE request_id = ?")
+                    .bind(request.request_id.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            tx.rollback().await?;
+            if taken.is_some() {
+                return Ok(Attempt::Taken);
+            }
+            let Some(mode) = mode else {
+                return Err(sqlx::Error::RowNotFound);
+            };
+            return Ok(Attempt::Done(
+                match StockMode::from_stored(&mode).map_err(|e| sqlx::Error::Decode(e.into()))? {
+                    StockMode::Gate => Committed::GateMode,
+                    StockMode::Ledger => Committed::InsufficientStock,
+                },
+            ));
+        }
+        let row = sqlx::query(
+            "SELECT generation, ledger_hold_seq FROM product_inventory WHERE product_id = ?",
+        )
+        .bind(p)
+        .fetch_one(&mut *tx)
+        .await?;
+        let hold = rows::hold(row.try_get("generation")?, row.try_get("ledger_hold_seq")?)
+            .map_err(rows::undecodable)?;
+        let order = match write_purchase_rows(&mut tx, request, hold, payment_timeout).await? {
+            Rows::Written(order) => order,
+            Rows::Taken => return Ok(Attempt::Taken),
+            Rows::HoldReused => return Ok(Attempt::Done(Committed::HoldReused)),
+        };
+        limit_then_commit(tx, request, per_user_limit, order).await
+    }
+}
