@@ -93,6 +93,16 @@ pub struct Stats {
     pub purchases_gave_up: u64,
     pub paid: u64,
     pub cancelled: u64,
+    /// Products switched to ledger mode (`enter_ledger_mode` that switched).
+    pub to_ledger: u64,
+    /// Products given back to the gate (`leave_ledger_mode` that switched), and how many
+    /// of those during the sale (the rest in the wind-down, with no fault on).
+    pub to_gate: u64,
+    pub to_gate_in_sale: u64,
+    /// Purchases the ledger sold in ledger mode (`commit_ledger_purchase` committed).
+    pub ledger_sales: u64,
+    /// Runs that switched at least one product each way (0 or 1 per run).
+    pub runs_switched_both_ways: u64,
 }
 
 impl Stats {
@@ -115,6 +125,11 @@ impl Stats {
         self.purchases_gave_up += o.purchases_gave_up;
         self.paid += o.paid;
         self.cancelled += o.cancelled;
+        self.to_ledger += o.to_ledger;
+        self.to_gate += o.to_gate;
+        self.to_gate_in_sale += o.to_gate_in_sale;
+        self.ledger_sales += o.ledger_sales;
+        self.runs_switched_both_ways += o.runs_switched_both_ways;
     }
 }
 

@@ -707,6 +707,7 @@ impl MemLedger {
         if let Some(inv) = t.inventory.get_mut(&p) {
             inv.ledger_hold_seq += 1;
         }
+        self.ctx.lock().stats.ledger_sales += 1;
         Ok(Attempt::Done(Commit::Committed(order)))
     }
 
@@ -1985,6 +1986,7 @@ impl LedgerMaintenance for MemLedger {
         if let Some(product) = t.products.get_mut(&p) {
             product.stock_loaded = true;
         }
+        self.ctx.lock().stats.to_ledger += 1;
         Ok(ModeSwitch::Entered { generation })
     }
 
@@ -2002,7 +2004,11 @@ impl LedgerMaintenance for MemLedger {
             Some(inv) if inv.gate_unreachable_at.is_some_and(|at| at > now - quiet) => {
                 Ok(Leave::TooSoon)
             }
-            Some(_) => advance_locked(&mut t, product_id, now, true).map(Leave::Left),
+            Some(_) => {
+                let plan = advance_locked(&mut t, product_id, now, true)?;
+                self.ctx.lock().stats.to_gate += 1;
+                Ok(Leave::Left(plan))
+            }
         }
     }
 

@@ -111,6 +111,18 @@ fn main() -> ExitCode {
         summary.failures.len()
     );
     println!("totals: {:?}", summary.stats);
+    let st = &summary.stats;
+    println!(
+        "stock modes: {} of {} seeds switched both ways; {} switches to ledger mode, {} back to \
+         gate mode ({} during the sale, {} in the wind-down); {} purchases sold by the ledger",
+        st.runs_switched_both_ways,
+        summary.runs,
+        st.to_ledger,
+        st.to_gate,
+        st.to_gate_in_sale,
+        st.to_gate.saturating_sub(st.to_gate_in_sale),
+        st.ledger_sales
+    );
     for failure in &summary.failures {
         println!("{}", failure_report(failure, &opts, args.trace));
     }
