@@ -171,6 +171,9 @@ pub struct State {
     pub faults: FaultProfile,
     /// Steps until which a store is unreachable (an outage).
     pub gate_down_until: u64,
+    /// A long Redis outage, in true time: unreachable until the run ends it (the first
+    /// step at or past this time, see `Chaos::redis_down`).
+    pub gate_down_until_time: Option<DateTime<Utc>>,
     pub ledger_down_until: u64,
     pub bus_down_until: u64,
     pub request_timeout: TimeDelta,
@@ -208,6 +211,7 @@ impl Ctx {
                 instance_gen: vec![0; instances],
                 faults: FaultProfile::none(),
                 gate_down_until: 0,
+                gate_down_until_time: None,
                 ledger_down_until: 0,
                 bus_down_until: 0,
                 request_timeout,
@@ -334,7 +338,12 @@ impl Ctx {
         let (fail, lose, dup, down_until) = match port {
             Port::Gate => {
                 s.stats.gate_calls += 1;
-                (f.gate_fail, f.gate_lose, f.gate_dup, s.gate_down_until)
+                let down_until = if s.gate_down_until_time.is_some() {
+                    u64::MAX
+                } else {
+                    s.gate_down_until
+                };
+                (f.gate_fail, f.gate_lose, f.gate_dup, down_until)
             }
             Port::Ledger => {
                 s.stats.ledger_calls += 1;

@@ -1215,6 +1215,16 @@ impl MemLedger {
 
     // ---- what the simulation's checks read (no faults, no yields) --------------------
 
+    /// The products in ledger mode.
+    pub fn peek_ledger_mode_products(&self) -> Vec<i64> {
+        self.lock()
+            .inventory
+            .iter()
+            .filter(|(_, inv)| inv.mode == StockMode::Ledger)
+            .map(|(p, _)| *p)
+            .collect()
+    }
+
     /// Units of live (PENDING_PAYMENT or PAID) orders and the total stock, per product.
     pub fn live_units(&self) -> BTreeMap<i64, (i64, i64)> {
         let t = self.lock();

@@ -30,7 +30,7 @@ struct Args {
     #[arg(long)]
     defect: Option<String>,
     /// Leave parts of the world out, comma-separated (wipe, rollback, reconcile,
-    /// late-replays, misuse, restock, crash).
+    /// late-replays, misuse, restock, crash, fallback, redis-down).
     #[arg(long)]
     without: Option<String>,
     /// Trace lines to print for a failing seed.

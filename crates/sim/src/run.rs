@@ -4,20 +4,27 @@
 //! 2. **sale**: clients buy (retrying `unavailable` and silence with the same
 //!    request_id, with duplicates and conflicting copies), pay, cancel, pay late or race
 //!    pay against cancel; an admin restocks; every instance runs expiry, recovery, the
-//!    Redis watch (rebuild), reconciliation, the outbox relay and the statistics
-//!    consumer. The seed fails calls, loses and duplicates replies, cuts stores off,
-//!    abandons requests and passes between any two effects, crashes instances, restarts
-//!    Redis empty or fails it over to a stale replica, and moves the clocks;
+//!    Redis watch (rebuild), reconciliation, the outbox relay, the statistics consumer
+//!    and the fallback worker (products switch to ledger mode while Redis is down for
+//!    it, and back once Redis has answered long enough). The seed fails calls, loses and
+//!    duplicates replies, cuts stores off (Redis, in some seeds, for seconds: long
+//!    enough to switch), abandons requests and passes between any two effects, crashes
+//!    instances, restarts Redis empty or fails it over to a stale replica, and moves the
+//!    clocks;
 //! 3. **quiet**: faults stop, clocks agree, time moves past every payment deadline,
 //!    recovery window and relay lease; admins still told `unavailable` retry; the
-//!    workers run until a pass of each finds nothing to do;
-//! 4. optionally **late replays**: past the hold records' retention, clients replay old
+//!    workers run until a pass of each finds nothing to do; the products still in ledger
+//!    mode are audited so;
+//! 4. **way back**: the fallback workers hear Redis answer for `recover_after` and give
+//!    every product in ledger mode back to the gate (rebuilt from the ledger's facts);
+//!    the workers settle again;
+//! 5. optionally **late replays**: past the hold records' retention, clients replay old
 //!    requests, and the workers run again;
-//! 5. **sweep**: fresh clients buy and pay every unit that can still be bought.
+//! 6. **sweep**: fresh clients buy and pay every unit that can still be bought.
 //!
 //! Checked: I1 after every step (live order units ≤ stock, Redis count ≥ 0); the pure
 //! audit (`flashsale_app::audit::check`: I1–I4, I6, I7's outbox half) after the sale,
-//! the late replays and the sweep; I5 (every order a client was told about exists, with
+//! the way back, the late replays and the sweep; I5 (every order a client was told about exists, with
 //! its payload); I2 (one order per request_id in the ledger, one order per request_id in
 //! the answers, and a replay that starts after its order committed gets it, never a
 //! refusal); I3 (a paid / cancelled answer sticks, one terminal transition per
@@ -37,11 +44,12 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, TimeZone, Utc};
 use flashsale_app::audit;
+use flashsale_app::fallback::REPORT_EVERY;
 use flashsale_app::ports::{EventBus, Outbox, StatsStore};
 use flashsale_app::ports::{GateFacts, GateMaintenance, LedgerMaintenance, StockGate};
 use flashsale_app::{
-    Clock, Consume, Error, Flashsale, Ledger, Maintenance, MaintenanceSettings, RecoveryReport,
-    Relay, Settings, StatsDelta,
+    Clock, Consume, Error, Fallback, Flashsale, Ledger, Maintenance, MaintenanceSettings,
+    RecoveryReport, Relay, Settings, StatsDelta,
 };
 use flashsale_core::{
     NewProduct, OrderId, OrderStatus, ProductId, PurchaseRequest, Quantity, RequestId, SaleWindow,
@@ -158,6 +166,9 @@ struct Instance {
     maint: Arc<Maintenance>,
     relay: Arc<Relay>,
     consume: Arc<Consume>,
+    /// The fallback worker's use case over this process's own mode board (None: the
+    /// seed runs without it).
+    fallback: Option<Arc<Fallback>>,
 }
 
 /// What a client heard back from one purchase attempt.
@@ -200,6 +211,7 @@ enum WorkerKind {
     Reconcile,
     Relay,
     Consume,
+    Fallback,
 }
 
 struct World {
@@ -221,6 +233,8 @@ struct World {
     snapshot: RefCell<Option<GateSnapshot>>,
     snapshot_taken: Cell<bool>,
     wiped: Cell<bool>,
+    /// The long Redis outage (`Chaos::redis_down`) has begun.
+    redis_down_begun: Cell<bool>,
 }
 
 impl World {
@@ -236,12 +250,22 @@ impl World {
         let service = Flashsale::new(
             gate.clone(),
             ledger.clone(),
-            clock,
+            clock.clone(),
             Settings {
                 payment_timeout: self.sc.payment_timeout,
                 max_quantity_per_order: QUANTITY_MAX,
             },
         );
+        let fallback = self.sc.fallback.map(|settings| {
+            Arc::new(Fallback::new(
+                gate.clone(),
+                gate_m.clone(),
+                ledger_m.clone(),
+                clock.clone(),
+                service.mode_board(),
+                settings,
+            ))
+        });
         let maint = Maintenance::new(
             gate,
             gate_m,
@@ -267,6 +291,7 @@ impl World {
             maint: Arc::new(maint),
             relay: Arc::new(Relay::new(outbox, bus, format!("relay-i{i}-g{gen}"))),
             consume: Arc::new(Consume::new(stats)),
+            fallback,
         }
     }
 
@@ -284,6 +309,10 @@ impl World {
 
     fn consume(&self, i: usize) -> Option<Arc<Consume>> {
         self.instances.borrow().get(i).map(|x| x.consume.clone())
+    }
+
+    fn fallback(&self, i: usize) -> Option<Arc<Fallback>> {
+        self.instances.borrow().get(i)?.fallback.clone()
     }
 
     fn spawn(&self, label: String, fut: impl Future<Output = ()> + 'static) {
@@ -392,6 +421,7 @@ impl World {
                 }
             }
         }
+        self.redis_down(step);
         let outage = self.sc.faults.outage;
         if self.ctx.chance(outage) {
             let steps = 50 + self.ctx.below(450);
@@ -409,6 +439,49 @@ impl World {
             let which = ["REDIS", "DATABASE", "BROKER"][target as usize];
             self.ctx
                 .trace(|| format!("{which} unreachable for {steps} steps"));
+        }
+    }
+
+    /// The long Redis outage: unreachable from its step until its time has passed, then
+    /// back — empty, in some seeds.
+    fn redis_down(&self, step: u64) {
+        let Some(down) = self.sc.chaos.redis_down else {
+            return;
+        };
+        if step >= down.at_step && !self.redis_down_begun.get() {
+            self.redis_down_begun.set(true);
+            {
+                let mut s = self.ctx.lock();
+                let until = s.base + TimeDelta::milliseconds(down.for_ms);
+                s.gate_down_until_time = Some(until);
+                s.stats.outages += 1;
+            }
+            self.ctx
+                .trace(|| format!("REDIS unreachable for {} ms", down.for_ms));
+        }
+        let over = {
+            let s = self.ctx.lock();
+            s.gate_down_until_time.is_some_and(|until| s.base >= until)
+        };
+        if over {
+            self.redis_back();
+        }
+    }
+
+    /// The long Redis outage ends (when its time has passed, or when the system is let
+    /// go quiet): Redis answers again, restarted empty if the seed says so.
+    fn redis_back(&self) {
+        if self.ctx.lock().gate_down_until_time.take().is_none() {
+            return;
+        }
+        if self.sc.chaos.redis_down.is_some_and(|d| d.empty) {
+            self.gate.wipe();
+            self.gate_lost.set(true);
+            self.ctx.lock().stats.wipes += 1;
+            self.ctx
+                .trace(|| "REDIS answers again, restarted empty".to_owned());
+        } else {
+            self.ctx.trace(|| "REDIS answers again".to_owned());
         }
     }
 
@@ -725,6 +798,7 @@ async fn worker(w: Rc<World>, i: usize, kind: WorkerKind) {
         let (Some(m), Some(relay), Some(consume)) = (w.maint(i), w.relay(i), w.consume(i)) else {
             return;
         };
+        let fallback = w.fallback(i);
         let (w2, batch) = (w.clone(), w.sc.batch_size);
         let req = w.ctx.request(format!("{kind:?}#{pass}@i{i}"), i, false);
         let result = Request::new(w.ctx.clone(), req, async move {
@@ -759,6 +833,10 @@ async fn worker(w: Rc<World>, i: usize, kind: WorkerKind) {
                     .await
                     .map(|n| format!("consumed {n}"))
                     .map_err(|e| Error::Unavailable(e.to_string().into())),
+                WorkerKind::Fallback => match fallback {
+                    Some(f) => f.pass().await.map(|p| format!("{p:?}")),
+                    None => Ok("off".to_owned()),
+                },
             }
         })
         .await;
@@ -832,9 +910,22 @@ async fn drain(w: Rc<World>) {
             )
         });
         let unsent = w.ledger.unsent_count();
+        // In ledger mode a gate hold whose fence was settled by the switch stays in the
+        // gate's pending index until the way back's rebuild drops it: recovery defers it
+        // at every pass. Only then; the drain after the way back allows no deferral.
+        let in_ledger_mode = !w.ledger.peek_ledger_mode_products().is_empty();
+        let recovery_settled = |r: &RecoveryReport| {
+            *r == RecoveryReport::default()
+                || (in_ledger_mode
+                    && *r
+                        == RecoveryReport {
+                            deferred: r.deferred,
+                            ..RecoveryReport::default()
+                        })
+        };
         if matches!(watched, Ok(0))
             && matches!(expired, Ok(0))
-            && matches!(&recovered, Ok(r) if *r == RecoveryReport::default())
+            && matches!(&recovered, Ok(r) if recovery_settled(r))
             && matches!(relayed, Ok(0))
             && unsent == 0
             && matches!(consumed, Ok(0))
@@ -963,6 +1054,7 @@ pub fn run(opts: &Options, rt: &tokio::runtime::Runtime) -> Outcome {
         snapshot: RefCell::new(None),
         snapshot_taken: Cell::new(false),
         wiped: Cell::new(false),
+        redis_down_begun: Cell::new(false),
     });
     let instances: Vec<Instance> = (0..w.sc.instances).map(|i| w.new_instance(i)).collect();
     *w.instances.borrow_mut() = instances;
@@ -1090,7 +1182,19 @@ fn phases(w: &Rc<World>, exec: &mut Executor, rt: &tokio::runtime::Runtime) {
             );
         }
     }
+    if w.sc.fallback.is_some() {
+        for i in 0..w.sc.instances {
+            w.spawn(
+                format!("Fallback worker i{i}"),
+                worker(w.clone(), i, WorkerKind::Fallback),
+            );
+        }
+    }
     w.run_phase(exec, rt, true, "sale");
+    {
+        let mut s = w.ctx.lock();
+        s.stats.to_gate_in_sale = s.stats.to_gate;
+    }
 
     // Quiet: no faults, clocks agree again, and time moves past every deadline.
     quiet_down(w, exec, rt);
@@ -1110,7 +1214,10 @@ fn phases(w: &Rc<World>, exec: &mut Executor, rt: &tokio::runtime::Runtime) {
         );
     }
     w.run_phase(exec, rt, false, "restock retries");
+    // Products still in ledger mode are audited so (the ledger alone), then given back
+    // to the gate, as the fallback workers would once Redis has answered long enough.
     audit_all(w, "after the sale");
+    way_back(w, exec, rt);
 
     if w.sc.late_replays {
         // Every Redis record has expired; clients replay old requests.
@@ -1165,6 +1272,60 @@ fn phases(w: &Rc<World>, exec: &mut Executor, rt: &tokio::runtime::Runtime) {
     quiet_down(w, exec, rt);
     audit_all(w, "after the sweep");
     check_events(w);
+    let mut s = w.ctx.lock();
+    if s.stats.to_ledger > 0 && s.stats.to_gate > 0 {
+        s.stats.runs_switched_both_ways = 1;
+    }
+}
+
+/// Rounds of fallback passes the way back may take: one pass of every instance gives
+/// every product back (a handful of products, `SWITCHES_PER_PASS_MAX` a pass).
+const WAY_BACK_ROUNDS_MAX: u32 = 5;
+
+/// The way back in a quiet system: every instance's fallback hears Redis answer, time
+/// moves past `recover_after` (and past every report of Redis unreachable, on the
+/// database's clock, which moves with true time), and the fallbacks give every product
+/// in ledger mode back to the gate, rebuilt from the ledger's facts. Then the workers
+/// settle again and the stores are audited — in gate mode, so the sweep's exact check
+/// (every unit sold, Redis at zero) covers the rebuild.
+fn way_back(w: &Rc<World>, exec: &mut Executor, rt: &tokio::runtime::Runtime) {
+    let Some(settings) = w.sc.fallback else {
+        return;
+    };
+    let in_ledger_mode = |w: &World| w.ledger.peek_ledger_mode_products();
+    if in_ledger_mode(w).is_empty() {
+        return;
+    }
+    for round in 0..=WAY_BACK_ROUNDS_MAX {
+        if round == 1 {
+            w.advance(delta(settings.recover_after) + delta(REPORT_EVERY));
+        }
+        let w2 = w.clone();
+        w.spawn(format!("way back #{round}"), async move {
+            for i in 0..w2.sc.instances {
+                let Some(f) = w2.fallback(i) else { continue };
+                let pass = f.pass().await;
+                w2.ctx
+                    .trace(|| format!("way back: fallback i{i}: {pass:?}"));
+                if let Err(e) = pass {
+                    w2.violation(format!(
+                        "liveness: a fallback pass in a quiet system failed: {e}"
+                    ));
+                }
+            }
+        });
+        w.run_phase(exec, rt, false, "way back");
+        if round > 0 && in_ledger_mode(w).is_empty() {
+            quiet_down(w, exec, rt);
+            audit_all(w, "after the way back");
+            return;
+        }
+    }
+    w.violation(format!(
+        "liveness: products {:?} still in ledger mode after {WAY_BACK_ROUNDS_MAX} rounds of \
+         fallback passes in a quiet system whose Redis answers",
+        in_ledger_mode(w)
+    ));
 }
 
 /// I7: every event reached the broker (first publications in order per request), and the
@@ -1231,6 +1392,7 @@ fn quiet_down(w: &Rc<World>, exec: &mut Executor, rt: &tokio::runtime::Runtime) 
             *d = TimeDelta::zero();
         }
     }
+    w.redis_back();
     // Past every payment deadline (on the database's clock, which moves with true time),
     // past the recovery window of every hold (on Redis's clock, true time too) and past
     // every relay's lease — but well within the hold records' retention.

@@ -10,6 +10,8 @@ use flashsale_core::{ProductId, PurchaseRequest, Quantity, RequestId, UserId};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use flashsale_app::FallbackSettings;
+
 use crate::ctx::FaultProfile;
 
 /// Most units one purchase may take in the simulation (`max_quantity_per_order`).
@@ -19,6 +21,17 @@ pub const QUANTITY_MAX: u32 = 3;
 const INTENTS_MAX: u64 = 28;
 /// Most units per product: small stocks make sold-out races and exact sell-outs common.
 const STOCK_MAX: u64 = 10;
+/// `FLASHSALE_FALLBACK_AFTER` and `FLASHSALE_FALLBACK_RECOVER_AFTER` of a seed, scaled
+/// down from production's 3 s and 30 s to a sale of seconds (the way back is never
+/// quicker than the way in, as the server's configuration requires).
+const FALLBACK_AFTER_MS: [u64; 4] = [500, 1_000, 1_000, 2_000];
+const FALLBACK_RECOVER_MS: [u64; 3] = [2_000, 4_000, 4_000];
+/// Share of the (not calm) seeds with a long Redis outage, when it starts (while the
+/// clients arrive) and how long it lasts (around `FALLBACK_AFTER_MS`: some end before
+/// the switch).
+const REDIS_DOWN_SHARE: f64 = 0.3;
+const REDIS_DOWN_BY_STEP: u64 = 300;
+const REDIS_DOWN_MS: std::ops::Range<i64> = 500..6_000;
 
 #[derive(Debug, Clone)]
 pub struct ProductSpec {
@@ -79,6 +92,20 @@ pub struct Chaos {
     /// Redis fails over to a replica that missed everything after the first step: the
     /// writes between the two steps are lost.
     pub rollback: Option<(u64, u64)>,
+    /// A long Redis outage: long enough, in most seeds that draw one, for the products
+    /// being bought to switch to ledger mode, and early enough for the sale to go on
+    /// there (and, in some, to come back before it ends).
+    pub redis_down: Option<RedisDown>,
+}
+
+/// Redis unreachable from a step for a while of true time (the fallback's hysteresis is
+/// measured in time, not steps).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RedisDown {
+    pub at_step: u64,
+    pub for_ms: i64,
+    /// It comes back empty (a restart without persistence), not with its keys.
+    pub empty: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -104,6 +131,9 @@ pub struct Scenario {
     /// Whether, after the sale, clients replay old requests once their Redis records
     /// have expired.
     pub late_replays: bool,
+    /// Every instance's fallback worker (`flashsale_app::fallback`); None: no instance
+    /// runs one (`--without fallback`), and no product ever leaves gate mode.
+    pub fallback: Option<FallbackSettings>,
 }
 
 /// Parts of the world a run may include, all on by default. Switching one off keeps
@@ -125,6 +155,11 @@ pub struct Features {
     pub restock: bool,
     /// Instances crash and restart.
     pub crash: bool,
+    /// Each instance runs the fallback worker: products switch to ledger mode while Redis
+    /// is down and back when it answers again.
+    pub fallback: bool,
+    /// Redis is unreachable for seconds (long enough for the fallback to switch).
+    pub redis_down: bool,
 }
 
 /// The names of the features, as `--without` takes them.
@@ -136,6 +171,8 @@ pub const FEATURES: &[&str] = &[
     "misuse",
     "restock",
     "crash",
+    "fallback",
+    "redis-down",
 ];
 
 impl Default for Features {
@@ -148,6 +185,8 @@ impl Default for Features {
             misuse: true,
             restock: true,
             crash: true,
+            fallback: true,
+            redis_down: true,
         }
     }
 }
@@ -162,6 +201,8 @@ impl Features {
             "misuse" => &mut self.misuse,
             "restock" => &mut self.restock,
             "crash" => &mut self.crash,
+            "fallback" => &mut self.fallback,
+            "redis-down" => &mut self.redis_down,
             _ => return None,
         })
     }
@@ -308,6 +349,7 @@ impl Scenario {
             crash: rate(&mut rng, &[0.0, 0.0, 0.002, 0.008]),
             wipe_at,
             rollback,
+            redis_down: None,
         };
         let skew = |rng: &mut StdRng| {
             let ms = pick(rng, &[0, 0, 0, 500, 3_000, 3_600_000]);
@@ -338,7 +380,20 @@ impl Scenario {
             ledger_skew,
             reconcile: rng.random_bool(0.7),
             late_replays: rng.random_bool(0.3),
+            fallback: None,
         };
+        // The fallback's settings and the long Redis outage from a stream of their own,
+        // so every draw above stays what it was before ledger mode existed.
+        let mut modes = StdRng::seed_from_u64(seed ^ 0xfa11_bac4_5eed_0003);
+        sc.fallback = Some(FallbackSettings {
+            after: Some(Duration::from_millis(pick(&mut modes, &FALLBACK_AFTER_MS))),
+            recover_after: Duration::from_millis(pick(&mut modes, &FALLBACK_RECOVER_MS)),
+        });
+        sc.chaos.redis_down = (!calm && modes.random_bool(REDIS_DOWN_SHARE)).then(|| RedisDown {
+            at_step: modes.random_range(0..REDIS_DOWN_BY_STEP),
+            for_ms: modes.random_range(REDIS_DOWN_MS),
+            empty: modes.random_bool(0.3),
+        });
         if !features.wipe {
             sc.chaos.wipe_at = None;
         }
@@ -347,6 +402,12 @@ impl Scenario {
         }
         if !features.crash {
             sc.chaos.crash = 0.0;
+        }
+        if !features.fallback {
+            sc.fallback = None;
+        }
+        if !features.redis_down {
+            sc.chaos.redis_down = None;
         }
         sc.reconcile &= features.reconcile;
         sc.late_replays &= features.late_replays;
@@ -376,7 +437,7 @@ impl fmt::Display for Scenario {
             f,
             "{} instance(s), stock {}, {} purchase intents, {} restock(s), payment timeout {:?}, \
              recovery after {:?}, batch {}, faults {:?}, chaos {:?}, skews {:?} / ledger {}, \
-             reconcile {}, late replays {}",
+             reconcile {}, late replays {}, fallback {:?}",
             self.instances,
             stock.join(" "),
             self.intents.len(),
@@ -393,6 +454,7 @@ impl fmt::Display for Scenario {
             self.ledger_skew.num_milliseconds(),
             self.reconcile,
             self.late_replays,
+            self.fallback,
         )
     }
 }
