@@ -73,6 +73,12 @@ pub struct LedgerDefects {
     /// A group transaction checks the request_ids (fences included), yields, then
     /// writes what it checked: a fence that lands in between is overwritten by an order.
     pub group_writes_late: bool,
+    /// `enter_ledger_mode` switches the mode but keeps the generation (the ledger's hold
+    /// ids still restart at 1, in the generation the gate's holds are recorded in).
+    pub enter_keeps_generation: bool,
+    /// `commit_ledger_purchase` sells whatever the mode: a purchase an instance sends
+    /// to the ledger after the product went back to the gate is sold behind the gate.
+    pub ledger_sells_in_gate_mode: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -680,7 +686,7 @@ impl MemLedger {
         };
         let rid = request.request_id.as_str();
         let taken = t.reservations.contains_key(rid) || t.order_by_request.contains_key(rid);
-        let refused = if inv.mode == StockMode::Gate {
+        let refused = if inv.mode == StockMode::Gate && !self.defects.ledger_sells_in_gate_mode {
             Some(Commit::GateMode)
         } else if !self.defects.no_stock_guard && inv.available < q {
             Some(Commit::InsufficientStock)
@@ -1988,7 +1994,9 @@ impl LedgerMaintenance for MemLedger {
                 generation: inv.generation,
             });
         }
-        inv.generation = inv.generation.next();
+        if !self.defects.enter_keeps_generation {
+            inv.generation = inv.generation.next();
+        }
         inv.mode = StockMode::Ledger;
         inv.ledger_hold_seq = 0;
         let generation = inv.generation;

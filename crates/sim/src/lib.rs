@@ -52,6 +52,8 @@ pub const DEFECTS: &[&str] = &[
     "aside-from-batch",
     "late-group-write",
     "batch-twice",
+    "enter-same-generation",
+    "ledger-sells-in-gate-mode",
 ];
 
 impl Defects {
@@ -62,6 +64,8 @@ impl Defects {
     /// `late-group-write`: a group transaction checks, yields, then writes, so a fence
     /// that lands in between is overwritten by an order. `batch-twice`: reserve.lua
     /// takes units again for a request_id already granted in the same batch.
+    /// `enter-same-generation`: `enter_ledger_mode` keeps the generation.
+    /// `ledger-sells-in-gate-mode`: `commit_ledger_purchase` ignores the mode.
     pub fn named(name: &str) -> Option<Self> {
         match name {
             "oversell" => Some(Self {
@@ -99,6 +103,20 @@ impl Defects {
                 gate: GateDefects {
                     batch_counts_twice: true,
                     ..GateDefects::default()
+                },
+                ..Self::default()
+            }),
+            "enter-same-generation" => Some(Self {
+                ledger: LedgerDefects {
+                    enter_keeps_generation: true,
+                    ..LedgerDefects::default()
+                },
+                ..Self::default()
+            }),
+            "ledger-sells-in-gate-mode" => Some(Self {
+                ledger: LedgerDefects {
+                    ledger_sells_in_gate_mode: true,
+                    ..LedgerDefects::default()
                 },
                 ..Self::default()
             }),

@@ -26,7 +26,7 @@ struct Args {
     #[arg(long)]
     seed: Option<u64>,
     /// Run against a deliberately broken store (oversell, no-fence, aside-from-batch,
-    /// late-group-write, batch-twice).
+    /// late-group-write, batch-twice, enter-same-generation, ledger-sells-in-gate-mode).
     #[arg(long)]
     defect: Option<String>,
     /// Leave parts of the world out, comma-separated (wipe, rollback, reconcile,
