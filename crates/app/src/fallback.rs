@@ -137,6 +137,10 @@ struct State {
     health: GateHealth,
     /// Product → when this instance last reported the gate unreachable for it.
     reported: HashMap<ProductId, Duration>,
+    /// Products in ledger mode whose gate entry this instance retired (once is enough:
+    /// only loading a product never loaded makes an entry vouch again, and a product
+    /// in ledger mode counts as loaded).
+    retired: std::collections::HashSet<ProductId>,
 }
 
 /// What one pass did, for the worker's log and the tests.
@@ -168,6 +172,7 @@ impl Fallback {
             state: Mutex::new(State {
                 health: GateHealth::new(settings),
                 reported: HashMap::new(),
+                retired: std::collections::HashSet::new(),
             }),
             metrics: None,
         }
@@ -183,10 +188,26 @@ impl Fallback {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Probes the gate, follows the ledger's list of products in ledger mode, and
+    /// Reads the ledger's list of products in ledger mode into the instance's board
+    /// (which also tells the purchase path how far to trust the gate: `modes.rs`). The
+    /// server runs it every [`FOLLOW_INTERVAL`](crate::modes::FOLLOW_INTERVAL) on its
+    /// own, so a gate probe that waits for a hanging Redis never delays it.
+    pub async fn follow(&self) -> Result<Vec<ProductId>, Error> {
+        let asked_at = self.clock.monotonic();
+        let ledger = self
+            .ledger_m
+            .ledger_mode_products(LEDGER_PRODUCTS_MAX)
+            .await?;
+        self.board.follow(ledger.iter().copied(), asked_at);
+        Ok(ledger)
+    }
+
+    /// Follows the ledger's list of products in ledger mode, probes the gate, and
     /// switches what the gate's health calls for. A ledger that does not answer ends the
     /// pass (the switches wait for it; the board keeps its last view).
     pub async fn pass(&self) -> Result<FallbackPass, Error> {
+        let ledger = self.follow().await?;
+        self.state().retired.retain(|p| ledger.contains(p));
         let answered = self.gate.ping().await.is_ok();
         let now = self.clock.monotonic();
         let (down, back) = {
@@ -194,11 +215,6 @@ impl Fallback {
             s.health.heard(answered, now);
             (s.health.down(now), s.health.back(now))
         };
-        let ledger = self
-            .ledger_m
-            .ledger_mode_products(LEDGER_PRODUCTS_MAX)
-            .await?;
-        self.board.follow(ledger.iter().copied());
         let mut pass = FallbackPass {
             gate_answered: answered,
             ..FallbackPass::default()
@@ -263,6 +279,14 @@ impl Fallback {
     ) -> Result<(), Error> {
         let answering_for = self.state().health.answering_for(now);
         for &product_id in ledger.iter().take(SWITCHES_PER_PASS_MAX) {
+            // First the gate's copy stops vouching for refusals and granting leases: it
+            // may be from before the switch, and between the leave below and the rebuild
+            // an instance that hears of gate mode would trust it. A gate that does not
+            // answer ends the pass; the way back waits for the next one.
+            if !self.state().retired.contains(&product_id) {
+                self.gate_m.retire(product_id).await?;
+                self.state().retired.insert(product_id);
+            }
             let plan = match self
                 .ledger_m
                 .leave_ledger_mode(product_id, self.settings.recover_after)

@@ -453,16 +453,14 @@ impl Maintenance {
     }
 
     /// The hold's outcome is known now: forget its failed tries and close any incident
-    /// raised about it while it was not.
+    /// raised about it while it was not — by any instance, so whether this one counted
+    /// tries does not matter (another instance, or this one before a restart, may have
+    /// raised it). Resolutions are rare (abandoned holds, returns that failed), so the
+    /// UPDATE costs little.
     async fn forget_tries(&self, request_id: &RequestId) {
-        let had_tries = {
-            let mut tries = lock(&self.tries);
-            tries.remove(request_id).is_some()
-        };
-        if had_tries {
-            if let Err(e) = self.ledger_m.resolve_incidents(request_id).await {
-                warn!(%request_id, error = %e, "could not close the request's incidents");
-            }
+        lock(&self.tries).remove(request_id);
+        if let Err(e) = self.ledger_m.resolve_incidents(request_id).await {
+            warn!(%request_id, error = %e, "could not close the request's incidents");
         }
     }
 
@@ -525,7 +523,10 @@ impl Maintenance {
     /// older generations can no longer commit, so nothing taken against the lost state
     /// becomes an order.
     pub async fn rebuild(&self, product_id: ProductId) -> Result<bool, Error> {
-        let plan = self.ledger_m.advance_generation(product_id).await?;
+        let Some(plan) = self.ledger_m.advance_generation(product_id).await? else {
+            info!(%product_id, "not rebuilt: the product went to ledger mode meanwhile");
+            return Ok(false);
+        };
         let applied = self.gate_m.rebuild(product_id, &plan).await?;
         if let (true, Some(m)) = (applied, &self.metrics) {
             m.gates_rebuilt(1);

@@ -20,6 +20,25 @@ use flashsale_core::{ProductId, StockMode};
 /// elsewhere (one small indexed query per period per instance).
 pub const FOLLOW_INTERVAL: Duration = Duration::from_millis(250);
 
+/// How recently an instance must have read the ledger's list of products in ledger mode
+/// (when the read was sent, on its monotonic clock) to trust the gate's word on a product
+/// it believes in gate mode: a refusal vouched `unseen` (no ledger lookup), and a
+/// sold-out lease. Older (the ledger not answering, an instance just started), the gate
+/// may be a stale copy of a product the ledger sells (its entry from before the switch),
+/// and every refusal asks the ledger whether the request is a replay. Four periods of
+/// [`FOLLOW_INTERVAL`]: one slow read does not stop the trust.
+pub const FOLLOW_FRESH_MAX: Duration = Duration::from_secs(1);
+
+/// How long after a switch to ledger mode the ledger sells nothing (it answers
+/// `Commit::Settling`, a 503): longer than [`FOLLOW_FRESH_MAX`], so by the time the
+/// ledger sells a request, every instance that still trusts the gate's stale copy read
+/// the list after the switch, knows the product is in ledger mode, and asks the ledger
+/// instead. Without it, a request sold by the ledger just after the switch and retried
+/// at once on an instance yet to hear of it could be refused by the gate's stale copy
+/// ("never held units here") although it is an order. Half a second of margin covers
+/// the read's own time and clocks that run at slightly different rates.
+pub const LEDGER_SALES_AFTER_SWITCH: Duration = Duration::from_millis(1500);
+
 /// Most products in ledger mode an instance follows: far more than run a sale at once;
 /// past it the rest are sent to the gate first and redirected by the ledger's answer.
 pub const LEDGER_PRODUCTS_MAX: usize = 10_000;
@@ -53,6 +72,8 @@ pub struct ModeBoard {
 
 #[derive(Default)]
 struct Board {
+    /// When (monotonic) the read behind `ledger` was sent; None before the first one.
+    followed_at: Option<Duration>,
     ledger: HashSet<ProductId>,
     /// Product → when (monotonic) a purchase last found the gate unreachable.
     unreached: HashMap<ProductId, Duration>,
@@ -97,17 +118,27 @@ impl ModeBoard {
             .store(!b.ledger.is_empty(), Ordering::Release);
     }
 
-    /// The ledger's list of the products in ledger mode, read just now (at most
-    /// [`LEDGER_PRODUCTS_MAX`]): it replaces this instance's view.
-    pub fn follow(&self, ledger: impl IntoIterator<Item = ProductId>) {
+    /// The ledger's list of the products in ledger mode (at most
+    /// [`LEDGER_PRODUCTS_MAX`]), read by a query sent at `asked_at` (monotonic): it
+    /// replaces this instance's view.
+    pub fn follow(&self, ledger: impl IntoIterator<Item = ProductId>, asked_at: Duration) {
         let mut b = self.lock();
         b.ledger = ledger.into_iter().take(LEDGER_PRODUCTS_MAX).collect();
+        b.followed_at = Some(b.followed_at.map_or(asked_at, |at| at.max(asked_at)));
         let Board {
             ledger, sold_out, ..
         } = &mut *b;
         sold_out.retain(|p, _| ledger.contains(p));
         self.any_ledger
             .store(!b.ledger.is_empty(), Ordering::Release);
+    }
+
+    /// Whether this instance read the list of products in ledger mode recently enough,
+    /// at `now`, to trust the gate's refusals and leases ([`FOLLOW_FRESH_MAX`]).
+    pub fn vouches(&self, now: Duration) -> bool {
+        self.lock()
+            .followed_at
+            .is_some_and(|at| now.saturating_sub(at) <= FOLLOW_FRESH_MAX)
     }
 
     /// The products in ledger mode, as this instance knows them.
@@ -195,7 +226,7 @@ mod tests {
     fn the_mode_follows_the_ledger() {
         let board = ModeBoard::default();
         assert_eq!(board.mode(p(1)), StockMode::Gate);
-        board.follow([p(1), p(2)]);
+        board.follow([p(1), p(2)], T0);
         assert_eq!(board.mode(p(1)), StockMode::Ledger);
         assert_eq!(board.ledger_products(), vec![p(1), p(2)]);
         board.mark_sold_out(p(2), T0);
@@ -203,10 +234,27 @@ mod tests {
         board.set(p(2), StockMode::Gate);
         assert_eq!(board.mode(p(2)), StockMode::Gate);
         assert!(!board.marked_sold_out(p(2), T0));
-        board.follow([]);
+        board.follow([], T0);
         assert_eq!(board.mode(p(1)), StockMode::Gate);
         board.set(p(3), StockMode::Ledger);
         assert_eq!(board.ledger_products(), vec![p(3)]);
+    }
+
+    // Checks the trust in the gate: none before the first read of the list, then for
+    // FOLLOW_FRESH_MAX after the latest read's sending (a late answer of an older read
+    // does not make the view younger), and none after that.
+    #[test]
+    fn the_gate_is_trusted_only_after_a_recent_read() {
+        let board = ModeBoard::default();
+        assert!(!board.vouches(T0));
+        board.follow([], T0);
+        assert!(board.vouches(T0 + FOLLOW_FRESH_MAX));
+        assert!(!board.vouches(T0 + FOLLOW_FRESH_MAX + Duration::from_millis(1)));
+        board.follow([], T0 - Duration::from_secs(5));
+        assert!(board.vouches(T0 + FOLLOW_FRESH_MAX));
+        board.follow([], T0 + Duration::from_secs(2));
+        assert!(board.vouches(T0 + Duration::from_secs(3)));
+        assert!(LEDGER_SALES_AFTER_SWITCH > FOLLOW_FRESH_MAX);
     }
 
     // Checks the products bought while the gate was unreachable: listed within

@@ -468,7 +468,9 @@ pub trait Ledger: Send + Sync + 'static {
     /// current generation), then the same rows as [`Ledger::commit_purchase`] writes for
     /// that (generation, hold id), the per-user limit checked as there. Idempotent on
     /// request_id: a replay is answered [`Commit::Duplicate`] with the record. A product
-    /// in gate mode is answered [`Commit::GateMode`] (the caller goes to the gate).
+    /// in gate mode is answered [`Commit::GateMode`] (the caller goes to the gate), one
+    /// that entered ledger mode less than [`crate::modes::LEDGER_SALES_AFTER_SWITCH`] ago
+    /// (on the database's clock) [`Commit::Settling`].
     async fn commit_ledger_purchase(
         &self,
         request: &PurchaseRequest,
@@ -555,6 +557,9 @@ pub enum Commit {
     /// A purchase without a gate hold ([`Ledger::commit_ledger_purchase`]) for a product
     /// the gate serves: nothing was written; the purchase goes through the gate.
     GateMode,
+    /// A purchase without a gate hold for a product that entered ledger mode less than
+    /// [`crate::modes::LEDGER_SALES_AFTER_SWITCH`] ago: nothing was written; retry.
+    Settling,
 }
 
 /// What [`LedgerMaintenance::enter_ledger_mode`] found and did.
@@ -686,6 +691,12 @@ pub trait GateMaintenance: Send + Sync + 'static {
     /// Replaces the product's gate state with one computed from the ledger's facts;
     /// refused (false) if the gate is already at that generation or newer.
     async fn rebuild(&self, product_id: ProductId, plan: &RebuildPlan) -> Result<bool, GateError>;
+
+    /// Before the way back from ledger mode: the product's entry (maybe the one from
+    /// before the switch, which the ledger has sold past) stops vouching that a request
+    /// never held units and stops granting sold-out leases, and the leases granted are
+    /// revoked. Idempotent. Whether there was an entry.
+    async fn retire(&self, product_id: ProductId) -> Result<bool, GateError>;
 }
 
 /// A product's stock entry in the gate.
@@ -817,8 +828,14 @@ pub trait LedgerMaintenance: Send + Sync + 'static {
     /// Starts a new stock generation for the product, in one transaction that waits for
     /// commits in flight: every hold of older generations can no longer commit, releases
     /// not yet returned and restocks not yet applied count as done (the plan includes
-    /// them), and the plan for the gate is computed from the committed facts.
-    async fn advance_generation(&self, product_id: ProductId) -> Result<RebuildPlan, LedgerError>;
+    /// them), and the plan for the gate is computed from the committed facts. None, and
+    /// nothing changed, when the product is in ledger mode (checked in that transaction):
+    /// its gate is rebuilt on the way back, and a rebuild into the mode's generation would
+    /// hand out the ledger's own hold ids again.
+    async fn advance_generation(
+        &self,
+        product_id: ProductId,
+    ) -> Result<Option<RebuildPlan>, LedgerError>;
 
     /// Reports that an instance cannot reach the gate while the product is being bought.
     /// In gate mode: puts the product in ledger mode, in one transaction that waits for

@@ -363,20 +363,25 @@ impl Flashsale {
         product: Arc<Product>,
         sent: Duration,
     ) -> Result<Purchased, Error> {
+        // The gate's word on a refusal is trusted only while this instance knows the
+        // modes well enough that the gate cannot be a stale copy of a product the
+        // ledger sells (`modes.rs`, FOLLOW_FRESH_MAX).
+        let vouched = self.modes.vouches(sent);
         let heard = match self
             .sold_out
             .check(request.product_id, &request.request_id, sent)
         {
             // The gate promised to grant no hold now, nothing revoked it, and this
             // request_id never held one: its answer, without asking (`sold_out.rs`).
-            Check::Refuse => return Err(Error::SoldOut),
+            Check::Refuse if vouched => return Err(Error::SoldOut),
+            Check::Refuse => self.sold_out.heard(request.product_id),
             Check::Ask(heard) => heard,
         };
         self.rate_limit(&request, sent)?;
         // The rest on the heap: a flood is mostly the refusal above, and its future (and
         // the request's, which holds it) stays small without the reservation's and the
         // commit's state (1,224 bytes with it; BENCHMARKS.md, "Ablation").
-        Box::pin(self.reserve_and_commit(request, product, sent, heard)).await
+        Box::pin(self.reserve_and_commit(request, product, sent, heard, vouched)).await
     }
 
     /// A purchase of a product in ledger mode: the ledger's conditional UPDATE decides
@@ -421,6 +426,9 @@ impl Flashsale {
                 self.through_gate(request, product, self.clock.monotonic())
                     .await
             }
+            Ok(Commit::Settling) => Err(Error::Unavailable(
+                "the product is switching to ledger mode; retry".into(),
+            )),
             Ok(Commit::StaleGeneration) => {
                 error!(request_id = %request.request_id, "the ledger answered a purchase without a gate hold as a stale hold");
                 Err(Error::Unavailable(
@@ -441,6 +449,7 @@ impl Flashsale {
         product: Arc<Product>,
         sent: Duration,
         heard: Heard,
+        vouched: bool,
     ) -> Result<Purchased, Error> {
         let mut outcome = self.reserve(&request, &product, sent).await?;
         if outcome == Reserve::NotLoaded {
@@ -493,7 +502,7 @@ impl Flashsale {
                     self.heard_lease(request.product_id, sent, heard, lease)
                         .await;
                 }
-                if unseen {
+                if unseen && vouched {
                     // The gate vouches the request_id never held units here: no replay
                     // to find.
                     Err(Error::SoldOut)
@@ -501,10 +510,8 @@ impl Flashsale {
                     self.replay_or(&request, Error::SoldOut).await
                 }
             }
-            Reserve::LimitExceeded { unseen: true } => Err(Error::LimitExceeded),
-            Reserve::LimitExceeded { unseen: false } => {
-                self.replay_or(&request, Error::LimitExceeded).await
-            }
+            Reserve::LimitExceeded { unseen } if unseen && vouched => Err(Error::LimitExceeded),
+            Reserve::LimitExceeded { .. } => self.replay_or(&request, Error::LimitExceeded).await,
             Reserve::NotLoaded => Err(Error::Unavailable(
                 format!("stock of product {} is not loaded", request.product_id).into(),
             )),
@@ -671,7 +678,7 @@ impl Flashsale {
                     "stock state is being rebuilt; retry".into(),
                 ))
             }
-            Ok(Commit::GateMode) => {
+            Ok(Commit::GateMode | Commit::Settling) => {
                 // Only a purchase without a gate hold is answered so; a gate hold's commit
                 // never is. Nothing was written: the hold stays for a retry or recovery.
                 error!(request_id = %request.request_id, "the ledger answered a gate hold's commit as one without a hold");

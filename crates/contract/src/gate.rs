@@ -512,6 +512,36 @@ pub async fn a_sold_out_lease_ends_when_units_come_back<W: GateWorld>(w: &W) {
     );
 }
 
+/// Retiring an entry (before the way back from ledger mode) stops it vouching for
+/// unseen request_ids and granting sold-out leases, and ends the lease granted: a
+/// refusal afterwards vouches for none and carries no lease. Nothing else changes (the
+/// count, the holds); retiring again, or a product with no entry, is harmless.
+pub async fn a_retired_entry_vouches_for_none_and_grants_no_lease<W: GateWorld>(w: &W) {
+    let g = w.gate();
+    assert!(!g.retire(product()).await.expect("no entry"));
+    assert!(g.load(product(), 1, generation(1)).await.expect("load"));
+    reserved(g.reserve(&purchase("T_A", 1, 1), None).await.expect("a"));
+    match g.reserve(&purchase("T_B", 2, 1), None).await.expect("b") {
+        Reserve::SoldOut { unseen, lease } => {
+            assert!(unseen, "fresh before it is retired");
+            assert!(lease.is_some(), "a lease before it is retired");
+        }
+        other => panic!("expected sold out, got {other:?}"),
+    }
+    for _ in 0..2 {
+        assert!(g.retire(product()).await.expect("retire"));
+    }
+    match g.reserve(&purchase("T_C", 3, 1), None).await.expect("c") {
+        Reserve::SoldOut { unseen, lease } => {
+            assert!(!unseen, "a retired entry vouches for none");
+            assert_eq!(lease, None, "a retired entry grants no lease");
+        }
+        other => panic!("expected sold out, got {other:?}"),
+    }
+    let state = g.state(product()).await.expect("state").expect("entry");
+    assert_eq!((state.available, state.last_hold_id), (0, 1));
+}
+
 /// Hold records expire after their retention on the gate's clock: recovery then drops
 /// their index entries and reports nothing for them, a replay of the request_id takes
 /// a new hold, and a refusal no longer vouches that a request_id was never seen (its
@@ -573,6 +603,7 @@ macro_rules! gate_contract {
         );
         $crate::gate_contract!(@tests $w, ::std::time::Duration::from_secs(30), $crate::gate::RECORD_TTL;
             a_sold_out_lease_ends_when_units_come_back,
+            a_retired_entry_vouches_for_none_and_grants_no_lease,
         );
         $crate::gate_contract!(@tests $w, ::std::time::Duration::ZERO, $crate::gate::SHORT_RECORD_TTL;
             records_expire_after_their_retention,

@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use flashsale_app::modes::LEDGER_SALES_AFTER_SWITCH;
 use flashsale_app::ports::{
     Commit, CreateProduct, ExpiredOrder, Fence, Leave, LedgerMaintenance, ModeSwitch,
     RecordRestock, ReleaseOf,
@@ -149,7 +150,11 @@ pub async fn the_ledger_refuses_what_the_gate_wrongly_admits<W: LedgerWorld>(w: 
         commit(l, &purchase("V_C", 2, 2), hold(1, 3), Some(2)).await,
         Commit::InsufficientStock
     );
-    let plan = l.advance_generation(product()).await.expect("advance");
+    let plan = l
+        .advance_generation(product())
+        .await
+        .expect("advance")
+        .expect("a plan in gate mode");
     assert_eq!(plan.generation, generation(2));
     assert_eq!(plan.available, 1);
     assert!(plan.last_hold_id >= 1);
@@ -412,7 +417,11 @@ pub async fn advancing_a_generation_plans_from_the_facts<W: LedgerWorld>(w: &W) 
     assert_eq!(mark.generation, generation(1));
     assert_eq!(mark.last_hold_id, 9);
     assert!(mark.stock_loaded);
-    let plan = l.advance_generation(product()).await.expect("advance");
+    let plan = l
+        .advance_generation(product())
+        .await
+        .expect("advance")
+        .expect("a plan in gate mode");
     assert_eq!(plan.generation, generation(2));
     assert_eq!(plan.available, 12);
     assert!(plan.last_hold_id >= 9);
@@ -544,9 +553,22 @@ async fn hold_of<L: Ledger>(l: &L, id: &str) -> HoldRef {
         .hold
 }
 
+/// A little past `LEDGER_SALES_AFTER_SWITCH`: the ledger sells after it.
+const SETTLED: Duration = LEDGER_SALES_AFTER_SWITCH.saturating_add(Duration::from_millis(50));
+
+/// Puts [`product`] in ledger mode and lets the switch settle, so the ledger sells.
+async fn enter<W: LedgerWorld>(w: &W) {
+    w.ledger()
+        .enter_ledger_mode(product())
+        .await
+        .expect("enter");
+    w.pass(SETTLED).await;
+}
+
 /// Entering ledger mode advances the generation in gate mode, so a hold the gate handed
 /// out before can no longer commit (nor can a gate hold of the new generation: the
-/// ledger serves the stock); a second call reports ledger mode and changes nothing.
+/// ledger serves the stock); a second call reports ledger mode and changes nothing, and
+/// so does an advance (a gate watch that raced the switch must not rebuild into it).
 pub async fn entering_ledger_mode_voids_the_gates_holds<W: LedgerWorld>(w: &W) {
     let l = w.ledger();
     create(l, product(), 5, None).await;
@@ -590,17 +612,34 @@ pub async fn entering_ledger_mode_voids_the_gates_holds<W: LedgerWorld>(w: &W) {
             None
         );
     }
+    assert_eq!(
+        l.advance_generation(product()).await.expect("advance"),
+        None,
+        "no rebuild into the ledger mode's generation"
+    );
+    assert_eq!(
+        l.generation(product()).await.expect("gen"),
+        Some(generation(2))
+    );
     let c = counters(l).await;
     assert_eq!((c.total, c.available, c.reserved, c.sold), (5, 4, 1, 0));
 }
 
-/// In ledger mode the ledger sells by itself: hold ids 1, 2, … in the mode's generation,
-/// exactly the stock and then InsufficientStock (writing nothing), and a replay —
-/// before or after the stock ran out — answered with its record.
+/// In ledger mode the ledger sells by itself, once the switch has settled (before that a
+/// purchase is answered Settling and writes nothing): hold ids 1, 2, … in the mode's
+/// generation, exactly the stock and then InsufficientStock (writing nothing), and a
+/// replay — before or after the stock ran out — answered with its record.
 pub async fn ledger_purchases_sell_exactly_the_stock<W: LedgerWorld>(w: &W) {
     let l = w.ledger();
     create(l, product(), 3, None).await;
     l.enter_ledger_mode(product()).await.expect("enter");
+    assert_eq!(
+        ledger_commit(l, &purchase("L_S", 9, 1), None).await,
+        Commit::Settling,
+        "no sale until every instance has surely heard of the switch"
+    );
+    assert_eq!(l.find_purchase(&request_id("L_S")).await.expect("f"), None);
+    w.pass(SETTLED).await;
     let a = purchase("L_A", 1, 1);
     let order = committed(ledger_commit(l, &a, None).await);
     assert_eq!(order.request_id, a.request_id);
@@ -634,7 +673,7 @@ pub async fn ledger_purchases_respect_the_per_user_limit<W: LedgerWorld>(w: &W) 
     let l = w.ledger();
     create(l, product(), 10, Some(2)).await;
     committed(commit(l, &purchase("U_G", 1, 1), hold(1, 1), Some(2)).await);
-    l.enter_ledger_mode(product()).await.expect("enter");
+    enter(w).await;
     committed(ledger_commit(l, &purchase("U_A", 1, 1), Some(2)).await);
     assert_eq!(
         ledger_commit(l, &purchase("U_B", 1, 1), Some(2)).await,
@@ -675,7 +714,7 @@ pub async fn a_ledger_purchase_in_gate_mode_goes_to_the_gate<W: LedgerWorld>(w: 
 pub async fn ledger_mode_orders_resolve_like_gate_ones<W: LedgerWorld>(w: &W) {
     let l = w.ledger();
     create(l, product(), 5, Some(3)).await;
-    l.enter_ledger_mode(product()).await.expect("enter");
+    enter(w).await;
     let paid = committed(ledger_commit(l, &purchase("R_A", 1, 1), Some(3)).await);
     let cancelled = committed(ledger_commit(l, &purchase("R_B", 2, 2), Some(3)).await);
     let short = l
@@ -729,7 +768,7 @@ pub async fn leaving_ledger_mode_plans_the_gate<W: LedgerWorld>(w: &W) {
     create(l, product(), 10, Some(5)).await;
     l.mark_stock_loaded(product()).await.expect("loaded");
     committed(commit(l, &purchase("X_G", 1, 2), hold(1, 1), Some(5)).await);
-    l.enter_ledger_mode(product()).await.expect("enter");
+    enter(w).await;
     committed(ledger_commit(l, &purchase("X_A", 2, 3), Some(5)).await);
     committed(ledger_commit(l, &purchase("X_B", 3, 1), Some(5)).await);
     committed(ledger_commit(l, &purchase("X_C", 3, 1), Some(5)).await);
@@ -808,7 +847,7 @@ pub async fn concurrent_ledger_purchases_sell_exactly_the_stock<W: LedgerWorld>(
     const BUYERS: i64 = 16;
     let l = w.ledger();
     create(l, product(), STOCK, None).await;
-    l.enter_ledger_mode(product()).await.expect("enter");
+    enter(w).await;
     let calls: Vec<PurchaseRequest> = (0..BUYERS)
         .chain(0..BUYERS / 2)
         .map(|i| purchase(&format!("Q_{i}"), 2000 + i, 1))
@@ -865,7 +904,7 @@ pub async fn concurrent_ledger_purchases_respect_limits_and_stock<W: LedgerWorld
     const LIMIT: u32 = 2;
     let l = w.ledger();
     create(l, product(), STOCK, Some(i64::from(LIMIT))).await;
-    l.enter_ledger_mode(product()).await.expect("enter");
+    enter(w).await;
     let calls: Vec<PurchaseRequest> = (0..USERS * 3)
         .map(|i| purchase(&format!("U_{i}"), 3000 + i % USERS, 1))
         .collect();

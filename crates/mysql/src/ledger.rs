@@ -226,6 +226,9 @@ enum Committed {
     HoldReused,
     /// A purchase without a gate hold for a product in gate mode.
     GateMode,
+    /// A purchase without a gate hold for a product that entered ledger mode less than
+    /// `LEDGER_SALES_AFTER_SWITCH` ago.
+    Settling,
 }
 
 /// What writing a purchase's rows did.
@@ -656,7 +659,7 @@ impl MysqlLedger {
                 self.gate_behind(request.product_id, hold).await?;
                 Commit::StaleGeneration
             }
-            Ok(Committed::GateMode) => {
+            Ok(Committed::GateMode | Committed::Settling) => {
                 return Err(LedgerError::corrupt(
                     "a gate purchase was answered as one without a hold",
                 ))
@@ -788,6 +791,16 @@ impl MysqlLedger {
         .execute(&mut *tx)
         .await?;
         crate::outbox::record(&mut tx, crate::outbox::Change::Fenced { request, reason }).await?;
+        // The fence settles whether the request's hold committed (it never will): an
+        // incident raised while that was unknown is answered, whichever instance raised
+        // it and whatever becomes of the instance fencing it now.
+        sqlx::query(
+            "UPDATE recovery_incident SET resolved_at = NOW(6) \
+             WHERE request_id = ? AND kind = 'outcome_unknown' AND resolved_at IS NULL",
+        )
+        .bind(request.request_id.as_str())
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(Attempt::Done(true))
     }

@@ -431,7 +431,10 @@ impl LedgerMaintenance for MysqlLedger {
         }))
     }
 
-    async fn advance_generation(&self, product_id: ProductId) -> Result<RebuildPlan, LedgerError> {
+    async fn advance_generation(
+        &self,
+        product_id: ProductId,
+    ) -> Result<Option<RebuildPlan>, LedgerError> {
         self.run("advance generation", || self.advance(product_id))
             .await?
             .ok_or_else(|| no_inventory(product_id))
@@ -511,8 +514,18 @@ async fn lock_inventory(tx: &mut MySqlConnection, p: i64) -> Result<Option<Locke
 
 /// Records every release and restock of the product the gate has not had yet as done: the
 /// counters have their units, and the gate's next state is made from the counters (a
-/// rebuild's plan, or ledger mode, where the gate is not used until that rebuild).
+/// rebuild's plan, or ledger mode, where the gate is not used until that rebuild). The
+/// product's open recovery incidents are closed too: each is about a hold of the gate
+/// state being replaced (its outcome unknown, or its units not returnable), which can no
+/// longer commit or be returned, so the ledger's record of it is final.
 async fn settle_owed(tx: &mut MySqlConnection, p: i64) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE recovery_incident SET resolved_at = NOW(6) \
+         WHERE product_id = ? AND resolved_at IS NULL",
+    )
+    .bind(p)
+    .execute(&mut *tx)
+    .await?;
     sqlx::query(
         "UPDATE inventory_reservation SET stock_returned = 1 \
          WHERE product_id = ? AND status = 'RELEASED' AND stock_returned = 0",
@@ -597,18 +610,25 @@ async fn advance_locked(
 
 impl MysqlLedger {
     /// One transaction: lock the inventory row (waiting for commits in flight), move to
-    /// the next generation, settle what the rebuild counts, and compute the plan. A
-    /// product in ledger mode stays in it (the ledger's hold ids restart in the new
-    /// generation).
-    async fn advance(&self, product_id: ProductId) -> Result<Option<RebuildPlan>, sqlx::Error> {
+    /// the next generation, settle what the rebuild counts, and compute the plan; in
+    /// ledger mode, nothing (`Some(None)`): a caller that looked at the mode before the
+    /// lock (the gate watch) may have raced the switch.
+    async fn advance(
+        &self,
+        product_id: ProductId,
+    ) -> Result<Option<Option<RebuildPlan>>, sqlx::Error> {
         let p = product_id.get();
         let mut tx = self.pool().begin().await?;
         let Some(locked) = lock_inventory(&mut tx, p).await? else {
             return Ok(None);
         };
+        if locked.mode == StockMode::Ledger {
+            tx.rollback().await?;
+            return Ok(Some(None));
+        }
         let plan = advance_locked(&mut tx, p, &locked, false).await?;
         tx.commit().await?;
-        Ok(Some(plan))
+        Ok(Some(Some(plan)))
     }
 
     /// In ledger mode already: one statement records the report (no wait for the

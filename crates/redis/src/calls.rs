@@ -49,6 +49,10 @@ pub const REBUILD: Lua = Lua {
     name: "rebuild",
     source: include_str!("lua/rebuild.lua"),
 };
+pub const RETIRE: Lua = Lua {
+    name: "retire",
+    source: include_str!("lua/retire.lua"),
+};
 pub const STATE: Lua = Lua {
     name: "state",
     source: include_str!("lua/state.lua"),
@@ -67,13 +71,14 @@ pub const SEED_DECREMENT: Lua = Lua {
 };
 
 /// Every script, for a wire that prepares them all at once.
-pub const SCRIPTS: [&Lua; 10] = [
+pub const SCRIPTS: [&Lua; 11] = [
     &RESERVE,
     &RELEASE,
     &RESTOCK,
     &LOAD,
     &ADJUST,
     &REBUILD,
+    &RETIRE,
     &STATE,
     &FORGET,
     &HOLDERS,
@@ -796,6 +801,15 @@ impl Layout {
             args,
         };
         Ok(typed::<i64>("rebuild", &w.eval(&call).await?)? == 1)
+    }
+
+    pub async fn retire(&self, w: &dyn Wire, product_id: ProductId) -> Result<bool, GateError> {
+        let call = Call {
+            script: &RETIRE,
+            keys: vec![self.key(product_id, "inv")],
+            args: vec![self.revocations.clone(), product_id.get().to_string()],
+        };
+        Ok(typed::<i64>("retire", &w.eval(&call).await?)? == 1)
     }
 
     pub async fn seed_decrement(

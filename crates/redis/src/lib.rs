@@ -303,6 +303,10 @@ impl GateMaintenance for RedisGate {
             .rebuild(self.wire.as_ref(), product_id, plan)
             .await
     }
+
+    async fn retire(&self, product_id: ProductId) -> Result<bool, GateError> {
+        self.layout.retire(self.wire.as_ref(), product_id).await
+    }
 }
 
 #[async_trait]

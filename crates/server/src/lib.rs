@@ -250,6 +250,8 @@ pub async fn build(config: &Config) -> Result<App, String> {
         )
         .with_metrics(metrics.clone()),
     );
+    // Detached, like the lease listener: it runs as long as the runtime.
+    tokio::spawn(follow_modes(fallback.clone()));
     if config.strategy == Strategy::Flashsale && !config.sold_out_lease.is_zero() {
         // Detached: it runs as long as the runtime, like the server itself.
         flashsale_redis::revoke::listen(
@@ -308,6 +310,30 @@ pub async fn build(config: &Config) -> Result<App, String> {
         gate_watch,
         fallback,
     })
+}
+
+/// Reads the products' stock modes into the service's board every
+/// [`flashsale_app::modes::FOLLOW_INTERVAL`], apart from the fallback worker (whose probe
+/// of a hanging Redis would delay it): while these reads fail, the purchase path checks
+/// Redis's refusals with MariaDB (`flashsale_app::modes::FOLLOW_FRESH_MAX`). Logs when
+/// the reads start and stop failing, not every failure.
+async fn follow_modes(fallback: Arc<Fallback>) {
+    let mut failing = false;
+    loop {
+        match fallback.follow().await {
+            Ok(_) if failing => {
+                info!("the products' stock modes are read again");
+                failing = false;
+            }
+            Ok(_) => {}
+            Err(e) if !failing => {
+                warn!(error = %e, "cannot read the products' stock modes; Redis's refusals are checked with MariaDB meanwhile");
+                failing = true;
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(flashsale_app::modes::FOLLOW_INTERVAL).await;
+    }
 }
 
 /// Passes lease news on to the service and wakes the gate watch whenever the

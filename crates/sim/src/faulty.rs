@@ -282,6 +282,17 @@ impl GateMaintenance for FaultyGate {
         .await
     }
 
+    async fn retire(&self, product_id: ProductId) -> Result<bool, GateError> {
+        through(
+            &self.ctx,
+            Port::Gate,
+            "gate.retire",
+            || format!("p{product_id}"),
+            || self.inner.retire(product_id),
+        )
+        .await
+    }
+
     async fn rebuild(&self, product_id: ProductId, plan: &RebuildPlan) -> Result<bool, GateError> {
         through(
             &self.ctx,
@@ -664,7 +675,10 @@ impl LedgerMaintenance for FaultyLedger {
         .await
     }
 
-    async fn advance_generation(&self, product_id: ProductId) -> Result<RebuildPlan, LedgerError> {
+    async fn advance_generation(
+        &self,
+        product_id: ProductId,
+    ) -> Result<Option<RebuildPlan>, LedgerError> {
         through(
             &self.ctx,
             Port::Ledger,

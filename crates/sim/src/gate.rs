@@ -468,6 +468,10 @@ impl GateMaintenance for MemGate {
         self.layout.state(&self.conn(), product_id).await
     }
 
+    async fn retire(&self, product_id: ProductId) -> Result<bool, GateError> {
+        self.layout.retire(&self.conn(), product_id).await
+    }
+
     async fn rebuild(&self, product_id: ProductId, plan: &RebuildPlan) -> Result<bool, GateError> {
         let rebuilt = self.layout.rebuild(&self.conn(), product_id, plan).await?;
         if rebuilt {

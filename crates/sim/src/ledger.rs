@@ -43,6 +43,7 @@ use flashsale_core::{
 };
 
 use flashsale_app::group::{self, GroupCommit, Held, OverLimit};
+use flashsale_app::modes::LEDGER_SALES_AFTER_SWITCH;
 
 use crate::coalesce::Coalescer;
 use crate::ctx::{Ctx, Fault, Point, Port};
@@ -95,6 +96,8 @@ struct InventoryRow {
     /// `gate_unreachable_at`: the last report of an instance that could not reach the
     /// gate (the simulated database's clock).
     gate_unreachable_at: Option<DateTime<Utc>>,
+    /// `mode_changed_at`: the last switch (the simulated database's clock).
+    mode_changed_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone)]
@@ -686,8 +689,13 @@ impl MemLedger {
         };
         let rid = request.request_id.as_str();
         let taken = t.reservations.contains_key(rid) || t.order_by_request.contains_key(rid);
+        let settling = TimeDelta::from_std(LEDGER_SALES_AFTER_SWITCH).unwrap_or(TimeDelta::MAX);
         let refused = if inv.mode == StockMode::Gate && !self.defects.ledger_sells_in_gate_mode {
             Some(Commit::GateMode)
+        } else if inv.mode == StockMode::Ledger
+            && inv.mode_changed_at.is_some_and(|at| at > now - settling)
+        {
+            Some(Commit::Settling)
         } else if !self.defects.no_stock_guard && inv.available < q {
             Some(Commit::InsufficientStock)
         } else {
@@ -769,6 +777,13 @@ impl MemLedger {
         );
         t.log.insert((rid.to_owned(), "release"));
         t.write_events(events, now);
+        // `insert_fence`: the fence answers an `outcome_unknown` incident of the request.
+        if let Some(i) = t
+            .incidents
+            .get_mut(&(rid.to_owned(), "outcome_unknown".to_owned()))
+        {
+            i.open = false;
+        }
         Ok(Attempt::Done(()))
     }
 
@@ -1498,6 +1513,7 @@ impl Ledger for MemLedger {
                             mode: StockMode::Gate,
                             ledger_hold_seq: 0,
                             gate_unreachable_at: None,
+                            mode_changed_at: None,
                         },
                     );
                     true
@@ -1975,10 +1991,16 @@ impl LedgerMaintenance for MemLedger {
         }))
     }
 
-    async fn advance_generation(&self, product_id: ProductId) -> Result<RebuildPlan, LedgerError> {
+    async fn advance_generation(
+        &self,
+        product_id: ProductId,
+    ) -> Result<Option<RebuildPlan>, LedgerError> {
         let now = self.now();
         let mut t = self.lock();
-        advance_locked(&mut t, product_id, now, false)
+        if t.mode_of(product_id.get()) == StockMode::Ledger {
+            return Ok(None);
+        }
+        advance_locked(&mut t, product_id, now, false).map(Some)
     }
 
     async fn enter_ledger_mode(&self, product_id: ProductId) -> Result<ModeSwitch, LedgerError> {
@@ -1999,6 +2021,7 @@ impl LedgerMaintenance for MemLedger {
         }
         inv.mode = StockMode::Ledger;
         inv.ledger_hold_seq = 0;
+        inv.mode_changed_at = Some(now);
         let generation = inv.generation;
         settle_owed(&mut t, p, now);
         if let Some(product) = t.products.get_mut(&p) {
@@ -2042,8 +2065,14 @@ impl LedgerMaintenance for MemLedger {
 }
 
 /// `settle_owed` in `MysqlLedger`: releases not yet returned to the gate and restocks
-/// not yet applied to it count as done (the counters have their units).
+/// not yet applied to it count as done (the counters have their units), and the
+/// product's open incidents are closed (about holds of the replaced gate state).
 fn settle_owed(t: &mut Tables, p: i64, now: DateTime<Utc>) {
+    for i in t.incidents.values_mut() {
+        if i.product_id == p {
+            i.open = false;
+        }
+    }
     for r in t.reservations.values_mut() {
         if r.request.product_id.get() == p
             && r.status == ReservationStatus::Released
@@ -2081,6 +2110,7 @@ fn advance_locked(
     inv.ledger_hold_seq = 0;
     if to_gate {
         inv.mode = StockMode::Gate;
+        inv.mode_changed_at = Some(now);
     }
     let generation = inv.generation;
     let available = inv.available;

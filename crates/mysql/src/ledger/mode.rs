@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flashsale_app::group::{self, GroupCommit};
+use flashsale_app::modes::LEDGER_SALES_AFTER_SWITCH;
 use flashsale_app::ports::{Commit, LedgerError};
 use flashsale_app::Order;
 use flashsale_batch::{BatchFn, Coalescer};
@@ -22,6 +23,11 @@ use super::{
 };
 use crate::group::{Counters, Purchase, Written};
 use crate::rows;
+
+/// `LEDGER_SALES_AFTER_SWITCH` in microseconds, for the statements' intervals.
+fn settling_us() -> i64 {
+    i64::try_from(LEDGER_SALES_AFTER_SWITCH.as_micros()).unwrap_or(i64::MAX)
+}
 
 /// One ledger-mode purchase of a batch: no hold yet, the ledger hands it out
 /// ([`take_ledger_units`]).
@@ -55,13 +61,15 @@ async fn take_ledger_units(
             "UPDATE product_inventory SET available_stock = available_stock - ?, \
              pre_deduct_stock = pre_deduct_stock + ?, ledger_hold_seq = ledger_hold_seq + ?, \
              version = version + 1 \
-             WHERE product_id = ? AND available_stock >= ? AND stock_mode = 'LEDGER'",
+             WHERE product_id = ? AND available_stock >= ? AND stock_mode = 'LEDGER' \
+             AND COALESCE(mode_changed_at, '1000-01-01') <= NOW(6) - INTERVAL ? MICROSECOND",
         )
         .bind(units)
         .bind(units)
         .bind(count)
         .bind(product_id.get())
         .bind(units)
+        .bind(settling_us())
         .execute(&mut *tx)
         .await?;
         if updated.rows_affected() != 1 {
@@ -231,6 +239,7 @@ impl MysqlLedger {
             Ok(Committed::InsufficientStock) => Ok(Commit::InsufficientStock),
             Ok(Committed::LimitExceeded) => Ok(Commit::LimitExceeded),
             Ok(Committed::GateMode) => Ok(Commit::GateMode),
+            Ok(Committed::Settling) => Ok(Commit::Settling),
             // The ledger's own counter handed out a hold id recorded before in this
             // generation: only a write outside the ledger's paths does that.
             Ok(Committed::HoldReused | Committed::StaleGeneration) => {
@@ -263,18 +272,23 @@ impl MysqlLedger {
             "UPDATE product_inventory SET available_stock = available_stock - ?, \
              pre_deduct_stock = pre_deduct_stock + ?, ledger_hold_seq = ledger_hold_seq + 1, \
              version = version + 1 \
-             WHERE product_id = ? AND available_stock >= ? AND stock_mode = 'LEDGER'",
+             WHERE product_id = ? AND available_stock >= ? AND stock_mode = 'LEDGER' \
+             AND COALESCE(mode_changed_at, '1000-01-01') <= NOW(6) - INTERVAL ? MICROSECOND",
         )
         .bind(q)
         .bind(q)
         .bind(p)
         .bind(q)
+        .bind(settling_us())
         .execute(&mut *tx)
         .await?;
         if updated.rows_affected() != 1 {
-            let mode: Option<String> = sqlx::query_scalar(
-                "SELECT CAST(stock_mode AS CHAR) FROM product_inventory WHERE product_id = ?",
+            let mode: Option<(String, bool)> = sqlx::query_as(
+                "SELECT CAST(stock_mode AS CHAR), \
+                 COALESCE(mode_changed_at > NOW(6) - INTERVAL ? MICROSECOND, 0) \
+                 FROM product_inventory WHERE product_id = ?",
             )
+            .bind(settling_us())
             .bind(p)
             .fetch_optional(&mut *tx)
             .await?;
@@ -289,12 +303,13 @@ impl MysqlLedger {
             if taken.is_some() {
                 return Ok(Attempt::Taken);
             }
-            let Some(mode) = mode else {
+            let Some((mode, settling)) = mode else {
                 return Err(sqlx::Error::RowNotFound);
             };
             return Ok(Attempt::Done(
                 match StockMode::from_stored(&mode).map_err(|e| sqlx::Error::Decode(e.into()))? {
                     StockMode::Gate => Committed::GateMode,
+                    StockMode::Ledger if settling => Committed::Settling,
                     StockMode::Ledger => Committed::InsufficientStock,
                 },
             ));

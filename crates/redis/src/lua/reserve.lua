@@ -40,7 +40,7 @@ for i = 1, n do
   end
 end
 local replies = {}
-local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen', 'lease', 'seq', 'srv')
+local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen', 'lease', 'seq', 'srv', 'retired')
 local avail = tonumber(inv[1])
 if not avail then
   for i = 1, n do replies[i] = {-1} end
@@ -113,7 +113,9 @@ for i = 1, n do
     -- Ids go back as strings: a Lua number is a double and would round ids above 2^53.
     replies[i] = {2, rec[4], rec[1], rec[2], rec[3] == 'r' and 1 or 0, gen}
   elseif leased or avail < q then
-    if not leased and avail == 0 and lease_ms > 0 then
+    -- A retired entry (retire.lua: the ledger is about to give the product back) grants
+    -- no lease: its count may be one the ledger has sold past.
+    if not leased and avail == 0 and lease_ms > 0 and not inv[6] then
       leased = clock() + lease_ms
       redis.call('HSET', KEYS[1], 'lease', leased)
     end

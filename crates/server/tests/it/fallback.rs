@@ -22,9 +22,10 @@ const FALLBACK_AFTER: Duration = Duration::from_secs(1);
 const RECOVER_AFTER: Duration = Duration::from_secs(4);
 /// The bound stated for the time from Redis's death to the first 201 beyond
 /// `FALLBACK_AFTER`: a probe in flight when Redis died (its response timeout, 1 s), the
-/// probe period (0.25 s), the switch's transaction, a buyer's retry pause (0.1 s), and a
-/// second of slack for a loaded CI machine.
-const SWITCH_BOUND: Duration = Duration::from_millis(2500);
+/// probe period (0.25 s), the switch's transaction, the ledger's wait before it sells
+/// (`LEDGER_SALES_AFTER_SWITCH`, 1.5 s), a buyer's retry pause (0.1 s), and a second of
+/// slack for a loaded CI machine.
+const SWITCH_BOUND: Duration = Duration::from_millis(4000);
 /// How long the way back may take beyond `RECOVER_AFTER`: the probe period, the leave
 /// transaction and the rebuild, with the same slack.
 const BACK_BOUND: Duration = Duration::from_secs(5);
@@ -559,10 +560,13 @@ async fn an_instance_follows_a_switch_made_elsewhere_and_its_limits_hold() {
     flashsale_app::ports::LedgerMaintenance::enter_ledger_mode(&ledger, product)
         .await
         .expect("ledger mode");
-    // The fallback worker reads the modes every 250 ms: after that and some slack, the
-    // instance must send the purchase to the ledger (a gate hold would be refused in
-    // the new generation and answered 503).
-    tokio::time::sleep(flashsale_app::modes::FOLLOW_INTERVAL + Duration::from_millis(350)).await;
+    // The instance reads the modes every 250 ms and the ledger sells 1.5 s after the
+    // switch: after that and some slack, the instance must send the purchase to the
+    // ledger (a gate hold would be refused in the new generation and answered 503).
+    tokio::time::sleep(
+        flashsale_app::modes::LEDGER_SALES_AFTER_SWITCH + Duration::from_millis(350),
+    )
+    .await;
     let (status, body) = app.purchase("REQ_follow_0", 1, PRODUCT, 1).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let hold: i64 = sqlx::query_scalar(

@@ -224,6 +224,9 @@ async fn ledger_mode_purchases_commit_together_with_the_same_answers() {
             .await
             .expect("ledger mode");
     }
+    // The ledger sells once the switch has settled.
+    tokio::time::sleep(flashsale_app::modes::LEDGER_SALES_AFTER_SWITCH + Duration::from_millis(50))
+        .await;
     let timeout = Duration::from_secs(600);
     let limited = |i: i64| PurchaseRequest {
         request_id: RequestId::parse("request_id", &format!("REQ_lg_{i}")).expect("id"),
