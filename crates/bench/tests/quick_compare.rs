@@ -2,7 +2,8 @@
 //! debug-built flashsale, on the shared Redis, MariaDB and NATS (each run with its own
 //! database, key prefix and stream, removed at the end by the bench).
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::Command;
 
 use flashsale_bench::compare::{CompareReport, CompareRow, SCHEMA};
@@ -15,21 +16,6 @@ const ATTEMPTS: &str = "400";
 const USERS: &str = "300";
 const STOCK: &str = "1000";
 
-/// The flashsale binary: `FLASHSALE_BIN`, else `<workspace>/target/debug/flashsale`.
-fn server_bin() -> PathBuf {
-    let path = std::env::var_os("FLASHSALE_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/flashsale")
-        });
-    assert!(
-        path.is_file(),
-        "flashsale server binary {} not found: run `cargo build --bin flashsale` first, or set FLASHSALE_BIN",
-        path.display()
-    );
-    path
-}
-
 // Checks the comparison end to end by running the real binary with two rounds: it exits
 // 0 and prints the table of medians and each round's; its JSON has the seven rows in order (ceiling, http-post-ceiling,
 // db-pessimistic, db-conditional, redis-lua, flashsale, ceiling again), the ceilings
@@ -41,7 +27,7 @@ fn server_bin() -> PathBuf {
 // round; the medians' ratios are those of the rounds' own ratios (the mean of two).
 #[test]
 fn quick_compare_against_spawned_servers() {
-    let server = server_bin();
+    let server = common::server_bin();
     let json = std::env::temp_dir().join(format!(
         "flashsale-bench-compare-{}-{:x}.json",
         std::process::id(),

@@ -2,25 +2,11 @@
 //! the shared MariaDB and NATS and a private redis-server the bench starts, kills and
 //! restarts itself.
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::Command;
 
 const BENCH: &str = env!("CARGO_BIN_EXE_flashsale-bench");
-
-/// The flashsale binary: `FLASHSALE_BIN`, else `<workspace>/target/debug/flashsale`.
-fn server_bin() -> PathBuf {
-    let path = std::env::var_os("FLASHSALE_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/flashsale")
-        });
-    assert!(
-        path.is_file(),
-        "flashsale server binary {} not found: run `cargo build --bin flashsale` first, or set FLASHSALE_BIN",
-        path.display()
-    );
-    path
-}
 
 /// The figure printed after `label` on its line of the report.
 fn figure(stdout: &str, label: &str) -> f64 {
@@ -46,7 +32,7 @@ fn an_outage_run_reports_both_modes_and_the_switch_times() {
         .args(["--server-env", "FLASHSALE_FALLBACK_AFTER=1s"])
         .args(["--server-env", "FLASHSALE_FALLBACK_RECOVER_AFTER=2s"])
         .arg("--server-bin")
-        .arg(server_bin())
+        .arg(common::server_bin())
         .output()
         .expect("run flashsale-bench");
     let stdout = String::from_utf8_lossy(&out.stdout);

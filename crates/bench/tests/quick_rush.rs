@@ -2,7 +2,8 @@
 //! flashsale, on the shared Redis, MariaDB and NATS (its own database, key prefix and
 //! stream, removed at the end by the bench).
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -17,21 +18,6 @@ const STOCK: i64 = 100;
 /// Warn (not fail) past this: the machine may be shared with other test binaries.
 const EXPECTED_MAX: Duration = Duration::from_secs(20);
 
-/// The flashsale binary: `FLASHSALE_BIN`, else `<workspace>/target/debug/flashsale`.
-fn server_bin() -> PathBuf {
-    let path = std::env::var_os("FLASHSALE_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/flashsale")
-        });
-    assert!(
-        path.is_file(),
-        "flashsale server binary {} not found: run `cargo build --bin flashsale` first, or set FLASHSALE_BIN",
-        path.display()
-    );
-    path
-}
-
 // Checks the quick rush end to end: the bench starts its own flashsale, sells a
 // 100-unit product to 2,000 attempts from 800 users (per-user limit 1, 10% duplicate
 // request_ids), and exits 0 with a JSON result that says it passed — exactly the stock
@@ -41,7 +27,7 @@ fn server_bin() -> PathBuf {
 // inline SVG plots. It runs the real binary as a user would.
 #[test]
 fn quick_rush_against_a_spawned_server() {
-    let server = server_bin();
+    let server = common::server_bin();
     let dir = std::env::temp_dir().join(format!(
         "flashsale-bench-test-{}-{:x}",
         std::process::id(),

@@ -179,6 +179,52 @@ async fn assert_sold_exactly(
     assert_eq!(sold, stock);
 }
 
+/// Waits (bounded: RECOVER_AFTER and BACK_BOUND) until the product is in gate mode in
+/// the ledger and Redis has its entry again (rebuilt).
+async fn back_in_gate_mode(app: &TestApp, product: i64) {
+    wait_until(
+        "the product back in gate mode",
+        RECOVER_AFTER + BACK_BOUND,
+        || async {
+            stored_mode(app, product).await == "GATE"
+                && app.redis_available(product).await.is_some()
+        },
+    )
+    .await;
+}
+
+/// The modes the ledger stored for the product, each change once, read every 100 ms for
+/// `watched`.
+async fn modes_seen(app: &TestApp, product: i64, watched: Duration) -> Vec<String> {
+    let mut seen = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < watched {
+        let now = stored_mode(app, product).await;
+        if seen.last() != Some(&now) {
+            seen.push(now);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    seen
+}
+
+/// The end of every test: the buyers' answers are orders or `sold_out`, exactly the
+/// stock sold ([`assert_sold_exactly`]), and once the workers stopped, the invariant
+/// checks and the audit pass.
+async fn sold_exactly_and_audited(
+    app: &TestApp,
+    workers: Workers,
+    product: i64,
+    stock: i64,
+    answers: &[Answer],
+) {
+    let orders = acknowledged(answers);
+    assert_sold_exactly(app, product, stock, &orders).await;
+    workers.stop().await;
+    invariants::assert_ok(app, product).await;
+    invariants::assert_audit_clean(app, product).await;
+}
+
 /// A counter of `/metrics`, 0 when absent.
 async fn metric(app: &TestApp, series: &str) -> f64 {
     let text = app
@@ -261,15 +307,7 @@ async fn redis_killed_mid_sale_sells_from_the_ledger_and_comes_back() {
         .await
         .expect("reconnect");
     let back = Instant::now();
-    wait_until(
-        "the product back in gate mode",
-        RECOVER_AFTER + BACK_BOUND,
-        || async {
-            stored_mode(&app, PRODUCT).await == "GATE"
-                && app.redis_available(PRODUCT).await.is_some()
-        },
-    )
-    .await;
+    back_in_gate_mode(&app, PRODUCT).await;
     println!(
         "Redis back → product in gate mode, Redis rebuilt: {:?}",
         back.elapsed()
@@ -323,11 +361,7 @@ async fn redis_killed_mid_sale_sells_from_the_ledger_and_comes_back() {
     let mut all = before;
     all.extend(during);
     all.extend(after);
-    let orders = acknowledged(&all);
-    assert_sold_exactly(&app, PRODUCT, STOCK, &orders).await;
-    workers.stop().await;
-    invariants::assert_ok(&app, PRODUCT).await;
-    invariants::assert_audit_clean(&app, PRODUCT).await;
+    sold_exactly_and_audited(&app, workers, PRODUCT, STOCK, &all).await;
     app.cleanup().await;
 }
 
@@ -355,19 +389,7 @@ async fn redis_flapping_for_20_seconds_does_not_thrash_the_mode() {
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     };
-    let watching = async {
-        // The mode as the ledger has it, every 100 ms while Redis flaps.
-        let mut seen = Vec::new();
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(20) {
-            let now = stored_mode(&app, PRODUCT).await;
-            if seen.last() != Some(&now) {
-                seen.push(now);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        seen
-    };
+    let watching = modes_seen(&app, PRODUCT, Duration::from_secs(20));
     let apps = [&app];
     let (answers, (), seen) = tokio::join!(
         buyers(&apps, PRODUCT, 0, 300, Duration::from_secs(18)),
@@ -380,15 +402,7 @@ async fn redis_flapping_for_20_seconds_does_not_thrash_the_mode() {
         ["GATE", "LEDGER"],
         "one switch, no way back while flapping"
     );
-    wait_until(
-        "the product back in gate mode",
-        RECOVER_AFTER + BACK_BOUND,
-        || async {
-            stored_mode(&app, PRODUCT).await == "GATE"
-                && app.redis_available(PRODUCT).await.is_some()
-        },
-    )
-    .await;
+    back_in_gate_mode(&app, PRODUCT).await;
     assert_eq!(
         metric(&app, r#"flashsale_mode_switches_total{to="ledger"}"#).await,
         1.0
@@ -397,11 +411,7 @@ async fn redis_flapping_for_20_seconds_does_not_thrash_the_mode() {
         metric(&app, r#"flashsale_mode_switches_total{to="gate"}"#).await,
         1.0
     );
-    let orders = acknowledged(&answers);
-    assert_sold_exactly(&app, PRODUCT, STOCK, &orders).await;
-    workers.stop().await;
-    invariants::assert_ok(&app, PRODUCT).await;
-    invariants::assert_audit_clean(&app, PRODUCT).await;
+    sold_exactly_and_audited(&app, workers, PRODUCT, STOCK, &answers).await;
     app.cleanup().await;
 }
 
@@ -424,18 +434,7 @@ async fn two_instances_with_a_split_view_of_redis_never_oversell() {
     let workers = (start_workers(&a), start_workers(&b));
     a.create_product(PRODUCT, STOCK, None).await;
     proxy.cut();
-    let watching = async {
-        let mut seen = Vec::new();
-        let started = Instant::now();
-        while started.elapsed() < RECOVER_AFTER * 2 + Duration::from_secs(2) {
-            let now = stored_mode(&a, PRODUCT).await;
-            if seen.last() != Some(&now) {
-                seen.push(now);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        seen
-    };
+    let watching = modes_seen(&a, PRODUCT, RECOVER_AFTER * 2 + Duration::from_secs(2));
     let apps = [&a, &b];
     let (answers, seen) = tokio::join!(buyers(&apps, PRODUCT, 0, 150, RECOVER_AFTER * 2), watching);
     println!("modes during the split: {seen:?}");
@@ -461,14 +460,7 @@ async fn two_instances_with_a_split_view_of_redis_never_oversell() {
         0.0
     );
     proxy.restore();
-    wait_until(
-        "the product back in gate mode",
-        RECOVER_AFTER + BACK_BOUND,
-        || async {
-            stored_mode(&a, PRODUCT).await == "GATE" && a.redis_available(PRODUCT).await.is_some()
-        },
-    )
-    .await;
+    back_in_gate_mode(&a, PRODUCT).await;
     let after = buyers(&[&a, &b], PRODUCT, 150, 200, Duration::from_millis(500)).await;
     let mut all = answers;
     all.extend(after);
@@ -514,21 +506,15 @@ async fn a_product_never_loaded_into_redis_sells_from_the_ledger() {
         .get_multiplexed_async_connection()
         .await
         .expect("reconnect");
-    wait_until(
-        "the product back in gate mode",
-        RECOVER_AFTER + BACK_BOUND,
-        || async {
-            stored_mode(&app, PRODUCT).await == "GATE"
-                && app.redis_available(PRODUCT).await.is_some()
-        },
-    )
-    .await;
-    assert_eq!(app.redis_available(PRODUCT).await, Some(0));
-    let orders = acknowledged(&answers);
-    assert_sold_exactly(&app, PRODUCT, STOCK, &orders).await;
-    workers.stop().await;
-    invariants::assert_ok(&app, PRODUCT).await;
-    invariants::assert_audit_clean(&app, PRODUCT).await;
+    back_in_gate_mode(&app, PRODUCT).await;
+    let rebuilt = app.redis_available(PRODUCT).await;
+    assert_eq!(
+        rebuilt,
+        Some(0),
+        "Redis rebuilt with units the ledger sold; Redis holds {:?}",
+        app.redis_dump().await
+    );
+    sold_exactly_and_audited(&app, workers, PRODUCT, STOCK, &answers).await;
     app.cleanup().await;
 }
 
@@ -592,15 +578,8 @@ async fn an_instance_follows_a_switch_made_elsewhere_and_its_limits_hold() {
             .await;
         assert_eq!((status, code(&body)), (StatusCode::CONFLICT, "sold_out"));
     }
-    wait_until(
-        "the product back in gate mode",
-        RECOVER_AFTER + BACK_BOUND,
-        || async {
-            stored_mode(&app, PRODUCT).await == "GATE"
-                && app.redis_available(PRODUCT).await == Some(0)
-        },
-    )
-    .await;
+    back_in_gate_mode(&app, PRODUCT).await;
+    assert_eq!(app.redis_available(PRODUCT).await, Some(0));
     workers.stop().await;
     invariants::assert_ok(&app, PRODUCT).await;
     invariants::assert_audit_clean(&app, PRODUCT).await;
