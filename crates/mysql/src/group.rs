@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, Utc};
-use flashsale_app::group::{Held, OverLimit};
+use flashsale_app::group::{self, GroupCommit, Held, OverLimit};
 use flashsale_app::ports::{Commit, LedgerError};
 use flashsale_batch::Coalescer;
 use flashsale_core::{
@@ -32,6 +32,86 @@ pub(crate) struct Purchase {
     pub payment_timeout: Duration,
     /// The product's per-user limit, checked in the batch's transaction.
     pub per_user_limit: Option<u32>,
+}
+
+/// What a batch's group transactions came to, once `GroupCommit` had nothing more to
+/// try: the gate's batches and the ledger mode's share it.
+pub(crate) struct Decided {
+    answers: Vec<group::Answer>,
+    /// The committed transaction's orders, in its members' order (taken as answered).
+    orders: Vec<Option<Order>>,
+    /// The error of a transaction whose outcome is unknown.
+    error: Option<LedgerError>,
+}
+
+impl Decided {
+    /// Runs the group transactions `GroupCommit` asks for over the batch of `requests`:
+    /// `attempt(members)` runs one over those members (indices into the batch, in batch
+    /// order) and says what it wrote, with the orders it committed in members' order.
+    pub(crate) async fn run<'a, F, Fut>(
+        requests: impl IntoIterator<Item = &'a PurchaseRequest>,
+        mut attempt: F,
+    ) -> Self
+    where
+        F: FnMut(Vec<usize>) -> Fut,
+        Fut: std::future::Future<Output = Result<(group::Written, Vec<Order>), LedgerError>>,
+    {
+        let mut decision = GroupCommit::new(requests);
+        let mut orders = Vec::new();
+        let mut error = None;
+        while let Some(plain) = decision.next() {
+            let written = attempt(plain.to_vec()).await;
+            decision.written(match written {
+                Ok((written, committed)) => {
+                    orders = committed.into_iter().map(Some).collect();
+                    written
+                }
+                // Unknown whether it committed: each caller hears so and retries; the
+                // unique keys make a retry find the order if it did.
+                Err(e) => {
+                    error = Some(e);
+                    group::Written::Unknown
+                }
+            });
+        }
+        Self {
+            answers: decision.answers(),
+            orders,
+            error,
+        }
+    }
+
+    /// The members set aside, to be committed one by one (indices, in batch order).
+    pub(crate) fn aside(&self) -> Vec<usize> {
+        (0..self.answers.len())
+            .filter(|&i| self.answers[i] == group::Answer::OneByOne)
+            .collect()
+    }
+
+    /// Each member's answer: its order from the group transaction, that transaction's
+    /// unknown outcome, or the next of `one_by_one` (the answers of [`Self::aside`]'s
+    /// members, in that order).
+    pub(crate) fn answers(
+        mut self,
+        one_by_one: impl IntoIterator<Item = Result<Commit, LedgerError>>,
+    ) -> Vec<Result<Commit, LedgerError>> {
+        let mut one_by_one = one_by_one.into_iter();
+        let lost = || LedgerError::stopped("group commit: no answer");
+        let answers = std::mem::take(&mut self.answers);
+        answers
+            .into_iter()
+            .map(|answer| match answer {
+                group::Answer::Committed(n) => self
+                    .orders
+                    .get_mut(n)
+                    .and_then(Option::take)
+                    .map(Commit::Committed)
+                    .ok_or_else(lost),
+                group::Answer::Unknown => Err(self.error.clone().unwrap_or_else(lost)),
+                group::Answer::OneByOne => one_by_one.next().unwrap_or_else(|| Err(lost())),
+            })
+            .collect()
+    }
 }
 
 /// Whose counters a batch's [`insert`] updates.

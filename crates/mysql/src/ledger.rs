@@ -22,11 +22,11 @@ use std::sync::{Arc, OnceLock};
 use flashsale_batch::{BatchFn, Coalescer};
 
 use crate::dedicated::{Dedicated, PING_WHEN_IDLE_FOR};
-use crate::group::{Counters, Purchase, Written};
+use crate::group::{Counters, Decided, Purchase, Written};
 use mode::LedgerPurchase;
 
 mod mode;
-use flashsale_app::group::{self, GroupCommit};
+use flashsale_app::group;
 
 use crate::rows::{self, corrupt, db, ORDER_COLUMNS};
 
@@ -573,14 +573,11 @@ impl MysqlLedger {
     /// +3 % sustained, +6 % rush; BENCHMARKS.md, "Ablation").
     async fn group_commit(&self, batch: Vec<Purchase>) -> Vec<Result<Commit, LedgerError>> {
         let started = std::time::Instant::now();
-        let mut decision = GroupCommit::new(batch.iter().map(|p| &p.request));
-        let mut orders: Vec<Option<Order>> = Vec::new();
-        let mut error = None;
-        while let Some(plain) = decision.next() {
+        let decided = Decided::run(batch.iter().map(|p| &p.request), |plain| {
             let members: Vec<Purchase> = plain.iter().map(|&i| batch[i].clone()).collect();
             let document = crate::group::document(&members);
-            let written = self
-                .run("group commit", || async {
+            async move {
+                self.run("group commit", || async {
                     let mut own = self.group_conn.take().await?;
                     let written = self
                         .group_transaction(own.conn(), &members, &document)
@@ -595,44 +592,18 @@ impl MysqlLedger {
                         }
                     }
                 })
-                .await;
-            decision.written(match written {
-                Ok((written, written_orders)) => {
-                    orders = written_orders.into_iter().map(Some).collect();
-                    written
-                }
-                // Unknown whether it committed: each caller hears so and retries; the
-                // unique keys make a retry find the order if it did.
-                Err(e) => {
-                    error = Some(e);
-                    group::Written::Unknown
-                }
-            });
-        }
-        let answers = decision.answers();
-        let aside: Vec<usize> = (0..batch.len())
-            .filter(|&i| answers[i] == group::Answer::OneByOne)
-            .collect();
-        let mut one_by_one = futures::future::join_all(aside.iter().map(|&i| {
+                .await
+            }
+        })
+        .await;
+        let aside = decided.aside();
+        let one_by_one = futures::future::join_all(aside.iter().map(|&i| {
             let p = &batch[i];
             self.commit_one(&p.request, p.hold, p.per_user_limit, p.payment_timeout)
         }))
-        .await
-        .into_iter();
+        .await;
         debug!(size = batch.len(), one_by_one = aside.len(), elapsed = ?started.elapsed(), "group commit");
-        let lost = || LedgerError::stopped("group commit: no answer");
-        answers
-            .into_iter()
-            .map(|answer| match answer {
-                group::Answer::Committed(n) => orders
-                    .get_mut(n)
-                    .and_then(Option::take)
-                    .map(Commit::Committed)
-                    .ok_or_else(lost),
-                group::Answer::Unknown => Err(error.clone().unwrap_or_else(lost)),
-                group::Answer::OneByOne => one_by_one.next().unwrap_or_else(|| Err(lost())),
-            })
-            .collect()
+        decided.answers(one_by_one)
     }
 
     /// One purchase in its own transaction.

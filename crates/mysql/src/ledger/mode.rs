@@ -8,10 +8,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use flashsale_app::group::{self, GroupCommit};
+use flashsale_app::group;
 use flashsale_app::modes::LEDGER_SALES_AFTER_SWITCH;
 use flashsale_app::ports::{Commit, LedgerError};
-use flashsale_app::Order;
 use flashsale_batch::{BatchFn, Coalescer};
 use flashsale_core::{Generation, HoldRef, ProductId, PurchaseRequest, StockMode};
 use sqlx::{Acquire, MySqlConnection, Row};
@@ -21,7 +20,7 @@ use super::{
     limit_then_commit, write_purchase_rows, Attempt, Committed, MysqlLedger, Rows,
     GROUP_COMMIT_MAX, GROUP_QUEUE_MAX, GROUP_WORKERS,
 };
-use crate::group::{Counters, Purchase, Written};
+use crate::group::{Counters, Decided, Purchase, Written};
 use crate::rows;
 
 /// `LEDGER_SALES_AFTER_SWITCH` in microseconds, for the statements' intervals.
@@ -124,13 +123,10 @@ impl MysqlLedger {
         batch: Vec<LedgerPurchase>,
     ) -> Vec<Result<Commit, LedgerError>> {
         let started = std::time::Instant::now();
-        let mut decision = GroupCommit::new(batch.iter().map(|p| &p.request));
-        let mut orders: Vec<Option<Order>> = Vec::new();
-        let mut error = None;
-        while let Some(plain) = decision.next() {
+        let decided = Decided::run(batch.iter().map(|p| &p.request), |plain| {
             let members: Vec<LedgerPurchase> = plain.iter().map(|&i| batch[i].clone()).collect();
-            let written = self
-                .run("ledger group commit", || async {
+            async move {
+                self.run("ledger group commit", || async {
                     let mut own = self.ledger_group_conn.take().await?;
                     let written = Self::ledger_group_transaction(own.conn(), &members).await;
                     own.give_back(&written).await;
@@ -150,40 +146,22 @@ impl MysqlLedger {
                         None => Ok((group::Written::Taken(Default::default()), vec![])),
                     }
                 })
-                .await;
-            decision.written(match written {
-                Ok((written, written_orders)) => {
-                    orders = written_orders.into_iter().map(Some).collect();
-                    written
-                }
-                // Unknown whether it committed: each caller hears so and retries; the
-                // unique key on request_id makes a retry find its order if it did.
-                Err(e) => {
-                    error = Some(e);
-                    group::Written::Unknown
-                }
-            });
+                .await
+            }
+        })
+        .await;
+        // One after another: they all wait on the same product rows anyway.
+        let aside = decided.aside();
+        let mut one_by_one = Vec::with_capacity(aside.len());
+        for &i in &aside {
+            let p = &batch[i];
+            one_by_one.push(
+                self.commit_ledger_one(&p.request, p.per_user_limit, p.payment_timeout)
+                    .await,
+            );
         }
-        let mut answers = Vec::with_capacity(batch.len());
-        let mut one_by_one = 0;
-        let lost = || LedgerError::stopped("ledger group commit: no answer");
-        for (p, answer) in batch.iter().zip(decision.answers()) {
-            answers.push(match answer {
-                group::Answer::Committed(n) => orders
-                    .get_mut(n)
-                    .and_then(Option::take)
-                    .map(Commit::Committed)
-                    .ok_or_else(lost),
-                group::Answer::Unknown => Err(error.clone().unwrap_or_else(lost)),
-                group::Answer::OneByOne => {
-                    one_by_one += 1;
-                    self.commit_ledger_one(&p.request, p.per_user_limit, p.payment_timeout)
-                        .await
-                }
-            });
-        }
-        debug!(size = batch.len(), one_by_one, elapsed = ?started.elapsed(), "ledger group commit");
-        answers
+        debug!(size = batch.len(), one_by_one = aside.len(), elapsed = ?started.elapsed(), "ledger group commit");
+        decided.answers(one_by_one)
     }
 
     /// The ledger-mode group transaction on `conn`, ended: the units taken and the hold
