@@ -630,7 +630,10 @@ impl Maintenance {
             info!(%product_id, first = first.drift, second = second.drift, "drift still moving; not repairing");
             return Ok(second);
         }
-        let repaired = self.gate_m.adjust(product_id, -second.drift).await?;
+        let Some(from) = second.redis_available else {
+            return Ok(second);
+        };
+        let repaired = self.gate_m.adjust(product_id, from, -second.drift).await?;
         warn!(%product_id, drift = second.drift, repaired, "reconciliation repaired Redis available count");
         Ok(Reconciliation { repaired, ..second })
     }

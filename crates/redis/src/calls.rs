@@ -735,6 +735,7 @@ impl Layout {
         &self,
         w: &dyn Wire,
         product_id: ProductId,
+        from: i64,
         delta: i64,
     ) -> Result<bool, GateError> {
         let call = Call {
@@ -744,6 +745,7 @@ impl Layout {
                 delta.to_string(),
                 self.revocations.clone(),
                 product_id.get().to_string(),
+                from.to_string(),
             ],
         };
         Ok(typed::<i64>("adjust", &w.eval(&call).await?)? == 1)

@@ -288,9 +288,14 @@ impl GateMaintenance for RedisGate {
         self.layout.facts(self.wire.as_ref(), product_id).await
     }
 
-    async fn adjust(&self, product_id: ProductId, delta: i64) -> Result<bool, GateError> {
+    async fn adjust(
+        &self,
+        product_id: ProductId,
+        from: i64,
+        delta: i64,
+    ) -> Result<bool, GateError> {
         self.layout
-            .adjust(self.wire.as_ref(), product_id, delta)
+            .adjust(self.wire.as_ref(), product_id, from, delta)
             .await
     }
 

@@ -248,19 +248,26 @@ async fn adding_units_ends_the_lease_and_publishes_a_revocation() {
         .await
         .expect("entry");
     let script = Script::new(include_str!("../src/lua/adjust.lua"));
-    let adjust = |delta: i64| {
+    let adjust = |from: i64, delta: i64| {
         let mut call = script.prepare_invoke();
-        call.key(&keys.inv).arg(delta).arg(&channel).arg(7);
+        call.key(&keys.inv)
+            .arg(delta)
+            .arg(&channel)
+            .arg(7)
+            .arg(from);
         call
     };
-    let code: i64 = adjust(-1).invoke_async(&mut conn).await.expect("adjust");
+    let code: i64 = adjust(1, -1).invoke_async(&mut conn).await.expect("adjust");
     assert_eq!(code, 1);
     assert_eq!(
         hmget(&mut conn, &keys.inv, &["lease"]).await,
         [Some("1".into())]
     );
-    for _ in 0..2 {
-        let code: i64 = adjust(2).invoke_async(&mut conn).await.expect("adjust");
+    for from in [0, 2] {
+        let code: i64 = adjust(from, 2)
+            .invoke_async(&mut conn)
+            .await
+            .expect("adjust");
         assert_eq!(code, 1);
     }
     assert_eq!(

@@ -260,13 +260,18 @@ impl GateMaintenance for FaultyGate {
         .await
     }
 
-    async fn adjust(&self, product_id: ProductId, delta: i64) -> Result<bool, GateError> {
+    async fn adjust(
+        &self,
+        product_id: ProductId,
+        from: i64,
+        delta: i64,
+    ) -> Result<bool, GateError> {
         through(
             &self.ctx,
             Port::Gate,
             "gate.adjust",
-            || format!("p{product_id} {delta:+}"),
-            || self.inner.adjust(product_id, delta),
+            || format!("p{product_id} {from} {delta:+}"),
+            || self.inner.adjust(product_id, from, delta),
         )
         .await
     }

@@ -460,8 +460,15 @@ impl GateMaintenance for MemGate {
         self.layout.facts(&self.conn(), product_id).await
     }
 
-    async fn adjust(&self, product_id: ProductId, delta: i64) -> Result<bool, GateError> {
-        self.layout.adjust(&self.conn(), product_id, delta).await
+    async fn adjust(
+        &self,
+        product_id: ProductId,
+        from: i64,
+        delta: i64,
+    ) -> Result<bool, GateError> {
+        self.layout
+            .adjust(&self.conn(), product_id, from, delta)
+            .await
     }
 
     async fn state(&self, product_id: ProductId) -> Result<Option<GateState>, GateError> {

@@ -1,17 +1,23 @@
--- Reconciliation's repair: moves the available count by a delta, never below zero and
--- never creating a count that is not there.
+-- Reconciliation's repair: moves the available count by a delta, from the count the
+-- repair measured, never below zero and never creating a count that is not there.
 -- KEYS[1] inventory hash  ARGV[1] delta  ARGV[2] revocation channel  ARGV[3] product id
+-- ARGV[4] the available count the delta was computed from
+-- Applied only while the count is still the measured one: the same call run a second
+-- time (a retry after a lost reply) finds the count it left and changes nothing, and a
+-- count that moved since the measurement is not repaired from a stale figure.
 -- Units added end the product's sold-out lease, and a revocation is published (see
 -- reserve.lua).
--- Returns 1 adjusted | 0 refused (would go below zero) | -1 stock not loaded.
-local d = tonumber(ARGV[1])
-if not d or d % 1 ~= 0 or not ARGV[2] or ARGV[2] == '' or not tonumber(ARGV[3]) then
+-- Returns 1 adjusted | 0 refused (would go below zero, or the count moved) | -1 stock
+-- not loaded.
+local d, from = tonumber(ARGV[1]), tonumber(ARGV[4])
+if not d or d % 1 ~= 0 or not ARGV[2] or ARGV[2] == '' or not tonumber(ARGV[3])
+   or not from or from % 1 ~= 0 then
   return redis.error_reply('ERR flashsale adjust: invalid delta')
 end
 local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen')
 local avail = tonumber(inv[1])
 if not avail then return -1 end
-if avail + d < 0 then return 0 end
+if avail ~= from or avail + d < 0 then return 0 end
 redis.call('HINCRBY', KEYS[1], 'avail', d)
 if d > 0 and redis.call('HDEL', KEYS[1], 'lease') == 1 then
   redis.call('PUBLISH', ARGV[2], ARGV[3] .. ':' .. (inv[2] or '1'))
