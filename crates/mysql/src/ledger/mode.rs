@@ -261,12 +261,15 @@ impl MysqlLedger {
         .execute(&mut *tx)
         .await?;
         if updated.rows_affected() != 1 {
+            // Why the UPDATE refused, read again: the mode, and whether the units are
+            // there. In ledger mode with the units there, the switch was still settling
+            // when the UPDATE ran (by now it may not be: a second statement sees a later
+            // NOW(6)), so the answer is Settling, a retry, never a false sold out.
             let mode: Option<(String, bool)> = sqlx::query_as(
-                "SELECT CAST(stock_mode AS CHAR), \
-                 COALESCE(mode_changed_at > NOW(6) - INTERVAL ? MICROSECOND, 0) \
+                "SELECT CAST(stock_mode AS CHAR), available_stock >= ? \
                  FROM product_inventory WHERE product_id = ?",
             )
-            .bind(settling_us())
+            .bind(q)
             .bind(p)
             .fetch_optional(&mut *tx)
             .await?;
@@ -281,13 +284,13 @@ impl MysqlLedger {
             if taken.is_some() {
                 return Ok(Attempt::Taken);
             }
-            let Some((mode, settling)) = mode else {
+            let Some((mode, enough)) = mode else {
                 return Err(sqlx::Error::RowNotFound);
             };
             return Ok(Attempt::Done(
                 match StockMode::from_stored(&mode).map_err(|e| sqlx::Error::Decode(e.into()))? {
                     StockMode::Gate => Committed::GateMode,
-                    StockMode::Ledger if settling => Committed::Settling,
+                    StockMode::Ledger if enough => Committed::Settling,
                     StockMode::Ledger => Committed::InsufficientStock,
                 },
             ));
