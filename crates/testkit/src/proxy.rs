@@ -81,7 +81,15 @@ impl TcpProxy {
     /// lazily, once per accepted connection, so the proxy can be started
     /// before the upstream is up.
     pub async fn start(upstream: SocketAddr) -> io::Result<TcpProxy> {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        // Not a port a private server of this process had (`port::free_port` says why):
+        // a proxy on a killed server's port would answer in its place.
+        let mut listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        for _ in 0..64 {
+            if crate::port::claim(listener.local_addr()?.port()) {
+                break;
+            }
+            listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        }
         let addr = listener.local_addr()?;
         let (state, state_rx) = watch::channel(State {
             mode: Mode::Forward,
