@@ -9,7 +9,7 @@
 //! stale board costs a retry, not a unit.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -67,13 +67,15 @@ pub struct ModeBoard {
     /// Whether any product is in `ledger`: the purchase path reads only this while the
     /// gate serves everything.
     any_ledger: AtomicBool,
+    /// When (monotonic, in microseconds, plus one: 0 before the first) the read behind
+    /// the ledger set was sent. Every gate purchase reads it (`vouches`), so it is an
+    /// atomic rather than behind the lock.
+    followed_at_us: AtomicU64,
     inner: Mutex<Board>,
 }
 
 #[derive(Default)]
 struct Board {
-    /// When (monotonic) the read behind `ledger` was sent; None before the first one.
-    followed_at: Option<Duration>,
     ledger: HashSet<ProductId>,
     /// Product → when (monotonic) a purchase last found the gate unreachable.
     unreached: HashMap<ProductId, Duration>,
@@ -124,7 +126,10 @@ impl ModeBoard {
     pub fn follow(&self, ledger: impl IntoIterator<Item = ProductId>, asked_at: Duration) {
         let mut b = self.lock();
         b.ledger = ledger.into_iter().take(LEDGER_PRODUCTS_MAX).collect();
-        b.followed_at = Some(b.followed_at.map_or(asked_at, |at| at.max(asked_at)));
+        // A late answer of an older read does not make the view younger.
+        let asked_us = u64::try_from(asked_at.as_micros()).unwrap_or(u64::MAX - 1);
+        self.followed_at_us
+            .fetch_max(asked_us.saturating_add(1), Ordering::AcqRel);
         let Board {
             ledger, sold_out, ..
         } = &mut *b;
@@ -136,9 +141,10 @@ impl ModeBoard {
     /// Whether this instance read the list of products in ledger mode recently enough,
     /// at `now`, to trust the gate's refusals and leases ([`FOLLOW_FRESH_MAX`]).
     pub fn vouches(&self, now: Duration) -> bool {
-        self.lock()
-            .followed_at
-            .is_some_and(|at| now.saturating_sub(at) <= FOLLOW_FRESH_MAX)
+        match self.followed_at_us.load(Ordering::Acquire) {
+            0 => false,
+            plus_one => now.saturating_sub(Duration::from_micros(plus_one - 1)) <= FOLLOW_FRESH_MAX,
+        }
     }
 
     /// The products in ledger mode, as this instance knows them.
