@@ -207,7 +207,9 @@ impl Fallback {
     /// pass (the switches wait for it; the board keeps its last view).
     pub async fn pass(&self) -> Result<FallbackPass, Error> {
         let ledger = self.follow().await?;
-        self.state().retired.retain(|p| ledger.contains(p));
+        // A set: up to LEDGER_PRODUCTS_MAX products, looked up once per remembered one.
+        let in_ledger: std::collections::HashSet<ProductId> = ledger.iter().copied().collect();
+        self.state().retired.retain(|p| in_ledger.contains(p));
         let answered = self.gate.ping().await.is_ok();
         let now = self.clock.monotonic();
         let (down, back) = {
@@ -237,7 +239,8 @@ impl Fallback {
     ) -> Result<(), Error> {
         let due: Vec<ProductId> = {
             let mut s = self.state();
-            s.reported.retain(|p, _| ledger.contains(p));
+            let in_ledger: std::collections::HashSet<&ProductId> = ledger.iter().collect();
+            s.reported.retain(|p, _| in_ledger.contains(p));
             let reported = &s.reported;
             self.board
                 .being_bought_unreached(now)

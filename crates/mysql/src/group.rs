@@ -232,7 +232,8 @@ impl InFlight {
     }
 }
 
-fn committed(
+/// A group committer's answer, its loss (the committer stopped) an unknown outcome.
+pub(crate) fn committed(
     answer: Result<Result<Commit, LedgerError>, flashsale_batch::Lost>,
 ) -> Result<Commit, LedgerError> {
     answer.map_err(|_| {

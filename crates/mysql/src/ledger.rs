@@ -1266,11 +1266,7 @@ impl Ledger for MysqlLedger {
             payment_timeout,
             per_user_limit,
         };
-        self.ledger_group().call(purchase).await.map_err(|_| {
-            LedgerError::stopped(
-                "commit ledger purchase: the group committer stopped; outcome unknown",
-            )
-        })?
+        crate::group::committed(self.ledger_group().call(purchase).await)
     }
 
     async fn fence(
