@@ -496,9 +496,19 @@ impl Maintenance {
             // the ledger's own.
             return Ok(false);
         }
-        let lost = match self.gate_m.state(product_id).await? {
+        let state = self.gate_m.state(product_id).await?;
+        // An entry another Redis process wrote is adopted when the gate proves it was
+        // migrated whole (a cluster's slot moved live); then it is checked as any other.
+        let adopted = match state {
+            Some(s) if s.server_changed => self.gate_m.adopt(product_id).await?,
+            _ => false,
+        };
+        if adopted {
+            info!(%product_id, "stock entry migrated whole to another Redis primary: adopted, not rebuilt");
+        }
+        let lost = match state {
             None => Some("stock entry missing"),
-            Some(s) if s.server_changed => {
+            Some(s) if s.server_changed && !adopted => {
                 Some("Redis restarted or failed over since the entry was written")
             }
             Some(s) if s.generation < mark.generation => Some("older generation"),

@@ -700,6 +700,13 @@ pub trait GateMaintenance: Send + Sync + 'static {
     /// never held units and stops granting sold-out leases, and the leases granted are
     /// revoked. Idempotent. Whether there was an entry.
     async fn retire(&self, product_id: ProductId) -> Result<bool, GateError>;
+
+    /// Takes over a product's entry that another Redis process wrote
+    /// ([`GateState::server_changed`]) if the gate can prove it arrived whole — a slot
+    /// migrated live from a primary that still serves with the same identity — rather
+    /// than lost with a restart or a failover. Whether the entry is trusted now; when
+    /// not, only a rebuild from the ledger is safe. Idempotent.
+    async fn adopt(&self, product_id: ProductId) -> Result<bool, GateError>;
 }
 
 /// A product's stock entry in the gate.

@@ -26,7 +26,7 @@ impl GateWorld for RealGate {
     async fn open(lease: Duration, record_ttl: Duration) -> Self {
         let prefix = redis_prefix();
         let gate = RedisGate::new(&GateConfig {
-            url: REDIS_URL.into(),
+            target: flashsale_redis::Target::Node(REDIS_URL.into()),
             prefix: prefix.clone(),
             record_ttl,
             response_timeout: Duration::from_secs(5),

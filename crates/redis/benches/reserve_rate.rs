@@ -112,7 +112,7 @@ async fn bench() {
         let prefix = format!("rate{tasks}:");
         let gate = Arc::new(
             RedisGate::new(&GateConfig {
-                url: redis.url(),
+                target: flashsale_redis::Target::Node(redis.url()),
                 prefix,
                 record_ttl: Duration::from_secs(600),
                 response_timeout: Duration::from_secs(5),

@@ -25,53 +25,34 @@ pub struct Lua {
     pub source: &'static str,
 }
 
-pub const RESERVE: Lua = Lua {
-    name: "reserve",
-    source: include_str!("lua/reserve.lua"),
-};
-pub const RELEASE: Lua = Lua {
-    name: "release",
-    source: include_str!("lua/release.lua"),
-};
-pub const RESTOCK: Lua = Lua {
-    name: "restock",
-    source: include_str!("lua/restock.lua"),
-};
-pub const LOAD: Lua = Lua {
-    name: "load",
-    source: include_str!("lua/load.lua"),
-};
-pub const ADJUST: Lua = Lua {
-    name: "adjust",
-    source: include_str!("lua/adjust.lua"),
-};
-pub const REBUILD: Lua = Lua {
-    name: "rebuild",
-    source: include_str!("lua/rebuild.lua"),
-};
-pub const RETIRE: Lua = Lua {
-    name: "retire",
-    source: include_str!("lua/retire.lua"),
-};
-pub const STATE: Lua = Lua {
-    name: "state",
-    source: include_str!("lua/state.lua"),
-};
-pub const FORGET: Lua = Lua {
-    name: "forget",
-    source: include_str!("lua/forget.lua"),
-};
-pub const HOLDERS: Lua = Lua {
-    name: "holders",
-    source: include_str!("lua/holders.lua"),
-};
-pub const SEED_DECREMENT: Lua = Lua {
-    name: "seed_decrement",
-    source: include_str!("lua/seed_decrement.lua"),
-};
+/// A script of `lua/` by name, after the prelude every script shares (`lua/stamp.lua`).
+macro_rules! script {
+    ($name:literal) => {
+        Lua {
+            name: $name,
+            source: concat!(
+                include_str!("lua/stamp.lua"),
+                include_str!(concat!("lua/", $name, ".lua"))
+            ),
+        }
+    };
+}
+
+pub const RESERVE: Lua = script!("reserve");
+pub const RELEASE: Lua = script!("release");
+pub const RESTOCK: Lua = script!("restock");
+pub const LOAD: Lua = script!("load");
+pub const ADJUST: Lua = script!("adjust");
+pub const REBUILD: Lua = script!("rebuild");
+pub const RETIRE: Lua = script!("retire");
+pub const STATE: Lua = script!("state");
+pub const FORGET: Lua = script!("forget");
+pub const HOLDERS: Lua = script!("holders");
+pub const SEED_DECREMENT: Lua = script!("seed_decrement");
+pub const ADOPT: Lua = script!("adopt");
 
 /// Every script, for a wire that prepares them all at once.
-pub const SCRIPTS: [&Lua; 11] = [
+pub const SCRIPTS: [&Lua; 12] = [
     &RESERVE,
     &RELEASE,
     &RESTOCK,
@@ -83,6 +64,7 @@ pub const SCRIPTS: [&Lua; 11] = [
     &FORGET,
     &HOLDERS,
     &SEED_DECREMENT,
+    &ADOPT,
 ];
 
 /// One script call: the script, its KEYS and its ARGV.
@@ -114,8 +96,15 @@ pub trait Wire: Send + Sync {
     /// Runs one script call; an error reply is an `Err`.
     async fn eval(&self, call: &Call) -> Result<Value, GateError>;
     /// Sends `cmds` in one round trip (a pipeline; MULTI/EXEC when `atomic`), one reply
-    /// each.
-    async fn query(&self, cmds: &[Cmd], atomic: bool) -> Result<Vec<Value>, GateError>;
+    /// each, to the Redis that holds key `at` (on a cluster, the primary of its slot:
+    /// the commands are about one product, and TIME and SCAN name no key of their own).
+    async fn query(&self, at: &str, cmds: &[Cmd], atomic: bool) -> Result<Vec<Value>, GateError>;
+    /// The stamps (`lua/stamp.lua`) of the healthy primaries other than the one holding
+    /// key `at`, as that primary sees the cluster: a stock entry stamped by one of them
+    /// was migrated here whole (`Layout::adopt`). A single Redis has none.
+    async fn peer_stamps(&self, _at: &str) -> Result<Vec<String>, GateError> {
+        Ok(Vec::new())
+    }
     /// Between two round trips of one operation (the simulator lets other work run here).
     async fn between(&self, _what: &'static str) {}
 }
@@ -466,7 +455,10 @@ impl Layout {
         let get = Cmd::new("HGET")
             .arg(self.key(product_id, "inv"))
             .arg("avail");
-        let reply = only("HGET", w.query(&[get], false).await?)?;
+        let reply = only(
+            "HGET",
+            w.query(&self.key(product_id, "inv"), &[get], false).await?,
+        )?;
         typed("HGET", &reply)
     }
 
@@ -533,7 +525,7 @@ impl Layout {
                     .arg("g")
             })
             .collect();
-        let rows = w.query(&cmds, false).await?;
+        let rows = w.query(&self.key(product_id, "inv"), &cmds, false).await?;
         if rows.len() != request_ids.len() {
             return Err(GateError::corrupt("HMGET: not one reply per record"));
         }
@@ -559,7 +551,7 @@ impl Layout {
     ) -> Result<Vec<StaleHold>, GateError> {
         let pending = self.key(product_id, "pending");
         // Holds are aged on Redis's clock, the one that stamped them.
-        let time = only("TIME", w.query(&[Cmd::new("TIME")], false).await?)?;
+        let time = only("TIME", w.query(&pending, &[Cmd::new("TIME")], false).await?)?;
         let (secs, micros): (i64, i64) = typed("TIME", &time)?;
         let older_than_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
         let taken_before_ms = (secs * 1000 + micros / 1000).saturating_sub(older_than_ms);
@@ -573,7 +565,7 @@ impl Layout {
             .arg(limit);
         let ids: Vec<String> = typed(
             "ZRANGEBYSCORE",
-            &only("ZRANGEBYSCORE", w.query(&[range], false).await?)?,
+            &only("ZRANGEBYSCORE", w.query(&pending, &[range], false).await?)?,
         )?;
         if ids.is_empty() {
             return Ok(Vec::new());
@@ -604,7 +596,7 @@ impl Layout {
         if !gone.is_empty() {
             w.between("stale_holds: zrem").await;
             let zrem = gone.iter().fold(Cmd::new("ZREM").arg(&pending), Cmd::arg);
-            let removed = only("ZREM", w.query(&[zrem], false).await?)?;
+            let removed = only("ZREM", w.query(&pending, &[zrem], false).await?)?;
             typed::<i64>("ZREM", &removed)?;
         }
         Ok(stale)
@@ -642,7 +634,10 @@ impl Layout {
         // One atomic look (MULTI/EXEC) at the count, the last hold id and the pending
         // index, with Redis's clock to age the holds on: every hold the count has taken
         // is either in the index or has reached the ledger, and one taken after the look
-        // has a higher id. The records are read after it.
+        // has a higher id. The records are read after it. Every round trip goes to the
+        // product's node (`marker` is one of its keys): on a cluster, SCAN lists only
+        // the keys of the node it is sent to.
+        let marker = self.key(product_id, "r:");
         let look = [
             Cmd::new("HMGET")
                 .arg(self.key(product_id, "inv"))
@@ -656,7 +651,7 @@ impl Layout {
                 .arg("WITHSCORES"),
             Cmd::new("TIME"),
         ];
-        let replies = w.query(&look, true).await?;
+        let replies = w.query(&marker, &look, true).await?;
         let [inv, index, time] = replies.as_slice() else {
             return Err(GateError::corrupt("facts: not three replies"));
         };
@@ -676,7 +671,6 @@ impl Layout {
                 (request_id, Duration::from_millis(age_ms))
             })
             .collect();
-        let marker = self.key(product_id, "r:");
         let mut request_ids = Vec::new();
         let mut cursor: u64 = 0;
         loop {
@@ -687,8 +681,10 @@ impl Layout {
                 .arg(format!("{marker}*"))
                 .arg("COUNT")
                 .arg(SCAN_COUNT);
-            let (next, keys): (u64, Vec<String>) =
-                typed("SCAN", &only("SCAN", w.query(&[scan], false).await?)?)?;
+            let (next, keys): (u64, Vec<String>) = typed(
+                "SCAN",
+                &only("SCAN", w.query(&marker, &[scan], false).await?)?,
+            )?;
             request_ids.extend(
                 keys.iter()
                     .filter_map(|k| k.strip_prefix(&marker).map(str::to_owned)),
@@ -756,24 +752,76 @@ impl Layout {
         w: &dyn Wire,
         product_id: ProductId,
     ) -> Result<Option<GateState>, GateError> {
+        Ok(self
+            .entry(w, product_id)
+            .await?
+            .map(|(state, _writer)| state))
+    }
+
+    /// The stock entry as `state.lua` reads it, with the stamp of the process that wrote
+    /// it when that is another one (`Some`, possibly empty for an entry with none).
+    async fn entry(
+        &self,
+        w: &dyn Wire,
+        product_id: ProductId,
+    ) -> Result<Option<(GateState, Option<String>)>, GateError> {
         let call = Call {
             script: &STATE,
             keys: vec![self.key(product_id, "inv")],
             args: Vec::new(),
         };
-        let reply: Vec<i64> = typed("state", &w.eval(&call).await?)?;
-        let bad =
-            || GateError::corrupt(format!("unexpected reply from the state script: {reply:?}"));
-        match reply[..] {
-            [] => Ok(None),
-            [available, last_hold_id, generation, changed] => Ok(Some(GateState {
-                available,
-                generation: Generation::from_stored(generation).ok_or_else(bad)?,
-                last_hold_id,
-                server_changed: changed == 1,
-            })),
-            _ => Err(bad()),
+        let reply = w.eval(&call).await?;
+        let bad = || unexpected("state", &reply);
+        let Value::Array(items) = &reply else {
+            return Err(bad());
+        };
+        if items.is_empty() {
+            return Ok(None);
         }
+        let [available, last_hold_id, generation, changed, writer] = items.as_slice() else {
+            return Err(bad());
+        };
+        let number = |v: &Value| int(v).ok_or_else(bad);
+        let changed = number(changed)? == 1;
+        let state = GateState {
+            available: number(available)?,
+            generation: Generation::from_stored(number(generation)?).ok_or_else(bad)?,
+            last_hold_id: number(last_hold_id)?,
+            server_changed: changed,
+        };
+        let writer = match (changed, writer) {
+            (false, _) => None,
+            (true, Value::BulkString(bytes)) => {
+                Some(String::from_utf8(bytes.clone()).map_err(|_| bad())?)
+            }
+            (true, _) => return Err(bad()),
+        };
+        Ok(Some((state, writer)))
+    }
+
+    /// Takes over a stock entry another Redis process wrote if it arrived whole: its
+    /// writer is still a healthy primary with the very stamp it wrote (the slot was
+    /// migrated here; a failover or a restart changes the writer's stamp, or takes it
+    /// out of the healthy primaries). Whether the entry is this process's now.
+    pub async fn adopt(&self, w: &dyn Wire, product_id: ProductId) -> Result<bool, GateError> {
+        let inv = self.key(product_id, "inv");
+        let writer = match self.entry(w, product_id).await? {
+            None => return Ok(false),
+            Some((_, None)) => return Ok(true),
+            Some((_, Some(writer))) if writer.is_empty() => return Ok(false),
+            Some((_, Some(writer))) => writer,
+        };
+        w.between("adopt: peers").await;
+        if !w.peer_stamps(&inv).await?.contains(&writer) {
+            return Ok(false);
+        }
+        w.between("adopt: take over").await;
+        let call = Call {
+            script: &ADOPT,
+            keys: vec![inv],
+            args: vec![writer],
+        };
+        Ok(typed::<i64>("adopt", &w.eval(&call).await?)? == 1)
     }
 
     pub async fn rebuild(

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub mod calls;
+mod cluster;
 mod reserve;
 pub use reserve::RESERVE_BATCH_MAX;
 pub mod revoke;
@@ -45,10 +46,20 @@ use flashsale_core::{Generation, ProductId, PurchaseRequest, RequestId};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 
+/// Which Redis the gate runs on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// One Redis, by URL (`redis://host:port/db`).
+    Node(String),
+    /// A Redis Cluster, by some of its nodes (`host:port` each): the client learns the
+    /// rest, and every slot's primary, from them.
+    Cluster(Vec<String>),
+}
+
 /// Connection settings of the gate.
 #[derive(Debug, Clone)]
 pub struct GateConfig {
-    pub url: String,
+    pub target: Target,
     /// Prepended to every key, so deployments and tests can share one Redis.
     pub prefix: String,
     /// How long a hold record is kept; replays after that are answered by the ledger.
@@ -66,11 +77,47 @@ pub struct GateConfig {
 /// answer 503 quickly when Redis is down rather than queue behind reconnects.
 const RECONNECT_ATTEMPTS: usize = 1;
 
+/// Most seed nodes a cluster is named by: a handful is enough to find the cluster when
+/// some are down, and the client learns every other node from them.
+pub const CLUSTER_SEEDS_MAX: usize = 64;
+/// Retries of one call on a cluster after a redirection the client could not follow at
+/// once (TRYAGAIN during a slot migration, CLUSTERDOWN or a lost connection during a
+/// failover), with waits from [`CLUSTER_RETRY_WAIT_MIN_MS`] doubling up to
+/// [`CLUSTER_RETRY_WAIT_MAX_MS`]: together about 1.5 s, below the response timeout, so a
+/// purchase still answers (503) in time when the cluster does not settle; MOVED and ASK
+/// are followed without a wait.
+const CLUSTER_RETRIES: u32 = 6;
+/// Shortest wait before a retry on a cluster (ms): a migrating slot's keys move in
+/// milliseconds.
+const CLUSTER_RETRY_WAIT_MIN_MS: u64 = 10;
+/// Longest wait before a retry on a cluster (ms).
+const CLUSTER_RETRY_WAIT_MAX_MS: u64 = 400;
+/// How many times a script call is sent again after NOSCRIPT: the client loads the
+/// script on every node and sends it once more, but the slot may have moved to a node
+/// that never had it in between (a replica promoted after a restart).
+const NOSCRIPT_ATTEMPTS: usize = 3;
+
+/// The connection to one Redis or to a cluster.
+#[derive(Clone)]
+enum Conn {
+    Node(ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
 /// The connection to the real Redis, with every script prepared (EVALSHA, loaded on
-/// first use).
+/// first use and again on NOSCRIPT; on a cluster, on every node).
 pub(crate) struct RedisWire {
-    conn: ConnectionManager,
+    conn: Conn,
     scripts: BTreeMap<&'static str, Script>,
+}
+
+impl RedisWire {
+    async fn invoke(&self, invocation: &redis::ScriptInvocation<'_>) -> redis::RedisResult<Value> {
+        match self.conn.clone() {
+            Conn::Node(mut conn) => invocation.invoke_async(&mut conn).await,
+            Conn::Cluster(mut conn) => invocation.invoke_async(&mut conn).await,
+        }
+    }
 }
 
 #[async_trait]
@@ -87,15 +134,22 @@ impl Wire for RedisWire {
         for arg in &call.args {
             invocation.arg(arg);
         }
-        let mut conn = self.conn.clone();
-        invocation
-            .invoke_async(&mut conn)
-            .await
-            .map_err(unavailable)
+        let mut attempt = 1;
+        loop {
+            match self.invoke(&invocation).await {
+                Err(e)
+                    if attempt < NOSCRIPT_ATTEMPTS
+                        && e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    attempt += 1;
+                }
+                other => return other.map_err(unavailable),
+            }
+        }
     }
 
-    async fn query(&self, cmds: &[Cmd], atomic: bool) -> Result<Vec<Value>, GateError> {
-        let mut conn = self.conn.clone();
+    async fn query(&self, at: &str, cmds: &[Cmd], atomic: bool) -> Result<Vec<Value>, GateError> {
         let mut pipe = redis::pipe();
         if atomic {
             pipe.atomic();
@@ -107,7 +161,41 @@ impl Wire for RedisWire {
             }
             pipe.add_command(cmd);
         }
-        pipe.query_async(&mut conn).await.map_err(unavailable)
+        match self.conn.clone() {
+            Conn::Node(mut conn) => pipe.query_async(&mut conn).await.map_err(unavailable),
+            Conn::Cluster(mut conn) => {
+                use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+                let node =
+                    SingleNodeRoutingInfo::SpecificNode(Route::with_key(at, SlotAddr::Master));
+                // The offsets `Pipeline::query_async` uses: a transaction's one reply is
+                // EXEC's, after a QUEUED per command.
+                let (offset, count) = if atomic {
+                    (cmds.len() + 1, 1)
+                } else {
+                    (0, cmds.len())
+                };
+                let mut replies = conn
+                    .route_pipeline(pipe, offset, count, node)
+                    .await
+                    .map_err(unavailable)?;
+                if !atomic {
+                    return Ok(replies);
+                }
+                match replies.pop() {
+                    Some(Value::Array(items)) => Ok(items),
+                    other => Err(GateError::corrupt(format!(
+                        "redis: a transaction answered {other:?}"
+                    ))),
+                }
+            }
+        }
+    }
+
+    async fn peer_stamps(&self, at: &str) -> Result<Vec<String>, GateError> {
+        let Conn::Cluster(conn) = &self.conn else {
+            return Ok(Vec::new());
+        };
+        cluster::peer_stamps(conn.clone(), at).await
     }
 }
 
@@ -124,9 +212,15 @@ pub struct RedisGate {
 /// of the wrong shape, a bad client setting, or an error Redis answered.
 fn unavailable(e: redis::RedisError) -> GateError {
     use redis::ErrorKind as K;
+    use redis::ServerErrorKind as S;
     let kind = match e.kind() {
         _ if e.is_timeout() => ErrorKind::TimedOut,
         K::Io => ErrorKind::Unreachable,
+        // A cluster that could not settle within the retries: a slot migrating (its
+        // keys split between two nodes), or no primary for the slot yet (a failover).
+        // Neither ran the call.
+        K::Server(S::TryAgain) => ErrorKind::NotReady,
+        K::Server(S::ClusterDown | S::MasterDown | S::Moved | S::Ask) => ErrorKind::Unreachable,
         K::Parse | K::UnexpectedReturnType => ErrorKind::Corrupt,
         K::InvalidClientConfig => ErrorKind::Config,
         _ => ErrorKind::Rejected,
@@ -138,14 +232,39 @@ impl RedisGate {
     /// Builds the gate without connecting: the first call connects, so the service starts
     /// (and reports not ready) while Redis is down.
     pub fn new(config: &GateConfig) -> Result<Self, GateError> {
-        let client = redis::Client::open(config.url.as_str())
-            .map_err(|e| GateError::caused(ErrorKind::Config, "invalid redis url", e))?;
-        let manager_config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(config.response_timeout))
-            .set_connection_timeout(Some(config.connect_timeout))
-            .set_number_of_retries(RECONNECT_ATTEMPTS);
-        let conn =
-            ConnectionManager::new_lazy_with_config(client, manager_config).map_err(unavailable)?;
+        let conn = match &config.target {
+            Target::Node(url) => {
+                let client = redis::Client::open(url.as_str())
+                    .map_err(|e| GateError::caused(ErrorKind::Config, "invalid redis url", e))?;
+                let manager_config = ConnectionManagerConfig::new()
+                    .set_response_timeout(Some(config.response_timeout))
+                    .set_connection_timeout(Some(config.connect_timeout))
+                    .set_number_of_retries(RECONNECT_ATTEMPTS);
+                Conn::Node(
+                    ConnectionManager::new_lazy_with_config(client, manager_config)
+                        .map_err(unavailable)?,
+                )
+            }
+            Target::Cluster(nodes) => {
+                let client = redis::cluster::ClusterClientBuilder::new(
+                    nodes.iter().map(|node| format!("redis://{node}/")),
+                )
+                .connection_timeout(config.connect_timeout)
+                .response_timeout(config.response_timeout)
+                .retries(CLUSTER_RETRIES)
+                .min_retry_wait(CLUSTER_RETRY_WAIT_MIN_MS)
+                .max_retry_wait(CLUSTER_RETRY_WAIT_MAX_MS)
+                .build()
+                .map_err(|e| GateError::caused(ErrorKind::Config, "invalid redis cluster", e))?;
+                Conn::Cluster(
+                    client.get_pending_async_connection_with_config(
+                        redis::cluster::ClusterConfig::default()
+                            .set_connection_timeout(config.connect_timeout)
+                            .set_response_timeout(config.response_timeout),
+                    ),
+                )
+            }
+        };
         let scripts = calls::SCRIPTS
             .iter()
             .map(|lua| (lua.name, Script::new(lua.source)))
@@ -172,13 +291,29 @@ impl RedisGate {
 
 #[async_trait]
 impl StockGate for RedisGate {
+    /// On a cluster, every primary must answer: one that does not serves slots no
+    /// purchase of theirs can reach.
     async fn ping(&self) -> Result<(), GateError> {
-        let mut conn = self.wire.conn.clone();
-        redis::cmd("PING")
-            .query_async::<String>(&mut conn)
-            .await
-            .map(drop)
-            .map_err(unavailable)
+        match self.wire.conn.clone() {
+            Conn::Node(mut conn) => redis::cmd("PING")
+                .query_async::<String>(&mut conn)
+                .await
+                .map(drop)
+                .map_err(unavailable),
+            Conn::Cluster(mut conn) => {
+                use redis::cluster_routing::{
+                    MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo,
+                };
+                let all = RoutingInfo::MultiNode((
+                    MultipleNodeRoutingInfo::AllMasters,
+                    Some(ResponsePolicy::AllSucceeded),
+                ));
+                conn.route_command(redis::cmd("PING"), all)
+                    .await
+                    .map(drop)
+                    .map_err(unavailable)
+            }
+        }
     }
 
     async fn load(
@@ -311,6 +446,10 @@ impl GateMaintenance for RedisGate {
 
     async fn retire(&self, product_id: ProductId) -> Result<bool, GateError> {
         self.layout.retire(self.wire.as_ref(), product_id).await
+    }
+
+    async fn adopt(&self, product_id: ProductId) -> Result<bool, GateError> {
+        self.layout.adopt(self.wire.as_ref(), product_id).await
     }
 }
 

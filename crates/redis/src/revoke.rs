@@ -49,35 +49,52 @@ pub fn product_of(payload: &[u8]) -> Option<ProductId> {
 /// A subscription: the connection's command side (for PINGs) and its messages.
 type Subscription = (redis::aio::PubSubSink, redis::aio::PubSubStream);
 
-/// Starts the subscriber for the Redis at `url`, deployment `prefix`. The first
+/// Starts the subscriber for the gate's Redis, deployment `prefix`. The first
 /// subscription is made before this returns (bounded by [`REPLY_TIMEOUT`] twice), so a
 /// server started with Redis up trusts leases from its first purchase; then the
 /// subscriber runs as long as the runtime does. Until a subscription is confirmed the
 /// listener has heard nothing, and trusts no lease.
+///
+/// On a cluster it subscribes on one node at a time, the next seed node after each
+/// loss: a cluster passes every PUBLISH to all its nodes, so one node hears every
+/// product's revocations.
 pub async fn listen(
-    url: &str,
+    target: &crate::Target,
     prefix: &str,
     listener: Arc<dyn LeaseListener>,
 ) -> Result<JoinHandle<()>, redis::RedisError> {
-    let client = redis::Client::open(url)?;
+    let clients = match target {
+        crate::Target::Node(url) => vec![redis::Client::open(url.as_str())?],
+        crate::Target::Cluster(nodes) => nodes
+            .iter()
+            .map(|node| redis::Client::open(format!("redis://{node}/")))
+            .collect::<Result<_, _>>()?,
+    };
     let channel = channel(prefix);
-    let first = subscribe(&client, &channel).await;
+    let Some(client) = clients.first() else {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "no Redis node to subscribe on",
+        )));
+    };
+    let first = subscribe(client, &channel).await;
     if first.is_ok() {
         listener.listening();
         info!(%channel, "listening for sold-out lease revocations");
     }
-    Ok(tokio::spawn(run(client, channel, listener, first)))
+    Ok(tokio::spawn(run(clients, channel, listener, first)))
 }
 
 /// The subscriber's loop, from the outcome of a first subscription (already reported).
 async fn run(
-    client: redis::Client,
+    clients: Vec<redis::Client>,
     channel: String,
     listener: Arc<dyn LeaseListener>,
     first: Result<Subscription, String>,
 ) {
     let mut attempt = first;
     let mut backoff = BACKOFF_FIRST;
+    let mut next = clients.iter().cycle().skip(1);
     loop {
         let why = match attempt {
             Ok((sink, stream)) => {
@@ -92,7 +109,10 @@ async fn run(
             "not listening for lease revocations; sold-out answers ask Redis meanwhile");
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(BACKOFF_MAX);
-        attempt = subscribe(&client, &channel).await;
+        attempt = match next.next() {
+            Some(client) => subscribe(client, &channel).await,
+            None => Err("no Redis node to subscribe on".to_owned()),
+        };
         if attempt.is_ok() {
             listener.listening();
             info!(%channel, "listening for sold-out lease revocations again");

@@ -47,7 +47,7 @@ async fn reserve(
     keys: &Keys,
     purchases: &[(&str, i64, i64, i64)],
 ) -> Vec<Value> {
-    let script = Script::new(include_str!("../src/lua/reserve.lua"));
+    let script = Script::new(flashsale_redis::calls::RESERVE.source);
     let mut call = script.prepare_invoke();
     call.key(&keys.inv).key(&keys.users).key(&keys.pending);
     for (rid, ..) in purchases {
@@ -211,7 +211,7 @@ async fn forget_removes_only_holds_still_recorded_as_themselves() {
         .hset_multiple(keys.record("later"), &[("h", "9"), ("g", "1")])
         .await
         .expect("record");
-    let script = Script::new(include_str!("../src/lua/forget.lua"));
+    let script = Script::new(flashsale_redis::calls::FORGET.source);
     let mut call = script.prepare_invoke();
     call.key(&keys.pending);
     for (rid, hold) in [("same", 4), ("later", 5), ("gone", 6)] {
@@ -247,7 +247,7 @@ async fn adding_units_ends_the_lease_and_publishes_a_revocation() {
         .hset_multiple(&keys.inv, &[("avail", "1"), ("gen", "3"), ("lease", "1")])
         .await
         .expect("entry");
-    let script = Script::new(include_str!("../src/lua/adjust.lua"));
+    let script = Script::new(flashsale_redis::calls::ADJUST.source);
     let adjust = |from: i64, delta: i64| {
         let mut call = script.prepare_invoke();
         call.key(&keys.inv)
@@ -289,4 +289,103 @@ async fn adding_units_ends_the_lease_and_publishes_a_revocation() {
     delete_prefix(REDIS_URL, &keys.prefix)
         .await
         .expect("cleanup");
+}
+
+// Checks that an entry another Redis process wrote (its `srv` stamp is not this
+// process's: a restart, a failover, a migrated slot) changes only once adopted or
+// rebuilt: reserve answers "not rebuilt", release, restock and the repair answer "not
+// loaded" and leave every key as it was; adopt.lua refuses a stamp that is not the
+// entry's; after the adoption a release goes through. Drives the adapter on the shared
+// Redis, plus direct script calls for the stamp.
+#[tokio::test]
+async fn a_foreign_entry_changes_only_once_adopted() {
+    use flashsale_app::ports::{GateMaintenance, Release, ReleaseOf, Reserve, Restock, StockGate};
+    use flashsale_core::{Generation, ProductId, PurchaseRequest, Quantity, RequestId, UserId};
+    use std::time::Duration;
+    let prefix = redis_prefix();
+    let gate = flashsale_redis::RedisGate::new(&flashsale_redis::GateConfig {
+        target: flashsale_redis::Target::Node(REDIS_URL.to_owned()),
+        prefix: prefix.clone(),
+        record_ttl: Duration::from_secs(600),
+        response_timeout: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(5),
+        sold_out_lease: Duration::ZERO,
+    })
+    .expect("gate");
+    let product = ProductId::parse(1).expect("id");
+    let g1 = Generation::from_stored(1).expect("generation");
+    let buy = |id: &str| PurchaseRequest {
+        request_id: RequestId::parse("request_id", id).expect("id"),
+        user_id: UserId::parse(7).expect("user"),
+        product_id: product,
+        quantity: Quantity::from_stored(1).expect("quantity"),
+    };
+    gate.load(product, 5, g1).await.expect("load");
+    let Reserve::Reserved { hold } = gate.reserve(&buy("F1"), None).await.expect("reserve") else {
+        panic!("a loaded product grants a hold");
+    };
+    let mut conn = connect().await;
+    let inv = format!("{prefix}{{p:1}}:inv");
+    let mine: String = conn.hget(&inv, "srv").await.expect("HGET");
+    let _: () = conn.hset(&inv, "srv", "feed:beef").await.expect("HSET");
+    let before: Vec<(String, String)> = conn.hgetall(&inv).await.expect("HGETALL");
+
+    assert_eq!(
+        gate.reserve(&buy("F2"), None).await.expect("reserve"),
+        Reserve::NotRebuilt
+    );
+    let release = gate
+        .release(product, &buy("F1").request_id, &ReleaseOf::Hold { hold })
+        .await
+        .expect("release");
+    assert_eq!(release, Release::NotLoaded);
+    let restock = gate
+        .restock(
+            product,
+            &RequestId::parse("restock", "R1").expect("id"),
+            3,
+            g1,
+        )
+        .await
+        .expect("restock");
+    assert_eq!(restock, Restock::NotLoaded);
+    assert!(!gate.adjust(product, 4, 1).await.expect("adjust"));
+    let after: Vec<(String, String)> = conn.hgetall(&inv).await.expect("HGETALL");
+    assert_eq!(before, after, "nothing changed the foreign entry");
+    assert!(
+        gate.state(product)
+            .await
+            .expect("state")
+            .expect("entry")
+            .server_changed
+    );
+
+    let adopt = Script::new(flashsale_redis::calls::ADOPT.source);
+    let refused: i64 = adopt
+        .key(&inv)
+        .arg("another:writer")
+        .invoke_async(&mut conn)
+        .await
+        .expect("adopt");
+    assert_eq!(refused, 0, "a stamp that is not the entry's is not adopted");
+    let adopted: i64 = adopt
+        .key(&inv)
+        .arg("feed:beef")
+        .invoke_async(&mut conn)
+        .await
+        .expect("adopt");
+    assert_eq!(adopted, 1);
+    let now: String = conn.hget(&inv, "srv").await.expect("HGET");
+    assert_eq!(
+        now, mine,
+        "the stamp is the serving process's, run_id:replid"
+    );
+    assert!(mine.contains(':'), "{mine}");
+    assert_eq!(
+        gate.release(product, &buy("F1").request_id, &ReleaseOf::Hold { hold })
+            .await
+            .expect("release"),
+        Release::Released
+    );
+    let _ = delete_prefix(REDIS_URL, &prefix).await;
 }

@@ -46,7 +46,7 @@ impl World {
     /// none).
     fn gate(&self, lease: Duration) -> RedisGate {
         RedisGate::new(&GateConfig {
-            url: REDIS_URL.to_owned(),
+            target: flashsale_redis::Target::Node(REDIS_URL.to_owned()),
             prefix: self.prefix.clone(),
             record_ttl: Duration::from_secs(600),
             response_timeout: Duration::from_secs(5),
@@ -319,5 +319,41 @@ async fn rebuild_retire_and_the_reads_twice_change_nothing() {
             .map(|s| (s.generation, s.last_hold_id)),
         Some((hold.generation, hold.id.get()))
     );
+    w.cleanup().await;
+}
+
+// Checks adopt.lua twice: an entry stamped by another Redis process is taken over once
+// (its stamp becomes this process's), and the same call again answers "adopted" and
+// changes nothing. The script is called directly: on one Redis the adapter never calls
+// it, as no other primary can vouch for the writer.
+#[tokio::test]
+async fn adopt_twice_changes_nothing() {
+    let mut w = World::new().await;
+    let g = w.gate(Duration::ZERO);
+    g.load(product(), 2, generation(1)).await.expect("load");
+    let inv = format!("{}{{p:1}}:inv", w.prefix);
+    let _: () = w.conn.hset(&inv, "srv", "feed:beef").await.expect("HSET");
+    let adopt = redis::Script::new(flashsale_redis::calls::ADOPT.source);
+    let conn = w.conn.clone();
+    twice(
+        &mut w,
+        || {
+            let mut conn = conn.clone();
+            let adopt = &adopt;
+            let inv = inv.clone();
+            async move {
+                adopt
+                    .key(&inv)
+                    .arg("feed:beef")
+                    .invoke_async::<i64>(&mut conn)
+                    .await
+                    .expect("adopt.lua")
+            }
+        },
+        |x, y| (*x, *y) == (1, 1),
+    )
+    .await;
+    let state = g.state(product()).await.expect("state").expect("entry");
+    assert!(!state.server_changed, "the entry is this process's now");
     w.cleanup().await;
 }

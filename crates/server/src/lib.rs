@@ -123,7 +123,7 @@ pub async fn connect_ledger(config: &Config) -> Result<MysqlLedger, String> {
 
 fn gate_for(config: &Config) -> Result<RedisGate, String> {
     RedisGate::new(&GateConfig {
-        url: config.redis_url.clone(),
+        target: config.redis.clone(),
         prefix: config.redis_prefix.clone(),
         record_ttl: config.redis_record_ttl,
         sold_out_lease: config.sold_out_lease,
@@ -255,7 +255,7 @@ pub async fn build(config: &Config) -> Result<App, String> {
     if config.strategy == Strategy::Flashsale && !config.sold_out_lease.is_zero() {
         // Detached: it runs as long as the runtime, like the server itself.
         flashsale_redis::revoke::listen(
-            &config.redis_url,
+            &config.redis,
             &config.redis_prefix,
             Arc::new(NudgeWhenHeard {
                 inner: service.lease_listener(),

@@ -298,6 +298,17 @@ impl GateMaintenance for FaultyGate {
         .await
     }
 
+    async fn adopt(&self, product_id: ProductId) -> Result<bool, GateError> {
+        through(
+            &self.ctx,
+            Port::Gate,
+            "gate.adopt",
+            || format!("p{product_id}"),
+            || self.inner.adopt(product_id),
+        )
+        .await
+    }
+
     async fn rebuild(&self, product_id: ProductId, plan: &RebuildPlan) -> Result<bool, GateError> {
         through(
             &self.ctx,

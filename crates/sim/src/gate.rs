@@ -111,7 +111,7 @@ impl Wire for Conn<'_> {
         self.gate.eval(call)
     }
 
-    async fn query(&self, cmds: &[Cmd], _atomic: bool) -> Result<Vec<Value>, GateError> {
+    async fn query(&self, _at: &str, cmds: &[Cmd], _atomic: bool) -> Result<Vec<Value>, GateError> {
         // One lock for the whole pipeline: nothing runs between its commands.
         let now = self.gate.now_ms();
         let redis = lock(&self.gate.redis);
@@ -477,6 +477,10 @@ impl GateMaintenance for MemGate {
 
     async fn retire(&self, product_id: ProductId) -> Result<bool, GateError> {
         self.layout.retire(&self.conn(), product_id).await
+    }
+
+    async fn adopt(&self, product_id: ProductId) -> Result<bool, GateError> {
+        self.layout.adopt(&self.conn(), product_id).await
     }
 
     async fn rebuild(&self, product_id: ProductId, plan: &RebuildPlan) -> Result<bool, GateError> {

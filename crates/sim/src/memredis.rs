@@ -389,18 +389,26 @@ impl Server {
                 ]))
             }
             "INFO" => {
-                need(args.len() <= 1)?;
-                let section = args
-                    .first()
-                    .map(|s| String::from_utf8_lossy(s).to_lowercase());
-                let text = match section.as_deref() {
-                    Some("server") => format!("# Server\r\nrun_id:{}\r\n", self.run_id),
-                    Some("memory") => "# Memory\r\nmaxmemory_policy:noeviction\r\n".to_owned(),
-                    _ => format!(
-                        "# Server\r\nrun_id:{}\r\n\r\n# Memory\r\nmaxmemory_policy:noeviction\r\n",
+                // The sections the scripts read, each named or all when none is; a
+                // process's replication id is its run_id here (one never replicates).
+                let sections: Vec<String> = args
+                    .iter()
+                    .map(|s| String::from_utf8_lossy(s).to_lowercase())
+                    .collect();
+                let wanted = |name: &str| sections.is_empty() || sections.iter().any(|s| s == name);
+                let mut text = String::new();
+                if wanted("server") {
+                    text.push_str(&format!("# Server\r\nrun_id:{}\r\n\r\n", self.run_id));
+                }
+                if wanted("replication") {
+                    text.push_str(&format!(
+                        "# Replication\r\nrole:master\r\nmaster_replid:{}\r\n\r\n",
                         self.run_id
-                    ),
-                };
+                    ));
+                }
+                if wanted("memory") {
+                    text.push_str("# Memory\r\nmaxmemory_policy:noeviction\r\n\r\n");
+                }
                 Ok(bulk(text.as_bytes()))
             }
             "PUBLISH" => {

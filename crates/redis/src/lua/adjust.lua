@@ -8,15 +8,17 @@
 -- Units added end the product's sold-out lease, and a revocation is published (see
 -- reserve.lua).
 -- Returns 1 adjusted | 0 refused (would go below zero, or the count moved) | -1 stock
--- not loaded.
+-- not loaded, or written by another Redis process.
 local d, from = tonumber(ARGV[1]), tonumber(ARGV[4])
 if not d or d % 1 ~= 0 or not ARGV[2] or ARGV[2] == '' or not tonumber(ARGV[3])
    or not from or from % 1 ~= 0 then
   return redis.error_reply('ERR flashsale adjust: invalid delta')
 end
-local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen')
+local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen', 'srv')
 local avail = tonumber(inv[1])
 if not avail then return -1 end
+-- Another process wrote the entry: not before it is rebuilt or adopted (see release.lua).
+if inv[3] and inv[3] ~= stamp() then return -1 end
 if avail ~= from or avail + d < 0 then return 0 end
 redis.call('HINCRBY', KEYS[1], 'avail', d)
 if d > 0 and redis.call('HDEL', KEYS[1], 'lease') == 1 then

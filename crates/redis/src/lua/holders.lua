@@ -12,7 +12,7 @@ if not max or max < 0 or max % 1 ~= 0 then
 end
 local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen', 'srv')
 if not tonumber(inv[1]) then return {-1} end
-local srv = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+local srv = stamp()
 local policy = string.match(redis.call('INFO', 'memory'), 'maxmemory_policy:([%w-]+)')
 if not inv[3] or srv ~= inv[3] or policy ~= 'noeviction' then return {-3} end
 local gen = inv[2] or '1'

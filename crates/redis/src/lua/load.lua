@@ -1,7 +1,7 @@
 -- First load of a product's stock (warm-up). Never overwrites an existing count.
 -- KEYS[1] inventory hash  ARGV[1] available  ARGV[2] generation  ARGV[3] record ttl ms
 -- Returns 1 loaded | 0 already present.
--- `srv` records which Redis process wrote the entry (see state.lua); `fresh` (ms, Redis's
+-- `srv` records which Redis process wrote the entry (see stamp.lua); `fresh` (ms, Redis's
 -- clock) is until when every hold record ever written for the product still exists: the
 -- product had no sales before this load, and records live `ttl` (see reserve.lua, which
 -- brings `fresh` forward if a later record gets a shorter lifetime).
@@ -11,7 +11,7 @@ local ttl = tonumber(ARGV[3])
 if not n or n < 0 or n % 1 ~= 0 or not gen or gen < 1 or gen % 1 ~= 0 or not ttl or ttl < 1 then
   return redis.error_reply('ERR flashsale load: invalid arguments')
 end
-local srv = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+local srv = stamp()
 if not srv then return redis.error_reply('ERR flashsale load: no run_id in INFO') end
 if redis.call('HSETNX', KEYS[1], 'avail', n) == 0 then return 0 end
 local clock = redis.call('TIME')

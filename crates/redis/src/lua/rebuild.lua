@@ -5,7 +5,7 @@
 -- ARGV[1] generation  ARGV[2] available  ARGV[3] next hold id base  ARGV[4] revocation
 -- channel  ARGV[5] product id  ARGV[6..] user, units pairs
 -- Returns 1 rebuilt | 0 refused (gate already at this generation or newer).
--- `srv` records which Redis process wrote the entry (see state.lua). A rebuilt entry has
+-- `srv` records which Redis process wrote the entry (see stamp.lua). A rebuilt entry has
 -- no `fresh` (see load.lua): the records of the lost state are gone, so a refusal can no
 -- longer vouch that a request never held units.
 -- The lost state may have granted a sold-out lease that instances still trust. The
@@ -31,7 +31,7 @@ for i = 6, #ARGV, 2 do
     return redis.error_reply('ERR flashsale rebuild: invalid user counts')
   end
 end
-local srv = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+local srv = stamp()
 if not srv then return redis.error_reply('ERR flashsale rebuild: no run_id in INFO') end
 local current = tonumber(redis.call('HGET', KEYS[1], 'gen') or '0')
 if current >= gen then return 0 end

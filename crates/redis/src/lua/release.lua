@@ -6,8 +6,8 @@
 -- ARGV[6] record ttl ms  ARGV[7] the hold's id  ARGV[8] the generation it was taken in
 -- ARGV[9] revocation channel  ARGV[10] product id
 -- Returns 1 released | 0 nothing to add (already released, or a rebuild counted the
--- units) | -1 no record of this hold | -2 not loaded, or the gate is behind the
--- release's generation (retry after the rebuild).
+-- units) | -1 no record of this hold | -2 not loaded, written by another Redis process,
+-- or behind the release's generation (retry after the rebuild).
 -- Units given back end the product's sold-out lease, and a revocation is published (see
 -- reserve.lua).
 local relgen = tonumber(ARGV[2])
@@ -18,9 +18,12 @@ if not relgen or relgen < 0 or not ttl or ttl < 1 or not hold or not hgen or not
    or ARGV[9] == '' or not tonumber(ARGV[10]) then
   return redis.error_reply('ERR flashsale release: invalid arguments')
 end
-local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen')
+local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen', 'srv')
 -- Without the inventory entry HINCRBY would create one holding just these units.
 if not inv[1] then return -2 end
+-- An entry another process wrote changes only once rebuilt or adopted (stamp.lua): a
+-- release taken here and then lost with a failover could not be told from one never made.
+if inv[3] and inv[3] ~= stamp() then return -2 end
 local gen = tonumber(inv[2] or '1')
 local rec = redis.call('HMGET', KEYS[3], 'u', 'q', 's', 'c', 'g', 'h')
 -- The record under the request_id is this hold's only if its id and generation match:

@@ -50,7 +50,7 @@ end
 -- a promoted replica) may be behind: its records and its sold-out lease may be gone, so
 -- it answers nothing until the gate watch has rebuilt the entry from the ledger (which
 -- revokes every lease of the lost state, see rebuild.lua).
-local srv = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+local srv = stamp()
 if inv[5] and srv ~= inv[5] then
   for i = 1, n do replies[i] = {-3} end
   return replies

@@ -1,8 +1,8 @@
 -- Adds units once per restock id, in the generation the restock was recorded in.
 -- KEYS[1] inventory hash  KEYS[2] restock marker  ARGV[1] quantity  ARGV[2] generation
 -- ARGV[3] revocation channel  ARGV[4] product id
--- Returns 1 applied | 0 already applied | -1 stock not loaded, or still in an older
--- generation than the restock's (retry after the rebuild) | -3 stale generation (a
+-- Returns 1 applied | 0 already applied | -1 stock not loaded, written by another Redis
+-- process, or still in an older generation than the restock's (retry after the rebuild) | -3 stale generation (a
 -- rebuild since the restock was recorded already counted it).
 -- The units end the product's sold-out lease, and a revocation is published (see
 -- reserve.lua).
@@ -13,8 +13,10 @@ if not q or q < 1 or q % 1 ~= 0 or not gen or not ARGV[3] or ARGV[3] == ''
   return redis.error_reply('ERR flashsale restock: invalid arguments')
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen')
+local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen', 'srv')
 if not inv[1] then return -1 end
+-- Another process wrote the entry: not before it is rebuilt or adopted (see release.lua).
+if inv[3] and inv[3] ~= stamp() then return -1 end
 local current = tonumber(inv[2] or '1')
 -- The rebuild that will count it has not landed yet: adding the units now would be
 -- overwritten by it.

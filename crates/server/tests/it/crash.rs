@@ -474,7 +474,7 @@ async fn clock_jump_on_one_instance_releases_nothing_early() {
     }
     // A hold whose attempt is still (as far as anyone knows) in flight.
     let gate = flashsale_redis::RedisGate::new(&flashsale_redis::GateConfig {
-        url: REDIS_URL.into(),
+        target: flashsale_redis::Target::Node(REDIS_URL.into()),
         prefix: prefix.clone(),
         record_ttl: Duration::from_secs(3600),
         response_timeout: Duration::from_secs(1),

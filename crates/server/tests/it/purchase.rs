@@ -430,7 +430,7 @@ async fn retry_completes_an_attempt_that_died_after_reserving() {
     let app = TestApp::spawn().await;
     app.create_product(1300, 3, Some(1)).await;
     let gate = RedisGate::new(&GateConfig {
-        url: crate::helpers::REDIS_URL.into(),
+        target: flashsale_redis::Target::Node(crate::helpers::REDIS_URL.into()),
         prefix: app.prefix.clone(),
         record_ttl: Duration::from_secs(3600),
         response_timeout: Duration::from_secs(1),

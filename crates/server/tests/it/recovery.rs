@@ -21,7 +21,7 @@ const FAST_RECOVERY: &[(&str, &str)] = &[("REQUEST_TIMEOUT", "1s"), ("RECOVERY_A
 
 fn gate(app: &TestApp) -> RedisGate {
     RedisGate::new(&GateConfig {
-        url: REDIS_URL.into(),
+        target: flashsale_redis::Target::Node(REDIS_URL.into()),
         prefix: app.prefix.clone(),
         record_ttl: Duration::from_secs(3600),
         response_timeout: Duration::from_secs(1),
@@ -501,7 +501,7 @@ async fn script_with_bad_arguments_writes_nothing() {
     let app = TestApp::spawn().await;
     app.create_product(2700, 5, Some(1)).await;
     let before = app.redis_dump().await;
-    let script = redis::Script::new(include_str!("../../../redis/src/lua/reserve.lua"));
+    let script = redis::Script::new(flashsale_redis::calls::RESERVE.source);
     // ARGV: ttl, sold-out lease, then quantity, user, limit, request_id per purchase;
     // the first purchase (request OK) is valid each time.
     let bad_args: [&[&str]; 7] = [
@@ -592,8 +592,8 @@ async fn refusals_stop_vouching_when_records_may_have_expired() {
     let app = TestApp::spawn().await;
     let mut conn = app.redis.clone();
     let inv = app.key(2800, "inv");
-    let load = redis::Script::new(include_str!("../../../redis/src/lua/load.lua"));
-    let reserve = redis::Script::new(include_str!("../../../redis/src/lua/reserve.lua"));
+    let load = redis::Script::new(flashsale_redis::calls::LOAD.source);
+    let reserve = redis::Script::new(flashsale_redis::calls::RESERVE.source);
     let loaded: i64 = load
         .key(&inv)
         .arg(1)
@@ -650,7 +650,7 @@ async fn committed_holds_leave_the_pending_index_early() {
     app.create_product(2900, 50, None).await;
     let mut conn = app.redis.clone();
     let pending = app.key(2900, "pending");
-    let reserve = redis::Script::new(include_str!("../../../redis/src/lua/reserve.lua"));
+    let reserve = redis::Script::new(flashsale_redis::calls::RESERVE.source);
     let orphan: redis::Value = reserve
         .key(app.key(2900, "inv"))
         .key(app.key(2900, "users"))
