@@ -16,7 +16,9 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Where `GET /metrics` is served instead of `listen` (None: on `listen`).
     pub metrics_listen: Option<SocketAddr>,
-    pub redis_url: String,
+    /// One Redis (`FLASHSALE_REDIS_URL`), or a Redis Cluster when
+    /// `FLASHSALE_REDIS_CLUSTER_NODES` names one.
+    pub redis: flashsale_redis::Target,
     pub database_url: String,
     pub redis_prefix: String,
     /// None: serve generates one and logs it once.
@@ -71,6 +73,7 @@ pub const KEYS: &[(&str, Option<&str>)] = &[
     ("listen", Some("127.0.0.1:8080")),
     ("metrics_listen", None),
     ("redis_url", Some("redis://127.0.0.1:6379")),
+    ("redis_cluster_nodes", None),
     (
         "database_url",
         Some("mysql://root@127.0.0.1:3306/flashsale"),
@@ -204,6 +207,35 @@ impl Raw {
 
 fn invalid(name: &str, message: impl std::fmt::Display) -> ConfigError {
     ConfigError(format!("{name}: {message}"))
+}
+
+/// `FLASHSALE_REDIS_CLUSTER_NODES`: `host:port` seed nodes, comma-separated, at least
+/// one and at most [`flashsale_redis::CLUSTER_SEEDS_MAX`].
+fn cluster_nodes(value: &str) -> Result<Vec<String>, String> {
+    let nodes: Vec<&str> = value.split(',').map(str::trim).collect();
+    if nodes.len() > flashsale_redis::CLUSTER_SEEDS_MAX {
+        return Err(format!(
+            "at most {} seed nodes",
+            flashsale_redis::CLUSTER_SEEDS_MAX
+        ));
+    }
+    nodes
+        .into_iter()
+        .map(|node| {
+            let bad = || {
+                format!("{node:?} is not a node like 127.0.0.1:7000 (host:port, comma-separated)")
+            };
+            let (host, port) = node.rsplit_once(':').ok_or_else(bad)?;
+            let host_ok = !host.is_empty()
+                && host.chars().all(|c| {
+                    c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '[' | ']' | ':')
+                });
+            match port.parse::<u16>() {
+                Ok(p) if p > 0 && host_ok => Ok(node.to_owned()),
+                _ => Err(bad()),
+            }
+        })
+        .collect()
 }
 
 /// `FLASHSALE_FALLBACK_AFTER` (`off`, or a duration) and
@@ -348,6 +380,12 @@ impl Config {
         if !(redis_url.starts_with("redis://") || redis_url.starts_with("rediss://")) {
             return Err(invalid(name, "must start with redis:// or rediss://"));
         }
+        let redis = match raw.get("redis_cluster_nodes") {
+            None => flashsale_redis::Target::Node(redis_url.to_owned()),
+            Some((name, nodes)) => flashsale_redis::Target::Cluster(
+                cluster_nodes(nodes).map_err(|message| invalid(name, message))?,
+            ),
+        };
         let (name, database_url) = raw.value("database_url");
         if !database_url.starts_with("mysql://") {
             return Err(invalid(name, "must start with mysql://"));
@@ -498,7 +536,7 @@ impl Config {
         Ok(Self {
             listen,
             metrics_listen,
-            redis_url: redis_url.to_owned(),
+            redis,
             database_url: database_url.to_owned(),
             redis_prefix: redis_prefix.to_owned(),
             admin_token,
@@ -672,7 +710,10 @@ mod tests {
             let parsed = Config::from_parts(None, &env);
             assert_eq!(parsed.is_ok(), ok, "{metrics}: {parsed:?}");
         }
-        assert_eq!(c.redis_url, "redis://127.0.0.1:6379");
+        assert_eq!(
+            c.redis,
+            flashsale_redis::Target::Node("redis://127.0.0.1:6379".into())
+        );
         assert_eq!(c.database_url, "mysql://root@127.0.0.1:3306/flashsale");
         assert_eq!(c.payment_timeout, Duration::from_secs(15 * 60));
         assert_eq!(c.max_quantity_per_order, 5);
@@ -964,6 +1005,15 @@ mod tests {
             ("FLASHSALE_MAX_QUANTITY_PER_ORDER", "0"),
             ("FLASHSALE_LISTEN", "nowhere"),
             ("FLASHSALE_REDIS_URL", "http://x"),
+            ("FLASHSALE_REDIS_CLUSTER_NODES", ""),
+            ("FLASHSALE_REDIS_CLUSTER_NODES", "127.0.0.1"),
+            (
+                "FLASHSALE_REDIS_CLUSTER_NODES",
+                "127.0.0.1:7000,,127.0.0.1:7001",
+            ),
+            ("FLASHSALE_REDIS_CLUSTER_NODES", "redis://127.0.0.1:7000"),
+            ("FLASHSALE_REDIS_CLUSTER_NODES", "127.0.0.1:0"),
+            ("FLASHSALE_REDIS_CLUSTER_NODES", "127.0.0.1:70000"),
             ("FLASHSALE_DATABASE_URL", "postgres://x"),
             ("FLASHSALE_ADMIN_TOKEN", "short"),
             ("FLASHSALE_LOG_FORMAT", "xml"),
