@@ -10,6 +10,8 @@
 //! * fault injection: [`TcpProxy`] (cut or blackhole a connection),
 //!   [`PrivateRedis`] and [`PrivateMariadb`] (own processes that a test may
 //!   kill -9, restart or pause);
+//! * a real cluster: [`RedisCluster`] (three primaries, three replicas, own
+//!   processes: kill a primary and wait for its failover, move a slot live);
 //! * [`free_port`] for anything else that needs a port.
 //!
 //! Nothing here is meant for production code: it is a dev-dependency only.
@@ -21,6 +23,7 @@ mod nats_server;
 mod port;
 mod process;
 mod proxy;
+mod redis_cluster;
 mod redis_server;
 
 pub use db::TestDb;
@@ -29,4 +32,5 @@ pub use mariadb::PrivateMariadb;
 pub use nats_server::PrivateNats;
 pub use port::free_port;
 pub use proxy::TcpProxy;
+pub use redis_cluster::RedisCluster;
 pub use redis_server::PrivateRedis;

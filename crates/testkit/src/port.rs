@@ -1,4 +1,5 @@
 use std::collections::HashSet;
+use std::io;
 use std::net::{Ipv4Addr, TcpListener};
 use std::sync::{Mutex, OnceLock};
 
@@ -11,6 +12,25 @@ const FALLBACK_PORT_LOW: u16 = 20_000;
 const FALLBACK_PORT_SPAN: u16 = 10_000;
 /// Ports asked of the OS before giving up on one this process never handed out.
 const FRESH_PORT_ATTEMPTS: usize = 64;
+
+/// What Redis Cluster adds to a node's client port to get its cluster bus port (fixed
+/// by Redis unless `cluster-port` is set, which the testkit does not do).
+pub(crate) const CLUSTER_BUS_OFFSET: u16 = 10_000;
+/// Lowest client port [`cluster_port`] hands out.
+///
+/// The OS's own pick (`127.0.0.1:0`) does not do for a cluster node: it comes from the
+/// ephemeral range (32768-60999 here), often above 55535, where `N + 10000` does not
+/// exist and redis-server refuses to start or the cluster never forms.
+const CLUSTER_PORT_LOW: u16 = 20_000;
+/// One past the highest client port [`cluster_port`] hands out: with it, both `N` and
+/// the bus port `N + 10000` (30000-32767) stay below Linux's default ephemeral range
+/// (32768-60999), so no outgoing connection's source port takes either between the
+/// check and redis-server's bind.
+const CLUSTER_PORT_END: u16 = 22_768;
+/// Random candidates tried by [`cluster_port`] before it gives up: with ~2,800
+/// candidates and a few dozen in use at most, running out means the range is taken by
+/// something else.
+const CLUSTER_PORT_ATTEMPTS: usize = 200;
 
 /// Every port this process handed out: a private server a test killed keeps its port
 /// for its restart, and the OS would gladly give that port, free meanwhile, to another
@@ -63,6 +83,64 @@ pub fn free_port() -> u16 {
             let port = FALLBACK_PORT_LOW + rand::random_range(0..FALLBACK_PORT_SPAN);
             tracing::warn!(error = %e, port, "could not ask the OS for a free port; guessing one");
             port
+        }
+    }
+}
+
+/// Returns a port `N` of 127.0.0.1, from 20000-22767, such that both `N` and its
+/// cluster bus port `N + 10000` were free a moment ago and neither was handed out by
+/// this process before (by this function or [`free_port`]); both are recorded as
+/// handed out.
+///
+/// Why: a Redis Cluster node listens on two ports, and the bus port must exist and be
+/// free too (see [`CLUSTER_PORT_LOW`] and [`CLUSTER_PORT_END`] for why the range is
+/// fixed rather than asked of the OS). As with [`free_port`], another process can take
+/// either port before redis-server binds it, so callers retry with a new port when the
+/// server exits at start.
+pub(crate) fn cluster_port() -> io::Result<u16> {
+    let mut ports = handed_out().lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..CLUSTER_PORT_ATTEMPTS {
+        let port = rand::random_range(CLUSTER_PORT_LOW..CLUSTER_PORT_END);
+        let bus = port + CLUSTER_BUS_OFFSET;
+        if ports.contains(&port) || ports.contains(&bus) {
+            continue;
+        }
+        // Both bound at once: the port is good only if both are free together.
+        let both = TcpListener::bind((Ipv4Addr::LOCALHOST, port))
+            .and_then(|a| TcpListener::bind((Ipv4Addr::LOCALHOST, bus)).map(|b| (a, b)));
+        if both.is_ok() {
+            ports.insert(port);
+            ports.insert(bus);
+            return Ok(port);
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AddrNotAvailable,
+        format!(
+            "no free pair of ports N, N+{CLUSTER_BUS_OFFSET} with N in \
+             {CLUSTER_PORT_LOW}-{} after {CLUSTER_PORT_ATTEMPTS} tries",
+            CLUSTER_PORT_END - 1
+        ),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_ports_are_distinct_in_range_and_bindable() {
+        let mut seen = HashSet::new();
+        for _ in 0..12 {
+            let port = cluster_port().unwrap();
+            assert!((CLUSTER_PORT_LOW..CLUSTER_PORT_END).contains(&port));
+            let bus = port + CLUSTER_BUS_OFFSET;
+            assert!(
+                seen.insert(port) && seen.insert(bus),
+                "{port} handed out twice"
+            );
+            TcpListener::bind((Ipv4Addr::LOCALHOST, port)).unwrap();
+            TcpListener::bind((Ipv4Addr::LOCALHOST, bus)).unwrap();
         }
     }
 }
