@@ -20,6 +20,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
 use hyper::client::conn::http1::{self, Connection, SendRequest};
 use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST, RETRY_AFTER};
+use hyper::http::uri::Authority;
 use hyper::{Method, Request, Uri};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -74,22 +75,7 @@ impl Client {
         connect_timeout: Duration,
         exchange_timeout: Duration,
     ) -> Result<Self, String> {
-        let uri: Uri = base_url
-            .parse()
-            .map_err(|e| format!("base URL {base_url:?}: {e}"))?;
-        if uri.scheme_str() != Some("http") {
-            return Err(format!(
-                "base URL {base_url:?}: the load generator speaks plain http:// only"
-            ));
-        }
-        let authority = uri
-            .authority()
-            .ok_or_else(|| format!("base URL {base_url:?}: no host"))?;
-        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
-            return Err(format!(
-                "base URL {base_url:?}: give the server's root (http://host:port), no path"
-            ));
-        }
+        let authority = root_authority(base_url)?;
         let port = authority.port_u16().unwrap_or(80);
         let host = HeaderValue::from_str(authority.as_str())
             .map_err(|e| format!("base URL {base_url:?}: {e}"))?;
@@ -172,6 +158,40 @@ impl Client {
             .await
             .map_err(|e| Failure::Connect(e.to_string()))
     }
+}
+
+/// Checks `base_url` names a server's root over plain HTTP (`http://host[:port]`, a
+/// trailing `/` allowed) and returns it without the slash: the form the reports print
+/// and in which two URLs naming the same server compare equal.
+pub fn parse_base_url(base_url: &str) -> Result<String, String> {
+    root_authority(base_url).map(|authority| format!("http://{authority}"))
+}
+
+/// The `host[:port]` of a server's root URL, or why `base_url` is not one.
+fn root_authority(base_url: &str) -> Result<Authority, String> {
+    if base_url.is_empty() {
+        return Err("empty base URL: give a server's root, http://host:port".into());
+    }
+    let uri: Uri = base_url
+        .parse()
+        .map_err(|e| format!("base URL {base_url:?}: {e}"))?;
+    if uri.scheme_str() != Some("http") {
+        return Err(format!(
+            "base URL {base_url:?}: the load generator speaks plain http:// only"
+        ));
+    }
+    let authority = uri
+        .authority()
+        .ok_or_else(|| format!("base URL {base_url:?}: no host"))?;
+    if authority.host().is_empty() {
+        return Err(format!("base URL {base_url:?}: no host"));
+    }
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Err(format!(
+            "base URL {base_url:?}: give the server's root (http://host:port), no path"
+        ));
+    }
+    Ok(authority.clone())
 }
 
 /// One request and its whole answer on `conn`, the connection driven meanwhile by this
@@ -264,6 +284,13 @@ mod tests {
         }
         let c = Client::new("http://localhost", 4, SECOND, SECOND).unwrap();
         assert_eq!(c.authority, "localhost:80");
+        assert_eq!(
+            parse_base_url("http://127.0.0.1:8080/").as_deref(),
+            Ok("http://127.0.0.1:8080")
+        );
+        for bad in ["", "http://", "http:///", "https://127.0.0.1:8080"] {
+            assert!(parse_base_url(bad).is_err(), "{bad:?} was taken");
+        }
     }
 
     /// Serves `answers` on one accepted connection after another: for each connection, a
