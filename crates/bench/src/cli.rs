@@ -15,6 +15,10 @@ const DURATION_MAX: Duration = Duration::from_secs(crate::stats::TIMELINE_SECOND
 /// Most concurrent connections / requests in flight: beyond this the client's sockets
 /// and the 2-core box are the bottleneck, not the server.
 const CONCURRENCY_MAX: u64 = 16_384;
+/// Most servers one run may spread its load over (`--base-url` given several times, or
+/// `--instances`): a flash sale served by a handful of instances is the case studied; each
+/// target has its own connection pool and its own row in the report.
+pub const TARGETS_MAX: usize = 16;
 /// At most this many `--rounds`: a rush comparison round takes about two and a half
 /// minutes, so nine are over twenty minutes; more rounds narrow a median little further.
 pub const ROUNDS_MAX: u32 = 9;

@@ -250,11 +250,12 @@ async fn run_one(
             extra_env: &spec.server_env,
             log_level: &args.server_log_level,
             log_path: spec.server_log.as_deref(),
+            instances: 1,
         })
         .await?;
         eprintln!(
             "flashsale-bench: server pid {} on {} (database {}, Redis prefix {})",
-            s.pid, s.base_url, s.env.database_url, s.env.redis_prefix
+            s.first.pid, s.first.base_url, s.env.database_url, s.env.redis_prefix
         );
         Some(s)
     } else {
@@ -303,10 +304,10 @@ async fn run_against(
     let baseline = spec.strategy.is_some_and(|s| s.is_baseline());
     let (base_url, token, env, pid) = match spawned {
         Some(s) => (
-            s.base_url.clone(),
+            s.first.base_url.clone(),
             Some(s.admin_token.clone()),
             s.env.clone(),
-            Some(s.pid),
+            Some(s.first.pid),
         ),
         None => (
             args.base_url.trim_end_matches('/').to_owned(),
@@ -453,9 +454,9 @@ async fn run_against(
         );
     }
     let hz = probes::clock_ticks_per_s();
-    let cpu_before = probes::cpu_snapshot(pid);
+    let cpu_before = probes::cpu_snapshot(pid.as_slice());
     let outcome = load::run(plan, load_http, live.clone(), watcher).await;
-    let cpu_after = probes::cpu_snapshot(pid);
+    let cpu_after = probes::cpu_snapshot(pid.as_slice());
     bar.finish_and_clear();
 
     let redis_after = redis_snapshot(&mut redis).await;

@@ -105,6 +105,7 @@ pub async fn run(args: &Args) -> Result<bool, String> {
         extra_env: &env,
         log_level: &args.server_log_level,
         log_path: args.server_log.as_deref(),
+        instances: 1,
     })
     .await?;
     let control = crate::load::control_client()?;
@@ -133,7 +134,7 @@ async fn sale(
     phase: Duration,
 ) -> Result<(Seen, Timeline), String> {
     let created = control
-        .post(format!("{}/v1/products", spawned.base_url))
+        .post(format!("{}/v1/products", spawned.first.base_url))
         .bearer_auth(&spawned.admin_token)
         .json(&json!({"product_id": PRODUCT, "name": "outage", "stock": STOCK}))
         .send()
@@ -155,7 +156,7 @@ async fn sale(
         .map(|_| {
             let (client, seen, stop, next) =
                 (client.clone(), seen.clone(), stop.clone(), next.clone());
-            let url = format!("{}/v1/purchases", spawned.base_url);
+            let url = format!("{}/v1/purchases", spawned.first.base_url);
             tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
                     let n = next.fetch_add(1, Ordering::Relaxed);
@@ -179,7 +180,7 @@ async fn sale(
             .map_err(|e| format!("restart redis-server: {e}"))?;
         let restarted = started.elapsed();
         eprintln!("flashsale-bench: redis-server restarted at {restarted:?}");
-        let back = back_in_gate_mode(control, &spawned.base_url, started).await?;
+        let back = back_in_gate_mode(control, &spawned.first.base_url, started).await?;
         tokio::time::sleep(phase).await;
         Ok::<_, String>(Timeline {
             killed,

@@ -408,6 +408,22 @@ pub fn proc_memory(pid: u32) -> Option<ProcMemory> {
         .map(|t| parse_proc_status(&t))
 }
 
+/// The memory of several server instances together: each figure summed over the
+/// processes that could be read (one that has exited is left out; a peak sum bounds
+/// their peak together from above). None when none could be read.
+pub fn servers_memory(pids: &[u32]) -> Option<ProcMemory> {
+    let read: Vec<ProcMemory> = pids.iter().filter_map(|&pid| proc_memory(pid)).collect();
+    if read.is_empty() {
+        return None;
+    }
+    let sum =
+        |field: fn(&ProcMemory) -> Option<u64>| read.iter().filter_map(field).reduce(|a, b| a + b);
+    Some(ProcMemory {
+        vm_hwm_kb: sum(|m| m.vm_hwm_kb),
+        vm_rss_kb: sum(|m| m.vm_rss_kb),
+    })
+}
+
 /// The server's own count of its answers to `endpoint` by outcome, out of `GET /metrics`
 /// text (`flashsale_http_responses_total{endpoint="…",outcome="…"} N` lines).
 pub fn responses_by_outcome(text: &str, endpoint: &str) -> BTreeMap<String, u64> {
@@ -485,11 +501,12 @@ fn stat_ticks(pid: &str) -> Option<u64> {
 /// machine with a huge process table.
 const PROC_ENTRIES_MAX: usize = 100_000;
 
-/// The CPU ticks used so far by `server_pid` (if any), this process, every process of
+/// The CPU ticks used so far by the servers (`server_pids`: none, one, or several
+/// instances, summed under "server" by [`cpu_seconds`]), this process, every process of
 /// each of `CPU_SERVICES`, and the whole machine. Linux only; elsewhere it is empty.
-pub fn cpu_snapshot(server_pid: Option<u32>) -> CpuSnapshot {
+pub fn cpu_snapshot(server_pids: &[u32]) -> CpuSnapshot {
     let mut ticks = BTreeMap::new();
-    if let Some(pid) = server_pid {
+    for &pid in server_pids {
         if let Some(t) = stat_ticks(&pid.to_string()) {
             ticks.insert(("server".to_owned(), pid), t);
         }
@@ -678,7 +695,7 @@ mod tests {
         );
         // This process itself is readable, and counts up.
         let me = std::process::id();
-        let snap = cpu_snapshot(Some(me));
+        let snap = cpu_snapshot(&[me]);
         assert!(snap.ticks.contains_key(&("server".to_owned(), me)));
         assert!(snap.ticks.contains_key(&("generator".to_owned(), me)));
         assert!(snap.machine_busy.is_some());

@@ -1,6 +1,7 @@
-//! The flashsale process: started with `--spawn` (own port, database, Redis prefix and
-//! NATS stream), stopped and cleaned up at the end; and `flashsale audit` run with the
-//! same configuration.
+//! The flashsale processes: started with `--spawn` (own database, Redis prefix and NATS
+//! stream; `--instances N` starts N servers on them, each on its own port with its own
+//! log), stopped and cleaned up at the end; and `flashsale audit` run with the same
+//! configuration.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -25,6 +26,8 @@ const AUDIT_TIMEOUT: Duration = Duration::from_secs(120);
 const LOG_TAIL_LINES: usize = 30;
 /// Bound on talking to NATS while deleting the spawned server's stream.
 const NATS_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most servers one spawn starts: as many as a run may spread its load over.
+pub const INSTANCES_MAX: u32 = crate::cli::TARGETS_MAX as u32;
 
 /// The configuration a flashsale process (server or audit) reads.
 #[derive(Debug, Clone)]
@@ -48,17 +51,27 @@ impl ServerEnv {
     }
 }
 
-/// A server started by the bench.
-pub struct Spawned {
+/// One `flashsale serve` process started by the bench.
+pub struct Instance {
     child: Child,
     pub pid: u32,
     pub base_url: String,
-    pub admin_token: String,
-    pub env: ServerEnv,
     pub log_path: PathBuf,
     /// The log is the bench's own temporary file (removed at the end), not a path the
     /// user asked for with --server-log (kept).
     log_is_temporary: bool,
+}
+
+/// The servers started by the bench: one, or several (`SpawnOptions::instances`)
+/// serving one sale from the same database, Redis prefix and NATS stream, which belong
+/// to the group and are removed once all of them have stopped.
+pub struct Spawned {
+    /// The first started: it created the database; the product is created through it.
+    pub first: Instance,
+    /// The others, in the order they were started.
+    pub others: Vec<Instance>,
+    pub admin_token: String,
+    pub env: ServerEnv,
     database_name: String,
     nats_url: String,
 }
@@ -74,7 +87,11 @@ pub struct SpawnOptions<'a> {
     /// Extra `KEY=VALUE` settings.
     pub extra_env: &'a [(String, String)],
     pub log_level: &'a str,
+    /// The log's path (with several instances, instance i's is `<path>.i`); None: a
+    /// temporary file each, removed at the end.
     pub log_path: Option<&'a Path>,
+    /// How many servers to start (1..=`INSTANCES_MAX`).
+    pub instances: u32,
 }
 
 fn free_port() -> Result<u16, String> {
@@ -91,12 +108,21 @@ fn tail(path: &Path) -> String {
 }
 
 /// Starts `bin serve` on a free port of 127.0.0.1 with a fresh database
-/// (`fs_bench_<hex>`), Redis prefix and NATS stream, and waits until it is ready.
+/// (`fs_bench_<hex>`), Redis prefix and NATS stream, and waits until it is ready; with
+/// `instances` above one, then starts the others on the same database, prefix and
+/// stream (once the first has created the database and run the migrations, so that
+/// they do not race for them) and waits until every one is ready.
 pub async fn spawn(opts: SpawnOptions<'_>) -> Result<Spawned, String> {
     if !opts.bin.is_file() {
         return Err(format!(
             "server binary {} not found: build it first (cargo build --release --bin flashsale), or pass --server-bin",
             opts.bin.display()
+        ));
+    }
+    if !(1..=INSTANCES_MAX).contains(&opts.instances) {
+        return Err(format!(
+            "instances: between 1 and {INSTANCES_MAX} servers, got {}",
+            opts.instances
         ));
     }
     let tag = format!("{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff);
@@ -111,13 +137,75 @@ pub async fn spawn(opts: SpawnOptions<'_>) -> Result<Spawned, String> {
             format!("FS_BENCH_{}", tag.to_uppercase()),
         )),
     };
-    let port = free_port()?;
     let admin_token = format!("bench-{:016x}", rand::random::<u64>());
+    let start = |number: u32| start_instance(&opts, &env, &admin_token, &tag, number);
+    let mut first = start(1)?;
+    if let Err(e) = first.wait_ready().await {
+        // Its log is kept: the error names it.
+        let sent = first.terminate();
+        first.wait_stopped(sent).await;
+        return Err(e);
+    }
+    let mut spawned = Spawned {
+        first,
+        others: Vec::new(),
+        admin_token: admin_token.clone(),
+        env: env.clone(),
+        database_name,
+        nats_url: opts.nats_url.to_owned(),
+    };
+    // Started together, then waited for: their startups overlap.
+    for number in 2..=opts.instances {
+        match start(number) {
+            Ok(instance) => spawned.others.push(instance),
+            Err(e) => {
+                spawned.finish(false, true).await;
+                return Err(e);
+            }
+        }
+    }
+    let mut failed = None;
+    for instance in &mut spawned.others {
+        if let Err(e) = instance.wait_ready().await {
+            failed = Some(e);
+            break;
+        }
+    }
+    if let Some(e) = failed {
+        // The logs are kept: the error names the failed one's.
+        spawned.finish(false, true).await;
+        return Err(e);
+    }
+    Ok(spawned)
+}
+
+/// Where instance `number` (from 1) of `instances` logs: the path asked for (with
+/// several instances, `<path>.<number>`, so that none overwrites another's), else a
+/// temporary file named after the spawn's `tag`.
+fn log_path(asked: Option<&Path>, instances: u32, tag: &str, number: u32) -> PathBuf {
+    match (asked, instances) {
+        (Some(path), 1) => path.to_path_buf(),
+        (Some(path), _) => {
+            let mut name = path.as_os_str().to_owned();
+            name.push(format!(".{number}"));
+            PathBuf::from(name)
+        }
+        (None, 1) => std::env::temp_dir().join(format!("flashsale-bench-{tag}.log")),
+        (None, _) => std::env::temp_dir().join(format!("flashsale-bench-{tag}-{number}.log")),
+    }
+}
+
+/// Starts instance `number` (from 1) of a spawn on a free port, without waiting for it.
+fn start_instance(
+    opts: &SpawnOptions<'_>,
+    env: &ServerEnv,
+    admin_token: &str,
+    tag: &str,
+    number: u32,
+) -> Result<Instance, String> {
+    let port = free_port()?;
     let log_is_temporary = opts.log_path.is_none();
-    let log_path = opts
-        .log_path
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| std::env::temp_dir().join(format!("flashsale-bench-{tag}.log")));
+    let log_path = log_path(opts.log_path, opts.instances, tag, number);
     let log = std::fs::File::create(&log_path)
         .map_err(|e| format!("server log {}: {e}", log_path.display()))?;
     let log_err = log
@@ -129,7 +217,7 @@ pub async fn spawn(opts: SpawnOptions<'_>) -> Result<Spawned, String> {
         // Its metrics on the API's own address, where the bench reads them (a variable
         // exported for a production server must not move them elsewhere).
         .env_remove("FLASHSALE_METRICS_LISTEN")
-        .env("FLASHSALE_ADMIN_TOKEN", &admin_token)
+        .env("FLASHSALE_ADMIN_TOKEN", admin_token)
         .env("FLASHSALE_NATS_URL", opts.nats_url)
         .env("RUST_LOG", opts.log_level)
         .stdin(Stdio::null())
@@ -154,26 +242,16 @@ pub async fn spawn(opts: SpawnOptions<'_>) -> Result<Spawned, String> {
     let pid = child
         .id()
         .ok_or_else(|| "the server exited at once".to_owned())?;
-    let base_url = format!("http://127.0.0.1:{port}");
-    let mut spawned = Spawned {
+    Ok(Instance {
         child,
         pid,
-        base_url,
-        admin_token,
-        env,
+        base_url: format!("http://127.0.0.1:{port}"),
         log_path,
         log_is_temporary,
-        database_name,
-        nats_url: opts.nats_url.to_owned(),
-    };
-    if let Err(e) = spawned.wait_ready().await {
-        spawned.shutdown(false).await;
-        return Err(e);
-    }
-    Ok(spawned)
+    })
 }
 
-impl Spawned {
+impl Instance {
     async fn wait_ready(&mut self) -> Result<(), String> {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(2))
@@ -205,13 +283,20 @@ impl Spawned {
         }
     }
 
-    /// Stops the server (SIGTERM, then SIGKILL after `STOP_MAX`) and, unless `keep`,
-    /// drops its database, deletes its Redis keys and its NATS stream. Problems are
-    /// printed, not returned: cleanup goes as far as it can.
-    pub async fn shutdown(mut self, keep: bool) {
+    /// Sends SIGTERM, unless the server has already exited (killed by a test, say: it is
+    /// reaped then); true when a signal was sent or none was needed.
+    fn terminate(&mut self) -> bool {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return true;
+        }
         // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped, so the
         // pid cannot have been reused) and a valid signal number.
-        let sent = unsafe { libc::kill(self.pid as libc::pid_t, libc::SIGTERM) } == 0;
+        unsafe { libc::kill(self.pid as libc::pid_t, libc::SIGTERM) == 0 }
+    }
+
+    /// Waits for the server to exit after [`Instance::terminate`] (`sent`: its result),
+    /// and kills it if it has not within `STOP_MAX`.
+    async fn wait_stopped(&mut self, sent: bool) {
         let exited = sent
             && matches!(
                 tokio::time::timeout(STOP_MAX, self.child.wait()).await,
@@ -226,6 +311,53 @@ impl Spawned {
                 eprintln!("flashsale-bench: kill server {}: {e}", self.pid);
             }
         }
+    }
+
+    /// Removes the log if it is the bench's own temporary file.
+    fn remove_temporary_log(&self) {
+        if self.log_is_temporary {
+            let _ = std::fs::remove_file(&self.log_path);
+        }
+    }
+}
+
+impl Spawned {
+    /// Every server, the first one first.
+    pub fn instances(&self) -> impl Iterator<Item = &Instance> {
+        std::iter::once(&self.first).chain(&self.others)
+    }
+
+    /// Every server's base URL, the first one first: the load's targets.
+    pub fn base_urls(&self) -> Vec<String> {
+        self.instances().map(|i| i.base_url.clone()).collect()
+    }
+
+    /// Every server's pid, the first one first.
+    pub fn pids(&self) -> Vec<u32> {
+        self.instances().map(|i| i.pid).collect()
+    }
+
+    /// Stops every server (SIGTERM, then SIGKILL after `STOP_MAX`; all at once, so the
+    /// drains overlap) and, unless `keep`, drops their database, deletes their Redis keys
+    /// and their NATS stream. Problems are printed, not returned: cleanup goes as far as
+    /// it can.
+    pub async fn shutdown(self, keep: bool) {
+        self.finish(keep, keep).await;
+    }
+
+    /// [`Spawned::shutdown`], the temporary logs kept when `keep_logs`.
+    async fn finish(mut self, keep: bool, keep_logs: bool) {
+        let first_sent = self.first.terminate();
+        let others_sent: Vec<bool> = self.others.iter_mut().map(Instance::terminate).collect();
+        self.first.wait_stopped(first_sent).await;
+        for (instance, sent) in self.others.iter_mut().zip(others_sent) {
+            instance.wait_stopped(sent).await;
+        }
+        if !keep_logs {
+            for instance in self.instances() {
+                instance.remove_temporary_log();
+            }
+        }
         if keep {
             eprintln!(
                 "flashsale-bench: kept database {}, Redis prefix {}, NATS stream {}",
@@ -235,6 +367,11 @@ impl Spawned {
             );
             return;
         }
+        self.clean_up().await;
+    }
+
+    /// Drops the database, deletes the Redis keys and the NATS stream.
+    async fn clean_up(&self) {
         match MysqlProbe::connect(&self.env.database_url).await {
             Ok(mut db) => {
                 if let Err(e) = db
@@ -277,9 +414,6 @@ impl Spawned {
                     "flashsale-bench: delete NATS stream {stream}: no answer within {NATS_TIMEOUT:?}"
                 ),
             }
-        }
-        if self.log_is_temporary {
-            let _ = std::fs::remove_file(&self.log_path);
         }
     }
 }
@@ -362,5 +496,24 @@ mod tests {
             "2026-11-29T13:48:34Z ERROR flashsale failed"
         );
         assert_eq!(strip_ansi("no violations\n"), "no violations\n");
+    }
+
+    // Checks each instance of a spawn gets a log of its own: the path asked for as given
+    // for one server, with the instance's number appended for several; temporary files
+    // named after the spawn's tag otherwise, numbered likewise.
+    #[test]
+    fn one_log_per_instance() {
+        let asked = Path::new("/tmp/s.log");
+        assert_eq!(log_path(Some(asked), 1, "ab", 1), asked);
+        assert_eq!(log_path(Some(asked), 3, "ab", 2), Path::new("/tmp/s.log.2"));
+        let temp = std::env::temp_dir();
+        assert_eq!(
+            log_path(None, 1, "ab", 1),
+            temp.join("flashsale-bench-ab.log")
+        );
+        assert_eq!(
+            log_path(None, 2, "ab", 2),
+            temp.join("flashsale-bench-ab-2.log")
+        );
     }
 }
