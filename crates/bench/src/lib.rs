@@ -342,7 +342,10 @@ async fn run_against(
         Mode::Open { max_in_flight, .. } => max_in_flight,
         Mode::Closed { connections } => connections,
     };
-    let load_http = load::load_client(&base_url, usize::try_from(pool).unwrap_or(usize::MAX))?;
+    let targets = load::Targets::new(
+        std::slice::from_ref(&base_url),
+        usize::try_from(pool).unwrap_or(usize::MAX),
+    )?;
     let http = load::control_client()?;
 
     // The ceiling creates nothing and measures no cost per order: no probes either.
@@ -403,7 +406,6 @@ async fn run_against(
         duration: sizes.duration,
         workload: workload.clone(),
         product_id,
-        base_url: base_url.clone(),
         follow_ups: sizes.follow_ups && !ceiling,
         target: spec.target,
         tokens: tokens.clone(),
@@ -455,7 +457,7 @@ async fn run_against(
     }
     let hz = probes::clock_ticks_per_s();
     let cpu_before = probes::cpu_snapshot(pid.as_slice());
-    let outcome = load::run(plan, load_http, live.clone(), watcher).await;
+    let outcome = load::run(plan, targets, live.clone(), watcher).await;
     let cpu_after = probes::cpu_snapshot(pid.as_slice());
     bar.finish_and_clear();
 

@@ -1,6 +1,7 @@
 //! The load itself: open loop (attempts on a fixed timeline, latency from the intended
 //! send time, a cap on requests in flight beyond which attempts are dropped and counted)
-//! or closed loop (N connections, each sending as soon as its previous answer arrived).
+//! or closed loop (N connections, each sending as soon as its previous answer arrived),
+//! spread round-robin over one or more servers of the same sale ([`Targets`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -61,7 +62,6 @@ pub struct LoadPlan {
     pub duration: Duration,
     pub workload: Workload,
     pub product_id: i64,
-    pub base_url: String,
     /// Mixed scenario: pay / cancel / leave each new order.
     pub follow_ups: bool,
     /// Purchase attempts, or `GET /healthz` for the HTTP ceiling (same driver, same
@@ -101,7 +101,7 @@ pub struct LoadOutcome {
 
 struct Shared {
     plan: LoadPlan,
-    http: Client,
+    targets: Targets,
     purchase_path: Uri,
     healthz_path: Uri,
     shards: Vec<Mutex<Recorder>>,
@@ -118,6 +118,17 @@ struct Answer {
     error: Option<String>,
 }
 
+/// One request as the load sends it: to which target, where, what, for which buyer.
+struct Request<'a> {
+    /// The target's index in [`Targets`].
+    target: usize,
+    path: &'a Uri,
+    /// The JSON body of a POST; None for a GET.
+    body: Option<&'a Bytes>,
+    /// The buyer, whose token (if the plan has tokens) authorizes the request.
+    user: Option<i64>,
+}
+
 /// One exchange's result.
 struct Exchange {
     /// 0: no HTTP answer.
@@ -126,10 +137,66 @@ struct Exchange {
     retry_after: Option<Duration>,
 }
 
-/// Builds the HTTP client for the load (`crate::http`): keep-alive connections reused
-/// across requests, as many idle ones kept as the load has concurrent requests.
-pub fn load_client(base_url: &str, pool: usize) -> Result<Client, String> {
-    Client::new(base_url, pool, CONNECT_TIMEOUT, CLIENT_TIMEOUT)
+/// The servers the load is spread over, in the order given (never none): several
+/// instances of one sale, each with its own HTTP client (`crate::http`: keep-alive
+/// connections reused across requests).
+pub struct Targets {
+    base_urls: Vec<String>,
+    clients: Vec<Client>,
+}
+
+impl Targets {
+    /// A client for each of `base_urls`, keeping at most `pool` idle connections each (the
+    /// load's concurrency: a target never has more requests in flight than that). Fails on
+    /// an empty list or a URL that is not a plain `http://host:port` root.
+    pub fn new(base_urls: &[String], pool: usize) -> Result<Self, String> {
+        if base_urls.is_empty() {
+            return Err("no base URL to send the load to".into());
+        }
+        let base_urls = base_urls
+            .iter()
+            .map(|url| crate::http::parse_base_url(url))
+            .collect::<Result<Vec<_>, _>>()?;
+        let clients = base_urls
+            .iter()
+            .map(|url| Client::new(url, pool, CONNECT_TIMEOUT, CLIENT_TIMEOUT))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Targets { base_urls, clients })
+    }
+
+    /// How many targets there are (at least one).
+    pub fn count(&self) -> usize {
+        self.clients.len()
+    }
+
+    pub fn base_urls(&self) -> &[String] {
+        &self.base_urls
+    }
+
+    /// The first target: the one the product is created through.
+    pub fn first(&self) -> &str {
+        // `new` refuses an empty list.
+        &self.base_urls[0]
+    }
+
+    /// The target of the `n`th worker (closed loop) or attempt (open loop).
+    pub fn of(&self, n: u64) -> usize {
+        round_robin(n, self.count())
+    }
+
+    fn client(&self, target: usize) -> &Client {
+        &self.clients[target]
+    }
+}
+
+/// Target index of the `n`th of a series dealt round-robin over `targets` (at least
+/// one): 0, 1, …, targets − 1, 0, 1, … — any `targets` consecutive ones cover each
+/// target once, so every server gets an equal share (±1).
+pub fn round_robin(n: u64, targets: usize) -> usize {
+    debug_assert!(targets > 0, "round-robin over no target");
+    let targets = u64::try_from(targets.max(1)).unwrap_or(u64::MAX);
+    // Below `targets`, itself a usize.
+    (n % targets) as usize
 }
 
 /// Builds the client of the run's few other calls (creating the product, the checks, the
@@ -156,10 +223,16 @@ impl Shared {
         lock(&self.shards[(intent % SHARDS as u64) as usize])
     }
 
-    /// One exchange: a POST of `body` as JSON, or a GET when there is no body. No whole
-    /// answer (a transport failure, a timeout, a body cut short): status 0, as unknown as
-    /// no answer at all.
-    async fn send(&self, path: &Uri, body: Option<&Bytes>, user: Option<i64>) -> Exchange {
+    /// One exchange of `req` with its target: a POST of the body as JSON, or a GET when
+    /// there is no body. No whole answer (a refused connection, a transport failure, a
+    /// timeout, a body cut short): status 0, as unknown as no answer at all.
+    async fn send(&self, req: &Request<'_>) -> Exchange {
+        let Request {
+            target,
+            path,
+            body,
+            user,
+        } = *req;
         let method = match body {
             Some(_) => Method::POST,
             None => Method::GET,
@@ -171,7 +244,8 @@ impl Shared {
             .zip(user)
             .and_then(|(tokens, user)| tokens.of(user));
         match self
-            .http
+            .targets
+            .client(target)
             .send(method, path, body.cloned(), authorization)
             .await
         {
@@ -188,22 +262,15 @@ impl Shared {
         }
     }
 
-    /// Sends `body` to `path` (a GET when `None`), re-sending after a 503 or no answer (at most
-    /// `RETRIES_503_MAX` times), and records every exchange. The first exchange's latency
-    /// counts from `intended` (open loop: its place on the timeline).
-    async fn exchange(
-        &self,
-        op: Op,
-        intent: u64,
-        path: &Uri,
-        body: Option<&Bytes>,
-        user: Option<i64>,
-        intended: Instant,
-    ) -> Exchange {
+    /// Sends `req`, re-sending it after a 503 or no answer (at most `RETRIES_503_MAX`
+    /// times, to the same target: its instance may have taken the request before the
+    /// answer was lost), and records every exchange. The first exchange's latency counts
+    /// from `intended` (open loop: its place on the timeline).
+    async fn exchange(&self, op: Op, intent: u64, req: Request<'_>, intended: Instant) -> Exchange {
         let mut sent_at = intended;
         let mut tries = 0;
         loop {
-            let ex = self.send(path, body, user).await;
+            let ex = self.send(&req).await;
             let now = Instant::now();
             let retry = ex.status == 0 || ex.status == 503;
             {
@@ -215,6 +282,9 @@ impl Shared {
                     now.saturating_duration_since(sent_at),
                     self.second(now),
                 );
+                if matches!(op, Op::Purchase | Op::Healthz) {
+                    shard.record_target_exchange(req.target, ex.status, ex.answer.error.as_deref());
+                }
                 if retry && tries < RETRIES_503_MAX {
                     shard.retries_503 += 1;
                 } else if retry {
@@ -243,21 +313,29 @@ impl Shared {
         }
     }
 
-    /// One attempt of the plan's target.
-    async fn attempt(&self, k: u64, intended: Instant) {
-        match self.plan.target {
-            Target::Purchase => self.purchase(k, intended).await,
+    /// Attempt `k` of the plan's kind, sent to `target`; recorded against the target with
+    /// the status its last exchange ended with.
+    async fn attempt(&self, k: u64, target: usize, intended: Instant) {
+        let status = match self.plan.target {
+            Target::Purchase => self.purchase(k, target, intended).await,
             Target::Healthz => {
                 // Every ceiling request is a new one: no request_id, nothing to repeat.
                 self.new_intents.fetch_add(1, Ordering::Relaxed);
-                self.exchange(Op::Healthz, k, &self.healthz_path, None, None, intended)
-                    .await;
+                let req = Request {
+                    target,
+                    path: &self.healthz_path,
+                    body: None,
+                    user: None,
+                };
+                self.exchange(Op::Healthz, k, req, intended).await.status
             }
-        }
+        };
+        self.shard(k).record_target_attempt(target, status);
     }
 
-    /// One purchase attempt, with its mixed-scenario follow-up.
-    async fn purchase(&self, k: u64, intended: Instant) {
+    /// One purchase attempt sent to `target`, with its mixed-scenario follow-up (to the
+    /// same target); returns the purchase's last status (0: no answer).
+    async fn purchase(&self, k: u64, target: usize, intended: Instant) -> u16 {
         let plan = &self.plan;
         let a = plan.workload.attempt(k);
         if a.is_retry {
@@ -275,18 +353,24 @@ impl Shared {
             .exchange(
                 Op::Purchase,
                 a.intent,
-                &self.purchase_path,
-                Some(&body),
-                Some(a.user_id),
+                Request {
+                    target,
+                    path: &self.purchase_path,
+                    body: Some(&body),
+                    user: Some(a.user_id),
+                },
                 intended,
             )
             .await;
+        let status = ex.status;
+        // Only an answer naming an order acknowledges one: no answer (status 0) is
+        // neither an order nor a refusal, and is counted as unknown.
         let Some(order_id) = ex
             .answer
             .order_id
-            .filter(|_| ex.status == 200 || ex.status == 201)
+            .filter(|_| status == 200 || status == 201)
         else {
-            return;
+            return status;
         };
         {
             let mut shard = self.shard(a.intent);
@@ -298,29 +382,32 @@ impl Shared {
             }
         }
         // Only the attempt that created the order decides its fate, once.
-        if !plan.follow_ups || ex.status != 201 {
-            return;
+        if !plan.follow_ups || status != 201 {
+            return status;
         }
         let (op, verb) = match plan.workload.follow_up(a.intent) {
             FollowUp::Pay => (Op::Pay, "pay"),
             FollowUp::Cancel => (Op::Cancel, "cancel"),
             FollowUp::Expire => {
                 self.shard(a.intent).leave_to_expire(order_id, a.user_id);
-                return;
+                return status;
             }
         };
         let Ok(path) = format!("/v1/orders/{order_id}/{verb}").parse::<Uri>() else {
             // An order id is digits: its path always parses.
-            return;
+            return status;
         };
         let body = Bytes::from(format!(r#"{{"user_id":{}}}"#, a.user_id));
         let ex = self
             .exchange(
                 op,
                 a.intent,
-                &path,
-                Some(&body),
-                Some(a.user_id),
+                Request {
+                    target,
+                    path: &path,
+                    body: Some(&body),
+                    user: Some(a.user_id),
+                },
                 Instant::now(),
             )
             .await;
@@ -331,6 +418,7 @@ impl Shared {
                 _ => shard.cancelled += 1,
             }
         }
+        status
     }
 
     fn dropped(&self, k: u64) {
@@ -362,16 +450,18 @@ pub trait Watcher: Send + Sync {
     }
 }
 
-/// Runs the load to completion (every attempt taken, the duration cap, or Ctrl-C).
+/// Runs the load over `targets` to completion (every attempt taken, the duration cap,
+/// or Ctrl-C). A target that stops answering does not stop it: its attempts end with no
+/// answer, counted against it.
 pub async fn run(
     plan: LoadPlan,
-    http: Client,
+    targets: Targets,
     live: Arc<Live>,
     watcher: Arc<dyn Watcher>,
 ) -> LoadOutcome {
     let shared = Arc::new(Shared {
         plan,
-        http,
+        targets,
         purchase_path: Uri::from_static("/v1/purchases"),
         healthz_path: Uri::from_static("/healthz"),
         shards: (0..SHARDS)
@@ -465,16 +555,18 @@ async fn drain(tasks: &mut JoinSet<()>) -> u64 {
     abandoned
 }
 
-/// Starts the closed loop's workers; each stops when the attempts are all taken, the
-/// duration cap passes or the stop flag is set, and notes the first such reason in
-/// `stop_reason`.
+/// Starts the closed loop's workers, dealt round-robin over the targets (worker `w`
+/// sends to target `w mod targets` for the whole run, so each target gets an equal
+/// share of the connections); each stops when the attempts are all taken, the duration
+/// cap passes or the stop flag is set, and notes the first such reason in `stop_reason`.
 fn closed_loop(
     shared: &Arc<Shared>,
     connections: u64,
     tasks: &mut JoinSet<()>,
     stop_reason: &Arc<Mutex<Option<String>>>,
 ) {
-    for _ in 0..connections {
+    for worker in 0..connections {
+        let target = shared.targets.of(worker);
         let shared = shared.clone();
         let stop_reason = stop_reason.clone();
         tasks.spawn(async move {
@@ -492,12 +584,14 @@ fn closed_loop(
                 if k >= shared.plan.attempts {
                     return;
                 }
-                shared.attempt(k, Instant::now()).await;
+                shared.attempt(k, target, Instant::now()).await;
             }
         });
     }
 }
 
+/// Dispatches the attempts on the schedule, attempt `k` to target `k mod targets`;
+/// returns why it stopped before the end, if it did.
 async fn open_loop(
     shared: &Arc<Shared>,
     rate: f64,
@@ -528,8 +622,11 @@ async fn open_loop(
                 Ok(permit) => {
                     let shared = shared.clone();
                     let intended = shared.start + schedule.intended(k);
+                    // Attempts, not connections, are dealt round-robin here: the open
+                    // loop has no workers, and k mod targets spreads them evenly.
+                    let target = shared.targets.of(k);
                     tasks.spawn(async move {
-                        shared.attempt(k, intended).await;
+                        shared.attempt(k, target, intended).await;
                         drop(permit);
                     });
                 }
@@ -549,4 +646,215 @@ async fn open_loop(
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    // What: how the load deals its attempts over several servers, and what it counts
+    // when one of them stops answering. How: the round-robin by itself, then whole loads
+    // against tiny hand-written HTTP/1.1 servers on 127.0.0.1 — one that answers every
+    // purchase with a new order, one that answers a few and then "dies" (closes its
+    // listener and every connection, as a kill -9 would).
+    use super::*;
+    use std::collections::BTreeMap;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::sync::Notify;
+
+    // Checks the round-robin: 64 workers over 3 servers are 22, 21 and 21; any run of
+    // `targets` consecutive indices covers every server once; one server takes all.
+    #[test]
+    fn round_robin_spreads_evenly() {
+        let mut share = [0u64; 3];
+        for worker in 0..64 {
+            share[round_robin(worker, 3)] += 1;
+        }
+        assert_eq!(share, [22, 21, 21]);
+        for start in [0, 5, 1_000_003] {
+            let mut seen: Vec<usize> = (start..start + 4).map(|n| round_robin(n, 4)).collect();
+            seen.sort_unstable();
+            assert_eq!(seen, [0, 1, 2, 3], "from {start}");
+        }
+        assert!((0..10).all(|n| round_robin(n, 1) == 0));
+    }
+
+    // Checks the targets are built from the URLs in the order given (a trailing slash
+    // dropped), and that none or a bad one is refused.
+    #[test]
+    fn targets_need_at_least_one_plain_http_root() {
+        let urls = |list: &[&str]| list.iter().map(|u| (*u).to_owned()).collect::<Vec<_>>();
+        let t = Targets::new(&urls(&["http://127.0.0.1:1/", "http://127.0.0.1:2"]), 4)
+            .expect("two targets");
+        assert_eq!(t.count(), 2);
+        assert_eq!(t.first(), "http://127.0.0.1:1");
+        assert_eq!(t.base_urls(), ["http://127.0.0.1:1", "http://127.0.0.1:2"]);
+        assert_eq!(t.of(3), 1);
+        assert!(Targets::new(&[], 4).is_err());
+        assert!(Targets::new(&urls(&["http://127.0.0.1:1", "ftp://x"]), 4).is_err());
+    }
+
+    /// Reads one request (headers and a Content-Length body) from `socket`; false at the
+    /// end of the connection.
+    async fn read_request(socket: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                if buf.len() >= end + 4 + length {
+                    buf.drain(..end + 4 + length);
+                    return true;
+                }
+            }
+            match socket.read(&mut chunk).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    /// A server answering every request with a new order (201 and a fresh order id from
+    /// `orders`), until it has taken `dies_after` requests (if given): then it closes its
+    /// listener and every connection without answering, as a server killed with SIGKILL.
+    async fn fake_server(orders: Arc<AtomicU64>, dies_after: Option<u64>) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let taken = Arc::new(AtomicU64::new(0));
+        let died = Arc::new(Notify::new());
+        tokio::spawn(async move {
+            let mut connections = JoinSet::new();
+            loop {
+                let socket = tokio::select! {
+                    accepted = listener.accept() => match accepted {
+                        Ok((socket, _)) => socket,
+                        Err(_) => break,
+                    },
+                    () = died.notified() => break,
+                };
+                let (orders, taken, died) = (orders.clone(), taken.clone(), died.clone());
+                connections.spawn(async move {
+                    let mut socket = socket;
+                    let mut buf = Vec::new();
+                    while read_request(&mut socket, &mut buf).await {
+                        let n = taken.fetch_add(1, Ordering::SeqCst);
+                        if dies_after.is_some_and(|max| n >= max) {
+                            died.notify_one();
+                            return;
+                        }
+                        let body = format!(
+                            r#"{{"order_id":{}}}"#,
+                            orders.fetch_add(1, Ordering::SeqCst) + 1
+                        );
+                        let answer = format!(
+                            "HTTP/1.1 201 Created\r\ncontent-length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        if socket.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+            // Dead: the listener is dropped here and every connection with it.
+            connections.abort_all();
+        });
+        url
+    }
+
+    struct Quiet;
+    impl Watcher for Quiet {
+        fn tick(&self, _: &Live, _: Duration) {}
+    }
+
+    fn plan(mode: Mode, attempts: u64) -> LoadPlan {
+        LoadPlan {
+            mode,
+            attempts,
+            duration: Duration::from_secs(30),
+            workload: Workload {
+                tag: "T".into(),
+                seed: 1,
+                users: 1000,
+                // Every attempt a request_id of its own: each 201 a distinct order.
+                retry_share: 0.0,
+                pay_share: 0.0,
+                cancel_share: 0.0,
+            },
+            product_id: 1,
+            follow_ups: false,
+            target: Target::Purchase,
+            tokens: None,
+        }
+    }
+
+    // Checks a load over two servers, one of which dies after 10 requests, in the closed
+    // and the open loop: the run goes on to its last attempt; the attempts split over
+    // both servers (the closed loop's 4 connections 2 and 2); every attempt is counted
+    // against one server and ends in an order or in no answer; the dead server's last
+    // attempts end with no answer, which is neither an order nor a refusal (every
+    // acknowledged order is one the servers created, and no 4xx is recorded); and its
+    // exchanges without an answer include the re-sends.
+    #[tokio::test]
+    async fn a_server_that_dies_mid_run_costs_only_its_own_attempts() {
+        for mode in [
+            Mode::Closed { connections: 4 },
+            Mode::Open {
+                rate: 2000.0,
+                max_in_flight: 64,
+            },
+        ] {
+            const ATTEMPTS: u64 = 120;
+            let orders = Arc::new(AtomicU64::new(0));
+            let urls = vec![
+                fake_server(orders.clone(), None).await,
+                fake_server(orders.clone(), Some(10)).await,
+            ];
+            let targets = Targets::new(&urls, 8).expect("targets");
+            let out = run(
+                plan(mode, ATTEMPTS),
+                targets,
+                Arc::new(Live::default()),
+                Arc::new(Quiet),
+            )
+            .await;
+            let rec = &out.recorder;
+            assert_eq!(out.taken, ATTEMPTS, "{mode:?}");
+            assert_eq!(out.stopped_early, None, "{mode:?}");
+            let [alive, dead] = [&rec.targets[0], &rec.targets[1]];
+            assert_eq!(alive.attempts + dead.attempts, ATTEMPTS, "{mode:?}");
+            assert!(alive.attempts > 0 && dead.attempts > 0, "{mode:?}");
+            assert_eq!(alive.outcomes, BTreeMap::from([(201, alive.attempts)]));
+            let dead_orders = dead.outcomes.get(&201).copied().unwrap_or(0);
+            let unknown = dead.outcomes.get(&0).copied().unwrap_or(0);
+            assert!(dead_orders <= 10, "{mode:?}: {dead:?}");
+            assert!(unknown > 0, "{mode:?}: {dead:?}");
+            assert_eq!(dead_orders + unknown, dead.attempts, "{mode:?}: {dead:?}");
+            // Each unknown attempt was sent 1 + RETRIES_503_MAX times without an answer.
+            assert_eq!(
+                dead.statuses.get(&0).copied(),
+                Some(unknown * u64::from(RETRIES_503_MAX + 1)),
+                "{mode:?}: {dead:?}"
+            );
+            // Only answered orders are acknowledged: as many as the servers created.
+            assert_eq!(rec.created, alive.attempts + dead_orders, "{mode:?}");
+            assert_eq!(rec.acks.len() as u64, rec.created, "{mode:?}");
+            assert_eq!(rec.created, orders.load(Ordering::SeqCst), "{mode:?}");
+            assert_eq!(rec.gave_up, unknown, "{mode:?}");
+            let purchases = rec.op(Op::Purchase);
+            assert!(
+                !purchases.statuses.keys().any(|s| (400..500).contains(s)),
+                "{mode:?}: {:?}",
+                purchases.statuses
+            );
+            if mode == (Mode::Closed { connections: 4 }) {
+                // The dead server's two connections each lose one attempt per
+                // 1 + RETRIES_503_MAX tries: the live one takes most of the run.
+                assert!(alive.attempts > dead.attempts, "{alive:?} {dead:?}");
+            }
+        }
+    }
 }

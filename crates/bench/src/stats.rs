@@ -100,6 +100,50 @@ impl Default for OpStats {
     }
 }
 
+/// What one target of the load (one base URL) got of the run's main requests:
+/// purchases, or `GET /healthz` for the ceiling. Follow-ups (pay, cancel) go to the
+/// target of their purchase but are not counted here, so that the exchanges can be set
+/// against that server's own count of its purchase answers.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TargetStats {
+    /// Attempts sent to it (each once, however often it was re-sent).
+    pub attempts: u64,
+    /// Attempts by the HTTP status of their last exchange; 0 is no answer even after
+    /// the last re-send: the outcome is unknown, neither an order nor a refusal.
+    pub outcomes: BTreeMap<u16, u64>,
+    /// Every exchange (re-sends included) by HTTP status; 0 is no HTTP answer.
+    pub statuses: BTreeMap<u16, u64>,
+    /// Error code of every exchange's JSON answer → count.
+    pub errors: BTreeMap<String, u64>,
+}
+
+impl TargetStats {
+    /// Attempts that ended without a definite answer: none at all (0), or a 5xx still
+    /// after the last re-send. Each may have taken stock that no answer accounts for.
+    pub fn unknown(&self) -> u64 {
+        self.outcomes
+            .iter()
+            .filter(|(status, _)| **status == 0 || (500..=599).contains(*status))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    fn add(&mut self, other: TargetStats) {
+        self.attempts += other.attempts;
+        for (map, theirs) in [
+            (&mut self.outcomes, other.outcomes),
+            (&mut self.statuses, other.statuses),
+        ] {
+            for (status, n) in theirs {
+                *map.entry(status).or_default() += n;
+            }
+        }
+        for (code, n) in other.errors {
+            *self.errors.entry(code).or_default() += n;
+        }
+    }
+}
+
 /// An acknowledged request_id answered with another order than before.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Conflict {
@@ -133,6 +177,9 @@ pub struct Recorder {
     pub left_to_expire: u64,
     /// (order id, user id) of a sample of the orders left to expire.
     pub expire_sample: Vec<(i64, i64)>,
+    /// By target index (the load's base URLs in order); a target that got nothing yet
+    /// may be missing from the end.
+    pub targets: Vec<TargetStats>,
 }
 
 impl Recorder {
@@ -181,6 +228,37 @@ impl Recorder {
         if op == Op::Purchase && status == 201 {
             bucket.orders += 1;
         }
+    }
+
+    fn target(&mut self, target: usize) -> &mut TargetStats {
+        if self.targets.len() <= target {
+            self.targets.resize_with(target + 1, TargetStats::default);
+        }
+        &mut self.targets[target]
+    }
+
+    /// Records one exchange of a main request (purchase or `GET /healthz`) with
+    /// `target`: `status` 0 means no HTTP answer. [`Recorder::record`] records it too.
+    pub fn record_target_exchange(&mut self, target: usize, status: u16, error: Option<&str>) {
+        let t = self.target(target);
+        *t.statuses.entry(status).or_default() += 1;
+        if let Some(code) = error {
+            // No allocation once the code is known: most answers of a rush carry one.
+            match t.errors.get_mut(code) {
+                Some(n) => *n += 1,
+                None => {
+                    t.errors.insert(code.to_owned(), 1);
+                }
+            }
+        }
+    }
+
+    /// Records an attempt sent to `target` and the status its last exchange ended with
+    /// (0: no answer after the last re-send).
+    pub fn record_target_attempt(&mut self, target: usize, status: u16) {
+        let t = self.target(target);
+        t.attempts += 1;
+        *t.outcomes.entry(status).or_default() += 1;
     }
 
     /// Records an attempt the open loop could not send.
@@ -268,6 +346,9 @@ impl Recorder {
             if self.expire_sample.len() < EXPIRE_SAMPLE_MAX {
                 self.expire_sample.push(s);
             }
+        }
+        for (i, t) in other.targets.into_iter().enumerate() {
+            self.target(i).add(t);
         }
     }
 
@@ -477,5 +558,36 @@ mod tests {
             }
         );
         assert_eq!(a.shared_orders(), vec![(100, vec![1, 2])]);
+    }
+
+    // Checks the per-target counts: attempts and their last statuses, every exchange's
+    // status and error code, by target; merging shards adds them up target by target,
+    // including a target one shard never saw.
+    #[test]
+    fn targets_add_up_across_shards() {
+        let mut a = Recorder::default();
+        let mut b = Recorder::default();
+        a.record_target_exchange(0, 201, None);
+        a.record_target_attempt(0, 201);
+        a.record_target_exchange(0, 409, Some("sold_out"));
+        a.record_target_attempt(0, 409);
+        // Target 1: twice no answer, then a 409 after the re-send; then a lost attempt.
+        b.record_target_exchange(1, 0, None);
+        b.record_target_exchange(1, 409, Some("sold_out"));
+        b.record_target_attempt(1, 409);
+        b.record_target_exchange(1, 0, None);
+        b.record_target_attempt(1, 0);
+        b.record_target_exchange(0, 409, Some("sold_out"));
+        b.record_target_attempt(0, 409);
+        a.merge(b);
+        assert_eq!(a.targets.len(), 2);
+        let [zero, one] = [&a.targets[0], &a.targets[1]];
+        assert_eq!(zero.attempts, 3);
+        assert_eq!(zero.outcomes, BTreeMap::from([(201, 1), (409, 2)]));
+        assert_eq!(zero.errors["sold_out"], 2);
+        assert_eq!(one.attempts, 2);
+        assert_eq!(one.outcomes, BTreeMap::from([(0, 1), (409, 1)]));
+        assert_eq!(one.statuses, BTreeMap::from([(0, 2), (409, 1)]));
+        assert_eq!((zero.unknown(), one.unknown()), (0, 1));
     }
 }
