@@ -152,12 +152,32 @@ pub struct Args {
     /// and stop it and drop them at the end.
     #[arg(long)]
     pub spawn: bool,
+    /// With --spawn: start this many servers on the same fresh database, Redis prefix and
+    /// NATS stream, each on its own port with its own log (--server-log PATH becomes
+    /// PATH.1, PATH.2, …), and spread the load over them as over several --base-url.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1,
+        requires = "spawn",
+        conflicts_with_all = ["compare", "outage"]
+    )]
+    pub instances: u32,
     /// The flashsale binary, for --spawn and for the audit.
     #[arg(long, value_name = "PATH", default_value = "target/release/flashsale")]
     pub server_bin: PathBuf,
-    /// The server to drive (ignored with --spawn).
-    #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:8080")]
-    pub base_url: String,
+    /// The server to drive, as http://host:port (ignored with --spawn). Repeat the flag
+    /// for several instances of one sale (one URL per flag, no comma-separated lists):
+    /// the load is dealt round-robin over them — closed loop by connection, open loop by
+    /// attempt — and the report counts each one's attempts and outcomes. The product is
+    /// created through the first one.
+    #[arg(
+        long = "base-url",
+        value_name = "URL",
+        default_value = "http://127.0.0.1:8080",
+        value_parser = parse_base_url
+    )]
+    pub base_urls: Vec<String>,
     /// The server's admin token (ignored with --spawn).
     #[arg(long, env = "FLASHSALE_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
@@ -313,6 +333,16 @@ pub struct Args {
     pub outage_phase: Option<Duration>,
 }
 
+/// One `--base-url`: a plain `http://host:port` root, returned without a trailing `/`.
+fn parse_base_url(s: &str) -> Result<String, String> {
+    if s.contains(',') {
+        return Err(format!(
+            "{s:?}: one URL per --base-url; repeat the flag for several servers"
+        ));
+    }
+    crate::http::parse_base_url(s)
+}
+
 fn parse_key_value(s: &str) -> Result<(String, String), String> {
     let (k, v) = s
         .split_once('=')
@@ -431,6 +461,7 @@ impl Args {
         if !(1..=CONCURRENCY_MAX).contains(&self.connections) {
             return Err(format!("--connections must be 1..={CONCURRENCY_MAX}"));
         }
+        self.check_targets()?;
         if !(1..=CONCURRENCY_MAX).contains(&self.max_in_flight) {
             return Err(format!("--max-in-flight must be 1..={CONCURRENCY_MAX}"));
         }
@@ -476,6 +507,47 @@ impl Args {
             ));
         }
         Ok(s)
+    }
+
+    /// How many servers the load is spread over: --instances with --spawn, else the
+    /// --base-url count.
+    pub fn targets(&self) -> usize {
+        if self.spawn {
+            usize::try_from(self.instances).unwrap_or(usize::MAX)
+        } else {
+            self.base_urls.len()
+        }
+    }
+
+    /// --base-url and --instances: at least one server and at most `TARGETS_MAX`, no
+    /// URL twice (its server would get a double share, and two rows of the report would
+    /// count the same answers), and in the closed loop a connection for each.
+    fn check_targets(&self) -> Result<(), String> {
+        let flag = if self.spawn {
+            "--instances"
+        } else {
+            "--base-url"
+        };
+        let targets = self.targets();
+        if !(1..=TARGETS_MAX).contains(&targets) {
+            return Err(format!(
+                "{flag}: between 1 and {TARGETS_MAX} servers, got {targets}"
+            ));
+        }
+        if !self.spawn {
+            for (i, url) in self.base_urls.iter().enumerate() {
+                if self.base_urls[..i].contains(url) {
+                    return Err(format!("--base-url {url} is given twice"));
+                }
+            }
+        }
+        if self.rate.is_none() && self.connections < targets as u64 {
+            return Err(format!(
+                "--connections {} is fewer than the {targets} servers ({flag}): each needs a connection of its own",
+                self.connections
+            ));
+        }
+        Ok(())
     }
 
     /// The strategy of a spawned server, from `--server-env FLASHSALE_STRATEGY=…` (the
@@ -767,6 +839,122 @@ mod tests {
         ])
         .sizes()
         .expect("valid");
+    }
+
+    // Checks several servers on the command line: --base-url repeated gives the URLs in
+    // the order given, each without a trailing slash, and the default when none is
+    // given; --spawn --instances N counts N targets (ignoring --base-url).
+    #[test]
+    fn several_base_urls_in_order() {
+        let args = parse(&[
+            "rush",
+            "--base-url",
+            "http://127.0.0.1:8081/",
+            "--base-url",
+            "http://127.0.0.1:8082",
+            "--base-url",
+            "http://localhost:8083",
+        ]);
+        args.sizes().expect("valid");
+        assert_eq!(
+            args.base_urls,
+            [
+                "http://127.0.0.1:8081",
+                "http://127.0.0.1:8082",
+                "http://localhost:8083"
+            ]
+        );
+        assert_eq!(args.targets(), 3);
+        let default = parse(&["rush"]);
+        assert_eq!(default.base_urls, ["http://127.0.0.1:8080"]);
+        assert_eq!(default.targets(), 1);
+        let spawned = parse(&["rush", "--spawn", "--instances", "3"]);
+        spawned.sizes().expect("valid");
+        assert_eq!(spawned.targets(), 3);
+        assert_eq!(parse(&["rush", "--spawn"]).targets(), 1);
+    }
+
+    // Checks malformed servers are refused with a message that says what is wrong, by
+    // parsing them: an empty URL, a comma-separated list (one URL per flag), no scheme,
+    // https, a path, no host (clap errors carrying the parser's message); the same URL
+    // twice, more servers than connections in the closed loop (fine in the open loop),
+    // and --instances 0 or above the bound (sizes() errors naming the flag); --instances
+    // without --spawn or with --compare (clap errors).
+    #[test]
+    fn malformed_or_clashing_base_urls_are_refused() {
+        let cli = |args: &[&str]| {
+            Args::try_parse_from(std::iter::once("flashsale-bench").chain(args.iter().copied()))
+        };
+        for (url, says) in [
+            ("", "empty base URL"),
+            (
+                "http://127.0.0.1:8081,http://127.0.0.1:8082",
+                "one URL per --base-url",
+            ),
+            ("127.0.0.1:8081", "plain http:// only"),
+            ("https://127.0.0.1:8081", "plain http:// only"),
+            ("http://127.0.0.1:8081/v1", "no path"),
+            ("http://", "base URL"),
+        ] {
+            let err = cli(&[
+                "rush",
+                "--base-url",
+                "http://127.0.0.1:8080",
+                "--base-url",
+                url,
+            ])
+            .expect_err(url)
+            .to_string();
+            assert!(err.contains(says), "{url:?}: {err}");
+        }
+        let too_many = (TARGETS_MAX + 1).to_string();
+        for (args, says) in [
+            (
+                &[
+                    "rush",
+                    "--base-url",
+                    "http://127.0.0.1:8081",
+                    "--base-url",
+                    "http://127.0.0.1:8081/",
+                ][..],
+                "given twice",
+            ),
+            (
+                &[
+                    "rush",
+                    "--connections",
+                    "1",
+                    "--base-url",
+                    "http://127.0.0.1:8081",
+                    "--base-url",
+                    "http://127.0.0.1:8082",
+                ],
+                "--connections 1 is fewer than the 2 servers",
+            ),
+            (&["rush", "--spawn", "--instances", "0"], "--instances"),
+            (
+                &["rush", "--spawn", "--instances", &too_many],
+                "--instances",
+            ),
+        ] {
+            let err = parse(args).sizes().expect_err("refused");
+            assert!(err.contains(says), "{args:?}: {err}");
+        }
+        parse(&[
+            "rush",
+            "--rate",
+            "100",
+            "--connections",
+            "1",
+            "--base-url",
+            "http://127.0.0.1:8081",
+            "--base-url",
+            "http://127.0.0.1:8082",
+        ])
+        .sizes()
+        .expect("the open loop needs no connection per server");
+        assert!(cli(&["rush", "--instances", "2"]).is_err(), "needs --spawn");
+        assert!(cli(&["rush", "--spawn", "--compare", "--instances", "2"]).is_err());
     }
 
     // Checks bad values are refused with a message naming the flag.

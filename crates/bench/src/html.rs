@@ -623,6 +623,10 @@ pub fn report(r: &BenchResult) -> String {
     }
     h.push_str("</table>");
 
+    if r.targets.len() > 1 {
+        targets_table(&mut h, r);
+    }
+
     let a = &r.attempts;
     let o = &r.orders;
     h.push_str("<h2>Attempts and orders</h2><table>");
@@ -775,6 +779,35 @@ pub fn report(r: &BenchResult) -> String {
         escape(&config)
     );
     h
+}
+
+/// The servers the load was spread over: each one's attempts, how they ended (the last
+/// exchange's status; "no answer" is an unknown outcome), and every exchange's error
+/// codes — the text summary's table with the detail it leaves out.
+fn targets_table(h: &mut String, r: &BenchResult) {
+    h.push_str("<h2>Servers</h2><table><tr><th>base URL</th><th>attempts</th><th>last answer of each attempt</th><th>error codes (every exchange)</th><th>exchanges without an answer</th></tr>");
+    for t in &r.targets {
+        let outcomes: Vec<String> = t
+            .outcomes
+            .iter()
+            .map(|(s, n)| {
+                let s = if s == "0" { "no answer" } else { s.as_str() };
+                format!("{s}: {n}")
+            })
+            .collect();
+        let errors: Vec<String> = t.errors.iter().map(|(e, n)| format!("{e}: {n}")).collect();
+        row(
+            h,
+            &[
+                t.base_url.clone(),
+                t.attempts.to_string(),
+                outcomes.join(", "),
+                errors.join(", "),
+                t.statuses.get("0").copied().unwrap_or(0).to_string(),
+            ],
+        );
+    }
+    h.push_str("</table>");
 }
 
 /// The runs' names in a comparison: their labels, the second ceiling run's apart.
@@ -1137,6 +1170,25 @@ mod tests {
         assert!(html.contains("PASS"));
         assert!(html.contains("sold_out"));
         assert!(html.contains("Redis script calls per order"));
+        assert!(!html.contains("<h2>Servers</h2>"), "one server: no table");
+    }
+
+    // Checks the per-server table of the page, by rendering the sample with a second
+    // target that lost attempts: a "Servers" section with a row per base URL, its last
+    // answers ("no answer" spelled out) and its exchanges without an answer.
+    #[test]
+    fn report_lists_each_server() {
+        let mut r = sample();
+        let mut second = r.targets[0].clone();
+        second.base_url = "http://127.0.0.1:5678".into();
+        second.outcomes = [("0".into(), 7), ("201".into(), 3)].into();
+        second.statuses = [("0".into(), 28), ("201".into(), 3)].into();
+        r.targets.push(second);
+        let html = report(&r);
+        assert!(html.contains("<h2>Servers</h2>"), "{html}");
+        assert!(html.contains("<td>http://127.0.0.1:5678</td>"));
+        assert!(html.contains("<td>no answer: 7, 201: 3</td>"), "{html}");
+        assert!(html.contains("<td>28</td>"));
     }
 
     // Checks the comparison page: a ceiling and a flashsale run give a page whose two

@@ -7,6 +7,13 @@
 //! orders expired), run `flashsale audit`, then print a summary and write the JSON and
 //! HTML reports. Exit status 1 on any violation.
 //!
+//! Several servers of one sale (`--base-url` repeated, or `--spawn --instances N`) share
+//! the load round-robin — by connection in the closed loop, by attempt in the open loop —
+//! and the report counts each one's attempts and how they ended; a server that stops
+//! answering mid-run does not stop the run, its attempts end with no answer (unknown).
+//! The product is created through the first one. [`drive`] is the same run as a library
+//! call.
+//!
 //! `--ceiling` sends `GET /healthz` instead of purchases with the same driver (the HTTP
 //! ceiling: no product, no checks, no cost per order). `--compare` runs the ceiling and
 //! every purchase strategy (`FLASHSALE_STRATEGY`: http-post-ceiling — the purchase
@@ -41,7 +48,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Deserialize;
 
 use cli::{Args, RunSpec, Sizes, Target};
-use load::{Live, LoadOutcome, LoadPlan, Mode, Watcher};
+use load::{Live, LoadOutcome, LoadPlan, Mode, Targets, Watcher};
 use probes::{CommitCounters, MysqlProbe, OrdersProbe, RedisProbe, RedisSnapshot};
 use report::{
     AttemptCounts, AuditOutcome, BenchResult, Checks, Costs, Cpu, Inventory, Memory, OpResult,
@@ -88,6 +95,23 @@ const COST_NOTE: &str = "Redis calls and MariaDB commits are server-wide counter
 /// Set by the first Ctrl-C: a `--compare` starts no further run.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
+/// How a run is driven: from the command line (Ctrl-C handled by the bench) or by a
+/// library caller ([`drive`]: its own signals, and its own view of the live counters).
+struct Driver {
+    live: Arc<Live>,
+    /// Watch Ctrl-C: the first stops the load, the second exits.
+    ctrl_c: bool,
+}
+
+impl Driver {
+    fn command_line() -> Self {
+        Driver {
+            live: Arc::default(),
+            ctrl_c: true,
+        }
+    }
+}
+
 /// Runs the benchmark; Ok(true) when no violation was found, Ok(false) when one was,
 /// Err when the run could not be carried out. With --compare: Ok(false) only when the
 /// flashsale run found a violation (the baselines' results are reported, not judged),
@@ -103,9 +127,7 @@ pub async fn run(args: Args) -> Result<bool, String> {
     if args.compare {
         return run_compare(&args, &sizes, &runs, seed).await;
     }
-    let [spec] = <[RunSpec; 1]>::try_from(runs)
-        .map_err(|r| format!("expected one run without --compare, got {}", r.len()))?;
-    let result = run_one(&args, &sizes, &spec, seed).await?;
+    let result = run_single(&args, &sizes, runs, seed, Driver::command_line()).await?;
     print!("{}", report::summary_table(&result));
     print_failed_audit(&result, &mut std::io::stderr());
     if let Some(path) = &args.json {
@@ -115,6 +137,46 @@ pub async fn run(args: Args) -> Result<bool, String> {
         write_file(path, &html::report(&result))?;
     }
     Ok(result.passed)
+}
+
+/// One run as a library call, for a test that drives flashsale servers of its own: the
+/// run the command line makes of `args` (without --compare or --outage), e.g. a rush over
+/// three instances given as three `--base-url` (with `--admin-token`, and the
+/// `--database-url` and `--redis-prefix` they serve, which the checks and the audit
+/// read), the result returned instead of printed or written to files.
+///
+/// `live` holds the load's counters while it runs: the caller may watch them to act
+/// mid-run (kill an instance once answers flow: its attempts then end with no answer,
+/// counted against it in `BenchResult::targets`), and set `live.stop` to end the load
+/// early. Ctrl-C is left to the caller. Ok whatever the checks found (`passed` says);
+/// Err when the run could not be carried out.
+pub async fn drive(args: &Args, live: Arc<Live>) -> Result<BenchResult, String> {
+    if args.compare || args.outage {
+        return Err(
+            "drive makes one run: --compare and --outage are the command line's own".into(),
+        );
+    }
+    let sizes = args.sizes()?;
+    let runs = args.runs()?;
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let driver = Driver {
+        live,
+        ctrl_c: false,
+    };
+    run_single(args, &sizes, runs, seed, driver).await
+}
+
+/// The one run of `runs` (a single run, not a comparison).
+async fn run_single(
+    args: &Args,
+    sizes: &Sizes,
+    runs: Vec<RunSpec>,
+    seed: u64,
+    driver: Driver,
+) -> Result<BenchResult, String> {
+    let [spec] = <[RunSpec; 1]>::try_from(runs)
+        .map_err(|r| format!("expected one run without --compare, got {}", r.len()))?;
+    run_one(args, sizes, &spec, seed, driver).await
 }
 
 fn to_json<T: serde::Serialize>(v: &T) -> Result<String, String> {
@@ -170,7 +232,7 @@ async fn run_compare(
                 (round as usize - 1) * runs.len() + i + 1,
                 spec.label
             );
-            let result = run_one(args, sizes, spec, seed).await;
+            let result = run_one(args, sizes, spec, seed, Driver::command_line()).await;
             match &result {
                 Ok(r) => {
                     eprint!("{}", report::summary_table(r));
@@ -225,17 +287,23 @@ async fn run_compare(
     }
 }
 
-/// One run: start the server (with --spawn), drive the load, check, stop the server.
+/// One run: start the servers (with --spawn), drive the load, check, stop the servers.
 async fn run_one(
     args: &Args,
     sizes: &Sizes,
     spec: &RunSpec,
     seed: u64,
+    driver: Driver,
 ) -> Result<BenchResult, String> {
     let spawned = if args.spawn {
         eprintln!(
-            "flashsale-bench: starting {} serve ({}) …",
+            "flashsale-bench: starting {} serve{} ({}) …",
             args.server_bin.display(),
+            if args.instances > 1 {
+                format!(" × {}", args.instances)
+            } else {
+                String::new()
+            },
             match spec.strategy {
                 Some(s) => format!("strategy {}", s.name()),
                 None => "for the HTTP ceiling".to_owned(),
@@ -250,18 +318,20 @@ async fn run_one(
             extra_env: &spec.server_env,
             log_level: &args.server_log_level,
             log_path: spec.server_log.as_deref(),
-            instances: 1,
+            instances: args.instances,
         })
         .await?;
-        eprintln!(
-            "flashsale-bench: server pid {} on {} (database {}, Redis prefix {})",
-            s.first.pid, s.first.base_url, s.env.database_url, s.env.redis_prefix
-        );
+        for i in s.instances() {
+            eprintln!(
+                "flashsale-bench: server pid {} on {} (database {}, Redis prefix {})",
+                i.pid, i.base_url, s.env.database_url, s.env.redis_prefix
+            );
+        }
         Some(s)
     } else {
         None
     };
-    let result = run_against(args, sizes, spec, seed, spawned.as_ref()).await;
+    let result = run_against(args, sizes, spec, seed, spawned.as_ref(), driver).await;
     if let Some(s) = spawned {
         s.shutdown(args.keep).await;
     }
@@ -299,18 +369,19 @@ async fn run_against(
     spec: &RunSpec,
     seed: u64,
     spawned: Option<&Spawned>,
+    driver: Driver,
 ) -> Result<BenchResult, String> {
     let ceiling = spec.target == Target::Healthz;
     let baseline = spec.strategy.is_some_and(|s| s.is_baseline());
-    let (base_url, token, env, pid) = match spawned {
+    let (base_urls, token, env, pids) = match spawned {
         Some(s) => (
-            s.first.base_url.clone(),
+            s.base_urls(),
             Some(s.admin_token.clone()),
             s.env.clone(),
-            Some(s.first.pid),
+            s.pids(),
         ),
         None => (
-            args.base_url.trim_end_matches('/').to_owned(),
+            args.base_urls.clone(),
             args.admin_token.clone(),
             ServerEnv {
                 database_url: args.database_url.clone(),
@@ -318,7 +389,7 @@ async fn run_against(
                 redis_prefix: args.redis_prefix.clone(),
                 nats: None,
             },
-            args.server_pid,
+            args.server_pid.into_iter().collect(),
         ),
     };
     let product_id = args.product_id.unwrap_or_else(|| {
@@ -342,10 +413,11 @@ async fn run_against(
         Mode::Open { max_in_flight, .. } => max_in_flight,
         Mode::Closed { connections } => connections,
     };
-    let targets = load::Targets::new(
-        std::slice::from_ref(&base_url),
-        usize::try_from(pool).unwrap_or(usize::MAX),
-    )?;
+    let targets = Targets::new(&base_urls, usize::try_from(pool).unwrap_or(usize::MAX))?;
+    // As the targets have them: each a root without a trailing slash.
+    let base_urls = targets.base_urls().to_vec();
+    // The product and every admin call go through the first target.
+    let base_url = targets.first().to_owned();
     let http = load::control_client()?;
 
     // The ceiling creates nothing and measures no cost per order: no probes either.
@@ -410,11 +482,17 @@ async fn run_against(
         target: spec.target,
         tokens: tokens.clone(),
     };
-    let live = Arc::new(Live::default());
-    let _watch = AbortOnDrop(watch_ctrl_c(
-        live.clone(),
-        pid.filter(|_| spawned.is_some()),
-    ));
+    let live = driver.live;
+    let _watch = driver.ctrl_c.then(|| {
+        AbortOnDrop(watch_ctrl_c(
+            live.clone(),
+            if spawned.is_some() {
+                pids.clone()
+            } else {
+                Vec::new()
+            },
+        ))
+    });
     let bar = if args.no_progress {
         ProgressBar::hidden()
     } else {
@@ -429,7 +507,7 @@ async fn run_against(
     let watcher = Arc::new(Progress {
         bar: bar.clone(),
         total: sizes.attempts,
-        pid,
+        pids: pids.clone(),
     });
     let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let mode_text = match mode {
@@ -438,6 +516,10 @@ async fn run_against(
             max_in_flight,
         } => format!("open loop at {rate}/s (in-flight cap {max_in_flight})"),
         Mode::Closed { connections } => format!("closed loop with {connections} connections"),
+    };
+    let mode_text = match targets.count() {
+        1 => mode_text,
+        n => format!("{mode_text}, round-robin over {n} servers"),
     };
     if ceiling {
         eprintln!(
@@ -456,15 +538,15 @@ async fn run_against(
         );
     }
     let hz = probes::clock_ticks_per_s();
-    let cpu_before = probes::cpu_snapshot(pid.as_slice());
+    let cpu_before = probes::cpu_snapshot(&pids);
     let outcome = load::run(plan, targets, live.clone(), watcher).await;
-    let cpu_after = probes::cpu_snapshot(pid.as_slice());
+    let cpu_after = probes::cpu_snapshot(&pids);
     bar.finish_and_clear();
 
     let redis_after = redis_snapshot(&mut redis).await;
     let commits_after = commits(&mut mysql).await;
     let keys_after = count_keys(&mut redis, &env.redis_prefix).await;
-    let proc = pid.and_then(probes::proc_memory);
+    let proc = probes::servers_memory(&pids);
 
     let mut checks = Checks::default();
     let mut inventory = None;
@@ -508,7 +590,7 @@ async fn run_against(
         check_server_counts(
             &mut checks,
             &http,
-            &base_url,
+            &base_urls,
             rec,
             spawned.is_some() && outcome.abandoned == 0,
         )
@@ -572,7 +654,7 @@ async fn run_against(
         mode,
         product_id,
         seed,
-        base_url: &base_url,
+        base_urls: &base_urls,
         spawned: spawned.is_some(),
         started_at,
         outcome: &outcome,
@@ -589,9 +671,9 @@ async fn run_against(
 }
 
 /// First Ctrl-C: stop dispatching, finish and report (a `--compare` starts no further
-/// run). Second: exit at once (killing a spawned server, whose database and keys are
+/// run). Second: exit at once (killing the spawned servers, whose database and keys are
 /// then left behind).
-fn watch_ctrl_c(live: Arc<Live>, spawned_pid: Option<u32>) -> tokio::task::JoinHandle<()> {
+fn watch_ctrl_c(live: Arc<Live>, spawned_pids: Vec<u32>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_err() {
             return;
@@ -602,9 +684,9 @@ fn watch_ctrl_c(live: Arc<Live>, spawned_pid: Option<u32>) -> tokio::task::JoinH
         if tokio::signal::ctrl_c().await.is_err() {
             return;
         }
-        if let Some(pid) = spawned_pid {
-            // SAFETY: kill(2) on the server we spawned, with a valid signal number; this
-            // task is aborted when its run ends, before the server is reaped.
+        for pid in spawned_pids {
+            // SAFETY: kill(2) on a server we spawned, with a valid signal number; this
+            // task is aborted when its run ends, before the servers are reaped.
             unsafe {
                 libc::kill(pid as libc::pid_t, libc::SIGKILL);
             }
@@ -617,7 +699,8 @@ fn watch_ctrl_c(live: Arc<Live>, spawned_pid: Option<u32>) -> tokio::task::JoinH
 struct Progress {
     bar: ProgressBar,
     total: u64,
-    pid: Option<u32>,
+    /// The servers whose memory is sampled (summed).
+    pids: Vec<u32>,
 }
 
 impl Watcher for Progress {
@@ -637,9 +720,7 @@ impl Watcher for Progress {
     }
 
     fn rss_kb(&self) -> Option<u64> {
-        self.pid
-            .and_then(probes::proc_memory)
-            .and_then(|m| m.vm_rss_kb)
+        probes::servers_memory(&self.pids).and_then(|m| m.vm_rss_kb)
     }
 }
 
@@ -743,16 +824,16 @@ const BASELINE_INVENTORY_NOTE: &str = "the baselines keep no reservation rows an
     Redis's (http-post-ceiling moves nothing), so the API's inventory view (available from \
     Redis, reserved and sold from MariaDB) does not add up by design";
 
-/// The server's own count of its purchase answers (`GET /metrics`) against what the
-/// generator received, outcome by outcome: `created` = the 201s, `replayed` = the 200s,
-/// each error code = the answers carrying it. Only on a server the bench spawned (its
-/// counters start with the run) whose every attempt was answered (`comparable`; an
-/// exchange lost in transit or abandoned at the drain bound may have been answered and
-/// counted).
+/// Each server's own count of its purchase answers (`GET /metrics`) against what the
+/// generator received from it, outcome by outcome: `created` = the 201s, `replayed` =
+/// the 200s, each error code = the answers carrying it. Only on servers the bench
+/// spawned (their counters start with the run) when no attempt was abandoned at the
+/// drain bound (`comparable`), and only for a server whose every exchange was answered
+/// (one lost in transit may have been answered and counted).
 async fn check_server_counts(
     checks: &mut Checks,
     http: &reqwest::Client,
-    base_url: &str,
+    base_urls: &[String],
     rec: &Recorder,
     comparable: bool,
 ) {
@@ -763,49 +844,58 @@ async fn check_server_counts(
         ));
         return;
     }
-    let purchases = rec.op(Op::Purchase);
-    if purchases.statuses.get(&0).copied().unwrap_or(0) > 0 {
-        checks.skipped.push(format!(
-            "{what}: some attempts got no answer, which the server may still have counted"
-        ));
-        return;
-    }
-    let text = match http.get(format!("{base_url}/metrics")).send().await {
-        Ok(r) if r.status().is_success() => r.text().await.ok(),
-        _ => None,
-    };
-    let Some(text) = text else {
-        checks
-            .client_violations
-            .push(format!("{what}: GET /metrics did not answer"));
-        return;
-    };
-    let server = probes::responses_by_outcome(&text, "purchase");
-    match compare_counts(purchases, &server) {
-        Ok(answered) => checks.client_passed.push(format!(
-            "{what} agrees with the generator's, outcome by outcome ({answered} answers)"
-        )),
-        Err(client) => checks.client_violations.push(format!(
-            "{what} differs from the generator's: server {server:?}, generator {client:?}"
-        )),
+    let nothing = stats::TargetStats::default();
+    for (i, base_url) in base_urls.iter().enumerate() {
+        let at = if base_urls.len() > 1 {
+            format!(" at {base_url}")
+        } else {
+            String::new()
+        };
+        let sent = rec.targets.get(i).unwrap_or(&nothing);
+        if sent.statuses.get(&0).copied().unwrap_or(0) > 0 {
+            checks.skipped.push(format!(
+                "{what}{at}: some attempts got no answer, which the server may still have counted"
+            ));
+            continue;
+        }
+        let text = match http.get(format!("{base_url}/metrics")).send().await {
+            Ok(r) if r.status().is_success() => r.text().await.ok(),
+            _ => None,
+        };
+        let Some(text) = text else {
+            checks
+                .client_violations
+                .push(format!("{what}{at}: GET /metrics did not answer"));
+            continue;
+        };
+        let server = probes::responses_by_outcome(&text, "purchase");
+        match compare_counts(&sent.statuses, &sent.errors, &server) {
+            Ok(answered) => checks.client_passed.push(format!(
+                "{what}{at} agrees with the generator's, outcome by outcome ({answered} answers)"
+            )),
+            Err(client) => checks.client_violations.push(format!(
+                "{what}{at} differs from the generator's: server {server:?}, generator {client:?}"
+            )),
+        }
     }
 }
 
-/// The generator's purchase answers by the server's outcome names (`created` for 201,
-/// `replayed` for 200, else the error code) against the server's: Ok(answers) when they
-/// are equal, Err(the generator's) when not.
+/// The generator's purchase answers from one server (`statuses`, `errors`) by the
+/// server's outcome names (`created` for 201, `replayed` for 200, else the error code)
+/// against the server's: Ok(answers) when they are equal, Err(the generator's) when not.
 fn compare_counts(
-    purchases: &stats::OpStats,
+    statuses: &BTreeMap<u16, u64>,
+    errors: &BTreeMap<String, u64>,
     server: &BTreeMap<String, u64>,
 ) -> Result<u64, BTreeMap<String, u64>> {
-    let mut client: BTreeMap<String, u64> = purchases.errors.clone();
+    let mut client: BTreeMap<String, u64> = errors.clone();
     for (status, outcome) in [(201, "created"), (200, "replayed")] {
-        if let Some(&n) = purchases.statuses.get(&status) {
+        if let Some(&n) = statuses.get(&status) {
             client.insert(outcome.to_owned(), n);
         }
     }
     if &client == server {
-        Ok(purchases.statuses.values().sum())
+        Ok(statuses.values().sum())
     } else {
         Err(client)
     }
@@ -1226,7 +1316,8 @@ struct Built<'a> {
     mode: Mode,
     product_id: i64,
     seed: u64,
-    base_url: &'a str,
+    /// The load's targets, the first one (product, admin calls) first.
+    base_urls: &'a [String],
     spawned: bool,
     started_at: String,
     outcome: &'a LoadOutcome,
@@ -1345,7 +1436,7 @@ fn build_result(b: Built<'_>) -> BenchResult {
                 .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
             quick: b.args.quick,
             spawned: b.spawned,
-            base_url: b.base_url.into(),
+            base_url: b.base_urls.first().cloned().unwrap_or_default(),
             product_id: b.product_id,
             seed: b.seed,
             target: b.spec.target.name().into(),
@@ -1366,6 +1457,7 @@ fn build_result(b: Built<'_>) -> BenchResult {
             orders_per_s: orders as f64 / secs,
         },
         ops,
+        targets: target_results(b.base_urls, &rec.targets),
         orders: OrderCounts {
             acknowledged: rec.acks.len() as u64,
             created: rec.created,
@@ -1413,6 +1505,29 @@ fn build_result(b: Built<'_>) -> BenchResult {
     }
 }
 
+/// Each target's figures for the report, in the order of `base_urls` (a target that got
+/// nothing has zeros).
+fn target_results(base_urls: &[String], stats: &[stats::TargetStats]) -> Vec<report::TargetResult> {
+    let named = |m: &BTreeMap<u16, u64>| -> BTreeMap<String, u64> {
+        m.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    };
+    let nothing = stats::TargetStats::default();
+    base_urls
+        .iter()
+        .enumerate()
+        .map(|(i, url)| {
+            let t = stats.get(i).unwrap_or(&nothing);
+            report::TargetResult {
+                base_url: url.clone(),
+                attempts: t.attempts,
+                outcomes: named(&t.outcomes),
+                statuses: named(&t.statuses),
+                errors: t.errors.clone(),
+            }
+        })
+        .collect()
+}
+
 /// CPU seconds by name as µs per one of `n` things; empty when `n` is 0.
 fn per_unit(seconds: &BTreeMap<String, f64>, n: u64) -> BTreeMap<String, f64> {
     if n == 0 {
@@ -1442,11 +1557,11 @@ mod tests {
         let server = |pairs: &[(&str, u64)]| -> BTreeMap<String, u64> {
             pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
         };
+        let compare = |server: &BTreeMap<String, u64>| {
+            compare_counts(&purchases.statuses, &purchases.errors, server)
+        };
         assert_eq!(
-            compare_counts(
-                &purchases,
-                &server(&[("created", 3), ("replayed", 1), ("sold_out", 5)])
-            ),
+            compare(&server(&[("created", 3), ("replayed", 1), ("sold_out", 5)])),
             Ok(9)
         );
         for wrong in [
@@ -1454,7 +1569,7 @@ mod tests {
             server(&[("created", 3), ("sold_out", 5)]),
             server(&[("created", 3), ("replayed", 1), ("limit_exceeded", 5)]),
         ] {
-            assert!(compare_counts(&purchases, &wrong).is_err(), "{wrong:?}");
+            assert!(compare(&wrong).is_err(), "{wrong:?}");
         }
     }
 }

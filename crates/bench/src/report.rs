@@ -23,6 +23,10 @@ pub struct BenchResult {
     pub attempts: AttemptCounts,
     pub throughput: Throughput,
     pub ops: Vec<OpResult>,
+    /// Each server the load was spread over (its base URLs in order; one unless several
+    /// --base-url or --instances were given): its attempts and how they ended.
+    #[serde(default)]
+    pub targets: Vec<TargetResult>,
     pub orders: OrderCounts,
     /// Per-second buckets from the load's start.
     pub timeline: Vec<Bucket>,
@@ -56,6 +60,8 @@ pub struct RunConfig {
     pub payment_timeout_ms: Option<u64>,
     pub quick: bool,
     pub spawned: bool,
+    /// The first target: the product is created there (the admin calls); `targets` lists
+    /// every one.
     pub base_url: String,
     pub product_id: i64,
     pub seed: u64,
@@ -111,6 +117,51 @@ pub struct OpResult {
     pub errors: BTreeMap<String, u64>,
 }
 
+/// What one server of the load (one base URL) got of the run's main requests
+/// (purchases, or `GET /healthz` for the ceiling; follow-ups not counted).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TargetResult {
+    pub base_url: String,
+    /// Attempts sent to it (each once, however often it was re-sent).
+    pub attempts: u64,
+    /// Attempts by the HTTP status of their last exchange; "0" is no answer even after
+    /// the last re-send (a server that stopped answering): the outcome is unknown,
+    /// counted neither as an order nor as a refusal.
+    pub outcomes: BTreeMap<String, u64>,
+    /// Every exchange with it (re-sends included) by HTTP status; "0" is no HTTP answer.
+    pub statuses: BTreeMap<String, u64>,
+    /// Error code → count, over every exchange with it.
+    pub errors: BTreeMap<String, u64>,
+}
+
+impl TargetResult {
+    /// Attempts whose last exchange ended with a status in `statuses` (0: no answer).
+    pub fn ended_in(&self, statuses: std::ops::RangeInclusive<u16>) -> u64 {
+        self.outcomes
+            .iter()
+            .filter(|(s, _)| s.parse::<u16>().is_ok_and(|s| statuses.contains(&s)))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Orders it created: attempts answered 201.
+    pub fn orders(&self) -> u64 {
+        self.ended_in(201..=201)
+    }
+
+    /// Attempts with no answer even after the last re-send (a server that stopped
+    /// answering).
+    pub fn unanswered(&self) -> u64 {
+        self.ended_in(0..=0)
+    }
+
+    /// Attempts of unknown outcome: no answer, or a 5xx still after the last re-send.
+    /// Each may or may not have become an order.
+    pub fn unknown(&self) -> u64 {
+        self.unanswered() + self.ended_in(500..=599)
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct OrderCounts {
     /// Distinct request_ids acknowledged with an order (201 or 200).
@@ -160,7 +211,8 @@ pub struct Costs {
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Memory {
-    /// The server's peak resident memory (VmHWM), kB: only with --spawn or --server-pid.
+    /// The server's peak resident memory (VmHWM), kB: only with --spawn or --server-pid
+    /// (with --instances, summed over them: an upper bound of their peak together).
     pub server_vm_hwm_kb: Option<u64>,
     /// The server's resident memory at the end of the load (VmRSS), kB.
     pub server_vm_rss_kb: Option<u64>,
@@ -178,9 +230,10 @@ pub struct Memory {
 }
 
 /// CPU time over the load (from its first request sent to its last answer), read from
-/// `/proc` (Linux): the server (with --spawn or --server-pid), the generator itself, every
-/// Redis, MariaDB and NATS process on the machine, and the whole machine's busy time
-/// ("machine": all of the above, the kernel's work for them and anything else running).
+/// `/proc` (Linux): the server (with --spawn or --server-pid; every instance together
+/// with --instances), the generator itself, every Redis, MariaDB and NATS process on the
+/// machine, and the whole machine's busy time ("machine": all of the above, the kernel's
+/// work for them and anything else running).
 /// Work a run leaves behind after its last answer (events still being delivered) is not
 /// in it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -370,6 +423,10 @@ pub fn summary_table(r: &BenchResult) -> String {
             errors.join(" ")
         );
     }
+    if r.targets.len() > 1 {
+        let _ = writeln!(out);
+        targets_table(&mut out, r);
+    }
     let _ = writeln!(out);
     if r.is_ceiling() {
         let _ = writeln!(
@@ -447,6 +504,53 @@ pub fn summary_table(r: &BenchResult) -> String {
         }
     );
     out
+}
+
+/// The table of a run spread over several servers: each one's attempts by how they
+/// ended (their last exchange's status class), the unknown ones apart.
+fn targets_table(out: &mut String, r: &BenchResult) {
+    type Column = (&'static str, fn(&TargetResult) -> u64);
+    let columns: &[Column] = if r.is_ceiling() {
+        &[
+            ("2xx", |t| t.ended_in(200..=299)),
+            ("4xx", |t| t.ended_in(400..=499)),
+            ("5xx", |t| t.ended_in(500..=599)),
+            ("no answer", TargetResult::unanswered),
+        ]
+    } else {
+        &[
+            ("orders 201", TargetResult::orders),
+            ("replays 200", |t| t.ended_in(200..=200)),
+            ("refused 4xx", |t| t.ended_in(400..=499)),
+            ("5xx", |t| t.ended_in(500..=599)),
+            ("no answer", TargetResult::unanswered),
+        ]
+    };
+    let width = r
+        .targets
+        .iter()
+        .map(|t| t.base_url.len())
+        .chain(["target".len()])
+        .max()
+        .unwrap_or(0);
+    let _ = write!(out, "{:<width$} {:>9}", "target", "attempts");
+    for (name, _) in columns {
+        let _ = write!(out, " {name:>11}");
+    }
+    let _ = writeln!(out);
+    for t in &r.targets {
+        let _ = write!(out, "{:<width$} {:>9}", t.base_url, t.attempts);
+        for (_, value) in columns {
+            let _ = write!(out, " {:>11}", value(t));
+        }
+        let _ = writeln!(out);
+    }
+    if r.targets.iter().any(|t| t.unanswered() > 0) {
+        let _ = writeln!(
+            out,
+            "no answer: an attempt's last exchange (re-sent to the same server) got no HTTP answer — the server stopped answering or the connection broke; its outcome is unknown, counted neither as an order nor as a refusal"
+        );
+    }
 }
 
 /// The orders, inventory and cost lines of a purchase run's summary.
@@ -563,6 +667,13 @@ pub(crate) mod tests {
                 statuses: BTreeMap::from([("201".into(), 600), ("409".into(), 2400)]),
                 errors: BTreeMap::from([("sold_out".into(), 2400)]),
             }],
+            targets: vec![TargetResult {
+                base_url: "http://127.0.0.1:1234".into(),
+                attempts: 3000,
+                outcomes: BTreeMap::from([("201".into(), 600), ("409".into(), 2400)]),
+                statuses: BTreeMap::from([("201".into(), 600), ("409".into(), 2400)]),
+                errors: BTreeMap::from([("sold_out".into(), 2400)]),
+            }],
             orders: OrderCounts {
                 acknowledged: 600,
                 created: 600,
@@ -653,7 +764,8 @@ pub(crate) mod tests {
 
     // Checks the JSON schema round trip: a result with every field set serializes and
     // parses back to an equal value; the file carries the schema name and the documented
-    // top-level keys; a bucket without rss_kb parses (the field is optional).
+    // top-level keys; a bucket without rss_kb and a result without targets parse (the
+    // fields are optional).
     #[test]
     fn json_round_trip() {
         let r = sample();
@@ -680,6 +792,12 @@ pub(crate) mod tests {
             assert!(v.get(key).is_some(), "missing {key}");
         }
         assert!(v["timeline"][1].get("rss_kb").is_none());
+        assert_eq!(v["targets"][0]["outcomes"]["201"], 600);
+        // A file written before the per-server counts parses, with none.
+        let mut older = v.clone();
+        older.as_object_mut().expect("object").remove("targets");
+        let parsed: BenchResult = serde_json::from_value(older).expect("parse without targets");
+        assert!(parsed.targets.is_empty());
         let bucket: Bucket =
             serde_json::from_str(r#"{"second":3,"ok":1,"rejected":0,"unavailable":0,"transport_errors":0,"orders":1,"dropped":0}"#)
                 .expect("bucket without rss");
@@ -714,6 +832,45 @@ pub(crate) mod tests {
             assert!(!text.contains(absent), "{absent:?} in\n{text}");
         }
         assert!(text.contains("check skipped: order checks and audit: no purchase"));
+    }
+
+    // Checks the per-server table of the summary, by rendering the sample with two
+    // targets, the second of which lost 30 attempts (no answer): a row per base URL with
+    // its attempts, orders and refusals, the unknown attempts in their own column and a
+    // line saying they are neither orders nor refusals; the single-target sample has no
+    // such table.
+    #[test]
+    fn summary_has_a_row_per_server() {
+        let mut r = sample();
+        let mut second = r.targets[0].clone();
+        second.base_url = "http://127.0.0.1:5678".into();
+        second.attempts = 1000;
+        second.outcomes =
+            BTreeMap::from([("0".into(), 30), ("201".into(), 70), ("409".into(), 900)]);
+        r.targets.push(second);
+        let text = summary_table(&r);
+        let row = |url: &str| {
+            text.lines()
+                .find(|l| l.starts_with(url))
+                .unwrap_or_else(|| panic!("no row for {url} in\n{text}"))
+                .split_whitespace()
+                .skip(1)
+                .map(|v| v.parse::<u64>().expect("a count"))
+                .collect::<Vec<_>>()
+        };
+        // attempts, orders 201, replays 200, refused 4xx, 5xx, no answer
+        assert_eq!(row("http://127.0.0.1:1234"), [3000, 600, 0, 2400, 0, 0]);
+        assert_eq!(row("http://127.0.0.1:5678"), [1000, 70, 0, 900, 0, 30]);
+        assert!(
+            text.contains("neither as an order nor as a refusal"),
+            "{text}"
+        );
+        let single = summary_table(&sample());
+        assert!(!single.contains("attempts  orders 201"), "{single}");
+        assert!(!single.contains("http://127.0.0.1:1234 "), "{single}");
+        assert_eq!(r.targets[1].unanswered(), 30);
+        assert_eq!(r.targets[1].unknown(), 30);
+        assert_eq!(r.targets[1].orders(), 70);
     }
 
     // Checks the summary table names every figure a reader looks for (percentiles,
