@@ -58,7 +58,8 @@ async fn reconnect(app: &mut TestApp, redis: &PrivateRedis) {
         .expect("url")
         .get_multiplexed_async_connection()
         .await
-        .expect("reconnect");
+        .expect("reconnect")
+        .into();
 }
 
 /// Buyers `0..buyers` each buy one unit of `product`, retrying after every 503 with the

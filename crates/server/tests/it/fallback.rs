@@ -41,7 +41,7 @@ fn settings() -> Vec<(&'static str, &'static str)> {
 
 /// The instance's workers, with short periods: the fallback worker probes every 250 ms
 /// whatever is set here.
-fn start_workers(app: &TestApp) -> Workers {
+pub(crate) fn start_workers(app: &TestApp) -> Workers {
     let env = [
         ("FLASHSALE_EXPIRY_INTERVAL", "200ms"),
         ("FLASHSALE_RECOVERY_INTERVAL", "500ms"),
@@ -78,17 +78,19 @@ async fn stored_mode(app: &TestApp, product_id: i64) -> String {
     .expect("mode")
 }
 
-/// One buyer's final answer and when it came.
-struct Answer {
-    request_id: String,
-    status: StatusCode,
-    body: Value,
-    at: Instant,
+/// One buyer's final answer, when it came, and how many 503s or failed connections the
+/// buyer retried through on the way.
+pub(crate) struct Answer {
+    pub request_id: String,
+    pub status: StatusCode,
+    pub body: Value,
+    pub at: Instant,
+    pub retries: u32,
 }
 
 /// Buyers `from..to` each buy one unit of `product`, retrying every 503 with the same
 /// request_id (spread over `spread`, the `i`-th buyer on `apps[i % apps.len()]`).
-async fn buyers(
+pub(crate) async fn buyers(
     apps: &[&TestApp],
     product: i64,
     from: i64,
@@ -105,7 +107,7 @@ async fn buyers(
             .await;
             let app = apps[usize::try_from(i).expect("index") % apps.len()];
             let request_id = format!("REQ_fb_{product}_{i}");
-            let (status, body, _) = app
+            let (status, body, retries) = app
                 .purchase_until_known(&request_id, i + 1, product, 1)
                 .await;
             Answer {
@@ -113,6 +115,7 @@ async fn buyers(
                 status,
                 body,
                 at: Instant::now(),
+                retries,
             }
         })
         .buffer_unordered(256)
@@ -122,7 +125,7 @@ async fn buyers(
 
 /// Request_id → order id of every acknowledged purchase; panics on any answer but an
 /// order or `sold_out`.
-fn acknowledged(answers: &[Answer]) -> BTreeMap<String, i64> {
+pub(crate) fn acknowledged(answers: &[Answer]) -> BTreeMap<String, i64> {
     let mut orders = BTreeMap::new();
     for a in answers {
         match a.status {
@@ -141,14 +144,16 @@ fn acknowledged(answers: &[Answer]) -> BTreeMap<String, i64> {
 
 /// Every acknowledged order is in the ledger under its request_id, and exactly `stock`
 /// units sold (in orders not cancelled).
-async fn assert_sold_exactly(
+pub(crate) async fn assert_sold_exactly(
     app: &TestApp,
     product: i64,
     stock: i64,
     orders: &BTreeMap<String, i64>,
 ) {
     let cancelled = app
-        .count("SELECT COUNT(*) FROM orders WHERE status = 'CANCELLED'")
+        .count(&format!(
+            "SELECT COUNT(*) FROM orders WHERE status = 'CANCELLED' AND product_id = {product}"
+        ))
         .await;
     assert_eq!(
         orders.len() as i64,
@@ -226,7 +231,7 @@ async fn sold_exactly_and_audited(
 }
 
 /// A counter of `/metrics`, 0 when absent.
-async fn metric(app: &TestApp, series: &str) -> f64 {
+pub(crate) async fn metric(app: &TestApp, series: &str) -> f64 {
     let text = app
         .http
         .get(format!("{}/metrics", app.base))
@@ -305,7 +310,8 @@ async fn redis_killed_mid_sale_sells_from_the_ledger_and_comes_back() {
         .expect("url")
         .get_multiplexed_async_connection()
         .await
-        .expect("reconnect");
+        .expect("reconnect")
+        .into();
     let back = Instant::now();
     back_in_gate_mode(&app, PRODUCT).await;
     println!(
@@ -505,7 +511,8 @@ async fn a_product_never_loaded_into_redis_sells_from_the_ledger() {
         .expect("url")
         .get_multiplexed_async_connection()
         .await
-        .expect("reconnect");
+        .expect("reconnect")
+        .into();
     back_in_gate_mode(&app, PRODUCT).await;
     let rebuilt = app.redis_available(PRODUCT).await;
     if rebuilt != Some(0) {

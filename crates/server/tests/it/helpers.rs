@@ -30,6 +30,48 @@ pub fn mysql_addr() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 3306))
 }
 
+/// The tests' own Redis connection for checks: one Redis, or a Redis Cluster (commands
+/// routed by their key, KEYS sent to every primary and the answers joined).
+#[derive(Clone)]
+pub enum CheckRedis {
+    Node(MultiplexedConnection),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl From<MultiplexedConnection> for CheckRedis {
+    fn from(conn: MultiplexedConnection) -> Self {
+        Self::Node(conn)
+    }
+}
+
+impl redis::aio::ConnectionLike for CheckRedis {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Self::Node(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Self::Node(c) => c.req_packed_commands(cmd, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
 /// Where the service under test reaches its stores (tests may route it through proxies).
 #[derive(Default)]
 pub struct Routes {
@@ -42,12 +84,12 @@ pub struct TestApp {
     pub http: reqwest::Client,
     /// The test's database; None on an instance beside another, which owns nothing.
     pub db: Option<TestDb>,
-    /// The service's database URL and Redis URL, for an instance beside this one.
+    /// The service's database URL and Redis settings, for an instance beside this one.
     database_url: String,
-    redis_url: String,
+    redis_env: Vec<(String, String)>,
     /// Direct connections for checks, never through a test's proxy.
     pub pool: MySqlPool,
-    pub redis: MultiplexedConnection,
+    pub redis: CheckRedis,
     pub prefix: String,
     /// The instance's workers and checks, driven by tests one pass at a time.
     pub maintenance: std::sync::Arc<flashsale_app::Maintenance>,
@@ -125,6 +167,50 @@ impl TestApp {
         mysql_server: &str,
         settings: &[(&str, &str)],
     ) -> Self {
+        let client = redis::Client::open(check_redis_url).expect("redis url");
+        let check = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("redis");
+        let redis_env = vec![("FLASHSALE_REDIS_URL".to_owned(), redis_url)];
+        Self::spawn_full(routes, redis_env, check.into(), mysql_server, settings).await
+    }
+
+    /// A service on the Redis Cluster of `seed_nodes` (`host:port,…`), checked through
+    /// a cluster connection of the test's own, with the test's database on the shared
+    /// MariaDB.
+    pub async fn spawn_on_cluster(seed_nodes: &str, settings: &[(&str, &str)]) -> Self {
+        let client = redis::cluster::ClusterClientBuilder::new(
+            seed_nodes.split(',').map(|node| format!("redis://{node}/")),
+        )
+        .response_timeout(Duration::from_secs(5))
+        .build()
+        .expect("cluster client");
+        let check = client
+            .get_async_connection()
+            .await
+            .expect("cluster connection");
+        let redis_env = vec![(
+            "FLASHSALE_REDIS_CLUSTER_NODES".to_owned(),
+            seed_nodes.to_owned(),
+        )];
+        Self::spawn_full(
+            Routes::default(),
+            redis_env,
+            CheckRedis::Cluster(check),
+            MYSQL_SERVER,
+            settings,
+        )
+        .await
+    }
+
+    async fn spawn_full(
+        routes: Routes,
+        redis_env: Vec<(String, String)>,
+        redis: CheckRedis,
+        mysql_server: &str,
+        settings: &[(&str, &str)],
+    ) -> Self {
         let db = TestDb::create(mysql_server)
             .await
             .expect("create test database");
@@ -135,7 +221,6 @@ impl TestApp {
         };
         let mut env: HashMap<String, String> = HashMap::from([
             ("FLASHSALE_DATABASE_URL".into(), database_url),
-            ("FLASHSALE_REDIS_URL".into(), redis_url),
             ("FLASHSALE_REDIS_PREFIX".into(), prefix.clone()),
             ("FLASHSALE_ADMIN_TOKEN".into(), ADMIN_TOKEN.into()),
             // The tests of everything else send one user's purchases far faster than a
@@ -143,11 +228,16 @@ impl TestApp {
             // limits with their settings.
             ("FLASHSALE_USER_PURCHASE_RATE".into(), "0".into()),
         ]);
+        env.extend(redis_env);
         for (k, v) in settings {
             env.insert(format!("FLASHSALE_{k}"), (*v).to_owned());
         }
         let database_url = env["FLASHSALE_DATABASE_URL"].clone();
-        let redis_url = env["FLASHSALE_REDIS_URL"].clone();
+        let redis_env = env
+            .iter()
+            .filter(|(k, _)| k.starts_with("FLASHSALE_REDIS_") && *k != "FLASHSALE_REDIS_PREFIX")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         let Served {
             addr,
             maintenance,
@@ -157,11 +247,6 @@ impl TestApp {
             server,
         } = serve_with(&env).await;
         let pool = MySqlPool::connect(&db.url()).await.expect("check pool");
-        let client = redis::Client::open(check_redis_url).expect("redis url");
-        let redis = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("redis");
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
             .pool_max_idle_per_host(512)
@@ -172,7 +257,7 @@ impl TestApp {
             http,
             db: Some(db),
             database_url,
-            redis_url,
+            redis_env,
             pool,
             redis,
             prefix,
@@ -190,11 +275,11 @@ impl TestApp {
     pub async fn spawn_beside(&self, settings: &[(&str, &str)]) -> Self {
         let mut env: HashMap<String, String> = HashMap::from([
             ("FLASHSALE_DATABASE_URL".into(), self.database_url.clone()),
-            ("FLASHSALE_REDIS_URL".into(), self.redis_url.clone()),
             ("FLASHSALE_REDIS_PREFIX".into(), self.prefix.clone()),
             ("FLASHSALE_ADMIN_TOKEN".into(), ADMIN_TOKEN.into()),
             ("FLASHSALE_USER_PURCHASE_RATE".into(), "0".into()),
         ]);
+        env.extend(self.redis_env.iter().cloned());
         for (k, v) in settings {
             env.insert(format!("FLASHSALE_{k}"), (*v).to_owned());
         }
@@ -211,7 +296,7 @@ impl TestApp {
             http: self.http.clone(),
             db: None,
             database_url: self.database_url.clone(),
-            redis_url: self.redis_url.clone(),
+            redis_env: self.redis_env.clone(),
             pool: self.pool.clone(),
             redis: self.redis.clone(),
             prefix: self.prefix.clone(),

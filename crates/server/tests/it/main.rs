@@ -8,6 +8,7 @@ mod bad_input;
 mod baselines;
 mod binary;
 mod buyers;
+mod cluster;
 #[cfg(feature = "failpoints")]
 mod crash;
 mod data_loss;
