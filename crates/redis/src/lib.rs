@@ -1,11 +1,11 @@
 //! The stock gate on Redis.
 //!
 //! Keys of one product share a hash tag, `{p:<id>}`, so every script touches one slot and
-//! would run unchanged on Redis Cluster:
+//! runs unchanged on Redis Cluster ([`Target::Cluster`]):
 //!
 //! | key                              | type   | holds                                      |
 //! |----------------------------------|--------|--------------------------------------------|
-//! | `<prefix>{p:<id>}:inv`           | hash   | `avail` units, `seq` last hold id, `gen` generation, `srv` run_id of the Redis process that loaded or rebuilt it, `lease` end of the sold-out lease (ms) |
+//! | `<prefix>{p:<id>}:inv`           | hash   | `avail` units, `seq` last hold id, `gen` generation, `srv` stamp (`run_id:master_replid`, `lua/stamp.lua`) of the Redis process that loaded, rebuilt or adopted it, `lease` end of the sold-out lease (ms) |
 //! | `<prefix>{p:<id>}:users`         | hash   | user id → units held (limited products)    |
 //! | `<prefix>{p:<id>}:r:<request_id>`| hash   | one hold: user, quantity, state, hold id, generation |
 //! | `<prefix>{p:<id>}:pending`       | zset   | request_ids of holds, scored by time (ms)  |

@@ -714,6 +714,21 @@ mod tests {
             c.redis,
             flashsale_redis::Target::Node("redis://127.0.0.1:6379".into())
         );
+        let cluster = Config::from_parts(
+            None,
+            &env(&[(
+                "FLASHSALE_REDIS_CLUSTER_NODES",
+                "127.0.0.1:7000, redis-a.internal:7001",
+            )]),
+        )
+        .expect("a cluster by its seed nodes");
+        assert_eq!(
+            cluster.redis,
+            flashsale_redis::Target::Cluster(vec![
+                "127.0.0.1:7000".into(),
+                "redis-a.internal:7001".into()
+            ])
+        );
         assert_eq!(c.database_url, "mysql://root@127.0.0.1:3306/flashsale");
         assert_eq!(c.payment_timeout, Duration::from_secs(15 * 60));
         assert_eq!(c.max_quantity_per_order, 5);
