@@ -346,6 +346,9 @@ pub enum Reserve {
     /// a promoted replica): it may be behind, so nothing is answered until the entry is
     /// rebuilt from the ledger.
     NotRebuilt,
+    /// Over the user's rate, which the gate keeps for every instance at once: retry after
+    /// `retry_after`. Nothing was taken.
+    RateLimited { retry_after: Duration },
     /// A hold already exists for this request_id (a replay, or a concurrent duplicate).
     Existing(ExistingHold),
 }

@@ -58,6 +58,10 @@ pub struct Flashsale {
     modes: Arc<ModeBoard>,
     /// Purchase attempts per user that reach the gate (None: no limit).
     user_rate: Option<Limiter<i64>>,
+    /// The gate limits each user's attempts itself, for every instance at once
+    /// (`Reserve::RateLimited`): `user_rate` then counts only purchases the ledger
+    /// sells, while the gate is out of reach.
+    user_rate_at_gate: bool,
     /// Wakes the gate watch when a purchase meets a gate that must be rebuilt, so the
     /// rebuild starts at once instead of at the watch's next period (None: no watch).
     gate_watch: Option<Arc<Notify>>,
@@ -86,6 +90,7 @@ impl Flashsale {
             sold_out: Arc::new(SoldOutBoard::default()),
             modes: Arc::new(ModeBoard::default()),
             user_rate: None,
+            user_rate_at_gate: false,
             gate_watch: None,
         }
     }
@@ -111,6 +116,14 @@ impl Flashsale {
     pub fn with_user_rate(mut self, rate: Rate) -> Self {
         self.user_rate = Some(Limiter::new(rate, limit::KEYS_MAX));
         self
+    }
+
+    /// Like [`Flashsale::with_user_rate`], but the gate keeps the limit for purchases
+    /// it serves, shared by every instance (the gate was configured with `rate`); this
+    /// instance's own limiter counts only purchases of products in ledger mode.
+    pub fn with_user_rate_at_gate(mut self, rate: Rate) -> Self {
+        self.user_rate_at_gate = true;
+        self.with_user_rate(rate)
     }
 
     /// Where the gate's revocations of sold-out leases go: until something reports
@@ -377,7 +390,9 @@ impl Flashsale {
             Check::Refuse => self.sold_out.heard(request.product_id),
             Check::Ask(heard) => heard,
         };
-        self.rate_limit(&request, sent)?;
+        if !self.user_rate_at_gate {
+            self.rate_limit(&request, sent)?;
+        }
         // The rest on the heap: a flood is mostly the refusal above, and its future (and
         // the request's, which holds it) stays small without the reservation's and the
         // commit's state (1,224 bytes with it; BENCHMARKS.md, "Ablation").
@@ -515,6 +530,7 @@ impl Flashsale {
             Reserve::NotLoaded => Err(Error::Unavailable(
                 format!("stock of product {} is not loaded", request.product_id).into(),
             )),
+            Reserve::RateLimited { retry_after } => Err(Error::RateLimited { retry_after }),
             // The gate watch notices the new Redis process and rebuilds the entry.
             Reserve::NotRebuilt => {
                 self.gate_behind();

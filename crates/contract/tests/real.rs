@@ -32,6 +32,7 @@ impl GateWorld for RealGate {
             response_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
             sold_out_lease: lease,
+            shared_user_rate: None,
         })
         .expect("gate");
         Self { gate, prefix }

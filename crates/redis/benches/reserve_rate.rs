@@ -9,7 +9,9 @@
 //! concurrency sends a trivial `EVALSHA` (`return 1`): the ceiling of any script call on
 //! that Redis. For each it reads the Redis process's CPU time (`INFO cpu`) and prints
 //! holds (or calls) per second and per second of Redis CPU, which is what one core
-//! sustains when the script is the only work.
+//! sustains when the script is the only work. Each concurrency runs the script twice:
+//! plain, and with the shared per-user rate on (`FLASHSALE_USER_PURCHASE_RATE_SCOPE=
+//! shared`), whose cells it keeps in the same call.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -107,7 +109,20 @@ async fn bench() {
         "{:<28} {:>6} {:>12} {:>14} {:>16}",
         "what", "tasks", "per second", "Redis CPU/s", "per Redis CPU s"
     );
-    for &tasks in &CONCURRENCY {
+    // Beside the plain script, the same with the shared per-user rate on, at a rate no
+    // buyer here reaches (each user buys once): what keeping the cells costs.
+    let shared = flashsale_app::limit::Rate {
+        per_second: 1000,
+        burst: 1000,
+    };
+    let rows = [
+        ("reserve.lua, holds", None),
+        ("+ shared rate, holds", Some(shared)),
+    ];
+    for (&tasks, (label, shared_user_rate)) in CONCURRENCY
+        .iter()
+        .flat_map(|t| rows.iter().map(move |r| (t, *r)))
+    {
         // A fresh prefix, gate and product per row: no state carried over.
         let prefix = format!("rate{tasks}:");
         let gate = Arc::new(
@@ -118,6 +133,7 @@ async fn bench() {
                 response_timeout: Duration::from_secs(5),
                 connect_timeout: Duration::from_secs(5),
                 sold_out_lease: Duration::ZERO,
+                shared_user_rate,
             })
             .expect("gate"),
         );
@@ -143,7 +159,7 @@ async fn bench() {
             }
         })
         .await;
-        print_row("reserve.lua, holds", tasks, holds, wall, cpu);
+        print_row(label, tasks, holds, wall, cpu);
         let _: () = redis::cmd("FLUSHALL")
             .query_async(&mut conn)
             .await

@@ -206,6 +206,9 @@ pub fn parse_reserve(reply: &Value) -> Result<Reserve, GateError> {
         },
         [-1] => Reserve::NotLoaded,
         [-3] => Reserve::NotRebuilt,
+        [-4, wait_ms] if *wait_ms >= 0 => Reserve::RateLimited {
+            retry_after: Duration::from_millis(wait_ms.unsigned_abs()),
+        },
         [-2] => Reserve::LimitExceeded { unseen: false },
         [-2, unseen] => Reserve::LimitExceeded {
             unseen: *unseen == 1,
@@ -276,6 +279,9 @@ pub struct Layout {
     pub revocations: String,
     pub record_ttl_ms: u64,
     pub sold_out_lease_ms: u64,
+    /// The shared per-user rate as `reserve.lua` takes it: the interval between two
+    /// attempts and the burst's tolerance, in µs; (0, 0) when off.
+    pub user_rate_us: (u64, u64),
 }
 
 impl Layout {
@@ -285,7 +291,21 @@ impl Layout {
             revocations: crate::revoke::channel(prefix),
             record_ttl_ms: u64::try_from(record_ttl.as_millis()).unwrap_or(u64::MAX),
             sold_out_lease_ms: u64::try_from(sold_out_lease.as_millis()).unwrap_or(u64::MAX),
+            user_rate_us: (0, 0),
         }
+    }
+
+    /// With each user's attempts of a product limited to `rate` by the reserve script
+    /// (None, or a rate of zero: no such limit).
+    pub fn with_shared_user_rate(mut self, rate: Option<flashsale_app::limit::Rate>) -> Self {
+        self.user_rate_us = match rate {
+            Some(rate) if rate.per_second > 0 => {
+                let interval = 1_000_000_u64.div_ceil(u64::from(rate.per_second));
+                (interval, interval * u64::from(rate.burst.max(1) - 1))
+            }
+            _ => (0, 0),
+        };
+        self
     }
 
     /// A key of one product, as the table in the crate's documentation lays them out.
@@ -324,9 +344,12 @@ impl Layout {
             self.key(product_id, "users"),
             self.key(product_id, "pending"),
         ];
+        let (interval_us, tolerance_us) = self.user_rate_us;
         let mut args = vec![
             self.record_ttl_ms.to_string(),
             self.sold_out_lease_ms.to_string(),
+            interval_us.to_string(),
+            tolerance_us.to_string(),
         ];
         for (request, limit) in purchases {
             keys.push(self.hold_key(product_id, request.request_id.as_str()));
@@ -334,6 +357,11 @@ impl Layout {
             args.push(request.user_id.get().to_string());
             args.push(limit.unwrap_or(0).to_string());
             args.push(request.request_id.as_str().to_owned());
+        }
+        if interval_us > 0 {
+            for (request, _) in purchases {
+                keys.push(self.key(product_id, &format!("rl:{}", request.user_id.get())));
+            }
         }
         Call {
             script: &RESERVE,

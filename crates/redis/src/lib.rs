@@ -20,7 +20,10 @@
 //! request or restock id: a client retry after a lost reply never takes or returns stock
 //! twice. The hold record is written in the same atomic step as the decrement, so no
 //! decrement is ever untraceable; the `pending` index lets recovery find holds without
-//! scanning the keyspace. An attempt that takes nothing writes nothing.
+//! scanning the keyspace. An attempt that takes nothing writes nothing, but for its
+//! user's cell of the shared rate when that is on (`<prefix>{p:<id>}:rl:<user>`, a hash:
+//! `t` the next attempt's theoretical arrival time in µs, `r` the request_id it last
+//! admitted; see `reserve.lua`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -71,6 +74,9 @@ pub struct GateConfig {
     /// How long a product found with no unit left grants no hold unless units come back
     /// (the sold-out lease, `reserve.lua`); zero grants none.
     pub sold_out_lease: Duration,
+    /// Each user's purchase attempts of a product, limited by the reserve script itself
+    /// so that the limit holds across every instance (`reserve.lua`); None: not here.
+    pub shared_user_rate: Option<flashsale_app::limit::Rate>,
 }
 
 /// Reconnect attempts per failed connection before the call fails: a purchase must
@@ -273,11 +279,10 @@ impl RedisGate {
             reserver: std::sync::OnceLock::new(),
             trimmer: std::sync::OnceLock::new(),
             wire: Arc::new(RedisWire { conn, scripts }),
-            layout: Arc::new(Layout::new(
-                &config.prefix,
-                config.record_ttl,
-                config.sold_out_lease,
-            )),
+            layout: Arc::new(
+                Layout::new(&config.prefix, config.record_ttl, config.sold_out_lease)
+                    .with_shared_user_rate(config.shared_user_rate),
+            ),
         })
     }
 

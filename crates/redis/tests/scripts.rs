@@ -53,7 +53,7 @@ async fn reserve(
     for (rid, ..) in purchases {
         call.key(keys.record(rid));
     }
-    call.arg(TTL_MS).arg(0);
+    call.arg(TTL_MS).arg(0).arg(0).arg(0);
     for (rid, user, q, limit) in purchases {
         call.arg(q).arg(user).arg(limit).arg(*rid);
     }
@@ -310,6 +310,7 @@ async fn a_foreign_entry_changes_only_once_adopted() {
         response_timeout: Duration::from_secs(5),
         connect_timeout: Duration::from_secs(5),
         sold_out_lease: Duration::ZERO,
+        shared_user_rate: None,
     })
     .expect("gate");
     let product = ProductId::parse(1).expect("id");

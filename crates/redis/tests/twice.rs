@@ -52,6 +52,7 @@ impl World {
             response_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
             sold_out_lease: lease,
+            shared_user_rate: None,
         })
         .expect("gate")
     }
@@ -355,5 +356,52 @@ async fn adopt_twice_changes_nothing() {
     .await;
     let state = g.state(product()).await.expect("state").expect("entry");
     assert!(!state.server_changed, "the entry is this process's now");
+    w.cleanup().await;
+}
+
+// Checks reserve.lua twice with the shared per-user rate on (1 a second, a burst of 1):
+// the same granted purchase again finds its hold and is not charged a second time; the
+// same refused purchase again (over the rate) is refused again and writes nothing; each
+// run of either leaves Redis as the first left it.
+#[tokio::test]
+async fn reserve_with_the_shared_rate_twice_changes_nothing() {
+    let mut w = World::new().await;
+    let g = RedisGate::new(&GateConfig {
+        target: flashsale_redis::Target::Node(REDIS_URL.to_owned()),
+        prefix: w.prefix.clone(),
+        record_ttl: Duration::from_secs(600),
+        response_timeout: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(5),
+        sold_out_lease: Duration::ZERO,
+        shared_user_rate: Some(flashsale_app::limit::Rate {
+            per_second: 1,
+            burst: 1,
+        }),
+    })
+    .expect("gate");
+    g.load(product(), 5, generation(1)).await.expect("load");
+    let (a, b) = (purchase("TW_RATE_A", 9), purchase("TW_RATE_B", 9));
+    twice(
+        &mut w,
+        || g.reserve(&a, None),
+        |x, y| {
+            matches!((x, y), (Ok(Reserve::Reserved { hold }), Ok(Reserve::Existing(e))) if e.hold == *hold)
+        },
+    )
+    .await;
+    twice(
+        &mut w,
+        || g.reserve(&b, None),
+        |x, y| {
+            matches!(
+                (x, y),
+                (
+                    Ok(Reserve::RateLimited { .. }),
+                    Ok(Reserve::RateLimited { .. })
+                )
+            )
+        },
+    )
+    .await;
     w.cleanup().await;
 }

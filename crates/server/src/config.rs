@@ -58,6 +58,9 @@ pub struct Config {
     pub nats_events_per_message: usize,
     /// Purchase attempts per user (None: no limit).
     pub user_purchase_rate: Option<Rate>,
+    /// Whether that limit is kept by the reserve script in Redis, per user and product
+    /// for every instance at once (`shared`), rather than by each instance alone.
+    pub user_purchase_rate_shared: bool,
     /// Purchase attempts per client address (None: no limit).
     pub ip_purchase_rate: Option<Rate>,
     /// The header the client's address is read from (None: the peer).
@@ -112,6 +115,10 @@ pub const KEYS: &[(&str, Option<&str>)] = &[
     ("nats_stream", Some("FLASHSALE_EVENTS")),
     ("nats_events_per_message", Some("128")),
     ("user_purchase_rate", Some("10")),
+    // `instance`: each instance counts a user's attempts alone, in memory (N instances
+    // let a user through at N times the rate); `shared`: the reserve script counts them
+    // in Redis for every instance at once, per product.
+    ("user_purchase_rate_scope", Some("instance")),
     ("user_purchase_burst", Some("20")),
     ("ip_purchase_rate", Some("0")),
     ("ip_purchase_burst", Some("100")),
@@ -517,6 +524,11 @@ impl Config {
             flashsale_nats::EVENTS_PER_MESSAGE_MAX,
         )?;
         let user_purchase_rate = rate(raw, "user_purchase_rate", "user_purchase_burst")?;
+        let user_purchase_rate_shared = match raw.value("user_purchase_rate_scope") {
+            (_, "instance") => false,
+            (_, "shared") => true,
+            (name, _) => return Err(invalid(name, "must be instance or shared")),
+        };
         let ip_purchase_rate = rate(raw, "ip_purchase_rate", "ip_purchase_burst")?;
         let client_ip_header = match raw.get("client_ip_header") {
             None => None,
@@ -563,6 +575,7 @@ impl Config {
             nats_stream: nats_stream.to_owned(),
             nats_events_per_message,
             user_purchase_rate,
+            user_purchase_rate_shared,
             ip_purchase_rate,
             client_ip_header,
             buyer_auth,
@@ -767,6 +780,18 @@ mod tests {
         )
         .expect("valid");
         assert_eq!(c.user_purchase_rate, None);
+        assert!(!c.user_purchase_rate_shared);
+        let shared = Config::from_parts(
+            None,
+            &env(&[("FLASHSALE_USER_PURCHASE_RATE_SCOPE", "shared")]),
+        )
+        .expect("valid");
+        assert!(shared.user_purchase_rate_shared);
+        assert!(Config::from_parts(
+            None,
+            &env(&[("FLASHSALE_USER_PURCHASE_RATE_SCOPE", "global")])
+        )
+        .is_err());
         assert_eq!(
             c.ip_purchase_rate,
             Some(Rate {

@@ -127,6 +127,9 @@ fn gate_for(config: &Config) -> Result<RedisGate, String> {
         prefix: config.redis_prefix.clone(),
         record_ttl: config.redis_record_ttl,
         sold_out_lease: config.sold_out_lease,
+        shared_user_rate: config
+            .user_purchase_rate
+            .filter(|_| config.user_purchase_rate_shared),
         response_timeout: REDIS_RESPONSE_TIMEOUT,
         connect_timeout: REDIS_CONNECT_TIMEOUT,
     })
@@ -234,8 +237,12 @@ pub async fn build(config: &Config) -> Result<App, String> {
             max_quantity_per_order: config.max_quantity_per_order,
         },
     );
-    if let Some(rate) = config.user_purchase_rate {
-        service = service.with_user_rate(rate);
+    match config.user_purchase_rate {
+        Some(rate) if config.user_purchase_rate_shared => {
+            service = service.with_user_rate_at_gate(rate);
+        }
+        Some(rate) => service = service.with_user_rate(rate),
+        None => {}
     }
     let gate_watch = Arc::new(Notify::new());
     let service = Arc::new(service.with_gate_watch(gate_watch.clone()));

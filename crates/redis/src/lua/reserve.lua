@@ -2,14 +2,17 @@
 -- if it ran alone, in order.
 -- KEYS[1] inventory hash {avail, seq, gen}  KEYS[2] per-user held units (user -> units)
 -- KEYS[3] pending holds (zset request_id -> ms)  KEYS[3+i] hold record of purchase i
--- ARGV[1] record ttl ms  ARGV[2] sold-out lease ms (0 = none); then for purchase i,
--- ARGV[4i-1..4i+2]: quantity, user_id, per-user limit (0 = none), request_id
+-- KEYS[3+n+i] (only with the shared rate on) purchase i's user's rate cell
+-- ARGV[1] record ttl ms  ARGV[2] sold-out lease ms (0 = none)  ARGV[3] the shared
+-- per-user rate's interval in µs (0 = off)  ARGV[4] its burst tolerance in µs; then for
+-- purchase i, ARGV[4i+1..4i+4]: quantity, user_id, per-user limit (0 = none), request_id
 -- A hold's time is Redis's own clock (TIME), so every instance ages holds on one clock:
 -- one instance with a wrong clock can't make recovery think a fresh hold is stale.
 -- Returns one reply per purchase: {1, hold_id, gen} reserved | {0, unseen} sold out
 --   | {0, unseen, lease ms left, gen, holds} sold out under a sold-out lease
 --   | {-1} not loaded | {-2, unseen} limit exceeded
 --   | {-3} the entry was written by another Redis process (see below)
+--   | {-4, ms} over the user's shared rate: retry after ms (see below)
 --   | {2, hold_id, user_id, quantity, released 0/1, gen} a hold exists for this request.
 -- `unseen` is 1 when the gate can vouch that the request_id never held units of the
 -- product: it has no record of it in any generation, and every record ever written for
@@ -25,14 +28,25 @@
 -- whether holds were granted since it last listed the product's holders.
 -- Every argument is validated before the first write: Redis does not roll back a script
 -- that fails halfway.
+-- The shared per-user rate (FLASHSALE_USER_PURCHASE_RATE_SCOPE=shared): one GCRA cell
+-- per user of the product, under the product's hash tag so it lives in the script's
+-- slot, holding `t` the theoretical arrival time of the user's next attempt (µs, Redis's
+-- clock) and `r` the request_id it last admitted. An attempt passes while `t` is at most
+-- the tolerance ahead of now, and moves it one interval on; the same request_id again
+-- (a client retry after a lost reply, the script run twice) is not charged again. A
+-- replay of a hold is answered before the cell is looked at. Every instance reaches the
+-- same cell, so the limit holds across instances with no extra round trip.
 local ttl, lease_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
-local n = #KEYS - 3
-if not ttl or ttl < 1 or not lease_ms or lease_ms < 0 or lease_ms % 1 ~= 0 or n < 1
-   or #ARGV ~= 2 + 4 * n then
+local rate_us, tolerance_us = tonumber(ARGV[3]), tonumber(ARGV[4])
+local n = (#ARGV - 4) / 4
+if not ttl or ttl < 1 or not lease_ms or lease_ms < 0 or lease_ms % 1 ~= 0 or not rate_us
+   or rate_us < 0 or rate_us % 1 ~= 0 or not tolerance_us or tolerance_us < 0
+   or tolerance_us % 1 ~= 0 or n < 1 or n % 1 ~= 0
+   or #KEYS ~= 3 + (rate_us > 0 and 2 or 1) * n then
   return redis.error_reply('ERR flashsale reserve: invalid arguments')
 end
 for i = 1, n do
-  local a = 4 * i - 1
+  local a = 4 * i + 1
   local q, limit = tonumber(ARGV[a]), tonumber(ARGV[a + 2])
   if not q or q < 1 or q % 1 ~= 0 or not tonumber(ARGV[a + 1]) or not limit or limit < 0
      or not ARGV[a + 3] or ARGV[a + 3] == '' then
@@ -56,13 +70,32 @@ if inv[5] and srv ~= inv[5] then
   return replies
 end
 local gen = inv[2] or '1'
-local now
+local now, now_us
 local function clock()
   if not now then
     local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    now = math.floor(now_us / 1000)
   end
   return now
+end
+-- Whether purchase i is over its user's shared rate (then `wait` is the ms until it
+-- would pass, and nothing is written); a purchase that passes is charged.
+local wait
+local function throttled(i, rid)
+  local cell = KEYS[3 + n + i]
+  local c = redis.call('HMGET', cell, 't', 'r')
+  if c[2] == rid then return false end
+  clock()
+  local tat = math.max(tonumber(c[1] or '0') or 0, now_us)
+  if tat - now_us > tolerance_us then
+    wait = math.ceil((tat - now_us - tolerance_us) / 1000)
+    return true
+  end
+  tat = tat + rate_us
+  redis.call('HSET', cell, 't', string.format('%d', tat), 'r', rid)
+  redis.call('PEXPIRE', cell, math.ceil((tat - now_us) / 1000) + 1)
+  return false
 end
 -- Until when no hold is granted (ms); nil when no lease is in force.
 local leased = tonumber(inv[3])
@@ -98,7 +131,7 @@ local granted = {}
 -- its first attempt) finds the hold the first copy got, as it would in a later call.
 local granted_key = {}
 for i = 1, n do
-  local a = 4 * i - 1
+  local a = 4 * i + 1
   local q, user, limit, rid = tonumber(ARGV[a]), ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3]
   local same = granted_key[KEYS[3 + i]]
   local rec = same and {} or redis.call('HMGET', KEYS[3 + i], 'u', 'q', 's', 'h', 'g')
@@ -112,6 +145,8 @@ for i = 1, n do
   elseif rec[1] and (rec[5] or '1') == gen then
     -- Ids go back as strings: a Lua number is a double and would round ids above 2^53.
     replies[i] = {2, rec[4], rec[1], rec[2], rec[3] == 'r' and 1 or 0, gen}
+  elseif rate_us > 0 and throttled(i, rid) then
+    replies[i] = {-4, wait}
   elseif leased or avail < q then
     -- A retired entry (retire.lua: the ledger is about to give the product back) grants
     -- no lease: its count may be one the ledger has sold past.

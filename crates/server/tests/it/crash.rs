@@ -480,6 +480,7 @@ async fn clock_jump_on_one_instance_releases_nothing_early() {
         response_timeout: Duration::from_secs(1),
         connect_timeout: Duration::from_secs(1),
         sold_out_lease: Duration::from_millis(250),
+        shared_user_rate: None,
     })
     .expect("gate");
     let request =

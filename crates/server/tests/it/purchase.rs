@@ -436,6 +436,7 @@ async fn retry_completes_an_attempt_that_died_after_reserving() {
         response_timeout: Duration::from_secs(1),
         connect_timeout: Duration::from_secs(1),
         sold_out_lease: Duration::from_millis(250),
+        shared_user_rate: None,
     })
     .expect("gate");
     let request = PurchaseRequest::parse("REQ_died", 77, 1300, 1, 5).expect("valid");

@@ -255,3 +255,58 @@ async fn the_per_address_limit_keys_by_the_proxy_header_or_the_peer() {
     invariants::assert_ok(&app, 5102).await;
     app.cleanup().await;
 }
+
+/// One user's `n` purchases of `product`, each a new request_id, sent one after the other
+/// and alternating between `apps`: how many each answer (status) got.
+async fn alternating(
+    apps: &[&TestApp],
+    tag: &str,
+    product: i64,
+    n: usize,
+) -> std::collections::BTreeMap<u16, usize> {
+    let mut answers = std::collections::BTreeMap::new();
+    for i in 0..n {
+        let app = apps[i % apps.len()];
+        let (status, _, _) = purchase_with(app, &[], &format!("REQ_{tag}_{i}"), 77, product).await;
+        *answers.entry(status.as_u16()).or_default() += 1;
+    }
+    answers
+}
+
+// Checks the shared per-user rate (FLASHSALE_USER_PURCHASE_RATE_SCOPE=shared) across two
+// instances of one sale, against the per-instance default: with 1 a second and a burst
+// of 2, twelve purchases by one user within a fraction of a second, alternating between
+// the instances, get 2 orders in all when the limit is shared (the reserve script keeps
+// one cell per user and product in Redis, reached by both), but 2 per instance (4) when
+// each instance counts alone. The refused ones are 429 `rate_limited` with Retry-After
+// and took nothing: the invariants and the audit hold.
+#[tokio::test]
+async fn a_shared_rate_holds_across_instances() {
+    let limits = [("USER_PURCHASE_RATE", "1"), ("USER_PURCHASE_BURST", "2")];
+    for (scope, orders) in [("shared", 2), ("instance", 4)] {
+        let mut settings = limits.to_vec();
+        settings.push(("USER_PURCHASE_RATE_SCOPE", scope));
+        let one = TestApp::spawn_with(Default::default(), &settings).await;
+        let two = one.spawn_beside(&settings).await;
+        one.create_product(3900, 100, None).await;
+        let answers = alternating(&[&one, &two], scope, 3900, 12).await;
+        assert_eq!(
+            answers.get(&201).copied().unwrap_or(0),
+            orders,
+            "{scope}: {answers:?}"
+        );
+        assert_eq!(
+            answers.get(&429).copied().unwrap_or(0),
+            12 - orders,
+            "{scope}: {answers:?}"
+        );
+        let (status, retry_after, body) = purchase_with(&two, &[], "REQ_last", 77, 3900).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+        assert_eq!(code(&body), "rate_limited");
+        assert!(retry_after.is_some_and(|s| s >= 1), "{retry_after:?}");
+        invariants::assert_ok(&one, 3900).await;
+        invariants::assert_audit_clean(&one, 3900).await;
+        two.cleanup().await;
+        one.cleanup().await;
+    }
+}

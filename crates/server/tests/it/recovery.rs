@@ -27,6 +27,7 @@ fn gate(app: &TestApp) -> RedisGate {
         response_timeout: Duration::from_secs(1),
         connect_timeout: Duration::from_secs(1),
         sold_out_lease: Duration::from_millis(250),
+        shared_user_rate: None,
     })
     .expect("gate")
 }
@@ -502,16 +503,34 @@ async fn script_with_bad_arguments_writes_nothing() {
     app.create_product(2700, 5, Some(1)).await;
     let before = app.redis_dump().await;
     let script = redis::Script::new(flashsale_redis::calls::RESERVE.source);
-    // ARGV: ttl, sold-out lease, then quantity, user, limit, request_id per purchase;
+    // ARGV: ttl, sold-out lease, the shared rate's interval and tolerance, then
+    // quantity, user, limit, request_id per purchase;
     // the first purchase (request OK) is valid each time.
-    let bad_args: [&[&str]; 7] = [
-        &["1000", "0", "1", "1", "0", "OK", "x", "1", "0", "R"],
-        &["1000", "0", "1", "1", "0", "OK", "1", "1", "-1", "R"],
-        &["0", "0", "1", "1", "0", "OK", "1", "1", "0", "R"],
-        &["1000", "-1", "1", "1", "0", "OK", "1", "1", "0", "R"],
-        &["1000", "x", "1", "1", "0", "OK", "1", "1", "0", "R"],
-        &["1000", "0", "1", "1", "0", "OK", "1", "1", "0", ""],
-        &["1000", "0", "1", "1", "0", "OK", "1", "1", "0"],
+    let bad_args: [&[&str]; 9] = [
+        &[
+            "1000", "0", "0", "0", "1", "1", "0", "OK", "x", "1", "0", "R",
+        ],
+        &[
+            "1000", "0", "0", "0", "1", "1", "0", "OK", "1", "1", "-1", "R",
+        ],
+        &["0", "0", "0", "0", "1", "1", "0", "OK", "1", "1", "0", "R"],
+        &[
+            "1000", "-1", "0", "0", "1", "1", "0", "OK", "1", "1", "0", "R",
+        ],
+        &[
+            "1000", "x", "0", "0", "1", "1", "0", "OK", "1", "1", "0", "R",
+        ],
+        &[
+            "1000", "0", "0", "0", "1", "1", "0", "OK", "1", "1", "0", "",
+        ],
+        &["1000", "0", "0", "0", "1", "1", "0", "OK", "1", "1", "0"],
+        &[
+            "1000", "0", "-5", "0", "1", "1", "0", "OK", "1", "1", "0", "R",
+        ],
+        // The shared rate on, but no rate cell among the keys.
+        &[
+            "1000", "0", "100000", "0", "1", "1", "0", "OK", "1", "1", "0", "R",
+        ],
     ];
     let mut conn = app.redis.clone();
     for args in bad_args {
@@ -612,6 +631,8 @@ async fn refusals_stop_vouching_when_records_may_have_expired() {
             .key(app.key(2800, &format!("r:{rid}")))
             .arg(ttl)
             .arg(0)
+            .arg(0)
+            .arg(0)
             .arg(1)
             .arg(7)
             .arg(0)
@@ -657,6 +678,8 @@ async fn committed_holds_leave_the_pending_index_early() {
         .key(&pending)
         .key(app.key(2900, "r:ORPHAN"))
         .arg(3_600_000)
+        .arg(0)
+        .arg(0)
         .arg(0)
         .arg(1)
         .arg(7)
