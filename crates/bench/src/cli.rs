@@ -206,6 +206,17 @@ pub struct Args {
         default_value = "redis://127.0.0.1:6379"
     )]
     pub redis_url: String,
+    /// The server's Redis Cluster, as `host:port` seed nodes, comma-separated (e.g.
+    /// what `scripts/cluster.sh start` prints): used instead of --redis-url by the
+    /// bench's Redis figures (summed over the primaries), by the audit and, with
+    /// --spawn, by the spawned servers and the cleanup of their keys.
+    #[arg(
+        long,
+        value_name = "HOST:PORT,…",
+        env = "FLASHSALE_REDIS_CLUSTER_NODES",
+        conflicts_with = "outage"
+    )]
+    pub redis_cluster_nodes: Option<String>,
     /// The server's Redis key prefix (ignored with --spawn, which uses a fresh one).
     #[arg(long, env = "FLASHSALE_REDIS_PREFIX", default_value = "flashsale:")]
     pub redis_prefix: String,
@@ -578,6 +589,14 @@ impl Args {
     /// with the user's --server-env plus its strategy and a log file of its own.
     pub fn runs(&self) -> Result<Vec<RunSpec>, String> {
         let mut runs = self.runs_as_given()?;
+        if let Some(nodes) = &self.redis_cluster_nodes {
+            // A spawned server runs on the cluster the bench probes and audits (last,
+            // so that it wins over a --server-env naming another).
+            for run in &mut runs {
+                run.server_env
+                    .push((crate::server::CLUSTER_NODES_ENV.to_owned(), nodes.clone()));
+            }
+        }
         if let Some(secret) = &self.buyer_jwt_secret {
             // A spawned server authenticates its buyers with the secret the bench signs with.
             for run in &mut runs {
@@ -708,6 +727,43 @@ mod tests {
         assert_eq!(baseline.runs().expect("ok")[0].label, "redis-lua");
         let not_spawned = parse(&["rush", "--server-env", "FLASHSALE_STRATEGY=redis-lua"]);
         assert_eq!(not_spawned.strategy(), Ok(Strategy::Flashsale));
+    }
+
+    // Checks --redis-cluster-nodes: a spawned server gets it as its cluster setting,
+    // after the user's --server-env so that it wins; without it no run names a cluster;
+    // it cannot go with --outage (whose server has a private redis-server).
+    #[test]
+    fn a_redis_cluster_reaches_the_spawned_servers() {
+        let nodes = "127.0.0.1:7000,127.0.0.1:7001";
+        let args = parse(&[
+            "rush",
+            "--spawn",
+            "--server-env",
+            "FLASHSALE_REDIS_CLUSTER_NODES=127.0.0.1:9",
+            "--redis-cluster-nodes",
+            nodes,
+        ]);
+        assert_eq!(args.redis_cluster_nodes.as_deref(), Some(nodes));
+        let env = &args.runs().expect("ok")[0].server_env;
+        let last = env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == crate::server::CLUSTER_NODES_ENV);
+        assert_eq!(last.map(|(_, v)| v.as_str()), Some(nodes));
+        let plain = parse(&["rush", "--spawn"]).runs().expect("ok");
+        assert!(plain[0]
+            .server_env
+            .iter()
+            .all(|(k, _)| k != crate::server::CLUSTER_NODES_ENV));
+        let outage = Args::try_parse_from([
+            "flashsale-bench",
+            "sustained",
+            "--spawn",
+            "--outage",
+            "--redis-cluster-nodes",
+            nodes,
+        ]);
+        assert!(outage.is_err());
     }
 
     // Checks --compare expands to the seven rows in order (ceiling, http-post-ceiling,

@@ -386,6 +386,7 @@ async fn run_against(
             ServerEnv {
                 database_url: args.database_url.clone(),
                 redis_url: args.redis_url.clone(),
+                redis_cluster_nodes: args.redis_cluster_nodes.clone(),
                 redis_prefix: args.redis_prefix.clone(),
                 nats: None,
             },
@@ -428,7 +429,7 @@ async fn run_against(
             "the admin token is needed to create the product: --admin-token or FLASHSALE_ADMIN_TOKEN (or use --spawn)",
         )?;
         create_product(&http, &base_url, &token, product_id, args, sizes).await?;
-        let redis = match RedisProbe::connect(&env.redis_url).await {
+        let redis = match env.redis_probe().await {
             Ok(r) => Some(r),
             Err(e) => {
                 eprintln!("flashsale-bench: Redis figures unavailable: {e}");

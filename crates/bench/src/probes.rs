@@ -1,7 +1,8 @@
 //! Read-only looks at the stores and the server process: Redis `INFO commandstats` and
 //! `used_memory`, the keys under a prefix, MariaDB's commit counters, and the server's
 //! resident memory from /proc. Every counter read here is server-wide: other work on
-//! the same Redis or MariaDB shows up in the deltas.
+//! the same Redis or MariaDB shows up in the deltas. On a Redis Cluster the Redis
+//! figures are summed over its primaries.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -34,9 +35,15 @@ async fn bounded<T, E: std::fmt::Display>(
     }
 }
 
-/// A connection to the Redis the server uses.
+/// Connections to the Redis the server uses: the one node, or each primary of a Redis
+/// Cluster.
 pub struct RedisProbe {
-    conn: MultiplexedConnection,
+    /// The nodes probed, each by its address (for errors); on a cluster, the primaries
+    /// `CLUSTER NODES` named when the probe connected (a failover during the run makes
+    /// later figures miss the promoted replica's share).
+    nodes: Vec<(String, MultiplexedConnection)>,
+    /// A Redis Cluster: keys of different hash slots cannot share one UNLINK.
+    cluster: bool,
 }
 
 /// What Redis's INFO says at one moment.
@@ -47,60 +54,108 @@ pub struct RedisSnapshot {
     pub used_memory: Option<u64>,
 }
 
-impl RedisProbe {
-    pub async fn connect(url: &str) -> Result<Self, String> {
-        let client = redis::Client::open(url).map_err(|e| format!("redis {url}: {e}"))?;
-        let conn = bounded(
-            "connect to redis",
-            client.get_multiplexed_async_connection(),
-        )
-        .await?;
-        Ok(Self { conn })
-    }
+async fn connect_node(url: &str) -> Result<MultiplexedConnection, String> {
+    let client = redis::Client::open(url).map_err(|e| format!("redis {url}: {e}"))?;
+    bounded(
+        &format!("connect to redis {url}"),
+        client.get_multiplexed_async_connection(),
+    )
+    .await
+}
 
-    pub async fn snapshot(&mut self) -> Result<RedisSnapshot, String> {
-        let stats: String = bounded(
-            "INFO commandstats",
-            redis::cmd("INFO")
-                .arg("commandstats")
-                .query_async(&mut self.conn),
-        )
-        .await?;
-        let memory: String = bounded(
-            "INFO memory",
-            redis::cmd("INFO").arg("memory").query_async(&mut self.conn),
-        )
-        .await?;
-        Ok(RedisSnapshot {
-            calls: parse_commandstats(&stats),
-            used_memory: info_field(&memory, "used_memory"),
+impl RedisProbe {
+    /// Probes the one Redis at `url`.
+    pub async fn connect(url: &str) -> Result<Self, String> {
+        let conn = connect_node(url).await?;
+        Ok(Self {
+            nodes: vec![(url.to_owned(), conn)],
+            cluster: false,
         })
     }
 
-    /// How many keys start with `prefix` (None if the walk hit its bound).
-    pub async fn count_keys(&mut self, prefix: &str) -> Result<Option<u64>, String> {
-        let pattern = format!("{}*", escape_glob(prefix));
-        let mut cursor: u64 = 0;
-        let mut count = 0u64;
-        for _ in 0..SCAN_CALLS_MAX {
-            let (next, keys): (u64, Vec<Vec<u8>>) = bounded(
-                "SCAN",
-                redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(SCAN_COUNT)
-                    .query_async(&mut self.conn),
+    /// Probes the primaries of the Redis Cluster seeded by `seeds` (`host:port`,
+    /// comma-separated, as `FLASHSALE_REDIS_CLUSTER_NODES` has them): the first seed
+    /// that answers names them (`CLUSTER NODES`), and each is connected to.
+    ///
+    /// Why every primary: the keys of a sale, and the commands the server sends, are
+    /// spread over them by hash slot; replicas hold copies and would count twice.
+    pub async fn connect_cluster(seeds: &str) -> Result<Self, String> {
+        let mut last = format!("no seed node in {seeds:?}");
+        for seed in seeds.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let url = format!("redis://{seed}/");
+            let answer = async {
+                let mut conn = connect_node(&url).await?;
+                bounded(
+                    &format!("CLUSTER NODES at {seed}"),
+                    redis::cmd("CLUSTER")
+                        .arg("NODES")
+                        .query_async::<String>(&mut conn),
+                )
+                .await
+            };
+            let nodes = match answer.await {
+                Ok(text) => text,
+                Err(e) => {
+                    last = e;
+                    continue;
+                }
+            };
+            let mut probe = Self {
+                nodes: Vec::new(),
+                cluster: true,
+            };
+            for addr in cluster_primaries(&nodes) {
+                let url = format!("redis://{addr}/");
+                probe.nodes.push((addr, connect_node(&url).await?));
+            }
+            if probe.nodes.is_empty() {
+                return Err(format!("CLUSTER NODES at {seed} names no healthy primary"));
+            }
+            return Ok(probe);
+        }
+        Err(format!("Redis Cluster {seeds}: {last}"))
+    }
+
+    /// Calls per command and used memory, each summed over the nodes probed.
+    pub async fn snapshot(&mut self) -> Result<RedisSnapshot, String> {
+        let mut sum = RedisSnapshot {
+            calls: BTreeMap::new(),
+            used_memory: Some(0),
+        };
+        for (addr, conn) in &mut self.nodes {
+            let stats: String = bounded(
+                &format!("INFO commandstats at {addr}"),
+                redis::cmd("INFO").arg("commandstats").query_async(conn),
             )
             .await?;
-            count += keys.len() as u64;
-            if next == 0 {
-                return Ok(Some(count));
+            let memory: String = bounded(
+                &format!("INFO memory at {addr}"),
+                redis::cmd("INFO").arg("memory").query_async(conn),
+            )
+            .await?;
+            for (name, calls) in parse_commandstats(&stats) {
+                *sum.calls.entry(name).or_default() += calls;
             }
-            cursor = next;
+            sum.used_memory = sum
+                .used_memory
+                .zip(info_field(&memory, "used_memory"))
+                .map(|(a, b)| a + b);
         }
-        Ok(None)
+        Ok(sum)
+    }
+
+    /// How many keys start with `prefix` (None if a walk hit its bound).
+    pub async fn count_keys(&mut self, prefix: &str) -> Result<Option<u64>, String> {
+        let pattern = format!("{}*", escape_glob(prefix));
+        let mut count = 0u64;
+        for (addr, conn) in &mut self.nodes {
+            let finished =
+                scan_node(addr, conn, &pattern, |keys| count += keys.len() as u64).await?;
+            if !finished {
+                return Ok(None);
+            }
+        }
+        Ok(Some(count))
     }
 
     /// Deletes every key starting with `prefix` (a spawned server's own prefix); refuses
@@ -110,37 +165,98 @@ impl RedisProbe {
             return Err("refusing to delete with an empty prefix".into());
         }
         let pattern = format!("{}*", escape_glob(prefix));
-        let mut cursor: u64 = 0;
+        let cluster = self.cluster;
         let mut deleted = 0u64;
-        for _ in 0..SCAN_CALLS_MAX {
-            let (next, keys): (u64, Vec<Vec<u8>>) = bounded(
-                "SCAN",
-                redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(SCAN_COUNT)
-                    .query_async(&mut self.conn),
-            )
-            .await?;
-            for batch in keys.chunks(UNLINK_BATCH) {
+        for (addr, conn) in &mut self.nodes {
+            let mut found: Vec<Vec<u8>> = Vec::new();
+            let finished = scan_node(addr, conn, &pattern, |keys| found.extend(keys)).await?;
+            for batch in unlink_batches(found, cluster) {
                 let n: u64 = bounded(
-                    "UNLINK",
-                    redis::cmd("UNLINK").arg(batch).query_async(&mut self.conn),
+                    &format!("UNLINK at {addr}"),
+                    redis::cmd("UNLINK").arg(&batch).query_async(conn),
                 )
                 .await?;
                 deleted += n;
             }
-            if next == 0 {
-                return Ok(deleted);
+            if !finished {
+                return Err(format!(
+                    "stopped after {SCAN_CALLS_MAX} SCAN calls at {addr}; some keys under {prefix} may remain"
+                ));
             }
-            cursor = next;
         }
-        Err(format!(
-            "stopped after {SCAN_CALLS_MAX} SCAN calls; some keys under {prefix} may remain"
-        ))
+        Ok(deleted)
     }
+}
+
+/// Walks the keys of one node matching `pattern`, handing each SCAN reply's keys to
+/// `each`; false when the walk hit its bound before the end.
+async fn scan_node(
+    addr: &str,
+    conn: &mut MultiplexedConnection,
+    pattern: &str,
+    mut each: impl FnMut(Vec<Vec<u8>>),
+) -> Result<bool, String> {
+    let mut cursor: u64 = 0;
+    for _ in 0..SCAN_CALLS_MAX {
+        let (next, keys): (u64, Vec<Vec<u8>>) = bounded(
+            &format!("SCAN at {addr}"),
+            redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(SCAN_COUNT)
+                .query_async(conn),
+        )
+        .await?;
+        each(keys);
+        if next == 0 {
+            return Ok(true);
+        }
+        cursor = next;
+    }
+    Ok(false)
+}
+
+/// `keys` in UNLINK calls of at most `UNLINK_BATCH`; on a cluster, each call's keys of
+/// one hash slot (a multi-key command across slots is refused with CROSSSLOT).
+fn unlink_batches(keys: Vec<Vec<u8>>, cluster: bool) -> Vec<Vec<Vec<u8>>> {
+    let mut groups: BTreeMap<u16, Vec<Vec<u8>>> = BTreeMap::new();
+    for key in keys {
+        let slot = if cluster {
+            flashsale_testkit::RedisCluster::slot_of(&String::from_utf8_lossy(&key))
+        } else {
+            0
+        };
+        groups.entry(slot).or_default().push(key);
+    }
+    groups
+        .into_values()
+        .flat_map(|keys| {
+            keys.chunks(UNLINK_BATCH)
+                .map(<[Vec<u8>]>::to_vec)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The `host:port` of each healthy primary in a `CLUSTER NODES` answer: flagged
+/// `master`, not failing (`fail`, `fail?`) nor joining (`handshake`, `noaddr`).
+fn cluster_primaries(nodes: &str) -> Vec<String> {
+    nodes
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let flags: Vec<&str> = fields.get(2)?.split(',').collect();
+            let unhealthy = ["fail", "fail?", "handshake", "noaddr"];
+            if !flags.contains(&"master") || flags.iter().any(|f| unhealthy.contains(f)) {
+                return None;
+            }
+            // `ip:port@cport[,hostname]`
+            let addr = fields.get(1)?.split(['@', ',']).next()?;
+            Some(addr.to_owned())
+        })
+        .collect()
 }
 
 /// Calls per command from `INFO commandstats` text
@@ -715,5 +831,50 @@ mod tests {
             responses_by_outcome(text, "purchase"),
             BTreeMap::from([("created".into(), 100), ("sold_out".into(), 1999)])
         );
+    }
+
+    // Checks the primaries a cluster probe connects to are the healthy masters of
+    // CLUSTER NODES, addresses without the bus port or hostname: replicas, failed,
+    // suspected and joining nodes are left out, and so is a line that does not parse.
+    #[test]
+    fn healthy_primaries_of_cluster_nodes() {
+        let nodes = "\
+            a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460\n\
+            b2 127.0.0.1:7001@17001,host.example master - 0 0 2 connected 5461-10922\n\
+            c3 127.0.0.1:7002@17002 master,fail - 0 0 3 disconnected\n\
+            d4 127.0.0.1:7003@17003 slave a1 0 0 1 connected\n\
+            e5 127.0.0.1:7004@17004 master,fail? - 0 0 5 connected 10923-16383\n\
+            f6 :0@0 master,noaddr - 0 0 6 disconnected\n\
+            garbage\n";
+        assert_eq!(
+            cluster_primaries(nodes),
+            vec!["127.0.0.1:7000".to_owned(), "127.0.0.1:7001".to_owned()]
+        );
+    }
+
+    // Checks the cleanup's UNLINK calls: on a cluster each call holds keys of one hash
+    // slot (keys of a product share its `{p:<id>}` tag, those of two products do not),
+    // no call exceeds UNLINK_BATCH, and every key is deleted once; on one Redis the
+    // slots do not matter.
+    #[test]
+    fn unlink_batches_stay_within_a_slot_on_a_cluster() {
+        let key = |p: u32, i: usize| format!("fs_bench_x:{{p:{p}}}:r:{i}").into_bytes();
+        let keys: Vec<Vec<u8>> = (0..UNLINK_BATCH + 3)
+            .flat_map(|i| [key(1, i), key(2, i)])
+            .collect();
+        let batches = unlink_batches(keys.clone(), true);
+        assert_eq!(batches.len(), 4);
+        for batch in &batches {
+            assert!(batch.len() <= UNLINK_BATCH);
+            let slot =
+                |k: &Vec<u8>| flashsale_testkit::RedisCluster::slot_of(&String::from_utf8_lossy(k));
+            assert!(batch.iter().all(|k| slot(k) == slot(&batch[0])));
+        }
+        let mut all: Vec<Vec<u8>> = batches.into_iter().flatten().collect();
+        let mut want = keys.clone();
+        all.sort();
+        want.sort();
+        assert_eq!(all, want);
+        assert_eq!(unlink_batches(keys, false).len(), 3);
     }
 }

@@ -29,11 +29,18 @@ const NATS_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most servers one spawn starts: as many as a run may spread its load over.
 pub const INSTANCES_MAX: u32 = crate::cli::TARGETS_MAX as u32;
 
+/// The server setting naming a Redis Cluster (`host:port` seed nodes, comma-separated);
+/// when set, the server uses the cluster and does not read `FLASHSALE_REDIS_URL`.
+pub const CLUSTER_NODES_ENV: &str = "FLASHSALE_REDIS_CLUSTER_NODES";
+
 /// The configuration a flashsale process (server or audit) reads.
 #[derive(Debug, Clone)]
 pub struct ServerEnv {
     pub database_url: String,
+    /// The one Redis, when `redis_cluster_nodes` is None.
     pub redis_url: String,
+    /// The Redis Cluster's seed nodes (`CLUSTER_NODES_ENV`), used instead of `redis_url`.
+    pub redis_cluster_nodes: Option<String>,
     pub redis_prefix: String,
     /// Set when this bench owns the NATS stream (spawned server).
     pub nats: Option<(String, String)>,
@@ -44,9 +51,24 @@ impl ServerEnv {
         cmd.env("FLASHSALE_DATABASE_URL", &self.database_url)
             .env("FLASHSALE_REDIS_URL", &self.redis_url)
             .env("FLASHSALE_REDIS_PREFIX", &self.redis_prefix);
+        // Set, or removed: a cluster inherited from the bench's own environment would
+        // send the process to other keys than the ones the bench probes and cleans.
+        match &self.redis_cluster_nodes {
+            Some(nodes) => cmd.env(CLUSTER_NODES_ENV, nodes),
+            None => cmd.env_remove(CLUSTER_NODES_ENV),
+        };
         if let Some((subject_prefix, stream)) = &self.nats {
             cmd.env("FLASHSALE_NATS_SUBJECT_PREFIX", subject_prefix)
                 .env("FLASHSALE_NATS_STREAM", stream);
+        }
+    }
+
+    /// A probe of the Redis the server uses: the cluster's primaries when it runs on
+    /// one, else its one Redis.
+    pub async fn redis_probe(&self) -> Result<RedisProbe, String> {
+        match &self.redis_cluster_nodes {
+            Some(nodes) => RedisProbe::connect_cluster(nodes).await,
+            None => RedisProbe::connect(&self.redis_url).await,
         }
     }
 }
@@ -81,10 +103,13 @@ pub struct SpawnOptions<'a> {
     pub bin: &'a Path,
     /// The database URL whose server hosts the fresh database.
     pub database_url: &'a str,
+    /// The Redis, unless `extra_env` names a Redis Cluster (`CLUSTER_NODES_ENV`).
     pub redis_url: &'a str,
     pub nats_url: &'a str,
     pub payment_timeout: Option<Duration>,
-    /// Extra `KEY=VALUE` settings.
+    /// Extra `KEY=VALUE` settings (the last of a key wins, as for the server). A Redis
+    /// Cluster named here (`CLUSTER_NODES_ENV`) is also the one the bench probes, cleans
+    /// and audits.
     pub extra_env: &'a [(String, String)],
     pub log_level: &'a str,
     /// The log's path (with several instances, instance i's is `<path>.i`); None: a
@@ -131,6 +156,12 @@ pub async fn spawn(opts: SpawnOptions<'_>) -> Result<Spawned, String> {
     let env = ServerEnv {
         database_url: format!("{server}/{database_name}{query}"),
         redis_url: opts.redis_url.to_owned(),
+        redis_cluster_nodes: opts
+            .extra_env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == CLUSTER_NODES_ENV)
+            .map(|(_, v)| v.clone()),
         redis_prefix: format!("fs_bench_{tag}:"),
         nats: Some((
             format!("fs_bench_{tag}"),
@@ -384,7 +415,7 @@ impl Spawned {
             }
             Err(e) => eprintln!("flashsale-bench: drop database {}: {e}", self.database_name),
         }
-        match RedisProbe::connect(&self.env.redis_url).await {
+        match self.env.redis_probe().await {
             Ok(mut r) => {
                 if let Err(e) = r.delete_prefix(&self.env.redis_prefix).await {
                     eprintln!(
