@@ -1,0 +1,666 @@
+//! Three flashsale instances on one Redis Cluster, one killed mid-sale (issue 21).
+//!
+//! What it checks: that a sale served by three instances over a Redis Cluster sells
+//! exactly its stock when one instance dies with `kill -9` in the middle of it — the
+//! units the dead instance held without an order come back through the survivors'
+//! recovery and are sold to other buyers; every order a buyer was told about (a 201)
+//! exists; and `flashsale audit`, run against the cluster, finds nothing wrong.
+//!
+//! How: a private Redis Cluster (`flashsale_testkit::RedisCluster`, 3 primaries + 3
+//! replicas on loopback); three debug-built `flashsale serve` processes
+//! (`server::spawn`) on it (`FLASHSALE_REDIS_CLUSTER_NODES`), on one fresh database of
+//! the shared MariaDB and one NATS stream, with a short recovery window
+//! (`FLASHSALE_RECOVERY_AFTER`) and short worker intervals; one product per primary
+//! (`RedisCluster::product_on`), each sold by a rush of its own driven through the bench
+//! library (`flashsale_bench::drive`, open loop, so the load lasts the same whatever the
+//! machine's speed) over the three base URLs. Once every rush has sold part of its
+//! stock, the second instance is killed; the load goes on over the two others long
+//! enough for recovery to give the dead instance's units back and for buyers to take
+//! them. Then: each rush's own checks and audit (given the cluster), a bounded wait
+//! until no unit is held without an order, the orders table (PENDING_PAYMENT + PAID =
+//! the stock), and `flashsale audit` once more. The numbers (per target attempts / 201
+//! / 503 / no answer, what recovery did, how long it took) are printed: run with
+//! `--nocapture`.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use flashsale_bench::cli::Args;
+use flashsale_bench::load::Live;
+use flashsale_bench::probes::OrdersProbe;
+use flashsale_bench::report::{BenchResult, Inventory};
+use flashsale_bench::server::{self, SpawnOptions, Spawned, CLUSTER_NODES_ENV};
+use flashsale_testkit::RedisCluster;
+
+/// Servers of the sale: the issue's three, so that two are left after the kill and the
+/// load is still spread over more than one.
+const INSTANCES: u32 = 3;
+/// Units on sale per product: sold in a second or two at `RATE`, so the kill (at
+/// `KILL_AT_ORDERS`) lands while every product still has stock.
+const STOCK: i64 = 150;
+/// Attempts per second per product (open loop). Three rushes at this rate keep a busy
+/// 2-core machine (three debug servers, six redis-servers, MariaDB) answering in time.
+const RATE: &str = "120";
+/// Attempts per product: `ATTEMPTS / RATE` ≈ 12.5 s of load, of which ~11 s after the
+/// kill — several recovery windows (`RECOVERY_AFTER` + `WORKER_INTERVAL`), so the units
+/// recovery gives back find buyers before the load ends.
+const ATTEMPTS: u64 = 1500;
+/// Distinct buyers per product, one unit each (the rush's limit): many more than the
+/// stock, so units given back late still find a buyer who has none.
+const USERS: &str = "1000";
+/// Orders every product must have before the kill: the rushes have all started, and the
+/// kill is mid-sale (well below `STOCK`).
+const KILL_AT_ORDERS: u64 = 25;
+/// Longest wait for that: the servers are up, so orders flow within a second or two.
+const KILL_WAIT_MAX: Duration = Duration::from_secs(30);
+/// How old a hold without an order must be before recovery fences and releases it (the
+/// server's default, 30 s, is beyond this test's time).
+const RECOVERY_AFTER: &str = "2s";
+/// The servers' request deadline (10 s by default): recovery may only fence holds older
+/// than it (the server refuses a `RECOVERY_AFTER` not above it), so it is shortened with
+/// the window; a debug server under this test's load answers well within it.
+const REQUEST_TIMEOUT: &str = "1500ms";
+/// The recovery, expiry and gate-watch workers' period: several passes per recovery
+/// window.
+const WORKER_INTERVAL: &str = "500ms";
+/// The reconcile worker's period (60 s by default): it runs during the test too.
+const RECONCILE_INTERVAL: &str = "5s";
+/// Longest wait, once the rushes are over, until no unit is held without an order: a
+/// few recovery windows on a busy machine.
+const RECOVERY_WAIT_MAX: Duration = Duration::from_secs(30);
+/// Pause between looks at the inventories, after the kill and after the load.
+const POLL: Duration = Duration::from_millis(100);
+/// Longest wait for every instance's workers to have made their first passes (they
+/// make one at startup).
+const WORKERS_WAIT_MAX: Duration = Duration::from_secs(20);
+/// The workers `serve` runs, as `flashsale_worker_passes_total` names them.
+const WORKERS: [&str; 5] = ["expiry", "gate-watch", "reconcile", "recovery", "fallback"];
+/// WARN and ERROR lines of the servers' logs printed (the rest are counted).
+const LOG_LINES_SHOWN: usize = 40;
+/// What recovery counts (`flashsale_recovery_actions_total`), printed per survivor.
+const RECOVERY_ACTIONS: [&str; 6] = [
+    "aligned",
+    "released",
+    "orphans_released",
+    "returns_completed",
+    "restocks_completed",
+    "deferred",
+];
+/// Warn (not fail) past this: the machine may be shared with other test binaries.
+const EXPECTED_MAX: Duration = Duration::from_secs(60);
+
+fn args(list: &[&str]) -> Args {
+    Args::try_parse_from(std::iter::once("flashsale-bench").chain(list.iter().copied()))
+        .expect("valid arguments")
+}
+
+/// The value of the series `series` (`name{labels}` exactly as the server writes it) in
+/// a Prometheus text answer; 0 when absent (a counter not yet moved).
+fn series(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| {
+            let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+            value.trim().parse().ok()
+        })
+        .unwrap_or(0.0)
+}
+
+/// `GET <base_url>/metrics`, or why not.
+async fn metrics(http: &reqwest::Client, base_url: &str) -> Result<String, String> {
+    let r = http
+        .get(format!("{base_url}/metrics"))
+        .send()
+        .await
+        .map_err(|e| format!("{base_url}/metrics: {e}"))?;
+    if !r.status().is_success() {
+        return Err(format!("{base_url}/metrics: {}", r.status()));
+    }
+    r.text()
+        .await
+        .map_err(|e| format!("{base_url}/metrics: {e}"))
+}
+
+/// Passes that ended well, of `worker`, in a /metrics answer.
+fn passes(text: &str, worker: &str) -> f64 {
+    series(
+        text,
+        &format!("flashsale_worker_passes_total{{worker=\"{worker}\",result=\"ok\"}}"),
+    )
+}
+
+/// What recovery did, by action, in a /metrics answer.
+fn recovery_action(text: &str, action: &str) -> f64 {
+    series(
+        text,
+        &format!("flashsale_recovery_actions_total{{action=\"{action}\"}}"),
+    )
+}
+
+/// The product's inventory as the API has it (available from Redis, reserved and sold
+/// from MariaDB).
+async fn inventory(
+    http: &reqwest::Client,
+    base_url: &str,
+    product: i64,
+) -> Result<Inventory, String> {
+    #[derive(serde::Deserialize)]
+    struct View {
+        inventory: Inventory,
+    }
+    let url = format!("{base_url}/v1/products/{product}");
+    let r = http
+        .get(&url)
+        .send()
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    if !r.status().is_success() {
+        return Err(format!("{url}: {}", r.status()));
+    }
+    r.json::<View>()
+        .await
+        .map(|v| v.inventory)
+        .map_err(|e| format!("{url}: {e}"))
+}
+
+/// Units taken from Redis that no order (reserved or sold) accounts for: holds in
+/// flight, or left by the dead instance until recovery settles them.
+fn held(i: &Inventory) -> i64 {
+    i.total - (i.available + i.reserved + i.sold)
+}
+
+/// What recovery did on one server, from its /metrics: passes and actions by name.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Recovery {
+    passes: f64,
+    actions: BTreeMap<&'static str, f64>,
+    incidents: f64,
+}
+
+impl Recovery {
+    fn of(text: &str) -> Self {
+        Recovery {
+            passes: passes(text, "recovery"),
+            actions: RECOVERY_ACTIONS
+                .iter()
+                .map(|a| (*a, recovery_action(text, a)))
+                .collect(),
+            incidents: series(text, "flashsale_recovery_incidents_total"),
+        }
+    }
+
+    /// What it did between `before` and this.
+    fn since(&self, before: &Recovery) -> Self {
+        Recovery {
+            passes: self.passes - before.passes,
+            actions: self
+                .actions
+                .iter()
+                .map(|(a, n)| (*a, n - before.actions.get(a).copied().unwrap_or(0.0)))
+                .collect(),
+            incidents: self.incidents - before.incidents,
+        }
+    }
+
+    fn released(&self) -> f64 {
+        self.actions.get("released").copied().unwrap_or(0.0)
+    }
+}
+
+/// What the run saw, checked once the servers are stopped and cleaned up.
+struct Seen {
+    /// Per product: its id, the primary its keys live on, the rush's result.
+    rushes: Vec<(i64, u16, BenchResult)>,
+    killed: String,
+    /// Per product: answers and orders of its rush when the kill was sent.
+    at_kill: Vec<(u64, u64)>,
+    /// From the kill to the survivors' last release of an abandoned hold (None: none
+    /// released — the dead instance held nothing without an order).
+    last_release: Option<Duration>,
+    /// From the kill until, the load over, no product had a unit held without an order.
+    settled_after: Duration,
+    /// Per product: the inventory and the units in live orders (PENDING_PAYMENT + PAID)
+    /// once settled.
+    settled: Vec<(Inventory, i64)>,
+    /// Per surviving instance: what its recovery did since just before the kill.
+    survivors: Vec<(String, Recovery)>,
+    /// Per product: the last `flashsale audit` run (after recovery).
+    audits: Vec<server::AuditRun>,
+    /// Lines of the servers' logs at WARN or ERROR.
+    log_problems: Vec<String>,
+}
+
+// Checks the issue's scenario (see the module comment): three instances on a Redis
+// Cluster, each running its workers; three rushes, one product per primary; the second
+// instance killed with kill -9 mid-sale; then each rush's checks and audit passed, no
+// unit held without an order within RECOVERY_WAIT_MAX, exactly the stock in live
+// orders per product, and the audit clean against the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_on_a_cluster_sell_exactly_the_stock_when_one_dies() {
+    let bin = common::server_bin();
+    let started = Instant::now();
+    let cluster = RedisCluster::start()
+        .await
+        .expect("the Redis Cluster starts");
+    let seeds = cluster.seed_nodes();
+    let node_url = cluster.urls().first().cloned().expect("six nodes");
+    let primaries = cluster.primaries().await.expect("the primaries");
+    assert_eq!(primaries.len(), 3, "{primaries:?}");
+    let mut products = Vec::new();
+    for &port in &primaries {
+        let id = cluster.product_on(port).await.expect("a product on it");
+        products.push((i64::try_from(id).expect("a small id"), port));
+    }
+    eprintln!(
+        "cluster {seeds} up in {:.1}s; products (id → primary): {products:?}",
+        started.elapsed().as_secs_f64()
+    );
+
+    // The stores' addresses as the command line has them (defaults or FLASHSALE_*).
+    let defaults = args(&["rush"]);
+    let env: Vec<(String, String)> = [
+        (CLUSTER_NODES_ENV, seeds.as_str()),
+        ("FLASHSALE_RECOVERY_AFTER", RECOVERY_AFTER),
+        ("FLASHSALE_REQUEST_TIMEOUT", REQUEST_TIMEOUT),
+        ("FLASHSALE_RECOVERY_INTERVAL", WORKER_INTERVAL),
+        ("FLASHSALE_EXPIRY_INTERVAL", WORKER_INTERVAL),
+        ("FLASHSALE_GATE_WATCH_INTERVAL", WORKER_INTERVAL),
+        ("FLASHSALE_RECONCILE_INTERVAL", RECONCILE_INTERVAL),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    let spawned = server::spawn(SpawnOptions {
+        bin: &bin,
+        database_url: &defaults.database_url,
+        // Not read by the servers (the cluster setting wins): one of the cluster's
+        // nodes, so that nothing points at the shared Redis.
+        redis_url: &node_url,
+        nats_url: &defaults.nats_url,
+        payment_timeout: None,
+        extra_env: &env,
+        log_level: "info",
+        log_path: None,
+        instances: INSTANCES,
+    })
+    .await
+    .expect("three servers start on the cluster");
+    eprintln!(
+        "{INSTANCES} servers up at {:.1}s: {:?}",
+        started.elapsed().as_secs_f64(),
+        spawned.base_urls()
+    );
+
+    let seen = run(&bin, &spawned, &products).await;
+    let log_problems = log_problems(&spawned);
+    spawned.shutdown(false).await;
+    drop(cluster);
+    let took = started.elapsed();
+    let mut seen = seen.expect("the run was carried out");
+    seen.log_problems = log_problems;
+    print_seen(&seen, took);
+    if took > EXPECTED_MAX {
+        eprintln!("note: the test took {took:?} (busy machine?)");
+    }
+
+    for (product, _, r) in &seen.rushes {
+        let summary = flashsale_bench::report::summary_table(r);
+        assert!(r.passed, "product {product}:\n{summary}\n{:?}", r.checks);
+        assert_eq!(
+            r.checks.audit.status, "passed",
+            "product {product}: {}",
+            r.checks.audit.output
+        );
+        let present = r.checks.client_passed.iter().any(|l| {
+            l.starts_with("orders table: all ") && l.ends_with("present under their request_id")
+        });
+        assert!(
+            present,
+            "product {product}: acknowledged orders not all found: {:?}",
+            r.checks
+        );
+        let rows: Vec<&str> = r.targets.iter().map(|t| t.base_url.as_str()).collect();
+        assert_eq!(rows.len(), INSTANCES as usize, "{summary}");
+        for t in &r.targets {
+            assert!(t.attempts > 0, "{}: no attempts\n{summary}", t.base_url);
+        }
+        let killed = r
+            .targets
+            .iter()
+            .find(|t| t.base_url == seen.killed)
+            .expect("the killed server is a target");
+        assert!(
+            killed.unanswered() > 0,
+            "the killed server's later attempts got no answer\n{summary}"
+        );
+        assert!(r.orders.acknowledged <= STOCK as u64, "{summary}");
+    }
+    for (i, (at_answers, at_orders)) in seen.at_kill.iter().enumerate() {
+        assert!(
+            *at_orders < STOCK as u64,
+            "product {}: the kill came after the sale ({at_orders} orders, {at_answers} answers)",
+            seen.rushes[i].0
+        );
+    }
+    for (i, (inv, live_units)) in seen.settled.iter().enumerate() {
+        let product = seen.rushes[i].0;
+        assert_eq!(held(inv), 0, "product {product}: {inv:?}");
+        assert_eq!(inv.total, STOCK, "product {product}: {inv:?}");
+        assert_eq!(
+            *live_units, STOCK,
+            "product {product}: PENDING_PAYMENT + PAID orders hold {live_units} units, not the stock {STOCK} ({inv:?})"
+        );
+        assert_eq!(inv.available, 0, "product {product}: {inv:?}");
+    }
+    for (i, a) in seen.audits.iter().enumerate() {
+        assert!(
+            a.passed,
+            "product {}: flashsale audit after recovery:\n{}",
+            seen.rushes[i].0, a.output
+        );
+    }
+    for (url, recovery) in &seen.survivors {
+        assert!(
+            recovery.passes > 0.0,
+            "{url}: no recovery pass after the kill"
+        );
+        assert_eq!(
+            recovery.incidents, 0.0,
+            "{url}: recovery raised incidents: {recovery:?}"
+        );
+    }
+}
+
+/// Everything between the servers' start and their stop: the workers' first passes, the
+/// three rushes with the kill, the wait for recovery and the final reads.
+async fn run(
+    bin: &std::path::Path,
+    spawned: &Spawned,
+    products: &[(i64, u16)],
+) -> Result<Seen, String> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .map_err(|e| format!("http client: {e}"))?;
+    let urls = spawned.base_urls();
+    workers_ran(&http, &urls).await?;
+
+    let attempts = ATTEMPTS.to_string();
+    let stock = STOCK.to_string();
+    let bin_arg = bin
+        .to_str()
+        .ok_or("the server binary's path is not UTF-8")?;
+    let mut rushes = Vec::new();
+    for &(product, _) in products {
+        let product = product.to_string();
+        let mut list = vec!["rush", "--quick", "--no-progress"];
+        for url in &urls {
+            list.extend(["--base-url", url]);
+        }
+        list.extend([
+            "--admin-token",
+            &spawned.admin_token,
+            "--database-url",
+            &spawned.env.database_url,
+            "--redis-url",
+            &spawned.env.redis_url,
+            "--redis-cluster-nodes",
+            spawned
+                .env
+                .redis_cluster_nodes
+                .as_deref()
+                .ok_or("the spawn did not take the cluster setting")?,
+            "--redis-prefix",
+            &spawned.env.redis_prefix,
+            "--server-bin",
+            bin_arg,
+            "--product-id",
+            &product,
+            "--attempts",
+            &attempts,
+            "--users",
+            USERS,
+            "--stock",
+            &stock,
+            "--rate",
+            RATE,
+        ]);
+        let run = args(&list);
+        let live = Arc::new(Live::default());
+        let watched = live.clone();
+        let handle = tokio::spawn(async move { flashsale_bench::drive(&run, watched).await });
+        rushes.push((live, handle));
+    }
+
+    // The kill: once every rush has sold KILL_AT_ORDERS units.
+    let victim = spawned.others.first().ok_or("no second instance to kill")?;
+    let waited = Instant::now();
+    while rushes
+        .iter()
+        .any(|(live, _)| live.orders.load(Ordering::Relaxed) < KILL_AT_ORDERS)
+    {
+        if waited.elapsed() > KILL_WAIT_MAX || rushes.iter().any(|(_, h)| h.is_finished()) {
+            let orders: Vec<u64> = rushes
+                .iter()
+                .map(|(l, _)| l.orders.load(Ordering::Relaxed))
+                .collect();
+            return Err(format!(
+                "the rushes did not all reach {KILL_AT_ORDERS} orders (orders: {orders:?})"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let survivors: Vec<String> = urls
+        .iter()
+        .filter(|u| **u != victim.base_url)
+        .cloned()
+        .collect();
+    let mut before = Vec::new();
+    for url in &survivors {
+        before.push(metrics(&http, url).await?);
+    }
+    let at_kill: Vec<(u64, u64)> = rushes
+        .iter()
+        .map(|(l, _)| {
+            (
+                l.answers.load(Ordering::Relaxed),
+                l.orders.load(Ordering::Relaxed),
+            )
+        })
+        .collect();
+    let status = std::process::Command::new("kill")
+        .args(["-9", &victim.pid.to_string()])
+        .status()
+        .map_err(|e| format!("kill -9 {}: {e}", victim.pid))?;
+    if !status.success() {
+        return Err(format!("kill -9 {}: {status}", victim.pid));
+    }
+    let killed_at = Instant::now();
+    eprintln!(
+        "killed {} (pid {}) at {at_kill:?} (answers, orders) per product",
+        victim.base_url, victim.pid
+    );
+
+    // Until the load is over and no product has a unit held without an order: when the
+    // survivors' recovery last released a hold.
+    let reads = &survivors[0];
+    let released =
+        |texts: &[String]| -> f64 { texts.iter().map(|t| Recovery::of(t).released()).sum() };
+    let mut released_now = released(&before);
+    let mut last_release = None;
+    let mut settled_since: Option<Instant> = None;
+    let settled_invs = loop {
+        let mut texts = Vec::new();
+        for url in &survivors {
+            texts.push(metrics(&http, url).await?);
+        }
+        let now = released(&texts);
+        if now != released_now {
+            released_now = now;
+            last_release = Some(killed_at.elapsed());
+        }
+        if rushes.iter().all(|(_, h)| h.is_finished()) {
+            let since = *settled_since.get_or_insert_with(Instant::now);
+            let mut invs = Vec::new();
+            for &(product, _) in products {
+                invs.push(inventory(&http, reads, product).await?);
+            }
+            if invs.iter().all(|i| held(i) == 0) {
+                break invs;
+            }
+            if since.elapsed() > RECOVERY_WAIT_MAX {
+                return Err(format!(
+                    "units still held without an order {RECOVERY_WAIT_MAX:?} after the load: {invs:?}"
+                ));
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    };
+    let settled_after = killed_at.elapsed();
+    let mut results = Vec::new();
+    for (i, (_, handle)) in rushes.into_iter().enumerate() {
+        let r = handle
+            .await
+            .map_err(|e| format!("rush {i} panicked: {e}"))??;
+        results.push((products[i].0, products[i].1, r));
+    }
+
+    let mut orders = OrdersProbe::connect(&spawned.env.database_url).await?;
+    let mut settled = Vec::new();
+    for (i, &(product, _)) in products.iter().enumerate() {
+        let facts = orders.facts(product).await?;
+        settled.push((settled_invs[i].clone(), facts.live_units));
+    }
+    orders.close().await;
+    let mut audits = Vec::new();
+    for &(product, _) in products {
+        audits.push(server::audit(bin, &spawned.env, product).await?);
+    }
+    let mut after = Vec::new();
+    for (url, before) in survivors.iter().zip(&before) {
+        let now = metrics(&http, url).await?;
+        after.push((url.clone(), Recovery::of(&now).since(&Recovery::of(before))));
+    }
+    Ok(Seen {
+        rushes: results,
+        killed: victim.base_url.clone(),
+        at_kill,
+        last_release,
+        settled_after,
+        settled,
+        survivors: after,
+        audits,
+        log_problems: Vec::new(),
+    })
+}
+
+/// Waits (bounded) until every instance's /metrics shows a good pass of each of its
+/// workers: `serve` runs them on every instance, each makes a pass at startup.
+async fn workers_ran(http: &reqwest::Client, urls: &[String]) -> Result<(), String> {
+    let waited = Instant::now();
+    for url in urls {
+        loop {
+            let text = metrics(http, url).await?;
+            let missing: Vec<&str> = WORKERS
+                .iter()
+                .copied()
+                .filter(|w| passes(&text, w) < 1.0)
+                .collect();
+            if missing.is_empty() {
+                let counts: BTreeMap<&str, f64> =
+                    WORKERS.iter().map(|w| (*w, passes(&text, w))).collect();
+                eprintln!("{url}: worker passes {counts:?}");
+                break;
+            }
+            if waited.elapsed() > WORKERS_WAIT_MAX {
+                return Err(format!(
+                    "{url}: no good pass of {missing:?} within {WORKERS_WAIT_MAX:?}"
+                ));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+    Ok(())
+}
+
+/// The WARN and ERROR lines of every instance's log (read before the logs are removed).
+fn log_problems(spawned: &Spawned) -> Vec<String> {
+    spawned
+        .instances()
+        .flat_map(|i| {
+            let text =
+                server::strip_ansi(&std::fs::read_to_string(&i.log_path).unwrap_or_default());
+            text.lines()
+                .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+                .map(|l| format!("{}: {l}", i.base_url))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn print_seen(seen: &Seen, took: Duration) {
+    println!(
+        "\n=== three instances on a Redis Cluster, {} killed mid-sale ===",
+        seen.killed
+    );
+    for (i, (product, port, r)) in seen.rushes.iter().enumerate() {
+        let (answers, orders) = seen.at_kill[i];
+        println!(
+            "product {product} (primary :{port}): {} attempts in {:.1}s, {} orders acknowledged; killed at {answers} answers / {orders} orders",
+            r.attempts.sent, r.elapsed_s, r.orders.acknowledged,
+        );
+        for t in &r.targets {
+            let of = |s: &str| t.outcomes.get(s).copied().unwrap_or(0);
+            let other: BTreeMap<&str, u64> = t
+                .outcomes
+                .iter()
+                .filter(|(s, _)| !["201", "409", "503", "0"].contains(&s.as_str()))
+                .map(|(s, n)| (s.as_str(), *n))
+                .collect();
+            println!(
+                "  {:<24} attempts {:>4}  201 {:>3}  409 {:>4}  503 {:>2}  no answer {:>3}  other {other:?}; errors {:?}",
+                t.base_url,
+                t.attempts,
+                of("201"),
+                of("409"),
+                of("503"),
+                of("0"),
+                t.errors,
+            );
+        }
+        let (inv, live) = &seen.settled[i];
+        println!(
+            "  settled: {inv:?}; units in PENDING_PAYMENT + PAID orders: {live}; audit: the bench's {} ({} run{}), after recovery {}",
+            r.checks.audit.status,
+            r.checks.audit.runs,
+            if r.checks.audit.runs == 1 { "" } else { "s" },
+            if seen.audits[i].passed { "passed" } else { "FAILED" },
+        );
+    }
+    for (url, r) in &seen.survivors {
+        println!(
+            "survivor {url}, since the kill: {} recovery passes, actions {:?}, incidents {}",
+            r.passes, r.actions, r.incidents
+        );
+    }
+    println!(
+        "recovery: last abandoned hold released {} after the kill (RECOVERY_AFTER {RECOVERY_AFTER}); nothing held without an order {:.1}s after it (load over); test took {:.1}s",
+        seen.last_release
+            .map_or("- (none)".to_owned(), |d| format!("{:.1}s", d.as_secs_f64())),
+        seen.settled_after.as_secs_f64(),
+        took.as_secs_f64()
+    );
+    if !seen.log_problems.is_empty() {
+        println!(
+            "WARN/ERROR lines in the servers' logs ({}):",
+            seen.log_problems.len()
+        );
+        for line in seen.log_problems.iter().take(LOG_LINES_SHOWN) {
+            println!("  {line}");
+        }
+    }
+}
