@@ -259,3 +259,59 @@ async fn a_slot_migrated_mid_sale_is_adopted_not_rebuilt() {
     workers.stop().await;
     app.cleanup().await;
 }
+
+// Checks that a sold-out lease is revoked on a cluster: two instances subscribe to
+// revocations on the first seed node, while the product's keys live on another primary.
+// The product sells out and both instances hear the lease (a long one); a restock
+// through the first publishes the revocation on the product's primary, which the
+// cluster passes to every node; a buyer polling on each instance buys within
+// REVOKED_WITHIN — without the revocation neither could before the lease's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_revocation_published_on_one_primary_reaches_every_instance() {
+    use crate::helpers::code;
+    use crate::sold_out::{buy_within, LONG_LEASE};
+    let cluster = RedisCluster::start().await.expect("cluster");
+    let seeds = cluster.seed_nodes();
+    let settings = [("SOLD_OUT_LEASE", LONG_LEASE)];
+    let a = TestApp::spawn_on_cluster(&seeds, &settings).await;
+    let b = a.spawn_beside(&settings).await;
+    let first_seed: u16 = seeds
+        .split(',')
+        .next()
+        .and_then(|s| s.rsplit_once(':'))
+        .and_then(|(_, p)| p.parse().ok())
+        .expect("a seed port");
+    let port = cluster
+        .primaries()
+        .await
+        .expect("primaries")
+        .into_iter()
+        .find(|&p| p != first_seed)
+        .expect("a primary other than the first seed");
+    let product = i64::try_from(cluster.product_on(port).await.expect("product")).expect("id");
+    a.create_product(product, 1, None).await;
+    let (s, body) = a.purchase("REQ_cl_first", 1, product, 1).await;
+    assert_eq!(s, StatusCode::CREATED, "{body}");
+    for (app, rid) in [(&a, "REQ_cl_refused_a"), (&b, "REQ_cl_refused_b")] {
+        let (s, body) = app.purchase(rid, 2, product, 1).await;
+        assert_eq!(
+            (s, code(&body)),
+            (StatusCode::CONFLICT, "sold_out"),
+            "{body}"
+        );
+    }
+    let (s, body) = a
+        .admin_post(
+            &format!("/v1/products/{product}/restock"),
+            serde_json::json!({"request_id": "RS_cluster", "quantity": 2}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    let (on_a, on_b) = tokio::join!(buy_within(&a, product, 10), buy_within(&b, product, 20));
+    println!("product on :{port}, subscribers on :{first_seed}; restock to first 201: {on_a:?}, {on_b:?}");
+    assert!(on_a.is_some() && on_b.is_some(), "{on_a:?} {on_b:?}");
+    invariants::assert_ok(&a, product).await;
+    invariants::assert_audit_clean(&a, product).await;
+    b.cleanup().await;
+    a.cleanup().await;
+}

@@ -15,7 +15,7 @@ use crate::invariants;
 
 /// The longest lease there is, for the tests of revocation: a purchase that succeeds
 /// well inside it succeeded because the lease was revoked, not because it ran out.
-const LONG_LEASE: &str = "5s";
+pub(crate) const LONG_LEASE: &str = "5s";
 /// Units that came back must be bought within this, on every instance: half the long
 /// lease, of which an instance trusts 90 %. Revocation takes milliseconds (printed).
 const REVOKED_WITHIN: Duration = Duration::from_millis(2_500);
@@ -25,7 +25,7 @@ const POLL_PAUSE: Duration = Duration::from_millis(5);
 /// Retries a fresh purchase (a new request_id each time) on `app` until it is sold, for
 /// at most [`REVOKED_WITHIN`]; every other answer must be `sold_out`. Returns how long
 /// it took, or None if nothing sold in that time.
-async fn buy_within(app: &TestApp, product: i64, user: i64) -> Option<Duration> {
+pub(crate) async fn buy_within(app: &TestApp, product: i64, user: i64) -> Option<Duration> {
     let start = Instant::now();
     let mut i = 0;
     while start.elapsed() < REVOKED_WITHIN {
