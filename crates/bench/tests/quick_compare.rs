@@ -28,38 +28,24 @@ const STOCK: &str = "1000";
 #[test]
 fn quick_compare_against_spawned_servers() {
     let server = common::server_bin();
-    let json = std::env::temp_dir().join(format!(
-        "flashsale-bench-compare-{}-{:x}.json",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    ));
-    let out = Command::new(BENCH)
-        .args([
-            "sustained",
-            "--quick",
-            "--spawn",
-            "--compare",
-            "--rounds",
-            "2",
-            "--no-progress",
-        ])
-        .arg("--server-bin")
-        .arg(&server)
-        .args(["--attempts", ATTEMPTS, "--users", USERS, "--stock", STOCK])
-        .args(["--connections", "16"])
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run flashsale-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "flashsale-bench failed ({:?})\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
+    let json = common::scratch_path("compare.json");
+    let stdout = common::bench_stdout(
+        Command::new(BENCH)
+            .args([
+                "sustained",
+                "--quick",
+                "--spawn",
+                "--compare",
+                "--rounds",
+                "2",
+                "--no-progress",
+            ])
+            .arg("--server-bin")
+            .arg(&server)
+            .args(["--attempts", ATTEMPTS, "--users", USERS, "--stock", STOCK])
+            .args(["--connections", "16"])
+            .arg("--json")
+            .arg(&json),
     );
     let tables = stdout.lines().filter(|l| l.starts_with("strategy")).count();
     assert_eq!(tables, 3, "the medians and two rounds:\n{stdout}");

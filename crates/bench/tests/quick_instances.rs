@@ -131,37 +131,23 @@ async fn a_quick_rush_over_two_instances_sells_exactly_the_stock() {
 #[test]
 fn spawn_instances_from_the_command_line() {
     let bin = common::server_bin();
-    let json = std::env::temp_dir().join(format!(
-        "flashsale-bench-instances-{}-{:x}.json",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    ));
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flashsale-bench"))
-        .args([
-            "rush",
-            "--quick",
-            "--spawn",
-            "--instances",
-            "2",
-            "--no-progress",
-        ])
-        .arg("--server-bin")
-        .arg(&bin)
-        .args(["--attempts", &ATTEMPTS.to_string(), "--users", USERS])
-        .args(["--stock", &STOCK.to_string(), "--connections", "32"])
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run flashsale-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "flashsale-bench failed ({:?})\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
+    let json = common::scratch_path("instances.json");
+    let stdout = common::bench_stdout(
+        std::process::Command::new(env!("CARGO_BIN_EXE_flashsale-bench"))
+            .args([
+                "rush",
+                "--quick",
+                "--spawn",
+                "--instances",
+                "2",
+                "--no-progress",
+            ])
+            .arg("--server-bin")
+            .arg(&bin)
+            .args(["--attempts", &ATTEMPTS.to_string(), "--users", USERS])
+            .args(["--stock", &STOCK.to_string(), "--connections", "32"])
+            .arg("--json")
+            .arg(&json),
     );
     let text = std::fs::read_to_string(&json).expect("JSON result written");
     let _ = std::fs::remove_file(&json);

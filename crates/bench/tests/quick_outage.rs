@@ -26,21 +26,14 @@ fn figure(stdout: &str, label: &str) -> f64 {
 // MariaDB and the audit passed.
 #[test]
 fn an_outage_run_reports_both_modes_and_the_switch_times() {
-    let out = Command::new(BENCH)
-        .args(["sustained", "--outage", "--spawn", "--no-progress"])
-        .args(["--outage-phase", "2s", "--connections", "16"])
-        .args(["--server-env", "FLASHSALE_FALLBACK_AFTER=1s"])
-        .args(["--server-env", "FLASHSALE_FALLBACK_RECOVER_AFTER=2s"])
-        .arg("--server-bin")
-        .arg(common::server_bin())
-        .output()
-        .expect("run flashsale-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "flashsale-bench failed ({:?})\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
+    let stdout = common::bench_stdout(
+        Command::new(BENCH)
+            .args(["sustained", "--outage", "--spawn", "--no-progress"])
+            .args(["--outage-phase", "2s", "--connections", "16"])
+            .args(["--server-env", "FLASHSALE_FALLBACK_AFTER=1s"])
+            .args(["--server-env", "FLASHSALE_FALLBACK_RECOVER_AFTER=2s"])
+            .arg("--server-bin")
+            .arg(common::server_bin()),
     );
     for phase in [
         "gate mode (Redis), before the outage",

@@ -28,38 +28,24 @@ const EXPECTED_MAX: Duration = Duration::from_secs(20);
 #[test]
 fn quick_rush_against_a_spawned_server() {
     let server = common::server_bin();
-    let dir = std::env::temp_dir().join(format!(
-        "flashsale-bench-test-{}-{:x}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    ));
+    let dir = common::scratch_path("test");
     std::fs::create_dir_all(&dir).expect("temp dir");
     let json = dir.join("rush.json");
     let html = dir.join("rush.html");
     let started = Instant::now();
-    let out = Command::new(BENCH)
-        .args(["rush", "--quick", "--spawn", "--no-progress"])
-        .arg("--server-bin")
-        .arg(&server)
-        .args(["--attempts", ATTEMPTS, "--users", USERS])
-        .args(["--stock", &STOCK.to_string(), "--connections", "32"])
-        .arg("--json")
-        .arg(&json)
-        .arg("--html")
-        .arg(&html)
-        .output()
-        .expect("run flashsale-bench");
-    let took = started.elapsed();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "flashsale-bench failed ({:?})\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
+    let stdout = common::bench_stdout(
+        Command::new(BENCH)
+            .args(["rush", "--quick", "--spawn", "--no-progress"])
+            .arg("--server-bin")
+            .arg(&server)
+            .args(["--attempts", ATTEMPTS, "--users", USERS])
+            .args(["--stock", &STOCK.to_string(), "--connections", "32"])
+            .arg("--json")
+            .arg(&json)
+            .arg("--html")
+            .arg(&html),
     );
+    let took = started.elapsed();
     if took > EXPECTED_MAX {
         eprintln!("note: the quick rush took {took:?} (busy machine?)");
     }
