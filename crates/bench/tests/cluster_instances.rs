@@ -29,8 +29,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::Parser;
-use flashsale_bench::cli::Args;
 use flashsale_bench::load::Live;
 use flashsale_bench::probes::OrdersProbe;
 use flashsale_bench::report::{BenchResult, Inventory};
@@ -93,11 +91,6 @@ const RECOVERY_ACTIONS: [&str; 6] = [
 ];
 /// Warn (not fail) past this: the machine may be shared with other test binaries.
 const EXPECTED_MAX: Duration = Duration::from_secs(60);
-
-fn args(list: &[&str]) -> Args {
-    Args::try_parse_from(std::iter::once("flashsale-bench").chain(list.iter().copied()))
-        .expect("valid arguments")
-}
 
 /// The value of the series `series` (`name{labels}` exactly as the server writes it) in
 /// a Prometheus text answer; 0 when absent (a counter not yet moved).
@@ -261,7 +254,7 @@ async fn three_instances_on_a_cluster_sell_exactly_the_stock_when_one_dies() {
     );
 
     // The stores' addresses as the command line has them (defaults or FLASHSALE_*).
-    let defaults = args(&["rush"]);
+    let defaults = common::args(&["rush"]);
     let env: Vec<(String, String)> = [
         (CLUSTER_NODES_ENV, seeds.as_str()),
         ("FLASHSALE_RECOVERY_AFTER", RECOVERY_AFTER),
@@ -391,45 +384,24 @@ async fn run(
 
     let attempts = ATTEMPTS.to_string();
     let stock = STOCK.to_string();
-    let bin_arg = bin
-        .to_str()
-        .ok_or("the server binary's path is not UTF-8")?;
     let mut rushes = Vec::new();
     for &(product, _) in products {
         let product = product.to_string();
-        let mut list = vec!["rush", "--quick", "--no-progress"];
-        for url in &urls {
-            list.extend(["--base-url", url]);
+        if spawned.env.redis_cluster_nodes.is_none() {
+            return Err("the spawn did not take the cluster setting".into());
         }
-        list.extend([
-            "--admin-token",
-            &spawned.admin_token,
-            "--database-url",
-            &spawned.env.database_url,
-            "--redis-url",
-            &spawned.env.redis_url,
-            "--redis-cluster-nodes",
-            spawned
-                .env
-                .redis_cluster_nodes
-                .as_deref()
-                .ok_or("the spawn did not take the cluster setting")?,
-            "--redis-prefix",
-            &spawned.env.redis_prefix,
-            "--server-bin",
-            bin_arg,
-            "--product-id",
-            &product,
-            "--attempts",
-            &attempts,
-            "--users",
-            USERS,
-            "--stock",
-            &stock,
-            "--rate",
-            RATE,
-        ]);
-        let run = args(&list);
+        let mut list = vec!["rush".to_owned(), "--quick".into(), "--no-progress".into()];
+        list.extend(common::against(spawned, bin));
+        for (flag, value) in [
+            ("--product-id", product.as_str()),
+            ("--attempts", attempts.as_str()),
+            ("--users", USERS),
+            ("--stock", stock.as_str()),
+            ("--rate", RATE),
+        ] {
+            list.extend([flag.to_owned(), value.to_owned()]);
+        }
+        let run = common::args(&list.iter().map(String::as_str).collect::<Vec<_>>());
         let live = Arc::new(Live::default());
         let watched = live.clone();
         let handle = tokio::spawn(async move { flashsale_bench::drive(&run, watched).await });

@@ -9,8 +9,6 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::Parser;
-use flashsale_bench::cli::Args;
 use flashsale_bench::load::Live;
 use flashsale_bench::server::{self, SpawnOptions};
 
@@ -21,11 +19,6 @@ const USERS: &str = "800";
 const STOCK: i64 = 100;
 /// Warn (not fail) past this: the machine may be shared with other test binaries.
 const EXPECTED_MAX: Duration = Duration::from_secs(30);
-
-fn args(list: &[&str]) -> Args {
-    Args::try_parse_from(std::iter::once("flashsale-bench").chain(list.iter().copied()))
-        .expect("valid arguments")
-}
 
 // Checks a rush over two instances of one sale, driven through the library as a test of
 // its own servers would: `server::spawn` starts two servers on one database, prefix and
@@ -40,7 +33,7 @@ fn args(list: &[&str]) -> Args {
 async fn a_quick_rush_over_two_instances_sells_exactly_the_stock() {
     let bin = common::server_bin();
     // The stores' addresses as the command line has them (defaults or FLASHSALE_*).
-    let defaults = args(&["rush"]);
+    let defaults = common::args(&["rush"]);
     let started = Instant::now();
     let spawned = server::spawn(SpawnOptions {
         bin: &bin,
@@ -59,33 +52,17 @@ async fn a_quick_rush_over_two_instances_sells_exactly_the_stock() {
     assert_eq!(urls.len(), 2);
     let attempts = ATTEMPTS.to_string();
     let stock = STOCK.to_string();
-    let run = args(&[
-        "rush",
-        "--quick",
-        "--no-progress",
-        "--base-url",
-        &urls[0],
-        "--base-url",
-        &urls[1],
-        "--admin-token",
-        &spawned.admin_token,
-        "--database-url",
-        &spawned.env.database_url,
-        "--redis-url",
-        &spawned.env.redis_url,
-        "--redis-prefix",
-        &spawned.env.redis_prefix,
-        "--server-bin",
-        bin.to_str().expect("a UTF-8 path"),
-        "--attempts",
-        &attempts,
-        "--users",
-        USERS,
-        "--stock",
-        &stock,
-        "--connections",
-        "32",
-    ]);
+    let mut list = vec!["rush".to_owned(), "--quick".into(), "--no-progress".into()];
+    list.extend(common::against(&spawned, &bin));
+    for (flag, value) in [
+        ("--attempts", attempts.as_str()),
+        ("--users", USERS),
+        ("--stock", stock.as_str()),
+        ("--connections", "32"),
+    ] {
+        list.extend([flag.to_owned(), value.to_owned()]);
+    }
+    let run = common::args(&list.iter().map(String::as_str).collect::<Vec<_>>());
     let live = Arc::new(Live::default());
     let result = tokio::spawn(async move { flashsale_bench::drive(&run, live).await })
         .await

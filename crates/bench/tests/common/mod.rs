@@ -44,3 +44,40 @@ pub fn bench_stdout(command: &mut std::process::Command) -> String {
     );
     stdout
 }
+
+/// The bench's arguments, after the program name, parsed as the command line would be.
+#[allow(dead_code)]
+pub fn args(list: &[&str]) -> flashsale_bench::cli::Args {
+    use clap::Parser;
+    flashsale_bench::cli::Args::try_parse_from(
+        std::iter::once("flashsale-bench").chain(list.iter().copied()),
+    )
+    .expect("valid arguments")
+}
+
+/// The arguments that point the bench at servers `server::spawn` started: every one as a
+/// `--base-url`, their admin token, database, Redis (a cluster's seed nodes when they
+/// run on one) and key prefix, and the binary for the audit.
+#[allow(dead_code)]
+pub fn against(spawned: &flashsale_bench::server::Spawned, bin: &std::path::Path) -> Vec<String> {
+    let mut list = Vec::new();
+    for url in spawned.base_urls() {
+        list.extend(["--base-url".to_owned(), url]);
+    }
+    let env = &spawned.env;
+    list.extend(
+        [
+            ("--admin-token", spawned.admin_token.as_str()),
+            ("--database-url", env.database_url.as_str()),
+            ("--redis-url", env.redis_url.as_str()),
+            ("--redis-prefix", env.redis_prefix.as_str()),
+            ("--server-bin", bin.to_str().expect("a UTF-8 path")),
+        ]
+        .into_iter()
+        .flat_map(|(flag, value)| [flag.to_owned(), value.to_owned()]),
+    );
+    if let Some(nodes) = &env.redis_cluster_nodes {
+        list.extend(["--redis-cluster-nodes".to_owned(), nodes.clone()]);
+    }
+    list
+}
