@@ -12,7 +12,7 @@
 //! workers; the fault injector ([`faulty`]) fails calls, loses replies and duplicates
 //! them; the run ([`run`]) crashes instances between any two effects, restarts Redis
 //! empty or rolls it back, and moves the clocks. After each run the system is let go
-//! quiet and the invariants of `shared/INVARIANTS.md` are checked (see [`run::run`]).
+//! quiet and the invariants of `docs/INVARIANTS.md` are checked (see [`run::run`]).
 //!
 //! The same seed always gives the same run: no threads, no wall clock in any decision,
 //! every choice drawn from one `StdRng`, every collection ordered.

@@ -1,4 +1,4 @@
-//! Checks the invariants of ../shared/INVARIANTS.md that a quiet system (no request in
+//! Checks the invariants of docs/INVARIANTS.md that a quiet system (no request in
 //! flight) must satisfy for one product, reading MariaDB and Redis directly. Returns
 //! every violation found, described for a person, so a failing test says what broke.
 
