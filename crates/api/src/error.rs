@@ -1,5 +1,5 @@
 //! The one place where outcomes become HTTP statuses ([`status`]) and answers. The set of
-//! codes (`flashsale_app::Outcome`) is part of the API contract (README): add, never
+//! codes (`flashsale_app::Outcome`) is part of the API contract (docs/api.md): add, never
 //! rename.
 
 use std::sync::OnceLock;
@@ -352,20 +352,20 @@ mod tests {
         }
     }
 
-    // Checks the README's table of error codes against `Outcome::ALL`: every outcome that
+    // Checks the table of error codes in docs/api.md against `Outcome::ALL`: every outcome that
     // is not a success is listed in the row of its status, and every code the table lists
     // is an outcome with that row's status. How: the table's rows parsed ("| 409 | `a`,
     // `b` |"), each backquoted word a code.
     #[test]
-    fn the_readme_lists_every_error_code_under_its_status() {
+    fn the_api_reference_lists_every_error_code_under_its_status() {
         let readme = std::fs::read_to_string(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/api.md"),
         )
-        .expect("README.md");
+        .expect("docs/api.md");
         let table = readme
-            .split("### Error codes")
+            .split("## Error codes")
             .nth(1)
-            .expect("the README has a section of error codes");
+            .expect("docs/api.md has a section of error codes");
         let mut listed = Vec::new();
         for row in table.lines().skip_while(|l| !l.starts_with('|')) {
             let Some(cells) = row.strip_prefix('|') else {
@@ -387,7 +387,7 @@ mod tests {
         assert!(listed.len() >= 20, "the table parsed: {listed:?}");
         for &(code, ref word) in &listed {
             let outcome = Outcome::ALL.iter().find(|o| o.as_str() == word);
-            assert!(outcome.is_some(), "README lists {word}, no outcome");
+            assert!(outcome.is_some(), "docs/api.md lists {word}, no outcome");
             assert_eq!(
                 outcome.map(|&o| status(o).as_u16()),
                 Some(code),
@@ -401,7 +401,7 @@ mod tests {
             let want = (status(o).as_u16(), o.as_str().to_owned());
             assert!(
                 listed.contains(&want),
-                "README does not list {o} under {}",
+                "docs/api.md does not list {o} under {}",
                 want.0
             );
         }

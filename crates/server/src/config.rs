@@ -148,7 +148,7 @@ const DATABASE_CONNECTIONS_LIMIT: u32 = 256;
 /// Upper bound of concurrently handled requests.
 const IN_FLIGHT_LIMIT: usize = 1_000_000;
 /// Upper bound of the connection cap: each open connection holds about 16–17 KiB
-/// (README, measured by `tests/it/slow_clients.rs`), so a million would be 17 GB.
+/// (docs/configuration.md, measured by `tests/it/slow_clients.rs`), so a million would be 17 GB.
 const CONNECTIONS_LIMIT: usize = 1_000_000;
 /// Shortest `FLASHSALE_FALLBACK_AFTER`: two probes of the fallback worker, so one lost
 /// probe never switches a product.

@@ -341,7 +341,7 @@ async fn header_buyers_are_confined_and_limited() {
 
 // Checks the none mode (the default, for development): the body's user_id is the buyer
 // and must be there (400 without it), and any client may read any order — the trust the
-// README warns about.
+// configuration reference (docs/configuration.md) warns about.
 #[tokio::test]
 async fn without_buyer_auth_the_body_names_the_buyer() {
     let app = TestApp::spawn().await;

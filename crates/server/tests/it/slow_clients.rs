@@ -326,7 +326,7 @@ async fn until_closed(mut s: TcpStream, opened: Instant, trickle: bool) -> Optio
 }
 
 // Checks the cap on a request head: a head over 16 KiB is answered 431 (by hyper, with
-// an empty body: README) and its connection closed; one just under it is served.
+// an empty body: docs/configuration.md) and its connection closed; one just under it is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_head_is_answered_431() {
     let server = Server::start(&[], None).await;
