@@ -15,6 +15,7 @@ mod data_loss;
 mod events;
 mod fallback;
 mod faults;
+mod grafana;
 mod group_commit;
 mod helpers;
 mod invariants;
