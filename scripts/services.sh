@@ -1,9 +1,26 @@
 #!/usr/bin/env bash
-# Makes sure the services flashsale needs (Redis, MariaDB, NATS JetStream) are installed
-# and running on their standard local ports; starts (or installs) whatever is missing.
-# Also installs faketime, which one test uses.
-# Safe to run any number of times; never restarts or touches a service that answers.
+# Makes sure the services flashsale needs (Redis, MariaDB, NATS JetStream) are running on
+# their standard local ports; starts whatever does not answer, installing it first (apt)
+# only if it is not installed.
+#
+#   scripts/services.sh                  the services (scripts/run.sh)
+#   scripts/services.sh --with-faketime  also libfaketime, which the clock-jump test
+#                                        preloads (scripts/test.sh)
+#
+# Safe to run any number of times; never restarts or touches a service that answers, and
+# runs no apt at all when everything needed is there.
 set -euo pipefail
+
+WITH_FAKETIME=false
+for arg in "$@"; do
+  case $arg in
+    --with-faketime) WITH_FAKETIME=true ;;
+    *)
+      echo "usage: scripts/services.sh [--with-faketime]" >&2
+      exit 2
+      ;;
+  esac
+done
 
 # Seconds to wait for a service to answer after starting it.
 WAIT_SECS=30
@@ -23,13 +40,29 @@ wait_port() {
   return 1
 }
 
+# The library the clock-jump test preloads (crash.rs looks in the same places).
+has_libfaketime() {
+  compgen -G '/usr/lib/*/faketime/libfaketime.so.1' >/dev/null ||
+    [ -e /usr/lib/faketime/libfaketime.so.1 ]
+}
+
+# Installs, in one apt run, the packages of the services that do not answer and are not
+# installed, and faketime when asked for and missing. A service that answers needs
+# nothing here, even if it runs from elsewhere (a container, another prefix).
 install_missing() {
   local missing=()
-  # faketime: the clock-jump test runs one flashsale process hours in the future.
-  command -v faketime >/dev/null || missing+=(faketime)
-  command -v redis-server >/dev/null || missing+=(redis-server)
-  command -v mariadbd >/dev/null || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
-  command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || missing+=(nats-server)
+  if ! port_open 6379; then
+    command -v redis-server >/dev/null || missing+=(redis-server)
+  fi
+  if ! port_open 3306; then
+    command -v mariadbd >/dev/null || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
+  fi
+  if ! port_open 4222; then
+    command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || missing+=(nats-server)
+  fi
+  if $WITH_FAKETIME; then
+    has_libfaketime || missing+=(faketime)
+  fi
   if [ ${#missing[@]} -gt 0 ]; then
     say "installing ${missing[*]}"
     as_root apt-get update -qq

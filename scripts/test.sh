@@ -3,7 +3,7 @@
 # formatting and lints, then runs every test of the workspace against the real services.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/services.sh
+scripts/services.sh --with-faketime
 cargo fmt --all -- --check
 # The failpoints feature compiles in the crash tests' stop points (kill -9 between two
 # effects of a purchase); normal builds leave them out.
