@@ -4,4 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/services.sh
-exec cargo run --release --quiet --bin flashsale -- "${@:-serve}"
+# Cargo's progress stays on (no --quiet): a first release build compiles a few hundred
+# crates, about a quarter of an hour on two cores, and silence that long looks like a hang.
+if [ ! -x "${CARGO_TARGET_DIR:-target}/release/flashsale" ]; then
+  echo "run: first build of flashsale (release): about 15 minutes on two cores" >&2
+fi
+exec cargo run --release --bin flashsale -- "${@:-serve}"

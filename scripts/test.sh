@@ -4,10 +4,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/services.sh --with-faketime
+# Cargo's progress stays on (no --quiet): a first run compiles the workspace and its few
+# hundred dependencies, about a quarter of an hour on two cores, and silence that long
+# looks like a hang.
+if [ ! -d "${CARGO_TARGET_DIR:-target}/debug" ]; then
+  echo "test: first build (clippy, then the tests): about 15 minutes on two cores" >&2
+fi
 cargo fmt --all -- --check
 # The failpoints feature compiles in the crash tests' stop points (kill -9 between two
 # effects of a purchase); normal builds leave them out.
-cargo clippy --workspace --all-targets --features flashsale/failpoints --quiet -- -D warnings
+cargo clippy --workspace --all-targets --features flashsale/failpoints -- -D warnings
 # The load generator's end-to-end test drives this binary (target/debug/flashsale).
-cargo build --bin flashsale --features flashsale/failpoints --quiet
+cargo build --bin flashsale --features flashsale/failpoints
 cargo test --workspace --features flashsale/failpoints -- "$@"
