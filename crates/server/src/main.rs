@@ -1,5 +1,6 @@
 //! `flashsale`: the one binary.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -50,12 +51,26 @@ const RECONCILE_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn init_logging(json: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // Logs go to stderr: stdout carries the commands' output (audit's and reconcile's
+    // reports), which a log line must neither interrupt nor end up in when piped.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(colour_logs(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR").as_deref(),
+        ));
     if json {
         builder.json().init();
     } else {
         builder.init();
     }
+}
+
+/// Whether log lines get ANSI colours: only on a terminal (in a file or a pipe they are
+/// escape codes to strip), and not when NO_COLOR is set to anything (no-color.org).
+fn colour_logs(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 #[tokio::main]
@@ -153,4 +168,22 @@ async fn reconcile(config: &Config, product: Option<i64>, repair: bool) -> Resul
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+
+    use super::*;
+
+    // Checks colours only on a terminal, and never with NO_COLOR set to a value (an empty
+    // NO_COLOR counts as unset, as no-color.org says).
+    #[test]
+    fn log_colours_only_on_a_terminal_without_no_color() {
+        assert!(colour_logs(true, None));
+        assert!(colour_logs(true, Some(OsStr::new(""))));
+        assert!(!colour_logs(true, Some(OsStr::new("1"))));
+        assert!(!colour_logs(false, None));
+        assert!(!colour_logs(false, Some(OsStr::new("1"))));
+    }
 }

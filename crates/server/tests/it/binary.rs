@@ -60,6 +60,31 @@ fn bad_config_stops_startup_naming_the_variable() {
     }
 }
 
+// Checks the logs of a command whose stderr is not a terminal (here a pipe, as with a
+// redirect to a file): they are on stderr, in plain text with no colour escape codes,
+// and stdout stays clear of them.
+#[tokio::test]
+async fn logs_go_to_stderr_without_colour_when_not_a_terminal() {
+    let db = TestDb::create(MYSQL_SERVER).await.expect("test db");
+    let out = Command::new(BIN)
+        .arg("migrate")
+        .env("FLASHSALE_DATABASE_URL", db.url())
+        .env("FLASHSALE_LOG_FORMAT", "text")
+        .env("RUST_LOG", "info")
+        .env_remove("NO_COLOR")
+        .output()
+        .expect("run flashsale migrate");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("migrations applied"), "{stderr}");
+    assert!(!stderr.contains('\x1b'), "colour escape codes: {stderr:?}");
+    assert!(stdout.is_empty(), "on stdout: {stdout}");
+    let _ = db.drop_db().await;
+}
+
 // Checks the service as started from the command line: with a database that does not
 // exist yet (created and migrated at start), JSON logs that announce a generated admin
 // token once, a product created with that token, `GET /metrics` on its own listener
@@ -104,10 +129,11 @@ async fn serve_creates_database_logs_json_and_drains_on_sigterm() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn flashsale");
-    let stdout = child.stdout.take().expect("stdout");
+    // Logs go to stderr.
+    let stderr = child.stderr.take().expect("stderr");
     let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
     std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             let _ = lines_tx.send(line);
         }
     });
