@@ -9,9 +9,11 @@ use flashsale::Config;
 use tracing_subscriber::EnvFilter;
 
 /// flashsale — a flash-sale inventory service: sells exactly the stock, one order per
-/// purchase request, on Redis and MariaDB.
+/// purchase request, on Redis and MariaDB, and publishes its events to NATS JetStream.
+// No bare `about`: it would take the package description from Cargo.toml (written for
+// developers) instead of this doc comment.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version)]
 struct Cli {
     /// TOML configuration file; FLASHSALE_* environment variables override it.
     #[arg(long, global = true, value_name = "FILE")]

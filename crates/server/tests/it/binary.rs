@@ -35,6 +35,19 @@ fn help_on_every_subcommand() {
     assert!(text.contains("serve") && text.contains("migrate"), "{text}");
 }
 
+// Checks `flashsale --help` opens with what the service is, for its user (not the
+// package description written for developers).
+#[test]
+fn help_opens_with_what_the_service_is() {
+    let out = Command::new(BIN).arg("--help").output().expect("run");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with("flashsale — a flash-sale inventory service"),
+        "{text}"
+    );
+    assert!(!text.contains("wiring"), "{text}");
+}
+
 // Checks a bad configuration value stops startup before anything runs, with exit code 2
 // and a message naming the variable (for each case, the variables it sets; the API
 // listens on 127.0.0.1:8080 in all of them).
