@@ -36,7 +36,13 @@ enum Command {
         #[arg(long, value_name = "ID")]
         product: Option<i64>,
     },
-    /// Compare Redis's available counts with MariaDB's facts and report the drift.
+    /// Compare Redis's available counts with MariaDB's facts and report the drift; exit 1
+    /// on drift left unrepaired, 2 on error.
+    ///
+    /// Exit codes, for alerting: 0 no drift (or all of it repaired with --repair); 1 drift
+    /// found and not repaired (without --repair, or still moving between the two looks);
+    /// 2 error (a store did not answer, an unknown product, a bad configuration): the
+    /// check did not complete.
     Reconcile {
         /// Only this product (default: every product whose stock was loaded).
         #[arg(long, value_name = "ID")]
@@ -50,6 +56,13 @@ enum Command {
 
 /// How long reconcile --repair waits between its two looks at a product.
 const RECONCILE_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// reconcile's exit code when drift is left unrepaired (its --help lists the codes).
+const EXIT_DRIFT: u8 = 1;
+/// The exit code of an error that stops a command before its check completes, as for a
+/// configuration error: distinct from a finding, so alerting tells "drift" from "could
+/// not look" (reconcile; the other commands exit 1 on any failure).
+const EXIT_ERROR: u8 = 2;
 
 fn init_logging(json: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
@@ -84,22 +97,26 @@ async fn main() -> ExitCode {
         Ok(config) => config,
         Err(e) => {
             eprintln!("flashsale: configuration error: {e}");
-            return ExitCode::from(2);
+            return ExitCode::from(EXIT_ERROR);
         }
     };
     init_logging(config.log_json);
-    let result = match cli.command {
-        Command::Serve => flashsale::serve(&config).await,
-        Command::Migrate => migrate(&config).await,
-        Command::Audit { product } => audit(&config, product).await,
-        Command::Reconcile { product, repair } => reconcile(&config, product, repair).await,
+    let done = |r: Result<(), String>| r.map(|()| ExitCode::SUCCESS);
+    let (result, on_error) = match cli.command {
+        Command::Serve => (done(flashsale::serve(&config).await), ExitCode::FAILURE),
+        Command::Migrate => (done(migrate(&config).await), ExitCode::FAILURE),
+        Command::Audit { product } => (done(audit(&config, product).await), ExitCode::FAILURE),
+        Command::Reconcile { product, repair } => (
+            reconcile(&config, product, repair).await,
+            ExitCode::from(EXIT_ERROR),
+        ),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             tracing::error!(error = %e, "flashsale failed");
             eprintln!("flashsale: {e}");
-            ExitCode::FAILURE
+            on_error
         }
     }
 }
@@ -151,13 +168,20 @@ async fn audit(config: &Config, product: Option<i64>) -> Result<(), String> {
     Ok(())
 }
 
-async fn reconcile(config: &Config, product: Option<i64>, repair: bool) -> Result<(), String> {
+/// Reports each product's drift; the exit code says whether drift was left unrepaired.
+async fn reconcile(
+    config: &Config,
+    product: Option<i64>,
+    repair: bool,
+) -> Result<ExitCode, String> {
     let maintenance = flashsale::connect_maintenance(config).await?;
+    let mut unrepaired = 0;
     for id in products(&maintenance, product).await? {
         let r = maintenance
             .reconcile(id, repair, RECONCILE_SETTLE)
             .await
             .map_err(|e| e.to_string())?;
+        unrepaired += usize::from(drift_left(&r));
         println!(
             "product {}: redis available {}, expected {} (in flight {}), drift {}{}",
             r.product_id,
@@ -169,7 +193,17 @@ async fn reconcile(config: &Config, product: Option<i64>, repair: bool) -> Resul
             if r.repaired { ", repaired" } else { "" }
         );
     }
-    Ok(())
+    if unrepaired == 0 {
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{unrepaired} product(s) with drift not repaired");
+    Ok(ExitCode::from(EXIT_DRIFT))
+}
+
+/// Whether reconciliation left drift behind: found and not repaired (no --repair, or it
+/// was still moving between the two looks).
+fn drift_left(r: &flashsale_app::Reconciliation) -> bool {
+    r.drift != 0 && !r.repaired
 }
 
 #[cfg(test)]
@@ -180,6 +214,24 @@ mod tests {
 
     // Checks colours only on a terminal, and never with NO_COLOR set to a value (an empty
     // NO_COLOR counts as unset, as no-color.org says).
+    // Checks which reconciliations leave drift behind: none without drift, none once
+    // repaired, one found and not repaired (either sign).
+    #[test]
+    fn drift_left_only_when_found_and_not_repaired() {
+        let r = |drift, repaired| flashsale_app::Reconciliation {
+            product_id: flashsale_core::ProductId::parse(1).expect("product id"),
+            redis_available: Some(10 + drift),
+            expected_available: 10,
+            drift,
+            in_flight_units: 0,
+            repaired,
+        };
+        assert!(!drift_left(&r(0, false)));
+        assert!(!drift_left(&r(2, true)));
+        assert!(drift_left(&r(2, false)));
+        assert!(drift_left(&r(-3, false)));
+    }
+
     #[test]
     fn log_colours_only_on_a_terminal_without_no_color() {
         assert!(colour_logs(true, None));

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use flashsale_testkit::{delete_prefix, free_port, redis_prefix, TcpProxy, TestDb};
 use serde_json::json;
 
-use crate::helpers::{redis_addr, stream_name, MYSQL_SERVER, REDIS_URL};
+use crate::helpers::{redis_addr, stream_name, TestApp, MYSQL_SERVER, REDIS_URL};
 
 const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
 /// How long the binary may take to start answering (it creates its database and migrates).
@@ -96,6 +96,64 @@ async fn logs_go_to_stderr_without_colour_when_not_a_terminal() {
     assert!(!stderr.contains('\x1b'), "colour escape codes: {stderr:?}");
     assert!(stdout.is_empty(), "on stdout: {stdout}");
     let _ = db.drop_db().await;
+}
+
+// Checks `flashsale reconcile`'s exit codes, which alerting reads: 0 with no drift, 1 with
+// drift injected into Redis (+2 units) and no --repair, 0 once --repair fixed it (after
+// which Redis is back to the stock), and 2 when the check cannot complete (a product
+// that does not exist).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_exit_code_says_whether_drift_is_left() {
+    let app = TestApp::spawn().await;
+    let product = 2600;
+    app.create_product(product, 10, None).await;
+    let reconcile = |args: &[&str]| {
+        Command::new(BIN)
+            .arg("reconcile")
+            .args(args)
+            .env(
+                "FLASHSALE_DATABASE_URL",
+                app.db.as_ref().expect("the test's database").url(),
+            )
+            .env("FLASHSALE_REDIS_URL", REDIS_URL)
+            .env("FLASHSALE_REDIS_PREFIX", &app.prefix)
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("run flashsale reconcile")
+    };
+    let id = product.to_string();
+    let out = reconcile(&["--product", &id]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "no drift: {text}");
+    assert!(text.contains("drift 0"), "{text}");
+
+    let mut conn = app.redis.clone();
+    let _: i64 = redis::cmd("HINCRBY")
+        .arg(app.key(product, "inv"))
+        .arg("avail")
+        .arg(2)
+        .query_async(&mut conn)
+        .await
+        .expect("inject drift");
+    let out = reconcile(&["--product", &id]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "drift left: {text}");
+    assert!(text.contains("drift 2"), "{text}");
+
+    let out = reconcile(&["--product", &id, "--repair"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "drift repaired: {text}");
+    assert!(text.contains("repaired"), "{text}");
+    assert_eq!(app.redis_available(product).await, Some(10));
+
+    let out = reconcile(&["--product", "2601"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "unknown product: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    app.cleanup().await;
 }
 
 // Checks the service as started from the command line: with a database that does not
