@@ -165,7 +165,7 @@ start() {
   local base dir p i nodes=()
   base=$(base_port "${1:-}")
   command -v redis-server >/dev/null && command -v redis-cli >/dev/null ||
-    die "redis-server and redis-cli are needed (scripts/services.sh installs them)"
+    die "redis-server and redis-cli are needed (apt-get install redis-server, or scripts/services.sh on a machine without Redis)"
   if [[ -n $(data_dirs "$base") ]]; then
     die "a cluster of this script already has data on $base ($(data_dirs "$base" | head -1)); run: $0 stop $base"
   fi

@@ -422,7 +422,8 @@ async fn killed_between_leaving_ledger_mode_and_the_rebuild() {
 }
 
 /// libfaketime's shared library (Debian's `faketime` package, installed by
-/// scripts/services.sh), wherever the platform puts it.
+/// `scripts/services.sh --with-faketime`, which `scripts/test.sh` runs), wherever the
+/// platform puts it.
 fn libfaketime() -> std::path::PathBuf {
     let found = std::fs::read_dir("/usr/lib")
         .into_iter()
@@ -434,7 +435,7 @@ fn libfaketime() -> std::path::PathBuf {
         )))
         .find(|p| p.exists());
     found.expect(
-        "libfaketime.so.1 not found: install the faketime package (scripts/services.sh does)",
+        "libfaketime.so.1 not found: install the faketime package (scripts/services.sh --with-faketime does)",
     )
 }
 
