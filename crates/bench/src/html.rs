@@ -504,7 +504,7 @@ table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; }}
 td, th {{ border: 1px solid #ddd; padding: 3px 8px; text-align: right; }}
 th {{ background: #f4f4f4; }} td:first-child, th:first-child {{ text-align: left; }}
 .verdict {{ padding: 0.6em 1em; font-weight: 600; border-radius: 4px; }}
-.pass {{ background: #e3f6e8; color: #14532d; }} .fail {{ background: #fde2e2; color: #7f1d1d; }}
+.pass {{ background: #e3f6e8; color: #14532d; }} .fail {{ background: #fde2e2; color: #7f1d1d; }} .info {{ background: #eef2f7; color: #1e293b; }}
 .kpi {{ display: inline-block; margin: 0 1.5em 1em 0; }} .kpi b {{ display: block; font-size: 1.6em; }}
 pre {{ background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 12px; }}
 figure {{ margin: 1em 0; }}
@@ -536,11 +536,15 @@ pub fn report(r: &BenchResult) -> String {
     let _ = write!(
         h,
         r#"<p class="verdict {}">{}</p>"#,
-        if r.passed { "pass" } else { "fail" },
-        if r.passed {
-            "PASS — no invariant violation (client checks and audit)"
-        } else {
-            "FAIL — invariant violations, see the checks below"
+        match (r.passed, r.judged()) {
+            (true, true) => "pass",
+            (true, false) => "info",
+            (false, _) => "fail",
+        },
+        match (r.passed, r.judged()) {
+            (true, true) => "PASS — no invariant violation (client checks and audit)",
+            (true, false) => "NOT JUDGED — a ceiling run makes no order: it measures the HTTP path, no invariant is checked",
+            (false, _) => "FAIL — invariant violations, see the checks below",
         }
     );
     let main = r.main_op();

@@ -301,6 +301,13 @@ impl BenchResult {
         self.config.target == "healthz"
     }
 
+    /// Whether the run's checks judge anything: a ceiling (`GET /healthz`, or the
+    /// purchase endpoint with no store behind it) makes no order, so it passes no
+    /// invariant — it only measures the HTTP path.
+    pub fn judged(&self) -> bool {
+        !self.is_ceiling() && self.config.strategy.as_deref() != Some("http-post-ceiling")
+    }
+
     /// The kind of request the load was made of: purchase, or healthz for the ceiling.
     pub fn main_op(&self) -> Option<&OpResult> {
         self.op(&self.config.target)
@@ -497,10 +504,10 @@ pub fn summary_table(r: &BenchResult) -> String {
     let _ = writeln!(
         out,
         "{}",
-        if r.passed {
-            "RESULT: PASS — no invariant violation"
-        } else {
-            "RESULT: FAIL — see the violations above"
+        match (r.passed, r.judged()) {
+            (true, true) => "RESULT: PASS — no invariant violation",
+            (true, false) => "RESULT: NOT JUDGED — a ceiling run makes no order: it measures the HTTP path, no invariant is checked",
+            (false, _) => "RESULT: FAIL — see the violations above",
         }
     );
     out
@@ -891,5 +898,23 @@ pub(crate) mod tests {
         ] {
             assert!(text.contains(needle), "missing {needle:?} in\n{text}");
         }
+    }
+
+    // Checks that a ceiling run is not called a pass: it makes no order, so its verdict
+    // says nothing was judged, while a failed check still fails it.
+    #[test]
+    fn a_ceiling_run_is_not_judged() {
+        let mut r = sample();
+        r.config.target = "healthz".into();
+        assert!(!r.judged());
+        let text = summary_table(&r);
+        assert!(text.contains("RESULT: NOT JUDGED"), "{text}");
+        assert!(!text.contains("RESULT: PASS"), "{text}");
+        r.passed = false;
+        assert!(summary_table(&r).contains("RESULT: FAIL"));
+        let mut post = sample();
+        post.config.strategy = Some("http-post-ceiling".into());
+        assert!(!post.judged());
+        assert!(sample().judged());
     }
 }
