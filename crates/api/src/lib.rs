@@ -7,8 +7,10 @@
 pub mod auth;
 mod body;
 mod error;
+mod openapi;
 mod routes;
 mod wire;
 
 pub use error::ApiError;
-pub use routes::{metrics_router, router, ApiConfig, PurchaseLimits};
+pub use openapi::{document, document_json};
+pub use routes::{metrics_router, router, ApiConfig, PurchaseLimits, ROUTES};

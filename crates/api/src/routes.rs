@@ -24,6 +24,7 @@ use tokio::sync::Semaphore;
 use crate::auth::{acting_user, bearer, BuyerAuth};
 use crate::body::{lazy_timeout, read_whole};
 use crate::error::ApiError;
+use crate::openapi::{Health, Ready};
 use crate::wire::{
     decimal, NewProductBody, OrderJson, ProductJson, PurchaseBody, RestockBody, UserBody,
 };
@@ -86,7 +87,7 @@ const READYZ: usize = index_of(&ENDPOINTS, "readyz");
 const METRICS: usize = index_of(&ENDPOINTS, "metrics");
 const OTHER: usize = index_of(&ENDPOINTS, "other");
 /// The content type of the OpenMetrics text format.
-const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub(crate) const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 #[derive(Clone)]
 struct AppState {
@@ -112,25 +113,48 @@ pub fn router(service: Arc<Flashsale>, config: ApiConfig) -> Router {
         probe_slots: Arc::new(Semaphore::new(PROBES_IN_FLIGHT_MAX)),
         config: Arc::new(config),
     };
-    let router = Router::new();
-    let router = match state.config.serve_metrics {
-        true => router.route("/metrics", get(metrics_text)),
-        false => router,
-    };
-    router
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/v1/products", post(create_product))
-        .route("/v1/products/{id}", get(get_product))
-        .route("/v1/products/{id}/restock", post(restock))
-        .route("/v1/purchases", post(purchase))
-        .route("/v1/purchases/{request_id}", get(get_purchase))
-        .route("/v1/orders/{id}", get(get_order))
-        .route("/v1/orders/{id}/pay", post(pay))
-        .route("/v1/orders/{id}/cancel", post(cancel))
+    routed(Router::new(), state.config.serve_metrics)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+}
+
+/// Declares the API's routes once, as `method "path" => handler` (the method as
+/// `axum::routing` and OpenAPI's path items name it): [`ROUTES`] lists them and `routed`
+/// mounts them, so the list the OpenAPI test checks the document against is the router.
+macro_rules! routes {
+    ($($method:ident $path:literal => $handler:ident,)+) => {
+        /// Every route of [`router`], as (method, path): the method in lower case, as
+        /// OpenAPI's path items name it, and the path in axum's (and OpenAPI's) template
+        /// syntax. `GET /metrics` is mounted only when the router serves it
+        /// (`ApiConfig::serve_metrics`).
+        pub const ROUTES: &[(&str, &str)] = &[$((stringify!($method), $path)),+];
+
+        /// `router` with every route of [`ROUTES`] mounted (`/metrics` only when
+        /// `serve_metrics`).
+        fn routed(router: Router<AppState>, serve_metrics: bool) -> Router<AppState> {
+            $(let router = match (serve_metrics, $path) {
+                (false, "/metrics") => router,
+                _ => router.route($path, $method($handler)),
+            };)+
+            router
+        }
+    };
+}
+
+routes! {
+    get "/metrics" => metrics_text,
+    get "/healthz" => healthz,
+    get "/readyz" => readyz,
+    get "/openapi.json" => openapi_json,
+    post "/v1/products" => create_product,
+    get "/v1/products/{id}" => get_product,
+    post "/v1/products/{id}/restock" => restock,
+    post "/v1/purchases" => purchase,
+    get "/v1/purchases/{request_id}" => get_purchase,
+    get "/v1/orders/{id}" => get_order,
+    post "/v1/orders/{id}/pay" => pay,
+    post "/v1/orders/{id}/cancel" => cancel,
 }
 
 /// `GET /metrics` alone, for a listener of its own (`FLASHSALE_METRICS_LISTEN`): outside
@@ -446,10 +470,43 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// Not counted: a liveness probe's count tells nothing, and this endpoint stays the
 /// benchmark's trivial yardstick (the HTTP ceiling), as cheap as an answer gets.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "probes",
+    summary = "Liveness: the process answers",
+    responses((status = 200, description = "Alive.", body = Health)),
+)]
 async fn healthz() -> impl IntoResponse {
     Json(serde_json::json!({"status": "ok"}))
 }
 
+/// This API's OpenAPI document (`openapi.rs`), encoded once. Not counted, like
+/// `/healthz`: it is static, and the endpoint labels of the metrics are the use cases'.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "probes",
+    summary = "This document",
+    responses((status = 200, description = "The OpenAPI 3.1 document of this API.", content_type = "application/json", body = Object)),
+)]
+async fn openapi_json() -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        crate::openapi::encoded(),
+    )
+}
+
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "probes",
+    summary = "Readiness: both stores answer a ping",
+    responses((status = 200, description = "Redis and MariaDB both answered.", body = Ready)),
+)]
 async fn readyz(started: Started, State(state): State<AppState>) -> Response {
     let ready = in_slot(&state.probe_slots, &state, state.service.ready())
         .await
@@ -459,6 +516,20 @@ async fn readyz(started: Started, State(state): State<AppState>) -> Response {
 
 /// Every metric in the OpenMetrics text format, the stores' gauges read now (bounded by
 /// the monitor itself: a scrape answers even while a store hangs).
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "probes",
+    summary = "Every metric, in the OpenMetrics text format",
+    description = "Served here unless `FLASHSALE_METRICS_LISTEN` moves it to a listener of \
+its own (then this path answers 404 `not_found`).",
+    responses((
+        status = 200,
+        description = "The metrics.",
+        content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        body = String,
+    )),
+)]
 async fn metrics_text(started: Started, State(state): State<AppState>) -> Response {
     let text = match &state.config.monitor {
         Some(monitor) => monitor.scrape().await,
@@ -472,6 +543,15 @@ async fn metrics_text(started: Started, State(state): State<AppState>) -> Respon
     )
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/products",
+    tag = "products",
+    summary = "Put a product on sale (admin)",
+    request_body(content = NewProductBody, content_type = "application/json"),
+    security(("bearerAuth" = [])),
+    responses((status = 201, description = "Created, its stock loaded.", body = ProductJson)),
+)]
 async fn create_product(
     started: Started,
     State(state): State<AppState>,
@@ -498,6 +578,14 @@ async fn create_product_of(
     Ok((StatusCode::CREATED, Json(ProductJson::from(&view))))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/products/{id}",
+    tag = "products",
+    summary = "A product and its live inventory",
+    params(("id" = i64, Path, description = "The product id, in decimal digits without sign or leading zero.", format = Int64, minimum = 1)),
+    responses((status = 200, description = "The product.", body = ProductJson)),
+)]
 async fn get_product(started: Started, State(state): State<AppState>, id: PathParam) -> Response {
     let result = async {
         let id = ProductId::parse(path_id(id, "product_id")?).map_err(invalid)?;
@@ -508,6 +596,16 @@ async fn get_product(started: Started, State(state): State<AppState>, id: PathPa
     counted(started, &state, GET_PRODUCT, result)
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/products/{id}/restock",
+    tag = "products",
+    summary = "Add stock, once per request_id (admin)",
+    params(("id" = i64, Path, description = "The product id, in decimal digits without sign or leading zero.", format = Int64, minimum = 1)),
+    request_body(content = RestockBody, content_type = "application/json"),
+    security(("bearerAuth" = [])),
+    responses((status = 200, description = "Restocked (or already, under this request_id): the product now.", body = ProductJson)),
+)]
 async fn restock(
     started: Started,
     State(state): State<AppState>,
@@ -528,6 +626,20 @@ async fn restock(
     counted(started, &state, RESTOCK, result)
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/purchases",
+    tag = "purchases",
+    summary = "Buy: reserve units and create an order awaiting payment",
+    description = "Idempotent by `request_id`: on 503 the outcome is unknown, retry with the \
+same request_id until the answer is known.",
+    request_body(content = PurchaseBody, content_type = "application/json"),
+    security((), ("buyerJwt" = [])),
+    responses(
+        (status = 201, description = "Purchased: the order, awaiting payment.", body = OrderJson),
+        (status = 200, description = "A replay of an earlier purchase with this request_id: the same order, as it stands now.", body = OrderJson),
+    ),
+)]
 async fn purchase(
     started: Started,
     State(state): State<AppState>,
@@ -572,6 +684,15 @@ async fn purchase_of(
     Ok((status, Json(OrderJson::from(&purchased.order))))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/purchases/{request_id}",
+    tag = "purchases",
+    summary = "The order a purchase's request_id created",
+    params(("request_id" = String, Path, description = "The purchase's idempotency key.", min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9_.:-]+$")),
+    security((), ("buyerJwt" = [])),
+    responses((status = 200, description = "The order.", body = OrderJson)),
+)]
 async fn get_purchase(
     started: Started,
     State(state): State<AppState>,
@@ -589,6 +710,15 @@ async fn get_purchase(
     counted(started, &state, GET_PURCHASE, result)
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/orders/{id}",
+    tag = "orders",
+    summary = "An order",
+    params(("id" = i64, Path, description = "The order id, in decimal digits without sign or leading zero.", format = Int64, minimum = 1)),
+    security((), ("buyerJwt" = [])),
+    responses((status = 200, description = "The order.", body = OrderJson)),
+)]
 async fn get_order(
     started: Started,
     State(state): State<AppState>,
@@ -605,6 +735,16 @@ async fn get_order(
     counted(started, &state, GET_ORDER, result)
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/orders/{id}/pay",
+    tag = "orders",
+    summary = "Pay an order awaiting payment (idempotent)",
+    params(("id" = i64, Path, description = "The order id, in decimal digits without sign or leading zero.", format = Int64, minimum = 1)),
+    request_body(content = UserBody, content_type = "application/json", description = "The acting buyer; optional (an empty body, no Content-Type needed) when the buyer is authenticated."),
+    security((), ("buyerJwt" = [])),
+    responses((status = 200, description = "Paid (or already): the order.", body = OrderJson)),
+)]
 async fn pay(
     started: Started,
     State(state): State<AppState>,
@@ -621,6 +761,16 @@ async fn pay(
     counted(started, &state, PAY, result)
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/orders/{id}/cancel",
+    tag = "orders",
+    summary = "Cancel an order awaiting payment, returning its stock (idempotent)",
+    params(("id" = i64, Path, description = "The order id, in decimal digits without sign or leading zero.", format = Int64, minimum = 1)),
+    request_body(content = UserBody, content_type = "application/json", description = "The acting buyer; optional (an empty body, no Content-Type needed) when the buyer is authenticated."),
+    security((), ("buyerJwt" = [])),
+    responses((status = 200, description = "Cancelled (or already): the order.", body = OrderJson)),
+)]
 async fn cancel(
     started: Started,
     State(state): State<AppState>,

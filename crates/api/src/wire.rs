@@ -1,27 +1,45 @@
 //! Shapes of requests and responses: the JSON bodies, and the decimal ids of paths and
-//! headers.
+//! headers. Each body also derives its OpenAPI schema (`utoipa::ToSchema`, gathered in
+//! `openapi.rs`), with the bounds the domain's parsers enforce, so that the document
+//! says what is accepted and a fuzzer's valid input is valid here.
 
 use std::borrow::Cow;
 
 use chrono::{DateTime, Utc};
 use flashsale_app::{Order, ProductView};
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::openapi::{cancel_reason_schema, order_status_schema, stock_mode_schema};
 
 /// A purchase as sent; `request_id` borrowed from the body when it has no escapes (the
 /// flood's refusals then allocate nothing for it: `RequestId` copies it only once checked).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
+#[schema(as = Purchase, description = "A purchase: `quantity` units of a product for a buyer.")]
 pub struct PurchaseBody<'a> {
+    /// The purchase's idempotency key: a retry with the same one and the same payload
+    /// answers the same order (200), with another payload `request_id_conflict`.
     #[serde(borrow)]
+    #[schema(value_type = String, min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9_.:-]+$")]
     pub request_id: Cow<'a, str>,
-    /// Optional when the buyer is authenticated (it must then name that buyer).
+    /// The buyer. Required when no buyer authentication is configured; with one, it may
+    /// be left out, and if given must name the authenticated buyer (else 403).
+    #[schema(format = Int64, minimum = 1)]
     pub user_id: Option<i64>,
+    #[schema(format = Int64, minimum = 1)]
     pub product_id: i64,
+    /// Units to buy: from 1 to the configured maximum per order
+    /// (`FLASHSALE_MAX_QUANTITY_PER_ORDER`); more is `invalid_request`.
+    #[schema(format = Int64, minimum = 1)]
     pub quantity: i64,
 }
 
-#[derive(Debug, Deserialize)]
+/// The body of a payment or a cancellation: the acting buyer, when not authenticated.
+#[derive(Debug, Deserialize, ToSchema)]
+#[schema(as = OrderAction)]
 pub struct UserBody {
     /// Optional when the buyer is authenticated (it must then name that buyer).
+    #[schema(format = Int64, minimum = 1)]
     pub user_id: Option<i64>,
 }
 
@@ -35,37 +53,79 @@ pub fn decimal(s: &str) -> Option<i64> {
     strict.then(|| s.parse().ok()).flatten()
 }
 
-#[derive(Debug, Deserialize)]
+/// A product to put on sale (admin).
+#[derive(Debug, Deserialize, ToSchema)]
+#[schema(as = NewProduct)]
 pub struct NewProductBody {
+    /// Chosen by the shop; taken once (`product_exists`).
+    #[schema(format = Int64, minimum = 1)]
     pub product_id: i64,
+    /// 1 to 200 characters once trimmed of surrounding whitespace; no control characters
+    /// (Unicode Cc) and no bidirectional formatting characters. The pattern says so
+    /// (`NewProduct::parse`): none of those characters (C0, DEL, C1, the bidi marks and
+    /// embeddings) anywhere, and something besides whitespace.
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = r"^[^\u0000-\u001F\u007F-\u009F\u061C\u200E\u200F\u202A-\u202E\u2066-\u2069]*[^\s\u0000-\u001F\u007F-\u009F\u061C\u200E\u200F\u202A-\u202E\u2066-\u2069][^\u0000-\u001F\u007F-\u009F\u061C\u200E\u200F\u202A-\u202E\u2066-\u2069]*$"
+    )]
     pub name: String,
+    #[schema(format = Int64, minimum = 0, maximum = 1_000_000_000)]
     pub stock: i64,
+    /// Most units one buyer may hold across live orders; absent or null: no limit.
+    #[schema(format = Int64, minimum = 1, maximum = 4_294_967_295_i64)]
     pub per_user_limit: Option<i64>,
+    /// Start of the sale window `[starts, ends)`, RFC 3339, kept to the microsecond,
+    /// between 1000-01-01T00:00:00Z and 9999-12-31T23:59:59.999999Z; absent: open.
     pub sale_starts_at: Option<DateTime<Utc>>,
+    /// End of the sale window, later than its start, in the same range; absent: open.
     pub sale_ends_at: Option<DateTime<Utc>>,
 }
 
-#[derive(Debug, Deserialize)]
+/// Stock to add to a product (admin), once per `request_id`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[schema(as = Restock)]
 pub struct RestockBody {
+    /// The restock's idempotency key: a retry adds nothing again; another quantity under
+    /// it is `request_id_conflict`.
+    #[schema(min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9_.:-]+$")]
     pub request_id: String,
+    /// Units to add, at most 1 000 000 000, and the total may not pass that either.
+    #[schema(format = Int64, minimum = 1, maximum = 1_000_000_000)]
     pub quantity: i64,
 }
 
-#[derive(Debug, Serialize)]
+/// An order: what a purchase created, as it stands now.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Order)]
 pub struct OrderJson {
+    #[schema(format = Int64, minimum = 1)]
     pub order_id: i64,
+    /// The purchase's idempotency key.
+    #[schema(min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9_.:-]+$")]
     pub request_id: String,
+    #[schema(format = Int64, minimum = 1)]
     pub user_id: i64,
+    #[schema(format = Int64, minimum = 1)]
     pub product_id: i64,
+    #[schema(format = Int64, minimum = 1, maximum = 4_294_967_295_i64)]
     pub quantity: u32,
+    #[schema(schema_with = order_status_schema)]
     pub status: &'static str,
     pub created_at: DateTime<Utc>,
+    /// The payment deadline: unpaid past it, the order is cancelled (`payment_timeout`).
     pub expires_at: DateTime<Utc>,
+    /// Present once paid.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = String, format = DateTime)]
     pub paid_at: Option<DateTime<Utc>>,
+    /// Present once cancelled.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = String, format = DateTime)]
     pub cancelled_at: Option<DateTime<Utc>>,
+    /// Present once cancelled: why.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = cancel_reason_schema)]
     pub cancel_reason: Option<&'static str>,
 }
 
@@ -87,23 +147,39 @@ impl From<&Order> for OrderJson {
     }
 }
 
-#[derive(Debug, Serialize)]
+/// A product's units: `total` = `available` + `reserved` + `sold` (as of the read).
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Inventory)]
 pub struct InventoryJson {
+    #[schema(format = Int64)]
     pub total: i64,
+    #[schema(format = Int64)]
     pub available: i64,
+    #[schema(format = Int64)]
     pub reserved: i64,
+    #[schema(format = Int64)]
     pub sold: i64,
 }
 
-#[derive(Debug, Serialize)]
+/// A product, with its live inventory.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Product)]
 pub struct ProductJson {
+    #[schema(format = Int64, minimum = 1)]
     pub product_id: i64,
     pub name: String,
+    /// Most units one buyer may hold across live orders; null: no limit.
+    #[schema(required = true, format = Int64, minimum = 1, maximum = 4_294_967_295_i64)]
     pub per_user_limit: Option<u32>,
+    /// Null: the sale has no start.
+    #[schema(required = true)]
     pub sale_starts_at: Option<DateTime<Utc>>,
+    /// Null: the sale has no end.
+    #[schema(required = true)]
     pub sale_ends_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     /// Who serves the stock now: `gate` (Redis) or `ledger` (MariaDB alone).
+    #[schema(schema_with = stock_mode_schema)]
     pub stock_mode: &'static str,
     pub inventory: InventoryJson,
 }

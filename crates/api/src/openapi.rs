@@ -1,0 +1,441 @@
+//! The API's OpenAPI 3.1 document, generated from the code: the operations from the
+//! handlers' `#[utoipa::path]` annotations (`routes.rs`), the bodies from the wire types'
+//! `ToSchema` derives (`wire.rs`), and the error answers of each operation from
+//! [`ERRORS`] and the one outcome → status mapping (`error::status`), so a code moved to
+//! another status moves in the document too. Served at `GET /openapi.json` and committed
+//! as `docs/openapi.json`; the server's `openapi` test keeps the two, and the router's
+//! routes, in step.
+
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+
+use axum::body::Bytes;
+use flashsale_app::Outcome;
+use flashsale_core::{CancelReason, OrderStatus, StockMode};
+use utoipa::openapi::content::ContentBuilder;
+use utoipa::openapi::header::HeaderBuilder;
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::response::ResponseBuilder;
+use utoipa::openapi::schema::{AdditionalProperties, KnownFormat, SchemaFormat};
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::openapi::{ObjectBuilder, RefOr, Required, Schema, Type};
+use utoipa::{Modify, OpenApi, ToSchema};
+
+use crate::error::status;
+use crate::routes;
+
+/// The body of `GET /healthz`.
+#[derive(ToSchema)]
+#[allow(dead_code)] // A schema only: the handler answers `{"status": "ok"}` itself.
+pub(crate) struct Health {
+    #[schema(schema_with = ok_schema)]
+    status: String,
+}
+
+/// The body of `GET /readyz` when ready.
+#[derive(ToSchema)]
+#[allow(dead_code)] // A schema only: the handler answers `{"status": "ready"}` itself.
+pub(crate) struct Ready {
+    #[schema(schema_with = ready_schema)]
+    status: String,
+}
+
+fn ok_schema() -> ObjectBuilder {
+    string_of(["ok"])
+}
+
+fn ready_schema() -> ObjectBuilder {
+    string_of(["ready"])
+}
+
+/// A string schema whose value is one of `values`.
+fn string_of<'a>(values: impl IntoIterator<Item = &'a str>) -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(values))
+}
+
+/// An order's `status`: every [`OrderStatus`]'s name.
+pub(crate) fn order_status_schema() -> ObjectBuilder {
+    string_of(OrderStatus::ALL.map(OrderStatus::as_str))
+}
+
+/// An order's `cancel_reason`: every [`CancelReason`]'s name.
+pub(crate) fn cancel_reason_schema() -> ObjectBuilder {
+    // The match fails to build when a reason is added, until it is listed here.
+    let every = [CancelReason::UserCancelled, CancelReason::PaymentTimeout];
+    let _listed = |r: CancelReason| match r {
+        CancelReason::UserCancelled | CancelReason::PaymentTimeout => (),
+    };
+    string_of(every.map(CancelReason::as_str))
+}
+
+/// A product's `stock_mode`: every [`StockMode`]'s API name.
+pub(crate) fn stock_mode_schema() -> ObjectBuilder {
+    // The match fails to build when a mode is added, until it is listed here.
+    let every = [StockMode::Gate, StockMode::Ledger];
+    let _listed = |m: StockMode| match m {
+        StockMode::Gate | StockMode::Ledger => (),
+    };
+    string_of(every.map(StockMode::as_str))
+}
+
+use Outcome as O;
+
+/// Every error code each operation can answer, by (method, path) as in
+/// [`routes::ROUTES`]; its status is the outcome's (`error::status`). Read off the
+/// handlers: a JSON body can fail to parse or arrive (400, 413, 408, 415); a buyer's
+/// credentials (401) and a body's `user_id` that is not the buyer (403) apply with buyer
+/// authentication on; every use case runs in an in-flight slot under the request deadline
+/// (503); the rest are the use cases' own refusals.
+pub(crate) const ERRORS: &[(&str, &str, &[Outcome])] = &[
+    ("get", "/metrics", &[]),
+    ("get", "/healthz", &[]),
+    ("get", "/readyz", &[O::Unavailable]),
+    ("get", "/openapi.json", &[]),
+    (
+        "post",
+        "/v1/products",
+        &[
+            O::Unauthorized,
+            O::InvalidRequest,
+            O::PayloadTooLarge,
+            O::RequestTimeout,
+            O::UnsupportedMediaType,
+            O::ProductExists,
+            O::Unavailable,
+        ],
+    ),
+    (
+        "get",
+        "/v1/products/{id}",
+        &[O::InvalidRequest, O::ProductNotFound, O::Unavailable],
+    ),
+    (
+        "post",
+        "/v1/products/{id}/restock",
+        &[
+            O::InvalidRequest,
+            O::Unauthorized,
+            O::PayloadTooLarge,
+            O::RequestTimeout,
+            O::UnsupportedMediaType,
+            O::ProductNotFound,
+            O::RequestIdConflict,
+            O::Unavailable,
+        ],
+    ),
+    (
+        "post",
+        "/v1/purchases",
+        &[
+            O::RateLimited,
+            O::Unauthorized,
+            O::InvalidRequest,
+            O::PayloadTooLarge,
+            O::RequestTimeout,
+            O::UnsupportedMediaType,
+            O::Forbidden,
+            O::ProductNotFound,
+            O::SaleNotActive,
+            O::SoldOut,
+            O::LimitExceeded,
+            O::RequestIdConflict,
+            O::RequestReleased,
+            O::Unavailable,
+        ],
+    ),
+    (
+        "get",
+        "/v1/purchases/{request_id}",
+        &[
+            O::InvalidRequest,
+            O::Unauthorized,
+            O::OrderNotFound,
+            O::Unavailable,
+        ],
+    ),
+    (
+        "get",
+        "/v1/orders/{id}",
+        &[
+            O::InvalidRequest,
+            O::Unauthorized,
+            O::OrderNotFound,
+            O::Unavailable,
+        ],
+    ),
+    (
+        "post",
+        "/v1/orders/{id}/pay",
+        &[
+            O::InvalidRequest,
+            O::Unauthorized,
+            O::PayloadTooLarge,
+            O::RequestTimeout,
+            O::UnsupportedMediaType,
+            O::Forbidden,
+            O::OrderNotFound,
+            O::OrderNotPayable,
+            O::OrderExpired,
+            O::Unavailable,
+        ],
+    ),
+    (
+        "post",
+        "/v1/orders/{id}/cancel",
+        &[
+            O::InvalidRequest,
+            O::Unauthorized,
+            O::PayloadTooLarge,
+            O::RequestTimeout,
+            O::UnsupportedMediaType,
+            O::Forbidden,
+            O::OrderNotFound,
+            O::OrderNotCancellable,
+            O::Unavailable,
+        ],
+    ),
+];
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "flashsale",
+        description = "A flash-sale service: products with limited stock, purchases that \
+reserve it (idempotent by `request_id`), and orders paid or cancelled before their deadline. \
+Every error answer is `{\"error\": code, \"message\": text}`, its code one of those listed \
+for the operation and status.",
+    ),
+    paths(
+        routes::metrics_text,
+        routes::healthz,
+        routes::readyz,
+        routes::openapi_json,
+        routes::create_product,
+        routes::get_product,
+        routes::restock,
+        routes::purchase,
+        routes::get_purchase,
+        routes::get_order,
+        routes::pay,
+        routes::cancel,
+    ),
+    modifiers(&Security, &Errors, &OptionalBodies),
+    tags(
+        (name = "probes", description = "Liveness, readiness, metrics and this document."),
+        (name = "products", description = "Products on sale and their stock (changes: admin)."),
+        (name = "purchases", description = "Buying: a purchase creates an order."),
+        (name = "orders", description = "Orders: read, pay, cancel."),
+    ),
+)]
+struct ApiDoc;
+
+/// The security schemes: the admin's token, and the buyer's optional JWT.
+struct Security;
+
+impl Modify for Security {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        let mut admin = Http::new(HttpAuthScheme::Bearer);
+        admin.description = Some(
+            "The admin token (`FLASHSALE_ADMIN_TOKEN`), required by the admin endpoints."
+                .to_owned(),
+        );
+        components.add_security_scheme("bearerAuth", SecurityScheme::Http(admin));
+        let mut buyer = Http::new(HttpAuthScheme::Bearer);
+        buyer.bearer_format = Some("JWT".to_owned());
+        buyer.description = Some(
+            "The buyer, when `FLASHSALE_BUYER_AUTH=jwt`: a JWT whose `sub` is the decimal \
+             user id, verified with the configured key. With `FLASHSALE_BUYER_AUTH=header` a \
+             gateway names the buyer in a configured header instead; with neither (the \
+             default), the body's `user_id` says who buys."
+                .to_owned(),
+        );
+        components.add_security_scheme("buyerJwt", SecurityScheme::Http(buyer));
+    }
+}
+
+/// Adds each operation's error answers ([`ERRORS`]), one response per status with the
+/// codes of that status as the body's `error` enum.
+struct Errors;
+
+impl Modify for Errors {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for &(method, path, outcomes) in ERRORS {
+            let Some(operation) = operation_mut(openapi, method, path) else {
+                // A route the document lacks: the openapi tests name it.
+                continue;
+            };
+            let mut by_status: BTreeMap<u16, Vec<&str>> = BTreeMap::new();
+            for &o in outcomes {
+                by_status
+                    .entry(status(o).as_u16())
+                    .or_default()
+                    .push(o.as_str());
+            }
+            for (code, codes) in by_status {
+                operation
+                    .responses
+                    .responses
+                    .insert(code.to_string(), RefOr::T(error_response(code, &codes)));
+            }
+        }
+    }
+}
+
+/// The operations whose body may be empty (`order_and_user`: an authenticated buyer
+/// need not say who they are), by (method, path).
+const OPTIONAL_BODIES: [(&str, &str); 2] = [
+    ("post", "/v1/orders/{id}/pay"),
+    ("post", "/v1/orders/{id}/cancel"),
+];
+
+/// Marks the bodies of [`OPTIONAL_BODIES`] not required (the derive would otherwise
+/// require them, or, for an `Option`, admit a JSON `null`, which is refused).
+struct OptionalBodies;
+
+impl Modify for OptionalBodies {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for (method, path) in OPTIONAL_BODIES {
+            if let Some(RefOr::T(body)) =
+                operation_mut(openapi, method, path).and_then(|o| o.request_body.as_mut())
+            {
+                body.required = Some(Required::False);
+            }
+        }
+    }
+}
+
+/// The operation of `method` on `path`, if the document has it.
+fn operation_mut<'a>(
+    openapi: &'a mut utoipa::openapi::OpenApi,
+    method: &str,
+    path: &str,
+) -> Option<&'a mut Operation> {
+    let item = openapi.paths.paths.get_mut(path)?;
+    match method {
+        "get" => item.get.as_mut(),
+        "post" => item.post.as_mut(),
+        _ => None,
+    }
+}
+
+/// An error answer of HTTP status `code` whose body's `error` is one of `codes`, with the
+/// headers that status carries.
+fn error_response(code: u16, codes: &[&str]) -> utoipa::openapi::Response {
+    let reason = axum::http::StatusCode::from_u16(code)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or("Error");
+    let list = codes
+        .iter()
+        .map(|c| format!("`{c}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let body: Schema = ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property("error", string_of(codes.iter().copied()))
+        .required("error")
+        .property(
+            "message",
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .description(Some("What went wrong, for a person.")),
+        )
+        .required("message")
+        .additional_properties(Some(AdditionalProperties::FreeForm(false)))
+        .into();
+    let mut response = ResponseBuilder::new()
+        .description(format!("{reason}: {list}."))
+        .content(
+            "application/json",
+            ContentBuilder::new().schema(Some(body)).build(),
+        );
+    let seconds = || {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+            .minimum(Some(1))
+    };
+    response = match code {
+        429 => response.header(
+            "Retry-After",
+            HeaderBuilder::new()
+                .schema(Some(seconds()))
+                .description(Some("Seconds to wait before a retry; nothing was done."))
+                .build(),
+        ),
+        503 => response.header(
+            "Retry-After",
+            HeaderBuilder::new()
+                .schema(Some(seconds()))
+                .description(Some(
+                    "Seconds to wait before a retry with the same request.",
+                ))
+                .build(),
+        ),
+        401 => response.header(
+            "WWW-Authenticate",
+            HeaderBuilder::new()
+                .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
+                .description(Some(
+                    "The bearer challenge, when the credentials were a bearer token's.",
+                ))
+                .build(),
+        ),
+        _ => response,
+    };
+    response.build()
+}
+
+/// The document.
+pub fn document() -> utoipa::openapi::OpenApi {
+    ApiDoc::openapi()
+}
+
+/// The document as served and committed: pretty JSON, every object's keys sorted (through
+/// `serde_json::Value`, whose maps are ordered), ending in a newline.
+pub fn document_json() -> String {
+    // A tree of strings, numbers and maps with string keys: encoding cannot fail.
+    let text = serde_json::to_value(document())
+        .and_then(|v| serde_json::to_string_pretty(&v))
+        .unwrap_or_default();
+    text + "\n"
+}
+
+/// [`document_json`], encoded once for the process.
+pub(crate) fn encoded() -> Bytes {
+    static ENCODED: LazyLock<Bytes> = LazyLock::new(|| Bytes::from(document_json()));
+    ENCODED.clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Checks that the error table and the router name the same operations, once each, and
+    // that the document has every one of them: by comparing `ERRORS`' (method, path) with
+    // `ROUTES` and looking each up in the generated document.
+    #[test]
+    fn every_route_has_its_errors_and_an_operation() {
+        let routes: Vec<_> = routes::ROUTES.to_vec();
+        let errors: Vec<_> = ERRORS.iter().map(|&(m, p, _)| (m, p)).collect();
+        assert_eq!(routes, errors);
+        let mut doc = document();
+        for &(method, path) in routes::ROUTES {
+            assert!(
+                operation_mut(&mut doc, method, path).is_some(),
+                "{method} {path}"
+            );
+        }
+    }
+
+    // Checks that `/metrics`' documented content type is the one the handler answers.
+    #[test]
+    fn metrics_content_type_is_the_served_one() {
+        let doc = serde_json::to_value(document()).unwrap();
+        let content = &doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"];
+        assert!(content.get(routes::OPENMETRICS).is_some(), "{content}");
+    }
+}
