@@ -20,6 +20,7 @@ mod group_commit;
 mod helpers;
 mod invariants;
 mod metrics;
+mod openapi;
 mod orders;
 mod products;
 mod purchase;
