@@ -17,3 +17,6 @@ cargo clippy --workspace --all-targets --features flashsale/failpoints -- -D war
 # The load generator's end-to-end test drives this binary (target/debug/flashsale).
 cargo build --bin flashsale --features flashsale/failpoints
 cargo test --workspace --features flashsale/failpoints -- "$@"
+# The API fuzzed from its OpenAPI document by schemathesis (pinned, fixed seed, bounded
+# examples: well under two minutes), against the binary just built and tested.
+scripts/fuzz.sh target/debug/flashsale

@@ -18,7 +18,7 @@ use utoipa::openapi::path::Operation;
 use utoipa::openapi::response::ResponseBuilder;
 use utoipa::openapi::schema::{AdditionalProperties, KnownFormat, SchemaFormat};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
-use utoipa::openapi::{ObjectBuilder, RefOr, Required, Schema, Type};
+use utoipa::openapi::{ObjectBuilder, RefOr, Schema, Type};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::error::status;
@@ -221,7 +221,7 @@ for the operation and status.",
         routes::pay,
         routes::cancel,
     ),
-    modifiers(&Security, &Errors, &OptionalBodies),
+    modifiers(&Security, &Errors, &Links),
     tags(
         (name = "probes", description = "Liveness, readiness, metrics and this document."),
         (name = "products", description = "Products on sale and their stock (changes: admin)."),
@@ -284,25 +284,112 @@ impl Modify for Errors {
     }
 }
 
-/// The operations whose body may be empty (`order_and_user`: an authenticated buyer
-/// need not say who they are), by (method, path).
-const OPTIONAL_BODIES: [(&str, &str); 2] = [
-    ("post", "/v1/orders/{id}/pay"),
-    ("post", "/v1/orders/{id}/cancel"),
+/// The links a client (or a fuzzer's stateful phase) follows from one answer to the
+/// next operation: from a created product to buying it, reading and restocking it;
+/// from a purchase to its order, its request_id, paying and cancelling it. Each is
+/// (method, path, status, link name, target operation id, path parameters, body),
+/// the values runtime expressions over the answer's body.
+type LinkSpec = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    Option<&'static [(&'static str, &'static str)]>,
+);
+const LINKS: [LinkSpec; 7] = [
+    (
+        "post",
+        "/v1/products",
+        "201",
+        "GetProduct",
+        "get_product",
+        &[("id", "$response.body#/product_id")],
+        None,
+    ),
+    (
+        "post",
+        "/v1/products",
+        "201",
+        "Restock",
+        "restock",
+        &[("id", "$response.body#/product_id")],
+        None,
+    ),
+    (
+        "post",
+        "/v1/products",
+        "201",
+        "Purchase",
+        "purchase",
+        &[],
+        Some(&[("product_id", "$response.body#/product_id")]),
+    ),
+    (
+        "post",
+        "/v1/purchases",
+        "201",
+        "GetOrder",
+        "get_order",
+        &[("id", "$response.body#/order_id")],
+        None,
+    ),
+    (
+        "post",
+        "/v1/purchases",
+        "201",
+        "GetPurchase",
+        "get_purchase",
+        &[("request_id", "$response.body#/request_id")],
+        None,
+    ),
+    (
+        "post",
+        "/v1/purchases",
+        "201",
+        "Pay",
+        "pay",
+        &[("id", "$response.body#/order_id")],
+        Some(&[("user_id", "$response.body#/user_id")]),
+    ),
+    (
+        "post",
+        "/v1/purchases",
+        "201",
+        "Cancel",
+        "cancel",
+        &[("id", "$response.body#/order_id")],
+        Some(&[("user_id", "$response.body#/user_id")]),
+    ),
 ];
 
-/// Marks the bodies of [`OPTIONAL_BODIES`] not required (the derive would otherwise
-/// require them, or, for an `Option`, admit a JSON `null`, which is refused).
-struct OptionalBodies;
+/// Adds [`LINKS`] to the answers they start from.
+struct Links;
 
-impl Modify for OptionalBodies {
+impl Modify for Links {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        for (method, path) in OPTIONAL_BODIES {
-            if let Some(RefOr::T(body)) =
-                operation_mut(openapi, method, path).and_then(|o| o.request_body.as_mut())
-            {
-                body.required = Some(Required::False);
+        for (method, path, status, name, target, parameters, body) in LINKS {
+            let Some(RefOr::T(response)) = operation_mut(openapi, method, path)
+                .and_then(|o| o.responses.responses.get_mut(status))
+            else {
+                // An answer the document lacks: the openapi tests name the route.
+                continue;
+            };
+            let mut link = utoipa::openapi::link::LinkBuilder::new().operation_id(target);
+            for (parameter, value) in parameters {
+                link = link.parameter(*parameter, *value);
             }
+            if let Some(fields) = body {
+                let object: serde_json::Map<String, serde_json::Value> = fields
+                    .iter()
+                    .map(|(field, value)| ((*field).to_owned(), (*value).into()))
+                    .collect();
+                link = link.request_body(Some(serde_json::Value::Object(object)));
+            }
+            response
+                .links
+                .insert(name.to_owned(), RefOr::T(link.build()));
         }
     }
 }

@@ -741,7 +741,7 @@ async fn get_order(
     tag = "orders",
     summary = "Pay an order awaiting payment (idempotent)",
     params(("id" = i64, Path, description = "The order id, in decimal digits without sign or leading zero.", format = Int64, minimum = 1)),
-    request_body(content = UserBody, content_type = "application/json", description = "The acting buyer; optional (an empty body, no Content-Type needed) when the buyer is authenticated."),
+    request_body(content = UserBody, content_type = "application/json", description = "The acting buyer. Without buyer authentication (the default) it is required; with it the body may be left out (no Content-Type needed)."),
     security((), ("buyerJwt" = [])),
     responses((status = 200, description = "Paid (or already): the order.", body = OrderJson)),
 )]
@@ -767,7 +767,7 @@ async fn pay(
     tag = "orders",
     summary = "Cancel an order awaiting payment, returning its stock (idempotent)",
     params(("id" = i64, Path, description = "The order id, in decimal digits without sign or leading zero.", format = Int64, minimum = 1)),
-    request_body(content = UserBody, content_type = "application/json", description = "The acting buyer; optional (an empty body, no Content-Type needed) when the buyer is authenticated."),
+    request_body(content = UserBody, content_type = "application/json", description = "The acting buyer. Without buyer authentication (the default) it is required; with it the body may be left out (no Content-Type needed)."),
     security((), ("buyerJwt" = [])),
     responses((status = 200, description = "Cancelled (or already): the order.", body = OrderJson)),
 )]

@@ -22,9 +22,10 @@ pub struct PurchaseBody<'a> {
     #[serde(borrow)]
     #[schema(value_type = String, min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9_.:-]+$")]
     pub request_id: Cow<'a, str>,
-    /// The buyer. Required when no buyer authentication is configured; with one, it may
-    /// be left out, and if given must name the authenticated buyer (else 403).
-    #[schema(format = Int64, minimum = 1)]
+    /// The buyer. Required when no buyer authentication is configured (the default, and
+    /// what this document describes); with one, it may be left out, and if given must
+    /// name the authenticated buyer (else 403). Never null.
+    #[schema(value_type = i64, required = true, format = Int64, minimum = 1)]
     pub user_id: Option<i64>,
     #[schema(format = Int64, minimum = 1)]
     pub product_id: i64,
@@ -38,8 +39,10 @@ pub struct PurchaseBody<'a> {
 #[derive(Debug, Deserialize, ToSchema)]
 #[schema(as = OrderAction)]
 pub struct UserBody {
-    /// Optional when the buyer is authenticated (it must then name that buyer).
-    #[schema(format = Int64, minimum = 1)]
+    /// Required when no buyer authentication is configured (the default, and what this
+    /// document describes); optional when the buyer is authenticated (it must then name
+    /// that buyer). Never null.
+    #[schema(value_type = i64, required = true, format = Int64, minimum = 1)]
     pub user_id: Option<i64>,
 }
 
