@@ -64,6 +64,21 @@ const REFUSAL_READ_MAX: Duration = Duration::from_millis(500);
 /// The wait after `accept` fails for want of resources (too many open files), so the loop
 /// does not spin while connections close; it never gives up.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
+/// How long, once the server stops, a connection with no request in flight waits for one
+/// before it is closed: a client that connected, or reused a keep-alive connection, just
+/// before the stop has its request on the wire, and closing first would leave it with an
+/// empty reply or a reset. Short, so that the stop is not held up: the balancer in front
+/// has stopped sending new clients.
+const STOP_IDLE_GRACE: Duration = Duration::from_millis(250);
+/// How often a connection waiting out [`STOP_IDLE_GRACE`] looks whether its request began.
+const STOP_POLL: Duration = Duration::from_millis(2);
+/// Most connections taken from the listen backlog after the stop: connections the kernel
+/// completed before it would be reset when the listener closes, so each is taken in and
+/// answered like the rest (the backlog itself is bounded by the kernel's somaxconn).
+const BACKLOG_DRAIN_MAX: usize = 4096;
+/// How long the stop waits for one more queued connection: the backlog's connections are
+/// there at once, so a short wait finds them all.
+const BACKLOG_DRAIN_WAIT: Duration = Duration::from_millis(2);
 /// Descriptors kept free of client connections: the stores' pools, the metrics listener,
 /// logs and the refusals' sockets need some (`connections_max` is lowered to fit).
 pub const DESCRIPTORS_RESERVED: u64 = 512;
@@ -111,6 +126,9 @@ pub fn fit_connections(wanted: usize) -> (usize, u64) {
 struct Conn {
     /// Requests of this connection inside the router now (HTTP/1.1: 0 or 1).
     busy: AtomicUsize,
+    /// Requests this connection has begun, ever: a stopping connection closes once one
+    /// begins after the stop (answered first).
+    begun: AtomicU64,
     /// Told to close at once: the loop needs its place for a newcomer.
     evict: Notify,
 }
@@ -131,6 +149,7 @@ impl Registry {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let conn = Arc::new(Conn {
             busy: AtomicUsize::new(0),
+            begun: AtomicU64::new(0),
             evict: Notify::new(),
         });
         self.lock().insert(id, conn.clone());
@@ -177,6 +196,7 @@ struct Busy(Arc<Conn>);
 impl Busy {
     fn enter(conn: &Arc<Conn>) -> Self {
         conn.busy.fetch_add(1, Ordering::AcqRel);
+        conn.begun.fetch_add(1, Ordering::AcqRel);
         Self(conn.clone())
     }
 }
@@ -206,6 +226,14 @@ pub async fn serve(
         .max_buf_size(HEADER_BYTES_MAX)
         .max_headers(HEADERS_MAX);
     let mut accept_errors = ErrorLog::default();
+    let admission = Admission {
+        registry,
+        refusals,
+        router,
+        builder,
+        settings,
+        stop: stop_rx,
+    };
     let mut shutdown = pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -223,29 +251,20 @@ pub async fn serve(
             // Reaps finished connections' tasks, so the set holds only live ones.
             Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
         };
-        if registry.len() >= settings.connections_max && !registry.evict_oldest_idle() {
-            refuse(stream, &refusals);
-            continue;
+        admission.admit(&mut tasks, stream, peer);
+    }
+    let _ = stop_tx.send(true);
+    // Connections the kernel completed before the stop wait in the listen backlog, and
+    // closing the listener would reset them: they are taken in and answered like the
+    // connections already open (each then closes after its request).
+    for _ in 0..BACKLOG_DRAIN_MAX {
+        match tokio::time::timeout(BACKLOG_DRAIN_WAIT, listener.accept()).await {
+            Ok(Ok((stream, peer))) => admission.admit(&mut tasks, stream, peer),
+            Ok(Err(e)) if is_connection_error(&e) => {}
+            _ => break,
         }
-        let _ = stream.set_nodelay(true);
-        let (id, conn) = registry.open();
-        let registered = Registered {
-            registry: registry.clone(),
-            id,
-        };
-        tasks.spawn(connection(
-            stream,
-            peer,
-            conn,
-            registered,
-            router.clone(),
-            builder.clone(),
-            settings,
-            stop_rx.clone(),
-        ));
     }
     drop(listener);
-    let _ = stop_tx.send(true);
     let drained = tokio::time::timeout(settings.drain_timeout, async {
         while tasks.join_next().await.is_some() {}
     })
@@ -259,8 +278,48 @@ pub async fn serve(
     }
 }
 
+/// What a new connection is served with.
+struct Admission {
+    registry: Arc<Registry>,
+    refusals: Arc<tokio::sync::Semaphore>,
+    router: Router,
+    builder: hyper::server::conn::http1::Builder,
+    settings: HttpSettings,
+    stop: watch::Receiver<bool>,
+}
+
+impl Admission {
+    /// Serves `stream` on a task of `tasks`, or refuses it at the connection cap when no
+    /// idle connection can make room.
+    fn admit(&self, tasks: &mut JoinSet<()>, stream: TcpStream, peer: SocketAddr) {
+        if self.registry.len() >= self.settings.connections_max
+            && !self.registry.evict_oldest_idle()
+        {
+            refuse(stream, &self.refusals);
+            return;
+        }
+        let _ = stream.set_nodelay(true);
+        let (id, conn) = self.registry.open();
+        let registered = Registered {
+            registry: self.registry.clone(),
+            id,
+        };
+        tasks.spawn(connection(
+            stream,
+            peer,
+            conn,
+            registered,
+            self.router.clone(),
+            self.builder.clone(),
+            self.settings,
+            self.stop.clone(),
+        ));
+    }
+}
+
 /// Serves one connection until the client closes it, a bound closes it, it is evicted,
-/// or the server stops (then it finishes the request in flight, if any, and closes).
+/// or the server stops (then it finishes the request in flight, or one that begins
+/// within [`STOP_IDLE_GRACE`], and closes).
 #[allow(clippy::too_many_arguments)]
 async fn connection(
     stream: TcpStream,
@@ -295,7 +354,20 @@ async fn connection(
         () = conn.evict.notified() => return,
         _ = stop.wait_for(|stop| *stop) => {}
     }
-    // Stopping: an idle connection closes now, a busy one after its answer.
+    // Stopping. Without a request in flight, wait (bounded) for one already on its way;
+    // then close, after the answer to the request in flight if there is one (a stopping
+    // connection answers without keep-alive).
+    let begun = conn.begun.load(Ordering::Acquire);
+    let grace = tokio::time::Instant::now() + STOP_IDLE_GRACE;
+    while conn.busy.load(Ordering::Acquire) == 0
+        && conn.begun.load(Ordering::Acquire) == begun
+        && tokio::time::Instant::now() < grace
+    {
+        tokio::select! {
+            _ = served.as_mut() => return,
+            () = tokio::time::sleep(STOP_POLL) => {}
+        }
+    }
     served.as_mut().graceful_shutdown();
     let _ = served.await;
 }
