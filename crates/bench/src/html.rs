@@ -508,6 +508,8 @@ th {{ background: #f4f4f4; }} td:first-child, th:first-child {{ text-align: left
 .kpi {{ display: inline-block; margin: 0 1.5em 1em 0; }} .kpi b {{ display: block; font-size: 1.6em; }}
 pre {{ background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 12px; }}
 figure {{ margin: 1em 0; }}
+.compare {{ font-size: 12px; }} .compare th {{ white-space: normal; max-width: 7.5em; vertical-align: bottom; }}
+.compare td, .compare th {{ padding: 2px 5px; }}
 </style></head><body>
 <h1>{}</h1>
 "#,
@@ -889,9 +891,11 @@ pub fn compare_throughput_chart(report: &CompareReport) -> Chart {
     }
 }
 
-/// The comparison's table of `rows`, scrolling sideways on a narrow screen.
+/// The comparison's table of `rows`: headers wrapped and figures set small, so that its
+/// ratio columns fit the page's width (`.compare`, widened on the comparison's page);
+/// scrolling sideways only on a narrow screen.
 fn compare_table(h: &mut String, rows: &[compare::CompareRow]) {
-    h.push_str(r#"<div style="overflow-x: auto"><table><tr>"#);
+    h.push_str(r#"<div style="overflow-x: auto"><table class="compare"><tr>"#);
     for head in compare::headers() {
         let _ = write!(h, "<th>{}</th>", escape(&head));
     }
@@ -915,6 +919,8 @@ pub fn compare_report(report: &CompareReport) -> String {
         m.started_at
     );
     page_start(&mut h, &title);
+    // The comparison's table has a dozen figures a row: the page is wider than a run's.
+    h.push_str("<style>body { max-width: 1280px; }</style>");
     let _ = write!(
         h,
         r#"<p class="verdict {}">{}</p>"#,
@@ -1247,7 +1253,15 @@ mod tests {
             series_names(&latency),
             ["http-ceiling (max 12.00ms)", "flashsale (max 12.00ms)"]
         );
-        for needle in ["<th>attempts/s</th>", "<td>http-ceiling</td>", "PASS"] {
+        for needle in [
+            "<th>attempts/s</th>",
+            "<td>http-ceiling</td>",
+            "PASS",
+            // The table is set to fit the page: small figures, wrapped headers, a wider
+            // page than a run's.
+            r#"<table class="compare">"#,
+            "body { max-width: 1280px; }",
+        ] {
             assert!(html.contains(needle), "missing {needle}");
         }
     }
