@@ -232,15 +232,7 @@ async fn sold_exactly_and_audited(
 
 /// A counter of `/metrics`, 0 when absent.
 pub(crate) async fn metric(app: &TestApp, series: &str) -> f64 {
-    let text = app
-        .http
-        .get(format!("{}/metrics", app.base))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let (text, _) = app.scrape_metrics().await;
     text.lines()
         .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
         .unwrap_or(0.0)

@@ -59,14 +59,7 @@ async fn dashboard_queries_name_exported_metrics() {
     m.store_failed("redis", ErrorKind::TimedOut);
     m.answered_in(0, Outcome::Unavailable, Duration::from_millis(1));
 
-    let resp = app
-        .http
-        .get(format!("{}/metrics", app.base))
-        .send()
-        .await
-        .expect("GET /metrics");
-    assert_eq!(resp.status(), StatusCode::OK);
-    let text = resp.text().await.expect("metrics text");
+    let (text, _) = app.scrape_metrics().await;
     let exported = Exported::read(&text);
     assert!(
         exported.labels.len() >= 15,

@@ -430,6 +430,24 @@ impl TestApp {
         }
     }
 
+    /// The body and content type of `GET /metrics`, which must answer 200.
+    pub async fn scrape_metrics(&self) -> (String, String) {
+        let resp = self
+            .http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .expect("GET /metrics");
+        assert_eq!(resp.status(), StatusCode::OK);
+        let content_type = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        (resp.text().await.expect("metrics text"), content_type)
+    }
+
     pub fn key(&self, product_id: i64, suffix: &str) -> String {
         format!("{}{{p:{product_id}}}:{suffix}", self.prefix)
     }

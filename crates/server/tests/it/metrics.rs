@@ -15,24 +15,6 @@ use crate::helpers::{redis_addr, wait_until, Routes, TestApp};
 /// second; the rest is room for a busy machine.
 const SCRAPE_WITH_A_STORE_DOWN_MAX: Duration = Duration::from_secs(4);
 
-/// The body and content type of `GET /metrics`.
-async fn scrape(app: &TestApp) -> (String, String) {
-    let resp = app
-        .http
-        .get(format!("{}/metrics", app.base))
-        .send()
-        .await
-        .expect("GET /metrics");
-    assert_eq!(resp.status(), StatusCode::OK);
-    let content_type = resp
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
-    (resp.text().await.expect("metrics text"), content_type)
-}
-
 /// The value of the sample named exactly `series` (name and labels), if present.
 fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines()
@@ -100,7 +82,7 @@ async fn metrics_count_every_answer_and_read_the_stores() {
         .expect("request");
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
 
-    let (text, content_type) = scrape(&app).await;
+    let (text, content_type) = app.scrape_metrics().await;
     assert!(
         content_type.starts_with("application/openmetrics-text"),
         "{content_type}"
@@ -166,7 +148,7 @@ async fn metrics_count_every_answer_and_read_the_stores() {
     // and the two scrapes before.
     let (status, _) = app.purchase("m-4", 7, 4101, 1).await;
     assert_eq!(status, StatusCode::CONFLICT);
-    let (again, _) = scrape(&app).await;
+    let (again, _) = app.scrape_metrics().await;
     assert_eq!(again, text);
     let ledger = flashsale::connect_ledger(
         &flashsale::Config::from_parts(
@@ -189,7 +171,7 @@ async fn metrics_count_every_answer_and_read_the_stores() {
     .await
     .expect("ledger mode");
     tokio::time::sleep(SCRAPE_REUSE + Duration::from_millis(100)).await;
-    let (fresh, _) = scrape(&app).await;
+    let (fresh, _) = app.scrape_metrics().await;
     assert_eq!(
         sample(&fresh, &responses("purchase", "sold_out")),
         Some(2.0)
@@ -238,7 +220,7 @@ async fn metrics_count_the_workers_passes() {
         "every worker counted, the order expired",
         Duration::from_secs(20),
         || async {
-            let (text, _) = scrape(&app).await;
+            let (text, _) = app.scrape_metrics().await;
             let passes = ["expiry", "recovery", "gate-watch", "reconcile", "fallback"]
                 .iter()
                 .all(|w| {
@@ -260,7 +242,7 @@ async fn metrics_count_the_workers_passes() {
         "the gate rebuilt and counted",
         Duration::from_secs(20),
         || async {
-            let (text, _) = scrape(&app).await;
+            let (text, _) = app.scrape_metrics().await;
             sample(&text, "flashsale_gate_rebuilds_total") == Some(1.0)
                 && sample(
                     &text,
@@ -273,7 +255,7 @@ async fn metrics_count_the_workers_passes() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     workers.stop().await;
     tokio::time::sleep(SCRAPE_REUSE + Duration::from_millis(100)).await;
-    let (text, _) = scrape(&app).await;
+    let (text, _) = app.scrape_metrics().await;
     assert_eq!(
         sample(&text, "flashsale_reconcile_drift_products"),
         Some(0.0),
@@ -302,7 +284,7 @@ async fn metrics_show_a_hanging_redis_as_down() {
     )
     .await;
     app.create_product(4103, 3, None).await;
-    let (text, _) = scrape(&app).await;
+    let (text, _) = app.scrape_metrics().await;
     let available = r#"flashsale_product_stock{product_id="4103",state="available"}"#;
     assert_eq!(sample(&text, available), Some(3.0), "{text}");
 
@@ -310,7 +292,7 @@ async fn metrics_show_a_hanging_redis_as_down() {
     // Past the reuse of the last scrape's text: this one reads the stores.
     tokio::time::sleep(SCRAPE_REUSE + Duration::from_millis(100)).await;
     let started = Instant::now();
-    let (text, _) = scrape(&app).await;
+    let (text, _) = app.scrape_metrics().await;
     let took = started.elapsed();
     assert!(took < SCRAPE_WITH_A_STORE_DOWN_MAX, "scrape took {took:?}");
     assert_eq!(
@@ -329,7 +311,7 @@ async fn metrics_show_a_hanging_redis_as_down() {
 
     proxy.restore();
     wait_until("Redis up again", Duration::from_secs(10), || async {
-        let (text, _) = scrape(&app).await;
+        let (text, _) = app.scrape_metrics().await;
         sample(&text, r#"flashsale_store_up{store="redis"}"#) == Some(1.0)
     })
     .await;
@@ -386,7 +368,7 @@ async fn the_in_flight_limit_is_global_and_shed_requests_are_counted() {
     let (status, _) = app.get("/v1/orders/987654").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     proxy.restore();
-    let (text, _) = scrape(&app).await;
+    let (text, _) = app.scrape_metrics().await;
     assert_eq!(
         sample(&text, &responses("get_order", "unavailable")),
         Some(1.0),
