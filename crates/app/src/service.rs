@@ -395,7 +395,7 @@ impl Flashsale {
         }
         // The rest on the heap: a flood is mostly the refusal above, and its future (and
         // the request's, which holds it) stays small without the reservation's and the
-        // commit's state (1,224 bytes with it; BENCHMARKS.md, "Ablation").
+        // commit's state (1,224 bytes with it; BENCHMARKS.md, ablation row S1).
         Box::pin(self.reserve_and_commit(request, product, sent, heard, vouched)).await
     }
 

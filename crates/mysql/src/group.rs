@@ -280,7 +280,7 @@ pub(crate) fn document(batch: &[Purchase]) -> String {
 /// collation does, so the joins use the unique keys. The statements read it in no
 /// particular order: nothing depends on the order rows are written in (orders are
 /// matched back by request_id), and an `ORDER BY` over `JSON_TABLE` costs a sort through
-/// a temporary table, about a third of each INSERT's time (measured, BENCHMARKS.md).
+/// a temporary table, about a third of each INSERT's time (BENCHMARKS.md, ablation row L5).
 macro_rules! batch_table {
     ($($doc:tt)+) => {
         concat!(
@@ -454,7 +454,7 @@ async fn run_script(
 /// UPDATE per product, and the per-user check when a product has a limit. Measured
 /// against one round trip per statement (eight with the BEGIN, the read-back and the
 /// COMMIT): +8 % orders/s; the procedure instead of the four INSERTs as text: +1–8 %
-/// (BENCHMARKS.md, "Ablation"). The statements' own work is most of a
+/// (BENCHMARKS.md, ablation rows L7 and L11). The statements' own work is most of a
 /// group commit; taking the BEGIN and the COMMIT into the script too gained nothing more.
 pub(crate) async fn insert(
     tx: &mut MySqlConnection,
