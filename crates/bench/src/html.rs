@@ -327,17 +327,26 @@ fn mb_format(v: f64) -> String {
     format!("{} MB", number(v))
 }
 
-/// A one-second bucket's point on a per-second chart: its count divided by the part of
-/// its second the load covered (second 0 covers [0, 1)), drawn at that part's middle. A
-/// run's last second is mostly partial, and all of a run shorter than a second is: counted
-/// as whole seconds, they would read as a drop, or as a rate the run never had. A last
-/// part under a tenth of a second counts as a tenth, so that a few late answers don't
-/// read as a spike; a run that ended within its first second is its own rate however
+/// A timeline step's point on a per-second chart: its count divided by the part of its
+/// step the load covered, drawn at that part's middle. A run's last step is mostly
+/// partial: counted as a whole step, it would read as a drop, or as a rate the run never
+/// had. A last part under a tenth of a step counts as a tenth, so that a few late answers
+/// don't read as a spike; a run that ended within its first step is its own rate however
 /// short it was.
-fn rate_point(second: u32, count: u64, elapsed_s: f64) -> (f64, f64) {
-    let start = f64::from(second);
-    let floor = if second == 0 { 1e-3 } else { 0.1 };
-    let covered = (elapsed_s - start).clamp(floor, 1.0);
+fn rate_point(
+    bucket: &crate::stats::Bucket,
+    step_ms: u64,
+    count: u64,
+    elapsed_s: f64,
+) -> (f64, f64) {
+    let start = bucket.start_ms as f64 / 1e3;
+    let step = step_ms.max(1) as f64 / 1e3;
+    let floor = if bucket.start_ms == 0 {
+        1e-3
+    } else {
+        step / 10.0
+    };
+    let covered = (elapsed_s - start).clamp(floor, step);
     (start + covered / 2.0, count as f64 / covered)
 }
 
@@ -368,7 +377,7 @@ pub fn throughput_chart(r: &BenchResult) -> Chart {
             points: r
                 .timeline
                 .iter()
-                .map(|b| rate_point(b.second, pick(b), r.elapsed_s))
+                .map(|b| rate_point(b, r.timeline_step_ms, pick(b), r.elapsed_s))
                 .collect(),
         })
         .collect();
@@ -454,13 +463,16 @@ pub fn memory_chart(r: &BenchResult) -> Option<Chart> {
     let points: Vec<(f64, f64)> = r
         .timeline
         .iter()
-        .filter_map(|b| b.rss_kb.map(|kb| (f64::from(b.second), kb as f64 / 1024.0)))
+        .filter_map(|b| {
+            b.rss_kb
+                .map(|kb| (b.start_ms as f64 / 1e3, kb as f64 / 1024.0))
+        })
         .collect();
     if points.is_empty() {
         return None;
     }
     Some(Chart {
-        title: "Server resident memory (VmRSS)".into(),
+        title: "Server resident memory (VmRSS, the highest in each step)".into(),
         x_label: "seconds since the start of the load".into(),
         y_label: "MB".into(),
         x_scale: Scale::Linear,
@@ -874,7 +886,7 @@ pub fn compare_throughput_chart(report: &CompareReport) -> Chart {
                 .iter()
                 .map(|b| {
                     let all = b.ok + b.rejected + b.unavailable + b.transport_errors;
-                    rate_point(b.second, all, r.elapsed_s)
+                    rate_point(b, r.timeline_step_ms, all, r.elapsed_s)
                 })
                 .collect(),
         })
@@ -1069,19 +1081,33 @@ mod tests {
         assert_eq!(legend_ys.len(), rows + 1, "{legend_ys:?}");
     }
 
-    // Checks a bucket's point is a rate: a whole second as counted, a run's partial last
-    // second (or a run shorter than a second, however short) divided by the part covered
-    // and drawn at its middle, and a last sliver under a tenth of a second counted as a
-    // tenth.
+    // Checks a step's point is a rate: a whole step as counted, a run's partial last step
+    // (or a run shorter than a step, however short) divided by the part covered and drawn
+    // at its middle, and a last sliver under a tenth of a step counted as a tenth; with
+    // one-second and 100 ms steps.
     #[test]
     fn buckets_are_drawn_as_rates() {
-        assert_eq!(rate_point(0, 5_000, 3.5), (0.5, 5_000.0));
-        assert_eq!(rate_point(3, 2_500, 3.5), (3.25, 5_000.0));
-        assert_eq!(rate_point(0, 4_000, 0.25), (0.125, 16_000.0));
-        assert_eq!(rate_point(0, 4_000, 0.05), (0.025, 80_000.0));
-        let (x, y) = rate_point(2, 30, 2.01);
+        let at = |start_ms| crate::stats::Bucket {
+            start_ms,
+            ..Default::default()
+        };
+        assert_eq!(rate_point(&at(0), 1_000, 5_000, 3.5), (0.5, 5_000.0));
+        assert_eq!(rate_point(&at(3_000), 1_000, 2_500, 3.5), (3.25, 5_000.0));
+        assert_eq!(rate_point(&at(0), 1_000, 4_000, 0.25), (0.125, 16_000.0));
+        assert_eq!(rate_point(&at(0), 1_000, 4_000, 0.05), (0.025, 80_000.0));
+        let (x, y) = rate_point(&at(2_000), 1_000, 30, 2.01);
         assert!(
             (x - 2.05).abs() < 1e-9 && (y - 300.0).abs() < 1e-6,
+            "{x} {y}"
+        );
+        let (x, y) = rate_point(&at(300), 100, 50, 2.0);
+        assert!(
+            (x - 0.35).abs() < 1e-9 && (y - 500.0).abs() < 1e-6,
+            "{x} {y}"
+        );
+        let (x, y) = rate_point(&at(1_900), 100, 5, 1.901);
+        assert!(
+            (x - 1.905).abs() < 1e-9 && (y - 500.0).abs() < 1e-6,
             "{x} {y}"
         );
     }

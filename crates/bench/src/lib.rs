@@ -1522,7 +1522,8 @@ fn build_result(b: Built<'_>) -> BenchResult {
             expiry_checked: b.expiry.0,
             expiry_confirmed: b.expiry.1,
         },
-        timeline: rec.timeline.clone(),
+        timeline: rec.timeline.buckets().to_vec(),
+        timeline_step_ms: rec.timeline.step_ms(),
         costs: Costs {
             redis_script_calls,
             redis_commands,

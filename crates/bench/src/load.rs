@@ -215,8 +215,8 @@ fn lock(m: &Mutex<Recorder>) -> std::sync::MutexGuard<'_, Recorder> {
 }
 
 impl Shared {
-    fn second(&self, at: Instant) -> usize {
-        at.saturating_duration_since(self.start).as_secs() as usize
+    fn since_start(&self, at: Instant) -> Duration {
+        at.saturating_duration_since(self.start)
     }
 
     fn shard(&self, intent: u64) -> std::sync::MutexGuard<'_, Recorder> {
@@ -280,7 +280,7 @@ impl Shared {
                     ex.status,
                     ex.answer.error.as_deref(),
                     now.saturating_duration_since(sent_at),
-                    self.second(now),
+                    self.since_start(now),
                 );
                 if matches!(op, Op::Purchase | Op::Healthz) {
                     shard.record_target_exchange(req.target, ex.status, ex.answer.error.as_deref());
@@ -422,7 +422,8 @@ impl Shared {
     }
 
     fn dropped(&self, k: u64) {
-        self.shard(k).record_dropped(self.second(Instant::now()));
+        self.shard(k)
+            .record_dropped(self.since_start(Instant::now()));
         self.live.dropped.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -477,17 +478,12 @@ pub async fn run(
         let watcher = watcher.clone();
         tokio::spawn(async move {
             let mut interval = tokio::time::interval(TICK);
-            let mut last_second = usize::MAX;
             loop {
                 interval.tick().await;
                 let now = Instant::now();
                 watcher.tick(&shared.live, now - shared.start);
-                let second = shared.second(now);
-                if second != last_second {
-                    last_second = second;
-                    if let Some(kb) = watcher.rss_kb() {
-                        lock(&shared.shards[0]).note_rss(second, kb);
-                    }
+                if let Some(kb) = watcher.rss_kb() {
+                    lock(&shared.shards[0]).note_rss(shared.since_start(now), kb);
                 }
             }
         })
@@ -512,7 +508,7 @@ pub async fn run(
     ticker.abort();
     watcher.tick(&live, elapsed);
     if let Some(kb) = watcher.rss_kb() {
-        lock(&shared.shards[0]).note_rss(shared.second(Instant::now()), kb);
+        lock(&shared.shards[0]).note_rss(shared.since_start(Instant::now()), kb);
     }
 
     let mut recorder = Recorder::default();

@@ -28,8 +28,12 @@ pub struct BenchResult {
     #[serde(default)]
     pub targets: Vec<TargetResult>,
     pub orders: OrderCounts,
-    /// Per-second buckets from the load's start.
+    /// The load over time, in steps of `timeline_step_ms` from its start (the step grows
+    /// with the run's length: 100 ms for a run under 25 s).
     pub timeline: Vec<Bucket>,
+    /// The timeline's step, in milliseconds.
+    #[serde(default = "one_second_ms")]
+    pub timeline_step_ms: u64,
     pub costs: Costs,
     pub memory: Memory,
     #[serde(default)]
@@ -39,6 +43,11 @@ pub struct BenchResult {
     pub checks: Checks,
     /// No invariant violation found (client checks and audit).
     pub passed: bool,
+}
+
+/// A report's step before the timeline's step was recorded: one second.
+fn one_second_ms() -> u64 {
+    1_000
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -693,7 +702,7 @@ pub(crate) mod tests {
             },
             timeline: vec![
                 Bucket {
-                    second: 0,
+                    start_ms: 0,
                     ok: 500,
                     rejected: 1500,
                     unavailable: 1,
@@ -703,13 +712,14 @@ pub(crate) mod tests {
                     rss_kb: Some(20_480),
                 },
                 Bucket {
-                    second: 1,
+                    start_ms: 1_000,
                     ok: 100,
                     rejected: 900,
                     rss_kb: None,
                     ..Bucket::default()
                 },
             ],
+            timeline_step_ms: 1_000,
             costs: Costs {
                 redis_script_calls: Some(3000),
                 redis_commands: Some(18_000),
@@ -806,7 +816,7 @@ pub(crate) mod tests {
         let parsed: BenchResult = serde_json::from_value(older).expect("parse without targets");
         assert!(parsed.targets.is_empty());
         let bucket: Bucket =
-            serde_json::from_str(r#"{"second":3,"ok":1,"rejected":0,"unavailable":0,"transport_errors":0,"orders":1,"dropped":0}"#)
+            serde_json::from_str(r#"{"start_ms":3000,"ok":1,"rejected":0,"unavailable":0,"transport_errors":0,"orders":1,"dropped":0}"#)
                 .expect("bucket without rss");
         assert_eq!(bucket.rss_kb, None);
     }

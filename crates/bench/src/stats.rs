@@ -1,5 +1,5 @@
 //! What the load records while it runs (latency histograms, status and error counts, a
-//! per-second timeline, the orders each request_id was answered with) and the pure
+//! timeline, the orders each request_id was answered with) and the pure
 //! summaries drawn from it.
 
 use std::collections::{BTreeMap, HashMap};
@@ -14,9 +14,17 @@ use serde::{Deserialize, Serialize};
 pub const LATENCY_MAX_US: u64 = 120_000_000;
 /// Significant digits kept by the histograms: 0.1% resolution at every magnitude.
 const LATENCY_SIGFIG: u8 = 3;
-/// Seconds of timeline kept: the longest run the command line allows; later answers
-/// are counted in the last bucket.
-pub const TIMELINE_SECONDS_MAX: usize = 3600;
+/// Seconds of load the command line allows (`--duration`); the timeline covers any run
+/// (its step grows with the run).
+pub const RUN_SECONDS_MAX: u64 = 3600;
+/// The timeline's finest step: a run of a second or two still draws its charts from a
+/// dozen points or more, and at a few thousand answers a second a step this long still
+/// holds hundreds of answers, so the rate it shows is not mostly noise.
+pub const TIMELINE_STEP_MIN_MS: u64 = 100;
+/// Buckets a timeline holds at most: past it the step doubles and neighbouring buckets
+/// merge. Enough points for a chart a page wide (a few pixels each), few enough that 32
+/// shards of an hour's run stay within a few hundred kilobytes.
+pub const TIMELINE_BUCKETS_MAX: usize = 256;
 /// Conflicting answers kept verbatim for the report: enough to investigate, few enough
 /// that a badly broken server can't grow the report without bound (all are counted).
 pub const CONFLICTS_KEPT_MAX: usize = 20;
@@ -52,10 +60,17 @@ impl Op {
     }
 }
 
-/// One second of the run: answers by status class, orders created, attempts dropped.
+/// Whole milliseconds of `d`, saturating (a run is at most an hour).
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// One step of the run's timeline: answers by status class, orders created, attempts
+/// dropped.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Bucket {
-    pub second: u32,
+    /// Where the step starts, in milliseconds since the start of the load.
+    pub start_ms: u64,
     /// 2xx answers of every kind.
     pub ok: u64,
     /// 4xx answers (sold_out, limit_exceeded, … — the expected rejections).
@@ -68,7 +83,7 @@ pub struct Bucket {
     pub orders: u64,
     /// Open loop: attempts not sent because the in-flight cap was reached.
     pub dropped: u64,
-    /// The server's resident memory early in this second, when measured.
+    /// The server's highest resident memory measured in this step, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rss_kb: Option<u64>,
 }
@@ -157,7 +172,7 @@ pub struct Conflict {
 #[derive(Debug, Clone, Default)]
 pub struct Recorder {
     pub ops: [OpStats; 4],
-    pub timeline: Vec<Bucket>,
+    pub timeline: Timeline,
     /// intent → the order id its purchase was acknowledged with (201 or 200).
     pub acks: HashMap<u64, i64>,
     pub conflicts: Vec<Conflict>,
@@ -182,19 +197,92 @@ pub struct Recorder {
     pub targets: Vec<TargetStats>,
 }
 
-impl Recorder {
-    fn bucket(&mut self, second: usize) -> &mut Bucket {
-        let second = second.min(TIMELINE_SECONDS_MAX - 1);
-        while self.timeline.len() <= second {
-            let next = self.timeline.len() as u32;
-            self.timeline.push(Bucket {
-                second: next,
+/// The run over time, in steps of equal length: the finest step
+/// ([`TIMELINE_STEP_MIN_MS`]) that keeps the run within [`TIMELINE_BUCKETS_MAX`] buckets,
+/// so a quick run's charts have as many points as a long one's. The step doubles, merging
+/// neighbours, whenever the run outgrows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timeline {
+    step_ms: u64,
+    buckets: Vec<Bucket>,
+}
+
+impl Default for Timeline {
+    fn default() -> Self {
+        Self {
+            step_ms: TIMELINE_STEP_MIN_MS,
+            buckets: Vec::new(),
+        }
+    }
+}
+
+impl Timeline {
+    pub fn step_ms(&self) -> u64 {
+        self.step_ms
+    }
+
+    pub fn buckets(&self) -> &[Bucket] {
+        &self.buckets
+    }
+
+    /// The bucket of the instant `at_ms` after the start, the step grown first if the
+    /// run has outgrown it.
+    fn at(&mut self, at_ms: u64) -> &mut Bucket {
+        while at_ms / self.step_ms >= TIMELINE_BUCKETS_MAX as u64 {
+            self.coarsen();
+        }
+        let index = (at_ms / self.step_ms) as usize;
+        while self.buckets.len() <= index {
+            let start_ms = self.buckets.len() as u64 * self.step_ms;
+            self.buckets.push(Bucket {
+                start_ms,
                 ..Bucket::default()
             });
         }
-        &mut self.timeline[second]
+        &mut self.buckets[index]
     }
 
+    /// Doubles the step: each pair of neighbours becomes one bucket.
+    fn coarsen(&mut self) {
+        self.step_ms *= 2;
+        let mut merged: Vec<Bucket> = Vec::with_capacity(self.buckets.len().div_ceil(2));
+        for b in self.buckets.drain(..) {
+            let start_ms = b.start_ms - b.start_ms % self.step_ms;
+            match merged.last_mut() {
+                Some(last) if last.start_ms == start_ms => last.add(&b),
+                _ => merged.push(Bucket { start_ms, ..b }),
+            }
+        }
+        self.buckets = merged;
+    }
+
+    /// Adds another shard's timeline, both brought to the coarser step first.
+    fn merge(&mut self, mut other: Timeline) {
+        while self.step_ms < other.step_ms {
+            self.coarsen();
+        }
+        while other.step_ms < self.step_ms {
+            other.coarsen();
+        }
+        for b in other.buckets {
+            self.at(b.start_ms).add(&b);
+        }
+    }
+}
+
+impl Bucket {
+    fn add(&mut self, other: &Bucket) {
+        self.ok += other.ok;
+        self.rejected += other.rejected;
+        self.unavailable += other.unavailable;
+        self.transport_errors += other.transport_errors;
+        self.orders += other.orders;
+        self.dropped += other.dropped;
+        self.rss_kb = self.rss_kb.max(other.rss_kb);
+    }
+}
+
+impl Recorder {
     /// Records one exchange: `status` 0 means no HTTP answer.
     pub fn record(
         &mut self,
@@ -202,7 +290,7 @@ impl Recorder {
         status: u16,
         error: Option<&str>,
         latency: Duration,
-        second: usize,
+        at: Duration,
     ) {
         let stats = &mut self.ops[op.index()];
         let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
@@ -218,7 +306,7 @@ impl Recorder {
                 }
             }
         }
-        let bucket = self.bucket(second);
+        let bucket = self.timeline.at(millis(at));
         match status {
             0 => bucket.transport_errors += 1,
             200..=299 => bucket.ok += 1,
@@ -262,9 +350,9 @@ impl Recorder {
     }
 
     /// Records an attempt the open loop could not send.
-    pub fn record_dropped(&mut self, second: usize) {
+    pub fn record_dropped(&mut self, at: Duration) {
         self.dropped += 1;
-        self.bucket(second).dropped += 1;
+        self.timeline.at(millis(at)).dropped += 1;
     }
 
     /// Records that `intent`'s purchase was acknowledged with `order_id`; a different
@@ -315,16 +403,7 @@ impl Recorder {
                 *mine.errors.entry(e).or_default() += n;
             }
         }
-        for b in other.timeline {
-            let mine = self.bucket(b.second as usize);
-            mine.ok += b.ok;
-            mine.rejected += b.rejected;
-            mine.unavailable += b.unavailable;
-            mine.transport_errors += b.transport_errors;
-            mine.orders += b.orders;
-            mine.dropped += b.dropped;
-            mine.rss_kb = mine.rss_kb.or(b.rss_kb);
-        }
+        self.timeline.merge(other.timeline);
         for (intent, order) in other.acks {
             self.acknowledge(intent, order);
         }
@@ -352,9 +431,10 @@ impl Recorder {
         }
     }
 
-    /// Notes the server's resident memory in a second's bucket.
-    pub fn note_rss(&mut self, second: usize, rss_kb: u64) {
-        self.bucket(second).rss_kb = Some(rss_kb);
+    /// Notes the server's resident memory `at` after the start (a step keeps its highest).
+    pub fn note_rss(&mut self, at: Duration, rss_kb: u64) {
+        let bucket = self.timeline.at(millis(at));
+        bucket.rss_kb = bucket.rss_kb.max(Some(rss_kb));
     }
 
     /// Order ids acknowledged for more than one request_id: (order id, intents).
@@ -468,7 +548,13 @@ mod tests {
     fn summary_of_a_known_distribution() {
         let mut r = Recorder::default();
         for us in 1..=10_000u64 {
-            r.record(Op::Purchase, 201, None, Duration::from_micros(us), 0);
+            r.record(
+                Op::Purchase,
+                201,
+                None,
+                Duration::from_micros(us),
+                Duration::ZERO,
+            );
         }
         let s = summarize(&r.op(Op::Purchase).latency);
         assert_eq!(s.count, 10_000);
@@ -515,23 +601,30 @@ mod tests {
     fn merge_adds_up_and_catches_conflicts() {
         let mut a = Recorder::default();
         let mut b = Recorder::default();
-        a.record(Op::Purchase, 201, None, Duration::from_millis(2), 0);
+        let step = Duration::from_millis(TIMELINE_STEP_MIN_MS);
+        a.record(
+            Op::Purchase,
+            201,
+            None,
+            Duration::from_millis(2),
+            Duration::ZERO,
+        );
         a.record(
             Op::Purchase,
             409,
             Some("sold_out"),
             Duration::from_millis(1),
-            1,
+            step,
         );
         b.record(
             Op::Purchase,
             409,
             Some("sold_out"),
             Duration::from_millis(1),
-            1,
+            step,
         );
-        b.record(Op::Pay, 0, None, Duration::from_secs(10_000), 3);
-        b.record_dropped(3);
+        b.record(Op::Pay, 0, None, Duration::from_secs(10_000), step * 3);
+        b.record_dropped(step * 3);
         a.acknowledge(1, 100);
         a.acknowledge(1, 100);
         b.acknowledge(1, 101);
@@ -542,11 +635,12 @@ mod tests {
         assert_eq!(p.statuses[&409], 2);
         assert_eq!(p.errors["sold_out"], 2);
         assert!(a.op(Op::Pay).latency.max() >= LATENCY_MAX_US * 999 / 1000);
-        assert_eq!(a.timeline.len(), 4);
-        assert_eq!(a.timeline[1].rejected, 2);
-        assert_eq!(a.timeline[0].orders, 1);
-        assert_eq!(a.timeline[3].transport_errors, 1);
-        assert_eq!(a.timeline[3].dropped, 1);
+        let timeline = a.timeline.buckets();
+        assert_eq!(timeline.len(), 4);
+        assert_eq!(timeline[1].rejected, 2);
+        assert_eq!(timeline[0].orders, 1);
+        assert_eq!(timeline[3].transport_errors, 1);
+        assert_eq!(timeline[3].dropped, 1);
         assert_eq!(a.dropped, 1);
         assert_eq!(a.conflicts_total, 1);
         assert_eq!(
@@ -589,5 +683,65 @@ mod tests {
         assert_eq!(one.outcomes, BTreeMap::from([(0, 1), (409, 1)]));
         assert_eq!(one.statuses, BTreeMap::from([(0, 2), (409, 1)]));
         assert_eq!((zero.unknown(), one.unknown()), (0, 1));
+    }
+
+    // Checks the timeline's step follows the run's length: a two-second run keeps the
+    // finest step (20 points, where one-second steps would give two), an hour-long
+    // run stays within the bucket bound with every answer still counted, and shards that
+    // grew to different steps merge at the coarser one without losing a count or moving
+    // one to another time.
+    #[test]
+    fn timeline_step_follows_the_run_length() {
+        let mut quick = Recorder::default();
+        for ms in (0..2_000).step_by(10) {
+            quick.record(
+                Op::Purchase,
+                201,
+                None,
+                Duration::from_millis(1),
+                Duration::from_millis(ms),
+            );
+        }
+        assert_eq!(quick.timeline.step_ms(), TIMELINE_STEP_MIN_MS);
+        assert_eq!(quick.timeline.buckets().len(), 20);
+        assert!(quick.timeline.buckets().iter().all(|b| b.orders == 10));
+
+        let mut long = Recorder::default();
+        let mut short = Recorder::default();
+        for s in 0..RUN_SECONDS_MAX {
+            long.record(
+                Op::Purchase,
+                409,
+                None,
+                Duration::from_millis(1),
+                Duration::from_secs(s),
+            );
+        }
+        long.note_rss(Duration::from_secs(7), 5_000);
+        long.note_rss(Duration::from_secs(8), 7_000);
+        short.record(
+            Op::Purchase,
+            201,
+            None,
+            Duration::from_millis(1),
+            Duration::from_millis(1_850),
+        );
+        assert!(long.timeline.buckets().len() <= TIMELINE_BUCKETS_MAX);
+        assert!(long.timeline.buckets().len() > TIMELINE_BUCKETS_MAX / 2);
+        let step = long.timeline.step_ms();
+        long.merge(short);
+        assert_eq!(long.timeline.step_ms(), step);
+        let all: u64 = long.timeline.buckets().iter().map(|b| b.rejected).sum();
+        assert_eq!(all, RUN_SECONDS_MAX);
+        let first = &long.timeline.buckets()[0];
+        assert_eq!(first.start_ms, 0);
+        assert_eq!(
+            first.orders, 1,
+            "the short shard's order lands in the step holding 1.85 s"
+        );
+        assert_eq!(first.rss_kb, Some(7_000), "a step keeps its highest memory");
+        for (i, b) in long.timeline.buckets().iter().enumerate() {
+            assert_eq!(b.start_ms, i as u64 * step);
+        }
     }
 }
