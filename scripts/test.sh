@@ -14,8 +14,9 @@ cargo fmt --all -- --check
 # The failpoints feature compiles in the crash tests' stop points (kill -9 between two
 # effects of a purchase); normal builds leave them out.
 cargo clippy --workspace --all-targets --features flashsale/failpoints -- -D warnings
-# The load generator's end-to-end test drives this binary (target/debug/flashsale).
-cargo build --bin flashsale --features flashsale/failpoints
+# This one build also makes target/debug/flashsale, the binary the load generator's
+# end-to-end test and the fuzzer below drive: a separate `cargo build --bin` would resolve
+# the dependencies' features for that package alone and compile a score of crates again.
 cargo test --workspace --features flashsale/failpoints -- "$@"
 # The API fuzzed from its OpenAPI document by schemathesis (pinned, fixed seed, bounded
 # examples: well under two minutes), against the binary just built and tested.
