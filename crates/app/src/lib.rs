@@ -8,6 +8,7 @@
 pub mod audit;
 pub mod baseline;
 mod catalog;
+pub mod dashboard;
 mod error;
 pub mod fallback;
 pub mod group;
@@ -22,10 +23,11 @@ mod service;
 pub mod sold_out;
 
 pub use audit::AuditBounds;
+pub use dashboard::Sampler;
 pub use error::Error;
 pub use fallback::{Fallback, FallbackSettings};
 pub use maintenance::{Maintenance, MaintenanceSettings, Reconciliation, RecoveryReport};
-pub use metrics::{Metrics, Monitor};
+pub use metrics::{Metrics, Monitor, ProductStock, StoreView};
 pub use model::*;
 pub use outcome::Outcome;
 pub use ports::{Clock, GateError, Ledger, LedgerError, StockGate, SystemClock};

@@ -9,10 +9,12 @@
 //! the stores (`Monitor`) are read when the metrics are scraped, so a scrape shows the
 //! stores as they are, not as a worker last saw them.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use flashsale_core::StockMode;
+use chrono::{DateTime, Utc};
+use flashsale_core::{InventoryCounters, ProductId, StockMode};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -83,6 +85,19 @@ pub const fn index_of(list: &[&str], name: &str) -> usize {
 pub const LATENCY_BUCKETS: [f64; 14] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
+
+/// The purchase endpoint's index in `ENDPOINTS`, whose answers the dashboard also tallies.
+const PURCHASE: usize = index_of(&ENDPOINTS, "purchase");
+
+/// What the purchase endpoint answered since the process started, as the dashboard's
+/// sampler reads it (`crate::dashboard`): answers by outcome (indexed as `Outcome::ALL`)
+/// and answer times by bucket of `LATENCY_BUCKETS`, each bucket's own count (not
+/// cumulative), the last one past the largest bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PurchaseTally {
+    pub by_outcome: [u64; Outcome::ALL.len()],
+    pub buckets: [u64; LATENCY_BUCKETS.len() + 1],
+}
 
 fn latency_histogram() -> Histogram {
     Histogram::new(LATENCY_BUCKETS)
@@ -160,6 +175,9 @@ pub struct Metrics {
     latency: Family<HttpLabels, Histogram, fn() -> Histogram>,
     /// `latency`'s histograms by (endpoint, outcome) index, as `cells`.
     latency_cells: Box<[OnceLock<Histogram>]>,
+    /// The purchase answers' times by bucket (`PurchaseTally::buckets`), all outcomes
+    /// together: prometheus-client does not let its histograms' buckets be read back.
+    purchase_buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
     worker_passes: Family<WorkerLabels, Counter>,
     orders_expired: Counter,
     recovery: Family<ActionLabels, Counter>,
@@ -315,6 +333,7 @@ impl Metrics {
             latency_cells: (0..ENDPOINTS.len() * Outcome::ALL.len())
                 .map(|_| OnceLock::new())
                 .collect(),
+            purchase_buckets: std::array::from_fn(|_| AtomicU64::new(0)),
             registry,
         }
     }
@@ -334,9 +353,39 @@ impl Metrics {
         self.cells[cell]
             .get_or_init(|| self.responses.get_or_create_owned(&labels))
             .inc();
+        let seconds = took.as_secs_f64();
         self.latency_cells[cell]
             .get_or_init(|| self.latency.get_or_create_owned(&labels))
-            .observe(took.as_secs_f64());
+            .observe(seconds);
+        if endpoint == PURCHASE {
+            // The first bucket whose bound is at or above the time, as Prometheus's `le`.
+            let bucket = LATENCY_BUCKETS.partition_point(|&le| le < seconds);
+            self.purchase_buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// What the purchase endpoint answered so far, by outcome and answer time.
+    pub fn purchase_tally(&self) -> PurchaseTally {
+        let by_outcome = std::array::from_fn(|i| {
+            self.cells[PURCHASE * Outcome::ALL.len() + i]
+                .get()
+                .map_or(0, Counter::get)
+        });
+        let buckets = std::array::from_fn(|i| self.purchase_buckets[i].load(Ordering::Relaxed));
+        PurchaseTally {
+            by_outcome,
+            buckets,
+        }
+    }
+
+    /// The last reconciliation pass's drift: products, and units summed over them.
+    pub fn drift(&self) -> (i64, i64) {
+        (self.drift_products.get(), self.drift_units.get())
+    }
+
+    /// Incidents this instance's recovery recorded since it started.
+    pub fn incidents_recorded(&self) -> u64 {
+        self.incidents.get()
     }
 
     /// Counts one pass of `worker`, and what it did.
@@ -435,19 +484,56 @@ impl Metrics {
     }
 }
 
-/// Reads the gauges that describe the stores when the metrics are scraped: whether Redis
-/// and MariaDB answer, the outbox's backlog, and the stock of `PRODUCTS_MAX` products.
+/// The stores as one read found them: what `GET /metrics` reports as gauges, and what
+/// the live sale page (`GET /dashboard/data`) shows. A figure that could not be read in
+/// time is None, never a stale value.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreView {
+    /// When the read finished (None: no read yet).
+    pub read_at: Option<DateTime<Utc>>,
+    pub redis_up: bool,
+    pub mariadb_up: bool,
+    /// Events waiting in the outbox (None: not read, or no outbox).
+    pub outbox_unsent: Option<u64>,
+    /// The newest `PRODUCTS_MAX` products, highest id first.
+    pub products: Vec<ProductStock>,
+}
+
+/// One product's stock as a read found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProductStock {
+    pub product_id: ProductId,
+    /// The product's name and who serves its stock (None: not read).
+    pub name: Option<String>,
+    pub mode: Option<StockMode>,
+    /// MariaDB's counters (None: not read).
+    pub counters: Option<InventoryCounters>,
+    /// Units a buyer can still get, as `GET /v1/products/{id}` counts them: Redis's
+    /// count while the gate serves the stock, the ledger's in ledger mode or before the
+    /// stock was loaded (None: not read).
+    pub available: Option<i64>,
+}
+
+/// Reads the stores when the metrics are scraped or the live sale page asks: whether
+/// Redis and MariaDB answer, the outbox's backlog, and the stock of `PRODUCTS_MAX`
+/// products, into the gauges and a [`StoreView`].
 /// Each read is bounded by `STORE_TIMEOUT` and all of them by `SCRAPE_BUDGET`; a figure
-/// not read is left out (the backlog reads -1), never shown stale. One scrape reads the
-/// stores at a time, and one younger than `SCRAPE_REUSE` is answered again.
+/// not read is left out (the backlog reads -1), never shown stale. One read of the stores
+/// runs at a time, and one younger than `SCRAPE_REUSE` is answered again, whoever asks.
 pub struct Monitor {
     metrics: Arc<Metrics>,
     gate: Arc<dyn StockGate>,
     ledger: Arc<dyn Ledger>,
     ledger_m: Arc<dyn LedgerMaintenance>,
     outbox: Option<Arc<dyn Outbox>>,
-    /// The last scrape's text and when it finished.
-    last: tokio::sync::Mutex<Option<(Instant, String)>>,
+    /// The last read: when it finished, the metrics' text and the view.
+    last: tokio::sync::Mutex<Option<(Instant, Arc<Scraped>)>>,
+}
+
+/// One read of the stores, as text for Prometheus and as a view for the page.
+struct Scraped {
+    text: String,
+    view: Arc<StoreView>,
 }
 
 impl std::fmt::Debug for Monitor {
@@ -483,24 +569,37 @@ impl Monitor {
         }
     }
 
-    /// Every metric as text, the stores' gauges read now — or by a scrape that finished
+    /// Every metric as text, the stores' gauges read now — or by a read that finished
     /// less than `SCRAPE_REUSE` ago, or while this caller waited for it: a caller waits
-    /// at most for the one scrape in progress (`SCRAPE_BUDGET`), however many queue.
+    /// at most for the one read in progress (`SCRAPE_BUDGET`), however many queue.
     pub async fn scrape(&self) -> String {
-        let arrived = Instant::now();
-        let mut last = self.last.lock().await;
-        if let Some((finished, text)) = last.as_ref() {
-            if *finished >= arrived || finished.elapsed() < SCRAPE_REUSE {
-                return text.clone();
-            }
-        }
-        self.read_stores(Instant::now() + SCRAPE_BUDGET).await;
-        let text = self.metrics.encode();
-        *last = Some((Instant::now(), text.clone()));
-        text
+        self.read().await.text.clone()
     }
 
-    async fn read_stores(&self, deadline: Instant) {
+    /// The stores as read now, or by a read as recent as [`scrape`](Self::scrape)'s:
+    /// the same reads serve both, so the page adds no load to the stores.
+    pub async fn view(&self) -> Arc<StoreView> {
+        self.read().await.view.clone()
+    }
+
+    async fn read(&self) -> Arc<Scraped> {
+        let arrived = Instant::now();
+        let mut last = self.last.lock().await;
+        if let Some((finished, scraped)) = last.as_ref() {
+            if *finished >= arrived || finished.elapsed() < SCRAPE_REUSE {
+                return scraped.clone();
+            }
+        }
+        let view = self.read_stores(Instant::now() + SCRAPE_BUDGET).await;
+        let scraped = Arc::new(Scraped {
+            text: self.metrics.encode(),
+            view: Arc::new(view),
+        });
+        *last = Some((Instant::now(), scraped.clone()));
+        scraped
+    }
+
+    async fn read_stores(&self, deadline: Instant) -> StoreView {
         let m = &self.metrics;
         // Together: a hanging store must not eat the other's share of the budget.
         let (redis, mariadb) = tokio::join!(
@@ -513,6 +612,11 @@ impl Monitor {
                 .get_or_create(&StoreLabels { store })
                 .set(i64::from(up));
         }
+        let mut view = StoreView {
+            redis_up,
+            mariadb_up,
+            ..StoreView::default()
+        };
         if let Some(outbox) = &self.outbox {
             let unsent = match mariadb_up {
                 true => bounded(deadline, outbox.unsent()).await,
@@ -520,6 +624,7 @@ impl Monitor {
             };
             m.outbox_unsent
                 .set(unsent.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX)));
+            view.outbox_unsent = unsent;
         }
         // Products gone from the list, or whose figures could not be read this time,
         // must not keep their last value.
@@ -544,26 +649,51 @@ impl Monitor {
                     })
                     .set(v);
             };
-            if let Some(Some(c)) = bounded(deadline, self.ledger.inventory(product_id)).await {
+            let counters = bounded(deadline, self.ledger.inventory(product_id))
+                .await
+                .flatten();
+            if let Some(c) = &counters {
                 set("total", c.total);
                 set("reserved", c.reserved);
                 set("sold", c.sold);
             }
-            if let Some(Some(p)) = bounded(deadline, self.ledger.product(product_id)).await {
+            let product = bounded(deadline, self.ledger.product(product_id))
+                .await
+                .flatten();
+            if let Some(p) = &product {
                 m.ledger_mode
                     .get_or_create(&ProductLabels {
                         product_id: id.clone(),
                     })
                     .set(i64::from(p.stock_mode == StockMode::Ledger));
             }
+            let mut in_gate = None;
             if redis_up {
-                if let Some(Some(available)) =
-                    bounded(deadline, self.gate.available(product_id)).await
-                {
+                in_gate = bounded(deadline, self.gate.available(product_id))
+                    .await
+                    .flatten();
+                if let Some(available) = in_gate {
                     set("available", available);
                 }
             }
+            // As `Flashsale::product_view` counts it.
+            let available = match (&product, &counters) {
+                (Some(p), Some(c)) if p.stock_mode == StockMode::Ledger || !p.stock_loaded => {
+                    Some(c.available)
+                }
+                (Some(_), _) => in_gate,
+                (None, _) => None,
+            };
+            view.products.push(ProductStock {
+                product_id,
+                name: product.as_ref().map(|p| p.name.clone()),
+                mode: product.as_ref().map(|p| p.stock_mode),
+                counters,
+                available,
+            });
         }
+        view.read_at = Some(Utc::now());
+        view
     }
 }
 
