@@ -6,11 +6,13 @@
 
 pub mod auth;
 mod body;
+mod dashboard;
 mod error;
 mod openapi;
 mod routes;
 mod wire;
 
+pub use dashboard::{Dashboard, CSP as DASHBOARD_CSP};
 pub use error::ApiError;
 pub use openapi::{document, document_json};
 pub use routes::{metrics_router, router, ApiConfig, PurchaseLimits, ROUTES};

@@ -23,6 +23,7 @@ use tokio::sync::Semaphore;
 
 use crate::auth::{acting_user, bearer, BuyerAuth};
 use crate::body::{lazy_timeout, read_whole};
+use crate::dashboard::{self, Dashboard, DashboardJson};
 use crate::error::ApiError;
 use crate::openapi::{Health, Ready};
 use crate::wire::{
@@ -49,8 +50,10 @@ pub struct ApiConfig {
     /// Reads the stores' gauges for `GET /metrics` (None: the endpoint shows the counters
     /// only).
     pub monitor: Option<Arc<Monitor>>,
-    /// Whether this router serves `GET /metrics` (false: it is served on a listener of
-    /// its own, `metrics_router`).
+    /// What the live sale page (`GET /dashboard`) reads (None: its routes answer 404).
+    pub dashboard: Option<Arc<Dashboard>>,
+    /// Whether this router serves the operator's endpoints, `GET /metrics` and the live
+    /// sale page (false: they are served on a listener of their own, `metrics_router`).
     pub serve_metrics: bool,
     /// The purchase endpoint's rate limits.
     pub limits: Arc<PurchaseLimits>,
@@ -126,15 +129,15 @@ macro_rules! routes {
     ($($method:ident $path:literal => $handler:ident,)+) => {
         /// Every route of [`router`], as (method, path): the method in lower case, as
         /// OpenAPI's path items name it, and the path in axum's (and OpenAPI's) template
-        /// syntax. `GET /metrics` is mounted only when the router serves it
-        /// (`ApiConfig::serve_metrics`).
+        /// syntax. The operator's routes ([`internal`]) are mounted only when the router
+        /// serves them (`ApiConfig::serve_metrics`).
         pub const ROUTES: &[(&str, &str)] = &[$((stringify!($method), $path)),+];
 
-        /// `router` with every route of [`ROUTES`] mounted (`/metrics` only when
+        /// `router` with every route of [`ROUTES`] mounted (the operator's only when
         /// `serve_metrics`).
         fn routed(router: Router<AppState>, serve_metrics: bool) -> Router<AppState> {
             $(let router = match (serve_metrics, $path) {
-                (false, "/metrics") => router,
+                (false, path) if internal(path) => router,
                 _ => router.route($path, $method($handler)),
             };)+
             router
@@ -142,8 +145,19 @@ macro_rules! routes {
     };
 }
 
+/// Whether a route is the operator's: the metrics and the live sale page, which show the
+/// backlog, incidents and every product's stock, and move to `FLASHSALE_METRICS_LISTEN`'s
+/// internal address when it is set.
+fn internal(path: &str) -> bool {
+    path == "/metrics" || path == "/dashboard" || path.starts_with("/dashboard/")
+}
+
 routes! {
     get "/metrics" => metrics_text,
+    get "/dashboard" => dashboard_page,
+    get "/dashboard/app.js" => dashboard_script,
+    get "/dashboard/style.css" => dashboard_style,
+    get "/dashboard/data" => dashboard_data,
     get "/healthz" => healthz,
     get "/readyz" => readyz,
     get "/openapi.json" => openapi_json,
@@ -157,22 +171,30 @@ routes! {
     post "/v1/orders/{id}/cancel" => cancel,
 }
 
-/// `GET /metrics` alone, for a listener of its own (`FLASHSALE_METRICS_LISTEN`): outside
-/// the API's in-flight limit, so a scrape still answers while a flood is shed, and off the
-/// API's address, so the public need not reach it. Its scrapes are not counted.
-pub fn metrics_router(monitor: Arc<Monitor>) -> Router {
+/// The operator's endpoints alone, `GET /metrics` and the live sale page, for a listener
+/// of its own (`FLASHSALE_METRICS_LISTEN`): outside the API's in-flight limit, so a scrape
+/// still answers while a flood is shed, and off the API's address, so the public need
+/// not reach them. Its requests are not counted.
+pub fn metrics_router(monitor: Arc<Monitor>, dashboard: Arc<Dashboard>) -> Router {
     Router::new()
         .route(
             "/metrics",
-            get(|State(monitor): State<Arc<Monitor>>| async move {
+            get(|| async move {
                 (
                     [(header::CONTENT_TYPE, OPENMETRICS)],
                     monitor.scrape().await,
                 )
             }),
         )
+        .route("/dashboard", get(|| async { dashboard::page() }))
+        .route("/dashboard/app.js", get(|| async { dashboard::script() }))
+        .route("/dashboard/style.css", get(|| async { dashboard::style() }))
+        .route(
+            "/dashboard/data",
+            get(|State(d): State<Arc<Dashboard>>| async move { d.data().await }),
+        )
         .fallback(|| async { ApiError::new(Outcome::NotFound, "no such endpoint") })
-        .with_state(monitor)
+        .with_state(dashboard)
 }
 
 fn overloaded() -> ApiError {
@@ -541,6 +563,78 @@ async fn metrics_text(started: Started, State(state): State<AppState>) -> Respon
         METRICS,
         Ok::<_, ApiError>(([(header::CONTENT_TYPE, OPENMETRICS)], text)),
     )
+}
+
+/// The page for a listener without a dashboard configured: as for an unknown path.
+fn no_dashboard() -> Response {
+    ApiError::new(Outcome::NotFound, "no such endpoint").into_response()
+}
+
+/// The live sale page (`dashboard.rs`). Its assets and data are not counted, like
+/// `/openapi.json`: the endpoint labels of the metrics are the use cases' and the probes'.
+#[utoipa::path(
+    get,
+    path = "/dashboard",
+    tag = "dashboard",
+    summary = "The live sale page (HTML)",
+    description = "Served here unless `FLASHSALE_METRICS_LISTEN` moves it to a listener of \
+its own (then this path answers 404 `not_found`), as are its script, style sheet and data.",
+    responses((status = 200, description = "The page.", content_type = "text/html; charset=utf-8", body = String)),
+)]
+async fn dashboard_page(State(state): State<AppState>) -> Response {
+    match &state.config.dashboard {
+        Some(_) => dashboard::page(),
+        None => no_dashboard(),
+    }
+}
+
+#[utoipa::path(
+    get,
+    path = "/dashboard/app.js",
+    tag = "dashboard",
+    summary = "The live sale page's script",
+    responses((status = 200, description = "The script.", content_type = "text/javascript; charset=utf-8", body = String)),
+)]
+async fn dashboard_script(State(state): State<AppState>) -> Response {
+    match &state.config.dashboard {
+        Some(_) => dashboard::script(),
+        None => no_dashboard(),
+    }
+}
+
+#[utoipa::path(
+    get,
+    path = "/dashboard/style.css",
+    tag = "dashboard",
+    summary = "The live sale page's style sheet",
+    responses((status = 200, description = "The style sheet.", content_type = "text/css; charset=utf-8", body = String)),
+)]
+async fn dashboard_style(State(state): State<AppState>) -> Response {
+    match &state.config.dashboard {
+        Some(_) => dashboard::style(),
+        None => no_dashboard(),
+    }
+}
+
+/// The page's figures: read from the monitor's last read of the stores (shared with
+/// `GET /metrics`, one read at a time, reused for a second) and the sampler's memory, so
+/// polling it cannot load Redis or MariaDB.
+#[utoipa::path(
+    get,
+    path = "/dashboard/data",
+    tag = "dashboard",
+    summary = "The live sale page's figures",
+    description = "Each product's stock and stock mode, whether the stores answer, the \
+outbox's backlog, recovery incidents, reconciliation drift, and this instance's purchase \
+answers per second by outcome with their median and 99th-percentile time over the last \
+minutes. The stores' figures are at most a second old.",
+    responses((status = 200, description = "The figures.", body = DashboardJson)),
+)]
+async fn dashboard_data(State(state): State<AppState>) -> Response {
+    match &state.config.dashboard {
+        Some(d) => d.data().await,
+        None => no_dashboard(),
+    }
 }
 
 #[utoipa::path(

@@ -13,9 +13,10 @@ use flashsale_api::{ApiConfig, PurchaseLimits};
 use flashsale_app::baseline::{Baseline, Strategy};
 use flashsale_app::limit::{self, Limiter};
 use flashsale_app::ports::LeaseListener;
+use flashsale_app::Clock;
 use flashsale_app::{
-    AuditBounds, Fallback, Flashsale, Maintenance, MaintenanceSettings, Metrics, Monitor, Settings,
-    SystemClock,
+    AuditBounds, Fallback, Flashsale, Maintenance, MaintenanceSettings, Metrics, Monitor, Sampler,
+    Settings, SystemClock,
 };
 use flashsale_core::ProductId;
 use flashsale_mysql::{LedgerConfig, MysqlLedger};
@@ -290,6 +291,14 @@ pub async fn build(config: &Config) -> Result<App, String> {
              development only (set jwt or header in production)"
         );
     }
+    let sampler = Arc::new(Sampler::new(metrics.clone(), SystemClock.now()));
+    // Detached, like the mode follower: it runs as long as the runtime.
+    tokio::spawn(sample(sampler.clone()));
+    let dashboard = Arc::new(flashsale_api::Dashboard {
+        monitor: monitor.clone(),
+        sampler,
+        metrics: metrics.clone(),
+    });
     let router = flashsale_api::router(
         service.clone(),
         ApiConfig {
@@ -299,6 +308,7 @@ pub async fn build(config: &Config) -> Result<App, String> {
             baseline,
             metrics: metrics.clone(),
             monitor: Some(monitor.clone()),
+            dashboard: Some(dashboard.clone()),
             serve_metrics: config.metrics_listen.is_none(),
             limits: Arc::new(purchase_limits(config)),
             buyer_auth: config.buyer_auth.clone(),
@@ -306,7 +316,7 @@ pub async fn build(config: &Config) -> Result<App, String> {
     );
     let metrics_router = config
         .metrics_listen
-        .map(|_| flashsale_api::metrics_router(monitor));
+        .map(|_| flashsale_api::metrics_router(monitor, dashboard));
     Ok(App {
         router,
         service,
@@ -340,6 +350,21 @@ async fn follow_modes(fallback: Arc<Fallback>) {
             Err(_) => {}
         }
         tokio::time::sleep(flashsale_app::modes::FOLLOW_INTERVAL).await;
+    }
+}
+
+/// Records the live sale page's samples, one per
+/// [`flashsale_app::dashboard::SAMPLE_INTERVAL`]: reads only this process's counters.
+/// A tick the runtime was too busy for is not made up (the next sample covers the longer
+/// interval and says how long it was).
+async fn sample(sampler: Arc<Sampler>) {
+    let mut ticks = tokio::time::interval(flashsale_app::dashboard::SAMPLE_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is at once: the sampler's first interval started just now.
+    ticks.tick().await;
+    loop {
+        ticks.tick().await;
+        sampler.sample(SystemClock.now());
     }
 }
 

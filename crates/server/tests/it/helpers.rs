@@ -81,6 +81,9 @@ pub struct Routes {
 
 pub struct TestApp {
     pub base: String,
+    /// The operator's listener (`/metrics`, `/dashboard`) when `METRICS_LISTEN` is set:
+    /// served on a loopback port of its own, whatever address the setting names.
+    pub metrics_base: Option<String>,
     pub http: reqwest::Client,
     /// The test's database; None on an instance beside another, which owns nothing.
     pub db: Option<TestDb>,
@@ -105,6 +108,7 @@ pub struct TestApp {
 /// What [`serve_with`] started.
 struct Served {
     addr: std::net::SocketAddr,
+    metrics_addr: Option<std::net::SocketAddr>,
     maintenance: std::sync::Arc<flashsale_app::Maintenance>,
     metrics: std::sync::Arc<flashsale_app::Metrics>,
     gate_watch: std::sync::Arc<tokio::sync::Notify>,
@@ -126,6 +130,23 @@ async fn serve_with(env: &HashMap<String, String>) -> Served {
         connect_info: true,
         ..flashsale::http_settings(&config)
     };
+    let metrics_addr = match app.metrics_router {
+        Some(router) => {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind the metrics listener");
+            let addr = listener.local_addr().expect("addr");
+            // Detached: it ends with the test's runtime.
+            tokio::spawn(flashsale::http::serve(
+                listener,
+                router,
+                http,
+                std::future::pending(),
+            ));
+            Some(addr)
+        }
+        None => None,
+    };
     let server = tokio::spawn(flashsale::http::serve(
         listener,
         app.router,
@@ -134,6 +155,7 @@ async fn serve_with(env: &HashMap<String, String>) -> Served {
     ));
     Served {
         addr,
+        metrics_addr,
         maintenance: app.maintenance,
         metrics: app.metrics,
         gate_watch: app.gate_watch,
@@ -240,6 +262,7 @@ impl TestApp {
             .collect();
         let Served {
             addr,
+            metrics_addr,
             maintenance,
             metrics,
             gate_watch,
@@ -254,6 +277,7 @@ impl TestApp {
             .expect("http client");
         Self {
             base: format!("http://{addr}"),
+            metrics_base: metrics_addr.map(|a| format!("http://{a}")),
             http,
             db: Some(db),
             database_url,
@@ -285,6 +309,7 @@ impl TestApp {
         }
         let Served {
             addr,
+            metrics_addr,
             maintenance,
             metrics,
             gate_watch,
@@ -293,6 +318,7 @@ impl TestApp {
         } = serve_with(&env).await;
         Self {
             base: format!("http://{addr}"),
+            metrics_base: metrics_addr.map(|a| format!("http://{a}")),
             http: self.http.clone(),
             db: None,
             database_url: self.database_url.clone(),

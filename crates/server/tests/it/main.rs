@@ -11,6 +11,7 @@ mod buyers;
 mod cluster;
 #[cfg(feature = "failpoints")]
 mod crash;
+mod dashboard;
 mod data_loss;
 mod events;
 mod fallback;
