@@ -6,17 +6,23 @@
 #   scripts/services.sh                  the services (scripts/run.sh)
 #   scripts/services.sh --with-faketime  also libfaketime, which the clock-jump test
 #                                        preloads (scripts/test.sh)
+#   scripts/services.sh --with-browser   also headless Chromium and its WebDriver
+#                                        (Debian's chromium, chromium-driver), which
+#                                        the dashboard's browser test drives
+#                                        (scripts/test.sh)
 #
 # Safe to run any number of times; never restarts or touches a service that answers, and
 # runs no apt at all when everything needed is there.
 set -euo pipefail
 
 WITH_FAKETIME=false
+WITH_BROWSER=false
 for arg in "$@"; do
   case $arg in
     --with-faketime) WITH_FAKETIME=true ;;
+    --with-browser) WITH_BROWSER=true ;;
     *)
-      echo "usage: scripts/services.sh [--with-faketime]" >&2
+      echo "usage: scripts/services.sh [--with-faketime] [--with-browser]" >&2
       exit 2
       ;;
   esac
@@ -47,7 +53,7 @@ has_libfaketime() {
 }
 
 # Installs, in one apt run, the packages of the services that do not answer and are not
-# installed, and faketime when asked for and missing. A service that answers needs
+# installed, and faketime and the browser when asked for and missing. A service that answers needs
 # nothing here, even if it runs from elsewhere (a container, another prefix).
 install_missing() {
   local missing=()
@@ -62,6 +68,10 @@ install_missing() {
   fi
   if $WITH_FAKETIME; then
     has_libfaketime || missing+=(faketime)
+  fi
+  if $WITH_BROWSER; then
+    command -v chromium >/dev/null || missing+=(chromium)
+    command -v chromedriver >/dev/null || missing+=(chromium-driver)
   fi
   if [ ${#missing[@]} -gt 0 ]; then
     say "installing ${missing[*]}"

@@ -3,7 +3,7 @@
 # formatting and lints, then runs every test of the workspace against the real services.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/services.sh --with-faketime
+scripts/services.sh --with-faketime --with-browser
 # Cargo's progress stays on (no --quiet): a first run compiles the workspace and its few
 # hundred dependencies, about a quarter of an hour on two cores, and silence that long
 # looks like a hang.

@@ -279,3 +279,293 @@ async fn the_page_is_served_where_the_metrics_are() {
     app.cleanup().await;
 }
 
+// ---- the page in a browser: headless Chromium driven through chromedriver ------------
+
+/// Longest wait for chromedriver to answer after it started.
+const DRIVER_START_MAX: Duration = Duration::from_secs(20);
+/// Longest wait for the page to show what the API answers: a poll a second, a read of the
+/// stores reused for a second, room for a busy machine.
+const PAGE_CATCH_UP_MAX: Duration = Duration::from_secs(20);
+/// The desktop's and the phone's viewport, in CSS pixels (the phone: an iPhone 12-15's).
+const DESKTOP: (u32, u32) = (1280, 1100);
+const PHONE: (u32, u32) = (390, 844);
+
+/// A chromedriver of the test's own on a free loopback port, killed (and reaped) when
+/// dropped, whatever the test's outcome.
+struct Chromedriver {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Chromedriver {
+    async fn start() -> Self {
+        let port = flashsale_testkit::free_port();
+        let child = std::process::Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "chromedriver: {e}; install the browser with \
+                     `scripts/services.sh --with-browser`"
+                )
+            });
+        let driver = Self {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        let http = reqwest::Client::new();
+        wait_until("chromedriver answers", DRIVER_START_MAX, || async {
+            http.get(format!("{}/status", driver.url))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+        })
+        .await;
+        driver
+    }
+
+    /// A headless Chromium session (as root, as CI runs, it needs --no-sandbox).
+    async fn session(&self) -> fantoccini::Client {
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".to_owned(),
+            json!({"args": [
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--hide-scrollbars",
+                "--force-device-scale-factor=1",
+                format!("--window-size={},{}", DESKTOP.0, DESKTOP.1),
+            ]}),
+        );
+        fantoccini::ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(caps)
+            .connect(&self.url)
+            .await
+            .expect("a Chromium session")
+    }
+}
+
+impl Drop for Chromedriver {
+    fn drop(&mut self) {
+        // Ending chromedriver ends the browsers it started.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Where the screenshots are kept: `target/test-artifacts/dashboard/` (or under
+/// `CARGO_TARGET_DIR`).
+fn artifacts() -> std::path::PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+    let dir = target.join("test-artifacts").join("dashboard");
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    dir.canonicalize().unwrap_or(dir)
+}
+
+/// Tallest screenshot taken: a page of a hundred products is long, and a picture of its
+/// first screens shows what there is to see.
+const SCREENSHOT_HEIGHT_MAX: u32 = 3000;
+
+/// A screenshot of the whole page at `width`: the window made as tall as the page first
+/// (WebDriver's screenshot is of the viewport), up to `SCREENSHOT_HEIGHT_MAX`.
+async fn screenshot(browser: &fantoccini::Client, width: u32, name: &str) {
+    let height = browser
+        .execute(
+            // The window's height is the page's plus the browser's own frame.
+            "return document.documentElement.scrollHeight + window.outerHeight - window.innerHeight;",
+            vec![],
+        )
+        .await
+        .expect("the page's height")
+        .as_u64()
+        .and_then(|h| u32::try_from(h).ok())
+        .unwrap_or(SCREENSHOT_HEIGHT_MAX)
+        .min(SCREENSHOT_HEIGHT_MAX);
+    browser
+        .set_window_size(width, height)
+        .await
+        .expect("a window the page's height");
+    // Charts are redrawn on resize, after a short pause.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let png = browser.screenshot().await.expect("a screenshot");
+    let path = artifacts().join(name);
+    std::fs::write(&path, png).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    println!("screenshot: {}", path.display());
+}
+
+/// What the page shows, read from its DOM: a product's name, mode and figures (digits
+/// only, as the API writes them), the rate legend's totals by series, the created line's
+/// path and point count, the latest p50, whether the product list holds any element made
+/// from a name, and the page's widths.
+const READ_PAGE: &str = r##"
+const [id] = arguments;
+const p = document.querySelector(`[data-product-id="${id}"]`);
+const field = (root, k) => {
+  const e = root && root.querySelector(`[data-field="${k}"]`);
+  return e ? e.textContent : null;
+};
+const digits = (t) => (t === null ? null : t.replace(/,/g, ""));
+const totals = {};
+for (const li of document.querySelectorAll("#legend-rate li")) {
+  totals[li.dataset.series] = digits(field(li, "total"));
+}
+const created = document.querySelector('#chart-rate path[data-series="created"]');
+const p50 = document.querySelector('#legend-latency li[data-series="p50_seconds"]');
+return {
+  name: field(p, "name"),
+  mode: field(p, "mode"),
+  total: digits(field(p, "total")),
+  available: digits(field(p, "available")),
+  reserved: digits(field(p, "reserved")),
+  sold: digits(field(p, "sold")),
+  totals,
+  created_d: created ? created.getAttribute("d") : null,
+  created_points: created ? Number(created.dataset.points) : 0,
+  p50: field(p50, "latest"),
+  markup: document.querySelectorAll("#products b, #products img").length,
+  status: document.getElementById("status").className,
+  scroll_width: Math.max(document.documentElement.scrollWidth, document.body.scrollWidth),
+  inner_width: window.innerWidth,
+};
+"##;
+
+async fn read_page(browser: &fantoccini::Client, product_id: i64) -> Value {
+    browser
+        .execute(READ_PAGE, vec![json!(product_id)])
+        .await
+        .expect("read the page")
+}
+
+/// The API's inventory of a product as the page writes it: each figure in decimal.
+async fn api_inventory(app: &TestApp, product_id: i64) -> Value {
+    let (status, product) = app.get(&format!("/v1/products/{product_id}")).await;
+    assert_eq!(status, StatusCode::OK, "{product}");
+    let inv = &product["inventory"];
+    let s = |k: &str| json!(inv[k].as_i64().map(|n| n.to_string()));
+    json!({"total": s("total"), "available": s("available"), "reserved": s("reserved"), "sold": s("sold")})
+}
+
+fn shown_inventory(page: &Value) -> Value {
+    json!({"total": page["total"], "available": page["available"], "reserved": page["reserved"], "sold": page["sold"]})
+}
+
+// Checks the page in headless Chromium while a sale runs: after a small sale on a product
+// named with markup (3 created, 1 replayed, 2 sold_out, one order paid, one cancelled),
+// the page shows that product's name as text (no element made from it), in gate mode,
+// with the figures GET /v1/products/{id} answers, and the rate legend's totals are the
+// answers sent; then, while purchases flow on a second product, the created line's path
+// changes and gains points, the legend's created total grows by exactly the purchases
+// made, the API's figures for that product show up on the page, and a p50 is shown. At
+// a phone's width (390 px) the page has no horizontal overflow. Screenshots of the
+// desktop and the phone views are kept under target/test-artifacts/dashboard/.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_a_live_sale_in_a_browser() {
+    let app = TestApp::spawn().await;
+    let (status, body) = app
+        .admin_post(
+            "/v1/products",
+            json!({"product_id": 4301, "name": MARKUP_NAME, "stock": 3}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    app.create_product(4302, 1000, None).await;
+    drive_small_sale(&app, 4301, "b").await;
+    let driver = Chromedriver::start().await;
+    let browser = driver.session().await;
+    browser
+        .set_window_size(DESKTOP.0, DESKTOP.1)
+        .await
+        .expect("desktop size");
+    browser
+        .goto(&format!("{}/dashboard", app.base))
+        .await
+        .expect("open the page");
+
+    let want = api_inventory(&app, 4301).await;
+    let sale_totals = json!({"created": "3", "replayed": "1", "sold_out": "2"});
+    let started = std::time::Instant::now();
+    let page = loop {
+        let page = read_page(&browser, 4301).await;
+        let totals = &page["totals"];
+        if shown_inventory(&page) == want
+            && ["created", "replayed", "sold_out"]
+                .iter()
+                .all(|k| totals[k] == sale_totals[k])
+        {
+            break page;
+        }
+        assert!(
+            started.elapsed() < PAGE_CATCH_UP_MAX,
+            "the page never showed the API's figures {want} and the sale's answers \
+             {sale_totals}: {page}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(page["name"], MARKUP_NAME, "{page}");
+    assert_eq!(page["markup"], 0, "a name became markup: {page}");
+    assert_eq!(page["mode"], "gate", "{page}");
+    assert_eq!(page["status"], "status live", "{page}");
+    let before_d = page["created_d"].as_str().unwrap_or("").to_owned();
+    let before_points = page["created_points"].as_u64().unwrap_or(0);
+
+    // Purchases flow on the second product for a few seconds, one unit each.
+    let mut made = 0;
+    for i in 0..30 {
+        let (status, body) = app.purchase(&format!("flow-{i}"), 1000 + i, 4302, 1).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        made += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let want = api_inventory(&app, 4302).await;
+    let want_created = (3 + made).to_string();
+    let started = std::time::Instant::now();
+    let page = loop {
+        let page = read_page(&browser, 4302).await;
+        if page["totals"]["created"] == want_created.as_str() && shown_inventory(&page) == want {
+            break page;
+        }
+        assert!(
+            started.elapsed() < PAGE_CATCH_UP_MAX,
+            "the page never showed {want_created} created and {want}: {page}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_ne!(
+        page["created_d"],
+        before_d.as_str(),
+        "the chart did not move"
+    );
+    assert!(
+        page["created_points"].as_u64().unwrap_or(0) > before_points,
+        "no points added: {before_points} then {page}"
+    );
+    assert!(
+        page["p50"].as_str().is_some_and(|t| t.ends_with(" ms")),
+        "{page}"
+    );
+    screenshot(&browser, DESKTOP.0, "desktop.png").await;
+
+    browser
+        .set_window_size(PHONE.0, PHONE.1)
+        .await
+        .expect("phone size");
+    // The resize handler redraws the charts to the new width within a poll.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let page = read_page(&browser, 4301).await;
+    let inner = page["inner_width"].as_u64().expect("a width");
+    assert!(inner <= u64::from(PHONE.0), "not at phone width: {page}");
+    assert!(
+        page["scroll_width"].as_u64().is_some_and(|w| w <= inner),
+        "overflows sideways at {inner} px: {page}"
+    );
+    screenshot(&browser, PHONE.0, "phone.png").await;
+    browser.close().await.expect("close the browser");
+    drop(driver);
+    app.cleanup().await;
+}
