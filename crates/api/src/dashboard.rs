@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use flashsale_app::dashboard::{Sample, HISTORY_MAX, SAMPLE_INTERVAL};
+use flashsale_app::ports::AuditRun;
 use flashsale_app::{Metrics, Monitor, ProductStock, Sampler, StoreView};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -89,7 +90,13 @@ impl Dashboard {
             history_max: HISTORY_MAX,
             stores: StoresJson::from(view.as_ref()),
             outbox_unsent: view.outbox_unsent,
-            incidents_recorded_here: self.metrics.incidents_recorded(),
+            incidents: IncidentsJson {
+                open: view.open_incidents,
+                recorded_here: self.metrics.incidents_recorded(),
+            },
+            audit: view.last_audit.as_ref().map(|last| AuditsJson {
+                last: last.as_ref().map(AuditRunJson::from),
+            }),
             reconcile_drift: DriftJson {
                 products: drift_products,
                 units: drift_units,
@@ -135,10 +142,10 @@ pub struct DashboardJson {
     /// Events waiting in the outbox to be published; null: MariaDB did not answer.
     #[schema(required = true, minimum = 0)]
     pub outbox_unsent: Option<u64>,
-    /// Incidents this instance's recovery recorded since it started (each is a row of
-    /// `recovery_incident` for an operator).
-    #[schema(minimum = 0)]
-    pub incidents_recorded_here: u64,
+    pub incidents: IncidentsJson,
+    /// The audits recorded by `flashsale audit`; null: MariaDB did not answer.
+    #[schema(required = true)]
+    pub audit: Option<AuditsJson>,
     /// What this instance's last reconciliation pass found.
     pub reconcile_drift: DriftJson,
     /// The newest products (at most 100), highest id first; one whose row could not be
@@ -166,6 +173,65 @@ impl From<&StoreView> for StoresJson {
             read_at: v.read_at,
             redis_up: v.redis_up,
             mariadb_up: v.mariadb_up,
+        }
+    }
+}
+
+/// Recovery incidents: outcomes recovery could not learn, each waiting for an operator.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = DashboardIncidents)]
+pub struct IncidentsJson {
+    /// Open in the ledger (`recovery_incident`), over every instance; null: MariaDB did
+    /// not answer.
+    #[schema(required = true, format = Int64, minimum = 0)]
+    pub open: Option<i64>,
+    /// Recorded by this instance's recovery since it started.
+    #[schema(minimum = 0)]
+    pub recorded_here: u64,
+}
+
+/// The audits recorded.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = DashboardAudits)]
+pub struct AuditsJson {
+    /// The last one; null: no audit was ever recorded.
+    #[schema(required = true)]
+    pub last: Option<AuditRunJson>,
+}
+
+/// One run of `flashsale audit`: what it checked and found.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = DashboardAuditRun)]
+pub struct AuditRunJson {
+    /// When its verdict was recorded (the database's clock).
+    pub recorded_at: DateTime<Utc>,
+    /// The one product audited; null: every product whose stock was loaded.
+    #[schema(required = true, format = Int64, minimum = 1)]
+    pub product_id: Option<i64>,
+    /// Products audited.
+    #[schema(minimum = 0)]
+    pub products: u64,
+    /// Invariant violations found.
+    #[schema(minimum = 0)]
+    pub violations: u64,
+    /// Findings of work in flight within its bound (not violations).
+    #[schema(minimum = 0)]
+    pub pending: u64,
+    /// No violation.
+    pub clean: bool,
+}
+
+impl From<&AuditRun> for AuditRunJson {
+    fn from(run: &AuditRun) -> Self {
+        let v = &run.verdict;
+        let n = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        Self {
+            recorded_at: run.recorded_at,
+            product_id: v.product.map(|p| p.get()),
+            products: n(v.products),
+            violations: n(v.violations),
+            pending: n(v.pending),
+            clean: v.clean(),
         }
     }
 }

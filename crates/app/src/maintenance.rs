@@ -546,6 +546,12 @@ impl Maintenance {
         Ok(applied)
     }
 
+    /// Records an audit run's verdict in the ledger, where the live sale page reads the
+    /// last one (`flashsale audit` calls it once its products are all checked).
+    pub async fn record_audit(&self, verdict: &crate::ports::AuditVerdict) -> Result<(), Error> {
+        Ok(self.ledger_m.record_audit(verdict).await?)
+    }
+
     /// Checks a product's stores against the invariants, during a sale too: work in
     /// flight within its bound is reported as pending ([`audit::check`]). A finding that
     /// compares reads made at different moments (`cross_store`) is kept only if a second

@@ -26,7 +26,7 @@ use tracing::warn;
 use crate::error::Error;
 use crate::maintenance::{Reconciliation, RecoveryReport};
 use crate::outcome::Outcome;
-use crate::ports::{ErrorKind, Ledger, LedgerMaintenance, Outbox, StockGate};
+use crate::ports::{AuditRun, ErrorKind, Ledger, LedgerMaintenance, Outbox, StockGate};
 
 /// Most products whose stock one scrape reports (the highest ids, the latest created
 /// when ids grow): each costs a Redis and a MariaDB read per scrape, and a flash sale's
@@ -495,6 +495,10 @@ pub struct StoreView {
     pub mariadb_up: bool,
     /// Events waiting in the outbox (None: not read, or no outbox).
     pub outbox_unsent: Option<u64>,
+    /// Recovery incidents open in the ledger (None: not read).
+    pub open_incidents: Option<i64>,
+    /// The last audit's verdict: None not read, Some(None) no audit recorded yet.
+    pub last_audit: Option<Option<AuditRun>>,
     /// The newest `PRODUCTS_MAX` products, highest id first.
     pub products: Vec<ProductStock>,
 }
@@ -625,6 +629,12 @@ impl Monitor {
             m.outbox_unsent
                 .set(unsent.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX)));
             view.outbox_unsent = unsent;
+        }
+        if mariadb_up {
+            // For the page only (alerting has flashsale_recovery_incidents_total and the
+            // audit's exit code): two small reads, on an index and the newest row.
+            view.open_incidents = bounded(deadline, self.ledger_m.open_incidents()).await;
+            view.last_audit = bounded(deadline, self.ledger_m.last_audit()).await;
         }
         // Products gone from the list, or whose figures could not be read this time,
         // must not keep their last value.

@@ -833,6 +833,16 @@ pub trait LedgerMaintenance: Send + Sync + 'static {
     /// Closes the open incidents of a request once recovery resolved it after all.
     async fn resolve_incidents(&self, request_id: &RequestId) -> Result<(), LedgerError>;
 
+    /// Recovery incidents still open, over every product.
+    async fn open_incidents(&self) -> Result<i64, LedgerError>;
+
+    /// Records an audit's verdict, keeping the newest [`AUDIT_RUNS_KEPT`] (older ones are
+    /// deleted in the same transaction).
+    async fn record_audit(&self, verdict: &AuditVerdict) -> Result<(), LedgerError>;
+
+    /// The verdict last recorded, with when (the database's clock); None: no audit yet.
+    async fn last_audit(&self) -> Result<Option<AuditRun>, LedgerError>;
+
     /// Everything the ledger holds for a product, for reconciliation and audit.
     async fn facts(&self, product_id: ProductId) -> Result<Option<LedgerFacts>, LedgerError>;
 
@@ -873,6 +883,36 @@ pub trait LedgerMaintenance: Send + Sync + 'static {
 
     /// The products in ledger mode, in ascending id order, at most `limit`.
     async fn ledger_mode_products(&self, limit: usize) -> Result<Vec<ProductId>, LedgerError>;
+}
+
+/// Audit verdicts the ledger keeps: the page shows the last, and an operator looking back
+/// over a sale's checks wants a few days of hourly audits, not every audit ever run.
+pub const AUDIT_RUNS_KEPT: usize = 100;
+
+/// What one run of the audit found, over its scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditVerdict {
+    /// One product, or (None) every product whose stock was loaded.
+    pub product: Option<ProductId>,
+    /// Products audited.
+    pub products: usize,
+    /// Invariant violations found (0: clean).
+    pub violations: usize,
+    /// Findings of work in flight within its bound.
+    pub pending: usize,
+}
+
+impl AuditVerdict {
+    pub fn clean(&self) -> bool {
+        self.violations == 0
+    }
+}
+
+/// An audit's verdict as recorded, with the time it was recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditRun {
+    pub verdict: AuditVerdict,
+    pub recorded_at: DateTime<Utc>,
 }
 
 /// What [`LedgerMaintenance::leave_ledger_mode`] found and did.

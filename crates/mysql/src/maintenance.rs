@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flashsale_app::ports::{
-    CancelAttempt, ExpiredOrder, Leave, LedgerFacts, LedgerMaintenance, ModeSwitch, PendingRestock,
-    PendingReturn, RebuildPlan, ReleaseOf, Watermark,
+    AuditRun, AuditVerdict, CancelAttempt, ExpiredOrder, Leave, LedgerFacts, LedgerMaintenance,
+    ModeSwitch, PendingRestock, PendingReturn, RebuildPlan, ReleaseOf, Watermark, AUDIT_RUNS_KEPT,
 };
 use flashsale_app::LedgerError;
 use flashsale_core::{
@@ -231,6 +231,77 @@ impl LedgerMaintenance for MysqlLedger {
         })
         .await
         .map(drop)
+    }
+
+    async fn open_incidents(&self) -> Result<i64, LedgerError> {
+        self.run("open incidents", || {
+            // `idx_incident_open` (resolved_at): the open rows only.
+            sqlx::query_scalar("SELECT COUNT(*) FROM recovery_incident WHERE resolved_at IS NULL")
+                .fetch_one(self.pool())
+        })
+        .await
+    }
+
+    /// A retry after a lost reply may record the verdict twice: the last audit reads the
+    /// same either way.
+    async fn record_audit(&self, verdict: &AuditVerdict) -> Result<(), LedgerError> {
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        let kept = count(AUDIT_RUNS_KEPT);
+        self.run("record audit", || async {
+            let mut tx = self.pool().begin().await?;
+            let id = sqlx::query(
+                "INSERT INTO audit_run (product_id, products, violations, pending) \
+                 VALUES (?, ?, ?, ?)",
+            )
+            .bind(verdict.product.map(ProductId::get))
+            .bind(count(verdict.products))
+            .bind(count(verdict.violations))
+            .bind(count(verdict.pending))
+            .execute(&mut *tx)
+            .await?
+            .last_insert_id();
+            let id = i64::try_from(id).unwrap_or(i64::MAX);
+            sqlx::query("DELETE FROM audit_run WHERE id <= ?")
+                .bind(id.saturating_sub(kept))
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await
+        })
+        .await
+    }
+
+    async fn last_audit(&self) -> Result<Option<AuditRun>, LedgerError> {
+        let row = self
+            .run("last audit", || {
+                sqlx::query(
+                    "SELECT recorded_at, product_id, products, violations, pending \
+                     FROM audit_run ORDER BY id DESC LIMIT 1",
+                )
+                .fetch_optional(self.pool())
+            })
+            .await?;
+        let Some(r) = row else {
+            return Ok(None);
+        };
+        let count = |column: &str| -> Result<usize, LedgerError> {
+            let n: i64 = r.try_get(column).map_err(db)?;
+            usize::try_from(n).map_err(|_| corrupt(format!("audit_run.{column} {n}")))
+        };
+        let product = match r.try_get::<Option<i64>, _>("product_id").map_err(db)? {
+            Some(id) => Some(
+                ProductId::parse(id).map_err(|_| corrupt(format!("audit_run.product_id {id}")))?,
+            ),
+            None => None,
+        };
+        Ok(Some(AuditRun {
+            verdict: AuditVerdict {
+                product,
+                products: count("products")?,
+                violations: count("violations")?,
+                pending: count("pending")?,
+            },
+            recorded_at: r.try_get("recorded_at").map_err(db)?,
+        }))
     }
 
     async fn facts(&self, product_id: ProductId) -> Result<Option<LedgerFacts>, LedgerError> {

@@ -143,6 +143,7 @@ async fn products(
 async fn audit(config: &Config, product: Option<i64>) -> Result<(), String> {
     let maintenance = flashsale::connect_maintenance(config).await?;
     let ids = products(&maintenance, product).await?;
+    let audited = ids.len();
     let mut violations = 0;
     let mut pending = 0;
     println!("flashsale audit: {} product(s)", ids.len());
@@ -151,6 +152,17 @@ async fn audit(config: &Config, product: Option<i64>) -> Result<(), String> {
         violations += report.violations.len();
         pending += report.pending.len();
         print!("{report}");
+    }
+    // The verdict goes to the ledger for the live sale page; failing to record it does
+    // not change what this audit found, so it is only said.
+    let verdict = flashsale_app::ports::AuditVerdict {
+        product: ids_scope(product),
+        products: audited,
+        violations,
+        pending,
+    };
+    if let Err(e) = maintenance.record_audit(&verdict).await {
+        eprintln!("flashsale audit: the verdict was not recorded in the ledger: {e}");
     }
     // Work in flight within its bound is how a live sale looks: reported, never failing.
     if pending > 0 {
@@ -166,6 +178,12 @@ async fn audit(config: &Config, product: Option<i64>) -> Result<(), String> {
     }
     println!("no violations");
     Ok(())
+}
+
+/// The audit's scope as recorded: one product (already checked to parse by `products`),
+/// or every loaded product (None).
+fn ids_scope(product: Option<i64>) -> Option<flashsale_core::ProductId> {
+    product.and_then(|id| flashsale_core::ProductId::parse(id).ok())
 }
 
 /// Reports each product's drift; the exit code says whether drift was left unrepaired.

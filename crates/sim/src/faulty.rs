@@ -669,6 +669,42 @@ impl LedgerMaintenance for FaultyLedger {
         .await
     }
 
+    async fn open_incidents(&self) -> Result<i64, LedgerError> {
+        through(
+            &self.ctx,
+            Port::Ledger,
+            "ledger.open_incidents",
+            String::new,
+            || self.inner.open_incidents(),
+        )
+        .await
+    }
+
+    async fn record_audit(
+        &self,
+        verdict: &flashsale_app::ports::AuditVerdict,
+    ) -> Result<(), LedgerError> {
+        through(
+            &self.ctx,
+            Port::Ledger,
+            "ledger.record_audit",
+            || format!("{verdict:?}"),
+            || self.inner.record_audit(verdict),
+        )
+        .await
+    }
+
+    async fn last_audit(&self) -> Result<Option<flashsale_app::ports::AuditRun>, LedgerError> {
+        through(
+            &self.ctx,
+            Port::Ledger,
+            "ledger.last_audit",
+            String::new,
+            || self.inner.last_audit(),
+        )
+        .await
+    }
+
     async fn facts(&self, product_id: ProductId) -> Result<Option<LedgerFacts>, LedgerError> {
         through(
             &self.ctx,

@@ -30,7 +30,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use flashsale_app::ports::{
     Applied, CancelAttempt, Commit, CreateProduct, ExpiredOrder, Fence, Leave, LedgerFacts,
     LedgerMaintenance, ModeSwitch, Outbox, PayAttempt, PendingRestock, PendingReturn, RebuildPlan,
-    RecordRestock, ReleaseOf, StatsStore, Watermark,
+    RecordRestock, ReleaseOf, StatsStore, Watermark, AUDIT_RUNS_KEPT,
 };
 use flashsale_app::{
     Event, EventType, Ledger, LedgerError, Order, OutboxMessage, Product, PurchaseOutcome,
@@ -210,6 +210,8 @@ struct Tables {
     restocks: BTreeMap<String, RestockRow>,
     /// `recovery_incident.uk_incident`: (request_id, kind).
     incidents: BTreeMap<(String, String), IncidentRow>,
+    /// `audit_run`, oldest first, at most `AUDIT_RUNS_KEPT`.
+    audits: std::collections::VecDeque<flashsale_app::ports::AuditRun>,
     /// Errors that mean the ledger's data broke a rule (a CHECK failed, a reservation
     /// disagreed with its order): each is a finding.
     anomalies: Vec<String>,
@@ -1949,6 +1951,31 @@ impl LedgerMaintenance for MemLedger {
             }
         }
         Ok(())
+    }
+
+    async fn open_incidents(&self) -> Result<i64, LedgerError> {
+        let t = self.lock();
+        Ok(t.incidents.values().filter(|row| row.open).count() as i64)
+    }
+
+    async fn record_audit(
+        &self,
+        verdict: &flashsale_app::ports::AuditVerdict,
+    ) -> Result<(), LedgerError> {
+        let recorded_at = self.now();
+        let mut t = self.lock();
+        if t.audits.len() >= AUDIT_RUNS_KEPT {
+            t.audits.pop_front();
+        }
+        t.audits.push_back(flashsale_app::ports::AuditRun {
+            verdict: verdict.clone(),
+            recorded_at,
+        });
+        Ok(())
+    }
+
+    async fn last_audit(&self) -> Result<Option<flashsale_app::ports::AuditRun>, LedgerError> {
+        Ok(self.lock().audits.back().cloned())
     }
 
     /// The counters, the order units, then the rest: separate statements, each seeing

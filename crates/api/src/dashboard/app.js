@@ -264,26 +264,26 @@
     $("outbox").textContent = num(data.outbox_unsent);
     $("card-outbox").className = "card " + (data.outbox_unsent === null ? "bad" : data.outbox_unsent > 1000 ? "warn" : "ok");
 
-    const inc = data.incidents || {};
-    const open = inc.open === undefined ? null : inc.open;
-    $("incidents").textContent = open === null ? num(data.incidents_recorded_here) : num(open);
-    $("incidents-note").textContent = open === null
-      ? "recorded by this instance"
-      : "open in the ledger · " + num(inc.recorded_here) + " recorded here";
-    $("card-incidents").className = "card " + ((open || 0) > 0 ? "bad" : "ok");
+    const inc = data.incidents;
+    $("incidents").textContent = inc.open === null ? "—" : num(inc.open);
+    $("incidents-note").textContent = (inc.open === null ? "ledger not read" : "open in the ledger")
+      + " · " + num(inc.recorded_here) + " recorded here";
+    $("card-incidents").className = "card " + (inc.open === null ? "bad" : inc.open > 0 ? "bad" : "ok");
 
-    const a = data.last_audit;
-    if (a === undefined) {
+    const audit = data.audit;
+    const a = audit ? audit.last : null;
+    if (audit === null) {
       $("audit").textContent = "—";
-      $("audit-note").textContent = "not recorded";
-      $("card-audit").className = "card";
+      $("audit-note").textContent = "ledger not read";
+      $("card-audit").className = "card bad";
     } else if (a === null) {
       $("audit").textContent = "never";
       $("audit-note").textContent = "run flashsale audit";
       $("card-audit").className = "card warn";
     } else {
-      $("audit").textContent = (a.clean ? "clean" : "VIOLATED") + ", " + ago(a.finished_at, data.generated_at);
-      $("audit-note").textContent = a.scope + " · " + num(a.violations) + " violation(s) · " + num(a.pending) + " pending";
+      $("audit").textContent = (a.clean ? "clean" : "VIOLATED") + ", " + ago(a.recorded_at, data.generated_at);
+      $("audit-note").textContent = (a.product_id === null ? num(a.products) + " product(s)" : "product #" + a.product_id)
+        + " · " + num(a.violations) + " violation(s) · " + num(a.pending) + " pending";
       $("card-audit").className = "card " + (a.clean ? "ok" : "bad");
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{order_id, wait_until, Routes, TestApp};
+use crate::helpers::{order_id, wait_until, Routes, TestApp, REDIS_URL};
 
 /// A product name that is markup: the page must show it as text.
 const MARKUP_NAME: &str = "<b>bold</b> & <img src=x>";
@@ -237,6 +237,8 @@ async fn the_data_matches_the_api_and_its_schema() {
         ("DashboardProduct", p.clone()),
         ("DashboardStores", d["stores"].clone()),
         ("DashboardDrift", d["reconcile_drift"].clone()),
+        ("DashboardIncidents", d["incidents"].clone()),
+        ("DashboardAudits", d["audit"].clone()),
         ("DashboardSample", samples[0].clone()),
     ] {
         let properties = keys(&schemas[schema]["properties"]);
@@ -276,6 +278,105 @@ async fn the_page_is_served_where_the_metrics_are() {
     let (_, _, body) = fetch(&app.http, &format!("{internal}/dashboard/data"), &[]).await;
     let d: Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(d["stores"]["mariadb_up"], true, "{d}");
+    app.cleanup().await;
+}
+
+/// Runs `flashsale audit` (over `product`, else every loaded product) against the test's
+/// stores; it must exit 0.
+fn run_audit(app: &TestApp, product: Option<i64>) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_flashsale"));
+    cmd.arg("audit")
+        .env("FLASHSALE_DATABASE_URL", app.db.as_ref().expect("db").url())
+        .env("FLASHSALE_REDIS_URL", REDIS_URL)
+        .env("FLASHSALE_REDIS_PREFIX", &app.prefix)
+        .env("RUST_LOG", "warn");
+    if let Some(id) = product {
+        cmd.args(["--product", &id.to_string()]);
+    }
+    let out = cmd.output().expect("run flashsale audit");
+    assert!(
+        out.status.success(),
+        "audit: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+// Checks the figures the page reads from the ledger: before any audit the data says none
+// was recorded (last null) and no incident is open; after `flashsale audit` over every
+// product it shows that run (clean, both products, no product_id, no violation), after
+// `--product` that one; an incident row left open shows as one open incident; and
+// recording more verdicts than AUDIT_RUNS_KEPT keeps exactly that many rows, the newest.
+#[tokio::test]
+async fn the_last_audit_and_open_incidents_come_from_the_ledger() {
+    let app = TestApp::spawn().await;
+    app.create_product(4401, 2, None).await;
+    app.create_product(4402, 2, None).await;
+    let (status, _) = app.purchase("a-1", 7, 4401, 1).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let d = data(&app).await;
+    assert_eq!(d["audit"], json!({"last": null}), "{d}");
+    assert_eq!(d["incidents"]["open"], 0, "{d}");
+
+    run_audit(&app, None);
+    wait_until("the audit shown", CATCH_UP_MAX, || async {
+        let d = data(&app).await;
+        let last = &d["audit"]["last"];
+        last["clean"] == true
+            && last["products"] == 2
+            && last["product_id"].is_null()
+            && last["violations"] == 0
+    })
+    .await;
+    run_audit(&app, Some(4402));
+    wait_until("the product's audit shown", CATCH_UP_MAX, || async {
+        let d = data(&app).await;
+        d["audit"]["last"]["product_id"] == 4402 && d["audit"]["last"]["products"] == 1
+    })
+    .await;
+
+    sqlx::query(
+        "INSERT INTO recovery_incident (request_id, product_id, kind, detail) \
+         VALUES ('a-lost', 4401, 'test', 'left open by the test')",
+    )
+    .execute(&app.pool)
+    .await
+    .expect("an incident");
+    wait_until("the open incident shown", CATCH_UP_MAX, || async {
+        data(&app).await["incidents"]["open"] == 1
+    })
+    .await;
+
+    let config = flashsale::Config::from_parts(
+        None,
+        &[(
+            "FLASHSALE_DATABASE_URL".to_owned(),
+            app.db.as_ref().expect("test database").url(),
+        )]
+        .into_iter()
+        .collect(),
+    )
+    .expect("config");
+    let ledger = flashsale::connect_ledger(&config).await.expect("ledger");
+    let kept = flashsale_app::ports::AUDIT_RUNS_KEPT;
+    for n in 0..kept + 5 {
+        let verdict = flashsale_app::ports::AuditVerdict {
+            product: None,
+            products: n,
+            violations: 0,
+            pending: 0,
+        };
+        flashsale_app::ports::LedgerMaintenance::record_audit(&ledger, &verdict)
+            .await
+            .expect("record");
+    }
+    let rows = app.count("SELECT COUNT(*) FROM audit_run").await;
+    assert_eq!(rows, kept as i64);
+    let last = flashsale_app::ports::LedgerMaintenance::last_audit(&ledger)
+        .await
+        .expect("read")
+        .expect("a verdict");
+    assert_eq!(last.verdict.products, kept + 4);
     app.cleanup().await;
 }
 
@@ -430,6 +531,8 @@ return {
   p50: field(p50, "latest"),
   markup: document.querySelectorAll("#products b, #products img").length,
   status: document.getElementById("status").className,
+  audit: document.getElementById("audit").textContent,
+  incidents: document.getElementById("incidents").textContent,
   scroll_width: Math.max(document.documentElement.scrollWidth, document.body.scrollWidth),
   inner_width: window.innerWidth,
 };
@@ -458,6 +561,7 @@ fn shown_inventory(page: &Value) -> Value {
 // Checks the page in headless Chromium while a sale runs: after a small sale on a product
 // named with markup (3 created, 1 replayed, 2 sold_out, one order paid, one cancelled),
 // the page shows that product's name as text (no element made from it), in gate mode,
+// no audit ever run and no open incident,
 // with the figures GET /v1/products/{id} answers, and the rate legend's totals are the
 // answers sent; then, while purchases flow on a second product, the created line's path
 // changes and gains points, the legend's created total grows by exactly the purchases
@@ -511,6 +615,8 @@ async fn the_page_shows_a_live_sale_in_a_browser() {
     assert_eq!(page["markup"], 0, "a name became markup: {page}");
     assert_eq!(page["mode"], "gate", "{page}");
     assert_eq!(page["status"], "status live", "{page}");
+    assert_eq!(page["audit"], "never", "no audit was run: {page}");
+    assert_eq!(page["incidents"], "0", "{page}");
     let before_d = page["created_d"].as_str().unwrap_or("").to_owned();
     let before_points = page["created_points"].as_u64().unwrap_or(0);
 
