@@ -143,38 +143,15 @@ async fn products(
 async fn audit(config: &Config, product: Option<i64>) -> Result<(), String> {
     let maintenance = flashsale::connect_maintenance(config).await?;
     let ids = products(&maintenance, product).await?;
-    let audited = ids.len();
-    let mut violations = 0;
-    let mut pending = 0;
-    println!("flashsale audit: {} product(s)", ids.len());
-    for id in ids {
-        let report = maintenance.audit(id).await.map_err(|e| e.to_string())?;
-        violations += report.violations.len();
-        pending += report.pending.len();
-        print!("{report}");
-    }
-    // The verdict goes to the ledger for the live sale page; failing to record it does
-    // not change what this audit found, so it is only said.
-    let verdict = flashsale_app::ports::AuditVerdict {
-        product: ids_scope(product),
-        products: audited,
-        violations,
-        pending,
-    };
-    if let Err(e) = maintenance.record_audit(&verdict).await {
-        eprintln!("flashsale audit: the verdict was not recorded in the ledger: {e}");
-    }
-    // Work in flight within its bound is how a live sale looks: reported, never failing.
-    if pending > 0 {
-        println!("{pending} finding(s) pending: work in flight within its bound");
-    }
-    println!(
-        "I5 (no acknowledged loss) needs the clients' record of acknowledged orders; \
-         the fault tests check it. I7 is checked on the outbox side (one event per state \
-         change, all delivered); consumers dedup by event id."
-    );
-    if violations > 0 {
-        return Err(format!("{violations} violation(s)"));
+    let totals = flashsale::audit_products(
+        &maintenance,
+        &ids,
+        ids_scope(product),
+        &mut std::io::stdout(),
+    )
+    .await?;
+    if totals.violations > 0 {
+        return Err(format!("{} violation(s)", totals.violations));
     }
     println!("no violations");
     Ok(())
