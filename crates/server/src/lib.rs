@@ -2,6 +2,7 @@
 //! `main.rs` is a thin command line over this; integration tests call it directly.
 
 pub mod config;
+pub mod demo;
 pub mod http;
 pub mod workers;
 

@@ -36,6 +36,18 @@ enum Command {
         #[arg(long, value_name = "ID")]
         product: Option<i64>,
     },
+    /// Run a whole flash sale and check it: a product, a flood of buyers (double-clicks
+    /// and retries included), payments, cancels and expiries, then sold == stock, one
+    /// order per request and the product's audit.
+    ///
+    /// Against the service at the configured listen address (or --base-url) if one
+    /// answers, with its admin token; else against a service it starts in this process on
+    /// the configured stores, with a short payment timeout, and stops at the end. Its log
+    /// goes to a file (named at the start), not to the terminal.
+    ///
+    /// Exit codes: 0 every check passed; 1 a check failed; 2 error (no service, a refused
+    /// token, a store down, Ctrl-C): nothing was judged.
+    Demo(flashsale::demo::DemoArgs),
     /// Compare Redis's available counts with MariaDB's facts and report the drift; exit 1
     /// on drift left unrepaired, 2 on error.
     ///
@@ -64,22 +76,43 @@ const EXIT_DRIFT: u8 = 1;
 /// not look" (reconcile; the other commands exit 1 on any failure).
 const EXIT_ERROR: u8 = 2;
 
-fn init_logging(json: bool) {
+/// Sets up the log: on stderr, or in `file` (the demo's, whose terminal shows its
+/// progress bars instead).
+fn init_logging(json: bool, file: Option<std::fs::File>) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // Logs go to stderr: stdout carries the commands' output (audit's and reconcile's
     // reports), which a log line must neither interrupt nor end up in when piped.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(colour_logs(
-            std::io::stderr().is_terminal(),
-            std::env::var_os("NO_COLOR").as_deref(),
-        ));
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match (file, json) {
+        (Some(file), true) => builder
+            .with_writer(std::sync::Arc::new(file))
+            .with_ansi(false)
+            .json()
+            .init(),
+        (Some(file), false) => builder
+            .with_writer(std::sync::Arc::new(file))
+            .with_ansi(false)
+            .init(),
+        (None, json) => {
+            let builder = builder.with_writer(std::io::stderr).with_ansi(colour_logs(
+                std::io::stderr().is_terminal(),
+                std::env::var_os("NO_COLOR").as_deref(),
+            ));
+            if json {
+                builder.json().init();
+            } else {
+                builder.init();
+            }
+        }
     }
+}
+
+/// The demo's log file, in the temporary directory, named after this process.
+fn demo_log() -> Result<(PathBuf, std::fs::File), String> {
+    let path = std::env::temp_dir().join(format!("flashsale-demo-{}.log", std::process::id()));
+    std::fs::File::create(&path)
+        .map(|file| (path.clone(), file))
+        .map_err(|e| format!("creating the demo's log {}: {e}", path.display()))
 }
 
 /// Whether log lines get ANSI colours: only on a terminal (in a file or a pipe they are
@@ -100,12 +133,28 @@ async fn main() -> ExitCode {
             return ExitCode::from(EXIT_ERROR);
         }
     };
-    init_logging(config.log_json);
+    let command = match cli.command {
+        Command::Demo(args) => {
+            let (path, file) = match demo_log() {
+                Ok(log) => log,
+                Err(e) => {
+                    eprintln!("flashsale: {e}");
+                    return ExitCode::from(EXIT_ERROR);
+                }
+            };
+            init_logging(config.log_json, Some(file));
+            return flashsale::demo::run(&config, args, Some(&path)).await;
+        }
+        command => command,
+    };
+    init_logging(config.log_json, None);
     let done = |r: Result<(), String>| r.map(|()| ExitCode::SUCCESS);
-    let (result, on_error) = match cli.command {
+    let (result, on_error) = match command {
         Command::Serve => (done(flashsale::serve(&config).await), ExitCode::FAILURE),
         Command::Migrate => (done(migrate(&config).await), ExitCode::FAILURE),
         Command::Audit { product } => (done(audit(&config, product).await), ExitCode::FAILURE),
+        // Dispatched above, with its own log.
+        Command::Demo(_) => return ExitCode::from(EXIT_ERROR),
         Command::Reconcile { product, repair } => (
             reconcile(&config, product, repair).await,
             ExitCode::from(EXIT_ERROR),

@@ -21,6 +21,7 @@ fn help_on_every_subcommand() {
         &["--help"][..],
         &["serve", "--help"],
         &["migrate", "--help"],
+        &["demo", "--help"],
     ] {
         let out = Command::new(BIN)
             .args(args)

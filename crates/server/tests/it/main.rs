@@ -13,6 +13,7 @@ mod cluster;
 mod crash;
 mod dashboard;
 mod data_loss;
+mod demo;
 mod events;
 mod fallback;
 mod faults;

@@ -1,0 +1,207 @@
+//! `flashsale demo` as a newcomer runs it: the built binary, against a service it starts
+//! itself and against one already running, its summary read and its claims checked
+//! against MariaDB.
+
+use std::process::{Command, Output};
+
+use flashsale_testkit::{delete_prefix, free_port, redis_prefix, TestDb};
+use sqlx::MySqlPool;
+
+use crate::helpers::{
+    stream_name, TestApp, TestEvents, ADMIN_TOKEN, MYSQL_SERVER, NATS_URL, REDIS_URL,
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
+
+/// The demo's stdout, and its log file removed (its path is on the fourth line or so).
+fn stdout_of(out: &Output) -> String {
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    for line in text.lines() {
+        if let Some(path) = line.trim().strip_prefix("its log: ") {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    text
+}
+
+/// The number in the summary line starting with `start`, right after it.
+fn number_after(text: &str, start: &str) -> i64 {
+    let line = text
+        .lines()
+        .find_map(|l| l.split_once(start).map(|(_, rest)| rest.to_owned()))
+        .unwrap_or_else(|| panic!("no {start:?} in:\n{text}"));
+    line.trim_start()
+        .split(|c: char| !c.is_ascii_digit() && c != ',')
+        .next()
+        .map(|n| n.replace(',', ""))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no number after {start:?}: {line}"))
+}
+
+/// MariaDB's facts about `product`: (orders, distinct request_ids among them, PAID
+/// orders, PENDING_PAYMENT orders, the counters' total, sold and reserved).
+async fn facts(pool: &MySqlPool, product: i64) -> (i64, i64, i64, i64, i64, i64, i64) {
+    let (orders, requests, paid, pending): (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT COUNT(*), COUNT(DISTINCT request_id), \
+         CAST(COALESCE(SUM(status = 'PAID'), 0) AS SIGNED), \
+         CAST(COALESCE(SUM(status = 'PENDING_PAYMENT'), 0) AS SIGNED) \
+         FROM orders WHERE product_id = ?",
+    )
+    .bind(product)
+    .fetch_one(pool)
+    .await
+    .expect("orders");
+    let (total, sold, reserved): (i64, i64, i64) = sqlx::query_as(
+        "SELECT total_stock, sold_count, pre_deduct_stock FROM product_inventory WHERE product_id = ?",
+    )
+    .bind(product)
+    .fetch_one(pool)
+    .await
+    .expect("inventory");
+    (orders, requests, paid, pending, total, sold, reserved)
+}
+
+// Checks `flashsale demo --spawn` end to end: the built binary starts its own service
+// (a private database, Redis prefix and NATS stream; 100 units, 1,000 buyers, a 3 s
+// payment timeout), waits for the unpaid orders to expire, sells the units that came
+// back, and exits 0 with every summary line "ok". Then MariaDB is asked directly: one
+// order per request_id, sold == PAID orders == the stock, nothing held, and as many
+// orders as the demo says its requests got.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_spawns_a_service_sells_out_and_checks_it() {
+    let db = TestDb::create(MYSQL_SERVER).await.expect("test db");
+    let prefix = redis_prefix();
+    let stream = stream_name(&prefix);
+    let out = tokio::task::spawn_blocking({
+        let (url, prefix, stream) = (db.url(), prefix.clone(), stream.clone());
+        move || {
+            Command::new(BIN)
+                .args(["demo", "--spawn", "--stock", "100", "--buyers", "1000"])
+                .args(["--payment-timeout", "3s"])
+                .env("FLASHSALE_LISTEN", format!("127.0.0.1:{}", free_port()))
+                .env("FLASHSALE_DATABASE_URL", url)
+                .env("FLASHSALE_REDIS_URL", REDIS_URL)
+                .env("FLASHSALE_REDIS_PREFIX", prefix)
+                .env("FLASHSALE_NATS_STREAM", &stream)
+                .env("FLASHSALE_NATS_SUBJECT_PREFIX", stream.to_lowercase())
+                .env_remove("FLASHSALE_ADMIN_TOKEN")
+                .env_remove("FLASHSALE_METRICS_LISTEN")
+                .output()
+                .expect("run flashsale demo")
+        }
+    })
+    .await
+    .expect("join");
+    let text = stdout_of(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "ok    the counters add up: sold 100 + reserved 0 + available 0 == stock 100",
+        "ok    sold == stock: 100 of 100 units sold, none held or left",
+        "ok    sold == the orders paid: 100 units sold, 100 orders paid",
+        "ok    every order left unpaid expired:",
+        "ok    one order per request:",
+        "ok    double-clicks answered alike:",
+        "ok    every request answered:",
+        "ok    the audit of product 1001: 0 violations",
+        "all 8 checks passed",
+    ] {
+        assert!(text.contains(line), "no {line:?} in:\n{text}");
+    }
+    assert!(!text.contains("FAIL"), "{text}");
+
+    let pool = MySqlPool::connect(&db.url()).await.expect("check pool");
+    let (orders, requests, paid, pending, total, sold, reserved) = facts(&pool, 1001).await;
+    assert_eq!(orders, requests, "one order per request_id");
+    assert_eq!(
+        (total, sold, paid),
+        (100, 100, 100),
+        "sold == paid == stock"
+    );
+    assert_eq!((pending, reserved), (0, 0), "nothing held");
+    assert_eq!(
+        orders,
+        number_after(&text, "one order per request: "),
+        "the demo saw every order: {text}"
+    );
+    pool.close().await;
+    let _ = delete_prefix(REDIS_URL, &prefix).await;
+    if let Ok(client) = async_nats::connect(NATS_URL).await {
+        let _ = async_nats::jetstream::new(client)
+            .delete_stream(&stream)
+            .await;
+    }
+    let _ = db.drop_db().await;
+}
+
+// Checks `flashsale demo --base-url` against a service already running (a TestApp with
+// its event workers, the default 15-minute payment timeout, its admin token given on
+// the command line): the demo does not wait for the unpaid orders and says so — "sold
+// == stock" is reported as not made, never as passed — and exits 0. MariaDB agrees:
+// one order per request_id, sold == PAID orders, the units held == the PENDING_PAYMENT
+// orders == the demo's count of orders left unpaid, and sold + held == the stock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_against_a_running_service_does_not_claim_what_it_did_not_wait_for() {
+    let app = TestApp::spawn().await;
+    let events = TestEvents::start(&app, NATS_URL).await;
+    let db_url = app.db.as_ref().expect("the test's database").url();
+    let out = tokio::task::spawn_blocking({
+        let (base, prefix) = (app.base.clone(), app.prefix.clone());
+        move || {
+            Command::new(BIN)
+                .args(["demo", "--base-url", &base, "--admin-token", ADMIN_TOKEN])
+                .args(["--stock", "50", "--buyers", "500"])
+                .env("FLASHSALE_DATABASE_URL", db_url)
+                .env("FLASHSALE_REDIS_URL", REDIS_URL)
+                .env("FLASHSALE_REDIS_PREFIX", prefix)
+                .env_remove("FLASHSALE_ADMIN_TOKEN")
+                .output()
+                .expect("run flashsale demo")
+        }
+    })
+    .await
+    .expect("join");
+    let text = stdout_of(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(&format!("service   {} answers", app.base)),
+        "{text}"
+    );
+    assert!(text.contains("the demo does not wait for them"), "{text}");
+    assert!(text.contains("--    sold == stock: not yet"), "{text}");
+    assert!(
+        text.contains("--    every order left unpaid expired: not waited for"),
+        "{text}"
+    );
+    assert!(text.contains("ok    sold out: none available"), "{text}");
+    assert!(
+        text.contains("ok    the audit of product 1001: 0 violations"),
+        "{text}"
+    );
+    assert!(!text.contains("ok    sold == stock"), "{text}");
+    assert!(!text.contains("FAIL"), "{text}");
+
+    let (orders, requests, paid, pending, total, sold, reserved) = facts(&app.pool, 1001).await;
+    assert_eq!(orders, requests, "one order per request_id");
+    assert_eq!(sold, paid, "sold == PAID orders");
+    assert_eq!(reserved, pending, "held == PENDING_PAYMENT orders");
+    assert!(pending > 0, "some orders were left unpaid");
+    assert_eq!(
+        pending,
+        number_after(&text, "units held by the "),
+        "the demo's count of unpaid orders: {text}"
+    );
+    assert_eq!(sold + reserved, total, "sold out");
+    assert_eq!(total, 50);
+    events.cleanup().await;
+    app.cleanup().await;
+}
