@@ -15,6 +15,7 @@ use futures::stream::{self, StreamExt};
 use reqwest::StatusCode;
 
 use super::client::{Answer, Order, Shop, Status, Unexpected, Unknown};
+use super::count;
 use super::progress::{Display, Progress};
 
 /// Buyers in flight at once: enough to keep the service's batches full on a laptop, and
@@ -40,7 +41,7 @@ pub const ODD_ONE_IN: u64 = 10;
 const PAY_OF_20: u64 = 14;
 const CANCEL_OF_20: u64 = 3;
 /// Request_ids shown when a check fails: enough to look a few up.
-const IDS_SHOWN_MAX: usize = 5;
+pub(super) const IDS_SHOWN_MAX: usize = 5;
 
 /// What a buyer does with an order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,15 +90,28 @@ pub enum Final {
     Unknown,
 }
 
+/// How a double-click's two final answers compare.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Copies {
+    /// The same order, or both refused.
+    Alike,
+    /// One got the order, the other a refusal with this code: the service decided each
+    /// copy as it found the stock when that copy arrived (units can come back between
+    /// two copies), and the request still has one order.
+    OrderAndRefusal(String),
+    /// Two different orders for one request_id: what one order per request forbids.
+    TwoOrders(OrderId, OrderId),
+}
+
 /// One buyer's request and what came of it.
 #[derive(Debug, Clone)]
 pub struct Buyer {
     pub request_id: RequestId,
     pub user: UserId,
     pub last: Final,
-    /// A double-click's two copies: whether their final answers named the same order
-    /// (or both refused); None when sent once or a copy's answer stayed unknown.
-    pub copies_agree: Option<bool>,
+    /// A double-click's two copies' answers, compared; None when sent once or a copy's
+    /// answer stayed unknown.
+    pub copies: Option<Copies>,
     pub settled: Option<Settled>,
 }
 
@@ -156,13 +170,13 @@ impl Tally {
             .map(|(_, v)| v)
             .sum();
         format!(
-            "{} orders (paid {}, cancelled {}, unpaid {}) · {} sold out · {} retried",
-            self.orders.load(Ordering::Relaxed),
-            self.paid.load(Ordering::Relaxed),
-            self.cancelled.load(Ordering::Relaxed),
-            self.left.load(Ordering::Relaxed),
-            answers.get("sold_out").copied().unwrap_or(0),
-            retried,
+            "{} orders (paid {}, cancelled {}, unpaid {}) · {} sold out · {} sent again",
+            count(self.orders.load(Ordering::Relaxed)),
+            count(self.paid.load(Ordering::Relaxed)),
+            count(self.cancelled.load(Ordering::Relaxed)),
+            count(self.left.load(Ordering::Relaxed)),
+            count(answers.get("sold_out").copied().unwrap_or(0)),
+            count(retried),
         )
     }
 }
@@ -293,7 +307,7 @@ async fn buy(
             })
         }
     };
-    let (last, copies_agree) = match manner(n) {
+    let (last, copies) = match manner(n) {
         Manner::Once => (once(None).await?, None),
         Manner::Impatient => (once(Some(IMPATIENT_AFTER)).await?, None),
         Manner::Twice => {
@@ -313,21 +327,25 @@ async fn buy(
         request_id,
         user,
         last,
-        copies_agree,
+        copies,
         settled,
     })
 }
 
-/// A double-click's two final answers as one, and whether they agreed.
-fn merge(a: Final, b: Final) -> (Final, Option<bool>) {
+/// A double-click's two final answers as one, and how they compare.
+fn merge(a: Final, b: Final) -> (Final, Option<Copies>) {
     match (a, b) {
         (Final::Order(x), Final::Order(y)) => {
-            let agree = x.order_id == y.order_id;
-            (Final::Order(x), Some(agree))
+            let copies = if x.order_id == y.order_id {
+                Copies::Alike
+            } else {
+                Copies::TwoOrders(x.order_id, y.order_id)
+            };
+            (Final::Order(x), Some(copies))
         }
-        (Final::Refused(x), Final::Refused(_)) => (Final::Refused(x), Some(true)),
-        (Final::Order(x), Final::Refused(_)) | (Final::Refused(_), Final::Order(x)) => {
-            (Final::Order(x), Some(false))
+        (Final::Refused(x), Final::Refused(_)) => (Final::Refused(x), Some(Copies::Alike)),
+        (Final::Order(x), Final::Refused(code)) | (Final::Refused(code), Final::Order(x)) => {
+            (Final::Order(x), Some(Copies::OrderAndRefusal(code)))
         }
         (Final::Unknown, other) | (other, Final::Unknown) => (other, None),
     }
@@ -441,7 +459,10 @@ pub async fn replay(
             Known::Unknown => replays.unknown += 1,
         }
         progress.inc(1);
-        progress.set_message(format!("{} answered with the same order", replays.same));
+        progress.set_message(format!(
+            "{} answered with the same order",
+            count(replays.same)
+        ));
     }
     progress.finish().await;
     replays.other.truncate(IDS_SHOWN_MAX);
@@ -536,9 +557,9 @@ mod tests {
         assert_eq!(count(Manner::Once), 800);
     }
 
-    // Checks how a double-click's two answers are judged: the same order agrees, two
-    // orders or an order and a refusal disagree, two refusals agree, and an unknown copy
-    // leaves the other's answer unjudged.
+    // Checks how a double-click's two answers compare: the same order or two refusals
+    // are alike, two orders are two orders, an order and a refusal are told apart from
+    // both (in either order), and an unknown copy leaves the other's answer uncompared.
     #[test]
     fn a_double_clicks_answers_agree_only_on_one_outcome() {
         let order = |id: i64| {
@@ -551,11 +572,21 @@ mod tests {
             )
         };
         let refused = || Final::Refused("sold_out".into());
-        assert_eq!(merge(order(1), order(1)).1, Some(true));
-        assert_eq!(merge(order(1), order(2)).1, Some(false));
-        assert_eq!(merge(order(1), refused()).1, Some(false));
-        assert_eq!(merge(refused(), order(1)).1, Some(false));
-        assert_eq!(merge(refused(), refused()).1, Some(true));
+        let id = |n| OrderId::parse(n).expect("an order id");
+        assert_eq!(merge(order(1), order(1)).1, Some(Copies::Alike));
+        assert_eq!(
+            merge(order(1), order(2)).1,
+            Some(Copies::TwoOrders(id(1), id(2)))
+        );
+        assert_eq!(
+            merge(order(1), refused()).1,
+            Some(Copies::OrderAndRefusal("sold_out".into()))
+        );
+        assert_eq!(
+            merge(refused(), order(1)).1,
+            Some(Copies::OrderAndRefusal("sold_out".into()))
+        );
+        assert_eq!(merge(refused(), refused()).1, Some(Copies::Alike));
         assert_eq!(merge(Final::Unknown, order(1)).1, None);
         assert!(matches!(merge(Final::Unknown, order(1)).0, Final::Order(_)));
     }

@@ -8,6 +8,8 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio::sync::Notify;
 
+use super::count;
+
 /// How often a plain-lines progress says where it is: often enough that a log shows the
 /// run moving, rarely enough that a 30-second phase is a handful of lines.
 const PLAIN_EVERY: Duration = Duration::from_secs(5);
@@ -108,8 +110,8 @@ fn line(bar: &ProgressBar, unit: &str) -> String {
     format!(
         "{:<9} {}/{} {unit}{sep}{message}",
         bar.prefix(),
-        bar.position(),
-        bar.length().unwrap_or(0)
+        count(bar.position()),
+        count(bar.length().unwrap_or(0))
     )
 }
 
