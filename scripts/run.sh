@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Starts the services flashsale needs if they are not running, then serves flashsale
-# (release build) with the configuration from the environment or --config FILE.
+# Starts the services flashsale needs if they are not running, then runs flashsale
+# (release build) with the configuration from the environment or --config FILE: `serve`,
+# or the command given (`scripts/run.sh demo`, `scripts/run.sh audit`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/services.sh
