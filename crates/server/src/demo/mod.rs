@@ -202,7 +202,6 @@ struct Target {
 async fn target(
     config: &Config,
     args: &DemoArgs,
-    log: Option<&Path>,
     own: &mut Option<OwnService>,
 ) -> Result<Target, DemoError> {
     let buyers = match &config.buyer_auth {
@@ -283,9 +282,6 @@ async fn target(
         humantime::format_duration(payment_timeout),
         stores(&own_config)
     );
-    if let Some(log) = log {
-        println!("          its log: {}", log.display());
-    }
     let service = OwnService::start(own_config)
         .await
         .map_err(DemoError::Service)?;
@@ -444,7 +440,13 @@ async fn demo(
         count(args.stock),
         count(args.buyers)
     );
-    let target = target(config, args, log, own).await?;
+    if let Some(log) = log {
+        println!(
+            "log       {} (the demo's, and its own service's when it starts one)",
+            log.display()
+        );
+    }
+    let target = target(config, args, own).await?;
     let shop = &target.shop;
     let maintenance = crate::connect_maintenance(&target.config)
         .await
@@ -958,6 +960,248 @@ fn checks(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flashsale_core::RequestId;
+
+    fn order(id: i64) -> client::Order {
+        serde_json::from_value(serde_json::json!({
+            "order_id": id, "request_id": format!("r{id}"), "status": "PENDING_PAYMENT",
+            "created_at": "2030-01-01T00:00:00Z", "expires_at": "2030-01-01T00:00:10Z",
+        }))
+        .expect("an order")
+    }
+
+    /// Buyer `n`: with `order` its order id (None: refused sold_out), what it did with it,
+    /// and its double-click's comparison.
+    fn buyer(
+        n: i64,
+        order_id: Option<i64>,
+        settled: Option<Settled>,
+        copies: Option<Copies>,
+    ) -> Buyer {
+        Buyer {
+            request_id: RequestId::parse("request_id", &format!("r{n}")).expect("request id"),
+            user: UserId::parse(n).expect("user"),
+            last: order_id.map_or(Final::Refused("sold_out".into()), |id| {
+                Final::Order(order(id))
+            }),
+            copies,
+            settled,
+        }
+    }
+
+    fn args(stock: u32) -> DemoArgs {
+        DemoArgs {
+            base_url: None,
+            spawn: false,
+            admin_token: None,
+            stock,
+            buyers: 10,
+            payment_timeout: None,
+        }
+    }
+
+    fn inventory(total: i64, available: i64, reserved: i64, sold: i64) -> Inventory {
+        Inventory {
+            total,
+            available,
+            reserved,
+            sold,
+        }
+    }
+
+    fn replays(n: u64) -> buyers::Replays {
+        buyers::Replays {
+            sent: n,
+            same: n,
+            ..Default::default()
+        }
+    }
+
+    /// The verdict of the check whose line starts with `start`: Some(passed), or None
+    /// when it was not made; panics when there is no such line.
+    fn verdict(checks: &[Check], start: &str) -> Option<bool> {
+        checks
+            .iter()
+            .find(|c| c.text.starts_with(start))
+            .unwrap_or_else(|| panic!("no check {start:?}"))
+            .passed
+    }
+
+    const CLEAN: crate::AuditTotals = crate::AuditTotals {
+        products: 1,
+        violations: 0,
+        pending: 0,
+    };
+
+    // Checks the summary of a sale where everything went right (two units, both sold and
+    // paid, a third buyer refused) passes every check, and that the same answers with
+    // counters that do not match them (one unit still reserved, a violation in the audit)
+    // fail exactly the checks they contradict.
+    #[test]
+    fn checks_pass_on_a_clean_sale_and_fail_on_the_counters_that_contradict_it() {
+        let product = ProductId::parse(1001).expect("product");
+        let all = vec![
+            buyer(1, Some(1), Some(Settled::Paid), None),
+            buyer(2, Some(2), Some(Settled::Paid), Some(Copies::Alike)),
+            buyer(3, None, None, None),
+        ];
+        let expiry = Expiry {
+            left: vec![],
+            waited: None,
+        };
+        let tally = Tally::default();
+        let clean = checks(
+            &args(2),
+            product,
+            &all,
+            &expiry,
+            &replays(2),
+            &inventory(2, 0, 0, 2),
+            &CLEAN,
+            &tally,
+        );
+        assert!(
+            clean.iter().all(|c| c.passed == Some(true)),
+            "{:?}",
+            clean.iter().map(|c| &c.text).collect::<Vec<_>>()
+        );
+
+        let audit = crate::AuditTotals {
+            violations: 1,
+            ..CLEAN
+        };
+        let bad = checks(
+            &args(2),
+            product,
+            &all,
+            &expiry,
+            &replays(2),
+            &inventory(2, 0, 1, 1),
+            &audit,
+            &tally,
+        );
+        assert_eq!(verdict(&bad, "the counters add up"), Some(true));
+        assert_eq!(verdict(&bad, "sold == stock"), Some(false));
+        assert_eq!(verdict(&bad, "sold == the orders paid"), Some(false));
+        assert_eq!(verdict(&bad, "the audit of product"), Some(false));
+        assert_eq!(verdict(&bad, "one order per request"), Some(true));
+
+        let lost = checks(
+            &args(2),
+            product,
+            &all,
+            &expiry,
+            &replays(1),
+            &inventory(3, 0, 0, 2),
+            &CLEAN,
+            &tally,
+        );
+        assert_eq!(verdict(&lost, "the counters add up"), Some(false));
+        assert_eq!(verdict(&lost, "one order per request"), Some(false));
+    }
+
+    // Checks a sale whose unpaid orders were not waited for never claims "sold == stock":
+    // that line is not made, and "sold out" (none available, the units held by exactly
+    // the orders left unpaid) is checked instead, failing when the held units differ.
+    #[test]
+    fn checks_not_waited_for_are_not_made() {
+        let product = ProductId::parse(1001).expect("product");
+        let all = vec![
+            buyer(1, Some(1), Some(Settled::Paid), None),
+            buyer(2, Some(2), Some(Settled::Left), None),
+        ];
+        let deadline = "2030-01-01T00:00:10Z".parse().expect("time");
+        let left = vec![(
+            OrderId::parse(2).expect("id"),
+            UserId::parse(2).expect("user"),
+            deadline,
+        )];
+        let expiry = Expiry { left, waited: None };
+        let tally = Tally::default();
+        let run = |inv| {
+            checks(
+                &args(2),
+                product,
+                &all,
+                &expiry,
+                &replays(2),
+                &inv,
+                &CLEAN,
+                &tally,
+            )
+        };
+        let held = run(inventory(2, 0, 1, 1));
+        assert_eq!(verdict(&held, "sold == stock"), None);
+        assert_eq!(verdict(&held, "every order left unpaid expired"), None);
+        assert_eq!(verdict(&held, "sold out"), Some(true));
+        assert!(held
+            .iter()
+            .filter(|c| c.passed.is_some())
+            .all(|c| c.passed == Some(true)));
+        assert_eq!(
+            verdict(&run(inventory(2, 1, 0, 1)), "sold out"),
+            Some(false)
+        );
+    }
+
+    // Checks a double-click's answers: an order and a refusal pass (counted in the line),
+    // two orders for one request fail, naming them.
+    #[test]
+    fn a_double_click_fails_only_on_two_orders() {
+        let product = ProductId::parse(1001).expect("product");
+        let expiry = Expiry {
+            left: vec![],
+            waited: None,
+        };
+        let tally = Tally::default();
+        let split = vec![buyer(
+            1,
+            Some(1),
+            Some(Settled::Paid),
+            Some(Copies::OrderAndRefusal("sold_out".into())),
+        )];
+        let c = checks(
+            &args(1),
+            product,
+            &split,
+            &expiry,
+            &replays(1),
+            &inventory(1, 0, 0, 1),
+            &CLEAN,
+            &tally,
+        );
+        assert_eq!(
+            verdict(&c, "double-clicks never got two orders"),
+            Some(true)
+        );
+        assert!(c
+            .iter()
+            .any(|c| c.text.contains("1 one order and one sold_out")));
+        let two = vec![buyer(
+            1,
+            Some(1),
+            Some(Settled::Paid),
+            Some(Copies::TwoOrders(
+                OrderId::parse(1).expect("id"),
+                OrderId::parse(7).expect("id"),
+            )),
+        )];
+        let c = checks(
+            &args(1),
+            product,
+            &two,
+            &expiry,
+            &replays(1),
+            &inventory(1, 0, 0, 1),
+            &CLEAN,
+            &tally,
+        );
+        assert_eq!(
+            verdict(&c, "double-clicks never got two orders"),
+            Some(false)
+        );
+        assert!(c.iter().any(|c| c.text.contains("orders 1 and 7")));
+    }
 
     // Checks counts read as people write them, and a store URL loses its credentials.
     #[test]

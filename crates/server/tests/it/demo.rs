@@ -13,13 +13,19 @@ use crate::helpers::{
 
 const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
 
-/// The demo's stdout, and its log file removed (its path is on the fourth line or so).
+/// The demo's stdout, and its log file removed (named on its second line).
 fn stdout_of(out: &Output) -> String {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    for line in text.lines() {
-        if let Some(path) = line.trim().strip_prefix("its log: ") {
-            let _ = std::fs::remove_file(path);
-        }
+    let log = text
+        .lines()
+        .find_map(|line| line.strip_prefix("log       "))
+        .and_then(|rest| rest.split_whitespace().next());
+    match log {
+        Some(path) => assert!(
+            std::fs::remove_file(path).is_ok(),
+            "the demo's log {path} is not there"
+        ),
+        None => panic!("the demo names no log file:\n{text}"),
     }
     text
 }
