@@ -38,8 +38,8 @@ pub const IMPATIENT_AFTER: Duration = Duration::from_millis(5);
 pub const ODD_ONE_IN: u64 = 10;
 /// Of every 20 orders a first-wave buyer gets, this many are paid and this many
 /// cancelled at once; the rest are left unpaid to expire.
-const PAY_OF_20: u64 = 14;
-const CANCEL_OF_20: u64 = 3;
+pub const PAY_OF_20: u64 = 14;
+pub const CANCEL_OF_20: u64 = 3;
 /// Request_ids shown when a check fails: enough to look a few up.
 pub(super) const IDS_SHOWN_MAX: usize = 5;
 
@@ -521,7 +521,8 @@ pub async fn read_expired(shop: &Shop, left: &[(OrderId, UserId)]) -> Result<Exp
 }
 
 /// Asks the service what became of requests whose answers stayed unknown: the order of
-/// each, if it has one (`GET /v1/purchases/{request_id}`).
+/// each, if it has one (`GET /v1/purchases/{request_id}`). A buyer who never heard of
+/// its order does not pay for it: such an order is left unpaid, to expire.
 pub async fn look_up(shop: &Shop, buyers: &mut [Buyer]) -> Result<u64, Unexpected> {
     let tally = Tally::default();
     let mut resolved = 0;
@@ -532,6 +533,7 @@ pub async fn look_up(shop: &Shop, buyers: &mut [Buyer]) -> Result<u64, Unexpecte
         match until_known(&tally, |_| shop.purchase_of(&buyer.request_id, buyer.user)).await? {
             Known::Done(_, order) => {
                 buyer.last = Final::Order(order);
+                buyer.settled = Some(Settled::Left);
                 resolved += 1;
             }
             Known::Refused(StatusCode::NOT_FOUND, _) => {

@@ -498,8 +498,11 @@ async fn demo(
         buyers::IMPATIENT_AFTER.as_millis()
     );
     println!(
-        "          Of those who get an order, 14 in 20 pay, 3 cancel at once (the unit goes \
-         back on sale), 3 walk away (the order expires)."
+        "          Of those who get an order, {} in 20 pay, {} cancel at once (the unit goes \
+         back on sale), {} walk away (the order expires).",
+        buyers::PAY_OF_20,
+        buyers::CANCEL_OF_20,
+        20 - buyers::PAY_OF_20 - buyers::CANCEL_OF_20
     );
     let tally = Tally::default();
     let wave = Wave {
@@ -553,7 +556,6 @@ async fn demo(
     let expiry = expire(shop, product, left, payment_timeout, display).await?;
 
     // The units that came back go to buyers who waited for them.
-    let mut comeback = Vec::new();
     for round in 1..=COMEBACK_ROUNDS_MAX {
         let available = inventory(shop, product).await?.available;
         if available <= 0 {
@@ -583,12 +585,12 @@ async fn demo(
             wave.buyers,
             "buyers",
         );
-        comeback.extend(buyers::run_wave(shop, product, &wave, &tally, &progress).await?);
+        let mut waited = buyers::run_wave(shop, product, &wave, &tally, &progress).await?;
         progress.finish().await;
         show_answers(&tally);
+        buyers::look_up(shop, &mut waited).await?;
+        all.extend(waited);
     }
-    buyers::look_up(shop, &mut comeback).await?;
-    all.extend(comeback);
 
     // One order per request: every request that got an order, sent again.
     let with_orders: Vec<&Buyer> = all.iter().filter(|b| b.order().is_some()).collect();
@@ -873,9 +875,11 @@ fn checks(
             _ => None,
         })
         .collect();
-    let split: BTreeMap<&str, u64> = pairs.iter().fold(BTreeMap::new(), |mut m, (_, c)| {
+    let split: BTreeMap<&str, Vec<String>> = pairs.iter().fold(BTreeMap::new(), |mut m, (b, c)| {
         if let Copies::OrderAndRefusal(code) = c {
-            *m.entry(code.as_str()).or_default() += 1;
+            m.entry(code.as_str())
+                .or_default()
+                .push(b.request_id.to_string());
         }
         m
     });
@@ -888,7 +892,11 @@ fn checks(
             count(alike),
             split
                 .iter()
-                .map(|(code, n)| format!(", {} one order and one {code}", count(*n)))
+                .map(|(code, ids)| format!(
+                    ", {} answered one order and one {code} ({})",
+                    count(ids.len() as u64),
+                    ids[..ids.len().min(IDS_SHOWN_MAX)].join(", ")
+                ))
                 .collect::<String>(),
             if two_orders.is_empty() {
                 String::new()
@@ -1174,9 +1182,9 @@ mod tests {
             verdict(&c, "double-clicks never got two orders"),
             Some(true)
         );
-        assert!(c
-            .iter()
-            .any(|c| c.text.contains("1 one order and one sold_out")));
+        assert!(c.iter().any(|c| c
+            .text
+            .contains("1 answered one order and one sold_out (r1)")));
         let two = vec![buyer(
             1,
             Some(1),
