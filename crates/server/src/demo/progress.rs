@@ -52,8 +52,13 @@ impl Progress {
                     Some(length),
                     ProgressDrawTarget::stdout_with_hz(BAR_REFRESH_HZ),
                 );
+                // No colours when NO_COLOR is set to anything (no-color.org), as for logs.
+                let bar_style = match std::env::var_os("NO_COLOR") {
+                    Some(v) if !v.is_empty() => "{bar:30}",
+                    _ => "{bar:30.cyan/blue}",
+                };
                 let template = format!(
-                    "{{prefix:<9}} [{{bar:30.cyan/blue}}] {{human_pos}}/{{human_len}} {unit} {{elapsed:>4}}  {{msg}}"
+                    "{{prefix:<9}} [{bar_style}] {{human_pos}}/{{human_len}} {unit} {{elapsed:>4}}  {{msg}}"
                 );
                 bar.set_style(
                     ProgressStyle::with_template(&template)

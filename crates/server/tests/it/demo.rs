@@ -145,16 +145,34 @@ async fn demo_spawns_a_service_sells_out_and_checks_it() {
 }
 
 // Checks `flashsale demo --base-url` against a service already running (a TestApp with
-// its event workers, the default 15-minute payment timeout, its admin token given on
-// the command line): the demo does not wait for the unpaid orders and says so — "sold
-// == stock" is reported as not made, never as passed — and exits 0. MariaDB agrees:
-// one order per request_id, sold == PAID orders, the units held == the PENDING_PAYMENT
+// its event workers, the default 15-minute payment timeout). Without the service's
+// admin token it stops at once with exit 2, saying so, and creates nothing. With it (on
+// the command line) the demo does not wait for the unpaid orders and says so — "sold ==
+// stock" is reported as not made, never as passed — and exits 0. MariaDB agrees: one
+// order per request_id, sold == PAID orders, the units held == the PENDING_PAYMENT
 // orders == the demo's count of orders left unpaid, and sold + held == the stock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_against_a_running_service_does_not_claim_what_it_did_not_wait_for() {
     let app = TestApp::spawn().await;
     let events = TestEvents::start(&app, NATS_URL).await;
     let db_url = app.db.as_ref().expect("the test's database").url();
+    let no_token = tokio::task::spawn_blocking({
+        let base = app.base.clone();
+        move || {
+            Command::new(BIN)
+                .args(["demo", "--base-url", &base])
+                .env_remove("FLASHSALE_ADMIN_TOKEN")
+                .output()
+                .expect("run flashsale demo")
+        }
+    })
+    .await
+    .expect("join");
+    let _ = stdout_of(&no_token);
+    let err = String::from_utf8_lossy(&no_token.stderr);
+    assert_eq!(no_token.status.code(), Some(2), "{err}");
+    assert!(err.contains("needs its admin token"), "{err}");
+    assert_eq!(app.count("SELECT COUNT(*) FROM products").await, 0);
     let out = tokio::task::spawn_blocking({
         let (base, prefix) = (app.base.clone(), app.prefix.clone());
         move || {
