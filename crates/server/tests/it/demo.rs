@@ -8,7 +8,7 @@ use flashsale_testkit::{delete_prefix, free_port, redis_prefix, TestDb};
 use sqlx::MySqlPool;
 
 use crate::helpers::{
-    stream_name, TestApp, TestEvents, ADMIN_TOKEN, MYSQL_SERVER, NATS_URL, REDIS_URL,
+    stream_name, Routes, TestApp, TestEvents, ADMIN_TOKEN, MYSQL_SERVER, NATS_URL, REDIS_URL,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
@@ -145,7 +145,8 @@ async fn demo_spawns_a_service_sells_out_and_checks_it() {
 }
 
 // Checks `flashsale demo --base-url` against a service already running (a TestApp with
-// its event workers, the default 15-minute payment timeout). Without the service's
+// its event workers, the default 15-minute payment timeout, buyers named by a gateway's
+// header, which the demo sets as that gateway would). Without the service's
 // admin token it stops at once with exit 2, saying so, and creates nothing. With it (on
 // the command line) the demo does not wait for the unpaid orders and says so — "sold ==
 // stock" is reported as not made, never as passed — and exits 0. MariaDB agrees: one
@@ -153,7 +154,7 @@ async fn demo_spawns_a_service_sells_out_and_checks_it() {
 // orders == the demo's count of orders left unpaid, and sold + held == the stock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_against_a_running_service_does_not_claim_what_it_did_not_wait_for() {
-    let app = TestApp::spawn().await;
+    let app = TestApp::spawn_with(Routes::default(), &[("BUYER_AUTH", "header")]).await;
     let events = TestEvents::start(&app, NATS_URL).await;
     let db_url = app.db.as_ref().expect("the test's database").url();
     let no_token = tokio::task::spawn_blocking({
@@ -182,6 +183,7 @@ async fn demo_against_a_running_service_does_not_claim_what_it_did_not_wait_for(
                 .env("FLASHSALE_DATABASE_URL", db_url)
                 .env("FLASHSALE_REDIS_URL", REDIS_URL)
                 .env("FLASHSALE_REDIS_PREFIX", prefix)
+                .env("FLASHSALE_BUYER_AUTH", "header")
                 .env_remove("FLASHSALE_ADMIN_TOKEN")
                 .output()
                 .expect("run flashsale demo")
