@@ -151,7 +151,9 @@ impl PrivateMariadb {
     /// Call [`sigcont`](Self::sigcont) to resume; dropping a paused server
     /// is fine (SIGKILL works on stopped processes).
     pub fn sigstop(&self) -> io::Result<()> {
-        process::send_signal(self.pid()?, libc::SIGSTOP)
+        let pid = self.pid()?;
+        process::send_signal(pid, libc::SIGSTOP)?;
+        process::wait_stopped(pid)
     }
 
     /// Resumes a server paused by [`sigstop`](Self::sigstop).

@@ -182,3 +182,32 @@ pub(crate) fn running_as_root() -> bool {
     // SAFETY: geteuid(2) has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
 }
+
+/// How long [`wait_stopped`] waits for a SIGSTOP to take hold: far above the few
+/// microseconds it takes on an idle box, enough for a CI box under full load.
+const STOP_SETTLE_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Waits until `pid` is shown stopped in /proc (state `T`): kill(2) only queues a
+/// SIGSTOP, and a thread already running on another core may answer one more request
+/// before it takes hold. Returns an error when it has not stopped within
+/// `STOP_SETTLE_MAX`.
+pub(crate) fn wait_stopped(pid: u32) -> io::Result<()> {
+    let started = std::time::Instant::now();
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        // The state follows the command name, which is in parentheses and may hold spaces.
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next());
+        if state == Some('T') {
+            return Ok(());
+        }
+        if started.elapsed() > STOP_SETTLE_MAX {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("process {pid} not stopped after SIGSTOP (state {state:?})"),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
