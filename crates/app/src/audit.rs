@@ -217,6 +217,28 @@ pub fn check(
     if let Err(e) = c.check_against_orders(ledger.pending_units, ledger.paid_units) {
         f.violation("I4", e.to_string(), vec![]);
     }
+    // I4, in the stock log: every order's units logged once as reserved, and each
+    // reservation's confirmation or release logged once.
+    if ledger.reserve_logged != ledger.ordered_units {
+        f.violation(
+            "I4",
+            format!(
+                "the stock log records {} units reserved, the orders hold {}",
+                ledger.reserve_logged, ledger.ordered_units
+            ),
+            vec![],
+        );
+    }
+    if !ledger.log_mismatches.is_empty() {
+        f.violation(
+            "I4",
+            format!(
+                "{} reservations' stock-log rows do not match their state",
+                ledger.log_mismatches.len()
+            ),
+            ids(&ledger.log_mismatches),
+        );
+    }
 
     let mut figures = vec![
         ("stock mode", ledger.mode.to_string()),
@@ -230,6 +252,10 @@ pub fn check(
             ledger.pending_units.to_string(),
         ),
         ("units in PAID orders", ledger.paid_units.to_string()),
+        (
+            "units logged reserved / ordered",
+            format!("{}/{}", ledger.reserve_logged, ledger.ordered_units),
+        ),
         ("live reservations", ledger.live.len().to_string()),
     ];
     match ledger.mode {
@@ -507,6 +533,9 @@ mod tests {
             overdue_oldest: Duration::ZERO,
             open_incidents: 0,
             event_mismatches: vec![],
+            reserve_logged: 3,
+            ordered_units: 3,
+            log_mismatches: vec![],
             unsent_events: 0,
             unsent_oldest: Duration::ZERO,
         };
@@ -605,6 +634,18 @@ mod tests {
         let (g, mut l) = quiet();
         l.open_incidents = 1;
         assert_eq!(broken(&g, &l), vec!["I6"]);
+
+        let (g, mut l) = quiet();
+        l.reserve_logged = 2;
+        assert_eq!(
+            broken(&g, &l),
+            vec!["I4"],
+            "an order's units not in the stock log"
+        );
+
+        let (g, mut l) = quiet();
+        l.log_mismatches = vec!["B".into()];
+        assert_eq!(broken(&g, &l), vec!["I4"]);
 
         let (g, mut l) = quiet();
         l.event_mismatches = vec!["A".into()];

@@ -956,6 +956,16 @@ pub struct LedgerFacts {
     pub overdue_oldest: Duration,
     /// Request_ids whose outbox events do not match their state changes one to one.
     pub event_mismatches: Vec<String>,
+    /// The stock log (库存流水): units it records moving from available to reserved (a
+    /// group commit's row per product, a purchase committed alone its own row), and the
+    /// units of every order of the product, whatever its state: equal when each order's
+    /// units were logged once.
+    pub reserve_logged: i64,
+    pub ordered_units: i64,
+    /// Request_ids whose stock-log rows do not match their reservation's state: a
+    /// `confirm` row for each CONFIRMED one, a `release` row for each RELEASED one, and
+    /// no other (must be none).
+    pub log_mismatches: Vec<String>,
     /// Outbox events of the product not yet acknowledged by the broker, and the age of
     /// the oldest (database clock).
     pub unsent_events: i64,
@@ -969,17 +979,20 @@ pub struct LedgerFacts {
 use crate::consume::StatsDelta;
 use crate::events::{EventType, OutboxMessage};
 
-/// The outbox: one row per state change, written by the ledger in the transaction of the
-/// change, waiting to be published. Rows are leased to one relay at a time (row by row,
-/// or the whole outbox at once as the MySQL adapter does), so several instances can run
-/// relays without publishing one order's events out of order.
+/// The outbox: the events of state changes, written by the ledger in the transaction of
+/// the change, waiting to be published. A row holds one event, or several that one
+/// transaction wrote (a pack: the MySQL adapter's group commit writes one per product),
+/// each returned as its own message under the row's id. Rows are leased to one relay at
+/// a time (row by row, or the whole outbox at once as the MySQL adapter does), so several
+/// instances can run relays without publishing one order's events out of order.
 #[async_trait]
 pub trait Outbox: Send + Sync + 'static {
-    /// Leases up to `limit` unsent rows, oldest first, that no live lease holds, to
-    /// `relay` until `lease` from now; returns every unsent row `relay` holds (at most
-    /// `limit`), ordered by (request_id, sequence), each flagged `blocked` when an earlier
-    /// event of its request_id is unsent and held elsewhere. An adapter that leases the
-    /// whole outbox returns nothing while another relay holds it, and never `blocked`.
+    /// Leases the oldest unsent rows that no live lease holds, to `relay` until `lease`
+    /// from now, while their events number under `limit` (so at most `limit` − 1 plus
+    /// one row's events); returns the events of every unsent row `relay` holds, ordered
+    /// by (request_id, sequence), each flagged `blocked` when an earlier event of its
+    /// request_id is unsent and held elsewhere. An adapter that leases the whole outbox
+    /// returns nothing while another relay holds it, and never `blocked`.
     async fn claim(
         &self,
         relay: &str,
@@ -987,7 +1000,7 @@ pub trait Outbox: Send + Sync + 'static {
         lease: Duration,
     ) -> Result<Vec<OutboxMessage>, LedgerError>;
 
-    /// Marks rows as published (the broker stored them). Idempotent.
+    /// Marks rows as published (the broker stored every event of them). Idempotent.
     async fn mark_sent(&self, ids: &[i64]) -> Result<(), LedgerError>;
 
     /// Records failed publish attempts (row id, error) and ends `relay`'s leases on all the
@@ -1002,7 +1015,7 @@ pub trait Outbox: Send + Sync + 'static {
     /// another instance's relay takes over at once rather than when the lease runs out.
     async fn let_go(&self, relay: &str) -> Result<(), LedgerError>;
 
-    /// How many rows are not yet published.
+    /// How many events are not yet published.
     async fn unsent(&self) -> Result<u64, LedgerError>;
 }
 

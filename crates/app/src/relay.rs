@@ -15,7 +15,7 @@
 //! when it goes out in a message like the first (by its `Nats-Msg-Id`), and consumers
 //! deduplicate by event id anyway.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -97,9 +97,14 @@ impl Relay {
             .outbox
             .claim(&self.relay_id, limit, CLAIM_LEASE)
             .await?;
-        let held = claimed.len();
-        if held == 0 {
+        if claimed.is_empty() {
             return Ok(0);
+        }
+        // A row may carry several events (the MySQL adapter's packs, one per product of a
+        // group commit): it is sent once every one of its events claimed here went out.
+        let mut unpublished: HashMap<i64, usize> = HashMap::new();
+        for message in &claimed {
+            *unpublished.entry(message.id).or_default() += 1;
         }
         // Rows come ordered by (request_id, sequence): one queue per request_id, cut at the
         // first row whose predecessor another relay holds.
@@ -119,6 +124,7 @@ impl Relay {
         }
 
         let mut sent = Vec::new();
+        let mut published = 0;
         let mut failed: Vec<(i64, String)> = Vec::new();
         let mut bus_down = None;
         loop {
@@ -138,13 +144,23 @@ impl Relay {
                     .next()
                     .unwrap_or_else(|| Err(BusError::stopped("the bus gave no result")));
                 match result {
-                    Ok(()) => sent.push(message.id),
+                    Ok(()) => {
+                        published += 1;
+                        if let Some(left) = unpublished.get_mut(&message.id) {
+                            *left -= 1;
+                            if *left == 0 {
+                                sent.push(message.id);
+                            }
+                        }
+                    }
                     Err(e) => {
                         // The rest of this order's events wait: publishing them now would
                         // put them ahead of this one.
                         queues[owner].clear();
                         wave_failures += 1;
-                        failed.push((message.id, e.to_string()));
+                        if !failed.iter().any(|(id, _)| *id == message.id) {
+                            failed.push((message.id, e.to_string()));
+                        }
                         first_error.get_or_insert(e);
                     }
                 }
@@ -177,15 +193,15 @@ impl Relay {
         given_back?;
         if !failed.is_empty() {
             warn!(
-                published = sent.len(),
+                published,
                 failed = failed.len(),
                 first_error = %failed[0].1,
                 "some events could not be published; they wait in the outbox"
             );
         }
         match bus_down {
-            Some(e) if sent.is_empty() => Err(e.into()),
-            _ => Ok(sent.len()),
+            Some(e) if published == 0 => Err(e.into()),
+            _ => Ok(published),
         }
     }
 
@@ -362,6 +378,8 @@ mod tests {
     struct MemBus {
         down: bool,
         refuse: BTreeSet<i64>,
+        /// Events refused by event id (one event of a pack).
+        refuse_events: BTreeSet<String>,
         published: Mutex<Vec<i64>>,
     }
 
@@ -376,7 +394,7 @@ mod tests {
         }
 
         async fn publish(&self, message: &OutboxMessage) -> Result<(), BusError> {
-            if self.refuse.contains(&message.id) {
+            if self.refuse.contains(&message.id) || self.refuse_events.contains(&message.event_id) {
                 return Err(BusError::rejected(format!("refused {}", message.id)));
             }
             self.published.lock().unwrap().push(message.id);
@@ -414,6 +432,36 @@ mod tests {
         assert!(pos(1) < pos(3) && pos(3) < pos(5), "{order:?}");
         assert!(order.contains(&2) && !order.contains(&4), "{order:?}");
         assert_eq!(outbox.given_back.lock().unwrap()[0].0, 4);
+    }
+
+    // Checks a row that packs several events (the MySQL adapter's group commit packs):
+    // with one of its events refused it is given back once and not marked sent, while
+    // its other events and a single-event row go out; a later round publishes the pack
+    // again, whole, and marks the row sent once.
+    #[tokio::test]
+    async fn a_pack_is_sent_once_every_event_of_it_went_out() {
+        let pack = |request_id: &str| OutboxMessage {
+            event_id: format!("e-{request_id}"),
+            ..row(1, request_id, 1)
+        };
+        let outbox = Arc::new(MemOutbox {
+            rows: vec![pack("P1"), pack("P2"), pack("P3"), row(2, "S", 1)],
+            ..MemOutbox::default()
+        });
+        let refusing = Arc::new(MemBus {
+            refuse_events: BTreeSet::from(["e-P2".to_owned()]),
+            ..MemBus::default()
+        });
+        assert_eq!(relay(&outbox, &refusing).relay_once(100).await.unwrap(), 3);
+        assert_eq!(*outbox.sent.lock().unwrap(), BTreeSet::from([2]));
+        let given_back = outbox.given_back.lock().unwrap().clone();
+        assert_eq!(given_back.len(), 1, "{given_back:?}");
+        assert_eq!(given_back[0].0, 1);
+
+        let bus = Arc::new(MemBus::default());
+        assert_eq!(relay(&outbox, &bus).relay_once(100).await.unwrap(), 3);
+        assert_eq!(*bus.published.lock().unwrap(), vec![1, 1, 1]);
+        assert_eq!(*outbox.sent.lock().unwrap(), BTreeSet::from([1, 2]));
     }
 
     // Checks an order whose earlier event another relay holds is not published at all,

@@ -244,8 +244,8 @@ pub(crate) fn committed(
 /// The batch as one JSON document: `[request_id, product_id, user_id, quantity,
 /// hold_id, generation, payment timeout in µs, event id, per-user limit or null]` per
 /// purchase. Every statement of the group transaction reads the batch from it (set once
-/// per transaction, [`insert`]; the stored procedure of migration
-/// `…08_group_commit_procedure.sql` reads the same positions: change both together), and
+/// per transaction, [`insert`]; the stored procedure of migration `…13_batch_facts.sql`
+/// reads the same positions: change both together), and
 /// [`taken`] binds it as its single parameter: one
 /// statement text for every batch size (an `IN (?, ?, …)` list of each new length was a
 /// new statement to prepare, about one in five executions).
@@ -335,12 +335,14 @@ pub(crate) async fn taken(
     .collect()
 }
 
-/// The rows of the batch in `@fs_batch` ([`batch_variable`]): its reservations, orders,
-/// stock log and `order_created` events, by the stored procedure of migration
-/// `…08_group_commit_procedure.sql` (a procedure is parsed once per connection; sent as
-/// text, these four statements were parsed on every commit). Its one result set is the
-/// new orders' ids and times (`INSERT … RETURNING`).
+/// The rows of the batch in `@fs_batch` ([`batch_variable`]): its reservations and
+/// orders, by the stored procedure of migration `…13_batch_facts.sql` (a procedure is
+/// parsed once per connection; sent as text, its statements were parsed on every
+/// commit). Its one result set is the new orders' ids and times (`INSERT … RETURNING`).
 const ROWS: &str = "CALL group_commit_insert()";
+/// The pack of one product's `order_created` events of the batch, after [`ROWS`]: the
+/// stored procedure of migration `…13_batch_facts.sql`, called with the product's id.
+const EVENTS: &str = "CALL group_commit_events";
 /// Of the batch's (user, product) pairs under a per-user limit, those whose live orders,
 /// the batch's own included, add up to more than it: the ledger's own per-user check, as
 /// Redis's per-user counts can be lost. Runs after the batch's products' rows were
@@ -449,9 +451,11 @@ async fn run_script(
 /// the caller rolls back.
 ///
 /// The whole write is one script, sent in one round trip: the batch into a user
-/// variable, the stored procedure that inserts the reservations, the orders (returning
-/// their ids), the stock log and the `order_created` events ([`ROWS`]), one counter
-/// UPDATE per product, and the per-user check when a product has a limit. Measured
+/// variable, the stored procedure that inserts the reservations and the orders
+/// (returning their ids, [`ROWS`]), per product and generation the stock-log row of the
+/// units the batch moves, per product the pack of its `order_created` events
+/// ([`EVENTS`]), one counter UPDATE per product, and the per-user check when a product
+/// has a limit. Measured
 /// against one round trip per statement (eight with the BEGIN, the read-back and the
 /// COMMIT): +8 % orders/s; the procedure instead of the four INSERTs as text: +1–8 %
 /// (BENCHMARKS.md, ablation rows L7 and L11). The statements' own work is most of a
@@ -470,13 +474,35 @@ pub(crate) async fn insert(
             .entry((p.request.product_id, p.hold.generation))
             .or_default() += i64::from(p.request.quantity.get());
     }
+    // The stock log's rows: the purchases and units per product and generation, which
+    // the counter UPDATE of a gate batch moves (a ledger batch's moved already).
+    let mut moved: BTreeMap<(ProductId, Generation), (u32, i64)> = BTreeMap::new();
+    for p in batch {
+        let entry = moved
+            .entry((p.request.product_id, p.hold.generation))
+            .or_default();
+        entry.0 += 1;
+        entry.1 += i64::from(p.request.quantity.get());
+    }
+    let products: BTreeSet<ProductId> = moved.keys().map(|(product_id, _)| *product_id).collect();
     let limited = batch.iter().any(|p| p.per_user_limit.is_some());
     let mut script = format!(
         "SET {} = CONVERT({} USING utf8mb4);\n{ROWS};\n",
         batch_variable!(),
         hex_literal(document),
     );
-    // Integers only: nothing of the batch's text enters the SQL here.
+    // Integers only: nothing of the batch's text enters the SQL here. Before the
+    // counters, so that the hot rows' locks are held only from their UPDATE to COMMIT.
+    for ((product_id, generation), (orders, q)) in &moved {
+        let (product_id, generation) = (product_id.get(), generation.get());
+        script.push_str(&format!(
+            "INSERT INTO inventory_batch_log (product_id, generation, orders, quantity) \
+             VALUES ({product_id}, {generation}, {orders}, {q});\n"
+        ));
+    }
+    for product_id in &products {
+        script.push_str(&format!("{EVENTS}({});\n", product_id.get()));
+    }
     for ((product_id, generation), q) in &units {
         let (product_id, generation) = (product_id.get(), generation.get());
         script.push_str(&format!(
@@ -492,24 +518,25 @@ pub(crate) async fn insert(
     }
     script.push_str(concat!("SET ", batch_variable!(), " = NULL"));
     // Results in the script: 0 sets the batch; 1 is the procedure's result set, the
-    // orders, and 2 the procedure's own; the counters follow. An error while the
-    // procedure inserts the reservations or the orders comes before its result set ends.
+    // orders, and 2 the procedure's own; the stock-log rows, the events and the counters
+    // follow. An error while the procedure inserts the reservations or the orders comes
+    // before its result set ends.
     const ORDERS_AT: usize = 1;
-    const COUNTERS_AT: usize = 3;
+    let counters_at = 3 + moved.len() + products.len();
     let outcomes = match run_script(tx, &script).await {
         Ok(outcomes) => outcomes,
         // A request_id or a hold id taken: the one-by-one path tells which and answers.
         Err((ORDERS_AT, e)) if crate::ledger::is_duplicate(&e) => return Ok(Written::NotPlain),
         Err((_, e)) => return Err(e),
     };
-    let expected = COUNTERS_AT + units.len() + usize::from(limited) + 1;
+    let expected = counters_at + units.len() + usize::from(limited) + 1;
     if outcomes.len() != expected {
         return Err(sqlx::Error::Protocol(format!(
             "group transaction: {} results for {expected} statements",
             outcomes.len()
         )));
     }
-    if outcomes[COUNTERS_AT..COUNTERS_AT + units.len()]
+    if outcomes[counters_at..counters_at + units.len()]
         .iter()
         .any(|o| o.affected != 1)
     {
@@ -550,7 +577,7 @@ pub(crate) async fn insert(
         });
     }
     if limited {
-        let over = over_limit(batch, &outcomes[COUNTERS_AT + units.len()].rows)?;
+        let over = over_limit(batch, &outcomes[counters_at + units.len()].rows)?;
         if !over.is_empty() {
             return Ok(Written::OverLimit(over));
         }

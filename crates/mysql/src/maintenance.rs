@@ -364,25 +364,68 @@ impl LedgerMaintenance for MysqlLedger {
                (o.status IS NULL AND r.status = 'RELEASED')) LIMIT ?")
         .await?;
         // One event per state change: created for every order, paid / cancelled for the
-        // order's terminal state, released for every released reservation — and no event
-        // for a change that did not happen.
-        let event_mismatches = ids("SELECT r.request_id FROM inventory_reservation r \
-             LEFT JOIN orders o ON o.request_id = r.request_id \
-             WHERE r.product_id = ? AND ( \
-               COALESCE(o.id IS NOT NULL, 0) <> EXISTS (SELECT 1 FROM outbox e \
-                 WHERE e.request_id = r.request_id AND e.event_type = 'order_created') \
-               OR COALESCE(o.status = 'PAID', 0) <> EXISTS (SELECT 1 FROM outbox e \
-                 WHERE e.request_id = r.request_id AND e.event_type = 'order_paid') \
-               OR COALESCE(o.status = 'CANCELLED', 0) <> EXISTS (SELECT 1 FROM outbox e \
-                 WHERE e.request_id = r.request_id AND e.event_type = 'order_cancelled') \
-               OR COALESCE(r.status = 'RELEASED', 0) <> EXISTS (SELECT 1 FROM outbox e \
-                 WHERE e.request_id = r.request_id AND e.event_type = 'reservation_released')) \
-             LIMIT ?")
+        // order's terminal state, released for every released reservation — each exactly
+        // once, and no event for a change that did not happen. Events are counted from
+        // the view that unpacks a group commit's packs (migration `…13_batch_facts.sql`).
+        let event_mismatches = self
+            .run("facts: events", || {
+                sqlx::query(
+                    "SELECT r.request_id FROM inventory_reservation r \
+                     LEFT JOIN orders o ON o.request_id = r.request_id \
+                     LEFT JOIN (SELECT e.request_id, \
+                       SUM(e.event_type = 'order_created') AS created, \
+                       SUM(e.event_type = 'order_paid') AS paid, \
+                       SUM(e.event_type = 'order_cancelled') AS cancelled, \
+                       SUM(e.event_type = 'reservation_released') AS released \
+                       FROM outbox_event e WHERE e.product_id = ? GROUP BY e.request_id) e \
+                     ON e.request_id = r.request_id \
+                     WHERE r.product_id = ? AND ( \
+                       COALESCE(o.id IS NOT NULL, 0) <> COALESCE(e.created, 0) \
+                       OR COALESCE(o.status = 'PAID', 0) <> COALESCE(e.paid, 0) \
+                       OR COALESCE(o.status = 'CANCELLED', 0) <> COALESCE(e.cancelled, 0) \
+                       OR (r.status = 'RELEASED') <> COALESCE(e.released, 0)) \
+                     LIMIT ?",
+                )
+                .bind(p)
+                .bind(p)
+                .bind(LISTED_MAX)
+                .fetch_all(pool)
+            })
+            .await?
+            .iter()
+            .map(|r| text(r, "request_id"))
+            .collect::<Result<Vec<String>, LedgerError>>()?;
+        // The stock log: the units it records reserved (a group commit's row per product
+        // and generation, a purchase committed alone its own `reserve` row) against the
+        // units of every order; and per reservation, a `confirm` row if and only if it
+        // is CONFIRMED and a `release` row if and only if it is RELEASED.
+        let (reserve_logged, ordered_units): (i64, i64) = self
+            .run("facts: stock log", || {
+                sqlx::query_as(
+                    "SELECT CAST((SELECT COALESCE(SUM(quantity), 0) FROM inventory_log \
+                       WHERE product_id = ? AND type = 'reserve') \
+                     + (SELECT COALESCE(SUM(quantity), 0) FROM inventory_batch_log \
+                       WHERE product_id = ?) AS SIGNED), \
+                     CAST((SELECT COALESCE(SUM(quantity), 0) FROM orders \
+                       WHERE product_id = ?) AS SIGNED)",
+                )
+                .bind(p)
+                .bind(p)
+                .bind(p)
+                .fetch_one(pool)
+            })
+            .await?;
+        let log_mismatches = ids("SELECT r.request_id FROM inventory_reservation r \
+             LEFT JOIN inventory_log c ON c.request_id = r.request_id AND c.type = 'confirm' \
+             LEFT JOIN inventory_log l ON l.request_id = r.request_id AND l.type = 'release' \
+             WHERE r.product_id = ? AND ((r.status = 'CONFIRMED') <> (c.id IS NOT NULL) \
+               OR (r.status = 'RELEASED') <> (l.id IS NOT NULL)) LIMIT ?")
         .await?;
         let (unsent_events, unsent_us): (i64, i64) = self
             .run("facts: unsent events", || {
                 sqlx::query_as(
-                    "SELECT COUNT(*), CAST(COALESCE(MAX(TIMESTAMPDIFF(MICROSECOND, \
+                    "SELECT CAST(COALESCE(SUM(o.events), 0) AS SIGNED), \
+                     CAST(COALESCE(MAX(TIMESTAMPDIFF(MICROSECOND, \
                      o.created_at, NOW(6))), 0) AS SIGNED) \
                      FROM outbox_unsent u JOIN outbox o ON o.id = u.id \
                      WHERE o.product_id = ?",
@@ -473,6 +516,9 @@ impl LedgerMaintenance for MysqlLedger {
             unapplied_restocks,
             open_incidents,
             event_mismatches,
+            reserve_logged,
+            ordered_units,
+            log_mismatches,
             unsent_events,
             unsent_oldest: age(unsent_us),
         }))

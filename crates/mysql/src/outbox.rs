@@ -2,12 +2,16 @@
 //! transactions in `ledger.rs`, read by the relay through [`Outbox`]) and the sales
 //! statistics consumer's store ([`StatsStore`]).
 //!
-//! An event row is built by the database in one `INSERT … SELECT`: its id is a `UUID()`
-//! (a group commit's `order_created` events bring theirs, UUIDv7, with the batch, and
-//! are written by its stored procedure: migration `…08_group_commit_procedure.sql`),
+//! An event row is built by the database in one `INSERT … SELECT`: its id is a `UUID()`,
 //! its time the database's `NOW(6)`, its sequence one past the last of its request_id,
 //! and its JSON payload (`JSON_OBJECT`, escaped by the server) carries the same values, so
 //! writing an event costs one round trip inside the transaction and nothing else.
+//!
+//! A group commit's `order_created` events bring their ids (UUIDv7) with the batch and
+//! are written by its stored procedure as one *pack* per product: one row whose payload
+//! is the array of the events (migration `…13_batch_facts.sql`). The relay reads a pack as
+//! its events ([`unpack`]) and marks the row sent once every one of them went out; the
+//! view `outbox_event` shows the outbox one event per row, packs unpacked.
 //!
 //! An event is unsent while it has a row in the narrow `outbox_unsent`, which the
 //! database's trigger adds in the inserting statement; the relay marks events sent by
@@ -28,7 +32,7 @@ use flashsale_core::{
 use sqlx::{MySqlConnection, Row};
 
 use crate::ledger::MysqlLedger;
-use crate::rows::{corrupt, db, list, text};
+use crate::rows::{corrupt, db, list, opt_text, text};
 
 /// Attempts of one outbox or statistics statement that hit a deadlock (1213) or a lock
 /// wait timeout (1205): concurrent relays' claims may deadlock on the outbox index; a
@@ -78,6 +82,10 @@ pub(crate) enum Change<'a> {
 
 /// One event row to write.
 struct Draft<'a> {
+    /// The sequence of the request_id's last event at least: 1 for a change of an order,
+    /// whose `order_created` (sequence 1) may be in a pack, which has no row under the
+    /// request_id; 0 otherwise.
+    after: i32,
     event_type: EventType,
     order_id: Option<i64>,
     request_id: &'a str,
@@ -96,6 +104,7 @@ pub(crate) async fn record(
 ) -> Result<(), sqlx::Error> {
     let drafts = match change {
         Change::Created { order_id, request } => vec![Draft {
+            after: 0,
             event_type: EventType::OrderCreated,
             order_id: Some(order_id),
             request_id: request.request_id.as_str(),
@@ -105,6 +114,7 @@ pub(crate) async fn record(
             reason: None,
         }],
         Change::Fenced { request, reason } => vec![Draft {
+            after: 0,
             event_type: EventType::ReservationReleased,
             order_id: None,
             request_id: request.request_id.as_str(),
@@ -123,6 +133,7 @@ pub(crate) async fn record(
             cancel_reason,
         } => {
             let draft = |event_type, reason| Draft {
+                after: 1,
                 event_type,
                 order_id: Some(order_id.get()),
                 request_id,
@@ -164,7 +175,8 @@ pub(crate) async fn record(
              'quantity', ?, 'reason', ?, \
              'occurred_at', DATE_FORMAT(e.at, '%Y-%m-%dT%H:%i:%s.%fZ')), e.at \
              FROM (SELECT UUID() AS event_id, NOW(6) AS at, \
-             COALESCE(MAX(sequence), 0) + 1 AS seq FROM outbox WHERE request_id = ?) e",
+             GREATEST(COALESCE(MAX(sequence), 0), ?) + 1 AS seq \
+             FROM outbox WHERE request_id = ?) e",
         )
         .bind(d.event_type.as_str())
         .bind(d.request_id)
@@ -177,6 +189,7 @@ pub(crate) async fn record(
         .bind(d.user_id)
         .bind(d.quantity)
         .bind(d.reason)
+        .bind(d.after)
         .bind(d.request_id)
         .execute(&mut *conn)
         .await?;
@@ -261,21 +274,56 @@ impl KeptLease {
     }
 }
 
-fn message(row: &sqlx::mysql::MySqlRow) -> Result<OutboxMessage, LedgerError> {
-    let event_type = text(row, "event_type")?;
-    let sequence: i32 = row.try_get("sequence").map_err(db)?;
+/// The head of an event object: what the relay orders and names it by.
+#[derive(serde::Deserialize)]
+struct Head {
+    event_id: String,
+    request_id: String,
+    sequence: u32,
+}
+
+/// The events of one outbox row, appended to `out`: the row's own, or each of a pack's
+/// (migration `…13_batch_facts.sql`), all under the row's id, which is what is marked
+/// sent.
+fn unpack(row: &sqlx::mysql::MySqlRow, out: &mut Vec<OutboxMessage>) -> Result<(), LedgerError> {
+    let id: i64 = row.try_get("id").map_err(db)?;
+    let event_type: EventType = text(row, "event_type")?.parse().map_err(corrupt)?;
     let attempts: i32 = row.try_get("attempts").map_err(db)?;
-    Ok(OutboxMessage {
-        id: row.try_get("id").map_err(db)?,
+    let attempts = u32::try_from(attempts).unwrap_or(0);
+    let payload = text(row, "payload")?;
+    let request_id = opt_text(row, "request_id")?;
+    let Some(request_id) = request_id else {
+        let pack: Vec<&serde_json::value::RawValue> = serde_json::from_str(&payload)
+            .map_err(|e| corrupt(format!("outbox pack {id}: {e}")))?;
+        for event in pack {
+            let head: Head = serde_json::from_str(event.get())
+                .map_err(|e| corrupt(format!("outbox pack {id}: {e}")))?;
+            out.push(OutboxMessage {
+                id,
+                event_id: head.event_id,
+                event_type,
+                request_id: head.request_id,
+                sequence: head.sequence,
+                payload: event.get().to_owned(),
+                attempts,
+                blocked: false,
+            });
+        }
+        return Ok(());
+    };
+    let sequence: i32 = row.try_get("sequence").map_err(db)?;
+    out.push(OutboxMessage {
+        id,
         event_id: text(row, "event_id")?,
-        event_type: event_type.parse().map_err(corrupt)?,
-        request_id: text(row, "request_id")?,
+        event_type,
+        request_id,
         sequence: u32::try_from(sequence).map_err(|_| corrupt(format!("sequence {sequence}")))?,
-        payload: text(row, "payload")?,
-        attempts: u32::try_from(attempts).unwrap_or(0),
+        payload,
+        attempts,
         // Nothing is held elsewhere while this relay holds the outbox's lease.
         blocked: false,
-    })
+    });
+    Ok(())
 }
 
 #[async_trait]
@@ -312,12 +360,20 @@ impl Outbox for MysqlLedger {
             }
             self.outbox_lease().renewed(relay, renewed, lease);
         }
+        // The oldest unsent rows, at most `limit`, cut after the one that brings the
+        // events to `limit` (a pack holds many): a round publishes at most `limit` − 1 +
+        // a pack's events. The running count is taken over the limited rows' narrow
+        // columns, and only the rows kept are read whole.
         let rows = bounded("read unsent outbox rows", || {
             sqlx::query(
                 "SELECT o.id, o.event_id, o.event_type, o.request_id, o.sequence, o.payload, \
-                 u.attempts FROM outbox_unsent u JOIN outbox o ON o.id = u.id \
-                 ORDER BY u.id LIMIT ?",
+                 w.attempts FROM (SELECT u.id, u.attempts, \
+                 SUM(e.events) OVER (ORDER BY u.id) - e.events AS before_row \
+                 FROM (SELECT id, attempts FROM outbox_unsent ORDER BY id LIMIT ?) u \
+                 JOIN outbox e ON e.id = u.id) w \
+                 JOIN outbox o ON o.id = w.id WHERE w.before_row < ?",
             )
+            .bind(limit)
             .bind(limit)
             .fetch_all(self.pool())
         })
@@ -327,12 +383,15 @@ impl Outbox for MysqlLedger {
             self.end_lease(relay).await?;
             return Ok(Vec::new());
         }
+        let mut messages = Vec::new();
+        for row in &rows {
+            unpack(row, &mut messages)?;
+        }
         // A full batch: more may wait, and the relay goes on at once under the same lease.
         self.outbox_lease().set_backlog(
             relay,
-            u64::try_from(rows.len()).unwrap_or(u64::MAX) >= limit,
+            u64::try_from(messages.len()).unwrap_or(u64::MAX) >= limit,
         );
-        let mut messages = rows.iter().map(message).collect::<Result<Vec<_>, _>>()?;
         // Sorted here rather than by the server, which read them in its index's order.
         messages.sort_by(|a, b| (&a.request_id, a.sequence).cmp(&(&b.request_id, b.sequence)));
         Ok(messages)
@@ -393,7 +452,11 @@ impl Outbox for MysqlLedger {
 
     async fn unsent(&self) -> Result<u64, LedgerError> {
         let n: i64 = bounded("count unsent events", || {
-            sqlx::query_scalar("SELECT COUNT(*) FROM outbox_unsent").fetch_one(self.pool())
+            sqlx::query_scalar(
+                "SELECT CAST(COALESCE(SUM(o.events), 0) AS SIGNED) \
+                 FROM outbox_unsent u JOIN outbox o ON o.id = u.id",
+            )
+            .fetch_one(self.pool())
         })
         .await?;
         Ok(u64::try_from(n).unwrap_or(0))

@@ -1413,6 +1413,19 @@ fn rest_of(
         .take(LISTED_MAX)
         .collect();
     let mut mismatched = Vec::new();
+    let mut log_mismatches = Vec::new();
+    let (mut reserve_logged, mut ordered_units) = (0, 0);
+    for o in t
+        .orders
+        .values()
+        .filter(|o| o.order.product_id.get() == product_id)
+    {
+        let q = i64::from(o.order.quantity.get());
+        ordered_units += q;
+        if t.log.contains(&(o.order.request_id.to_string(), "reserve")) {
+            reserve_logged += q;
+        }
+    }
     let mut live = BTreeMap::new();
     let mut unreturned = BTreeMap::new();
     let mut reserved_request_ids = BTreeSet::new();
@@ -1437,6 +1450,12 @@ fn rest_of(
         );
         if !consistent && mismatched.len() < LISTED_MAX {
             mismatched.push(rid.clone());
+        }
+        let logged = |log_type| t.log.contains(&(rid.clone(), log_type));
+        let log_consistent = logged("confirm") == (r.status == ReservationStatus::Confirmed)
+            && logged("release") == (r.status == ReservationStatus::Released);
+        if !log_consistent && log_mismatches.len() < LISTED_MAX {
+            log_mismatches.push(rid.clone());
         }
         let q = i64::from(r.request.quantity.get());
         if r.status == ReservationStatus::Released {
@@ -1475,6 +1494,9 @@ fn rest_of(
         unapplied_restocks: BTreeMap::new(),
         open_incidents: i64::try_from(open_incidents).unwrap_or(i64::MAX),
         event_mismatches: t.event_mismatches(Some(product_id), LISTED_MAX),
+        reserve_logged,
+        ordered_units,
+        log_mismatches,
         unsent_events: i64::try_from(unsent_events).unwrap_or(i64::MAX),
         unsent_oldest: Duration::ZERO,
     }

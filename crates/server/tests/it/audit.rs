@@ -168,3 +168,95 @@ async fn undelivered_events_past_the_bound_are_a_violation() {
     assert!(text.contains("VIOLATION I7"), "{text}");
     app.cleanup().await;
 }
+
+// Checks the audit reads the stock log and the outbox's packs from MariaDB: after
+// concurrent purchases (group commits, each writing one stock-log row and one pack of
+// `order_created` events per product), a payment and a cancel, it finds no violation;
+// then, tampering with one fact at a time and putting it back, it finds each: a group
+// commit's stock-log row gone (I4: fewer units logged than ordered), the payment's
+// `confirm` row gone (I4, naming its request), and one event copied inside its pack
+// (I7, naming its request: its order then has two `order_created` events).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stock_log_and_packed_events_are_audited() {
+    let app = TestApp::spawn().await;
+    let product = 5303;
+    app.create_product(product, 40, None).await;
+    let bought = futures::future::join_all((0..24).map(|i| {
+        let app = &app;
+        async move {
+            app.purchase(&format!("REQ_log_{i}"), i + 1, product, 1)
+                .await
+        }
+    }))
+    .await;
+    let mut orders = Vec::new();
+    for (i, (status, body)) in bought.iter().enumerate() {
+        assert_eq!(*status, StatusCode::CREATED, "{body}");
+        orders.push((order_id(body), i64::try_from(i).expect("small") + 1));
+    }
+    let (paid, payer) = orders[0];
+    let (status, body) = app
+        .post(&format!("/v1/orders/{paid}/pay"), json!({"user_id": payer}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (cancelled, canceller) = orders[1];
+    let (status, body) = app
+        .post(
+            &format!("/v1/orders/{cancelled}/cancel"),
+            json!({"user_id": canceller}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(
+        app.count("SELECT COUNT(*) FROM inventory_batch_log").await >= 1,
+        "the purchases went through group commits"
+    );
+    let id = ProductId::parse(product).expect("product id");
+    let audit = || async { app.maintenance.audit(id).await.expect("audit") };
+    let report = audit().await;
+    assert!(report.violations.is_empty(), "{report}");
+
+    let pool = &app.pool;
+    let exec = |sql: &'static str| async move {
+        sqlx::query(sql).execute(pool).await.expect(sql);
+    };
+    exec("CREATE TABLE kept_batch_log AS SELECT * FROM inventory_batch_log ORDER BY id LIMIT 1")
+        .await;
+    exec("DELETE FROM inventory_batch_log WHERE id = (SELECT id FROM kept_batch_log)").await;
+    let report = audit().await;
+    let broken: Vec<_> = report.violations.iter().map(|v| v.invariant).collect();
+    assert_eq!(broken, vec!["I4"], "{report}");
+    assert!(report.to_string().contains("stock log records"), "{report}");
+    exec("INSERT INTO inventory_batch_log SELECT * FROM kept_batch_log").await;
+    exec("DROP TABLE kept_batch_log").await;
+    assert!(audit().await.violations.is_empty());
+
+    exec("CREATE TABLE kept_log AS SELECT * FROM inventory_log WHERE type = 'confirm'").await;
+    exec("DELETE FROM inventory_log WHERE type = 'confirm'").await;
+    let report = audit().await;
+    let broken: Vec<_> = report.violations.iter().map(|v| v.invariant).collect();
+    assert_eq!(broken, vec!["I4"], "{report}");
+    assert!(report.to_string().contains("REQ_log_0"), "{report}");
+    exec("INSERT INTO inventory_log SELECT * FROM kept_log").await;
+    exec("DROP TABLE kept_log").await;
+    assert!(audit().await.violations.is_empty());
+
+    let copied: String = sqlx::query_scalar(
+        "SELECT CONVERT(JSON_VALUE(payload, '$[0].request_id') USING utf8mb4) FROM outbox \
+         WHERE request_id IS NULL ORDER BY id LIMIT 1",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .expect("a pack");
+    exec(
+        "UPDATE outbox SET payload = JSON_ARRAY_APPEND(payload, '$', \
+         JSON_EXTRACT(payload, '$[0]')), events = events + 1 \
+         WHERE request_id IS NULL ORDER BY id LIMIT 1",
+    )
+    .await;
+    let report = audit().await;
+    let broken: Vec<_> = report.violations.iter().map(|v| v.invariant).collect();
+    assert_eq!(broken, vec!["I7"], "{report}");
+    assert!(report.to_string().contains(&copied), "{report}");
+    app.cleanup().await;
+}

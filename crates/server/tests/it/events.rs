@@ -50,8 +50,8 @@ async fn outbox(app: &TestApp) -> Vec<OutboxRow> {
          CONVERT(event_type USING utf8mb4) AS event_type, \
          CONVERT(request_id USING utf8mb4) AS request_id, order_id, sequence, \
          CONVERT(payload USING utf8mb4) AS payload, \
-         NOT EXISTS (SELECT 1 FROM outbox_unsent u WHERE u.id = outbox.id) AS sent \
-         FROM outbox ORDER BY id",
+         NOT EXISTS (SELECT 1 FROM outbox_unsent u WHERE u.id = e.id) AS sent \
+         FROM outbox_event e ORDER BY id, request_id",
     )
     .fetch_all(&app.pool)
     .await
@@ -70,7 +70,11 @@ async fn outbox(app: &TestApp) -> Vec<OutboxRow> {
 }
 
 async fn unsent(app: &TestApp) -> i64 {
-    app.count("SELECT COUNT(*) FROM outbox_unsent").await
+    app.count(
+        "SELECT CAST(COALESCE(SUM(o.events), 0) AS SIGNED) \
+         FROM outbox_unsent u JOIN outbox o ON o.id = u.id",
+    )
+    .await
 }
 
 /// The product's sales_stats row against what the ledger says happened; None when they
