@@ -33,6 +33,9 @@ pub const BUYER_SECRET_ENV: &str = "FLASHSALE_BUYER_JWT_SECRET";
 pub const CEILING_LABEL: &str = "http-ceiling";
 /// The label of `--compare`'s second HTTP-ceiling run, after every strategy's.
 pub const CEILING_AGAIN_LABEL: &str = "http-ceiling-again";
+/// The label of the bare SQL run (`--sql`, and a row of `--compare`): db-conditional's
+/// transaction called by the bench straight on MariaDB, no HTTP and no server.
+pub const SQL_LABEL: &str = "sql-conditional";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {
@@ -108,6 +111,10 @@ pub enum Target {
     Purchase,
     /// The HTTP ceiling: `GET /healthz`, which touches no store.
     Healthz,
+    /// The floor of the database strategies: each purchase attempt one `CALL
+    /// baseline_conditional(…)` sent by the bench itself on a connection of its own to the
+    /// server's database (`sql.rs`), with no HTTP and no server in between.
+    Sql,
 }
 
 impl Target {
@@ -115,6 +122,7 @@ impl Target {
         match self {
             Target::Purchase => "purchase",
             Target::Healthz => "healthz",
+            Target::Sql => "sql",
         }
     }
 }
@@ -122,10 +130,12 @@ impl Target {
 /// One run of the bench: a single run, or one row of `--compare`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunSpec {
-    /// The row's name: the strategy, or `http-ceiling`.
+    /// The row's name: the strategy, `http-ceiling` or `sql-conditional`.
     pub label: String,
     pub target: Target,
-    /// The purchase strategy (None for the ceiling, which sends no purchase).
+    /// The purchase strategy (None for the ceiling, which sends no purchase): the spawned
+    /// server's, or for the SQL run the strategy whose transaction it calls (its server
+    /// only creates the product and is stopped before the load).
     pub strategy: Option<Strategy>,
     /// The settings for a spawned server (the user's --server-env, plus the strategy).
     pub server_env: Vec<(String, String)>,
@@ -253,6 +263,11 @@ pub struct Args {
     /// Closed loop: connections, each sending as soon as its answer arrived.
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub connections: u64,
+    /// The SQL run (--sql, and --compare's sql-conditional row): MariaDB connections
+    /// calling the procedure at once, each a client of its own (default: --connections,
+    /// at most 16; see `sql::CLIENTS_MAX`).
+    #[arg(long, value_name = "N")]
+    pub sql_clients: Option<u64>,
     /// Open loop: most requests in flight; attempts due beyond it are dropped and counted.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub max_in_flight: u64,
@@ -315,13 +330,21 @@ pub struct Args {
     /// created, no order checked, no cost per order measured.
     #[arg(long, conflicts_with = "compare")]
     pub ceiling: bool,
+    /// The bare SQL transaction (needs --spawn; rush or sustained): the spawned server
+    /// creates the product and is stopped, then the bench itself calls db-conditional's
+    /// stored procedure (`CALL baseline_conditional`) on the server's database for every
+    /// attempt, closed loop, on --sql-clients connections: the floor under every database
+    /// strategy, with no HTTP and no server.
+    #[arg(long, requires = "spawn", conflicts_with_all = ["compare", "ceiling", "rate"])]
+    pub sql: bool,
     /// Side by side in one run (needs --spawn; rush or sustained): the HTTP ceiling,
     /// http-post-ceiling (purchases parsed and refused, no store touched),
-    /// db-pessimistic, db-conditional, redis-lua, flashsale and the ceiling again one
-    /// after the other, each on its own freshly spawned server (FLASHSALE_STRATEGY) with
-    /// the same sizes, mode and seed, then one comparison table (and --json / --html of
-    /// it); ratios to the ceiling use the higher of its two runs. Exit status 1 only if
-    /// the flashsale run has a violation.
+    /// sql-conditional (the bare SQL transaction, as --sql), db-pessimistic,
+    /// db-conditional, redis-lua, flashsale and the ceiling again one after the other,
+    /// each on its own freshly spawned server (FLASHSALE_STRATEGY) with the same sizes,
+    /// mode and seed, then one comparison table (and --json / --html of it); ratios to the
+    /// ceiling use the higher of its two runs. Exit status 1 only if the flashsale run has
+    /// a violation.
     #[arg(long, requires = "spawn")]
     pub compare: bool,
     /// With --compare: run all its rows this many times, interleaved (round 1's rows, then
@@ -364,19 +387,32 @@ fn parse_key_value(s: &str) -> Result<(String, String), String> {
     Ok((k.to_owned(), v.to_owned()))
 }
 
-/// The order of `--compare`'s rows: the ceiling first, the purchase endpoint's own
-/// ceiling (`http-post-ceiling`), the baselines from the slowest expected to the fastest,
-/// flashsale, and the ceiling once more at the end. The ratios
-/// to the ceiling use the higher of its two runs: a ceiling measured while the box was
-/// still busy (a database flushing what the run before wrote) must not flatter the rest.
-pub const COMPARE_ROWS: [Option<Strategy>; 7] = [
-    None,
-    Some(Strategy::HttpPostCeiling),
-    Some(Strategy::DbPessimistic),
-    Some(Strategy::DbConditional),
-    Some(Strategy::RedisLua),
-    Some(Strategy::Flashsale),
-    None,
+/// One row of `--compare`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Row {
+    /// `GET /healthz` (`http-ceiling`, and `http-ceiling-again` when last).
+    Ceiling,
+    /// Purchases served by a spawned server with this strategy.
+    Purchase(Strategy),
+    /// The bare SQL transaction (`sql-conditional`, `Target::Sql`).
+    Sql,
+}
+
+/// The order of `--compare`'s rows: the yardsticks first — the ceiling, the purchase
+/// endpoint's own ceiling (`http-post-ceiling`) and the bare SQL transaction
+/// (`sql-conditional`) —, the baselines from the slowest expected to the fastest,
+/// flashsale, and the ceiling once more at the end. The ratios to the ceiling use the
+/// higher of its two runs: a ceiling measured while the box was still busy (a database
+/// flushing what the run before wrote) must not flatter the rest.
+pub const COMPARE_ROWS: [Row; 8] = [
+    Row::Ceiling,
+    Row::Purchase(Strategy::HttpPostCeiling),
+    Row::Sql,
+    Row::Purchase(Strategy::DbPessimistic),
+    Row::Purchase(Strategy::DbConditional),
+    Row::Purchase(Strategy::RedisLua),
+    Row::Purchase(Strategy::Flashsale),
+    Row::Ceiling,
 ];
 
 /// The sizes of one run, after the scenario's defaults and the flags.
@@ -517,6 +553,17 @@ impl Args {
                 strategy.name()
             ));
         }
+        if self.sql && self.scenario == Scenario::Mixed {
+            return Err(
+                "--sql runs rush or sustained: it sends purchases only (no pay, cancel or expiry)"
+                    .into(),
+            );
+        }
+        if let Some(n) = self.sql_clients {
+            if !(1..=CONCURRENCY_MAX).contains(&n) {
+                return Err(format!("--sql-clients must be 1..={CONCURRENCY_MAX}"));
+            }
+        }
         Ok(s)
     }
 
@@ -610,6 +657,15 @@ impl Args {
     }
 
     fn runs_as_given(&self) -> Result<Vec<RunSpec>, String> {
+        if self.sql {
+            return Ok(vec![RunSpec {
+                label: SQL_LABEL.to_owned(),
+                target: Target::Sql,
+                strategy: Some(Strategy::DbConditional),
+                server_env: self.server_env.clone(),
+                server_log: self.server_log.clone(),
+            }]);
+        }
         if !self.compare {
             let strategy = self.strategy()?;
             return Ok(vec![RunSpec {
@@ -632,23 +688,21 @@ impl Args {
             .iter()
             .enumerate()
             .map(|(i, row)| {
-                let label = match row {
-                    Some(s) => s.name(),
-                    None if i == 0 => CEILING_LABEL,
-                    None => CEILING_AGAIN_LABEL,
+                let (label, target, strategy) = match *row {
+                    Row::Ceiling if i == 0 => (CEILING_LABEL, Target::Healthz, None),
+                    Row::Ceiling => (CEILING_AGAIN_LABEL, Target::Healthz, None),
+                    Row::Purchase(s) => (s.name(), Target::Purchase, Some(s)),
+                    // Its server only creates the product, as a db-conditional server.
+                    Row::Sql => (SQL_LABEL, Target::Sql, Some(Strategy::DbConditional)),
                 };
                 let mut server_env = self.server_env.clone();
-                if let Some(s) = row {
+                if let Some(s) = strategy {
                     server_env.push((STRATEGY_ENV.to_owned(), s.name().to_owned()));
                 }
                 RunSpec {
                     label: label.to_owned(),
-                    target: if row.is_some() {
-                        Target::Purchase
-                    } else {
-                        Target::Healthz
-                    },
-                    strategy: *row,
+                    target,
+                    strategy,
                     server_env,
                     // One file per run, or each spawn would overwrite the last one's log.
                     server_log: self.server_log.as_ref().map(|p| {
@@ -766,12 +820,14 @@ mod tests {
         assert!(outage.is_err());
     }
 
-    // Checks --compare expands to the seven rows in order (ceiling, http-post-ceiling,
-    // db-pessimistic, db-conditional, redis-lua, flashsale, ceiling again): each strategy row adds its
-    // FLASHSALE_STRATEGY after the user's own --server-env (kept for every row), the
-    // ceiling rows add none, and --server-log becomes one file per row.
+    // Checks --compare expands to the eight rows in order (ceiling, http-post-ceiling,
+    // sql-conditional, db-pessimistic, db-conditional, redis-lua, flashsale, ceiling
+    // again): each strategy row adds its FLASHSALE_STRATEGY after the user's own
+    // --server-env (kept for every row), the SQL row db-conditional's (its server creates
+    // the product) and sends SQL, the ceiling rows add none, and --server-log becomes one
+    // file per row, named by its label.
     #[test]
-    fn compare_expands_to_seven_runs() {
+    fn compare_expands_to_eight_runs() {
         let args = parse(&[
             "sustained",
             "--spawn",
@@ -790,6 +846,7 @@ mod tests {
             [
                 CEILING_LABEL,
                 "http-post-ceiling",
+                SQL_LABEL,
                 "db-pessimistic",
                 "db-conditional",
                 "redis-lua",
@@ -801,21 +858,23 @@ mod tests {
             "FLASHSALE_DATABASE_MAX_CONNECTIONS".to_owned(),
             "32".to_owned(),
         );
-        for ceiling in [&runs[0], &runs[6]] {
+        for ceiling in [&runs[0], &runs[7]] {
             assert_eq!(ceiling.target, Target::Healthz);
             assert_eq!(ceiling.strategy, None);
             assert_eq!(ceiling.server_env, vec![user.clone()]);
         }
-        for run in &runs[1..6] {
+        for run in &runs[1..7] {
             let name = run.strategy.expect("a strategy").name();
-            assert_eq!(run.target, Target::Purchase);
+            let sql = run.label == SQL_LABEL;
+            assert_eq!(run.target, if sql { Target::Sql } else { Target::Purchase });
+            assert_eq!(sql, name == "db-conditional" && run.label != name);
             assert_eq!(
                 run.server_env,
                 vec![user.clone(), (STRATEGY_ENV.to_owned(), name.to_owned())]
             );
             assert_eq!(
                 run.server_log,
-                Some(PathBuf::from(format!("/tmp/s.log.{name}")))
+                Some(PathBuf::from(format!("/tmp/s.log.{}", run.label)))
             );
         }
         assert_eq!(
@@ -823,9 +882,39 @@ mod tests {
             Some(PathBuf::from("/tmp/s.log.http-ceiling"))
         );
         assert_eq!(
-            runs[6].server_log,
+            runs[7].server_log,
             Some(PathBuf::from("/tmp/s.log.http-ceiling-again"))
         );
+    }
+
+    // Checks --sql: one run labelled sql-conditional that sends SQL for db-conditional's
+    // transaction, keeping the user's --server-env; it needs --spawn, and it cannot be
+    // combined with --compare, --ceiling or the open loop, nor run the mixed scenario;
+    // --sql-clients is bounded like --connections.
+    #[test]
+    fn the_sql_run() {
+        let runs = parse(&["sustained", "--spawn", "--sql", "--sql-clients", "8"])
+            .runs()
+            .expect("ok");
+        assert_eq!(runs.len(), 1);
+        assert_eq!(runs[0].label, SQL_LABEL);
+        assert_eq!(runs[0].target, Target::Sql);
+        assert_eq!(runs[0].strategy, Some(Strategy::DbConditional));
+        let cli = |list: &[&str]| {
+            Args::try_parse_from(std::iter::once("flashsale-bench").chain(list.iter().copied()))
+        };
+        assert!(cli(&["sustained", "--sql"]).is_err());
+        for other in ["--compare", "--ceiling"] {
+            assert!(
+                cli(&["sustained", "--spawn", "--sql", other]).is_err(),
+                "{other}"
+            );
+        }
+        assert!(cli(&["sustained", "--spawn", "--sql", "--rate", "100"]).is_err());
+        assert!(parse(&["mixed", "--spawn", "--sql"]).sizes().is_err());
+        assert!(parse(&["rush", "--spawn", "--sql", "--sql-clients", "0"])
+            .sizes()
+            .is_err());
     }
 
     // Checks the combinations that cannot work are refused, by parsing them: --compare

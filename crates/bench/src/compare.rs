@@ -1,6 +1,7 @@
 //! `--compare`: the HTTP ceiling and every purchase strategy, run one after the other with
 //! the same sizes, mode and seed, side by side in one table — throughput, latency, cost
-//! per order, and each row's throughput relative to the ceiling and to db-conditional.
+//! per order, and each row's throughput relative to the ceiling, to db-conditional and to
+//! the bare SQL transaction (sql-conditional).
 //! Everything here is pure: the runs are carried out in `lib.rs`.
 
 use std::collections::BTreeMap;
@@ -8,14 +9,17 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cli::{RunSpec, Strategy, CEILING_LABEL};
+use crate::cli::{RunSpec, Strategy, CEILING_LABEL, SQL_LABEL};
 use crate::report::{human_us, BenchResult};
 
 /// Names the comparison's JSON schema; bump the number on any incompatible change.
-pub const SCHEMA: &str = "flashsale-bench-compare/1";
+pub const SCHEMA: &str = "flashsale-bench-compare/2";
 /// The second yardstick of the ratios: the simplest database design that sells exactly
 /// the stock (one conditional UPDATE per attempt), what flashsale has to beat.
 pub const REFERENCE: Strategy = Strategy::DbConditional;
+/// The third: the same transaction with no HTTP and no server (`sql-conditional`, the
+/// bench calling it on MariaDB itself), the floor under every database strategy.
+pub const FLOOR: &str = SQL_LABEL;
 
 /// A run of the comparison as it ended: its result, or why it could not be carried out.
 #[derive(Debug)]
@@ -49,11 +53,12 @@ fn one_round() -> u32 {
 /// One row of the table: one run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CompareRow {
-    /// The strategy, or `http-ceiling`.
+    /// The strategy, `http-ceiling` or `sql-conditional`.
     pub label: String,
-    /// "purchase", or "healthz" for the ceiling.
+    /// "purchase", "healthz" for the ceiling, "sql" for the bare SQL transaction.
     pub target: String,
-    /// The server's FLASHSALE_STRATEGY (None for the ceiling).
+    /// The server's FLASHSALE_STRATEGY (None for the ceiling); for the SQL row the
+    /// strategy whose transaction it calls (db-conditional).
     pub strategy: Option<String>,
     /// Requests of the run's kind (purchase attempts; GET /healthz for the ceiling) sent
     /// per second of load.
@@ -79,6 +84,9 @@ pub struct CompareRow {
     pub vs_ceiling: Option<f64>,
     /// attempts_per_s / db-conditional's.
     pub vs_db_conditional: Option<f64>,
+    /// attempts_per_s / sql-conditional's (the bare SQL transaction's).
+    #[serde(default)]
+    pub vs_sql_conditional: Option<f64>,
     /// Over several rounds: the lowest and highest of the rounds' own ×ceiling (the row's
     /// `vs_ceiling` is their median); None for a single round.
     #[serde(default)]
@@ -86,6 +94,9 @@ pub struct CompareRow {
     /// The same for ×db-conditional.
     #[serde(default)]
     pub vs_db_conditional_range: Option<[f64; 2]>,
+    /// The same for ×sql-conditional.
+    #[serde(default)]
+    pub vs_sql_conditional_range: Option<[f64; 2]>,
     /// Over several rounds: in how many of them this row was measured; None for a single
     /// round.
     #[serde(default)]
@@ -177,8 +188,10 @@ pub fn row_of(r: &BenchResult) -> CompareRow {
         machine_cpu_us: r.cpu.us_per_attempt.get("machine").copied(),
         vs_ceiling: None,
         vs_db_conditional: None,
+        vs_sql_conditional: None,
         vs_ceiling_range: None,
         vs_db_conditional_range: None,
+        vs_sql_conditional_range: None,
         measured_rounds: None,
         verdict: if ceiling {
             "n/a".into()
@@ -216,22 +229,28 @@ fn ratio(value: Option<f64>, base: Option<f64>) -> Option<f64> {
     }
 }
 
-/// Fills each row's throughput ratios to the ceiling and to db-conditional's row (left
-/// empty when that row is missing, failed to run or measured nothing). The ceiling is
-/// the highest of the ceiling rows (`--compare` runs it first and last).
+/// Fills each row's throughput ratios to the ceiling, to db-conditional's row and to
+/// sql-conditional's (each left empty when that row is missing, failed to run or measured
+/// nothing). The ceiling is the highest of the ceiling rows (`--compare` runs it first
+/// and last). The other two are found by label: the SQL row calls db-conditional's
+/// transaction too.
 pub fn add_ratios(rows: &mut [CompareRow]) {
-    let find = |pick: &dyn Fn(&CompareRow) -> bool| {
-        rows.iter().find(|r| pick(r)).and_then(|r| r.attempts_per_s)
+    let find = |label: &str| {
+        rows.iter()
+            .find(|r| r.label == label)
+            .and_then(|r| r.attempts_per_s)
     };
     let ceiling = rows
         .iter()
         .filter(|r| r.strategy.is_none())
         .filter_map(|r| r.attempts_per_s)
         .reduce(f64::max);
-    let reference = find(&|r| r.strategy.as_deref() == Some(REFERENCE.name()));
+    let reference = find(REFERENCE.name());
+    let floor = find(FLOOR);
     for row in rows.iter_mut() {
         row.vs_ceiling = ratio(row.attempts_per_s, ceiling);
         row.vs_db_conditional = ratio(row.attempts_per_s, reference);
+        row.vs_sql_conditional = ratio(row.attempts_per_s, floor);
     }
 }
 
@@ -246,9 +265,10 @@ pub fn flashsale_passed(rows: &[CompareRow]) -> bool {
 pub fn notes(rows: &[CompareRow]) -> Vec<String> {
     let mut notes = vec![
         format!(
-            "attempts/s: purchase attempts sent per second of load ({CEILING_LABEL}: GET /healthz requests, same generator, mode and connections); orders/s, orders: orders created (201) per second, in all; ×ceiling and ×{}: attempts/s divided by that row's attempts/s (the ceiling runs first and last; ×ceiling divides by the higher of its runs).",
+            "attempts/s: purchase attempts sent per second of load ({CEILING_LABEL}: GET /healthz requests, same generator, mode and connections); orders/s, orders: orders created (201) per second, in all; ×ceiling, ×{} and ×{FLOOR}: attempts/s divided by that row's attempts/s (the ceiling runs first and last; ×ceiling divides by the higher of its runs).",
             REFERENCE.name()
         ),
+        format!("{FLOOR}: {}'s transaction with no HTTP and no server — the bench calls its stored procedure (CALL baseline_conditional, one round trip) on the server's database itself, closed loop on connections of its own (at most {}), the same attempts, users and request_ids: the floor under every database strategy. Its server only created the product and was stopped (srv CPU: none); a CALL's answer is counted as the server's would be (201, 200, 409 sold_out, 503 on a database error).", REFERENCE.name(), crate::sql::CLIENTS_MAX),
         format!("{}: the purchase endpoint with no strategy behind it — every attempt read, parsed and answered 409 sold_out, no store touched: what a POST with a JSON body costs the server and the generator beyond {CEILING_LABEL}'s GET, the floor of any purchase path's cost (a run of one may still measure above it: the machine's speed drifts between runs).", Strategy::HttpPostCeiling.name()),
         "p50, p99: latency of the run's requests (purchase; healthz for the ceiling) from send (open loop: intended send) to answer; 503 re-sends count as requests of their own.".into(),
         "per order: deltas of server-wide counters over the load divided by the orders created — Redis commands (INFO commandstats, including those run inside Lua scripts) and script calls (EVAL/EVALSHA/FCALL round trips); MariaDB Com_commit (COMMIT statements) and Handler_commit (engine commits, autocommit statements included); the server's background workers and anything else on the same Redis or MariaDB are counted too. '-': not measured (the ceilings make no orders).".into(),
@@ -331,7 +351,7 @@ pub fn build_rounds(meta: Meta, outcomes: Vec<Vec<RunOutcome>>) -> CompareReport
         notes.insert(
             1,
             format!(
-                "{} rounds, interleaved (every row once per round, in the table's order): each figure is the median over the rounds that measured the row; ×ceiling and ×{} are the medians of each round's own ratios, their lowest and highest in brackets; the charts show round {}, whose flashsale ×ceiling is nearest the median.",
+                "{} rounds, interleaved (every row once per round, in the table's order): each figure is the median over the rounds that measured the row; ×ceiling, ×{} and ×{FLOOR} are the medians of each round's own ratios, their lowest and highest in brackets; the charts show round {}, whose flashsale ×ceiling is nearest the median.",
                 rounds.len(),
                 REFERENCE.name(),
                 median_round + 1
@@ -397,6 +417,7 @@ pub fn median_rows(rounds: &[&[CompareRow]]) -> Vec<CompareRow> {
             };
             let vs_ceiling = of(&|r| r.vs_ceiling);
             let vs_reference = of(&|r| r.vs_db_conditional);
+            let vs_floor = of(&|r| r.vs_sql_conditional);
             let mut violations = Vec::new();
             let mut errors = Vec::new();
             for (round, r) in all.iter().enumerate() {
@@ -433,8 +454,10 @@ pub fn median_rows(rounds: &[&[CompareRow]]) -> Vec<CompareRow> {
                 machine_cpu_us: med(&|r| r.machine_cpu_us),
                 vs_ceiling: median(vs_ceiling.clone()),
                 vs_db_conditional: median(vs_reference.clone()),
+                vs_sql_conditional: median(vs_floor.clone()),
                 vs_ceiling_range: range(&vs_ceiling),
                 vs_db_conditional_range: range(&vs_reference),
+                vs_sql_conditional_range: range(&vs_floor),
                 measured_rounds: Some(measured.len() as u32),
                 verdict: verdict.to_owned(),
                 violations,
@@ -498,6 +521,7 @@ pub fn cells(r: &CompareRow) -> Vec<String> {
         dash(r.machine_cpu_us, |v| format!("{v:.1}")),
         ratio_cell(r.vs_ceiling, r.vs_ceiling_range),
         ratio_cell(r.vs_db_conditional, r.vs_db_conditional_range),
+        ratio_cell(r.vs_sql_conditional, r.vs_sql_conditional_range),
         checks,
     ]
 }
@@ -519,6 +543,7 @@ pub fn headers() -> Vec<String> {
         "all CPU µs",
         "×ceiling",
         &format!("×{}", REFERENCE.name()),
+        &format!("×{FLOOR}"),
         "checks",
     ]
     .iter()
@@ -739,6 +764,42 @@ mod tests {
         assert_eq!(f.redis_commands_per_order, Some(30.0));
         assert!(report.passed);
         assert_eq!(report.runs.len(), 3);
+    }
+
+    // Checks the third yardstick: with the bare SQL row (label sql-conditional, running
+    // db-conditional's transaction, 4,000/s) listed before db-conditional's (2,000/s),
+    // ×db-conditional still divides by db-conditional's own row and ×sql-conditional by
+    // the SQL row's: flashsale at 5,000/s is 2.50× and 1.25×; the SQL row's own
+    // ×sql-conditional is 1; the table has the column; a comparison without the SQL row
+    // leaves the ratio empty.
+    #[test]
+    fn the_sql_row_is_the_third_yardstick() {
+        let mut sql = run("db-conditional", 4000, true);
+        sql.config.target = "sql".into();
+        assert_eq!(sql.label(), SQL_LABEL);
+        let report = build(
+            meta(),
+            vec![
+                outcome(ceiling(10_000)),
+                outcome(sql),
+                outcome(run("db-conditional", 2000, true)),
+                outcome(run("flashsale", 5000, true)),
+            ],
+        );
+        let [_, s, d, f] = &report.rows[..] else {
+            panic!("four rows: {:?}", report.rows);
+        };
+        assert_eq!(s.label, SQL_LABEL);
+        assert_eq!(s.vs_sql_conditional, Some(1.0));
+        assert_eq!(s.vs_db_conditional, Some(2.0));
+        assert_eq!(d.vs_db_conditional, Some(1.0));
+        assert_eq!(f.vs_db_conditional, Some(2.5));
+        assert_eq!(f.vs_sql_conditional, Some(1.25));
+        let text = table(&report);
+        assert!(text.contains("×sql-conditional"), "{text}");
+        assert!(text.contains("1.25×"), "{text}");
+        let without = build(meta(), vec![outcome(run("flashsale", 5000, true))]);
+        assert_eq!(without.rows[0].vs_sql_conditional, None);
     }
 
     // Checks the rendered table: the header names every requested column; every row is

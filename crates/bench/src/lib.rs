@@ -35,6 +35,7 @@ pub mod probes;
 pub mod report;
 pub mod schedule;
 pub mod server;
+pub mod sql;
 pub mod stats;
 pub mod tokens;
 pub mod workload;
@@ -295,7 +296,7 @@ async fn run_one(
     seed: u64,
     driver: Driver,
 ) -> Result<BenchResult, String> {
-    let spawned = if args.spawn {
+    let mut spawned = if args.spawn {
         eprintln!(
             "flashsale-bench: starting {} serve{} ({}) …",
             args.server_bin.display(),
@@ -304,9 +305,10 @@ async fn run_one(
             } else {
                 String::new()
             },
-            match spec.strategy {
-                Some(s) => format!("strategy {}", s.name()),
-                None => "for the HTTP ceiling".to_owned(),
+            match (spec.target, spec.strategy) {
+                (Target::Sql, _) => "to create the product of the SQL run".to_owned(),
+                (_, Some(s)) => format!("strategy {}", s.name()),
+                (_, None) => "for the HTTP ceiling".to_owned(),
             }
         );
         let s = server::spawn(server::SpawnOptions {
@@ -331,7 +333,7 @@ async fn run_one(
     } else {
         None
     };
-    let result = run_against(args, sizes, spec, seed, spawned.as_ref(), driver).await;
+    let result = run_against(args, sizes, spec, seed, spawned.as_mut(), driver).await;
     if let Some(s) = spawned {
         s.shutdown(args.keep).await;
     }
@@ -368,12 +370,13 @@ async fn run_against(
     sizes: &Sizes,
     spec: &RunSpec,
     seed: u64,
-    spawned: Option<&Spawned>,
+    mut spawned: Option<&mut Spawned>,
     driver: Driver,
 ) -> Result<BenchResult, String> {
     let ceiling = spec.target == Target::Healthz;
+    let sql = spec.target == Target::Sql;
     let baseline = spec.strategy.is_some_and(|s| s.is_baseline());
-    let (base_urls, token, env, pids) = match spawned {
+    let (base_urls, token, env, mut pids) = match spawned.as_deref() {
         Some(s) => (
             s.base_urls(),
             Some(s.admin_token.clone()),
@@ -406,6 +409,10 @@ async fn run_against(
             rate,
             max_in_flight: args.max_in_flight,
         },
+        // The SQL run's closed loop: one client per connection of its own.
+        None if sql => Mode::Closed {
+            connections: sql::clients(args),
+        },
         None => Mode::Closed {
             connections: args.connections,
         },
@@ -414,9 +421,9 @@ async fn run_against(
         Mode::Open { max_in_flight, .. } => max_in_flight,
         Mode::Closed { connections } => connections,
     };
-    let targets = Targets::new(&base_urls, usize::try_from(pool).unwrap_or(usize::MAX))?;
+    let mut targets = Targets::new(&base_urls, usize::try_from(pool).unwrap_or(usize::MAX))?;
     // As the targets have them: each a root without a trailing slash.
-    let base_urls = targets.base_urls().to_vec();
+    let mut base_urls = targets.base_urls().to_vec();
     // The product and every admin call go through the first target.
     let base_url = targets.first().to_owned();
     let http = load::control_client()?;
@@ -444,6 +451,22 @@ async fn run_against(
             }
         };
         (redis, mysql)
+    };
+    // The SQL run: the server made the product; the load goes to its database alone.
+    let sql_target = if sql {
+        if let Some(s) = spawned.as_deref_mut() {
+            s.stop_servers().await;
+            pids.clear();
+        }
+        let payment_timeout = sizes.payment_timeout.unwrap_or(sql::SERVER_PAYMENT_TIMEOUT);
+        let clients = sql::clients(args);
+        let target =
+            Arc::new(sql::SqlTarget::connect(&env.database_url, clients, payment_timeout).await?);
+        targets = Targets::sql(target.clone());
+        base_urls = targets.base_urls().to_vec();
+        Some((target, clients))
+    } else {
+        None
     };
     let keys_before = count_keys(&mut redis, &env.redis_prefix).await;
     let redis_before = redis_snapshot(&mut redis).await;
@@ -528,6 +551,16 @@ async fn run_against(
             args.scenario.name(),
             sizes.attempts,
         );
+    } else if sql {
+        eprintln!(
+            "flashsale-bench: {} — {}: {}, no server — product {product_id}, stock {}, {} attempts, {} users, {mode_text}",
+            args.scenario.name(),
+            spec.label,
+            targets.first(),
+            sizes.stock,
+            sizes.attempts,
+            sizes.users,
+        );
     } else {
         eprintln!(
             "flashsale-bench: {} — strategy {} — product {product_id}, stock {}, {} attempts, {} users, {mode_text}",
@@ -543,6 +576,9 @@ async fn run_against(
     let outcome = load::run(plan, targets, live.clone(), watcher).await;
     let cpu_after = probes::cpu_snapshot(&pids);
     bar.finish_and_clear();
+    if let Some((target, _)) = &sql_target {
+        target.close().await;
+    }
 
     let redis_after = redis_snapshot(&mut redis).await;
     let commits_after = commits(&mut mysql).await;
@@ -567,6 +603,37 @@ async fn run_against(
             status: "skipped".into(),
             runs: 0,
             output: "HTTP ceiling run: no orders to audit".into(),
+        };
+    } else if let Some((_, clients)) = &sql_target {
+        // No server ran the load: nothing of one is left to settle or to ask. What the
+        // client saw and the orders table are checked as for the baselines.
+        eprintln!(
+            "flashsale-bench: load done in {:.2}s ({clients} MariaDB clients)",
+            outcome.elapsed.as_secs_f64()
+        );
+        let rec = &outcome.recorder;
+        client_checks(&mut checks, rec, sizes, None, true);
+        checks.skipped.push(
+            "the server's own count of its answers and the acknowledged orders read back through the API: the SQL run has no server (the orders table's check below finds every acknowledged order by its request_id)"
+                .into(),
+        );
+        check_ledger(
+            &mut checks,
+            &env.database_url,
+            product_id,
+            sizes,
+            &workload,
+            rec,
+        )
+        .await;
+        checks.skipped.push(
+            "flashsale audit: the SQL run is db-conditional's transaction, a baseline's (no reservation rows, no Redis holds)"
+                .into(),
+        );
+        checks.audit = AuditOutcome {
+            status: "skipped".into(),
+            runs: 0,
+            output: format!("skipped: {} is a baseline's transaction", spec.label),
         };
     } else {
         let mut quiet = QUIET_WAIT;
@@ -1397,7 +1464,7 @@ fn build_result(b: Built<'_>) -> BenchResult {
     let secs = o.elapsed.as_secs_f64().max(1e-9);
     let answers: u64 = Op::ALL.iter().map(|&op| rec.op(op).latency.len()).sum();
     let main_op = match b.spec.target {
-        Target::Purchase => Op::Purchase,
+        Target::Purchase | Target::Sql => Op::Purchase,
         Target::Healthz => Op::Healthz,
     };
     let ops = Op::ALL

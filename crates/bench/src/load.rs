@@ -16,6 +16,7 @@ use tokio::task::JoinSet;
 use crate::cli::Target;
 use crate::http::Client;
 use crate::schedule::Schedule;
+use crate::sql::{Answer as SqlAnswer, Purchase, SqlTarget};
 use crate::stats::{Op, Recorder};
 use crate::tokens::BuyerTokens;
 use crate::workload::{FollowUp, Workload};
@@ -127,6 +128,8 @@ struct Request<'a> {
     body: Option<&'a Bytes>,
     /// The buyer, whose token (if the plan has tokens) authorizes the request.
     user: Option<i64>,
+    /// The purchase itself, for the SQL target (which takes no HTTP).
+    purchase: Option<&'a Purchase>,
 }
 
 /// One exchange's result.
@@ -139,10 +142,13 @@ struct Exchange {
 
 /// The servers the load is spread over, in the order given (never none): several
 /// instances of one sale, each with its own HTTP client (`crate::http`: keep-alive
-/// connections reused across requests).
+/// connections reused across requests); or, for the SQL run, the one database the
+/// purchases are called on (`crate::sql`).
 pub struct Targets {
     base_urls: Vec<String>,
     clients: Vec<Client>,
+    /// The SQL run's target, instead of HTTP clients.
+    sql: Option<Arc<SqlTarget>>,
 }
 
 impl Targets {
@@ -161,12 +167,25 @@ impl Targets {
             .iter()
             .map(|url| Client::new(url, pool, CONNECT_TIMEOUT, CLIENT_TIMEOUT))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Targets { base_urls, clients })
+        Ok(Targets {
+            base_urls,
+            clients,
+            sql: None,
+        })
+    }
+
+    /// The SQL run's one target: every purchase a CALL on `sql`'s connections.
+    pub fn sql(sql: Arc<SqlTarget>) -> Self {
+        Targets {
+            base_urls: vec![sql.name().to_owned()],
+            clients: Vec::new(),
+            sql: Some(sql),
+        }
     }
 
     /// How many targets there are (at least one).
     pub fn count(&self) -> usize {
-        self.clients.len()
+        self.base_urls.len()
     }
 
     pub fn base_urls(&self) -> &[String] {
@@ -232,7 +251,18 @@ impl Shared {
             path,
             body,
             user,
+            purchase,
         } = *req;
+        if let Some(sql) = &self.targets.sql {
+            return match purchase {
+                Some(p) => sql_exchange(sql.purchase(p).await),
+                None => Exchange {
+                    status: 0,
+                    answer: Answer::default(),
+                    retry_after: None,
+                },
+            };
+        }
         let method = match body {
             Some(_) => Method::POST,
             None => Method::GET,
@@ -317,7 +347,7 @@ impl Shared {
     /// the status its last exchange ended with.
     async fn attempt(&self, k: u64, target: usize, intended: Instant) {
         let status = match self.plan.target {
-            Target::Purchase => self.purchase(k, target, intended).await,
+            Target::Purchase | Target::Sql => self.purchase(k, target, intended).await,
             Target::Healthz => {
                 // Every ceiling request is a new one: no request_id, nothing to repeat.
                 self.new_intents.fetch_add(1, Ordering::Relaxed);
@@ -326,6 +356,7 @@ impl Shared {
                     path: &self.healthz_path,
                     body: None,
                     user: None,
+                    purchase: None,
                 };
                 self.exchange(Op::Healthz, k, req, intended).await.status
             }
@@ -343,12 +374,23 @@ impl Shared {
         } else {
             self.new_intents.fetch_add(1, Ordering::Relaxed);
         }
-        let body = Bytes::from(format!(
-            r#"{{"request_id":"{}","user_id":{},"product_id":{},"quantity":1}}"#,
-            plan.workload.request_id(a.intent),
-            a.user_id,
-            plan.product_id
-        ));
+        let request_id = plan.workload.request_id(a.intent);
+        // What the SQL target calls, or the body posted to a server.
+        let (purchase, body) = if self.targets.sql.is_some() {
+            let purchase = Purchase {
+                request_id,
+                user_id: a.user_id,
+                product_id: plan.product_id,
+                quantity: 1,
+            };
+            (Some(purchase), None)
+        } else {
+            let body = Bytes::from(format!(
+                r#"{{"request_id":"{request_id}","user_id":{},"product_id":{},"quantity":1}}"#,
+                a.user_id, plan.product_id
+            ));
+            (None, Some(body))
+        };
         let ex = self
             .exchange(
                 Op::Purchase,
@@ -356,8 +398,9 @@ impl Shared {
                 Request {
                     target,
                     path: &self.purchase_path,
-                    body: Some(&body),
+                    body: body.as_ref(),
                     user: Some(a.user_id),
+                    purchase: purchase.as_ref(),
                 },
                 intended,
             )
@@ -407,6 +450,7 @@ impl Shared {
                     path: &path,
                     body: Some(&body),
                     user: Some(a.user_id),
+                    purchase: None,
                 },
                 Instant::now(),
             )
@@ -438,6 +482,27 @@ impl Shared {
         } else {
             None
         }
+    }
+}
+
+/// A CALL's answer as the exchange a server would have answered it with: a new order 201,
+/// a replay 200 (both with the order's id), sold out 409 `sold_out`, a database error 503
+/// `unavailable` (re-sent like a server's 503), a lost connection no answer at all.
+fn sql_exchange(answer: SqlAnswer) -> Exchange {
+    let (status, order_id, error) = match answer {
+        SqlAnswer::Created(id) => (201, Some(id), None),
+        SqlAnswer::Replay(id) => (200, Some(id), None),
+        SqlAnswer::SoldOut => (409, None, Some("sold_out")),
+        SqlAnswer::Refused(_) => (503, None, Some("unavailable")),
+        SqlAnswer::Lost(_) => (0, None, None),
+    };
+    Exchange {
+        status,
+        answer: Answer {
+            order_id,
+            error: error.map(str::to_owned),
+        },
+        retry_after: None,
     }
 }
 

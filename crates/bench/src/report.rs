@@ -74,7 +74,9 @@ pub struct RunConfig {
     pub base_url: String,
     pub product_id: i64,
     pub seed: u64,
-    /// What the load sent: "purchase", or "healthz" for the HTTP ceiling (`--ceiling`).
+    /// What the load sent: "purchase", "healthz" for the HTTP ceiling (`--ceiling`), or
+    /// "sql" for the bare SQL transaction (`--sql`: purchases as CALLs straight to
+    /// MariaDB, no server).
     #[serde(default = "purchase_target")]
     pub target: String,
     /// The spawned server's purchase strategy (`FLASHSALE_STRATEGY`): "flashsale" or a
@@ -317,15 +319,27 @@ impl BenchResult {
         !self.is_ceiling() && self.config.strategy.as_deref() != Some("http-post-ceiling")
     }
 
-    /// The kind of request the load was made of: purchase, or healthz for the ceiling.
-    pub fn main_op(&self) -> Option<&OpResult> {
-        self.op(&self.config.target)
+    /// The bare SQL run (`--sql`: purchases called on MariaDB by the bench itself).
+    pub fn is_sql(&self) -> bool {
+        self.config.target == "sql"
     }
 
-    /// The row's name: the strategy, or `http-ceiling`.
+    /// The kind of request the load was made of: purchase (the SQL run's too), or healthz
+    /// for the ceiling.
+    pub fn main_op(&self) -> Option<&OpResult> {
+        if self.is_sql() {
+            self.op("purchase")
+        } else {
+            self.op(&self.config.target)
+        }
+    }
+
+    /// The row's name: the strategy, `http-ceiling` or `sql-conditional`.
     pub fn label(&self) -> String {
         if self.is_ceiling() {
             crate::cli::CEILING_LABEL.to_owned()
+        } else if self.is_sql() {
+            crate::cli::SQL_LABEL.to_owned()
         } else {
             self.config
                 .strategy
@@ -387,7 +401,14 @@ pub fn summary_table(r: &BenchResult) -> String {
             r.scenario,
             mode,
             if c.quick { " (quick)" } else { "" },
-            c.strategy.as_deref().unwrap_or("flashsale"),
+            if r.is_sql() {
+                format!(
+                    "{} (CALL baseline_conditional on MariaDB, no server)",
+                    crate::cli::SQL_LABEL
+                )
+            } else {
+                c.strategy.as_deref().unwrap_or("flashsale").to_owned()
+            },
             c.product_id,
             c.stock,
             c.users,

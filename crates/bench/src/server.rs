@@ -368,6 +368,18 @@ impl Spawned {
         self.instances().map(|i| i.pid).collect()
     }
 
+    /// Stops every server (as [`Spawned::shutdown`] does) and keeps their database, Redis
+    /// keys and NATS stream for a load that needs no server (the SQL run); `shutdown`
+    /// still cleans them up afterwards.
+    pub async fn stop_servers(&mut self) {
+        let first_sent = self.first.terminate();
+        let others_sent: Vec<bool> = self.others.iter_mut().map(Instance::terminate).collect();
+        self.first.wait_stopped(first_sent).await;
+        for (instance, sent) in self.others.iter_mut().zip(others_sent) {
+            instance.wait_stopped(sent).await;
+        }
+    }
+
     /// Stops every server (SIGTERM, then SIGKILL after `STOP_MAX`; all at once, so the
     /// drains overlap) and, unless `keep`, drops their database, deletes their Redis keys
     /// and their NATS stream. Problems are printed, not returned: cleanup goes as far as
@@ -378,12 +390,7 @@ impl Spawned {
 
     /// [`Spawned::shutdown`], the temporary logs kept when `keep_logs`.
     async fn finish(mut self, keep: bool, keep_logs: bool) {
-        let first_sent = self.first.terminate();
-        let others_sent: Vec<bool> = self.others.iter_mut().map(Instance::terminate).collect();
-        self.first.wait_stopped(first_sent).await;
-        for (instance, sent) in self.others.iter_mut().zip(others_sent) {
-            instance.wait_stopped(sent).await;
-        }
+        self.stop_servers().await;
         if !keep_logs {
             for instance in self.instances() {
                 instance.remove_temporary_log();

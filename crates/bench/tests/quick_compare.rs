@@ -6,10 +6,11 @@ mod common;
 
 use std::process::Command;
 
+use flashsale_bench::cli::SQL_LABEL;
 use flashsale_bench::compare::{CompareReport, CompareRow, SCHEMA};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_flashsale-bench");
-/// A small sustained load per run, so two rounds of seven spawned debug servers (each
+/// A small sustained load per run, so two rounds of eight spawned debug servers (each
 /// started, loaded, left to go quiet, checked and cleaned up) stay within about a
 /// minute (half of one on a fast machine).
 const ATTEMPTS: &str = "400";
@@ -17,14 +18,17 @@ const USERS: &str = "300";
 const STOCK: &str = "1000";
 
 // Checks the comparison end to end by running the real binary with two rounds: it exits
-// 0 and prints the table of medians and each round's; its JSON has the seven rows in order (ceiling, http-post-ceiling,
-// db-pessimistic, db-conditional, redis-lua, flashsale, ceiling again), the ceilings
-// without orders or cost per order, the flashsale row's ratio to the ceiling taken
-// against the higher ceiling run (the POST ceiling is not one of them), the POST ceiling
-// answering every attempt 409 sold_out (no order), every purchase row with throughput, latency and
-// ratios to the ceiling and to db-conditional, the baselines passing with their
-// flashsale-specific checks listed as skipped, and flashsale passing its audit, in each
-// round; the medians' ratios are those of the rounds' own ratios (the mean of two).
+// 0 and prints the table of medians and each round's; its JSON has the eight rows in
+// order (ceiling, http-post-ceiling, sql-conditional, db-pessimistic, db-conditional,
+// redis-lua, flashsale, ceiling again), the ceilings without orders or cost per order,
+// the flashsale row's ratio to the ceiling taken against the higher ceiling run (the
+// POST ceiling is not one of them), the POST ceiling answering every attempt 409
+// sold_out (no order), the SQL row making orders with no server (no server CPU, no
+// server memory) through MariaDB's commits, every purchase row with throughput, latency
+// and ratios to the ceiling, to db-conditional and to sql-conditional, the baselines
+// and the SQL row passing with their flashsale-specific checks listed as skipped, and
+// flashsale passing its audit, in each round; the medians' ratios are those of the
+// rounds' own ratios (the mean of two).
 #[test]
 fn quick_compare_against_spawned_servers() {
     let server = common::server_bin();
@@ -59,26 +63,26 @@ fn quick_compare_against_spawned_servers() {
     assert!(report.passed);
     assert_eq!(report.meta.rounds, 2);
     assert_eq!(report.rounds.len(), 2);
-    assert_eq!(report.runs.len(), 14);
+    assert_eq!(report.runs.len(), 16);
     for (k, round) in report.rounds.iter().enumerate() {
         check_round(&report, &round.rows, k);
-        assert_eq!(round.runs, (k * 7..k * 7 + 7).collect::<Vec<_>>());
+        assert_eq!(round.runs, (k * 8..k * 8 + 8).collect::<Vec<_>>());
     }
     check_round(&report, &report.rows, 0);
-    let flashsale_median = report.rows[5].vs_ceiling.unwrap_or(0.0);
+    let flashsale_median = report.rows[6].vs_ceiling.unwrap_or(0.0);
     let own: Vec<f64> = report
         .rounds
         .iter()
-        .map(|r| r.rows[5].vs_ceiling.unwrap_or(0.0))
+        .map(|r| r.rows[6].vs_ceiling.unwrap_or(0.0))
         .collect();
     assert!(
         (flashsale_median - (own[0] + own[1]) / 2.0).abs() < 1e-9,
         "{flashsale_median} {own:?}"
     );
-    assert_eq!(report.rows[5].measured_rounds, Some(2));
+    assert_eq!(report.rows[6].measured_rounds, Some(2));
     // The POST ceiling refused every request it was sent, each with flashsale's own
     // sold-out answer: nothing else (no 503, no 400) hides behind its zero orders.
-    for post in [&report.runs[1], &report.runs[8]] {
+    for post in [&report.runs[1], &report.runs[9]] {
         assert_eq!(post.label(), "http-post-ceiling");
         let purchases = post.main_op().expect("purchases sent");
         let sent: u64 = purchases.statuses.values().sum();
@@ -90,9 +94,31 @@ fn quick_compare_against_spawned_servers() {
             "{purchases:?}"
         );
     }
-    for flashsale in [&report.runs[5], &report.runs[12]] {
+    for flashsale in [&report.runs[6], &report.runs[14]] {
         assert_eq!(flashsale.label(), "flashsale");
         assert_eq!(flashsale.checks.audit.status, "passed");
+    }
+    // The SQL row ran with no server: no server CPU or memory, MariaDB's commits for its
+    // orders, every attempt answered (an order, a replay or sold out: nothing unknown),
+    // the orders table's checks passed.
+    for sql in [&report.runs[2], &report.runs[10]] {
+        assert_eq!(sql.label(), SQL_LABEL);
+        assert_eq!(sql.config.target, "sql");
+        assert!(!sql.cpu.seconds.contains_key("server"), "{:?}", sql.cpu);
+        assert_eq!(sql.memory.server_vm_hwm_kb, None);
+        assert!(sql.costs.com_commit.unwrap_or(0) >= sql.orders.created);
+        let purchases = sql.main_op().expect("purchases sent");
+        let answered: u64 = ["200", "201"]
+            .iter()
+            .filter_map(|s| purchases.statuses.get(*s))
+            .sum();
+        assert_eq!(answered, sql.attempts.sent, "{purchases:?}");
+        assert_eq!(sql.orders.created, sql.orders.acknowledged);
+        assert!(sql
+            .checks
+            .client_passed
+            .iter()
+            .any(|c| c.contains("no request_id has two orders")));
     }
 }
 
@@ -106,6 +132,7 @@ fn check_round(report: &CompareReport, rows: &[CompareRow], k: usize) {
         [
             "http-ceiling",
             "http-post-ceiling",
+            SQL_LABEL,
             "db-pessimistic",
             "db-conditional",
             "redis-lua",
@@ -114,30 +141,37 @@ fn check_round(report: &CompareReport, rows: &[CompareRow], k: usize) {
         ],
         "round {k}"
     );
-    for ceiling in [&rows[0], &rows[6]] {
+    for ceiling in [&rows[0], &rows[7]] {
         assert_eq!(ceiling.verdict, "n/a");
         assert_eq!((ceiling.orders, ceiling.com_commit_per_order), (None, None));
         assert!(ceiling.attempts_per_s.unwrap_or(0.0) > 0.0);
     }
-    if rows[5].measured_rounds.is_none() {
+    if rows[6].measured_rounds.is_none() {
         let higher = rows[0]
             .attempts_per_s
             .unwrap_or(0.0)
-            .max(rows[6].attempts_per_s.unwrap_or(0.0));
-        let flashsale_row = &rows[5];
+            .max(rows[7].attempts_per_s.unwrap_or(0.0));
+        let flashsale_row = &rows[6];
         let expected = flashsale_row.attempts_per_s.unwrap_or(0.0) / higher;
         assert!(
             (flashsale_row.vs_ceiling.unwrap_or(0.0) - expected).abs() < 1e-9,
             "{flashsale_row:?}"
         );
     }
-    for row in &rows[1..6] {
+    for row in &rows[1..7] {
         assert_eq!(row.verdict, "pass", "{row:?}");
         let post_ceiling = row.label == "http-post-ceiling";
         assert_eq!(row.orders.unwrap_or(0) > 0, !post_ceiling, "{row:?}");
         assert!(row.p50_us.is_some() && row.p99_us.is_some(), "{row:?}");
         assert!(
-            row.vs_ceiling.is_some() && row.vs_db_conditional.is_some(),
+            row.vs_ceiling.is_some()
+                && row.vs_db_conditional.is_some()
+                && row.vs_sql_conditional.is_some(),
+            "{row:?}"
+        );
+        assert_eq!(
+            row.server_cpu_us.is_none(),
+            row.label == SQL_LABEL,
             "{row:?}"
         );
         let baseline = row.label != "flashsale";
