@@ -19,9 +19,13 @@ use sqlx::{ConnectOptions, Connection, Executor, Row};
 use tokio::sync::Semaphore;
 
 /// Concurrent clients of the SQL run by default: `--connections` (the HTTP rows'), but at
-/// most this many: as many MariaDB connections as a server's pool has by default
-/// (`FLASHSALE_DATABASE_MAX_CONNECTIONS`, 16), so the floor sends its transactions with
-/// the concurrency the database strategies' servers do.
+/// most this many. Measured on the 2-core box (commit 60906e0, `flashsale-bench sustained
+/// --spawn --sql --attempts 40000 --stock 50000 --users 20000 --sql-clients N`, three
+/// alternating pairs): 16 clients 6,488 / 4,938 / 4,341 transactions/s at a p50 of
+/// 2.4–3.4 ms, 64 clients 4,267 / 4,099 / 3,362 at 15–18 ms, MariaDB's CPU per
+/// transaction 205–267 against 307–321 µs. Past about 16 the extra clients only queue on
+/// the product row's lock, each a MariaDB thread to switch to and wake; 16 is also a
+/// server's pool by default (`FLASHSALE_DATABASE_MAX_CONNECTIONS`).
 pub const CLIENTS_MAX: u64 = 16;
 /// The payment timeout of the orders the SQL run creates when the bench does not set the
 /// server's: the server's own default (`FLASHSALE_PAYMENT_TIMEOUT`, docs/configuration.md).
