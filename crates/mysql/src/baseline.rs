@@ -3,10 +3,13 @@
 //! migration `…12_baseline_procedures.sql` called in one round trip.
 //!
 //! The CALL is a prepared statement (sqlx prepares it once per connection and keeps it in
-//! the connection's statement cache), sent on a plain pool connection in autocommit: the
-//! procedure begins and commits its own transaction, so the product's row is locked only
-//! while MariaDB runs it, never across a round trip. Its one result set is the answer;
-//! nothing is read back.
+//! the connection's statement cache), sent in autocommit: the procedure begins and
+//! commits its own transaction, so the product's row is locked only while MariaDB runs
+//! it, never across a round trip. Its one result set is the answer; nothing is read back.
+//! The connections are the ledger's own (`dedicated.rs`, as many as the pool's), not the
+//! pool's: sqlx pings a pooled connection when it goes back to the pool, a second round
+//! trip per transaction that flashsale's own group commit does not pay either
+//! (BENCHMARKS.md, ablation row L12).
 
 use std::time::Duration;
 
@@ -19,6 +22,7 @@ use flashsale_core::{
 use sqlx::mysql::MySqlRow;
 use sqlx::Row;
 
+use crate::dedicated::Dedicated;
 use crate::ledger::{micros, MysqlLedger};
 use crate::rows::{corrupt, db, undecodable};
 
@@ -49,21 +53,24 @@ mod column {
 }
 
 /// Calls one of the baseline procedures for `request`: one prepared statement, one round
-/// trip, on a pool connection in autocommit.
+/// trip, on a connection of `conns` in autocommit.
 pub(crate) async fn call(
-    pool: &sqlx::MySqlPool,
+    conns: &Dedicated,
     procedure: &'static str,
     request: &PurchaseRequest,
     payment_timeout: Duration,
 ) -> Result<BaselineOutcome, sqlx::Error> {
+    let mut own = conns.take().await?;
     let rows = sqlx::query(procedure)
         .bind(request.request_id.as_str())
         .bind(request.user_id.get())
         .bind(request.product_id.get())
         .bind(request.quantity.get())
         .bind(micros(payment_timeout))
-        .fetch_all(pool)
-        .await?;
+        .fetch_all(own.conn())
+        .await;
+    own.give_back(&rows).await;
+    let rows = rows?;
     match rows.as_slice() {
         [row] => outcome(row, request).map_err(undecodable),
         _ => Err(undecodable(corrupt(format!(
@@ -134,7 +141,7 @@ impl BaselineLedger for MysqlLedger {
         payment_timeout: Duration,
     ) -> Result<BaselineOutcome, LedgerError> {
         self.run("baseline db-pessimistic", || {
-            call(self.pool(), PESSIMISTIC, request, payment_timeout)
+            call(&self.baseline_conns, PESSIMISTIC, request, payment_timeout)
         })
         .await
     }
@@ -145,7 +152,7 @@ impl BaselineLedger for MysqlLedger {
         payment_timeout: Duration,
     ) -> Result<BaselineOutcome, LedgerError> {
         self.run("baseline db-conditional", || {
-            call(self.pool(), CONDITIONAL, request, payment_timeout)
+            call(&self.baseline_conns, CONDITIONAL, request, payment_timeout)
         })
         .await
     }
@@ -156,7 +163,7 @@ impl BaselineLedger for MysqlLedger {
         payment_timeout: Duration,
     ) -> Result<BaselineOutcome, LedgerError> {
         self.run("baseline insert order", || {
-            call(self.pool(), INSERT_ORDER, request, payment_timeout)
+            call(&self.baseline_conns, INSERT_ORDER, request, payment_timeout)
         })
         .await
     }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::Connection;
-use tokio::sync::{Mutex, MutexGuard};
+use tokio::sync::{Mutex, MutexGuard, Semaphore, SemaphorePermit};
 
 /// A connection idle at least this long is pinged before use (as the pool does); a
 /// younger one was just used successfully.
@@ -29,6 +29,8 @@ pub(crate) struct Dedicated {
     options: MySqlConnectOptions,
     acquire_timeout: Duration,
     slots: Vec<Mutex<Option<Idle>>>,
+    /// One permit per slot, held with it: a caller waits for whichever slot frees first.
+    free: Semaphore,
 }
 
 struct Idle {
@@ -45,22 +47,30 @@ impl Dedicated {
         acquire_timeout: Duration,
         slots: usize,
     ) -> Self {
+        let slots = slots.max(1);
         Self {
             options,
             acquire_timeout,
-            slots: (0..slots.max(1)).map(|_| Mutex::new(None)).collect(),
+            slots: (0..slots).map(|_| Mutex::new(None)).collect(),
+            free: Semaphore::new(slots),
         }
     }
 
-    /// A connection of its own for one call: a free slot's (the first slot's when all are
-    /// taken, waiting for it). Give it back with [`Taken::give_back`]; dropped without
-    /// that (the caller's future dropped halfway, say), it is closed, and the slot
-    /// connects again on its next use.
+    /// A connection of its own for one call: a free slot's, waiting at most the acquire
+    /// timeout for one when all are taken. Give it back with [`Taken::give_back`];
+    /// dropped without that (the caller's future dropped halfway, say), it is closed, and
+    /// the slot connects again on its next use.
     pub(crate) async fn take(&self) -> Result<Taken<'_>, sqlx::Error> {
-        let mut slot = match self.slots.iter().find_map(|s| s.try_lock().ok()) {
-            Some(slot) => slot,
-            None => self.slots[0].lock().await,
-        };
+        let permit = tokio::time::timeout(self.acquire_timeout, self.free.acquire())
+            .await
+            .map_err(|_| sqlx::Error::PoolTimedOut)?
+            .map_err(|_| sqlx::Error::PoolClosed)?;
+        // A permit means a slot is unlocked: a slot's lock is released before its permit.
+        let mut slot = self
+            .slots
+            .iter()
+            .find_map(|s| s.try_lock().ok())
+            .ok_or(sqlx::Error::PoolClosed)?;
         let (conn, opened) = match slot.take() {
             Some(idle) if idle.opened.elapsed() >= LIFETIME_MAX => {
                 let _ = idle.conn.close().await;
@@ -74,7 +84,12 @@ impl Dedicated {
             },
             None => (self.connect().await?, Instant::now()),
         };
-        Ok(Taken { slot, conn, opened })
+        Ok(Taken {
+            slot,
+            conn,
+            opened,
+            permit,
+        })
     }
 
     async fn connect(&self) -> Result<MySqlConnection, sqlx::Error> {
@@ -94,6 +109,8 @@ pub(crate) struct Taken<'a> {
     slot: MutexGuard<'a, Option<Idle>>,
     conn: MySqlConnection,
     opened: Instant,
+    /// Dropped after `slot` (fields drop in order), so a free permit means a free slot.
+    permit: SemaphorePermit<'a>,
 }
 
 impl Taken<'_> {
@@ -112,6 +129,7 @@ impl Taken<'_> {
             mut slot,
             mut conn,
             opened,
+            permit,
         } = self;
         let fine = match outcome {
             Ok(_) => true,
@@ -125,6 +143,9 @@ impl Taken<'_> {
                 since: Instant::now(),
             });
         }
+        // The slot first, then its permit.
+        drop(slot);
+        drop(permit);
     }
 }
 
@@ -292,6 +313,46 @@ mod tests {
         assert_eq!(connection_id(&mut taken).await.expect("id"), id, "kept");
         taken.give_back(&Ok::<(), sqlx::Error>(())).await;
         let _ = admin.close().await;
+        drop(dedicated);
+        db.drop_db().await.expect("drop test database");
+    }
+
+    // Checks that a caller finding every slot taken waits for whichever slot frees
+    // first (here the second, while the first stays taken), gets that slot's own
+    // connection (the same CONNECTION_ID()), and that past the acquire timeout it gets
+    // PoolTimedOut instead of waiting on.
+    #[tokio::test]
+    async fn a_caller_waits_for_whichever_slot_frees_first() {
+        let db = TestDb::create(SERVER_URL).await.expect("test database");
+        let options = MySqlConnectOptions::from_str(&db.url()).expect("url");
+        let dedicated = Dedicated::new(options, Duration::from_millis(300), 2);
+        let mut first = dedicated.take().await.expect("take");
+        let mut second = dedicated.take().await.expect("take");
+        let first_id = connection_id(&mut first).await;
+        let second_id = connection_id(&mut second).await;
+
+        let timed_out = dedicated.take().await;
+        assert!(
+            matches!(timed_out, Err(sqlx::Error::PoolTimedOut)),
+            "every slot taken past the acquire timeout"
+        );
+        drop(timed_out);
+
+        let waiting = async {
+            let mut third = dedicated.take().await.expect("take");
+            connection_id(&mut third).await.expect("id")
+        };
+        let releasing = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            second.give_back(&second_id).await;
+        };
+        let (third_id, ()) = tokio::join!(waiting, releasing);
+        assert_eq!(
+            third_id,
+            second_id.expect("id"),
+            "the freed slot's connection"
+        );
+        first.give_back(&first_id).await;
         drop(dedicated);
         db.drop_db().await.expect("drop test database");
     }

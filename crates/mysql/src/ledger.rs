@@ -146,6 +146,9 @@ pub struct MysqlLedger {
     /// products' rows from the first statement, so they do not queue behind the gate's.
     ledger_group_conn: Arc<Dedicated>,
     lookup_conns: Arc<Dedicated>,
+    /// The baseline strategies' connections (benchmarks only; opened on first use), as
+    /// many as the pool's: see `baseline.rs`.
+    pub(crate) baseline_conns: Arc<Dedicated>,
 }
 
 type Lookup = Result<Option<PurchaseRecord>, LedgerError>;
@@ -451,6 +454,7 @@ impl MysqlLedger {
             group_conn: dedicated(GROUP_WORKERS),
             ledger_group_conn: dedicated(GROUP_WORKERS),
             lookup_conns: dedicated(LOOKUP_WORKERS),
+            baseline_conns: dedicated(usize::try_from(config.max_connections).unwrap_or(1)),
         })
     }
 
@@ -472,6 +476,7 @@ impl MysqlLedger {
             group_conn: self.group_conn.clone(),
             ledger_group_conn: self.ledger_group_conn.clone(),
             lookup_conns: self.lookup_conns.clone(),
+            baseline_conns: self.baseline_conns.clone(),
         }
     }
 
