@@ -121,13 +121,6 @@ fn colour_logs(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> 
     stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
-/// mimalloc instead of glibc's allocator: per-thread free lists and no locks on the hot
-/// path; the server allocates and frees on every request across its worker threads
-/// (BENCHMARKS.md, ablation). Without transparent huge pages (`no_thp`): with them its
-/// segments held 58 MB of resident memory at the peak of a sustained sale, without 26.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
