@@ -468,14 +468,8 @@ pub(crate) async fn insert(
 ) -> Result<Written, sqlx::Error> {
     // The hot rows last, in product order (two batches never wait on each other in a
     // cycle), each once for all its units; the conditions as in the one-purchase path.
-    let mut units: BTreeMap<(ProductId, Generation), i64> = BTreeMap::new();
-    for p in batch.iter().filter(|_| counters == Counters::Gate) {
-        *units
-            .entry((p.request.product_id, p.hold.generation))
-            .or_default() += i64::from(p.request.quantity.get());
-    }
-    // The stock log's rows: the purchases and units per product and generation, which
-    // the counter UPDATE of a gate batch moves (a ledger batch's moved already).
+    // Per product and generation, the purchases and units of the batch: the stock log's
+    // rows, and for a gate batch its counter UPDATEs (a ledger batch's moved already).
     let mut moved: BTreeMap<(ProductId, Generation), (u32, i64)> = BTreeMap::new();
     for p in batch {
         let entry = moved
@@ -484,6 +478,10 @@ pub(crate) async fn insert(
         entry.0 += 1;
         entry.1 += i64::from(p.request.quantity.get());
     }
+    let units: Vec<((ProductId, Generation), i64)> = match counters {
+        Counters::Gate => moved.iter().map(|(&key, &(_, q))| (key, q)).collect(),
+        Counters::Taken => Vec::new(),
+    };
     let products: BTreeSet<ProductId> = moved.keys().map(|(product_id, _)| *product_id).collect();
     let limited = batch.iter().any(|p| p.per_user_limit.is_some());
     let mut script = format!(
