@@ -433,9 +433,25 @@ impl TestApp {
         product_id: i64,
         quantity: i64,
     ) -> (StatusCode, Value, u32) {
+        let (status, value, unknowns) = self
+            .purchase_until_known_noting(request_id, user_id, product_id, quantity)
+            .await;
+        (status, value, unknowns.len() as u32)
+    }
+
+    /// [`TestApp::purchase_until_known`], with each answer that left the outcome unknown
+    /// described (its code and message, or the client's error), so that a test can say
+    /// what its unknowns were when it fails.
+    pub async fn purchase_until_known_noting(
+        &self,
+        request_id: &str,
+        user_id: i64,
+        product_id: i64,
+        quantity: i64,
+    ) -> (StatusCode, Value, Vec<String>) {
         let body = json!({"request_id": request_id, "user_id": user_id, "product_id": product_id, "quantity": quantity}).to_string();
         let started = Instant::now();
-        let mut unknowns = 0;
+        let mut unknowns = Vec::new();
         loop {
             let sent = self
                 .send(reqwest::Method::POST, "/v1/purchases", Some(&body), false)
@@ -444,15 +460,16 @@ impl TestApp {
                 Ok((status, value)) if status != StatusCode::SERVICE_UNAVAILABLE => {
                     return (status, value, unknowns)
                 }
-                Ok(_) | Err(_) => {
-                    unknowns += 1;
-                    assert!(
-                        started.elapsed() < RETRY_FOR,
-                        "request {request_id} still unknown after {RETRY_FOR:?}"
-                    );
-                    tokio::time::sleep(RETRY_PAUSE).await;
+                Ok((_, value)) => {
+                    unknowns.push(format!("503 {} {}", value["code"], value["message"]))
                 }
+                Err(error) => unknowns.push(format!("client error: {error}")),
             }
+            assert!(
+                started.elapsed() < RETRY_FOR,
+                "request {request_id} still unknown after {RETRY_FOR:?}"
+            );
+            tokio::time::sleep(RETRY_PAUSE).await;
         }
     }
 
