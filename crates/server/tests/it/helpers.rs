@@ -22,6 +22,33 @@ pub const RETRY_FOR: Duration = Duration::from_secs(60);
 /// Pause between such retries.
 pub const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
+/// The in-process servers' warnings and errors, every test's, written to
+/// `target/test-artifacts/it-server.log` (or under `CARGO_TARGET_DIR`), each line naming
+/// its time and thread: when a test sees a 503 it did not cause, the server's reason is
+/// there. Installed once per test binary, by the first [`TestApp`].
+fn log_server_warnings() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target")
+            });
+        let dir = target.join("test-artifacts");
+        let file = std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::File::create(dir.join("it-server.log")));
+        let Ok(file) = file else {
+            return;
+        };
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+            .with_writer(std::sync::Mutex::new(file))
+            .with_ansi(false)
+            .with_thread_names(true)
+            .try_init();
+    });
+}
+
 pub fn redis_addr() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 6379))
 }
@@ -233,6 +260,7 @@ impl TestApp {
         mysql_server: &str,
         settings: &[(&str, &str)],
     ) -> Self {
+        log_server_warnings();
         let db = TestDb::create(mysql_server)
             .await
             .expect("create test database");
@@ -461,7 +489,7 @@ impl TestApp {
                     return (status, value, unknowns)
                 }
                 Ok((_, value)) => {
-                    unknowns.push(format!("503 {} {}", value["code"], value["message"]))
+                    unknowns.push(format!("503 {} {}", value["error"], value["message"]))
                 }
                 Err(error) => unknowns.push(format!("client error: {error}")),
             }
