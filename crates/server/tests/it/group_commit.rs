@@ -131,6 +131,88 @@ async fn concurrent_purchases_commit_together_with_the_same_answers() {
     app.cleanup().await;
 }
 
+// Checks that a full group commit of one product, with request_ids of the longest kind,
+// writes its events as one pack, against the real MariaDB and straight through the
+// ledger port: a transaction of the test's own locks product 3700's row, so the first
+// batch waits at its counter UPDATE while 256 more purchases (request_ids of 64
+// characters) queue; once the lock is released the next batch takes up to 256 of them
+// (GROUP_COMMIT_MAX). Every purchase commits, none answers an error, and the largest pack
+// holds over 200 events in more than 65,535 bytes, which an outbox payload of TEXT could
+// not hold (the batch failed whole, 1406, every purchase in it answered 503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_batch_of_long_request_ids_fits_one_pack() {
+    use sqlx::Connection;
+    let app = TestApp::spawn().await;
+    app.create_product(3700, 1000, None).await;
+    let ledger = ledger(&app).await;
+    let url = app.db.as_ref().expect("test database").url();
+    let mut blocker = sqlx::MySqlConnection::connect(&url)
+        .await
+        .expect("blocker connection");
+    let mut lock = blocker.begin().await.expect("begin");
+    sqlx::query("SELECT product_id FROM product_inventory WHERE product_id = 3700 FOR UPDATE")
+        .fetch_one(&mut *lock)
+        .await
+        .expect("lock the product row");
+    let purchase = |i: i64| {
+        let ledger = ledger.clone();
+        tokio::spawn(async move {
+            let request = PurchaseRequest {
+                request_id: RequestId::parse("request_id", &format!("REQ_pack_{i:0>55}"))
+                    .expect("id"),
+                user_id: UserId::parse(1_000_000 + i).expect("user"),
+                product_id: ProductId::parse(3700).expect("product"),
+                quantity: Quantity::from_stored(1).expect("quantity"),
+            };
+            ledger
+                .commit_purchase(
+                    &request,
+                    HoldRef::from_stored(1, i + 1).expect("hold"),
+                    None,
+                    Duration::from_secs(600),
+                )
+                .await
+        })
+    };
+    // The first purchase's batch goes alone and waits for the lock; the other 256 queue
+    // behind it and make the next batch. The pauses are long enough for that, well inside
+    // the lock wait timeout.
+    let mut calls = vec![purchase(0)];
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    calls.extend((1..257i64).map(purchase));
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    lock.commit().await.expect("release the product row");
+    for (i, call) in futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        match call.expect("task") {
+            Ok(Commit::Committed(_)) => {}
+            other => panic!("purchase {i}: {other:?}"),
+        }
+    }
+    assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 257);
+    assert_eq!(
+        app.count("SELECT COUNT(DISTINCT event_id) FROM outbox_event")
+            .await,
+        257,
+        "one order_created event per order"
+    );
+    let largest = app
+        .count(
+            "SELECT CAST(COALESCE(MAX(events), 0) AS SIGNED) FROM outbox WHERE request_id IS NULL",
+        )
+        .await;
+    assert!(largest > 200, "the largest pack holds {largest} events");
+    let bytes = app
+        .count("SELECT CAST(COALESCE(MAX(LENGTH(payload)), 0) AS SIGNED) FROM outbox")
+        .await;
+    assert!(bytes > 65_535, "the largest pack is {bytes} bytes");
+    let _ = blocker.close().await;
+    app.cleanup().await;
+}
+
 // Checks the ledger's per-user limit inside group commit, against the real MariaDB and
 // straight through the ledger port (Redis, which counts per user too, is bypassed, so
 // the ledger's check is the only guard): a product with 500 units and a limit of 2 per
