@@ -3,7 +3,7 @@
 //! transaction (`MysqlLedger::insert_purchase`), written for a whole batch at once,
 //! per-user limits included. A batch that meets anything but the plain case (a
 //! request_id or hold id already taken, a user over a limit, too few units, a rebuilt
-//! generation) is rolled back whole. What happens next — which purchases are set aside
+//! generation, a statement the database refuses) is rolled back whole. What happens next — which purchases are set aside
 //! and committed one by one, where each such case has its answer, and which go together
 //! again — is decided by `flashsale_app::group::GroupCommit`, which
 //! `MysqlLedger::group_commit` feeds with what each transaction did.
@@ -525,6 +525,20 @@ pub(crate) async fn insert(
         Ok(outcomes) => outcomes,
         // A request_id or a hold id taken: the one-by-one path tells which and answers.
         Err((ORDERS_AT, e)) if crate::ledger::is_duplicate(&e) => return Ok(Written::NotPlain),
+        // Refused by the database for any other reason (a value too long, a constraint, a
+        // read-only server) before COMMIT: the transaction commits nothing, so the
+        // outcome is known. Each purchase goes on its own, where a refusal is that
+        // purchase's alone, instead of the whole batch answering "unknown". A deadlock or
+        // a lock wait timeout goes back to the caller, which tries the batch again.
+        Err((at, e @ sqlx::Error::Database(_))) if !crate::ledger::is_retryable(&e) => {
+            tracing::warn!(
+                statement = at,
+                size = batch.len(),
+                error = %e,
+                "group transaction refused; its purchases go one by one"
+            );
+            return Ok(Written::NotPlain);
+        }
         Err((_, e)) => return Err(e),
     };
     let expected = counters_at + units.len() + usize::from(limited) + 1;

@@ -26,6 +26,12 @@ async fn ledger(app: &TestApp) -> Arc<MysqlLedger> {
     )
 }
 
+/// The units the stock log says were reserved: a group commit's per-product rows plus a
+/// purchase committed alone's own `reserve` row.
+const UNITS_LOGGED: &str =
+    "SELECT CAST((SELECT COALESCE(SUM(quantity), 0) FROM inventory_batch_log) \
+     + (SELECT COALESCE(SUM(quantity), 0) FROM inventory_log WHERE type = 'reserve') AS SIGNED)";
+
 fn request(i: i64, product: i64) -> PurchaseRequest {
     PurchaseRequest {
         request_id: RequestId::parse("request_id", &format!("REQ_group_{i}")).expect("id"),
@@ -111,12 +117,7 @@ async fn concurrent_purchases_commit_together_with_the_same_answers() {
         150
     );
     assert_eq!(
-        app.count(
-            "SELECT CAST((SELECT COALESCE(SUM(quantity), 0) FROM inventory_batch_log) \
-             + (SELECT COALESCE(SUM(quantity), 0) FROM inventory_log WHERE type = 'reserve') \
-             AS SIGNED)"
-        )
-        .await,
+        app.count(UNITS_LOGGED).await,
         150,
         "every unit reserved is in the stock log once"
     );
@@ -131,26 +132,23 @@ async fn concurrent_purchases_commit_together_with_the_same_answers() {
     app.cleanup().await;
 }
 
-// Checks that a full group commit of one product, with request_ids of the longest kind,
-// writes its events as one pack, against the real MariaDB and straight through the
-// ledger port: a transaction of the test's own locks product 3700's row, so the first
-// batch waits at its counter UPDATE while 256 more purchases (request_ids of 64
-// characters) queue; once the lock is released the next batch takes up to 256 of them
-// (GROUP_COMMIT_MAX). Every purchase commits, none answers an error, and the largest pack
-// holds over 200 events in more than 65,535 bytes, which an outbox payload of TEXT could
-// not hold (the batch failed whole, 1406, every purchase in it answered 503).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_full_batch_of_long_request_ids_fits_one_pack() {
+/// Purchases of one unit of `product` made to queue into one full group commit, straight
+/// through the ledger port: a transaction of the test's own locks the product's row, one
+/// purchase goes first and its batch waits at the counter UPDATE, then the other
+/// `n` − 1 (request_ids of 64 characters, the longest kind) queue behind it; once the lock
+/// is released the next batch takes up to 256 of them (GROUP_COMMIT_MAX). The pauses are
+/// long enough for that, well inside the lock wait timeout. Asserts that every purchase
+/// committed, and that the orders table holds them all.
+async fn committed_behind_a_lock(app: &TestApp, product: i64, n: i64) {
     use sqlx::Connection;
-    let app = TestApp::spawn().await;
-    app.create_product(3700, 1000, None).await;
-    let ledger = ledger(&app).await;
+    let ledger = ledger(app).await;
     let url = app.db.as_ref().expect("test database").url();
     let mut blocker = sqlx::MySqlConnection::connect(&url)
         .await
         .expect("blocker connection");
     let mut lock = blocker.begin().await.expect("begin");
-    sqlx::query("SELECT product_id FROM product_inventory WHERE product_id = 3700 FOR UPDATE")
+    sqlx::query("SELECT product_id FROM product_inventory WHERE product_id = ? FOR UPDATE")
+        .bind(product)
         .fetch_one(&mut *lock)
         .await
         .expect("lock the product row");
@@ -158,10 +156,10 @@ async fn a_full_batch_of_long_request_ids_fits_one_pack() {
         let ledger = ledger.clone();
         tokio::spawn(async move {
             let request = PurchaseRequest {
-                request_id: RequestId::parse("request_id", &format!("REQ_pack_{i:0>55}"))
+                request_id: RequestId::parse("request_id", &format!("REQ_full_{i:0>55}"))
                     .expect("id"),
                 user_id: UserId::parse(1_000_000 + i).expect("user"),
-                product_id: ProductId::parse(3700).expect("product"),
+                product_id: ProductId::parse(product).expect("product"),
                 quantity: Quantity::from_stored(1).expect("quantity"),
             };
             ledger
@@ -174,12 +172,9 @@ async fn a_full_batch_of_long_request_ids_fits_one_pack() {
                 .await
         })
     };
-    // The first purchase's batch goes alone and waits for the lock; the other 256 queue
-    // behind it and make the next batch. The pauses are long enough for that, well inside
-    // the lock wait timeout.
     let mut calls = vec![purchase(0)];
     tokio::time::sleep(Duration::from_millis(500)).await;
-    calls.extend((1..257i64).map(purchase));
+    calls.extend((1..n).map(purchase));
     tokio::time::sleep(Duration::from_millis(1000)).await;
     lock.commit().await.expect("release the product row");
     for (i, call) in futures::future::join_all(calls)
@@ -187,12 +182,27 @@ async fn a_full_batch_of_long_request_ids_fits_one_pack() {
         .into_iter()
         .enumerate()
     {
-        match call.expect("task") {
-            Ok(Commit::Committed(_)) => {}
-            other => panic!("purchase {i}: {other:?}"),
-        }
+        let answer = call.expect("task");
+        assert!(
+            matches!(answer, Ok(Commit::Committed(_))),
+            "purchase {i}: {answer:?}"
+        );
     }
-    assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 257);
+    let _ = blocker.close().await;
+    assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, n);
+}
+
+// Checks that a full group commit of one product, with request_ids of the longest kind,
+// writes its events as one pack, against the real MariaDB: 257 purchases of product 3700
+// queue into a first batch and a full second one (`committed_behind_a_lock`): every
+// purchase commits, none answers an error. And the largest pack holds over 200 events in
+// more than 65,535 bytes, which an outbox payload of TEXT could not hold (the batch
+// failed whole, 1406, every purchase in it answered 503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_batch_of_long_request_ids_fits_one_pack() {
+    let app = TestApp::spawn().await;
+    app.create_product(3700, 1000, None).await;
+    committed_behind_a_lock(&app, 3700, 257).await;
     assert_eq!(
         app.count("SELECT COUNT(DISTINCT event_id) FROM outbox_event")
             .await,
@@ -209,7 +219,43 @@ async fn a_full_batch_of_long_request_ids_fits_one_pack() {
         .count("SELECT CAST(COALESCE(MAX(LENGTH(payload)), 0) AS SIGNED) FROM outbox")
         .await;
     assert!(bytes > 65_535, "the largest pack is {bytes} bytes");
-    let _ = blocker.close().await;
+    app.cleanup().await;
+}
+
+// Checks that a group transaction the database refuses sets its purchases aside, each
+// committed on its own with its own answer, instead of answering the whole batch
+// "unknown": a trigger of the test's own refuses (SIGNAL, error 1644) any outbox row of
+// more than 100 events, which only a large group commit writes, and 257 purchases of
+// product 3710 queue into a full batch (`committed_behind_a_lock`). Every purchase commits,
+// no pack of over 100 events exists, at least 200 orders were committed one by one (each
+// wrote its own `reserve` row in inventory_log), and every unit is in the stock log once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_group_transaction_goes_one_by_one() {
+    let app = TestApp::spawn().await;
+    app.create_product(3710, 1000, None).await;
+    sqlx::raw_sql(
+        "CREATE TRIGGER test_refuse_large_packs BEFORE INSERT ON outbox FOR EACH ROW \
+         IF NEW.events > 100 THEN \
+         SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'test: pack refused'; END IF",
+    )
+    .execute(&app.pool)
+    .await
+    .expect("refusing trigger");
+    committed_behind_a_lock(&app, 3710, 257).await;
+    assert_eq!(
+        app.count("SELECT COUNT(*) FROM outbox WHERE events > 100")
+            .await,
+        0
+    );
+    let alone = app
+        .count("SELECT COUNT(*) FROM inventory_log WHERE type = 'reserve'")
+        .await;
+    assert!(alone >= 200, "{alone} orders committed one by one");
+    assert_eq!(
+        app.count(UNITS_LOGGED).await,
+        257,
+        "every unit reserved is in the stock log once"
+    );
     app.cleanup().await;
 }
 
