@@ -212,6 +212,12 @@ async fn read_within(s: &mut TcpStream, wait: Duration) -> Option<Vec<u8>> {
     }
 }
 
+/// How late past its deadline a stalled request may be answered: the server holds 1,000
+/// sockets while the suite's other tests load the same two cores, and its timers fire
+/// late under that (4.4 s for a 2 s deadline in one clean-clone run). The bound still
+/// tells the configured deadline from the default one (10 s).
+const DEADLINE_SLACK: Duration = Duration::from_secs(4);
+
 const STALLED_BODY: &[u8] = b"POST /v1/purchases HTTP/1.1\r\nHost: x\r\n\
 Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{";
 
@@ -220,10 +226,12 @@ Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{";
 // sockets open, /healthz answers within 100 ms (median of five probes), a real buyer's
 // purchase gets 201 (so no slot is held), and the server's memory grows by less than
 // 32 KiB a socket. Each stalled request is answered 408 `request_timeout` and closed
-// within the request deadline (2 s here) plus a second.
+// at the request deadline (2 s here): no sooner, and no later than the deadline plus
+// `DEADLINE_SLACK`, which keeps it well apart from the default deadline of 10 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_bodies_hold_no_slot_and_are_dropped_at_the_deadline() {
     let server = Server::start(&[("IN_FLIGHT_MAX", "50"), ("REQUEST_TIMEOUT", "2s")], None).await;
+    const STALL_DEADLINE: Duration = Duration::from_secs(2);
     let before = server.rss_kib();
     let sent = Instant::now();
     let mut stalled = open_with(server.port, 1000, STALLED_BODY).await;
@@ -238,7 +246,7 @@ async fn stalled_bodies_hold_no_slot_and_are_dropped_at_the_deadline() {
     );
     assert!(grown < 1000 * 32, "memory grew by {grown} KiB");
 
-    let answer = read_within(&mut stalled[0], Duration::from_secs(4))
+    let answer = read_within(&mut stalled[0], STALL_DEADLINE + DEADLINE_SLACK)
         .await
         .expect("the stalled request was answered and closed");
     let freed = sent.elapsed();
@@ -246,7 +254,10 @@ async fn stalled_bodies_hold_no_slot_and_are_dropped_at_the_deadline() {
     println!("a stalled body was answered and its connection closed after {freed:?}");
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(text.contains(r#""error":"request_timeout""#), "{text}");
-    assert!(freed <= Duration::from_secs(3) + Duration::from_secs(1));
+    assert!(
+        freed >= STALL_DEADLINE && freed <= STALL_DEADLINE + DEADLINE_SLACK,
+        "answered after {freed:?}"
+    );
     drop(stalled);
     server.stop().await;
 }
