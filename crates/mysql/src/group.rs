@@ -3,10 +3,11 @@
 //! transaction (`MysqlLedger::insert_purchase`), written for a whole batch at once,
 //! per-user limits included. A batch that meets anything but the plain case (a
 //! request_id or hold id already taken, a user over a limit, too few units, a rebuilt
-//! generation, a statement the database refuses) is rolled back whole. What happens next — which purchases are set aside
-//! and committed one by one, where each such case has its answer, and which go together
-//! again — is decided by `flashsale_app::group::GroupCommit`, which
-//! `MysqlLedger::group_commit` feeds with what each transaction did.
+//! generation, a statement the database refuses) is rolled back whole. What happens
+//! next — which purchases are set aside and committed one by one, where each such case
+//! has its answer, and which go together again — is decided by
+//! `flashsale_app::group::GroupCommit`, which `MysqlLedger::group_commit` feeds with what
+//! each transaction did.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
