@@ -461,12 +461,7 @@ impl Drop for Chromedriver {
 /// Where the screenshots are kept: `target/test-artifacts/dashboard/` (or under
 /// `CARGO_TARGET_DIR`).
 fn artifacts() -> std::path::PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
-    let dir = target.join("test-artifacts").join("dashboard");
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    dir.canonicalize().unwrap_or(dir)
+    crate::helpers::artifacts("dashboard").unwrap_or_else(|e| panic!("test artifacts: {e}"))
 }
 
 /// Tallest screenshot taken: a page of a hundred products is long, and a picture of its

@@ -29,15 +29,9 @@ pub const RETRY_PAUSE: Duration = Duration::from_millis(100);
 fn log_server_warnings() {
     static INSTALLED: std::sync::Once = std::sync::Once::new();
     INSTALLED.call_once(|| {
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| {
-                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target")
-            });
-        let dir = target.join("test-artifacts");
-        let file = std::fs::create_dir_all(&dir)
-            .and_then(|()| std::fs::File::create(dir.join("it-server.log")));
-        let Ok(file) = file else {
+        let Ok(file) =
+            artifacts("").and_then(|dir| std::fs::File::create(dir.join("it-server.log")))
+        else {
             return;
         };
         let _ = tracing_subscriber::fmt()
@@ -47,6 +41,17 @@ fn log_server_warnings() {
             .with_thread_names(true)
             .try_init();
     });
+}
+
+/// The folder `target/test-artifacts/<sub>` (or under `CARGO_TARGET_DIR`), created: where
+/// tests keep what a person may want to look at after a run.
+pub fn artifacts(sub: &str) -> std::io::Result<std::path::PathBuf> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+    let dir = target.join("test-artifacts").join(sub);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir.canonicalize().unwrap_or(dir))
 }
 
 pub fn redis_addr() -> SocketAddr {
