@@ -176,6 +176,15 @@ impl Server {
     }
 }
 
+/// A failing test panics before [`Server::stop`]: the process must not outlive it. (Its
+/// database drops itself, `TestDb`'s own guard; its Redis keys and stream stay.)
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Opens `n` connections to `port`, each having sent `head`.
 async fn open_with(port: u16, n: usize, head: &[u8]) -> Vec<TcpStream> {
     let mut sockets = Vec::with_capacity(n);
