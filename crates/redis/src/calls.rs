@@ -313,8 +313,21 @@ impl Layout {
         format!("{}{{p:{product_id}}}:{suffix}", self.prefix)
     }
 
+    /// A hold record's key: [`Self::key`] with the suffix `r:<request_id>`, built by pushes.
+    /// It is made once per purchase and once per trim; `format!` twice cost about 2,300
+    /// instructions a key (BENCHMARKS.md, ablation row S12).
     fn hold_key(&self, product_id: ProductId, request_id: &str) -> String {
-        self.key(product_id, &format!("r:{request_id}"))
+        use std::fmt::Write;
+        // `{p:` + up to 19 digits + `}:r:`.
+        const FIXED_MAX: usize = 26;
+        let mut key = String::with_capacity(self.prefix.len() + FIXED_MAX + request_id.len());
+        key.push_str(&self.prefix);
+        key.push_str("{p:");
+        // Writing an integer into a String cannot fail.
+        let _ = write!(key, "{}", product_id.get());
+        key.push_str("}:r:");
+        key.push_str(request_id);
+        key
     }
 
     pub async fn load(
@@ -902,5 +915,28 @@ impl Layout {
             args: vec![quantity.to_string()],
         };
         typed("seed_decrement", &w.eval(&call).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hold's key is its product's key with the suffix `r:<request_id>`, as the crate's
+    /// key table lays it out, for the smallest and the largest product ids.
+    #[test]
+    fn a_hold_key_is_the_product_key_of_its_record() {
+        let layout = Layout::new("fs:", Duration::from_secs(1), Duration::from_secs(1));
+        for raw in [1, 42, i64::MAX] {
+            let product_id = ProductId::parse(raw).expect("positive");
+            for request_id in ["a", "REQ_0001:x.y-z", &"q".repeat(64)] {
+                assert_eq!(
+                    layout.hold_key(product_id, request_id),
+                    layout.key(product_id, &format!("r:{request_id}"))
+                );
+            }
+        }
+        let product_id = ProductId::parse(7).expect("positive");
+        assert_eq!(layout.hold_key(product_id, "R1"), "fs:{p:7}:r:R1");
     }
 }
