@@ -81,7 +81,7 @@ macro_rules! positive_id {
 
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "{}", self.0)
+                fmt::Display::fmt(&self.0, f)
             }
         }
     };
