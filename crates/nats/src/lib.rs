@@ -551,6 +551,16 @@ pub fn decode_message(body: &[u8]) -> Result<Vec<Result<Event, DecodeError>>, De
     if first != Some(&b'[') {
         return Ok(vec![decode_event(body)]);
     }
+    // The usual case in one pass: a UTF-8 body (checked once, not string by string as
+    // `from_slice` does) whose elements are all events. Otherwise each element is read on
+    // its own, so that one malformed event costs only itself (BENCHMARKS.md, ablation
+    // row S12).
+    if let Some(events) = std::str::from_utf8(body)
+        .ok()
+        .and_then(|text| serde_json::from_str::<Vec<WireEvent<'_>>>(text).ok())
+    {
+        return Ok(events.into_iter().map(checked).collect());
+    }
     let items: Vec<&serde_json::value::RawValue> =
         serde_json::from_slice(body).map_err(|e| DecodeError(e.to_string()))?;
     Ok(items
@@ -562,7 +572,11 @@ pub fn decode_message(body: &[u8]) -> Result<Vec<Result<Event, DecodeError>>, De
 /// Reads one event (an element of a message body) into an [`Event`], checking every field
 /// as the domain does.
 pub fn decode_event(body: &[u8]) -> Result<Event, DecodeError> {
-    let w: WireEvent<'_> = serde_json::from_slice(body).map_err(|e| DecodeError(e.to_string()))?;
+    checked(serde_json::from_slice(body).map_err(|e| DecodeError(e.to_string()))?)
+}
+
+/// An event as read, its fields checked as the domain does.
+fn checked(w: WireEvent<'_>) -> Result<Event, DecodeError> {
     let bad = |e: &dyn std::fmt::Display| DecodeError(e.to_string());
     Ok(Event {
         event_type: w.event_type.parse().map_err(|e| bad(&e))?,
@@ -1047,8 +1061,9 @@ mod tests {
         assert_eq!(a.len(), 36);
     }
 
-    // Checks message bodies: an array of events decodes element by element (a bad one is
-    // an error of its own, the rest still decode), a bare event object (the format before
+    // Checks message bodies: an array of events decodes element by element (a bad one,
+    // or one that is no event at all, is an error of its own, the rest still decode, and
+    // each decodes as it would alone), a bare event object (the format before
     // packing) reads as one event, and a broken array is an error.
     #[test]
     fn decodes_packed_and_single_messages() {
@@ -1072,6 +1087,26 @@ mod tests {
             single[0].as_ref().expect("event").order_id.map(|o| o.get()),
             Some(7)
         );
+        // An element that is no event at all (a field of the wrong type) costs only
+        // itself too: the body is then read element by element.
+        let broken = one.replace("\"quantity\": 2", "\"quantity\": \"two\"");
+        let body = format!("[{one},{broken},{two}]");
+        let events = decode_message(body.as_bytes()).expect("an array");
+        assert_eq!(events.len(), 3);
+        assert!(events[1].is_err());
+        assert_eq!(
+            events[2].as_ref().expect("third").request_id.as_str(),
+            "REQ_2"
+        );
+        // Read in one pass, a pack gives what each of its events gives alone.
+        let body = format!("[{one},{two}]");
+        let packed = decode_message(body.as_bytes()).expect("an array");
+        for (event, alone) in packed.iter().zip([one, two.as_str()]) {
+            assert_eq!(
+                format!("{:?}", event.as_ref().expect("packed")),
+                format!("{:?}", decode_event(alone.as_bytes()).expect("alone"))
+            );
+        }
         assert!(decode_message(format!("[{one}").as_bytes()).is_err());
         assert!(decode_message(b"[]").expect("empty").is_empty());
         let garbage = decode_message(b"nonsense").expect("read as one event");
