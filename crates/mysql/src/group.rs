@@ -267,7 +267,11 @@ pub(crate) fn document(batch: &[Purchase]) -> String {
                 p.hold.id.get(),
                 p.hold.generation.get(),
                 crate::ledger::micros(p.payment_timeout),
-                uuid::Uuid::now_v7().hyphenated().to_string(),
+                // Encoded into a buffer: `to_string` goes through `fmt`.
+                uuid::Uuid::now_v7()
+                    .hyphenated()
+                    .encode_lower(&mut uuid::Uuid::encode_buffer())
+                    .to_owned(),
                 p.per_user_limit,
             )
         })
@@ -361,17 +365,20 @@ const OVER_LIMIT: &str = concat!(
 );
 
 /// `text` as a MariaDB hexadecimal literal, `X'…'`: only hex digits reach the SQL text,
-/// whatever the batch's strings hold.
+/// whatever the batch's strings hold. Written as bytes: a `String::push` per digit cost a
+/// group commit about 2,000 instructions per purchase (BENCHMARKS.md, ablation row S12).
 fn hex_literal(text: &str) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(text.len() * 2 + 3);
-    out.push_str("X'");
-    for b in text.bytes() {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    let mut out = vec![b'\''; text.len() * 2 + 3];
+    out[0] = b'X';
+    // Two digits a byte, between the opening quote and the closing one.
+    for (pair, b) in out[2..].chunks_exact_mut(2).zip(text.bytes()) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 0x0f)];
     }
-    out.push('\'');
-    out
+    // Hex digits and quotes only, always UTF-8; were it not, an empty text would fail
+    // the statement, never reach the database as anything else.
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// A `DATETIME(6)` column of a text-protocol result (a script's), read field by field.
