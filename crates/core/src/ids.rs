@@ -1,6 +1,7 @@
 //! Identifiers and quantities you can only obtain by parsing: bad input dies at the edge.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// Why a value was rejected; the message names the field so a client can fix its request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -25,8 +26,12 @@ pub const REQUEST_ID_LEN_MAX: usize = 64;
 /// A client's stable identifier of one purchase intent, the idempotency key of the whole
 /// purchase path: 1–64 characters of `[A-Za-z0-9_.:-]`, so it is safe inside Redis keys,
 /// SQL and logs without escaping.
+///
+/// Shared, not copied: a purchase's request_id travels with it through the gate, the
+/// group commit, its in-flight entry, its answer and its trim, about ten clones an
+/// order, each an allocation and a copy as a `String` (BENCHMARKS.md, ablation row S12).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RequestId(String);
+pub struct RequestId(Arc<str>);
 
 impl RequestId {
     pub fn parse(field: &'static str, raw: &str) -> Result<Self, ParseError> {
@@ -45,7 +50,7 @@ impl RequestId {
                 format!("character {bad:?} is not allowed (use A-Z a-z 0-9 _ . : -)"),
             ));
         }
-        Ok(Self(raw.to_owned()))
+        Ok(Self(Arc::from(raw)))
     }
 
     pub fn as_str(&self) -> &str {
