@@ -98,9 +98,9 @@ const CLUSTER_RETRIES: u32 = 6;
 const CLUSTER_RETRY_WAIT_MIN_MS: u64 = 10;
 /// Longest wait before a retry on a cluster (ms).
 const CLUSTER_RETRY_WAIT_MAX_MS: u64 = 400;
-/// How many times a script call is sent again after NOSCRIPT: the client loads the
-/// script on every node and sends it once more, but the slot may have moved to a node
-/// that never had it in between (a replica promoted after a restart).
+/// How many times a script call is sent again after NOSCRIPT: the script is loaded (on a
+/// cluster, on every node) and the call sent once more, but the slot may have moved to
+/// a node that never had it in between (a replica promoted after a restart).
 const NOSCRIPT_ATTEMPTS: usize = 3;
 
 /// The connection to one Redis or to a cluster.
@@ -118,37 +118,51 @@ pub(crate) struct RedisWire {
 }
 
 impl RedisWire {
-    async fn invoke(&self, invocation: &redis::ScriptInvocation<'_>) -> redis::RedisResult<Value> {
+    /// Sends one command and reads its reply.
+    async fn send(&self, cmd: &redis::Cmd) -> redis::RedisResult<Value> {
         match self.conn.clone() {
-            Conn::Node(mut conn) => invocation.invoke_async(&mut conn).await,
-            Conn::Cluster(mut conn) => invocation.invoke_async(&mut conn).await,
+            Conn::Node(mut conn) => cmd.query_async(&mut conn).await,
+            Conn::Cluster(mut conn) => cmd.query_async(&mut conn).await,
+        }
+    }
+
+    /// Loads `script` (`SCRIPT LOAD`; on a cluster, on every node).
+    async fn load(&self, script: &Script) -> redis::RedisResult<String> {
+        match self.conn.clone() {
+            Conn::Node(mut conn) => script.load_async(&mut conn).await,
+            Conn::Cluster(mut conn) => script.load_async(&mut conn).await,
         }
     }
 }
 
 #[async_trait]
 impl Wire for RedisWire {
+    /// One `EVALSHA`, its keys and arguments written straight into the command's one
+    /// buffer (redis-rs's `ScriptInvocation` first kept each in an allocation of its own,
+    /// about nine an order: BENCHMARKS.md, ablation row S12). On NOSCRIPT (Redis restarted,
+    /// failed over or flushed its scripts) the script is loaded and the call sent again.
     async fn eval(&self, call: &Call) -> Result<Value, GateError> {
         let script = self
             .scripts
             .get(call.script.name)
             .ok_or_else(|| GateError::config(format!("no script {}", call.script.name)))?;
-        let mut invocation = script.prepare_invoke();
-        for key in &call.keys {
-            invocation.key(key);
-        }
-        for arg in &call.args {
-            invocation.arg(arg);
-        }
-        let mut attempt = 1;
+        let bytes: usize = call.keys.iter().chain(&call.args).map(String::len).sum();
+        let mut eval = redis::Cmd::with_capacity(3 + call.keys.len() + call.args.len(), bytes + 64);
+        eval.arg("EVALSHA")
+            .arg(script.get_hash())
+            .arg(call.keys.len())
+            .arg(&call.keys)
+            .arg(&call.args);
+        let mut loads = 0;
         loop {
-            match self.invoke(&invocation).await {
+            match self.send(&eval).await {
                 Err(e)
-                    if attempt < NOSCRIPT_ATTEMPTS
+                    if loads < NOSCRIPT_ATTEMPTS
                         && e.kind()
                             == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                 {
-                    attempt += 1;
+                    loads += 1;
+                    self.load(script).await.map_err(unavailable)?;
                 }
                 other => return other.map_err(unavailable),
             }

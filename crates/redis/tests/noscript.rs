@@ -1,0 +1,96 @@
+//! The gate on a Redis that does not know its scripts: a fresh private Redis (its script
+//! cache empty), then the same Redis after `SCRIPT FLUSH` (as after a restart, or a
+//! failover to a node that never ran them). Every call must answer as on a Redis that
+//! had them: the gate loads a script when Redis answers NOSCRIPT and sends the call
+//! again. The test counts Redis's own `SCRIPT LOAD` calls (`INFO commandstats`), so it
+//! fails if the calls never met NOSCRIPT as well as if a load went missing.
+
+use std::time::Duration;
+
+use flashsale_app::ports::{Reserve, StockGate};
+use flashsale_core::{Generation, ProductId, PurchaseRequest, Quantity, RequestId, UserId};
+use flashsale_redis::{GateConfig, RedisGate};
+use flashsale_testkit::{redis_prefix, PrivateRedis};
+use redis::aio::MultiplexedConnection;
+
+fn product() -> ProductId {
+    ProductId::parse(1).expect("id")
+}
+
+fn purchase(id: &str, user: i64) -> PurchaseRequest {
+    PurchaseRequest {
+        request_id: RequestId::parse("request_id", id).expect("id"),
+        user_id: UserId::parse(user).expect("user"),
+        product_id: product(),
+        quantity: Quantity::from_stored(1).expect("quantity"),
+    }
+}
+
+/// How many times Redis ran `SCRIPT LOAD`.
+async fn script_loads(conn: &mut MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .expect("INFO");
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_script|load:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("a count"))
+}
+
+async fn reserved(gate: &RedisGate, id: &str, user: i64) {
+    let answer = gate.reserve(&purchase(id, user), None).await;
+    assert!(
+        matches!(answer, Ok(Reserve::Reserved { .. })),
+        "{id}: {answer:?}"
+    );
+}
+
+#[tokio::test]
+async fn scripts_unknown_to_redis_are_loaded_and_the_call_sent_again() {
+    let redis = PrivateRedis::start().await.expect("a private redis-server");
+    let mut conn = redis::Client::open(redis.url())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let gate = RedisGate::new(&GateConfig {
+        target: flashsale_redis::Target::Node(redis.url()),
+        prefix: redis_prefix(),
+        record_ttl: Duration::from_secs(600),
+        response_timeout: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(5),
+        sold_out_lease: Duration::ZERO,
+        shared_user_rate: None,
+    })
+    .expect("gate");
+    assert_eq!(script_loads(&mut conn).await, 0, "a fresh Redis");
+
+    // A fresh Redis: each script's first call meets NOSCRIPT once.
+    let loaded = gate
+        .load(
+            product(),
+            10,
+            Generation::from_stored(1).expect("generation"),
+        )
+        .await;
+    assert!(matches!(loaded, Ok(true)), "{loaded:?}");
+    reserved(&gate, "NS_A", 1).await;
+    reserved(&gate, "NS_B", 2).await;
+    assert_eq!(script_loads(&mut conn).await, 2, "load.lua and reserve.lua");
+
+    // The cache flushed: the next call loads its script again and goes through.
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .expect("SCRIPT FLUSH");
+    reserved(&gate, "NS_C", 3).await;
+    assert_eq!(script_loads(&mut conn).await, 3, "reserve.lua again");
+    assert_eq!(
+        gate.available(product()).await.expect("available"),
+        Some(7),
+        "three units taken, each once"
+    );
+}
