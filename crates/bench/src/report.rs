@@ -261,12 +261,19 @@ pub struct Cpu {
 /// The order the CPU figures are printed in.
 pub const CPU_NAMES: [&str; 6] = ["server", "generator", "redis", "mariadb", "nats", "machine"];
 
-/// "server 10.8, generator 14.8, …, machine 27.1 µs" for one of `Cpu`'s per-unit maps, in
-/// `CPU_NAMES` order, the names measured only.
+/// "server 10.8 (kernel 4.1), generator 14.8, …, machine 27.1 µs" for one of `Cpu`'s
+/// per-unit maps, in `CPU_NAMES` order, the names measured only; the server's kernel
+/// time ([`crate::probes::SERVER_KERNEL`]) is a part of its figure, in brackets.
 pub fn cpu_line(per: &BTreeMap<String, f64>) -> String {
     let parts: Vec<String> = CPU_NAMES
         .iter()
-        .filter_map(|name| per.get(*name).map(|v| format!("{name} {v:.1}")))
+        .filter_map(|name| {
+            let v = per.get(*name)?;
+            Some(match per.get(crate::probes::SERVER_KERNEL) {
+                Some(kernel) if *name == "server" => format!("{name} {v:.1} (kernel {kernel:.1})"),
+                _ => format!("{name} {v:.1}"),
+            })
+        })
         .collect();
     format!("{} µs", parts.join(", "))
 }
@@ -636,6 +643,26 @@ fn orders_and_costs(out: &mut String, r: &BenchResult) {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    // Checks the CPU line: names in CPU_NAMES order, only those measured, and the
+    // server's kernel time in brackets after the server's figure when it was read.
+    #[test]
+    fn cpu_line_puts_the_servers_kernel_time_in_brackets() {
+        let mut per = BTreeMap::from([
+            ("machine".to_owned(), 27.14),
+            ("server".to_owned(), 10.8),
+            ("generator".to_owned(), 14.8),
+        ]);
+        assert_eq!(
+            cpu_line(&per),
+            "server 10.8, generator 14.8, machine 27.1 µs"
+        );
+        per.insert(crate::probes::SERVER_KERNEL.to_owned(), 4.06);
+        assert_eq!(
+            cpu_line(&per),
+            "server 10.8 (kernel 4.1), generator 14.8, machine 27.1 µs"
+        );
+    }
 
     /// A result with every field filled in, values exactly representable in JSON.
     pub(crate) fn sample() -> BenchResult {
