@@ -128,19 +128,26 @@ pub(crate) fn cluster_port() -> io::Result<u16> {
 mod tests {
     use super::*;
 
+    // Checks what cluster_port promises: twelve calls give ports in 20000-22767, no
+    // port or bus port twice, each recorded as handed out (claiming it again fails, so
+    // neither cluster_port nor free_port gives it again in this process). Whether a port
+    // is still free after it was handed out is not checked: another process may take it
+    // in between, as the function says (re-binding them here failed one clean-clone CI
+    // run with AddrInUse); that both were free together at the check is what the
+    // function's own binds test.
     #[test]
-    fn cluster_ports_are_distinct_in_range_and_bindable() {
+    fn cluster_ports_are_distinct_in_range_and_recorded() {
         let mut seen = HashSet::new();
         for _ in 0..12 {
-            let port = cluster_port().unwrap();
+            let port = cluster_port().expect("a free pair in the range");
             assert!((CLUSTER_PORT_LOW..CLUSTER_PORT_END).contains(&port));
             let bus = port + CLUSTER_BUS_OFFSET;
             assert!(
                 seen.insert(port) && seen.insert(bus),
                 "{port} handed out twice"
             );
-            TcpListener::bind((Ipv4Addr::LOCALHOST, port)).unwrap();
-            TcpListener::bind((Ipv4Addr::LOCALHOST, bus)).unwrap();
+            assert!(!claim(port), "{port} not recorded as handed out");
+            assert!(!claim(bus), "{bus} not recorded as handed out");
         }
     }
 }
