@@ -310,24 +310,32 @@ impl Layout {
 
     /// A key of one product, as the table in the crate's documentation lays them out.
     pub fn key(&self, product_id: ProductId, suffix: &str) -> String {
-        format!("{}{{p:{product_id}}}:{suffix}", self.prefix)
+        self.key_of(product_id, &[suffix])
     }
 
-    /// A hold record's key: [`Self::key`] with the suffix `r:<request_id>`, built by pushes.
-    /// It is made once per purchase and once per trim; `format!` twice cost about 2,300
-    /// instructions a key (BENCHMARKS.md, ablation row S12).
-    fn hold_key(&self, product_id: ProductId, request_id: &str) -> String {
+    /// [`Self::key`] with its suffix in parts, joined as they are written in: built by
+    /// pushes, not `format!`, as a hold's key is made once per purchase and once per trim,
+    /// and `format!` twice cost about 2,300 instructions a key (BENCHMARKS.md, ablation
+    /// row S12).
+    fn key_of(&self, product_id: ProductId, suffix: &[&str]) -> String {
         use std::fmt::Write;
-        // `{p:` + up to 19 digits + `}:r:`.
-        const FIXED_MAX: usize = 26;
-        let mut key = String::with_capacity(self.prefix.len() + FIXED_MAX + request_id.len());
+        // `{p:` + up to 19 digits + `}:`.
+        const FIXED_MAX: usize = 24;
+        let parts: usize = suffix.iter().map(|part| part.len()).sum();
+        let mut key = String::with_capacity(self.prefix.len() + FIXED_MAX + parts);
         key.push_str(&self.prefix);
         key.push_str("{p:");
         // Writing an integer into a String cannot fail.
         let _ = write!(key, "{}", product_id.get());
-        key.push_str("}:r:");
-        key.push_str(request_id);
+        key.push_str("}:");
+        for part in suffix {
+            key.push_str(part);
+        }
         key
+    }
+
+    fn hold_key(&self, product_id: ProductId, request_id: &str) -> String {
+        self.key_of(product_id, &["r:", request_id])
     }
 
     pub async fn load(
@@ -432,7 +440,7 @@ impl Layout {
                 self.key(product_id, "users"),
                 self.hold_key(product_id, request_id.as_str()),
                 self.key(product_id, "pending"),
-                self.key(product_id, &format!("rel:{request_id}")),
+                self.key_of(product_id, &["rel:", request_id.as_str()]),
             ],
             args: vec![
                 request_id.as_str().to_owned(),
@@ -923,7 +931,8 @@ mod tests {
     use super::*;
 
     /// A hold's key is its product's key with the suffix `r:<request_id>`, as the crate's
-    /// key table lays it out, for the smallest and the largest product ids.
+    /// key table lays it out, for the smallest and the largest product ids; and both are
+    /// the table's text exactly.
     #[test]
     fn a_hold_key_is_the_product_key_of_its_record() {
         let layout = Layout::new("fs:", Duration::from_secs(1), Duration::from_secs(1));
@@ -938,5 +947,11 @@ mod tests {
         }
         let product_id = ProductId::parse(7).expect("positive");
         assert_eq!(layout.hold_key(product_id, "R1"), "fs:{p:7}:r:R1");
+        assert_eq!(layout.key(product_id, "inv"), "fs:{p:7}:inv");
+        let largest = ProductId::parse(i64::MAX).expect("positive");
+        assert_eq!(
+            layout.hold_key(largest, "R1"),
+            "fs:{p:9223372036854775807}:r:R1"
+        );
     }
 }
