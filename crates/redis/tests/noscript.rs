@@ -5,26 +5,16 @@
 //! again. The test counts Redis's own `SCRIPT LOAD` calls (`INFO commandstats`), so it
 //! fails if the calls never met NOSCRIPT as well as if a load went missing.
 
+mod common;
+
 use std::time::Duration;
 
 use flashsale_app::ports::{Reserve, StockGate};
-use flashsale_core::{Generation, ProductId, PurchaseRequest, Quantity, RequestId, UserId};
-use flashsale_redis::{GateConfig, RedisGate};
+use flashsale_redis::RedisGate;
 use flashsale_testkit::{redis_prefix, PrivateRedis};
 use redis::aio::MultiplexedConnection;
 
-fn product() -> ProductId {
-    ProductId::parse(1).expect("id")
-}
-
-fn purchase(id: &str, user: i64) -> PurchaseRequest {
-    PurchaseRequest {
-        request_id: RequestId::parse("request_id", id).expect("id"),
-        user_id: UserId::parse(user).expect("user"),
-        product_id: product(),
-        quantity: Quantity::from_stored(1).expect("quantity"),
-    }
-}
+use common::{generation, product, purchase};
 
 /// How many times Redis ran `SCRIPT LOAD`.
 async fn script_loads(conn: &mut MultiplexedConnection) -> u64 {
@@ -55,26 +45,11 @@ async fn scripts_unknown_to_redis_are_loaded_and_the_call_sent_again() {
         .get_multiplexed_async_connection()
         .await
         .expect("connect");
-    let gate = RedisGate::new(&GateConfig {
-        target: flashsale_redis::Target::Node(redis.url()),
-        prefix: redis_prefix(),
-        record_ttl: Duration::from_secs(600),
-        response_timeout: Duration::from_secs(5),
-        connect_timeout: Duration::from_secs(5),
-        sold_out_lease: Duration::ZERO,
-        shared_user_rate: None,
-    })
-    .expect("gate");
+    let gate = common::gate(&redis.url(), &redis_prefix(), Duration::ZERO);
     assert_eq!(script_loads(&mut conn).await, 0, "a fresh Redis");
 
     // A fresh Redis: each script's first call meets NOSCRIPT once.
-    let loaded = gate
-        .load(
-            product(),
-            10,
-            Generation::from_stored(1).expect("generation"),
-        )
-        .await;
+    let loaded = gate.load(product(), 10, generation(1)).await;
     assert!(matches!(loaded, Ok(true)), "{loaded:?}");
     reserved(&gate, "NS_A", 1).await;
     reserved(&gate, "NS_B", 2).await;

@@ -2,11 +2,12 @@
 //! coalescer makes only by chance: the same request_id twice in one call, and several
 //! purchases whose counters the script writes once for the whole batch.
 
+mod common;
+
+use common::REDIS_URL;
 use flashsale_testkit::{delete_prefix, redis_prefix};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncCommands, Script, Value};
-
-const REDIS_URL: &str = "redis://127.0.0.1:6379";
 /// Hold records' lifetime in these calls.
 const TTL_MS: u64 = 60_000;
 
@@ -300,27 +301,13 @@ async fn adding_units_ends_the_lease_and_publishes_a_revocation() {
 #[tokio::test]
 async fn a_foreign_entry_changes_only_once_adopted() {
     use flashsale_app::ports::{GateMaintenance, Release, ReleaseOf, Reserve, Restock, StockGate};
-    use flashsale_core::{Generation, ProductId, PurchaseRequest, Quantity, RequestId, UserId};
+    use flashsale_core::RequestId;
     use std::time::Duration;
     let prefix = redis_prefix();
-    let gate = flashsale_redis::RedisGate::new(&flashsale_redis::GateConfig {
-        target: flashsale_redis::Target::Node(REDIS_URL.to_owned()),
-        prefix: prefix.clone(),
-        record_ttl: Duration::from_secs(600),
-        response_timeout: Duration::from_secs(5),
-        connect_timeout: Duration::from_secs(5),
-        sold_out_lease: Duration::ZERO,
-        shared_user_rate: None,
-    })
-    .expect("gate");
-    let product = ProductId::parse(1).expect("id");
-    let g1 = Generation::from_stored(1).expect("generation");
-    let buy = |id: &str| PurchaseRequest {
-        request_id: RequestId::parse("request_id", id).expect("id"),
-        user_id: UserId::parse(7).expect("user"),
-        product_id: product,
-        quantity: Quantity::from_stored(1).expect("quantity"),
-    };
+    let gate = common::gate(REDIS_URL, &prefix, Duration::ZERO);
+    let product = common::product();
+    let g1 = common::generation(1);
+    let buy = |id: &str| common::purchase(id, 7);
     gate.load(product, 5, g1).await.expect("load");
     let Reserve::Reserved { hold } = gate.reserve(&buy("F1"), None).await.expect("reserve") else {
         panic!("a loaded product grants a hold");

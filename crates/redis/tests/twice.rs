@@ -13,15 +13,15 @@ use std::time::Duration;
 use flashsale_app::ports::{
     GateMaintenance, RebuildPlan, Release, ReleaseOf, Reserve, Restock, StockGate,
 };
-use flashsale_core::{
-    Generation, HoldRef, ProductId, PurchaseRequest, Quantity, RequestId, UserId,
-};
+use flashsale_core::{HoldRef, RequestId, UserId};
 use flashsale_redis::{GateConfig, RedisGate};
 use flashsale_testkit::{delete_prefix, redis_prefix};
 use redis::aio::MultiplexedConnection;
 use redis::AsyncCommands;
 
-const REDIS_URL: &str = "redis://127.0.0.1:6379";
+mod common;
+
+use common::{generation, product, purchase, REDIS_URL};
 
 /// The test's key prefix and a connection of its own that reads what is under it.
 struct World {
@@ -45,16 +45,7 @@ impl World {
     /// The adapter on this world's prefix, with a sold-out lease of `lease` (zero:
     /// none).
     fn gate(&self, lease: Duration) -> RedisGate {
-        RedisGate::new(&GateConfig {
-            target: flashsale_redis::Target::Node(REDIS_URL.to_owned()),
-            prefix: self.prefix.clone(),
-            record_ttl: Duration::from_secs(600),
-            response_timeout: Duration::from_secs(5),
-            connect_timeout: Duration::from_secs(5),
-            sold_out_lease: lease,
-            shared_user_rate: None,
-        })
-        .expect("gate")
+        common::gate(REDIS_URL, &self.prefix, lease)
     }
 
     /// Every key under the prefix with its whole value, and whether it has a lifetime.
@@ -99,23 +90,6 @@ impl World {
 
     async fn cleanup(self) {
         let _ = delete_prefix(REDIS_URL, &self.prefix).await;
-    }
-}
-
-fn product() -> ProductId {
-    ProductId::parse(1).expect("id")
-}
-
-fn generation(n: i64) -> Generation {
-    Generation::from_stored(n).expect("generation")
-}
-
-fn purchase(id: &str, user: i64) -> PurchaseRequest {
-    PurchaseRequest {
-        request_id: RequestId::parse("request_id", id).expect("id"),
-        user_id: UserId::parse(user).expect("user"),
-        product_id: product(),
-        quantity: Quantity::from_stored(1).expect("quantity"),
     }
 }
 
@@ -367,16 +341,11 @@ async fn adopt_twice_changes_nothing() {
 async fn reserve_with_the_shared_rate_twice_changes_nothing() {
     let mut w = World::new().await;
     let g = RedisGate::new(&GateConfig {
-        target: flashsale_redis::Target::Node(REDIS_URL.to_owned()),
-        prefix: w.prefix.clone(),
-        record_ttl: Duration::from_secs(600),
-        response_timeout: Duration::from_secs(5),
-        connect_timeout: Duration::from_secs(5),
-        sold_out_lease: Duration::ZERO,
         shared_user_rate: Some(flashsale_app::limit::Rate {
             per_second: 1,
             burst: 1,
         }),
+        ..common::config(REDIS_URL, &w.prefix, Duration::ZERO)
     })
     .expect("gate");
     g.load(product(), 5, generation(1)).await.expect("load");
