@@ -243,18 +243,12 @@ pub(crate) fn committed(
 }
 
 /// The batch as one JSON document: `[request_id, product_id, user_id, quantity,
-/// hold_id, generation, payment timeout in µs, event id, per-user limit or null]` per
-/// purchase. Every statement of the group transaction reads the batch from it (set once
+/// hold_id, generation, payment timeout in µs, per-user limit or null]` per purchase. Every statement of the group transaction reads the batch from it (set once
 /// per transaction, [`insert`]; the stored procedure of migration `…13_batch_facts.sql`
 /// reads the same positions: change both together), and
 /// [`taken`] binds it as its single parameter: one
 /// statement text for every batch size (an `IN (?, ?, …)` list of each new length was a
 /// new statement to prepare, about one in five executions).
-///
-/// The `order_created` event's id is made here, a UUIDv7: time-ordered, so the outbox's
-/// and the consumer's unique keys on it grow at their right edge, and a plain column of
-/// the batch, so the outbox's INSERT needs no derived table to evaluate a `UUID()` once
-/// per row (that materialization cost more than the row's insert).
 pub(crate) fn document(batch: &[Purchase]) -> String {
     let rows: Vec<_> = batch
         .iter()
@@ -267,11 +261,6 @@ pub(crate) fn document(batch: &[Purchase]) -> String {
                 p.hold.id.get(),
                 p.hold.generation.get(),
                 crate::ledger::micros(p.payment_timeout),
-                // Encoded into a buffer: `to_string` goes through `fmt`.
-                uuid::Uuid::now_v7()
-                    .hyphenated()
-                    .encode_lower(&mut uuid::Uuid::encode_buffer())
-                    .to_owned(),
                 p.per_user_limit,
             )
         })
@@ -295,9 +284,7 @@ macro_rules! batch_table {
          request_id VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$[0]', \
          product_id BIGINT PATH '$[1]', user_id BIGINT PATH '$[2]', quantity INT PATH '$[3]', \
          hold_id BIGINT PATH '$[4]', generation BIGINT PATH '$[5]', \
-         timeout_us BIGINT PATH '$[6]', \
-         event_id VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$[7]', \
-         user_limit BIGINT PATH '$[8]')) AS b"
+         timeout_us BIGINT PATH '$[6]', user_limit BIGINT PATH '$[7]')) AS b"
         )
     };
 }
@@ -345,9 +332,6 @@ pub(crate) async fn taken(
 /// parsed once per connection; sent as text, its statements were parsed on every
 /// commit). Its one result set is the new orders' ids and times (`INSERT … RETURNING`).
 const ROWS: &str = "CALL group_commit_insert()";
-/// The pack of one product's `order_created` events of the batch, after [`ROWS`]: the
-/// stored procedure of migration `…13_batch_facts.sql`, called with the product's id.
-const EVENTS: &str = "CALL group_commit_events";
 /// Of the batch's (user, product) pairs under a per-user limit, those whose live orders,
 /// the batch's own included, add up to more than it: the ledger's own per-user check, as
 /// Redis's per-user counts can be lost. Runs after the batch's products' rows were
@@ -454,20 +438,19 @@ async fn run_script(
     }
 }
 
-/// Writes every purchase of `batch` (whose [`document`] is `document`) in the open
-/// transaction `tx`: [`Written::Orders`] and the caller commits, or another answer and
-/// the caller rolls back.
+/// Writes every purchase of `batch` (whose [`document`] is `document`) in the group
+/// transaction open on `tx` ([`begin`]), but for their events: [`end`] writes those
+/// with the COMMIT for [`Written::Orders`], and rolls back any other answer.
 ///
 /// The whole write is one script, sent in one round trip: the batch into a user
 /// variable, the stored procedure that inserts the reservations and the orders
 /// (returning their ids, [`ROWS`]), per product and generation the stock-log row of the
-/// units the batch moves, per product the pack of its `order_created` events
-/// ([`EVENTS`]), one counter UPDATE per product, and the per-user check when a product
-/// has a limit. Measured
-/// against one round trip per statement (eight with the BEGIN, the read-back and the
-/// COMMIT): +8 % orders/s; the procedure instead of the four INSERTs as text: +1–8 %
-/// (BENCHMARKS.md, ablation rows L7 and L11). The statements' own work is most of a
-/// group commit; taking the BEGIN and the COMMIT into the script too gained nothing more.
+/// units the batch moves, one counter UPDATE per product, and the per-user check when a
+/// product has a limit. Measured against one round trip per statement (eight with the
+/// BEGIN, the read-back and the COMMIT): +8 % orders/s; the procedure instead of the
+/// four INSERTs as text: +1–8 % (BENCHMARKS.md, ablation rows L7 and L11). The
+/// statements' own work is most of a group commit; taking the BEGIN into the script too
+/// gained nothing more.
 pub(crate) async fn insert(
     tx: &mut MySqlConnection,
     batch: &[Purchase],
@@ -490,7 +473,6 @@ pub(crate) async fn insert(
         Counters::Gate => moved.iter().map(|(&key, &(_, q))| (key, q)).collect(),
         Counters::Taken => Vec::new(),
     };
-    let products: BTreeSet<ProductId> = moved.keys().map(|(product_id, _)| *product_id).collect();
     let limited = batch.iter().any(|p| p.per_user_limit.is_some());
     let mut script = format!(
         "SET {} = CONVERT({} USING utf8mb4);\n{ROWS};\n",
@@ -505,9 +487,6 @@ pub(crate) async fn insert(
             "INSERT INTO inventory_batch_log (product_id, generation, orders, quantity) \
              VALUES ({product_id}, {generation}, {orders}, {q});\n"
         ));
-    }
-    for product_id in &products {
-        script.push_str(&format!("{EVENTS}({});\n", product_id.get()));
     }
     for ((product_id, generation), q) in &units {
         let (product_id, generation) = (product_id.get(), generation.get());
@@ -524,11 +503,10 @@ pub(crate) async fn insert(
     }
     script.push_str(concat!("SET ", batch_variable!(), " = NULL"));
     // Results in the script: 0 sets the batch; 1 is the procedure's result set, the
-    // orders, and 2 the procedure's own; the stock-log rows, the events and the counters
-    // follow. An error while the procedure inserts the reservations or the orders comes
+    // orders, and 2 the procedure's own; the stock-log rows and the counters follow. An error while the procedure inserts the reservations or the orders comes
     // before its result set ends.
     const ORDERS_AT: usize = 1;
-    let counters_at = 3 + moved.len() + products.len();
+    let counters_at = 3 + moved.len();
     let outcomes = match run_script(tx, &script).await {
         Ok(outcomes) => outcomes,
         // A request_id or a hold id taken: the one-by-one path tells which and answers.
@@ -605,6 +583,180 @@ pub(crate) async fn insert(
     Ok(Written::Orders(orders))
 }
 
+/// Begins a group transaction on `conn`. Sent by hand, not as sqlx's `Transaction`, so
+/// that [`end`] can send the events' INSERT and the COMMIT in one round trip (sqlx's
+/// sends its COMMIT alone). Whatever [`insert`] answers goes to [`end`], which ends the
+/// transaction on every path; a caller dropped halfway drops its dedicated connection
+/// with it (`Taken` closes a connection not given back), and the server rolls back.
+pub(crate) async fn begin(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
+    sqlx::Executor::execute(&mut *conn, "BEGIN").await.map(drop)
+}
+
+/// Ends the group transaction that [`insert`] wrote on `conn`: for [`Written::Orders`],
+/// one round trip with the pack of each product's `order_created` events ([`packs`])
+/// and the COMMIT; for anything else a ROLLBACK, passing `written` on.
+///
+/// The server builds the packs from the orders the procedure returned: built in
+/// MariaDB (a `JSON_OBJECT` per event, joined to the orders, `GROUP_CONCAT`), they cost
+/// about 7 µs of its CPU per order more (BENCHMARKS.md, ablation row L26).
+pub(crate) async fn end(
+    conn: &mut MySqlConnection,
+    written: Result<Written, sqlx::Error>,
+) -> Result<Written, sqlx::Error> {
+    let orders = match written {
+        Ok(Written::Orders(orders)) => orders,
+        other => return roll_back(conn, other).await,
+    };
+    let mut script = packs(&orders);
+    script.push_str(";\nCOMMIT");
+    match run_script(conn, &script).await {
+        Ok(_) => Ok(Written::Orders(orders)),
+        // The events refused (the outbox's checks): nothing committed, as in `insert`.
+        Err((0, e @ sqlx::Error::Database(_))) if !crate::ledger::is_retryable(&e) => {
+            tracing::warn!(
+                size = orders.len(),
+                error = %e,
+                "group transaction's events refused; its purchases go one by one"
+            );
+            roll_back(conn, Ok(Written::NotPlain)).await
+        }
+        Err((_, e)) => roll_back(conn, Err(e)).await,
+    }
+}
+
+/// Rolls back the transaction open on `conn` and passes `outcome` on. When the ROLLBACK
+/// fails, the connection's state is unknown: the answer is then an error that is not the
+/// database's (the caller's original one, or a protocol error), so that the dedicated
+/// pool closes the connection rather than reusing it (`Taken::give_back`); closing it
+/// rolls the transaction back on the server.
+pub(crate) async fn roll_back<T>(
+    conn: &mut MySqlConnection,
+    outcome: Result<T, sqlx::Error>,
+) -> Result<T, sqlx::Error> {
+    match (
+        sqlx::Executor::execute(&mut *conn, "ROLLBACK").await,
+        outcome,
+    ) {
+        (Ok(_), outcome) => outcome,
+        (Err(_), Err(e)) if !matches!(e, sqlx::Error::Database(_)) => Err(e),
+        (Err(e), _) => Err(sqlx::Error::Protocol(format!(
+            "group transaction: ROLLBACK failed: {e}"
+        ))),
+    }
+}
+
+/// The INSERT of the outbox rows of `orders`' `order_created` events: one row per
+/// product, a pack (docs/events.md), each event as a single event's row holds it, with
+/// the spacing of MariaDB's `JSON_OBJECT`. Each event's id is a UUIDv7, time-ordered,
+/// so the consumer's unique key on it grows at its right edge; `occurred_at` is the
+/// order's `created_at`, the database's clock. The payloads reach the SQL as hexadecimal
+/// literals ([`hex_literal`]).
+fn packs(orders: &[Order]) -> String {
+    let mut sql = String::from(
+        "INSERT INTO outbox (event_type, product_id, events, payload, created_at) VALUES ",
+    );
+    for (i, (product_id, (events, payload))) in pack_payloads(orders).iter().enumerate() {
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(&format!(
+            "('order_created', {}, {events}, CONVERT({} USING utf8mb4), NOW(6))",
+            product_id.get(),
+            hex_literal(payload),
+        ));
+    }
+    sql
+}
+
+/// Per product of `orders`, its events' count and pack: the JSON array of their
+/// `order_created` events.
+fn pack_payloads(orders: &[Order]) -> BTreeMap<ProductId, (usize, String)> {
+    let mut per_product: BTreeMap<ProductId, Vec<OrderCreated<'_>>> = BTreeMap::new();
+    for order in orders {
+        per_product
+            .entry(order.product_id)
+            .or_default()
+            .push(OrderCreated::of(order));
+    }
+    per_product
+        .into_iter()
+        .map(|(product_id, events)| {
+            let mut payload = Vec::with_capacity(events.len() * EVENT_BYTES);
+            let mut json = serde_json::Serializer::with_formatter(&mut payload, Spaced);
+            // Strings, integers and null into a Vec: serializing cannot fail, and what
+            // serde_json writes is UTF-8.
+            let _ = serde::Serialize::serialize(&events, &mut json);
+            let payload = String::from_utf8(payload).unwrap_or_default();
+            (product_id, (events.len(), payload))
+        })
+        .collect()
+}
+
+/// About the length of one `order_created` event's JSON (at most 369 characters).
+const EVENT_BYTES: usize = 320;
+
+/// An `order_created` event as docs/events.md specifies it, in its fields' order.
+#[derive(serde::Serialize)]
+struct OrderCreated<'a> {
+    event_id: String,
+    event_type: &'static str,
+    sequence: u32,
+    order_id: i64,
+    request_id: &'a str,
+    product_id: i64,
+    user_id: i64,
+    quantity: u32,
+    reason: Option<&'static str>,
+    occurred_at: String,
+}
+
+impl<'a> OrderCreated<'a> {
+    fn of(order: &'a Order) -> Self {
+        Self {
+            event_id: uuid::Uuid::now_v7()
+                .hyphenated()
+                .encode_lower(&mut uuid::Uuid::encode_buffer())
+                .to_owned(),
+            event_type: "order_created",
+            sequence: 1,
+            order_id: order.order_id.get(),
+            request_id: order.request_id.as_str(),
+            product_id: order.product_id.get(),
+            user_id: order.user_id.get(),
+            quantity: order.quantity.get(),
+            reason: None,
+            occurred_at: order
+                .created_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        }
+    }
+}
+
+/// serde_json's compact output with MariaDB's `JSON_OBJECT` spacing, `{"a": 1, "b": 2}`,
+/// so that every event of the outbox reads alike whoever wrote it.
+struct Spaced;
+
+impl serde_json::ser::Formatter for Spaced {
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+    ) -> std::io::Result<()> {
+        writer.write_all(b": ")
+    }
+}
+
 /// The (user, product) pairs of the batch over their per-user limit, from the rows of
 /// [`OVER_LIMIT`], each with the live units the user held before the batch.
 fn over_limit(
@@ -670,6 +822,63 @@ mod tests {
         ] {
             assert_eq!(parse_datetime(raw), None, "{raw}");
         }
+    }
+
+    // Checks the server-built packs against what docs/events.md specifies for an
+    // `order_created` event, on three orders of two products: one pack per product
+    // holding its orders' events in order, each with every field of its order, a fresh
+    // UUIDv7 as its id, `occurred_at` the order's `created_at` in microseconds, and the
+    // spacing of MariaDB's JSON_OBJECT.
+    #[test]
+    fn packs_hold_one_event_per_order_as_the_events_contract_says() {
+        let created_at = parse_datetime("2026-12-04 10:00:00.000123").expect("time");
+        let order = |id: i64, request_id: &str, product: i64| Order {
+            order_id: OrderId::parse(id).expect("id"),
+            request_id: RequestId::parse("request_id", request_id).expect("request_id"),
+            user_id: UserId::parse(40 + id).expect("user"),
+            product_id: ProductId::parse(product).expect("product"),
+            quantity: flashsale_core::Quantity::from_stored(i64::from(id == 2) + 1)
+                .expect("quantity"),
+            status: OrderStatus::PendingPayment,
+            created_at,
+            expires_at: created_at,
+            paid_at: None,
+            cancelled_at: None,
+            cancel_reason: None,
+        };
+        let orders = [
+            order(1, "REQ_a", 7),
+            order(2, "REQ_b", 9),
+            order(3, "REQ_c", 7),
+        ];
+        let packs = pack_payloads(&orders);
+        assert_eq!(packs.len(), 2);
+        let (count, text) = &packs[&ProductId::parse(7).expect("product")];
+        assert_eq!(*count, 2);
+        assert!(text.starts_with(r#"[{"event_id": ""#), "{text}");
+        let events: Vec<serde_json::Value> = serde_json::from_str(text).expect("JSON array");
+        for (event, order) in events.iter().zip([&orders[0], &orders[2]]) {
+            let id = event["event_id"].as_str().expect("event_id");
+            assert_eq!(
+                uuid::Uuid::parse_str(id).expect("uuid").get_version_num(),
+                7
+            );
+            assert_eq!(
+                event,
+                &serde_json::json!({
+                    "event_id": id, "event_type": "order_created", "sequence": 1,
+                    "order_id": order.order_id.get(), "request_id": order.request_id.as_str(),
+                    "product_id": 7, "user_id": order.user_id.get(),
+                    "quantity": order.quantity.get(), "reason": null,
+                    "occurred_at": "2026-12-04T10:00:00.000123Z",
+                })
+            );
+        }
+        assert_ne!(events[0]["event_id"], events[1]["event_id"]);
+        let (_, other) = &packs[&ProductId::parse(9).expect("product")];
+        let other: serde_json::Value = serde_json::from_str(other).expect("JSON");
+        assert_eq!(other[0]["quantity"], 2);
+        assert!(super::packs(&orders).starts_with("INSERT INTO outbox"));
     }
 
     // Checks the hexadecimal literal: every byte as two lowercase hex digits between

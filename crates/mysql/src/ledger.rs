@@ -559,14 +559,9 @@ impl MysqlLedger {
         members: &[Purchase],
         document: &str,
     ) -> Result<Written, sqlx::Error> {
-        let mut tx = conn.begin().await?;
-        let written = crate::group::insert(&mut tx, members, document, Counters::Gate).await?;
-        if matches!(written, Written::Orders(_)) {
-            tx.commit().await?;
-        } else {
-            tx.rollback().await?;
-        }
-        Ok(written)
+        crate::group::begin(conn).await?;
+        let written = crate::group::insert(conn, members, document, Counters::Gate).await;
+        crate::group::end(conn, written).await
     }
 
     /// Commits a batch of purchases in one transaction when they go the plain way: the

@@ -13,7 +13,7 @@ use flashsale_app::modes::LEDGER_SALES_AFTER_SWITCH;
 use flashsale_app::ports::{Commit, LedgerError};
 use flashsale_batch::{BatchFn, Coalescer};
 use flashsale_core::{Generation, HoldRef, ProductId, PurchaseRequest, StockMode};
-use sqlx::{Acquire, MySqlConnection, Row};
+use sqlx::{MySqlConnection, Row};
 use tracing::debug;
 
 use super::{
@@ -172,10 +172,10 @@ impl MysqlLedger {
         conn: &mut MySqlConnection,
         members: &[LedgerPurchase],
     ) -> Result<Option<Written>, sqlx::Error> {
-        let mut tx = conn.begin().await?;
-        let Some(holds) = take_ledger_units(&mut tx, members).await? else {
-            tx.rollback().await?;
-            return Ok(None);
+        crate::group::begin(conn).await?;
+        let holds = match take_ledger_units(conn, members).await {
+            Ok(Some(holds)) => holds,
+            other => return crate::group::roll_back(conn, other.map(|_| None)).await,
         };
         let purchases: Vec<Purchase> = members
             .iter()
@@ -188,13 +188,8 @@ impl MysqlLedger {
             })
             .collect();
         let document = crate::group::document(&purchases);
-        let written = crate::group::insert(&mut tx, &purchases, &document, Counters::Taken).await?;
-        if matches!(written, Written::Orders(_)) {
-            tx.commit().await?;
-        } else {
-            tx.rollback().await?;
-        }
-        Ok(Some(written))
+        let written = crate::group::insert(conn, &purchases, &document, Counters::Taken).await;
+        crate::group::end(conn, written).await.map(Some)
     }
 
     /// One ledger-mode purchase in its own transaction.

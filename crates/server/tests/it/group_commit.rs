@@ -48,7 +48,9 @@ fn request(i: i64, product: i64) -> PurchaseRequest {
 // meets too few units falls back to one-by-one commits, which sort it out — and every
 // duplicate gets the order of its request_id. The rows agree: 150 orders, one
 // `order_created` outbox event each (sequence 1, the payload's event_id and order_id
-// equal to the columns), one `reserve` log row each, and the counters.
+// equal to the columns, its buyer, product and quantity the order's, no reason, and
+// `occurred_at` at or just after the order's `created_at`, equal to it for a group
+// commit's packed events), every unit in the stock log once, and the counters.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_purchases_commit_together_with_the_same_answers() {
     let app = TestApp::spawn().await;
@@ -105,11 +107,32 @@ async fn concurrent_purchases_commit_together_with_the_same_answers() {
             "SELECT COUNT(*) FROM outbox_event o JOIN orders r ON r.request_id = o.request_id \
              WHERE o.event_type = 'order_created' AND o.sequence = 1 AND o.order_id = r.id \
              AND JSON_VALUE(o.payload, '$.event_id') = o.event_id \
-             AND JSON_VALUE(o.payload, '$.order_id') = r.id"
+             AND JSON_VALUE(o.payload, '$.order_id') = r.id \
+             AND JSON_VALUE(o.payload, '$.event_type') = 'order_created' \
+             AND JSON_VALUE(o.payload, '$.user_id') = r.user_id \
+             AND JSON_VALUE(o.payload, '$.product_id') = r.product_id \
+             AND JSON_VALUE(o.payload, '$.quantity') = r.quantity \
+             AND JSON_TYPE(JSON_EXTRACT(o.payload, '$.reason')) = 'NULL' \
+             AND STR_TO_DATE(JSON_VALUE(o.payload, '$.occurred_at'), '%Y-%m-%dT%H:%i:%s.%fZ') \
+                 BETWEEN r.created_at AND r.created_at + INTERVAL 1 SECOND"
         )
         .await,
         150,
         "one consistent order_created event per order"
+    );
+    // A packed event (a group commit's) occurred when its order was created, to the
+    // microsecond.
+    let packed = "FROM outbox_event e JOIN outbox p ON p.id = e.id AND p.request_id IS NULL \
+                  JOIN orders r ON r.id = e.order_id";
+    let packed_events = app.count(&format!("SELECT COUNT(*) {packed}")).await;
+    assert!(packed_events > 0, "no purchase was committed in a group");
+    assert_eq!(
+        app.count(&format!(
+            "SELECT COUNT(*) {packed} WHERE JSON_VALUE(e.payload, '$.occurred_at') = \
+             DATE_FORMAT(r.created_at, '%Y-%m-%dT%H:%i:%s.%fZ')"
+        ))
+        .await,
+        packed_events
     );
     assert_eq!(
         app.count("SELECT COUNT(DISTINCT event_id) FROM outbox_event")

@@ -1,0 +1,14 @@
+-- A group commit's `order_created` events are packed by the server (`crate::group::end`
+-- in flashsale-mysql), from the orders the procedure group_commit_insert returns, and
+-- inserted with the transaction's COMMIT in one round trip. Packing them here, a
+-- JSON_OBJECT per event joined back to its order and a GROUP_CONCAT, was about 7 µs of
+-- MariaDB's CPU per order (BENCHMARKS.md, ablation row L26). The packs are as before:
+-- one outbox row per product and batch, the same payload (docs/events.md), the same
+-- `outbox_event` view over them.
+--
+-- The batch document loses its event-id column: the per-user limit moves from $[8] to
+-- $[7]. group_commit_insert reads $[0]–$[6] only and is unchanged. An instance of the
+-- previous version still running after this migration finds its procedure gone: its
+-- group transactions are refused before COMMIT, and it commits each purchase on its
+-- own (correct, slower) until it is replaced.
+DROP PROCEDURE group_commit_events;
