@@ -575,9 +575,21 @@ pub fn decode_event(body: &[u8]) -> Result<Event, DecodeError> {
     checked(serde_json::from_slice(body).map_err(|e| DecodeError(e.to_string()))?)
 }
 
+/// The longest `event_id` an event may carry: the width of the consumers' key column
+/// (`consumed_event.event_id`, and the outbox's). flashsale's own ids are UUIDs, 36.
+pub const EVENT_ID_CHARS_MAX: usize = 64;
+
 /// An event as read, its fields checked as the domain does.
 fn checked(w: WireEvent<'_>) -> Result<Event, DecodeError> {
     let bad = |e: &dyn std::fmt::Display| DecodeError(e.to_string());
+    // The consumers' deduplication key, stored as at most 64 characters: a longer one
+    // would be cut, and two ids cut alike would count as one event.
+    if w.event_id.is_empty() || w.event_id.chars().count() > EVENT_ID_CHARS_MAX {
+        return Err(DecodeError(format!(
+            "event_id: 1 to {EVENT_ID_CHARS_MAX} characters, not {}",
+            w.event_id.chars().count()
+        )));
+    }
     Ok(Event {
         event_type: w.event_type.parse().map_err(|e| bad(&e))?,
         event_id: w.event_id,
@@ -866,7 +878,8 @@ mod tests {
     // Checks the documented JSON form (as MariaDB's JSON_OBJECT writes it) decodes into
     // the event, null order_id included, an escaped request_id too (the borrowed fields
     // fall back to a copy), and that a bad field is refused — an `occurred_at` that is not
-    // RFC 3339 (no offset, or no timestamp at all) among them.
+    // RFC 3339 (no offset, or no timestamp at all) among them, and an `event_id` empty or
+    // longer than the consumers' key column.
     #[test]
     fn decodes_the_documented_payload() {
         let body = r#"{"event_id": "5f0c6a4e-ebf5-11f1-b3b2-02fc00000001", "event_type": "reservation_released", "sequence": 1, "order_id": null, "request_id": "REQ_1", "product_id": 1001, "user_id": 42, "quantity": 2, "reason": "sold_out", "occurred_at": "2026-11-29T10:00:00.123456Z"}"#;
@@ -895,6 +908,16 @@ mod tests {
             assert!(decode_event(bad.as_bytes()).is_err(), "{at}");
         }
         assert!(decode_event(b"{}").is_err());
+        // An event_id of 64 characters (multi-byte ones count as one each) is the longest.
+        let id = "5f0c6a4e-ebf5-11f1-b3b2-02fc00000001";
+        let longest = "é".repeat(EVENT_ID_CHARS_MAX);
+        assert!(decode_event(body.replace(id, &longest).as_bytes()).is_ok());
+        for bad in [String::new(), "x".repeat(EVENT_ID_CHARS_MAX + 1)] {
+            assert!(
+                decode_event(body.replace(id, &bad).as_bytes()).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     fn event(n: usize, event_type: EventType, payload_len: usize) -> OutboxMessage {
