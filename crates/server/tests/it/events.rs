@@ -945,3 +945,81 @@ async fn a_delivery_with_events_consumed_before_applies_only_the_new_ones() {
     assert_eq!(app.count("SELECT COUNT(*) FROM consumed_event").await, 3);
     app.cleanup().await;
 }
+
+// Checks that an event whose id is longer than the consumers' key column (65
+// characters) is refused by the decoder instead of poisoning its message: published
+// directly in one message with a valid event of another product (after a purchase,
+// whose events make the relay create the stream), the valid one is
+// applied (its id in consumed_event, sales_stats counting one order) and the message is
+// acknowledged, not redelivered; the long id is recorded nowhere, cut or whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_id_too_long_is_skipped_and_its_message_applied() {
+    let app = TestApp::spawn().await;
+    let events = TestEvents::start(&app, NATS_URL).await;
+    // A purchase first, so that the relay has made the stream.
+    app.create_product(3392, 1, None).await;
+    buy(&app, 3392, "long", 1).await;
+    wait_drained(&app, &[3392]).await;
+    let js = events.jetstream().await;
+    let event = |event_id: &str, product: i64| {
+        format!(
+            r#"{{"event_id": "{event_id}", "event_type": "order_created", "sequence": 1, "order_id": 1, "request_id": "REQ_long_{product}", "product_id": {product}, "user_id": 1, "quantity": 1, "reason": null, "occurred_at": "2026-12-04T10:00:00.000001Z"}}"#
+        )
+    };
+    let long_id = "x".repeat(65);
+    let good_id = "0193a7c4-5d2e-7f00-8000-000000000065";
+    let body = format!("[{}, {}]", event(&long_id, 3390), event(good_id, 3391));
+    let ack = js
+        .send_publish(
+            format!("{}.events.order_created", events.subject_prefix),
+            async_nats::jetstream::message::PublishMessage::build()
+                .payload(body.into_bytes().into())
+                .message_id("long-event-id"),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("ack");
+    wait_until("the consumer acknowledged the message", DRAIN_MAX, || {
+        let js = js.clone();
+        let stream = events.stream.clone();
+        async move {
+            let stream = js.get_stream(&stream).await.expect("stream");
+            let info = stream
+                .consumer_info(flashsale_nats::CONSUMER_NAME)
+                .await
+                .expect("consumer info");
+            info.num_pending == 0
+                && info.num_ack_pending == 0
+                && info.ack_floor.stream_sequence == ack.sequence
+        }
+    })
+    .await;
+    assert_eq!(
+        app.count(&format!(
+            "SELECT COUNT(*) FROM consumed_event WHERE event_id = '{good_id}'"
+        ))
+        .await,
+        1
+    );
+    assert_eq!(
+        app.count("SELECT COUNT(*) FROM consumed_event WHERE product_id <> 3392")
+            .await,
+        1
+    );
+    assert_eq!(
+        app.count(
+            "SELECT CAST(COALESCE(SUM(orders_created), 0) AS SIGNED) FROM sales_stats \
+             WHERE product_id = 3391"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        app.count("SELECT COUNT(*) FROM sales_stats WHERE product_id = 3390")
+            .await,
+        0
+    );
+    events.cleanup().await;
+    app.cleanup().await;
+}
