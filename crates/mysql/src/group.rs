@@ -115,15 +115,17 @@ impl Decided {
     }
 }
 
-/// Whose counters a batch's [`insert`] updates.
+/// Whose counters a batch's [`insert`] updates, and so where its transaction begins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Counters {
     /// Gate holds: one UPDATE per product in the script, after the rows (the hot row's
     /// lock held only from there to COMMIT), each requiring gate mode and the holds'
-    /// generation.
+    /// generation. Nothing comes before the script, so its first statement is the
+    /// transaction's BEGIN: under load a round trip of its own took about 280 µs of a
+    /// 1.7 ms group commit (BENCHMARKS.md, ablation row L27).
     Gate,
     /// Ledger purchases: [`take_ledger_units`] updated them first, as it hands out the
-    /// hold ids the rows are written with.
+    /// hold ids the rows are written with, in the transaction [`begin`] opened.
     Taken,
 }
 
@@ -438,9 +440,10 @@ async fn run_script(
     }
 }
 
-/// Writes every purchase of `batch` (whose [`document`] is `document`) in the group
-/// transaction open on `tx` ([`begin`]), but for their events: [`end`] writes those
-/// with the COMMIT for [`Written::Orders`], and rolls back any other answer.
+/// Writes every purchase of `batch` (whose [`document`] is `document`) in a group
+/// transaction on `tx` (begun by the script for [`Counters::Gate`], by [`begin`] before
+/// for [`Counters::Taken`]), but for their events: [`end`] writes those with the COMMIT
+/// for [`Written::Orders`], and rolls back any other answer, whatever this returned.
 ///
 /// The whole write is one script, sent in one round trip: the batch into a user
 /// variable, the stored procedure that inserts the reservations and the orders
@@ -448,9 +451,7 @@ async fn run_script(
 /// units the batch moves, one counter UPDATE per product, and the per-user check when a
 /// product has a limit. Measured against one round trip per statement (eight with the
 /// BEGIN, the read-back and the COMMIT): +8 % orders/s; the procedure instead of the
-/// four INSERTs as text: +1–8 % (BENCHMARKS.md, ablation rows L7 and L11). The
-/// statements' own work is most of a group commit; taking the BEGIN into the script too
-/// gained nothing more.
+/// four INSERTs as text: +1–8 % (BENCHMARKS.md, ablation rows L7 and L11).
 pub(crate) async fn insert(
     tx: &mut MySqlConnection,
     batch: &[Purchase],
@@ -474,8 +475,10 @@ pub(crate) async fn insert(
         Counters::Taken => Vec::new(),
     };
     let limited = batch.iter().any(|p| p.per_user_limit.is_some());
+    let begins = counters == Counters::Gate;
     let mut script = format!(
-        "SET {} = CONVERT({} USING utf8mb4);\n{ROWS};\n",
+        "{}SET {} = CONVERT({} USING utf8mb4);\n{ROWS};\n",
+        if begins { "BEGIN;\n" } else { "" },
         batch_variable!(),
         hex_literal(document),
     );
@@ -502,15 +505,18 @@ pub(crate) async fn insert(
         script.push_str(";\n");
     }
     script.push_str(concat!("SET ", batch_variable!(), " = NULL"));
-    // Results in the script: 0 sets the batch; 1 is the procedure's result set, the
-    // orders, and 2 the procedure's own; the stock-log rows and the counters follow. An error while the procedure inserts the reservations or the orders comes
-    // before its result set ends.
-    const ORDERS_AT: usize = 1;
-    let counters_at = 3 + moved.len();
+    // Results in the script, after the BEGIN's where it has one: the first sets the
+    // batch; the second is the procedure's result set, the orders, and the third the
+    // procedure's own; the stock-log rows and the counters follow. An error while the
+    // procedure inserts the reservations or the orders comes before its result set ends.
+    let orders_at = 1 + usize::from(begins);
+    let counters_at = orders_at + 2 + moved.len();
     let outcomes = match run_script(tx, &script).await {
         Ok(outcomes) => outcomes,
         // A request_id or a hold id taken: the one-by-one path tells which and answers.
-        Err((ORDERS_AT, e)) if crate::ledger::is_duplicate(&e) => return Ok(Written::NotPlain),
+        Err((at, e)) if at == orders_at && crate::ledger::is_duplicate(&e) => {
+            return Ok(Written::NotPlain)
+        }
         // Refused by the database for any other reason (a value too long, a constraint, a
         // read-only server) before COMMIT: the transaction commits nothing, so the
         // outcome is known. Each purchase goes on its own, where a refusal is that
@@ -541,7 +547,7 @@ pub(crate) async fn insert(
         return Ok(Written::NotPlain);
     }
     let mut written: HashMap<String, (i64, _, _)> = HashMap::with_capacity(batch.len());
-    for row in &outcomes[ORDERS_AT].rows {
+    for row in &outcomes[orders_at].rows {
         let request_id: String = row.try_get_unchecked("request_id")?;
         written.insert(
             request_id,
@@ -583,11 +589,13 @@ pub(crate) async fn insert(
     Ok(Written::Orders(orders))
 }
 
-/// Begins a group transaction on `conn`. Sent by hand, not as sqlx's `Transaction`, so
-/// that [`end`] can send the events' INSERT and the COMMIT in one round trip (sqlx's
-/// sends its COMMIT alone). Whatever [`insert`] answers goes to [`end`], which ends the
-/// transaction on every path; a caller dropped halfway drops its dedicated connection
-/// with it (`Taken` closes a connection not given back), and the server rolls back.
+/// Begins a group transaction on `conn` whose work comes before [`insert`]'s (the ledger
+/// mode's units; a gate batch's script begins its own). Begun and ended by hand, not as
+/// sqlx's `Transaction`, so that the BEGIN can go with the script and [`end`] can send
+/// the events' INSERT with the COMMIT (sqlx sends each alone). Whatever [`insert`]
+/// answers goes to [`end`], which ends the transaction on every path; a caller dropped
+/// halfway drops its dedicated connection with it (`Taken` closes a connection not given
+/// back), and the server rolls back.
 pub(crate) async fn begin(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
     sqlx::Executor::execute(&mut *conn, "BEGIN").await.map(drop)
 }

@@ -559,7 +559,7 @@ impl MysqlLedger {
         members: &[Purchase],
         document: &str,
     ) -> Result<Written, sqlx::Error> {
-        crate::group::begin(conn).await?;
+        // The script begins the transaction.
         let written = crate::group::insert(conn, members, document, Counters::Gate).await;
         crate::group::end(conn, written).await
     }
