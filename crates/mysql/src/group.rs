@@ -350,8 +350,35 @@ const OVER_LIMIT: &str = concat!(
      HAVING units > u.user_limit"
 );
 
+/// `text` as a MariaDB string literal that means the same in every `sql_mode`: quoted as
+/// it is when it is printable ASCII without a quote or a backslash (what a batch of
+/// request_ids, ids and numbers is; nothing in it can end the literal or escape), else
+/// [`hex_literal`]. Half the bytes of hex, and no digit pair per byte to write: the hex
+/// form of the batch and its events cost the server about 3,800 instructions per order
+/// (BENCHMARKS.md, ablation row S13).
+fn sql_literal(text: &str) -> String {
+    if printable_without(text, [b'\'', b'\\']) {
+        let mut out = String::with_capacity(text.len() + 2);
+        out.push('\'');
+        out.push_str(text);
+        out.push('\'');
+        out
+    } else {
+        hex_literal(text)
+    }
+}
+
+/// Whether `text` is printable ASCII (space to `~`) holding neither of `excluded`. Every
+/// byte is looked at, with no early exit, so that the loop runs on vectors: with one, a
+/// batch's texts cost a group commit about 9 instructions a byte.
+fn printable_without(text: &str, excluded: [u8; 2]) -> bool {
+    text.bytes().fold(true, |plain, b| {
+        plain & (b' '..=b'~').contains(&b) & (b != excluded[0]) & (b != excluded[1])
+    })
+}
+
 /// `text` as a MariaDB hexadecimal literal, `X'…'`: only hex digits reach the SQL text,
-/// whatever the batch's strings hold. Written as bytes: a `String::push` per digit cost a
+/// whatever the text holds. Written as bytes: a `String::push` per digit cost a
 /// group commit about 2,000 instructions per purchase (BENCHMARKS.md, ablation row S12).
 fn hex_literal(text: &str) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
@@ -480,7 +507,7 @@ pub(crate) async fn insert(
         "{}SET {} = CONVERT({} USING utf8mb4);\n{ROWS};\n",
         if begins { "BEGIN;\n" } else { "" },
         batch_variable!(),
-        hex_literal(document),
+        sql_literal(document),
     );
     // Integers only: nothing of the batch's text enters the SQL here. Before the
     // counters, so that the hot rows' locks are held only from their UPDATE to COMMIT.
@@ -657,8 +684,8 @@ pub(crate) async fn roll_back<T>(
 /// product, a pack (docs/events.md), each event as a single event's row holds it, with
 /// the spacing of MariaDB's `JSON_OBJECT`. Each event's id is a UUIDv7, time-ordered,
 /// so the consumer's unique key on it grows at its right edge; `occurred_at` is the
-/// order's `created_at`, the database's clock. The payloads reach the SQL as hexadecimal
-/// literals ([`hex_literal`]).
+/// order's `created_at`, the database's clock. The payloads reach the SQL as
+/// [`sql_literal`]s.
 fn packs(orders: &[Order]) -> String {
     let mut sql = String::from(
         "INSERT INTO outbox (event_type, product_id, events, payload, created_at) VALUES ",
@@ -670,7 +697,7 @@ fn packs(orders: &[Order]) -> String {
         sql.push_str(&format!(
             "('order_created', {}, {events}, CONVERT({} USING utf8mb4), NOW(6))",
             product_id.get(),
-            hex_literal(payload),
+            sql_literal(payload),
         ));
     }
     sql
@@ -678,90 +705,73 @@ fn packs(orders: &[Order]) -> String {
 
 /// Per product of `orders`, its events' count and pack: the JSON array of their
 /// `order_created` events.
+///
+/// Written by pushes rather than through serde: every value is an integer, a UUID, a
+/// time or a request_id, whose type admits only characters JSON takes as they are.
+/// Serialized by serde_json, with its escaping writer called for every key and string,
+/// the packs cost the server about 9,000 instructions per order (ablation row S13).
 fn pack_payloads(orders: &[Order]) -> BTreeMap<ProductId, (usize, String)> {
-    let mut per_product: BTreeMap<ProductId, Vec<OrderCreated<'_>>> = BTreeMap::new();
+    // The orders of one INSERT share its NOW(6): each distinct time written once.
+    let mut times: BTreeMap<DateTime<Utc>, String> = BTreeMap::new();
     for order in orders {
-        per_product
-            .entry(order.product_id)
-            .or_default()
-            .push(OrderCreated::of(order));
+        times.entry(order.created_at).or_insert_with(|| {
+            order
+                .created_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+        });
     }
-    per_product
-        .into_iter()
-        .map(|(product_id, events)| {
-            let mut payload = Vec::with_capacity(events.len() * EVENT_BYTES);
-            let mut json = serde_json::Serializer::with_formatter(&mut payload, Spaced);
-            // Strings, integers and null into a Vec: serializing cannot fail, and what
-            // serde_json writes is UTF-8.
-            let _ = serde::Serialize::serialize(&events, &mut json);
-            let payload = String::from_utf8(payload).unwrap_or_default();
-            (product_id, (events.len(), payload))
-        })
-        .collect()
+    let mut packs: BTreeMap<ProductId, (usize, String)> = BTreeMap::new();
+    for order in orders {
+        let (events, payload) = packs
+            .entry(order.product_id)
+            .or_insert_with(|| (0, String::with_capacity(EVENT_BYTES * orders.len())));
+        payload.push_str(if *events == 0 { "[" } else { ", " });
+        *events += 1;
+        // Every order's time is in `times`, written just above.
+        let occurred_at = times.get(&order.created_at).map_or("", String::as_str);
+        write_order_created(payload, order, occurred_at);
+    }
+    for (_, payload) in packs.values_mut() {
+        payload.push(']');
+    }
+    packs
 }
 
 /// About the length of one `order_created` event's JSON (at most 369 characters).
 const EVENT_BYTES: usize = 320;
 
-/// An `order_created` event as docs/events.md specifies it, in its fields' order.
-#[derive(serde::Serialize)]
-struct OrderCreated<'a> {
-    event_id: String,
-    event_type: &'static str,
-    sequence: u32,
-    order_id: i64,
-    request_id: &'a str,
-    product_id: i64,
-    user_id: i64,
-    quantity: u32,
-    reason: Option<&'static str>,
-    occurred_at: String,
+/// Appends `order`'s `order_created` event, its fields in the order docs/events.md
+/// gives, `occurred_at` its `created_at` as RFC 3339 in microseconds.
+fn write_order_created(out: &mut String, order: &Order, occurred_at: &str) {
+    let mut id = uuid::Uuid::encode_buffer();
+    out.push_str("{\"event_id\": \"");
+    out.push_str(uuid::Uuid::now_v7().hyphenated().encode_lower(&mut id));
+    out.push_str("\", \"event_type\": \"order_created\", \"sequence\": 1, \"order_id\": ");
+    let mut digits = itoa::Buffer::new();
+    out.push_str(digits.format(order.order_id.get()));
+    out.push_str(", \"request_id\": ");
+    push_json_string(out, order.request_id.as_str());
+    out.push_str(", \"product_id\": ");
+    out.push_str(digits.format(order.product_id.get()));
+    out.push_str(", \"user_id\": ");
+    out.push_str(digits.format(order.user_id.get()));
+    out.push_str(", \"quantity\": ");
+    out.push_str(digits.format(order.quantity.get()));
+    out.push_str(", \"reason\": null, \"occurred_at\": ");
+    push_json_string(out, occurred_at);
+    out.push('}');
 }
 
-impl<'a> OrderCreated<'a> {
-    fn of(order: &'a Order) -> Self {
-        Self {
-            event_id: uuid::Uuid::now_v7()
-                .hyphenated()
-                .encode_lower(&mut uuid::Uuid::encode_buffer())
-                .to_owned(),
-            event_type: "order_created",
-            sequence: 1,
-            order_id: order.order_id.get(),
-            request_id: order.request_id.as_str(),
-            product_id: order.product_id.get(),
-            user_id: order.user_id.get(),
-            quantity: order.quantity.get(),
-            reason: None,
-            occurred_at: order
-                .created_at
-                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-        }
-    }
-}
-
-/// serde_json's compact output with MariaDB's `JSON_OBJECT` spacing, `{"a": 1, "b": 2}`,
-/// so that every event of the outbox reads alike whoever wrote it.
-struct Spaced;
-
-impl serde_json::ser::Formatter for Spaced {
-    fn begin_object_key<W: ?Sized + std::io::Write>(
-        &mut self,
-        writer: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            writer.write_all(b", ")
-        }
-    }
-
-    fn begin_object_value<W: ?Sized + std::io::Write>(
-        &mut self,
-        writer: &mut W,
-    ) -> std::io::Result<()> {
-        writer.write_all(b": ")
+/// Appends `text` as a JSON string: as it is between quotes when no character of it
+/// needs escaping (a request_id's characters never do), else as serde_json escapes it.
+fn push_json_string(out: &mut String, text: &str) {
+    if printable_without(text, [b'"', b'\\']) {
+        out.push('"');
+        out.push_str(text);
+        out.push('"');
+    } else {
+        // A string serializes into JSON text without fail.
+        out.push_str(&serde_json::to_string(text).unwrap_or_default());
     }
 }
 
@@ -887,6 +897,52 @@ mod tests {
         let other: serde_json::Value = serde_json::from_str(other).expect("JSON");
         assert_eq!(other[0]["quantity"], 2);
         assert!(super::packs(&orders).starts_with("INSERT INTO outbox"));
+    }
+
+    // Checks which literal carries a text into the SQL: printable ASCII without a quote
+    // or a backslash goes quoted as it is (a batch document does); a quote, a backslash,
+    // a control character or a multi-byte character sends the whole text as hex, so
+    // nothing of it can end the literal or escape in any sql_mode.
+    #[test]
+    fn sql_literals_quote_plain_text_and_hex_the_rest() {
+        let plain = r#"[["REQ_a-1.b:c",7,42,1,3,1,900000000,null]]"#;
+        assert_eq!(sql_literal(plain), format!("'{plain}'"));
+        assert_eq!(sql_literal(""), "''");
+        for text in [
+            "it's",
+            "a\\b",
+            "tab\there",
+            "é",
+            "'); DROP TABLE orders; --",
+        ] {
+            assert_eq!(sql_literal(text), hex_literal(text), "{text}");
+        }
+    }
+
+    // Checks the event writer's strings: plain text between quotes as it is, and text
+    // that needs escaping (a quote, a backslash, a control or non-ASCII character) as
+    // serde_json escapes it, so that the JSON always reads back as the same string.
+    #[test]
+    fn json_strings_read_back_as_written() {
+        for text in [
+            "REQ_a-1.b:c",
+            "2026-12-04T10:00:00.000123Z",
+            "",
+            "a\"b",
+            "a\\b",
+            "x\ny",
+            "é",
+        ] {
+            let mut out = String::new();
+            push_json_string(&mut out, text);
+            assert_eq!(
+                serde_json::from_str::<String>(&out).expect("JSON string"),
+                text
+            );
+        }
+        let mut plain = String::new();
+        push_json_string(&mut plain, "REQ_1");
+        assert_eq!(plain, "\"REQ_1\"");
     }
 
     // Checks the hexadecimal literal: every byte as two lowercase hex digits between
