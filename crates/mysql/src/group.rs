@@ -561,7 +561,16 @@ pub(crate) async fn insert(
         Err((_, e)) => return Err(e),
     };
     let expected = counters_at + units.len() + usize::from(limited) + 1;
+    // A script that ran to its end answers every statement: another count is a bug here
+    // or in the driver. Outside tests the batch answers "unknown" (503, and nothing is
+    // committed: `end` rolls back), and the log says why.
+    debug_assert_eq!(outcomes.len(), expected, "group transaction's results");
     if outcomes.len() != expected {
+        tracing::error!(
+            results = outcomes.len(),
+            expected,
+            "group transaction: results do not match its statements"
+        );
         return Err(sqlx::Error::Protocol(format!(
             "group transaction: {} results for {expected} statements",
             outcomes.len()
@@ -588,6 +597,10 @@ pub(crate) async fn insert(
     let mut orders = Vec::with_capacity(batch.len());
     for p in batch {
         let Some(&(id, created_at, expires_at)) = written.get(p.request.request_id.as_str()) else {
+            // The procedure inserts an order for every purchase of the batch or fails:
+            // a missing one is a bug, loud in tests, "unknown" (nothing committed) outside.
+            debug_assert!(false, "order of {} not returned", p.request.request_id);
+            tracing::error!(request_id = %p.request.request_id, "group transaction: an order was not returned by its insert");
             return Err(sqlx::Error::Protocol(format!(
                 "order of {} not returned by its insert",
                 p.request.request_id
