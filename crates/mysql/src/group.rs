@@ -121,8 +121,8 @@ pub(crate) enum Counters {
     /// Gate holds: one UPDATE per product in the script, after the rows (the hot row's
     /// lock held only from there to COMMIT), each requiring gate mode and the holds'
     /// generation. Nothing comes before the script, so its first statement is the
-    /// transaction's BEGIN: under load a round trip of its own took about 280 µs of a
-    /// 1.7 ms group commit (BENCHMARKS.md, ablation row L27).
+    /// transaction's BEGIN: under load a round trip of its own took about 0.3 ms of a
+    /// 1.7–2 ms group commit (BENCHMARKS.md, ablation row L27).
     Gate,
     /// Ledger purchases: [`take_ledger_units`] updated them first, as it hands out the
     /// hold ids the rows are written with, in the transaction [`begin`] opened.
@@ -245,12 +245,12 @@ pub(crate) fn committed(
 }
 
 /// The batch as one JSON document: `[request_id, product_id, user_id, quantity,
-/// hold_id, generation, payment timeout in µs, per-user limit or null]` per purchase. Every statement of the group transaction reads the batch from it (set once
-/// per transaction, [`insert`]; the stored procedure of migration `…13_batch_facts.sql`
-/// reads the same positions: change both together), and
-/// [`taken`] binds it as its single parameter: one
-/// statement text for every batch size (an `IN (?, ?, …)` list of each new length was a
-/// new statement to prepare, about one in five executions).
+/// hold_id, generation, payment timeout in µs, per-user limit or null]` per purchase.
+/// Every statement of the group transaction reads the batch from it (set once per
+/// transaction, [`insert`]; the stored procedure of migration `…13_batch_facts.sql` reads
+/// the same positions: change both together), and [`taken`] binds it as its single
+/// parameter: one statement text for every batch size (an `IN (?, ?, …)` list of each
+/// new length was a new statement to prepare, about one in five executions).
 pub(crate) fn document(batch: &[Purchase]) -> String {
     let rows: Vec<_> = batch
         .iter()
@@ -600,7 +600,10 @@ pub(crate) async fn insert(
             // The procedure inserts an order for every purchase of the batch or fails:
             // a missing one is a bug, loud in tests, "unknown" (nothing committed) outside.
             debug_assert!(false, "order of {} not returned", p.request.request_id);
-            tracing::error!(request_id = %p.request.request_id, "group transaction: an order was not returned by its insert");
+            tracing::error!(
+                request_id = %p.request.request_id,
+                "group transaction: an order was not returned by its insert"
+            );
             return Err(sqlx::Error::Protocol(format!(
                 "order of {} not returned by its insert",
                 p.request.request_id
@@ -645,8 +648,9 @@ pub(crate) async fn begin(conn: &mut MySqlConnection) -> Result<(), sqlx::Error>
 /// and the COMMIT; for anything else a ROLLBACK, passing `written` on.
 ///
 /// The server builds the packs from the orders the procedure returned: built in
-/// MariaDB (a `JSON_OBJECT` per event, joined to the orders, `GROUP_CONCAT`), they cost
-/// about 7 µs of its CPU per order more (BENCHMARKS.md, ablation row L26).
+/// MariaDB (the batch read again, joined to the orders, a `JSON_OBJECT` per event,
+/// `GROUP_CONCAT`), they were about a tenth of its CPU per order (BENCHMARKS.md, ablation
+/// row L26).
 pub(crate) async fn end(
     conn: &mut MySqlConnection,
     written: Result<Written, sqlx::Error>,
