@@ -23,8 +23,9 @@ use sqlx::mysql::MySqlRow;
 use sqlx::Row;
 
 use crate::dedicated::Dedicated;
-use crate::ledger::{micros, MysqlLedger};
-use crate::rows::{corrupt, db, undecodable};
+use crate::ledger::MysqlLedger;
+use crate::rows::{corrupt, undecodable};
+use crate::sql::{db, micros};
 
 /// `SELECT … FOR UPDATE`, compare, `UPDATE`, `INSERT` the order.
 const PESSIMISTIC: &str = "CALL baseline_pessimistic(?, ?, ?, ?, ?)";

@@ -101,7 +101,7 @@ impl Dedicated {
         )
         .await
         .map_err(|_| sqlx::Error::PoolTimedOut)??;
-        crate::ledger::prepare_session(&mut conn).await?;
+        crate::sql::prepare_session(&mut conn).await?;
         Ok(conn)
     }
 }

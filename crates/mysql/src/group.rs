@@ -262,7 +262,7 @@ pub(crate) fn document(batch: &[Purchase]) -> String {
                 p.request.quantity.get(),
                 p.hold.id.get(),
                 p.hold.generation.get(),
-                crate::ledger::micros(p.payment_timeout),
+                crate::sql::micros(p.payment_timeout),
                 p.per_user_limit,
             )
         })
@@ -541,7 +541,7 @@ pub(crate) async fn insert(
     let outcomes = match run_script(tx, &script).await {
         Ok(outcomes) => outcomes,
         // A request_id or a hold id taken: the one-by-one path tells which and answers.
-        Err((at, e)) if at == orders_at && crate::ledger::is_duplicate(&e) => {
+        Err((at, e)) if at == orders_at && crate::sql::is_duplicate(&e) => {
             return Ok(Written::NotPlain)
         }
         // Refused by the database for any other reason (a value too long, a constraint, a
@@ -549,7 +549,7 @@ pub(crate) async fn insert(
         // outcome is known. Each purchase goes on its own, where a refusal is that
         // purchase's alone, instead of the whole batch answering "unknown". A deadlock or
         // a lock wait timeout goes back to the caller, which tries the batch again.
-        Err((at, e @ sqlx::Error::Database(_))) if !crate::ledger::is_retryable(&e) => {
+        Err((at, e @ sqlx::Error::Database(_))) if !crate::sql::is_retryable(&e) => {
             tracing::warn!(
                 statement = at,
                 size = batch.len(),
@@ -664,7 +664,7 @@ pub(crate) async fn end(
     match run_script(conn, &script).await {
         Ok(_) => Ok(Written::Orders(orders)),
         // The events refused (the outbox's checks): nothing committed, as in `insert`.
-        Err((0, e @ sqlx::Error::Database(_))) if !crate::ledger::is_retryable(&e) => {
+        Err((0, e @ sqlx::Error::Database(_))) if !crate::sql::is_retryable(&e) => {
             tracing::warn!(
                 size = orders.len(),
                 error = %e,

@@ -11,7 +11,7 @@ use flashsale_core::{
     CancelReason, Generation, HoldRef, InventoryCounters, NewProduct, OrderId, OrderStatus,
     ProductId, PurchaseRequest, ReleaseReason, RequestId, StockMode, UserId, STOCK_MAX,
 };
-use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlPool, MySqlPoolOptions};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::ConnectOptions;
 use sqlx::{Connection, Executor, MySqlConnection, Row};
 use tracing::{debug, warn};
@@ -28,7 +28,8 @@ use mode::LedgerPurchase;
 mod mode;
 use flashsale_app::group;
 
-use crate::rows::{self, corrupt, db, ORDER_COLUMNS};
+use crate::rows::{self, corrupt, ORDER_COLUMNS};
+use crate::sql::{db, is_duplicate, micros, prepare_session, retried, SLOW_OPERATION};
 
 /// Attempts of one transaction that hit a deadlock (1213) or a lock wait timeout (1205)
 /// before the caller hears "unavailable": enough to ride out the bursts of contention on
@@ -36,14 +37,12 @@ use crate::rows::{self, corrupt, db, ORDER_COLUMNS};
 const TX_ATTEMPTS_MAX: u32 = 4;
 /// First pause before retrying such a transaction; doubled on each further attempt.
 const TX_RETRY_PAUSE: Duration = Duration::from_millis(5);
-/// How long a session waits for a row lock before InnoDB gives up (seconds): the default
-/// 50 s would hold a purchase far past any client's patience.
-const LOCK_WAIT_TIMEOUT_SECS: u32 = 5;
 
 /// Most purchases one group commit writes: a batch this size commits in a few
-/// milliseconds, and its script (the batch as a hex literal, at most about 400 bytes per
-/// purchase, plus the statements: about 110 KB) stays far below MariaDB's
-/// `max_allowed_packet` (16 MB by default).
+/// milliseconds, and each of its two scripts stays far below MariaDB's
+/// `max_allowed_packet` (16 MB by default): the rows' (the batch at most about 400 bytes
+/// per purchase as hex, plus the statements: about 110 KB) and the events' (at most 369
+/// bytes per event, twice that as hex: about 190 KB).
 const GROUP_COMMIT_MAX: usize = 256;
 /// Purchases waiting for a group commit; past it callers wait for room (the API's
 /// in-flight limit bounds them first).
@@ -61,61 +60,6 @@ const LOOKUP_QUEUE_MAX: usize = 16_384;
 /// Lookup queries in flight at once, on as many connections of their own, outside the
 /// pool (`dedicated.rs`).
 const LOOKUP_WORKERS: usize = 2;
-/// A ledger operation (retries included) slower than this is logged as a warning: far
-/// above a healthy one (milliseconds), so it points at a database in trouble.
-const SLOW_OPERATION: Duration = Duration::from_secs(1);
-/// Runs `f` (one statement or one transaction) within `deadline`, retrying deadlocks and
-/// lock wait timeouts up to `attempts` times in all, the first pause `pause` and each
-/// further one twice the last; warns about an operation slower than
-/// [`SLOW_OPERATION`]. The ledger's transactions and the outbox's statements both go
-/// through it, with limits of their own.
-pub(crate) async fn retried<T, F, Fut>(
-    what: &'static str,
-    deadline: Duration,
-    attempts: u32,
-    mut pause: Duration,
-    mut f: F,
-) -> Result<T, LedgerError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, sqlx::Error>>,
-{
-    let started = std::time::Instant::now();
-    let all = async {
-        let mut attempt = 1;
-        loop {
-            let outcome = f().await;
-            let elapsed = started.elapsed();
-            if elapsed >= SLOW_OPERATION {
-                warn!(
-                    what,
-                    attempt,
-                    ?elapsed,
-                    ok = outcome.is_ok(),
-                    "slow ledger operation"
-                );
-            }
-            match outcome {
-                Ok(value) => return Ok(value),
-                Err(e) if is_retryable(&e) && attempt < attempts => {
-                    warn!(what, attempt, error = %e, "retried");
-                    tokio::time::sleep(pause).await;
-                    pause *= 2;
-                    attempt += 1;
-                }
-                Err(e) => return Err(db(e)),
-            }
-        }
-    };
-    tokio::time::timeout(deadline, all)
-        .await
-        .map_err(|_| LedgerError::timed_out(format!("{what}: no answer within the deadline")))?
-}
-
-const ER_DUP_ENTRY: u16 = 1062;
-const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
-const ER_LOCK_DEADLOCK: u16 = 1213;
-
 #[derive(Debug, Clone)]
 pub struct LedgerConfig {
     pub url: String,
@@ -153,49 +97,12 @@ pub struct MysqlLedger {
 
 type Lookup = Result<Option<PurchaseRecord>, LedgerError>;
 
-fn error_number(e: &sqlx::Error) -> Option<u16> {
-    e.as_database_error()
-        .and_then(|d| d.try_downcast_ref::<MySqlDatabaseError>())
-        .map(MySqlDatabaseError::number)
-}
-
-/// The session settings of every connection of the ledger, pooled or dedicated.
-pub(crate) async fn prepare_session(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
-    // READ COMMITTED: no gap locks, so concurrent inserts of distinct request_ids don't
-    // deadlock; every decision is a conditional UPDATE or a unique key anyway, never a
-    // snapshot read.
-    conn.execute(
-        format!(
-            "SET SESSION tx_isolation = 'READ-COMMITTED', \
-             SESSION innodb_lock_wait_timeout = {LOCK_WAIT_TIMEOUT_SECS}"
-        )
-        .as_str(),
-    )
-    .await?;
-    Ok(())
-}
-
-pub(crate) fn is_duplicate(e: &sqlx::Error) -> bool {
-    error_number(e) == Some(ER_DUP_ENTRY)
-}
-
 /// A duplicate on `uk_reservation_hold`: the gate handed out a hold id it had handed
 /// out before in this generation, so it lost writes.
 fn is_reused_hold(e: &sqlx::Error) -> bool {
     is_duplicate(e)
         && e.as_database_error()
             .is_some_and(|d| d.message().contains("uk_reservation_hold"))
-}
-
-pub(crate) fn is_retryable(e: &sqlx::Error) -> bool {
-    matches!(
-        error_number(e),
-        Some(ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT)
-    )
-}
-
-pub(crate) fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
 /// An order after a transition attempt.

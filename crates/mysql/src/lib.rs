@@ -18,5 +18,6 @@ mod ledger;
 mod maintenance;
 mod outbox;
 mod rows;
+mod sql;
 
 pub use ledger::{LedgerConfig, MysqlLedger};

@@ -17,7 +17,8 @@ use sqlx::{MySqlConnection, Row};
 use tracing::info;
 
 use crate::ledger::MysqlLedger;
-use crate::rows::{self, corrupt, db, quantity, text};
+use crate::rows::{self, corrupt, quantity, text};
+use crate::sql::db;
 
 /// Most request_ids an audit lists per kind of problem.
 const LISTED_MAX: i64 = 100;

@@ -32,7 +32,8 @@ use flashsale_core::{
 use sqlx::{MySqlConnection, Row};
 
 use crate::ledger::MysqlLedger;
-use crate::rows::{corrupt, db, list, opt_text, text};
+use crate::rows::{corrupt, list, opt_text, text};
+use crate::sql::db;
 
 /// Attempts of one outbox or statistics statement that hit a deadlock (1213) or a lock
 /// wait timeout (1205): concurrent relays' claims may deadlock on the outbox index; a
@@ -203,7 +204,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, sqlx::Error>>,
 {
-    crate::ledger::retried(what, OPERATION_TIMEOUT, ATTEMPTS_MAX, RETRY_PAUSE, f).await
+    crate::sql::retried(what, OPERATION_TIMEOUT, ATTEMPTS_MAX, RETRY_PAUSE, f).await
 }
 
 /// What one ledger handle knows of its relay's lease on the outbox: when it was last
@@ -537,7 +538,7 @@ impl MysqlLedger {
         .execute(&mut *tx)
         .await;
         match inserted {
-            Err(e) if crate::ledger::is_duplicate(&e) => {
+            Err(e) if crate::sql::is_duplicate(&e) => {
                 tx.rollback().await?;
                 return Ok(Applied::AlreadyApplied);
             }
@@ -601,7 +602,7 @@ impl MysqlLedger {
             // Strings and integers: serializing cannot fail.
             let document = serde_json::to_string(&rows).unwrap_or_default();
             match sqlx::query(CONSUMED).bind(document).execute(&mut *tx).await {
-                Err(e) if crate::ledger::is_duplicate(&e) => {
+                Err(e) if crate::sql::is_duplicate(&e) => {
                     tx.rollback().await?;
                     return Ok(None);
                 }

@@ -1,0 +1,167 @@
+//! What every part of the ledger adapter shares about talking to MariaDB: the session
+//! settings of a connection, its errors by what happened (and the error numbers acted
+//! on), and the retry of a statement or transaction that met a deadlock. A leaf: it
+//! imports nothing of the adapter, so that `ledger.rs`, `group.rs`, `outbox.rs`,
+//! `rows.rs` and `dedicated.rs` share it without importing each other for it.
+
+use std::future::Future;
+use std::time::Duration;
+
+use flashsale_app::ports::ErrorKind;
+use flashsale_app::LedgerError;
+use sqlx::mysql::MySqlDatabaseError;
+use sqlx::{Executor, MySqlConnection};
+use tracing::warn;
+
+/// How long a session waits for a row lock before InnoDB gives up (seconds): the default
+/// 50 s would hold a purchase far past any client's patience.
+const LOCK_WAIT_TIMEOUT_SECS: u32 = 5;
+
+/// A ledger operation (retries included) slower than this is logged as a warning: far
+/// above a healthy one (milliseconds), so it points at a database in trouble.
+pub(crate) const SLOW_OPERATION: Duration = Duration::from_secs(1);
+
+/// Runs `f` (one statement or one transaction) within `deadline`, retrying deadlocks and
+/// lock wait timeouts up to `attempts` times in all, the first pause `pause` and each
+/// further one twice the last; warns about an operation slower than
+/// [`SLOW_OPERATION`]. The ledger's transactions and the outbox's statements both go
+/// through it, with limits of their own.
+pub(crate) async fn retried<T, F, Fut>(
+    what: &'static str,
+    deadline: Duration,
+    attempts: u32,
+    mut pause: Duration,
+    mut f: F,
+) -> Result<T, LedgerError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, sqlx::Error>>,
+{
+    let started = std::time::Instant::now();
+    let all = async {
+        let mut attempt = 1;
+        loop {
+            let outcome = f().await;
+            let elapsed = started.elapsed();
+            if elapsed >= SLOW_OPERATION {
+                warn!(
+                    what,
+                    attempt,
+                    ?elapsed,
+                    ok = outcome.is_ok(),
+                    "slow ledger operation"
+                );
+            }
+            match outcome {
+                Ok(value) => return Ok(value),
+                Err(e) if is_retryable(&e) && attempt < attempts => {
+                    warn!(what, attempt, error = %e, "retried");
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                    attempt += 1;
+                }
+                Err(e) => return Err(db(e)),
+            }
+        }
+    };
+    tokio::time::timeout(deadline, all)
+        .await
+        .map_err(|_| LedgerError::timed_out(format!("{what}: no answer within the deadline")))?
+}
+
+/// MariaDB's error numbers the adapter acts on: a unique key taken, and the two lock
+/// conflicts a transaction is retried after.
+const ER_DUP_ENTRY: u16 = 1062;
+const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+const ER_LOCK_DEADLOCK: u16 = 1213;
+
+/// The database's own error number of `e`, if the database answered it.
+fn error_number(e: &sqlx::Error) -> Option<u16> {
+    e.as_database_error()
+        .and_then(|d| d.try_downcast_ref::<MySqlDatabaseError>())
+        .map(MySqlDatabaseError::number)
+}
+
+/// The session settings of every connection of the ledger, pooled or dedicated.
+pub(crate) async fn prepare_session(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
+    // READ COMMITTED: no gap locks, so concurrent inserts of distinct request_ids don't
+    // deadlock; every decision is a conditional UPDATE or a unique key anyway, never a
+    // snapshot read.
+    conn.execute(
+        format!(
+            "SET SESSION tx_isolation = 'READ-COMMITTED', \
+             SESSION innodb_lock_wait_timeout = {LOCK_WAIT_TIMEOUT_SECS}"
+        )
+        .as_str(),
+    )
+    .await?;
+    Ok(())
+}
+
+/// A unique key already taken (a request_id, a hold id, an event id).
+pub(crate) fn is_duplicate(e: &sqlx::Error) -> bool {
+    error_number(e) == Some(ER_DUP_ENTRY)
+}
+
+/// A deadlock or a lock wait timeout: the transaction was rolled back and may be tried
+/// again.
+pub(crate) fn is_retryable(e: &sqlx::Error) -> bool {
+    matches!(
+        error_number(e),
+        Some(ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT)
+    )
+}
+
+/// `d` in whole microseconds for an `INTERVAL … MICROSECOND`, at most `i64::MAX`.
+pub(crate) fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// An sqlx error by what happened: no connection (the database unreachable, or none
+/// free in time), lock conflicts (deadlocks, lock waits: what retries are for), an
+/// error the database answered, a row or value that does not decode, a bad setting.
+pub(crate) fn db(e: sqlx::Error) -> LedgerError {
+    use sqlx::Error as E;
+    let kind = match &e {
+        E::Io(_) | E::Tls(_) | E::PoolTimedOut => ErrorKind::Unreachable,
+        E::PoolClosed | E::WorkerCrashed => ErrorKind::Stopped,
+        E::Database(_) if is_retryable(&e) => ErrorKind::Contention,
+        E::Protocol(_)
+        | E::RowNotFound
+        | E::TypeNotFound { .. }
+        | E::ColumnIndexOutOfBounds { .. }
+        | E::ColumnNotFound(_)
+        | E::ColumnDecode { .. }
+        | E::Decode(_) => ErrorKind::Corrupt,
+        E::Configuration(_) => ErrorKind::Config,
+        _ => ErrorKind::Rejected,
+    };
+    LedgerError::caused(kind, "MariaDB", e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Checks how sqlx's errors are classified, by building each and reading the kind:
+    // no connection (I/O, none free in time) is unreachable, a closed pool stopped, a
+    // row or value that does not decode corrupt, a bad setting config; the text keeps
+    // sqlx's own.
+    #[test]
+    fn sqlx_errors_are_typed_by_what_happened() {
+        let io = || std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        for (e, kind) in [
+            (sqlx::Error::Io(io()), ErrorKind::Unreachable),
+            (sqlx::Error::PoolTimedOut, ErrorKind::Unreachable),
+            (sqlx::Error::PoolClosed, ErrorKind::Stopped),
+            (sqlx::Error::RowNotFound, ErrorKind::Corrupt),
+            (sqlx::Error::Decode("bad".into()), ErrorKind::Corrupt),
+            (sqlx::Error::Configuration("bad".into()), ErrorKind::Config),
+        ] {
+            let text = e.to_string();
+            let typed = db(e);
+            assert_eq!(typed.kind(), kind, "{text}");
+            assert!(typed.to_string().ends_with(&text), "{typed}");
+        }
+    }
+}
