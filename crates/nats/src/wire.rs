@@ -1,0 +1,225 @@
+//! A message body as it is on the wire (docs/events.md): a JSON array of events, or one
+//! bare event, each read and checked as the domain checks it.
+
+use std::borrow::Cow;
+
+use chrono::{DateTime, Utc};
+use flashsale_app::Event;
+use flashsale_core::{OrderId, ProductId, Quantity, RequestId, UserId};
+use serde::Deserialize;
+
+/// A message body that is not a valid event.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid event: {0}")]
+pub struct DecodeError(String);
+
+/// The JSON body as it is on the wire (docs/events.md).
+#[derive(Deserialize)]
+struct WireEvent<'a> {
+    event_id: String,
+    // Borrowed from the body unless escaped: both are only read, then dropped.
+    #[serde(borrow)]
+    event_type: Cow<'a, str>,
+    sequence: u32,
+    order_id: Option<i64>,
+    #[serde(borrow)]
+    request_id: Cow<'a, str>,
+    product_id: i64,
+    user_id: i64,
+    quantity: i64,
+    reason: Option<String>,
+    #[serde(deserialize_with = "rfc3339")]
+    occurred_at: DateTime<Utc>,
+}
+
+/// `occurred_at` as docs/events.md specifies it, RFC 3339, read by chrono's RFC 3339
+/// parser straight from the body (borrowed, or serde's copy when escaped): serde's
+/// default for `DateTime` tries the laxer forms of `FromStr`, about a sixth of an event's
+/// decoding (`cargo bench -p flashsale-nats --bench decode`).
+fn rfc3339<'de, D: serde::Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::Error> {
+    struct Rfc3339;
+    impl serde::de::Visitor<'_> for Rfc3339 {
+        type Value = DateTime<Utc>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an RFC 3339 timestamp")
+        }
+
+        fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Self::Value, E> {
+            DateTime::parse_from_rfc3339(text)
+                .map(|t| t.with_timezone(&Utc))
+                .map_err(E::custom)
+        }
+    }
+    d.deserialize_str(Rfc3339)
+}
+
+/// Reads a message body: its events, each decoded on its own (one bad event doesn't take
+/// the others with it). A body is a JSON array of events; a body that is not an array is
+/// read as one event (flashsale published one event object per message before it packed
+/// them). `Err`: the body begins as an array but isn't one.
+pub fn decode_message(body: &[u8]) -> Result<Vec<Result<Event, DecodeError>>, DecodeError> {
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'[') {
+        return Ok(vec![decode_event(body)]);
+    }
+    // The usual case in one pass: a UTF-8 body (checked once, not string by string as
+    // `from_slice` does) whose elements are all events. Otherwise each element is read on
+    // its own, so that one malformed event costs only itself (BENCHMARKS.md, ablation
+    // row S12).
+    if let Some(events) = std::str::from_utf8(body)
+        .ok()
+        .and_then(|text| serde_json::from_str::<Vec<WireEvent<'_>>>(text).ok())
+    {
+        return Ok(events.into_iter().map(checked).collect());
+    }
+    let items: Vec<&serde_json::value::RawValue> =
+        serde_json::from_slice(body).map_err(|e| DecodeError(e.to_string()))?;
+    Ok(items
+        .into_iter()
+        .map(|item| decode_event(item.get().as_bytes()))
+        .collect())
+}
+
+/// Reads one event (an element of a message body) into an [`Event`], checking every field
+/// as the domain does.
+pub fn decode_event(body: &[u8]) -> Result<Event, DecodeError> {
+    checked(serde_json::from_slice(body).map_err(|e| DecodeError(e.to_string()))?)
+}
+
+/// The longest `event_id` an event may carry: the width of the consumers' key column
+/// (`consumed_event.event_id`, and the outbox's). flashsale's own ids are UUIDs, 36.
+pub const EVENT_ID_CHARS_MAX: usize = 64;
+
+/// An event as read, its fields checked as the domain does.
+fn checked(w: WireEvent<'_>) -> Result<Event, DecodeError> {
+    let bad = |e: &dyn std::fmt::Display| DecodeError(e.to_string());
+    // The consumers' deduplication key, stored as at most 64 characters: a longer one
+    // would be cut, and two ids cut alike would count as one event.
+    if w.event_id.is_empty() || w.event_id.chars().count() > EVENT_ID_CHARS_MAX {
+        return Err(DecodeError(format!(
+            "event_id: 1 to {EVENT_ID_CHARS_MAX} characters, not {}",
+            w.event_id.chars().count()
+        )));
+    }
+    Ok(Event {
+        event_type: w.event_type.parse().map_err(|e| bad(&e))?,
+        event_id: w.event_id,
+        sequence: w.sequence,
+        order_id: w
+            .order_id
+            .map(OrderId::parse)
+            .transpose()
+            .map_err(|e| bad(&e))?,
+        request_id: RequestId::parse("request_id", &w.request_id).map_err(|e| bad(&e))?,
+        product_id: ProductId::parse(w.product_id).map_err(|e| bad(&e))?,
+        user_id: UserId::parse(w.user_id).map_err(|e| bad(&e))?,
+        quantity: Quantity::from_stored(w.quantity)
+            .ok_or_else(|| DecodeError(format!("quantity {}", w.quantity)))?,
+        reason: w.reason,
+        occurred_at: w.occurred_at,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flashsale_app::EventType;
+
+    // Checks the documented JSON form (as MariaDB's JSON_OBJECT writes it) decodes into
+    // the event, null order_id included, an escaped request_id too (the borrowed fields
+    // fall back to a copy), and that a bad field is refused — an `occurred_at` that is not
+    // RFC 3339 (no offset, or no timestamp at all) among them, and an `event_id` empty or
+    // longer than the consumers' key column.
+    #[test]
+    fn decodes_the_documented_payload() {
+        let body = r#"{"event_id": "5f0c6a4e-ebf5-11f1-b3b2-02fc00000001", "event_type": "reservation_released", "sequence": 1, "order_id": null, "request_id": "REQ_1", "product_id": 1001, "user_id": 42, "quantity": 2, "reason": "sold_out", "occurred_at": "2026-11-29T10:00:00.123456Z"}"#;
+        let event = decode_event(body.as_bytes()).expect("valid");
+        assert_eq!(event.event_type, EventType::ReservationReleased);
+        assert_eq!(event.order_id, None);
+        assert_eq!(event.quantity.get(), 2);
+        assert_eq!(event.reason.as_deref(), Some("sold_out"));
+        assert_eq!(
+            event.occurred_at.to_rfc3339(),
+            "2026-11-29T10:00:00.123456+00:00"
+        );
+        let escaped = body.replace("\"REQ_1\"", "\"REQ\\u005f1\"");
+        assert_eq!(
+            decode_event(escaped.as_bytes()).expect("valid").request_id,
+            event.request_id
+        );
+        let bad = body.replace("\"quantity\": 2", "\"quantity\": 0");
+        assert!(decode_event(bad.as_bytes()).is_err());
+        for at in [
+            "2026-11-29T10:00:00.123456",
+            "2026-11-29 10:00:00.123456",
+            "yesterday",
+        ] {
+            let bad = body.replace("2026-11-29T10:00:00.123456Z", at);
+            assert!(decode_event(bad.as_bytes()).is_err(), "{at}");
+        }
+        assert!(decode_event(b"{}").is_err());
+        // An event_id of 64 characters (multi-byte ones count as one each) is the longest.
+        let id = "5f0c6a4e-ebf5-11f1-b3b2-02fc00000001";
+        let longest = "é".repeat(EVENT_ID_CHARS_MAX);
+        assert!(decode_event(body.replace(id, &longest).as_bytes()).is_ok());
+        for bad in [String::new(), "x".repeat(EVENT_ID_CHARS_MAX + 1)] {
+            assert!(
+                decode_event(body.replace(id, &bad).as_bytes()).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    // Checks message bodies: an array of events decodes element by element (a bad one,
+    // or one that is no event at all, is an error of its own, the rest still decode, and
+    // each decodes as it would alone), a bare event object (the format before
+    // packing) reads as one event, and a broken array is an error.
+    #[test]
+    fn decodes_packed_and_single_messages() {
+        let one = r#"{"event_id": "5f0c6a4e-ebf5-11f1-b3b2-02fc00000001", "event_type": "order_created", "sequence": 1, "order_id": 7, "request_id": "REQ_1", "product_id": 1001, "user_id": 42, "quantity": 2, "reason": null, "occurred_at": "2026-11-29T10:00:00.123456Z"}"#;
+        let two = one.replace("REQ_1", "REQ_2").replace("0001\"", "0002\"");
+        let bad = one.replace("\"quantity\": 2", "\"quantity\": -1");
+        let body = format!(" [{one},{bad}, {two}]");
+        let events = decode_message(body.as_bytes()).expect("an array");
+        assert_eq!(events.len(), 3);
+        assert_eq!(
+            events[0].as_ref().expect("first").request_id.as_str(),
+            "REQ_1"
+        );
+        assert!(events[1].is_err());
+        let second = events[2].as_ref().expect("third");
+        assert_eq!(second.request_id.as_str(), "REQ_2");
+        assert!(second.event_id.ends_with("0002"));
+        let single = decode_message(one.as_bytes()).expect("an object");
+        assert_eq!(single.len(), 1);
+        assert_eq!(
+            single[0].as_ref().expect("event").order_id.map(|o| o.get()),
+            Some(7)
+        );
+        // An element that is no event at all (a field of the wrong type) costs only
+        // itself too: the body is then read element by element.
+        let broken = one.replace("\"quantity\": 2", "\"quantity\": \"two\"");
+        let body = format!("[{one},{broken},{two}]");
+        let events = decode_message(body.as_bytes()).expect("an array");
+        assert_eq!(events.len(), 3);
+        assert!(events[1].is_err());
+        assert_eq!(
+            events[2].as_ref().expect("third").request_id.as_str(),
+            "REQ_2"
+        );
+        // Read in one pass, a pack gives what each of its events gives alone.
+        let body = format!("[{one},{two}]");
+        let packed = decode_message(body.as_bytes()).expect("an array");
+        for (event, alone) in packed.iter().zip([one, two.as_str()]) {
+            assert_eq!(
+                format!("{:?}", event.as_ref().expect("packed")),
+                format!("{:?}", decode_event(alone.as_bytes()).expect("alone"))
+            );
+        }
+        assert!(decode_message(format!("[{one}").as_bytes()).is_err());
+        assert!(decode_message(b"[]").expect("empty").is_empty());
+        let garbage = decode_message(b"nonsense").expect("read as one event");
+        assert!(garbage[0].is_err());
+    }
+}
