@@ -131,6 +131,21 @@ async fn stats_mismatch(app: &TestApp, product_id: i64) -> Option<String> {
     })
 }
 
+/// Whether the statistics consumer on `stream` has nothing pending and has acknowledged
+/// every message up to stream sequence `last`.
+async fn consumer_acked_through(
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+    last: u64,
+) -> bool {
+    let stream = js.get_stream(stream).await.expect("stream");
+    let info = stream
+        .consumer_info(flashsale_nats::CONSUMER_NAME)
+        .await
+        .expect("consumer info");
+    info.num_pending == 0 && info.num_ack_pending == 0 && info.ack_floor.stream_sequence == last
+}
+
 /// Waits until every outbox row is sent and the statistics of `products` match the ledger.
 async fn wait_drained(app: &TestApp, products: &[i64]) {
     wait_until(
@@ -589,20 +604,7 @@ async fn duplicates_are_dropped_by_msg_id_and_applied_once() {
     let consumed = app.count("SELECT COUNT(*) FROM consumed_event").await;
     assert_eq!(consumed, rows.len() as i64);
     let js = events.jetstream().await;
-    let consumer_done = |last: u64| {
-        let js = js.clone();
-        let stream = events.stream.clone();
-        async move {
-            let stream = js.get_stream(&stream).await.expect("stream");
-            let info = stream
-                .consumer_info(flashsale_nats::CONSUMER_NAME)
-                .await
-                .expect("consumer info");
-            info.num_pending == 0
-                && info.num_ack_pending == 0
-                && info.ack_floor.stream_sequence == last
-        }
-    };
+    let consumer_done = |last: u64| consumer_acked_through(&js, &events.stream, last);
     let last_seq = || async {
         let stream = js.get_stream(&events.stream).await.expect("stream");
         stream
@@ -981,18 +983,7 @@ async fn an_event_id_too_long_is_skipped_and_its_message_applied() {
         .await
         .expect("ack");
     wait_until("the consumer acknowledged the message", DRAIN_MAX, || {
-        let js = js.clone();
-        let stream = events.stream.clone();
-        async move {
-            let stream = js.get_stream(&stream).await.expect("stream");
-            let info = stream
-                .consumer_info(flashsale_nats::CONSUMER_NAME)
-                .await
-                .expect("consumer info");
-            info.num_pending == 0
-                && info.num_ack_pending == 0
-                && info.ack_floor.stream_sequence == ack.sequence
-        }
+        consumer_acked_through(&js, &events.stream, ack.sequence)
     })
     .await;
     assert_eq!(
