@@ -350,21 +350,21 @@ const OVER_LIMIT: &str = concat!(
      HAVING units > u.user_limit"
 );
 
-/// `text` as a MariaDB string literal that means the same in every `sql_mode`: quoted as
-/// it is when it is printable ASCII without a quote or a backslash (what a batch of
-/// request_ids, ids and numbers is; nothing in it can end the literal or escape), else
-/// [`hex_literal`]. Half the bytes of hex, and no digit pair per byte to write: the hex
-/// form of the batch and its events cost the server about 3,800 instructions per order
-/// (BENCHMARKS.md, ablation row S13).
-fn sql_literal(text: &str) -> String {
+/// Appends `text` as a MariaDB string literal that means the same in every `sql_mode`:
+/// quoted as it is when it is printable ASCII without a quote or a backslash (what a
+/// batch of request_ids, ids and numbers is; nothing in it can end the literal or
+/// escape), else [`hex_literal`]. Half the bytes of hex, and no digit pair per byte to
+/// write: the hex form of the batch and its events cost the server about 3,800
+/// instructions per order (BENCHMARKS.md, ablation row S13). Written into the script
+/// itself, so the text is copied once.
+fn push_sql_literal(out: &mut String, text: &str) {
     if printable_without(text, [b'\'', b'\\']) {
-        let mut out = String::with_capacity(text.len() + 2);
+        out.reserve(text.len() + 2);
         out.push('\'');
         out.push_str(text);
         out.push('\'');
-        out
     } else {
-        hex_literal(text)
+        out.push_str(&hex_literal(text));
     }
 }
 
@@ -503,12 +503,12 @@ pub(crate) async fn insert(
     };
     let limited = batch.iter().any(|p| p.per_user_limit.is_some());
     let begins = counters == Counters::Gate;
-    let mut script = format!(
-        "{}SET {} = CONVERT({} USING utf8mb4);\n{ROWS};\n",
-        if begins { "BEGIN;\n" } else { "" },
-        batch_variable!(),
-        sql_literal(document),
-    );
+    let mut script = String::from(if begins { "BEGIN;\n" } else { "" });
+    script.push_str(concat!("SET ", batch_variable!(), " = CONVERT("));
+    push_sql_literal(&mut script, document);
+    script.push_str(" USING utf8mb4);\n");
+    script.push_str(ROWS);
+    script.push_str(";\n");
     // Integers only: nothing of the batch's text enters the SQL here. Before the
     // counters, so that the hot rows' locks are held only from their UPDATE to COMMIT.
     for ((product_id, generation), (orders, q)) in &moved {
@@ -701,8 +701,8 @@ pub(crate) async fn roll_back<T>(
 /// product, a pack (docs/events.md), each event as a single event's row holds it, with
 /// the spacing of MariaDB's `JSON_OBJECT`. Each event's id is a UUIDv7, time-ordered,
 /// so the consumer's unique key on it grows at its right edge; `occurred_at` is the
-/// order's `created_at`, the database's clock. The payloads reach the SQL as
-/// [`sql_literal`]s.
+/// order's `created_at`, the database's clock. The payloads reach the SQL as literals
+/// ([`push_sql_literal`]).
 fn packs(orders: &[Order]) -> String {
     let mut sql = String::from(
         "INSERT INTO outbox (event_type, product_id, events, payload, created_at) VALUES ",
@@ -712,10 +712,11 @@ fn packs(orders: &[Order]) -> String {
             sql.push_str(", ");
         }
         sql.push_str(&format!(
-            "('order_created', {}, {events}, CONVERT({} USING utf8mb4), NOW(6))",
-            product_id.get(),
-            sql_literal(payload),
+            "('order_created', {}, {events}, CONVERT(",
+            product_id.get()
         ));
+        push_sql_literal(&mut sql, payload);
+        sql.push_str(" USING utf8mb4), NOW(6))");
     }
     sql
 }
@@ -924,6 +925,12 @@ mod tests {
     // or a backslash goes quoted as it is (a batch document does); a quote, a backslash,
     // a control character or a multi-byte character sends the whole text as hex, so
     // nothing of it can end the literal or escape in any sql_mode.
+    fn sql_literal(text: &str) -> String {
+        let mut out = String::new();
+        push_sql_literal(&mut out, text);
+        out
+    }
+
     #[test]
     fn sql_literals_quote_plain_text_and_hex_the_rest() {
         let plain = r#"[["REQ_a-1.b:c",7,42,1,3,1,900000000,null]]"#;
