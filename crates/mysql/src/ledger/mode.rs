@@ -25,7 +25,7 @@ use crate::rows;
 
 /// `LEDGER_SALES_AFTER_SWITCH` in microseconds, for the statements' intervals.
 fn settling_us() -> i64 {
-    i64::try_from(LEDGER_SALES_AFTER_SWITCH.as_micros()).unwrap_or(i64::MAX)
+    crate::sql::micros(LEDGER_SALES_AFTER_SWITCH)
 }
 
 /// One ledger-mode purchase of a batch: no hold yet, the ledger hands it out
