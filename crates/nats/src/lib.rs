@@ -59,9 +59,9 @@ const CONSUMER_ACK_WAIT: Duration = Duration::from_secs(30);
 /// events), while a backlog still drains in large steps.
 pub const CONSUMER_BATCH: usize = 32;
 /// Events after which a chunk takes no more messages (so at most this plus one message's
-/// [`EVENTS_PER_MESSAGE_MAX`] in one transaction): its INSERT binds 3 values per event,
-/// far under MariaDB's 65,535, and a chunk that must fall back to one transaction per
-/// event (a race with another consumer) stays short.
+/// [`EVENTS_PER_MESSAGE_MAX`] in one transaction): its INSERT's one bound document stays
+/// about 100 KB, and a chunk that must fall back to one transaction per event (a race
+/// with another consumer) stays short.
 pub const CONSUMER_EVENTS_MAX: usize = 1024;
 /// Most events packed into one message (the default of `events_per_message`). One NATS
 /// message costs the broker about as much as one event's (storing it, acknowledging the
