@@ -173,18 +173,20 @@ fn only(what: &str, replies: Vec<Value>) -> Result<Value, GateError> {
     }
 }
 
-/// Reads one purchase's reply of `reserve.lua`.
-pub fn parse_reserve(reply: &Value) -> Result<Reserve, GateError> {
-    let bad = || unexpected("reserve", reply);
-    let Value::Array(items) = reply else {
-        return Err(bad());
-    };
-    let ints: Vec<i64> = items
-        .iter()
-        .map(int)
-        .collect::<Option<_>>()
-        .ok_or_else(bad)?;
-    Ok(match ints.as_slice() {
+/// Most integers in one purchase's reply of `reserve.lua` (an existing hold's six).
+const RESERVE_FIELDS_MAX: usize = 6;
+
+/// Reads one purchase's reply of `reserve.lua`: its integers in decimal, joined by `,`.
+pub fn parse_reserve(reply: &str) -> Result<Reserve, GateError> {
+    let bad = || GateError::corrupt(format!("unexpected reply from reserve script: {reply:?}"));
+    let mut fields = [0i64; RESERVE_FIELDS_MAX];
+    let mut count = 0;
+    for field in reply.split(',') {
+        let slot = fields.get_mut(count).ok_or_else(bad)?;
+        *slot = field.parse().map_err(|_| bad())?;
+        count += 1;
+    }
+    Ok(match &fields[..count] {
         [1, hold_id, generation] => Reserve::Reserved {
             hold: HoldRef::from_stored(*generation, *hold_id).ok_or_else(bad)?,
         },
@@ -223,15 +225,20 @@ pub fn parse_reserve(reply: &Value) -> Result<Reserve, GateError> {
     })
 }
 
-/// Reads a batch's reply of `reserve.lua`: one answer per purchase, in order.
+/// Reads a batch's reply of `reserve.lua`: one string, the purchases' replies in order
+/// joined by ` `. A malformed purchase's reply is that purchase's error; a reply of
+/// another shape or count fails the whole batch.
 pub fn parse_reserve_batch(reply: &Value, purchases: usize) -> Result<Vec<Reply>, GateError> {
-    let Value::Array(replies) = reply else {
-        return Err(unexpected("reserve", reply));
+    let bad = || unexpected("reserve", reply);
+    let Value::BulkString(bytes) = reply else {
+        return Err(bad());
     };
+    let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
+    let replies: Vec<Reply> = text.split(' ').map(parse_reserve).collect();
     if replies.len() != purchases {
-        return Err(unexpected("reserve", reply));
+        return Err(bad());
     }
-    Ok(replies.iter().map(parse_reserve).collect())
+    Ok(replies)
 }
 
 /// A batch's purchases by product (ascending), each product's in batch order: one

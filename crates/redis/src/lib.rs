@@ -484,46 +484,38 @@ impl flashsale_app::baseline::BaselineGate for RedisGate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use calls::parse_reserve;
+    use calls::{parse_reserve, parse_reserve_batch};
     use flashsale_app::ports::SoldOutLease;
     use flashsale_core::HoldRef;
 
     // Checks that every reply shape of the reserve script maps to its outcome, that ids
-    // above 2^53 survive (they travel as strings), and that malformed replies are errors,
-    // never a guessed outcome.
+    // above 2^53 survive (they travel as decimal text), that a batch's replies are read
+    // in order and counted, and that malformed replies are errors, never a guessed
+    // outcome.
     #[test]
     fn reserve_replies() {
-        let arr = |v: Vec<Value>| Value::Array(v);
-        let s = |t: &str| Value::BulkString(t.as_bytes().to_vec());
         assert_eq!(
-            parse_reserve(&arr(vec![Value::Int(1), Value::Int(7), s("3")])).ok(),
+            parse_reserve("1,7,3").ok(),
             Some(Reserve::Reserved {
                 hold: HoldRef::from_stored(3, 7).expect("hold")
             })
         );
         assert_eq!(
-            parse_reserve(&arr(vec![Value::Int(0)])).ok(),
+            parse_reserve("0").ok(),
             Some(Reserve::SoldOut {
                 unseen: false,
                 lease: None
             })
         );
         assert_eq!(
-            parse_reserve(&arr(vec![Value::Int(0), Value::Int(1)])).ok(),
+            parse_reserve("0,1").ok(),
             Some(Reserve::SoldOut {
                 unseen: true,
                 lease: None
             })
         );
         assert_eq!(
-            parse_reserve(&arr(vec![
-                Value::Int(0),
-                Value::Int(0),
-                Value::Int(250),
-                s("3"),
-                s("1000")
-            ]))
-            .ok(),
+            parse_reserve("0,0,250,3,1000").ok(),
             Some(Reserve::SoldOut {
                 unseen: false,
                 lease: Some(SoldOutLease {
@@ -534,41 +526,26 @@ mod tests {
             })
         );
         assert!(
-            parse_reserve(&arr(vec![
-                Value::Int(0),
-                Value::Int(0),
-                Value::Int(0),
-                s("3"),
-                s("1000")
-            ]))
-            .is_err(),
+            parse_reserve("0,0,0,3,1000").is_err(),
             "a lease with no time left is no lease"
         );
+        assert_eq!(parse_reserve("-1").ok(), Some(Reserve::NotLoaded));
+        assert_eq!(parse_reserve("-3").ok(), Some(Reserve::NotRebuilt));
         assert_eq!(
-            parse_reserve(&arr(vec![Value::Int(-1)])).ok(),
-            Some(Reserve::NotLoaded)
-        );
-        assert_eq!(
-            parse_reserve(&arr(vec![Value::Int(-3)])).ok(),
-            Some(Reserve::NotRebuilt)
-        );
-        assert_eq!(
-            parse_reserve(&arr(vec![Value::Int(-2)])).ok(),
+            parse_reserve("-2").ok(),
             Some(Reserve::LimitExceeded { unseen: false })
         );
         assert_eq!(
-            parse_reserve(&arr(vec![Value::Int(-2), Value::Int(1)])).ok(),
+            parse_reserve("-2,1").ok(),
             Some(Reserve::LimitExceeded { unseen: true })
         );
-        let big = i64::MAX.to_string();
-        let existing = parse_reserve(&arr(vec![
-            Value::Int(2),
-            s("9"),
-            s(&big),
-            s("3"),
-            Value::Int(1),
-            s("2"),
-        ]));
+        assert_eq!(
+            parse_reserve("-4,120").ok(),
+            Some(Reserve::RateLimited {
+                retry_after: Duration::from_millis(120)
+            })
+        );
+        let existing = parse_reserve(&format!("2,9,{},3,1,2", i64::MAX));
         match existing {
             Ok(Reserve::Existing(h)) => {
                 assert_eq!(h.hold, HoldRef::from_stored(2, 9).expect("hold"));
@@ -578,12 +555,50 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
-        assert!(parse_reserve(&Value::Int(1)).is_err());
-        assert!(parse_reserve(&arr(vec![Value::Int(5)])).is_err());
-        assert!(parse_reserve(&arr(vec![Value::Int(2), s("x")])).is_err());
+        for malformed in [
+            "5",
+            "2,x",
+            "",
+            "1,,3",
+            "1,7,3,",
+            "1,7,3,4,5,6,7",
+            "1e3,7,3",
+            "2,9,,3,1,2",
+        ] {
+            assert!(
+                parse_reserve(malformed).is_err(),
+                "{malformed:?} is not a reply"
+            );
+        }
+        assert!(parse_reserve("1,0,3").is_err(), "hold id 0 names no hold");
+
+        let bulk = |t: &str| Value::BulkString(t.as_bytes().to_vec());
+        let batch = parse_reserve_batch(&bulk("1,7,3 0,1 2,x"), 3).expect("batch");
+        assert_eq!(batch.len(), 3);
+        assert_eq!(
+            batch[0].as_ref().ok(),
+            Some(&Reserve::Reserved {
+                hold: HoldRef::from_stored(3, 7).expect("hold")
+            })
+        );
+        assert_eq!(
+            batch[1].as_ref().ok(),
+            Some(&Reserve::SoldOut {
+                unseen: true,
+                lease: None
+            })
+        );
         assert!(
-            parse_reserve(&arr(vec![Value::Int(1), Value::Int(0), s("3")])).is_err(),
-            "hold id 0 names no hold"
+            batch[2].is_err(),
+            "a malformed reply is its purchase's error"
+        );
+        assert!(
+            parse_reserve_batch(&bulk("1,7,3 0,1"), 3).is_err(),
+            "fewer replies than purchases"
+        );
+        assert!(
+            parse_reserve_batch(&Value::Array(vec![bulk("1,7,3")]), 1).is_err(),
+            "not one string"
         );
     }
 }

@@ -42,12 +42,13 @@ async fn connect() -> MultiplexedConnection {
         .expect("the shared Redis (scripts/services.sh starts it)")
 }
 
-/// One reserve.lua call for `purchases` (request_id, user, quantity, per-user limit).
+/// One reserve.lua call for `purchases` (request_id, user, quantity, per-user limit):
+/// each purchase's reply as its fields.
 async fn reserve(
     conn: &mut MultiplexedConnection,
     keys: &Keys,
     purchases: &[(&str, i64, i64, i64)],
-) -> Vec<Value> {
+) -> Vec<Vec<String>> {
     let script = Script::new(flashsale_redis::calls::RESERVE.source);
     let mut call = script.prepare_invoke();
     call.key(&keys.inv).key(&keys.users).key(&keys.pending);
@@ -58,7 +59,8 @@ async fn reserve(
     for (rid, user, q, limit) in purchases {
         call.arg(q).arg(user).arg(limit).arg(*rid);
     }
-    call.invoke_async(conn).await.expect("reserve.lua")
+    let reply: Value = call.invoke_async(conn).await.expect("reserve.lua");
+    replies(&reply)
 }
 
 async fn hmget(
@@ -74,17 +76,15 @@ async fn hmget(
         .expect("HMGET")
 }
 
-fn ints(v: &Value) -> Vec<String> {
+/// The script's one string read as the adapter reads it: replies joined by ' ', each
+/// reply's fields by ','.
+fn replies(v: &Value) -> Vec<Vec<String>> {
     match v {
-        Value::Array(items) => items
-            .iter()
-            .map(|i| match i {
-                Value::Int(n) => n.to_string(),
-                Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-                other => format!("{other:?}"),
-            })
+        Value::BulkString(b) => String::from_utf8_lossy(b)
+            .split(' ')
+            .map(|reply| reply.split(',').map(str::to_owned).collect())
             .collect(),
-        other => panic!("not an array: {other:?}"),
+        other => panic!("not one string: {other:?}"),
     }
 }
 
@@ -101,8 +101,8 @@ async fn a_request_id_twice_in_one_call_holds_once() {
         .await
         .expect("seed");
     let replies = reserve(&mut conn, &keys, &[("a", 7, 2, 3), ("a", 7, 2, 3)]).await;
-    assert_eq!(ints(&replies[0]), ["1", "1", "1"]);
-    assert_eq!(ints(&replies[1]), ["2", "1", "7", "2", "0", "1"]);
+    assert_eq!(replies[0], ["1", "1", "1"]);
+    assert_eq!(replies[1], ["2", "1", "7", "2", "0", "1"]);
     let inv = hmget(&mut conn, &keys.inv, &["avail", "seq"]).await;
     assert_eq!(inv, [Some("8".into()), Some("1".into())]);
     let held: i64 = conn.hget(&keys.users, "7").await.expect("users");
@@ -111,7 +111,7 @@ async fn a_request_id_twice_in_one_call_holds_once() {
     assert_eq!(pending, 1);
 
     let replies = reserve(&mut conn, &keys, &[("b", 8, 1, 0)]).await;
-    assert_eq!(ints(&replies[0]), ["1", "2", "1"]);
+    assert_eq!(replies[0], ["1", "2", "1"]);
     delete_prefix(REDIS_URL, &keys.prefix)
         .await
         .expect("cleanup");
@@ -157,11 +157,11 @@ async fn a_batch_writes_its_counters_once_as_if_one_at_a_time() {
         ],
     )
     .await;
-    assert_eq!(ints(&replies[0]), ["1", "11", "2"]);
-    assert_eq!(ints(&replies[1])[0], "-2");
-    assert_eq!(ints(&replies[2]), ["1", "12", "2"]);
-    assert_eq!(ints(&replies[3])[0], "0");
-    assert_eq!(ints(&replies[4]), ["1", "13", "2"]);
+    assert_eq!(replies[0], ["1", "11", "2"]);
+    assert_eq!(replies[1][0], "-2");
+    assert_eq!(replies[2], ["1", "12", "2"]);
+    assert_eq!(replies[3][0], "0");
+    assert_eq!(replies[4], ["1", "13", "2"]);
     let inv = hmget(&mut conn, &keys.inv, &["avail", "seq"]).await;
     assert_eq!(inv, [Some("0".into()), Some("13".into())]);
     let held: Option<i64> = conn.hget(&keys.users, "1").await.expect("users");

@@ -8,12 +8,16 @@
 -- purchase i, ARGV[4i+1..4i+4]: quantity, user_id, per-user limit (0 = none), request_id
 -- A hold's time is Redis's own clock (TIME), so every instance ages holds on one clock:
 -- one instance with a wrong clock can't make recovery think a fresh hold is stale.
--- Returns one reply per purchase: {1, hold_id, gen} reserved | {0, unseen} sold out
---   | {0, unseen, lease ms left, gen, holds} sold out under a sold-out lease
---   | {-1} not loaded | {-2, unseen} limit exceeded
---   | {-3} the entry was written by another Redis process (see below)
---   | {-4, ms} over the user's shared rate: retry after ms (see below)
---   | {2, hold_id, user_id, quantity, released 0/1, gen} a hold exists for this request.
+-- Returns one string: each purchase's reply, its integers in decimal joined by ',', the
+-- replies in order joined by ' ' (one bulk string, not an array of arrays: the client
+-- reads one value instead of four or more per purchase, which cost redis-rs's reply
+-- parser about 4,500 instructions per order; BENCHMARKS.md, ablation row G8). A reply is
+-- 1,hold_id,gen reserved | 0,unseen sold out
+--   | 0,unseen,lease ms left,gen,holds sold out under a sold-out lease
+--   | -1 not loaded | -2,unseen limit exceeded
+--   | -3 the entry was written by another Redis process (see below)
+--   | -4,ms over the user's shared rate: retry after ms (see below)
+--   | 2,hold_id,user_id,quantity,released 0/1,gen a hold exists for this request.
 -- `unseen` is 1 when the gate can vouch that the request_id never held units of the
 -- product: it has no record of it in any generation, and every record ever written for
 -- the product still exists (`fresh`: loaded by this very Redis process, never rebuilt,
@@ -39,6 +43,8 @@
 local ttl, lease_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local rate_us, tolerance_us = tonumber(ARGV[3]), tonumber(ARGV[4])
 local n = (#ARGV - 4) / 4
+-- An integer in decimal, whole digits (`..` and `tostring` write 1e+14 from 10^14 on).
+local function d(x) return string.format('%d', x) end
 if not ttl or ttl < 1 or not lease_ms or lease_ms < 0 or lease_ms % 1 ~= 0 or not rate_us
    or rate_us < 0 or rate_us % 1 ~= 0 or not tolerance_us or tolerance_us < 0
    or tolerance_us % 1 ~= 0 or n < 1 or n % 1 ~= 0
@@ -57,8 +63,8 @@ local replies = {}
 local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen', 'lease', 'seq', 'srv', 'retired')
 local avail = tonumber(inv[1])
 if not avail then
-  for i = 1, n do replies[i] = {-1} end
-  return replies
+  for i = 1, n do replies[i] = '-1' end
+  return table.concat(replies, ' ')
 end
 -- A Redis process that neither loaded nor rebuilt the entry (restarted from a snapshot,
 -- a promoted replica) may be behind: its records and its sold-out lease may be gone, so
@@ -66,8 +72,8 @@ end
 -- revokes every lease of the lost state, see rebuild.lua).
 local srv = stamp()
 if inv[5] and srv ~= inv[5] then
-  for i = 1, n do replies[i] = {-3} end
-  return replies
+  for i = 1, n do replies[i] = '-3' end
+  return table.concat(replies, ' ')
 end
 local gen = inv[2] or '1'
 local now, now_us
@@ -138,15 +144,16 @@ for i = 1, n do
   -- A record from an older generation belongs to state that was lost and rebuilt without
   -- it: it holds nothing now, and the request may reserve afresh.
   if same then
-    -- As the record would give them: strings, whole digits (`tostring` would round ids
-    -- of 15 digits and more).
-    replies[i] = {2, string.format('%d', same.hold), same.user, string.format('%d', same.q), 0,
-      gen}
+    -- As the record would give them, whole digits.
+    replies[i] = '2,' .. d(same.hold) .. ',' .. same.user .. ',' .. d(same.q) .. ',0,' .. gen
   elseif rec[1] and (rec[5] or '1') == gen then
-    -- Ids go back as strings: a Lua number is a double and would round ids above 2^53.
-    replies[i] = {2, rec[4], rec[1], rec[2], rec[3] == 'r' and 1 or 0, gen}
+    -- The record's ids as it keeps them, text (a Lua number is a double and would round
+    -- ids above 2^53). A field missing from a damaged record leaves its place empty: the
+    -- client reads that purchase's reply as malformed, the others as they are.
+    replies[i] = '2,' .. (rec[4] or '') .. ',' .. rec[1] .. ',' .. (rec[2] or '') .. ','
+      .. (rec[3] == 'r' and '1' or '0') .. ',' .. gen
   elseif rate_us > 0 and throttled(i, rid) then
-    replies[i] = {-4, wait}
+    replies[i] = '-4,' .. d(wait)
   elseif leased or avail < q then
     -- A retired entry (retire.lua: the ledger is about to give the product back) grants
     -- no lease: its count may be one the ledger has sold past.
@@ -156,9 +163,9 @@ for i = 1, n do
     end
     local unseen = (not rec[1] and fresh()) and 1 or 0
     if leased then
-      replies[i] = {0, unseen, leased - clock(), gen, tostring(seq)}
+      replies[i] = '0,' .. unseen .. ',' .. d(leased - clock()) .. ',' .. gen .. ',' .. d(seq)
     else
-      replies[i] = {0, unseen}
+      replies[i] = '0,' .. unseen
     end
   else
     local counted = 0
@@ -168,7 +175,7 @@ for i = 1, n do
       counted = 1
     end
     if over then
-      replies[i] = {-2, (not rec[1] and fresh()) and 1 or 0}
+      replies[i] = (not rec[1] and fresh()) and '-2,1' or '-2,0'
     else
       if not stamped then
         stamped = true
@@ -188,12 +195,12 @@ for i = 1, n do
         rid = rid, stale = rec[1] and true or false}
       granted[#granted + 1] = g
       granted_key[g.key] = g
-      replies[i] = {1, seq, gen}
+      replies[i] = '1,' .. d(seq) .. ',' .. gen
     end
   end
 end
 if #granted == 0 then
-  return replies
+  return table.concat(replies, ' ')
 end
 -- The counters first, once for the whole batch, then the records: should a write fail
 -- halfway (Redis does not roll a script back), units are missing from `avail` rather
@@ -220,4 +227,4 @@ for _, g in ipairs(granted) do
   pending[#pending + 1] = g.rid
 end
 redis.call('ZADD', KEYS[3], unpack(pending))
-return replies
+return table.concat(replies, ' ')
