@@ -20,8 +20,8 @@ use flashsale_batch::Coalescer;
 use flashsale_core::{
     Generation, HoldRef, OrderId, OrderStatus, ProductId, PurchaseRequest, RequestId, UserId,
 };
-use futures::future::{BoxFuture, FutureExt, Shared};
 use sqlx::{MySqlConnection, Row};
+use tokio::sync::oneshot;
 
 use flashsale_app::{Order, PurchaseOutcome, PurchaseRecord};
 
@@ -141,17 +141,23 @@ pub(crate) enum Written {
     NotPlain,
 }
 
-type Pending = Shared<BoxFuture<'static, Result<Commit, LedgerError>>>;
+/// A purchase queued for the group committer, with the [`Ticket`] of its entry in
+/// [`InFlight`] when it is the first commit of its hold.
+pub(crate) type Queued = (Purchase, Option<Ticket>);
 
-/// How a commit goes through [`InFlight`].
-enum Turn {
-    /// The first of its hold: its own commit, which later copies join.
-    First(Pending),
-    /// A copy of a hold already committing: the first one's answer.
-    Join(Pending),
-    /// Another hold under a request_id already committing: on its own.
-    Alone,
+/// The group committer: queued purchases in, each one's answer out.
+pub(crate) type Committer = Coalescer<Queued, Result<Commit, LedgerError>>;
+
+/// A commit in flight: its purchase, and the callers waiting for its answer besides the
+/// one that queued it.
+struct Entry {
+    purchase: Purchase,
+    /// At most one per request in flight over HTTP (`FLASHSALE_MAX_IN_FLIGHT` bounds
+    /// those): each is a client retry of this very hold.
+    joiners: Vec<oneshot::Sender<Result<Commit, LedgerError>>>,
 }
+
+type Entries = Arc<Mutex<HashMap<RequestId, Entry>>>;
 
 /// The group commits queued or running in this process, by request_id. A second commit
 /// of the very same hold (a client retry that found the first attempt's hold in Redis
@@ -160,12 +166,17 @@ enum Turn {
 /// back group transaction and a one-by-one commit, and end with the same answer: the
 /// order as `Duplicate` (this hold's record), or the same refusal or error.
 ///
-/// Bounded by the group committer: an entry lives while its purchase is queued (at most
-/// `GROUP_QUEUE_MAX`) or in the batch being written, and is removed by the task that
-/// waits for it, whatever happens to the callers.
+/// An entry lives exactly as long as its purchase's [`Ticket`], which travels with the
+/// purchase through the committer's queue: the committer answers the joiners and removes
+/// the entry once the batch is decided ([`Ticket::finish`]), whether or not the caller
+/// that queued it is still waiting (a client that hung up); a purchase dropped before the
+/// batch ran (its caller gone while waiting for room in the queue, the committer stopped)
+/// removes it as it goes, and its joiners hear "unknown". No task of its own: spawning
+/// one per commit, with a shared future for the joiners, cost about 3,000 instructions
+/// per order (BENCHMARKS.md, ablation row S15).
 #[derive(Default)]
 pub(crate) struct InFlight {
-    commits: Arc<Mutex<HashMap<RequestId, (Purchase, Pending)>>>,
+    commits: Entries,
 }
 
 impl InFlight {
@@ -174,64 +185,104 @@ impl InFlight {
     /// the ledger's unique key decides between the two.
     pub(crate) async fn commit(
         &self,
-        group: &Coalescer<Purchase, Result<Commit, LedgerError>>,
+        group: &Committer,
         purchase: Purchase,
     ) -> Result<Commit, LedgerError> {
-        let pending = {
+        let turn = {
             let mut commits = self.commits.lock().unwrap_or_else(|e| e.into_inner());
-            match commits.get(&purchase.request.request_id) {
-                Some((first, pending)) if *first == purchase => Turn::Join(pending.clone()),
-                Some(_) => Turn::Alone,
+            match commits.get_mut(&purchase.request.request_id) {
+                Some(entry) if entry.purchase == purchase => {
+                    let (answer, joined) = oneshot::channel();
+                    entry.joiners.push(answer);
+                    Err(joined)
+                }
+                // Another hold under this request_id: on its own.
+                Some(_) => Ok(None),
                 None => {
                     let request_id = purchase.request.request_id.clone();
-                    let pending =
-                        Self::start(self.commits.clone(), group.clone(), purchase.clone());
-                    commits.insert(request_id, (purchase.clone(), pending.clone()));
-                    Turn::First(pending)
+                    let entry = Entry {
+                        purchase: purchase.clone(),
+                        joiners: Vec::new(),
+                    };
+                    commits.insert(request_id.clone(), entry);
+                    Ok(Some(Ticket {
+                        commits: self.commits.clone(),
+                        request_id,
+                        finished: false,
+                    }))
                 }
             }
         };
-        match pending {
-            Turn::First(pending) => pending.await,
-            // The first caller's answer; an order it created is, to this caller, the
-            // request_id already taken by this very hold.
-            Turn::Join(pending) => pending.await.map(|answer| match answer {
-                Commit::Committed(order) => Commit::Duplicate(PurchaseRecord {
-                    request: purchase.request,
-                    hold: purchase.hold,
-                    outcome: PurchaseOutcome::Order(order),
-                }),
-                other => other,
-            }),
-            Turn::Alone => committed(group.call(purchase).await),
+        match turn {
+            Ok(ticket) => committed(group.call((purchase, ticket)).await),
+            Err(joined) => Self::join(purchase, joined).await,
         }
     }
 
-    /// The commit as its own task, so that it completes and leaves the map even when
-    /// every caller waiting for it has gone away.
-    fn start(
-        commits: Arc<Mutex<HashMap<RequestId, (Purchase, Pending)>>>,
-        group: Coalescer<Purchase, Result<Commit, LedgerError>>,
+    /// The first commit's answer; an order it created is, to this caller, the request_id
+    /// already taken by this very hold.
+    async fn join(
         purchase: Purchase,
-    ) -> Pending {
-        let task = tokio::spawn(async move {
-            let request_id = purchase.request.request_id.clone();
-            let answer = committed(group.call(purchase).await);
-            commits
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&request_id);
-            answer
-        });
-        async move {
-            task.await.unwrap_or_else(|_| {
-                Err(LedgerError::stopped(
-                    "commit purchase: the commit task stopped; outcome unknown",
-                ))
-            })
+        joined: oneshot::Receiver<Result<Commit, LedgerError>>,
+    ) -> Result<Commit, LedgerError> {
+        let answer = joined.await.map_err(|_| {
+            LedgerError::stopped("commit purchase: the commit joined was dropped; outcome unknown")
+        })?;
+        answer.map(|answer| match answer {
+            Commit::Committed(order) => Commit::Duplicate(PurchaseRecord {
+                request: purchase.request,
+                hold: purchase.hold,
+                outcome: PurchaseOutcome::Order(order),
+            }),
+            other => other,
+        })
+    }
+}
+
+/// The first commit of a hold's entry in [`InFlight`]; the entry goes when this does.
+pub(crate) struct Ticket {
+    commits: Entries,
+    request_id: RequestId,
+    finished: bool,
+}
+
+impl Ticket {
+    /// Hands `answer` to the commit's joiners and removes its entry: called by the
+    /// committer once the purchase's answer is decided.
+    pub(crate) fn finish(mut self, answer: &Result<Commit, LedgerError>) {
+        self.finished = true;
+        if let Some(entry) = self.remove() {
+            for joiner in entry.joiners {
+                // A joiner that went away needs no answer.
+                let _ = joiner.send(answer.clone());
+            }
         }
-        .boxed()
-        .shared()
+    }
+
+    fn remove(&self) -> Option<Entry> {
+        let removed = self
+            .commits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.request_id);
+        // Only a ticket removes its entry, and an entry is inserted only where none is:
+        // while the ticket lives, the entry under its request_id is its own.
+        debug_assert!(
+            removed.is_some(),
+            "in-flight entry of {} gone",
+            self.request_id
+        );
+        removed
+    }
+}
+
+impl Drop for Ticket {
+    /// A purchase dropped unanswered (never queued, or its batch gone): its entry goes,
+    /// and its joiners, their senders dropped, hear "unknown".
+    fn drop(&mut self) {
+        if !self.finished {
+            self.remove();
+        }
     }
 }
 

@@ -22,7 +22,7 @@ use std::sync::{Arc, OnceLock};
 use flashsale_batch::{BatchFn, Coalescer};
 
 use crate::dedicated::{Dedicated, PING_WHEN_IDLE_FOR};
-use crate::group::{Counters, Decided, Purchase, Written};
+use crate::group::{Committer, Counters, Decided, Purchase, Queued, Written};
 use mode::LedgerPurchase;
 
 mod mode;
@@ -75,7 +75,7 @@ pub struct MysqlLedger {
     pool: MySqlPool,
     transaction_timeout: Duration,
     /// The group committer, started on the first purchase (inside the runtime).
-    group: OnceLock<Coalescer<Purchase, Result<Commit, LedgerError>>>,
+    group: OnceLock<Committer>,
     /// The purchase-record lookups, batched likewise (a rush asks one per rejection).
     lookups: OnceLock<Coalescer<RequestId, Lookup>>,
     /// The ledger-mode purchases' group committer, started on the first of them.
@@ -387,13 +387,24 @@ impl MysqlLedger {
         }
     }
 
-    fn group(&self) -> &Coalescer<Purchase, Result<Commit, LedgerError>> {
+    fn group(&self) -> &Committer {
         self.group.get_or_init(|| {
             let ledger = Arc::new(self.single());
-            let run: BatchFn<Purchase, Result<Commit, LedgerError>> =
-                Arc::new(move |batch: Vec<Purchase>| {
+            let run: BatchFn<Queued, Result<Commit, LedgerError>> =
+                Arc::new(move |batch: Vec<Queued>| {
                     let ledger = ledger.clone();
-                    Box::pin(async move { ledger.group_commit(batch).await })
+                    Box::pin(async move {
+                        let (batch, tickets): (Vec<Purchase>, Vec<_>) = batch.into_iter().unzip();
+                        let answers = ledger.group_commit(batch).await;
+                        // A ticket without an answer (none is missing but by a bug) is
+                        // dropped instead: its joiners hear "unknown", as its caller does.
+                        for (ticket, answer) in tickets.into_iter().zip(&answers) {
+                            if let Some(ticket) = ticket {
+                                ticket.finish(answer);
+                            }
+                        }
+                        answers
+                    })
                 });
             Coalescer::start(GROUP_QUEUE_MAX, GROUP_COMMIT_MAX, GROUP_WORKERS, run)
         })

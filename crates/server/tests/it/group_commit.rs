@@ -487,3 +487,64 @@ async fn ledger_mode_purchases_commit_together_with_the_same_answers() {
     );
     app.cleanup().await;
 }
+
+// Checks that a commit in flight outlives the caller that queued it (real MariaDB): the
+// product's row is held locked from another connection, so the group transaction waits
+// at its counter UPDATE; a second caller with the very same hold joins the first one's
+// commit; the first caller then goes away (its task aborted, as hyper drops a request
+// whose client hung up). Once the lock is released, the joiner still hears the outcome,
+// the order of that hold as `Duplicate`, and exactly one order exists; a later commit of
+// the same hold finds that order too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joined_commit_is_answered_after_its_first_caller_went_away() {
+    use sqlx::Acquire;
+    let app = TestApp::spawn().await;
+    app.create_product(3550, 10, None).await;
+    let ledger = ledger(&app).await;
+    let timeout = Duration::from_secs(600);
+    let product = ProductId::parse(3550).expect("id");
+    let hold = HoldRef::from_stored(1, 1).expect("hold");
+    let mut locker = app.pool.acquire().await.expect("connection");
+    let mut lock = locker.begin().await.expect("begin");
+    sqlx::query("SELECT available_stock FROM product_inventory WHERE product_id = 3550 FOR UPDATE")
+        .execute(&mut *lock)
+        .await
+        .expect("lock the product's row");
+    let commit = |ledger: Arc<MysqlLedger>| {
+        tokio::spawn(async move {
+            ledger
+                .commit_purchase(&request(1, 3550), hold, None, timeout)
+                .await
+        })
+    };
+    let first = commit(ledger.clone());
+    // The first caller's purchase is queued and its transaction waits for the lock.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let joiner = commit(ledger.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.abort();
+    assert!(
+        first.await.is_err_and(|e| e.is_cancelled()),
+        "the first caller went away"
+    );
+    lock.rollback().await.expect("release the lock");
+    let joined = joiner
+        .await
+        .expect("task")
+        .expect("the joiner hears the outcome");
+    match &joined {
+        Commit::Duplicate(record) => assert!(record.is_hold(product, hold), "{record:?}"),
+        other => panic!("the joiner: unexpected {other:?}"),
+    }
+    assert_eq!(
+        app.count("SELECT COUNT(*) FROM orders WHERE product_id = 3550")
+            .await,
+        1
+    );
+    let again = commit(ledger.clone())
+        .await
+        .expect("task")
+        .expect("answered");
+    assert_eq!(again, joined, "the same order, found in the ledger");
+    app.cleanup().await;
+}
