@@ -27,7 +27,8 @@ use crate::dashboard::{self, Dashboard, DashboardJson};
 use crate::error::ApiError;
 use crate::openapi::{Health, Ready};
 use crate::wire::{
-    decimal, NewProductBody, OrderJson, ProductJson, PurchaseBody, RestockBody, UserBody,
+    decimal, order_body, NewProductBody, OrderJson, ProductJson, PurchaseBody, RestockBody,
+    UserBody,
 };
 
 /// Largest request body accepted: every valid body is a few hundred bytes.
@@ -427,12 +428,34 @@ fn order_and_user(
 
 /// An order as its reader may see it: with buyer authentication on, only its own buyer;
 /// anyone else is told it does not exist, as for an id never used (ids leak nothing).
-fn visible(order: flashsale_app::Order, buyer: Option<UserId>) -> Result<OrderJson, ApiError> {
+fn visible(order: flashsale_app::Order, buyer: Option<UserId>) -> Result<OrderAnswer, ApiError> {
     match buyer {
         Some(buyer) if buyer != order.user_id => {
             Err(ApiError::from(flashsale_app::Error::OrderNotFound))
         }
-        _ => Ok(OrderJson::from(&order)),
+        _ => Ok(OrderAnswer::of(&order)),
+    }
+}
+
+/// An order as an answer: the JSON of `OrderJson`, written by [`order_body`].
+struct OrderAnswer(Vec<u8>);
+
+impl OrderAnswer {
+    fn of(order: &flashsale_app::Order) -> Self {
+        Self(order_body(order))
+    }
+}
+
+impl IntoResponse for OrderAnswer {
+    fn into_response(self) -> Response {
+        (
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            self.0,
+        )
+            .into_response()
     }
 }
 
@@ -775,7 +798,7 @@ async fn purchase_of(
     } else {
         StatusCode::CREATED
     };
-    Ok((status, Json(OrderJson::from(&purchased.order))))
+    Ok((status, OrderAnswer::of(&purchased.order)))
 }
 
 #[utoipa::path(
@@ -798,7 +821,7 @@ async fn get_purchase(
         let request_id = RequestId::parse("request_id", &request_id).map_err(invalid)?;
         let buyer = buyer?;
         let order = deadline(&state, state.service.purchase_record(&request_id)).await?;
-        Ok::<_, ApiError>(Json(visible(order, buyer)?))
+        visible(order, buyer)
     }
     .await;
     counted(started, &state, GET_PURCHASE, result)
@@ -823,7 +846,7 @@ async fn get_order(
         let id = OrderId::parse(path_id(id, "order_id")?).map_err(invalid)?;
         let buyer = buyer?;
         let order = deadline(&state, state.service.order(id)).await?;
-        Ok::<_, ApiError>(Json(visible(order, buyer)?))
+        visible(order, buyer)
     }
     .await;
     counted(started, &state, GET_ORDER, result)
@@ -849,7 +872,7 @@ async fn pay(
     let result = async {
         let (id, user) = order_and_user(buyer, id, body)?;
         let order = deadline(&state, state.service.pay(id, user)).await?;
-        Ok::<_, ApiError>(Json(OrderJson::from(&order)))
+        Ok::<_, ApiError>(OrderAnswer::of(&order))
     }
     .await;
     counted(started, &state, PAY, result)
@@ -875,7 +898,7 @@ async fn cancel(
     let result = async {
         let (id, user) = order_and_user(buyer, id, body)?;
         let order = deadline(&state, state.service.cancel(id, user)).await?;
-        Ok::<_, ApiError>(Json(OrderJson::from(&order)))
+        Ok::<_, ApiError>(OrderAnswer::of(&order))
     }
     .await;
     counted(started, &state, CANCEL, result)

@@ -106,6 +106,21 @@ pub struct RestockBody {
 /// `to_rfc3339_opts` still about 1,200 a time (BENCHMARKS.md, ablation row S12). A year
 /// outside 0–9999, which no stored time has, is left to chrono.
 fn rfc3339<S: Serializer>(time: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+    let mut text = [0; RFC3339_BYTES_MAX];
+    match rfc3339_text(time, &mut text) {
+        Some(text) => s.serialize_str(text),
+        None => s.serialize_str(&time.to_rfc3339_opts(SecondsFormat::AutoSi, true)),
+    }
+}
+
+/// The longest time [`rfc3339_text`] writes: nanoseconds and the `Z`.
+const RFC3339_BYTES_MAX: usize = 30;
+
+/// [`rfc3339`]'s text, written into `text`; None for a year outside 0–9999.
+fn rfc3339_text<'a>(
+    time: &DateTime<Utc>,
+    text: &'a mut [u8; RFC3339_BYTES_MAX],
+) -> Option<&'a str> {
     /// Writes `value`'s last `out.len()` decimal digits into `out`.
     fn digits(out: &mut [u8], mut value: u32) {
         for b in out.iter_mut().rev() {
@@ -116,17 +131,14 @@ fn rfc3339<S: Serializer>(time: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error>
     }
     // The stored UTC time itself: each of `DateTime`'s own accessors converts it first.
     let naive = time.naive_utc();
-    let year = match u32::try_from(naive.year()) {
-        Ok(year) if year <= 9999 => year,
-        _ => return s.serialize_str(&time.to_rfc3339_opts(SecondsFormat::AutoSi, true)),
-    };
+    let year = u32::try_from(naive.year()).ok().filter(|&y| y <= 9999)?;
     let (mut second, mut nano) = (naive.second(), naive.nanosecond());
     // A leap second is second 59 with a nanosecond past 10⁹; chrono writes it as 60.
     if nano >= 1_000_000_000 {
         second += 1;
         nano -= 1_000_000_000;
     }
-    let mut text = *b"0000-00-00T00:00:00.000000000Z";
+    *text = *b"0000-00-00T00:00:00.000000000Z";
     digits(&mut text[0..4], year);
     digits(&mut text[5..7], naive.month());
     digits(&mut text[8..10], naive.day());
@@ -150,8 +162,7 @@ fn rfc3339<S: Serializer>(time: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error>
     };
     text[end] = b'Z';
     // Digits and ASCII separators only.
-    let text = std::str::from_utf8(&text[..=end]).map_err(serde::ser::Error::custom)?;
-    s.serialize_str(text)
+    std::str::from_utf8(&text[..=end]).ok()
 }
 
 /// [`rfc3339`], or null.
@@ -220,6 +231,65 @@ impl From<&Order> for OrderJson {
             cancel_reason: o.cancel_reason.map(|r| r.as_str()),
         }
     }
+}
+
+/// Largest answer body [`order_body`] reserves room for up front: an order with every
+/// field, a 64-character request_id and 19-digit ids is about 400 bytes.
+const ORDER_BODY_BYTES: usize = 512;
+
+/// An order's answer body: the bytes serde_json writes for `OrderJson::from(order)` (a
+/// test checks every shape), written by pushes. serde_json writes each key and string
+/// value through its escaping writer: about 6,000 instructions for a purchase's answer,
+/// a twentieth of a durable order's (BENCHMARKS.md, ablation row S16). Nothing here needs
+/// escaping: the keys and the status and reason names are fixed ASCII, and a
+/// `RequestId` holds only `[A-Za-z0-9_.:-]`.
+pub fn order_body(o: &Order) -> Vec<u8> {
+    fn time(out: &mut Vec<u8>, key: &str, time: &DateTime<Utc>) {
+        out.extend_from_slice(key.as_bytes());
+        out.push(b'"');
+        let mut text = [0; RFC3339_BYTES_MAX];
+        match rfc3339_text(time, &mut text) {
+            Some(text) => out.extend_from_slice(text.as_bytes()),
+            None => {
+                out.extend_from_slice(time.to_rfc3339_opts(SecondsFormat::AutoSi, true).as_bytes())
+            }
+        }
+        out.push(b'"');
+    }
+    let mut integers = itoa::Buffer::new();
+    let mut out = Vec::with_capacity(ORDER_BODY_BYTES);
+    out.extend_from_slice(b"{\"order_id\":");
+    out.extend_from_slice(integers.format(o.order_id.get()).as_bytes());
+    out.extend_from_slice(b",\"request_id\":\"");
+    let request_id = o.request_id.as_str();
+    debug_assert!(!request_id
+        .bytes()
+        .any(|b| b == b'"' || b == b'\\' || b < 0x20));
+    out.extend_from_slice(request_id.as_bytes());
+    out.extend_from_slice(b"\",\"user_id\":");
+    out.extend_from_slice(integers.format(o.user_id.get()).as_bytes());
+    out.extend_from_slice(b",\"product_id\":");
+    out.extend_from_slice(integers.format(o.product_id.get()).as_bytes());
+    out.extend_from_slice(b",\"quantity\":");
+    out.extend_from_slice(integers.format(o.quantity.get()).as_bytes());
+    out.extend_from_slice(b",\"status\":\"");
+    out.extend_from_slice(o.status.as_str().as_bytes());
+    out.push(b'"');
+    time(&mut out, ",\"created_at\":", &o.created_at);
+    time(&mut out, ",\"expires_at\":", &o.expires_at);
+    if let Some(paid_at) = &o.paid_at {
+        time(&mut out, ",\"paid_at\":", paid_at);
+    }
+    if let Some(cancelled_at) = &o.cancelled_at {
+        time(&mut out, ",\"cancelled_at\":", cancelled_at);
+    }
+    if let Some(reason) = o.cancel_reason {
+        out.extend_from_slice(b",\"cancel_reason\":\"");
+        out.extend_from_slice(reason.as_str().as_bytes());
+        out.push(b'"');
+    }
+    out.push(b'}');
+    out
 }
 
 /// A product's units: `total` = `available` + `reserved` + `sold` (as of the read).
@@ -323,6 +393,63 @@ mod tests {
                 let chronos = serde_json::to_string(&Chronos { at, maybe }).expect("json");
                 assert_eq!(ours, chronos);
             }
+        }
+    }
+
+    // Checks that an order's answer body, written by pushes, is byte for byte what
+    // serde_json writes for `OrderJson` of the same order: awaiting payment, paid,
+    // cancelled with each reason, the largest ids, a 64-character request_id using every
+    // character a request_id may hold, times with every fraction length, and a year
+    // beyond 9999 (chrono's own text).
+    #[test]
+    fn order_bodies_are_what_serde_writes() {
+        use flashsale_core::{
+            CancelReason, OrderId, OrderStatus, ProductId, Quantity, RequestId, UserId,
+        };
+        let at = |text: &str| -> DateTime<Utc> { text.parse().expect("a time") };
+        let long_id = format!("{}_.:-90", "Az".repeat(29));
+        let pending = Order {
+            order_id: OrderId::parse(1).expect("id"),
+            request_id: RequestId::parse("request_id", "REQ_1").expect("request_id"),
+            user_id: UserId::parse(7).expect("user"),
+            product_id: ProductId::parse(1001).expect("product"),
+            quantity: Quantity::from_stored(1).expect("quantity"),
+            status: OrderStatus::PendingPayment,
+            created_at: at("2026-12-04T10:00:00.123456Z"),
+            expires_at: at("2026-12-04T10:15:00.123456Z"),
+            paid_at: None,
+            cancelled_at: None,
+            cancel_reason: None,
+        };
+        let paid = Order {
+            order_id: OrderId::parse(i64::MAX).expect("id"),
+            request_id: RequestId::parse("request_id", &long_id).expect("request_id"),
+            user_id: UserId::parse(i64::MAX).expect("user"),
+            product_id: ProductId::parse(i64::MAX).expect("product"),
+            quantity: Quantity::from_stored(i64::from(u32::MAX)).expect("quantity"),
+            status: OrderStatus::Paid,
+            created_at: at("2026-12-04T10:00:00Z"),
+            expires_at: at("+10000-01-01T00:00:00Z"),
+            paid_at: Some(at("2026-12-04T10:01:00.5Z")),
+            ..pending.clone()
+        };
+        let cancelled = |reason| Order {
+            status: OrderStatus::Cancelled,
+            cancelled_at: Some(at("2026-12-04T10:15:00.000000001Z")),
+            cancel_reason: Some(reason),
+            ..pending.clone()
+        };
+        for order in [
+            pending.clone(),
+            paid,
+            cancelled(CancelReason::UserCancelled),
+            cancelled(CancelReason::PaymentTimeout),
+        ] {
+            let serde = serde_json::to_vec(&OrderJson::from(&order)).expect("json");
+            assert_eq!(
+                String::from_utf8_lossy(&order_body(&order)),
+                String::from_utf8_lossy(&serde)
+            );
         }
     }
 
