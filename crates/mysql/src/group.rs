@@ -152,7 +152,7 @@ pub(crate) type Committer = Coalescer<Queued, Result<Commit, LedgerError>>;
 /// one that queued it.
 struct Entry {
     purchase: Purchase,
-    /// At most one per request in flight over HTTP (`FLASHSALE_MAX_IN_FLIGHT` bounds
+    /// At most one per request in flight over HTTP (`FLASHSALE_IN_FLIGHT_MAX` bounds
     /// those): each is a client retry of this very hold.
     joiners: Vec<oneshot::Sender<Result<Commit, LedgerError>>>,
 }
