@@ -106,18 +106,22 @@ pub struct RestockBody {
 /// `to_rfc3339_opts` still about 1,200 a time (BENCHMARKS.md, ablation row S12). A year
 /// outside 0–9999, which no stored time has, is left to chrono.
 fn rfc3339<S: Serializer>(time: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
-    let mut text = [0; RFC3339_BYTES_MAX];
-    match rfc3339_text(time, &mut text) {
-        Some(text) => s.serialize_str(text),
-        None => s.serialize_str(&time.to_rfc3339_opts(SecondsFormat::AutoSi, true)),
+    s.serialize_str(&rfc3339_text(time, &mut [0; RFC3339_BYTES_MAX]))
+}
+
+/// The longest time [`rfc3339_digits`] writes: nanoseconds and the `Z`.
+const RFC3339_BYTES_MAX: usize = 30;
+
+/// [`rfc3339`]'s text: written into `text`, or chrono's own for a year outside 0–9999.
+fn rfc3339_text<'a>(time: &DateTime<Utc>, text: &'a mut [u8; RFC3339_BYTES_MAX]) -> Cow<'a, str> {
+    match rfc3339_digits(time, text) {
+        Some(text) => Cow::Borrowed(text),
+        None => Cow::Owned(time.to_rfc3339_opts(SecondsFormat::AutoSi, true)),
     }
 }
 
-/// The longest time [`rfc3339_text`] writes: nanoseconds and the `Z`.
-const RFC3339_BYTES_MAX: usize = 30;
-
-/// [`rfc3339`]'s text, written into `text`; None for a year outside 0–9999.
-fn rfc3339_text<'a>(
+/// [`rfc3339_text`] written into `text`; None for a year outside 0–9999.
+fn rfc3339_digits<'a>(
     time: &DateTime<Utc>,
     text: &'a mut [u8; RFC3339_BYTES_MAX],
 ) -> Option<&'a str> {
@@ -247,13 +251,7 @@ pub fn order_body(o: &Order) -> Vec<u8> {
     fn time(out: &mut Vec<u8>, key: &str, time: &DateTime<Utc>) {
         out.extend_from_slice(key.as_bytes());
         out.push(b'"');
-        let mut text = [0; RFC3339_BYTES_MAX];
-        match rfc3339_text(time, &mut text) {
-            Some(text) => out.extend_from_slice(text.as_bytes()),
-            None => {
-                out.extend_from_slice(time.to_rfc3339_opts(SecondsFormat::AutoSi, true).as_bytes())
-            }
-        }
+        out.extend_from_slice(rfc3339_text(time, &mut [0; RFC3339_BYTES_MAX]).as_bytes());
         out.push(b'"');
     }
     let mut integers = itoa::Buffer::new();
