@@ -448,15 +448,20 @@ impl OrderAnswer {
 
 impl IntoResponse for OrderAnswer {
     fn into_response(self) -> Response {
-        (
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            )],
-            self.0,
-        )
-            .into_response()
+        json_answer(self.0)
     }
+}
+
+/// A JSON body encoded already, answered as `application/json`.
+fn json_answer(body: impl Into<axum::body::Body>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body.into(),
+    )
+        .into_response()
 }
 
 /// Runs a use case in one of the in-flight slots, under the request deadline: with no
@@ -535,14 +540,8 @@ async fn healthz() -> impl IntoResponse {
     summary = "This document",
     responses((status = 200, description = "The OpenAPI 3.1 document of this API.", content_type = "application/json", body = Object)),
 )]
-async fn openapi_json() -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        )],
-        crate::openapi::encoded(),
-    )
+async fn openapi_json() -> Response {
+    json_answer(crate::openapi::encoded())
 }
 
 #[utoipa::path(
