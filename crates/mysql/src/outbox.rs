@@ -7,16 +7,18 @@
 //! and its JSON payload (`JSON_OBJECT`, escaped by the server) carries the same values, so
 //! writing an event costs one round trip inside the transaction and nothing else.
 //!
-//! A group commit's `order_created` events bring their ids (UUIDv7) with the batch and
-//! are written by its stored procedure as one *pack* per product: one row whose payload
-//! is the array of the events (migration `…13_batch_facts.sql`). The relay reads a pack as
-//! its events ([`unpack`]) and marks the row sent once every one of them went out; the
-//! view `outbox_event` shows the outbox one event per row, packs unpacked.
+//! A group commit's `order_created` events are written by the server as one *pack* per
+//! product, with the transaction's COMMIT (`crate::group`): one row whose payload is the
+//! array of the events, each with its own id (UUIDv7) (migration `…13_batch_facts.sql`).
+//! The relay reads a pack as its events ([`unpack`]) and marks the row sent once every
+//! one of them went out; the view `outbox_event` shows the outbox one event per row,
+//! packs unpacked.
 //!
-//! An event is unsent while it has a row in the narrow `outbox_unsent`, which the
-//! database's trigger adds in the inserting statement; the relay marks events sent by
-//! deleting those rows. The event row is written once and never updated (a `sent_at`
-//! set later rewrote the whole row: migration `…07_outbox_unsent.sql`).
+//! An event is unsent while it has a row in the narrow `outbox_unsent` (with its row's
+//! event count), which the database's trigger adds in the inserting statement; the relay
+//! sizes a round from those marks and marks events sent by deleting them. The event row
+//! is written once and never updated (a `sent_at` set later rewrote the whole row:
+//! migration `…07_outbox_unsent.sql`).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -322,14 +324,32 @@ fn pack_events(payload: &str) -> Option<Vec<(Head, &str)>> {
     }
 }
 
+/// How many of a round's oldest unsent rows, given their event counts in order, the round
+/// takes: each row while fewer than `limit` events came before it. A count below 1 (no
+/// row has one) counts as 1, so that every row taken counts.
+fn round_rows(events: impl IntoIterator<Item = i32>, limit: u64) -> usize {
+    let mut before = 0u64;
+    let mut rows = 0;
+    for n in events {
+        if before >= limit {
+            break;
+        }
+        before = before.saturating_add(u64::try_from(n.max(1)).unwrap_or(1));
+        rows += 1;
+    }
+    rows
+}
+
 /// The events of one outbox row, appended to `out`: the row's own, or each of a pack's
 /// (migration `…13_batch_facts.sql`), all under the row's id, which is what is marked
 /// sent.
-fn unpack(row: &sqlx::mysql::MySqlRow, out: &mut Vec<OutboxMessage>) -> Result<(), LedgerError> {
-    let id: i64 = row.try_get("id").map_err(db)?;
+fn unpack(
+    row: &sqlx::mysql::MySqlRow,
+    id: i64,
+    attempts: u32,
+    out: &mut Vec<OutboxMessage>,
+) -> Result<(), LedgerError> {
     let event_type: EventType = text(row, "event_type")?.parse().map_err(corrupt)?;
-    let attempts: i32 = row.try_get("attempts").map_err(db)?;
-    let attempts = u32::try_from(attempts).unwrap_or(0);
     let payload = text(row, "payload")?;
     let request_id = opt_text(row, "request_id")?;
     let Some(request_id) = request_id else {
@@ -404,30 +424,41 @@ impl Outbox for MysqlLedger {
         }
         // The oldest unsent rows, at most `limit`, cut after the one that brings the
         // events to `limit` (a pack holds many): a round publishes at most `limit` − 1 +
-        // a pack's events. The running count is taken over the limited rows' narrow
-        // columns, and only the rows kept are read whole.
-        let rows = bounded("read unsent outbox rows", || {
-            sqlx::query(
-                "SELECT o.id, o.event_id, o.event_type, o.request_id, o.sequence, o.payload, \
-                 w.attempts FROM (SELECT u.id, u.attempts, \
-                 SUM(e.events) OVER (ORDER BY u.id) - e.events AS before_row \
-                 FROM (SELECT id, attempts FROM outbox_unsent ORDER BY id LIMIT ?) u \
-                 JOIN outbox e ON e.id = u.id) w \
-                 JOIN outbox o ON o.id = w.id WHERE w.before_row < ?",
-            )
-            .bind(limit)
-            .bind(limit)
-            .fetch_all(self.pool())
+        // a pack's events. The narrow marks are read in their key's order and cut here,
+        // and only the rows kept are read whole (BENCHMARKS.md, ablation row E11).
+        let marks: Vec<(i64, i32, i32)> = bounded("read unsent outbox marks", || {
+            sqlx::query_as("SELECT id, attempts, events FROM outbox_unsent ORDER BY id LIMIT ?")
+                .bind(limit)
+                .fetch_all(self.pool())
         })
         .await?;
-        if rows.is_empty() {
+        let marks = &marks[..round_rows(marks.iter().map(|&(_, _, events)| events), limit)];
+        if marks.is_empty() {
             // Idle: let another instance's relay take over at once if this one stops.
             self.end_lease(relay).await?;
             return Ok(Vec::new());
         }
+        // The ids as one JSON array: one statement text for every round size.
+        let ids: Vec<i64> = marks.iter().map(|&(id, _, _)| id).collect();
+        let document = serde_json::to_string(&ids).unwrap_or_default();
+        let rows = bounded("read unsent outbox rows", || {
+            sqlx::query(
+                "SELECT o.id, o.event_id, o.event_type, o.request_id, o.sequence, o.payload \
+                 FROM JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) AS j \
+                 JOIN outbox o ON o.id = j.id",
+            )
+            .bind(&document)
+            .fetch_all(self.pool())
+        })
+        .await?;
         let mut messages = Vec::new();
         for row in &rows {
-            unpack(row, &mut messages)?;
+            let id: i64 = row.try_get("id").map_err(db)?;
+            // The marks are in id order.
+            let attempts = marks
+                .binary_search_by_key(&id, |&(id, _, _)| id)
+                .map_or(0, |at| marks[at].1);
+            unpack(row, id, u32::try_from(attempts).unwrap_or(0), &mut messages)?;
         }
         // A full batch: more may wait, and the relay goes on at once under the same lease.
         self.outbox_lease().set_backlog(
@@ -494,11 +525,8 @@ impl Outbox for MysqlLedger {
 
     async fn unsent(&self) -> Result<u64, LedgerError> {
         let n: i64 = bounded("count unsent events", || {
-            sqlx::query_scalar(
-                "SELECT CAST(COALESCE(SUM(o.events), 0) AS SIGNED) \
-                 FROM outbox_unsent u JOIN outbox o ON o.id = u.id",
-            )
-            .fetch_one(self.pool())
+            sqlx::query_scalar("SELECT CAST(COALESCE(SUM(events), 0) AS SIGNED) FROM outbox_unsent")
+                .fetch_one(self.pool())
         })
         .await?;
         Ok(u64::try_from(n).unwrap_or(0))
@@ -765,5 +793,23 @@ mod tests {
         ] {
             assert_eq!(pack_events(bad), None, "{bad}");
         }
+    }
+
+    // Checks a round's cut, as the window query it replaces made it: each row is taken
+    // while fewer than `limit` events came before it, so a round ends with the row that
+    // reaches the limit (a pack may overshoot it, a single event never); no rows, or a
+    // limit of 0, take nothing; a count below 1 counts as 1.
+    #[test]
+    fn a_round_takes_rows_until_they_hold_its_limit() {
+        assert_eq!(round_rows([1, 1, 1], 2), 2);
+        assert_eq!(round_rows([1, 1, 1], 3), 3);
+        assert_eq!(round_rows([1, 1, 1], 10), 3);
+        assert_eq!(round_rows([25, 25, 25], 30), 2);
+        assert_eq!(round_rows([25, 25, 25], 25), 1);
+        assert_eq!(round_rows([25, 1, 1], 26), 2);
+        assert_eq!(round_rows([300, 1], 256), 1);
+        assert_eq!(round_rows([0, -4, 1], 2), 2);
+        assert_eq!(round_rows([], 1024), 0);
+        assert_eq!(round_rows([1], 0), 0);
     }
 }

@@ -1,7 +1,8 @@
 //! The schema on the real MariaDB: upgrading a live ledger (the outbox's "sent" mark moved
 //! from a column of the event row to a narrow table, migration 7, and events that were
-//! waiting for the broker when the upgrade ran must still be published afterwards), and
-//! the indexes of the rows every purchase inserts (migration 15).
+//! waiting for the broker when the upgrade ran must still be published afterwards), the
+//! event counts the unsent marks carry (migration 17), and the indexes of the rows every
+//! purchase inserts (migration 15).
 
 use std::borrow::Cow;
 
@@ -12,6 +13,9 @@ use sqlx::{Connection, MySqlConnection, Row};
 const SERVER_URL: &str = "mysql://root@127.0.0.1:3306";
 /// The migration that replaced `outbox.sent_at` with `outbox_unsent`.
 const UNSENT_TABLE: i64 = 20261129000007;
+
+/// The migration that gave each unsent mark its row's event count.
+const UNSENT_EVENTS: i64 = 20261204000017;
 
 /// The project's migrations, all of them or only those before `below`.
 fn migrator(below: Option<i64>) -> Migrator {
@@ -134,6 +138,72 @@ async fn unsent_events_survive_the_upgrade() {
         count(&mut conn, "SELECT COUNT(*) FROM outbox").await,
         5,
         "sent events are kept"
+    );
+    conn.close().await.expect("close");
+    db.drop_db().await.expect("drop the test database");
+}
+
+/// A pack of `events` `order_created` events of product 7 in the outbox, as the group
+/// commit writes one (its payload's events are not what this test reads).
+async fn pack_row(conn: &mut MySqlConnection, events: i32) -> i64 {
+    sqlx::query(
+        "INSERT INTO outbox (event_type, product_id, events, payload, created_at) \
+         VALUES ('order_created', 7, ?, '[]', NOW(6))",
+    )
+    .bind(events)
+    .execute(&mut *conn)
+    .await
+    .expect("insert a pack")
+    .last_insert_id()
+    .try_into()
+    .expect("an id")
+}
+
+/// Each unsent mark's id and event count, by id.
+async fn unsent_counts(conn: &mut MySqlConnection) -> Vec<(i64, i32)> {
+    sqlx::query_as("SELECT id, events FROM outbox_unsent ORDER BY id")
+        .fetch_all(&mut *conn)
+        .await
+        .expect("read the unsent marks")
+}
+
+// Checks migration 17 on a database with unsent events: before it, a pack of 25 events,
+// a single event and a sent pack of 3; after it, the two unsent marks carry 25 and 1 (the
+// pack's count filled in from its row), the sent pack still has no mark, and a pack
+// inserted afterwards is marked with its count by the replaced trigger.
+#[tokio::test]
+async fn unsent_marks_carry_their_rows_event_counts() {
+    let db = TestDb::create(SERVER_URL).await.expect("test database");
+    let mut conn = MySqlConnection::connect(&db.url()).await.expect("connect");
+    migrator(Some(UNSENT_EVENTS))
+        .run(&mut conn)
+        .await
+        .expect("migrations before the counts");
+    let pack = pack_row(&mut conn, 25).await;
+    let single: i64 = sqlx::query(
+        "INSERT INTO outbox (event_id, event_type, request_id, order_id, product_id, sequence, \
+         payload, created_at) VALUES ('event-1', 'order_paid', 'REQ_1', 1, 7, 2, '{}', NOW(6))",
+    )
+    .execute(&mut conn)
+    .await
+    .expect("insert an event")
+    .last_insert_id()
+    .try_into()
+    .expect("an id");
+    let sent = pack_row(&mut conn, 3).await;
+    sqlx::query("DELETE FROM outbox_unsent WHERE id = ?")
+        .bind(sent)
+        .execute(&mut conn)
+        .await
+        .expect("mark the second pack sent");
+
+    migrator(None).run(&mut conn).await.expect("the rest");
+    assert_eq!(unsent_counts(&mut conn).await, [(pack, 25), (single, 1)]);
+
+    let later = pack_row(&mut conn, 40).await;
+    assert_eq!(
+        unsent_counts(&mut conn).await,
+        [(pack, 25), (single, 1), (later, 40)]
     );
     conn.close().await.expect("close");
     db.drop_db().await.expect("drop the test database");
