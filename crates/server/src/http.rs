@@ -49,8 +49,12 @@ use tracing::{info, warn};
 /// cap also bounds the read buffer a connection holds (hyper's default grows to about
 /// 400 KiB, which let 500 slow headers take 185 MiB).
 pub const HEADER_BYTES_MAX: usize = 16 * 1024;
-/// Most header fields in one request head: a browser sends about 20.
-pub const HEADERS_MAX: usize = 64;
+/// Most header fields in one request head, answered 431 past it: hyper's own cap (its
+/// default, `DEFAULT_MAX_HEADERS`), which the builder leaves alone. Set through
+/// `Builder::max_headers`, any cap makes hyper fill two arrays of that many entries for
+/// every request it parses, about 1,400 instructions a request; its default uses arrays it
+/// leaves uninitialized (BENCHMARKS.md, ablation row S20). A browser sends about 20.
+pub const HEADERS_MAX: usize = 100;
 /// How long a write to a client may stall before the connection is dropped: an answer is
 /// a few hundred bytes, so a client that has not taken it in this time is not reading.
 pub const WRITE_STALL_MAX: Duration = Duration::from_secs(10);
@@ -223,8 +227,7 @@ pub async fn serve(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(settings.header_timeout)
-        .max_buf_size(HEADER_BYTES_MAX)
-        .max_headers(HEADERS_MAX);
+        .max_buf_size(HEADER_BYTES_MAX);
     let mut accept_errors = ErrorLog::default();
     let admission = Admission {
         registry,

@@ -379,6 +379,41 @@ async fn an_oversized_head_is_answered_431() {
     server.stop().await;
 }
 
+// Checks the cap on a request's header fields, hyper's default that the listener keeps
+// (HEADERS_MAX): a head of HEADERS_MAX fields (Host among them) is served, one of
+// HEADERS_MAX + 1 is answered 431 and its connection closed. Both heads are far under
+// the byte cap, so the count alone decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_many_header_fields_are_answered_431() {
+    let server = Server::start(&[], None).await;
+    let head = |fields: usize| {
+        let mut head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n".to_vec();
+        for i in 2..fields {
+            head.extend_from_slice(format!("X-F{i}: v\r\n").as_bytes());
+        }
+        head.extend_from_slice(b"\r\n");
+        head
+    };
+    for (fields, status) in [
+        (flashsale::http::HEADERS_MAX, "HTTP/1.1 200"),
+        (flashsale::http::HEADERS_MAX + 1, "HTTP/1.1 431"),
+    ] {
+        let mut s = TcpStream::connect(("127.0.0.1", server.port))
+            .await
+            .expect("connect");
+        s.write_all(&head(fields)).await.expect("send");
+        let got = read_within(&mut s, Duration::from_secs(3))
+            .await
+            .expect("answered and closed");
+        assert!(
+            String::from_utf8_lossy(&got).starts_with(status),
+            "{fields} fields: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+    }
+    server.stop().await;
+}
+
 // Checks the connection cap under an open-files limit of 1,024 (where 1,100 idle sockets
 // used to make `accept` fail for everyone): the cap is fitted below the limit (512), and
 // 1,100 idle sockets only evict each other, oldest first, while /healthz answers within
