@@ -37,7 +37,7 @@ use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
 use tokio_io_timeout::TimeoutStream;
@@ -83,6 +83,15 @@ const BACKLOG_DRAIN_MAX: usize = 4096;
 /// How long the stop waits for one more queued connection: the backlog's connections are
 /// there at once, so a short wait finds them all.
 const BACKLOG_DRAIN_WAIT: Duration = Duration::from_millis(2);
+/// The listen backlog asked of the kernel: connections it completes before the accept
+/// loop takes them. A flash sale opens with thousands of buyers connecting in the same
+/// second, and a full queue drops their SYNs; each dropped one costs its client a
+/// retransmission a second later (then 3 s, then 7 s). The standard library's and
+/// tokio's `bind` ask for 128, which 256 connections opened at once overflowed on every
+/// run (`TcpExtListenOverflows`; BENCHMARKS.md, ablation row S27). The kernel caps it at
+/// `net.core.somaxconn` (4096 by default since Linux 5.4); each queued connection is a
+/// socket the kernel holds, the same as an accepted one.
+pub const LISTEN_BACKLOG: u32 = 4096;
 /// Descriptors kept free of client connections: the stores' pools, the metrics listener,
 /// logs and the refusals' sockets need some (`connections_max` is lowered to fit).
 pub const DESCRIPTORS_RESERVED: u64 = 512;
@@ -209,6 +218,18 @@ impl Drop for Busy {
     fn drop(&mut self) {
         self.0.busy.fetch_sub(1, Ordering::AcqRel);
     }
+}
+
+/// A listener on `addr` with a backlog of [`LISTEN_BACKLOG`] and, as `bind` sets it,
+/// `SO_REUSEADDR` (a restarted server rebinds at once, its old connections in TIME_WAIT).
+pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 /// Serves `router` on `listener` until `shutdown` completes, then stops accepting, lets
@@ -439,4 +460,59 @@ pub fn announce(settings: &HttpSettings, descriptors: u64) {
         header_timeout = ?settings.header_timeout,
         "HTTP/1.1 listener bounds"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// How many of `n` connections, opened at once to `listener` that accepts none, the
+    /// kernel completes within `wait`: the ones its accept queue holds.
+    async fn completed(listener: &TcpListener, n: usize, wait: Duration) -> usize {
+        let addr = listener.local_addr().expect("bound");
+        let mut connects = JoinSet::new();
+        for _ in 0..n {
+            connects.spawn(async move {
+                tokio::time::timeout(wait, TcpStream::connect(addr))
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+            });
+        }
+        // Each completed stream is held until all are counted, so none frees a slot.
+        let mut open = Vec::with_capacity(n);
+        while let Some(done) = connects.join_next().await {
+            if let Some(stream) = done.expect("connect task") {
+                open.push(stream);
+            }
+        }
+        open.len()
+    }
+
+    // Checks that the server's listener queues a flash sale's burst of connections
+    // instead of dropping them: 600 connections opened at once to a `listen` listener
+    // that accepts none all complete (the kernel caps the backlog at
+    // net.core.somaxconn, so the burst is no larger than that). The control, a listener
+    // with the standard library's and tokio's backlog of 128, completes at most 129 of
+    // the same burst, the rest timing out: the count can tell the two apart.
+    #[tokio::test]
+    async fn the_listener_queues_a_burst_of_connections() {
+        let somaxconn = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(4096);
+        let burst = 600.min(somaxconn);
+        let wait = Duration::from_millis(1500);
+        let ours = listen(SocketAddr::from(([127, 0, 0, 1], 0))).expect("listen");
+        assert_eq!(completed(&ours, burst, wait).await, burst);
+
+        let small = TcpSocket::new_v4().expect("socket");
+        small
+            .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .expect("bind");
+        let small = small.listen(128).expect("listen");
+        if burst > 129 {
+            assert!(completed(&small, burst, wait).await <= 129);
+        }
+    }
 }

@@ -23,7 +23,6 @@ use flashsale_core::ProductId;
 use flashsale_mysql::{LedgerConfig, MysqlLedger};
 use flashsale_redis::{GateConfig, RedisGate};
 use rand::Rng;
-use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
@@ -443,14 +442,12 @@ pub async fn serve_until(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
     let app = build(config).await?;
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|e| format!("binding {}: {e}", config.listen))?;
+    let listener =
+        http::listen(config.listen).map_err(|e| format!("binding {}: {e}", config.listen))?;
     // Both listeners bound before anything is announced or started.
     let metrics_listener = match config.metrics_listen {
         Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
+            http::listen(addr)
                 .map_err(|e| format!("binding {addr} (FLASHSALE_METRICS_LISTEN): {e}"))?,
         ),
         None => None,
