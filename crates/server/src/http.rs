@@ -232,6 +232,23 @@ pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(LISTEN_BACKLOG)
 }
 
+/// Where Linux keeps its cap on every listen backlog.
+const SOMAXCONN: &str = "/proc/sys/net/core/somaxconn";
+
+/// The backlog the kernel grants [`listen`]: [`LISTEN_BACKLOG`], or `net.core.somaxconn`
+/// where that is lower. `None` where the cap cannot be read (not Linux).
+pub fn granted_backlog() -> Option<u32> {
+    std::fs::read_to_string(SOMAXCONN)
+        .ok()
+        .and_then(|cap| granted(&cap))
+}
+
+/// [`LISTEN_BACKLOG`] capped by a `somaxconn` as the kernel prints it.
+fn granted(somaxconn: &str) -> Option<u32> {
+    let cap: u32 = somaxconn.trim().parse().ok()?;
+    Some(cap.min(LISTEN_BACKLOG))
+}
+
 /// Serves `router` on `listener` until `shutdown` completes, then stops accepting, lets
 /// requests in flight finish (within `drain_timeout`) and closes every connection.
 pub async fn serve(
@@ -495,6 +512,15 @@ mod tests {
     // net.core.somaxconn, so the burst is no larger than that). The control, a listener
     // with the standard library's and tokio's backlog of 128, completes at most 129 of
     // the same burst, the rest timing out: the count can tell the two apart.
+    // Checks the backlog the kernel grants: LISTEN_BACKLOG under a larger somaxconn, the
+    // cap under a smaller one, nothing known from a value that is not a number.
+    #[test]
+    fn the_backlog_is_capped_by_somaxconn() {
+        assert_eq!(granted("65535\n"), Some(LISTEN_BACKLOG));
+        assert_eq!(granted("128\n"), Some(128));
+        assert_eq!(granted("lots"), None);
+    }
+
     #[tokio::test]
     async fn the_listener_queues_a_burst_of_connections() {
         let somaxconn = std::fs::read_to_string("/proc/sys/net/core/somaxconn")

@@ -444,6 +444,14 @@ pub async fn serve_until(
     let app = build(config).await?;
     let listener =
         http::listen(config.listen).map_err(|e| format!("binding {}: {e}", config.listen))?;
+    if let Some(backlog) = http::granted_backlog().filter(|&b| b < http::LISTEN_BACKLOG) {
+        warn!(
+            backlog,
+            wanted = http::LISTEN_BACKLOG,
+            "net.core.somaxconn caps the listen backlog: a burst of more connects than that \
+             loses SYNs, each a 1 s wait for its client (raise it with sysctl)"
+        );
+    }
     // Both listeners bound before anything is announced or started.
     let metrics_listener = match config.metrics_listen {
         Some(addr) => Some(
