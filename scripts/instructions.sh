@@ -16,9 +16,20 @@
 #   flashsale refusal  POST /v1/purchases refused by flashsale (a rush with 10 units)
 #   flashsale order    POST /v1/purchases that become durable orders (sustained)
 #
-# Usage: scripts/instructions.sh   (after cargo build --release --bin flashsale --bin flashsale-bench)
+# With --generator it counts the load generator instead (flashsale-bench under callgrind,
+# the server at full speed), the same rows: on a shared box the generator's cost per
+# request is part of every throughput the bench reports (BENCHMARKS.md, "The generator").
+#
+# Usage: scripts/instructions.sh [--generator]
+#        (after cargo build --release --bin flashsale --bin flashsale-bench)
 # SERVER and BENCH override the binaries (paths relative to the repository). About a minute.
 set -euo pipefail
+counted=server
+case "${1:-}" in
+    --generator) counted=generator ;;
+    "") ;;
+    *) echo "usage: scripts/instructions.sh [--generator]" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 server=$(realpath -m "${SERVER:-target/release/flashsale}")
 bench=$(realpath -m "${BENCH:-target/release/flashsale-bench}")
@@ -35,12 +46,17 @@ trap 'rm -rf "$work"' EXIT
 # only `serve` runs under callgrind.
 cat >"$work/flashsale" <<EOF
 #!/bin/sh
-if [ "\$1" = serve ]; then
+if [ "\$1" = serve ] && [ "$counted" = server ]; then
     exec valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.out" "$server" "\$@"
 fi
 exec "$server" "\$@"
 EOF
 chmod +x "$work/flashsale"
+# The generator, counted or not.
+generator=()
+if [ "$counted" = generator ]; then
+    generator=(valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.out")
+fi
 
 # The requests the server answered in a run (every status of the main request kind),
 # or a failure if any had no answer or a 5xx: under callgrind's slowdown a deadline or
@@ -64,7 +80,7 @@ instructions() {
     local totals=() counts=()
     for n in "$short" "$long"; do
         rm -f "$work/callgrind.out" "$work/run.json"
-        if ! "$bench" "$@" --spawn --no-progress --no-audit --seed 7 --attempts "$n" \
+        if ! "${generator[@]}" "$bench" "$@" --spawn --no-progress --no-audit --seed 7 --attempts "$n" \
             --server-bin "$work/flashsale" --json "$work/run.json" >"$work/bench.log" 2>&1; then
             echo "instructions: flashsale-bench $* --attempts $n failed:" >&2
             tail -20 "$work/bench.log" >&2
@@ -86,7 +102,7 @@ refusal=$(instructions 20000 60000 rush --stock 10 --users 10000)
 order=$(instructions 2000 6000 sustained --stock 20000 --users 5000 --retry-share 0)
 
 row() { printf '%-20s %12s %12s\n' "$1" "$2" "$(awk -v a="$2" -v b="$ceiling" 'BEGIN {printf "%.2f", a / b}')"; }
-printf '%-20s %12s %12s\n' "request" "instr/req" "vs ceiling"
+printf '%-20s %12s %12s\n' "request ($counted)" "instr/req" "vs ceiling"
 row "http-ceiling" "$ceiling"
 row "http-post-ceiling" "$post"
 row "flashsale refusal" "$refusal"
