@@ -3,6 +3,7 @@
 //! or closed loop (N connections, each sending as soon as its previous answer arrived),
 //! spread round-robin over one or more servers of the same sale ([`Targets`]).
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -112,12 +113,62 @@ struct Shared {
     client_retries: AtomicU64,
 }
 
-/// The JSON fields the bench reads from any answer.
+/// The JSON fields the bench reads from any answer, the error code borrowed from the body
+/// when it has no escape (every code of ours): a rush's refusals then cost no allocation
+/// for it.
 #[derive(Debug, Default, Deserialize)]
-struct Answer {
+struct Answer<'a> {
     order_id: Option<i64>,
-    error: Option<String>,
+    #[serde(borrow, default, deserialize_with = "borrowed_when_unescaped")]
+    error: Option<Cow<'a, str>>,
 }
+
+/// A string borrowed from the input when it can be, owned when it had to be unescaped:
+/// serde's own `Cow` always owns inside an `Option`.
+fn borrowed_when_unescaped<'de, D>(d: D) -> Result<Option<Cow<'de, str>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    struct Text;
+    impl<'de> serde::de::Visitor<'de> for Text {
+        type Value = Cow<'de, str>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a string")
+        }
+        fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+            Ok(Cow::Borrowed(v))
+        }
+        fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(Cow::Owned(v.to_owned()))
+        }
+    }
+    struct MaybeText;
+    impl<'de> serde::de::Visitor<'de> for MaybeText {
+        type Value = Option<Cow<'de, str>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a string or null")
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_str(Text).map(Some)
+        }
+    }
+    d.deserialize_option(MaybeText)
+}
+
+/// What an exchange brought back: a server's body, parsed where it is recorded, or the
+/// SQL target's answer in the same terms.
+enum Said {
+    Json(Bytes),
+    Sql(Answer<'static>),
+}
+
+/// Most bytes of a purchase's body: its fixed text (65), the longest request_id (64,
+/// `workload.rs`) and two `i64`s (20 each). The buffer is allocated at this size once, so
+/// writing the body never grows it.
+const PURCHASE_BODY_MAX: usize = 65 + 64 + 2 * 20;
 
 /// One request as the load sends it: to which target, where, what, for which buyer.
 struct Request<'a> {
@@ -136,8 +187,36 @@ struct Request<'a> {
 struct Exchange {
     /// 0: no HTTP answer.
     status: u16,
-    answer: Answer,
+    said: Said,
     retry_after: Option<Duration>,
+}
+
+impl Exchange {
+    fn none() -> Self {
+        Exchange {
+            status: 0,
+            said: Said::Sql(Answer::default()),
+            retry_after: None,
+        }
+    }
+
+    /// The answer's fields; none when the body is not JSON of that shape.
+    fn answer(&self) -> Answer<'_> {
+        match &self.said {
+            Said::Json(body) => serde_json::from_slice(body).unwrap_or_default(),
+            Said::Sql(answer) => Answer {
+                order_id: answer.order_id,
+                error: answer.error.as_deref().map(Cow::Borrowed),
+            },
+        }
+    }
+}
+
+/// A request's last exchange, as the attempt that sent it needs it.
+struct Outcome {
+    /// 0: no HTTP answer.
+    status: u16,
+    order_id: Option<i64>,
 }
 
 /// The servers the load is spread over, in the order given (never none): several
@@ -256,11 +335,7 @@ impl Shared {
         if let Some(sql) = &self.targets.sql {
             return match purchase {
                 Some(p) => sql_exchange(sql.purchase(p).await),
-                None => Exchange {
-                    status: 0,
-                    answer: Answer::default(),
-                    retry_after: None,
-                },
+                None => Exchange::none(),
             };
         }
         let method = match body {
@@ -281,14 +356,10 @@ impl Shared {
         {
             Ok(answer) => Exchange {
                 status: answer.status,
-                answer: serde_json::from_slice(&answer.body).unwrap_or_default(),
+                said: Said::Json(answer.body),
                 retry_after: answer.retry_after,
             },
-            Err(_) => Exchange {
-                status: 0,
-                answer: Answer::default(),
-                retry_after: None,
-            },
+            Err(_) => Exchange::none(),
         }
     }
 
@@ -296,24 +367,26 @@ impl Shared {
     /// times, to the same target: its instance may have taken the request before the
     /// answer was lost), and records every exchange. The first exchange's latency counts
     /// from `intended` (open loop: its place on the timeline).
-    async fn exchange(&self, op: Op, intent: u64, req: Request<'_>, intended: Instant) -> Exchange {
+    async fn exchange(&self, op: Op, intent: u64, req: Request<'_>, intended: Instant) -> Outcome {
         let mut sent_at = intended;
         let mut tries = 0;
         loop {
             let ex = self.send(&req).await;
             let now = Instant::now();
             let retry = ex.status == 0 || ex.status == 503;
+            let answer = ex.answer();
+            let code = answer.error.as_deref();
             {
                 let mut shard = self.shard(intent);
                 shard.record(
                     op,
                     ex.status,
-                    ex.answer.error.as_deref(),
+                    code,
                     now.saturating_duration_since(sent_at),
                     self.since_start(now),
                 );
                 if matches!(op, Op::Purchase | Op::Healthz) {
-                    shard.record_target_exchange(req.target, ex.status, ex.answer.error.as_deref());
+                    shard.record_target_exchange(req.target, ex.status, code);
                 }
                 if retry && tries < RETRIES_503_MAX {
                     shard.retries_503 += 1;
@@ -331,7 +404,10 @@ impl Shared {
                 _ => 0,
             };
             if !retry || tries >= RETRIES_503_MAX {
-                return ex;
+                return Outcome {
+                    status: ex.status,
+                    order_id: answer.order_id,
+                };
             }
             tries += 1;
             let pause = ex
@@ -374,21 +450,17 @@ impl Shared {
         } else {
             self.new_intents.fetch_add(1, Ordering::Relaxed);
         }
-        let request_id = plan.workload.request_id(a.intent);
         // What the SQL target calls, or the body posted to a server.
         let (purchase, body) = if self.targets.sql.is_some() {
             let purchase = Purchase {
-                request_id,
+                request_id: plan.workload.request_id(a.intent),
                 user_id: a.user_id,
                 product_id: plan.product_id,
                 quantity: 1,
             };
             (Some(purchase), None)
         } else {
-            let body = Bytes::from(format!(
-                r#"{{"request_id":"{request_id}","user_id":{},"product_id":{},"quantity":1}}"#,
-                a.user_id, plan.product_id
-            ));
+            let body = purchase_body(&plan.workload, a.intent, a.user_id, plan.product_id);
             (None, Some(body))
         };
         let ex = self
@@ -408,11 +480,7 @@ impl Shared {
         let status = ex.status;
         // Only an answer naming an order acknowledges one: no answer (status 0) is
         // neither an order nor a refusal, and is counted as unknown.
-        let Some(order_id) = ex
-            .answer
-            .order_id
-            .filter(|_| status == 200 || status == 201)
-        else {
+        let Some(order_id) = ex.order_id.filter(|_| status == 200 || status == 201) else {
             return status;
         };
         {
@@ -488,6 +556,22 @@ impl Shared {
 /// A CALL's answer as the exchange a server would have answered it with: a new order 201,
 /// a replay 200 (both with the order's id), sold out 409 `sold_out`, a database error 503
 /// `unavailable` (re-sent like a server's 503), a lost connection no answer at all.
+/// A purchase's JSON body, written into one buffer of its final size: the generator's own
+/// cost per POST is part of what a rush on a shared box measures (BENCHMARKS.md, "The
+/// generator"), and `format!` spent about 1,900 instructions on it.
+fn purchase_body(workload: &Workload, intent: u64, user_id: i64, product_id: i64) -> Bytes {
+    let mut ints = itoa::Buffer::new();
+    let mut body = Vec::with_capacity(PURCHASE_BODY_MAX);
+    body.extend_from_slice(br#"{"request_id":""#);
+    workload.push_request_id(intent, &mut body);
+    body.extend_from_slice(br#"","user_id":"#);
+    body.extend_from_slice(ints.format(user_id).as_bytes());
+    body.extend_from_slice(br#","product_id":"#);
+    body.extend_from_slice(ints.format(product_id).as_bytes());
+    body.extend_from_slice(br#","quantity":1}"#);
+    Bytes::from(body)
+}
+
 fn sql_exchange(answer: SqlAnswer) -> Exchange {
     let (status, order_id, error) = match answer {
         SqlAnswer::Created(id) => (201, Some(id), None),
@@ -498,10 +582,10 @@ fn sql_exchange(answer: SqlAnswer) -> Exchange {
     };
     Exchange {
         status,
-        answer: Answer {
+        said: Said::Sql(Answer {
             order_id,
-            error: error.map(str::to_owned),
-        },
+            error: error.map(Cow::Borrowed),
+        }),
         retry_after: None,
     }
 }
@@ -721,6 +805,64 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
     use tokio::sync::Notify;
+
+    // Checks a purchase's body is the JSON the API takes, with the attempt's request_id
+    // and ids, and that the largest ids and intent fit the buffer it is written in (so it
+    // never grows): parsed back with serde_json and compared field by field.
+    #[test]
+    fn a_purchase_body_is_the_purchase_as_json() {
+        let w = Workload {
+            tag: "B0123abcd".into(),
+            seed: 1,
+            users: 10,
+            retry_share: 0.0,
+            pay_share: 0.0,
+            cancel_share: 0.0,
+        };
+        for (intent, user, product) in [(7, 42, 1), (u64::MAX, i64::MIN, i64::MAX)] {
+            let body = purchase_body(&w, intent, user, product);
+            assert!(body.len() <= PURCHASE_BODY_MAX, "{} bytes", body.len());
+            let v: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+            assert_eq!(
+                v,
+                serde_json::json!({
+                    "request_id": w.request_id(intent),
+                    "user_id": user,
+                    "product_id": product,
+                    "quantity": 1,
+                })
+            );
+        }
+    }
+
+    // Checks an answer's fields are read from a server's body: the code borrowed when it
+    // has no escape, still read when it has one, an order id, and nothing from a body
+    // that is not JSON; the SQL target's answer reads the same.
+    #[test]
+    fn an_answer_is_read_from_the_body() {
+        let json = |body: &'static str| Exchange {
+            status: 409,
+            said: Said::Json(Bytes::from_static(body.as_bytes())),
+            retry_after: None,
+        };
+        let ex = json(r#"{"error":"sold_out","message":"no unit left"}"#);
+        let a = ex.answer();
+        assert!(matches!(a.error, Some(Cow::Borrowed("sold_out"))));
+        assert_eq!(a.order_id, None);
+        let ex = json(r#"{"error":"sold\u005fout"}"#);
+        assert_eq!(ex.answer().error.as_deref(), Some("sold_out"));
+        let ex = json(r#"{"error":null,"order_id":17,"status":"reserved"}"#);
+        let a = ex.answer();
+        assert_eq!((a.order_id, a.error), (Some(17), None));
+        let ex = json("<html>busy</html>");
+        let a = ex.answer();
+        assert_eq!((a.order_id, a.error), (None, None));
+        let sql = sql_exchange(SqlAnswer::SoldOut);
+        assert_eq!(
+            (sql.status, sql.answer().error.as_deref()),
+            (409, Some("sold_out"))
+        );
+    }
 
     // Checks the round-robin: 64 workers over 3 servers are 22, 21 and 21; any run of
     // `targets` consecutive indices covers every server once; one server takes all.

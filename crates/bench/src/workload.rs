@@ -116,6 +116,14 @@ impl Workload {
         format!("{}-{intent}", self.tag)
     }
 
+    /// Appends `request_id(intent)` to `out`, with no string of its own: the load's POSTs
+    /// write it straight into their body.
+    pub fn push_request_id(&self, intent: u64, out: &mut Vec<u8>) {
+        out.extend_from_slice(self.tag.as_bytes());
+        out.push(b'-');
+        out.extend_from_slice(itoa::Buffer::new().format(intent).as_bytes());
+    }
+
     /// What to do with the order created by `intent`.
     pub fn follow_up(&self, intent: u64) -> FollowUp {
         let u = unit(self.hash(intent, 3));
@@ -209,6 +217,18 @@ mod tests {
         assert!(longest
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "_.:-".contains(c)));
+    }
+
+    // Checks the request_id written into a body is the one `request_id` gives, at the
+    // smallest, a middling and the largest intent, after bytes already in the buffer.
+    #[test]
+    fn a_pushed_request_id_is_the_request_id() {
+        let w = workload(0.0, 10);
+        for k in [0, 12_345, u64::MAX] {
+            let mut out = b"x".to_vec();
+            w.push_request_id(k, &mut out);
+            assert_eq!(out, format!("x{}", w.request_id(k)).into_bytes());
+        }
     }
 
     // Checks follow-ups split new orders by the configured shares (50% pay, 20% cancel,
