@@ -306,6 +306,11 @@ impl FromRequest<AppState> for Body {
 /// Whether a `Content-Type` is JSON's: `application/json`, in any case, with or without
 /// parameters.
 fn is_json(value: &HeaderValue) -> bool {
+    // What clients send, compared at once: validating, splitting and trimming cost every
+    // purchase about 250 instructions.
+    if value.as_bytes() == b"application/json" {
+        return true;
+    }
     value.to_str().is_ok_and(|v| {
         v.split(';')
             .next()
@@ -970,6 +975,30 @@ mod tests {
             .expect("body");
         let v: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
         assert_eq!(v, serde_json::json!({"status": "ok"}));
+    }
+
+    // Checks which Content-Types are JSON's: the exact `application/json`, any case, with
+    // parameters or spaces; not another type, a longer name, or bytes that are not text.
+    #[test]
+    fn a_content_type_is_json_in_any_spelling() {
+        let is = |v: &[u8]| is_json(&HeaderValue::from_bytes(v).expect("header value"));
+        for json in [
+            &b"application/json"[..],
+            b"Application/JSON",
+            b"application/json; charset=utf-8",
+            b" application/json ;q=1",
+        ] {
+            assert!(is(json), "{:?}", String::from_utf8_lossy(json));
+        }
+        for other in [
+            &b"text/plain"[..],
+            b"application/jsonx",
+            b"application/json-seq",
+            b"application/\xffjson",
+            b"",
+        ] {
+            assert!(!is(other), "{:?}", String::from_utf8_lossy(other));
+        }
     }
 
     // Checks which address a forwarding header names: its last entry, bare or with a
