@@ -165,10 +165,10 @@ enum Said {
     Sql(Answer<'static>),
 }
 
-/// Most bytes of a purchase's body: its fixed text (65), the longest request_id (64,
+/// Most bytes of a purchase's body: its fixed text (55), the longest request_id (64,
 /// `workload.rs`) and two `i64`s (20 each). The buffer is allocated at this size once, so
 /// writing the body never grows it.
-const PURCHASE_BODY_MAX: usize = 65 + 64 + 2 * 20;
+const PURCHASE_BODY_MAX: usize = 55 + 64 + 2 * 20;
 
 /// One request as the load sends it: to which target, where, what, for which buyer.
 struct Request<'a> {
