@@ -119,50 +119,26 @@ struct Shared {
 #[derive(Debug, Default, Deserialize)]
 struct Answer<'a> {
     order_id: Option<i64>,
-    #[serde(borrow, default, deserialize_with = "borrowed_when_unescaped")]
-    error: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    error: Option<Code<'a>>,
 }
 
-/// A string borrowed from the input when it can be, owned when it had to be unescaped:
-/// serde's own `Cow` always owns inside an `Option`.
-fn borrowed_when_unescaped<'de, D>(d: D) -> Result<Option<Cow<'de, str>>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-{
-    struct Text;
-    impl<'de> serde::de::Visitor<'de> for Text {
-        type Value = Cow<'de, str>;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a string")
-        }
-        fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-            Ok(Cow::Borrowed(v))
-        }
-        fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-            Ok(Cow::Owned(v.to_owned()))
-        }
+/// An answer's error code. A newtype because serde borrows a `Cow<str>` only when it is
+/// the field itself: inside an `Option` it always owns.
+#[derive(Debug, PartialEq, Deserialize)]
+struct Code<'a>(#[serde(borrow)] Cow<'a, str>);
+
+impl Answer<'_> {
+    fn code(&self) -> Option<&str> {
+        self.error.as_ref().map(|Code(c)| &**c)
     }
-    struct MaybeText;
-    impl<'de> serde::de::Visitor<'de> for MaybeText {
-        type Value = Option<Cow<'de, str>>;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a string or null")
-        }
-        fn visit_none<E>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-            d.deserialize_str(Text).map(Some)
-        }
-    }
-    d.deserialize_option(MaybeText)
 }
 
-/// What an exchange brought back: a server's body, parsed where it is recorded, or the
-/// SQL target's answer in the same terms.
+/// What an exchange brought back: a server's body, parsed where it is recorded, or an
+/// answer known already (the SQL target's, or none).
 enum Said {
     Json(Bytes),
-    Sql(Answer<'static>),
+    Known(Answer<'static>),
 }
 
 /// Most bytes of a purchase's body: its fixed text (55), the longest request_id (64,
@@ -195,7 +171,7 @@ impl Exchange {
     fn none() -> Self {
         Exchange {
             status: 0,
-            said: Said::Sql(Answer::default()),
+            said: Said::Known(Answer::default()),
             retry_after: None,
         }
     }
@@ -204,9 +180,9 @@ impl Exchange {
     fn answer(&self) -> Answer<'_> {
         match &self.said {
             Said::Json(body) => serde_json::from_slice(body).unwrap_or_default(),
-            Said::Sql(answer) => Answer {
+            Said::Known(answer) => Answer {
                 order_id: answer.order_id,
-                error: answer.error.as_deref().map(Cow::Borrowed),
+                error: answer.error.as_ref().map(|Code(c)| Code(Cow::Borrowed(c))),
             },
         }
     }
@@ -375,7 +351,7 @@ impl Shared {
             let now = Instant::now();
             let retry = ex.status == 0 || ex.status == 503;
             let answer = ex.answer();
-            let code = answer.error.as_deref();
+            let code = answer.code();
             {
                 let mut shard = self.shard(intent);
                 shard.record(
@@ -553,9 +529,6 @@ impl Shared {
     }
 }
 
-/// A CALL's answer as the exchange a server would have answered it with: a new order 201,
-/// a replay 200 (both with the order's id), sold out 409 `sold_out`, a database error 503
-/// `unavailable` (re-sent like a server's 503), a lost connection no answer at all.
 /// A purchase's JSON body, written into one buffer of its final size: the generator's own
 /// cost per POST is part of what a rush on a shared box measures (BENCHMARKS.md, "The
 /// generator"), and `format!` spent about 1,900 instructions on it.
@@ -572,6 +545,9 @@ fn purchase_body(workload: &Workload, intent: u64, user_id: i64, product_id: i64
     Bytes::from(body)
 }
 
+/// A CALL's answer as the exchange a server would have answered it with: a new order 201,
+/// a replay 200 (both with the order's id), sold out 409 `sold_out`, a database error 503
+/// `unavailable` (re-sent like a server's 503), a lost connection no answer at all.
 fn sql_exchange(answer: SqlAnswer) -> Exchange {
     let (status, order_id, error) = match answer {
         SqlAnswer::Created(id) => (201, Some(id), None),
@@ -582,9 +558,9 @@ fn sql_exchange(answer: SqlAnswer) -> Exchange {
     };
     Exchange {
         status,
-        said: Said::Sql(Answer {
+        said: Said::Known(Answer {
             order_id,
-            error: error.map(Cow::Borrowed),
+            error: error.map(|code| Code(Cow::Borrowed(code))),
         }),
         retry_after: None,
     }
@@ -847,10 +823,10 @@ mod tests {
         };
         let ex = json(r#"{"error":"sold_out","message":"no unit left"}"#);
         let a = ex.answer();
-        assert!(matches!(a.error, Some(Cow::Borrowed("sold_out"))));
+        assert!(matches!(a.error, Some(Code(Cow::Borrowed("sold_out")))));
         assert_eq!(a.order_id, None);
         let ex = json(r#"{"error":"sold\u005fout"}"#);
-        assert_eq!(ex.answer().error.as_deref(), Some("sold_out"));
+        assert_eq!(ex.answer().code(), Some("sold_out"));
         let ex = json(r#"{"error":null,"order_id":17,"status":"reserved"}"#);
         let a = ex.answer();
         assert_eq!((a.order_id, a.error), (Some(17), None));
@@ -858,10 +834,7 @@ mod tests {
         let a = ex.answer();
         assert_eq!((a.order_id, a.error), (None, None));
         let sql = sql_exchange(SqlAnswer::SoldOut);
-        assert_eq!(
-            (sql.status, sql.answer().error.as_deref()),
-            (409, Some("sold_out"))
-        );
+        assert_eq!((sql.status, sql.answer().code()), (409, Some("sold_out")));
     }
 
     // Checks the round-robin: 64 workers over 3 servers are 22, 21 and 21; any run of
