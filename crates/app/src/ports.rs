@@ -465,6 +465,25 @@ pub trait Ledger: Send + Sync + 'static {
         payment_timeout: Duration,
     ) -> Result<Commit, LedgerError>;
 
+    /// The answer of this very hold's commit when this process is committing it now (a
+    /// concurrent duplicate of the purchase): what [`Ledger::commit_purchase`] would
+    /// answer a second caller, which joins the commit in flight, so
+    /// [`Commit::Duplicate`] with the record once it committed. None when no commit of
+    /// the hold is in flight here (none began, it ended, or this ledger keeps none in
+    /// flight): the caller then reads [`Ledger::find_purchase`]. A replay that finds its
+    /// hold in the gate asks this first, and skips the read its first attempt's commit is
+    /// about to answer anyway.
+    async fn join_commit(
+        &self,
+        request: &PurchaseRequest,
+        hold: HoldRef,
+        per_user_limit: Option<u32>,
+        payment_timeout: Duration,
+    ) -> Option<Result<Commit, LedgerError>> {
+        let _ = (request, hold, per_user_limit, payment_timeout);
+        None
+    }
+
     /// A purchase with no gate hold, for a product in ledger mode, in one transaction:
     /// the counters' conditional UPDATE (enough units available, the product in ledger
     /// mode) hands out the hold id (one above the last the ledger handed out in the

@@ -33,8 +33,8 @@ use crate::model::{
 };
 use crate::modes::ModeBoard;
 use crate::ports::{
-    Clock, Commit, CreateProduct, ErrorKind, Fence, LeaseListener, Ledger, RecordRestock, Release,
-    ReleaseOf, Reserve, Restock, SoldOutLease, StaleHold, StockGate,
+    Clock, Commit, CreateProduct, ErrorKind, Fence, LeaseListener, Ledger, LedgerError,
+    RecordRestock, Release, ReleaseOf, Reserve, Restock, SoldOutLease, StaleHold, StockGate,
 };
 use crate::sold_out::{Check, Heard, SoldOutBoard, Taking, HOLDERS_MAX};
 
@@ -488,7 +488,27 @@ impl Flashsale {
                         None => Err(Error::RequestIdConflict),
                     };
                 }
-                // Most replays are of finished purchases: one read answers them.
+                // A concurrent duplicate whose first attempt is committing here joins that
+                // commit: the ledger read below would find nothing yet, and the commit
+                // that follows it would join the same commit anyway (BENCHMARKS.md,
+                // ablation row L28).
+                if !hold.released {
+                    let joined = self
+                        .ledger
+                        .join_commit(
+                            &request,
+                            hold.hold,
+                            product.per_user_limit,
+                            self.settings.payment_timeout,
+                        )
+                        .await;
+                    if let Some(committed) = joined {
+                        return self
+                            .committed(&request, hold.hold, HoldOrigin::Earlier, committed)
+                            .await;
+                    }
+                }
+                // Most other replays are of finished purchases: one read answers them.
                 if let Some(record) = self.ledger.find_purchase(&request.request_id).await? {
                     if !hold.released && !record.is_hold(request.product_id, hold.hold) {
                         // An orphan left by an earlier attempt whose release failed.
@@ -639,6 +659,18 @@ impl Flashsale {
             .ledger
             .commit_purchase(request, hold, per_user_limit, self.settings.payment_timeout)
             .await;
+        self.committed(request, hold, origin, committed).await
+    }
+
+    /// The answer to a purchase from its hold's commit, `committed`: the order, or the
+    /// refusal with the hold given back where the ledger will never count it.
+    async fn committed(
+        &self,
+        request: &PurchaseRequest,
+        hold: HoldRef,
+        origin: HoldOrigin,
+        committed: Result<Commit, LedgerError>,
+    ) -> Result<Purchased, Error> {
         match committed {
             Ok(Commit::Committed(order)) => {
                 self.accounted_for(request, hold);

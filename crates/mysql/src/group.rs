@@ -191,11 +191,7 @@ impl InFlight {
         let turn = {
             let mut commits = self.commits.lock().unwrap_or_else(|e| e.into_inner());
             match commits.get_mut(&purchase.request.request_id) {
-                Some(entry) if entry.purchase == purchase => {
-                    let (answer, joined) = oneshot::channel();
-                    entry.joiners.push(answer);
-                    Err(joined)
-                }
+                Some(entry) if entry.purchase == purchase => Err(entry.joined()),
                 // Another hold under this request_id: on its own.
                 Some(_) => Ok(None),
                 None => {
@@ -215,13 +211,27 @@ impl InFlight {
         };
         match turn {
             Ok(ticket) => committed(group.call((purchase, ticket)).await),
-            Err(joined) => Self::join(purchase, joined).await,
+            Err(joined) => Self::joined(purchase, joined).await,
         }
+    }
+
+    /// Joins the commit of `purchase` when this very hold is committing here now, for its
+    /// answer as [`Self::commit`] gives a joiner; None when none is in flight (none began,
+    /// or its batch was decided and its entry is gone: the ledger then has the outcome).
+    pub(crate) async fn join(&self, purchase: Purchase) -> Option<Result<Commit, LedgerError>> {
+        let joined = {
+            let mut commits = self.commits.lock().unwrap_or_else(|e| e.into_inner());
+            match commits.get_mut(&purchase.request.request_id) {
+                Some(entry) if entry.purchase == purchase => entry.joined(),
+                _ => return None,
+            }
+        };
+        Some(Self::joined(purchase, joined).await)
     }
 
     /// The first commit's answer; an order it created is, to this caller, the request_id
     /// already taken by this very hold.
-    async fn join(
+    async fn joined(
         purchase: Purchase,
         joined: oneshot::Receiver<Result<Commit, LedgerError>>,
     ) -> Result<Commit, LedgerError> {
@@ -236,6 +246,15 @@ impl InFlight {
             }),
             other => other,
         })
+    }
+}
+
+impl Entry {
+    /// A new joiner's receiver of the commit's answer.
+    fn joined(&mut self) -> oneshot::Receiver<Result<Commit, LedgerError>> {
+        let (answer, joined) = oneshot::channel();
+        self.joiners.push(answer);
+        joined
     }
 }
 

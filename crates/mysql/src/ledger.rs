@@ -1173,6 +1173,22 @@ impl Ledger for MysqlLedger {
         self.in_flight.commit(self.group(), purchase).await
     }
 
+    async fn join_commit(
+        &self,
+        request: &PurchaseRequest,
+        hold: HoldRef,
+        per_user_limit: Option<u32>,
+        payment_timeout: Duration,
+    ) -> Option<Result<Commit, LedgerError>> {
+        let purchase = Purchase {
+            request: request.clone(),
+            hold,
+            payment_timeout,
+            per_user_limit,
+        };
+        self.in_flight.join(purchase).await
+    }
+
     async fn commit_ledger_purchase(
         &self,
         request: &PurchaseRequest,

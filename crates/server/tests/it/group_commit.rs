@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use flashsale_app::ports::Commit;
 use flashsale_app::Ledger;
+use flashsale_app::PurchaseOutcome;
 use flashsale_core::{HoldRef, ProductId, PurchaseRequest, Quantity, RequestId, UserId};
 use flashsale_mysql::{LedgerConfig, MysqlLedger};
 
@@ -31,6 +32,18 @@ async fn ledger(app: &TestApp) -> Arc<MysqlLedger> {
 const UNITS_LOGGED: &str =
     "SELECT CAST((SELECT COALESCE(SUM(quantity), 0) FROM inventory_batch_log) \
      + (SELECT COALESCE(SUM(quantity), 0) FROM inventory_log WHERE type = 'reserve') AS SIGNED)";
+
+/// A transaction holding `product`'s inventory row locked: a group transaction of the
+/// product waits at its counter UPDATE until this one ends.
+async fn locked_row(app: &TestApp, product: i64) -> sqlx::Transaction<'static, sqlx::MySql> {
+    let mut lock = app.pool.begin().await.expect("begin");
+    sqlx::query("SELECT available_stock FROM product_inventory WHERE product_id = ? FOR UPDATE")
+        .bind(product)
+        .execute(&mut *lock)
+        .await
+        .expect("lock the product's row");
+    lock
+}
 
 fn request(i: i64, product: i64) -> PurchaseRequest {
     PurchaseRequest {
@@ -497,19 +510,13 @@ async fn ledger_mode_purchases_commit_together_with_the_same_answers() {
 // the same hold finds that order too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_joined_commit_is_answered_after_its_first_caller_went_away() {
-    use sqlx::Acquire;
     let app = TestApp::spawn().await;
     app.create_product(3550, 10, None).await;
     let ledger = ledger(&app).await;
     let timeout = Duration::from_secs(600);
     let product = ProductId::parse(3550).expect("id");
     let hold = HoldRef::from_stored(1, 1).expect("hold");
-    let mut locker = app.pool.acquire().await.expect("connection");
-    let mut lock = locker.begin().await.expect("begin");
-    sqlx::query("SELECT available_stock FROM product_inventory WHERE product_id = 3550 FOR UPDATE")
-        .execute(&mut *lock)
-        .await
-        .expect("lock the product's row");
+    let lock = locked_row(&app, 3550).await;
     let commit = |ledger: Arc<MysqlLedger>| {
         tokio::spawn(async move {
             ledger
@@ -546,5 +553,85 @@ async fn a_joined_commit_is_answered_after_its_first_caller_went_away() {
         .expect("task")
         .expect("answered");
     assert_eq!(again, joined, "the same order, found in the ledger");
+    app.cleanup().await;
+}
+
+// Checks `join_commit`, the replay's way into a commit in flight (real MariaDB): the
+// product's row is held locked from another connection, so the first caller's group
+// transaction waits at its counter UPDATE. Meanwhile the ledger has no record of the
+// request_id (the read a replay made before), and `join_commit` answers None for another
+// hold of it and for a request_id nobody commits, but joins for the very same hold: it
+// is still waiting while the lock is held. Once the lock is released, the first caller
+// gets the order and the joiner the same order as `Duplicate` of that hold; exactly one
+// order exists; and with the commit decided there is nothing left to join (None), the
+// ledger's record answering instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_joins_the_commit_in_flight_without_a_read() {
+    let app = TestApp::spawn().await;
+    app.create_product(3560, 10, None).await;
+    let ledger = ledger(&app).await;
+    let timeout = Duration::from_secs(600);
+    let product = ProductId::parse(3560).expect("id");
+    let hold = HoldRef::from_stored(1, 1).expect("hold");
+    let request = request(7, 3560);
+    let lock = locked_row(&app, 3560).await;
+    let first = tokio::spawn({
+        let (ledger, request) = (ledger.clone(), request.clone());
+        async move { ledger.commit_purchase(&request, hold, None, timeout).await }
+    });
+    // The first caller's purchase is queued and its transaction waits for the lock.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        ledger
+            .find_purchase(&request.request_id)
+            .await
+            .expect("read"),
+        None,
+        "nothing committed yet: a read cannot answer the replay"
+    );
+    let other_hold = HoldRef::from_stored(1, 2).expect("hold");
+    assert!(ledger
+        .join_commit(&request, other_hold, None, timeout)
+        .await
+        .is_none());
+    assert!(ledger
+        .join_commit(&self::request(8, 3560), hold, None, timeout)
+        .await
+        .is_none());
+    let joiner = tokio::spawn({
+        let (ledger, request) = (ledger.clone(), request.clone());
+        async move { ledger.join_commit(&request, hold, None, timeout).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!joiner.is_finished(), "the joiner waits for the commit");
+    lock.rollback().await.expect("release the lock");
+    let order = match first.await.expect("task").expect("committed") {
+        Commit::Committed(order) => order,
+        other => panic!("the first caller: unexpected {other:?}"),
+    };
+    match joiner.await.expect("task") {
+        Some(Ok(Commit::Duplicate(record))) => {
+            assert!(record.is_hold(product, hold), "{record:?}");
+            assert!(
+                matches!(&record.outcome, PurchaseOutcome::Order(o) if o.order_id == order.order_id),
+                "{record:?}"
+            );
+        }
+        other => panic!("the joiner: unexpected {other:?}"),
+    }
+    assert_eq!(
+        app.count("SELECT COUNT(*) FROM orders WHERE product_id = 3560")
+            .await,
+        1
+    );
+    assert!(ledger
+        .join_commit(&request, hold, None, timeout)
+        .await
+        .is_none());
+    assert!(ledger
+        .find_purchase(&request.request_id)
+        .await
+        .expect("read")
+        .is_some_and(|r| r.is_hold(product, hold)));
     app.cleanup().await;
 }
