@@ -404,6 +404,12 @@ pub(crate) async fn taken(
 /// parsed once per connection; sent as text, its statements were parsed on every
 /// commit). Its one result set is the new orders' ids and times (`INSERT … RETURNING`).
 const ROWS: &str = "CALL group_commit_insert()";
+/// Most purchases of a batch written as `VALUES` lists in the script rather than through
+/// [`ROWS`] (a batch without a per-user limit). The procedure's two `JSON_TABLE`s cost
+/// MariaDB about 90 µs a group transaction more than lists, and lists about 2 µs a
+/// purchase more to parse, so lists are cheaper below about 45 purchases (BENCHMARKS.md,
+/// "A group transaction's fixed part", and ablation row L30); 32 keeps a margin.
+const LISTED_BATCH_MAX: usize = 32;
 /// Of the batch's (user, product) pairs under a per-user limit, those whose live orders,
 /// the batch's own included, add up to more than it: the ledger's own per-user check, as
 /// Redis's per-user counts can be lost. Runs after the batch's products' rows were
@@ -419,6 +425,64 @@ const OVER_LIMIT: &str = concat!(
     " WHERE b.user_limit IS NOT NULL GROUP BY b.user_id, b.product_id) u \
      HAVING units > u.user_limit"
 );
+
+/// The rows of `batch` as two INSERTs of `VALUES` lists, as [`ROWS`] writes them from the
+/// batch's document: per purchase its reservation (PROCESSING) and its order
+/// (PENDING_PAYMENT, created at the statement's `NOW(6)`, expiring its payment timeout
+/// later), the orders' ids and times returned. Integers, and request_ids as literals
+/// ([`push_sql_literal`]).
+fn push_listed_rows(script: &mut String, batch: &[Purchase]) {
+    let mut digits = itoa::Buffer::new();
+    // One row: `(request_id, the integers…, tail)`, after a comma but for the first.
+    let mut row = |script: &mut String, first: bool, p: &Purchase, ints: &[i64], tail: &str| {
+        script.push_str(if first { "(" } else { ", (" });
+        push_sql_literal(script, p.request.request_id.as_str());
+        for &n in ints {
+            script.push_str(", ");
+            script.push_str(digits.format(n));
+        }
+        script.push_str(tail);
+    };
+    script.push_str(
+        "INSERT INTO inventory_reservation \
+         (request_id, product_id, user_id, quantity, hold_id, generation, status) VALUES ",
+    );
+    for (i, p) in batch.iter().enumerate() {
+        let (product, user) = (p.request.product_id.get(), p.request.user_id.get());
+        let quantity = i64::from(p.request.quantity.get());
+        let hold = [p.hold.id.get(), p.hold.generation.get()];
+        row(
+            script,
+            i == 0,
+            p,
+            &[product, user, quantity, hold[0], hold[1]],
+            ", 'PROCESSING')",
+        );
+    }
+    script.push_str(
+        ";\nINSERT INTO orders \
+         (request_id, user_id, product_id, quantity, status, created_at, expires_at) VALUES ",
+    );
+    for (i, p) in batch.iter().enumerate() {
+        let (product, user) = (p.request.product_id.get(), p.request.user_id.get());
+        let quantity = i64::from(p.request.quantity.get());
+        let timeout = crate::sql::micros(p.payment_timeout);
+        row(
+            script,
+            i == 0,
+            p,
+            &[user, product, quantity],
+            ", 'PENDING_PAYMENT', NOW(6)",
+        );
+        script.push_str(", NOW(6) + INTERVAL ");
+        script.push_str(itoa::Buffer::new().format(timeout));
+        script.push_str(" MICROSECOND)");
+    }
+    script.push_str(
+        " RETURNING id, CONVERT(request_id USING utf8mb4) AS request_id, created_at, \
+         expires_at;\n",
+    );
+}
 
 /// Appends `text` as a MariaDB string literal that means the same in every `sql_mode`:
 /// quoted as it is when it is printable ASCII without a quote or a backslash (what a
@@ -544,11 +608,13 @@ async fn run_script(
 ///
 /// The whole write is one script, sent in one round trip: the batch into a user
 /// variable, the stored procedure that inserts the reservations and the orders
-/// (returning their ids, [`ROWS`]), per product and generation the stock-log row of the
-/// units the batch moves, one counter UPDATE per product, and the per-user check when a
-/// product has a limit. Measured against one round trip per statement (eight with the
-/// BEGIN, the read-back and the COMMIT): +8 % orders/s; the procedure instead of the
-/// four INSERTs as text: +1–8 % (BENCHMARKS.md, ablation rows L7 and L11).
+/// (returning their ids, [`ROWS`]) or, for a small batch without a per-user limit, the
+/// same rows as lists ([`push_listed_rows`]), per product and generation the stock-log
+/// row of the units the batch moves, one counter UPDATE per product, and the per-user
+/// check when a product has a limit. Measured against one round trip per statement
+/// (eight with the BEGIN, the read-back and the COMMIT): +8 % orders/s; the procedure
+/// instead of the four INSERTs as text: +1–8 % (BENCHMARKS.md, ablation rows L7 and
+/// L11); lists for small batches: MariaDB −4 % per order at 64 connections (row L30).
 pub(crate) async fn insert(
     tx: &mut MySqlConnection,
     batch: &[Purchase],
@@ -573,12 +639,19 @@ pub(crate) async fn insert(
     };
     let limited = batch.iter().any(|p| p.per_user_limit.is_some());
     let begins = counters == Counters::Gate;
+    // A small batch without a per-user limit (whose check reads the batch's variable)
+    // writes its rows as lists; any other through the procedure.
+    let listed = !limited && batch.len() <= LISTED_BATCH_MAX;
     let mut script = String::from(if begins { "BEGIN;\n" } else { "" });
-    script.push_str(concat!("SET ", batch_variable!(), " = CONVERT("));
-    push_sql_literal(&mut script, document);
-    script.push_str(" USING utf8mb4);\n");
-    script.push_str(ROWS);
-    script.push_str(";\n");
+    if listed {
+        push_listed_rows(&mut script, batch);
+    } else {
+        script.push_str(concat!("SET ", batch_variable!(), " = CONVERT("));
+        push_sql_literal(&mut script, document);
+        script.push_str(" USING utf8mb4);\n");
+        script.push_str(ROWS);
+        script.push_str(";\n");
+    }
     // Integers only: nothing of the batch's text enters the SQL here. Before the
     // counters, so that the hot rows' locks are held only from their UPDATE to COMMIT.
     for ((product_id, generation), (orders, q)) in &moved {
@@ -601,17 +674,21 @@ pub(crate) async fn insert(
         script.push_str(OVER_LIMIT);
         script.push_str(";\n");
     }
-    script.push_str(concat!("SET ", batch_variable!(), " = NULL"));
-    // Results in the script, after the BEGIN's where it has one: the first sets the
-    // batch; the second is the procedure's result set, the orders, and the third the
-    // procedure's own; the stock-log rows and the counters follow. An error while the
-    // procedure inserts the reservations or the orders comes before its result set ends.
-    let orders_at = 1 + usize::from(begins);
-    let counters_at = orders_at + 2 + moved.len();
+    if !listed {
+        script.push_str(concat!("SET ", batch_variable!(), " = NULL;\n"));
+    }
+    // Results in the script, after the BEGIN's where it has one. Listed: the
+    // reservations' INSERT, then the orders' with their rows. Through the procedure: the
+    // batch's SET, then the procedure's result set, the orders, and the procedure's own
+    // (an error while it inserts the reservations or the orders comes before its result
+    // set ends). The stock-log rows and the counters follow.
+    let rows_at = usize::from(begins) + usize::from(!listed);
+    let orders_at = usize::from(begins) + 1;
+    let counters_at = orders_at + if listed { 1 } else { 2 } + moved.len();
     let outcomes = match run_script(tx, &script).await {
         Ok(outcomes) => outcomes,
         // A request_id or a hold id taken: the one-by-one path tells which and answers.
-        Err((at, e)) if at == orders_at && crate::sql::is_duplicate(&e) => {
+        Err((at, e)) if (rows_at..=orders_at).contains(&at) && crate::sql::is_duplicate(&e) => {
             return Ok(Written::NotPlain)
         }
         // Refused by the database for any other reason (a value too long, a constraint, a
@@ -630,7 +707,7 @@ pub(crate) async fn insert(
         }
         Err((_, e)) => return Err(e),
     };
-    let expected = counters_at + units.len() + usize::from(limited) + 1;
+    let expected = counters_at + units.len() + usize::from(limited) + usize::from(!listed);
     // A script that ran to its end answers every statement: another count is a bug here
     // or in the driver. Outside tests the batch answers "unknown" (503, and nothing is
     // committed: `end` rolls back), and the log says why.

@@ -171,11 +171,12 @@ async fn concurrent_purchases_commit_together_with_the_same_answers() {
 /// Purchases of one unit of `product` made to queue into one full group commit, straight
 /// through the ledger port: a transaction of the test's own locks the product's row, one
 /// purchase goes first and its batch waits at the counter UPDATE, then the other
-/// `n` − 1 (request_ids of 64 characters, the longest kind) queue behind it; once the lock
+/// `n` − 1 (request_ids of 64 characters, the longest kind, `REQ_{tag}_…` with a tag of
+/// four characters) queue behind it; once the lock
 /// is released the next batch takes up to 256 of them (GROUP_COMMIT_MAX). The pauses are
 /// long enough for that, well inside the lock wait timeout. Asserts that every purchase
 /// committed, and that the orders table holds them all.
-async fn committed_behind_a_lock(app: &TestApp, product: i64, n: i64) {
+async fn committed_behind_a_lock(app: &TestApp, product: i64, n: i64, tag: &str) {
     use sqlx::Connection;
     let ledger = ledger(app).await;
     let url = app.db.as_ref().expect("test database").url();
@@ -190,9 +191,10 @@ async fn committed_behind_a_lock(app: &TestApp, product: i64, n: i64) {
         .expect("lock the product row");
     let purchase = |i: i64| {
         let ledger = ledger.clone();
+        let tag = tag.to_owned();
         tokio::spawn(async move {
             let request = PurchaseRequest {
-                request_id: RequestId::parse("request_id", &format!("REQ_full_{i:0>55}"))
+                request_id: RequestId::parse("request_id", &format!("REQ_{tag}_{i:0>55}"))
                     .expect("id"),
                 user_id: UserId::parse(1_000_000 + i).expect("user"),
                 product_id: ProductId::parse(product).expect("product"),
@@ -225,7 +227,13 @@ async fn committed_behind_a_lock(app: &TestApp, product: i64, n: i64) {
         );
     }
     let _ = blocker.close().await;
-    assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, n);
+    assert_eq!(
+        app.count(&format!(
+            "SELECT COUNT(*) FROM orders WHERE product_id = {product}"
+        ))
+        .await,
+        n
+    );
 }
 
 // Checks that a full group commit of one product, with request_ids of the longest kind,
@@ -238,7 +246,7 @@ async fn committed_behind_a_lock(app: &TestApp, product: i64, n: i64) {
 async fn a_full_batch_of_long_request_ids_fits_one_pack() {
     let app = TestApp::spawn().await;
     app.create_product(3700, 1000, None).await;
-    committed_behind_a_lock(&app, 3700, 257).await;
+    committed_behind_a_lock(&app, 3700, 257, "full").await;
     assert_eq!(
         app.count("SELECT COUNT(DISTINCT event_id) FROM outbox_event")
             .await,
@@ -255,6 +263,69 @@ async fn a_full_batch_of_long_request_ids_fits_one_pack() {
         .count("SELECT CAST(COALESCE(MAX(LENGTH(payload)), 0) AS SIGNED) FROM outbox")
         .await;
     assert!(bytes > 65_535, "the largest pack is {bytes} bytes");
+    app.cleanup().await;
+}
+
+// Checks that a small batch, whose rows the group transaction writes as `VALUES` lists,
+// and a large one, written by the stored procedure from the batch's document, write the
+// same rows (real MariaDB): 20 purchases of product 3720 and 100 of product 3730 queue
+// behind a lock (`committed_behind_a_lock`), so each product's second batch holds 19 or
+// 99 purchases, either side of `LISTED_BATCH_MAX` (32) in `group.rs`. For every order of
+// both: its reservation PROCESSING with the same buyer, product and quantity, under a
+// hold id one above its index in generation 1; the order PENDING_PAYMENT, expiring the
+// payment timeout (600 s) after its creation; the orders of one batch created at one
+// instant; and the stock log's units and the counters agree with the orders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn listed_and_procedure_batches_write_the_same_rows() {
+    let app = TestApp::spawn().await;
+    for (product, n, tag) in [(3720, 20, "l020"), (3730, 100, "p100")] {
+        app.create_product(product, 200, None).await;
+        committed_behind_a_lock(&app, product, n, tag).await;
+        let wrong = app
+            .count(&format!(
+                "SELECT COUNT(*) FROM orders o JOIN inventory_reservation r \
+                 ON r.request_id = o.request_id WHERE o.product_id = {product} AND NOT ( \
+                 r.status = 'PROCESSING' AND o.status = 'PENDING_PAYMENT' \
+                 AND r.user_id = o.user_id AND r.product_id = o.product_id \
+                 AND r.quantity = o.quantity AND o.quantity = 1 AND r.generation = 1 \
+                 AND r.hold_id = CAST(RIGHT(o.request_id, 55) AS SIGNED) + 1 \
+                 AND o.user_id = 1000000 + CAST(RIGHT(o.request_id, 55) AS SIGNED) \
+                 AND TIMESTAMPDIFF(MICROSECOND, o.created_at, o.expires_at) = 600000000)"
+            ))
+            .await;
+        assert_eq!(wrong, 0, "product {product}: rows unlike a purchase's");
+        assert_eq!(
+            app.count(&format!(
+                "SELECT COUNT(*) FROM inventory_reservation WHERE product_id = {product}"
+            ))
+            .await,
+            n
+        );
+        assert_eq!(
+            app.count(&format!(
+                "SELECT COUNT(DISTINCT created_at) FROM orders WHERE product_id = {product}"
+            ))
+            .await,
+            2,
+            "product {product}: the first purchase's batch, then the rest's"
+        );
+        assert_eq!(
+            app.count(&format!(
+                "SELECT CAST(SUM(quantity) AS SIGNED) FROM inventory_batch_log \
+                 WHERE product_id = {product}"
+            ))
+            .await,
+            n
+        );
+        assert_eq!(
+            app.count(&format!(
+                "SELECT COUNT(*) FROM product_inventory WHERE product_id = {product} \
+                 AND available_stock = 200 - {n} AND pre_deduct_stock = {n}"
+            ))
+            .await,
+            1
+        );
+    }
     app.cleanup().await;
 }
 
@@ -277,7 +348,7 @@ async fn a_refused_group_transaction_goes_one_by_one() {
     .execute(&app.pool)
     .await
     .expect("refusing trigger");
-    committed_behind_a_lock(&app, 3710, 257).await;
+    committed_behind_a_lock(&app, 3710, 257, "full").await;
     assert_eq!(
         app.count("SELECT COUNT(*) FROM outbox WHERE events > 100")
             .await,
