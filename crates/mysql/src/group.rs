@@ -316,9 +316,10 @@ pub(crate) fn committed(
 
 /// The batch as one JSON document: `[request_id, product_id, user_id, quantity,
 /// hold_id, generation, payment timeout in µs, per-user limit or null]` per purchase.
-/// Every statement of the group transaction reads the batch from it (set once per
+/// A group transaction through the procedure reads the batch from it (set once per
 /// transaction, [`insert`]; the stored procedure of migration `…13_batch_facts.sql` reads
-/// the same positions: change both together), and [`taken`] binds it as its single
+/// the same positions: change both together; a listed batch needs none), and [`taken`]
+/// binds it as its single
 /// parameter: one statement text for every batch size (an `IN (?, ?, …)` list of each
 /// new length was a new statement to prepare, about one in five executions).
 pub(crate) fn document(batch: &[Purchase]) -> String {
@@ -601,7 +602,7 @@ async fn run_script(
     }
 }
 
-/// Writes every purchase of `batch` (whose [`document`] is `document`) in a group
+/// Writes every purchase of `batch` in a group
 /// transaction on `tx` (begun by the script for [`Counters::Gate`], by [`begin`] before
 /// for [`Counters::Taken`]), but for their events: [`end`] writes those with the COMMIT
 /// for [`Written::Orders`], and rolls back any other answer, whatever this returned.
@@ -618,7 +619,6 @@ async fn run_script(
 pub(crate) async fn insert(
     tx: &mut MySqlConnection,
     batch: &[Purchase],
-    document: &str,
     counters: Counters,
 ) -> Result<Written, sqlx::Error> {
     // The hot rows last, in product order (two batches never wait on each other in a
@@ -647,7 +647,7 @@ pub(crate) async fn insert(
         push_listed_rows(&mut script, batch);
     } else {
         script.push_str(concat!("SET ", batch_variable!(), " = CONVERT("));
-        push_sql_literal(&mut script, document);
+        push_sql_literal(&mut script, &document(batch));
         script.push_str(" USING utf8mb4);\n");
         script.push_str(ROWS);
         script.push_str(";\n");

@@ -475,10 +475,9 @@ impl MysqlLedger {
         &self,
         conn: &mut MySqlConnection,
         members: &[Purchase],
-        document: &str,
     ) -> Result<Written, sqlx::Error> {
         // The script begins the transaction.
-        let written = crate::group::insert(conn, members, document, Counters::Gate).await;
+        let written = crate::group::insert(conn, members, Counters::Gate).await;
         crate::group::end(conn, written).await
     }
 
@@ -493,18 +492,17 @@ impl MysqlLedger {
         let started = std::time::Instant::now();
         let decided = Decided::run(batch.iter().map(|p| &p.request), |plain| {
             let members: Vec<Purchase> = plain.iter().map(|&i| batch[i].clone()).collect();
-            let document = crate::group::document(&members);
             async move {
                 self.run("group commit", || async {
                     let mut own = self.group_conn.take().await?;
-                    let written = self
-                        .group_transaction(own.conn(), &members, &document)
-                        .await;
+                    let written = self.group_transaction(own.conn(), &members).await;
                     own.give_back(&written).await;
                     match written? {
                         Written::Orders(orders) => Ok((group::Written::Orders, orders)),
                         Written::OverLimit(over) => Ok((group::Written::OverLimit(over), vec![])),
                         Written::NotPlain => {
+                            // Rare: the batch's document is written only for it.
+                            let document = crate::group::document(&members);
                             let taken = crate::group::taken(&self.pool, &document).await?;
                             Ok((group::Written::Taken(taken), vec![]))
                         }

@@ -187,8 +187,7 @@ impl MysqlLedger {
                 per_user_limit: p.per_user_limit,
             })
             .collect();
-        let document = crate::group::document(&purchases);
-        let written = crate::group::insert(conn, &purchases, &document, Counters::Taken).await;
+        let written = crate::group::insert(conn, &purchases, Counters::Taken).await;
         crate::group::end(conn, written).await.map(Some)
     }
 
