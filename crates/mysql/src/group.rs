@@ -35,6 +35,22 @@ pub(crate) struct Purchase {
     pub per_user_limit: Option<u32>,
 }
 
+impl Purchase {
+    pub(crate) fn new(
+        request: &PurchaseRequest,
+        hold: HoldRef,
+        per_user_limit: Option<u32>,
+        payment_timeout: Duration,
+    ) -> Self {
+        Self {
+            request: request.clone(),
+            hold,
+            payment_timeout,
+            per_user_limit,
+        }
+    }
+}
+
 /// What a batch's group transactions came to, once `GroupCommit` had nothing more to
 /// try: the gate's batches and the ledger mode's share it.
 pub(crate) struct Decided {

@@ -1162,12 +1162,7 @@ impl Ledger for MysqlLedger {
         per_user_limit: Option<u32>,
         payment_timeout: Duration,
     ) -> Result<Commit, LedgerError> {
-        let purchase = Purchase {
-            request: request.clone(),
-            hold,
-            payment_timeout,
-            per_user_limit,
-        };
+        let purchase = Purchase::new(request, hold, per_user_limit, payment_timeout);
         self.in_flight.commit(self.group(), purchase).await
     }
 
@@ -1178,12 +1173,7 @@ impl Ledger for MysqlLedger {
         per_user_limit: Option<u32>,
         payment_timeout: Duration,
     ) -> Option<Result<Commit, LedgerError>> {
-        let purchase = Purchase {
-            request: request.clone(),
-            hold,
-            payment_timeout,
-            per_user_limit,
-        };
+        let purchase = Purchase::new(request, hold, per_user_limit, payment_timeout);
         self.in_flight.join(purchase).await
     }
 

@@ -180,12 +180,7 @@ impl MysqlLedger {
         let purchases: Vec<Purchase> = members
             .iter()
             .zip(holds)
-            .map(|(p, hold)| Purchase {
-                request: p.request.clone(),
-                hold,
-                payment_timeout: p.payment_timeout,
-                per_user_limit: p.per_user_limit,
-            })
+            .map(|(p, hold)| Purchase::new(&p.request, hold, p.per_user_limit, p.payment_timeout))
             .collect();
         let written = crate::group::insert(conn, &purchases, Counters::Taken).await;
         crate::group::end(conn, written).await.map(Some)
