@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use flashsale_testkit::{delete_prefix, free_port, redis_prefix, TcpProxy, TestDb};
 use serde_json::json;
 
-use crate::helpers::{redis_addr, stream_name, TestApp, MYSQL_SERVER, REDIS_URL};
+use crate::helpers::{
+    delete_stream, redis_addr, stream_name, TestApp, MYSQL_SERVER, NATS_URL, REDIS_URL,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
 /// How long the binary may take to start answering (it creates its database and migrates).
@@ -308,10 +310,7 @@ async fn serve_creates_database_logs_json_and_drains_on_sigterm() {
         .expect("drop");
     pool.close().await;
     let _ = delete_prefix(REDIS_URL, &prefix).await;
-    if let Ok(client) = async_nats::connect("nats://127.0.0.1:4222").await {
-        let js = async_nats::jetstream::new(client);
-        let _ = js.delete_stream(stream_name(&prefix)).await;
-    }
+    delete_stream(NATS_URL, &stream_name(&prefix)).await;
     let _ = db.drop_db().await;
 }
 
@@ -388,5 +387,6 @@ async fn sigterm_answers_requests_already_on_their_way() {
     let status = child.wait().expect("flashsale exits");
     assert!(status.success(), "{status:?}");
     let _ = delete_prefix(REDIS_URL, &prefix).await;
+    delete_stream(NATS_URL, &stream_name(&prefix)).await;
     let _ = db.drop_db().await;
 }

@@ -10,7 +10,9 @@ use flashsale_testkit::{delete_prefix, free_port, redis_prefix, TestDb};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{code, redis_addr, stream_name, ADMIN_TOKEN, MYSQL_SERVER, REDIS_URL};
+use crate::helpers::{
+    code, delete_stream, redis_addr, stream_name, ADMIN_TOKEN, MYSQL_SERVER, NATS_URL, REDIS_URL,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
 /// How long a started service may take to answer /healthz.
@@ -139,11 +141,7 @@ async fn drained(pool: &sqlx::MySqlPool) {
 async fn cleanup(db: TestDb, prefix: &str, pool: sqlx::MySqlPool) {
     pool.close().await;
     let _ = delete_prefix(REDIS_URL, prefix).await;
-    if let Ok(client) = async_nats::connect("nats://127.0.0.1:4222").await {
-        let _ = async_nats::jetstream::new(client)
-            .delete_stream(stream_name(prefix))
-            .await;
-    }
+    delete_stream(NATS_URL, &stream_name(prefix)).await;
     let _ = db.drop_db().await;
 }
 

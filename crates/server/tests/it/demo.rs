@@ -8,7 +8,8 @@ use flashsale_testkit::{delete_prefix, free_port, redis_prefix, TestDb};
 use sqlx::MySqlPool;
 
 use crate::helpers::{
-    stream_name, Routes, TestApp, TestEvents, ADMIN_TOKEN, MYSQL_SERVER, NATS_URL, REDIS_URL,
+    delete_stream, stream_name, Routes, TestApp, TestEvents, ADMIN_TOKEN, MYSQL_SERVER, NATS_URL,
+    REDIS_URL,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
@@ -136,11 +137,7 @@ async fn demo_spawns_a_service_sells_out_and_checks_it() {
     );
     pool.close().await;
     let _ = delete_prefix(REDIS_URL, &prefix).await;
-    if let Ok(client) = async_nats::connect(NATS_URL).await {
-        let _ = async_nats::jetstream::new(client)
-            .delete_stream(&stream)
-            .await;
-    }
+    delete_stream(NATS_URL, &stream).await;
     let _ = db.drop_db().await;
 }
 

@@ -624,6 +624,17 @@ pub fn stream_name(prefix: &str) -> String {
 
 pub const NATS_URL: &str = "nats://127.0.0.1:4222";
 
+/// Deletes a test's own JetStream `stream` on the broker at `nats_url`, when it is
+/// reachable: every test that starts event workers or a `serve` on the shared NATS ends
+/// with this, so that a run of the suite leaves no stream behind.
+pub async fn delete_stream(nats_url: &str, stream: &str) {
+    if let Ok(client) = async_nats::connect(nats_url).await {
+        let _ = async_nats::jetstream::new(client)
+            .delete_stream(stream)
+            .await;
+    }
+}
+
 /// One test's event workers (relay and consumer, as `serve` runs them) and the NATS names
 /// only this test uses: its own subject prefix and stream, so tests never share a stream
 /// (two streams may not capture the same subjects) and each reads back only its events.
@@ -711,10 +722,7 @@ impl TestEvents {
     /// Stops the workers and deletes the test's stream (when the broker is reachable).
     pub async fn cleanup(mut self) {
         self.stop().await;
-        if let Ok(client) = async_nats::connect(self.nats_url.as_str()).await {
-            let js = async_nats::jetstream::new(client);
-            let _ = js.delete_stream(&self.stream).await;
-        }
+        delete_stream(&self.nats_url, &self.stream).await;
     }
 }
 

@@ -13,7 +13,7 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::helpers::{stream_name, ADMIN_TOKEN, MYSQL_SERVER, REDIS_URL};
+use crate::helpers::{delete_stream, stream_name, ADMIN_TOKEN, MYSQL_SERVER, NATS_URL, REDIS_URL};
 
 const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
 /// How long the binary may take to start answering (it creates its database and migrates).
@@ -166,10 +166,7 @@ impl Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = delete_prefix(REDIS_URL, &self.prefix).await;
-        if let Ok(client) = async_nats::connect(crate::helpers::NATS_URL).await {
-            let js = async_nats::jetstream::new(client);
-            let _ = js.delete_stream(stream_name(&self.prefix)).await;
-        }
+        delete_stream(NATS_URL, &stream_name(&self.prefix)).await;
         if let Some(db) = self.db.take() {
             let _ = db.drop_db().await;
         }
