@@ -99,10 +99,10 @@ type Lookup = Result<Option<PurchaseRecord>, LedgerError>;
 
 /// A duplicate on `uk_reservation_hold`: the gate handed out a hold id it had handed
 /// out before in this generation, so it lost writes.
+/// Told by the key the error names, never by a search of its message, which quotes the
+/// duplicated value first: a request_id spelling the key's name is a taken request_id.
 fn is_reused_hold(e: &sqlx::Error) -> bool {
-    is_duplicate(e)
-        && e.as_database_error()
-            .is_some_and(|d| d.message().contains("uk_reservation_hold"))
+    crate::sql::duplicate_key(e).as_deref() == Some("uk_reservation_hold")
 }
 
 /// An order after a transition attempt.

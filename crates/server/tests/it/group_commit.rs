@@ -706,3 +706,94 @@ async fn a_replay_joins_the_commit_in_flight_without_a_read() {
         .is_some_and(|r| r.is_hold(product, hold)));
     app.cleanup().await;
 }
+
+/// `request` under another request_id.
+fn named(request_id: &str, i: i64, product: i64) -> PurchaseRequest {
+    PurchaseRequest {
+        request_id: RequestId::parse("request_id", request_id).expect("id"),
+        ..request(i, product)
+    }
+}
+
+// Checks that a taken request_id is told from a reused gate hold by the key MariaDB names,
+// not by a search of its error message, which quotes the duplicated value first (real
+// MariaDB): request_ids that spell the hold key's name, `uk_reservation_hold` and
+// `a.uk_reservation_hold.1`, each buy once and are then sent again. In ledger mode the
+// retry gets its order back as `Duplicate`; read as a reused hold it was an error (a
+// 503 for every retry). Through the gate a second hold of the same request_id (its
+// hold record gone from Redis) gets the first hold's order as `Duplicate`, and the
+// product's generation stays where it was; read as a reused hold it advanced the
+// generation, voiding every hold in flight for the product.
+#[tokio::test]
+async fn a_request_id_spelling_a_key_name_is_a_taken_request_id() {
+    use flashsale_app::ports::LedgerMaintenance;
+    let app = TestApp::spawn().await;
+    app.create_product(3570, 10, None).await;
+    app.create_product(3571, 10, None).await;
+    let ledger = ledger(&app).await;
+    let timeout = Duration::from_secs(600);
+    ledger
+        .enter_ledger_mode(ProductId::parse(3571).expect("id"))
+        .await
+        .expect("ledger mode");
+    tokio::time::sleep(flashsale_app::modes::LEDGER_SALES_AFTER_SWITCH + Duration::from_millis(50))
+        .await;
+    let in_ledger = named("uk_reservation_hold", 1, 3571);
+    let order = match ledger
+        .commit_ledger_purchase(&in_ledger, None, timeout)
+        .await
+        .expect("ledger answered")
+    {
+        Commit::Committed(order) => order,
+        other => panic!("the first purchase: unexpected {other:?}"),
+    };
+    match ledger
+        .commit_ledger_purchase(&in_ledger, None, timeout)
+        .await
+        .expect("the retry is answered, not an error")
+    {
+        Commit::Duplicate(record) => {
+            assert_eq!(record.outcome, PurchaseOutcome::Order(order.clone()))
+        }
+        other => panic!("the retry: unexpected {other:?}"),
+    }
+
+    let generation = "SELECT generation FROM product_inventory WHERE product_id = 3570";
+    let before = app.count(generation).await;
+    let through_gate = named("a.uk_reservation_hold.1", 2, 3570);
+    let first = HoldRef::from_stored(before, 1).expect("hold");
+    let order = match ledger
+        .commit_purchase(&through_gate, first, None, timeout)
+        .await
+        .expect("committed")
+    {
+        Commit::Committed(order) => order,
+        other => panic!("the first hold: unexpected {other:?}"),
+    };
+    let second = HoldRef::from_stored(before, 2).expect("hold");
+    match ledger
+        .commit_purchase(&through_gate, second, None, timeout)
+        .await
+        .expect("the second hold is answered, not an error")
+    {
+        Commit::Duplicate(record) => {
+            assert!(
+                record.is_hold(ProductId::parse(3570).expect("id"), first),
+                "{record:?}"
+            );
+            assert_eq!(record.outcome, PurchaseOutcome::Order(order));
+        }
+        other => panic!("the second hold: unexpected {other:?}"),
+    }
+    assert_eq!(
+        app.count(generation).await,
+        before,
+        "no generation advanced"
+    );
+    assert_eq!(
+        app.count("SELECT COUNT(*) FROM orders WHERE product_id IN (3570, 3571)")
+            .await,
+        2
+    );
+    app.cleanup().await;
+}
