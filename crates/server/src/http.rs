@@ -74,6 +74,20 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
 /// empty reply or a reset. Short, so that the stop is not held up: the balancer in front
 /// has stopped sending new clients.
 const STOP_IDLE_GRACE: Duration = Duration::from_millis(250);
+/// Past the longest a request in flight at the stop can still take, for its answer to be
+/// written (a client that does not read it is [`WRITE_STALL_MAX`]'s business).
+const DRAIN_MARGIN: Duration = Duration::from_secs(1);
+
+/// How long a graceful stop waits for the requests in flight, with `request_timeout` the
+/// deadline of each of a request's two phases: a request may begin up to
+/// [`STOP_IDLE_GRACE`] after the stop, read its body for up to `request_timeout`
+/// (`flashsale_api`'s body reader) and then run its use case for up to `request_timeout`
+/// more, whose deadline answers 503 itself. Waiting less cut such a request off with an
+/// empty reply instead of its answer.
+pub fn drain_timeout(request_timeout: Duration) -> Duration {
+    STOP_IDLE_GRACE + request_timeout.saturating_mul(2) + DRAIN_MARGIN
+}
+
 /// How often a connection waiting out [`STOP_IDLE_GRACE`] looks whether its request began.
 const STOP_POLL: Duration = Duration::from_millis(2);
 /// Most connections taken from the listen backlog after the stop: connections the kernel

@@ -421,8 +421,7 @@ pub fn http_settings(config: &Config) -> http::HttpSettings {
     let settings = http::HttpSettings {
         connections_max,
         header_timeout: config.header_timeout,
-        // A request in flight has its deadline; a little more lets it answer.
-        drain_timeout: config.request_timeout + Duration::from_secs(1),
+        drain_timeout: http::drain_timeout(config.request_timeout),
         connect_info: config.ip_purchase_rate.is_some(),
     };
     http::announce(&settings, descriptors);

@@ -327,29 +327,7 @@ async fn sigterm_answers_requests_already_on_their_way() {
     let db = TestDb::create(MYSQL_SERVER).await.expect("test db");
     let prefix = redis_prefix();
     let port = free_port();
-    let mut child = Command::new(BIN)
-        .arg("serve")
-        .env("FLASHSALE_LISTEN", format!("127.0.0.1:{port}"))
-        .env("FLASHSALE_DATABASE_URL", db.url())
-        .env("FLASHSALE_REDIS_URL", REDIS_URL)
-        .env("FLASHSALE_REDIS_PREFIX", &prefix)
-        .env(
-            "FLASHSALE_NATS_SUBJECT_PREFIX",
-            stream_name(&prefix).to_lowercase(),
-        )
-        .env("FLASHSALE_NATS_STREAM", stream_name(&prefix))
-        .env("FLASHSALE_ADMIN_TOKEN", "sigterm-race-admin-token")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn flashsale");
-    let base = format!("http://127.0.0.1:{port}");
-    let http = reqwest::Client::new();
-    let started = Instant::now();
-    while http.get(format!("{base}/readyz")).send().await.is_err() {
-        assert!(started.elapsed() < STARTUP_MAX, "flashsale did not start");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let mut child = serve_quietly(port, &db, &prefix, &[]).await;
     let mut streams = Vec::new();
     for _ in 0..CLIENTS {
         streams.push(
@@ -389,4 +367,121 @@ async fn sigterm_answers_requests_already_on_their_way() {
     let _ = delete_prefix(REDIS_URL, &prefix).await;
     delete_stream(NATS_URL, &stream_name(&prefix)).await;
     let _ = db.drop_db().await;
+}
+
+// Checks that SIGTERM waits for a request in flight through both of its deadlines, the
+// body's and then the use case's, each the request timeout (2 s here): a purchase whose
+// body trickles in over 1.8 s, SIGTERM 0.2 s into it, and a use case slowed by 1.5 s
+// after its reservation (the failpoint `purchase-after-reserve`) answers 201 about 3.4 s
+// after it began, and the process then exits 0. A drain of one request timeout and a
+// second ended 3.2 s after it began and closed the connection with no answer at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_waits_for_a_slow_body_and_its_use_case() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let db = TestDb::create(MYSQL_SERVER).await.expect("test db");
+    let prefix = redis_prefix();
+    let port = free_port();
+    let settings = [
+        ("FLASHSALE_REQUEST_TIMEOUT", "2s"),
+        ("FAILPOINTS", "purchase-after-reserve=sleep(1500)"),
+    ];
+    let mut child = serve_quietly(port, &db, &prefix, &settings).await;
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let created = http
+        .post(format!("{base}/v1/products"))
+        .bearer_auth(QUIET_TOKEN)
+        .json(&json!({"product_id": 1, "name": "x", "stock": 5}))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(created.status(), 201);
+
+    let body =
+        json!({"request_id": "R_slow", "user_id": 1, "product_id": 1, "quantity": 1}).to_string();
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let head = format!(
+        "POST /v1/purchases HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.expect("head");
+    let began = Instant::now();
+    // The body in nine pieces, 0.2 s apart: the last one 1.8 s after the head.
+    let pieces: Vec<&[u8]> = body.as_bytes().chunks(body.len().div_ceil(9)).collect();
+    for (i, piece) in pieces.iter().enumerate() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if i == 0 {
+            let killed = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status()
+                .expect("kill -TERM");
+            assert!(killed.success());
+        }
+        stream.write_all(piece).await.expect("a piece of the body");
+    }
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(15), stream.read_to_end(&mut answer))
+        .await
+        .expect("the connection ends")
+        .expect("read the answer");
+    let answer = String::from_utf8_lossy(&answer);
+    println!("answered {:?} after the head: {answer:?}", began.elapsed());
+    assert!(
+        answer.starts_with("HTTP/1.1 201"),
+        "the purchase is answered, not cut off: {answer:?}"
+    );
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    assert!(status.success(), "exit status {status:?}");
+    let _ = delete_prefix(REDIS_URL, &prefix).await;
+    delete_stream(NATS_URL, &stream_name(&prefix)).await;
+    let _ = db.drop_db().await;
+}
+
+/// The admin token of [`serve_quietly`]'s service.
+const QUIET_TOKEN: &str = "binary-test-admin-token";
+
+/// `flashsale serve` on `port` with the test's own database, Redis prefix and JetStream
+/// stream, the admin token [`QUIET_TOKEN`], its output discarded and `settings` besides;
+/// returned once it answers `/readyz`.
+async fn serve_quietly(
+    port: u16,
+    db: &TestDb,
+    prefix: &str,
+    settings: &[(&str, &str)],
+) -> std::process::Child {
+    let child = Command::new(BIN)
+        .arg("serve")
+        .env("FLASHSALE_LISTEN", format!("127.0.0.1:{port}"))
+        .env("FLASHSALE_DATABASE_URL", db.url())
+        .env("FLASHSALE_REDIS_URL", REDIS_URL)
+        .env("FLASHSALE_REDIS_PREFIX", prefix)
+        .env(
+            "FLASHSALE_NATS_SUBJECT_PREFIX",
+            stream_name(prefix).to_lowercase(),
+        )
+        .env("FLASHSALE_NATS_STREAM", stream_name(prefix))
+        .env("FLASHSALE_ADMIN_TOKEN", QUIET_TOKEN)
+        .envs(settings.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn flashsale");
+    let http = reqwest::Client::new();
+    let started = Instant::now();
+    while http
+        .get(format!("http://127.0.0.1:{port}/readyz"))
+        .send()
+        .await
+        .is_err()
+    {
+        assert!(started.elapsed() < STARTUP_MAX, "flashsale did not start");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    child
 }
