@@ -195,6 +195,13 @@ pub fn metrics_router(monitor: Arc<Monitor>, dashboard: Arc<Dashboard>) -> Route
             get(|State(d): State<Arc<Dashboard>>| async move { d.data().await }),
         )
         .fallback(|| async { ApiError::new(Outcome::NotFound, "no such endpoint") })
+        // Without it axum answers a wrong method with an empty 405: the API's JSON instead.
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                Outcome::MethodNotAllowed,
+                "method not allowed on this endpoint",
+            )
+        })
         .with_state(dashboard)
 }
 

@@ -257,7 +257,9 @@ async fn the_data_matches_the_api_and_its_schema() {
 
 // Checks that the page moves with the metrics: with FLASHSALE_METRICS_LISTEN set, the
 // public listener answers 404 not_found for the page, its assets and its data (as for
-// /metrics), and the operator's listener serves them all (200, the data as JSON).
+// /metrics), and the operator's listener serves them all (200, the data as JSON). The
+// operator's listener answers another method on them 405 and an unknown path 404, each
+// with the API's JSON error body.
 #[tokio::test]
 async fn the_page_is_served_where_the_metrics_are() {
     let app = TestApp::spawn_with(Routes::default(), &[("METRICS_LISTEN", "127.0.0.1:1")]).await;
@@ -278,6 +280,26 @@ async fn the_page_is_served_where_the_metrics_are() {
     let (_, _, body) = fetch(&app.http, &format!("{internal}/dashboard/data"), &[]).await;
     let d: Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(d["stores"]["mariadb_up"], true, "{d}");
+    for (method, path, status, code) in [
+        (reqwest::Method::POST, "/metrics", 405, "method_not_allowed"),
+        (
+            reqwest::Method::DELETE,
+            "/dashboard",
+            405,
+            "method_not_allowed",
+        ),
+        (reqwest::Method::GET, "/nowhere", 404, "not_found"),
+    ] {
+        let answer = app
+            .http
+            .request(method.clone(), format!("{internal}{path}"))
+            .send()
+            .await
+            .expect("the operator's listener answers");
+        assert_eq!(answer.status().as_u16(), status, "{method} {path}");
+        let body: Value = answer.json().await.expect("a JSON error body");
+        assert_eq!(body["error"], code, "{method} {path}: {body}");
+    }
     app.cleanup().await;
 }
 
