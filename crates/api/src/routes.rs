@@ -749,8 +749,10 @@ async fn restock(
     body: Result<Body, ApiError>,
 ) -> Response {
     let result = async {
-        let id = ProductId::parse(path_id(id, "product_id")?).map_err(invalid)?;
+        // Credentials first, as for creating a product: a stranger learns nothing of
+        // what the endpoint accepts.
         require_admin(&state, &headers)?;
+        let id = ProductId::parse(path_id(id, "product_id")?).map_err(invalid)?;
         let Body(body) = body?;
         let b: RestockBody = json(&body)?;
         let restock_id = RequestId::parse("request_id", &b.request_id).map_err(invalid)?;

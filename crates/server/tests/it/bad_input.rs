@@ -31,7 +31,8 @@ pub async fn snapshot(app: &TestApp) -> (Vec<i64>, Vec<(String, String)>) {
 
 // Checks a table of bad requests, one per way to get input wrong: each must answer its
 // documented status and error code, and the stores must be byte-for-byte as before
-// (row counts, counter versions, every Redis key and value).
+// (row counts, counter versions, every Redis key and value). An admin endpoint without
+// credentials answers 401 whatever else is wrong with the request.
 #[tokio::test]
 async fn bad_inputs_are_refused_and_change_nothing() {
     let app = TestApp::spawn().await;
@@ -121,6 +122,10 @@ async fn bad_inputs_are_refused_and_change_nothing() {
         (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1, "name": "x\u{2067}y", "stock": 1}).to_string()), true, 400, "invalid_request"),
         (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1100, "name": "again", "stock": 1}).to_string()), true, 409, "product_exists"),
         (Method::POST, "/v1/products/1100/restock".into(), Some(json!({"request_id": "RS", "quantity": 1}).to_string()), false, 401, "unauthorized"),
+        // Without credentials, what the admin endpoints accept stays unsaid.
+        (Method::POST, "/v1/products/abc/restock".into(), Some(json!({"request_id": "RS", "quantity": 1}).to_string()), false, 401, "unauthorized"),
+        (Method::POST, "/v1/products/1100/restock".into(), Some(json!({"quantity": 0}).to_string()), false, 401, "unauthorized"),
+        (Method::POST, "/v1/products".into(), Some(json!({"product_id": 0, "name": "", "stock": -1}).to_string()), false, 401, "unauthorized"),
         (Method::POST, "/v1/products/1100/restock".into(), Some(json!({"request_id": "RS", "quantity": 0}).to_string()), true, 400, "invalid_request"),
         (Method::POST, "/v1/products/1100/restock".into(), Some(json!({"request_id": "R S", "quantity": 1}).to_string()), true, 400, "invalid_request"),
         (Method::POST, "/v1/products/1100/restock".into(), Some(json!({"quantity": 1}).to_string()), true, 400, "invalid_request"),
