@@ -114,6 +114,10 @@ pub type Item = (PurchaseRequest, Option<u32>);
 /// A purchase's answer.
 pub type Reply = Result<Reserve, GateError>;
 
+/// The hold id and generation `forget.lua` is given for an entry that must leave the
+/// pending index only while its record is gone: no hold has them (both start at 1).
+const NO_HOLD: i64 = 0;
+
 /// Keys one SCAN step asks for when collecting a product's hold records (audit only).
 const SCAN_COUNT: usize = 1000;
 /// Most hold records an audit reads for one product; far above any product's live holds
@@ -341,7 +345,7 @@ impl Layout {
         key
     }
 
-    fn hold_key(&self, product_id: ProductId, request_id: &str) -> String {
+    pub(crate) fn hold_key(&self, product_id: ProductId, request_id: &str) -> String {
         self.key_of(product_id, &["r:", request_id])
     }
 
@@ -651,9 +655,11 @@ impl Layout {
         }
         if !gone.is_empty() {
             w.between("stale_holds: zrem").await;
-            let zrem = gone.iter().fold(Cmd::new("ZREM").arg(&pending), Cmd::arg);
-            let removed = only("ZREM", w.query(&pending, &[zrem], false).await?)?;
-            typed::<i64>("ZREM", &removed)?;
+            // Each only while its record is still gone: a client's retry may have taken a
+            // new hold under the request_id since the read, and its entry is what makes
+            // recovery, and the sold-out board's holders, see that hold.
+            let entries = gone.iter().map(|id| (id.as_str(), NO_HOLD, NO_HOLD));
+            self.forget_entries(w, product_id, entries).await?;
         }
         Ok(stale)
     }
@@ -666,17 +672,35 @@ impl Layout {
         product_id: ProductId,
         holds: &[StaleHold],
     ) -> Result<i64, GateError> {
-        if holds.is_empty() {
+        let entries = holds.iter().map(|hold| {
+            (
+                hold.request.request_id.as_str(),
+                hold.hold.id.get(),
+                hold.hold.generation.get(),
+            )
+        });
+        self.forget_entries(w, product_id, entries).await
+    }
+
+    /// `forget.lua` over `(request_id, hold id, generation)` entries: each leaves the
+    /// pending index only while its record is that hold or is gone; with [`NO_HOLD`]
+    /// (which no hold has), only while it is gone.
+    async fn forget_entries<'a>(
+        &self,
+        w: &dyn Wire,
+        product_id: ProductId,
+        entries: impl ExactSizeIterator<Item = (&'a str, i64, i64)>,
+    ) -> Result<i64, GateError> {
+        if entries.len() == 0 {
             return Ok(0);
         }
         let mut keys = vec![self.key(product_id, "pending")];
-        let mut args = Vec::with_capacity(holds.len() * 3);
-        for hold in holds {
-            let request_id = hold.request.request_id.as_str();
+        let mut args = Vec::with_capacity(entries.len() * 3);
+        for (request_id, hold_id, generation) in entries {
             keys.push(self.hold_key(product_id, request_id));
             args.push(request_id.to_owned());
-            args.push(hold.hold.id.get().to_string());
-            args.push(hold.hold.generation.get().to_string());
+            args.push(hold_id.to_string());
+            args.push(generation.to_string());
         }
         let call = Call {
             script: &FORGET,

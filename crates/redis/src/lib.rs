@@ -601,4 +601,119 @@ mod tests {
             "not one string"
         );
     }
+
+    /// The gate's own wire, with a retry of `retry` sent through `gate` between the
+    /// recovery scan's read of the records and its removal of the gone ones.
+    struct RetryBeforeRemoval {
+        inner: Arc<RedisWire>,
+        gate: Arc<RedisGate>,
+        retry: PurchaseRequest,
+    }
+
+    #[async_trait]
+    impl Wire for RetryBeforeRemoval {
+        async fn eval(&self, call: &Call) -> Result<Value, GateError> {
+            self.inner.eval(call).await
+        }
+        async fn query(
+            &self,
+            at: &str,
+            cmds: &[Cmd],
+            atomic: bool,
+        ) -> Result<Vec<Value>, GateError> {
+            self.inner.query(at, cmds, atomic).await
+        }
+        async fn between(&self, what: &'static str) {
+            if what == "stale_holds: zrem" {
+                let retried = self.gate.reserve(&self.retry, None).await;
+                assert!(
+                    matches!(retried, Ok(Reserve::Reserved { .. })),
+                    "the retry takes a new hold: {retried:?}"
+                );
+            }
+        }
+    }
+
+    // Checks that the recovery scan takes out of the pending index only the entries whose
+    // hold records are still gone (real Redis): two entries have outlived their records;
+    // between the scan's read of the records and its removal, a client's retry of one of
+    // them takes a new hold (which writes its record and its entry again). That entry
+    // stays, beside its new record, so that recovery and the sold-out board's holders
+    // still see the hold; the other entry goes. A plain ZREM of what the read found gone
+    // took both out.
+    #[tokio::test]
+    async fn the_stale_scan_spares_a_hold_taken_meanwhile() {
+        const URL: &str = "redis://127.0.0.1:6379";
+        let prefix = flashsale_testkit::redis_prefix();
+        let config = GateConfig {
+            target: Target::Node(URL.to_owned()),
+            prefix: prefix.clone(),
+            record_ttl: Duration::from_secs(600),
+            response_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+            sold_out_lease: Duration::ZERO,
+            shared_user_rate: None,
+        };
+        let gate = Arc::new(RedisGate::new(&config).expect("gate"));
+        let product = ProductId::parse(1).expect("product");
+        let generation = Generation::from_stored(1).expect("generation");
+        gate.load(product, 10, generation).await.expect("load");
+        let request = |id: &str| PurchaseRequest {
+            request_id: RequestId::parse("request_id", id).expect("id"),
+            user_id: flashsale_core::UserId::parse(7).expect("user"),
+            product_id: product,
+            quantity: flashsale_core::Quantity::from_stored(1).expect("quantity"),
+        };
+        let pending = gate.layout.key(product, "pending");
+        let mut conn = redis::Client::open(URL)
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("redis");
+        // Entries from long ago, their records expired.
+        let _: () = redis::cmd("ZADD")
+            .arg(&pending)
+            .arg(0)
+            .arg("R_retried")
+            .arg(0)
+            .arg("R_lost")
+            .query_async(&mut conn)
+            .await
+            .expect("ZADD");
+        let wire = RetryBeforeRemoval {
+            inner: gate.wire.clone(),
+            gate: gate.clone(),
+            retry: request("R_retried"),
+        };
+        let stale = gate
+            .layout
+            .stale_holds(&wire, product, Duration::from_millis(1), 10)
+            .await
+            .expect("stale holds");
+        assert!(stale.is_empty(), "both records were gone at the read");
+        let score = |id: &'static str| {
+            let mut conn = conn.clone();
+            let pending = pending.clone();
+            async move {
+                redis::cmd("ZSCORE")
+                    .arg(&pending)
+                    .arg(id)
+                    .query_async::<Option<f64>>(&mut conn)
+                    .await
+                    .expect("ZSCORE")
+            }
+        };
+        assert!(
+            score("R_retried").await.is_some_and(|s| s > 0.0),
+            "the retried hold keeps its entry"
+        );
+        assert_eq!(score("R_lost").await, None, "the lost entry is gone");
+        let record: bool = redis::cmd("EXISTS")
+            .arg(gate.layout.hold_key(product, "R_retried"))
+            .query_async(&mut conn)
+            .await
+            .expect("EXISTS");
+        assert!(record, "beside its new record");
+        let _ = flashsale_testkit::delete_prefix(URL, &prefix).await;
+    }
 }

@@ -3,7 +3,8 @@
 -- the same request_id may have taken another hold since, and recovery still needs that
 -- one's entry.
 -- KEYS[1] pending holds  KEYS[2..n] the hold records
--- ARGV request_id, hold id, generation for each record, in KEYS order
+-- ARGV request_id, hold id, generation for each record, in KEYS order; hold id and
+-- generation 0, which no hold has, take the entry out only while its record is gone
 -- Returns how many entries it removed.
 if #ARGV ~= (#KEYS - 1) * 3 then
   return redis.error_reply('ERR flashsale forget: arguments do not match the keys')
