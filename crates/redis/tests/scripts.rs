@@ -377,3 +377,96 @@ async fn a_foreign_entry_changes_only_once_adopted() {
     );
     let _ = delete_prefix(REDIS_URL, &prefix).await;
 }
+
+// Checks that a hold record's lifetime is checked before anything is written: reserve.lua
+// given a lifetime that is not whole milliseconds (1.5) or past its bound (10^17 ms,
+// which would reach PEXPIRE in exponent form) answers an error and leaves the count, the
+// per-user counts, the pending index and the record as they were; release.lua refuses
+// the same lifetimes for its marker with the hold's units still out; load.lua refuses
+// them and loads nothing. The bound itself (10^13 ms) is accepted.
+#[tokio::test]
+async fn a_record_lifetime_is_checked_before_any_write() {
+    let keys = Keys::new();
+    let mut conn = connect().await;
+    let _: () = conn
+        .hset_multiple(&keys.inv, &[("avail", 5), ("gen", 1), ("seq", 0)])
+        .await
+        .expect("HSET");
+    let script = Script::new(flashsale_redis::calls::RESERVE.source);
+    let reserve_for = |ttl: &'static str| {
+        let mut call = script.prepare_invoke();
+        call.key(&keys.inv)
+            .key(&keys.users)
+            .key(&keys.pending)
+            .key(keys.record("R_ttl"));
+        call.arg(ttl).arg(0).arg(0).arg(0);
+        call.arg(1).arg(7).arg(0).arg("R_ttl");
+        call
+    };
+    for ttl in ["1.5", "100000000000000000"] {
+        let refused: redis::RedisResult<Value> = reserve_for(ttl).invoke_async(&mut conn).await;
+        let e = refused.expect_err("refused");
+        assert!(format!("{e}").contains("invalid arguments"), "{ttl}: {e}");
+    }
+    assert_eq!(
+        hmget(&mut conn, &keys.inv, &["avail", "seq"]).await,
+        [Some("5".into()), Some("0".into())]
+    );
+    let untouched: (bool, bool, i64) = redis::pipe()
+        .exists(&keys.users)
+        .exists(keys.record("R_ttl"))
+        .zcard(&keys.pending)
+        .query_async(&mut conn)
+        .await
+        .expect("read");
+    assert_eq!(untouched, (false, false, 0), "nothing written");
+    let held: Value = reserve_for("10000000000000")
+        .invoke_async(&mut conn)
+        .await
+        .expect("the bound itself is accepted");
+    assert_eq!(replies(&held)[0][0], "1", "a hold");
+
+    let release = Script::new(flashsale_redis::calls::RELEASE.source);
+    for ttl in ["1.5", "100000000000000000"] {
+        let mut call = release.prepare_invoke();
+        call.key(&keys.inv)
+            .key(&keys.users)
+            .key(keys.record("R_ttl"))
+            .key(&keys.pending)
+            .key(format!("{}p:1:released:R_ttl", keys.prefix));
+        call.arg("R_ttl")
+            .arg(1)
+            .arg(7)
+            .arg(1)
+            .arg(0)
+            .arg(ttl)
+            .arg(1)
+            .arg(1)
+            .arg("ch")
+            .arg(0);
+        let refused: redis::RedisResult<Value> = call.invoke_async(&mut conn).await;
+        let e = refused.expect_err("refused");
+        assert!(format!("{e}").contains("invalid arguments"), "{ttl}: {e}");
+    }
+    assert_eq!(
+        hmget(&mut conn, &keys.inv, &["avail"]).await,
+        [Some("4".into())],
+        "the unit still out"
+    );
+
+    let load = Script::new(flashsale_redis::calls::LOAD.source);
+    let fresh = format!("{}p:2:inv", keys.prefix);
+    for ttl in ["1.5", "100000000000000000"] {
+        let refused: redis::RedisResult<Value> = load
+            .key(&fresh)
+            .arg(5)
+            .arg(1)
+            .arg(ttl)
+            .invoke_async(&mut conn)
+            .await;
+        assert!(refused.is_err(), "{ttl}");
+    }
+    let loaded: bool = conn.exists(&fresh).await.expect("EXISTS");
+    assert!(!loaded, "nothing loaded");
+    let _ = delete_prefix(REDIS_URL, &keys.prefix).await;
+}

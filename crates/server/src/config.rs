@@ -161,6 +161,10 @@ const HEADER_TIMEOUT_MAX: Duration = Duration::from_secs(300);
 /// Longest sold-out lease: units given back during a lease wait for its end, so a longer
 /// one would hold stock back where buyers notice.
 const SOLD_OUT_LEASE_MAX: Duration = Duration::from_secs(5);
+/// Longest a hold record is kept in Redis: a year outlives any payment window and any
+/// sale by far, and each record holds its bytes for its whole lifetime, so a slip of the
+/// unit (`24000h`) is refused at startup instead of filling Redis.
+const REDIS_RECORD_TTL_MAX: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Upper bound of a rate limit's rate and burst: a million purchase attempts a second
 /// from one user or address is no limit at all.
 const RATE_LIMIT_MAX: u32 = 1_000_000;
@@ -428,6 +432,15 @@ impl Config {
             MAX_QUANTITY_PER_ORDER_LIMIT,
         )?;
         let redis_record_ttl = duration(raw.value("redis_record_ttl"))?;
+        if redis_record_ttl > REDIS_RECORD_TTL_MAX {
+            return Err(invalid(
+                raw.value("redis_record_ttl").0,
+                format!(
+                    "must be at most {}",
+                    humantime::format_duration(REDIS_RECORD_TTL_MAX)
+                ),
+            ));
+        }
         if redis_record_ttl <= payment_timeout {
             // A hold record must outlive its order's payment window: returning the stock
             // of an unpaid order exactly once relies on the record.
@@ -1059,6 +1072,7 @@ mod tests {
             ("FLASHSALE_LOG_FORMAT", "xml"),
             ("FLASHSALE_REDIS_PREFIX", "a{b}"),
             ("FLASHSALE_REDIS_RECORD_TTL", "1m"),
+            ("FLASHSALE_REDIS_RECORD_TTL", "366days"),
             ("FLASHSALE_SOLD_OUT_LEASE", "6s"),
             ("FLASHSALE_SOLD_OUT_LEASE", "-1"),
         ];
