@@ -9,8 +9,8 @@
 if #ARGV ~= (#KEYS - 1) * 3 then
   return redis.error_reply('ERR flashsale forget: arguments do not match the keys')
 end
--- The entries to remove, in one ZREM: at most the trimmer's batch (2,048 ids), far below
--- what `unpack` can pass.
+-- The entries to remove, in one ZREM: at most the trimmer's batch (2,048 ids) or a
+-- recovery pass's (500), far below what `unpack` can pass.
 local members = {}
 for i = 2, #KEYS do
   local a = (i - 2) * 3
