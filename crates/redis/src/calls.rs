@@ -25,13 +25,15 @@ pub struct Lua {
     pub source: &'static str,
 }
 
-/// A script of `lua/` by name, after the prelude every script shares (`lua/stamp.lua`).
+/// A script of `lua/` by name, after the preludes every script shares (`lua/stamp.lua`,
+/// `lua/lifetime.lua`).
 macro_rules! script {
     ($name:literal) => {
         Lua {
             name: $name,
             source: concat!(
                 include_str!("lua/stamp.lua"),
+                include_str!("lua/lifetime.lua"),
                 include_str!(concat!("lua/", $name, ".lua"))
             ),
         }

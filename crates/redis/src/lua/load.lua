@@ -8,10 +8,8 @@
 local n = tonumber(ARGV[1])
 local gen = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
--- Checked as reserve.lua checks a record's lifetime.
-local TTL_MS_MAX = 10000000000000
-if not n or n < 0 or n % 1 ~= 0 or not gen or gen < 1 or gen % 1 ~= 0 or not ttl or ttl < 1
-   or ttl % 1 ~= 0 or ttl > TTL_MS_MAX then
+if not n or n < 0 or n % 1 ~= 0 or not gen or gen < 1 or gen % 1 ~= 0
+   or not lifetime_ok(ttl) then
   return redis.error_reply('ERR flashsale load: invalid arguments')
 end
 local srv = stamp()

@@ -14,11 +14,7 @@ local relgen = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[6])
 local hold = tonumber(ARGV[7])
 local hgen = tonumber(ARGV[8])
--- The release marker's lifetime, checked as reserve.lua checks a record's: a larger one
--- would fail the marker's SET after the units were added back.
-local TTL_MS_MAX = 10000000000000
-if not relgen or relgen < 0 or not ttl or ttl < 1 or ttl % 1 ~= 0 or ttl > TTL_MS_MAX
-   or not hold or not hgen or not ARGV[9]
+if not relgen or relgen < 0 or not lifetime_ok(ttl) or not hold or not hgen or not ARGV[9]
    or ARGV[9] == '' or not tonumber(ARGV[10]) then
   return redis.error_reply('ERR flashsale release: invalid arguments')
 end

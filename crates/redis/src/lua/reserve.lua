@@ -45,12 +45,7 @@ local rate_us, tolerance_us = tonumber(ARGV[3]), tonumber(ARGV[4])
 local n = (#ARGV - 4) / 4
 -- An integer in decimal, whole digits (`..` and `tostring` write 1e+14 from 10^14 on).
 local function d(x) return string.format('%d', x) end
--- A record's lifetime is whole milliseconds, at most TTL_MS_MAX (about 317 years), so
--- that it and `now + ttl` stay below 10^14, which Lua and Redis write as digits: a
--- larger one would reach PEXPIRE in exponent form, refused after the units were taken.
-local TTL_MS_MAX = 10000000000000
-if not ttl or ttl < 1 or ttl % 1 ~= 0 or ttl > TTL_MS_MAX or not lease_ms or lease_ms < 0
-   or lease_ms % 1 ~= 0 or not rate_us
+if not lifetime_ok(ttl) or not lease_ms or lease_ms < 0 or lease_ms % 1 ~= 0 or not rate_us
    or rate_us < 0 or rate_us % 1 ~= 0 or not tolerance_us or tolerance_us < 0
    or tolerance_us % 1 ~= 0 or n < 1 or n % 1 ~= 0
    or #KEYS ~= 3 + (rate_us > 0 and 2 or 1) * n then
