@@ -102,7 +102,7 @@ type Lookup = Result<Option<PurchaseRecord>, LedgerError>;
 /// Told by the key the error names, never by a search of its message, which quotes the
 /// duplicated value first: a request_id spelling the key's name is a taken request_id.
 fn is_reused_hold(e: &sqlx::Error) -> bool {
-    crate::sql::duplicate_key(e).as_deref() == Some("uk_reservation_hold")
+    crate::sql::duplicate_key(e) == Some("uk_reservation_hold")
 }
 
 /// An order after a transition attempt.

@@ -108,18 +108,14 @@ pub(crate) fn is_duplicate(e: &sqlx::Error) -> bool {
 /// the message's end. Not a search of the whole message: the value comes first, and a
 /// request_id may spell a key's name (`uk_reservation_hold` is a valid one); it cannot
 /// hold the quote and the space that end it, so the tail is always the key's.
-pub(crate) fn duplicate_key(e: &sqlx::Error) -> Option<String> {
+pub(crate) fn duplicate_key(e: &sqlx::Error) -> Option<&str> {
     if !is_duplicate(e) {
         return None;
     }
     let message = e.as_database_error()?.message();
     let (_, key) = message.rsplit_once(" for key '")?;
     let key = key.strip_suffix('\'')?;
-    Some(
-        key.rsplit_once('.')
-            .map_or(key, |(_, name)| name)
-            .to_owned(),
-    )
+    Some(key.rsplit_once('.').map_or(key, |(_, name)| name))
 }
 
 /// A deadlock or a lock wait timeout: the transaction was rolled back and may be tried
