@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use flashsale_core::{ProductId, ReleaseReason, RequestId, StockMode};
+use flashsale_core::{Generation, ProductId, ReleaseReason, RequestId, StockMode};
 use tracing::{error, info, warn};
 
 use crate::audit::{self, AuditBounds, AuditReport};
@@ -112,6 +112,8 @@ pub struct RecoveryReport {
 pub struct Reconciliation {
     pub product_id: ProductId,
     pub redis_available: Option<i64>,
+    /// The stock generation Redis's count was read in (None without an entry).
+    pub redis_generation: Option<Generation>,
     /// What Redis's available count should be given the ledger's facts and the holds
     /// still in flight.
     pub expected_available: i64,
@@ -642,14 +644,21 @@ impl Maintenance {
         }
         tokio::time::sleep(settle).await;
         let second = self.measure(product_id).await?;
-        if second.drift != first.drift || second.in_flight_units != first.in_flight_units {
+        if second.drift != first.drift
+            || second.in_flight_units != first.in_flight_units
+            || second.redis_generation != first.redis_generation
+        {
             info!(%product_id, first = first.drift, second = second.drift, "drift still moving; not repairing");
             return Ok(second);
         }
-        let Some(from) = second.redis_available else {
+        let (Some(from), Some(generation)) = (second.redis_available, second.redis_generation)
+        else {
             return Ok(second);
         };
-        let repaired = self.gate_m.adjust(product_id, from, -second.drift).await?;
+        let repaired = self
+            .gate_m
+            .adjust(product_id, generation, from, -second.drift)
+            .await?;
         warn!(%product_id, drift = second.drift, repaired, "reconciliation repaired Redis available count");
         Ok(Reconciliation { repaired, ..second })
     }
@@ -695,6 +704,7 @@ impl Maintenance {
             return Ok(Reconciliation {
                 product_id,
                 redis_available: None,
+                redis_generation: None,
                 expected_available: ledger.counters.available,
                 drift: 0,
                 in_flight_units: 0,
@@ -719,6 +729,7 @@ impl Maintenance {
         Ok(Reconciliation {
             product_id,
             redis_available: gate.available,
+            redis_generation: gate.generation,
             expected_available: expected,
             drift,
             in_flight_units,

@@ -702,12 +702,18 @@ pub trait GateMaintenance: Send + Sync + 'static {
     /// Everything the gate holds for a product, for reconciliation and audit.
     async fn facts(&self, product_id: ProductId) -> Result<GateFacts, GateError>;
 
-    /// Adds `delta` (may be negative) to the available count if it is still `from` (the
-    /// count the repair was computed from), refusing to go below zero; reconciliation's
-    /// only repair. Safe to run twice: the second run finds the count moved and changes
-    /// nothing.
-    async fn adjust(&self, product_id: ProductId, from: i64, delta: i64)
-        -> Result<bool, GateError>;
+    /// Adds `delta` (may be negative) to the available count if it is still `from` in
+    /// `generation` (the count the repair was computed from, and the generation it was
+    /// read in), refusing to go below zero; reconciliation's only repair. Safe to run
+    /// twice: the second run finds the count moved and changes nothing. An entry rebuilt
+    /// or reloaded since is another generation, refused whatever its count.
+    async fn adjust(
+        &self,
+        product_id: ProductId,
+        generation: Generation,
+        from: i64,
+        delta: i64,
+    ) -> Result<bool, GateError>;
 
     /// The gate's stock entry for a product: None when it has none (lost, or never
     /// loaded).

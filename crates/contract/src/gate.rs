@@ -74,7 +74,10 @@ pub async fn nothing_is_answered_without_an_entry<W: GateWorld>(w: &W) {
         .restock(product(), &request_id("NL_R"), 3, generation(1))
         .await;
     assert_eq!(restocked.expect("restock"), Restock::NotLoaded);
-    assert!(!g.adjust(product(), 0, 3).await.expect("adjust"));
+    assert!(!g
+        .adjust(product(), generation(1), 0, 3)
+        .await
+        .expect("adjust"));
     assert_eq!(g.available(product()).await.expect("available"), None);
 }
 
@@ -316,21 +319,46 @@ pub async fn a_rebuild_replaces_the_entry_in_a_newer_generation<W: GateWorld>(w:
     );
 }
 
-/// Reconciliation's adjustment moves the count by a delta from the count it measured,
-/// never below zero; run a second time (a retry after a lost reply), or from a count
-/// that moved since, it changes nothing.
+/// Reconciliation's adjustment moves the count by a delta from the count it measured in
+/// the generation it measured, never below zero; run a second time (a retry after a
+/// lost reply), from a count that moved since, or in another generation (a rebuild
+/// since, even one that left the same count), it changes nothing.
 pub async fn adjust_never_goes_below_zero<W: GateWorld>(w: &W) {
     let g = w.gate();
-    assert!(g.load(product(), 2, generation(1)).await.expect("load"));
-    assert!(g.adjust(product(), 2, 3).await.expect("up"));
+    let g1 = generation(1);
+    assert!(g.load(product(), 2, g1).await.expect("load"));
+    assert!(g.adjust(product(), g1, 2, 3).await.expect("up"));
     assert!(
-        !g.adjust(product(), 2, 3).await.expect("again"),
+        !g.adjust(product(), g1, 2, 3).await.expect("again"),
         "a second run finds the count it left"
     );
-    assert!(g.adjust(product(), 5, -4).await.expect("down"));
-    assert!(!g.adjust(product(), 1, -2).await.expect("below zero"));
-    assert!(!g.adjust(product(), 7, 1).await.expect("moved"));
+    assert!(g.adjust(product(), g1, 5, -4).await.expect("down"));
+    assert!(!g.adjust(product(), g1, 1, -2).await.expect("below zero"));
+    assert!(!g.adjust(product(), g1, 7, 1).await.expect("moved"));
+    assert!(
+        !g.adjust(product(), generation(2), 1, 1)
+            .await
+            .expect("newer"),
+        "the count was not read in generation 2"
+    );
     assert_eq!(g.available(product()).await.expect("available"), Some(1));
+    let plan = RebuildPlan {
+        generation: generation(2),
+        available: 1,
+        last_hold_id: 0,
+        user_units: Vec::new(),
+    };
+    assert!(g.rebuild(product(), &plan).await.expect("rebuild"));
+    assert!(
+        !g.adjust(product(), g1, 1, 1).await.expect("stale"),
+        "measured before the rebuild, whose count happens to be the same"
+    );
+    assert_eq!(g.available(product()).await.expect("available"), Some(1));
+    assert!(g
+        .adjust(product(), generation(2), 1, 1)
+        .await
+        .expect("rebuilt"));
+    assert_eq!(g.available(product()).await.expect("available"), Some(2));
 }
 
 /// The pending index lists the holds the ledger may not account for yet, with their

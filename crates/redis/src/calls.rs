@@ -813,6 +813,7 @@ impl Layout {
         &self,
         w: &dyn Wire,
         product_id: ProductId,
+        generation: Generation,
         from: i64,
         delta: i64,
     ) -> Result<bool, GateError> {
@@ -824,6 +825,7 @@ impl Layout {
                 self.revocations.clone(),
                 product_id.get().to_string(),
                 from.to_string(),
+                generation.get().to_string(),
             ],
         };
         Ok(typed::<i64>("adjust", &w.eval(&call).await?)? == 1)

@@ -445,11 +445,12 @@ impl GateMaintenance for RedisGate {
     async fn adjust(
         &self,
         product_id: ProductId,
+        generation: Generation,
         from: i64,
         delta: i64,
     ) -> Result<bool, GateError> {
         self.layout
-            .adjust(self.wire.as_ref(), product_id, from, delta)
+            .adjust(self.wire.as_ref(), product_id, generation, from, delta)
             .await
     }
 

@@ -255,7 +255,8 @@ async fn adding_units_ends_the_lease_and_publishes_a_revocation() {
             .arg(delta)
             .arg(&channel)
             .arg(7)
-            .arg(from);
+            .arg(from)
+            .arg(3);
         call
     };
     let code: i64 = adjust(1, -1).invoke_async(&mut conn).await.expect("adjust");
@@ -337,7 +338,7 @@ async fn a_foreign_entry_changes_only_once_adopted() {
         .await
         .expect("restock");
     assert_eq!(restock, Restock::NotLoaded);
-    assert!(!gate.adjust(product, 4, 1).await.expect("adjust"));
+    assert!(!gate.adjust(product, g1, 4, 1).await.expect("adjust"));
     let after: Vec<(String, String)> = conn.hgetall(&inv).await.expect("HGETALL");
     assert_eq!(before, after, "nothing changed the foreign entry");
     assert!(

@@ -210,7 +210,7 @@ async fn release_restock_adjust_and_forget_twice_change_nothing() {
         .expect("count");
     twice(
         &mut w,
-        || g.adjust(product(), available, -1),
+        || g.adjust(product(), generation(1), available, -1),
         |x, y| matches!((x, y), (Ok(true), Ok(false))),
     )
     .await;

@@ -265,6 +265,7 @@ mod tests {
         let r = |drift, repaired| flashsale_app::Reconciliation {
             product_id: flashsale_core::ProductId::parse(1).expect("product id"),
             redis_available: Some(10 + drift),
+            redis_generation: flashsale_core::Generation::from_stored(1),
             expected_available: 10,
             drift,
             in_flight_units: 0,

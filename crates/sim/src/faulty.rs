@@ -263,6 +263,7 @@ impl GateMaintenance for FaultyGate {
     async fn adjust(
         &self,
         product_id: ProductId,
+        generation: Generation,
         from: i64,
         delta: i64,
     ) -> Result<bool, GateError> {
@@ -270,8 +271,8 @@ impl GateMaintenance for FaultyGate {
             &self.ctx,
             Port::Gate,
             "gate.adjust",
-            || format!("p{product_id} {from} {delta:+}"),
-            || self.inner.adjust(product_id, from, delta),
+            || format!("p{product_id} g{} {from} {delta:+}", generation.get()),
+            || self.inner.adjust(product_id, generation, from, delta),
         )
         .await
     }

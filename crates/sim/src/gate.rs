@@ -463,11 +463,12 @@ impl GateMaintenance for MemGate {
     async fn adjust(
         &self,
         product_id: ProductId,
+        generation: Generation,
         from: i64,
         delta: i64,
     ) -> Result<bool, GateError> {
         self.layout
-            .adjust(&self.conn(), product_id, from, delta)
+            .adjust(&self.conn(), product_id, generation, from, delta)
             .await
     }
 

@@ -130,14 +130,7 @@ async fn reconcile_exit_code_says_whether_drift_is_left() {
     assert_eq!(out.status.code(), Some(0), "no drift: {text}");
     assert!(text.contains("drift 0"), "{text}");
 
-    let mut conn = app.redis.clone();
-    let _: i64 = redis::cmd("HINCRBY")
-        .arg(app.key(product, "inv"))
-        .arg("avail")
-        .arg(2)
-        .query_async(&mut conn)
-        .await
-        .expect("inject drift");
+    app.bump_entry(product, "avail", 2).await;
     let out = reconcile(&["--product", &id]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "drift left: {text}");

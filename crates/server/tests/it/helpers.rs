@@ -538,6 +538,19 @@ impl TestApp {
             .expect("redis HGET")
     }
 
+    /// Moves a field of the product's Redis stock entry by `by` behind flashsale's back
+    /// (`avail` for drift, `gen` for a generation change), for a test to be found.
+    pub async fn bump_entry(&self, product_id: i64, field: &str, by: i64) {
+        let mut conn = self.redis.clone();
+        let _: i64 = redis::cmd("HINCRBY")
+            .arg(self.key(product_id, "inv"))
+            .arg(field)
+            .arg(by)
+            .query_async(&mut conn)
+            .await
+            .expect("redis HINCRBY");
+    }
+
     /// Every key under this test's prefix with a fingerprint of its value, to prove a
     /// refused request wrote nothing.
     pub async fn redis_dump(&self) -> Vec<(String, String)> {

@@ -283,14 +283,7 @@ async fn ledger_refuses_what_redis_wrongly_admits() {
     app.create_product(5005, 1, None).await;
     let (s, _) = app.purchase("REQ_a", 1, 5005, 1).await;
     assert_eq!(s, StatusCode::CREATED);
-    let mut conn = app.redis.clone();
-    let _: i64 = redis::cmd("HINCRBY")
-        .arg(app.key(5005, "inv"))
-        .arg("avail")
-        .arg(1)
-        .query_async(&mut conn)
-        .await
-        .expect("inject drift");
+    app.bump_entry(5005, "avail", 1).await;
     let (s, b) = app.purchase("REQ_b", 2, 5005, 1).await;
     assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "sold_out"), "{b}");
     let (s, b) = app.purchase("REQ_b", 2, 5005, 1).await;

@@ -280,14 +280,7 @@ async fn reconcile_finds_and_repairs_drift() {
         .await
         .expect("reconcile");
     assert_eq!((r.drift, r.in_flight_units), (0, 1), "{r:?}");
-    let mut conn = app.redis.clone();
-    let _: i64 = redis::cmd("HINCRBY")
-        .arg(app.key(2500, "inv"))
-        .arg("avail")
-        .arg(2)
-        .query_async(&mut conn)
-        .await
-        .expect("inject drift");
+    app.bump_entry(2500, "avail", 2).await;
     let audit = app.maintenance.audit(product).await.expect("audit");
     assert!(
         audit.violations.iter().any(|v| v.invariant == "I4"),
@@ -310,6 +303,30 @@ async fn reconcile_finds_and_repairs_drift() {
         .await
         .expect("reconcile");
     assert_eq!(r.drift, 0);
+    app.cleanup().await;
+}
+
+// Checks that reconciliation does not repair a drift across a change of generation:
+// drift of 2 is injected, and while the repair waits between its two looks the entry's
+// generation moves on with the count unchanged (what a rebuild that happened to leave
+// the same count would do). Both looks find the same drift, but the second was read in
+// another generation than the first, so nothing is repaired and the count stays.
+#[tokio::test]
+async fn reconcile_does_not_repair_across_a_generation() {
+    let app = TestApp::spawn().await;
+    app.create_product(2510, 10, None).await;
+    let (s, _) = app.purchase("REQ_rg_1", 1, 2510, 1).await;
+    assert_eq!(s, StatusCode::CREATED);
+    app.bump_entry(2510, "avail", 2).await;
+    let product = flashsale_core::ProductId::parse(2510).expect("id");
+    let m = app.maintenance.clone();
+    let repair =
+        tokio::spawn(async move { m.reconcile(product, true, Duration::from_secs(1)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    app.bump_entry(2510, "gen", 1).await;
+    let r = repair.await.expect("task").expect("reconcile");
+    assert_eq!((r.drift, r.repaired), (2, false), "{r:?}");
+    assert_eq!(app.redis_available(2510).await, Some(11), "not repaired");
     app.cleanup().await;
 }
 
@@ -416,13 +433,7 @@ async fn workers_walk_every_loaded_product_page_by_page() {
     assert_eq!(m.watch_once().await.expect("watch pass"), 1);
     assert_eq!(app.redis_available(2704).await, Some(3));
 
-    let _: i64 = redis::cmd("HINCRBY")
-        .arg(app.key(2703, "inv"))
-        .arg("avail")
-        .arg(2)
-        .query_async(&mut conn)
-        .await
-        .expect("inject drift");
+    app.bump_entry(2703, "avail", 2).await;
     let drifted = m
         .reconcile_all(false, Duration::ZERO)
         .await
