@@ -256,8 +256,6 @@ mod tests {
 
     use super::*;
 
-    // Checks colours only on a terminal, and never with NO_COLOR set to a value (an empty
-    // NO_COLOR counts as unset, as no-color.org says).
     // Checks which reconciliations leave drift behind: none without drift, none once
     // repaired, one found and not repaired (either sign).
     #[test]
@@ -277,6 +275,8 @@ mod tests {
         assert!(drift_left(&r(-3, false)));
     }
 
+    // Checks colours only on a terminal, and never with NO_COLOR set to a value (an empty
+    // NO_COLOR counts as unset, as no-color.org says).
     #[test]
     fn log_colours_only_on_a_terminal_without_no_color() {
         assert!(colour_logs(true, None));
