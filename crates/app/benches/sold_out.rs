@@ -3,6 +3,12 @@
 //! gate, and a product with no lease, each against snapshots of 1,000 and 100,000
 //! holders. `cargo bench -p flashsale-app --bench sold_out`.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a benchmark's failed setup ends it, with the expectation's message"
+)]
+
 use std::collections::HashSet;
 use std::hint::black_box;
 use std::time::Duration;

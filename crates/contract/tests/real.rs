@@ -2,6 +2,12 @@
 //! the shared Redis under a key prefix of its own per test, `MysqlLedger` (ledger and
 //! outbox) on a database of its own per test on the shared MariaDB.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test's failed expectation is its failure, with the expectation's message"
+)]
+
 use std::time::Duration;
 
 use async_trait::async_trait;

@@ -2,6 +2,12 @@
 //! and `MemLedger` (ledger and outbox), without faults, on a simulated clock that only
 //! the test moves.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test's failed expectation is its failure, with the expectation's message"
+)]
+
 use std::sync::Arc;
 use std::time::Duration;
 

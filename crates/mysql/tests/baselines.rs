@@ -2,6 +2,12 @@
 //! the adapter that calls them (`BaselineLedger`): what each answers, and what each
 //! writes, for a new purchase, a replay and a sold-out product.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test's failed expectation is its failure, with the expectation's message"
+)]
+
 use std::time::Duration;
 
 use flashsale_app::baseline::{BaselineLedger, BaselineOutcome};

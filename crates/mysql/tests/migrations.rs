@@ -4,6 +4,12 @@
 //! event counts the unsent marks carry (migration 17), and the indexes of the rows every
 //! purchase inserts (migration 15).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test's failed expectation is its failure, with the expectation's message"
+)]
+
 use std::borrow::Cow;
 
 use flashsale_testkit::TestDb;

@@ -1,5 +1,11 @@
 //! The ledger's connections on the real MariaDB.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test's failed expectation is its failure, with the expectation's message"
+)]
+
 use std::time::Duration;
 
 use flashsale_mysql::{LedgerConfig, MysqlLedger};

@@ -2,6 +2,12 @@
 //! through it once): a pack of 32 `order_created` events as the group commit's procedure
 //! writes them, and one event alone. `cargo bench -p flashsale-nats --bench decode`.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a benchmark's failed setup ends it, with the expectation's message"
+)]
+
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};

@@ -13,6 +13,12 @@
 //! plain, and with the shared per-user rate on (`FLASHSALE_USER_PURCHASE_RATE_SCOPE=
 //! shared`), whose cells it keeps in the same call.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a benchmark's failed setup ends it, with the expectation's message"
+)]
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -5,6 +5,12 @@
 //! again. The test counts Redis's own `SCRIPT LOAD` calls (`INFO commandstats`), so it
 //! fails if the calls never met NOSCRIPT as well as if a load went missing.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test's failed expectation is its failure, with the expectation's message"
+)]
+
 mod common;
 
 use std::time::Duration;

@@ -2,6 +2,12 @@
 //! coalescer makes only by chance: the same request_id twice in one call, and several
 //! purchases whose counters the script writes once for the whole batch.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test's failed expectation is its failure, with the expectation's message"
+)]
+
 mod common;
 
 use common::REDIS_URL;

@@ -7,6 +7,12 @@
 //! seeds' plain decrement, not flashsale's path) is left out: it is not idempotent by
 //! design.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test's failed expectation is its failure, with the expectation's message"
+)]
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 

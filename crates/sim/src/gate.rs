@@ -147,6 +147,10 @@ impl Drop for Driving<'_> {
 }
 
 impl MemGate {
+    #[allow(
+        clippy::expect_used,
+        reason = "the simulator's own setup: a failure is a broken build, not a run's outcome"
+    )]
     pub fn new(
         ctx: Arc<Ctx>,
         record_ttl: TimeDelta,
@@ -263,6 +267,10 @@ impl MemGate {
     }
 
     /// Runs an operation that never waits to its end.
+    #[allow(
+        clippy::expect_used,
+        reason = "an operation with no round trip that waited is a simulator bug, loudly"
+    )]
     fn now<T>(&self, fut: impl std::future::Future<Output = T>) -> T {
         block_on(fut, INSTANT_POLLS_MAX).expect("an operation without round trips never waits")
     }
@@ -288,6 +296,10 @@ impl MemGate {
     }
 
     /// `GateMaintenance::facts` in one atomic look (for the final checks of a quiet run).
+    #[allow(
+        clippy::expect_used,
+        reason = "the final checks read the run's products from the simulated Redis"
+    )]
     pub fn peek_facts(&self, product_id: i64) -> GateFacts {
         let product_id = ProductId::parse(product_id).expect("a product id of the run");
         self.now(self.layout.facts(&self.instant(), product_id))

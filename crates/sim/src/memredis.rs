@@ -800,6 +800,10 @@ impl MemRedis {
         Ok(redis)
     }
 
+    #[allow(
+        clippy::expect_used,
+        reason = "the interpreter is taken only by the drop"
+    )]
     fn interp(&self) -> &Interp {
         self.interp
             .as_ref()
@@ -832,7 +836,7 @@ impl MemRedis {
         let interp = self
             .interp
             .as_mut()
-            .expect("the interpreter stays until the drop");
+            .ok_or("ERR the interpreter is gone (taken only by the drop)")?;
         if let Some(&id) = interp.loaded.get(source) {
             return Ok(ScriptId(id));
         }

@@ -20,6 +20,12 @@
 //! (I4, or I6 after the sweep). A seed counts only if the same seed with sound stores
 //! does not break that invariant (so a real bug can't pass for a catch).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test's failed expectation is its failure, with the expectation's message"
+)]
+
 use std::collections::BTreeSet;
 use std::sync::OnceLock;
 

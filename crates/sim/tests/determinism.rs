@@ -3,6 +3,12 @@
 //! same verdict, and different seeds give different runs. Without this a failing seed's
 //! reproduce command would be worthless.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test's failed expectation is its failure, with the expectation's message"
+)]
+
 use flashsale_sim::{run_seed, runtime, Options};
 
 /// Seeds compared: enough to cover runs with crashes, wipes and reconcile.

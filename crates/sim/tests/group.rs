@@ -3,6 +3,12 @@
 //! runs go together in the next one, and each member gets the answer it would have had
 //! alone.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test's failed expectation is its failure, with the expectation's message"
+)]
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;

@@ -14,6 +14,12 @@
 //! `FLASHSALE_SIM_WITHOUT=wipe,rollback,…` leaves parts of the world out (default: see
 //! `DEFAULT_WITHOUT`).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test's failed expectation is its failure, with the expectation's message"
+)]
+
 use flashsale_sim::{
     default_threads, failure_report, run_seeds, Features, Options, REPORT_TRACE_LINES,
 };

@@ -3,6 +3,12 @@
 //! it, and the ledger against the SQL semantics it copies, so a divergence shows up here
 //! before it muddies a simulation run.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test's failed expectation is its failure, with the expectation's message"
+)]
+
 use std::sync::Arc;
 use std::time::Duration;
 

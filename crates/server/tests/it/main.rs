@@ -3,6 +3,12 @@
 //! and fault tests put a TCP proxy of their own between flashsale and a service, so the
 //! shared services are never stopped, paused or flushed.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test's failed expectation is its failure, with the expectation's message"
+)]
+
 mod audit;
 mod bad_input;
 mod baselines;
