@@ -1,7 +1,11 @@
 //! Shapes of requests and responses: the JSON bodies, and the decimal ids of paths and
 //! headers. Each body also derives its OpenAPI schema (`utoipa::ToSchema`, gathered in
 //! `openapi.rs`), with the bounds the domain's parsers enforce, so that the document
-//! says what is accepted and a fuzzer's valid input is valid here.
+//! says what is accepted and a fuzzer's valid input is valid here. A body's unknown
+//! field is refused (`deny_unknown_fields`, `additionalProperties: false` in the
+//! document): ignored, a misspelt optional field such as `sale_starts_at` or
+//! `per_user_limit` would silently take its default, opening a sale at once or without
+//! its limit.
 
 use std::borrow::Cow;
 
@@ -15,6 +19,7 @@ use crate::openapi::{cancel_reason_schema, order_status_schema, stock_mode_schem
 /// A purchase as sent; `request_id` borrowed from the body when it has no escapes (the
 /// flood's refusals then allocate nothing for it: `RequestId` copies it only once checked).
 #[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 #[schema(as = Purchase, description = "A purchase: `quantity` units of a product for a buyer.")]
 pub struct PurchaseBody<'a> {
     /// The purchase's idempotency key: a retry with the same one and the same payload
@@ -37,6 +42,7 @@ pub struct PurchaseBody<'a> {
 
 /// The body of a payment or a cancellation: the acting buyer, when not authenticated.
 #[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 #[schema(as = OrderAction)]
 pub struct UserBody {
     /// Required when no buyer authentication is configured (the default, and what this
@@ -58,6 +64,7 @@ pub fn decimal(s: &str) -> Option<i64> {
 
 /// A product to put on sale (admin).
 #[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 #[schema(as = NewProduct)]
 pub struct NewProductBody {
     /// Chosen by the shop; taken once (`product_exists`).
@@ -87,6 +94,7 @@ pub struct NewProductBody {
 
 /// Stock to add to a product (admin), once per `request_id`.
 #[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 #[schema(as = Restock)]
 pub struct RestockBody {
     /// The restock's idempotency key: a retry adds nothing again; another quantity under
