@@ -79,6 +79,8 @@ async fn bad_inputs_are_refused_and_change_nothing() {
         // An unknown field is refused, not ignored: a misspelt one would take a default.
         (Method::POST, p.into(), Some(json!({"request_id": "R1", "user_id": 2, "product_id": 1100, "quantity": 1, "quantty": 2}).to_string()), false, 400, "invalid_request"),
         (Method::POST, p.into(), Some(json!({"request_id": "R1", "user_id": 2, "product_id": 1100, "quantity": 1, "price": 0}).to_string()), false, 400, "invalid_request"),
+        // A body is an object, not the array of its fields in order.
+        (Method::POST, p.into(), Some(json!(["R1", 2, 1100, 1]).to_string()), false, 400, "invalid_request"),
         (Method::POST, format!("/v1/orders/{order}/pay"), Some(json!({"user_id": 1, "amount": 0}).to_string()), false, 400, "invalid_request"),
         (Method::POST, format!("/v1/orders/{order}/cancel"), Some(json!({"user_id": 1, "reason": "x"}).to_string()), false, 400, "invalid_request"),
         (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1102, "name": "typo", "stock": 1, "sale_start_at": future}).to_string()), true, 400, "invalid_request"),
