@@ -16,7 +16,7 @@
 local d, from, at = tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[5])
 if not d or d % 1 ~= 0 or not ARGV[2] or ARGV[2] == '' or not tonumber(ARGV[3])
    or not from or from % 1 ~= 0 or not at or at % 1 ~= 0 or at < 1 then
-  return redis.error_reply('ERR flashsale adjust: invalid delta')
+  return redis.error_reply('ERR flashsale adjust: invalid arguments')
 end
 local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen', 'srv')
 local avail = tonumber(inv[1])

@@ -307,10 +307,11 @@ async fn reconcile_finds_and_repairs_drift() {
 }
 
 // Checks that reconciliation does not repair a drift across a change of generation:
-// drift of 2 is injected, and while the repair waits between its two looks the entry's
-// generation moves on with the count unchanged (what a rebuild that happened to leave
-// the same count would do). Both looks find the same drift, but the second was read in
-// another generation than the first, so nothing is repaired and the count stays.
+// drift of 2 is injected, and while the repair waits between its two looks (3 s apart)
+// the entry's generation moves on with the count unchanged, 1 s in (what a rebuild that
+// happened to leave the same count would do). Both looks find the same drift, but the
+// second was read in generation 2 and the first in 1, so nothing is repaired and the
+// count stays.
 #[tokio::test]
 async fn reconcile_does_not_repair_across_a_generation() {
     let app = TestApp::spawn().await;
@@ -321,11 +322,12 @@ async fn reconcile_does_not_repair_across_a_generation() {
     let product = flashsale_core::ProductId::parse(2510).expect("id");
     let m = app.maintenance.clone();
     let repair =
-        tokio::spawn(async move { m.reconcile(product, true, Duration::from_secs(1)).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::spawn(async move { m.reconcile(product, true, Duration::from_secs(3)).await });
+    tokio::time::sleep(Duration::from_secs(1)).await;
     app.bump_entry(2510, "gen", 1).await;
     let r = repair.await.expect("task").expect("reconcile");
     assert_eq!((r.drift, r.repaired), (2, false), "{r:?}");
+    assert_eq!(r.redis_generation, flashsale_core::Generation::from_stored(2));
     assert_eq!(app.redis_available(2510).await, Some(11), "not repaired");
     app.cleanup().await;
 }
