@@ -22,10 +22,10 @@ use tracing::{error, info, warn};
 use crate::audit::{self, AuditBounds, AuditReport};
 use crate::error::Error;
 use crate::metrics::Metrics;
-use crate::model::PurchaseOutcome;
+use crate::model::{PurchaseOutcome, PurchaseRecord};
 use crate::ports::{
-    Fence, GateFacts, GateMaintenance, Ledger, LedgerMaintenance, Release, ReleaseOf, Restock,
-    StaleHold, StockGate,
+    Fence, GateFacts, GateMaintenance, Ledger, LedgerError, LedgerMaintenance, Release, ReleaseOf,
+    Restock, StaleHold, StockGate,
 };
 use crate::service::{give_back, GiveBack};
 
@@ -303,6 +303,9 @@ impl Maintenance {
         Ok(())
     }
 
+    /// One stale hold, step by step: the ledger's record of its request_id (or, with none,
+    /// a fence of the hold), then what that record says of the hold. A step that cannot
+    /// learn the outcome leaves it unknown, tried again next pass: never a guess.
     async fn recover_hold(
         &self,
         product_id: ProductId,
@@ -310,66 +313,24 @@ impl Maintenance {
         aligned: &mut Vec<StaleHold>,
         report: &mut RecoveryReport,
     ) {
-        let request_id = hold.request.request_id.clone();
         if hold.released {
             aligned.push(hold);
             return;
         }
-        let record = match self.ledger.find_purchase(&request_id).await {
-            Ok(record) => record,
-            Err(e) => {
-                return self
-                    .unknown(
-                        &request_id,
-                        product_id,
-                        "outcome_unknown",
-                        &e.to_string(),
-                        report,
-                    )
-                    .await
+        let request_id = hold.request.request_id.clone();
+        let record = match self.record_or_fence(&hold).await {
+            Ok(Some(record)) => record,
+            Ok(None) => {
+                warn!(%request_id, %product_id, hold_id = %hold.hold.id, "abandoned hold fenced; returning its units");
+                self.return_fenced(product_id, &hold, report).await;
+                self.forget_tries(&request_id).await;
+                return;
             }
-        };
-        let record = match record {
-            Some(record) => record,
-            None => {
-                // No order: fence the request so a late commit of it can no longer create
-                // one, then give its units back.
-                match self
-                    .ledger
-                    .fence(&hold.request, hold.hold, ReleaseReason::Abandoned)
-                    .await
-                {
-                    Ok(Fence::Fenced) => {
-                        warn!(%request_id, %product_id, hold_id = %hold.hold.id, "abandoned hold fenced; returning its units");
-                        match give_back(
-                            self.gate.as_ref(),
-                            self.ledger.as_ref(),
-                            product_id,
-                            &request_id,
-                            &ReleaseOf::Hold { hold: hold.hold },
-                        )
-                        .await
-                        {
-                            GiveBack::Done => report.released += 1,
-                            // The fence is durable; pending_returns finishes it.
-                            GiveBack::Later | GiveBack::Impossible => report.deferred += 1,
-                        }
-                        self.forget_tries(&request_id).await;
-                        return;
-                    }
-                    Ok(Fence::Duplicate(record)) => record,
-                    Err(e) => {
-                        return self
-                            .unknown(
-                                &request_id,
-                                product_id,
-                                "outcome_unknown",
-                                &e.to_string(),
-                                report,
-                            )
-                            .await
-                    }
-                }
+            Err(e) => {
+                let cause = e.to_string();
+                return self
+                    .unknown(&request_id, product_id, "outcome_unknown", &cause, report)
+                    .await;
             }
         };
         self.forget_tries(&request_id).await;
@@ -384,8 +345,63 @@ impl Maintenance {
         }
         // The ledger holds the request_id for another hold: this one can never become an
         // order.
+        self.release_orphan(product_id, &hold, report).await;
+    }
+
+    /// The ledger's record of the hold's request_id. With none, the hold is fenced so
+    /// that a late commit of it can no longer create an order: None once fenced, or the
+    /// record such a commit wrote meanwhile.
+    async fn record_or_fence(
+        &self,
+        hold: &StaleHold,
+    ) -> Result<Option<PurchaseRecord>, LedgerError> {
+        if let Some(record) = self.ledger.find_purchase(&hold.request.request_id).await? {
+            return Ok(Some(record));
+        }
+        let fence = self
+            .ledger
+            .fence(&hold.request, hold.hold, ReleaseReason::Abandoned)
+            .await?;
+        Ok(match fence {
+            Fence::Fenced => None,
+            Fence::Duplicate(record) => Some(record),
+        })
+    }
+
+    /// Gives a freshly fenced hold's units back; where that cannot finish now, the fence
+    /// is durable and `pending_returns` finishes it.
+    async fn return_fenced(
+        &self,
+        product_id: ProductId,
+        hold: &StaleHold,
+        report: &mut RecoveryReport,
+    ) {
         let of = ReleaseOf::Hold { hold: hold.hold };
-        match self.gate.release(product_id, &request_id, &of).await {
+        let request_id = &hold.request.request_id;
+        match give_back(
+            self.gate.as_ref(),
+            self.ledger.as_ref(),
+            product_id,
+            request_id,
+            &of,
+        )
+        .await
+        {
+            GiveBack::Done => report.released += 1,
+            GiveBack::Later | GiveBack::Impossible => report.deferred += 1,
+        }
+    }
+
+    /// Releases a hold whose request_id the ledger holds for another hold.
+    async fn release_orphan(
+        &self,
+        product_id: ProductId,
+        hold: &StaleHold,
+        report: &mut RecoveryReport,
+    ) {
+        let request_id = &hold.request.request_id;
+        let of = ReleaseOf::Hold { hold: hold.hold };
+        match self.gate.release(product_id, request_id, &of).await {
             Ok(Release::Released | Release::AlreadyReleased) => {
                 warn!(%request_id, %product_id, hold_id = %hold.hold.id, "orphan hold released");
                 report.orphans_released += 1;

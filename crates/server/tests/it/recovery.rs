@@ -327,7 +327,10 @@ async fn reconcile_does_not_repair_across_a_generation() {
     app.bump_entry(2510, "gen", 1).await;
     let r = repair.await.expect("task").expect("reconcile");
     assert_eq!((r.drift, r.repaired), (2, false), "{r:?}");
-    assert_eq!(r.redis_generation, flashsale_core::Generation::from_stored(2));
+    assert_eq!(
+        r.redis_generation,
+        flashsale_core::Generation::from_stored(2)
+    );
     assert_eq!(app.redis_available(2510).await, Some(11), "not repaired");
     app.cleanup().await;
 }
