@@ -25,6 +25,10 @@ SEED=${FLASHSALE_FUZZ_SEED:-1}
 EXAMPLES=${FLASHSALE_FUZZ_EXAMPLES:-50}
 # Longest wait for the server to answer /readyz: it migrates a fresh database first.
 READY_WAIT_SECONDS=60
+# Products on sale before the run, and their stock: more units than a run's purchases
+# (about 1,000 cases in all) could take.
+SEEDED_PRODUCTS="1 2 3"
+SEEDED_STOCK=100000
 BIN=${1:-target/debug/flashsale}
 VENV=${CARGO_TARGET_DIR:-target}/fuzz-venv
 
@@ -78,6 +82,18 @@ for _ in $(seq "$READY_WAIT_SECONDS"); do
 done
 curl -sf "http://127.0.0.1:$port/readyz" >/dev/null || {
   echo "fuzz: the server did not become ready; its log:" >&2; cat "$log" >&2; exit 1; }
+
+# Test data for the purchases to reach: products 1 to 3 (from the schema's minimum id,
+# where the generator starts) on sale now, with stock for every case. Without them the
+# run depends on the products it creates itself, whose sale window the generator
+# usually sets closed: no purchase then succeeds, and payments, cancellations and the
+# reads of orders only ever meet 404.
+for id in $SEEDED_PRODUCTS; do
+  curl -sf -o /dev/null -H "Authorization: Bearer $token" -H "Content-Type: application/json" \
+    -d "{\"product_id\": $id, \"name\": \"fuzz $id\", \"stock\": $SEEDED_STOCK}" \
+    "http://127.0.0.1:$port/v1/products" || {
+    echo "fuzz: could not create product $id; the server's log:" >&2; cat "$log" >&2; exit 1; }
+done
 
 echo "fuzz: schemathesis $SCHEMATHESIS_VERSION, seed $SEED, $EXAMPLES examples per operation" >&2
 status=0
