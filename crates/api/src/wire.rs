@@ -3,7 +3,7 @@
 //! `openapi.rs`), with the bounds the domain's parsers enforce, so that the document
 //! says what is accepted and a fuzzer's valid input is valid here. A body's unknown
 //! field is refused (`deny_unknown_fields`, `additionalProperties: false` in the
-//! document): ignored, a misspelt optional field such as `sale_starts_at` or
+//! document): were it ignored, a misspelt optional field such as `sale_starts_at` or
 //! `per_user_limit` would silently take its default, opening a sale at once or without
 //! its limit.
 
