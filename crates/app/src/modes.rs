@@ -122,14 +122,22 @@ impl ModeBoard {
 
     /// The ledger's list of the products in ledger mode (at most
     /// [`LEDGER_PRODUCTS_MAX`]), read by a query sent at `asked_at` (monotonic): it
-    /// replaces this instance's view.
+    /// replaces this instance's view, unless a read sent later was applied already. Two
+    /// tasks follow the ledger (the fallback worker's pass and the mode follower); a late
+    /// answer of an older read would otherwise put back a list from before a switch under
+    /// the newer read's time, and `vouches` would trust the gate's stale copy of a
+    /// product the ledger already sells.
     pub fn follow(&self, ledger: impl IntoIterator<Item = ProductId>, asked_at: Duration) {
         let mut b = self.lock();
+        let asked_us = u64::try_from(asked_at.as_micros())
+            .unwrap_or(u64::MAX - 1)
+            .saturating_add(1);
+        // Written only here, under the lock: no newer read can be applied meanwhile.
+        if asked_us < self.followed_at_us.load(Ordering::Acquire) {
+            return;
+        }
         b.ledger = ledger.into_iter().take(LEDGER_PRODUCTS_MAX).collect();
-        // A late answer of an older read does not make the view younger.
-        let asked_us = u64::try_from(asked_at.as_micros()).unwrap_or(u64::MAX - 1);
-        self.followed_at_us
-            .fetch_max(asked_us.saturating_add(1), Ordering::AcqRel);
+        self.followed_at_us.store(asked_us, Ordering::Release);
         let Board {
             ledger, sold_out, ..
         } = &mut *b;
@@ -248,7 +256,8 @@ mod tests {
 
     // Checks the trust in the gate: none before the first read of the list, then for
     // FOLLOW_FRESH_MAX after the latest read's sending (a late answer of an older read
-    // does not make the view younger), and none after that.
+    // does not make the view younger, nor replace the newer read's list), and none after
+    // that.
     #[test]
     fn the_gate_is_trusted_only_after_a_recent_read() {
         let board = ModeBoard::default();
@@ -256,8 +265,14 @@ mod tests {
         board.follow([], T0);
         assert!(board.vouches(T0 + FOLLOW_FRESH_MAX));
         assert!(!board.vouches(T0 + FOLLOW_FRESH_MAX + Duration::from_millis(1)));
+        board.follow([p(1)], T0);
         board.follow([], T0 - Duration::from_secs(5));
         assert!(board.vouches(T0 + FOLLOW_FRESH_MAX));
+        assert_eq!(
+            board.mode(p(1)),
+            StockMode::Ledger,
+            "the older read's list, from before the switch, is not applied"
+        );
         board.follow([], T0 + Duration::from_secs(2));
         assert!(board.vouches(T0 + Duration::from_secs(3)));
         assert!(LEDGER_SALES_AFTER_SWITCH > FOLLOW_FRESH_MAX);
