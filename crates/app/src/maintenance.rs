@@ -64,6 +64,11 @@ pub const AUDIT_SECOND_LOOK_AFTER: Duration = Duration::from_secs(1);
 /// keep the products after it from being looked after.
 const PRODUCT_FAILURES_IN_A_ROW_MAX: u32 = 3;
 
+/// The same for the orders of an expiry pass: due orders come oldest first, so one whose
+/// cancellation fails every time (its rows disagree) would otherwise stop every order due
+/// after it from expiring and giving its units back.
+const ORDER_FAILURES_IN_A_ROW_MAX: u32 = 3;
+
 /// Where one pass's walk over the loaded products is.
 #[derive(Default)]
 struct Walk {
@@ -151,7 +156,9 @@ impl Maintenance {
     }
 
     /// Cancels unpaid orders past their deadline (on the database's clock) and returns
-    /// their units. Returns how many orders it cancelled.
+    /// their units. Returns how many orders it cancelled; an order whose cancellation
+    /// failed is passed over (the pass then ends in its error), unless
+    /// [`ORDER_FAILURES_IN_A_ROW_MAX`] fail in a row (a store is down: the pass stops).
     pub async fn expire_once(&self) -> Result<usize, Error> {
         let mut expired = 0;
         let result = self.expire_into(&mut expired).await;
@@ -166,8 +173,25 @@ impl Maintenance {
             .ledger_m
             .expired_orders(self.settings.batch_size)
             .await?;
+        let mut failed = None;
+        let mut in_a_row = 0;
         for order in &due {
-            let Some(attempt) = self.ledger_m.expire(order).await? else {
+            let attempt = match self.ledger_m.expire(order).await {
+                Ok(attempt) => {
+                    in_a_row = 0;
+                    attempt
+                }
+                Err(e) => {
+                    in_a_row += 1;
+                    if in_a_row >= ORDER_FAILURES_IN_A_ROW_MAX {
+                        return Err(e.into());
+                    }
+                    warn!(order_id = %order.order_id, error = %e, "order passed over this expiry pass; tried again next pass");
+                    failed.get_or_insert(e);
+                    continue;
+                }
+            };
+            let Some(attempt) = attempt else {
                 continue;
             };
             if attempt.applied {
@@ -185,7 +209,8 @@ impl Maintenance {
                 .await;
             }
         }
-        Ok(())
+        // A pass that passed an order over ends in error, for the worker to log.
+        failed.map_or(Ok(()), |e| Err(e.into()))
     }
 
     /// One recovery pass: pending returns and restocks, then the stale holds of every

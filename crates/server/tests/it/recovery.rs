@@ -93,6 +93,42 @@ async fn unpaid_orders_expire_exactly_once() {
     app.cleanup().await;
 }
 
+// Checks that an order whose cancellation fails every time (its reservation made to
+// disagree with it: no longer PROCESSING) does not stop the orders due after it. It is
+// the oldest due, so the pass meets it first: the pass passes it over, expires the three
+// others and gives their units back, and ends in its error; the order is left as it was.
+#[tokio::test]
+async fn an_order_that_cannot_expire_does_not_stop_the_others() {
+    let app = TestApp::spawn_with(Default::default(), &[("PAYMENT_TIMEOUT", "1s")]).await;
+    app.create_product(2150, 10, None).await;
+    let (s, _) = app.purchase("REQ_exb_bad", 1, 2150, 1).await;
+    assert_eq!(s, StatusCode::CREATED);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    for i in 0..3 {
+        let (s, _) = app.purchase(&format!("REQ_exb_{i}"), i + 2, 2150, 1).await;
+        assert_eq!(s, StatusCode::CREATED);
+    }
+    sqlx::query(
+        "UPDATE inventory_reservation SET status = 'RELEASED' WHERE request_id = 'REQ_exb_bad'",
+    )
+    .execute(&app.pool)
+    .await
+    .expect("make the rows disagree");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let pass = app.maintenance.expire_once().await;
+    assert!(pass.is_err(), "the pass reports the order it passed over");
+    let cancelled = app
+        .count("SELECT COUNT(*) FROM orders WHERE status = 'CANCELLED' AND request_id LIKE 'REQ_exb\\_%' AND request_id <> 'REQ_exb_bad'")
+        .await;
+    assert_eq!(cancelled, 3, "the orders due after it expired");
+    let bad = app
+        .count("SELECT COUNT(*) FROM orders WHERE status = 'PENDING_PAYMENT' AND request_id = 'REQ_exb_bad'")
+        .await;
+    assert_eq!(bad, 1, "the failing order is left as it was");
+    assert_eq!(app.redis_available(2150).await, Some(9), "three units back");
+    app.cleanup().await;
+}
+
 // Checks pay racing the expiry worker at the deadline, over 40 orders: for each, a payment
 // and an expiry pass run at the same moment just after the deadline; every order ends
 // either PAID or CANCELLED (payment_timeout), never both, and units match.
