@@ -28,6 +28,7 @@ use flashsale_core::{ProductId, StockMode};
 use tracing::{error, info, warn};
 
 use crate::error::Error;
+use crate::maintenance::PRODUCT_FAILURES_IN_A_ROW_MAX;
 use crate::metrics::Metrics;
 use crate::modes::{ModeBoard, LEDGER_PRODUCTS_MAX};
 use crate::ports::{Clock, GateMaintenance, Leave, LedgerMaintenance, ModeSwitch, StockGate};
@@ -273,7 +274,11 @@ impl Fallback {
     }
 
     /// The gate is back: each product in ledger mode that no instance reported within
-    /// `recover_after` goes back to the gate, which is rebuilt from the ledger's facts.
+    /// `recover_after` goes back to the gate, which is rebuilt from the ledger's facts. A
+    /// product that fails is logged and passed over (the pass then ends in its error), so
+    /// that one whose key is damaged cannot keep the products after it in ledger mode;
+    /// [`PRODUCT_FAILURES_IN_A_ROW_MAX`] failures in a row (the gate or the ledger is down)
+    /// end the pass at once.
     async fn way_back(
         &self,
         now: Duration,
@@ -281,54 +286,77 @@ impl Fallback {
         pass: &mut FallbackPass,
     ) -> Result<(), Error> {
         let answering_for = self.state().health.answering_for(now);
+        let mut failed = None;
+        let mut in_a_row = 0;
         for &product_id in ledger.iter().take(SWITCHES_PER_PASS_MAX) {
-            // First the gate's copy stops vouching for refusals and granting leases: it
-            // may be from before the switch, and between the leave below and the rebuild
-            // an instance that hears of gate mode would trust it. A gate that does not
-            // answer ends the pass; the way back waits for the next one.
-            if !self.state().retired.contains(&product_id) {
-                self.gate_m.retire(product_id).await?;
-                self.state().retired.insert(product_id);
-            }
-            let plan = match self
-                .ledger_m
-                .leave_ledger_mode(product_id, self.settings.recover_after)
-                .await?
-            {
-                Leave::Left(plan) => plan,
-                Leave::NotLedger => {
-                    self.board.set(product_id, StockMode::Gate);
-                    continue;
-                }
-                Leave::TooSoon => continue,
-            };
-            self.board.set(product_id, StockMode::Gate);
-            if let Some(m) = &self.metrics {
-                m.mode_switched(StockMode::Gate);
-            }
-            pass.left.push(product_id);
-            // Crash tests stop here: back in gate mode in the ledger, Redis not rebuilt.
-            fail::fail_point!("fallback-after-leave");
-            // The product is the gate's again, in a generation the gate does not have
-            // yet: its purchases answer 503 until this rebuild (or the gate watch's, if
-            // this one fails) puts the plan in place.
-            match self.gate_m.rebuild(product_id, &plan).await {
-                Ok(applied) => {
-                    if let (true, Some(m)) = (applied, &self.metrics) {
-                        m.gates_rebuilt(1);
-                    }
-                    info!(%product_id, generation = %plan.generation, available = plan.available,
-                        answering_for = ?answering_for, reason = "Redis answering again",
-                        "switched back to gate mode: Redis rebuilt from the ledger's facts");
-                }
+            match self.come_back(product_id, answering_for, pass).await {
+                Ok(()) => in_a_row = 0,
                 Err(e) => {
-                    error!(%product_id, generation = %plan.generation, error = %e,
-                        "switched back to gate mode but the rebuild failed; the gate watch retries it");
-                    return Err(e.into());
+                    in_a_row += 1;
+                    if in_a_row >= PRODUCT_FAILURES_IN_A_ROW_MAX {
+                        return Err(e);
+                    }
+                    warn!(%product_id, error = %e, "product passed over on the way back to the gate; tried again next pass");
+                    failed.get_or_insert(e);
                 }
             }
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// One product's way back to the gate: the gate's copy retired, the ledger left
+    /// (when no instance reported the product within `recover_after`), the gate rebuilt.
+    async fn come_back(
+        &self,
+        product_id: ProductId,
+        answering_for: Duration,
+        pass: &mut FallbackPass,
+    ) -> Result<(), Error> {
+        // First the gate's copy stops vouching for refusals and granting leases: it may be
+        // from before the switch, and between the leave below and the rebuild an instance
+        // that hears of gate mode would trust it.
+        if !self.state().retired.contains(&product_id) {
+            self.gate_m.retire(product_id).await?;
+            self.state().retired.insert(product_id);
+        }
+        let plan = match self
+            .ledger_m
+            .leave_ledger_mode(product_id, self.settings.recover_after)
+            .await?
+        {
+            Leave::Left(plan) => plan,
+            Leave::NotLedger => {
+                self.board.set(product_id, StockMode::Gate);
+                return Ok(());
+            }
+            Leave::TooSoon => return Ok(()),
+        };
+        self.board.set(product_id, StockMode::Gate);
+        if let Some(m) = &self.metrics {
+            m.mode_switched(StockMode::Gate);
+        }
+        pass.left.push(product_id);
+        // Crash tests stop here: back in gate mode in the ledger, Redis not rebuilt.
+        fail::fail_point!("fallback-after-leave");
+        // The product is the gate's again, in a generation the gate does not have yet:
+        // its purchases answer 503 until this rebuild (or the gate watch's, if this one
+        // fails) puts the plan in place.
+        match self.gate_m.rebuild(product_id, &plan).await {
+            Ok(applied) => {
+                if let (true, Some(m)) = (applied, &self.metrics) {
+                    m.gates_rebuilt(1);
+                }
+                info!(%product_id, generation = %plan.generation, available = plan.available,
+                    answering_for = ?answering_for, reason = "Redis answering again",
+                    "switched back to gate mode: Redis rebuilt from the ledger's facts");
+                Ok(())
+            }
+            Err(e) => {
+                error!(%product_id, generation = %plan.generation, error = %e,
+                    "switched back to gate mode but the rebuild failed; the gate watch retries it");
+                Err(e.into())
+            }
+        }
     }
 }
 

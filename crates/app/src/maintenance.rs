@@ -62,7 +62,7 @@ pub const AUDIT_SECOND_LOOK_AFTER: Duration = Duration::from_secs(1);
 /// fails every product, and the pass stops instead of waiting out each one's timeout; a
 /// product that fails alone (a damaged key, say) is logged and passed over, so it cannot
 /// keep the products after it from being looked after.
-const PRODUCT_FAILURES_IN_A_ROW_MAX: u32 = 3;
+pub(crate) const PRODUCT_FAILURES_IN_A_ROW_MAX: u32 = 3;
 
 /// The same for the orders of an expiry pass: due orders come oldest first, so one whose
 /// cancellation fails every time (its rows disagree) would otherwise stop every order due

@@ -67,6 +67,25 @@ async fn mode(app: &TestApp, product_id: i64) -> String {
     body["stock_mode"].as_str().unwrap_or("none").to_owned()
 }
 
+/// Puts the product in ledger mode as an operator's tooling or another instance would:
+/// through a ledger of its own on the test's database.
+async fn switch_elsewhere(app: &TestApp, product_id: i64) {
+    let env = [(
+        "FLASHSALE_DATABASE_URL".to_owned(),
+        app.db.as_ref().expect("test database").url(),
+    )]
+    .into_iter()
+    .collect();
+    let ledger =
+        flashsale::connect_ledger(&flashsale::Config::from_parts(None, &env).expect("config"))
+            .await
+            .expect("ledger");
+    let product = flashsale_core::ProductId::parse(product_id).expect("id");
+    flashsale_app::ports::LedgerMaintenance::enter_ledger_mode(&ledger, product)
+        .await
+        .expect("ledger mode");
+}
+
 /// The mode as the ledger stores it, read directly.
 async fn stored_mode(app: &TestApp, product_id: i64) -> String {
     sqlx::query_scalar(
@@ -548,20 +567,7 @@ async fn an_instance_follows_a_switch_made_elsewhere_and_its_limits_hold() {
     let app = TestApp::spawn_with(Routes::default(), &s).await;
     let workers = start_workers(&app);
     app.create_product(PRODUCT, 3, None).await;
-    let env = [(
-        "FLASHSALE_DATABASE_URL".to_owned(),
-        app.db.as_ref().expect("test database").url(),
-    )]
-    .into_iter()
-    .collect();
-    let ledger =
-        flashsale::connect_ledger(&flashsale::Config::from_parts(None, &env).expect("config"))
-            .await
-            .expect("ledger");
-    let product = flashsale_core::ProductId::parse(PRODUCT).expect("id");
-    flashsale_app::ports::LedgerMaintenance::enter_ledger_mode(&ledger, product)
-        .await
-        .expect("ledger mode");
+    switch_elsewhere(&app, PRODUCT).await;
     // The instance reads the modes every 250 ms and the ledger sells 1.5 s after the
     // switch: after that and some slack, the instance must send the purchase to the
     // ledger (a gate hold would be refused in the new generation and answered 503).
@@ -599,5 +605,34 @@ async fn an_instance_follows_a_switch_made_elsewhere_and_its_limits_hold() {
     workers.stop().await;
     invariants::assert_ok(&app, PRODUCT).await;
     invariants::assert_audit_clean(&app, PRODUCT).await;
+    app.cleanup().await;
+}
+
+// Checks that a product that cannot come back to the gate does not keep the others in
+// ledger mode: two products are switched to ledger mode elsewhere with Redis answering
+// all along, and the lower id's stock entry in Redis is damaged (a string where its hash
+// was), so retiring it fails on every pass. The other product, after it in the pass,
+// still comes back to the gate and is rebuilt within RECOVER_AFTER and BACK_BOUND; the
+// damaged one stays in ledger mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_product_that_cannot_come_back_does_not_hold_the_others() {
+    const DAMAGED: i64 = 5110;
+    const OTHER: i64 = 5111;
+    let app = TestApp::spawn_with(Routes::default(), &settings()).await;
+    let workers = start_workers(&app);
+    app.create_product(DAMAGED, 3, None).await;
+    app.create_product(OTHER, 3, None).await;
+    switch_elsewhere(&app, DAMAGED).await;
+    switch_elsewhere(&app, OTHER).await;
+    let mut conn = app.redis.clone();
+    let _: () = redis::cmd("SET")
+        .arg(app.key(DAMAGED, "inv"))
+        .arg("damaged")
+        .query_async(&mut conn)
+        .await
+        .expect("damage the entry");
+    back_in_gate_mode(&app, OTHER).await;
+    assert_eq!(stored_mode(&app, DAMAGED).await, "LEDGER");
+    workers.stop().await;
     app.cleanup().await;
 }
