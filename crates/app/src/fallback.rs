@@ -28,7 +28,7 @@ use flashsale_core::{ProductId, StockMode};
 use tracing::{error, info, warn};
 
 use crate::error::Error;
-use crate::maintenance::PRODUCT_FAILURES_IN_A_ROW_MAX;
+use crate::maintenance::Failures;
 use crate::metrics::Metrics;
 use crate::modes::{ModeBoard, LEDGER_PRODUCTS_MAX};
 use crate::ports::{Clock, GateMaintenance, Leave, LedgerMaintenance, ModeSwitch, StockGate};
@@ -275,10 +275,8 @@ impl Fallback {
 
     /// The gate is back: each product in ledger mode that no instance reported within
     /// `recover_after` goes back to the gate, which is rebuilt from the ledger's facts. A
-    /// product that fails is logged and passed over (the pass then ends in its error), so
-    /// that one whose key is damaged cannot keep the products after it in ledger mode;
-    /// [`PRODUCT_FAILURES_IN_A_ROW_MAX`] failures in a row (the gate or the ledger is down)
-    /// end the pass at once.
+    /// product that fails is passed over ([`Failures`]), so that one whose key is damaged
+    /// cannot keep the products after it in ledger mode.
     async fn way_back(
         &self,
         now: Duration,
@@ -286,22 +284,12 @@ impl Fallback {
         pass: &mut FallbackPass,
     ) -> Result<(), Error> {
         let answering_for = self.state().health.answering_for(now);
-        let mut failed = None;
-        let mut in_a_row = 0;
+        let mut failures = Failures::default();
         for &product_id in ledger.iter().take(SWITCHES_PER_PASS_MAX) {
-            match self.come_back(product_id, answering_for, pass).await {
-                Ok(()) => in_a_row = 0,
-                Err(e) => {
-                    in_a_row += 1;
-                    if in_a_row >= PRODUCT_FAILURES_IN_A_ROW_MAX {
-                        return Err(e);
-                    }
-                    warn!(%product_id, error = %e, "product passed over on the way back to the gate; tried again next pass");
-                    failed.get_or_insert(e);
-                }
-            }
+            let result = self.come_back(product_id, answering_for, pass).await;
+            failures.settle("way back", format_args!("product {product_id}"), result)?;
         }
-        failed.map_or(Ok(()), Err)
+        failures.end()
     }
 
     /// One product's way back to the gate: the gate's copy retired, the ledger left

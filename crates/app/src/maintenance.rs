@@ -58,16 +58,55 @@ pub struct MaintenanceSettings {
 /// look found such a difference.
 pub const AUDIT_SECOND_LOOK_AFTER: Duration = Duration::from_secs(1);
 
-/// Failures in a row, one product after another, that end a pass: a store that is down
-/// fails every product, and the pass stops instead of waiting out each one's timeout; a
-/// product that fails alone (a damaged key, say) is logged and passed over, so it cannot
-/// keep the products after it from being looked after.
-pub(crate) const PRODUCT_FAILURES_IN_A_ROW_MAX: u32 = 3;
+/// Failures in a row, one item (a product, an order) after another, that end a pass: a
+/// store that is down fails every item, and the pass stops instead of waiting out each
+/// one's timeout; an item that fails alone (a damaged key, rows that disagree) is logged
+/// and passed over, so it cannot keep the items after it from being looked after.
+const FAILURES_IN_A_ROW_MAX: u32 = 3;
 
-/// The same for the orders of an expiry pass: due orders come oldest first, so one whose
-/// cancellation fails every time (its rows disagree) would otherwise stop every order due
-/// after it from expiring and giving its units back.
-const ORDER_FAILURES_IN_A_ROW_MAX: u32 = 3;
+/// A pass's failures, item by item ([`FAILURES_IN_A_ROW_MAX`]): the products of the
+/// maintenance walks and of the way back from ledger mode, the orders of an expiry pass.
+#[derive(Default)]
+pub(crate) struct Failures {
+    /// The first failure passed over, reported when the pass ends.
+    first: Option<Error>,
+    in_a_row: u32,
+}
+
+impl Failures {
+    /// Takes one item's result: its value, or None for a failure passed over (logged;
+    /// the pass goes on and ends with the first failure), or the failure itself once
+    /// [`FAILURES_IN_A_ROW_MAX`] items in a row failed (a store is down: the pass ends
+    /// now).
+    pub(crate) fn settle<T, E: Into<Error>>(
+        &mut self,
+        pass: &'static str,
+        item: impl std::fmt::Display,
+        result: Result<T, E>,
+    ) -> Result<Option<T>, Error> {
+        match result {
+            Ok(value) => {
+                self.in_a_row = 0;
+                Ok(Some(value))
+            }
+            Err(e) => {
+                let e = e.into();
+                self.in_a_row += 1;
+                if self.in_a_row >= FAILURES_IN_A_ROW_MAX {
+                    return Err(e);
+                }
+                warn!(pass, %item, error = %e, "passed over this pass; tried again next pass");
+                self.first.get_or_insert(e);
+                Ok(None)
+            }
+        }
+    }
+
+    /// How the pass ended: with the first failure it passed over, if any.
+    pub(crate) fn end(self) -> Result<(), Error> {
+        self.first.map_or(Ok(()), Err)
+    }
+}
 
 /// Where one pass's walk over the loaded products is.
 #[derive(Default)]
@@ -76,9 +115,7 @@ struct Walk {
     after: Option<ProductId>,
     /// The last page was short: no product is left.
     done: bool,
-    /// The first product failure of the pass, reported when the pass ends.
-    failed: Option<Error>,
-    in_a_row: u32,
+    failures: Failures,
 }
 
 pub struct Maintenance {
@@ -157,8 +194,8 @@ impl Maintenance {
 
     /// Cancels unpaid orders past their deadline (on the database's clock) and returns
     /// their units. Returns how many orders it cancelled; an order whose cancellation
-    /// failed is passed over (the pass then ends in its error), unless
-    /// [`ORDER_FAILURES_IN_A_ROW_MAX`] fail in a row (a store is down: the pass stops).
+    /// failed is passed over ([`Failures`]), so it cannot hold back the orders due after
+    /// it (they come oldest first).
     pub async fn expire_once(&self) -> Result<usize, Error> {
         let mut expired = 0;
         let result = self.expire_into(&mut expired).await;
@@ -173,25 +210,12 @@ impl Maintenance {
             .ledger_m
             .expired_orders(self.settings.batch_size)
             .await?;
-        let mut failed = None;
-        let mut in_a_row = 0;
+        let mut failures = Failures::default();
         for order in &due {
-            let attempt = match self.ledger_m.expire(order).await {
-                Ok(attempt) => {
-                    in_a_row = 0;
-                    attempt
-                }
-                Err(e) => {
-                    in_a_row += 1;
-                    if in_a_row >= ORDER_FAILURES_IN_A_ROW_MAX {
-                        return Err(e.into());
-                    }
-                    warn!(order_id = %order.order_id, error = %e, "order passed over this expiry pass; tried again next pass");
-                    failed.get_or_insert(e);
-                    continue;
-                }
-            };
-            let Some(attempt) = attempt else {
+            let result = self.ledger_m.expire(order).await;
+            let Some(Some(attempt)) =
+                failures.settle("expiry", format_args!("order {}", order.order_id), result)?
+            else {
                 continue;
             };
             if attempt.applied {
@@ -209,8 +233,7 @@ impl Maintenance {
                 .await;
             }
         }
-        // A pass that passed an order over ends in error, for the worker to log.
-        failed.map_or(Ok(()), |e| Err(e.into()))
+        failures.end()
     }
 
     /// One recovery pass: pending returns and restocks, then the stale holds of every
@@ -780,36 +803,20 @@ impl Maintenance {
 }
 
 impl Walk {
-    /// Takes one product's result: its value, or None for a failure passed over (logged;
-    /// the pass goes on and ends with the first failure), or the failure itself once
-    /// `PRODUCT_FAILURES_IN_A_ROW_MAX` products in a row failed (a store is down: the pass
-    /// ends now).
+    /// One product's result ([`Failures::settle`]).
     fn settle<T>(
         &mut self,
         product_id: ProductId,
         pass: &'static str,
         result: Result<T, Error>,
     ) -> Result<Option<T>, Error> {
-        match result {
-            Ok(value) => {
-                self.in_a_row = 0;
-                Ok(Some(value))
-            }
-            Err(e) => {
-                self.in_a_row += 1;
-                if self.in_a_row >= PRODUCT_FAILURES_IN_A_ROW_MAX {
-                    return Err(e);
-                }
-                warn!(%product_id, pass, error = %e, "product passed over this pass; tried again next pass");
-                self.failed.get_or_insert(e);
-                Ok(None)
-            }
-        }
+        self.failures
+            .settle(pass, format_args!("product {product_id}"), result)
     }
 
-    /// How the pass ended: with the first product failure it passed over, if any.
+    /// How the pass ended ([`Failures::end`]).
     fn end(self) -> Result<(), Error> {
-        self.failed.map_or(Ok(()), Err)
+        self.failures.end()
     }
 }
 
