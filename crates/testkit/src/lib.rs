@@ -12,11 +12,14 @@
 //!   kill -9, restart or pause);
 //! * a real cluster: [`RedisCluster`] (three primaries, three replicas, own
 //!   processes: kill a primary and wait for its failover, move a slot live);
+//! * a MariaDB Galera cluster: [`GaleraCluster`] (three nodes, own processes: kill -9,
+//!   pause or shut down a node and bring it back by IST);
 //! * [`free_port`] for anything else that needs a port.
 //!
 //! Nothing here is meant for production code: it is a dev-dependency only.
 
 mod db;
+mod galera;
 mod keys;
 mod mariadb;
 mod nats_server;
@@ -27,6 +30,7 @@ mod redis_cluster;
 mod redis_server;
 
 pub use db::TestDb;
+pub use galera::{GaleraCluster, NodeStatus};
 pub use keys::{delete_prefix, redis_prefix};
 pub use mariadb::PrivateMariadb;
 pub use nats_server::PrivateNats;

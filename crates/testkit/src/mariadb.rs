@@ -29,14 +29,14 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Redo log size for the private server. The default (96 MiB) makes every
 /// instance cost ~115 MB of disk and longer to create; 8 MiB keeps it ~25 MB.
 /// Passed to both install and server so the two agree.
-const INNODB_LOG_FILE_SIZE: &str = "--innodb-log-file-size=8M";
+pub(crate) const INNODB_LOG_FILE_SIZE: &str = "--innodb-log-file-size=8M";
 
 /// Buffer pool of the private server: small, tests hold little data and
 /// several instances may run at once.
-const INNODB_BUFFER_POOL_SIZE: &str = "--innodb-buffer-pool-size=64M";
+pub(crate) const INNODB_BUFFER_POOL_SIZE: &str = "--innodb-buffer-pool-size=64M";
 
 /// Subdirectory of the temp dir holding the data files.
-const DATA_DIR: &str = "data";
+pub(crate) const DATA_DIR: &str = "data";
 /// Subdirectory of the temp dir used as the server's `--tmpdir`.
 ///
 /// Must not be the default `/tmp`: at startup (install included) mariadbd
@@ -45,7 +45,7 @@ const DATA_DIR: &str = "data";
 /// other server using `/tmp`, including the shared one on 3306. Seen here as
 /// parallel `mariadb-install-db` runs failing with
 /// `Unknown table 'mysql.tmp_user_sys'`.
-const TMP_DIR: &str = "tmp";
+pub(crate) const TMP_DIR: &str = "tmp";
 /// Log of `mariadb-install-db` inside the temp dir.
 const INSTALL_LOG: &str = "install.log";
 /// Log of `mariadbd` (its stderr) inside the temp dir.
@@ -83,25 +83,17 @@ impl PrivateMariadb {
         let dir = tempfile::Builder::new().prefix("fs-mariadb-").tempdir()?;
         std::fs::create_dir(dir.path().join(TMP_DIR))?;
         install(dir.path()).await?;
-        let mut last_err = None;
-        for attempt in 1..=START_ATTEMPTS {
+        let path = dir.path();
+        let (port, child) = process::start_retrying("mariadbd", START_ATTEMPTS, || async move {
             let port = free_port();
-            match launch(dir.path(), port).await {
-                Ok(child) => {
-                    return Ok(PrivateMariadb {
-                        port,
-                        dir,
-                        child: Some(child),
-                    })
-                }
-                Err(NotReady::Exited(e)) => {
-                    tracing::warn!(port, attempt, error = %e, "mariadbd did not start; trying another port");
-                    last_err = Some(e);
-                }
-                Err(NotReady::Failed(e)) => return Err(e),
-            }
-        }
-        Err(last_err.unwrap_or_else(|| io::Error::other("mariadbd did not start")))
+            launch(path, port).await.map(|child| (port, child))
+        })
+        .await?;
+        Ok(PrivateMariadb {
+            port,
+            dir,
+            child: Some(child),
+        })
     }
 
     /// `mysql://root@127.0.0.1:N`, without a database name.
@@ -186,14 +178,14 @@ impl Drop for PrivateMariadb {
 }
 
 /// `--name=<path>` as one argument, without assuming the path is UTF-8.
-fn path_arg(name: &str, path: &Path) -> OsString {
+pub(crate) fn path_arg(name: &str, path: &Path) -> OsString {
     let mut arg = OsString::from(name);
     arg.push(path);
     arg
 }
 
 /// Runs `mariadb-install-db` into `dir/data`, bounded by [`INSTALL_TIMEOUT`].
-async fn install(dir: &Path) -> io::Result<()> {
+pub(crate) async fn install(dir: &Path) -> io::Result<()> {
     let log = dir.join(INSTALL_LOG);
     let mut cmd = tokio::process::Command::new("mariadb-install-db");
     // --no-defaults must come first; see PrivateMariadb's docs for why.

@@ -176,6 +176,37 @@ where
     }
 }
 
+/// Runs `attempt` until it starts its server(s), at most `attempts` times, and returns
+/// what the first success returned.
+///
+/// Why: a private server takes ports that were free a moment before it bound them, so
+/// another process may take one in between; the server then exits at start
+/// ([`NotReady::Exited`]) and a new attempt, which picks new ports, is the cure. Any
+/// other failure ([`NotReady::Failed`]: a timeout, a missing binary) would fail again,
+/// and is returned at once. `what` names the server in the log and the final error.
+pub(crate) async fn start_retrying<T, F, Fut>(
+    what: &str,
+    attempts: u32,
+    mut attempt: F,
+) -> io::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, NotReady>>,
+{
+    let mut last_err = None;
+    for n in 1..=attempts {
+        match attempt().await {
+            Ok(started) => return Ok(started),
+            Err(NotReady::Exited(e)) => {
+                tracing::warn!(attempt = n, error = %e, "{what} did not start; trying other ports");
+                last_err = Some(e);
+            }
+            Err(NotReady::Failed(e)) => return Err(e),
+        }
+    }
+    Err(last_err.unwrap_or_else(|| io::Error::other(format!("{what} did not start"))))
+}
+
 /// True when this process runs as root, where `mariadbd` and
 /// `mariadb-install-db` need `--user=root` to agree to run.
 pub(crate) fn running_as_root() -> bool {
