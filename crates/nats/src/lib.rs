@@ -28,9 +28,47 @@ use tracing::warn;
 
 /// Longest wait for JetStream to acknowledge a publish or answer an API request (stream
 /// and consumer creation). Locally an ack takes a millisecond; past this the broker is
-/// stalled, the event stays in the outbox, and the relay retries. It also bounds a relay
-/// round (one wait per wave), which `CLAIM_LEASE` (30 s) must exceed.
+/// stalled, the event stays in the outbox, and the relay retries. On a stream of one
+/// replica it also bounds a wave of a relay round (a round has at most
+/// [`WAVES_PER_ROUND_MAX`]), which `CLAIM_LEASE` (30 s) must exceed. A replicated
+/// stream's leader election takes about as long or longer (below): a publish the dying
+/// leader never answered times out before or about when the next leader takes over,
+/// and is tried again ([`ELECTION_WAIT`]).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most servers `FLASHSALE_NATS_URL` may name: seeds of one cluster, of which JetStream
+/// keeps at most [`STREAM_REPLICAS_MAX`] copies of a stream. The client learns the
+/// cluster's other servers from the one it reaches, and while reconnecting tries the
+/// seeds in turn, each try a little later than the last, so a longer list only slows a
+/// reconnection down.
+pub const SERVERS_MAX: usize = 16;
+/// Most replicas of the stream and of the durable consumer
+/// (`FLASHSALE_NATS_STREAM_REPLICAS`): JetStream's own limit, which it refuses to exceed.
+pub const STREAM_REPLICAS_MAX: usize = 5;
+/// How long a wave keeps trying its messages while a replicated stream has no leader
+/// (no answer, or "no responders"): a follower of a dead leader waits 4–9 s (nats-server's
+/// election timeout) before it campaigns, and elections after a `kill -9` took 4.3–7.8 s
+/// here. Every try sends the same message with the same `Nats-Msg-Id`, so one that the
+/// old leader stored but never acknowledged is dropped as a duplicate. Past this the wave
+/// fails, the relay tries the round again after its backoff (100 ms), and may pack the
+/// events otherwise (the consumer drops a copy by event id). [`WAVES_PER_ROUND_MAX`]
+/// waves of this fit in `CLAIM_LEASE` (30 s) with room for the round's statements.
+pub const ELECTION_WAIT: Duration = Duration::from_secs(9);
+/// Pause between two tries of a wave's unacknowledged messages during
+/// [`ELECTION_WAIT`]: publishing resumes at most this late after the election, for a
+/// few hundred small requests to the cluster during one.
+const ELECTION_RETRY_PAUSE: Duration = Duration::from_millis(250);
+/// Most waves of one relay round: an order has at most three events (created, then paid
+/// or cancelled, then released), and a wave takes one event of each order.
+const WAVES_PER_ROUND_MAX: u128 = 3;
+// A relay round's publishing must end within its lease, even if every wave waits out an
+// election.
+const _: () = assert!(
+    ELECTION_WAIT.as_millis() * WAVES_PER_ROUND_MAX < flashsale_app::relay::CLAIM_LEASE.as_millis()
+);
+const _: () = assert!(
+    REQUEST_TIMEOUT.as_millis() * WAVES_PER_ROUND_MAX
+        < flashsale_app::relay::CLAIM_LEASE.as_millis()
+);
 /// Longest wait for one TCP connection attempt to the broker.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Pause between reconnection attempts grows from this…
@@ -109,7 +147,7 @@ mod consumer;
 mod pack;
 mod wire;
 
-pub use bus::{NatsBus, NatsConfig};
+pub use bus::{server_urls, NatsBus, NatsConfig};
 pub use consumer::run_consumer;
 pub use pack::{pack_id, packs, Pack, PackLimits};
 pub use wire::{decode_event, decode_message, DecodeError, EVENT_ID_CHARS_MAX};

@@ -49,10 +49,13 @@ pub struct Config {
     /// audit calls it stuck.
     pub outbox_pending_max: Duration,
     pub strategy: flashsale_app::baseline::Strategy,
-    /// NATS JetStream for events: server URL, subject prefix, stream name.
-    pub nats_url: String,
+    /// NATS JetStream for events: the servers' URLs (one, or several of a cluster),
+    /// subject prefix, stream name.
+    pub nats_urls: Vec<String>,
     pub nats_subject_prefix: String,
     pub nats_stream: String,
+    /// Copies of the stream and of its durable consumer the NATS cluster keeps.
+    pub nats_stream_replicas: usize,
     /// Most events per NATS message (1 = one bare event object per message, the format
     /// before packing, for consumers that don't read arrays yet).
     pub nats_events_per_message: usize,
@@ -114,6 +117,8 @@ pub const KEYS: &[(&str, Option<&str>)] = &[
     ("nats_subject_prefix", Some("flashsale")),
     ("nats_stream", Some("FLASHSALE_EVENTS")),
     ("nats_events_per_message", Some("128")),
+    // One copy: what a single server holds; a cluster's operator asks for 3 (or 5).
+    ("nats_stream_replicas", Some("1")),
     ("user_purchase_rate", Some("10")),
     // `instance`: each instance counts a user's attempts alone, in memory (N instances
     // let a user through at N times the rate); `shared`: the reserve script counts them
@@ -511,9 +516,7 @@ impl Config {
             )
         })?;
         let (name, nats_url) = raw.value("nats_url");
-        if !nats_url.starts_with("nats://") || nats_url.len() <= "nats://".len() {
-            return Err(invalid(name, "must be a URL like nats://127.0.0.1:4222"));
-        }
+        let nats_urls = flashsale_nats::server_urls(nats_url).map_err(|e| invalid(name, e))?;
         let (name, nats_subject_prefix) = raw.value("nats_subject_prefix");
         if !nats_name(nats_subject_prefix, true) {
             return Err(invalid(
@@ -535,6 +538,11 @@ impl Config {
             raw.value("nats_events_per_message"),
             1,
             flashsale_nats::EVENTS_PER_MESSAGE_MAX,
+        )?;
+        let nats_stream_replicas = number(
+            raw.value("nats_stream_replicas"),
+            1,
+            flashsale_nats::STREAM_REPLICAS_MAX,
         )?;
         let user_purchase_rate = rate(raw, "user_purchase_rate", "user_purchase_burst")?;
         let user_purchase_rate_shared = match raw.value("user_purchase_rate_scope") {
@@ -583,9 +591,10 @@ impl Config {
             fallback,
             outbox_pending_max,
             strategy,
-            nats_url: nats_url.to_owned(),
+            nats_urls,
             nats_subject_prefix: nats_subject_prefix.to_owned(),
             nats_stream: nats_stream.to_owned(),
+            nats_stream_replicas,
             nats_events_per_message,
             user_purchase_rate,
             user_purchase_rate_shared,
@@ -1086,27 +1095,51 @@ mod tests {
         assert!(err.0.contains("unknown key \"colour\""), "{err}");
     }
 
-    // Checks the NATS settings' defaults, and that subject prefixes and stream names that
-    // NATS would refuse or misread (wildcards, spaces, empty tokens, dots in a stream
-    // name), non-nats URLs and events per message outside 1..=128 stop startup naming the
-    // variable.
+    // Checks the NATS settings' defaults, several servers and a replica count taken, and
+    // that subject prefixes and stream names that NATS would refuse or misread
+    // (wildcards, spaces, empty tokens, dots in a stream name), non-nats URLs (alone or
+    // among others: the message names the bad one), events per message outside 1..=128
+    // and replicas outside 1..=5 stop startup naming the variable.
     #[test]
     fn nats_settings() {
         let c = Config::from_parts(None, &env(&[])).expect("defaults are valid");
-        assert_eq!(c.nats_url, "nats://127.0.0.1:4222");
+        assert_eq!(c.nats_urls, ["nats://127.0.0.1:4222"]);
         assert_eq!(c.nats_subject_prefix, "flashsale");
         assert_eq!(c.nats_stream, "FLASHSALE_EVENTS");
         assert_eq!(c.nats_events_per_message, 128);
+        assert_eq!(c.nats_stream_replicas, 1);
         let ok = env(&[
+            (
+                "FLASHSALE_NATS_URL",
+                "nats://10.0.0.1:4222,nats://10.0.0.2:4222",
+            ),
             ("FLASHSALE_NATS_SUBJECT_PREFIX", "shop.eu-1"),
             ("FLASHSALE_NATS_STREAM", "T_1-a"),
             ("FLASHSALE_NATS_EVENTS_PER_MESSAGE", "1"),
+            ("FLASHSALE_NATS_STREAM_REPLICAS", "3"),
         ]);
         let c = Config::from_parts(None, &ok).expect("valid");
+        assert_eq!(
+            c.nats_urls,
+            ["nats://10.0.0.1:4222", "nats://10.0.0.2:4222"]
+        );
         assert_eq!(c.nats_events_per_message, 1);
+        assert_eq!(c.nats_stream_replicas, 3);
+        let err = Config::from_parts(
+            None,
+            &env(&[("FLASHSALE_NATS_URL", "nats://a:4222,http://b:4222")]),
+        )
+        .unwrap_err();
+        assert!(
+            err.0.starts_with("FLASHSALE_NATS_URL: \"http://b:4222\""),
+            "{err}"
+        );
         for (var, value) in [
             ("FLASHSALE_NATS_URL", "http://x"),
             ("FLASHSALE_NATS_URL", "nats://"),
+            ("FLASHSALE_NATS_URL", "nats://a:4222,"),
+            ("FLASHSALE_NATS_STREAM_REPLICAS", "0"),
+            ("FLASHSALE_NATS_STREAM_REPLICAS", "6"),
             ("FLASHSALE_NATS_SUBJECT_PREFIX", ""),
             ("FLASHSALE_NATS_SUBJECT_PREFIX", "a..b"),
             ("FLASHSALE_NATS_SUBJECT_PREFIX", "a.*"),

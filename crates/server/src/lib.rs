@@ -75,10 +75,11 @@ pub async fn start_events(
         .map(|b| format!("{b:02x}"))
         .collect();
     let nats = flashsale_nats::NatsConfig {
-        url: config.nats_url.clone(),
+        urls: config.nats_urls.clone(),
         subject_prefix: config.nats_subject_prefix.clone(),
         stream: config.nats_stream.clone(),
         events_per_message: config.nats_events_per_message,
+        replicas: config.nats_stream_replicas,
     };
     flashsale_nats::EventWorkers::start(
         nats,
