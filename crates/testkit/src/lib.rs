@@ -10,8 +10,10 @@
 //! * fault injection: [`TcpProxy`] (cut or blackhole a connection),
 //!   [`PrivateRedis`] and [`PrivateMariadb`] (own processes that a test may
 //!   kill -9, restart or pause);
-//! * a real cluster: [`RedisCluster`] (three primaries, three replicas, own
-//!   processes: kill a primary and wait for its failover, move a slot live);
+//! * real clusters: [`RedisCluster`] (three primaries, three replicas, own
+//!   processes: kill a primary and wait for its failover, move a slot live) and
+//!   [`NatsCluster`] (three JetStream servers: kill a stream's leader, see another
+//!   elected, restart the dead one and see it catch up);
 //! * a MariaDB Galera cluster: [`GaleraCluster`] (three nodes, own processes: kill -9,
 //!   pause or shut down a node and bring it back by IST);
 //! * [`free_port`] for anything else that needs a port.
@@ -22,6 +24,7 @@ mod db;
 mod galera;
 mod keys;
 mod mariadb;
+mod nats_cluster;
 mod nats_server;
 mod port;
 mod process;
@@ -33,6 +36,7 @@ pub use db::TestDb;
 pub use galera::{GaleraCluster, NodeStatus};
 pub use keys::{delete_prefix, redis_prefix};
 pub use mariadb::PrivateMariadb;
+pub use nats_cluster::{NatsCluster, StreamCopy};
 pub use nats_server::PrivateNats;
 pub use port::free_port;
 pub use proxy::TcpProxy;

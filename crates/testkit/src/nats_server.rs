@@ -160,7 +160,7 @@ async fn launch(dir: &Path, port: u16) -> Result<Child, NotReady> {
 }
 
 /// True if a server at `addr` sends the NATS greeting (`INFO {…}`) on connect.
-async fn greets(addr: SocketAddr) -> bool {
+pub(crate) async fn greets(addr: SocketAddr) -> bool {
     let attempt = async {
         let mut stream = TcpStream::connect(addr).await?;
         let mut greeting = [0u8; 5];

@@ -618,7 +618,11 @@ async fn node_formed(port: u16) -> Result<(), String> {
 
 /// Polls `check` every [`POLL_INTERVAL`] until it returns Ok, for at most `bound`;
 /// on timeout, the error names `what` and the last reason `check` gave.
-async fn poll_until<T, F, Fut>(bound: Duration, what: &str, mut check: F) -> io::Result<T>
+pub(crate) async fn poll_until<T, F, Fut>(
+    bound: Duration,
+    what: &str,
+    mut check: F,
+) -> io::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, String>>,
