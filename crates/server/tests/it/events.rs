@@ -26,7 +26,7 @@ use crate::invariants;
 /// How long the outbox may take to drain and the statistics to catch up once the broker
 /// is reachable: the relay polls every 200 ms and backs off to 5 s at most, the client
 /// reconnects within a second; the rest is room for a machine busy with other tests.
-const DRAIN_MAX: Duration = Duration::from_secs(30);
+pub(crate) const DRAIN_MAX: Duration = Duration::from_secs(30);
 /// Slowest purchase accepted while the broker is down. A purchase that waited for NATS
 /// would take at least the client's connect timeout (2 s) or ack timeout (5 s); a
 /// purchase takes milliseconds, and this leaves room for a loaded machine.
@@ -34,17 +34,18 @@ const OUTAGE_PURCHASE_MAX: Duration = Duration::from_millis(1500);
 
 /// One outbox row, as the checks need it.
 #[derive(Debug, Clone)]
-struct OutboxRow {
-    event_id: String,
-    event_type: String,
-    request_id: String,
-    order_id: Option<i64>,
-    sequence: i32,
-    payload: String,
-    sent: bool,
+pub(crate) struct OutboxRow {
+    pub(crate) event_id: String,
+    pub(crate) event_type: String,
+    pub(crate) request_id: String,
+    pub(crate) order_id: Option<i64>,
+    pub(crate) sequence: i32,
+    pub(crate) payload: String,
+    pub(crate) sent: bool,
 }
 
-async fn outbox(app: &TestApp) -> Vec<OutboxRow> {
+/// The outbox one event per row (packs unpacked), in outbox order.
+pub(crate) async fn outbox(app: &TestApp) -> Vec<OutboxRow> {
     let rows = sqlx::query(
         "SELECT CONVERT(event_id USING utf8mb4) AS event_id, \
          CONVERT(event_type USING utf8mb4) AS event_type, \
@@ -79,7 +80,7 @@ async fn unsent(app: &TestApp) -> i64 {
 
 /// The product's sales_stats row against what the ledger says happened; None when they
 /// agree, else both, for the failure message.
-async fn stats_mismatch(app: &TestApp, product_id: i64) -> Option<String> {
+pub(crate) async fn stats_mismatch(app: &TestApp, product_id: i64) -> Option<String> {
     let expected: (i64, i64, i64, i64, i64, i64) = sqlx::query_as(
         "SELECT CAST(COUNT(*) AS SIGNED), CAST(COALESCE(SUM(quantity), 0) AS SIGNED), \
          CAST(COALESCE(SUM(status = 'PAID'), 0) AS SIGNED), \
@@ -147,7 +148,7 @@ async fn consumer_acked_through(
 }
 
 /// Waits until every outbox row is sent and the statistics of `products` match the ledger.
-async fn wait_drained(app: &TestApp, products: &[i64]) {
+pub(crate) async fn wait_drained(app: &TestApp, products: &[i64]) {
     wait_until(
         "outbox drained and sales_stats caught up",
         DRAIN_MAX,
@@ -166,18 +167,11 @@ async fn wait_drained(app: &TestApp, products: &[i64]) {
     .await;
 }
 
-/// The I7 checks, once the outbox has drained:
-/// - exactly one outbox row per state change: order_created per order, order_paid per
-///   PAID order, order_cancelled per CANCELLED order, reservation_released per RELEASED
-///   reservation (cancelled orders and fences), and nothing else;
-/// - every row is sent, and the stream holds each event exactly once, in a message under
-///   `<prefix>.events.<type>`: for `Format::Packed` a body that is a JSON array of the
-///   outbox payloads of its events (at most EVENTS_PER_MESSAGE_MAX) with Nats-Msg-Id =
-///   their pack_id, for `Format::Single` the one payload with Nats-Msg-Id = its event id;
-/// - each request_id's events are in the stream in `sequence` order, numbered 1, 2, …;
-/// - every body decodes, and its fields are those of its order (reason of a cancel too).
-async fn check_events(app: &TestApp, events: &TestEvents, format: Format) {
-    let rows = outbox(app).await;
+/// Exactly one outbox event per state change in `rows` (the outbox): order_created per
+/// order, order_paid per PAID order, order_cancelled per CANCELLED order,
+/// reservation_released per RELEASED reservation (cancelled orders and fences), and
+/// nothing else; and every one of them sent.
+pub(crate) async fn assert_one_event_per_change(app: &TestApp, rows: &[OutboxRow]) {
     let count = |t: &str| rows.iter().filter(|r| r.event_type == t).count() as i64;
     assert_eq!(
         count("order_created"),
@@ -199,6 +193,19 @@ async fn check_events(app: &TestApp, events: &TestEvents, format: Format) {
             .await
     );
     assert!(rows.iter().all(|r| r.sent), "every event is marked sent");
+}
+
+/// The I7 checks, once the outbox has drained:
+/// - exactly one outbox row per state change, each sent ([`assert_one_event_per_change`]);
+/// - the stream holds each event exactly once, in a message under
+///   `<prefix>.events.<type>`: for `Format::Packed` a body that is a JSON array of the
+///   outbox payloads of its events (at most EVENTS_PER_MESSAGE_MAX) with Nats-Msg-Id =
+///   their pack_id, for `Format::Single` the one payload with Nats-Msg-Id = its event id;
+/// - each request_id's events are in the stream in `sequence` order, numbered 1, 2, …;
+/// - every body decodes, and its fields are those of its order (reason of a cancel too).
+async fn check_events(app: &TestApp, events: &TestEvents, format: Format) {
+    let rows = outbox(app).await;
+    assert_one_event_per_change(app, &rows).await;
 
     let messages = events.stream_messages().await;
     let by_id: BTreeMap<&str, &OutboxRow> = rows.iter().map(|r| (r.event_id.as_str(), r)).collect();
@@ -324,13 +331,13 @@ async fn buy(app: &TestApp, product_id: i64, tag: &str, buyers: i64) -> Vec<(i64
     orders
 }
 
-async fn pay(app: &TestApp, order: i64, user: i64) -> StatusCode {
+pub(crate) async fn pay(app: &TestApp, order: i64, user: i64) -> StatusCode {
     app.post(&format!("/v1/orders/{order}/pay"), json!({"user_id": user}))
         .await
         .0
 }
 
-async fn cancel(app: &TestApp, order: i64, user: i64) -> StatusCode {
+pub(crate) async fn cancel(app: &TestApp, order: i64, user: i64) -> StatusCode {
     app.post(
         &format!("/v1/orders/{order}/cancel"),
         json!({"user_id": user}),

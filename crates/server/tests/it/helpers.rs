@@ -637,11 +637,17 @@ pub fn stream_name(prefix: &str) -> String {
 
 pub const NATS_URL: &str = "nats://127.0.0.1:4222";
 
+/// A client of the broker at `nats_url`: one `nats://host:port`, or several of a cluster
+/// separated by commas, as `FLASHSALE_NATS_URL` takes them.
+pub async fn nats_connect(nats_url: &str) -> Result<async_nats::Client, async_nats::ConnectError> {
+    async_nats::connect(nats_url.split(',').collect::<Vec<_>>()).await
+}
+
 /// Deletes a test's own JetStream `stream` on the broker at `nats_url`, when it is
 /// reachable: every test that starts event workers or a `serve` on the shared NATS ends
 /// with this, so that a run of the suite leaves no stream behind.
 pub async fn delete_stream(nats_url: &str, stream: &str) {
-    if let Ok(client) = async_nats::connect(nats_url).await {
+    if let Ok(client) = nats_connect(nats_url).await {
         let _ = async_nats::jetstream::new(client)
             .delete_stream(stream)
             .await;
@@ -659,8 +665,9 @@ pub struct TestEvents {
 }
 
 impl TestEvents {
-    /// Starts the event workers of `app`'s database against the broker at `nats_url`,
-    /// with a subject prefix and stream named after the app's unique Redis prefix.
+    /// Starts the event workers of `app`'s database against the broker at `nats_url` (one
+    /// server, or several of a cluster separated by commas), with a subject prefix and
+    /// stream named after the app's unique Redis prefix.
     pub async fn start(app: &TestApp, nats_url: &str) -> Self {
         Self::start_with(app, nats_url, &[]).await
     }
@@ -698,14 +705,13 @@ impl TestEvents {
 
     /// A JetStream context of the test's own (not the service's connection).
     pub async fn jetstream(&self) -> async_nats::jetstream::Context {
-        let client = async_nats::connect(self.nats_url.as_str())
-            .await
-            .expect("connect to nats");
+        let client = nats_connect(&self.nats_url).await.expect("connect to nats");
         async_nats::jetstream::new(client)
     }
 
-    /// Every message in the test's stream, in stream order: (Nats-Msg-Id, subject, body).
-    pub async fn stream_messages(&self) -> Vec<(String, String, Vec<u8>)> {
+    /// Every message in the test's stream, in stream order, as JetStream stored it: its
+    /// headers, subject, body and the time its leader stored it.
+    pub async fn stream_stored(&self) -> Vec<async_nats::jetstream::message::StreamMessage> {
         let js = self.jetstream().await;
         let stream = js.get_stream(&self.stream).await.expect("test stream");
         let state = stream.get_info().await.expect("stream info").state;
@@ -714,15 +720,25 @@ impl TestEvents {
             return out;
         }
         for seq in state.first_sequence..=state.last_sequence {
-            let m = stream.get_raw_message(seq).await.expect("stream message");
-            let id = m
-                .headers
-                .get("Nats-Msg-Id")
-                .map(|v| v.as_str().to_owned())
-                .unwrap_or_default();
-            out.push((id, m.subject.to_string(), m.payload.to_vec()));
+            out.push(stream.get_raw_message(seq).await.expect("stream message"));
         }
         out
+    }
+
+    /// Every message in the test's stream, in stream order: (Nats-Msg-Id, subject, body).
+    pub async fn stream_messages(&self) -> Vec<(String, String, Vec<u8>)> {
+        self.stream_stored()
+            .await
+            .into_iter()
+            .map(|m| {
+                let id = m
+                    .headers
+                    .get("Nats-Msg-Id")
+                    .map(|v| v.as_str().to_owned())
+                    .unwrap_or_default();
+                (id, m.subject.to_string(), m.payload.to_vec())
+            })
+            .collect()
     }
 
     /// Stops the workers (as `serve` does on shutdown).

@@ -28,6 +28,7 @@ mod group_commit;
 mod helpers;
 mod invariants;
 mod metrics;
+mod nats_cluster;
 mod openapi;
 mod orders;
 mod products;
