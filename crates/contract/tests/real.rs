@@ -75,6 +75,7 @@ impl LedgerWorld for RealLedger {
             max_connections: 8,
             acquire_timeout: Duration::from_secs(10),
             transaction_timeout: Duration::from_secs(20),
+            cluster: None,
         })
         .await
         .expect("ledger");

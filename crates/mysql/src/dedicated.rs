@@ -7,13 +7,19 @@
 //! connection of its own and skips that round trip (measured: BENCHMARKS.md, ablation
 //! row L12). What the pool gave it is kept: the same session settings, a ping before a
 //! use after an idle spell, a transaction left behind by a failed statement rolled back
-//! at once, a fresh connection after any other failure, and a lifetime limit.
+//! at once, a fresh connection after any other failure, and a lifetime limit. A
+//! connection to a node that is no longer the writer (`writer.rs`: the route's epoch has
+//! moved on) is dropped at its next use, and the slot connects to the writer in use.
 
 use std::time::{Duration, Instant};
 
-use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
+use std::sync::Arc;
+
+use sqlx::mysql::MySqlConnection;
 use sqlx::Connection;
 use tokio::sync::{Mutex, MutexGuard, Semaphore, SemaphorePermit};
+
+use crate::writer::Route;
 
 /// A connection idle at least this long is pinged before use (as the pool does); a
 /// younger one was just used successfully.
@@ -26,7 +32,7 @@ const LIFETIME_MAX: Duration = Duration::from_secs(30 * 60);
 /// Connections for `slots` workers, each taken by one call at a time. Bounded: at most
 /// `slots` connections, opened on first use.
 pub(crate) struct Dedicated {
-    options: MySqlConnectOptions,
+    route: Arc<Route>,
     acquire_timeout: Duration,
     slots: Vec<Mutex<Option<Idle>>>,
     /// One permit per slot, held with it: a caller waits for whichever slot frees first.
@@ -39,17 +45,15 @@ struct Idle {
     opened: Instant,
     /// When it was last given back.
     since: Instant,
+    /// The route's epoch it was opened in: the writer it talks to.
+    epoch: u64,
 }
 
 impl Dedicated {
-    pub(crate) fn new(
-        options: MySqlConnectOptions,
-        acquire_timeout: Duration,
-        slots: usize,
-    ) -> Self {
+    pub(crate) fn new(route: Arc<Route>, acquire_timeout: Duration, slots: usize) -> Self {
         let slots = slots.max(1);
         Self {
-            options,
+            route,
             acquire_timeout,
             slots: (0..slots).map(|_| Mutex::new(None)).collect(),
             free: Semaphore::new(slots),
@@ -73,7 +77,11 @@ impl Dedicated {
             .iter()
             .find_map(|s| s.try_lock().ok())
             .ok_or(sqlx::Error::PoolClosed)?;
+        let epoch = self.route.current().epoch;
         let (conn, opened) = match slot.take() {
+            // Opened to a node that is no longer the writer: dropped, not closed (a
+            // paused node would never answer the goodbye).
+            Some(idle) if idle.epoch != epoch => (self.connect().await?, Instant::now()),
             Some(idle) if idle.opened.elapsed() >= LIFETIME_MAX => {
                 let _ = idle.conn.close().await;
                 (self.connect().await?, Instant::now())
@@ -90,18 +98,24 @@ impl Dedicated {
             slot,
             conn,
             opened,
+            epoch,
+            route: &self.route,
             permit,
         })
     }
 
+    /// A new connection to the writer in use. The epoch was read before: a switch in
+    /// between makes this connection one of the new writer's filed under the old epoch,
+    /// dropped at its next use, never the reverse.
     async fn connect(&self) -> Result<MySqlConnection, sqlx::Error> {
+        let current = self.route.current();
         let mut conn = tokio::time::timeout(
             self.acquire_timeout,
-            MySqlConnection::connect_with(&self.options),
+            MySqlConnection::connect_with(&current.options),
         )
         .await
         .map_err(|_| sqlx::Error::PoolTimedOut)??;
-        crate::sql::prepare_session(&mut conn).await?;
+        crate::sql::prepare_session(&mut conn, self.route.session()).await?;
         Ok(conn)
     }
 }
@@ -111,6 +125,8 @@ pub(crate) struct Taken<'a> {
     slot: MutexGuard<'a, Option<Idle>>,
     conn: MySqlConnection,
     opened: Instant,
+    epoch: u64,
+    route: &'a Route,
     /// Dropped after `slot` (fields drop in order), so a free permit means a free slot.
     permit: SemaphorePermit<'a>,
 }
@@ -121,8 +137,8 @@ impl Taken<'_> {
     }
 
     /// Puts the connection back in its slot when the work on it succeeded or the database
-    /// refused a statement (the connection is fine then); after any other error it is
-    /// closed. After a refused statement, a transaction dropped on the way out has its
+    /// refused a statement (the connection is fine then), and the writer has not changed
+    /// meanwhile; after any other error it is closed. After a refused statement, a transaction dropped on the way out has its
     /// ROLLBACK only queued (sqlx sends it with the connection's next command, which for
     /// a pooled connection is the pool's release ping): it is sent now, so that no lock
     /// of the failed transaction outlives it; if that fails, the connection is closed.
@@ -131,9 +147,12 @@ impl Taken<'_> {
             mut slot,
             mut conn,
             opened,
+            epoch,
+            route,
             permit,
         } = self;
         let fine = match outcome {
+            _ if route.current().epoch != epoch => false,
             Ok(_) => true,
             Err(sqlx::Error::Database(_)) => conn.ping().await.is_ok(),
             Err(_) => false,
@@ -143,6 +162,7 @@ impl Taken<'_> {
                 conn,
                 opened,
                 since: Instant::now(),
+                epoch,
             });
         }
         // The slot first, then its permit.
@@ -156,11 +176,21 @@ mod tests {
     use std::str::FromStr;
 
     use flashsale_testkit::TestDb;
+    use sqlx::mysql::MySqlConnectOptions;
     use sqlx::{Executor, Row};
 
     use super::*;
 
     const SERVER_URL: &str = "mysql://root@127.0.0.1:3306";
+
+    /// The one node of `options`, as the ledger routes to it without a cluster.
+    fn route(options: &MySqlConnectOptions) -> Arc<Route> {
+        let settings = crate::writer::PoolSettings {
+            max_connections: 1,
+            acquire_timeout: Duration::from_secs(5),
+        };
+        Route::single(options.clone(), settings)
+    }
 
     async fn connection_id(taken: &mut Taken<'_>) -> Result<u64, sqlx::Error> {
         sqlx::query_scalar("SELECT CONNECTION_ID()")
@@ -178,7 +208,7 @@ mod tests {
     async fn a_dedicated_connection_is_reused_until_it_fails() {
         let db = TestDb::create(SERVER_URL).await.expect("test database");
         let options = MySqlConnectOptions::from_str(&db.url()).expect("url");
-        let dedicated = Dedicated::new(options.clone(), Duration::from_secs(5), 1);
+        let dedicated = Dedicated::new(route(&options), Duration::from_secs(5), 1);
 
         let mut taken = dedicated.take().await.expect("take");
         let first = connection_id(&mut taken).await;
@@ -271,7 +301,7 @@ mod tests {
             .execute("INSERT INTO locked VALUES (1, 0)")
             .await
             .expect("row");
-        let dedicated = Dedicated::new(options, Duration::from_secs(5), 1);
+        let dedicated = Dedicated::new(route(&options), Duration::from_secs(5), 1);
 
         let mut taken = dedicated.take().await.expect("take");
         let id = connection_id(&mut taken).await.expect("id");
@@ -326,7 +356,7 @@ mod tests {
     async fn a_caller_waits_for_whichever_slot_frees_first() {
         let db = TestDb::create(SERVER_URL).await.expect("test database");
         let options = MySqlConnectOptions::from_str(&db.url()).expect("url");
-        let dedicated = Dedicated::new(options, Duration::from_secs(5), 2);
+        let dedicated = Dedicated::new(route(&options), Duration::from_secs(5), 2);
         let mut first = dedicated.take().await.expect("take");
         let mut second = dedicated.take().await.expect("take");
         let first_id = connection_id(&mut first).await;

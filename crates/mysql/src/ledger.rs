@@ -11,7 +11,7 @@ use flashsale_core::{
     CancelReason, Generation, HoldRef, InventoryCounters, NewProduct, OrderId, OrderStatus,
     ProductId, PurchaseRequest, ReleaseReason, RequestId, StockMode, UserId, STOCK_MAX,
 };
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 use sqlx::ConnectOptions;
 use sqlx::{Connection, Executor, MySqlConnection, Row};
 use tracing::{debug, warn};
@@ -21,15 +21,16 @@ use std::sync::{Arc, OnceLock};
 
 use flashsale_batch::{BatchFn, Coalescer};
 
-use crate::dedicated::{Dedicated, PING_WHEN_IDLE_FOR};
+use crate::dedicated::Dedicated;
 use crate::group::{Committer, Counters, Decided, Purchase, Queued, Written};
+use crate::writer::{ClusterConfig, PoolSettings, Route};
 use mode::LedgerPurchase;
 
 mod mode;
 use flashsale_app::group;
 
 use crate::rows::{self, corrupt, ORDER_COLUMNS};
-use crate::sql::{db, is_duplicate, micros, prepare_session, retried, SLOW_OPERATION};
+use crate::sql::{db, is_duplicate, micros, retried, SLOW_OPERATION};
 
 /// Attempts of one transaction that hit a deadlock (1213) or a lock wait timeout (1205)
 /// before the caller hears "unavailable": enough to ride out the bursts of contention on
@@ -69,10 +70,14 @@ pub struct LedgerConfig {
     pub acquire_timeout: Duration,
     /// Deadline of one transaction, retries included; past it the outcome is unknown.
     pub transaction_timeout: Duration,
+    /// A Galera cluster's nodes to write through, one at a time (`writer.rs`); None: the
+    /// URL's host, alone. The URL still gives the user, password and database.
+    pub cluster: Option<ClusterConfig>,
 }
 
 pub struct MysqlLedger {
-    pool: MySqlPool,
+    /// The writer in use and its pool (`writer.rs`): taken anew for every attempt.
+    route: Arc<Route>,
     transaction_timeout: Duration,
     /// The group committer, started on the first purchase (inside the runtime).
     group: OnceLock<Committer>,
@@ -323,35 +328,17 @@ impl MysqlLedger {
                 .map_err(db)?;
             let _ = conn.close().await;
         }
-        let pool = MySqlPoolOptions::new()
-            .max_connections(config.max_connections)
-            .min_connections(0)
-            .acquire_timeout(config.acquire_timeout)
-            // A ping on every acquire was one round trip per statement or transaction
-            // (the most frequent command in a sustained run). Only a connection idle long
-            // enough to have been cut (a restarted server, a proxy's timeout) is pinged;
-            // a busy one that breaks fails its statement, which answers "unknown" (503)
-            // like any lost connection, and the pool drops it.
-            .test_before_acquire(false)
-            .before_acquire(|conn, meta| {
-                Box::pin(async move {
-                    if meta.idle_for >= PING_WHEN_IDLE_FOR {
-                        conn.ping().await?;
-                    }
-                    Ok(true)
-                })
-            })
-            .after_connect(|conn, _meta| Box::pin(prepare_session(conn)))
-            .connect_lazy_with(options.clone());
-        let dedicated = |slots| {
-            Arc::new(Dedicated::new(
-                options.clone(),
-                config.acquire_timeout,
-                slots,
-            ))
+        let settings = PoolSettings {
+            max_connections: config.max_connections,
+            acquire_timeout: config.acquire_timeout,
         };
+        let route = match &config.cluster {
+            None => Route::single(options, settings),
+            Some(cluster) => Route::cluster(&options, cluster, settings).await,
+        };
+        let dedicated =
+            |slots| Arc::new(Dedicated::new(route.clone(), config.acquire_timeout, slots));
         Ok(Self {
-            pool,
             transaction_timeout: config.transaction_timeout,
             group: OnceLock::new(),
             lookups: OnceLock::new(),
@@ -362,7 +349,13 @@ impl MysqlLedger {
             ledger_group_conn: dedicated(GROUP_WORKERS),
             lookup_conns: dedicated(LOOKUP_WORKERS),
             baseline_conns: dedicated(usize::try_from(config.max_connections).unwrap_or(1)),
+            route,
         })
+    }
+
+    /// The node the ledger writes through now (`host:port`).
+    pub(crate) fn writer_addr(&self) -> String {
+        self.route.writer_addr()
     }
 
     pub(crate) fn outbox_lease(&self) -> &crate::outbox::KeptLease {
@@ -373,7 +366,7 @@ impl MysqlLedger {
     /// committer runs its fallbacks on.
     fn single(&self) -> Self {
         Self {
-            pool: self.pool.clone(),
+            route: self.route.clone(),
             transaction_timeout: self.transaction_timeout,
             group: OnceLock::new(),
             lookups: OnceLock::new(),
@@ -503,7 +496,7 @@ impl MysqlLedger {
                         Written::NotPlain => {
                             // Rare: the batch's document is written only for it.
                             let document = crate::group::document(&members);
-                            let taken = crate::group::taken(&self.pool, &document).await?;
+                            let taken = crate::group::taken(&self.pool(), &document).await?;
                             Ok((group::Written::Taken(taken), vec![]))
                         }
                     }
@@ -555,34 +548,40 @@ impl MysqlLedger {
         })
     }
 
-    /// Applies the schema migrations (idempotent; concurrent instances serialize on the
-    /// migrator's lock).
+    /// Applies the schema migrations through the writer (idempotent; concurrent
+    /// instances wait for each other: `migrate.rs`).
     pub async fn migrate(&self) -> Result<(), LedgerError> {
-        sqlx::migrate!("./migrations")
-            .run(&self.pool)
-            .await
-            .map_err(|e| LedgerError::caused(ErrorKind::Rejected, "migration failed", e))
+        crate::migrate::run(&self.pool(), self.route.is_cluster()).await
     }
 
-    pub fn pool(&self) -> &MySqlPool {
-        &self.pool
+    /// The pool of the writer in use: take it anew for every attempt (after a switch of
+    /// writer, an old one still works until its grace ends, through the old node).
+    pub fn pool(&self) -> MySqlPool {
+        self.route.pool()
     }
 
     /// Runs `f` (one transaction) under the transaction deadline, retrying deadlocks and
-    /// lock wait timeouts a bounded number of times.
+    /// lock wait timeouts (and, on Galera, certification failures) a bounded number of
+    /// times. A failure a dead or cut-off writer explains wakes the writer's watch.
     pub(crate) async fn run<T, F, Fut>(&self, what: &'static str, f: F) -> Result<T, LedgerError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, sqlx::Error>>,
     {
-        retried(
+        let outcome = retried(
             what,
             self.transaction_timeout,
             TX_ATTEMPTS_MAX,
             TX_RETRY_PAUSE,
             f,
         )
-        .await
+        .await;
+        if let Err(e) = &outcome {
+            if matches!(e.kind(), ErrorKind::Unreachable | ErrorKind::TimedOut) {
+                self.route.suspect();
+            }
+        }
+        outcome
     }
 
     async fn insert_purchase(
@@ -592,7 +591,7 @@ impl MysqlLedger {
         per_user_limit: Option<u32>,
         payment_timeout: Duration,
     ) -> Result<Attempt<Committed>, sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool().begin().await?;
         let order = match write_purchase_rows(&mut tx, request, hold, payment_timeout).await? {
             Rows::Written(order) => order,
             Rows::Taken => return Ok(Attempt::Taken),
@@ -646,7 +645,7 @@ impl MysqlLedger {
         hold: HoldRef,
         reason: ReleaseReason,
     ) -> Result<Attempt<bool>, sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool().begin().await?;
         let inserted = sqlx::query(
             "INSERT INTO inventory_reservation (request_id, product_id, user_id, quantity, \
              hold_id, generation, status, release_reason, resolved_at) \
@@ -787,7 +786,7 @@ impl MysqlLedger {
             .await?;
         let found = self
             .run("read order", || async {
-                let mut conn = self.pool.acquire().await?;
+                let mut conn = self.pool().acquire().await?;
                 Self::order_with_flags(&mut conn, order_id, user_id).await
             })
             .await?;
@@ -809,7 +808,7 @@ impl MysqlLedger {
         to: OrderStatus,
         cancel_reason: Option<CancelReason>,
     ) -> Result<bool, sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool().begin().await?;
         let updated = match to {
             OrderStatus::Paid => {
                 sqlx::query(
@@ -947,7 +946,7 @@ impl MysqlLedger {
         restock_id: &RequestId,
         quantity: i64,
     ) -> Result<RecordRestock, sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool().begin().await?;
         let inserted = sqlx::query(
             "INSERT INTO restock_request (request_id, product_id, quantity) VALUES (?, ?, ?)",
         )
@@ -964,7 +963,7 @@ impl MysqlLedger {
                      WHERE request_id = ?",
                 )
                 .bind(restock_id.as_str())
-                .fetch_one(&self.pool)
+                .fetch_one(&self.pool())
                 .await?;
                 let same = row.try_get::<i64, _>("product_id")? == product_id.get()
                     && row.try_get::<i64, _>("quantity")? == quantity;
@@ -1033,7 +1032,7 @@ impl MysqlLedger {
     }
 
     async fn insert_product(&self, new: &NewProduct) -> Result<bool, sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool().begin().await?;
         let inserted = sqlx::query(
             "INSERT INTO products (product_id, name, per_user_limit, sale_starts_at, \
              sale_ends_at) VALUES (?, ?, ?, ?, ?)",
@@ -1072,7 +1071,10 @@ impl MysqlLedger {
 impl Ledger for MysqlLedger {
     async fn ping(&self) -> Result<(), LedgerError> {
         self.run("ping", || async {
-            sqlx::query("SELECT 1").execute(&self.pool).await.map(drop)
+            sqlx::query("SELECT 1")
+                .execute(&self.pool())
+                .await
+                .map(drop)
         })
         .await
     }
@@ -1097,7 +1099,7 @@ impl Ledger for MysqlLedger {
 
     async fn product(&self, product_id: ProductId) -> Result<Option<Product>, LedgerError> {
         let row = self
-            .run("read product", || {
+            .run("read product", || async {
                 sqlx::query(
                     "SELECT p.product_id, p.name, p.per_user_limit, p.sale_starts_at, \
                      p.sale_ends_at, p.stock_loaded, p.created_at, i.stock_mode \
@@ -1105,7 +1107,8 @@ impl Ledger for MysqlLedger {
                      WHERE p.product_id = ?",
                 )
                 .bind(product_id.get())
-                .fetch_optional(&self.pool)
+                .fetch_optional(&self.pool())
+                .await
             })
             .await?;
         row.as_ref().map(rows::product).transpose()
@@ -1113,20 +1116,22 @@ impl Ledger for MysqlLedger {
 
     async fn generation(&self, product_id: ProductId) -> Result<Option<Generation>, LedgerError> {
         let generation: Option<i64> = self
-            .run("read generation", || {
+            .run("read generation", || async {
                 sqlx::query_scalar("SELECT generation FROM product_inventory WHERE product_id = ?")
                     .bind(product_id.get())
-                    .fetch_optional(&self.pool)
+                    .fetch_optional(&self.pool())
+                    .await
             })
             .await?;
         generation.map(rows::generation).transpose()
     }
 
     async fn mark_stock_loaded(&self, product_id: ProductId) -> Result<(), LedgerError> {
-        self.run("mark stock loaded", || {
+        self.run("mark stock loaded", || async {
             sqlx::query("UPDATE products SET stock_loaded = 1 WHERE product_id = ?")
                 .bind(product_id.get())
-                .execute(&self.pool)
+                .execute(&self.pool())
+                .await
         })
         .await
         .map(drop)
@@ -1137,13 +1142,14 @@ impl Ledger for MysqlLedger {
         product_id: ProductId,
     ) -> Result<Option<InventoryCounters>, LedgerError> {
         let row = self
-            .run("read inventory", || {
+            .run("read inventory", || async {
                 sqlx::query(
                     "SELECT total_stock, available_stock, pre_deduct_stock, sold_count \
                      FROM product_inventory WHERE product_id = ?",
                 )
                 .bind(product_id.get())
-                .fetch_optional(&self.pool)
+                .fetch_optional(&self.pool())
+                .await
             })
             .await?;
         let Some(row) = row else { return Ok(None) };
@@ -1229,10 +1235,11 @@ impl Ledger for MysqlLedger {
     async fn order(&self, order_id: OrderId) -> Result<Option<Order>, LedgerError> {
         let sql = format!("SELECT {ORDER_COLUMNS} FROM orders o WHERE o.id = ?");
         let row = self
-            .run("read order", || {
+            .run("read order", || async {
                 sqlx::query(&sql)
                     .bind(order_id.get())
-                    .fetch_optional(&self.pool)
+                    .fetch_optional(&self.pool())
+                    .await
             })
             .await?;
         row.as_ref().map(rows::order).transpose()
@@ -1266,13 +1273,14 @@ impl Ledger for MysqlLedger {
     }
 
     async fn mark_stock_returned(&self, request_id: &RequestId) -> Result<(), LedgerError> {
-        self.run("mark stock returned", || {
+        self.run("mark stock returned", || async {
             sqlx::query(
                 "UPDATE inventory_reservation SET stock_returned = 1 \
                  WHERE request_id = ? AND status = 'RELEASED'",
             )
             .bind(request_id.as_str())
-            .execute(&self.pool)
+            .execute(&self.pool())
+            .await
         })
         .await
         .map(drop)
@@ -1291,10 +1299,11 @@ impl Ledger for MysqlLedger {
     }
 
     async fn mark_restock_applied(&self, restock_id: &RequestId) -> Result<(), LedgerError> {
-        self.run("mark restock applied", || {
+        self.run("mark restock applied", || async {
             sqlx::query("UPDATE restock_request SET gate_applied = 1 WHERE request_id = ?")
                 .bind(restock_id.as_str())
-                .execute(&self.pool)
+                .execute(&self.pool())
+                .await
         })
         .await
         .map(drop)
@@ -1309,13 +1318,14 @@ impl Ledger for MysqlLedger {
         // (product_id, generation, hold_id) serves the product's rows.
         let limit = i64::try_from(max).unwrap_or(i64::MAX - 1) + 1;
         let rows = self
-            .run("reservation request ids", || {
+            .run("reservation request ids", || async {
                 sqlx::query(
                     "SELECT request_id FROM inventory_reservation WHERE product_id = ? LIMIT ?",
                 )
                 .bind(product_id.get())
                 .bind(limit)
-                .fetch_all(&self.pool)
+                .fetch_all(&self.pool())
+                .await
             })
             .await?;
         if rows.len() > max {

@@ -16,8 +16,11 @@ mod dedicated;
 mod group;
 mod ledger;
 mod maintenance;
+mod migrate;
 mod outbox;
 mod rows;
 mod sql;
+mod writer;
 
 pub use ledger::{LedgerConfig, MysqlLedger};
+pub use writer::{ClusterConfig, NodeAddr, NODES_MAX, PROBE_PERIOD, PROBE_TIMEOUT};

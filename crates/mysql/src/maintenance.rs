@@ -53,14 +53,15 @@ impl LedgerMaintenance for MysqlLedger {
     ) -> Result<Vec<ProductId>, LedgerError> {
         let after = after.map_or(0, ProductId::get);
         let ids: Vec<i64> = self
-            .run("loaded products", || {
+            .run("loaded products", || async {
                 sqlx::query_scalar(
                     "SELECT product_id FROM products WHERE stock_loaded = 1 AND product_id > ? \
                      ORDER BY product_id LIMIT ?",
                 )
                 .bind(after)
                 .bind(limit(max))
-                .fetch_all(self.pool())
+                .fetch_all(&self.pool())
+                .await
             })
             .await?;
         product_ids(ids)
@@ -68,13 +69,14 @@ impl LedgerMaintenance for MysqlLedger {
 
     async fn newest_products(&self, max: usize) -> Result<Vec<ProductId>, LedgerError> {
         let ids: Vec<i64> = self
-            .run("newest products", || {
+            .run("newest products", || async {
                 sqlx::query_scalar(
                     "SELECT product_id FROM products WHERE stock_loaded = 1 \
                      ORDER BY product_id DESC LIMIT ?",
                 )
                 .bind(limit(max))
-                .fetch_all(self.pool())
+                .fetch_all(&self.pool())
+                .await
             })
             .await?;
         product_ids(ids)
@@ -82,14 +84,15 @@ impl LedgerMaintenance for MysqlLedger {
 
     async fn expired_orders(&self, max: usize) -> Result<Vec<ExpiredOrder>, LedgerError> {
         let rows = self
-            .run("expired orders", || {
+            .run("expired orders", || async {
                 sqlx::query(
                     "SELECT id, user_id FROM orders \
                      WHERE status = 'PENDING_PAYMENT' AND expires_at <= NOW(6) \
                      ORDER BY expires_at LIMIT ?",
                 )
                 .bind(limit(max))
-                .fetch_all(self.pool())
+                .fetch_all(&self.pool())
+                .await
             })
             .await?;
         rows.iter()
@@ -116,7 +119,7 @@ impl LedgerMaintenance for MysqlLedger {
 
     async fn pending_returns(&self, max: usize) -> Result<Vec<PendingReturn>, LedgerError> {
         let rows = self
-            .run("pending returns", || {
+            .run("pending returns", || async {
                 sqlx::query(
                     "SELECT r.product_id, r.request_id, r.user_id, r.quantity, \
                      COALESCE(r.released_generation, 1) AS released_generation, r.hold_id, \
@@ -130,7 +133,8 @@ impl LedgerMaintenance for MysqlLedger {
                      AND i.stock_mode = 'GATE' ORDER BY r.updated_at LIMIT ?",
                 )
                 .bind(limit(max))
-                .fetch_all(self.pool())
+                .fetch_all(&self.pool())
+                .await
             })
             .await?;
         rows.iter()
@@ -171,7 +175,7 @@ impl LedgerMaintenance for MysqlLedger {
 
     async fn pending_restocks(&self, max: usize) -> Result<Vec<PendingRestock>, LedgerError> {
         let rows = self
-            .run("pending restocks", || {
+            .run("pending restocks", || async {
                 sqlx::query(
                     "SELECT r.request_id, r.product_id, r.quantity, r.generation \
                      FROM restock_request r JOIN product_inventory i ON i.product_id = r.product_id \
@@ -179,7 +183,7 @@ impl LedgerMaintenance for MysqlLedger {
                      ORDER BY r.created_at LIMIT ?",
                 )
                 .bind(limit(max))
-                .fetch_all(self.pool())
+                .fetch_all(&self.pool()).await
             })
             .await?;
         rows.iter()
@@ -204,7 +208,7 @@ impl LedgerMaintenance for MysqlLedger {
         detail: &str,
     ) -> Result<(), LedgerError> {
         let detail: String = detail.chars().take(INCIDENT_DETAIL_MAX).collect();
-        self.run("record incident", || {
+        self.run("record incident", || async {
             // One open row per (request, kind): a repeated incident refreshes its detail.
             sqlx::query(
                 "INSERT INTO recovery_incident (request_id, product_id, kind, detail) \
@@ -215,30 +219,33 @@ impl LedgerMaintenance for MysqlLedger {
             .bind(product_id.get())
             .bind(kind)
             .bind(&detail)
-            .execute(self.pool())
+            .execute(&self.pool())
+            .await
         })
         .await
         .map(drop)
     }
 
     async fn resolve_incidents(&self, request_id: &RequestId) -> Result<(), LedgerError> {
-        self.run("resolve incidents", || {
+        self.run("resolve incidents", || async {
             sqlx::query(
                 "UPDATE recovery_incident SET resolved_at = NOW(6) \
                  WHERE request_id = ? AND resolved_at IS NULL",
             )
             .bind(request_id.as_str())
-            .execute(self.pool())
+            .execute(&self.pool())
+            .await
         })
         .await
         .map(drop)
     }
 
     async fn open_incidents(&self) -> Result<i64, LedgerError> {
-        self.run("open incidents", || {
+        self.run("open incidents", || async {
             // `idx_incident_open` (resolved_at): the open rows only.
             sqlx::query_scalar("SELECT COUNT(*) FROM recovery_incident WHERE resolved_at IS NULL")
-                .fetch_one(self.pool())
+                .fetch_one(&self.pool())
+                .await
         })
         .await
     }
@@ -273,12 +280,13 @@ impl LedgerMaintenance for MysqlLedger {
 
     async fn last_audit(&self) -> Result<Option<AuditRun>, LedgerError> {
         let row = self
-            .run("last audit", || {
+            .run("last audit", || async {
                 sqlx::query(
                     "SELECT recorded_at, product_id, products, violations, pending \
                      FROM audit_run ORDER BY id DESC LIMIT 1",
                 )
-                .fetch_optional(self.pool())
+                .fetch_optional(&self.pool())
+                .await
             })
             .await?;
         let Some(r) = row else {
@@ -306,7 +314,7 @@ impl LedgerMaintenance for MysqlLedger {
     }
 
     async fn facts(&self, product_id: ProductId) -> Result<Option<LedgerFacts>, LedgerError> {
-        let pool = self.pool();
+        let pool = &self.pool();
         let p = product_id.get();
         // The counters and the orders' units in one statement, so one snapshot: a
         // purchase or a payment changes both in one transaction, and two statements
@@ -527,7 +535,7 @@ impl LedgerMaintenance for MysqlLedger {
 
     async fn watermark(&self, product_id: ProductId) -> Result<Option<Watermark>, LedgerError> {
         let row = self
-            .run("watermark", || {
+            .run("watermark", || async {
                 sqlx::query(
                     "SELECT pi.generation, pi.stock_mode, p.stock_loaded, \
                      (SELECT COALESCE(MAX(r.hold_id), 0) FROM inventory_reservation r \
@@ -537,7 +545,8 @@ impl LedgerMaintenance for MysqlLedger {
                      WHERE pi.product_id = ?",
                 )
                 .bind(product_id.get())
-                .fetch_optional(self.pool())
+                .fetch_optional(&self.pool())
+                .await
             })
             .await?;
         let Some(row) = row else { return Ok(None) };
@@ -587,18 +596,18 @@ impl LedgerMaintenance for MysqlLedger {
 
     async fn ledger_mode_products(&self, max: usize) -> Result<Vec<ProductId>, LedgerError> {
         let ids: Vec<i64> = self
-            .run("ledger mode products", || {
+            .run("ledger mode products", || async {
                 sqlx::query_scalar(
                     "SELECT product_id FROM product_inventory WHERE stock_mode = 'LEDGER' \
                      ORDER BY product_id LIMIT ?",
                 )
                 .bind(limit(max))
-                .fetch_all(self.pool())
+                .fetch_all(&self.pool())
+                .await
             })
             .await?;
         product_ids(ids)
-    }
-}
+    }}
 
 fn no_inventory(product_id: ProductId) -> LedgerError {
     LedgerError::corrupt(format!("product {product_id} has no inventory"))
@@ -760,7 +769,7 @@ impl MysqlLedger {
              WHERE product_id = ? AND stock_mode = 'LEDGER'",
         )
         .bind(p)
-        .execute(self.pool())
+        .execute(&self.pool())
         .await?;
         let mut tx = self.pool().begin().await?;
         let Some(locked) = lock_inventory(&mut tx, p).await? else {

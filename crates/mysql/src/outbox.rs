@@ -411,7 +411,7 @@ impl Outbox for MysqlLedger {
                 .bind(relay)
                 .bind(lease_micros)
                 .bind(relay)
-                .execute(self.pool())
+                .execute(&self.pool())
                 .await
             })
             .await?;
@@ -426,10 +426,11 @@ impl Outbox for MysqlLedger {
         // events to `limit` (a pack holds many): a round publishes at most `limit` − 1 +
         // a pack's events. The narrow marks are read in their key's order and cut here,
         // and only the rows kept are read whole (BENCHMARKS.md, ablation row E11).
-        let marks: Vec<(i64, i32, i32)> = bounded("read unsent outbox marks", || {
+        let marks: Vec<(i64, i32, i32)> = bounded("read unsent outbox marks", || async {
             sqlx::query_as("SELECT id, attempts, events FROM outbox_unsent ORDER BY id LIMIT ?")
                 .bind(limit)
-                .fetch_all(self.pool())
+                .fetch_all(&self.pool())
+                .await
         })
         .await?;
         let marks = &marks[..round_rows(marks.iter().map(|&(_, _, events)| events), limit)];
@@ -441,14 +442,15 @@ impl Outbox for MysqlLedger {
         // The ids as one JSON array: one statement text for every round size.
         let ids: Vec<i64> = marks.iter().map(|&(id, _, _)| id).collect();
         let document = serde_json::to_string(&ids).unwrap_or_default();
-        let rows = bounded("read unsent outbox rows", || {
+        let rows = bounded("read unsent outbox rows", || async {
             sqlx::query(
                 "SELECT o.id, o.event_id, o.event_type, o.request_id, o.sequence, o.payload \
                  FROM JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) AS j \
                  JOIN outbox o ON o.id = j.id",
             )
             .bind(&document)
-            .fetch_all(self.pool())
+            .fetch_all(&self.pool())
+            .await
         })
         .await?;
         let mut messages = Vec::new();
@@ -475,13 +477,14 @@ impl Outbox for MysqlLedger {
             // The ids as one JSON array: one statement text for every chunk size.
             let document = serde_json::to_string(chunk).unwrap_or_default();
             // Sent is the absence of the unsent mark: the event row itself is not written.
-            bounded("mark outbox rows sent", || {
+            bounded("mark outbox rows sent", || async {
                 sqlx::query(
                     "DELETE u FROM outbox_unsent u \
                      JOIN JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) AS j ON u.id = j.id",
                 )
                 .bind(&document)
-                .execute(self.pool())
+                .execute(&self.pool())
+                .await
             })
             .await?;
         }
@@ -502,12 +505,12 @@ impl Outbox for MysqlLedger {
                      WHERE id IN ({})",
                     list(chunk.len(), "?")
                 );
-                bounded("record failed publishes", || {
+                bounded("record failed publishes", || async {
                     let mut q = sqlx::query(&sql).bind(error);
                     for id in chunk {
                         q = q.bind(id);
                     }
-                    q.execute(self.pool())
+                    q.execute(&self.pool()).await
                 })
                 .await?;
             }
@@ -524,9 +527,10 @@ impl Outbox for MysqlLedger {
     }
 
     async fn unsent(&self) -> Result<u64, LedgerError> {
-        let n: i64 = bounded("count unsent events", || {
+        let n: i64 = bounded("count unsent events", || async {
             sqlx::query_scalar("SELECT CAST(COALESCE(SUM(events), 0) AS SIGNED) FROM outbox_unsent")
-                .fetch_one(self.pool())
+                .fetch_one(&self.pool())
+                .await
         })
         .await?;
         Ok(u64::try_from(n).unwrap_or(0))
@@ -537,13 +541,14 @@ impl MysqlLedger {
     /// Ends `relay`'s lease on the outbox, if it holds it.
     async fn end_lease(&self, relay: &str) -> Result<(), LedgerError> {
         self.outbox_lease().forget();
-        bounded("end the outbox lease", || {
+        bounded("end the outbox lease", || async {
             sqlx::query(
                 "UPDATE outbox_lease SET holder = NULL, lease_until = NULL \
                  WHERE id = 1 AND holder = ?",
             )
             .bind(relay)
-            .execute(self.pool())
+            .execute(&self.pool())
+            .await
         })
         .await?;
         Ok(())

@@ -69,11 +69,16 @@ where
         .map_err(|_| LedgerError::timed_out(format!("{what}: no answer within the deadline")))?
 }
 
-/// MariaDB's error numbers the adapter acts on: a unique key taken, and the two lock
-/// conflicts a transaction is retried after.
+/// MariaDB's error numbers the adapter acts on: a unique key taken, the two lock
+/// conflicts a transaction is retried after (on Galera a certification failure at
+/// COMMIT is a deadlock too: the transaction was rolled back), and a Galera node that
+/// takes no statements.
 const ER_DUP_ENTRY: u16 = 1062;
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 const ER_LOCK_DEADLOCK: u16 = 1213;
+/// A Galera node outside the Primary component, or not yet synced, refuses every
+/// statement with this (`WSREP has not yet prepared node for application use`).
+const ER_WSREP_NOT_READY: u16 = 1047;
 
 /// The database's own error number of `e`, if the database answered it.
 fn error_number(e: &sqlx::Error) -> Option<u16> {
@@ -82,15 +87,36 @@ fn error_number(e: &sqlx::Error) -> Option<u16> {
         .map(MySqlDatabaseError::number)
 }
 
+/// What a connection's session needs beyond the ledger's usual settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Session {
+    /// One MariaDB.
+    Plain,
+    /// A node of a Galera cluster: every read (and every transaction's BEGIN) first waits
+    /// until the node has applied every writeset the cluster certified before it
+    /// (`wsrep_sync_wait = 1`). A node applies others' writesets a moment after they
+    /// commit, and right after a switch of writer the new one may not have applied the
+    /// old one's last commits: a lookup by request_id, a fence's or recovery's read
+    /// would otherwise miss an order that exists.
+    CausalReads,
+}
+
 /// The session settings of every connection of the ledger, pooled or dedicated.
-pub(crate) async fn prepare_session(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
+pub(crate) async fn prepare_session(
+    conn: &mut MySqlConnection,
+    session: Session,
+) -> Result<(), sqlx::Error> {
     // READ COMMITTED: no gap locks, so concurrent inserts of distinct request_ids don't
     // deadlock; every decision is a conditional UPDATE or a unique key anyway, never a
     // snapshot read.
+    let causal = match session {
+        Session::Plain => "",
+        Session::CausalReads => ", SESSION wsrep_sync_wait = 1",
+    };
     conn.execute(
         format!(
             "SET SESSION tx_isolation = 'READ-COMMITTED', \
-             SESSION innodb_lock_wait_timeout = {LOCK_WAIT_TIMEOUT_SECS}"
+             SESSION innodb_lock_wait_timeout = {LOCK_WAIT_TIMEOUT_SECS}{causal}"
         )
         .as_str(),
     )
@@ -141,6 +167,9 @@ pub(crate) fn db(e: sqlx::Error) -> LedgerError {
         E::Io(_) | E::Tls(_) | E::PoolTimedOut => ErrorKind::Unreachable,
         E::PoolClosed | E::WorkerCrashed => ErrorKind::Stopped,
         E::Database(_) if is_retryable(&e) => ErrorKind::Contention,
+        // The node cannot take statements: to the caller it is a writer out of reach,
+        // and a refused COMMIT's outcome is unknown as a lost connection's is.
+        E::Database(_) if error_number(&e) == Some(ER_WSREP_NOT_READY) => ErrorKind::Unreachable,
         E::Protocol(_)
         | E::RowNotFound
         | E::TypeNotFound { .. }

@@ -28,6 +28,7 @@ async fn ledger() -> (TestDb, MysqlLedger) {
         max_connections: 8,
         acquire_timeout: Duration::from_secs(10),
         transaction_timeout: Duration::from_secs(10),
+        cluster: None,
     })
     .await
     .expect("ledger");
@@ -46,7 +47,7 @@ async fn product(ledger: &MysqlLedger, id: i64, stock: i64) {
             .bind(id)
             .bind(stock)
             .bind(stock)
-            .execute(ledger.pool())
+            .execute(&ledger.pool())
             .await
             .expect("create the product");
     }
@@ -62,7 +63,7 @@ async fn counters(ledger: &MysqlLedger, product_id: i64) -> (i64, i64) {
         "SELECT available_stock, pre_deduct_stock FROM product_inventory WHERE product_id = ?",
     )
     .bind(product_id)
-    .fetch_one(ledger.pool())
+    .fetch_one(&ledger.pool())
     .await
     .expect("the inventory row")
 }
@@ -70,7 +71,7 @@ async fn counters(ledger: &MysqlLedger, product_id: i64) -> (i64, i64) {
 async fn orders(ledger: &MysqlLedger, product_id: i64) -> i64 {
     sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE product_id = ?")
         .bind(product_id)
-        .fetch_one(ledger.pool())
+        .fetch_one(&ledger.pool())
         .await
         .expect("count orders")
 }
@@ -183,7 +184,7 @@ async fn the_order_insert_answers_created_and_replay() {
 
     sqlx::query("UPDATE orders SET status = 'PAID', paid_at = NOW(6) WHERE id = ?")
         .bind(order.order_id.get())
-        .execute(ledger.pool())
+        .execute(&ledger.pool())
         .await
         .expect("pay the order");
     let BaselineOutcome::Existing(paid) = buy(&ledger, Way::InsertOrder, &first).await else {

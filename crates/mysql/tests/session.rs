@@ -27,12 +27,13 @@ async fn sessions_are_utc_whatever_the_url_says() {
         max_connections: 2,
         acquire_timeout: Duration::from_secs(10),
         transaction_timeout: Duration::from_secs(10),
+        cluster: None,
     })
     .await
     .expect("ledger");
     let (zone, skew): (String, i64) =
         sqlx::query_as("SELECT @@session.time_zone, TIMESTAMPDIFF(MINUTE, UTC_TIMESTAMP(), NOW())")
-            .fetch_one(ledger.pool())
+            .fetch_one(&ledger.pool())
             .await
             .expect("session time zone");
     assert_eq!((zone.as_str(), skew), ("+00:00", 0));

@@ -20,6 +20,9 @@ pub struct Config {
     /// `FLASHSALE_REDIS_CLUSTER_NODES` names one.
     pub redis: flashsale_redis::Target,
     pub database_url: String,
+    /// A Galera cluster to write through, one node at a time (`FLASHSALE_DATABASE_NODES`,
+    /// with the user, password and database of the URL); None: the URL's node alone.
+    pub database_cluster: Option<flashsale_mysql::ClusterConfig>,
     pub redis_prefix: String,
     /// None: serve generates one and logs it once.
     pub admin_token: Option<String>,
@@ -84,6 +87,11 @@ pub const KEYS: &[(&str, Option<&str>)] = &[
         "database_url",
         Some("mysql://root@127.0.0.1:3306/flashsale"),
     ),
+    ("database_nodes", None),
+    // Long enough that a node which crashes again soon after rejoining does not take the
+    // writes back each time; short enough that instances started meanwhile (which pick
+    // the first healthy node at once) agree with the others again within seconds.
+    ("database_failback_after", Some("10s")),
     ("redis_prefix", Some("flashsale:")),
     ("admin_token", None),
     ("payment_timeout", Some("15m")),
@@ -150,6 +158,9 @@ const ADMIN_TOKEN_LEN_MIN: usize = 8;
 const MAX_QUANTITY_PER_ORDER_LIMIT: u32 = 1000;
 /// Upper bound of the pool size: on a small machine more connections only add contention.
 const DATABASE_CONNECTIONS_LIMIT: u32 = 256;
+/// Longest `FLASHSALE_DATABASE_FAILBACK_AFTER`: meanwhile an instance started after a
+/// failover writes through another node than the older ones, which costs retries.
+const DATABASE_FAILBACK_MAX: Duration = Duration::from_secs(3600);
 /// Upper bound of concurrently handled requests.
 const IN_FLIGHT_LIMIT: usize = 1_000_000;
 /// Upper bound of the connection cap: each open connection holds about 16–17 KiB
@@ -252,6 +263,38 @@ fn cluster_nodes(value: &str) -> Result<Vec<String>, String> {
             }
         })
         .collect()
+}
+
+/// `FLASHSALE_DATABASE_NODES` (`host:port`, comma-separated) and
+/// `FLASHSALE_DATABASE_FAILBACK_AFTER`, which matters only with nodes.
+fn database_cluster(raw: &Raw) -> Result<Option<flashsale_mysql::ClusterConfig>, ConfigError> {
+    let failback = raw.value("database_failback_after");
+    let failback_after = duration(failback)?;
+    if failback_after > DATABASE_FAILBACK_MAX {
+        return Err(invalid(
+            failback.0,
+            format!(
+                "must be at most {}",
+                humantime::format_duration(DATABASE_FAILBACK_MAX)
+            ),
+        ));
+    }
+    let Some((name, nodes)) = raw.get("database_nodes") else {
+        return Ok(None);
+    };
+    let nodes = flashsale_mysql::NodeAddr::parse_list(nodes).map_err(|message| {
+        invalid(
+            name,
+            format!(
+                "{message} (comma-separated, at most {})",
+                flashsale_mysql::NODES_MAX
+            ),
+        )
+    })?;
+    Ok(Some(flashsale_mysql::ClusterConfig {
+        nodes,
+        failback_after,
+    }))
 }
 
 /// `FLASHSALE_FALLBACK_AFTER` (`off`, or a duration) and
@@ -406,6 +449,7 @@ impl Config {
         if !database_url.starts_with("mysql://") {
             return Err(invalid(name, "must start with mysql://"));
         }
+        let database_cluster = database_cluster(raw)?;
         let (name, redis_prefix) = raw.value("redis_prefix");
         if redis_prefix.contains(['{', '}', ' ']) || redis_prefix.len() > REDIS_PREFIX_LEN_MAX {
             return Err(invalid(
@@ -571,6 +615,7 @@ impl Config {
             metrics_listen,
             redis,
             database_url: database_url.to_owned(),
+            database_cluster,
             redis_prefix: redis_prefix.to_owned(),
             admin_token,
             payment_timeout,
@@ -1039,6 +1084,48 @@ mod tests {
             ("FLASHSALE_FALLBACK_AFTER", "2h"),
             ("FLASHSALE_FALLBACK_RECOVER_AFTER", "off"),
             ("FLASHSALE_FALLBACK_RECOVER_AFTER", "2s"),
+        ] {
+            let err = Config::from_parts(None, &env(&[(var, value)])).unwrap_err();
+            assert!(err.0.starts_with(var), "{var}={value}: {err}");
+        }
+    }
+
+    // Checks the database cluster settings: none by default (the URL's node alone), the
+    // nodes in their order with the failback time (10 s by default), and node lists or
+    // failback times out of bounds stopping startup naming the variable.
+    #[test]
+    fn database_cluster_settings() {
+        let c = Config::from_parts(None, &env(&[])).expect("defaults");
+        assert_eq!(c.database_cluster, None);
+        let c = Config::from_parts(
+            None,
+            &env(&[(
+                "FLASHSALE_DATABASE_NODES",
+                "db-2:3306,db-1:3306,10.0.0.3:3307",
+            )]),
+        )
+        .expect("nodes");
+        let cluster = c.database_cluster.expect("a cluster");
+        let nodes: Vec<String> = cluster.nodes.iter().map(ToString::to_string).collect();
+        assert_eq!(nodes, ["db-2:3306", "db-1:3306", "10.0.0.3:3307"]);
+        assert_eq!(cluster.failback_after, Duration::from_secs(10));
+        let c = Config::from_parts(
+            None,
+            &env(&[
+                ("FLASHSALE_DATABASE_NODES", "a:1"),
+                ("FLASHSALE_DATABASE_FAILBACK_AFTER", "2m"),
+            ]),
+        )
+        .expect("failback");
+        let failback = c.database_cluster.map(|c| c.failback_after);
+        assert_eq!(failback, Some(Duration::from_secs(120)));
+        for (var, value) in [
+            ("FLASHSALE_DATABASE_NODES", ""),
+            ("FLASHSALE_DATABASE_NODES", "a"),
+            ("FLASHSALE_DATABASE_NODES", "a:1,a:1"),
+            ("FLASHSALE_DATABASE_NODES", "mysql://a:1"),
+            ("FLASHSALE_DATABASE_FAILBACK_AFTER", "0s"),
+            ("FLASHSALE_DATABASE_FAILBACK_AFTER", "2h"),
         ] {
             let err = Config::from_parts(None, &env(&[(var, value)])).unwrap_err();
             assert!(err.0.starts_with(var), "{var}={value}: {err}");

@@ -65,6 +65,7 @@ pub async fn start_events(
             max_connections: EVENTS_DATABASE_CONNECTIONS,
             acquire_timeout: DATABASE_ACQUIRE_TIMEOUT_MAX,
             transaction_timeout: config.request_timeout,
+            cluster: config.database_cluster.clone(),
         })
         .await
         .map_err(|e| format!("events database: {e}"))?,
@@ -118,6 +119,7 @@ pub async fn connect_ledger(config: &Config) -> Result<MysqlLedger, String> {
         acquire_timeout: DATABASE_ACQUIRE_TIMEOUT_MAX.min(config.request_timeout / 3),
         // Below the request deadline, so the request itself still answers 503 in time.
         transaction_timeout: config.request_timeout * 4 / 5,
+        cluster: config.database_cluster.clone(),
     })
     .await
     .map_err(|e| e.to_string())

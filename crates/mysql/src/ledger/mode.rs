@@ -139,7 +139,7 @@ impl MysqlLedger {
                             let document = crate::group::request_ids_document(
                                 members.iter().map(|p| &p.request.request_id),
                             );
-                            let taken = crate::group::taken(&self.pool, &document).await?;
+                            let taken = crate::group::taken(&self.pool(), &document).await?;
                             Ok((group::Written::Taken(taken), vec![]))
                         }
                         // Short of units or not in ledger mode: one by one.
@@ -231,7 +231,7 @@ impl MysqlLedger {
     ) -> Result<Attempt<Committed>, sqlx::Error> {
         let p = request.product_id.get();
         let q = request.quantity.get();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool().begin().await?;
         // The ledger's own stock check, and the mode: a product the gate serves is sold
         // through the gate's holds only. The generation is the current one by
         // construction: it is read under this row lock below.

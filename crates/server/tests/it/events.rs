@@ -737,6 +737,7 @@ async fn ledger_handle(app: &TestApp) -> flashsale_mysql::MysqlLedger {
         max_connections: 2,
         acquire_timeout: Duration::from_secs(5),
         transaction_timeout: Duration::from_secs(10),
+        cluster: None,
     })
     .await
     .expect("ledger")

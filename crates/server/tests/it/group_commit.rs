@@ -21,6 +21,7 @@ async fn ledger(app: &TestApp) -> Arc<MysqlLedger> {
             max_connections: 8,
             acquire_timeout: Duration::from_secs(5),
             transaction_timeout: Duration::from_secs(10),
+            cluster: None,
         })
         .await
         .expect("ledger"),

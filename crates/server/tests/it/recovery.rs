@@ -538,6 +538,7 @@ async fn ledger(app: &TestApp) -> std::sync::Arc<flashsale_mysql::MysqlLedger> {
             max_connections: 4,
             acquire_timeout: Duration::from_secs(3),
             transaction_timeout: Duration::from_secs(5),
+            cluster: None,
         })
         .await
         .expect("ledger"),
