@@ -268,11 +268,18 @@ impl LedgerMaintenance for MysqlLedger {
             .execute(&mut *tx)
             .await?
             .last_insert_id();
+            // Below the newest `kept` ids, not below this id minus `kept`: ids are not
+            // dense (a Galera node steps them by the cluster's size, and a rolled-back
+            // insert leaves a gap).
             let id = i64::try_from(id).unwrap_or(i64::MAX);
-            sqlx::query("DELETE FROM audit_run WHERE id <= ?")
-                .bind(id.saturating_sub(kept))
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                "DELETE FROM audit_run WHERE id < (SELECT id FROM \
+                 (SELECT id FROM audit_run WHERE id <= ? ORDER BY id DESC LIMIT 1 OFFSET ?) AS k)",
+            )
+            .bind(id)
+            .bind(kept - 1)
+            .execute(&mut *tx)
+            .await?;
             tx.commit().await
         })
         .await
