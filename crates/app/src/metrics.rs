@@ -126,6 +126,11 @@ struct StoreLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLabels {
+    node: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StoreErrorLabels {
     store: &'static str,
     kind: &'static str,
@@ -195,6 +200,7 @@ pub struct Metrics {
     outbox_unsent: Gauge,
     stock: Family<StockLabels, Gauge>,
     ledger_mode: Family<ProductLabels, Gauge>,
+    ledger_writer: Family<NodeLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -325,6 +331,12 @@ impl Metrics {
                 &mut registry,
                 "product_ledger_mode",
                 "Whether each product (the same ones as product_stock) is sold from MariaDB (1: ledger mode, Redis unreachable) or through the Redis gate (0), when the metrics were read",
+                Family::default(),
+            ),
+            ledger_writer: registered(
+                &mut registry,
+                "ledger_writer",
+                "The database node the ledger writes through (1, labelled host:port): on a Galera cluster the first healthy node listed, when the metrics were read",
                 Family::default(),
             ),
             cells: (0..ENDPOINTS.len() * Outcome::ALL.len())
@@ -616,6 +628,10 @@ impl Monitor {
                 .get_or_create(&StoreLabels { store })
                 .set(i64::from(up));
         }
+        m.ledger_writer.clear();
+        if let Some(node) = self.ledger_m.writer() {
+            m.ledger_writer.get_or_create(&NodeLabels { node }).set(1);
+        }
         let mut view = StoreView {
             redis_up,
             mariadb_up,
@@ -850,6 +866,11 @@ mod tests {
                 product_id: "1".into(),
             })
             .set(0);
+        m.ledger_writer
+            .get_or_create(&NodeLabels {
+                node: "127.0.0.1:3306".into(),
+            })
+            .set(1);
         m
     }
 
@@ -857,13 +878,13 @@ mod tests {
     // "Health") name only series
     // that exist: every `flashsale_…` word in them is the name of a sample the metrics
     // encode to (a counter's with its `_total`, a gauge's bare) or a histogram's family
-    // name, all 18 families touched.
+    // name, all 20 families touched.
     #[test]
     fn alert_rules_name_real_metrics() {
         let text = all_touched().encode();
         let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
         assert_eq!(
-            families, 19,
+            families, 20,
             "every family registered in Metrics::new:\n{text}"
         );
         // A histogram is named by its family (its samples add _bucket, _sum, _count).

@@ -908,6 +908,12 @@ pub trait LedgerMaintenance: Send + Sync + 'static {
 
     /// The products in ledger mode, in ascending id order, at most `limit`.
     async fn ledger_mode_products(&self, limit: usize) -> Result<Vec<ProductId>, LedgerError>;
+
+    /// The database node the ledger writes through now (`host:port`), as the adapter last
+    /// chose it among a cluster's nodes; None when it has no such notion. No I/O.
+    fn writer(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Audit verdicts the ledger keeps: the page shows the last, and an operator looking back

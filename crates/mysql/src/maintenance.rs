@@ -614,7 +614,11 @@ impl LedgerMaintenance for MysqlLedger {
             })
             .await?;
         product_ids(ids)
-    }}
+    }
+    fn writer(&self) -> Option<String> {
+        Some(self.writer_addr())
+    }
+}
 
 fn no_inventory(product_id: ProductId) -> LedgerError {
     LedgerError::corrupt(format!("product {product_id} has no inventory"))
