@@ -1,14 +1,16 @@
 //! flashsale's events on NATS JetStream.
 //!
-//! - [`NatsBus`] implements the [`EventBus`] port: it makes sure the stream exists (file
-//!   storage, subjects `<prefix>.events.>`, a duplicate window), packs the events the relay
-//!   hands it together into messages ([`packs`]: one subject, up to
+//! - [`NatsBus`] implements the [`EventBus`] port: it connects to one server or to several
+//!   of a cluster ([`server_urls`]), makes sure the stream exists (file storage, subjects
+//!   `<prefix>.events.>`, a duplicate window, the configured replica count), packs the
+//!   events the relay hands it together into messages ([`packs`]: one subject, up to
 //!   [`EVENTS_PER_MESSAGE_MAX`] events each), publishes each to
 //!   `<prefix>.events.<event_type>` with `Nats-Msg-Id` = [`pack_id`] of its events (with
 //!   one event per message configured: the bare event under its event id), and
-//!   waits (bounded) for JetStream's acknowledgement. It connects lazily and reconnects by
-//!   itself: nothing here ever waits for a broker that is down, it reports "not
-//!   connected" instead.
+//!   waits (bounded) for JetStream's acknowledgement, sending the unacknowledged ones
+//!   again alike while a replicated stream elects a leader ([`ELECTION_WAIT`]). It
+//!   connects lazily and reconnects by itself: nothing here ever waits for a broker that
+//!   is down, it reports "not connected" instead.
 //! - [`run_consumer`] drives one durable pull consumer: it fetches batches, hands their
 //!   events to the [`Consume`] use case and acknowledges a message only after all its
 //!   events were applied (or found applied before).
