@@ -12,10 +12,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flashsale_contract::gate::GateWorld;
-use flashsale_contract::ledger::LedgerWorld;
-use flashsale_mysql::{LedgerConfig, MysqlLedger};
 use flashsale_redis::{GateConfig, RedisGate};
-use flashsale_testkit::{delete_prefix, redis_prefix, TestDb};
+use flashsale_testkit::{delete_prefix, redis_prefix};
 
 const REDIS_URL: &str = "redis://127.0.0.1:6379";
 const MYSQL_SERVER: &str = "mysql://root@127.0.0.1:3306";
@@ -59,43 +57,18 @@ impl GateWorld for RealGate {
     }
 }
 
-pub struct RealLedger {
-    ledger: MysqlLedger,
-    db: TestDb,
-}
+mod common;
 
-#[async_trait(?Send)]
-impl LedgerWorld for RealLedger {
-    type Ledger = MysqlLedger;
+/// The shared MariaDB, without a cluster.
+pub struct SharedMariadb;
 
-    async fn open() -> Self {
-        let db = TestDb::create(MYSQL_SERVER).await.expect("test database");
-        let ledger = MysqlLedger::connect(&LedgerConfig {
-            url: db.url(),
-            max_connections: 8,
-            acquire_timeout: Duration::from_secs(10),
-            transaction_timeout: Duration::from_secs(20),
-            cluster: None,
-        })
-        .await
-        .expect("ledger");
-        ledger.migrate().await.expect("migrate");
-        Self { ledger, db }
-    }
-
-    fn ledger(&self) -> &MysqlLedger {
-        &self.ledger
-    }
-
-    async fn pass(&self, d: Duration) {
-        tokio::time::sleep(d).await;
-    }
-
-    async fn close(self) {
-        self.ledger.pool().close().await;
-        self.db.drop_db().await.expect("drop the test database");
+impl common::Server for SharedMariadb {
+    fn locate() -> (String, Option<flashsale_mysql::ClusterConfig>) {
+        (MYSQL_SERVER.to_owned(), None)
     }
 }
+
+pub type RealLedger = common::OwnLedger<SharedMariadb>;
 
 mod gate {
     flashsale_contract::gate_contract!(super::RealGate);

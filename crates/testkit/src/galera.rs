@@ -3,6 +3,7 @@ use std::fmt;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::os::unix::fs::{lchown, MetadataExt};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::{Mutex, MutexGuard};
@@ -89,6 +90,9 @@ const REJOIN_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest wait for a clean shutdown (SIGTERM) of a node (0.15 s here); past it the
 /// node is killed.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often [`GaleraCluster::reap_on_exit`]'s watcher checks that the test process is
+/// still alive: the nodes outlive a finished run by at most this.
+const REAPER_POLL_SECS: u32 = 1;
 
 /// How many times [`GaleraCluster::start`] tries with new ports: a port that was free
 /// when it was picked can be taken by another process before mariadbd binds it.
@@ -347,6 +351,33 @@ impl GaleraCluster {
     #[allow(clippy::len_without_is_empty)] // a cluster is never empty
     pub fn len(&self) -> usize {
         self.nodes.len()
+    }
+
+    /// Makes sure the nodes die and their directory goes when this test process ends,
+    /// even if this value is never dropped: a small shell watches the process and, once
+    /// it is gone, kills every process whose command line names the cluster's
+    /// directory (each node's `--datadir` does) and removes the directory.
+    ///
+    /// Why: a cluster shared by every test of a binary lives in a `static`, which Rust
+    /// never drops; without this, each run would leave three `mariadbd` behind.
+    pub fn reap_on_exit(&self) -> io::Result<()> {
+        let dir = self.dir.path().to_string_lossy().into_owned();
+        let watcher = format!(
+            "while kill -0 {parent} 2>/dev/null; do sleep {REAPER_POLL_SECS}; done; \
+             pkill -9 -f \"$0\"; rm -rf \"$0\"",
+            parent = std::process::id()
+        );
+        Command::new("sh")
+            .arg("-c")
+            .arg(watcher)
+            .arg(dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            // Its own process group: a ^C to the test run must not take it first.
+            .process_group(0)
+            .spawn()
+            .map(drop)
     }
 
     /// Node `i`'s log (mariadbd's output, state transfers included).

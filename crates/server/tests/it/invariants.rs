@@ -20,8 +20,13 @@ use crate::helpers::TestApp;
 ///   hold id, so no decrement is untraceable. (A live reservation may lack its Redis
 ///   record once the record's retention has passed; the units are then only counted.)
 pub async fn check(app: &TestApp, product_id: i64) -> Vec<String> {
+    check_on(app, &app.pool, product_id).await
+}
+
+/// [`check`] with the ledger read through `pool`: one node of a Galera cluster, say,
+/// each of which must hold the same facts.
+pub async fn check_on(app: &TestApp, pool: &sqlx::MySqlPool, product_id: i64) -> Vec<String> {
     let mut violations = Vec::new();
-    let pool = &app.pool;
     let row = sqlx::query(
         "SELECT total_stock, available_stock, pre_deduct_stock, sold_count \
          FROM product_inventory WHERE product_id = ?",

@@ -23,6 +23,7 @@ mod demo;
 mod events;
 mod fallback;
 mod faults;
+mod galera;
 mod grafana;
 mod group_commit;
 mod helpers;
