@@ -380,6 +380,20 @@ impl GaleraCluster {
             .map(drop)
     }
 
+    /// Node `i`'s process id while it runs (a paused one too); None once it was killed,
+    /// shut down, or exited on its own.
+    ///
+    /// Why: a benchmark reads each node's CPU time from `/proc/<pid>`, to say what a
+    /// write costs the node that takes it and the nodes that apply it.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        let node = self.node(i);
+        if node.running() {
+            node.pid().ok()
+        } else {
+            None
+        }
+    }
+
     /// Node `i`'s log (mariadbd's output, state transfers included).
     ///
     /// Why: to read what a node did while the cluster lives (it goes with the temp dir
