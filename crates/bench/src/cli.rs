@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::{ArgGroup, Parser, ValueEnum};
 
 /// Most users a run may simulate: user ids are scrambled with 64-bit arithmetic that
 /// must not overflow (see `Workload::user_of`).
@@ -36,6 +36,9 @@ pub const CEILING_AGAIN_LABEL: &str = "http-ceiling-again";
 /// The label of the bare SQL run (`--sql`, and a row of `--compare`): db-conditional's
 /// transaction called by the bench straight on MariaDB, no HTTP and no server.
 pub const SQL_LABEL: &str = "sql-conditional";
+/// What `--compare-galera` appends to the label of a row served by the Galera cluster
+/// (`flashsale@galera`); the same strategy's row on one node keeps the plain name.
+pub const GALERA_SUFFIX: &str = "@galera";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {
@@ -141,6 +144,33 @@ pub struct RunSpec {
     pub server_env: Vec<(String, String)>,
     /// Where a spawned server's log goes.
     pub server_log: Option<PathBuf>,
+    /// Where a spawned server's ledger lives.
+    pub database: Database,
+}
+
+/// Where a spawned server's ledger lives (`--galera`, `--compare-galera`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Database {
+    /// A fresh database on the server of `--database-url` (the shared MariaDB by default).
+    #[default]
+    Given,
+    /// A fresh database on a private MariaDB the bench starts with the Galera nodes' own
+    /// InnoDB settings: the one node a Galera row is measured against.
+    OneNode,
+    /// A fresh database on a private 3-node Galera cluster the bench starts; the server
+    /// writes through node 0 (`FLASHSALE_DATABASE_NODES` names the three).
+    Galera,
+}
+
+impl Database {
+    /// How the reports name it; None for the server of `--database-url`.
+    pub fn name(self) -> Option<&'static str> {
+        match self {
+            Database::Given => None,
+            Database::OneNode => Some("one node"),
+            Database::Galera => Some("galera"),
+        }
+    }
 }
 
 /// flashsale-bench — a load generator for a running flashsale server (or one it starts
@@ -148,6 +178,7 @@ pub struct RunSpec {
 /// then audits the invariants and fails on any violation.
 #[derive(Debug, Parser)]
 #[command(version, about)]
+#[command(group(ArgGroup::new("comparison").args(["compare", "compare_galera"])))]
 pub struct Args {
     /// The scenario.
     #[arg(value_enum)]
@@ -170,7 +201,7 @@ pub struct Args {
         value_name = "N",
         default_value_t = 1,
         requires = "spawn",
-        conflicts_with_all = ["compare", "outage"]
+        conflicts_with_all = ["compare", "compare_galera", "outage"]
     )]
     pub instances: u32,
     /// The flashsale binary, for --spawn and for the audit.
@@ -351,8 +382,26 @@ pub struct Args {
     /// round 2's, …), and tabulate the median of each figure and of each round's own
     /// ratios (with their range): a box whose speed drifts during a run moves one round's
     /// ratios, not the medians. Every round's own table is printed too.
-    #[arg(long, default_value_t = 1, requires = "compare")]
+    #[arg(long, default_value_t = 1, requires = "comparison")]
     pub rounds: u32,
+
+    // --- a Galera cluster ---
+    /// With --spawn: the server's ledger on a private 3-node MariaDB Galera cluster the
+    /// bench starts (and removes at the end), its fresh database created through node 0;
+    /// the server gets FLASHSALE_DATABASE_NODES (the three nodes) and a
+    /// FLASHSALE_DATABASE_URL on node 0, and so does the audit. The report adds each
+    /// node's CPU time and the writer's `wsrep_` counters over the load. With --compare,
+    /// every row runs on the cluster.
+    #[arg(long, requires = "spawn", conflicts_with_all = ["outage", "keep", "compare_galera"])]
+    pub galera: bool,
+    /// Side by side (needs --spawn; rush or sustained): flashsale and db-conditional
+    /// (one commit per purchase: what flashsale's group commit saves) each on one private
+    /// MariaDB and on a private 3-node Galera cluster, both started by the bench with the
+    /// same InnoDB settings, one after the other (--rounds: interleaved); the table adds
+    /// each row's ratio to the same strategy on one node, CPU per order of every node and
+    /// the writer's `wsrep_` counters.
+    #[arg(long, requires = "spawn", conflicts_with_all = ["outage", "keep", "ceiling", "sql"])]
+    pub compare_galera: bool,
 
     // --- a Redis outage ---
     /// A sale through a Redis outage (needs --spawn; sustained): the server gets a private
@@ -413,6 +462,18 @@ pub const COMPARE_ROWS: [Row; 8] = [
     Row::Purchase(Strategy::RedisLua),
     Row::Purchase(Strategy::Flashsale),
     Row::Ceiling,
+];
+
+/// The rows of `--compare-galera`, each strategy on one node and then on the cluster, so
+/// that the two runs the ratio divides are neighbours in time: flashsale, whose group
+/// commit pays the replication once per batch, and db-conditional, whose every purchase
+/// is a transaction of its own (a commit, and on Galera a replication, each): the nearest
+/// thing to flashsale without group commit that needs no build of its own.
+pub const GALERA_ROWS: [(Strategy, Database); 4] = [
+    (Strategy::Flashsale, Database::OneNode),
+    (Strategy::Flashsale, Database::Galera),
+    (Strategy::DbConditional, Database::OneNode),
+    (Strategy::DbConditional, Database::Galera),
 ];
 
 /// The sizes of one run, after the scenario's defaults and the flags.
@@ -535,17 +596,21 @@ impl Args {
         if !(1..=ROUNDS_MAX).contains(&self.rounds) {
             return Err(format!("--rounds must be 1..={ROUNDS_MAX}"));
         }
-        if self.compare {
+        if self.compare || self.compare_galera {
+            let flag = if self.compare {
+                "--compare"
+            } else {
+                "--compare-galera"
+            };
             if self.server_env.iter().any(|(k, _)| k == STRATEGY_ENV) {
                 return Err(format!(
-                    "--compare sets {STRATEGY_ENV} for each run itself; leave it out of --server-env"
+                    "{flag} sets {STRATEGY_ENV} for each run itself; leave it out of --server-env"
                 ));
             }
             if self.scenario == Scenario::Mixed {
-                return Err(
-                    "--compare runs rush or sustained: the baselines serve only purchases (no pay, cancel or expiry), so mixed cannot be compared"
-                        .into(),
-                );
+                return Err(format!(
+                    "{flag} runs rush or sustained: the baselines serve only purchases (no pay, cancel or expiry), so mixed cannot be compared"
+                ));
             }
         } else if strategy.is_baseline() && self.scenario == Scenario::Mixed && !self.ceiling {
             return Err(format!(
@@ -657,6 +722,11 @@ impl Args {
     }
 
     fn runs_as_given(&self) -> Result<Vec<RunSpec>, String> {
+        let database = if self.galera {
+            Database::Galera
+        } else {
+            Database::Given
+        };
         if self.sql {
             return Ok(vec![RunSpec {
                 label: SQL_LABEL.to_owned(),
@@ -664,7 +734,20 @@ impl Args {
                 strategy: Some(Strategy::DbConditional),
                 server_env: self.server_env.clone(),
                 server_log: self.server_log.clone(),
+                database,
             }]);
+        }
+        if self.compare_galera {
+            return Ok(GALERA_ROWS
+                .iter()
+                .map(|&(strategy, database)| {
+                    let label = match database {
+                        Database::Galera => format!("{}{GALERA_SUFFIX}", strategy.name()),
+                        _ => strategy.name().to_owned(),
+                    };
+                    self.compare_run(&label, Target::Purchase, Some(strategy), database)
+                })
+                .collect());
         }
         if !self.compare {
             let strategy = self.strategy()?;
@@ -682,6 +765,7 @@ impl Args {
                 strategy: (!self.ceiling).then_some(strategy),
                 server_env: self.server_env.clone(),
                 server_log: self.server_log.clone(),
+                database,
             }]);
         }
         Ok(COMPARE_ROWS
@@ -695,24 +779,37 @@ impl Args {
                     // Its server only creates the product, as a db-conditional server.
                     Row::Sql => (SQL_LABEL, Target::Sql, Some(Strategy::DbConditional)),
                 };
-                let mut server_env = self.server_env.clone();
-                if let Some(s) = strategy {
-                    server_env.push((STRATEGY_ENV.to_owned(), s.name().to_owned()));
-                }
-                RunSpec {
-                    label: label.to_owned(),
-                    target,
-                    strategy,
-                    server_env,
-                    // One file per run, or each spawn would overwrite the last one's log.
-                    server_log: self.server_log.as_ref().map(|p| {
-                        let mut name = p.as_os_str().to_owned();
-                        name.push(format!(".{label}"));
-                        PathBuf::from(name)
-                    }),
-                }
+                self.compare_run(label, target, strategy, database)
             })
             .collect())
+    }
+
+    /// One row of a comparison: the user's --server-env plus the row's strategy, and a
+    /// log of its own.
+    fn compare_run(
+        &self,
+        label: &str,
+        target: Target,
+        strategy: Option<Strategy>,
+        database: Database,
+    ) -> RunSpec {
+        let mut server_env = self.server_env.clone();
+        if let Some(s) = strategy {
+            server_env.push((STRATEGY_ENV.to_owned(), s.name().to_owned()));
+        }
+        RunSpec {
+            label: label.to_owned(),
+            target,
+            strategy,
+            server_env,
+            // One file per run, or each spawn would overwrite the last one's log.
+            server_log: self.server_log.as_ref().map(|p| {
+                let mut name = p.as_os_str().to_owned();
+                name.push(format!(".{label}"));
+                PathBuf::from(name)
+            }),
+            database,
+        }
     }
 }
 
@@ -885,6 +982,87 @@ mod tests {
             runs[7].server_log,
             Some(PathBuf::from("/tmp/s.log.http-ceiling-again"))
         );
+    }
+
+    // Checks the Galera flags: --galera puts a single run, and every row of --compare, on
+    // the cluster; --compare-galera expands to flashsale and db-conditional, each on one
+    // node and then on the cluster (labelled @galera), each with its strategy after the
+    // user's --server-env and a log of its own, and takes --rounds; both need --spawn,
+    // and neither goes with --outage or --keep, nor with each other; --compare-galera
+    // refuses --compare, --ceiling, --sql and the mixed scenario.
+    #[test]
+    fn the_galera_runs() {
+        let single = parse(&["sustained", "--spawn", "--galera"])
+            .runs()
+            .expect("ok");
+        assert_eq!(single.len(), 1);
+        assert_eq!(single[0].database, Database::Galera);
+        let compare = parse(&["rush", "--spawn", "--galera", "--compare"]);
+        assert!(compare
+            .runs()
+            .expect("ok")
+            .iter()
+            .all(|r| r.database == Database::Galera));
+        assert_eq!(
+            parse(&["rush", "--spawn"]).runs().expect("ok")[0].database,
+            Database::Given
+        );
+        let args = parse(&[
+            "sustained",
+            "--spawn",
+            "--compare-galera",
+            "--rounds",
+            "3",
+            "--server-log",
+            "/tmp/s.log",
+        ]);
+        args.sizes().expect("valid");
+        let runs = args.runs().expect("ok");
+        let rows: Vec<(&str, Database)> = runs
+            .iter()
+            .map(|r| (r.label.as_str(), r.database))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("flashsale", Database::OneNode),
+                ("flashsale@galera", Database::Galera),
+                ("db-conditional", Database::OneNode),
+                ("db-conditional@galera", Database::Galera),
+            ]
+        );
+        for run in &runs {
+            let strategy = run.strategy.expect("a strategy").name();
+            assert_eq!(
+                run.server_env,
+                vec![(STRATEGY_ENV.to_owned(), strategy.to_owned())]
+            );
+            assert_eq!(run.target, Target::Purchase);
+            assert_eq!(
+                run.server_log,
+                Some(PathBuf::from(format!("/tmp/s.log.{}", run.label)))
+            );
+        }
+        let cli = |list: &[&str]| {
+            Args::try_parse_from(std::iter::once("flashsale-bench").chain(list.iter().copied()))
+        };
+        for refused in [
+            &["sustained", "--galera"][..],
+            &["sustained", "--compare-galera"],
+            &["sustained", "--spawn", "--galera", "--outage"],
+            &["sustained", "--spawn", "--galera", "--keep"],
+            &["sustained", "--spawn", "--galera", "--compare-galera"],
+            &["sustained", "--spawn", "--compare-galera", "--compare"],
+            &["sustained", "--spawn", "--compare-galera", "--ceiling"],
+            &["sustained", "--spawn", "--compare-galera", "--sql"],
+            &["sustained", "--spawn", "--compare-galera", "--keep"],
+        ] {
+            assert!(cli(refused).is_err(), "{refused:?}");
+        }
+        let err = parse(&["mixed", "--spawn", "--compare-galera"])
+            .sizes()
+            .expect_err("refused");
+        assert!(err.contains("--compare-galera"), "{err}");
     }
 
     // Checks --sql: one run labelled sql-conditional that sends SQL for db-conditional's

@@ -4,12 +4,12 @@
 //! the bare SQL transaction (sql-conditional).
 //! Everything here is pure: the runs are carried out in `lib.rs`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cli::{RunSpec, Strategy, CEILING_LABEL, SQL_LABEL};
+use crate::cli::{Database, RunSpec, Strategy, CEILING_LABEL, SQL_LABEL};
 use crate::report::{human_us, BenchResult};
 
 /// Names the comparison's JSON schema; bump the number on any incompatible change.
@@ -20,6 +20,9 @@ pub const REFERENCE: Strategy = Strategy::DbConditional;
 /// The third: the same transaction with no HTTP and no server (`sql-conditional`, the
 /// bench calling it on MariaDB itself), the floor under every database strategy.
 pub const FLOOR: &str = SQL_LABEL;
+
+/// How to read the database table.
+const DATABASE_NOTE: &str = "database nodes: rows whose server wrote to a private database the bench started — one node (a MariaDB with the Galera nodes' InnoDB settings: 64 MB buffer pool, 8 MB redo log, a flush per commit) or galera (three nodes on the same machine; the server writes through node0, the others apply its writesets) — each run on a fresh database; ×one node: durable orders/s (the rush: attempts/s) over the same strategy's row on one node; nodeN µs/ord: each mariadbd's CPU per order created, from /proc; ms/COMMIT: the load's wall time over the writer's COMMITs; writesets/ord, B/ord: what the writer replicated (wsrep_replicated, wsrep_replicated_bytes); FC paused: share of the load replication was paused by flow control (wsrep_flow_control_paused_ns); send q, apply q: the writer's send queue and the longest apply queue of the others, averaged over the load (wsrep_local_send_queue_avg, wsrep_local_recv_queue_avg, since a FLUSH STATUS just before it); conflicts: certification failures and brute-force aborts, all nodes.";
 
 /// A run of the comparison as it ended: its result, or why it could not be carried out.
 #[derive(Debug)]
@@ -101,6 +104,21 @@ pub struct CompareRow {
     /// round.
     #[serde(default)]
     pub measured_rounds: Option<u32>,
+    /// Where the row's ledger lived (`Database::name`: "one node", "galera"); None for the
+    /// server of --database-url.
+    #[serde(default)]
+    pub database: Option<String>,
+    /// For a row on the Galera cluster: its durable orders/s (the rush's attempts/s: its
+    /// orders stop at the stock) divided by the same strategy's row on one node.
+    #[serde(default)]
+    pub vs_one_node: Option<f64>,
+    /// Over several rounds: the lowest and highest of the rounds' own ×one node.
+    #[serde(default)]
+    pub vs_one_node_range: Option<[f64; 2]>,
+    /// What the private database's nodes did, for a row on one (`--galera`,
+    /// `--compare-galera`).
+    #[serde(default)]
+    pub nodes: Option<NodeFigures>,
     /// "pass", "FAIL", "n/a" (the ceiling: nothing to check) or "error".
     pub verdict: String,
     pub violations: Vec<String>,
@@ -108,6 +126,51 @@ pub struct CompareRow {
     pub skipped_checks: Vec<String>,
     /// Why the run could not be carried out.
     pub error: Option<String>,
+}
+
+/// A row's database figures, when its server wrote to a private database: each node's
+/// CPU, the writer's commits and, on the cluster, what replication carried and waited.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeFigures {
+    /// CPU µs per order created, by node (`nodes::NODE_NAMES`; node0 is the writer).
+    pub cpu_us_per_order: BTreeMap<String, f64>,
+    /// The load's wall time per COMMIT on the writer, in ms: with one group commit in
+    /// flight (or one transaction holding the product's row), about one commit's time.
+    pub ms_per_commit: Option<f64>,
+    pub writesets_per_order: Option<f64>,
+    pub bytes_per_order: Option<f64>,
+    /// Share of the load replication was paused by flow control.
+    pub flow_control_paused: Option<f64>,
+    pub send_queue_avg: Option<f64>,
+    pub recv_queue_avg: Option<f64>,
+    /// Certification failures and brute-force aborts over the load, all nodes.
+    pub conflicts: Option<f64>,
+}
+
+/// The database figures of a run on a private database (None otherwise).
+fn node_figures(r: &BenchResult) -> Option<NodeFigures> {
+    r.config.database.as_ref()?;
+    let g = r.galera.clone().unwrap_or_default();
+    Some(NodeFigures {
+        cpu_us_per_order: r
+            .cpu
+            .us_per_order
+            .iter()
+            .filter(|(name, _)| crate::nodes::NODE_NAMES.contains(&name.as_str()))
+            .map(|(name, v)| (name.clone(), *v))
+            .collect(),
+        ms_per_commit: r
+            .costs
+            .com_commit
+            .filter(|&c| c > 0)
+            .map(|c| r.elapsed_s * 1000.0 / c as f64),
+        writesets_per_order: g.writesets_per_order,
+        bytes_per_order: g.bytes_per_order,
+        flow_control_paused: g.flow_control_paused,
+        send_queue_avg: g.send_queue_avg,
+        recv_queue_avg: g.recv_queue_avg,
+        conflicts: g.conflicts.map(|c| c as f64),
+    })
 }
 
 /// One round of a comparison of several rounds: its own rows (their ratios to this
@@ -193,6 +256,10 @@ pub fn row_of(r: &BenchResult) -> CompareRow {
         vs_db_conditional_range: None,
         vs_sql_conditional_range: None,
         measured_rounds: None,
+        database: r.config.database.clone(),
+        vs_one_node: None,
+        vs_one_node_range: None,
+        nodes: node_figures(r),
         verdict: if ceiling {
             "n/a".into()
         } else if r.passed {
@@ -254,6 +321,32 @@ pub fn add_ratios(rows: &mut [CompareRow]) {
     }
 }
 
+/// Fills the ratio of each row on the Galera cluster to the same strategy's row on one
+/// node: of durable orders/s (`by_orders`), or of attempts/s for the rush, whose orders
+/// stop at the stock.
+pub fn add_one_node_ratios(rows: &mut [CompareRow], by_orders: bool) {
+    let pick = |r: &CompareRow| {
+        if by_orders {
+            r.orders_per_s
+        } else {
+            r.attempts_per_s
+        }
+    };
+    let on = |r: &CompareRow, database: Database| r.database.as_deref() == database.name();
+    let one_node: Vec<(Option<String>, Option<f64>)> = rows
+        .iter()
+        .filter(|r| on(r, Database::OneNode))
+        .map(|r| (r.strategy.clone(), pick(r)))
+        .collect();
+    for row in rows.iter_mut().filter(|r| on(r, Database::Galera)) {
+        let base = one_node
+            .iter()
+            .find(|(strategy, _)| *strategy == row.strategy)
+            .and_then(|(_, v)| *v);
+        row.vs_one_node = ratio(pick(row), base);
+    }
+}
+
 /// Whether no flashsale run found a violation.
 pub fn flashsale_passed(rows: &[CompareRow]) -> bool {
     rows.iter()
@@ -274,6 +367,9 @@ pub fn notes(rows: &[CompareRow]) -> Vec<String> {
         "per order: deltas of server-wide counters over the load divided by the orders created — Redis commands (INFO commandstats, including those run inside Lua scripts) and script calls (EVAL/EVALSHA/FCALL round trips); MariaDB Com_commit (COMMIT statements) and Handler_commit (engine commits, autocommit statements included); the server's background workers and anything else on the same Redis or MariaDB are counted too. '-': not measured (the ceilings make no orders).".into(),
         "srv CPU µs, all CPU µs: CPU time over the load per attempt sent (per request for the ceilings), from /proc — the server's, and the whole machine's busy time (server, generator, Redis, MariaDB, NATS, the kernel's work for them, anything else running); every run's summary splits it by process. It moves less than throughput when the box's share of its host drifts (time the host gives to others is not counted), but still with how fast the CPU runs.".into(),
     ];
+    if rows.iter().any(|r| r.nodes.is_some()) {
+        notes.push(DATABASE_NOTE.to_owned());
+    }
     // The same reason applies to several baselines: listed once with their names.
     let mut skipped: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for row in rows {
@@ -335,6 +431,10 @@ pub fn build_rounds(meta: Meta, outcomes: Vec<Vec<RunOutcome>>) -> CompareReport
             }
         }
         add_ratios(&mut rows);
+        add_one_node_ratios(
+            &mut rows,
+            meta.scenario != crate::cli::Scenario::Rush.name(),
+        );
         rounds.push(Round {
             rows,
             runs: indexes,
@@ -418,18 +518,8 @@ pub fn median_rows(rounds: &[&[CompareRow]]) -> Vec<CompareRow> {
             let vs_ceiling = of(&|r| r.vs_ceiling);
             let vs_reference = of(&|r| r.vs_db_conditional);
             let vs_floor = of(&|r| r.vs_sql_conditional);
-            let mut violations = Vec::new();
-            let mut errors = Vec::new();
-            for (round, r) in all.iter().enumerate() {
-                violations.extend(
-                    r.violations
-                        .iter()
-                        .map(|v| format!("round {}: {v}", round + 1)),
-                );
-                if let Some(e) = &r.error {
-                    errors.push(format!("round {}: {e}", round + 1));
-                }
-            }
+            let vs_one_node = of(&|r| r.vs_one_node);
+            let (violations, errors) = by_round(&all);
             let verdict = if measured.is_empty() {
                 "error"
             } else if measured.iter().any(|r| r.verdict == "FAIL") {
@@ -459,6 +549,10 @@ pub fn median_rows(rounds: &[&[CompareRow]]) -> Vec<CompareRow> {
                 vs_db_conditional_range: range(&vs_reference),
                 vs_sql_conditional_range: range(&vs_floor),
                 measured_rounds: Some(measured.len() as u32),
+                database: first.database.clone(),
+                vs_one_node: median(vs_one_node.clone()),
+                vs_one_node_range: range(&vs_one_node),
+                nodes: median_nodes(&measured),
                 verdict: verdict.to_owned(),
                 violations,
                 skipped_checks: first.skipped_checks.clone(),
@@ -466,6 +560,53 @@ pub fn median_rows(rounds: &[&[CompareRow]]) -> Vec<CompareRow> {
             }
         })
         .collect()
+}
+
+/// The violations and errors of one row over the rounds (`all`, in round order), each
+/// prefixed with its round.
+fn by_round(all: &[&CompareRow]) -> (Vec<String>, Vec<String>) {
+    let mut violations = Vec::new();
+    let mut errors = Vec::new();
+    for (round, r) in all.iter().enumerate() {
+        violations.extend(
+            r.violations
+                .iter()
+                .map(|v| format!("round {}: {v}", round + 1)),
+        );
+        if let Some(e) = &r.error {
+            errors.push(format!("round {}: {e}", round + 1));
+        }
+    }
+    (violations, errors)
+}
+
+/// The median of each database figure over the rounds that measured one (None when
+/// none did), each node's CPU apart.
+fn median_nodes(rows: &[&CompareRow]) -> Option<NodeFigures> {
+    let all: Vec<&NodeFigures> = rows.iter().filter_map(|r| r.nodes.as_ref()).collect();
+    if all.is_empty() {
+        return None;
+    }
+    let med = |pick: fn(&NodeFigures) -> Option<f64>| {
+        median(all.iter().filter_map(|f| pick(f)).collect())
+    };
+    let names: BTreeSet<&String> = all.iter().flat_map(|f| f.cpu_us_per_order.keys()).collect();
+    Some(NodeFigures {
+        cpu_us_per_order: names
+            .into_iter()
+            .filter_map(|name| {
+                let values = all.iter().filter_map(|f| f.cpu_us_per_order.get(name));
+                Some((name.clone(), median(values.copied().collect())?))
+            })
+            .collect(),
+        ms_per_commit: med(|f| f.ms_per_commit),
+        writesets_per_order: med(|f| f.writesets_per_order),
+        bytes_per_order: med(|f| f.bytes_per_order),
+        flow_control_paused: med(|f| f.flow_control_paused),
+        send_queue_avg: med(|f| f.send_queue_avg),
+        recv_queue_avg: med(|f| f.recv_queue_avg),
+        conflicts: med(|f| f.conflicts),
+    })
 }
 
 /// The round whose flashsale ×ceiling is nearest the median of them (the first such; 0
@@ -554,9 +695,71 @@ pub fn headers() -> Vec<String> {
 /// `rows` as lines of aligned cells under the headers (first and last columns left
 /// aligned, figures right aligned), then an empty line.
 fn grid(out: &mut String, rows: &[CompareRow]) {
-    let mut grid = vec![headers()];
-    grid.extend(rows.iter().map(cells));
-    let columns = grid[0].len();
+    let mut lines = vec![headers()];
+    lines.extend(rows.iter().map(cells));
+    aligned(out, &lines);
+}
+
+/// The header line and the rows of the database table: one line per row that ran on a
+/// private database.
+fn node_lines(rows: &[CompareRow]) -> Vec<Vec<String>> {
+    let mut lines = vec![[
+        "row",
+        "database",
+        "×one node",
+        "node0 µs/ord",
+        "node1 µs/ord",
+        "node2 µs/ord",
+        "ms/COMMIT",
+        "writesets/ord",
+        "B/ord",
+        "FC paused",
+        "send q",
+        "apply q",
+        "conflicts",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect::<Vec<String>>()];
+    for r in rows {
+        let Some(n) = &r.nodes else {
+            continue;
+        };
+        let cpu = |name: &str| dash(n.cpu_us_per_order.get(name), |v| format!("{v:.1}"));
+        let f2 = |v: Option<f64>| dash(v, |v| format!("{v:.2}"));
+        lines.push(vec![
+            r.label.clone(),
+            r.database.clone().unwrap_or_default(),
+            ratio_cell(r.vs_one_node, r.vs_one_node_range),
+            cpu("node0"),
+            cpu("node1"),
+            cpu("node2"),
+            f2(n.ms_per_commit),
+            dash(n.writesets_per_order, |v| format!("{v:.3}")),
+            dash(n.bytes_per_order, |v| format!("{v:.0}")),
+            dash(n.flow_control_paused, |v| format!("{:.1} %", v * 100.0)),
+            f2(n.send_queue_avg),
+            f2(n.recv_queue_avg),
+            dash(n.conflicts, |v| format!("{v:.0}")),
+        ]);
+    }
+    lines
+}
+
+/// The database table of `rows` (after a line naming it), when any ran on a private
+/// database.
+fn nodes_grid(out: &mut String, rows: &[CompareRow]) {
+    if rows.iter().all(|r| r.nodes.is_none()) {
+        return;
+    }
+    let _ = writeln!(out, "database nodes:");
+    aligned(out, &node_lines(rows));
+}
+
+/// `lines` (the first the headers) as aligned cells (first and last columns left
+/// aligned, figures right aligned), then an empty line.
+fn aligned(out: &mut String, grid: &[Vec<String>]) {
+    let columns = grid.first().map_or(0, Vec::len);
     let widths: Vec<usize> = (0..columns)
         .map(|i| {
             grid.iter()
@@ -565,7 +768,7 @@ fn grid(out: &mut String, rows: &[CompareRow]) {
                 .unwrap_or(0)
         })
         .collect();
-    for row in &grid {
+    for row in grid {
         let mut line = String::new();
         for (i, cell) in row.iter().enumerate() {
             let pad = widths[i].saturating_sub(cell.chars().count());
@@ -611,6 +814,7 @@ pub fn table(report: &CompareReport) -> String {
         );
     }
     grid(&mut out, &report.rows);
+    nodes_grid(&mut out, &report.rows);
     for note in &report.notes {
         let _ = writeln!(out, "note: {note}");
     }
@@ -620,6 +824,7 @@ pub fn table(report: &CompareReport) -> String {
     for (i, round) in report.rounds.iter().enumerate() {
         let _ = writeln!(out, "round {} of {}:", i + 1, report.rounds.len());
         grid(&mut out, &round.rows);
+        nodes_grid(&mut out, &round.rows);
     }
     let _ = writeln!(
         out,
@@ -691,6 +896,7 @@ mod tests {
             strategy,
             server_env: vec![],
             server_log: None,
+            database: Database::Given,
         }
     }
 
@@ -985,6 +1191,79 @@ mod tests {
         assert!(table(&failed).contains(
             "flashsale: CHECK FAILED: round 2: orders acknowledged 9 exceed the stock 5"
         ));
+    }
+
+    /// A run of `strategy` on `database` that made `orders` orders in one second (and
+    /// half again as many attempts), its writer's CPU per order `node0`.
+    fn on(strategy: &str, database: Database, orders: u64, node0: f64) -> BenchResult {
+        let mut r = run(strategy, orders * 3 / 2, true);
+        r.config.database = database.name().map(str::to_owned);
+        r.throughput.orders_per_s = orders as f64;
+        r.cpu.us_per_order = BTreeMap::from([("node0".into(), node0), ("server".into(), 30.0)]);
+        r.costs.com_commit = Some(orders / 20);
+        r
+    }
+
+    // Checks --compare-galera's table: each row on the cluster gets its durable orders/s
+    // over the same strategy's on one node (flashsale 3,000 / 5,000 = 0.60×,
+    // db-conditional 1,000 / 2,000 = 0.50×), over two rounds the median of the rounds'
+    // own ratios with their range; the database table follows the main one, a line per
+    // row with each node's CPU per order (node0 only: the server's is not a node's) and
+    // the wall time per COMMIT; in the rush the ratio is of attempts/s; a comparison
+    // without private databases has no such table.
+    #[test]
+    fn galera_rows_against_one_node() {
+        let labelled = |label: &str, result: BenchResult| RunOutcome {
+            spec: spec(label, None),
+            result: Ok(result),
+        };
+        let round = |galera_orders: u64| {
+            vec![
+                outcome(on("flashsale", Database::OneNode, 5000, 40.0)),
+                labelled(
+                    "flashsale@galera",
+                    on("flashsale", Database::Galera, galera_orders, 60.0),
+                ),
+                outcome(on("db-conditional", Database::OneNode, 2000, 200.0)),
+                labelled(
+                    "db-conditional@galera",
+                    on("db-conditional", Database::Galera, 1000, 300.0),
+                ),
+            ]
+        };
+        let report = build(meta(), round(3000));
+        let f = &report.rows[1];
+        assert_eq!(f.database.as_deref(), Some("galera"));
+        assert_eq!(f.vs_one_node, Some(0.6));
+        assert_eq!(report.rows[3].vs_one_node, Some(0.5));
+        assert_eq!(report.rows[0].vs_one_node, None);
+        let nodes = f.nodes.as_ref().expect("database figures");
+        assert_eq!(
+            nodes.cpu_us_per_order,
+            BTreeMap::from([("node0".to_owned(), 60.0)])
+        );
+        assert_eq!(nodes.ms_per_commit, Some(1000.0 / 150.0));
+        let text = table(&report);
+        let tables: Vec<&str> = text.split("database nodes:\n").collect();
+        assert_eq!(tables.len(), 2, "{text}");
+        let line = tables[1]
+            .lines()
+            .find(|l| l.starts_with("flashsale@galera "))
+            .unwrap_or_default();
+        assert!(line.contains("0.60×") && line.contains("60.0"), "{text}");
+        assert!(text.contains("×one node"), "{text}");
+
+        let two = build_rounds(meta(), vec![round(3000), round(4000)]);
+        assert_eq!(two.rows[1].vs_one_node, Some(0.7));
+        assert_eq!(two.rows[1].vs_one_node_range, Some([0.6, 0.8]));
+        assert!(table(&two).contains("0.70× (0.60–0.80)"), "{}", table(&two));
+
+        let mut rush = meta();
+        rush.scenario = "rush".into();
+        let by_attempts = build(rush, round(3000));
+        assert_eq!(by_attempts.rows[1].vs_one_node, Some(4500.0 / 7500.0));
+        let plain = build(meta(), vec![outcome(run("flashsale", 5000, true))]);
+        assert!(!table(&plain).contains("database nodes:"));
     }
 
     // Checks a row that could not be carried out in one round of two: its figures are the

@@ -24,12 +24,17 @@
 //! `flashsale audit`) are skipped for them and listed as skipped; the orders-table
 //! checks (no oversell, one order per request_id, acknowledged orders exist) run for
 //! every strategy.
+//!
+//! `--galera` puts a spawned server's ledger on a private 3-node Galera cluster, and
+//! `--compare-galera` runs flashsale and db-conditional on one private MariaDB and on the
+//! cluster side by side (`nodes.rs`: the stores, each node's CPU, the `wsrep_` counters).
 
 pub mod cli;
 pub mod compare;
 pub mod html;
 pub mod http;
 pub mod load;
+pub mod nodes;
 pub mod outage;
 pub mod probes;
 pub mod report;
@@ -125,10 +130,12 @@ pub async fn run(args: Args) -> Result<bool, String> {
     if args.outage {
         return outage::run(&args).await;
     }
-    if args.compare {
-        return run_compare(&args, &sizes, &runs, seed).await;
+    // Dropped (its databases killed and removed) once every run has stopped its servers.
+    let stores = nodes::Stores::start(&args).await?;
+    if args.compare || args.compare_galera {
+        return run_compare(&args, &sizes, &runs, seed, &stores).await;
     }
-    let result = run_single(&args, &sizes, runs, seed, Driver::command_line()).await?;
+    let result = run_single(&args, &sizes, runs, seed, Driver::command_line(), &stores).await?;
     print!("{}", report::summary_table(&result));
     print_failed_audit(&result, &mut std::io::stderr());
     if let Some(path) = &args.json {
@@ -152,9 +159,10 @@ pub async fn run(args: Args) -> Result<bool, String> {
 /// early. Ctrl-C is left to the caller. Ok whatever the checks found (`passed` says);
 /// Err when the run could not be carried out.
 pub async fn drive(args: &Args, live: Arc<Live>) -> Result<BenchResult, String> {
-    if args.compare || args.outage {
+    if args.compare || args.compare_galera || args.outage {
         return Err(
-            "drive makes one run: --compare and --outage are the command line's own".into(),
+            "drive makes one run: --compare, --compare-galera and --outage are the command line's own"
+                .into(),
         );
     }
     let sizes = args.sizes()?;
@@ -164,7 +172,8 @@ pub async fn drive(args: &Args, live: Arc<Live>) -> Result<BenchResult, String> 
         live,
         ctrl_c: false,
     };
-    run_single(args, &sizes, runs, seed, driver).await
+    let stores = nodes::Stores::start(args).await?;
+    run_single(args, &sizes, runs, seed, driver, &stores).await
 }
 
 /// The one run of `runs` (a single run, not a comparison).
@@ -174,10 +183,11 @@ async fn run_single(
     runs: Vec<RunSpec>,
     seed: u64,
     driver: Driver,
+    stores: &nodes::Stores,
 ) -> Result<BenchResult, String> {
     let [spec] = <[RunSpec; 1]>::try_from(runs)
         .map_err(|r| format!("expected one run without --compare, got {}", r.len()))?;
-    run_one(args, sizes, &spec, seed, driver).await
+    run_one(args, sizes, &spec, seed, driver, stores).await
 }
 
 fn to_json<T: serde::Serialize>(v: &T) -> Result<String, String> {
@@ -201,13 +211,15 @@ fn print_failed_audit(r: &BenchResult, out: &mut impl std::io::Write) {
     }
 }
 
-/// `--compare`: every row of `COMPARE_ROWS` in turn, each on its own spawned server;
-/// each run's summary goes to stderr, the comparison table to stdout.
+/// `--compare` (`--compare-galera`): every row of `COMPARE_ROWS` (`GALERA_ROWS`) in turn,
+/// each on its own spawned server; each run's summary goes to stderr, the comparison
+/// table to stdout.
 async fn run_compare(
     args: &Args,
     sizes: &Sizes,
     runs: &[RunSpec],
     seed: u64,
+    stores: &nodes::Stores,
 ) -> Result<bool, String> {
     let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let rounds = args.rounds;
@@ -233,7 +245,7 @@ async fn run_compare(
                 (round as usize - 1) * runs.len() + i + 1,
                 spec.label
             );
-            let result = run_one(args, sizes, spec, seed, Driver::command_line()).await;
+            let result = run_one(args, sizes, spec, seed, Driver::command_line(), stores).await;
             match &result {
                 Ok(r) => {
                     eprint!("{}", report::summary_table(r));
@@ -288,14 +300,17 @@ async fn run_compare(
     }
 }
 
-/// One run: start the servers (with --spawn), drive the load, check, stop the servers.
+/// One run: start the servers (with --spawn; on the database `spec` names, one of
+/// `stores`'), drive the load, check, stop the servers.
 async fn run_one(
     args: &Args,
     sizes: &Sizes,
     spec: &RunSpec,
     seed: u64,
     driver: Driver,
+    stores: &nodes::Stores,
 ) -> Result<BenchResult, String> {
+    let placed = stores.place(spec.database)?;
     let mut spawned = if args.spawn {
         eprintln!(
             "flashsale-bench: starting {} serve{} ({}) …",
@@ -313,11 +328,11 @@ async fn run_one(
         );
         let s = server::spawn(server::SpawnOptions {
             bin: &args.server_bin,
-            database_url: &args.database_url,
+            database_url: placed.database_url.as_deref().unwrap_or(&args.database_url),
             redis_url: &args.redis_url,
             nats_url: &args.nats_url,
             payment_timeout: sizes.payment_timeout,
-            extra_env: &spec.server_env,
+            extra_env: &placed.server_env(&spec.server_env),
             log_level: &args.server_log_level,
             log_path: spec.server_log.as_deref(),
             instances: args.instances,
@@ -333,7 +348,7 @@ async fn run_one(
     } else {
         None
     };
-    let result = run_against(args, sizes, spec, seed, spawned.as_mut(), driver).await;
+    let result = run_against(args, sizes, spec, seed, spawned.as_mut(), driver, &placed).await;
     if let Some(s) = spawned {
         s.shutdown(args.keep).await;
     }
@@ -372,6 +387,7 @@ async fn run_against(
     seed: u64,
     mut spawned: Option<&mut Spawned>,
     driver: Driver,
+    placed: &nodes::Placement,
 ) -> Result<BenchResult, String> {
     let ceiling = spec.target == Target::Healthz;
     let sql = spec.target == Target::Sql;
@@ -391,6 +407,8 @@ async fn run_against(
                 redis_url: args.redis_url.clone(),
                 redis_cluster_nodes: args.redis_cluster_nodes.clone(),
                 redis_prefix: args.redis_prefix.clone(),
+                // The audit reads the ledger as the server does.
+                database_nodes: std::env::var(server::DATABASE_NODES_ENV).ok(),
                 nats: None,
             },
             args.server_pid.into_iter().collect(),
@@ -468,6 +486,8 @@ async fn run_against(
     } else {
         None
     };
+    // First: its FLUSH STATUS must not fall between the commit counters' two reads.
+    let wsrep_before = placed.wsrep(true).await;
     let keys_before = count_keys(&mut redis, &env.redis_prefix).await;
     let redis_before = redis_snapshot(&mut redis).await;
     let commits_before = commits(&mut mysql).await;
@@ -517,22 +537,7 @@ async fn run_against(
             },
         ))
     });
-    let bar = if args.no_progress {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(sizes.attempts)
-    };
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} attempts · {msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    let watcher = Arc::new(Progress {
-        bar: bar.clone(),
-        total: sizes.attempts,
-        pids: pids.clone(),
-    });
+    let (bar, watcher) = progress_bar(args.no_progress, sizes.attempts, &pids);
     let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let mode_text = match mode {
         Mode::Open {
@@ -572,9 +577,10 @@ async fn run_against(
         );
     }
     let hz = probes::clock_ticks_per_s();
-    let cpu_before = probes::cpu_snapshot(&pids);
+    let cpu_before = probes::cpu_snapshot(&pids, &placed.cpu);
     let outcome = load::run(plan, targets, live.clone(), watcher).await;
-    let cpu_after = probes::cpu_snapshot(&pids);
+    let cpu_after = probes::cpu_snapshot(&pids, &placed.cpu);
+    let wsrep_after = placed.wsrep(false).await;
     bar.finish_and_clear();
     if let Some((target, _)) = &sql_target {
         target.close().await;
@@ -737,6 +743,8 @@ async fn run_against(
         keys: [keys_before, keys_after, keys_settled],
         proc,
         cpu: probes::cpu_seconds(&cpu_before, &cpu_after, hz),
+        wsrep: [wsrep_before, wsrep_after],
+        database: placed.database.name(),
         inventory,
         expiry,
         checks,
@@ -768,6 +776,28 @@ fn watch_ctrl_c(live: Arc<Live>, spawned_pids: Vec<u32>) -> tokio::task::JoinHan
         }
         std::process::exit(130);
     })
+}
+
+/// The run's progress bar (hidden with --no-progress) and what updates it, sampling the
+/// servers' memory as it goes.
+fn progress_bar(hidden: bool, attempts: u64, pids: &[u32]) -> (ProgressBar, Arc<Progress>) {
+    let bar = if hidden {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(attempts)
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} attempts · {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let watcher = Arc::new(Progress {
+        bar: bar.clone(),
+        total: attempts,
+        pids: pids.to_vec(),
+    });
+    (bar, watcher)
 }
 
 struct Progress {
@@ -1448,6 +1478,10 @@ struct Built<'a> {
     proc: Option<probes::ProcMemory>,
     /// CPU seconds over the load by process name (`probes::cpu_seconds`).
     cpu: BTreeMap<String, f64>,
+    /// A Galera cluster's `wsrep_` values before and after the load.
+    wsrep: [Option<nodes::WsrepSnapshot>; 2],
+    /// `Database::name` of where the ledger lived.
+    database: Option<&'static str>,
     inventory: Option<Inventory>,
     expiry: (u64, u64),
     checks: Checks,
@@ -1508,13 +1542,7 @@ fn build_result(b: Built<'_>) -> BenchResult {
         (Some(x), Some(y)) if orders > 0 => Some((y as f64 - x as f64) / orders as f64),
         _ => None,
     };
-    let (connections, rate, max_in_flight, mode) = match b.mode {
-        Mode::Closed { connections } => (Some(connections), None, None, "closed"),
-        Mode::Open {
-            rate,
-            max_in_flight,
-        } => (None, Some(rate), Some(max_in_flight), "open"),
-    };
+    let config = run_config(&b);
     let mut stopped_early = o.stopped_early.clone();
     if o.abandoned > 0 {
         let note = format!(
@@ -1530,39 +1558,7 @@ fn build_result(b: Built<'_>) -> BenchResult {
         schema: report::SCHEMA.into(),
         scenario: b.args.scenario.name().into(),
         started_at: b.started_at,
-        config: RunConfig {
-            mode: mode.into(),
-            connections,
-            rate_per_s: rate,
-            max_in_flight,
-            attempts_max: b.sizes.attempts,
-            duration_max_s: b.sizes.duration.as_secs_f64(),
-            users: b.sizes.users,
-            stock: b.sizes.stock,
-            per_user_limit: b.sizes.per_user_limit,
-            retry_share: b.args.retry_share,
-            pay_share: if b.sizes.follow_ups {
-                b.args.pay_share
-            } else {
-                0.0
-            },
-            cancel_share: if b.sizes.follow_ups {
-                b.args.cancel_share
-            } else {
-                0.0
-            },
-            payment_timeout_ms: b
-                .sizes
-                .payment_timeout
-                .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
-            quick: b.args.quick,
-            spawned: b.spawned,
-            base_url: b.base_urls.first().cloned().unwrap_or_default(),
-            product_id: b.product_id,
-            seed: b.seed,
-            target: b.spec.target.name().into(),
-            strategy: b.spec.strategy.map(|s| s.name().to_owned()),
-        },
+        config,
         elapsed_s: o.elapsed.as_secs_f64(),
         attempts: AttemptCounts {
             sent,
@@ -1621,9 +1617,55 @@ fn build_result(b: Built<'_>) -> BenchResult {
             us_per_order: per_unit(&b.cpu, orders),
             seconds: b.cpu,
         },
+        galera: nodes::figures(b.wsrep[0].as_ref(), b.wsrep[1].as_ref(), secs, orders),
         inventory: b.inventory,
         checks: b.checks,
         passed: b.passed,
+    }
+}
+
+/// How the run was configured, for the report.
+fn run_config(b: &Built<'_>) -> RunConfig {
+    let (connections, rate, max_in_flight, mode) = match b.mode {
+        Mode::Closed { connections } => (Some(connections), None, None, "closed"),
+        Mode::Open {
+            rate,
+            max_in_flight,
+        } => (None, Some(rate), Some(max_in_flight), "open"),
+    };
+    RunConfig {
+        mode: mode.into(),
+        connections,
+        rate_per_s: rate,
+        max_in_flight,
+        attempts_max: b.sizes.attempts,
+        duration_max_s: b.sizes.duration.as_secs_f64(),
+        users: b.sizes.users,
+        stock: b.sizes.stock,
+        per_user_limit: b.sizes.per_user_limit,
+        retry_share: b.args.retry_share,
+        pay_share: if b.sizes.follow_ups {
+            b.args.pay_share
+        } else {
+            0.0
+        },
+        cancel_share: if b.sizes.follow_ups {
+            b.args.cancel_share
+        } else {
+            0.0
+        },
+        payment_timeout_ms: b
+            .sizes
+            .payment_timeout
+            .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+        quick: b.args.quick,
+        spawned: b.spawned,
+        base_url: b.base_urls.first().cloned().unwrap_or_default(),
+        product_id: b.product_id,
+        seed: b.seed,
+        target: b.spec.target.name().into(),
+        strategy: b.spec.strategy.map(|s| s.name().to_owned()),
+        database: b.database.map(str::to_owned),
     }
 }
 

@@ -24,7 +24,8 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Commands the bench itself sends to Redis; left out of the server's call count.
 const OWN_COMMANDS: [&str; 3] = ["info", "scan", "unlink"];
 
-async fn bounded<T, E: std::fmt::Display>(
+/// `fut`, bounded by [`PROBE_TIMEOUT`], its error or timeout said with `what`.
+pub(crate) async fn bounded<T, E: std::fmt::Display>(
     what: &str,
     fut: impl std::future::Future<Output = Result<T, E>>,
 ) -> Result<T, String> {
@@ -633,14 +634,21 @@ pub const SERVER_KERNEL: &str = "server-kernel";
 const PROC_ENTRIES_MAX: usize = 100_000;
 
 /// The CPU ticks used so far by the servers (`server_pids`: none, one, or several
-/// instances, summed under "server" by [`cpu_seconds`]), this process, every process of
-/// each of `CPU_SERVICES`, and the whole machine. Linux only; elsewhere it is empty.
-pub fn cpu_snapshot(server_pids: &[u32]) -> CpuSnapshot {
+/// instances, summed under "server" by [`cpu_seconds`]), each of the processes `named`
+/// under its own name (a private database's nodes: left out of `CPU_SERVICES`' count),
+/// this process, every other process of each of `CPU_SERVICES`, and the whole machine.
+/// Linux only; elsewhere it is empty.
+pub fn cpu_snapshot(server_pids: &[u32], named: &[(String, u32)]) -> CpuSnapshot {
     let mut ticks = BTreeMap::new();
     for &pid in server_pids {
         if let Some((user, kernel)) = stat_times(&pid.to_string()) {
             ticks.insert(("server".to_owned(), pid), user + kernel);
             ticks.insert((SERVER_KERNEL.to_owned(), pid), kernel);
+        }
+    }
+    for (name, pid) in named {
+        if let Some(t) = stat_ticks(&pid.to_string()) {
+            ticks.insert((name.clone(), *pid), t);
         }
     }
     if let Some(t) = stat_ticks("self") {
@@ -652,6 +660,9 @@ pub fn cpu_snapshot(server_pids: &[u32]) -> CpuSnapshot {
             let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
                 continue;
             };
+            if named.iter().any(|(_, p)| *p == pid) {
+                continue;
+            }
             let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/comm")) else {
                 continue;
             };
@@ -673,6 +684,25 @@ pub fn cpu_snapshot(server_pids: &[u32]) -> CpuSnapshot {
         ticks,
         machine_busy,
     }
+}
+
+/// The pid of the `mariadbd` started with `--port=<port>` (a private server of the
+/// bench's, whose handle does not say it), if one runs.
+pub fn mariadbd_on_port(port: u16) -> Option<u32> {
+    let wanted = format!("--port={port}");
+    let dir = std::fs::read_dir("/proc").ok()?;
+    dir.flatten().take(PROC_ENTRIES_MAX).find_map(|entry| {
+        let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        if comm.trim_end() != "mariadbd" {
+            return None;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        cmdline
+            .split(|&b| b == 0)
+            .any(|arg| arg == wanted.as_bytes())
+            .then_some(pid)
+    })
 }
 
 /// CPU seconds per process name between two snapshots ("machine" for the whole
@@ -828,7 +858,8 @@ mod tests {
         );
         // This process itself is readable, and counts up.
         let me = std::process::id();
-        let snap = cpu_snapshot(&[me]);
+        let snap = cpu_snapshot(&[me], &[("node0".to_owned(), me)]);
+        assert!(snap.ticks.contains_key(&("node0".to_owned(), me)));
         assert!(snap.ticks.contains_key(&("server".to_owned(), me)));
         assert!(
             snap.ticks[&(SERVER_KERNEL.to_owned(), me)] <= snap.ticks[&("server".to_owned(), me)]

@@ -38,6 +38,10 @@ pub struct BenchResult {
     pub memory: Memory,
     #[serde(default)]
     pub cpu: Cpu,
+    /// What the Galera cluster did over the load (`--galera`, `--compare-galera`); None on
+    /// one MariaDB.
+    #[serde(default)]
+    pub galera: Option<GaleraFigures>,
     /// The product's inventory as the API reports it after the run.
     pub inventory: Option<Inventory>,
     pub checks: Checks,
@@ -83,6 +87,10 @@ pub struct RunConfig {
     /// baseline; None for the ceiling.
     #[serde(default)]
     pub strategy: Option<String>,
+    /// Where the spawned server's ledger lived: "one node" (a private MariaDB) or
+    /// "galera" (a private 3-node cluster); None for the server of --database-url.
+    #[serde(default)]
+    pub database: Option<String>,
 }
 
 fn purchase_target() -> String {
@@ -258,8 +266,50 @@ pub struct Cpu {
     pub us_per_order: BTreeMap<String, f64>,
 }
 
-/// The order the CPU figures are printed in.
-pub const CPU_NAMES: [&str; 6] = ["server", "generator", "redis", "mariadb", "nats", "machine"];
+/// The order the CPU figures are printed in: the private database's nodes that served
+/// the run ("node0" the writer; `crate::nodes`) and the one that idled ("db-idle") after
+/// every other MariaDB.
+pub const CPU_NAMES: [&str; 10] = [
+    "server",
+    "generator",
+    "redis",
+    "mariadb",
+    "node0",
+    "node1",
+    "node2",
+    "db-idle",
+    "nats",
+    "machine",
+];
+
+/// What a private Galera cluster did over the load: deltas of its `wsrep_` status
+/// counters (`SHOW GLOBAL STATUS`, read on every node before and after the load; the
+/// writer is node 0), and the averages Galera keeps since a `FLUSH STATUS`, which the
+/// bench sends just before the load.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GaleraFigures {
+    /// Writesets the writer replicated (`wsrep_replicated`): one per transaction that
+    /// wrote, each certified on every node before its COMMIT returns.
+    pub writesets: Option<u64>,
+    /// Their bytes (`wsrep_replicated_bytes`).
+    pub replicated_bytes: Option<u64>,
+    /// Per order created.
+    pub writesets_per_order: Option<f64>,
+    pub bytes_per_order: Option<f64>,
+    /// Share of the load's time replication was paused by flow control
+    /// (`wsrep_flow_control_paused_ns` over the load's wall time, on the writer).
+    pub flow_control_paused: Option<f64>,
+    /// Flow-control pauses the nodes asked for (`wsrep_flow_control_sent`, all nodes).
+    pub flow_control_sent: Option<u64>,
+    /// The writer's send queue, averaged over the load (`wsrep_local_send_queue_avg`).
+    pub send_queue_avg: Option<f64>,
+    /// The longest of the other nodes' receive queues, averaged over the load
+    /// (`wsrep_local_recv_queue_avg`): writesets waiting to be applied.
+    pub recv_queue_avg: Option<f64>,
+    /// Transactions certification or a replicated write aborted
+    /// (`wsrep_local_cert_failures` + `wsrep_local_bf_aborts`, all nodes).
+    pub conflicts: Option<u64>,
+}
 
 /// "server 10.8 (kernel 4.1), generator 14.8, …, machine 27.1 µs" for one of `Cpu`'s
 /// per-unit maps, in `CPU_NAMES` order, the names measured only; the server's kernel
@@ -521,6 +571,9 @@ pub fn summary_table(r: &BenchResult) -> String {
     if !r.cpu.us_per_order.is_empty() {
         let _ = writeln!(out, "CPU per order: {}", cpu_line(&r.cpu.us_per_order));
     }
+    if let Some(g) = &r.galera {
+        galera_line(&mut out, g);
+    }
     let _ = writeln!(out);
     for line in &r.checks.client_passed {
         let _ = writeln!(out, "check ok: {line}");
@@ -595,6 +648,23 @@ fn targets_table(out: &mut String, r: &BenchResult) {
             "no answer: an attempt's last exchange (re-sent to the same server) got no HTTP answer — the server stopped answering or the connection broke; its outcome is unknown, counted neither as an order nor as a refusal"
         );
     }
+}
+
+/// The line of a run on a Galera cluster: what replication carried and how it waited.
+fn galera_line(out: &mut String, g: &GaleraFigures) {
+    let _ = writeln!(
+        out,
+        "galera: {} writesets replicated ({} per order, {} B per order) · flow control paused {} of the load, {} pauses asked · send queue {} · apply queue {} · conflicts {}",
+        opt(g.writesets),
+        opt_f(g.writesets_per_order, 3),
+        opt_f(g.bytes_per_order, 0),
+        g.flow_control_paused
+            .map_or_else(|| "n/a".to_owned(), |p| format!("{:.1} %", p * 100.0)),
+        opt(g.flow_control_sent),
+        opt_f(g.send_queue_avg, 2),
+        opt_f(g.recv_queue_avg, 2),
+        opt(g.conflicts),
+    );
 }
 
 /// The orders, inventory and cost lines of a purchase run's summary.
@@ -691,6 +761,7 @@ pub(crate) mod tests {
                 seed: 7,
                 target: "purchase".into(),
                 strategy: Some("flashsale".into()),
+                database: None,
             },
             elapsed_s: 1.25,
             attempts: AttemptCounts {
@@ -807,6 +878,17 @@ pub(crate) mod tests {
                     ("machine".into(), 2000.0),
                 ]),
             },
+            galera: Some(GaleraFigures {
+                writesets: Some(30),
+                replicated_bytes: Some(60_000),
+                writesets_per_order: Some(0.05),
+                bytes_per_order: Some(100.0),
+                flow_control_paused: Some(0.125),
+                flow_control_sent: Some(2),
+                send_queue_avg: Some(0.5),
+                recv_queue_avg: Some(1.25),
+                conflicts: Some(0),
+            }),
             inventory: Some(Inventory {
                 total: 600,
                 available: 300,

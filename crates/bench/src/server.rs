@@ -32,6 +32,10 @@ pub const INSTANCES_MAX: u32 = crate::cli::TARGETS_MAX as u32;
 /// The server setting naming a Redis Cluster (`host:port` seed nodes, comma-separated);
 /// when set, the server uses the cluster and does not read `FLASHSALE_REDIS_URL`.
 pub const CLUSTER_NODES_ENV: &str = "FLASHSALE_REDIS_CLUSTER_NODES";
+/// The server setting naming a Galera cluster's nodes (`host:port`, comma-separated): the
+/// ledger writes through the first healthy one, with the user, password and database of
+/// `FLASHSALE_DATABASE_URL`.
+pub const DATABASE_NODES_ENV: &str = "FLASHSALE_DATABASE_NODES";
 
 /// The configuration a flashsale process (server or audit) reads.
 #[derive(Debug, Clone)]
@@ -42,6 +46,9 @@ pub struct ServerEnv {
     /// The Redis Cluster's seed nodes (`CLUSTER_NODES_ENV`), used instead of `redis_url`.
     pub redis_cluster_nodes: Option<String>,
     pub redis_prefix: String,
+    /// The Galera nodes the ledger writes through (`DATABASE_NODES_ENV`), None for the
+    /// one MariaDB of `database_url`.
+    pub database_nodes: Option<String>,
     /// Set when this bench owns the NATS stream (spawned server).
     pub nats: Option<(String, String)>,
 }
@@ -53,10 +60,15 @@ impl ServerEnv {
             .env("FLASHSALE_REDIS_PREFIX", &self.redis_prefix);
         // Set, or removed: a cluster inherited from the bench's own environment would
         // send the process to other keys than the ones the bench probes and cleans.
-        match &self.redis_cluster_nodes {
-            Some(nodes) => cmd.env(CLUSTER_NODES_ENV, nodes),
-            None => cmd.env_remove(CLUSTER_NODES_ENV),
-        };
+        for (key, value) in [
+            (CLUSTER_NODES_ENV, &self.redis_cluster_nodes),
+            (DATABASE_NODES_ENV, &self.database_nodes),
+        ] {
+            match value {
+                Some(nodes) => cmd.env(key, nodes),
+                None => cmd.env_remove(key),
+            };
+        }
         if let Some((subject_prefix, stream)) = &self.nats {
             cmd.env("FLASHSALE_NATS_SUBJECT_PREFIX", subject_prefix)
                 .env("FLASHSALE_NATS_STREAM", stream);
@@ -156,12 +168,8 @@ pub async fn spawn(opts: SpawnOptions<'_>) -> Result<Spawned, String> {
     let env = ServerEnv {
         database_url: format!("{server}/{database_name}{query}"),
         redis_url: opts.redis_url.to_owned(),
-        redis_cluster_nodes: opts
-            .extra_env
-            .iter()
-            .rev()
-            .find(|(k, _)| k == CLUSTER_NODES_ENV)
-            .map(|(_, v)| v.clone()),
+        redis_cluster_nodes: last_setting(opts.extra_env, CLUSTER_NODES_ENV),
+        database_nodes: last_setting(opts.extra_env, DATABASE_NODES_ENV),
         redis_prefix: format!("fs_bench_{tag}:"),
         nats: Some((
             format!("fs_bench_{tag}"),
@@ -208,6 +216,16 @@ pub async fn spawn(opts: SpawnOptions<'_>) -> Result<Spawned, String> {
         return Err(e);
     }
     Ok(spawned)
+}
+
+/// The value of `key` in `settings`, the last one when it is given several times (as
+/// for the server itself).
+fn last_setting(settings: &[(String, String)], key: &str) -> Option<String> {
+    settings
+        .iter()
+        .rev()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.clone())
 }
 
 /// Where instance `number` (from 1) of `instances` logs: the path asked for (with

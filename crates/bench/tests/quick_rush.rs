@@ -92,7 +92,7 @@ fn quick_rush_against_a_spawned_server() {
     assert!(r.memory.server_vm_hwm_kb.unwrap_or(0) > 0);
     let cpu = |name: &str| r.cpu.seconds.get(name).copied().unwrap_or(0.0);
     // Redis and MariaDB are read too whenever they run on this machine (in CI they do).
-    let local = flashsale_bench::probes::cpu_snapshot(&[]);
+    let local = flashsale_bench::probes::cpu_snapshot(&[], &[]);
     let stores = ["redis", "mariadb"]
         .into_iter()
         .filter(|s| local.ticks.keys().any(|(name, _)| name == s));
