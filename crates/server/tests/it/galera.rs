@@ -166,19 +166,32 @@ fn summarize(boughts: &[Bought], fault_at: Instant) -> Summary {
 /// A service on `cluster`, writing through its nodes in the order `order` names them,
 /// with a short request deadline and failback time.
 async fn service_on(cluster: &GaleraCluster, order: &[usize]) -> TestApp {
-    let nodes = nodes_in(cluster, order);
+    let settings = service_settings(cluster, order);
+    let settings: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
     TestApp::spawn_on(
         Routes::default(),
         REDIS_URL.to_owned(),
         REDIS_URL,
         &cluster.url(order[0]),
-        &[
-            ("DATABASE_NODES", &nodes),
-            ("DATABASE_FAILBACK_AFTER", FAILBACK_AFTER),
-            ("REQUEST_TIMEOUT", REQUEST_TIMEOUT),
-        ],
+        &settings,
     )
     .await
+}
+
+/// A second instance beside `a`, writing through the cluster's nodes in `order`.
+async fn beside(a: &TestApp, cluster: &GaleraCluster, order: &[usize]) -> TestApp {
+    let settings = service_settings(cluster, order);
+    let settings: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    a.spawn_beside(&settings).await
+}
+
+/// The settings of [`service_on`]'s services.
+fn service_settings(cluster: &GaleraCluster, order: &[usize]) -> Vec<(&'static str, String)> {
+    vec![
+        ("DATABASE_NODES", nodes_in(cluster, order)),
+        ("DATABASE_FAILBACK_AFTER", FAILBACK_AFTER.to_owned()),
+        ("REQUEST_TIMEOUT", REQUEST_TIMEOUT.to_owned()),
+    ]
 }
 
 /// `FLASHSALE_DATABASE_NODES` naming the cluster's nodes in `order`.
@@ -228,6 +241,17 @@ async fn status_number(cluster: &GaleraCluster, i: usize, name: &str) -> i64 {
     value.parse().expect("a number")
 }
 
+/// Transactions the nodes refused at certification or aborted for a replicated
+/// writeset, over `nodes`: what two writers on one row cost.
+async fn refused(cluster: &GaleraCluster, nodes: &[usize]) -> i64 {
+    let mut n = 0;
+    for &i in nodes {
+        n += status_number(cluster, i, "wsrep_local_cert_failures").await;
+        n += status_number(cluster, i, "wsrep_local_bf_aborts").await;
+    }
+    n
+}
+
 /// The node through which the burst `work` committed, asserting that it was one node
 /// only (of the running `nodes`).
 async fn writer_of<F: std::future::Future<Output = ()>>(
@@ -254,9 +278,9 @@ async fn writer_of<F: std::future::Future<Output = ()>>(
 
 /// A short burst of purchases of their own (request_ids `<tag>-<n>`), all answered
 /// with orders.
-async fn burst(app: &TestApp, product_id: i64, tag: &str, users: std::ops::Range<i64>) {
+async fn burst(apps: &[&TestApp], product_id: i64, tag: &str, users: std::ops::Range<i64>) {
     let created = AtomicUsize::new(0);
-    let boughts = flood(&[app], product_id, users, tag, &created).await;
+    let boughts = flood(apps, product_id, users, tag, &created).await;
     for b in &boughts {
         assert!(
             b.status.is_success(),
@@ -378,18 +402,18 @@ fn report(what: &str, summary: &Summary) {
 async fn selling_on(cluster: &GaleraCluster) -> TestApp {
     let app = service_on(cluster, &[0, 1, 2]).await;
     app.create_product(1, 300, None).await;
-    app.create_product(2, 1_000, None).await;
-    let first = writer_of(cluster, &[0, 1, 2], burst(&app, 2, "warm-a", 1..21)).await;
+    app.create_product(2, 100_000, None).await;
+    let first = writer_of(cluster, &[0, 1, 2], burst(&[&app], 2, "warm-a", 1..21)).await;
     assert_eq!(first, 0, "the first listed node takes the writes");
     app
 }
 
-/// Product 1's 300 units flooded by 400 buyers, `fault` made once 100 are sold; the
-/// answers summarized against the fault's moment, and exactly the stock sold.
-async fn sale_with_fault(app: &TestApp, what: &str, fault: impl FnOnce()) -> Summary {
+/// Product 1's 300 units flooded by 400 buyers spread over `apps`, `fault` made once 100
+/// are sold; the answers summarized against the fault's moment, and exactly the stock
+/// sold.
+async fn sale_with_fault(apps: &[&TestApp], what: &str, fault: impl FnOnce()) -> Summary {
     let created = AtomicUsize::new(0);
-    let apps = [app];
-    let (boughts, fault_at) = tokio::join!(flood(&apps, 1, 1..401, "buyer", &created), async {
+    let (boughts, fault_at) = tokio::join!(flood(apps, 1, 1..401, "buyer", &created), async {
         once_created(&created, 100).await;
         fault();
         Instant::now()
@@ -412,20 +436,53 @@ async fn writer_shown(app: &TestApp) -> String {
     shown[0].to_owned()
 }
 
+/// Buys product 2 through `a` and `b`, rounds of [`CONCURRENCY`] buyers, from now until
+/// both say they write through node `node`, and one round more: a flood across the
+/// moment they move. The answers, and how long it took.
+async fn buying_until_both_write_through(
+    cluster: &GaleraCluster,
+    node: usize,
+    a: &TestApp,
+    b: &TestApp,
+) -> (Vec<Bought>, Duration) {
+    let started = Instant::now();
+    let target = cluster.addr(node).to_string();
+    let created = AtomicUsize::new(0);
+    let mut boughts = Vec::new();
+    let mut next = 1_000;
+    let mut last_round = false;
+    loop {
+        let round = next..next + i64::try_from(CONCURRENCY).expect("size");
+        next = round.end;
+        boughts.extend(flood(&[a, b], 2, round, "failback", &created).await);
+        if last_round {
+            return (boughts, started.elapsed());
+        }
+        last_round = writer_shown(a).await == target && writer_shown(b).await == target;
+        assert!(
+            started.elapsed() < HEAL_MAX,
+            "the writes never moved to {target}"
+        );
+    }
+}
+
 // Checks the writer's crash mid-sale: `kill -9` of the node every write goes through
-// (node 0), after 100 of 300 units sold to 400 buyers. How: the service moves to node 1
-// (every write of a burst afterwards commits there, and `/metrics` names it), every
-// buyer gets a known answer by retrying with the same request_id, and every
-// acknowledged order is on both surviving nodes, with exactly the stock sold. Node 0
-// then rejoins by IST, and after the failback time the writes move back to it; the
-// orders and the audit are the same on all three. Prints the time from the kill to the
-// next 201 and the unknown answers meanwhile.
+// (node 0), after 100 of 300 units sold to 400 buyers spread over two instances. How:
+// both move to node 1 (every write of a burst afterwards commits there, and `/metrics`
+// names it), every buyer gets a known answer by retrying with the same request_id, and
+// every acknowledged order is on both surviving nodes, with exactly the stock sold.
+// Node 0 then rejoins by IST and, the failback time later, both instances move back to
+// it while a flood goes on: every buyer of it gets an order, and what the moment when
+// the two disagree cost (transactions refused at certification, unknown answers) is
+// printed. The orders and the audit are then the same on all three nodes. Prints the
+// time from the kill to the next 201 and the unknown answers meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_writer_loses_no_acknowledged_order() {
     let cluster = GaleraCluster::start().await.expect("galera cluster");
-    let app = selling_on(&cluster).await;
-    assert_eq!(writer_shown(&app).await, cluster.addr(0).to_string());
-    let summary = sale_with_fault(&app, "writer killed", || {
+    let a = selling_on(&cluster).await;
+    let b = beside(&a, &cluster, &[0, 1, 2]).await;
+    assert_eq!(writer_shown(&a).await, cluster.addr(0).to_string());
+    let summary = sale_with_fault(&[&a, &b], "writer killed", || {
         cluster.kill9(0).expect("kill -9 the writer")
     })
     .await;
@@ -438,17 +495,32 @@ async fn a_killed_writer_loses_no_acknowledged_order() {
     // request_id: 200 with the order when the commit had been certified before the
     // kill, 201 when it had not.
     assert!(summary.unknowns > 0, "the kill met commits in flight");
-    let next = writer_of(&cluster, &[1, 2], burst(&app, 2, "warm-b", 21..41)).await;
+    let next = writer_of(&cluster, &[1, 2], burst(&[&a, &b], 2, "warm-b", 21..41)).await;
     assert_eq!(next, 1, "the next listed healthy node takes the writes");
-    assert_eq!(writer_shown(&app).await, cluster.addr(1).to_string());
-    check_every_node(&cluster, &[1, 2], &app, 1, &summary.orders).await;
+    assert_eq!(writer_shown(&b).await, cluster.addr(1).to_string());
+    check_every_node(&cluster, &[1, 2], &a, 1, &summary.orders).await;
 
     cluster.rejoin(0).await.expect("node 0 rejoins");
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let back = writer_of(&cluster, &[0, 1, 2], burst(&app, 2, "warm-c", 41..61)).await;
+    let refused_before = refused(&cluster, &[0, 1, 2]).await;
+    let (boughts, took) = buying_until_both_write_through(&cluster, 0, &a, &b).await;
+    let moved_back = summarize(&boughts, Instant::now());
+    println!(
+        "galera failback: {} orders in {took:?} across the move back, {} transactions \
+         refused at certification or aborted and retried, {} unknown answers",
+        moved_back.orders.len(),
+        refused(&cluster, &[0, 1, 2]).await - refused_before,
+        moved_back.unknowns
+    );
+    assert_eq!(
+        moved_back.orders.len(),
+        boughts.len(),
+        "every buyer got an order"
+    );
+    let back = writer_of(&cluster, &[0, 1, 2], burst(&[&a, &b], 2, "warm-c", 41..61)).await;
     assert_eq!(back, 0, "after the failback time the writes move back");
-    check_every_node(&cluster, &[0, 1, 2], &app, 1, &summary.orders).await;
-    app.cleanup().await;
+    check_every_node(&cluster, &[0, 1, 2], &a, 1, &summary.orders).await;
+    b.cleanup().await;
+    a.cleanup().await;
 }
 
 // Checks a writer that hangs rather than dies: SIGSTOP of node 0 mid-sale, which its
@@ -463,7 +535,7 @@ async fn a_killed_writer_loses_no_acknowledged_order() {
 async fn a_paused_writer_is_left_and_rejoins_without_writes() {
     let cluster = GaleraCluster::start().await.expect("galera cluster");
     let app = selling_on(&cluster).await;
-    let summary = sale_with_fault(&app, "writer paused", || {
+    let summary = sale_with_fault(&[&app], "writer paused", || {
         cluster.sigstop(0).expect("SIGSTOP the writer")
     })
     .await;
@@ -471,7 +543,7 @@ async fn a_paused_writer_is_left_and_rejoins_without_writes() {
         let status = cluster.status(peer).await.expect("peer status");
         assert!(status.is_synced() && status.cluster_size == 2, "{status}");
     }
-    let next = writer_of(&cluster, &[1, 2], burst(&app, 2, "warm-b", 21..41)).await;
+    let next = writer_of(&cluster, &[1, 2], burst(&[&app], 2, "warm-b", 21..41)).await;
     assert_eq!(next, 1, "the next listed healthy node takes the writes");
     check_every_node(&cluster, &[1, 2], &app, 1, &summary.orders).await;
 
@@ -497,11 +569,11 @@ async fn a_paused_writer_is_left_and_rejoins_without_writes() {
 async fn a_killed_peer_leaves_the_sale_going() {
     let cluster = GaleraCluster::start().await.expect("galera cluster");
     let app = selling_on(&cluster).await;
-    let summary = sale_with_fault(&app, "peer killed", || {
+    let summary = sale_with_fault(&[&app], "peer killed", || {
         cluster.kill9(2).expect("kill -9 a peer")
     })
     .await;
-    let writer = writer_of(&cluster, &[0, 1], burst(&app, 2, "warm-b", 21..41)).await;
+    let writer = writer_of(&cluster, &[0, 1], burst(&[&app], 2, "warm-b", 21..41)).await;
     assert_eq!(writer, 0, "the writer stays");
     check_every_node(&cluster, &[0, 1], &app, 1, &summary.orders).await;
     cluster.rejoin(2).await.expect("node 2 rejoins");
@@ -521,27 +593,14 @@ async fn a_killed_peer_leaves_the_sale_going() {
 async fn writers_that_disagree_still_sell_exactly_the_stock() {
     let cluster = GaleraCluster::start().await.expect("galera cluster");
     let a = service_on(&cluster, &[0, 1, 2]).await;
-    let b = a
-        .spawn_beside(&[
-            ("DATABASE_NODES", &nodes_in(&cluster, &[1, 0, 2])),
-            ("REQUEST_TIMEOUT", REQUEST_TIMEOUT),
-        ])
-        .await;
+    let b = beside(&a, &cluster, &[1, 0, 2]).await;
     a.create_product(1, 400, None).await;
-    let conflicts = || async {
-        let mut n = 0;
-        for i in 0..3 {
-            n += status_number(&cluster, i, "wsrep_local_cert_failures").await;
-            n += status_number(&cluster, i, "wsrep_local_bf_aborts").await;
-        }
-        n
-    };
-    let before = conflicts().await;
+    let before = refused(&cluster, &[0, 1, 2]).await;
     let commits_before = local_commits(&cluster, &[0, 1, 2]).await;
     let created = AtomicUsize::new(0);
     let boughts = flood(&[&a, &b], 1, 1..601, "d", &created).await;
     let commits_after = local_commits(&cluster, &[0, 1, 2]).await;
-    let refused = conflicts().await - before;
+    let refused = refused(&cluster, &[0, 1, 2]).await - before;
     let summary = summarize(&boughts, Instant::now());
     report("two writers", &summary);
     println!(
