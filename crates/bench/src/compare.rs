@@ -22,7 +22,7 @@ pub const REFERENCE: Strategy = Strategy::DbConditional;
 pub const FLOOR: &str = SQL_LABEL;
 
 /// How to read the database table.
-const DATABASE_NOTE: &str = "database nodes: rows whose server wrote to a private database the bench started — one node (a MariaDB with the Galera nodes' InnoDB settings: 64 MB buffer pool, 8 MB redo log, a flush per commit) or galera (three nodes on the same machine; the server writes through node0, the others apply its writesets) — each run on a fresh database; ×one node: durable orders/s (the rush: attempts/s) over the same strategy's row on one node; nodeN µs/ord: each mariadbd's CPU per order created, from /proc; ms/COMMIT: the load's wall time over the writer's COMMITs; writesets/ord, B/ord: what the writer replicated (wsrep_replicated, wsrep_replicated_bytes); FC paused: share of the load replication was paused by flow control (wsrep_flow_control_paused_ns); send q, apply q: the writer's send queue and the longest apply queue of the others, averaged over the load (wsrep_local_send_queue_avg, wsrep_local_recv_queue_avg, since a FLUSH STATUS just before it); conflicts: certification failures and brute-force aborts, all nodes.";
+const DATABASE_NOTE: &str = "database nodes: rows whose server wrote to a private database the bench started — one node (a MariaDB with the Galera nodes' InnoDB settings: 64 MB buffer pool, 8 MB redo log, a flush per commit) or galera (three nodes on the same machine; the server writes through node0, the others apply its writesets) — each run on a fresh database; ×one node: durable orders/s (the rush: attempts/s) over the same strategy's row on one node; nodeN µs/ord: each mariadbd's CPU per order created, from /proc; ms/COMMIT: the load's wall time over the writer's COMMITs; writesets/ord, B/ord: what the writer replicated (wsrep_replicated, wsrep_replicated_bytes); waits/ord: the writer's causality waits (wsrep_causal_reads: each read or BEGIN of a session with wsrep_sync_wait set); FC paused: share of the load replication was paused by flow control (wsrep_flow_control_paused_ns); send q, apply q: the writer's send queue and the longest apply queue of the others, averaged over the load (wsrep_local_send_queue_avg, wsrep_local_recv_queue_avg, since a FLUSH STATUS just before it); conflicts: certification failures and brute-force aborts, all nodes.";
 
 /// A run of the comparison as it ended: its result, or why it could not be carried out.
 #[derive(Debug)]
@@ -145,6 +145,9 @@ pub struct NodeFigures {
     pub recv_queue_avg: Option<f64>,
     /// Certification failures and brute-force aborts over the load, all nodes.
     pub conflicts: Option<f64>,
+    /// The writer's causality waits (`wsrep_sync_wait`) per order.
+    #[serde(default)]
+    pub sync_waits_per_order: Option<f64>,
 }
 
 /// The database figures of a run on a private database (None otherwise).
@@ -170,6 +173,7 @@ fn node_figures(r: &BenchResult) -> Option<NodeFigures> {
         send_queue_avg: g.send_queue_avg,
         recv_queue_avg: g.recv_queue_avg,
         conflicts: g.conflicts.map(|c| c as f64),
+        sync_waits_per_order: g.sync_waits_per_order,
     })
 }
 
@@ -606,6 +610,7 @@ fn median_nodes(rows: &[&CompareRow]) -> Option<NodeFigures> {
         send_queue_avg: med(|f| f.send_queue_avg),
         recv_queue_avg: med(|f| f.recv_queue_avg),
         conflicts: med(|f| f.conflicts),
+        sync_waits_per_order: med(|f| f.sync_waits_per_order),
     })
 }
 
@@ -713,6 +718,7 @@ fn node_lines(rows: &[CompareRow]) -> Vec<Vec<String>> {
         "ms/COMMIT",
         "writesets/ord",
         "B/ord",
+        "waits/ord",
         "FC paused",
         "send q",
         "apply q",
@@ -737,6 +743,7 @@ fn node_lines(rows: &[CompareRow]) -> Vec<Vec<String>> {
             f2(n.ms_per_commit),
             dash(n.writesets_per_order, |v| format!("{v:.3}")),
             dash(n.bytes_per_order, |v| format!("{v:.0}")),
+            dash(n.sync_waits_per_order, |v| format!("{v:.3}")),
             dash(n.flow_control_paused, |v| format!("{:.1} %", v * 100.0)),
             f2(n.send_queue_avg),
             f2(n.recv_queue_avg),

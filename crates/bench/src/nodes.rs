@@ -236,6 +236,7 @@ pub fn figures(
             .filter_map(|m| float(m, "wsrep_local_recv_queue_avg"))
             .reduce(f64::max),
         conflicts: summed(&["wsrep_local_cert_failures", "wsrep_local_bf_aborts"]),
+        sync_waits_per_order: per_order(delta(b0, a0, "wsrep_causal_reads")),
     })
 }
 
@@ -253,16 +254,18 @@ mod tests {
     }
 
     // Checks the figures of a load of 2 s and 100 orders on three nodes: the writer's
-    // writesets and bytes as deltas and per order, flow control's pause as a share of the
-    // load, the pauses asked and the conflicts summed over the nodes (a node not read
-    // afterwards left out), the writer's send queue and the longest apply queue of the
-    // others as read after the load; nothing off a cluster or without the writer.
+    // writesets, bytes and causality waits as deltas and per order, flow control's pause
+    // as a share of the load, the pauses asked and the conflicts summed over the nodes (a
+    // node not read afterwards left out), the writer's send queue and the longest apply
+    // queue of the others as read after the load; nothing off a cluster or without the
+    // writer.
     #[test]
     fn galera_figures_from_two_snapshots() {
         let before = vec![
             node(&[
                 ("wsrep_replicated", "10"),
                 ("wsrep_replicated_bytes", "1000"),
+                ("wsrep_causal_reads", "5"),
                 ("wsrep_flow_control_paused_ns", "0"),
                 ("wsrep_flow_control_sent", "0"),
                 ("wsrep_local_cert_failures", "1"),
@@ -279,6 +282,7 @@ mod tests {
             node(&[
                 ("wsrep_replicated", "60"),
                 ("wsrep_replicated_bytes", "51000"),
+                ("wsrep_causal_reads", "205"),
                 ("wsrep_flow_control_paused_ns", "500000000"),
                 ("wsrep_flow_control_sent", "0"),
                 ("wsrep_local_cert_failures", "2"),
@@ -297,6 +301,7 @@ mod tests {
         assert_eq!(g.writesets, Some(50));
         assert_eq!(g.writesets_per_order, Some(0.5));
         assert_eq!(g.bytes_per_order, Some(500.0));
+        assert_eq!(g.sync_waits_per_order, Some(2.0));
         assert_eq!(g.flow_control_paused, Some(0.25));
         assert_eq!(g.flow_control_sent, Some(2));
         assert_eq!(g.conflicts, Some(2));

@@ -309,6 +309,11 @@ pub struct GaleraFigures {
     /// Transactions certification or a replicated write aborted
     /// (`wsrep_local_cert_failures` + `wsrep_local_bf_aborts`, all nodes).
     pub conflicts: Option<u64>,
+    /// Causality waits on the writer (`wsrep_causal_reads`): each read or BEGIN of a
+    /// session with `wsrep_sync_wait` set waits until the node has applied every writeset
+    /// certified before it. Per order created.
+    #[serde(default)]
+    pub sync_waits_per_order: Option<f64>,
 }
 
 /// "server 10.8 (kernel 4.1), generator 14.8, …, machine 27.1 µs" for one of `Cpu`'s
@@ -654,10 +659,11 @@ fn targets_table(out: &mut String, r: &BenchResult) {
 fn galera_line(out: &mut String, g: &GaleraFigures) {
     let _ = writeln!(
         out,
-        "galera: {} writesets replicated ({} per order, {} B per order) · flow control paused {} of the load, {} pauses asked · send queue {} · apply queue {} · conflicts {}",
+        "galera: {} writesets replicated ({} per order, {} B per order) · {} causality waits per order · flow control paused {} of the load, {} pauses asked · send queue {} · apply queue {} · conflicts {}",
         opt(g.writesets),
         opt_f(g.writesets_per_order, 3),
         opt_f(g.bytes_per_order, 0),
+        opt_f(g.sync_waits_per_order, 3),
         g.flow_control_paused
             .map_or_else(|| "n/a".to_owned(), |p| format!("{:.1} %", p * 100.0)),
         opt(g.flow_control_sent),
@@ -888,6 +894,7 @@ pub(crate) mod tests {
                 send_queue_avg: Some(0.5),
                 recv_queue_avg: Some(1.25),
                 conflicts: Some(0),
+                sync_waits_per_order: Some(0.1),
             }),
             inventory: Some(Inventory {
                 total: 600,
@@ -1035,6 +1042,7 @@ pub(crate) mod tests {
             "sold_out:2400",
             "RESULT: PASS",
             "left to expire",
+            "galera: 30 writesets replicated (0.050 per order, 100 B per order) · 0.100 causality waits per order · flow control paused 12.5 % of the load",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in\n{text}");
         }
