@@ -453,7 +453,10 @@ impl Spawned {
         }
         if let Some((_, stream)) = &self.env.nats {
             let deleted = tokio::time::timeout(NATS_TIMEOUT, async {
-                let client = async_nats::connect(&self.nats_url)
+                // Every server of a cluster's list (`nats://a,nats://b`, as the servers
+                // take it): the client parses one URL alone, and tries each in turn.
+                let servers: Vec<&str> = self.nats_url.split(',').map(str::trim).collect();
+                let client = async_nats::connect(servers)
                     .await
                     .map_err(|e| e.to_string())?;
                 let js = async_nats::jetstream::new(client);

@@ -24,15 +24,13 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flashsale_bench::load::Live;
+use common::{held, inventory, metrics, Recovery, RECOVERY_AFTER};
 use flashsale_bench::probes::OrdersProbe;
 use flashsale_bench::report::{BenchResult, Inventory};
-use flashsale_bench::server::{self, SpawnOptions, Spawned, CLUSTER_NODES_ENV};
+use flashsale_bench::server::{self, Spawned, CLUSTER_NODES_ENV};
 use flashsale_testkit::RedisCluster;
 
 /// Servers of the sale: the three, so that two are left after the kill and the
@@ -45,8 +43,8 @@ const STOCK: i64 = 150;
 /// 2-core machine (three debug servers, six redis-servers, MariaDB) answering in time.
 const RATE: &str = "120";
 /// Attempts per product: `ATTEMPTS / RATE` ≈ 12.5 s of load, of which ~11 s after the
-/// kill — several recovery windows (`RECOVERY_AFTER` + `WORKER_INTERVAL`), so the units
-/// recovery gives back find buyers before the load ends.
+/// kill — several recovery windows (`common::RECOVERY_AFTER` + `WORKER_INTERVAL`), so
+/// the units recovery gives back find buyers before the load ends.
 const ATTEMPTS: u64 = 1500;
 /// Distinct buyers per product, one unit each (the rush's limit): many more than the
 /// stock, so units given back late still find a buyer who has none.
@@ -56,153 +54,13 @@ const USERS: &str = "1000";
 const KILL_AT_ORDERS: u64 = 25;
 /// Longest wait for that: the servers are up, so orders flow within a second or two.
 const KILL_WAIT_MAX: Duration = Duration::from_secs(30);
-/// How old a hold without an order must be before recovery fences and releases it (the
-/// server's default, 30 s, is beyond this test's time).
-const RECOVERY_AFTER: &str = "2s";
-/// The servers' request deadline (10 s by default): recovery may only fence holds older
-/// than it (the server refuses a `RECOVERY_AFTER` not above it), so it is shortened with
-/// the window; a debug server under this test's load answers well within it.
-const REQUEST_TIMEOUT: &str = "1500ms";
-/// The recovery, expiry and gate-watch workers' period: several passes per recovery
-/// window.
-const WORKER_INTERVAL: &str = "500ms";
-/// The reconcile worker's period (60 s by default): it runs during the test too.
-const RECONCILE_INTERVAL: &str = "5s";
 /// Longest wait, once the rushes are over, until no unit is held without an order: a
 /// few recovery windows on a busy machine.
 const RECOVERY_WAIT_MAX: Duration = Duration::from_secs(30);
-/// Pause between looks at the inventories, after the kill and after the load.
-const POLL: Duration = Duration::from_millis(100);
-/// Longest wait for every instance's workers to have made their first passes (they
-/// make one at startup).
-const WORKERS_WAIT_MAX: Duration = Duration::from_secs(20);
-/// The workers `serve` runs, as `flashsale_worker_passes_total` names them.
-const WORKERS: [&str; 5] = ["expiry", "gate-watch", "reconcile", "recovery", "fallback"];
 /// WARN and ERROR lines of the servers' logs printed (the rest are counted).
 const LOG_LINES_SHOWN: usize = 40;
-/// What recovery counts (`flashsale_recovery_actions_total`), printed per survivor.
-const RECOVERY_ACTIONS: [&str; 6] = [
-    "aligned",
-    "released",
-    "orphans_released",
-    "returns_completed",
-    "restocks_completed",
-    "deferred",
-];
 /// Warn (not fail) past this: the machine may be shared with other test binaries.
 const EXPECTED_MAX: Duration = Duration::from_secs(60);
-
-/// The value of the series `series` (`name{labels}` exactly as the server writes it) in
-/// a Prometheus text answer; 0 when absent (a counter not yet moved).
-fn series(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|line| {
-            let value = line.strip_prefix(series)?.strip_prefix(' ')?;
-            value.trim().parse().ok()
-        })
-        .unwrap_or(0.0)
-}
-
-/// `GET <base_url>/metrics`, or why not.
-async fn metrics(http: &reqwest::Client, base_url: &str) -> Result<String, String> {
-    let r = http
-        .get(format!("{base_url}/metrics"))
-        .send()
-        .await
-        .map_err(|e| format!("{base_url}/metrics: {e}"))?;
-    if !r.status().is_success() {
-        return Err(format!("{base_url}/metrics: {}", r.status()));
-    }
-    r.text()
-        .await
-        .map_err(|e| format!("{base_url}/metrics: {e}"))
-}
-
-/// Passes that ended well, of `worker`, in a /metrics answer.
-fn passes(text: &str, worker: &str) -> f64 {
-    series(
-        text,
-        &format!("flashsale_worker_passes_total{{worker=\"{worker}\",result=\"ok\"}}"),
-    )
-}
-
-/// What recovery did, by action, in a /metrics answer.
-fn recovery_action(text: &str, action: &str) -> f64 {
-    series(
-        text,
-        &format!("flashsale_recovery_actions_total{{action=\"{action}\"}}"),
-    )
-}
-
-/// The product's inventory as the API has it (available from Redis, reserved and sold
-/// from MariaDB).
-async fn inventory(
-    http: &reqwest::Client,
-    base_url: &str,
-    product: i64,
-) -> Result<Inventory, String> {
-    #[derive(serde::Deserialize)]
-    struct View {
-        inventory: Inventory,
-    }
-    let url = format!("{base_url}/v1/products/{product}");
-    let r = http
-        .get(&url)
-        .send()
-        .await
-        .map_err(|e| format!("{url}: {e}"))?;
-    if !r.status().is_success() {
-        return Err(format!("{url}: {}", r.status()));
-    }
-    r.json::<View>()
-        .await
-        .map(|v| v.inventory)
-        .map_err(|e| format!("{url}: {e}"))
-}
-
-/// Units taken from Redis that no order (reserved or sold) accounts for: holds in
-/// flight, or left by the dead instance until recovery settles them.
-fn held(i: &Inventory) -> i64 {
-    i.total - (i.available + i.reserved + i.sold)
-}
-
-/// What recovery did on one server, from its /metrics: passes and actions by name.
-#[derive(Debug, Clone, Default, PartialEq)]
-struct Recovery {
-    passes: f64,
-    actions: BTreeMap<&'static str, f64>,
-    incidents: f64,
-}
-
-impl Recovery {
-    fn of(text: &str) -> Self {
-        Recovery {
-            passes: passes(text, "recovery"),
-            actions: RECOVERY_ACTIONS
-                .iter()
-                .map(|a| (*a, recovery_action(text, a)))
-                .collect(),
-            incidents: series(text, "flashsale_recovery_incidents_total"),
-        }
-    }
-
-    /// What it did between `before` and this.
-    fn since(&self, before: &Recovery) -> Self {
-        Recovery {
-            passes: self.passes - before.passes,
-            actions: self
-                .actions
-                .iter()
-                .map(|(a, n)| (*a, n - before.actions.get(a).copied().unwrap_or(0.0)))
-                .collect(),
-            incidents: self.incidents - before.incidents,
-        }
-    }
-
-    fn released(&self) -> f64 {
-        self.actions.get("released").copied().unwrap_or(0.0)
-    }
-}
 
 /// What the run saw, checked once the servers are stopped and cleaned up.
 struct Seen {
@@ -241,13 +99,7 @@ async fn three_instances_on_a_cluster_sell_exactly_the_stock_when_one_dies() {
         .expect("the Redis Cluster starts");
     let seeds = cluster.seed_nodes();
     let node_url = cluster.urls().first().cloned().expect("six nodes");
-    let primaries = cluster.primaries().await.expect("the primaries");
-    assert_eq!(primaries.len(), 3, "{primaries:?}");
-    let mut products = Vec::new();
-    for &port in &primaries {
-        let id = cluster.product_on(port).await.expect("a product on it");
-        products.push((i64::try_from(id).expect("a small id"), port));
-    }
+    let products = common::product_per_primary(&cluster).await;
     eprintln!(
         "cluster {seeds} up in {:.1}s; products (id → primary): {products:?}",
         started.elapsed().as_secs_f64()
@@ -255,41 +107,18 @@ async fn three_instances_on_a_cluster_sell_exactly_the_stock_when_one_dies() {
 
     // The stores' addresses as the command line has them (defaults or FLASHSALE_*).
     let defaults = common::args(&["rush"]);
-    let env: Vec<(String, String)> = [
-        (CLUSTER_NODES_ENV, seeds.as_str()),
-        ("FLASHSALE_RECOVERY_AFTER", RECOVERY_AFTER),
-        ("FLASHSALE_REQUEST_TIMEOUT", REQUEST_TIMEOUT),
-        ("FLASHSALE_RECOVERY_INTERVAL", WORKER_INTERVAL),
-        ("FLASHSALE_EXPIRY_INTERVAL", WORKER_INTERVAL),
-        ("FLASHSALE_GATE_WATCH_INTERVAL", WORKER_INTERVAL),
-        ("FLASHSALE_RECONCILE_INTERVAL", RECONCILE_INTERVAL),
-    ]
-    .iter()
-    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-    .collect();
-    let spawned = server::spawn(SpawnOptions {
-        bin: &bin,
-        database_url: &defaults.database_url,
-        // Not read by the servers (the cluster setting wins): one of the cluster's
-        // nodes, so that nothing points at the shared Redis.
-        redis_url: &node_url,
-        nats_url: &defaults.nats_url,
-        payment_timeout: None,
-        extra_env: &env,
-        log_level: "info",
-        log_path: None,
-        instances: INSTANCES,
-    })
-    .await
-    .expect("three servers start on the cluster");
-    eprintln!(
-        "{INSTANCES} servers up at {:.1}s: {:?}",
-        started.elapsed().as_secs_f64(),
-        spawned.base_urls()
+    let env = common::short_workers_env(&[(CLUSTER_NODES_ENV, seeds.as_str())]);
+    // The Redis URL is not read by the servers (the cluster setting wins): one of the
+    // cluster's nodes, so that nothing points at the shared Redis.
+    let stores = (
+        defaults.database_url.as_str(),
+        node_url.as_str(),
+        defaults.nats_url.as_str(),
     );
+    let spawned = common::spawn_sale(&bin, stores, &env, INSTANCES, started).await;
 
     let seen = run(&bin, &spawned, &products).await;
-    let log_problems = log_problems(&spawned);
+    let log_problems = common::log_problems(&spawned);
     spawned.shutdown(false).await;
     drop(cluster);
     let took = started.elapsed();
@@ -301,36 +130,8 @@ async fn three_instances_on_a_cluster_sell_exactly_the_stock_when_one_dies() {
     }
 
     for (product, _, r) in &seen.rushes {
-        let summary = flashsale_bench::report::summary_table(r);
-        assert!(r.passed, "product {product}:\n{summary}\n{:?}", r.checks);
-        assert_eq!(
-            r.checks.audit.status, "passed",
-            "product {product}: {}",
-            r.checks.audit.output
-        );
-        let present = r.checks.client_passed.iter().any(|l| {
-            l.starts_with("orders table: all ") && l.ends_with("present under their request_id")
-        });
-        assert!(
-            present,
-            "product {product}: acknowledged orders not all found: {:?}",
-            r.checks
-        );
-        let rows: Vec<&str> = r.targets.iter().map(|t| t.base_url.as_str()).collect();
-        assert_eq!(rows.len(), INSTANCES as usize, "{summary}");
-        for t in &r.targets {
-            assert!(t.attempts > 0, "{}: no attempts\n{summary}", t.base_url);
-        }
-        let killed = r
-            .targets
-            .iter()
-            .find(|t| t.base_url == seen.killed)
-            .expect("the killed server is a target");
-        assert!(
-            killed.unanswered() > 0,
-            "the killed server's later attempts got no answer\n{summary}"
-        );
-        assert!(r.orders.acknowledged <= STOCK as u64, "{summary}");
+        let problems = common::rush_problems(*product, r, INSTANCES, &seen.killed, STOCK);
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
     }
     for (i, (at_answers, at_orders)) in seen.at_kill.iter().enumerate() {
         assert!(
@@ -375,12 +176,8 @@ async fn run(
     spawned: &Spawned,
     products: &[(i64, u16)],
 ) -> Result<Seen, String> {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .map_err(|e| format!("http client: {e}"))?;
     let urls = spawned.base_urls();
-    workers_ran(&http, &urls).await?;
+    let http = common::client_once_working(&urls).await?;
 
     let attempts = ATTEMPTS.to_string();
     let stock = STOCK.to_string();
@@ -390,22 +187,16 @@ async fn run(
         if spawned.env.redis_cluster_nodes.is_none() {
             return Err("the spawn did not take the cluster setting".into());
         }
-        let mut list = vec!["rush".to_owned(), "--quick".into(), "--no-progress".into()];
-        list.extend(common::against(spawned, bin));
-        for (flag, value) in [
-            ("--product-id", product.as_str()),
-            ("--attempts", attempts.as_str()),
-            ("--users", USERS),
-            ("--stock", stock.as_str()),
-            ("--rate", RATE),
-        ] {
-            list.extend([flag.to_owned(), value.to_owned()]);
-        }
-        let run = common::args(&list.iter().map(String::as_str).collect::<Vec<_>>());
-        let live = Arc::new(Live::default());
-        let watched = live.clone();
-        let handle = tokio::spawn(async move { flashsale_bench::drive(&run, watched).await });
-        rushes.push((live, handle));
+        rushes.push(common::start_rush(
+            &common::against(spawned, bin),
+            &[
+                ("--product-id", product.as_str()),
+                ("--attempts", attempts.as_str()),
+                ("--users", USERS),
+                ("--stock", stock.as_str()),
+                ("--rate", RATE),
+            ],
+        ));
     }
 
     // The kill: once every rush has sold KILL_AT_ORDERS units.
@@ -413,12 +204,12 @@ async fn run(
     let waited = Instant::now();
     while rushes
         .iter()
-        .any(|(live, _)| live.orders.load(Ordering::Relaxed) < KILL_AT_ORDERS)
+        .any(|r| r.live.orders.load(Ordering::Relaxed) < KILL_AT_ORDERS)
     {
-        if waited.elapsed() > KILL_WAIT_MAX || rushes.iter().any(|(_, h)| h.is_finished()) {
+        if waited.elapsed() > KILL_WAIT_MAX || rushes.iter().any(|r| r.handle.is_finished()) {
             let orders: Vec<u64> = rushes
                 .iter()
-                .map(|(l, _)| l.orders.load(Ordering::Relaxed))
+                .map(|r| r.live.orders.load(Ordering::Relaxed))
                 .collect();
             return Err(format!(
                 "the rushes did not all reach {KILL_AT_ORDERS} orders (orders: {orders:?})"
@@ -437,20 +228,14 @@ async fn run(
     }
     let at_kill: Vec<(u64, u64)> = rushes
         .iter()
-        .map(|(l, _)| {
+        .map(|r| {
             (
-                l.answers.load(Ordering::Relaxed),
-                l.orders.load(Ordering::Relaxed),
+                r.live.answers.load(Ordering::Relaxed),
+                r.live.orders.load(Ordering::Relaxed),
             )
         })
         .collect();
-    let status = std::process::Command::new("kill")
-        .args(["-9", &victim.pid.to_string()])
-        .status()
-        .map_err(|e| format!("kill -9 {}: {e}", victim.pid))?;
-    if !status.success() {
-        return Err(format!("kill -9 {}: {status}", victim.pid));
-    }
+    common::kill9(victim)?;
     let killed_at = Instant::now();
     eprintln!(
         "killed {} (pid {}) at {at_kill:?} (answers, orders) per product",
@@ -475,7 +260,7 @@ async fn run(
             released_now = now;
             last_release = Some(killed_at.elapsed());
         }
-        if rushes.iter().all(|(_, h)| h.is_finished()) {
+        if rushes.iter().all(|r| r.handle.is_finished()) {
             let since = *settled_since.get_or_insert_with(Instant::now);
             let mut invs = Vec::new();
             for &(product, _) in products {
@@ -490,11 +275,11 @@ async fn run(
                 ));
             }
         }
-        tokio::time::sleep(POLL).await;
+        tokio::time::sleep(common::POLL).await;
     };
     let settled_after = killed_at.elapsed();
     let mut results = Vec::new();
-    for (i, (_, handle)) in rushes.into_iter().enumerate() {
+    for (i, common::Rush { handle, .. }) in rushes.into_iter().enumerate() {
         let r = handle
             .await
             .map_err(|e| format!("rush {i} panicked: {e}"))??;
@@ -530,50 +315,6 @@ async fn run(
     })
 }
 
-/// Waits (bounded) until every instance's /metrics shows a good pass of each of its
-/// workers: `serve` runs them on every instance, each makes a pass at startup.
-async fn workers_ran(http: &reqwest::Client, urls: &[String]) -> Result<(), String> {
-    let waited = Instant::now();
-    for url in urls {
-        loop {
-            let text = metrics(http, url).await?;
-            let missing: Vec<&str> = WORKERS
-                .iter()
-                .copied()
-                .filter(|w| passes(&text, w) < 1.0)
-                .collect();
-            if missing.is_empty() {
-                let counts: BTreeMap<&str, f64> =
-                    WORKERS.iter().map(|w| (*w, passes(&text, w))).collect();
-                eprintln!("{url}: worker passes {counts:?}");
-                break;
-            }
-            if waited.elapsed() > WORKERS_WAIT_MAX {
-                return Err(format!(
-                    "{url}: no good pass of {missing:?} within {WORKERS_WAIT_MAX:?}"
-                ));
-            }
-            tokio::time::sleep(POLL).await;
-        }
-    }
-    Ok(())
-}
-
-/// The WARN and ERROR lines of every instance's log (read before the logs are removed).
-fn log_problems(spawned: &Spawned) -> Vec<String> {
-    spawned
-        .instances()
-        .flat_map(|i| {
-            let text =
-                server::strip_ansi(&std::fs::read_to_string(&i.log_path).unwrap_or_default());
-            text.lines()
-                .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
-                .map(|l| format!("{}: {l}", i.base_url))
-                .collect::<Vec<_>>()
-        })
-        .collect()
-}
-
 fn print_seen(seen: &Seen, took: Duration) {
     println!(
         "\n=== three instances on a Redis Cluster, {} killed mid-sale ===",
@@ -585,25 +326,7 @@ fn print_seen(seen: &Seen, took: Duration) {
             "product {product} (primary :{port}): {} attempts in {:.1}s, {} orders acknowledged; killed at {answers} answers / {orders} orders",
             r.attempts.sent, r.elapsed_s, r.orders.acknowledged,
         );
-        for t in &r.targets {
-            let of = |s: &str| t.outcomes.get(s).copied().unwrap_or(0);
-            let other: BTreeMap<&str, u64> = t
-                .outcomes
-                .iter()
-                .filter(|(s, _)| !["201", "409", "503", "0"].contains(&s.as_str()))
-                .map(|(s, n)| (s.as_str(), *n))
-                .collect();
-            println!(
-                "  {:<24} attempts {:>4}  201 {:>3}  409 {:>4}  503 {:>2}  no answer {:>3}  other {other:?}; errors {:?}",
-                t.base_url,
-                t.attempts,
-                of("201"),
-                of("409"),
-                of("503"),
-                of("0"),
-                t.errors,
-            );
-        }
+        common::print_targets(r);
         let (inv, live) = &seen.settled[i];
         println!(
             "  settled: {inv:?}; units in PENDING_PAYMENT + PAID orders: {live}; audit: the bench's {} ({} run{}), after recovery {}",
@@ -626,13 +349,5 @@ fn print_seen(seen: &Seen, took: Duration) {
         seen.settled_after.as_secs_f64(),
         took.as_secs_f64()
     );
-    if !seen.log_problems.is_empty() {
-        println!(
-            "WARN/ERROR lines in the servers' logs ({}):",
-            seen.log_problems.len()
-        );
-        for line in seen.log_problems.iter().take(LOG_LINES_SHOWN) {
-            println!("  {line}");
-        }
-    }
+    common::print_log_problems(&seen.log_problems, LOG_LINES_SHOWN);
 }
