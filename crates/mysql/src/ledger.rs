@@ -295,8 +295,35 @@ pub(crate) async fn insert_order(
     })
 }
 
+/// Creates the database `options` name, if they name one and it does not exist: on the
+/// node `options` reach, bounded by `timeout`.
+async fn create_database(
+    options: &MySqlConnectOptions,
+    timeout: Duration,
+) -> Result<(), LedgerError> {
+    let Some(name) = options.get_database() else {
+        return Ok(());
+    };
+    if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(LedgerError::config(format!(
+            "database name {name:?} must be letters, digits and _"
+        )));
+    }
+    let server = options.clone().database("information_schema");
+    let mut conn = tokio::time::timeout(timeout, MySqlConnection::connect_with(&server))
+        .await
+        .map_err(|_| LedgerError::timed_out("connecting to the database timed out"))?
+        .map_err(db)?;
+    conn.execute(format!("CREATE DATABASE IF NOT EXISTS `{name}`").as_str())
+        .await
+        .map_err(db)?;
+    let _ = conn.close().await;
+    Ok(())
+}
+
 impl MysqlLedger {
-    /// Creates the database named in the URL if it does not exist, and a pool for it.
+    /// Creates the database named in the URL if it does not exist (through the writer,
+    /// on a cluster), and the route and pools to it.
     pub async fn connect(config: &LedgerConfig) -> Result<Self, LedgerError> {
         let options = MySqlConnectOptions::from_str(&config.url)
             .map_err(|e| LedgerError::caused(ErrorKind::Config, "invalid database url", e))?
@@ -308,26 +335,6 @@ impl MysqlLedger {
             // text rows the group commit reads (`group::parse_datetime`). sqlx's default
             // too, but a `?timezone=` in the URL must not change it.
             .timezone(Some(String::from("+00:00")));
-        if let Some(name) = options.get_database() {
-            let name = name.to_owned();
-            if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                return Err(LedgerError::config(format!(
-                    "database name {name:?} must be letters, digits and _"
-                )));
-            }
-            let server = options.clone().database("information_schema");
-            let mut conn = tokio::time::timeout(
-                config.acquire_timeout,
-                MySqlConnection::connect_with(&server),
-            )
-            .await
-            .map_err(|_| LedgerError::timed_out("connecting to the database timed out"))?
-            .map_err(db)?;
-            conn.execute(format!("CREATE DATABASE IF NOT EXISTS `{name}`").as_str())
-                .await
-                .map_err(db)?;
-            let _ = conn.close().await;
-        }
         let settings = PoolSettings {
             max_connections: config.max_connections,
             acquire_timeout: config.acquire_timeout,
@@ -336,6 +343,8 @@ impl MysqlLedger {
             None => Route::single(options, settings),
             Some(cluster) => Route::cluster(&options, cluster, settings).await,
         };
+        // Through the writer: on a cluster the URL's own host may be the node that is down.
+        create_database(&route.current().options, config.acquire_timeout).await?;
         let dedicated =
             |slots| Arc::new(Dedicated::new(route.clone(), config.acquire_timeout, slots));
         Ok(Self {

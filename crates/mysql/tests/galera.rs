@@ -130,3 +130,54 @@ async fn the_newest_audits_are_kept_on_stepped_ids() {
     let last = ledger.last_audit().await.expect("read").expect("an audit");
     assert_eq!(last.verdict.products, more - 1);
 }
+
+// Checks that a ledger starts while the node its URL names is down: with a nodes
+// setting the URL gives only the user, password and database, so the database is made,
+// migrated and written through the first healthy node. How: kill node 0, connect with
+// the URL on node 0 and the nodes 0, 1, 2 to a database that does not exist yet, migrate,
+// record a verdict, and find the database, the schema and the row on node 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_starts_while_its_urls_node_is_down() {
+    let cluster = GaleraCluster::start().await.expect("galera cluster");
+    let db = TestDb::create(&cluster.url(0)).await.expect("database");
+    // A database that does not exist yet, named like the test's own.
+    let name = format!("{}_new", db.name());
+    cluster.kill9(0).expect("kill -9 node 0");
+    cluster
+        .wait_cluster_size(1, 2, Duration::from_secs(60))
+        .await
+        .expect("the others leave node 0 out");
+    let nodes = (0..3)
+        .map(|i| NodeAddr::parse(&cluster.addr(i).to_string()).expect("node"))
+        .collect();
+    let ledger = MysqlLedger::connect(&LedgerConfig {
+        url: format!("{}/{name}", cluster.url(0)),
+        max_connections: 4,
+        acquire_timeout: Duration::from_secs(10),
+        transaction_timeout: Duration::from_secs(20),
+        cluster: Some(ClusterConfig {
+            nodes,
+            failback_after: Duration::from_secs(10),
+        }),
+    })
+    .await
+    .expect("connected through the first healthy node");
+    ledger.migrate().await.expect("migrated");
+    let verdict = AuditVerdict {
+        product: None,
+        products: 7,
+        violations: 0,
+        pending: 0,
+    };
+    ledger.record_audit(&verdict).await.expect("written");
+    assert_eq!(ledger.writer(), Some(cluster.addr(1).to_string()));
+    let on_node1 = MySqlPool::connect(&format!("{}/{name}", cluster.url(1)))
+        .await
+        .expect("the database exists on node 1");
+    let products: i64 = sqlx::query_scalar("SELECT products FROM audit_run")
+        .fetch_one(&on_node1)
+        .await
+        .expect("the verdict");
+    assert_eq!(products, 7);
+    on_node1.close().await;
+}
