@@ -3,9 +3,13 @@
 //! `stock_loaded` flag, which only ever goes from false to true, and the `stock_mode`,
 //! which a cached copy may show up to [`FOUND_TTL`] late: nothing may decide from it
 //! (the ledger's own answers to a purchase decide the mode).
+//!
+//! Concurrent misses of one id share one read: the first reads the ledger, the others
+//! wait for it and take its answer from the cache. A flood on an unknown id therefore
+//! costs the ledger one read per [`MISSING_TTL`], however many attempts arrive at once.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use flashsale_core::ProductId;
@@ -33,6 +37,11 @@ struct Entry {
 #[derive(Default)]
 pub(crate) struct Catalog {
     entries: RwLock<HashMap<ProductId, Entry>>,
+    /// One turn per id being read: a miss takes its id's turn, and a miss that finds the
+    /// turn taken waits for it, then finds the answer cached. An entry lives only while
+    /// a read of its id is in flight or awaited, so the map is bounded by the requests in
+    /// flight.
+    reads: Mutex<HashMap<ProductId, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Catalog {
@@ -46,12 +55,43 @@ impl Catalog {
         if let Some(hit) = self.cached(product_id, now) {
             return Ok(hit);
         }
-        let product = ledger.product(product_id).await?.map(Arc::new);
-        // Stamped when the read came back, not when it was asked: a slow ledger must not
-        // hand the cache entries that are stale already (a flood on an unknown id would
-        // then read the ledger on every attempt, just when it is slow).
-        self.put(product_id, product.clone(), clock.monotonic());
-        Ok(product)
+        let turn = self.turn(product_id);
+        let read = async {
+            let _mine = turn.lock().await;
+            // Another miss may have read it while this one waited for the turn.
+            if let Some(hit) = self.cached(product_id, clock.monotonic()) {
+                return Ok(hit);
+            }
+            let product = ledger.product(product_id).await?.map(Arc::new);
+            // Stamped when the read came back, not when it was asked: a slow ledger must
+            // not hand the cache entries that are stale already (a flood on an unknown id
+            // would then read the ledger on every attempt, just when it is slow).
+            self.put(product_id, product.clone(), clock.monotonic());
+            Ok(product)
+        };
+        let outcome = read.await;
+        self.turn_done(product_id, turn);
+        outcome
+    }
+
+    /// The turn of `product_id`'s read, made when none is taken.
+    fn turn(&self, product_id: ProductId) -> Arc<tokio::sync::Mutex<()>> {
+        let mut reads = self.reads.lock().unwrap_or_else(|p| p.into_inner());
+        reads.entry(product_id).or_default().clone()
+    }
+
+    /// Forgets `product_id`'s turn once no other miss holds or waits for it. (A miss that
+    /// takes it right after is served by the cache, or reads on a new turn of its own:
+    /// a second read at worst, never a wrong answer.)
+    fn turn_done(&self, product_id: ProductId, turn: Arc<tokio::sync::Mutex<()>>) {
+        let mut reads = self.reads.lock().unwrap_or_else(|p| p.into_inner());
+        let same = reads
+            .get(&product_id)
+            .is_some_and(|t| Arc::ptr_eq(t, &turn));
+        // The map's reference and this one: nobody else has the turn.
+        if same && Arc::strong_count(&turn) <= 2 {
+            reads.remove(&product_id);
+        }
     }
 
     fn cached(&self, product_id: ProductId, now: Duration) -> Option<Option<Arc<Product>>> {
