@@ -410,12 +410,29 @@ fn json<'a, T: Deserialize<'a>>(body: &'a Bytes) -> Result<T, ApiError> {
     serde_json::from_str(text).map_err(|e| invalid(&e))
 }
 
-/// A path parameter as extracted: the segment, or axum's rejection of it (not valid UTF-8
-/// once percent-decoded), which `path` turns into our JSON `invalid_request`.
-type PathParam = Result<Path<String>, PathRejection>;
+/// A path parameter as extracted: the segment percent-decoded, or axum's rejection of it
+/// (not valid UTF-8 once decoded), which `path` turns into our JSON `invalid_request`;
+/// and whether the request's path was percent-encoded, which a numeric id never is
+/// ([`path_id`]).
+struct PathParam {
+    decoded: Result<Path<String>, PathRejection>,
+    encoded: bool,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for PathParam {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self {
+            encoded: parts.uri.path().contains('%'),
+            decoded: Path::from_request_parts(parts, state).await,
+        })
+    }
+}
 
 fn path(p: PathParam) -> Result<String, ApiError> {
-    p.map(|Path(v)| v)
+    p.decoded
+        .map(|Path(v)| v)
         .map_err(|e| ApiError::invalid(e.body_text()))
 }
 
@@ -424,13 +441,20 @@ fn invalid(e: ParseError) -> ApiError {
 }
 
 /// A numeric id from the path, a strict decimal ([`decimal`]; zero is then refused by
-/// the id's own parse).
+/// the id's own parse), written as it is: the id is the routes' only free segment, so a
+/// `%` in the path is the id percent-encoded (`/v1/orders/%31`), which is refused rather
+/// than decoded, as a sign or a leading zero is: one id has one spelling.
 fn path_id(p: PathParam, field: &'static str) -> Result<i64, ApiError> {
-    decimal(&path(p)?).ok_or_else(|| {
+    let refused = || {
         ApiError::invalid(format!(
-            "{field}: must be a positive integer in decimal digits"
+            "{field}: must be a positive integer in plain decimal digits \
+             (no sign, leading zero or percent-encoding)"
         ))
-    })
+    };
+    if p.encoded {
+        return Err(refused());
+    }
+    decimal(&path(p)?).ok_or_else(refused)
 }
 
 /// The order of `/v1/orders/{id}/…` and the user it acts for: the authenticated buyer,

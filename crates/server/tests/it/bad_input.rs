@@ -104,6 +104,13 @@ async fn bad_inputs_are_refused_and_change_nothing() {
         (Method::POST, format!("/v1/orders/+{order}/pay"), Some(json!({"user_id": 1}).to_string()), false, 400, "invalid_request"),
         (Method::POST, format!("/v1/orders/0{order}/cancel"), Some(json!({"user_id": 1}).to_string()), false, 400, "invalid_request"),
         (Method::GET, "/v1/products/01100".into(), None, false, 400, "invalid_request"),
+        // An id is its plain digits, never percent-encoded ones decoded.
+        (Method::GET, format!("/v1/orders/{}", percent_encoded(order)), None, false, 400, "invalid_request"),
+        (Method::POST, format!("/v1/orders/{}/pay", percent_encoded(order)), Some(json!({"user_id": 1}).to_string()), false, 400, "invalid_request"),
+        (Method::POST, format!("/v1/orders/{}/cancel", percent_encoded(order)), Some(json!({"user_id": 1}).to_string()), false, 400, "invalid_request"),
+        (Method::GET, "/v1/products/%31%31%30%30".into(), None, false, 400, "invalid_request"),
+        (Method::GET, "/v1/products/11%300".into(), None, false, 400, "invalid_request"),
+        (Method::POST, "/v1/products/%31100/restock".into(), Some(json!({"request_id": "RS", "quantity": 1}).to_string()), true, 400, "invalid_request"),
         (Method::POST, "/v1/products/+1100/restock".into(), Some(json!({"request_id": "RS", "quantity": 1}).to_string()), true, 400, "invalid_request"),
         (Method::GET, "/v1/orders/99999999".into(), None, false, 404, "order_not_found"),
         (Method::POST, format!("/v1/orders/{order}/pay"), Some("{}".into()), false, 400, "invalid_request"),
@@ -174,6 +181,14 @@ async fn bad_inputs_are_refused_and_change_nothing() {
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(snapshot(&app).await, before);
     app.cleanup().await;
+}
+
+/// `id` with every digit percent-encoded: `%31%32` for 12.
+fn percent_encoded(id: i64) -> String {
+    id.to_string()
+        .bytes()
+        .map(|d| format!("%{d:02X}"))
+        .collect()
 }
 
 /// Sends `request` as raw bytes on a fresh connection and returns the answer's status
