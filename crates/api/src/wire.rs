@@ -71,13 +71,15 @@ pub struct NewProductBody {
     #[schema(format = Int64, minimum = 1)]
     pub product_id: i64,
     /// 1 to 200 characters once trimmed of surrounding whitespace; no control characters
-    /// (Unicode Cc) and no bidirectional formatting characters. The pattern says so
-    /// (`NewProduct::parse`): none of those characters (C0, DEL, C1, the bidi marks and
-    /// embeddings) anywhere, and something besides whitespace.
+    /// (Unicode Cc), no bidirectional formatting characters and no invisible ones. The
+    /// pattern says so (`NewProduct::parse`): none of those characters (C0, DEL, C1, the
+    /// bidi marks and embeddings, the zero-width space U+200B, the word joiner U+2060, the
+    /// byte order mark U+FEFF, the line and paragraph separators U+2028 and U+2029)
+    /// anywhere, and something besides whitespace.
     #[schema(
         min_length = 1,
         max_length = 200,
-        pattern = r"^[^\u0000-\u001F\u007F-\u009F\u061C\u200E\u200F\u202A-\u202E\u2066-\u2069]*[^\s\u0000-\u001F\u007F-\u009F\u061C\u200E\u200F\u202A-\u202E\u2066-\u2069][^\u0000-\u001F\u007F-\u009F\u061C\u200E\u200F\u202A-\u202E\u2066-\u2069]*$"
+        pattern = r"^[^\u0000-\u001F\u007F-\u009F\u061C\u200B\u200E\u200F\u2028\u2029\u202A-\u202E\u2060\u2066-\u2069\uFEFF]*[^\s\u0000-\u001F\u007F-\u009F\u061C\u200B\u200E\u200F\u2028\u2029\u202A-\u202E\u2060\u2066-\u2069\uFEFF][^\u0000-\u001F\u007F-\u009F\u061C\u200B\u200E\u200F\u2028\u2029\u202A-\u202E\u2060\u2066-\u2069\uFEFF]*$"
     )]
     pub name: String,
     #[schema(format = Int64, minimum = 0, maximum = 1_000_000_000)]

@@ -18,11 +18,23 @@ const BIDI_FORMATTING: [char; 12] = [
     '\u{2069}', '\u{200E}', '\u{200F}', '\u{061C}',
 ];
 
+/// Invisible characters and line breaks outside the control characters: the zero-width
+/// space U+200B, the word joiner U+2060 and the byte order mark U+FEFF (a name that looks
+/// like another one but is not equal to it), and the line and paragraph separators
+/// U+2028 and U+2029 (a line break to a log or a console, like a newline). The joiners
+/// U+200C and U+200D are kept on purpose: Persian and Indic names are spelt with them, and
+/// emoji sequences (a family, a flag) are joined by them.
+const INVISIBLE: [char; 5] = ['\u{200B}', '\u{2060}', '\u{FEFF}', '\u{2028}', '\u{2029}'];
+
+/// Largest per-user limit accepted: the ledger and the gate keep it as an unsigned 32-bit
+/// count.
+pub const PER_USER_LIMIT_MAX: i64 = u32::MAX as i64;
+
 /// Whether `c` may appear in a product name: neither a control character (Unicode
 /// category Cc, NUL, ESC and DEL among them: they end strings, drive terminals, split log
-/// lines) nor a bidirectional formatting character.
+/// lines), nor a bidirectional formatting character, nor an [`INVISIBLE`] one.
 fn allowed_in_name(c: char) -> bool {
-    !c.is_control() && !BIDI_FORMATTING.contains(&c)
+    !c.is_control() && !BIDI_FORMATTING.contains(&c) && !INVISIBLE.contains(&c)
 }
 
 /// Earliest sale window bound accepted: the first instant MariaDB's `DATETIME` stores
@@ -126,7 +138,8 @@ impl NewProduct {
         if !name.chars().all(allowed_in_name) {
             return Err(ParseError::new(
                 "name",
-                "must not contain control or bidirectional formatting characters",
+                "must not contain control, bidirectional formatting or invisible characters \
+                 (zero-width space, word joiner, byte order mark, line or paragraph separator)",
             ));
         }
         let name = name.trim();
@@ -144,11 +157,11 @@ impl NewProduct {
         }
         let per_user_limit = match per_user_limit {
             None => None,
-            Some(n) if (1..=i64::from(u32::MAX)).contains(&n) => Some(n as u32),
+            Some(n) if (1..=PER_USER_LIMIT_MAX).contains(&n) => Some(n as u32),
             Some(_) => {
                 return Err(ParseError::new(
                     "per_user_limit",
-                    "must be a positive integer",
+                    format!("must be between 1 and {PER_USER_LIMIT_MAX}"),
                 ))
             }
         };
@@ -218,10 +231,19 @@ mod tests {
             (NewProduct::parse(1, "x", -1, None, w), "stock"),
             (NewProduct::parse(1, "x", STOCK_MAX + 1, None, w), "stock"),
             (NewProduct::parse(1, "x", 1, Some(0), w), "per_user_limit"),
+            (
+                NewProduct::parse(1, "x", 1, Some(PER_USER_LIMIT_MAX + 1), w),
+                "per_user_limit",
+            ),
         ];
         for (result, field) in cases {
             assert_eq!(result.unwrap_err().field, field);
         }
+        // The message names the upper bound, not only positivity.
+        let over = NewProduct::parse(1, "x", 1, Some(i64::MAX), w).unwrap_err();
+        assert!(over.to_string().contains("4294967295"), "{over}");
+        let most = NewProduct::parse(1, "x", 1, Some(PER_USER_LIMIT_MAX), w);
+        assert_eq!(most.expect("the bound").per_user_limit, Some(u32::MAX));
     }
 
     // Checks the sale window's range: both ends of [SALE_TIME_MIN, SALE_TIME_MAX] are
@@ -280,17 +302,22 @@ mod tests {
     }
 
     // Checks a name with any control character (category Cc: NUL, ESC, DEL, C1's NEL,
-    // also a newline at an end, which trimming would otherwise hide) or any bidirectional
-    // formatting character is refused naming the field, while other non-ASCII text
-    // (accents, CJK, emoji, Arabic and Hebrew letters, inner spaces) is accepted.
+    // also a newline at an end, which trimming would otherwise hide), any bidirectional
+    // formatting character or any invisible one (zero-width space, word joiner, BOM, line
+    // and paragraph separators) is refused naming the field, while other non-ASCII text
+    // (accents, CJK, emoji, Arabic and Hebrew letters, inner spaces, and the joiners of
+    // Persian spelling and emoji sequences) is accepted.
     #[test]
-    fn name_refuses_control_and_bidi_characters() {
+    fn name_refuses_control_bidi_and_invisible_characters() {
         let w = SaleWindow::default();
-        for ok in ["Téléphone", "手机 Pro", "📱 Phone", "هاتف", "טלפון", "A  B"] {
+        let kept = ["Téléphone", "手机 Pro", "📱 Phone", "هاتف", "טלפון", "A  B"];
+        let joined = ["می\u{200C}خواهم", "👨\u{200D}👩\u{200D}👧 set"];
+        for ok in kept.into_iter().chain(joined) {
             assert_eq!(NewProduct::parse(1, ok, 1, None, w).expect(ok).name, ok);
         }
         let mut refused: Vec<char> = vec!['\0', '\u{1B}', '\u{7F}', '\u{85}', '\u{9F}', '\t'];
         refused.extend(BIDI_FORMATTING);
+        refused.extend(INVISIBLE);
         for c in refused {
             for name in [format!("ab{c}cd"), format!("{c}abc"), format!("abc{c}")] {
                 assert_eq!(

@@ -32,7 +32,9 @@ pub async fn snapshot(app: &TestApp) -> (Vec<i64>, Vec<(String, String)>) {
 // Checks a table of bad requests, one per way to get input wrong: each must answer its
 // documented status and error code, and the stores must be byte-for-byte as before
 // (row counts, counter versions, every Redis key and value). An admin endpoint without
-// credentials answers 401 whatever else is wrong with the request.
+// credentials answers 401 whatever else is wrong with the request. Among them: ids
+// percent-encoded in a path, names with invisible characters, and a per-user limit over
+// its bound, whose message must name that bound.
 #[tokio::test]
 async fn bad_inputs_are_refused_and_change_nothing() {
     let app = TestApp::spawn().await;
@@ -126,6 +128,7 @@ async fn bad_inputs_are_refused_and_change_nothing() {
         (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1, "name": "", "stock": 1}).to_string()), true, 400, "invalid_request"),
         (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1, "name": "x", "stock": -1}).to_string()), true, 400, "invalid_request"),
         (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1, "name": "x", "stock": 1, "per_user_limit": 0}).to_string()), true, 400, "invalid_request"),
+        (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1, "name": "x", "stock": 1, "per_user_limit": i64::MAX}).to_string()), true, 400, "invalid_request"),
         (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1, "name": "x", "stock": 1, "sale_starts_at": "tomorrow"}).to_string()), true, 400, "invalid_request"),
         (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1, "name": "x", "stock": 1, "sale_starts_at": "2026-12-01T10:00:00Z", "sale_ends_at": "2026-12-01T09:00:00Z"}).to_string()), true, 400, "invalid_request"),
         (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1, "name": "x", "stock": 1, "sale_starts_at": "+262142-01-01T00:00:00Z"}).to_string()), true, 400, "invalid_request"),
@@ -137,6 +140,12 @@ async fn bad_inputs_are_refused_and_change_nothing() {
         (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1, "name": "abc\u{7f}", "stock": 1}).to_string()), true, 400, "invalid_request"),
         (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1, "name": "evil\u{202e}gpj.exe", "stock": 1}).to_string()), true, 400, "invalid_request"),
         (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1, "name": "x\u{2067}y", "stock": 1}).to_string()), true, 400, "invalid_request"),
+        // Invisible characters: a name that looks like another, or a line break in a log.
+        (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1, "name": "Pho\u{200B}ne", "stock": 1}).to_string()), true, 400, "invalid_request"),
+        (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1, "name": "\u{FEFF}Phone", "stock": 1}).to_string()), true, 400, "invalid_request"),
+        (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1, "name": "Pho\u{2060}ne", "stock": 1}).to_string()), true, 400, "invalid_request"),
+        (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1, "name": "Phone\u{2028}level=ERROR", "stock": 1}).to_string()), true, 400, "invalid_request"),
+        (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1, "name": "Phone\u{2029}", "stock": 1}).to_string()), true, 400, "invalid_request"),
         (Method::POST, "/v1/products".into(), Some(json!({"product_id": 1100, "name": "again", "stock": 1}).to_string()), true, 409, "product_exists"),
         (Method::POST, "/v1/products/1100/restock".into(), Some(json!({"request_id": "RS", "quantity": 1}).to_string()), false, 401, "unauthorized"),
         // Without credentials, what the admin endpoints accept stays unsaid.
@@ -169,6 +178,12 @@ async fn bad_inputs_are_refused_and_change_nothing() {
             "{method} {path} changed something"
         );
     }
+    // A value over its bound is told the bound, not only what is below it.
+    let over = json!({"product_id": 1, "name": "x", "stock": 1, "per_user_limit": i64::MAX});
+    let (s, b) = app.admin_post("/v1/products", over).await;
+    assert_eq!((s.as_u16(), code(&b)), (400, "invalid_request"), "{b}");
+    let told = b["message"].as_str().unwrap_or_default();
+    assert!(told.contains("between 1 and 4294967295"), "{told}");
     // A wrong token is refused like a missing one.
     let resp = app
         .http
