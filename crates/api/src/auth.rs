@@ -230,6 +230,26 @@ impl BuyerAuth {
         matches!(self, Self::None)
     }
 
+    /// What `serve` warns of at startup: the modes in which whoever reaches the port can
+    /// act as any buyer. `none` trusts the body's `user_id`; `header` trusts the header,
+    /// which is safe only behind a gateway that sets it and that clients cannot bypass.
+    /// `jwt` verifies a signature and needs no warning.
+    pub fn startup_warning(&self) -> Option<String> {
+        match self {
+            Self::None => Some(
+                "FLASHSALE_BUYER_AUTH=none: buyers are whoever a request's user_id says; for \
+                 development only (set jwt or header in production)"
+                    .to_owned(),
+            ),
+            Self::Header(name) => Some(format!(
+                "FLASHSALE_BUYER_AUTH=header: buyers are whoever the {name} header says; \
+                 anyone who can reach this port without passing the gateway that sets it \
+                 can act as any buyer (listen on an address only the gateway reaches)"
+            )),
+            Self::Jwt(_) => None,
+        }
+    }
+
     /// The authenticated buyer of a request; `None` when authentication is off (the body
     /// then says who). Missing, malformed, forged or expired credentials: 401.
     pub(crate) fn buyer(&self, headers: &HeaderMap) -> Result<Option<UserId>, ApiError> {
@@ -498,6 +518,23 @@ mod tests {
                 String::from_utf8_lossy(pem)
             );
         }
+    }
+
+    // Checks the startup warnings: `none` and `header`, where whoever reaches the port can
+    // be any buyer, each get one naming its mode (the header mode its header too); `jwt`,
+    // which verifies a signature, gets none.
+    #[test]
+    fn the_trusting_modes_warn_at_startup() {
+        let none = BuyerAuth::None.startup_warning().expect("none warns");
+        assert!(none.contains("FLASHSALE_BUYER_AUTH=none"), "{none}");
+        let header = BuyerAuth::Header(HeaderName::from_static("x-user-id"));
+        let told = header.startup_warning().expect("header warns");
+        assert!(told.contains("FLASHSALE_BUYER_AUTH=header"), "{told}");
+        assert!(
+            told.contains("x-user-id") && told.contains("any buyer"),
+            "{told}"
+        );
+        assert_eq!(jwt(ExpectedClaims::default()).startup_warning(), None);
     }
 
     // Checks the header mode: one header with a strict decimal id names the buyer; none,

@@ -288,11 +288,8 @@ pub async fn build(config: &Config) -> Result<App, String> {
             token
         }
     };
-    if config.buyer_auth.is_none() {
-        warn!(
-            "FLASHSALE_BUYER_AUTH=none: buyers are whoever a request's user_id says; for \
-             development only (set jwt or header in production)"
-        );
+    if let Some(warning) = config.buyer_auth.startup_warning() {
+        warn!("{warning}");
     }
     let sampler = Arc::new(Sampler::new(metrics.clone(), SystemClock.now()));
     // Detached, like the mode follower: it runs as long as the runtime.
