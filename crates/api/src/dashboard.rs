@@ -96,6 +96,7 @@ impl Dashboard {
             },
             audit: view.last_audit.as_ref().map(|last| AuditsJson {
                 last: last.as_ref().map(AuditRunJson::from),
+                violations_24h: view.audit_violations,
             }),
             reconcile_drift: DriftJson {
                 products: drift_products,
@@ -197,6 +198,10 @@ pub struct AuditsJson {
     /// The last one; null: no audit was ever recorded.
     #[schema(required = true)]
     pub last: Option<AuditRunJson>,
+    /// Violations the audits recorded in the last 24 hours found (serve's scheduled
+    /// audits and `flashsale audit`'s), summed; null: not read this time.
+    #[schema(required = true)]
+    pub violations_24h: Option<i64>,
 }
 
 /// One run of `flashsale audit`: what it checked and found.

@@ -26,7 +26,10 @@ pub use audit::AuditBounds;
 pub use dashboard::Sampler;
 pub use error::Error;
 pub use fallback::{Fallback, FallbackSettings};
-pub use maintenance::{Maintenance, MaintenanceSettings, Reconciliation, RecoveryReport};
+pub use maintenance::{
+    AuditScheduleSettings, Maintenance, MaintenanceSettings, Reconciliation, RecoveryReport,
+    ScheduledAudits, AUDIT_CLAIM_LEASE,
+};
 pub use metrics::{Metrics, Monitor, ProductStock, StoreView};
 pub use model::*;
 pub use outcome::Outcome;

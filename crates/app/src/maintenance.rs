@@ -11,13 +11,19 @@
 //!   are fenced in the ledger and given back; released reservations whose units did not
 //!   make it back are given back.
 //! - [`Maintenance::audit`] and [`Maintenance::reconcile`]: compare the stores.
+//! - [`Maintenance::scheduled_audits_once`] (`schedule.rs`): the audits `serve` runs by
+//!   itself, once each over all instances.
+
+mod schedule;
+
+pub use schedule::{AuditScheduleSettings, ScheduledAudits, AUDIT_CLAIM_LEASE};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use flashsale_core::{Generation, ProductId, ReleaseReason, RequestId, StockMode};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::audit::{self, AuditBounds, AuditReport};
 use crate::error::Error;
@@ -202,6 +208,9 @@ impl Maintenance {
         if let Some(m) = &self.metrics {
             m.orders_expired(expired);
         }
+        if expired > 0 {
+            info!(orders = expired, "orders expired unpaid; cancelled");
+        }
         result.map(|()| expired)
     }
 
@@ -220,7 +229,8 @@ impl Maintenance {
             };
             if attempt.applied {
                 *expired += 1;
-                info!(order_id = %order.order_id, request_id = %attempt.order.request_id, "order expired unpaid; cancelled");
+                // Per order, debug detail: a sale expires thousands; the pass counts them.
+                debug!(order_id = %order.order_id, request_id = %attempt.order.request_id, "order expired unpaid; cancelled");
             }
             if let Some(of) = attempt.pending_return {
                 give_back(

@@ -43,6 +43,10 @@ pub const SCRAPE_BUDGET: Duration = Duration::from_secs(3);
 /// scrape at a time reads them, however many scrapers (or anyone else) ask, so
 /// `GET /metrics` cannot be used to load Redis and MariaDB.
 pub const SCRAPE_REUSE: Duration = Duration::from_secs(1);
+/// How far back the audits' violations are summed for `flashsale_audit_violations`: a
+/// day holds the last scheduled audit of every product, and a problem found stays
+/// visible to the alert until a day of audits has passed over it.
+pub const AUDIT_VIOLATIONS_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
 /// The HTTP endpoints, as the `endpoint` label names them (`GET /healthz` is not counted:
 /// see the route).
@@ -201,6 +205,7 @@ pub struct Metrics {
     stock: Family<StockLabels, Gauge>,
     ledger_mode: Family<ProductLabels, Gauge>,
     ledger_writer: Family<NodeLabels, Gauge>,
+    audit_violations: Gauge,
 }
 
 impl Default for Metrics {
@@ -332,6 +337,12 @@ impl Metrics {
                 "product_ledger_mode",
                 "Whether each product (the same ones as product_stock) is sold from MariaDB (1: ledger mode, Redis unreachable) or through the Redis gate (0), when the metrics were read",
                 Family::default(),
+            ),
+            audit_violations: registered(
+                &mut registry,
+                "audit_violations",
+                "Invariant violations found by the audits recorded in the last 24 hours (serve's scheduled ones and flashsale audit's), when the metrics were read (-1: MariaDB did not answer)",
+                Gauge::default(),
             ),
             ledger_writer: registered(
                 &mut registry,
@@ -511,6 +522,8 @@ pub struct StoreView {
     pub open_incidents: Option<i64>,
     /// The last audit's verdict: None not read, Some(None) no audit recorded yet.
     pub last_audit: Option<Option<AuditRun>>,
+    /// Violations found by the audits recorded in the last 24 hours (None: not read).
+    pub audit_violations: Option<i64>,
     /// The newest `PRODUCTS_MAX` products, highest id first.
     pub products: Vec<ProductStock>,
 }
@@ -652,6 +665,15 @@ impl Monitor {
             view.open_incidents = bounded(deadline, self.ledger_m.open_incidents()).await;
             view.last_audit = bounded(deadline, self.ledger_m.last_audit()).await;
         }
+        let found = match mariadb_up {
+            true => {
+                let window = self.ledger_m.audit_violations_within(AUDIT_VIOLATIONS_WINDOW);
+                bounded(deadline, window).await
+            }
+            false => None,
+        };
+        m.audit_violations.set(found.unwrap_or(-1));
+        view.audit_violations = found;
         // Products gone from the list, or whose figures could not be read this time,
         // must not keep their last value.
         m.stock.clear();
@@ -866,6 +888,7 @@ mod tests {
                 product_id: "1".into(),
             })
             .set(0);
+        m.audit_violations.set(0);
         m.ledger_writer
             .get_or_create(&NodeLabels {
                 node: "127.0.0.1:3306".into(),
@@ -878,13 +901,13 @@ mod tests {
     // "Health") name only series
     // that exist: every `flashsale_…` word in them is the name of a sample the metrics
     // encode to (a counter's with its `_total`, a gauge's bare) or a histogram's family
-    // name, all 20 families touched.
+    // name, all 21 families touched.
     #[test]
     fn alert_rules_name_real_metrics() {
         let text = all_touched().encode();
         let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
         assert_eq!(
-            families, 20,
+            families, 21,
             "every family registered in Metrics::new:\n{text}"
         );
         // A histogram is named by its family (its samples add _bucket, _sum, _count).

@@ -909,11 +909,58 @@ pub trait LedgerMaintenance: Send + Sync + 'static {
     /// The products in ledger mode, in ascending id order, at most `limit`.
     async fn ledger_mode_products(&self, limit: usize) -> Result<Vec<ProductId>, LedgerError>;
 
+    /// Products whose sale ended (`sale_ends_at`, on the database's clock) at least
+    /// `settled_for` ago and whose end-of-sale audit is not done, lowest id first, at most
+    /// `limit`.
+    async fn ended_sales(
+        &self,
+        settled_for: Duration,
+        limit: usize,
+    ) -> Result<Vec<ProductId>, LedgerError>;
+
+    /// Claims a scheduled audit for `holder`: Some when this holder is to run it now
+    /// (nobody claimed it, or a claim older than `lease` was never finished), None when
+    /// another holder runs it or it is done. The claim names the audit exactly (for
+    /// [`AuditSchedule::Every`], the period it fell in on the database's clock), for
+    /// [`finish_audit`](Self::finish_audit).
+    async fn claim_audit(
+        &self,
+        which: &AuditSchedule,
+        holder: &str,
+        lease: Duration,
+    ) -> Result<Option<AuditClaim>, LedgerError>;
+
+    /// Marks a claimed audit done: it is never claimed again.
+    async fn finish_audit(&self, claim: &AuditClaim) -> Result<(), LedgerError>;
+
+    /// The violations the audits recorded within `window` (on the database's clock)
+    /// found, summed: what the alert on the audit watches.
+    async fn audit_violations_within(&self, window: Duration) -> Result<i64, LedgerError>;
+
     /// The database node the ledger writes through now (`host:port`), as the adapter last
     /// chose it among a cluster's nodes; None when it has no such notion. No I/O.
     fn writer(&self) -> Option<String> {
         None
     }
+}
+
+/// An audit that `serve` runs by itself, once per instance of it over all instances.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuditSchedule {
+    /// The audit of a product whose sale has ended and settled.
+    SaleEnd(ProductId),
+    /// The audit of every product, once per period of this length (periods counted on
+    /// the database's clock from the Unix epoch).
+    Every(Duration),
+}
+
+/// A scheduled audit one holder claimed: which one (`kind` and `scope`, e.g.
+/// `sale_end` and a product id, or `every` and a period's number), and by whom.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditClaim {
+    pub kind: &'static str,
+    pub scope: String,
+    pub holder: String,
 }
 
 /// Audit verdicts the ledger keeps: the page shows the last, and an operator looking back

@@ -5,10 +5,11 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::{TimeZone, Utc};
 use flashsale_app::modes::LEDGER_SALES_AFTER_SWITCH;
 use flashsale_app::ports::{
-    Commit, CreateProduct, ExpiredOrder, Fence, Leave, LedgerMaintenance, ModeSwitch,
-    RecordRestock, ReleaseOf,
+    AuditSchedule, AuditVerdict, Commit, CreateProduct, ExpiredOrder, Fence, Leave,
+    LedgerMaintenance, ModeSwitch, RecordRestock, ReleaseOf,
 };
 use flashsale_app::{Ledger, Order, PurchaseOutcome};
 use flashsale_core::{
@@ -1009,6 +1010,92 @@ pub async fn the_way_back_waits_for_quiet<W: LedgerWorld>(w: &W) {
     assert!(l.ledger_mode_products(10).await.expect("list").is_empty());
 }
 
+/// A product whose sale window ended long ago, its stock loaded.
+async fn ended_sale<W: LedgerWorld>(w: &W, product_id: ProductId) {
+    let l = w.ledger();
+    let window = flashsale_core::SaleWindow::new(
+        Utc.with_ymd_and_hms(2020, 1, 1, 0, 0, 0).single(),
+        Utc.with_ymd_and_hms(2021, 1, 1, 0, 0, 0).single(),
+    )
+    .expect("window");
+    let ended = flashsale_core::NewProduct::parse(product_id.get(), "ended", 5, None, window)
+        .expect("product");
+    l.create_product(&ended).await.expect("create");
+    l.mark_stock_loaded(product_id).await.expect("loaded");
+}
+
+/// The scheduled audits are claimed once over every instance: an ended sale is listed
+/// until its audit is done; its claim goes to the first holder, never to a second while
+/// the first's lease stands, to a second once it lapsed unfinished, and to nobody once
+/// done; the period's audit of every product likewise goes to one holder. A product on
+/// sale, or not loaded, is not listed. The violations recorded within a window are
+/// summed.
+pub async fn scheduled_audits_are_claimed_once<W: LedgerWorld>(w: &W) {
+    const LEASE: Duration = Duration::from_secs(3600);
+    let l = w.ledger();
+    create(l, product(), 5, None).await;
+    l.mark_stock_loaded(product()).await.expect("loaded");
+    ended_sale(w, product_n(2)).await;
+    ended_sale(w, product_n(3)).await;
+    let ended = l.ended_sales(Duration::ZERO, 10).await.expect("ended");
+    assert_eq!(
+        ended,
+        vec![product_n(2), product_n(3)],
+        "the ended ones only"
+    );
+
+    let sale = AuditSchedule::SaleEnd(product_n(2));
+    let claim = l.claim_audit(&sale, "a", LEASE).await.expect("claim");
+    let claim = claim.expect("the first holder gets it");
+    assert_eq!(claim.holder, "a");
+    assert_eq!(l.claim_audit(&sale, "b", LEASE).await.expect("claim"), None);
+    l.finish_audit(&claim).await.expect("finish");
+    assert_eq!(
+        l.claim_audit(&sale, "b", Duration::ZERO)
+            .await
+            .expect("claim"),
+        None
+    );
+    let ended = l.ended_sales(Duration::ZERO, 10).await.expect("ended");
+    assert_eq!(ended, vec![product_n(3)], "a done audit is not listed");
+
+    let lapsing = AuditSchedule::SaleEnd(product_n(3));
+    assert!(l
+        .claim_audit(&lapsing, "a", LEASE)
+        .await
+        .expect("claim")
+        .is_some());
+    w.pass(Duration::from_millis(1_100)).await;
+    let taken = l.claim_audit(&lapsing, "b", Duration::from_secs(1)).await;
+    assert_eq!(
+        taken.expect("claim").map(|c| c.holder),
+        Some("b".to_owned())
+    );
+
+    let every = AuditSchedule::Every(Duration::from_secs(24 * 3600));
+    assert!(l
+        .claim_audit(&every, "a", LEASE)
+        .await
+        .expect("claim")
+        .is_some());
+    assert_eq!(
+        l.claim_audit(&every, "b", LEASE).await.expect("claim"),
+        None
+    );
+
+    for violations in [2, 3] {
+        let verdict = AuditVerdict {
+            product: None,
+            products: 1,
+            violations,
+            pending: 0,
+        };
+        l.record_audit(&verdict).await.expect("record");
+    }
+    let found = l.audit_violations_within(Duration::from_secs(3600)).await;
+    assert_eq!(found.expect("sum"), 5);
+}
+
 /// Expands to one `#[tokio::test]` per body of the ledger's contract, over world `$w`.
 #[macro_export]
 macro_rules! ledger_contract {
@@ -1034,6 +1121,7 @@ macro_rules! ledger_contract {
             concurrent_ledger_purchases_respect_limits_and_stock,
             entering_ledger_mode_settles_what_the_gate_is_owed,
             the_way_back_waits_for_quiet,
+            scheduled_audits_are_claimed_once,
         );
     };
     (@tests $w:ty; $($name:ident),* $(,)?) => {

@@ -19,6 +19,7 @@ mod maintenance;
 mod migrate;
 mod outbox;
 mod rows;
+mod schedule;
 mod sql;
 mod writer;
 

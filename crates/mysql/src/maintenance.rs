@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flashsale_app::ports::{
-    AuditRun, AuditVerdict, CancelAttempt, ExpiredOrder, Leave, LedgerFacts, LedgerMaintenance,
+    AuditClaim, AuditRun, AuditSchedule, AuditVerdict, CancelAttempt, ExpiredOrder, Leave, LedgerFacts, LedgerMaintenance,
     ModeSwitch, PendingRestock, PendingReturn, RebuildPlan, ReleaseOf, Watermark, AUDIT_RUNS_KEPT,
 };
 use flashsale_app::LedgerError;
@@ -615,6 +615,32 @@ impl LedgerMaintenance for MysqlLedger {
             .await?;
         product_ids(ids)
     }
+
+    async fn ended_sales(
+        &self,
+        settled_for: Duration,
+        limit: usize,
+    ) -> Result<Vec<ProductId>, LedgerError> {
+        self.ended_sales_at(settled_for, limit).await
+    }
+
+    async fn claim_audit(
+        &self,
+        which: &AuditSchedule,
+        holder: &str,
+        lease: Duration,
+    ) -> Result<Option<AuditClaim>, LedgerError> {
+        self.claim_audit_at(which, holder, lease).await
+    }
+
+    async fn finish_audit(&self, claim: &AuditClaim) -> Result<(), LedgerError> {
+        self.finish_audit_at(claim).await
+    }
+
+    async fn audit_violations_within(&self, window: Duration) -> Result<i64, LedgerError> {
+        self.audit_violations_in(window).await
+    }
+
     fn writer(&self) -> Option<String> {
         Some(self.writer_addr())
     }

@@ -46,6 +46,8 @@ pub struct Config {
     pub recovery_interval: Duration,
     pub gate_watch_interval: Duration,
     pub reconcile_interval: Duration,
+    /// Every product is audited once per this period, by one instance (None: `off`).
+    pub audit_every: Option<Duration>,
     /// When products switch to ledger mode, and back (`flashsale_app::fallback`).
     pub fallback: flashsale_app::FallbackSettings,
     /// How long an outbox event may wait for the broker's acknowledgement before the
@@ -109,6 +111,9 @@ pub const KEYS: &[(&str, Option<&str>)] = &[
     ("recovery_interval", Some("5s")),
     ("gate_watch_interval", Some("1s")),
     ("reconcile_interval", Some("60s")),
+    // A sale's own audit runs when it ends; the daily one catches what no sale's end
+    // covers (products without an end, damage between sales) within a day.
+    ("audit_every", Some("24h")),
     // A Redis restart or failover takes a second or two; three seconds of 503s is what a
     // buyer retries through, longer loses the sale's first seconds.
     ("fallback_after", Some("3s")),
@@ -158,6 +163,12 @@ const ADMIN_TOKEN_LEN_MIN: usize = 8;
 const MAX_QUANTITY_PER_ORDER_LIMIT: u32 = 1000;
 /// Upper bound of the pool size: on a small machine more connections only add contention.
 const DATABASE_CONNECTIONS_LIMIT: u32 = 256;
+/// Shortest `FLASHSALE_AUDIT_EVERY`: an audit of every product reads each one's facts
+/// from both stores, and more often than this it would weigh on a sale for little news.
+const AUDIT_EVERY_MIN: Duration = Duration::from_secs(60);
+/// Longest `FLASHSALE_AUDIT_EVERY`: a check a month apart would find a problem too late
+/// to act on.
+const AUDIT_EVERY_MAX: Duration = Duration::from_secs(30 * 24 * 3600);
 /// Longest `FLASHSALE_DATABASE_FAILBACK_AFTER`: meanwhile an instance started after a
 /// failover writes through another node than the older ones, which costs retries.
 const DATABASE_FAILBACK_MAX: Duration = Duration::from_secs(3600);
@@ -331,6 +342,26 @@ fn fallback(raw: &Raw) -> Result<flashsale_app::FallbackSettings, ConfigError> {
         after,
         recover_after,
     })
+}
+
+/// `FLASHSALE_AUDIT_EVERY`: `off`, or a period between [`AUDIT_EVERY_MIN`] and
+/// [`AUDIT_EVERY_MAX`].
+fn audit_every((name, raw): (&str, &str)) -> Result<Option<Duration>, ConfigError> {
+    if raw.trim() == "off" {
+        return Ok(None);
+    }
+    let every = duration((name, raw))?;
+    if every < AUDIT_EVERY_MIN || every > AUDIT_EVERY_MAX {
+        return Err(invalid(
+            name,
+            format!(
+                "must be off, or between {} and {}",
+                humantime::format_duration(AUDIT_EVERY_MIN),
+                humantime::format_duration(AUDIT_EVERY_MAX)
+            ),
+        ));
+    }
+    Ok(Some(every))
 }
 
 fn duration((name, raw): (&str, &str)) -> Result<Duration, ConfigError> {
@@ -549,6 +580,7 @@ impl Config {
         let recovery_interval = duration(raw.value("recovery_interval"))?;
         let gate_watch_interval = duration(raw.value("gate_watch_interval"))?;
         let reconcile_interval = duration(raw.value("reconcile_interval"))?;
+        let audit_every = audit_every(raw.value("audit_every"))?;
         let outbox_pending_max = duration(raw.value("outbox_pending_max"))?;
         let fallback = fallback(raw)?;
         let (name, raw_strategy) = raw.value("strategy");
@@ -633,6 +665,7 @@ impl Config {
             recovery_interval,
             gate_watch_interval,
             reconcile_interval,
+            audit_every,
             fallback,
             outbox_pending_max,
             strategy,
@@ -1129,6 +1162,23 @@ mod tests {
         ] {
             let err = Config::from_parts(None, &env(&[(var, value)])).unwrap_err();
             assert!(err.0.starts_with(var), "{var}={value}: {err}");
+        }
+    }
+
+    // Checks the scheduled audit's period: a day by default, `off` turns it off, and a
+    // period out of bounds or unparsable stops startup naming the variable.
+    #[test]
+    fn audit_every_settings() {
+        let c = Config::from_parts(None, &env(&[])).expect("defaults");
+        assert_eq!(c.audit_every, Some(Duration::from_secs(24 * 3600)));
+        let off = Config::from_parts(None, &env(&[("FLASHSALE_AUDIT_EVERY", "off")]));
+        assert_eq!(off.expect("off").audit_every, None);
+        let hourly = Config::from_parts(None, &env(&[("FLASHSALE_AUDIT_EVERY", "1h")]));
+        assert_eq!(hourly.expect("1h").audit_every, Some(Duration::from_secs(3600)));
+        for value in ["10s", "60d", "daily", "0s"] {
+            let err = Config::from_parts(None, &env(&[("FLASHSALE_AUDIT_EVERY", value)]))
+                .unwrap_err();
+            assert!(err.0.starts_with("FLASHSALE_AUDIT_EVERY"), "{value}: {err}");
         }
     }
 

@@ -30,7 +30,12 @@ enum Command {
     Migrate,
     /// Check the invariants (I1-I4, I6, I7) against MariaDB and Redis; exit 1 on any
     /// violation.
-    /// Meant for a quiet system (no sale in flight, recovery done).
+    ///
+    /// Exact during a sale too: work in flight within its bound (a hold not committed
+    /// yet, a cancel's units on their way back) is reported as pending, never as a
+    /// violation. `serve` also runs it by itself, on each product once its sale has ended
+    /// and settled and on every product once a day (FLASHSALE_AUDIT_EVERY); each verdict
+    /// is recorded for the live sale page and the alert.
     Audit {
         /// Audit only this product (default: every product whose stock was loaded).
         #[arg(long, value_name = "ID")]

@@ -1,7 +1,9 @@
 //! Runs the background workers: each runs one bounded pass of its reconciler every
 //! period (at once again after a full batch; the gate watch also when nudged), logs what
 //! it did, and stops on shutdown.
-//! Operators activate the checks on demand with `flashsale audit` and `reconcile`.
+//! The audit also runs by itself: each sale once it has ended and settled, every product
+//! once a day (`audit`); operators run it on demand with `flashsale audit`, and
+//! `reconcile`.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,6 +15,11 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::{Config, WORKER_BATCH_SIZE};
+
+/// How often the scheduled audits' worker looks for a sale that has ended and settled, or
+/// a period whose audit of every product is due: an ended sale is audited within this,
+/// and each look is one indexed query on the products and one on the claims.
+const AUDIT_SCHEDULE_INTERVAL: Duration = Duration::from_secs(30);
 
 /// The least time between the end of a pass and a pass started by a nudge: the nudges
 /// of one rush of purchases, arriving while a pass runs, start one more pass, not one
@@ -92,6 +99,20 @@ impl Workers {
                 }
             },
         ));
+        let (m, schedule) = (maintenance.clone(), audit_schedule(config));
+        let holder = instance_name();
+        let audits = tokio::spawn(run(
+            "audit",
+            AUDIT_SCHEDULE_INTERVAL,
+            None,
+            stopped.clone(),
+            metrics.clone(),
+            move || {
+                let (m, holder) = (m.clone(), holder.clone());
+                // Never "busy": a pass audits a bounded number of ended sales.
+                async move { m.scheduled_audits_once(&holder, &schedule).await.map(|_| false) }
+            },
+        ));
         let m = maintenance;
         let recovery = tokio::spawn(run(
             "recovery",
@@ -115,7 +136,7 @@ impl Workers {
         ));
         Self {
             stop,
-            tasks: vec![expiry, watch, reconcile, recovery, modes],
+            tasks: vec![expiry, watch, reconcile, recovery, modes, audits],
         }
     }
 
@@ -126,6 +147,26 @@ impl Workers {
             let _ = task.await;
         }
     }
+}
+
+/// When `serve` audits by itself: a sale once every unpaid order can have expired and
+/// every abandoned hold been recovered after its end, and every product each
+/// `FLASHSALE_AUDIT_EVERY`.
+fn audit_schedule(config: &Config) -> flashsale_app::AuditScheduleSettings {
+    flashsale_app::AuditScheduleSettings {
+        settled_for: config
+            .payment_timeout
+            .saturating_add(crate::audit_bounds(config).workers),
+        every: config.audit_every,
+    }
+}
+
+/// This instance's name among the others, in the scheduled audits' claims: random, so two
+/// instances on one host are told apart.
+fn instance_name() -> String {
+    use rand::Rng;
+    let bytes: [u8; 8] = rand::rng().random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// One worker's loop. `pass` returns whether it filled a whole batch (then the next pass

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flashsale_app::ports::{
-    Applied, CancelAttempt, Commit, CreateProduct, ErrorKind, ExpiredOrder, Fence, GateFacts,
+    Applied, AuditClaim, AuditSchedule, CancelAttempt, Commit, CreateProduct, ErrorKind, ExpiredOrder, Fence, GateFacts,
     GateMaintenance, GateState, Leave, LedgerFacts, LedgerMaintenance, ModeSwitch, Outbox,
     PayAttempt, PendingRestock, PendingReturn, PortError, RebuildPlan, RecordRestock, Release,
     ReleaseOf, Reserve, Restock, StaleHold, StatsStore, Watermark,
@@ -702,6 +702,59 @@ impl LedgerMaintenance for FaultyLedger {
             "ledger.last_audit",
             String::new,
             || self.inner.last_audit(),
+        )
+        .await
+    }
+
+    async fn ended_sales(
+        &self,
+        settled_for: Duration,
+        limit: usize,
+    ) -> Result<Vec<ProductId>, LedgerError> {
+        through(
+            &self.ctx,
+            Port::Ledger,
+            "ledger.ended_sales",
+            || format!("{settled_for:?} {limit}"),
+            || self.inner.ended_sales(settled_for, limit),
+        )
+        .await
+    }
+
+    async fn claim_audit(
+        &self,
+        which: &AuditSchedule,
+        holder: &str,
+        lease: Duration,
+    ) -> Result<Option<AuditClaim>, LedgerError> {
+        through(
+            &self.ctx,
+            Port::Ledger,
+            "ledger.claim_audit",
+            || format!("{which:?} {holder}"),
+            || self.inner.claim_audit(which, holder, lease),
+        )
+        .await
+    }
+
+    async fn finish_audit(&self, claim: &AuditClaim) -> Result<(), LedgerError> {
+        through(
+            &self.ctx,
+            Port::Ledger,
+            "ledger.finish_audit",
+            || format!("{claim:?}"),
+            || self.inner.finish_audit(claim),
+        )
+        .await
+    }
+
+    async fn audit_violations_within(&self, window: Duration) -> Result<i64, LedgerError> {
+        through(
+            &self.ctx,
+            Port::Ledger,
+            "ledger.audit_violations_within",
+            || format!("{window:?}"),
+            || self.inner.audit_violations_within(window),
         )
         .await
     }

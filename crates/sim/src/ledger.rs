@@ -28,7 +28,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, TimeDelta, Utc};
 use flashsale_app::ports::{
-    Applied, CancelAttempt, Commit, CreateProduct, ExpiredOrder, Fence, Leave, LedgerFacts,
+    Applied, AuditClaim, AuditSchedule, CancelAttempt, Commit, CreateProduct, ExpiredOrder, Fence, Leave, LedgerFacts,
     LedgerMaintenance, ModeSwitch, Outbox, PayAttempt, PendingRestock, PendingReturn, RebuildPlan,
     RecordRestock, ReleaseOf, StatsStore, Watermark, AUDIT_RUNS_KEPT,
 };
@@ -58,6 +58,23 @@ const LISTED_MAX: usize = 100;
 const GROUP_COMMIT_MAX: usize = 256;
 /// Most request_ids one batched lookup reads (`LOOKUP_BATCH_MAX` there).
 const LOOKUP_BATCH_MAX: usize = 256;
+
+/// The kinds of `audit_schedule` rows, as the adapter names them.
+const SALE_END: &str = "sale_end";
+const EVERY: &str = "every";
+
+/// `d` as a time on the database's clock, at most the longest one.
+fn delta(d: Duration) -> TimeDelta {
+    TimeDelta::from_std(d).unwrap_or(TimeDelta::MAX)
+}
+
+/// A row of `audit_schedule`.
+#[derive(Debug, Clone)]
+struct AuditClaimRow {
+    holder: String,
+    claimed_at: DateTime<Utc>,
+    done: bool,
+}
 
 /// Deliberate defects, to prove the simulator catches what they break.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -212,6 +229,8 @@ struct Tables {
     incidents: BTreeMap<(String, String), IncidentRow>,
     /// `audit_run`, oldest first, at most `AUDIT_RUNS_KEPT`.
     audits: std::collections::VecDeque<flashsale_app::ports::AuditRun>,
+    /// `audit_schedule`: (kind, scope) → the claim.
+    audit_claims: BTreeMap<(&'static str, i64), AuditClaimRow>,
     /// Errors that mean the ledger's data broke a rule (a CHECK failed, a reservation
     /// disagreed with its order): each is a finding.
     anomalies: Vec<String>,
@@ -1998,6 +2017,89 @@ impl LedgerMaintenance for MemLedger {
 
     async fn last_audit(&self) -> Result<Option<flashsale_app::ports::AuditRun>, LedgerError> {
         Ok(self.lock().audits.back().cloned())
+    }
+
+    async fn ended_sales(
+        &self,
+        settled_for: Duration,
+        limit: usize,
+    ) -> Result<Vec<ProductId>, LedgerError> {
+        let before = self.now() - delta(settled_for);
+        let t = self.lock();
+        let done = |id: i64| {
+            t.audit_claims
+                .get(&(SALE_END, id))
+                .is_some_and(|c| c.done)
+        };
+        Ok(t.products
+            .values()
+            .filter(|p| p.stock_loaded && p.window.ends_at.is_some_and(|end| end <= before))
+            .map(|p| p.product_id)
+            .filter(|id| !done(id.get()))
+            .take(limit)
+            .collect())
+    }
+
+    async fn claim_audit(
+        &self,
+        which: &AuditSchedule,
+        holder: &str,
+        lease: Duration,
+    ) -> Result<Option<AuditClaim>, LedgerError> {
+        let now = self.now();
+        let (kind, scope) = match which {
+            AuditSchedule::SaleEnd(product_id) => (SALE_END, product_id.get()),
+            AuditSchedule::Every(every) => {
+                let seconds = i64::try_from(every.as_secs().max(1)).unwrap_or(i64::MAX);
+                (EVERY, now.timestamp().div_euclid(seconds))
+            }
+        };
+        let mut t = self.lock();
+        let claimed = match t.audit_claims.get_mut(&(kind, scope)) {
+            None => true,
+            Some(c) if !c.done && c.claimed_at < now - delta(lease) => true,
+            Some(_) => false,
+        };
+        if claimed {
+            let row = AuditClaimRow {
+                holder: holder.to_owned(),
+                claimed_at: now,
+                done: false,
+            };
+            t.audit_claims.insert((kind, scope), row);
+        }
+        Ok(claimed.then(|| AuditClaim {
+            kind,
+            scope: scope.to_string(),
+            holder: holder.to_owned(),
+        }))
+    }
+
+    async fn finish_audit(&self, claim: &AuditClaim) -> Result<(), LedgerError> {
+        let scope: i64 = claim
+            .scope
+            .parse()
+            .map_err(|_| LedgerError::corrupt(format!("audit claim scope {:?}", claim.scope)))?;
+        let kind = if claim.kind == SALE_END { SALE_END } else { EVERY };
+        let mut t = self.lock();
+        if let Some(c) = t.audit_claims.get_mut(&(kind, scope)) {
+            if c.holder == claim.holder {
+                c.done = true;
+            }
+        }
+        Ok(())
+    }
+
+    async fn audit_violations_within(&self, window: Duration) -> Result<i64, LedgerError> {
+        let since = self.now() - delta(window);
+        let t = self.lock();
+        let found = t
+            .audits
+            .iter()
+            .filter(|a| a.recorded_at >= since)
+            .map(|a| a.verdict.violations)
+            .sum::<usize>();
+        Ok(i64::try_from(found).unwrap_or(i64::MAX))
     }
 
     /// The counters, the order units, then the rest: separate statements, each seeing

@@ -281,10 +281,12 @@
       $("audit-note").textContent = "run flashsale audit";
       $("card-audit").className = "card warn";
     } else {
+      const day = audit.violations_24h;
       $("audit").textContent = (a.clean ? "clean" : "VIOLATED") + ", " + ago(a.recorded_at, data.generated_at);
       $("audit-note").textContent = (a.product_id === null ? num(a.products) + " product(s)" : "product #" + a.product_id)
-        + " · " + num(a.violations) + " violation(s) · " + num(a.pending) + " pending";
-      $("card-audit").className = "card " + (a.clean ? "ok" : "bad");
+        + " · " + num(a.violations) + " violation(s) · " + num(a.pending) + " pending"
+        + (day === null ? "" : " · " + num(day) + " violation(s) in 24 h");
+      $("card-audit").className = "card " + (a.clean && !(day > 0) ? "ok" : "bad");
     }
 
     const d = data.reconcile_drift;

@@ -260,3 +260,86 @@ async fn the_stock_log_and_packed_events_are_audited() {
     assert!(report.to_string().contains(&copied), "{report}");
     app.cleanup().await;
 }
+
+/// The verdicts recorded for `product` (None: for every product), by `app`'s database.
+async fn verdicts(app: &TestApp, product: Option<i64>) -> Vec<(i64, i64)> {
+    let sql = match product {
+        Some(_) => "SELECT products, violations FROM audit_run WHERE product_id = ? ORDER BY id",
+        None => "SELECT products, violations FROM audit_run WHERE product_id IS NULL ORDER BY id",
+    };
+    sqlx::query_as(sql)
+        .bind(product)
+        .fetch_all(&app.pool)
+        .await
+        .expect("verdicts")
+}
+
+// Checks the audits `serve` runs by itself, with two instances side by side: a product
+// whose sale has ended and settled is audited by exactly one of them (both make a pass
+// at once; one verdict recorded for it, by one instance), a product still on sale is not,
+// and the period's audit of every product runs once over both; a second pass of either
+// finds nothing left to do. Then a product whose Redis count was moved behind the
+// service's back ends its sale: its scheduled audit records the violation, and
+// `flashsale_audit_violations` on `/metrics` and the live page's data say so. (The
+// lease's takeover is the ledger contract's: `scheduled_audits_are_claimed_once`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduled_audits_run_once_over_the_instances() {
+    let a = TestApp::spawn().await;
+    let b = a.spawn_beside(&[]).await;
+    let settings = flashsale_app::AuditScheduleSettings {
+        settled_for: Duration::ZERO,
+        every: Some(Duration::from_secs(3600)),
+    };
+    let ends_soon = |id: i64| {
+        let ends = chrono::Utc::now() + chrono::Duration::milliseconds(1_500);
+        json!({"product_id": id, "name": "ending", "stock": 5,
+            "sale_ends_at": ends.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)})
+    };
+    let (status, body) = a.admin_post("/v1/products", ends_soon(5401)).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    a.create_product(5402, 5, None).await;
+    let (status, body) = a.purchase("sched-1", 1, 5401, 2).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = a.purchase("sched-2", 2, 5402, 1).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    tokio::time::sleep(Duration::from_millis(1_700)).await;
+
+    let (one, two) = tokio::join!(
+        a.maintenance.scheduled_audits_once("instance-a", &settings),
+        b.maintenance.scheduled_audits_once("instance-b", &settings),
+    );
+    let (one, two) = (one.expect("a's pass"), two.expect("b's pass"));
+    assert_eq!(one.sales + two.sales, 1, "the ended sale audited once: {one:?} {two:?}");
+    assert!(one.every ^ two.every, "every product audited once: {one:?} {two:?}");
+    assert_eq!(one.violations + two.violations, 0);
+    assert_eq!(verdicts(&a, Some(5401)).await, vec![(1, 0)]);
+    assert_eq!(verdicts(&a, Some(5402)).await, vec![], "still on sale");
+    assert_eq!(verdicts(&a, None).await, vec![(2, 0)]);
+    let again = a.maintenance.scheduled_audits_once("instance-a", &settings).await;
+    assert_eq!(again.expect("pass"), flashsale_app::ScheduledAudits::default());
+
+    let (status, body) = a.admin_post("/v1/products", ends_soon(5403)).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = a.purchase("sched-3", 3, 5403, 1).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    a.bump_entry(5403, "avail", 2).await;
+    tokio::time::sleep(Duration::from_millis(1_700)).await;
+    let found = b.maintenance.scheduled_audits_once("instance-b", &settings).await;
+    let found = found.expect("pass");
+    assert_eq!(found.sales, 1);
+    assert!(found.violations > 0, "{found:?}");
+    let recorded = verdicts(&a, Some(5403)).await;
+    assert!(recorded.len() == 1 && recorded[0].1 > 0, "{recorded:?}");
+    tokio::time::sleep(flashsale_app::metrics::SCRAPE_REUSE).await;
+    let (text, _) = a.scrape_metrics().await;
+    let gauge = text
+        .lines()
+        .find_map(|l| l.strip_prefix("flashsale_audit_violations "))
+        .and_then(|v| v.trim().parse::<i64>().ok());
+    assert!(gauge.is_some_and(|n| n > 0), "{gauge:?}");
+    let (status, page) = a.get("/dashboard/data").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page["audit"]["violations_24h"].as_i64().is_some_and(|n| n > 0), "{page}");
+    b.cleanup().await;
+    a.cleanup().await;
+}
