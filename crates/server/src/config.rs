@@ -247,6 +247,37 @@ fn invalid(name: &str, message: impl std::fmt::Display) -> ConfigError {
     ConfigError(format!("{name}: {message}"))
 }
 
+/// The refusal of a Redis record TTL not longer than the payment timeout, under the name
+/// of the setting the user chose: the TTL when it was set, else the payment timeout (a
+/// user who set only `FLASHSALE_PAYMENT_TIMEOUT=2y` is told about that one), with the
+/// rule between the two. A hold record must outlive its order's payment window:
+/// returning the stock of an unpaid order exactly once relies on the record.
+fn record_outlives_payment(raw: &Raw) -> ConfigError {
+    let (timeout_name, timeout) = raw.value("payment_timeout");
+    let (ttl_name, ttl) = raw.value("redis_record_ttl");
+    let ttl_default = KEYS.contains(&("redis_record_ttl", Some(ttl)));
+    let rule = format!(
+        "a purchase's hold record in Redis must outlive its order's payment window, so \
+         the payment timeout must be shorter than FLASHSALE_REDIS_RECORD_TTL, which is at \
+         most {}",
+        humantime::format_duration(REDIS_RECORD_TTL_MAX)
+    );
+    if ttl_default {
+        let ttl_name = ttl_name.trim_end_matches(" (config file)");
+        invalid(
+            timeout_name,
+            format!("{timeout} is not shorter than {ttl_name} ({ttl}, its default): {rule}"),
+        )
+    } else {
+        invalid(
+            ttl_name,
+            format!(
+                "{ttl} is not longer than the payment timeout ({timeout_name}={timeout}): {rule}"
+            ),
+        )
+    }
+}
+
 /// `FLASHSALE_REDIS_CLUSTER_NODES`: `host:port` seed nodes, comma-separated, at least
 /// one and at most [`flashsale_redis::CLUSTER_SEEDS_MAX`].
 fn cluster_nodes(value: &str) -> Result<Vec<String>, String> {
@@ -522,12 +553,7 @@ impl Config {
             ));
         }
         if redis_record_ttl <= payment_timeout {
-            // A hold record must outlive its order's payment window: returning the stock
-            // of an unpaid order exactly once relies on the record.
-            return Err(invalid(
-                raw.value("redis_record_ttl").0,
-                "must be longer than the payment timeout",
-            ));
+            return Err(record_outlives_payment(raw));
         }
         let sold_out_lease = match raw.value("sold_out_lease") {
             (_, "0") => Duration::ZERO,
@@ -1226,6 +1252,21 @@ mod tests {
             let err = Config::from_parts(None, &env(&[(var, value)])).unwrap_err();
             assert!(err.0.starts_with(var), "{var}={value}: {err}");
         }
+        // Each side of the rule between the payment timeout and the record TTL is told
+        // under the name the user set, with the rule.
+        let long = env(&[("FLASHSALE_PAYMENT_TIMEOUT", "2y")]);
+        let err = Config::from_parts(None, &long).unwrap_err();
+        assert!(err.0.starts_with("FLASHSALE_PAYMENT_TIMEOUT: 2y"), "{err}");
+        assert!(err.0.contains("FLASHSALE_REDIS_RECORD_TTL (24h"), "{err}");
+        let err = Config::from_parts(Some("payment_timeout = \"2y\""), &env(&[])).unwrap_err();
+        assert!(err.0.starts_with("payment_timeout (config file)"), "{err}");
+        let both = env(&[
+            ("FLASHSALE_PAYMENT_TIMEOUT", "2h"),
+            ("FLASHSALE_REDIS_RECORD_TTL", "1h"),
+        ]);
+        let err = Config::from_parts(None, &both).unwrap_err();
+        assert!(err.0.starts_with("FLASHSALE_REDIS_RECORD_TTL: 1h"), "{err}");
+        assert!(err.0.contains("FLASHSALE_PAYMENT_TIMEOUT=2h"), "{err}");
         let err = Config::from_parts(Some("payment_timeout = \"x\""), &env(&[])).unwrap_err();
         assert!(err.0.starts_with("payment_timeout (config file)"), "{err}");
         let err = Config::from_parts(Some("colour = 1"), &env(&[])).unwrap_err();
