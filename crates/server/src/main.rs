@@ -22,9 +22,26 @@ struct Cli {
     command: Command,
 }
 
+/// `serve --help`'s closing text: the settings a first run needs, and where the rest are.
+const SERVE_SETTINGS: &str = "\
+Settings: FLASHSALE_* environment variables, over a --config TOML file (keys in lower case
+without the prefix). The main ones, with their defaults:
+  FLASHSALE_LISTEN              HTTP address (127.0.0.1:8080)
+  FLASHSALE_ADMIN_TOKEN         bearer token of the admin endpoints (unset: one is generated
+                                and logged)
+  FLASHSALE_DATABASE_URL        MariaDB (mysql://root@127.0.0.1:3306/flashsale)
+  FLASHSALE_REDIS_URL           Redis (redis://127.0.0.1:6379)
+  FLASHSALE_NATS_URL            NATS JetStream (nats://127.0.0.1:4222)
+  FLASHSALE_BUYER_AUTH          none (development only), header or jwt
+  FLASHSALE_PAYMENT_TIMEOUT     how long an order may stay unpaid (15m)
+  FLASHSALE_METRICS_LISTEN      serve /metrics and /dashboard on this address instead
+  FLASHSALE_LOG_FORMAT          text or json; the level comes from RUST_LOG (info)
+Every setting, its bounds and the rules between them: docs/configuration.md.";
+
 #[derive(Subcommand)]
 enum Command {
     /// Serve the HTTP JSON API (applies migrations first).
+    #[command(after_help = SERVE_SETTINGS)]
     Serve,
     /// Apply the database schema migrations and exit.
     Migrate,

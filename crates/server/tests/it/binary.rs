@@ -16,7 +16,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
 /// How long the binary may take to start answering (it creates its database and migrates).
 const STARTUP_MAX: Duration = Duration::from_secs(30);
 
-// Checks `--help` works on the binary and on every subcommand, and names each command.
+// Checks `--help` works on the binary and on every subcommand, and names each command;
+// `serve --help` lists the main settings and names the document of all of them.
 #[test]
 fn help_on_every_subcommand() {
     for args in [
@@ -36,6 +37,22 @@ fn help_on_every_subcommand() {
     let out = Command::new(BIN).arg("--help").output().expect("run");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("serve") && text.contains("migrate"), "{text}");
+    // `serve --help` names the settings a first run needs and where all of them are.
+    let out = Command::new(BIN)
+        .args(["serve", "--help"])
+        .output()
+        .expect("run");
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needed in [
+        "FLASHSALE_LISTEN",
+        "FLASHSALE_ADMIN_TOKEN",
+        "FLASHSALE_DATABASE_URL",
+        "FLASHSALE_REDIS_URL",
+        "FLASHSALE_NATS_URL",
+        "docs/configuration.md",
+    ] {
+        assert!(text.contains(needed), "no {needed} in:\n{text}");
+    }
 }
 
 // Checks `flashsale --help` opens with what the service is, for its user (not the
