@@ -4,6 +4,7 @@
 pub mod config;
 pub mod demo;
 pub mod http;
+pub mod reach;
 pub mod workers;
 
 use std::sync::Arc;
@@ -36,9 +37,6 @@ const DATABASE_ACQUIRE_TIMEOUT_MAX: Duration = Duration::from_secs(3);
 const REDIS_RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a Redis connection attempt may take.
 const REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// Attempts to reach the database for migrations at startup, one second apart: rides out
-/// a database that starts alongside the service, then gives up loudly.
-const STARTUP_MIGRATION_ATTEMPTS: u32 = 30;
 
 /// Most items one pass of a background worker handles: bounds the time and memory of a
 /// pass; a backlog drains over consecutive passes.
@@ -198,16 +196,23 @@ pub async fn build(config: &Config) -> Result<App, String> {
         };
         match result {
             Ok(ledger) => break ledger,
-            Err(e) if attempt < STARTUP_MIGRATION_ATTEMPTS => {
-                warn!(attempt, error = %e, "database not ready; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
+            Err(e) if attempt < reach::STARTUP_DATABASE_ATTEMPTS => {
+                warn!(
+                    attempt,
+                    of = reach::STARTUP_DATABASE_ATTEMPTS,
+                    error = %e,
+                    "{} not ready; retrying",
+                    reach::database(config)
+                );
+                tokio::time::sleep(reach::STARTUP_DATABASE_RETRY).await;
                 attempt += 1;
             }
-            Err(e) => return Err(format!("database: {e}")),
+            Err(e) => return Err(reach::database_gave_up(config, &e)),
         }
     };
     let ledger = Arc::new(ledger);
     let gate = Arc::new(gate_for(config)?);
+    reach::warn_unreachable(config, &gate).await;
     let metrics = Arc::new(Metrics::new());
     let maintenance = maintenance_for(config, gate.clone(), ledger.clone(), Some(metrics.clone()));
     let baseline = match config.strategy {

@@ -30,6 +30,7 @@ use self::buyers::{Buyer, Checkout, Copies, Final, Known, Settled, Tally, Wave, 
 use self::client::{BuyerIdentity, Inventory, Shop, Unexpected};
 use self::progress::{Display, Progress};
 use self::service::OwnService;
+use crate::reach::redacted;
 use crate::Config;
 
 /// Most units a demo sells: a demo, not a benchmark (`flashsale-bench` is the load
@@ -165,18 +166,6 @@ fn count(n: impl Into<u64>) -> String {
 
 fn clock(t: DateTime<Utc>) -> String {
     t.format("%H:%M:%S UTC").to_string()
-}
-
-/// A store's URL without its credentials, for printing.
-fn redacted(url: &str) -> String {
-    match reqwest::Url::parse(url) {
-        Ok(mut url) => {
-            let _ = url.set_password(None);
-            let _ = url.set_username("");
-            url.to_string()
-        }
-        Err(_) => "(a URL that does not parse)".to_owned(),
-    }
 }
 
 fn stores(config: &Config) -> String {
