@@ -23,7 +23,7 @@ use flashsale_core::{
     parse_restock, CancelReason, HoldRef, NewProduct, OrderId, OrderStatus, ProductId,
     PurchaseRequest, ReleaseReason, RequestId, StockMode, Transition, UserId,
 };
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::catalog::Catalog;
 use crate::error::Error;
@@ -814,7 +814,7 @@ impl Flashsale {
             .await?
             .ok_or(Error::OrderNotFound)?;
         if attempt.applied {
-            info!(%order_id, "order paid");
+            debug!(%order_id, "order paid");
             return Ok(attempt.order);
         }
         match attempt.order.status.pay() {
@@ -848,7 +848,7 @@ impl Flashsale {
                 Err(_) => return Err(Error::OrderNotCancellable),
             }
         } else {
-            info!(%order_id, "order cancelled");
+            debug!(%order_id, "order cancelled");
             self.modes.lift_sold_out(attempt.order.product_id);
         }
         debug_assert_eq!(attempt.order.status, OrderStatus::Cancelled);
