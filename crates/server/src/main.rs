@@ -64,8 +64,9 @@ enum Command {
     ///
     /// Against the service at the configured listen address (or --base-url) if one
     /// answers, with its admin token; else against a service it starts in this process on
-    /// the configured stores, with a short payment timeout, and stops at the end. Its log
-    /// goes to a file (named at the start), not to the terminal.
+    /// the configured stores, with a short payment timeout, and stops at the end; that
+    /// service's log goes to a file (named at the start), not to the terminal. The
+    /// flood's buyers arrive over 30 s (--flood-duration), time to open the live page.
     ///
     /// Exit codes: 0 every check passed; 1 a check failed; 2 error (no service, a refused
     /// token, a store down, Ctrl-C): nothing was judged.

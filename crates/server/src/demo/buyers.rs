@@ -237,6 +237,9 @@ pub struct Wave {
     pub first_user: i64,
     pub buyers: u64,
     pub checkout: Checkout,
+    /// The buyers arrive evenly over this time (buyer n at n/buyers of it, or later when
+    /// all `BUYERS_AT_ONCE` are still busy); zero: as fast as the service answers.
+    pub over: Duration,
 }
 
 /// Runs `wave` against `product`, `BUYERS_AT_ONCE` buyers at a time, showing progress;
@@ -248,8 +251,18 @@ pub async fn run_wave(
     tally: &Tally,
     progress: &Progress,
 ) -> Result<Vec<Buyer>, Unexpected> {
+    let start = tokio::time::Instant::now();
+    let gap = wave
+        .over
+        .checked_div(u32::try_from(wave.buyers).unwrap_or(u32::MAX));
     let mut buyers = stream::iter(0..wave.buyers)
-        .map(|n| buy(shop, product, wave, n, tally))
+        .map(|n| async move {
+            if let Some(gap) = gap.filter(|g| !g.is_zero()) {
+                let after = gap.saturating_mul(u32::try_from(n).unwrap_or(u32::MAX));
+                tokio::time::sleep_until(start + after).await;
+            }
+            buy(shop, product, wave, n, tally).await
+        })
         .buffer_unordered(BUYERS_AT_ONCE);
     let mut out = Vec::new();
     while let Some(buyer) = buyers.next().await {

@@ -45,6 +45,9 @@ const PAYMENT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 /// looks once a second.
 const PAYMENT_TIMEOUT_MIN: Duration = Duration::from_secs(1);
 const PAYMENT_TIMEOUT_MAX: Duration = Duration::from_secs(600);
+/// Longest `--flood-duration`: the demo is something to watch, not a soak test; the
+/// service's live page keeps five minutes of history.
+const FLOOD_DURATION_MAX: Duration = Duration::from_secs(600);
 /// The demo waits for the unpaid orders to expire when the last one does within this
 /// time; a longer wait (a service with the default 15 minutes) is only announced.
 const EXPIRY_WAIT_MAX: Duration = Duration::from_secs(120);
@@ -93,6 +96,23 @@ pub struct DemoArgs {
     /// service keeps its own FLASHSALE_PAYMENT_TIMEOUT).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub payment_timeout: Option<Duration>,
+    /// How long the flood's buyers take to arrive, evenly spread (at most 10 minutes),
+    /// so that the live page can be watched while the sale runs; 0s sends them as fast
+    /// as the service answers.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = flood_duration)]
+    pub flood_duration: Duration,
+}
+
+/// `--flood-duration`: a duration within [`FLOOD_DURATION_MAX`].
+fn flood_duration(text: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if duration > FLOOD_DURATION_MAX {
+        return Err(format!(
+            "at most {}",
+            humantime::format_duration(FLOOD_DURATION_MAX)
+        ));
+    }
+    Ok(duration)
 }
 
 /// Why the demo stopped before its checks: exit 2.
@@ -135,11 +155,15 @@ pub async fn run(config: &Config, args: DemoArgs, log: Option<&Path>) -> ExitCod
         result = demo(config, &args, log, &mut own) => result,
         _ = tokio::signal::ctrl_c() => Err(DemoError::Interrupted),
     };
+    let announced = own.is_some();
     if let Some(service) = own.take() {
         println!("service   stopping the demo's service (draining its requests)");
         if let Err(e) = service.stop().await {
             eprintln!("flashsale demo: {e}");
         }
+    }
+    if let Some(log) = log {
+        keep_log_if_written(log, announced);
     }
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -148,6 +172,19 @@ pub async fn run(config: &Config, args: DemoArgs, log: Option<&Path>) -> ExitCod
             eprintln!("flashsale demo: {e}");
             ExitCode::from(EXIT_ERROR)
         }
+    }
+}
+
+/// Removes the demo's log file when nothing was written to it (a run against a service
+/// already running logs nothing of its own); names it when something was and it was not
+/// named at the start (only a service the demo starts is announced with its log).
+fn keep_log_if_written(log: &Path, announced: bool) {
+    match std::fs::metadata(log).map(|m| m.len()) {
+        Ok(0) => {
+            let _ = std::fs::remove_file(log);
+        }
+        Ok(_) if !announced => println!("log       {}", log.display()),
+        _ => {}
     }
 }
 
@@ -191,6 +228,7 @@ struct Target {
 async fn target(
     config: &Config,
     args: &DemoArgs,
+    log: Option<&Path>,
     own: &mut Option<OwnService>,
 ) -> Result<Target, DemoError> {
     let buyers = match &config.buyer_auth {
@@ -271,6 +309,12 @@ async fn target(
         humantime::format_duration(payment_timeout),
         stores(&own_config)
     );
+    if let Some(log) = log {
+        println!(
+            "log       {} (the service's, and the demo's)",
+            log.display()
+        );
+    }
     let service = OwnService::start(own_config)
         .await
         .map_err(DemoError::Service)?;
@@ -429,13 +473,7 @@ async fn demo(
         count(args.stock),
         count(args.buyers)
     );
-    if let Some(log) = log {
-        println!(
-            "log       {} (the demo's, and its own service's when it starts one)",
-            log.display()
-        );
-    }
-    let target = target(config, args, own).await?;
+    let target = target(config, args, log, own).await?;
     let shop = &target.shop;
     let maintenance = crate::connect_maintenance(&target.config)
         .await
@@ -473,9 +511,16 @@ async fn demo(
     }
 
     // The flood.
+    let pace = match args.flood_duration.is_zero() {
+        true => "as fast as the service answers".to_owned(),
+        false => format!(
+            "arriving over {}",
+            humantime::format_duration(args.flood_duration)
+        ),
+    };
     println!(
-        "flood     {} buyers, {} at once, one unit each. 1 in {} double-clicks (the same \
-         request twice at once);",
+        "flood     {} buyers {pace}, {} at once, one unit each. 1 in {} double-clicks (the \
+         same request twice at once);",
         count(args.buyers),
         buyers::BUYERS_AT_ONCE,
         buyers::ODD_ONE_IN,
@@ -499,6 +544,7 @@ async fn demo(
         first_user: 1,
         buyers: u64::from(args.buyers),
         checkout: Checkout::Mixed,
+        over: args.flood_duration,
     };
     let progress = Progress::start(display, "flood", wave.buyers, "buyers");
     let flood_started = Instant::now();
@@ -559,6 +605,7 @@ async fn demo(
             first_user: next_user,
             buyers: (units * COMEBACK_BUYERS_PER_UNIT).max(COMEBACK_BUYERS_MIN),
             checkout: Checkout::Pay,
+            over: Duration::ZERO,
         };
         next_user = next_user.saturating_add_unsigned(wave.buyers);
         println!(
@@ -994,6 +1041,7 @@ mod tests {
             stock,
             buyers: 10,
             payment_timeout: None,
+            flood_duration: Duration::ZERO,
         }
     }
 

@@ -14,21 +14,36 @@ use crate::helpers::{
 
 const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
 
-/// The demo's stdout, and its log file removed (named on its second line).
-fn stdout_of(out: &Output) -> String {
+/// The demo's stdout, and its log file removed: named (and written) when the demo started
+/// a service, else neither named nor left in `tmp`, the demo's temporary directory.
+fn stdout_of(out: &Output, tmp: &std::path::Path, started_one: bool) -> String {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let log = text
         .lines()
         .find_map(|line| line.strip_prefix("log       "))
         .and_then(|rest| rest.split_whitespace().next());
-    match log {
-        Some(path) => assert!(
-            std::fs::remove_file(path).is_ok(),
-            "the demo's log {path} is not there"
-        ),
-        None => panic!("the demo names no log file:\n{text}"),
+    match (log, started_one) {
+        (Some(path), true) => {
+            let written = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+            assert!(written > 0, "the demo's log {path} is missing or empty");
+            std::fs::remove_file(path).expect("remove the demo's log");
+        }
+        (None, false) => {}
+        (log, _) => panic!("the demo named log {log:?}, started a service: {started_one}:\n{text}"),
     }
+    let left: Vec<_> = std::fs::read_dir(tmp)
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "the demo left {left:?}");
+    let _ = std::fs::remove_dir(tmp);
     text
+}
+
+/// A fresh temporary directory for one run of the demo (its TMPDIR), to see what it leaves.
+fn scratch() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("flashsale-demo-it-{}", redis_prefix()));
+    std::fs::create_dir_all(&dir).expect("scratch directory");
+    dir
 }
 
 /// The number in the summary line starting with `start`, right after it.
@@ -71,20 +86,25 @@ async fn facts(pool: &MySqlPool, product: i64) -> (i64, i64, i64, i64, i64, i64,
 // Checks `flashsale demo --spawn` end to end: the built binary starts its own service
 // (a private database, Redis prefix and NATS stream; 100 units, 1,000 buyers, a 3 s
 // payment timeout), waits for the unpaid orders to expire, sells the units that came
-// back, and exits 0 with every summary line "ok". Then MariaDB is asked directly: one
-// order per request_id, sold == PAID orders == the stock, nothing held, and as many
-// orders as the demo says its requests got.
+// back, and exits 0 with every summary line "ok"; the flood is unpaced
+// (`--flood-duration 0s`) to keep the suite fast. It names its log, which holds its
+// service's lines. Then MariaDB is asked directly: one order per request_id, sold ==
+// PAID orders == the stock, nothing held, and as many orders as the demo says its
+// requests got.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_spawns_a_service_sells_out_and_checks_it() {
     let db = TestDb::create(MYSQL_SERVER).await.expect("test db");
     let prefix = redis_prefix();
     let stream = stream_name(&prefix);
+    let tmp = scratch();
     let out = tokio::task::spawn_blocking({
         let (url, prefix, stream) = (db.url(), prefix.clone(), stream.clone());
+        let tmp = tmp.clone();
         move || {
             Command::new(BIN)
                 .args(["demo", "--spawn", "--stock", "100", "--buyers", "1000"])
-                .args(["--payment-timeout", "3s"])
+                .args(["--payment-timeout", "3s", "--flood-duration", "0s"])
+                .env("TMPDIR", tmp)
                 .env("FLASHSALE_LISTEN", format!("127.0.0.1:{}", free_port()))
                 .env("FLASHSALE_DATABASE_URL", url)
                 .env("FLASHSALE_REDIS_URL", REDIS_URL)
@@ -99,7 +119,7 @@ async fn demo_spawns_a_service_sells_out_and_checks_it() {
     })
     .await
     .expect("join");
-    let text = stdout_of(&out);
+    let text = stdout_of(&out, &tmp, true);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -149,16 +169,20 @@ async fn demo_spawns_a_service_sells_out_and_checks_it() {
 // stock" is reported as not made, never as passed — and exits 0. MariaDB agrees: one
 // order per request_id, sold == PAID orders, the units held == the PENDING_PAYMENT
 // orders == the demo's count of orders left unpaid, and sold + held == the stock.
+// Neither run starts a service, so neither names a log nor leaves a file in its
+// temporary directory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_against_a_running_service_does_not_claim_what_it_did_not_wait_for() {
     let app = TestApp::spawn_with(Routes::default(), &[("BUYER_AUTH", "header")]).await;
     let events = TestEvents::start(&app, NATS_URL).await;
     let db_url = app.db.as_ref().expect("the test's database").url();
+    let tmp = scratch();
     let no_token = tokio::task::spawn_blocking({
-        let base = app.base.clone();
+        let (base, tmp) = (app.base.clone(), tmp.clone());
         move || {
             Command::new(BIN)
                 .args(["demo", "--base-url", &base])
+                .env("TMPDIR", tmp)
                 .env_remove("FLASHSALE_ADMIN_TOKEN")
                 .output()
                 .expect("run flashsale demo")
@@ -166,17 +190,20 @@ async fn demo_against_a_running_service_does_not_claim_what_it_did_not_wait_for(
     })
     .await
     .expect("join");
-    let _ = stdout_of(&no_token);
+    let _ = stdout_of(&no_token, &tmp, false);
     let err = String::from_utf8_lossy(&no_token.stderr);
     assert_eq!(no_token.status.code(), Some(2), "{err}");
     assert!(err.contains("needs its admin token"), "{err}");
     assert_eq!(app.count("SELECT COUNT(*) FROM products").await, 0);
+    let tmp = scratch();
     let out = tokio::task::spawn_blocking({
         let (base, prefix) = (app.base.clone(), app.prefix.clone());
+        let tmp = tmp.clone();
         move || {
             Command::new(BIN)
                 .args(["demo", "--base-url", &base, "--admin-token", ADMIN_TOKEN])
-                .args(["--stock", "50", "--buyers", "500"])
+                .args(["--stock", "50", "--buyers", "500", "--flood-duration", "0s"])
+                .env("TMPDIR", tmp)
                 .env("FLASHSALE_DATABASE_URL", db_url)
                 .env("FLASHSALE_REDIS_URL", REDIS_URL)
                 .env("FLASHSALE_REDIS_PREFIX", prefix)
@@ -188,7 +215,7 @@ async fn demo_against_a_running_service_does_not_claim_what_it_did_not_wait_for(
     })
     .await
     .expect("join");
-    let text = stdout_of(&out);
+    let text = stdout_of(&out, &tmp, false);
     assert_eq!(
         out.status.code(),
         Some(0),
