@@ -27,8 +27,9 @@ pub use dashboard::Sampler;
 pub use error::Error;
 pub use fallback::{Fallback, FallbackSettings};
 pub use maintenance::{
-    AuditScheduleSettings, Maintenance, MaintenanceSettings, Reconciliation, RecoveryReport,
-    ScheduledAudits, AUDIT_CLAIM_LEASE,
+    AuditScheduleSettings, Decision, IncidentView, Maintenance, MaintenanceSettings,
+    Reconciliation, RecoveryReport, Resolved, ScheduledAudits, Unresolved, AUDIT_CLAIM_LEASE,
+    OUTCOME_UNKNOWN,
 };
 pub use metrics::{Metrics, Monitor, ProductStock, StoreView};
 pub use model::*;

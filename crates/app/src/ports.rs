@@ -861,6 +861,18 @@ pub trait LedgerMaintenance: Send + Sync + 'static {
     /// Recovery incidents still open, over every product.
     async fn open_incidents(&self) -> Result<i64, LedgerError>;
 
+    /// Recovery incidents, the newest first, at most `limit`: the open ones only, or all.
+    async fn incidents(&self, open_only: bool, limit: usize) -> Result<Vec<Incident>, LedgerError>;
+
+    /// One recovery incident by its id.
+    async fn incident(&self, id: i64) -> Result<Option<Incident>, LedgerError>;
+
+    /// Records a person's decision on an incident, who made it and why, closing it if
+    /// still open (the decision's own step may have closed it already: a fence closes its
+    /// request's `outcome_unknown` incident): false when a person decided it before.
+    async fn close_incident(&self, id: i64, closing: &IncidentClosing)
+        -> Result<bool, LedgerError>;
+
     /// Records an audit's verdict, keeping the newest [`AUDIT_RUNS_KEPT`] (older ones are
     /// deleted in the same transaction).
     async fn record_audit(&self, verdict: &AuditVerdict) -> Result<(), LedgerError>;
@@ -942,6 +954,42 @@ pub trait LedgerMaintenance: Send + Sync + 'static {
     fn writer(&self) -> Option<String> {
         None
     }
+}
+
+/// A problem recovery could not resolve by itself (`recovery_incident`), for a person.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Incident {
+    pub id: i64,
+    pub request_id: RequestId,
+    pub product_id: ProductId,
+    /// What recovery could not learn or do: `outcome_unknown` (the ledger would not tell
+    /// whether a hold's order exists), `return_impossible` (a release's units have no
+    /// hold record left in the gate).
+    pub kind: String,
+    /// The last error and the tries behind it.
+    pub detail: String,
+    /// When it was first raised (the database's clock).
+    pub created_at: DateTime<Utc>,
+    /// How it ended; None while open.
+    pub closed: Option<IncidentClosed>,
+}
+
+/// How an incident ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IncidentClosed {
+    pub at: DateTime<Utc>,
+    /// Who closed it and what was decided; None for an incident recovery closed itself
+    /// once the outcome was learned after all.
+    pub closing: Option<IncidentClosing>,
+}
+
+/// A person's closing of an incident.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IncidentClosing {
+    /// What was done: `release` (the units given back) or `confirm` (the order made).
+    pub decision: String,
+    pub by: String,
+    pub note: String,
 }
 
 /// An audit that `serve` runs by itself, once per instance of it over all instances.

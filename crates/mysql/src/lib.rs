@@ -14,6 +14,7 @@
 mod baseline;
 mod dedicated;
 mod group;
+mod incidents;
 mod ledger;
 mod maintenance;
 mod migrate;

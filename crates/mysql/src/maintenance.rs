@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flashsale_app::ports::{
-    AuditClaim, AuditRun, AuditSchedule, AuditVerdict, CancelAttempt, ExpiredOrder, Leave, LedgerFacts, LedgerMaintenance,
-    ModeSwitch, PendingRestock, PendingReturn, RebuildPlan, ReleaseOf, Watermark, AUDIT_RUNS_KEPT,
+    AuditClaim, AuditRun, AuditSchedule, AuditVerdict, CancelAttempt, ExpiredOrder, Incident,
+    IncidentClosing, Leave, LedgerFacts, LedgerMaintenance, ModeSwitch, PendingRestock,
+    PendingReturn, RebuildPlan, ReleaseOf, Watermark, AUDIT_RUNS_KEPT,
 };
 use flashsale_app::LedgerError;
 use flashsale_core::{
@@ -213,7 +214,8 @@ impl LedgerMaintenance for MysqlLedger {
             sqlx::query(
                 "INSERT INTO recovery_incident (request_id, product_id, kind, detail) \
                  VALUES (?, ?, ?, ?) \
-                 ON DUPLICATE KEY UPDATE detail = VALUES(detail), resolved_at = NULL",
+                 ON DUPLICATE KEY UPDATE detail = VALUES(detail), resolved_at = NULL, \
+                 decision = NULL, resolved_by = NULL, note = NULL",
             )
             .bind(request_id.as_str())
             .bind(product_id.get())
@@ -248,6 +250,22 @@ impl LedgerMaintenance for MysqlLedger {
                 .await
         })
         .await
+    }
+
+    async fn incidents(&self, open_only: bool, limit: usize) -> Result<Vec<Incident>, LedgerError> {
+        self.incidents_at(open_only, limit).await
+    }
+
+    async fn incident(&self, id: i64) -> Result<Option<Incident>, LedgerError> {
+        self.incident_at(id).await
+    }
+
+    async fn close_incident(
+        &self,
+        id: i64,
+        closing: &IncidentClosing,
+    ) -> Result<bool, LedgerError> {
+        self.close_incident_at(id, closing).await
     }
 
     /// A retry after a lost reply may record the verdict twice: the last audit reads the

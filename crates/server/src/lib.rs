@@ -4,6 +4,7 @@
 pub mod config;
 pub mod demo;
 pub mod http;
+pub mod incidents;
 pub mod reach;
 pub mod workers;
 
@@ -154,6 +155,7 @@ fn maintenance_for(
             batch_size: WORKER_BATCH_SIZE,
             products_page: PRODUCTS_PAGE,
             audit_bounds: audit_bounds(config),
+            payment_timeout: config.payment_timeout,
         },
     );
     Arc::new(match metrics {

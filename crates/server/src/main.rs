@@ -71,6 +71,12 @@ enum Command {
     /// Exit codes: 0 every check passed; 1 a check failed; 2 error (no service, a refused
     /// token, a store down, Ctrl-C): nothing was judged.
     Demo(flashsale::demo::DemoArgs),
+    /// The recovery incidents a person must decide: list them, show one with what the
+    /// stores know of it, and resolve one (release its units, or confirm its order).
+    Incidents {
+        #[command(subcommand)]
+        action: flashsale::incidents::Action,
+    },
     /// Compare Redis's available counts with MariaDB's facts and report the drift; exit 1
     /// on drift left unrepaired, 2 on error.
     ///
@@ -178,6 +184,9 @@ async fn main() -> ExitCode {
         Command::Audit { product } => (done(audit(&config, product).await), ExitCode::FAILURE),
         // Dispatched above, with its own log.
         Command::Demo(_) => return ExitCode::from(EXIT_ERROR),
+        Command::Incidents { action } => {
+            (incidents(&config, action).await, ExitCode::from(EXIT_ERROR))
+        }
         Command::Reconcile { product, repair } => (
             reconcile(&config, product, repair).await,
             ExitCode::from(EXIT_ERROR),
@@ -191,6 +200,14 @@ async fn main() -> ExitCode {
             on_error
         }
     }
+}
+
+async fn incidents(
+    config: &Config,
+    action: flashsale::incidents::Action,
+) -> Result<ExitCode, String> {
+    let maintenance = flashsale::connect_maintenance(config).await?;
+    flashsale::incidents::run(&maintenance, action, &mut std::io::stdout()).await
 }
 
 async fn migrate(config: &Config) -> Result<(), String> {

@@ -110,7 +110,11 @@ impl Workers {
             move || {
                 let (m, holder) = (m.clone(), holder.clone());
                 // Never "busy": a pass audits a bounded number of ended sales.
-                async move { m.scheduled_audits_once(&holder, &schedule).await.map(|_| false) }
+                async move {
+                    m.scheduled_audits_once(&holder, &schedule)
+                        .await
+                        .map(|_| false)
+                }
             },
         ));
         let m = maintenance;

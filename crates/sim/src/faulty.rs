@@ -18,10 +18,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flashsale_app::ports::{
-    Applied, AuditClaim, AuditSchedule, CancelAttempt, Commit, CreateProduct, ErrorKind, ExpiredOrder, Fence, GateFacts,
-    GateMaintenance, GateState, Leave, LedgerFacts, LedgerMaintenance, ModeSwitch, Outbox,
-    PayAttempt, PendingRestock, PendingReturn, PortError, RebuildPlan, RecordRestock, Release,
-    ReleaseOf, Reserve, Restock, StaleHold, StatsStore, Watermark,
+    Applied, AuditClaim, AuditSchedule, CancelAttempt, Commit, CreateProduct, ErrorKind,
+    ExpiredOrder, Fence, GateFacts, GateMaintenance, GateState, Incident, IncidentClosing, Leave,
+    LedgerFacts, LedgerMaintenance, ModeSwitch, Outbox, PayAttempt, PendingRestock, PendingReturn,
+    PortError, RebuildPlan, RecordRestock, Release, ReleaseOf, Reserve, Restock, StaleHold,
+    StatsStore, Watermark,
 };
 use flashsale_app::{
     EventType, GateError, Ledger, LedgerError, Order, OutboxMessage, Product, PurchaseRecord,
@@ -702,6 +703,43 @@ impl LedgerMaintenance for FaultyLedger {
             "ledger.last_audit",
             String::new,
             || self.inner.last_audit(),
+        )
+        .await
+    }
+
+    async fn incidents(&self, open_only: bool, limit: usize) -> Result<Vec<Incident>, LedgerError> {
+        through(
+            &self.ctx,
+            Port::Ledger,
+            "ledger.incidents",
+            || format!("{open_only} {limit}"),
+            || self.inner.incidents(open_only, limit),
+        )
+        .await
+    }
+
+    async fn incident(&self, id: i64) -> Result<Option<Incident>, LedgerError> {
+        through(
+            &self.ctx,
+            Port::Ledger,
+            "ledger.incident",
+            || id.to_string(),
+            || self.inner.incident(id),
+        )
+        .await
+    }
+
+    async fn close_incident(
+        &self,
+        id: i64,
+        closing: &IncidentClosing,
+    ) -> Result<bool, LedgerError> {
+        through(
+            &self.ctx,
+            Port::Ledger,
+            "ledger.close_incident",
+            || format!("{id} {closing:?}"),
+            || self.inner.close_incident(id, closing),
         )
         .await
     }

@@ -28,9 +28,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, TimeDelta, Utc};
 use flashsale_app::ports::{
-    Applied, AuditClaim, AuditSchedule, CancelAttempt, Commit, CreateProduct, ExpiredOrder, Fence, Leave, LedgerFacts,
-    LedgerMaintenance, ModeSwitch, Outbox, PayAttempt, PendingRestock, PendingReturn, RebuildPlan,
-    RecordRestock, ReleaseOf, StatsStore, Watermark, AUDIT_RUNS_KEPT,
+    Applied, AuditClaim, AuditSchedule, CancelAttempt, Commit, CreateProduct, ExpiredOrder, Fence,
+    Incident, IncidentClosed, IncidentClosing, Leave, LedgerFacts, LedgerMaintenance, ModeSwitch,
+    Outbox, PayAttempt, PendingRestock, PendingReturn, RebuildPlan, RecordRestock, ReleaseOf,
+    StatsStore, Watermark, AUDIT_RUNS_KEPT,
 };
 use flashsale_app::{
     Event, EventType, Ledger, LedgerError, Order, OutboxMessage, Product, PurchaseOutcome,
@@ -142,8 +143,45 @@ struct RestockRow {
 
 #[derive(Debug, Clone)]
 struct IncidentRow {
+    id: i64,
     product_id: i64,
+    detail: String,
+    created_at: DateTime<Utc>,
     open: bool,
+    /// When it was closed, and a person's decision if one was recorded.
+    closed_at: Option<DateTime<Utc>>,
+    closing: Option<IncidentClosing>,
+}
+
+impl IncidentRow {
+    /// Closed at `now`, unless it was closed before.
+    fn close(&mut self, now: DateTime<Utc>) {
+        if self.open {
+            self.open = false;
+            self.closed_at = Some(now);
+        }
+    }
+
+    fn incident(&self, request_id: &str, kind: &str) -> Result<Incident, LedgerError> {
+        let closed = self
+            .closed_at
+            .filter(|_| !self.open)
+            .map(|at| IncidentClosed {
+                at,
+                closing: self.closing.clone(),
+            });
+        Ok(Incident {
+            id: self.id,
+            request_id: RequestId::parse("request_id", request_id)
+                .map_err(|e| LedgerError::corrupt(e.to_string()))?,
+            product_id: ProductId::parse(self.product_id)
+                .map_err(|e| LedgerError::corrupt(e.to_string()))?,
+            kind: kind.to_owned(),
+            detail: self.detail.clone(),
+            created_at: self.created_at,
+            closed,
+        })
+    }
 }
 
 /// One `outbox` row.
@@ -229,6 +267,8 @@ struct Tables {
     incidents: BTreeMap<(String, String), IncidentRow>,
     /// `audit_run`, oldest first, at most `AUDIT_RUNS_KEPT`.
     audits: std::collections::VecDeque<flashsale_app::ports::AuditRun>,
+    /// The last `recovery_incident.id` handed out.
+    next_incident_id: i64,
     /// `audit_schedule`: (kind, scope) → the claim.
     audit_claims: BTreeMap<(&'static str, i64), AuditClaimRow>,
     /// Errors that mean the ledger's data broke a rule (a CHECK failed, a reservation
@@ -803,7 +843,7 @@ impl MemLedger {
             .incidents
             .get_mut(&(rid.to_owned(), "outcome_unknown".to_owned()))
         {
-            i.open = false;
+            i.close(now);
         }
         Ok(Attempt::Done(()))
     }
@@ -1972,26 +2012,82 @@ impl LedgerMaintenance for MemLedger {
         request_id: &RequestId,
         product_id: ProductId,
         kind: &str,
-        _detail: &str,
+        detail: &str,
     ) -> Result<(), LedgerError> {
-        self.lock().incidents.insert(
-            (request_id.as_str().to_owned(), kind.to_owned()),
-            IncidentRow {
-                product_id: product_id.get(),
-                open: true,
-            },
-        );
+        let now = self.now();
+        let mut t = self.lock();
+        let key = (request_id.as_str().to_owned(), kind.to_owned());
+        // One row per (request, kind): a repeated incident reopens it, with its detail.
+        let id = match t.incidents.get(&key) {
+            Some(row) => row.id,
+            None => {
+                t.next_incident_id += 1;
+                t.next_incident_id
+            }
+        };
+        let created_at = t.incidents.get(&key).map_or(now, |row| row.created_at);
+        let row = IncidentRow {
+            id,
+            product_id: product_id.get(),
+            detail: detail.to_owned(),
+            created_at,
+            open: true,
+            closed_at: None,
+            closing: None,
+        };
+        t.incidents.insert(key, row);
         Ok(())
     }
 
     async fn resolve_incidents(&self, request_id: &RequestId) -> Result<(), LedgerError> {
+        let now = self.now();
         let mut t = self.lock();
         for ((rid, _), row) in t.incidents.iter_mut() {
             if rid == request_id.as_str() {
-                row.open = false;
+                row.close(now);
             }
         }
         Ok(())
+    }
+
+    async fn incidents(&self, open_only: bool, limit: usize) -> Result<Vec<Incident>, LedgerError> {
+        let t = self.lock();
+        let mut rows: Vec<Incident> = t
+            .incidents
+            .iter()
+            .filter(|(_, row)| row.open || !open_only)
+            .map(|((rid, kind), row)| row.incident(rid, kind))
+            .collect::<Result<_, _>>()?;
+        rows.sort_by_key(|i| std::cmp::Reverse(i.id));
+        rows.truncate(limit);
+        Ok(rows)
+    }
+
+    async fn incident(&self, id: i64) -> Result<Option<Incident>, LedgerError> {
+        let t = self.lock();
+        t.incidents
+            .iter()
+            .find(|(_, row)| row.id == id)
+            .map(|((rid, kind), row)| row.incident(rid, kind))
+            .transpose()
+    }
+
+    async fn close_incident(
+        &self,
+        id: i64,
+        closing: &IncidentClosing,
+    ) -> Result<bool, LedgerError> {
+        let now = self.now();
+        let mut t = self.lock();
+        let Some(row) = t.incidents.values_mut().find(|row| row.id == id) else {
+            return Ok(false);
+        };
+        if row.closing.is_some() {
+            return Ok(false);
+        }
+        row.close(now);
+        row.closing = Some(closing.clone());
+        Ok(true)
     }
 
     async fn open_incidents(&self) -> Result<i64, LedgerError> {
@@ -2026,11 +2122,7 @@ impl LedgerMaintenance for MemLedger {
     ) -> Result<Vec<ProductId>, LedgerError> {
         let before = self.now() - delta(settled_for);
         let t = self.lock();
-        let done = |id: i64| {
-            t.audit_claims
-                .get(&(SALE_END, id))
-                .is_some_and(|c| c.done)
-        };
+        let done = |id: i64| t.audit_claims.get(&(SALE_END, id)).is_some_and(|c| c.done);
         Ok(t.products
             .values()
             .filter(|p| p.stock_loaded && p.window.ends_at.is_some_and(|end| end <= before))
@@ -2080,7 +2172,11 @@ impl LedgerMaintenance for MemLedger {
             .scope
             .parse()
             .map_err(|_| LedgerError::corrupt(format!("audit claim scope {:?}", claim.scope)))?;
-        let kind = if claim.kind == SALE_END { SALE_END } else { EVERY };
+        let kind = if claim.kind == SALE_END {
+            SALE_END
+        } else {
+            EVERY
+        };
         let mut t = self.lock();
         if let Some(c) = t.audit_claims.get_mut(&(kind, scope)) {
             if c.holder == claim.holder {
@@ -2221,7 +2317,7 @@ impl LedgerMaintenance for MemLedger {
 fn settle_owed(t: &mut Tables, p: i64, now: DateTime<Utc>) {
     for i in t.incidents.values_mut() {
         if i.product_id == p {
-            i.open = false;
+            i.close(now);
         }
     }
     for r in t.reservations.values_mut() {

@@ -277,6 +277,7 @@ impl World {
                 // One product to a page: with two products, some seeds walk two pages.
                 products_page: 1,
                 audit_bounds: audit::AuditBounds::QUIET,
+                payment_timeout: self.sc.payment_timeout,
             },
         );
         let outbox: Arc<dyn Outbox> = self.fledger.clone();

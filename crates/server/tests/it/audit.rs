@@ -309,14 +309,27 @@ async fn scheduled_audits_run_once_over_the_instances() {
         b.maintenance.scheduled_audits_once("instance-b", &settings),
     );
     let (one, two) = (one.expect("a's pass"), two.expect("b's pass"));
-    assert_eq!(one.sales + two.sales, 1, "the ended sale audited once: {one:?} {two:?}");
-    assert!(one.every ^ two.every, "every product audited once: {one:?} {two:?}");
+    assert_eq!(
+        one.sales + two.sales,
+        1,
+        "the ended sale audited once: {one:?} {two:?}"
+    );
+    assert!(
+        one.every ^ two.every,
+        "every product audited once: {one:?} {two:?}"
+    );
     assert_eq!(one.violations + two.violations, 0);
     assert_eq!(verdicts(&a, Some(5401)).await, vec![(1, 0)]);
     assert_eq!(verdicts(&a, Some(5402)).await, vec![], "still on sale");
     assert_eq!(verdicts(&a, None).await, vec![(2, 0)]);
-    let again = a.maintenance.scheduled_audits_once("instance-a", &settings).await;
-    assert_eq!(again.expect("pass"), flashsale_app::ScheduledAudits::default());
+    let again = a
+        .maintenance
+        .scheduled_audits_once("instance-a", &settings)
+        .await;
+    assert_eq!(
+        again.expect("pass"),
+        flashsale_app::ScheduledAudits::default()
+    );
 
     let (status, body) = a.admin_post("/v1/products", ends_soon(5403)).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
@@ -324,7 +337,10 @@ async fn scheduled_audits_run_once_over_the_instances() {
     assert_eq!(status, StatusCode::CREATED, "{body}");
     a.bump_entry(5403, "avail", 2).await;
     tokio::time::sleep(Duration::from_millis(1_700)).await;
-    let found = b.maintenance.scheduled_audits_once("instance-b", &settings).await;
+    let found = b
+        .maintenance
+        .scheduled_audits_once("instance-b", &settings)
+        .await;
     let found = found.expect("pass");
     assert_eq!(found.sales, 1);
     assert!(found.violations > 0, "{found:?}");
@@ -339,7 +355,12 @@ async fn scheduled_audits_run_once_over_the_instances() {
     assert!(gauge.is_some_and(|n| n > 0), "{gauge:?}");
     let (status, page) = a.get("/dashboard/data").await;
     assert_eq!(status, StatusCode::OK);
-    assert!(page["audit"]["violations_24h"].as_i64().is_some_and(|n| n > 0), "{page}");
+    assert!(
+        page["audit"]["violations_24h"]
+            .as_i64()
+            .is_some_and(|n| n > 0),
+        "{page}"
+    );
     b.cleanup().await;
     a.cleanup().await;
 }

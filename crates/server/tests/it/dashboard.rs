@@ -337,7 +337,11 @@ async fn the_last_audit_and_open_incidents_come_from_the_ledger() {
     let (status, _) = app.purchase("a-1", 7, 4401, 1).await;
     assert_eq!(status, StatusCode::CREATED);
     let d = data(&app).await;
-    assert_eq!(d["audit"], json!({"last": null, "violations_24h": 0}), "{d}");
+    assert_eq!(
+        d["audit"],
+        json!({"last": null, "violations_24h": 0}),
+        "{d}"
+    );
     assert_eq!(d["incidents"]["open"], 0, "{d}");
 
     run_audit(&app, None);

@@ -27,6 +27,8 @@ mod galera;
 mod grafana;
 mod group_commit;
 mod helpers;
+#[cfg(feature = "failpoints")]
+mod incidents;
 mod invariants;
 mod metrics;
 mod nats_cluster;

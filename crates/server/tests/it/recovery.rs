@@ -17,9 +17,10 @@ use crate::invariants;
 
 /// Settings that make the recovery window short enough for a test: requests give up
 /// after 1 s, holds are recovered after 2 s.
-const FAST_RECOVERY: &[(&str, &str)] = &[("REQUEST_TIMEOUT", "1s"), ("RECOVERY_AFTER", "2s")];
+pub(crate) const FAST_RECOVERY: &[(&str, &str)] =
+    &[("REQUEST_TIMEOUT", "1s"), ("RECOVERY_AFTER", "2s")];
 
-fn gate(app: &TestApp) -> RedisGate {
+pub(crate) fn gate(app: &TestApp) -> RedisGate {
     RedisGate::new(&GateConfig {
         target: flashsale_redis::Target::Node(REDIS_URL.into()),
         prefix: app.prefix.clone(),
@@ -34,7 +35,12 @@ fn gate(app: &TestApp) -> RedisGate {
 
 /// Takes a hold the way a purchase's first step does, and stops there (as if the process
 /// died before its commit).
-async fn abandoned_hold(app: &TestApp, request_id: &str, user: i64, product: i64) -> i64 {
+pub(crate) async fn abandoned_hold(
+    app: &TestApp,
+    request_id: &str,
+    user: i64,
+    product: i64,
+) -> i64 {
     let request = PurchaseRequest::parse(request_id, user, product, 1, 5).expect("valid");
     match gate(app).reserve(&request, None).await.expect("reserve") {
         Reserve::Reserved { hold } => hold.id.get(),
@@ -527,6 +533,7 @@ fn settings(batch_size: usize, products_page: usize) -> flashsale_app::Maintenan
         products_page,
         // These instances only run recovery passes; the audits go through the app's.
         audit_bounds: flashsale_app::AuditBounds::QUIET,
+        payment_timeout: Duration::from_secs(900),
     }
 }
 
