@@ -3,7 +3,8 @@
 //! refusal and failure rates among them) and how long they took, what the background workers did (payment
 //! timeouts, recoveries, incidents, gate rebuilds, reconciliation drift), the events'
 //! flow (published, applied, waiting in the outbox), whether Redis and MariaDB answer,
-//! and each product's stock.
+//! each product's stock, and the listener's connections (open, against the cap, and
+//! those refused or evicted at it).
 //!
 //! Counters are plain atomics, counted where the work happens; the gauges that describe
 //! the stores (`Monitor`) are read when the metrics are scraped, so a scrape shows the
@@ -152,6 +153,11 @@ struct ModeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProductLabels {
     product_id: String,
 }
@@ -206,6 +212,10 @@ pub struct Metrics {
     ledger_mode: Family<ProductLabels, Gauge>,
     ledger_writer: Family<NodeLabels, Gauge>,
     audit_violations: Gauge,
+    connections_open: Gauge,
+    connections_max: Gauge,
+    connections_refused: Family<ReasonLabels, Counter>,
+    connections_evicted: Family<ReasonLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -348,6 +358,30 @@ impl Metrics {
                 &mut registry,
                 "ledger_writer",
                 "The database node the ledger writes through (1, labelled host:port): on a Galera cluster the first healthy node listed, when the metrics were read",
+                Family::default(),
+            ),
+            connections_open: registered(
+                &mut registry,
+                "http_connections_open",
+                "Client connections the API listener holds open now",
+                Gauge::default(),
+            ),
+            connections_max: registered(
+                &mut registry,
+                "http_connections_max",
+                "The API listener's cap on open connections (FLASHSALE_CONNECTIONS_MAX, fitted to the open-files limit)",
+                Gauge::default(),
+            ),
+            connections_refused: registered(
+                &mut registry,
+                "http_connections_refused",
+                "Connections answered 503 and closed as they arrived, by reason: cap (every open connection's request was being worked on), address (its address held its share, FLASHSALE_CONNECTIONS_PER_ADDRESS_MAX)",
+                Family::default(),
+            ),
+            connections_evicted: registered(
+                &mut registry,
+                "http_connections_evicted",
+                "Connections closed at the cap to make room for a newcomer, by what they were waiting for: head (a request head: idle, or arriving slowly), body (a request's body)",
                 Family::default(),
             ),
             cells: (0..ENDPOINTS.len() * Outcome::ALL.len())
@@ -494,6 +528,35 @@ impl Metrics {
                 self.store_failed(store, kind);
             }
         }
+    }
+
+    /// The API listener's connection cap, as fitted at startup.
+    pub fn connections_capped(&self, max: usize) {
+        self.connections_max
+            .set(i64::try_from(max).unwrap_or(i64::MAX));
+    }
+
+    /// One client connection more (`true`) or less (`false`) open on the API listener.
+    pub fn connection_open(&self, opened: bool) {
+        match opened {
+            true => self.connections_open.inc(),
+            false => self.connections_open.dec(),
+        };
+    }
+
+    /// Counts one connection refused as it arrived (`cap`, `address`).
+    pub fn connection_refused(&self, reason: &'static str) {
+        self.connections_refused
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// Counts one connection evicted at the cap, by what it was waiting for (`head`,
+    /// `body`).
+    pub fn connection_evicted(&self, reason: &'static str) {
+        self.connections_evicted
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
     }
 
     /// Every metric in the OpenMetrics text format (what Prometheus scrapes).
@@ -853,6 +916,69 @@ mod tests {
         assert_eq!(got, want, "{text}");
     }
 
+    // Checks the listener's connection metrics: the gauge of open connections follows
+    // opens and closes, the cap is its own gauge, and refusals and evictions are counted
+    // under their reasons. How: each method called, the text read back line by line.
+    #[test]
+    fn connections_are_counted_open_refused_and_evicted_by_reason() {
+        let m = Metrics::new();
+        m.connections_capped(200);
+        for opened in [true, true, true, false] {
+            m.connection_open(opened);
+        }
+        m.connection_refused("cap");
+        m.connection_refused("address");
+        m.connection_refused("address");
+        m.connection_evicted("head");
+        m.connection_evicted("body");
+        m.connection_evicted("body");
+        let text = m.encode();
+        for line in [
+            "flashsale_http_connections_open 2",
+            "flashsale_http_connections_max 200",
+            r#"flashsale_http_connections_refused_total{reason="cap"} 1"#,
+            r#"flashsale_http_connections_refused_total{reason="address"} 2"#,
+            r#"flashsale_http_connections_evicted_total{reason="head"} 1"#,
+            r#"flashsale_http_connections_evicted_total{reason="body"} 2"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
+        }
+    }
+
+    // Checks the alert rules with Prometheus's own tool where it is installed (Debian:
+    // `apt install prometheus`): `promtool check rules docs/alerts.yml` parses them and
+    // `promtool test rules docs/alerts_test.yml` feeds each rule the series that must make
+    // it fire and those that must not. Without promtool on the PATH it says so and passes:
+    // the tool is no dependency of the project.
+    #[test]
+    fn alert_rules_pass_promtool() {
+        let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs");
+        for args in [
+            ["check", "rules", "alerts.yml"],
+            ["test", "rules", "alerts_test.yml"],
+        ] {
+            let run = match std::process::Command::new("promtool")
+                .args(args)
+                .current_dir(&docs)
+                .output()
+            {
+                Ok(run) => run,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    println!("promtool not installed: docs/alerts.yml not checked by it");
+                    return;
+                }
+                Err(e) => panic!("running promtool: {e}"),
+            };
+            assert!(
+                run.status.success(),
+                "promtool {}:\n{}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&run.stdout),
+                String::from_utf8_lossy(&run.stderr)
+            );
+        }
+    }
+
     /// Every metric with at least one series: each counting method called once, and
     /// the gauges the monitor sets given a value.
     fn all_touched() -> Metrics {
@@ -894,6 +1020,10 @@ mod tests {
                 node: "127.0.0.1:3306".into(),
             })
             .set(1);
+        m.connections_capped(10_000);
+        m.connection_open(true);
+        m.connection_refused("cap");
+        m.connection_evicted("body");
         m
     }
 
@@ -901,13 +1031,13 @@ mod tests {
     // "Health") name only series
     // that exist: every `flashsale_…` word in them is the name of a sample the metrics
     // encode to (a counter's with its `_total`, a gauge's bare) or a histogram's family
-    // name, all 21 families touched.
+    // name, all 25 families touched.
     #[test]
     fn alert_rules_name_real_metrics() {
         let text = all_touched().encode();
         let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
         assert_eq!(
-            families, 21,
+            families, 25,
             "every family registered in Metrics::new:\n{text}"
         );
         // A histogram is named by its family (its samples add _bucket, _sum, _count).
