@@ -50,6 +50,12 @@
     return Math.round(m).toLocaleString("en-US") + " ms";
   }
 
+  // A time of the server's as the rest of flashsale writes it (the demo's product names,
+  // its logs): 24-hour UTC, not the browser's local clock.
+  function utcClock(iso) {
+    return new Date(iso).toISOString().slice(11, 19) + " UTC";
+  }
+
   function ago(fromIso, nowIso) {
     const s = Math.max(0, (Date.parse(nowIso) - Date.parse(fromIso)) / 1000);
     if (s < 90) return Math.round(s) + " s ago";
@@ -242,11 +248,12 @@
         bar.appendChild(seg);
       }
       card.appendChild(bar);
+      // The figures in the bar's order, left to right, each with its segment's colour.
       const figs = el("dl", "figures");
       figs.appendChild(figure("total", p.total, "total"));
-      figs.appendChild(figure("available", p.available, "available"));
-      figs.appendChild(figure("reserved", p.reserved, "reserved"));
       figs.appendChild(figure("sold", p.sold, "sold"));
+      figs.appendChild(figure("reserved", p.reserved, "reserved"));
+      figs.appendChild(figure("available", p.available, "available"));
       card.appendChild(figs);
       host.appendChild(card);
     }
@@ -266,7 +273,7 @@
 
     const inc = data.incidents;
     $("incidents").textContent = inc.open === null ? "—" : num(inc.open);
-    $("incidents-note").textContent = (inc.open === null ? "ledger not read" : "open in the ledger")
+    $("incidents-note").textContent = (inc.open === null ? "ledger not read" : "recovery, open in the ledger")
       + " · " + num(inc.recorded_here) + " recorded here";
     $("card-incidents").className = "card " + (inc.open === null ? "bad" : inc.open > 0 ? "bad" : "ok");
 
@@ -282,8 +289,10 @@
       $("card-audit").className = "card warn";
     } else {
       const day = audit.violations_24h;
-      $("audit").textContent = (a.clean ? "clean" : "VIOLATED") + ", " + ago(a.recorded_at, data.generated_at);
-      $("audit-note").textContent = (a.product_id === null ? num(a.products) + " product(s)" : "product #" + a.product_id)
+      // The verdict alone on the card's line (a card is narrow); when, in its note.
+      $("audit").textContent = a.clean ? "clean" : "VIOLATED";
+      $("audit-note").textContent = ago(a.recorded_at, data.generated_at) + " · "
+        + (a.product_id === null ? num(a.products) + " product(s)" : "product #" + a.product_id)
         + " · " + num(a.violations) + " violation(s) · " + num(a.pending) + " pending"
         + (day === null ? "" : " · " + num(day) + " violation(s) in 24 h");
       $("card-audit").className = "card " + (a.clean && !(day > 0) ? "ok" : "bad");
@@ -301,7 +310,7 @@
     drawLatency(data);
     drawProducts(data);
     const read = data.stores.read_at ? "stores read " + ago(data.stores.read_at, data.generated_at) : "stores not read yet";
-    setStatus("live", "live · " + new Date(data.generated_at).toLocaleTimeString() + " · " + read);
+    setStatus("live", "live · " + utcClock(data.generated_at) + " · " + read);
     document.body.dataset.generatedAt = data.generated_at;
   }
 

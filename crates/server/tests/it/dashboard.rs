@@ -524,7 +524,9 @@ async fn screenshot(browser: &fantoccini::Client, width: u32, name: &str) {
 /// What the page shows, read from its DOM: a product's name, mode and figures (digits
 /// only, as the API writes them), the rate legend's totals by series, the created line's
 /// path and point count, the latest p50, whether the product list holds any element made
-/// from a name, and the page's widths.
+/// from a name, the status line, the order of the product's figures and of its bar's
+/// segments, the cards' headings and values that take more than one line, and the
+/// page's widths.
 const READ_PAGE: &str = r##"
 const [id] = arguments;
 const p = document.querySelector(`[data-product-id="${id}"]`);
@@ -554,6 +556,14 @@ return {
   status: document.getElementById("status").className,
   audit: document.getElementById("audit").textContent,
   incidents: document.getElementById("incidents").textContent,
+  status_text: document.getElementById("status").textContent,
+  figure_order: p ? [...p.querySelectorAll(".figures .fig")].map((d) => d.classList[1]) : [],
+  bar_order: p ? [...p.querySelectorAll(".bar .seg")].map((e) => e.classList[1].slice(4)) : [],
+  wrapped: [...document.querySelectorAll(".card h2, .card .value")].filter((e) => {
+    const r = document.createRange();
+    r.selectNodeContents(e);
+    return new Set([...r.getClientRects()].map((x) => Math.round(x.top))).size > 1;
+  }).map((e) => e.textContent),
   scroll_width: Math.max(document.documentElement.scrollWidth, document.body.scrollWidth),
   inner_width: window.innerWidth,
 };
@@ -582,7 +592,8 @@ fn shown_inventory(page: &Value) -> Value {
 // Checks the page in headless Chromium while a sale runs: after a small sale on a product
 // named with markup (3 created, 1 replayed, 2 sold_out, one order paid, one cancelled),
 // the page shows that product's name as text (no element made from it), in gate mode,
-// no audit ever run and no open incident,
+// no audit ever run and no open incident, the server's clock in UTC (24 hours), the
+// figures in the order of the bar's segments, and no card heading or value on two lines,
 // with the figures GET /v1/products/{id} answers, and the rate legend's totals are the
 // answers sent; then, while purchases flow on a second product, the created line's path
 // changes and gains points, the legend's created total grows by exactly the purchases
@@ -638,6 +649,31 @@ async fn the_page_shows_a_live_sale_in_a_browser() {
     assert_eq!(page["status"], "status live", "{page}");
     assert_eq!(page["audit"], "never", "no audit was run: {page}");
     assert_eq!(page["incidents"], "0", "{page}");
+    // The clock is the server's, in UTC and 24 hours, as the demo names its sales.
+    let status = page["status_text"].as_str().unwrap_or_default();
+    let clock = status.split(" · ").nth(1).unwrap_or_default();
+    let digits = clock.trim_end_matches(" UTC").replace(':', "");
+    assert!(
+        clock.ends_with(" UTC") && clock.len() == 12 && digits.bytes().all(|b| b.is_ascii_digit()),
+        "not a UTC clock: {status:?}"
+    );
+    // The figures read left to right as the bar's segments run, and no card's heading
+    // or value wraps at a desk's width.
+    let figures: Vec<&str> = page["figure_order"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let segments: Vec<&str> = page["bar_order"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    assert_eq!(figures[1..], segments[..segments.len() - 1], "{page}");
+    assert_eq!(
+        page["wrapped"],
+        json!([]),
+        "wrapped at {} px: {page}",
+        DESKTOP.0
+    );
     let before_d = page["created_d"].as_str().unwrap_or("").to_owned();
     let before_points = page["created_points"].as_u64().unwrap_or(0);
 
