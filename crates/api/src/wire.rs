@@ -88,9 +88,15 @@ pub struct NewProductBody {
     #[schema(format = Int64, minimum = 1, maximum = 4_294_967_295_i64)]
     pub per_user_limit: Option<i64>,
     /// Start of the sale window `[starts, ends)`, RFC 3339, kept to the microsecond,
-    /// between 1000-01-01T00:00:00Z and 9999-12-31T23:59:59.999999Z; absent: open.
+    /// between 1000-01-01T00:00:00Z and 9999-12-31T23:59:59.999999Z; absent: open. The
+    /// pattern says what the range and MariaDB's DATETIME allow: a year from 1000
+    /// (`SALE_TIME_MIN`'s), real months, days and hours, seconds below 60 (no leap
+    /// second); an offset can still carry a bound just outside the range, which the
+    /// parser refuses.
+    #[schema(pattern = r"^[1-9][0-9]{3}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})$")]
     pub sale_starts_at: Option<DateTime<Utc>>,
     /// End of the sale window, later than its start, in the same range; absent: open.
+    #[schema(pattern = r"^[1-9][0-9]{3}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})$")]
     pub sale_ends_at: Option<DateTime<Utc>>,
 }
 
