@@ -29,6 +29,8 @@ pub const STRATEGY_ENV: &str = "FLASHSALE_STRATEGY";
 /// spawned server.
 pub const BUYER_AUTH_ENV: &str = "FLASHSALE_BUYER_AUTH";
 pub const BUYER_SECRET_ENV: &str = "FLASHSALE_BUYER_JWT_SECRET";
+/// The folder of the HTML reports written without `--html`, in the temporary directory.
+pub const REPORTS_DIR: &str = "flashsale-bench";
 /// The label of the HTTP-ceiling run (`--ceiling`, and the first row of `--compare`).
 pub const CEILING_LABEL: &str = "http-ceiling";
 /// The label of `--compare`'s second HTTP-ceiling run, after every strategy's.
@@ -345,9 +347,13 @@ pub struct Args {
     /// Write the result as JSON.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
-    /// Write an HTML report with plots.
-    #[arg(long, value_name = "PATH")]
+    /// Write the HTML report with plots here (default: flashsale-bench/<scenario>-<UTC
+    /// time>.html in the temporary directory; the path is printed).
+    #[arg(long, value_name = "PATH", conflicts_with = "no_html")]
     pub html: Option<PathBuf>,
+    /// Write no HTML report.
+    #[arg(long)]
+    pub no_html: bool,
     /// Skip the audit at the end (the client-side checks still run).
     #[arg(long)]
     pub no_audit: bool,
@@ -528,6 +534,23 @@ fn share(name: &str, v: f64, max: f64) -> Result<(), String> {
 }
 
 impl Args {
+    /// Where the HTML report goes: `--html`, else [`REPORTS_DIR`] in the temporary
+    /// directory, named after the scenario and the time (UTC) so that runs never overwrite
+    /// each other; None with `--no-html`.
+    pub fn html_path(&self, started: chrono::DateTime<chrono::Utc>) -> Option<PathBuf> {
+        if self.no_html {
+            return None;
+        }
+        let default = || {
+            std::env::temp_dir().join(REPORTS_DIR).join(format!(
+                "{}-{}.html",
+                self.scenario.name(),
+                started.format("%Y%m%dT%H%M%SZ")
+            ))
+        };
+        Some(self.html.clone().unwrap_or_else(default))
+    }
+
     /// The run's sizes, with the flags checked.
     pub fn sizes(&self) -> Result<Sizes, String> {
         let mut s = defaults(self.scenario, self.quick);

@@ -130,10 +130,11 @@ pub async fn run(args: Args) -> Result<bool, String> {
     if args.outage {
         return outage::run(&args).await;
     }
+    let html_path = args.html_path(chrono::Utc::now());
     // Dropped (its databases killed and removed) once every run has stopped its servers.
     let stores = nodes::Stores::start(&args).await?;
     if args.compare || args.compare_galera {
-        return run_compare(&args, &sizes, &runs, seed, &stores).await;
+        return run_compare(&args, &sizes, &runs, seed, &stores, html_path.as_deref()).await;
     }
     let result = run_single(&args, &sizes, runs, seed, Driver::command_line(), &stores).await?;
     print!("{}", report::summary_table(&result));
@@ -141,7 +142,7 @@ pub async fn run(args: Args) -> Result<bool, String> {
     if let Some(path) = &args.json {
         write_file(path, &to_json(&result)?)?;
     }
-    if let Some(path) = &args.html {
+    if let Some(path) = &html_path {
         write_file(path, &html::report(&result))?;
     }
     Ok(result.passed)
@@ -195,6 +196,9 @@ fn to_json<T: serde::Serialize>(v: &T) -> Result<String, String> {
 }
 
 fn write_file(path: &std::path::Path, text: &str) -> Result<(), String> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    }
     std::fs::write(path, text).map_err(|e| format!("write {}: {e}", path.display()))?;
     eprintln!("flashsale-bench: wrote {}", path.display());
     Ok(())
@@ -220,6 +224,7 @@ async fn run_compare(
     runs: &[RunSpec],
     seed: u64,
     stores: &nodes::Stores,
+    html_path: Option<&std::path::Path>,
 ) -> Result<bool, String> {
     let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let rounds = args.rounds;
@@ -280,7 +285,7 @@ async fn run_compare(
     if let Some(path) = &args.json {
         write_file(path, &to_json(&report)?)?;
     }
-    if let Some(path) = &args.html {
+    if let Some(path) = html_path {
         write_file(path, &html::compare_report(&report))?;
     }
     let errors: Vec<String> = report

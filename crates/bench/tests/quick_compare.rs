@@ -38,6 +38,7 @@ fn quick_compare_against_spawned_servers() {
             .args([
                 "sustained",
                 "--quick",
+                "--no-html",
                 "--spawn",
                 "--compare",
                 "--rounds",

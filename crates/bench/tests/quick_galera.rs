@@ -32,6 +32,7 @@ fn quick_sustained_on_a_galera_cluster() {
             .args([
                 "sustained",
                 "--quick",
+                "--no-html",
                 "--spawn",
                 "--galera",
                 "--no-progress",
