@@ -504,12 +504,13 @@ fn opt_f(v: Option<f64>) -> String {
     v.map_or_else(|| "n/a".to_owned(), |v| format!("{v:.3}"))
 }
 
-/// The page's head and title, up to the first heading.
-fn page_start(h: &mut String, title: &str) {
+/// The page's head and title, up to the first heading. `when` (the run's start) ends
+/// the heading on a line of its own, never broken inside.
+fn page_start(h: &mut String, title: &str, when: &str) {
     let _ = write!(
         h,
         r#"<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{}</title>
+<html lang="en"><head><meta charset="utf-8"><title>{} — {}</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 900px; color: #222; }}
 table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; }}
@@ -518,35 +519,46 @@ th {{ background: #f4f4f4; }} td:first-child, th:first-child {{ text-align: left
 .verdict {{ padding: 0.6em 1em; font-weight: 600; border-radius: 4px; }}
 .pass {{ background: #e3f6e8; color: #14532d; }} .fail {{ background: #fde2e2; color: #7f1d1d; }} .info {{ background: #eef2f7; color: #1e293b; }}
 .kpi {{ display: inline-block; margin: 0 1.5em 1em 0; }} .kpi b {{ display: block; font-size: 1.6em; }}
-pre {{ background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 12px; }}
+pre {{ background: #f7f7f7; padding: 0.8em; font-size: 12px; white-space: pre-wrap; overflow-wrap: anywhere; }}
+h1 .when {{ display: block; font-size: 0.55em; font-weight: normal; color: #555; white-space: nowrap; }}
 figure {{ margin: 1em 0; }}
 .compare {{ font-size: 12px; }} .compare th {{ white-space: normal; max-width: 7.5em; vertical-align: bottom; }}
 .compare td, .compare th {{ padding: 2px 5px; }}
 </style></head><body>
-<h1>{}</h1>
+<h1>{}<span class="when">{}</span></h1>
 "#,
         escape(title),
-        escape(title)
+        escape(when),
+        escape(title),
+        escape(when)
     );
+}
+
+/// The orders' headline figure: orders per second over the run, or, when every order was
+/// made early in it (a rush, whose stock is gone in its first fraction of a second),
+/// how many and within what time, which a rate over the whole run would hide.
+fn orders_kpi(r: &BenchResult) -> (String, String) {
+    match crate::report::orders_made_within(r) {
+        Some(secs) => (
+            "orders made (then none left to sell)".to_owned(),
+            format!("{} in {secs:.2} s", r.orders.created),
+        ),
+        None => (
+            "orders/s".to_owned(),
+            format!("{:.0}", r.throughput.orders_per_s),
+        ),
+    }
 }
 
 /// The whole report.
 pub fn report(r: &BenchResult) -> String {
     let mut h = String::new();
     let title = if r.is_ceiling() {
-        format!(
-            "flashsale-bench {} — HTTP ceiling — {}",
-            r.scenario, r.started_at
-        )
+        format!("flashsale-bench {} — HTTP ceiling", r.scenario)
     } else {
-        format!(
-            "flashsale-bench {} — {} — {}",
-            r.scenario,
-            r.label(),
-            r.started_at
-        )
+        format!("flashsale-bench {} — {}", r.scenario, r.label())
     };
-    page_start(&mut h, &title);
+    page_start(&mut h, &title, &r.started_at);
     let _ = write!(
         h,
         r#"<p class="verdict {}">{}</p>"#,
@@ -568,10 +580,7 @@ pub fn report(r: &BenchResult) -> String {
             "answers/s".to_owned(),
             format!("{:.0}", r.throughput.answers_per_s),
         ),
-        (
-            "orders/s".to_owned(),
-            format!("{:.0}", r.throughput.orders_per_s),
-        ),
+        orders_kpi(r),
         (
             format!("{op} p50"),
             main.map_or("n/a".into(), |o| human_us(o.latency.p50_us)),
@@ -925,12 +934,11 @@ pub fn compare_report(report: &CompareReport) -> String {
     let mut h = String::new();
     let m = &report.meta;
     let title = format!(
-        "flashsale-bench compare — {}{} — {}",
+        "flashsale-bench compare — {}{}",
         m.scenario,
         if m.quick { " (quick)" } else { "" },
-        m.started_at
     );
-    page_start(&mut h, &title);
+    page_start(&mut h, &title, &m.started_at);
     // The comparison's table has a dozen figures a row: the page is wider than a run's.
     h.push_str("<style>body { max-width: 1280px; }</style>");
     let _ = write!(

@@ -49,6 +49,22 @@ pub struct BenchResult {
     pub passed: bool,
 }
 
+/// A run's orders count as made early when the last of them came before this share of
+/// the load had passed: a rush sells its stock in the first fraction of a second and
+/// refuses the rest, and orders per second over the whole load would understate the
+/// rate at which it sold by the load's length over that fraction.
+const ORDERS_EARLY_SHARE: f64 = 0.5;
+
+/// When every order was made early in the load ([`ORDERS_EARLY_SHARE`]): the time from
+/// the load's start to the end of the last timeline step with an order, in seconds (to
+/// the step, 100 ms in a short run). None when orders went on through the load, or none
+/// were made.
+pub fn orders_made_within(r: &BenchResult) -> Option<f64> {
+    let last = r.timeline.iter().rev().find(|b| b.orders > 0)?;
+    let secs = (last.start_ms + r.timeline_step_ms) as f64 / 1000.0;
+    (secs < r.elapsed_s * ORDERS_EARLY_SHARE).then_some(secs)
+}
+
 /// A report's step before the timeline's step was recorded: one second.
 fn one_second_ms() -> u64 {
     1_000
@@ -492,11 +508,18 @@ pub fn summary_table(r: &BenchResult) -> String {
             .as_ref()
             .map_or_else(String::new, |s| format!(" · stopped early: {s}"))
     );
-    let _ = writeln!(
-        out,
-        "throughput {:.0} answers/s · {:.0} orders/s",
-        r.throughput.answers_per_s, r.throughput.orders_per_s
-    );
+    let _ = match orders_made_within(r) {
+        Some(secs) => writeln!(
+            out,
+            "throughput {:.0} answers/s · {} orders, all made in the first {secs:.2} s",
+            r.throughput.answers_per_s, r.orders.created
+        ),
+        None => writeln!(
+            out,
+            "throughput {:.0} answers/s · {:.0} orders/s",
+            r.throughput.answers_per_s, r.throughput.orders_per_s
+        ),
+    };
     let _ = writeln!(out);
     let _ = writeln!(
         out,
@@ -1046,6 +1069,35 @@ pub(crate) mod tests {
         ] {
             assert!(text.contains(needle), "missing {needle:?} in\n{text}");
         }
+    }
+
+    // Checks the orders' headline of a run whose orders all came early (a rush: the
+    // stock gone in its first 0.3 s of 2 s): how many and within what time, not a rate
+    // over the whole run; a run whose orders went on keeps its orders per second. And
+    // the page's heading keeps its time on one line, its text boxes wrap long lines.
+    #[test]
+    fn a_rush_headlines_when_its_orders_were_made() {
+        let mut r = sample();
+        r.elapsed_s = 2.0;
+        r.timeline_step_ms = 100;
+        r.timeline[0].start_ms = 200;
+        r.timeline[1].start_ms = 1_500;
+        assert_eq!(orders_made_within(&r), Some(0.3));
+        let text = summary_table(&r);
+        assert!(
+            text.contains("600 orders, all made in the first 0.30 s"),
+            "{text}"
+        );
+        assert!(!text.contains("480 orders/s"), "{text}");
+        let page = crate::html::report(&r);
+        assert!(page.contains("600 in 0.30 s"), "the page's headline");
+        // The start time ends the heading unbroken, and long lines wrap in their box.
+        let when = format!("<span class=\"when\">{}</span></h1>", r.started_at);
+        assert!(page.contains(&when), "the heading's time");
+        assert!(page.contains("white-space: pre-wrap"), "wrapped lines");
+        r.timeline[1].orders = 1;
+        assert_eq!(orders_made_within(&r), None);
+        assert!(summary_table(&r).contains("480 orders/s"));
     }
 
     // Checks that a ceiling run is not called a pass: it makes no order, so its verdict
