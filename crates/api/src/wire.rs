@@ -93,10 +93,14 @@ pub struct NewProductBody {
     /// (`SALE_TIME_MIN`'s), real months, days and hours, seconds below 60 (no leap
     /// second); an offset can still carry a bound just outside the range, which the
     /// parser refuses.
-    #[schema(pattern = r"^[1-9][0-9]{3}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})$")]
+    #[schema(
+        pattern = r"^[1-9][0-9]{3}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})$"
+    )]
     pub sale_starts_at: Option<DateTime<Utc>>,
     /// End of the sale window, later than its start, in the same range; absent: open.
-    #[schema(pattern = r"^[1-9][0-9]{3}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})$")]
+    #[schema(
+        pattern = r"^[1-9][0-9]{3}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})$"
+    )]
     pub sale_ends_at: Option<DateTime<Utc>>,
 }
 
