@@ -57,6 +57,8 @@ async fn dashboard_queries_name_exported_metrics() {
     m.events_applied(1);
     m.consumer_failed();
     m.store_failed("redis", ErrorKind::TimedOut);
+    m.connection_refused("cap");
+    m.connection_evicted("body");
     m.answered_in(0, Outcome::Unavailable, Duration::from_millis(1));
 
     let (text, _) = app.scrape_metrics().await;
