@@ -38,6 +38,9 @@ pub struct Config {
     /// Most client connections open at once (lowered at startup to what the open-files
     /// limit allows).
     pub connections_max: usize,
+    /// Most connections one client address holds at once, as set (None: unset, half the
+    /// cap, or off behind the proxy `client_ip_header` implies; Some(0): off).
+    pub connections_per_address_max: Option<usize>,
     /// A request head must arrive within this time of the connection opening or of the
     /// previous answer; an idle keep-alive connection is closed after it.
     pub header_timeout: Duration,
@@ -105,6 +108,9 @@ pub const KEYS: &[(&str, Option<&str>)] = &[
     ("request_timeout", Some("10s")),
     ("in_flight_max", Some("4096")),
     ("connections_max", Some("10000")),
+    // Unset: half the fitted cap (`http::address_share`), or off with
+    // `client_ip_header` (every peer is the proxy then).
+    ("connections_per_address_max", None),
     ("header_timeout", Some("10s")),
     ("recovery_after", Some("30s")),
     ("expiry_interval", Some("1s")),
@@ -667,6 +673,8 @@ impl Config {
                 Some(header)
             }
         };
+        let connections_per_address_max =
+            connections_per_address_max(raw, client_ip_header.is_some())?;
         let buyer_auth = buyer_auth(raw)?;
         Ok(Self {
             listen,
@@ -685,6 +693,7 @@ impl Config {
             request_timeout,
             in_flight_max,
             connections_max,
+            connections_per_address_max,
             header_timeout,
             recovery_after,
             expiry_interval,
@@ -811,6 +820,28 @@ fn read_key_file(path: &Path) -> Result<Vec<u8>, String> {
     Ok(pem)
 }
 
+/// `FLASHSALE_CONNECTIONS_PER_ADDRESS_MAX`, if set: 0 (off) up to [`CONNECTIONS_LIMIT`].
+/// It counts each connection's peer, so with a client address header (`behind_proxy`),
+/// where every peer is the proxy, only 0 is taken: a share would throttle the proxy.
+fn connections_per_address_max(
+    raw: &Raw,
+    behind_proxy: bool,
+) -> Result<Option<usize>, ConfigError> {
+    let Some(value) = raw.get("connections_per_address_max") else {
+        return Ok(None);
+    };
+    let n = number(value, 0, CONNECTIONS_LIMIT)?;
+    if behind_proxy && n > 0 {
+        return Err(invalid(
+            value.0,
+            "counts connections by their peer, which with FLASHSALE_CLIENT_IP_HEADER set is \
+             the proxy in front: limit each client's connections at the proxy (0 turns \
+             this off)",
+        ));
+    }
+    Ok(Some(n))
+}
+
 /// A rate limit from its two keys: attempts a second (0: no limit) and the burst.
 fn rate(raw: &Raw, rate_key: &str, burst_key: &str) -> Result<Option<Rate>, ConfigError> {
     let per_second = number(raw.value(rate_key), 0, RATE_LIMIT_MAX)?;
@@ -887,6 +918,36 @@ mod tests {
         );
         assert_eq!(c.ip_purchase_rate, None);
         assert_eq!(c.client_ip_header, None);
+        assert_eq!(c.connections_per_address_max, None);
+    }
+
+    // Checks FLASHSALE_CONNECTIONS_PER_ADDRESS_MAX: unset by default, a number from 0
+    // (off) up to the connection bound taken as given, 0 taken behind a proxy; refused,
+    // naming the variable: not a number, past the bound, and a share behind a proxy
+    // (FLASHSALE_CLIENT_IP_HEADER set), where it would count the proxy's connections.
+    #[test]
+    fn connections_per_address_settings() {
+        let var = "FLASHSALE_CONNECTIONS_PER_ADDRESS_MAX";
+        let proxy = [
+            ("FLASHSALE_IP_PURCHASE_RATE", "50"),
+            ("FLASHSALE_CLIENT_IP_HEADER", "X-Forwarded-For"),
+        ];
+        for (value, want) in [("0", 0), ("1", 1), ("250", 250), ("1000000", 1_000_000)] {
+            let c = Config::from_parts(None, &env(&[(var, value)])).expect(value);
+            assert_eq!(c.connections_per_address_max, Some(want), "{value}");
+        }
+        let behind = Config::from_parts(None, &env(&[proxy[0], proxy[1], (var, "0")]))
+            .expect("0 behind a proxy");
+        assert_eq!(behind.connections_per_address_max, Some(0));
+        for pairs in [
+            vec![(var, "many")],
+            vec![(var, "-1")],
+            vec![(var, "1000001")],
+            vec![proxy[0], proxy[1], (var, "100")],
+        ] {
+            let err = Config::from_parts(None, &env(&pairs)).unwrap_err();
+            assert!(err.0.starts_with(var), "{pairs:?}: {err}");
+        }
     }
 
     // Checks the rate limits' settings: 0 turns one off, the burst and the header are

@@ -425,8 +425,17 @@ pub fn http_settings(config: &Config) -> http::HttpSettings {
             "FLASHSALE_CONNECTIONS_MAX lowered to fit the open-files limit"
         );
     }
+    // Counted by the peer, so off behind the proxy that `client_ip_header` implies:
+    // every peer is the proxy there (config.rs refuses an explicit share with it).
+    let connections_per_address_max = match config.connections_per_address_max {
+        Some(0) => None,
+        Some(n) => Some(n),
+        None if config.client_ip_header.is_some() => None,
+        None => Some(http::address_share(connections_max)),
+    };
     let settings = http::HttpSettings {
         connections_max,
+        connections_per_address_max,
         header_timeout: config.header_timeout,
         drain_timeout: http::drain_timeout(config.request_timeout),
         connect_info: config.ip_purchase_rate.is_some(),
@@ -473,6 +482,7 @@ pub async fn serve_until(
             info!(listen = ?listener.local_addr().ok(), "metrics served on their own listener");
             let settings = http::HttpSettings {
                 connections_max: METRICS_CONNECTIONS_MAX,
+                connections_per_address_max: None,
                 connect_info: false,
                 ..settings
             };
@@ -493,7 +503,14 @@ pub async fn serve_until(
         app.fallback.clone(),
     );
     let events = start_events(config, app.metrics.clone()).await?;
-    http::serve(listener, app.router, settings, shutdown).await;
+    http::serve_counted(
+        listener,
+        app.router,
+        settings,
+        Some(app.metrics.clone()),
+        shutdown,
+    )
+    .await;
     workers.stop().await;
     events.stop().await;
     // Last: the drain above is still worth watching.
