@@ -17,6 +17,7 @@ use axum::body::{Body, Bytes, HttpBody};
 use flashsale_app::Outcome;
 use http_body_util::BodyExt;
 
+use crate::chunks::ChunkAlarm;
 use crate::error::ApiError;
 
 /// What reading a body ended with, when it did not end with the body.
@@ -58,17 +59,29 @@ impl BodyFailure {
 /// bytes, uncopied. `http_body_util`'s `Limited` and `collect`, which this replaces, boxed
 /// the limit's error and queued every frame, about 500 instructions of a purchase's
 /// (BENCHMARKS.md, ablation row S23). Trailers are dropped, as `to_bytes` dropped them.
+///
+/// `alarm`, the request's [`ChunkAlarm`] where the connection watches its framing: raised
+/// when the chunked body announced more than the limit, which is then refused at once,
+/// not waited out for bytes a client may never send.
 pub(crate) async fn read_whole(
     body: Body,
     limit: usize,
     deadline: Duration,
+    alarm: Option<&ChunkAlarm>,
 ) -> Result<Bytes, BodyFailure> {
     if body.size_hint().lower() > limit as u64 {
         return Err(BodyFailure::TooLarge);
     }
-    lazy_timeout(deadline, collect(body, limit))
-        .await
-        .unwrap_or(Err(BodyFailure::TimedOut))
+    let whole = lazy_timeout(deadline, collect(body, limit));
+    let read = match alarm {
+        None => whole.await,
+        Some(alarm) => tokio::select! {
+            biased;
+            read = whole => read,
+            () = alarm.wait() => return Err(BodyFailure::TooLarge),
+        },
+    };
+    read.unwrap_or(Err(BodyFailure::TimedOut))
 }
 
 /// The data frames of `body` joined, failing past `limit` bytes.
@@ -140,6 +153,7 @@ mod tests {
             Body::from("{\"a\":1}"),
             16,
             Duration::from_secs(1),
+            None,
         ));
         assert_eq!(got, Ok(Bytes::from_static(b"{\"a\":1}")));
 
@@ -147,13 +161,14 @@ mod tests {
             Body::from(vec![b'x'; 17]),
             16,
             Duration::from_secs(1),
+            None,
         ));
         assert_eq!(big, Err(BodyFailure::TooLarge));
 
         // Chunks whose sum passes the limit, with no size announced.
         let ten = || Ok(Bytes::from_static(b"0123456789"));
         let chunks = futures_stream(vec![ten(), ten()]);
-        let streamed = rt.block_on(read_whole(chunks, 16, Duration::from_secs(1)));
+        let streamed = rt.block_on(read_whole(chunks, 16, Duration::from_secs(1), None));
         assert_eq!(streamed, Err(BodyFailure::TooLarge));
 
         // Chunks within the limit are joined in order; exactly the limit still fits.
@@ -164,25 +179,32 @@ mod tests {
             parts(&[b"01", b"", b"2345", b"6"]),
             16,
             Duration::from_secs(1),
+            None,
         ));
         assert_eq!(joined, Ok(Bytes::from_static(b"0123456")));
         let full = rt.block_on(read_whole(
             parts(&[b"0123456789", b"abcdef"]),
             16,
             Duration::from_secs(1),
+            None,
         ));
         assert_eq!(full, Ok(Bytes::from_static(b"0123456789abcdef")));
-        let empty = rt.block_on(read_whole(Body::empty(), 16, Duration::from_secs(1)));
+        let empty = rt.block_on(read_whole(Body::empty(), 16, Duration::from_secs(1), None));
         assert_eq!(empty, Ok(Bytes::new()));
 
-        let late = rt.block_on(read_whole(stalled_body(), 16, Duration::from_millis(30)));
+        let late = rt.block_on(read_whole(
+            stalled_body(),
+            16,
+            Duration::from_millis(30),
+            None,
+        ));
         assert_eq!(late, Err(BodyFailure::TimedOut));
 
         let broken = futures_stream(vec![
             Ok(Bytes::from_static(b"01")),
             Err(std::io::Error::other("bad chunk size")),
         ]);
-        let unreadable = rt.block_on(read_whole(broken, 16, Duration::from_secs(1)));
+        let unreadable = rt.block_on(read_whole(broken, 16, Duration::from_secs(1), None));
         assert_eq!(unreadable, Err(BodyFailure::Unreadable));
     }
 
@@ -193,7 +215,12 @@ mod tests {
         let no_timers = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("runtime");
-        let got = no_timers.block_on(read_whole(Body::from("x"), 16, Duration::from_millis(1)));
+        let got = no_timers.block_on(read_whole(
+            Body::from("x"),
+            16,
+            Duration::from_millis(1),
+            None,
+        ));
         assert_eq!(got, Ok(Bytes::from_static(b"x")));
     }
 

@@ -6,6 +6,7 @@
 
 pub mod auth;
 mod body;
+pub mod chunks;
 mod dashboard;
 mod error;
 mod openapi;

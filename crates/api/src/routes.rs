@@ -23,6 +23,7 @@ use tokio::sync::Semaphore;
 
 use crate::auth::{acting_user, bearer, BuyerAuth};
 use crate::body::{lazy_timeout, read_whole};
+use crate::chunks::{ChunkAlarm, BODY_BYTES_MAX};
 use crate::dashboard::{self, Dashboard, DashboardJson};
 use crate::error::ApiError;
 use crate::openapi::{Health, Ready};
@@ -30,9 +31,6 @@ use crate::wire::{
     decimal, order_body, NewProductBody, OrderJson, ProductJson, PurchaseBody, RestockBody,
     UserBody,
 };
-
-/// Largest request body accepted: every valid body is a few hundred bytes.
-const BODY_BYTES_MAX: usize = 16 * 1024;
 
 #[derive(Debug, Clone)]
 pub struct ApiConfig {
@@ -293,11 +291,14 @@ impl FromRequest<AppState> for Body {
             ));
         }
         // Read whole before the request takes an in-flight slot (`deadline`): a slow
-        // body holds only its own connection, for at most the request deadline.
+        // body holds only its own connection, for at most the request deadline; one
+        // whose chunks announced more than the bound is refused as soon as announced.
+        let alarm = req.extensions().get::<ChunkAlarm>().cloned();
         let bytes = read_whole(
             req.into_body(),
             BODY_BYTES_MAX,
             state.config.request_timeout,
+            alarm.as_ref(),
         )
         .await
         .map_err(|failure| failure.error(BODY_BYTES_MAX))?;

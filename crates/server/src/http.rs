@@ -723,10 +723,13 @@ async fn connection(
 ) {
     let mut io = TimeoutStream::new(stream);
     io.set_write_timeout(Some(WRITE_STALL_MAX));
-    let io = TokioIo::new(Box::pin(io));
+    // A chunked body past the API's bound is told to its body reader when announced.
+    let (io, chunks) = flashsale_api::chunks::watch(Box::pin(io));
+    let io = TokioIo::new(io);
     let in_request = conn.clone();
     let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
         let conn = in_request.clone();
+        let alarm = chunks.next_request();
         let answer = conn.begin(!request.body().is_end_stream()).then(|| {
             let mut request = request.map(|body| Tracked {
                 body,
@@ -735,6 +738,7 @@ async fn connection(
             if settings.connect_info {
                 request.extensions_mut().insert(ConnectInfo(peer));
             }
+            request.extensions_mut().insert(alarm);
             router.clone().call(request)
         });
         async move {

@@ -305,3 +305,99 @@ async fn bodies_must_be_json_and_well_framed() {
     assert_eq!(resp.status(), StatusCode::CREATED);
     app.cleanup().await;
 }
+
+/// Sends `request` as raw bytes on a fresh connection, keeps the connection open (the body
+/// is left unfinished), and returns the answer's status, body and how long it took: the
+/// head and its `Content-Length` bytes, read as they come.
+async fn answer_to_unfinished(
+    app: &TestApp,
+    request: &[u8],
+) -> (u16, serde_json::Value, std::time::Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = app.base.trim_start_matches("http://");
+    let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let started = std::time::Instant::now();
+    conn.write_all(request).await.expect("send");
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(15), async {
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = conn.read(&mut buf).await.unwrap_or(0);
+            answer.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&answer);
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let length = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().to_owned())
+                    })
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .unwrap_or(0);
+                if n == 0 || body.len() >= length {
+                    return;
+                }
+            } else if n == 0 {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "no answer within 15 s");
+    let took = started.elapsed();
+    let text = String::from_utf8_lossy(&answer);
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .and_then(|(_, b)| serde_json::from_str(b).ok())
+        .unwrap_or_default();
+    (status, body, took)
+}
+
+// Checks that a chunked body announcing more than the 16 KiB bound is refused at once with
+// 413, as a `Content-Length` over it is, rather than waited out to the request deadline
+// (10 s, then 408): one chunk announced past the bound with a byte of it sent, and chunks
+// within the bound each that add up past it, the last one announced and not sent. The
+// connections stay open; each answer must come within 2 s. A chunked body within the
+// bound, stalled, still waits (it is not refused). Nothing changes in the stores.
+#[tokio::test]
+async fn an_oversized_chunk_is_refused_when_announced() {
+    let app = TestApp::spawn().await;
+    app.create_product(1300, 10, None).await;
+    let before = snapshot(&app).await;
+    let head = "POST /v1/purchases HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                Transfer-Encoding: chunked\r\n\r\n";
+    let one = format!("{head}4001\r\nx");
+    let summed = format!("{head}2000\r\n{}\r\n2001\r\n", "a".repeat(0x2000));
+    for request in [one, summed] {
+        let (status, body, took) = answer_to_unfinished(&app, request.as_bytes()).await;
+        assert_eq!((status, code(&body)), (413, "payload_too_large"), "{body}");
+        assert!(took < std::time::Duration::from_secs(2), "took {took:?}");
+    }
+    // Within the bound and stalled: no early answer (it waits for the rest or the
+    // deadline).
+    let within = format!("{head}10\r\nx");
+    let addr = app.base.trim_start_matches("http://");
+    let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    tokio::io::AsyncWriteExt::write_all(&mut conn, within.as_bytes())
+        .await
+        .expect("send");
+    let mut buf = [0u8; 64];
+    let early = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        tokio::io::AsyncReadExt::read(&mut conn, &mut buf),
+    )
+    .await;
+    assert!(early.is_err(), "a body within the bound was answered early");
+    assert_eq!(
+        snapshot(&app).await,
+        before,
+        "a refused body changed something"
+    );
+    app.cleanup().await;
+}
