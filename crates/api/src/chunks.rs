@@ -213,20 +213,16 @@ impl Framing {
         while i < bytes.len() {
             match self.state {
                 State::Off => return oversized,
-                State::Length(left) => {
+                // Bytes passed over whole: a length body's, a chunk's data.
+                State::Length(left) | State::Data(left) => {
                     let take = left.min((bytes.len() - i) as u64);
                     i += take as usize;
-                    self.state = match left - take {
-                        0 => State::Head,
-                        rest => State::Length(rest),
-                    };
-                }
-                State::Data(left) => {
-                    let take = left.min((bytes.len() - i) as u64);
-                    i += take as usize;
-                    self.state = match left - take {
-                        0 => State::DataEnd,
-                        rest => State::Data(rest),
+                    let length = matches!(self.state, State::Length(_));
+                    self.state = match (length, left - take) {
+                        (true, 0) => State::Head,
+                        (true, rest) => State::Length(rest),
+                        (false, 0) => State::DataEnd,
+                        (false, rest) => State::Data(rest),
                     };
                 }
                 _ => {

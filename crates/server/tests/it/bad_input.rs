@@ -219,16 +219,21 @@ async fn raw(app: &TestApp, request: &str) -> (u16, serde_json::Value) {
         conn.read_to_end(&mut answer),
     )
     .await;
-    let text = String::from_utf8_lossy(&answer);
+    status_and_body(&answer)
+}
+
+/// An HTTP answer's status code and JSON body, from its raw bytes (0 and null where
+/// there are none).
+fn status_and_body(answer: &[u8]) -> (u16, serde_json::Value) {
+    let text = String::from_utf8_lossy(answer);
     let status = text
         .split(' ')
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
     let body = text
-        .split("\r\n\r\n")
-        .nth(1)
-        .and_then(|b| serde_json::from_str(b).ok())
+        .split_once("\r\n\r\n")
+        .and_then(|(_, b)| serde_json::from_str(b).ok())
         .unwrap_or_default();
     (status, body)
 }
@@ -346,16 +351,7 @@ async fn answer_to_unfinished(
     .await;
     assert!(read.is_ok(), "no answer within 15 s");
     let took = started.elapsed();
-    let text = String::from_utf8_lossy(&answer);
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .and_then(|(_, b)| serde_json::from_str(b).ok())
-        .unwrap_or_default();
+    let (status, body) = status_and_body(&answer);
     (status, body, took)
 }
 
