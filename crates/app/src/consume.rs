@@ -2,6 +2,12 @@
 //! once per event id. The broker delivers at least once (a redelivery after a lost ack, a
 //! republish after the duplicate window); the store's record of consumed event ids, kept
 //! in the same transaction as the counters, makes every extra delivery a no-op.
+//!
+//! A message the store keeps refusing is given up on after [`Consume::max_deliver`]
+//! deliveries, and one that does not decode at once: the adapter moves it to a
+//! dead-letter stream for a person ([`Consume::settle`] decides, [`DeadReason`] says
+//! why), so that the messages behind it go on. A replayed dead letter comes back through
+//! the same path, and the consumed event ids keep each event applied once.
 
 use std::sync::Arc;
 
@@ -62,10 +68,47 @@ impl std::ops::AddAssign<&StatsDelta> for StatsDelta {
     }
 }
 
+/// Deliveries after which the consumer gives up on a message its store refuses
+/// (`FLASHSALE_EVENTS_MAX_DELIVER`'s default): a refusal that outlives five tries, a
+/// second or more apart, is the store's answer to that message rather than a passing
+/// state, and the message has been retried for a few seconds, not minutes.
+pub const MAX_DELIVER_DEFAULT: u32 = 5;
+
+/// Why a message was moved to the dead-letter stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadReason {
+    /// The statistics store refused its events at its last allowed delivery.
+    Refused,
+    /// Its body, or an event in it, does not decode: no delivery could ever apply it.
+    Undecodable,
+}
+
+impl DeadReason {
+    pub const ALL: [DeadReason; 2] = [Self::Refused, Self::Undecodable];
+
+    /// As the dead letter's header and the metrics' `reason` label name it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Refused => "refused",
+            Self::Undecodable => "undecodable",
+        }
+    }
+}
+
+/// What becomes of a delivered message whose events the store did not all take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// Delivered again later (NAK): the store may take it then.
+    Retry,
+    /// Moved to the dead-letter stream, then acknowledged: given up on.
+    DeadLetter,
+}
+
 /// The consumer use case.
 pub struct Consume {
     stats: Arc<dyn StatsStore>,
     metrics: Option<Arc<Metrics>>,
+    max_deliver: u32,
 }
 
 impl Consume {
@@ -73,6 +116,7 @@ impl Consume {
         Self {
             stats,
             metrics: None,
+            max_deliver: MAX_DELIVER_DEFAULT,
         }
     }
 
@@ -80,6 +124,38 @@ impl Consume {
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = Some(metrics);
         self
+    }
+
+    /// Gives up on a message the store refuses at its `n`th delivery (at least 1).
+    pub fn with_max_deliver(mut self, n: u32) -> Self {
+        self.max_deliver = n.max(1);
+        self
+    }
+
+    /// Deliveries after which a refused message is given up on.
+    pub fn max_deliver(&self) -> u32 {
+        self.max_deliver
+    }
+
+    /// What becomes of a message whose events failed with `e` at its `deliveries`th
+    /// delivery (as the broker counts them, every instance's together). A refusal at
+    /// the last allowed delivery gives it up; anything else (a store out of reach, slow
+    /// or busy) retries it, whatever the count: a database outage must not empty the
+    /// stream into the dead letters, so past the count a message dies at its next
+    /// refusal.
+    pub fn settle(&self, e: &LedgerError, deliveries: u64) -> Settle {
+        if e.kind().is_refusal() && deliveries >= u64::from(self.max_deliver) {
+            Settle::DeadLetter
+        } else {
+            Settle::Retry
+        }
+    }
+
+    /// Counts a message moved to the dead-letter stream.
+    pub fn dead_lettered(&self, reason: DeadReason) {
+        if let Some(m) = &self.metrics {
+            m.event_dead_lettered(reason);
+        }
     }
 
     /// Counts what one application did: the events applied now (not those applied
@@ -186,6 +262,34 @@ mod tests {
             reason: None,
             occurred_at: Utc::now(),
         }
+    }
+
+    // Checks when a message is given up on: a refusal (rejected, corrupt, too large) at
+    // or past the allowed deliveries, never before them, and never for a store out of
+    // reach, slow, busy or misconfigured, however many deliveries it had.
+    #[test]
+    fn gives_up_only_on_refusals_at_the_last_delivery() {
+        let consume = Consume::new(Arc::new(MemStats::default())).with_max_deliver(5);
+        let refused = LedgerError::rejected("CHECK constraint failed");
+        assert_eq!(consume.settle(&refused, 1), Settle::Retry);
+        assert_eq!(consume.settle(&refused, 4), Settle::Retry);
+        assert_eq!(consume.settle(&refused, 5), Settle::DeadLetter);
+        assert_eq!(consume.settle(&refused, 9), Settle::DeadLetter);
+        for kind in crate::ports::ErrorKind::ALL {
+            let e = LedgerError::new(kind, "x");
+            let expected = match kind.is_refusal() {
+                true => Settle::DeadLetter,
+                false => Settle::Retry,
+            };
+            assert_eq!(consume.settle(&e, 100), expected, "{kind}");
+        }
+        assert_eq!(Consume::new(Arc::new(MemStats::default())).max_deliver(), 5);
+        assert_eq!(
+            Consume::new(Arc::new(MemStats::default()))
+                .with_max_deliver(0)
+                .max_deliver(),
+            1
+        );
     }
 
     // Checks each event type moves its own two counters, and that the same event id

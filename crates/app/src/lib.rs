@@ -41,7 +41,7 @@ pub mod consume;
 pub mod events;
 pub mod relay;
 
-pub use consume::{Consume, StatsDelta};
+pub use consume::{Consume, DeadReason, Settle, StatsDelta};
 pub use events::{Event, EventType, OutboxMessage};
 pub use ports::{Applied, BusError, EventBus, Outbox, StatsStore};
 pub use relay::{Relay, RelayError};

@@ -205,6 +205,7 @@ pub struct Metrics {
     relay_failures: Counter,
     events_applied: Counter,
     consumer_failures: Counter,
+    dead_lettered: Family<ReasonLabels, Counter>,
     store_errors: Family<StoreErrorLabels, Counter>,
     store_up: Family<StoreLabels, Gauge>,
     outbox_unsent: Gauge,
@@ -317,6 +318,12 @@ impl Metrics {
                 "consumer_failures",
                 "Chunks of events the consumer could not apply (MariaDB did not answer); redelivered later",
                 Counter::default(),
+            ),
+            dead_lettered: registered(
+                &mut registry,
+                "events_dead_lettered",
+                "Messages the sales-statistics consumer moved to the dead-letter stream, by reason: refused (the statistics store refused them at their last allowed delivery, FLASHSALE_EVENTS_MAX_DELIVER) or undecodable (at once)",
+                Family::default(),
             ),
             store_errors: registered(
                 &mut registry,
@@ -509,6 +516,15 @@ impl Metrics {
 
     pub fn consumer_failed(&self) {
         self.consumer_failures.inc();
+    }
+
+    /// Counts a message moved to the dead-letter stream, by why.
+    pub fn event_dead_lettered(&self, reason: crate::consume::DeadReason) {
+        self.dead_lettered
+            .get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            })
+            .inc();
     }
 
     /// Counts one store error by store (`redis`, `mariadb`, `nats`) and kind.
@@ -998,6 +1014,7 @@ mod tests {
         m.relay_failed();
         m.events_applied(1);
         m.consumer_failed();
+        m.event_dead_lettered(crate::consume::DeadReason::Refused);
         m.store_failed("redis", ErrorKind::TimedOut);
         m.store_up
             .get_or_create(&StoreLabels { store: "redis" })
@@ -1031,13 +1048,13 @@ mod tests {
     // "Health") name only series
     // that exist: every `flashsale_…` word in them is the name of a sample the metrics
     // encode to (a counter's with its `_total`, a gauge's bare) or a histogram's family
-    // name, all 25 families touched.
+    // name, all 26 families touched.
     #[test]
     fn alert_rules_name_real_metrics() {
         let text = all_touched().encode();
         let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
         assert_eq!(
-            families, 25,
+            families, 26,
             "every family registered in Metrics::new:\n{text}"
         );
         // A histogram is named by its family (its samples add _bucket, _sum, _count).

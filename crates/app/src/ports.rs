@@ -42,7 +42,9 @@ pub enum ErrorKind {
     /// A reply that does not parse, or a stored value no write of ours could have
     /// produced (out of range, a missing row, an unparsable id).
     Corrupt,
-    /// An answer larger than the adapter's bound on it.
+    /// An answer larger than the adapter's bound on it, or a request larger than the
+    /// store takes (a message over the broker's `max_payload` or its stream's largest
+    /// message): the same request is refused again.
     TooLarge,
     /// The adapter's own worker that carries the call (a batcher, the group committer)
     /// stopped or dropped it: the outcome is unknown.
@@ -78,6 +80,16 @@ impl ErrorKind {
             Self::Stopped => "stopped",
             Self::Config => "config",
         }
+    }
+
+    /// Whether the store refused this very request, so that sending it again alike would
+    /// be refused again: a statement it rejects (a CHECK, a value out of range), a value
+    /// no write of ours makes, a request larger than it takes. The other kinds say the
+    /// store was out of reach, slow, busy, being repaired or misconfigured: a later try
+    /// may pass. The statistics consumer gives up on a message only after refusals
+    /// (`crate::consume`).
+    pub const fn is_refusal(self) -> bool {
+        matches!(self, Self::Rejected | Self::Corrupt | Self::TooLarge)
     }
 }
 

@@ -4,7 +4,7 @@
 //! until JetStream acknowledged it, and tried again while a replicated stream elects a
 //! leader.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use async_nats::connection::State;
 use async_nats::jetstream::{self, consumer, context, stream};
@@ -81,8 +81,12 @@ pub struct NatsConfig {
     /// Copies of the stream and of the durable consumer the cluster keeps,
     /// 1..=[`STREAM_REPLICAS_MAX`]: with 3, a server of the cluster may die and every
     /// acknowledged event is still on two. A stream or consumer found with another count
-    /// is changed to this one, or, if the broker refuses, not used at all.
+    /// is changed to this one, or, if the broker refuses, not used at all. The
+    /// dead-letter stream keeps as many.
     pub replicas: usize,
+    /// Deliveries of a message the statistics store refuses before the consumer moves it
+    /// to the dead-letter stream (`FLASHSALE_EVENTS_MAX_DELIVER`, at least 1).
+    pub max_deliver: u32,
 }
 
 impl NatsConfig {
@@ -92,6 +96,16 @@ impl NatsConfig {
 
     pub fn subjects(&self) -> String {
         format!("{}.events.>", self.subject_prefix)
+    }
+
+    /// The dead-letter stream: `<stream>_DEAD`.
+    pub fn dead_stream(&self) -> String {
+        format!("{}_DEAD", self.stream)
+    }
+
+    /// The subject of the dead letter named `key`: `<prefix>.dead.<key>`.
+    pub fn dead_subject(&self, key: &str) -> String {
+        format!("{}.dead.{key}", self.subject_prefix)
     }
 }
 
@@ -103,6 +117,10 @@ pub struct NatsBus {
     /// The stream was found or created on this connection; cleared when the broker says
     /// no stream captures the subject, so it is made again.
     stream_ready: AtomicBool,
+    /// The dead-letter stream was found or created on this connection.
+    pub(crate) dead_ready: AtomicBool,
+    /// The stream's own largest message (headers and body), as last read; 0: no limit.
+    stream_message_max: AtomicUsize,
     /// Serializes stream creation.
     ensuring: Mutex<()>,
 }
@@ -148,6 +166,8 @@ impl NatsBus {
             js,
             config,
             stream_ready: AtomicBool::new(false),
+            dead_ready: AtomicBool::new(false),
+            stream_message_max: AtomicUsize::new(0),
             ensuring: Mutex::new(()),
         })
     }
@@ -176,9 +196,6 @@ impl NatsBus {
     /// cluster is fixed. Quietly using fewer copies than configured would lose
     /// acknowledged events when a server dies.
     pub async fn ensure_stream(&self) -> Result<stream::Stream, BusError> {
-        self.ready()?;
-        let _one = self.ensuring.lock().await;
-        let what = || format!("stream {}", self.config.stream);
         let config = stream::Config {
             name: self.config.stream.clone(),
             subjects: vec![self.config.subjects()],
@@ -190,6 +207,30 @@ impl NatsBus {
             num_replicas: self.replicas(),
             ..Default::default()
         };
+        let stream = self.ensure_replicated(config).await?;
+        // What the stream itself takes (an operator may have capped it): packs stay
+        // under it, so that only an event alone larger than that is refused for size.
+        let largest = stream.cached_info().config.max_message_size;
+        self.stream_message_max
+            .store(usize::try_from(largest).unwrap_or(0), Ordering::SeqCst);
+        if !self.stream_ready.swap(true, Ordering::SeqCst) {
+            info!(stream = %self.config.stream, subjects = %self.config.subjects(), replicas = self.replicas(), "event stream ready");
+        }
+        Ok(stream)
+    }
+
+    /// Finds the stream of `config`, or creates it; one found with another replica count
+    /// than configured is changed to it, or, refused, not used (see [`ensure_stream`]).
+    ///
+    /// [`ensure_stream`]: Self::ensure_stream
+    pub(crate) async fn ensure_replicated(
+        &self,
+        config: stream::Config,
+    ) -> Result<stream::Stream, BusError> {
+        self.ready()?;
+        let _one = self.ensuring.lock().await;
+        let name = config.name.clone();
+        let what = || format!("stream {name}");
         let stream_error = |e: context::CreateStreamError| {
             use context::CreateStreamErrorKind as K;
             let kind = match e.kind() {
@@ -235,7 +276,7 @@ impl NatsBus {
                     e,
                 )
             })?;
-            warn!(stream = %self.config.stream, from = found, to = self.replicas(), "event stream's replica count changed");
+            warn!(stream = %name, from = found, to = self.replicas(), "event stream's replica count changed");
             // Read again, so that its consumer is made with the new count in view.
             stream = self
                 .js
@@ -243,17 +284,19 @@ impl NatsBus {
                 .await
                 .map_err(stream_error)?;
         }
-        if !self.stream_ready.swap(true, Ordering::SeqCst) {
-            info!(stream = %self.config.stream, subjects = %self.config.subjects(), replicas = self.replicas(), "event stream ready");
-        }
         Ok(stream)
     }
 
     /// The durable pull consumer of [`CONSUMER_NAME`], created if missing, with the
     /// stream's replica count (one found with another count is updated, or, refused, not
     /// used: as for the stream). It starts at the stream's first message and
-    /// acknowledges explicitly; it never gives up on a message (the statistics must
-    /// count every event).
+    /// acknowledges explicitly. JetStream's own `max_deliver` is left unlimited: the
+    /// consumer counts a message's deliveries itself (each message's delivery count, the
+    /// broker's, shared by every instance) and moves one it gives up on to the
+    /// dead-letter stream with its last error in hand (`crate::dead`). With
+    /// `max_deliver` the broker would only stop delivering it and announce that on a
+    /// core NATS subject, which an instance not listening at that moment never hears,
+    /// and the error would be lost.
     pub async fn ensure_consumer(&self) -> Result<consumer::PullConsumer, BusError> {
         let stream = self.ensure_stream().await?;
         let config = consumer::pull::Config {
@@ -333,6 +376,11 @@ impl NatsBus {
             K::BrokenPipe => ErrorKind::Unreachable,
             K::StreamNotFound => ErrorKind::NotReady,
             K::MaxPayloadExceeded => ErrorKind::TooLarge,
+            _ if stream_refused_size(&e) => {
+                // The stream's own limit, changed since it was read: read it again.
+                self.stream_ready.store(false, Ordering::SeqCst);
+                ErrorKind::TooLarge
+            }
             _ => ErrorKind::Rejected,
         };
         bus_error("publish", kind, e)
@@ -370,12 +418,16 @@ impl NatsBus {
             0 => MESSAGE_BYTES_MAX,
             n => n.saturating_sub(MESSAGE_HEADROOM),
         };
+        let stream = match self.stream_message_max.load(Ordering::SeqCst) {
+            0 => MESSAGE_BYTES_MAX,
+            n => n.saturating_sub(MESSAGE_HEADROOM),
+        };
         PackLimits {
             events: self
                 .config
                 .events_per_message
                 .clamp(1, EVENTS_PER_MESSAGE_MAX),
-            bytes: MESSAGE_BYTES_MAX.min(broker).max(1),
+            bytes: MESSAGE_BYTES_MAX.min(broker).min(stream).max(1),
         }
     }
 
@@ -493,6 +545,14 @@ impl EventBus for NatsBus {
     }
 }
 
+/// Whether JetStream refused a publish for its size: the stream's largest message
+/// (`max_msg_size`) is smaller (error 10054).
+fn stream_refused_size(e: &context::PublishError) -> bool {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<jetstream::Error>())
+        .is_some_and(|e| e.error_code() == jetstream::ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM)
+}
+
 /// Whether a message's failure may be the stream's leader election, which another try
 /// of the same message outlasts: no acknowledgement in time, "no responders" (no
 /// leader answers the stream's subjects), or the connection lost under it.
@@ -516,6 +576,7 @@ mod tests {
             stream: "FLASHSALE_EVENTS".into(),
             events_per_message: EVENTS_PER_MESSAGE_MAX,
             replicas: 1,
+            max_deliver: 5,
         };
         assert_eq!(
             c.subject(EventType::OrderPaid),

@@ -13,7 +13,10 @@
 //!   is down, it reports "not connected" instead.
 //! - [`run_consumer`] drives one durable pull consumer: it fetches batches, hands their
 //!   events to the [`Consume`] use case and acknowledges a message only after all its
-//!   events were applied (or found applied before).
+//!   events were applied (or found applied before), or after it moved the message to the
+//!   dead-letter stream `<stream>_DEAD` (one the store refused at its last allowed
+//!   delivery, or one that does not decode), whose letters a person lists, replays or
+//!   drops ([`NatsBus::dead_letters`], [`NatsBus::replay`], [`NatsBus::drop_letter`]).
 //! - [`EventWorkers`] runs the relay loop and the consumer loop as tasks and stops them.
 //!
 //! A message body is a JSON array of outbox payloads (or one bare payload);
@@ -127,8 +130,16 @@ const FETCH_WAIT: Duration = Duration::from_secs(1);
 /// instead of a transaction per few events: 20 ms of added delay on a statistic nobody
 /// reads within that time, for several times fewer commits.
 const CONSUMER_LINGER: Duration = Duration::from_millis(20);
-/// After a failed apply (database down), the message is delivered again this much later.
+/// After a failed apply (database down, or the store refused it), the message is
+/// delivered again this much later: a refused message comes back
+/// `FLASHSALE_EVENTS_MAX_DELIVER` − 1 times before it is given up on, these many seconds
+/// apart, while the messages behind it go on.
 const NAK_DELAY: Duration = Duration::from_secs(1);
+/// Most bytes the dead-letter stream keeps: letters wait there for a person, so they have
+/// no age limit, but a flood of them is a broken consumer rather than data to keep: past
+/// this the stream refuses new letters (discard new), and their messages stay in the
+/// event stream, delivered again, until a person makes room.
+pub const DEAD_STREAM_BYTES_MAX: i64 = 1 << 30;
 /// The consumer's pause after a failure (broker or database) grows from this…
 const CONSUMER_BACKOFF_FIRST: Duration = Duration::from_millis(100);
 /// …to this at most.
@@ -146,11 +157,13 @@ const FIRST_CONNECT_POLL: Duration = Duration::from_millis(10);
 
 mod bus;
 mod consumer;
+mod dead;
 mod pack;
 mod wire;
 
 pub use bus::{server_urls, NatsBus, NatsConfig};
 pub use consumer::run_consumer;
+pub use dead::{DeadLetter, LetterState, Settled};
 pub use pack::{pack_id, packs, Pack, PackLimits};
 pub use wire::{decode_event, decode_message, DecodeError, EVENT_ID_CHARS_MAX};
 
@@ -190,7 +203,11 @@ impl EventWorkers {
             relay.run(relay_stopped).await
         });
         let consumer_bus = bus.clone();
-        let consume = Arc::new(Consume::new(stats).with_metrics(metrics));
+        let consume = Arc::new(
+            Consume::new(stats)
+                .with_metrics(metrics)
+                .with_max_deliver(bus.config().max_deliver),
+        );
         let consumer_task = tokio::spawn(async move {
             first_connection(&consumer_bus).await;
             run_consumer(consumer_bus, consume, stopped).await

@@ -67,6 +67,9 @@ pub struct Config {
     /// Most events per NATS message (1 = one bare event object per message, the format
     /// before packing, for consumers that don't read arrays yet).
     pub nats_events_per_message: usize,
+    /// Deliveries of a message the statistics store refuses before the consumer moves it
+    /// to the dead-letter stream.
+    pub events_max_deliver: u32,
     /// Purchase attempts per user (None: no limit).
     pub user_purchase_rate: Option<Rate>,
     /// Whether that limit is kept by the reserve script in Redis, per user and product
@@ -138,6 +141,9 @@ pub const KEYS: &[(&str, Option<&str>)] = &[
     ("nats_events_per_message", Some("128")),
     // One copy: what a single server holds; a cluster's operator asks for 3 (or 5).
     ("nats_stream_replicas", Some("1")),
+    // `flashsale_app::consume::MAX_DELIVER_DEFAULT`: five refusals a second or more
+    // apart are the store's answer to a message, not a passing state.
+    ("events_max_deliver", Some("5")),
     ("user_purchase_rate", Some("10")),
     // `instance`: each instance counts a user's attempts alone, in memory (N instances
     // let a user through at N times the rate); `shared`: the reserve script counts them
@@ -203,6 +209,10 @@ const REDIS_RECORD_TTL_MAX: Duration = Duration::from_secs(365 * 24 * 3600);
 const RATE_LIMIT_MAX: u32 = 1_000_000;
 /// Longest Redis key prefix: it is repeated in every key.
 const REDIS_PREFIX_LEN_MAX: usize = 64;
+/// Most deliveries `FLASHSALE_EVENTS_MAX_DELIVER` may allow a refused message: each
+/// costs the store a refused transaction, and past a hundred tries a second apart (about
+/// two minutes) a refusal is no passing state.
+const EVENTS_MAX_DELIVER_MAX: u32 = 100;
 /// Longest NATS subject prefix and stream name: both are repeated in every subject or
 /// API request, and JetStream stores the stream name in its file paths.
 const NATS_NAME_LEN_MAX: usize = 64;
@@ -652,6 +662,8 @@ impl Config {
             1,
             flashsale_nats::STREAM_REPLICAS_MAX,
         )?;
+        let events_max_deliver =
+            number(raw.value("events_max_deliver"), 1, EVENTS_MAX_DELIVER_MAX)?;
         let user_purchase_rate = rate(raw, "user_purchase_rate", "user_purchase_burst")?;
         let user_purchase_rate_shared = match raw.value("user_purchase_rate_scope") {
             (_, "instance") => false,
@@ -709,6 +721,7 @@ impl Config {
             nats_stream: nats_stream.to_owned(),
             nats_stream_replicas,
             nats_events_per_message,
+            events_max_deliver,
             user_purchase_rate,
             user_purchase_rate_shared,
             ip_purchase_rate,
@@ -1347,6 +1360,7 @@ mod tests {
         assert_eq!(c.nats_stream, "FLASHSALE_EVENTS");
         assert_eq!(c.nats_events_per_message, 128);
         assert_eq!(c.nats_stream_replicas, 1);
+        assert_eq!(c.events_max_deliver, 5);
         let ok = env(&[
             (
                 "FLASHSALE_NATS_URL",
@@ -1356,6 +1370,7 @@ mod tests {
             ("FLASHSALE_NATS_STREAM", "T_1-a"),
             ("FLASHSALE_NATS_EVENTS_PER_MESSAGE", "1"),
             ("FLASHSALE_NATS_STREAM_REPLICAS", "3"),
+            ("FLASHSALE_EVENTS_MAX_DELIVER", "3"),
         ]);
         let c = Config::from_parts(None, &ok).expect("valid");
         assert_eq!(
@@ -1364,6 +1379,7 @@ mod tests {
         );
         assert_eq!(c.nats_events_per_message, 1);
         assert_eq!(c.nats_stream_replicas, 3);
+        assert_eq!(c.events_max_deliver, 3);
         let err = Config::from_parts(
             None,
             &env(&[("FLASHSALE_NATS_URL", "nats://a:4222,http://b:4222")]),
@@ -1388,6 +1404,8 @@ mod tests {
             ("FLASHSALE_NATS_EVENTS_PER_MESSAGE", "0"),
             ("FLASHSALE_NATS_EVENTS_PER_MESSAGE", "129"),
             ("FLASHSALE_NATS_EVENTS_PER_MESSAGE", "many"),
+            ("FLASHSALE_EVENTS_MAX_DELIVER", "0"),
+            ("FLASHSALE_EVENTS_MAX_DELIVER", "101"),
         ] {
             let err = Config::from_parts(None, &env(&[(var, value)])).unwrap_err();
             assert!(err.0.starts_with(var), "{var}={value}: {err}");

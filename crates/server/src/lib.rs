@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod demo;
+pub mod events;
 pub mod http;
 pub mod incidents;
 pub mod reach;
@@ -74,15 +75,8 @@ pub async fn start_events(
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let nats = flashsale_nats::NatsConfig {
-        urls: config.nats_urls.clone(),
-        subject_prefix: config.nats_subject_prefix.clone(),
-        stream: config.nats_stream.clone(),
-        events_per_message: config.nats_events_per_message,
-        replicas: config.nats_stream_replicas,
-    };
     flashsale_nats::EventWorkers::start(
-        nats,
+        nats_config(config),
         ledger.clone(),
         ledger,
         format!("relay-{relay_id}"),
@@ -90,6 +84,18 @@ pub async fn start_events(
     )
     .await
     .map_err(|e| format!("events: {e}"))
+}
+
+/// Where and how the events go on NATS, as configured.
+pub fn nats_config(config: &Config) -> flashsale_nats::NatsConfig {
+    flashsale_nats::NatsConfig {
+        urls: config.nats_urls.clone(),
+        subject_prefix: config.nats_subject_prefix.clone(),
+        stream: config.nats_stream.clone(),
+        events_per_message: config.nats_events_per_message,
+        replicas: config.nats_stream_replicas,
+        max_deliver: config.events_max_deliver,
+    }
 }
 
 /// A wired service.

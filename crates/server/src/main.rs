@@ -71,6 +71,12 @@ enum Command {
     /// Exit codes: 0 every check passed; 1 a check failed; 2 error (no service, a refused
     /// token, a store down, Ctrl-C): nothing was judged.
     Demo(flashsale::demo::DemoArgs),
+    /// What a person does with events no worker could deliver: the dead-letter stream's
+    /// letters, listed, replayed into the event stream or dropped.
+    Events {
+        #[command(subcommand)]
+        action: flashsale::events::Action,
+    },
     /// The recovery incidents a person must decide: list them, show one with what the
     /// stores know of it, and resolve one (release its units, or confirm its order).
     Incidents {
@@ -187,6 +193,10 @@ async fn main() -> ExitCode {
         Command::Incidents { action } => {
             (incidents(&config, action).await, ExitCode::from(EXIT_ERROR))
         }
+        Command::Events { action } => (
+            flashsale::events::run(&config, action, &mut std::io::stdout()).await,
+            ExitCode::from(EXIT_ERROR),
+        ),
         Command::Reconcile { product, repair } => (
             reconcile(&config, product, repair).await,
             ExitCode::from(EXIT_ERROR),

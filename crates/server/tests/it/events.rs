@@ -961,7 +961,8 @@ async fn a_delivery_with_events_consumed_before_applies_only_the_new_ones() {
 // directly in one message with a valid event of another product (after a purchase,
 // whose events make the relay create the stream), the valid one is
 // applied (its id in consumed_event, sales_stats counting one order) and the message is
-// acknowledged, not redelivered; the long id is recorded nowhere, cut or whole.
+// moved to the dead-letter stream (undecodable, at its first delivery) and acknowledged,
+// not redelivered; the long id is recorded nowhere, cut or whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_id_too_long_is_skipped_and_its_message_applied() {
     let app = TestApp::spawn().await;
@@ -1018,6 +1019,17 @@ async fn an_event_id_too_long_is_skipped_and_its_message_applied() {
         app.count("SELECT COUNT(*) FROM sales_stats WHERE product_id = 3390")
             .await,
         0
+    );
+    let letters = crate::dead_letters::bus(&events)
+        .await
+        .dead_letters()
+        .await
+        .expect("dead letters");
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].key, ack.sequence.to_string());
+    assert_eq!(
+        (letters[0].reason.as_str(), letters[0].deliveries),
+        ("undecodable", 1)
     );
     events.cleanup().await;
     app.cleanup().await;

@@ -748,10 +748,12 @@ impl TestEvents {
         }
     }
 
-    /// Stops the workers and deletes the test's stream (when the broker is reachable).
+    /// Stops the workers and deletes the test's stream and its dead-letter stream (when
+    /// the broker is reachable).
     pub async fn cleanup(mut self) {
         self.stop().await;
         delete_stream(&self.nats_url, &self.stream).await;
+        delete_stream(&self.nats_url, &format!("{}_DEAD", self.stream)).await;
     }
 }
 

@@ -19,6 +19,7 @@ mod cluster;
 mod crash;
 mod dashboard;
 mod data_loss;
+mod dead_letters;
 mod demo;
 mod events;
 mod fallback;

@@ -279,6 +279,7 @@ async fn bus(urls: &str, tag: &str, replicas: usize) -> NatsBus {
         stream: format!("FS_TEST_{tag}"),
         events_per_message: flashsale_nats::EVENTS_PER_MESSAGE_MAX,
         replicas,
+        max_deliver: flashsale_app::consume::MAX_DELIVER_DEFAULT,
     })
     .await
     .expect("bus")
