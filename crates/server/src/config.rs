@@ -186,8 +186,8 @@ const AUDIT_EVERY_MAX: Duration = Duration::from_secs(30 * 24 * 3600);
 const DATABASE_FAILBACK_MAX: Duration = Duration::from_secs(3600);
 /// Upper bound of concurrently handled requests.
 const IN_FLIGHT_LIMIT: usize = 1_000_000;
-/// Upper bound of the connection cap: each open connection holds about 16–17 KiB
-/// (docs/configuration.md, measured by `tests/it/slow_clients.rs`), so a million would be 17 GB.
+/// Upper bound of the connection cap: each open connection holds about 12–30 KiB
+/// (docs/configuration.md, measured by `tests/it/slow_clients.rs`), so a million would be 30 GB.
 const CONNECTIONS_LIMIT: usize = 1_000_000;
 /// Shortest `FLASHSALE_FALLBACK_AFTER`: two probes of the fallback worker, so one lost
 /// probe never switches a product.

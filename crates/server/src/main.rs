@@ -8,6 +8,28 @@ use clap::{Parser, Subcommand};
 use flashsale::Config;
 use tracing_subscriber::EnvFilter;
 
+/// jemalloc, not glibc's malloc: with its background threads (`give_back_freed_memory`)
+/// it returns the memory a wave of connections took once they close (19 MB resident 30 s
+/// after 10,000 slow clients left, 16 MB at rest; glibc's kept 245 MB), and every request
+/// costs fewer instructions (`scripts/instructions.sh`: 7–8 % fewer for `/healthz`, a
+/// parsed POST or a refusal, 10 % fewer for a durable order).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// Starts jemalloc's background threads, which hand memory left free for its decay time
+/// (`dirty_decay_ms`, 10 s) back to the system even while the process is idle; without
+/// them jemalloc purges only during its own allocations, so an idle server after an
+/// attack would keep what the attack took.
+fn give_back_freed_memory() {
+    if let Err(e) = tikv_jemalloc_ctl::background_thread::write(true) {
+        tracing::warn!(
+            error = %e,
+            "the allocator's background threads did not start: freed memory goes back to \
+             the system only while the server allocates"
+        );
+    }
+}
+
 /// flashsale — a flash-sale inventory service: sells exactly the stock, one order per
 /// purchase request, on Redis and MariaDB, and publishes its events to NATS JetStream.
 // No bare `about`: it would take the package description from Cargo.toml (written for
@@ -183,6 +205,7 @@ async fn main() -> ExitCode {
         command => command,
     };
     init_logging(config.log_json, None);
+    give_back_freed_memory();
     let done = |r: Result<(), String>| r.map(|()| ExitCode::SUCCESS);
     let (result, on_error) = match command {
         Command::Serve => (done(flashsale::serve(&config).await), ExitCode::FAILURE),
