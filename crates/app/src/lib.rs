@@ -28,8 +28,8 @@ pub use error::Error;
 pub use fallback::{Fallback, FallbackSettings};
 pub use maintenance::{
     AuditScheduleSettings, Decision, IncidentView, Maintenance, MaintenanceSettings,
-    Reconciliation, RecoveryReport, Resolved, ScheduledAudits, Unresolved, AUDIT_CLAIM_LEASE,
-    OUTCOME_UNKNOWN,
+    Reconciliation, RecoveryReport, Repair, Resolved, ScheduledAudits, Unresolved,
+    AUDIT_CLAIM_LEASE, OUTCOME_UNKNOWN, REPAIR_SETTLE, REPAIR_UNITS_PER_PASS,
 };
 pub use metrics::{Metrics, Monitor, ProductStock, StoreView};
 pub use model::*;

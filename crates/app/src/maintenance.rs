@@ -17,16 +17,18 @@
 //!   recovery could not learn.
 
 mod incidents;
+mod reconcile;
 mod schedule;
 
 pub use incidents::{Decision, IncidentView, Resolved, Unresolved, OUTCOME_UNKNOWN};
+pub use reconcile::{Reconciliation, Repair, REPAIR_SETTLE, REPAIR_UNITS_PER_PASS};
 pub use schedule::{AuditScheduleSettings, ScheduledAudits, AUDIT_CLAIM_LEASE};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use flashsale_core::{Generation, ProductId, ReleaseReason, RequestId, StockMode};
+use flashsale_core::{ProductId, ReleaseReason, RequestId, StockMode};
 use tracing::{debug, error, info, warn};
 
 use crate::audit::{self, AuditBounds, AuditReport};
@@ -160,24 +162,6 @@ pub struct RecoveryReport {
     pub deferred: usize,
     /// Incidents recorded for an operator.
     pub incidents: usize,
-}
-
-/// What reconciliation found for one product.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reconciliation {
-    pub product_id: ProductId,
-    pub redis_available: Option<i64>,
-    /// The stock generation Redis's count was read in (None without an entry).
-    pub redis_generation: Option<Generation>,
-    /// What Redis's available count should be given the ledger's facts and the holds
-    /// still in flight.
-    pub expected_available: i64,
-    /// `redis_available - expected_available` (0 when consistent).
-    pub drift: i64,
-    /// Units taken by holds the ledger does not (yet) account for.
-    pub in_flight_units: i64,
-    /// Whether a repair was applied.
-    pub repaired: bool,
 }
 
 impl Maintenance {
@@ -716,115 +700,6 @@ impl Maintenance {
         // Ids only grow from page to page, so the walk ends.
         walk.after = page.last().copied().or(walk.after);
         Ok((!page.is_empty()).then_some(page))
-    }
-
-    /// Compares Redis's available count with what the ledger's facts imply, counting
-    /// holds still in flight. Repairs (`repair`) only a drift that is the same in two
-    /// looks `settle` apart with the same holds in flight — drift that outlives in-flight
-    /// work — and then only by adjusting Redis relatively, never by overwriting it.
-    pub async fn reconcile(
-        &self,
-        product_id: ProductId,
-        repair: bool,
-        settle: Duration,
-    ) -> Result<Reconciliation, Error> {
-        let first = self.measure(product_id).await?;
-        if !repair || first.drift == 0 {
-            return Ok(first);
-        }
-        tokio::time::sleep(settle).await;
-        let second = self.measure(product_id).await?;
-        if second.drift != first.drift
-            || second.in_flight_units != first.in_flight_units
-            || second.redis_generation != first.redis_generation
-        {
-            info!(%product_id, first = first.drift, second = second.drift, "drift still moving; not repairing");
-            return Ok(second);
-        }
-        let (Some(from), Some(generation)) = (second.redis_available, second.redis_generation)
-        else {
-            return Ok(second);
-        };
-        let repaired = self
-            .gate_m
-            .adjust(product_id, generation, from, -second.drift)
-            .await?;
-        warn!(%product_id, drift = second.drift, repaired, "reconciliation repaired Redis available count");
-        Ok(Reconciliation { repaired, ..second })
-    }
-
-    /// One reconciliation pass over every loaded product: reports every drift, and with
-    /// `repair` repairs the ones that outlive the work in flight. The periodic worker
-    /// only reports: its look at Redis (count, then hold records) is not one atomic
-    /// read, so under load a purchase between the two reads can look like drift (found
-    /// by the simulator); repairs are for an operator on a quiet system. Returns the
-    /// drifts found.
-    pub async fn reconcile_all(
-        &self,
-        repair: bool,
-        settle: Duration,
-    ) -> Result<Vec<Reconciliation>, Error> {
-        let mut drifted = Vec::new();
-        let mut walk = Walk::default();
-        while let Some(page) = self.next_page(&mut walk).await? {
-            for product_id in page {
-                let result = self.reconcile(product_id, repair, settle).await;
-                let Some(r) = walk.settle(product_id, "reconciliation", result)? else {
-                    continue;
-                };
-                if r.drift != 0 {
-                    warn!(%product_id, drift = r.drift, repaired = r.repaired,
-                        redis = ?r.redis_available, expected = r.expected_available,
-                        "reconciliation found drift");
-                    drifted.push(r);
-                }
-            }
-        }
-        walk.end().map(|()| drifted)
-    }
-
-    async fn measure(&self, product_id: ProductId) -> Result<Reconciliation, Error> {
-        let ledger = self
-            .ledger_m
-            .facts(product_id)
-            .await?
-            .ok_or(Error::ProductNotFound)?;
-        if ledger.mode == StockMode::Ledger {
-            // The ledger serves the stock; the gate is rebuilt from it on the way back.
-            return Ok(Reconciliation {
-                product_id,
-                redis_available: None,
-                redis_generation: None,
-                expected_available: ledger.counters.available,
-                drift: 0,
-                in_flight_units: 0,
-                repaired: false,
-            });
-        }
-        let gate = self.gate_m.facts(product_id).await?;
-        let live_units: i64 = ledger.live.values().map(|(_, units)| units).sum();
-        // Units Redis counts as taken that no live reservation accounts for: attempts
-        // between Redis and the commit, orphans and releases not yet returned — each is
-        // resolved by the purchase path or recovery, so they are not drift.
-        let in_flight_units: i64 = gate
-            .held
-            .iter()
-            .filter(|(request_id, (hold, _))| {
-                ledger.live.get(*request_id).map(|(h, _)| h) != Some(hold)
-            })
-            .map(|(_, (_, units))| units)
-            .sum();
-        let expected = ledger.counters.total - live_units - in_flight_units;
-        let drift = gate.available.map_or(0, |a| a - expected);
-        Ok(Reconciliation {
-            product_id,
-            redis_available: gate.available,
-            redis_generation: gate.generation,
-            expected_available: expected,
-            drift,
-            in_flight_units,
-            repaired: false,
-        })
     }
 }
 

@@ -714,16 +714,16 @@ pub trait GateMaintenance: Send + Sync + 'static {
     /// Everything the gate holds for a product, for reconciliation and audit.
     async fn facts(&self, product_id: ProductId) -> Result<GateFacts, GateError>;
 
-    /// Adds `delta` (may be negative) to the available count if it is still `from` in
-    /// `generation` (the count the repair was computed from, and the generation it was
-    /// read in), refusing to go below zero; reconciliation's only repair. Safe to run
-    /// twice: the second run finds the count moved and changes nothing. An entry rebuilt
-    /// or reloaded since is another generation, refused whatever its count.
+    /// Adds `delta` (may be negative) to the available count if the entry is still as
+    /// `from` counted it (the count, its generation and the last hold id handed out: no
+    /// hold taken, nothing given back or added since), refusing to go below zero;
+    /// reconciliation's only repair. Safe to run twice: the second run finds the count
+    /// moved and changes nothing. An entry rebuilt or reloaded since is another
+    /// generation, refused whatever its count.
     async fn adjust(
         &self,
         product_id: ProductId,
-        generation: Generation,
-        from: i64,
+        from: &GateCount,
         delta: i64,
     ) -> Result<bool, GateError>;
 
@@ -804,6 +804,48 @@ pub struct GateFacts {
     pub held: std::collections::BTreeMap<String, (HoldId, i64)>,
     /// Request_ids in the pending index, each with its hold's age on the gate's clock.
     pub pending: std::collections::BTreeMap<String, Duration>,
+}
+
+/// A repair reconciliation made to a product's count in the gate, and what it was
+/// computed from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StockRepair {
+    pub product_id: ProductId,
+    /// The stock generation the count was read and repaired in.
+    pub generation: Generation,
+    /// The gate's available count before and after.
+    pub redis_before: i64,
+    pub redis_after: i64,
+    /// What the ledger's facts made the count: the stock less the live orders' units and
+    /// the holds in flight.
+    pub expected: i64,
+    pub total: i64,
+    pub live_units: i64,
+    pub in_flight_units: i64,
+    /// Why it was repaired, in a few words.
+    pub reason: &'static str,
+}
+
+/// A product's count in the gate as one atomic look read it ([`GateFacts`]): what a
+/// repair is computed from and applied against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GateCount {
+    pub generation: Generation,
+    pub available: i64,
+    /// The last hold id handed out: it moves with every hold taken, so an equal one means
+    /// no purchase took units in between.
+    pub last_hold_id: i64,
+}
+
+impl GateFacts {
+    /// The count this look read, if the gate has an entry.
+    pub fn count(&self) -> Option<GateCount> {
+        Some(GateCount {
+            generation: self.generation?,
+            available: self.available?,
+            last_hold_id: self.last_hold_id,
+        })
+    }
 }
 
 /// An order the expiry worker found past its deadline.
@@ -956,6 +998,10 @@ pub trait LedgerMaintenance: Send + Sync + 'static {
 
     /// Marks a claimed audit done: it is never claimed again.
     async fn finish_audit(&self, claim: &AuditClaim) -> Result<(), LedgerError>;
+
+    /// Records a repair reconciliation made to the gate's count, with the facts it was
+    /// computed from, for a person to trace.
+    async fn record_repair(&self, repair: &StockRepair) -> Result<(), LedgerError>;
 
     /// The violations the audits recorded within `window` (on the database's clock)
     /// found, summed: what the alert on the audit watches.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flashsale_app::ports::{
-    GateMaintenance, RebuildPlan, Release, ReleaseOf, Reserve, Restock, StaleHold,
+    GateCount, GateMaintenance, RebuildPlan, Release, ReleaseOf, Reserve, Restock, StaleHold,
 };
 use flashsale_app::StockGate;
 use flashsale_core::HoldRef;
@@ -74,10 +74,7 @@ pub async fn nothing_is_answered_without_an_entry<W: GateWorld>(w: &W) {
         .restock(product(), &request_id("NL_R"), 3, generation(1))
         .await;
     assert_eq!(restocked.expect("restock"), Restock::NotLoaded);
-    assert!(!g
-        .adjust(product(), generation(1), 0, 3)
-        .await
-        .expect("adjust"));
+    assert!(!g.adjust(product(), &at(1, 0), 3).await.expect("adjust"));
     assert_eq!(g.available(product()).await.expect("available"), None);
 }
 
@@ -319,27 +316,59 @@ pub async fn a_rebuild_replaces_the_entry_in_a_newer_generation<W: GateWorld>(w:
     );
 }
 
+/// The gate's count as a look in generation `generation` read it, before any hold.
+fn at(generation: i64, available: i64) -> GateCount {
+    GateCount {
+        generation: crate::generation(generation),
+        available,
+        last_hold_id: 0,
+    }
+}
+
 /// Reconciliation's adjustment moves the count by a delta from the count it measured in
 /// the generation it measured, never below zero; run a second time (a retry after a
-/// lost reply), from a count that moved since, or in another generation (a rebuild
-/// since, even one that left the same count), it changes nothing.
+/// lost reply), from a count that moved since, in another generation (a rebuild since,
+/// even one that left the same count), or after a hold was taken since (even one given
+/// back, which leaves the same count), it changes nothing.
 pub async fn adjust_never_goes_below_zero<W: GateWorld>(w: &W) {
     let g = w.gate();
     let g1 = generation(1);
     assert!(g.load(product(), 2, g1).await.expect("load"));
-    assert!(g.adjust(product(), g1, 2, 3).await.expect("up"));
+    assert!(g.adjust(product(), &at(1, 2), 3).await.expect("up"));
     assert!(
-        !g.adjust(product(), g1, 2, 3).await.expect("again"),
+        !g.adjust(product(), &at(1, 2), 3).await.expect("again"),
         "a second run finds the count it left"
     );
-    assert!(g.adjust(product(), g1, 5, -4).await.expect("down"));
-    assert!(!g.adjust(product(), g1, 1, -2).await.expect("below zero"));
-    assert!(!g.adjust(product(), g1, 7, 1).await.expect("moved"));
+    assert!(g.adjust(product(), &at(1, 5), -4).await.expect("down"));
+    assert!(!g
+        .adjust(product(), &at(1, 1), -2)
+        .await
+        .expect("below zero"));
+    assert!(!g.adjust(product(), &at(1, 7), 1).await.expect("moved"));
     assert!(
-        !g.adjust(product(), generation(2), 1, 1)
-            .await
-            .expect("newer"),
+        !g.adjust(product(), &at(2, 1), 1).await.expect("newer"),
         "the count was not read in generation 2"
+    );
+    let looked = g
+        .facts(product())
+        .await
+        .expect("facts")
+        .count()
+        .expect("a count");
+    let a = purchase("AD_A", 1, 1);
+    let Reserve::Reserved { hold } = g.reserve(&a, None).await.expect("reserve") else {
+        panic!("a hold");
+    };
+    let of = ReleaseOf::Hold { hold };
+    let released = g
+        .release(product(), &a.request_id, &of)
+        .await
+        .expect("release");
+    assert_eq!(released, Release::Released);
+    assert_eq!(g.available(product()).await.expect("available"), Some(1));
+    assert!(
+        !g.adjust(product(), &looked, 1).await.expect("a hold since"),
+        "a hold was taken and given back since the look: the same count, not the same state"
     );
     assert_eq!(g.available(product()).await.expect("available"), Some(1));
     let plan = RebuildPlan {
@@ -350,14 +379,11 @@ pub async fn adjust_never_goes_below_zero<W: GateWorld>(w: &W) {
     };
     assert!(g.rebuild(product(), &plan).await.expect("rebuild"));
     assert!(
-        !g.adjust(product(), g1, 1, 1).await.expect("stale"),
+        !g.adjust(product(), &looked, 1).await.expect("stale"),
         "measured before the rebuild, whose count happens to be the same"
     );
     assert_eq!(g.available(product()).await.expect("available"), Some(1));
-    assert!(g
-        .adjust(product(), generation(2), 1, 1)
-        .await
-        .expect("rebuilt"));
+    assert!(g.adjust(product(), &at(2, 1), 1).await.expect("rebuilt"));
     assert_eq!(g.available(product()).await.expect("available"), Some(2));
 }
 

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use flashsale_app::ports::{
     AuditClaim, AuditRun, AuditSchedule, AuditVerdict, CancelAttempt, ExpiredOrder, Incident,
     IncidentClosing, Leave, LedgerFacts, LedgerMaintenance, ModeSwitch, PendingRestock,
-    PendingReturn, RebuildPlan, ReleaseOf, Watermark, AUDIT_RUNS_KEPT,
+    PendingReturn, RebuildPlan, ReleaseOf, StockRepair, Watermark, AUDIT_RUNS_KEPT,
 };
 use flashsale_app::LedgerError;
 use flashsale_core::{
@@ -670,6 +670,10 @@ fn no_inventory(product_id: ProductId) -> LedgerError {
 
 /// A product's inventory row, locked for the rest of the transaction.
 struct Locked {
+    async fn record_repair(&self, repair: &StockRepair) -> Result<(), LedgerError> {
+        self.record_repair_at(repair).await
+    }
+
     generation: Generation,
     available: i64,
     mode: StockMode,

@@ -1,10 +1,11 @@
-//! The ledger's side of the audits `serve` runs by itself: which sales have ended and
-//! settled, the claims in `audit_schedule` that let one instance run each audit, and the
-//! violations the recent audits found (migration 18 says what a row is).
+//! The ledger's side of the checks `serve` runs by itself: which sales have ended and
+//! settled, the claims in `audit_schedule` that let one instance run each audit, the
+//! violations the recent audits found (migration 18 says what a row is), and the record
+//! of each repair reconciliation made (`stock_repair`, migration 20).
 
 use std::time::Duration;
 
-use flashsale_app::ports::{AuditClaim, AuditSchedule};
+use flashsale_app::ports::{AuditClaim, AuditSchedule, StockRepair};
 use flashsale_app::LedgerError;
 use flashsale_core::ProductId;
 
@@ -150,5 +151,30 @@ impl MysqlLedger {
             .await
         })
         .await
+    }
+}
+
+impl MysqlLedger {
+    pub(crate) async fn record_repair_at(&self, r: &StockRepair) -> Result<(), LedgerError> {
+        self.run("record a repair", || async {
+            sqlx::query(
+                "INSERT INTO stock_repair (product_id, generation, redis_before, redis_after, \
+                 expected, total_stock, live_units, in_flight_units, reason) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            )
+            .bind(r.product_id.get())
+            .bind(r.generation.get())
+            .bind(r.redis_before)
+            .bind(r.redis_after)
+            .bind(r.expected)
+            .bind(r.total)
+            .bind(r.live_units)
+            .bind(r.in_flight_units)
+            .bind(r.reason)
+            .execute(&self.pool())
+            .await
+        })
+        .await
+        .map(drop)
     }
 }

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flashsale_app::ports::{
-    ExistingHold, GateFacts, GateState, RebuildPlan, Release, ReleaseOf, Reserve, Restock,
-    SoldOutLease, StaleHold,
+    ExistingHold, GateCount, GateFacts, GateState, RebuildPlan, Release, ReleaseOf, Reserve,
+    Restock, SoldOutLease, StaleHold,
 };
 use flashsale_app::GateError;
 use flashsale_core::{
@@ -813,8 +813,7 @@ impl Layout {
         &self,
         w: &dyn Wire,
         product_id: ProductId,
-        generation: Generation,
-        from: i64,
+        from: &GateCount,
         delta: i64,
     ) -> Result<bool, GateError> {
         let call = Call {
@@ -824,8 +823,9 @@ impl Layout {
                 delta.to_string(),
                 self.revocations.clone(),
                 product_id.get().to_string(),
-                from.to_string(),
-                generation.get().to_string(),
+                from.available.to_string(),
+                from.generation.get().to_string(),
+                from.last_hold_id.to_string(),
             ],
         };
         Ok(typed::<i64>("adjust", &w.eval(&call).await?)? == 1)

@@ -41,8 +41,8 @@ use async_trait::async_trait;
 use calls::{Call, Cmd, Layout, Wire};
 use flashsale_app::ports::ErrorKind;
 use flashsale_app::ports::{
-    GateFacts, GateMaintenance, GateState, RebuildPlan, Release, ReleaseOf, Reserve, Restock,
-    StaleHold,
+    GateCount, GateFacts, GateMaintenance, GateState, RebuildPlan, Release, ReleaseOf, Reserve,
+    Restock, StaleHold,
 };
 use flashsale_app::{GateError, StockGate};
 use flashsale_core::{Generation, ProductId, PurchaseRequest, RequestId};
@@ -445,12 +445,11 @@ impl GateMaintenance for RedisGate {
     async fn adjust(
         &self,
         product_id: ProductId,
-        generation: Generation,
-        from: i64,
+        from: &GateCount,
         delta: i64,
     ) -> Result<bool, GateError> {
         self.layout
-            .adjust(self.wire.as_ref(), product_id, generation, from, delta)
+            .adjust(self.wire.as_ref(), product_id, from, delta)
             .await
     }
 

@@ -262,7 +262,8 @@ async fn adding_units_ends_the_lease_and_publishes_a_revocation() {
             .arg(&channel)
             .arg(7)
             .arg(from)
-            .arg(3);
+            .arg(3)
+            .arg(0);
         call
     };
     let code: i64 = adjust(1, -1).invoke_async(&mut conn).await.expect("adjust");
@@ -344,7 +345,12 @@ async fn a_foreign_entry_changes_only_once_adopted() {
         .await
         .expect("restock");
     assert_eq!(restock, Restock::NotLoaded);
-    assert!(!gate.adjust(product, g1, 4, 1).await.expect("adjust"));
+    let at = flashsale_app::ports::GateCount {
+        generation: g1,
+        available: 4,
+        last_hold_id: 0,
+    };
+    assert!(!gate.adjust(product, &at, 1).await.expect("adjust"));
     let after: Vec<(String, String)> = conn.hgetall(&inv).await.expect("HGETALL");
     assert_eq!(before, after, "nothing changed the foreign entry");
     assert!(

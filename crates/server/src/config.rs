@@ -49,6 +49,9 @@ pub struct Config {
     pub recovery_interval: Duration,
     pub gate_watch_interval: Duration,
     pub reconcile_interval: Duration,
+    /// Whether the reconciliation worker repairs the drift it finds (`auto`) or only
+    /// reports it (`report`).
+    pub reconcile_repair: bool,
     /// Every product is audited once per this period, by one instance (None: `off`).
     pub audit_every: Option<Duration>,
     /// When products switch to ledger mode, and back (`flashsale_app::fallback`).
@@ -120,6 +123,9 @@ pub const KEYS: &[(&str, Option<&str>)] = &[
     ("recovery_interval", Some("5s")),
     ("gate_watch_interval", Some("1s")),
     ("reconcile_interval", Some("60s")),
+    // `auto`: a drift seen twice with the gate unchanged in between is repaired, a
+    // bounded number of units a pass, each repair recorded; `report`: logged only.
+    ("reconcile_repair", Some("auto")),
     // A sale's own audit runs when it ends; the daily one catches what no sale's end
     // covers (products without an end, damage between sales) within a day.
     ("audit_every", Some("24h")),
@@ -623,6 +629,11 @@ impl Config {
         let gate_watch_interval = duration(raw.value("gate_watch_interval"))?;
         let reconcile_interval = duration(raw.value("reconcile_interval"))?;
         let audit_every = audit_every(raw.value("audit_every"))?;
+        let reconcile_repair = match raw.value("reconcile_repair") {
+            (_, "auto") => true,
+            (_, "report") => false,
+            (name, _) => return Err(invalid(name, "must be auto or report")),
+        };
         let outbox_pending_max = duration(raw.value("outbox_pending_max"))?;
         let fallback = fallback(raw)?;
         let (name, raw_strategy) = raw.value("strategy");
@@ -713,6 +724,7 @@ impl Config {
             gate_watch_interval,
             reconcile_interval,
             audit_every,
+            reconcile_repair,
             fallback,
             outbox_pending_max,
             strategy,
@@ -1266,7 +1278,8 @@ mod tests {
     }
 
     // Checks the scheduled audit's period: a day by default, `off` turns it off, and a
-    // period out of bounds or unparsable stops startup naming the variable.
+    // period out of bounds or unparsable stops startup naming the variable; and the
+    // reconciliation's repair, `auto` by default, `report` to only log.
     #[test]
     fn audit_every_settings() {
         let c = Config::from_parts(None, &env(&[])).expect("defaults");
@@ -1274,10 +1287,23 @@ mod tests {
         let off = Config::from_parts(None, &env(&[("FLASHSALE_AUDIT_EVERY", "off")]));
         assert_eq!(off.expect("off").audit_every, None);
         let hourly = Config::from_parts(None, &env(&[("FLASHSALE_AUDIT_EVERY", "1h")]));
-        assert_eq!(hourly.expect("1h").audit_every, Some(Duration::from_secs(3600)));
+        assert_eq!(
+            hourly.expect("1h").audit_every,
+            Some(Duration::from_secs(3600))
+        );
+        let c = Config::from_parts(None, &env(&[("FLASHSALE_RECONCILE_REPAIR", "report")]));
+        assert!(!c.expect("report").reconcile_repair);
+        assert!(
+            Config::from_parts(None, &env(&[]))
+                .expect("defaults")
+                .reconcile_repair
+        );
+        let err =
+            Config::from_parts(None, &env(&[("FLASHSALE_RECONCILE_REPAIR", "yes")])).unwrap_err();
+        assert!(err.0.starts_with("FLASHSALE_RECONCILE_REPAIR"), "{err}");
         for value in ["10s", "60d", "daily", "0s"] {
-            let err = Config::from_parts(None, &env(&[("FLASHSALE_AUDIT_EVERY", value)]))
-                .unwrap_err();
+            let err =
+                Config::from_parts(None, &env(&[("FLASHSALE_AUDIT_EVERY", value)])).unwrap_err();
             assert!(err.0.starts_with("FLASHSALE_AUDIT_EVERY"), "{value}: {err}");
         }
     }

@@ -338,9 +338,12 @@ mod tests {
             redis_available: Some(10 + drift),
             redis_generation: flashsale_core::Generation::from_stored(1),
             expected_available: 10,
+            last_hold_id: 0,
             drift,
             in_flight_units: 0,
             repaired,
+            live_units: 0,
+            total: 10,
         };
         assert!(!drift_left(&r(0, false)));
         assert!(!drift_left(&r(2, true)));

@@ -9,7 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flashsale_app::{Fallback, Maintenance, Metrics};
+use flashsale_app::{Fallback, Maintenance, Metrics, Repair, REPAIR_SETTLE, REPAIR_UNITS_PER_PASS};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -84,6 +84,12 @@ impl Workers {
             },
         ));
         let (m, k) = (maintenance.clone(), metrics.clone());
+        // Repairs what two looks agree on, a bounded number of units a pass
+        // (`flashsale_app::maintenance::reconcile`), unless set to report only.
+        let repair = match config.reconcile_repair {
+            true => Repair::UpTo(REPAIR_UNITS_PER_PASS),
+            false => Repair::Off,
+        };
         let reconcile = tokio::spawn(run(
             "reconcile",
             config.reconcile_interval,
@@ -92,9 +98,8 @@ impl Workers {
             metrics.clone(),
             move || {
                 let (m, k) = (m.clone(), k.clone());
-                // Report only (see Maintenance::reconcile_all), so no settle pause.
                 async move {
-                    k.reconciled(&m.reconcile_all(false, Duration::ZERO).await?);
+                    k.reconciled(&m.reconcile_all(repair, REPAIR_SETTLE).await?);
                     Ok(false)
                 }
             },

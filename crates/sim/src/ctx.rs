@@ -87,6 +87,8 @@ pub struct Stats {
     pub wipes: u64,
     pub rebuilds: u64,
     pub clock_jumps: u64,
+    /// Counts in Redis moved behind the service's back (`Chaos::drift`).
+    pub drifts: u64,
     pub outages: u64,
     pub purchases_ok: u64,
     pub purchases_refused: u64,
@@ -119,6 +121,7 @@ impl Stats {
         self.wipes += o.wipes;
         self.rebuilds += o.rebuilds;
         self.clock_jumps += o.clock_jumps;
+        self.drifts += o.drifts;
         self.outages += o.outages;
         self.purchases_ok += o.purchases_ok;
         self.purchases_refused += o.purchases_refused;

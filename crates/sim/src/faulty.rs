@@ -19,10 +19,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use flashsale_app::ports::{
     Applied, AuditClaim, AuditSchedule, CancelAttempt, Commit, CreateProduct, ErrorKind,
-    ExpiredOrder, Fence, GateFacts, GateMaintenance, GateState, Incident, IncidentClosing, Leave,
-    LedgerFacts, LedgerMaintenance, ModeSwitch, Outbox, PayAttempt, PendingRestock, PendingReturn,
-    PortError, RebuildPlan, RecordRestock, Release, ReleaseOf, Reserve, Restock, StaleHold,
-    StatsStore, Watermark,
+    ExpiredOrder, Fence, GateCount, GateFacts, GateMaintenance, GateState, Incident,
+    IncidentClosing, Leave, LedgerFacts, LedgerMaintenance, ModeSwitch, Outbox, PayAttempt,
+    PendingRestock, PendingReturn, PortError, RebuildPlan, RecordRestock, Release, ReleaseOf,
+    Reserve, Restock, StaleHold, StatsStore, StockRepair, Watermark,
 };
 use flashsale_app::{
     EventType, GateError, Ledger, LedgerError, Order, OutboxMessage, Product, PurchaseRecord,
@@ -264,16 +264,15 @@ impl GateMaintenance for FaultyGate {
     async fn adjust(
         &self,
         product_id: ProductId,
-        generation: Generation,
-        from: i64,
+        from: &GateCount,
         delta: i64,
     ) -> Result<bool, GateError> {
         through(
             &self.ctx,
             Port::Gate,
             "gate.adjust",
-            || format!("p{product_id} g{} {from} {delta:+}", generation.get()),
-            || self.inner.adjust(product_id, generation, from, delta),
+            || format!("p{product_id} {from:?} {delta:+}"),
+            || self.inner.adjust(product_id, from, delta),
         )
         .await
     }
@@ -788,6 +787,17 @@ impl LedgerMaintenance for FaultyLedger {
 
     async fn audit_violations_within(&self, window: Duration) -> Result<i64, LedgerError> {
         through(
+    async fn record_repair(&self, repair: &StockRepair) -> Result<(), LedgerError> {
+        through(
+            &self.ctx,
+            Port::Ledger,
+            "ledger.record_repair",
+            || format!("{repair:?}"),
+            || self.inner.record_repair(repair),
+        )
+        .await
+    }
+
             &self.ctx,
             Port::Ledger,
             "ledger.audit_violations_within",

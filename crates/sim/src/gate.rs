@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 use chrono::TimeDelta;
 use flashsale_app::ports::{
-    GateFacts, GateMaintenance, GateState, LeaseListener, RebuildPlan, Release, ReleaseOf, Reserve,
-    Restock, StaleHold,
+    GateCount, GateFacts, GateMaintenance, GateState, LeaseListener, RebuildPlan, Release,
+    ReleaseOf, Reserve, Restock, StaleHold,
 };
 use flashsale_app::{GateError, StockGate};
 use flashsale_core::{Generation, ProductId, PurchaseRequest, RequestId};
@@ -255,6 +255,24 @@ impl MemGate {
         self.resubscribe();
     }
 
+    /// Moves a product's available count by `by` behind the service's back (a drift for
+    /// reconciliation to find); nothing when it has no entry.
+    pub fn bump_available(&self, product_id: i64, by: i64) {
+        let Ok(product) = ProductId::parse(product_id) else {
+            return;
+        };
+        let key = self.layout.key(product, "inv");
+        if self.peek_available(product_id).is_some() {
+            let args = [
+                "HINCRBY".to_owned(),
+                key,
+                "avail".to_owned(),
+                by.to_string(),
+            ];
+            let _ = lock(&self.redis).command(self.now_ms(), &args);
+        }
+    }
+
     /// A copy of the keyspace, to come back to after a failover that loses later writes.
     pub fn snapshot(&self) -> GateSnapshot {
         lock(&self.redis).snapshot()
@@ -475,12 +493,11 @@ impl GateMaintenance for MemGate {
     async fn adjust(
         &self,
         product_id: ProductId,
-        generation: Generation,
-        from: i64,
+        from: &GateCount,
         delta: i64,
     ) -> Result<bool, GateError> {
         self.layout
-            .adjust(&self.conn(), product_id, generation, from, delta)
+            .adjust(&self.conn(), product_id, from, delta)
             .await
     }
 

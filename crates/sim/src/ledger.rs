@@ -31,7 +31,7 @@ use flashsale_app::ports::{
     Applied, AuditClaim, AuditSchedule, CancelAttempt, Commit, CreateProduct, ExpiredOrder, Fence,
     Incident, IncidentClosed, IncidentClosing, Leave, LedgerFacts, LedgerMaintenance, ModeSwitch,
     Outbox, PayAttempt, PendingRestock, PendingReturn, RebuildPlan, RecordRestock, ReleaseOf,
-    StatsStore, Watermark, AUDIT_RUNS_KEPT,
+    StatsStore, StockRepair, Watermark, AUDIT_RUNS_KEPT,
 };
 use flashsale_app::{
     Event, EventType, Ledger, LedgerError, Order, OutboxMessage, Product, PurchaseOutcome,
@@ -277,6 +277,8 @@ struct Tables {
 }
 
 /// One purchase queued for a group commit (`group::Purchase` in `MysqlLedger`).
+    /// `stock_repair`, oldest first.
+    repairs: Vec<StockRepair>,
 struct Queued {
     request: PurchaseRequest,
     hold: HoldRef,
@@ -2204,6 +2206,11 @@ impl LedgerMaintenance for MemLedger {
         let p = product_id.get();
         // The counters and the units in one step, as the adapter reads them in one
         // statement.
+    async fn record_repair(&self, repair: &StockRepair) -> Result<(), LedgerError> {
+        self.lock().repairs.push(repair.clone());
+        Ok(())
+    }
+
         let now = self.now();
         let (counters, (pending, paid, overdue)) = {
             let t = self.lock();

@@ -49,7 +49,7 @@ use flashsale_app::ports::{EventBus, Outbox, StatsStore};
 use flashsale_app::ports::{GateFacts, GateMaintenance, LedgerMaintenance, StockGate};
 use flashsale_app::{
     Clock, Consume, Error, Fallback, Flashsale, Ledger, Maintenance, MaintenanceSettings,
-    RecoveryReport, Relay, Settings, StatsDelta,
+    RecoveryReport, Relay, Repair, Settings, StatsDelta, REPAIR_UNITS_PER_PASS,
 };
 use flashsale_core::{
     NewProduct, OrderId, OrderStatus, ProductId, PurchaseRequest, Quantity, RequestId, SaleWindow,
@@ -235,6 +235,8 @@ struct World {
     wiped: Cell<bool>,
     /// The long Redis outage (`Chaos::redis_down`) has begun.
     redis_down_begun: Cell<bool>,
+    /// The drift (`Chaos::drift`) has been made.
+    drifted: Cell<bool>,
 }
 
 impl World {
@@ -423,6 +425,7 @@ impl World {
             }
         }
         self.redis_down(step);
+        self.drift(step);
         let outage = self.sc.faults.outage;
         if self.ctx.chance(outage) {
             let steps = 50 + self.ctx.below(450);
@@ -441,6 +444,28 @@ impl World {
             self.ctx
                 .trace(|| format!("{which} unreachable for {steps} steps"));
         }
+    }
+
+    /// The drift: at its step, one product's count in Redis moves behind the service's
+    /// back, once.
+    fn drift(&self, step: u64) {
+        let Some((at, by)) = self.sc.chaos.drift else {
+            return;
+        };
+        if step < at || self.drifted.get() {
+            return;
+        }
+        self.drifted.set(true);
+        let Some(first) = self.sc.products.first() else {
+            return;
+        };
+        let pick = self.ctx.below(self.sc.products.len() as u64) as usize;
+        let product = self.sc.products.get(pick).unwrap_or(first).id.get();
+        self.gate.bump_available(product, by);
+        self.ctx.lock().stats.drifts += 1;
+        self.ctx.trace(|| {
+            format!("REDIS's count of product {product} moves by {by} behind the service")
+        });
     }
 
     /// The long Redis outage: unreachable from its step until its time has passed, then
@@ -807,24 +832,23 @@ async fn worker(w: Rc<World>, i: usize, kind: WorkerKind) {
                 WorkerKind::Expiry => m.expire_once().await.map(|n| format!("expired {n}")),
                 WorkerKind::Recovery => m.recover_once().await.map(|r| format!("{r:?}")),
                 WorkerKind::Watch => m.watch_once().await.map(|n| format!("rebuilt {n}")),
-                // The periodic reconciliation worker, as the service runs it: report
-                // only (its Redis read is not atomic; see Maintenance::reconcile_all).
-                WorkerKind::Reconcile => {
-                    m.reconcile_all(false, RECONCILE_SETTLE)
-                        .await
-                        .map(|drifts| {
-                            drifts
-                                .iter()
-                                .map(|r| {
-                                    format!(
-                                        "p{} drift {} repaired {}",
-                                        r.product_id, r.drift, r.repaired
-                                    )
-                                })
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        })
-                }
+                // The periodic reconciliation worker, as the service runs it: repairing
+                // what two looks agree on, a bounded number of units a pass.
+                WorkerKind::Reconcile => m
+                    .reconcile_all(Repair::UpTo(REPAIR_UNITS_PER_PASS), RECONCILE_SETTLE)
+                    .await
+                    .map(|drifts| {
+                        drifts
+                            .iter()
+                            .map(|r| {
+                                format!(
+                                    "p{} drift {} repaired {}",
+                                    r.product_id, r.drift, r.repaired
+                                )
+                            })
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    }),
                 WorkerKind::Relay => relay
                     .relay_once(batch)
                     .await
@@ -898,16 +922,23 @@ async fn drain(w: Rc<World>) {
     let (Some(m), Some(relay), Some(consume)) = (w.maint(0), w.relay(0), w.consume(0)) else {
         return;
     };
+    // Reconciliation repairs a drift the sale left (only where its workers run, as in the
+    // sale: elsewhere a drift is the final audit's to find).
+    let repair = match w.sc.reconcile {
+        true => Repair::UpTo(REPAIR_UNITS_PER_PASS),
+        false => Repair::Off,
+    };
     for _ in 0..DRAIN_PASSES_MAX {
         let watched = m.watch_once().await;
         let expired = m.expire_once().await;
         let recovered = m.recover_once().await;
+        let reconciled = m.reconcile_all(repair, RECONCILE_SETTLE).await;
         let relayed = relay.relay_once(w.sc.batch_size).await;
         let consumed = consume_some(&w, &consume, DRAIN_CONSUME_MAX).await;
         w.ctx.trace(|| {
             format!(
                 "drain: watch {watched:?}, expire {expired:?}, recover {recovered:?}, \
-                 relay {relayed:?}, consume {consumed:?}"
+                 reconcile {reconciled:?}, relay {relayed:?}, consume {consumed:?}"
             )
         });
         let unsent = w.ledger.unsent_count();
@@ -924,7 +955,10 @@ async fn drain(w: Rc<World>) {
                             ..RecoveryReport::default()
                         })
         };
+        // A drift found and repaired this pass: the next one must find none.
+        let repaired = matches!(&reconciled, Ok(d) if d.iter().any(|r| r.repaired));
         if matches!(watched, Ok(0))
+            && !repaired
             && matches!(expired, Ok(0))
             && matches!(&recovered, Ok(r) if recovery_settled(r))
             && matches!(relayed, Ok(0))
@@ -1056,6 +1090,7 @@ pub fn run(opts: &Options, rt: &tokio::runtime::Runtime) -> Outcome {
         snapshot_taken: Cell::new(false),
         wiped: Cell::new(false),
         redis_down_begun: Cell::new(false),
+        drifted: Cell::new(false),
     });
     let instances: Vec<Instance> = (0..w.sc.instances).map(|i| w.new_instance(i)).collect();
     *w.instances.borrow_mut() = instances;

@@ -72,6 +72,11 @@ pub struct RestockSpec {
     pub arrive: u64,
 }
 
+/// Share of the runs whose Redis count of a product drifts (`Chaos::drift`).
+const DRIFT_SHARE: f64 = 0.25;
+/// Most units a drift moves a count by: a few, as a bad edit or a lost write would.
+const DRIFT_UNITS_MAX: i64 = 4;
+
 /// The chaos outside the calls: per-step chances and scheduled events.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Chaos {
@@ -96,6 +101,10 @@ pub struct Chaos {
     /// being bought to switch to ledger mode, and early enough for the sale to go on
     /// there (and, in some, to come back before it ends).
     pub redis_down: Option<RedisDown>,
+    /// At this step a product's count in Redis moves by this many units behind the
+    /// service's back (a bad manual edit, a lost write): the reconciliation workers must
+    /// repair it, during the sale or once it is over, with every invariant kept.
+    pub drift: Option<(u64, i64)>,
 }
 
 /// Redis unreachable from a step for a while of true time (the fallback's hysteresis is
@@ -350,6 +359,7 @@ impl Scenario {
             wipe_at,
             rollback,
             redis_down: None,
+            drift: None,
         };
         let skew = |rng: &mut StdRng| {
             let ms = pick(rng, &[0, 0, 0, 500, 3_000, 3_600_000]);
@@ -394,6 +404,12 @@ impl Scenario {
             for_ms: modes.random_range(REDIS_DOWN_MS),
             empty: modes.random_bool(0.3),
         });
+        // Drawn last from the same stream: the draws before it stay what they were.
+        sc.chaos.drift = (!calm && modes.random_bool(DRIFT_SHARE)).then(|| {
+            let by = modes.random_range(1..=DRIFT_UNITS_MAX);
+            let by = if modes.random_bool(0.5) { by } else { -by };
+            (modes.random_range(20..1200), by)
+        });
         if !features.wipe {
             sc.chaos.wipe_at = None;
         }
@@ -410,6 +426,11 @@ impl Scenario {
             sc.chaos.redis_down = None;
         }
         sc.reconcile &= features.reconcile;
+        // Only the reconciliation workers repair a drift: without them it is no fault the
+        // service claims to survive.
+        if !sc.reconcile {
+            sc.chaos.drift = None;
+        }
         sc.late_replays &= features.late_replays;
         if !features.misuse {
             for intent in &mut sc.intents {

@@ -228,13 +228,18 @@ fn release_returns_units_once() {
 fn adjust_wipe_and_rebuild() {
     let ctx = ctx();
     let g = gate(&ctx);
+    let at = |available| flashsale_app::ports::GateCount {
+        generation: gen(1),
+        available,
+        last_hold_id: 0,
+    };
     assert!(
-        !now(g.adjust(p1(), gen(1), 0, 1)).expect("adjust"),
+        !now(g.adjust(p1(), &at(0), 1)).expect("adjust"),
         "no count to adjust"
     );
     now(g.load(p1(), 2, gen(1))).expect("load");
-    assert!(!now(g.adjust(p1(), gen(1), 2, -3)).expect("adjust"));
-    assert!(now(g.adjust(p1(), gen(1), 2, -2)).expect("adjust"));
+    assert!(!now(g.adjust(p1(), &at(2), -3)).expect("adjust"));
+    assert!(now(g.adjust(p1(), &at(2), -2)).expect("adjust"));
     g.wipe();
     assert_eq!(
         now(g.reserve(&request("A", 1, 1), None)).expect("reserve"),

@@ -482,7 +482,7 @@ async fn workers_walk_every_loaded_product_page_by_page() {
 
     app.bump_entry(2703, "avail", 2).await;
     let drifted = m
-        .reconcile_all(false, Duration::ZERO)
+        .reconcile_all(flashsale_app::Repair::Off, Duration::ZERO)
         .await
         .expect("reconcile");
     let found: Vec<(i64, i64)> = drifted
@@ -775,5 +775,104 @@ async fn committed_holds_leave_the_pending_index_early() {
         || async { index().await == ["ORPHAN"] },
     )
     .await;
+    app.cleanup().await;
+}
+
+// Checks the reconciliation worker's own repair during a flood (FLASHSALE_RECONCILE_REPAIR
+// =auto, the default): Redis's count of one product is pushed up by 5 and another's down
+// by 5 while buyers flood a third product. How: passes of the worker's reconciliation
+// (a bounded number of units, two looks REPAIR_SETTLE apart) run beside the flood; both
+// drifts are repaired within two passes, each repair recorded in `stock_repair` with the
+// counts before and after and counted by `flashsale_reconcile_repairs_total`; a third
+// pass finds nothing; the flood's orders never exceed its stock, and the invariants and
+// the audit are clean on all three products.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn drift_is_repaired_during_a_flood_within_two_passes() {
+    use flashsale_app::{Repair, REPAIR_SETTLE, REPAIR_UNITS_PER_PASS};
+    let app = TestApp::spawn_with(Default::default(), FAST_RECOVERY).await;
+    for (id, stock) in [(2801, 20), (2802, 20), (2803, 1_000)] {
+        app.create_product(id, stock, None).await;
+    }
+    for (id, n) in [(2801, 4), (2802, 6)] {
+        for i in 0..n {
+            let (s, b) = app.purchase(&format!("rep-{id}-{i}"), 100 + i, id, 1).await;
+            assert_eq!(s, StatusCode::CREATED, "{b}");
+        }
+    }
+    app.bump_entry(2801, "avail", 5).await;
+    app.bump_entry(2802, "avail", -5).await;
+    let flooding = std::sync::atomic::AtomicBool::new(true);
+    let flood = async {
+        let mut orders = 0;
+        let mut n = 0;
+        while flooding.load(std::sync::atomic::Ordering::SeqCst) {
+            let batch = (0..16).map(|k| {
+                let app = &app;
+                async move {
+                    let id = format!("flood-{n}-{k}");
+                    app.purchase_until_known(&id, 1_000 + n * 16 + k, 2803, 1)
+                        .await
+                }
+            });
+            for (status, _, _) in futures::future::join_all(batch).await {
+                orders += i64::from(status == StatusCode::CREATED);
+            }
+            n += 1;
+        }
+        orders
+    };
+    let repairs = async {
+        let mut passes = Vec::new();
+        for _ in 0..2 {
+            let pass = app
+                .maintenance
+                .reconcile_all(Repair::UpTo(REPAIR_UNITS_PER_PASS), REPAIR_SETTLE)
+                .await
+                .expect("pass");
+            passes.push(pass);
+        }
+        flooding.store(false, std::sync::atomic::Ordering::SeqCst);
+        passes
+    };
+    let (orders, passes) = tokio::join!(flood, repairs);
+    let repaired: Vec<i64> = passes
+        .iter()
+        .flatten()
+        .filter(|r| r.repaired)
+        .map(|r| r.product_id.get())
+        .collect();
+    assert!(
+        repaired.contains(&2801) && repaired.contains(&2802),
+        "both repaired within two passes: {passes:?}"
+    );
+    assert_eq!(app.redis_available(2801).await, Some(16), "20 - 4 orders");
+    assert_eq!(app.redis_available(2802).await, Some(14), "20 - 6 orders");
+    let rows: Vec<(i64, i64, i64)> = sqlx::query_as(
+        "SELECT product_id, redis_before, redis_after FROM stock_repair ORDER BY product_id",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .expect("repairs");
+    assert_eq!(rows, vec![(2801, 21, 16), (2802, 9, 14)]);
+    let (text, _) = app.scrape_metrics().await;
+    assert!(
+        text.lines()
+            .any(|l| l == "flashsale_reconcile_repairs_total 2"),
+        "counted"
+    );
+    let again = app
+        .maintenance
+        .reconcile_all(Repair::UpTo(REPAIR_UNITS_PER_PASS), REPAIR_SETTLE)
+        .await
+        .expect("pass");
+    assert!(again.is_empty(), "{again:?}");
+    assert!(
+        orders > 0 && orders <= 1_000,
+        "{orders} orders of 1,000 units"
+    );
+    for id in [2801, 2802, 2803] {
+        invariants::assert_ok(&app, id).await;
+        invariants::assert_audit_clean(&app, id).await;
+    }
     app.cleanup().await;
 }
