@@ -297,8 +297,6 @@ impl Metrics {
                 "Units of that drift, summed over products (absolute values)",
                 Gauge::default(),
             ),
-            events_published: registered(
-                &mut registry,
             repairs: registered(
                 &mut registry,
                 "reconcile_repairs",
@@ -311,6 +309,8 @@ impl Metrics {
                 "Units those repairs added to or took from the counts (absolute values)",
                 Counter::default(),
             ),
+            events_published: registered(
+                &mut registry,
                 "events_published",
                 "Outbox events published to NATS JetStream and marked sent by this instance's relay",
                 Counter::default(),
@@ -509,6 +509,12 @@ impl Metrics {
         self.gate_rebuilds.inc_by(n as u64);
     }
 
+    /// A repair reconciliation made: `delta` units added to (or taken from) a count.
+    pub fn stock_repaired(&self, delta: i64) {
+        self.repairs.inc();
+        self.units_repaired.inc_by(delta.unsigned_abs());
+    }
+
     /// The drifts the last reconciliation pass found (an empty list: none).
     pub fn reconciled(&self, drifted: &[Reconciliation]) {
         self.drift_products.set(drifted.len() as i64);
@@ -523,12 +529,6 @@ impl Metrics {
     pub fn relay_failed(&self) {
         self.relay_failures.inc();
     }
-    /// A repair reconciliation made: `delta` units added to (or taken from) a count.
-    pub fn stock_repaired(&self, delta: i64) {
-        self.repairs.inc();
-        self.units_repaired.inc_by(delta.unsigned_abs());
-    }
-
 
     pub fn events_applied(&self, n: usize) {
         self.events_applied.inc_by(n as u64);
@@ -870,6 +870,7 @@ mod tests {
         });
         m.events_published(5);
         m.reconciled(&[]);
+        m.stock_repaired(-5);
         let text = m.encode();
         for line in [
             r#"flashsale_http_responses_total{endpoint="purchase",outcome="sold_out"} 2"#,
@@ -899,7 +900,6 @@ mod tests {
     fn every_outcome_of_every_endpoint_has_its_own_series() {
         let m = Metrics::new();
         let mut n = 0;
-        m.stock_repaired(-5);
         for endpoint in ENDPOINTS {
             for outcome in Outcome::ALL {
                 n += 1;

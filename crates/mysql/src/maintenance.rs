@@ -659,6 +659,10 @@ impl LedgerMaintenance for MysqlLedger {
         self.audit_violations_in(window).await
     }
 
+    async fn record_repair(&self, repair: &StockRepair) -> Result<(), LedgerError> {
+        self.record_repair_at(repair).await
+    }
+
     fn writer(&self) -> Option<String> {
         Some(self.writer_addr())
     }
@@ -670,10 +674,6 @@ fn no_inventory(product_id: ProductId) -> LedgerError {
 
 /// A product's inventory row, locked for the rest of the transaction.
 struct Locked {
-    async fn record_repair(&self, repair: &StockRepair) -> Result<(), LedgerError> {
-        self.record_repair_at(repair).await
-    }
-
     generation: Generation,
     available: i64,
     mode: StockMode,

@@ -785,8 +785,6 @@ impl LedgerMaintenance for FaultyLedger {
         .await
     }
 
-    async fn audit_violations_within(&self, window: Duration) -> Result<i64, LedgerError> {
-        through(
     async fn record_repair(&self, repair: &StockRepair) -> Result<(), LedgerError> {
         through(
             &self.ctx,
@@ -798,6 +796,8 @@ impl LedgerMaintenance for FaultyLedger {
         .await
     }
 
+    async fn audit_violations_within(&self, window: Duration) -> Result<i64, LedgerError> {
+        through(
             &self.ctx,
             Port::Ledger,
             "ledger.audit_violations_within",

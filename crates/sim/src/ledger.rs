@@ -267,6 +267,8 @@ struct Tables {
     incidents: BTreeMap<(String, String), IncidentRow>,
     /// `audit_run`, oldest first, at most `AUDIT_RUNS_KEPT`.
     audits: std::collections::VecDeque<flashsale_app::ports::AuditRun>,
+    /// `stock_repair`, oldest first.
+    repairs: Vec<StockRepair>,
     /// The last `recovery_incident.id` handed out.
     next_incident_id: i64,
     /// `audit_schedule`: (kind, scope) → the claim.
@@ -277,8 +279,6 @@ struct Tables {
 }
 
 /// One purchase queued for a group commit (`group::Purchase` in `MysqlLedger`).
-    /// `stock_repair`, oldest first.
-    repairs: Vec<StockRepair>,
 struct Queued {
     request: PurchaseRequest,
     hold: HoldRef,
@@ -2188,6 +2188,11 @@ impl LedgerMaintenance for MemLedger {
         Ok(())
     }
 
+    async fn record_repair(&self, repair: &StockRepair) -> Result<(), LedgerError> {
+        self.lock().repairs.push(repair.clone());
+        Ok(())
+    }
+
     async fn audit_violations_within(&self, window: Duration) -> Result<i64, LedgerError> {
         let since = self.now() - delta(window);
         let t = self.lock();
@@ -2206,11 +2211,6 @@ impl LedgerMaintenance for MemLedger {
         let p = product_id.get();
         // The counters and the units in one step, as the adapter reads them in one
         // statement.
-    async fn record_repair(&self, repair: &StockRepair) -> Result<(), LedgerError> {
-        self.lock().repairs.push(repair.clone());
-        Ok(())
-    }
-
         let now = self.now();
         let (counters, (pending, paid, overdue)) = {
             let t = self.lock();
