@@ -90,6 +90,7 @@ impl Dashboard {
             history_max: HISTORY_MAX,
             stores: StoresJson::from(view.as_ref()),
             outbox_unsent: view.outbox_unsent,
+            outbox_parked: view.outbox_parked,
             incidents: IncidentsJson {
                 open: view.open_incidents,
                 recorded_here: self.metrics.incidents_recorded(),
@@ -143,6 +144,10 @@ pub struct DashboardJson {
     /// Events waiting in the outbox to be published; null: MariaDB did not answer.
     #[schema(required = true, minimum = 0)]
     pub outbox_unsent: Option<u64>,
+    /// Events of outbox rows the relay parked (the broker refused them for good: an
+    /// operator's to retry, `flashsale events parked`); null: MariaDB did not answer.
+    #[schema(required = true, minimum = 0)]
+    pub outbox_parked: Option<u64>,
     pub incidents: IncidentsJson,
     /// The audits recorded by `flashsale audit`; null: MariaDB did not answer.
     #[schema(required = true)]

@@ -301,6 +301,19 @@ pub fn check(
         ledger.unsent_oldest,
         bounds.outbox,
     );
+    // A parked row's events reached no consumer and will not without a person: the
+    // broker refused them for good. A violation, not a pending finding, however recent.
+    if ledger.parked_events > 0 {
+        f.violation(
+            "I7",
+            format!(
+                "{} outbox events are parked: the broker refused them for good \
+                 (flashsale events parked list)",
+                ledger.parked_events
+            ),
+            vec![],
+        );
+    }
 
     AuditReport {
         product_id,
@@ -538,6 +551,7 @@ mod tests {
             log_mismatches: vec![],
             unsent_events: 0,
             unsent_oldest: Duration::ZERO,
+            parked_events: 0,
         };
         (gate, ledger)
     }
@@ -655,6 +669,10 @@ mod tests {
         l.unsent_events = 3;
         l.unsent_oldest = BOUNDS.outbox;
         assert_eq!(broken(&g, &l), vec!["I7"]);
+
+        let (g, mut l) = quiet();
+        l.parked_events = 1;
+        assert_eq!(broken(&g, &l), vec!["I7"], "a parked event");
 
         let (g, mut l) = quiet();
         l.pending_units = 20;

@@ -109,6 +109,9 @@ pub struct OutboxMessage {
     pub payload: String,
     /// Failed publish attempts so far.
     pub attempts: u32,
+    /// Of those, the last ones in a row that the broker refused for good (the message
+    /// itself: too large): the relay parks the row after `PARK_AFTER_REFUSALS`.
+    pub refusals: u32,
     /// An earlier event of the same request_id is unsent and not held by this relay (another
     /// relay has it): this one, and the later ones of its request_id, must wait.
     pub blocked: bool,

@@ -43,5 +43,5 @@ pub mod relay;
 
 pub use consume::{Consume, DeadReason, Settle, StatsDelta};
 pub use events::{Event, EventType, OutboxMessage};
-pub use ports::{Applied, BusError, EventBus, Outbox, StatsStore};
+pub use ports::{Applied, BusError, EventBus, Outbox, ParkedRow, PublishFailure, StatsStore};
 pub use relay::{Relay, RelayError};

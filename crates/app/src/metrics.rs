@@ -208,9 +208,11 @@ pub struct Metrics {
     events_applied: Counter,
     consumer_failures: Counter,
     dead_lettered: Family<ReasonLabels, Counter>,
+    outbox_parked_rows: Counter,
     store_errors: Family<StoreErrorLabels, Counter>,
     store_up: Family<StoreLabels, Gauge>,
     outbox_unsent: Gauge,
+    outbox_parked: Gauge,
     stock: Family<StockLabels, Gauge>,
     ledger_mode: Family<ProductLabels, Gauge>,
     ledger_writer: Family<NodeLabels, Gauge>,
@@ -339,6 +341,12 @@ impl Metrics {
                 "Messages the sales-statistics consumer moved to the dead-letter stream, by reason: refused (the statistics store refused them at their last allowed delivery, FLASHSALE_EVENTS_MAX_DELIVER) or undecodable (at once)",
                 Family::default(),
             ),
+            outbox_parked_rows: registered(
+                &mut registry,
+                "outbox_parked",
+                "Outbox rows this instance's relay parked: the broker refused them for good (too large) each time it was offered them, so they left the unsent events for an operator (flashsale events parked)",
+                Counter::default(),
+            ),
             store_errors: registered(
                 &mut registry,
                 "store_errors",
@@ -355,6 +363,12 @@ impl Metrics {
                 &mut registry,
                 "outbox_unsent",
                 "Events waiting in the outbox to be published, when the metrics were read (-1: MariaDB did not answer)",
+                Gauge::default(),
+            ),
+            outbox_parked: registered(
+                &mut registry,
+                "outbox_parked_events",
+                "Events of parked outbox rows (the broker refused them for good; an operator's to retry), when the metrics were read (-1: MariaDB did not answer)",
                 Gauge::default(),
             ),
             stock: registered(
@@ -547,6 +561,11 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts outbox rows the relay parked.
+    pub fn outbox_parked(&self, rows: usize) {
+        self.outbox_parked_rows.inc_by(rows as u64);
+    }
+
     /// Counts one store error by store (`redis`, `mariadb`, `nats`) and kind.
     pub fn store_failed(&self, store: &'static str, kind: ErrorKind) {
         self.store_errors
@@ -617,6 +636,9 @@ pub struct StoreView {
     pub mariadb_up: bool,
     /// Events waiting in the outbox (None: not read, or no outbox).
     pub outbox_unsent: Option<u64>,
+    /// Events of parked outbox rows: refused by the broker for good, an operator's to
+    /// retry (None: not read, or no outbox).
+    pub outbox_parked: Option<u64>,
     /// Recovery incidents open in the ledger (None: not read).
     pub open_incidents: Option<i64>,
     /// The last audit's verdict: None not read, Some(None) no audit recorded yet.
@@ -757,6 +779,13 @@ impl Monitor {
             m.outbox_unsent
                 .set(unsent.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX)));
             view.outbox_unsent = unsent;
+            let parked = match mariadb_up {
+                true => bounded(deadline, outbox.parked_events()).await,
+                false => None,
+            };
+            m.outbox_parked
+                .set(parked.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX)));
+            view.outbox_parked = parked;
         }
         if mariadb_up {
             // For the page only (alerting has flashsale_recovery_incidents_total and the
@@ -1038,11 +1067,13 @@ mod tests {
         m.events_applied(1);
         m.consumer_failed();
         m.event_dead_lettered(crate::consume::DeadReason::Refused);
+        m.outbox_parked(1);
         m.store_failed("redis", ErrorKind::TimedOut);
         m.store_up
             .get_or_create(&StoreLabels { store: "redis" })
             .set(1);
         m.outbox_unsent.set(0);
+        m.outbox_parked.set(0);
         m.stock
             .get_or_create(&StockLabels {
                 product_id: "1".into(),
@@ -1071,13 +1102,13 @@ mod tests {
     // "Health") name only series
     // that exist: every `flashsale_…` word in them is the name of a sample the metrics
     // encode to (a counter's with its `_total`, a gauge's bare) or a histogram's family
-    // name, all 28 families touched.
+    // name, all 30 families touched.
     #[test]
     fn alert_rules_name_real_metrics() {
         let text = all_touched().encode();
         let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
         assert_eq!(
-            families, 28,
+            families, 30,
             "every family registered in Metrics::new:\n{text}"
         );
         // A histogram is named by its family (its samples add _bucket, _sum, _count).

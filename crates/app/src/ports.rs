@@ -1154,6 +1154,9 @@ pub struct LedgerFacts {
     /// the oldest (database clock).
     pub unsent_events: i64,
     pub unsent_oldest: Duration,
+    /// Events of the product's parked outbox rows: the broker refused them for good, and
+    /// no consumer has them.
+    pub parked_events: i64,
     /// Open recovery incidents.
     pub open_incidents: i64,
 }
@@ -1187,13 +1190,31 @@ pub trait Outbox: Send + Sync + 'static {
     /// Marks rows as published (the broker stored every event of them). Idempotent.
     async fn mark_sent(&self, ids: &[i64]) -> Result<(), LedgerError>;
 
-    /// Records failed publish attempts (row id, error) and ends `relay`'s leases on all the
-    /// unsent rows it holds (or on the outbox), so they can be claimed again at once. The
-    /// relay calls it at the end of every round that held rows. An adapter that leases
-    /// the whole outbox may keep that lease when the round had no failure and its claim
-    /// took a full batch (the relay goes on at once, so the lease would only change hands
-    /// between its rounds); [`Outbox::let_go`] ends it.
-    async fn give_back(&self, relay: &str, failed: &[(i64, String)]) -> Result<(), LedgerError>;
+    /// Records failed publish attempts (each row's error, and whether the broker refused
+    /// the message itself: its refusals in a row, which any other failure sets back to
+    /// none) and ends `relay`'s leases on all the unsent rows it holds (or on the
+    /// outbox), so they can be claimed again at once. The relay calls it at the end of
+    /// every round that held rows. An adapter that leases the whole outbox may keep that
+    /// lease when the round had no failure and its claim took a full batch (the relay
+    /// goes on at once, so the lease would only change hands between its rounds);
+    /// [`Outbox::let_go`] ends it.
+    async fn give_back(&self, relay: &str, failed: &[PublishFailure]) -> Result<(), LedgerError>;
+
+    /// Parks rows the broker refused for good (row id, its last refusal): each leaves the
+    /// unsent events (no claim returns it again, the rows behind it go on) and is kept
+    /// with the reason for an operator. A row not unsent (sent, or parked before) is left
+    /// as it is.
+    async fn park(&self, rows: &[(i64, String)]) -> Result<(), LedgerError>;
+
+    /// The parked rows, oldest first, at most `limit`.
+    async fn parked(&self, limit: usize) -> Result<Vec<ParkedRow>, LedgerError>;
+
+    /// How many events the parked rows hold.
+    async fn parked_events(&self) -> Result<u64, LedgerError>;
+
+    /// Puts parked rows back among the unsent, with no refusal counted, to be published by
+    /// the next rounds; returns how many were parked. Ids not parked are passed over.
+    async fn unpark(&self, ids: &[i64]) -> Result<usize, LedgerError>;
 
     /// Ends any lease `relay` still holds: the relay calls it when it stops, so that
     /// another instance's relay takes over at once rather than when the lease runs out.
@@ -1201,6 +1222,35 @@ pub trait Outbox: Send + Sync + 'static {
 
     /// How many events are not yet published.
     async fn unsent(&self) -> Result<u64, LedgerError>;
+}
+
+/// A publish of an outbox row that failed, as the relay gives the row back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishFailure {
+    /// The outbox row.
+    pub id: i64,
+    /// Why, as the broker or the adapter said it.
+    pub error: String,
+    /// The broker refused the message itself (`too_large`): it counts toward parking the
+    /// row. Any other failure (the broker out of reach, slow, electing a leader) sets the
+    /// row's count back to none.
+    pub refused: bool,
+}
+
+/// A parked outbox row, for an operator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParkedRow {
+    pub id: i64,
+    pub event_type: EventType,
+    pub product_id: i64,
+    /// The row's request_id; None for a pack (the events of several orders).
+    pub request_id: Option<String>,
+    pub events: u32,
+    /// Failed publish attempts, the last included.
+    pub attempts: u32,
+    /// The broker's last refusal.
+    pub reason: String,
+    pub parked_at: DateTime<Utc>,
 }
 
 /// The broker (NATS JetStream).

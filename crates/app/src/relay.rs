@@ -14,6 +14,14 @@
 //! marking sent publishes the row again after its lease ends; the broker drops the copy
 //! when it goes out in a message like the first (by its `Nats-Msg-Id`), and consumers
 //! deduplicate by event id anyway.
+//!
+//! A row the broker refuses for good (a message larger than it takes: the error's kind,
+//! `too_large`, tells it from the broker being out of reach or electing a leader) is
+//! offered again at the next rounds, and after [`PARK_AFTER_REFUSALS`] refusals in a row
+//! parked: it leaves the unsent rows, kept with its reason for an operator
+//! ([`Outbox::park`]), instead of being retried forever. Its order's later events then
+//! go out without it (the consumers count each event on its own), and the audit reports
+//! the parked events under I7.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -24,7 +32,7 @@ use tracing::{debug, info, warn};
 
 use crate::events::OutboxMessage;
 use crate::metrics::Metrics;
-use crate::ports::{BusError, EventBus, LedgerError, Outbox, PortError};
+use crate::ports::{BusError, ErrorKind, EventBus, LedgerError, Outbox, PortError, PublishFailure};
 
 /// Rows one round leases and publishes: large enough that a backlog of a big sale drains
 /// at thousands of events a second (a round costs three statements plus one broker
@@ -53,12 +61,123 @@ pub const RELAY_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// once a minute at the longest backoff — instead of one per round.
 const WARN_EVERY_FAILURES: u32 = 12;
 
+/// Refusals in a row after which the relay parks an outbox row instead of offering it
+/// again: the broker refusing the message itself (too large for it) the same way five
+/// rounds running is its verdict on that message, not a passing state; a refusal after a
+/// limit changed under a publish (the adapter reads the limits again) passes at the next
+/// round and sets the count back.
+pub const PARK_AFTER_REFUSALS: u32 = 5;
+
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
     #[error(transparent)]
     Outbox(#[from] LedgerError),
     #[error(transparent)]
     Bus(#[from] BusError),
+}
+
+/// Whether the broker refused the message itself, so that offering it again alike is
+/// refused again: a message larger than it takes. Its other answers (out of reach, no
+/// acknowledgement in time, no leader, a stream missing or misconfigured, its own limits
+/// on resources) concern the broker, not the message, and a later try may pass.
+fn refused(e: &BusError) -> bool {
+    e.kind() == ErrorKind::TooLarge
+}
+
+/// One round's claimed events, ordered per request_id, and what became of them.
+struct Round {
+    /// One queue per request_id, in sequence order, cut at the first event whose
+    /// predecessor another relay holds.
+    queues: Vec<VecDeque<OutboxMessage>>,
+    /// A row may carry several events (the MySQL adapter's packs, one per product of a
+    /// group commit): it is sent once every one of its events claimed here went out.
+    unpublished: HashMap<i64, usize>,
+    /// Each row's refusals in a row before this round.
+    refusals: HashMap<i64, u32>,
+    sent: Vec<i64>,
+    failed: Vec<PublishFailure>,
+    published: usize,
+}
+
+impl Round {
+    fn new(claimed: Vec<OutboxMessage>) -> Self {
+        let mut unpublished: HashMap<i64, usize> = HashMap::new();
+        let mut refusals = HashMap::new();
+        for message in &claimed {
+            *unpublished.entry(message.id).or_default() += 1;
+            refusals.insert(message.id, message.refusals);
+        }
+        // Rows come ordered by (request_id, sequence).
+        let mut queues: Vec<VecDeque<OutboxMessage>> = Vec::new();
+        for message in claimed {
+            match queues.last_mut() {
+                Some(q) if q.back().is_some_and(|m| m.request_id == message.request_id) => {
+                    q.push_back(message)
+                }
+                _ => queues.push(VecDeque::from([message])),
+            }
+        }
+        for q in &mut queues {
+            if let Some(at) = q.iter().position(|m| m.blocked) {
+                q.truncate(at);
+            }
+        }
+        Self {
+            queues,
+            unpublished,
+            refusals,
+            sent: Vec::new(),
+            failed: Vec::new(),
+            published: 0,
+        }
+    }
+
+    /// The next wave: the first unpublished event of every order, with its queue.
+    fn wave(&mut self) -> (Vec<usize>, Vec<OutboxMessage>) {
+        self.queues
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, q)| q.pop_front().map(|m| (i, m)))
+            .unzip()
+    }
+
+    fn published(&mut self, message: &OutboxMessage) {
+        self.published += 1;
+        if let Some(left) = self.unpublished.get_mut(&message.id) {
+            *left -= 1;
+            if *left == 0 {
+                self.sent.push(message.id);
+            }
+        }
+    }
+
+    fn failed(&mut self, owner: usize, message: &OutboxMessage, e: &BusError) {
+        // The rest of this order's events wait: publishing them now would put them ahead
+        // of this one.
+        self.queues[owner].clear();
+        let refused = refused(e);
+        match self.failed.iter_mut().find(|f| f.id == message.id) {
+            // A pack's events fail together or not; one refused marks the row refused.
+            Some(f) => f.refused |= refused,
+            None => self.failed.push(PublishFailure {
+                id: message.id,
+                error: e.to_string(),
+                refused,
+            }),
+        }
+    }
+
+    /// The failed rows to park (refused for the [`PARK_AFTER_REFUSALS`]th time in a
+    /// row), taken out of those to give back.
+    fn take_parked(&mut self) -> Vec<(i64, String)> {
+        let (park, keep): (Vec<PublishFailure>, Vec<PublishFailure>) =
+            std::mem::take(&mut self.failed).into_iter().partition(|f| {
+                f.refused
+                    && self.refusals.get(&f.id).copied().unwrap_or(0) + 1 >= PARK_AFTER_REFUSALS
+            });
+        self.failed = keep;
+        park.into_iter().map(|f| (f.id, f.error)).collect()
+    }
 }
 
 /// The relay use case.
@@ -81,16 +200,18 @@ impl Relay {
         }
     }
 
-    /// Counts the events published and the failed rounds of `run` in `metrics`.
+    /// Counts the events published, the rows parked and the failed rounds of `run` in
+    /// `metrics`.
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = Some(metrics);
         self
     }
 
     /// One round: leases up to `limit` unsent rows and publishes them, keeping order per
-    /// request_id. Returns how many were published (and marked sent). Fails when the
-    /// broker is unreachable (nothing leased) or refused every message it was offered,
-    /// or when the outbox can't be read or updated.
+    /// request_id; parks the rows the broker refused for good [`PARK_AFTER_REFUSALS`]
+    /// times in a row. Returns how many events were published (and marked sent). Fails
+    /// when the broker is unreachable (nothing leased) or failed every message it was
+    /// offered for a reason of its own, or when the outbox can't be read or updated.
     pub async fn relay_once(&self, limit: usize) -> Result<usize, RelayError> {
         self.bus.ready()?;
         let claimed = self
@@ -100,88 +221,66 @@ impl Relay {
         if claimed.is_empty() {
             return Ok(0);
         }
-        // A row may carry several events (the MySQL adapter's packs, one per product of a
-        // group commit): it is sent once every one of its events claimed here went out.
-        let mut unpublished: HashMap<i64, usize> = HashMap::new();
-        for message in &claimed {
-            *unpublished.entry(message.id).or_default() += 1;
+        let mut round = Round::new(claimed);
+        let bus_down = self.publish(&mut round).await;
+        let published = round.published;
+        self.settle(round).await?;
+        match bus_down {
+            Some(e) if published == 0 => Err(e.into()),
+            _ => Ok(published),
         }
-        // Rows come ordered by (request_id, sequence): one queue per request_id, cut at the
-        // first row whose predecessor another relay holds.
-        let mut queues: Vec<VecDeque<OutboxMessage>> = Vec::new();
-        for message in claimed {
-            match queues.last_mut() {
-                Some(q) if q.back().is_some_and(|m| m.request_id == message.request_id) => {
-                    q.push_back(message)
-                }
-                _ => queues.push(VecDeque::from([message])),
-            }
-        }
-        for q in &mut queues {
-            if let Some(at) = q.iter().position(|m| m.blocked) {
-                q.truncate(at);
-            }
-        }
+    }
 
-        let mut sent = Vec::new();
-        let mut published = 0;
-        let mut failed: Vec<(i64, String)> = Vec::new();
-        let mut bus_down = None;
+    /// Publishes the round's events a wave at a time; the error that failed a whole wave
+    /// for a reason of the broker's (not a refusal of the messages), which ends it.
+    async fn publish(&self, round: &mut Round) -> Option<BusError> {
         loop {
-            let (owners, wave): (Vec<usize>, Vec<OutboxMessage>) = queues
-                .iter_mut()
-                .enumerate()
-                .filter_map(|(i, q)| q.pop_front().map(|m| (i, m)))
-                .unzip();
+            let (owners, wave) = round.wave();
             if wave.is_empty() {
-                break;
+                return None;
             }
             let mut results = self.bus.publish_all(&wave).await.into_iter();
-            let mut wave_failures = 0;
+            let mut broker_failures = 0;
             let mut first_error = None;
             for (owner, message) in owners.into_iter().zip(&wave) {
                 let result = results
                     .next()
                     .unwrap_or_else(|| Err(BusError::stopped("the bus gave no result")));
                 match result {
-                    Ok(()) => {
-                        published += 1;
-                        if let Some(left) = unpublished.get_mut(&message.id) {
-                            *left -= 1;
-                            if *left == 0 {
-                                sent.push(message.id);
-                            }
-                        }
-                    }
+                    Ok(()) => round.published(message),
                     Err(e) => {
-                        // The rest of this order's events wait: publishing them now would
-                        // put them ahead of this one.
-                        queues[owner].clear();
-                        wave_failures += 1;
-                        if !failed.iter().any(|(id, _)| *id == message.id) {
-                            failed.push((message.id, e.to_string()));
+                        round.failed(owner, message, &e);
+                        if !refused(&e) {
+                            broker_failures += 1;
+                            first_error.get_or_insert(e);
                         }
-                        first_error.get_or_insert(e);
                     }
                 }
             }
-            if wave_failures == wave.len() {
-                // Nothing got through: the broker is down or refusing; don't offer it
-                // the rest of the batch.
-                bus_down = first_error;
-                break;
+            if broker_failures == wave.len() {
+                // Nothing got through: the broker is down or failing; don't offer it the
+                // rest of the batch.
+                return first_error;
             }
         }
+    }
 
-        let marked = if sent.is_empty() {
-            Ok(())
-        } else {
-            self.outbox.mark_sent(&sent).await
+    /// Parks the rows refused for good, marks the published ones sent and gives the rest
+    /// back, ending the round's lease.
+    async fn settle(&self, mut round: Round) -> Result<(), RelayError> {
+        let park = round.take_parked();
+        let parked = match park.is_empty() {
+            true => Ok(()),
+            false => self.outbox.park(&park).await,
+        };
+        let marked = match round.sent.is_empty() {
+            true => Ok(()),
+            false => self.outbox.mark_sent(&round.sent).await,
         };
         // Always, so that leases end with the round: what failed is claimed again at
         // once, and an outbox-wide lease (the MySQL adapter's) passes to another
         // instance's relay if this one stops.
-        let given_back = self.outbox.give_back(&self.relay_id, &failed).await;
+        let given_back = self.outbox.give_back(&self.relay_id, &round.failed).await;
         // A mark that failed leaves published rows unsent: the lease ends (an adapter
         // that kept it for a backlog lets go too) and they are published again, and
         // dropped as duplicates.
@@ -191,18 +290,27 @@ impl Relay {
         }
         marked?;
         given_back?;
-        if !failed.is_empty() {
+        parked?;
+        for (id, reason) in &park {
             warn!(
-                published,
-                failed = failed.len(),
-                first_error = %failed[0].1,
+                row = id,
+                refusals = PARK_AFTER_REFUSALS,
+                reason = %reason,
+                "an outbox row the broker refuses for good is parked for an operator (flashsale events parked)"
+            );
+        }
+        if let (Some(m), false) = (&self.metrics, park.is_empty()) {
+            m.outbox_parked(park.len());
+        }
+        if let Some(first) = round.failed.first() {
+            warn!(
+                published = round.published,
+                failed = round.failed.len(),
+                first_error = %first.error,
                 "some events could not be published; they wait in the outbox"
             );
         }
-        match bus_down {
-            Some(e) if published == 0 => Err(e.into()),
-            _ => Ok(published),
-        }
+        Ok(())
     }
 
     /// Runs rounds until `stop` turns true (or its sender is gone): at once after a full
@@ -282,7 +390,7 @@ impl Relay {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
+    use std::collections::{BTreeMap, BTreeSet};
     use std::sync::Mutex;
 
     use async_trait::async_trait;
@@ -298,6 +406,10 @@ mod tests {
         sent: Mutex<BTreeSet<i64>>,
         held_elsewhere: BTreeSet<i64>,
         given_back: Mutex<Vec<(i64, String)>>,
+        /// Each row's refusals in a row, as give_back counts them.
+        refusals: Mutex<BTreeMap<i64, u32>>,
+        /// Parked rows and their reasons.
+        parked: Mutex<BTreeMap<i64, String>>,
         /// mark_sent fails (the database is unreachable).
         mark_fails: bool,
         /// Relays that called let_go.
@@ -313,6 +425,7 @@ mod tests {
             sequence,
             payload: "{}".into(),
             attempts: 0,
+            refusals: 0,
             blocked: false,
         }
     }
@@ -326,7 +439,9 @@ mod tests {
             _lease: Duration,
         ) -> Result<Vec<OutboxMessage>, LedgerError> {
             let sent = self.sent.lock().unwrap();
-            let unsent = |m: &&OutboxMessage| !sent.contains(&m.id);
+            let parked = self.parked.lock().unwrap();
+            let refusals = self.refusals.lock().unwrap();
+            let unsent = |m: &&OutboxMessage| !sent.contains(&m.id) && !parked.contains_key(&m.id);
             let mut mine: Vec<OutboxMessage> = self
                 .rows
                 .iter()
@@ -336,6 +451,7 @@ mod tests {
                 .cloned()
                 .collect();
             for m in &mut mine {
+                m.refusals = refusals.get(&m.id).copied().unwrap_or(0);
                 m.blocked = self.rows.iter().filter(unsent).any(|e| {
                     e.request_id == m.request_id
                         && e.sequence < m.sequence
@@ -357,10 +473,36 @@ mod tests {
         async fn give_back(
             &self,
             _relay: &str,
-            failed: &[(i64, String)],
+            failed: &[PublishFailure],
         ) -> Result<(), LedgerError> {
-            self.given_back.lock().unwrap().extend_from_slice(failed);
+            let mut refusals = self.refusals.lock().unwrap();
+            for f in failed {
+                let n = refusals.entry(f.id).or_default();
+                *n = if f.refused { *n + 1 } else { 0 };
+                self.given_back
+                    .lock()
+                    .unwrap()
+                    .push((f.id, f.error.clone()));
+            }
             Ok(())
+        }
+
+        async fn park(&self, rows: &[(i64, String)]) -> Result<(), LedgerError> {
+            self.parked.lock().unwrap().extend(rows.iter().cloned());
+            Ok(())
+        }
+
+        async fn parked(&self, _limit: usize) -> Result<Vec<crate::ParkedRow>, LedgerError> {
+            Ok(Vec::new())
+        }
+
+        async fn parked_events(&self) -> Result<u64, LedgerError> {
+            Ok(self.parked.lock().unwrap().len() as u64)
+        }
+
+        async fn unpark(&self, ids: &[i64]) -> Result<usize, LedgerError> {
+            let mut parked = self.parked.lock().unwrap();
+            Ok(ids.iter().filter(|id| parked.remove(id).is_some()).count())
         }
 
         async fn let_go(&self, relay: &str) -> Result<(), LedgerError> {
@@ -380,6 +522,8 @@ mod tests {
         refuse: BTreeSet<i64>,
         /// Events refused by event id (one event of a pack).
         refuse_events: BTreeSet<String>,
+        /// Rows refused for good: larger than the broker takes.
+        too_large: BTreeSet<i64>,
         published: Mutex<Vec<i64>>,
     }
 
@@ -396,6 +540,9 @@ mod tests {
         async fn publish(&self, message: &OutboxMessage) -> Result<(), BusError> {
             if self.refuse.contains(&message.id) || self.refuse_events.contains(&message.event_id) {
                 return Err(BusError::rejected(format!("refused {}", message.id)));
+            }
+            if self.too_large.contains(&message.id) {
+                return Err(BusError::too_large(format!("{} is too large", message.id)));
             }
             self.published.lock().unwrap().push(message.id);
             Ok(())
@@ -516,6 +663,71 @@ mod tests {
         assert_eq!(*bus.published.lock().unwrap(), vec![1, 2]);
         assert_eq!(outbox.unsent().await.unwrap(), 2);
         assert_eq!(*outbox.let_go.lock().unwrap(), vec!["test".to_owned()]);
+    }
+
+    // Checks a row the broker refuses for good (too large): offered again at each round,
+    // it is parked at its PARK_AFTER_REFUSALS-th refusal in a row, not before, and a
+    // round of nothing but refusals is no broker failure (it returns Ok). Meanwhile its
+    // order's later event waits; once it is parked, the later event goes out, other
+    // orders go out from the first round, and the parked row is never offered again.
+    // A failure of another kind (the broker out of reach) sets the count back.
+    #[tokio::test]
+    async fn a_row_refused_for_good_is_parked_after_the_bound() {
+        let outbox = Arc::new(MemOutbox {
+            rows: vec![row(1, "A", 1), row(2, "A", 2), row(3, "B", 1)],
+            ..MemOutbox::default()
+        });
+        let bus = Arc::new(MemBus {
+            too_large: BTreeSet::from([1]),
+            ..MemBus::default()
+        });
+        let r = relay(&outbox, &bus);
+        assert_eq!(r.relay_once(100).await.unwrap(), 1, "B goes out");
+        for _ in 2..PARK_AFTER_REFUSALS {
+            assert_eq!(
+                r.relay_once(100).await.unwrap(),
+                0,
+                "refused alone: no failure"
+            );
+            assert!(outbox.parked.lock().unwrap().is_empty());
+        }
+        assert_eq!(*bus.published.lock().unwrap(), vec![3]);
+        assert_eq!(r.relay_once(100).await.unwrap(), 0);
+        let parked = outbox.parked.lock().unwrap().clone();
+        assert_eq!(parked.keys().copied().collect::<Vec<_>>(), vec![1]);
+        assert!(parked[&1].contains("too_large"), "{parked:?}");
+        assert_eq!(r.relay_once(100).await.unwrap(), 1, "A's next event");
+        assert_eq!(r.relay_once(100).await.unwrap(), 0);
+        assert_eq!(*bus.published.lock().unwrap(), vec![3, 2]);
+
+        // Four refusals, a failure of another kind, then refusals again: five in a row
+        // are needed from there.
+        let outbox = Arc::new(MemOutbox {
+            rows: vec![row(7, "C", 1)],
+            ..MemOutbox::default()
+        });
+        let r = relay(&outbox, &bus_refusing(7));
+        for _ in 1..PARK_AFTER_REFUSALS {
+            r.relay_once(100).await.unwrap();
+        }
+        let down = Arc::new(MemBus {
+            refuse: BTreeSet::from([7]),
+            ..MemBus::default()
+        });
+        assert!(relay(&outbox, &down).relay_once(100).await.is_err());
+        for _ in 1..PARK_AFTER_REFUSALS {
+            r.relay_once(100).await.unwrap();
+        }
+        assert!(outbox.parked.lock().unwrap().is_empty());
+        r.relay_once(100).await.unwrap();
+        assert_eq!(outbox.parked.lock().unwrap().len(), 1);
+    }
+
+    fn bus_refusing(id: i64) -> Arc<MemBus> {
+        Arc::new(MemBus {
+            too_large: BTreeSet::from([id]),
+            ..MemBus::default()
+        })
     }
 
     // Checks the loop drains a backlog larger than one batch and stops when told to.

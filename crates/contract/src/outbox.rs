@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use flashsale_app::events::{EventType, OutboxMessage};
-use flashsale_app::ports::{Commit, Outbox};
+use flashsale_app::ports::{Commit, Outbox, PublishFailure};
 use flashsale_app::Ledger;
 use flashsale_core::{CancelReason, ReleaseReason};
 
@@ -99,7 +99,14 @@ where
         .await
         .expect("claim")
         .is_empty());
-    let failed: Vec<(i64, String)> = rows.iter().map(|m| (m.id, "broker down".into())).collect();
+    let failed: Vec<PublishFailure> = rows
+        .iter()
+        .map(|m| PublishFailure {
+            id: m.id,
+            error: "broker down".into(),
+            refused: false,
+        })
+        .collect();
     l.give_back("relay-a", &failed).await.expect("give back");
     let again = l.claim("relay-b", ALL, LEASE).await.expect("claim");
     assert_eq!(kinds(&again), kinds(&rows));
@@ -153,6 +160,81 @@ where
     assert_eq!(l.unsent().await.expect("unsent"), 0);
 }
 
+/// A row refused for good is counted (its refusals in a row, which another failure sets
+/// back to none); parked, it leaves the unsent events (no claim returns it, the count
+/// drops by its events, the other rows still come), is listed with its reason, and its
+/// events counted; put back, it is unsent again with no refusal counted, and claimed.
+/// Parking or putting back what is not there changes nothing.
+pub async fn a_refused_row_is_parked_and_put_back<W: LedgerWorld>(w: &W)
+where
+    W::Ledger: Outbox,
+{
+    let l = w.ledger();
+    changes(l).await;
+    let rows = l.claim("relay-a", ALL, LEASE).await.expect("claim");
+    let fence = rows
+        .iter()
+        .find(|m| m.request_id == "O_C")
+        .expect("the fence's event")
+        .id;
+    let failure = |refused| PublishFailure {
+        id: fence,
+        error: "publish: too_large: 2 MB".into(),
+        refused,
+    };
+    l.give_back("relay-a", &[failure(true)])
+        .await
+        .expect("give back");
+    l.give_back("relay-a", &[failure(true)])
+        .await
+        .expect("give back");
+    let refusals = |rows: &[OutboxMessage]| rows.iter().find(|m| m.id == fence).map(|m| m.refusals);
+    let again = l.claim("relay-a", ALL, LEASE).await.expect("claim");
+    assert_eq!(refusals(&again), Some(2));
+    l.give_back("relay-a", &[failure(false)])
+        .await
+        .expect("give back");
+    let again = l.claim("relay-a", ALL, LEASE).await.expect("claim");
+    assert_eq!(
+        refusals(&again),
+        Some(0),
+        "another failure sets the count back"
+    );
+    assert_eq!(
+        again.iter().find(|m| m.id == fence).map(|m| m.attempts),
+        Some(3)
+    );
+
+    l.park(&[(fence, "publish: too_large: 2 MB".into())])
+        .await
+        .expect("park");
+    l.park(&[(fence, "again".into())])
+        .await
+        .expect("park twice");
+    l.give_back("relay-a", &[]).await.expect("give back");
+    assert_eq!(l.unsent().await.expect("unsent"), 5);
+    let left = l.claim("relay-b", ALL, LEASE).await.expect("claim");
+    assert_eq!(left.len(), 5, "{left:?}");
+    assert!(left.iter().all(|m| m.id != fence));
+    l.give_back("relay-b", &[]).await.expect("give back");
+    let parked = l.parked(ALL).await.expect("parked");
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    assert_eq!(parked[0].id, fence);
+    assert_eq!(parked[0].event_type, EventType::ReservationReleased);
+    assert_eq!(parked[0].reason, "publish: too_large: 2 MB");
+    assert_eq!(parked[0].attempts, 4);
+    assert_eq!(l.parked_events().await.expect("parked events"), 1);
+
+    assert_eq!(l.unpark(&[fence, fence + 1_000]).await.expect("unpark"), 1);
+    assert_eq!(l.unpark(&[fence]).await.expect("unpark twice"), 0);
+    assert!(l.parked(ALL).await.expect("parked").is_empty());
+    assert_eq!(l.parked_events().await.expect("parked events"), 0);
+    assert_eq!(l.unsent().await.expect("unsent"), 6);
+    let back = l.claim("relay-a", ALL, LEASE).await.expect("claim");
+    assert_eq!(refusals(&back), Some(0));
+    assert_eq!(back.len(), 6);
+}
+
 /// Expands to one `#[tokio::test]` per body of the outbox's contract, over world `$w`
 /// (a [`LedgerWorld`] whose ledger is also the outbox).
 #[macro_export]
@@ -162,6 +244,7 @@ macro_rules! outbox_contract {
             every_change_writes_its_events_in_order,
             a_claim_leases_rows_to_one_relay,
             claims_are_bounded_and_oldest_first,
+            a_refused_row_is_parked_and_put_back,
         );
     };
     (@tests $w:ty; $($name:ident),* $(,)?) => {

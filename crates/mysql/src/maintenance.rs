@@ -468,6 +468,16 @@ impl LedgerMaintenance for MysqlLedger {
                 .fetch_one(pool)
             })
             .await?;
+        let parked_events: i64 = self
+            .run("facts: parked events", || {
+                sqlx::query_scalar(
+                    "SELECT CAST(COALESCE(SUM(o.events), 0) AS SIGNED) \
+                     FROM outbox_parked p JOIN outbox o ON o.id = p.id WHERE o.product_id = ?",
+                )
+                .bind(p)
+                .fetch_one(pool)
+            })
+            .await?;
         // A released reservation's `updated_at` is its release: nothing updates it again
         // until its units are back (then it is no longer listed).
         let reservations = self
@@ -555,6 +565,7 @@ impl LedgerMaintenance for MysqlLedger {
             log_mismatches,
             unsent_events,
             unsent_oldest: age(unsent_us),
+            parked_events,
         }))
     }
 

@@ -26,7 +26,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use flashsale_app::ports::{Applied, LedgerError, Outbox, StatsEvent, StatsStore};
+use flashsale_app::ports::{
+    Applied, LedgerError, Outbox, ParkedRow, PublishFailure, StatsEvent, StatsStore,
+};
 use flashsale_app::{EventType, OutboxMessage, StatsDelta};
 use flashsale_core::{
     CancelReason, OrderId, OrderStatus, ProductId, PurchaseRequest, ReleaseReason, UserId,
@@ -346,7 +348,7 @@ fn round_rows(events: impl IntoIterator<Item = i32>, limit: u64) -> usize {
 fn unpack(
     row: &sqlx::mysql::MySqlRow,
     id: i64,
-    attempts: u32,
+    (attempts, refusals): (u32, u32),
     out: &mut Vec<OutboxMessage>,
 ) -> Result<(), LedgerError> {
     let event_type: EventType = text(row, "event_type")?.parse().map_err(corrupt)?;
@@ -368,6 +370,7 @@ fn unpack(
                 sequence: head.sequence,
                 payload: event.to_owned(),
                 attempts,
+                refusals,
                 blocked: false,
             });
         }
@@ -382,6 +385,7 @@ fn unpack(
         sequence: u32::try_from(sequence).map_err(|_| corrupt(format!("sequence {sequence}")))?,
         payload,
         attempts,
+        refusals,
         // Nothing is held elsewhere while this relay holds the outbox's lease.
         blocked: false,
     });
@@ -426,21 +430,23 @@ impl Outbox for MysqlLedger {
         // events to `limit` (a pack holds many): a round publishes at most `limit` − 1 +
         // a pack's events. The narrow marks are read in their key's order and cut here,
         // and only the rows kept are read whole (BENCHMARKS.md, ablation row E11).
-        let marks: Vec<(i64, i32, i32)> = bounded("read unsent outbox marks", || async {
-            sqlx::query_as("SELECT id, attempts, events FROM outbox_unsent ORDER BY id LIMIT ?")
-                .bind(limit)
-                .fetch_all(&self.pool())
-                .await
+        let marks: Vec<(i64, i32, i32, i32)> = bounded("read unsent outbox marks", || async {
+            sqlx::query_as(
+                "SELECT id, attempts, events, refusals FROM outbox_unsent ORDER BY id LIMIT ?",
+            )
+            .bind(limit)
+            .fetch_all(&self.pool())
+            .await
         })
         .await?;
-        let marks = &marks[..round_rows(marks.iter().map(|&(_, _, events)| events), limit)];
+        let marks = &marks[..round_rows(marks.iter().map(|&(_, _, events, _)| events), limit)];
         if marks.is_empty() {
             // Idle: let another instance's relay take over at once if this one stops.
             self.end_lease(relay).await?;
             return Ok(Vec::new());
         }
         // The ids as one JSON array: one statement text for every round size.
-        let ids: Vec<i64> = marks.iter().map(|&(id, _, _)| id).collect();
+        let ids: Vec<i64> = marks.iter().map(|&(id, _, _, _)| id).collect();
         let document = serde_json::to_string(&ids).unwrap_or_default();
         let rows = bounded("read unsent outbox rows", || async {
             sqlx::query(
@@ -457,10 +463,14 @@ impl Outbox for MysqlLedger {
         for row in &rows {
             let id: i64 = row.try_get("id").map_err(db)?;
             // The marks are in id order.
-            let attempts = marks
-                .binary_search_by_key(&id, |&(id, _, _)| id)
-                .map_or(0, |at| marks[at].1);
-            unpack(row, id, u32::try_from(attempts).unwrap_or(0), &mut messages)?;
+            let (attempts, refusals) = marks
+                .binary_search_by_key(&id, |&(id, _, _, _)| id)
+                .map_or((0, 0), |at| (marks[at].1, marks[at].3));
+            let counts = (
+                u32::try_from(attempts).unwrap_or(0),
+                u32::try_from(refusals).unwrap_or(0),
+            );
+            unpack(row, id, counts, &mut messages)?;
         }
         // A full batch: more may wait, and the relay goes on at once under the same lease.
         self.outbox_lease().set_backlog(
@@ -491,22 +501,22 @@ impl Outbox for MysqlLedger {
         Ok(())
     }
 
-    async fn give_back(&self, relay: &str, failed: &[(i64, String)]) -> Result<(), LedgerError> {
+    async fn give_back(&self, relay: &str, failed: &[PublishFailure]) -> Result<(), LedgerError> {
         // One statement per distinct error (a broker outage gives them all the same one).
-        let mut by_error: BTreeMap<String, Vec<i64>> = BTreeMap::new();
-        for (id, error) in failed {
-            let error: String = error.chars().take(LAST_ERROR_CHARS).collect();
-            by_error.entry(error).or_default().push(*id);
+        let mut by_error: BTreeMap<(String, bool), Vec<i64>> = BTreeMap::new();
+        for f in failed {
+            let error: String = f.error.chars().take(LAST_ERROR_CHARS).collect();
+            by_error.entry((error, f.refused)).or_default().push(f.id);
         }
-        for (error, ids) in &by_error {
+        for ((error, refused), ids) in &by_error {
             for chunk in ids.chunks(IDS_PER_STATEMENT) {
                 let sql = format!(
-                    "UPDATE outbox_unsent SET attempts = attempts + 1, last_error = ? \
-                     WHERE id IN ({})",
+                    "UPDATE outbox_unsent SET attempts = attempts + 1, last_error = ?, \
+                     refusals = IF(?, refusals + 1, 0) WHERE id IN ({})",
                     list(chunk.len(), "?")
                 );
                 bounded("record failed publishes", || async {
-                    let mut q = sqlx::query(&sql).bind(error);
+                    let mut q = sqlx::query(&sql).bind(error).bind(refused);
                     for id in chunk {
                         q = q.bind(id);
                     }
@@ -526,6 +536,50 @@ impl Outbox for MysqlLedger {
         self.end_lease(relay).await
     }
 
+    async fn park(&self, rows: &[(i64, String)]) -> Result<(), LedgerError> {
+        for (id, reason) in rows {
+            let reason: String = reason.chars().take(LAST_ERROR_CHARS).collect();
+            bounded("park an outbox row", || self.park_row(*id, &reason)).await?;
+        }
+        Ok(())
+    }
+
+    async fn parked(&self, limit: usize) -> Result<Vec<ParkedRow>, LedgerError> {
+        let rows = bounded("read parked outbox rows", || async {
+            sqlx::query(
+                "SELECT p.id, CONVERT(o.event_type USING utf8mb4) AS event_type, o.product_id, \
+                 CONVERT(o.request_id USING utf8mb4) AS request_id, p.events, p.attempts, \
+                 CONVERT(p.reason USING utf8mb4) AS reason, p.parked_at \
+                 FROM outbox_parked p JOIN outbox o ON o.id = p.id ORDER BY p.id LIMIT ?",
+            )
+            .bind(u64::try_from(limit).unwrap_or(u64::MAX))
+            .fetch_all(&self.pool())
+            .await
+        })
+        .await?;
+        rows.iter().map(parked_row).collect()
+    }
+
+    async fn parked_events(&self) -> Result<u64, LedgerError> {
+        let n: i64 = bounded("count parked events", || async {
+            sqlx::query_scalar("SELECT CAST(COALESCE(SUM(events), 0) AS SIGNED) FROM outbox_parked")
+                .fetch_one(&self.pool())
+                .await
+        })
+        .await?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    async fn unpark(&self, ids: &[i64]) -> Result<usize, LedgerError> {
+        let mut unparked = 0;
+        for &id in ids {
+            if bounded("put a parked row back", || self.unpark_row(id)).await? {
+                unparked += 1;
+            }
+        }
+        Ok(unparked)
+    }
+
     async fn unsent(&self) -> Result<u64, LedgerError> {
         let n: i64 = bounded("count unsent events", || async {
             sqlx::query_scalar("SELECT CAST(COALESCE(SUM(events), 0) AS SIGNED) FROM outbox_unsent")
@@ -537,7 +591,68 @@ impl Outbox for MysqlLedger {
     }
 }
 
+/// A parked row as `Outbox::parked` reads it.
+fn parked_row(row: &sqlx::mysql::MySqlRow) -> Result<ParkedRow, LedgerError> {
+    let count = |name: &str| -> Result<u32, LedgerError> {
+        let n: i32 = row.try_get(name).map_err(db)?;
+        u32::try_from(n).map_err(|_| corrupt(format!("{name} {n}")))
+    };
+    let parked_at: chrono::NaiveDateTime = row.try_get("parked_at").map_err(db)?;
+    Ok(ParkedRow {
+        id: row.try_get("id").map_err(db)?,
+        event_type: text(row, "event_type")?.parse().map_err(corrupt)?,
+        product_id: row.try_get("product_id").map_err(db)?,
+        request_id: opt_text(row, "request_id")?,
+        events: count("events")?,
+        attempts: count("attempts")?,
+        reason: text(row, "reason")?,
+        parked_at: parked_at.and_utc(),
+    })
+}
+
 impl MysqlLedger {
+    /// Moves one unsent row's mark to `outbox_parked`, in one transaction; a row not
+    /// unsent (sent, or parked before) changes nothing.
+    async fn park_row(&self, id: i64, reason: &str) -> Result<(), sqlx::Error> {
+        let mut tx = self.pool().begin().await?;
+        let moved = sqlx::query(
+            "INSERT INTO outbox_parked (id, events, attempts, reason) \
+             SELECT id, events, attempts + 1, ? FROM outbox_unsent WHERE id = ? FOR UPDATE",
+        )
+        .bind(reason)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        if moved.rows_affected() > 0 {
+            sqlx::query("DELETE FROM outbox_unsent WHERE id = ?")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await
+    }
+
+    /// Moves one parked row back among the unsent (no attempt or refusal counted), in one
+    /// transaction; whether it was parked.
+    async fn unpark_row(&self, id: i64) -> Result<bool, sqlx::Error> {
+        let mut tx = self.pool().begin().await?;
+        let back = sqlx::query(
+            "INSERT INTO outbox_unsent (id, events) \
+             SELECT id, events FROM outbox_parked WHERE id = ? FOR UPDATE",
+        )
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        if back.rows_affected() > 0 {
+            sqlx::query("DELETE FROM outbox_parked WHERE id = ?")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(back.rows_affected() > 0)
+    }
+
     /// Ends `relay`'s lease on the outbox, if it holds it.
     async fn end_lease(&self, relay: &str) -> Result<(), LedgerError> {
         self.outbox_lease().forget();

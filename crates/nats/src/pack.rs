@@ -137,6 +137,7 @@ mod tests {
             request_id: format!("REQ_{n}"),
             sequence: 1,
             attempts: 0,
+            refusals: 0,
             blocked: false,
         }
     }

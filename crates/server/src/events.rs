@@ -3,13 +3,15 @@
 //! on): `list` them, `replay` them into the event stream (applied once: the consumer
 //! drops what it applied before), or `drop` one with who and why. The letters and their
 //! records live in the dead-letter stream itself (`flashsale_nats`'s `dead` module says
-//! why).
+//! why). `parked` lists the outbox rows the relay parked (the broker refused them for
+//! good) and puts them back to be published, once the broker takes them.
 
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Subcommand;
+use flashsale_app::ports::Outbox;
 use flashsale_nats::{DeadLetter, NatsBus, Settled};
 
 use crate::Config;
@@ -21,6 +23,10 @@ const CONNECT_WAIT: Duration = Duration::from_secs(5);
 const ERROR_SHOWN_MAX: usize = 80;
 /// The exit code of a replay or drop not carried out (the reason is printed).
 const EXIT_NOT_DONE: u8 = 1;
+/// Most parked rows `parked list` shows and `parked retry` puts back at once: a broker
+/// that refuses more than this for good is misconfigured, a matter for its settings
+/// before a queue of rows.
+const PARKED_MAX: usize = 1_000;
 
 #[derive(Debug, Subcommand)]
 pub enum Action {
@@ -29,6 +35,25 @@ pub enum Action {
     Dead {
         #[command(subcommand)]
         action: DeadAction,
+    },
+    /// Outbox rows the relay parked: the broker refused them for good (a message larger
+    /// than it takes) five times in a row. The audit reports their events under I7.
+    Parked {
+        #[command(subcommand)]
+        action: ParkedAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ParkedAction {
+    /// The parked rows, oldest first, with the broker's last refusal.
+    List,
+    /// Put parked rows back to be published (every one, or the row of --id): once the
+    /// broker takes them (its max_payload raised, say). Exit 0 some put back, 1 none.
+    Retry {
+        /// The outbox row (its id in `list`).
+        #[arg(long, value_name = "ID")]
+        id: Option<i64>,
     },
 }
 
@@ -70,7 +95,13 @@ pub async fn run(
     action: Action,
     out: &mut (dyn Write + Send),
 ) -> Result<ExitCode, String> {
-    let Action::Dead { action } = action;
+    let action = match action {
+        Action::Dead { action } => action,
+        Action::Parked { action } => {
+            let ledger = crate::connect_ledger(config).await?;
+            return parked(&ledger, action, out).await;
+        }
+    };
     let bus = NatsBus::connect(crate::nats_config(config))
         .await
         .map_err(|e| e.to_string())?;
@@ -222,4 +253,43 @@ fn report(key: &str, settled: &Settled, out: &mut (dyn Write + Send)) -> Result<
     };
     writeln!(out, "letter {key}: {line}").map_err(written)?;
     Ok(done)
+}
+
+/// Runs a `parked` action on `outbox`.
+pub async fn parked(
+    outbox: &dyn Outbox,
+    action: ParkedAction,
+    out: &mut (dyn Write + Send),
+) -> Result<ExitCode, String> {
+    let rows = outbox.parked(PARKED_MAX).await.map_err(|e| e.to_string())?;
+    match action {
+        ParkedAction::List => {
+            writeln!(out, "{} parked outbox row(s), oldest first", rows.len()).map_err(written)?;
+            for r in &rows {
+                let reason: String = r.reason.chars().take(ERROR_SHOWN_MAX).collect();
+                writeln!(
+                    out,
+                    "{:>10}  {}  {:<20}  product {:<8} {:>4} event(s)  {:>3} attempt(s)  {:<32}  {reason}",
+                    r.id,
+                    r.parked_at.format("%Y-%m-%d %H:%M:%S"),
+                    r.event_type.as_str(),
+                    r.product_id,
+                    r.events,
+                    r.attempts,
+                    r.request_id.as_deref().unwrap_or("(a pack)"),
+                )
+                .map_err(written)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ParkedAction::Retry { id } => {
+            let ids: Vec<i64> = match id {
+                Some(id) => vec![id],
+                None => rows.iter().map(|r| r.id).collect(),
+            };
+            let back = outbox.unpark(&ids).await.map_err(|e| e.to_string())?;
+            writeln!(out, "{back} parked row(s) put back to be published").map_err(written)?;
+            Ok(exit(back > 0))
+        }
+    }
 }

@@ -94,7 +94,8 @@ enum Command {
     /// token, a store down, Ctrl-C): nothing was judged.
     Demo(flashsale::demo::DemoArgs),
     /// What a person does with events no worker could deliver: the dead-letter stream's
-    /// letters, listed, replayed into the event stream or dropped.
+    /// letters (listed, replayed into the event stream or dropped), and the outbox rows
+    /// the broker refused for good (listed, retried).
     Events {
         #[command(subcommand)]
         action: flashsale::events::Action,
@@ -337,13 +338,13 @@ mod tests {
             product_id: flashsale_core::ProductId::parse(1).expect("product id"),
             redis_available: Some(10 + drift),
             redis_generation: flashsale_core::Generation::from_stored(1),
-            expected_available: 10,
             last_hold_id: 0,
+            expected_available: 10,
             drift,
             in_flight_units: 0,
-            repaired,
             live_units: 0,
             total: 10,
+            repaired,
         };
         assert!(!drift_left(&r(0, false)));
         assert!(!drift_left(&r(2, true)));

@@ -33,6 +33,8 @@ use flashsale_core::{
     PurchaseRequest, ReleaseReason, RequestId, UserId,
 };
 
+use flashsale_app::ports::{ParkedRow, PublishFailure};
+
 use crate::ctx::{Ctx, Fault, Point, Port};
 use crate::gate::MemGate;
 use crate::ledger::MemLedger;
@@ -910,13 +912,57 @@ impl Outbox for FaultyLedger {
         .await
     }
 
-    async fn give_back(&self, relay: &str, failed: &[(i64, String)]) -> Result<(), LedgerError> {
+    async fn give_back(&self, relay: &str, failed: &[PublishFailure]) -> Result<(), LedgerError> {
         through(
             &self.ctx,
             Port::Ledger,
             "outbox.give_back",
             || format!("{relay} {failed:?}"),
             || self.inner.give_back(relay, failed),
+        )
+        .await
+    }
+
+    async fn park(&self, rows: &[(i64, String)]) -> Result<(), LedgerError> {
+        through(
+            &self.ctx,
+            Port::Ledger,
+            "outbox.park",
+            || format!("{rows:?}"),
+            || self.inner.park(rows),
+        )
+        .await
+    }
+
+    async fn parked(&self, limit: usize) -> Result<Vec<ParkedRow>, LedgerError> {
+        through(
+            &self.ctx,
+            Port::Ledger,
+            "outbox.parked",
+            || format!("limit {limit}"),
+            || self.inner.parked(limit),
+        )
+        .await
+    }
+
+    async fn parked_events(&self) -> Result<u64, LedgerError> {
+        through(
+            &self.ctx,
+            Port::Ledger,
+            "outbox.parked_events",
+            String::new,
+            || self.inner.parked_events(),
+        )
+        .await
+    }
+
+    async fn unpark(&self, ids: &[i64]) -> Result<usize, LedgerError> {
+        through(
+            &self.ctx,
+            Port::Ledger,
+            "outbox.unpark",
+            || format!("{ids:?}"),
+            || self.inner.unpark(ids),
         )
         .await
     }

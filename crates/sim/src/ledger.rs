@@ -33,6 +33,7 @@ use flashsale_app::ports::{
     Outbox, PayAttempt, PendingRestock, PendingReturn, RebuildPlan, RecordRestock, ReleaseOf,
     StatsStore, StockRepair, Watermark, AUDIT_RUNS_KEPT,
 };
+use flashsale_app::ports::{ParkedRow, PublishFailure};
 use flashsale_app::{
     Event, EventType, Ledger, LedgerError, Order, OutboxMessage, Product, PurchaseOutcome,
     PurchaseRecord, StatsDelta,
@@ -201,11 +202,20 @@ pub struct OutboxRow {
     pub created_at: DateTime<Utc>,
     pub sent: bool,
     attempts: u32,
+    /// Refusals for good in a row (`PublishFailure::refused`).
+    refusals: u32,
     claimed_by: Option<String>,
     claimed_until: Option<DateTime<Utc>>,
+    /// Parked: the broker's last refusal and when (`Outbox::park`); not unsent then.
+    parked: Option<(String, DateTime<Utc>)>,
 }
 
 impl OutboxRow {
+    /// Whether it waits to be published: neither sent nor parked.
+    fn unsent(&self) -> bool {
+        !self.sent && self.parked.is_none()
+    }
+
     /// The event as a consumer decodes it from the payload.
     pub fn event(&self) -> Option<Event> {
         Some(Event {
@@ -498,8 +508,10 @@ impl Tables {
                     created_at: now,
                     sent: false,
                     attempts: 0,
+                    refusals: 0,
                     claimed_by: None,
                     claimed_until: None,
+                    parked: None,
                 },
             );
         }
@@ -1370,7 +1382,7 @@ impl MemLedger {
     }
 
     pub fn unsent_count(&self) -> usize {
-        self.lock().outbox.values().filter(|r| !r.sent).count()
+        self.lock().outbox.values().filter(|r| r.unsent()).count()
     }
 
     /// Every outbox row.
@@ -1536,7 +1548,12 @@ fn rest_of(
     let unsent_events = t
         .outbox
         .values()
-        .filter(|e| e.product_id == product_id && !e.sent)
+        .filter(|e| e.product_id == product_id && e.unsent())
+        .count();
+    let parked_events = t
+        .outbox
+        .values()
+        .filter(|e| e.product_id == product_id && e.parked.is_some())
         .count();
     LedgerFacts {
         counters,
@@ -1560,6 +1577,7 @@ fn rest_of(
         log_mismatches,
         unsent_events: i64::try_from(unsent_events).unwrap_or(i64::MAX),
         unsent_oldest: Duration::ZERO,
+        parked_events: i64::try_from(parked_events).unwrap_or(i64::MAX),
     }
 }
 
@@ -2414,7 +2432,7 @@ impl Outbox for MemLedger {
             for row in t
                 .outbox
                 .values_mut()
-                .filter(|r| !r.sent && r.claimed_until.is_none_or(|u| u < now))
+                .filter(|r| r.unsent() && r.claimed_until.is_none_or(|u| u < now))
                 .take(limit)
             {
                 row.claimed_by = Some(relay.to_owned());
@@ -2426,7 +2444,7 @@ impl Outbox for MemLedger {
         let mut mine: Vec<&OutboxRow> = t
             .outbox
             .values()
-            .filter(|r| !r.sent && r.claimed_by.as_deref() == Some(relay))
+            .filter(|r| r.unsent() && r.claimed_by.as_deref() == Some(relay))
             .collect();
         mine.sort_by(|a, b| (&a.request_id, a.sequence).cmp(&(&b.request_id, b.sequence)));
         Ok(mine
@@ -2440,10 +2458,11 @@ impl Outbox for MemLedger {
                 sequence: u32::try_from(c.sequence).unwrap_or(0),
                 payload: c.payload.clone(),
                 attempts: c.attempts,
+                refusals: c.refusals,
                 blocked: t.outbox.values().any(|e| {
                     e.request_id == c.request_id
                         && e.sequence < c.sequence
-                        && !e.sent
+                        && e.unsent()
                         && e.claimed_by != c.claimed_by
                 }),
             })
@@ -2453,7 +2472,7 @@ impl Outbox for MemLedger {
     async fn mark_sent(&self, ids: &[i64]) -> Result<(), LedgerError> {
         let mut t = self.lock();
         for id in ids {
-            if let Some(row) = t.outbox.get_mut(id).filter(|r| !r.sent) {
+            if let Some(row) = t.outbox.get_mut(id).filter(|r| r.unsent()) {
                 row.sent = true;
                 row.claimed_by = None;
                 row.claimed_until = None;
@@ -2462,17 +2481,18 @@ impl Outbox for MemLedger {
         Ok(())
     }
 
-    async fn give_back(&self, relay: &str, failed: &[(i64, String)]) -> Result<(), LedgerError> {
+    async fn give_back(&self, relay: &str, failed: &[PublishFailure]) -> Result<(), LedgerError> {
         let mut t = self.lock();
-        for (id, _) in failed {
-            if let Some(row) = t.outbox.get_mut(id).filter(|r| !r.sent) {
+        for f in failed {
+            if let Some(row) = t.outbox.get_mut(&f.id).filter(|r| r.unsent()) {
                 row.attempts += 1;
+                row.refusals = if f.refused { row.refusals + 1 } else { 0 };
             }
         }
         for row in t
             .outbox
             .values_mut()
-            .filter(|r| !r.sent && r.claimed_by.as_deref() == Some(relay))
+            .filter(|r| r.unsent() && r.claimed_by.as_deref() == Some(relay))
         {
             row.claimed_by = None;
             row.claimed_until = None;
@@ -2485,7 +2505,7 @@ impl Outbox for MemLedger {
         for row in t
             .outbox
             .values_mut()
-            .filter(|r| !r.sent && r.claimed_by.as_deref() == Some(relay))
+            .filter(|r| r.unsent() && r.claimed_by.as_deref() == Some(relay))
         {
             row.claimed_by = None;
             row.claimed_until = None;
@@ -2493,8 +2513,68 @@ impl Outbox for MemLedger {
         Ok(())
     }
 
+    /// The move of each unsent row's mark to the parked rows, one transaction a row.
+    async fn park(&self, rows: &[(i64, String)]) -> Result<(), LedgerError> {
+        let now = self.now();
+        let mut t = self.lock();
+        for (id, reason) in rows {
+            if let Some(row) = t.outbox.get_mut(id).filter(|r| r.unsent()) {
+                row.attempts += 1;
+                row.claimed_by = None;
+                row.claimed_until = None;
+                row.parked = Some((reason.clone(), now));
+            }
+        }
+        Ok(())
+    }
+
+    async fn parked(&self, limit: usize) -> Result<Vec<ParkedRow>, LedgerError> {
+        let t = self.lock();
+        Ok(t.outbox
+            .values()
+            .filter_map(|r| {
+                let (reason, at) = r.parked.as_ref()?;
+                Some(ParkedRow {
+                    id: r.id,
+                    event_type: r.event_type,
+                    product_id: r.product_id,
+                    request_id: Some(r.request_id.clone()),
+                    events: 1,
+                    attempts: r.attempts,
+                    reason: reason.clone(),
+                    parked_at: *at,
+                })
+            })
+            .take(limit)
+            .collect())
+    }
+
+    async fn parked_events(&self) -> Result<u64, LedgerError> {
+        let n = self
+            .lock()
+            .outbox
+            .values()
+            .filter(|r| r.parked.is_some())
+            .count();
+        Ok(u64::try_from(n).unwrap_or(u64::MAX))
+    }
+
+    async fn unpark(&self, ids: &[i64]) -> Result<usize, LedgerError> {
+        let mut t = self.lock();
+        let mut unparked = 0;
+        for id in ids {
+            if let Some(row) = t.outbox.get_mut(id).filter(|r| r.parked.is_some()) {
+                row.parked = None;
+                row.attempts = 0;
+                row.refusals = 0;
+                unparked += 1;
+            }
+        }
+        Ok(unparked)
+    }
+
     async fn unsent(&self) -> Result<u64, LedgerError> {
-        let n = self.lock().outbox.values().filter(|r| !r.sent).count();
+        let n = self.lock().outbox.values().filter(|r| r.unsent()).count();
         Ok(u64::try_from(n).unwrap_or(u64::MAX))
     }
 }

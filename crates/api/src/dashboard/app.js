@@ -269,7 +269,9 @@
     if (!st.redis_up || !st.mariadb_up) $("card-mode").className = "card bad";
 
     $("outbox").textContent = num(data.outbox_unsent);
-    $("card-outbox").className = "card " + (data.outbox_unsent === null ? "bad" : data.outbox_unsent > 1000 ? "warn" : "ok");
+    const parked = data.outbox_parked;
+    $("outbox-note").textContent = "events not yet on NATS · " + (parked === null ? "—" : num(parked)) + " parked";
+    $("card-outbox").className = "card " + (data.outbox_unsent === null || parked > 0 ? "bad" : data.outbox_unsent > 1000 ? "warn" : "ok");
 
     const inc = data.incidents;
     $("incidents").textContent = inc.open === null ? "—" : num(inc.open);

@@ -1,9 +1,10 @@
-//! Dead letters: the messages the statistics consumer gives up on (its store refuses
-//! them at their last allowed delivery, or they do not decode) go to the dead-letter
-//! stream `<stream>_DEAD` and the messages behind them go on; a person lists, replays
-//! (applied exactly once) or drops them. Each test runs the event workers as `serve`
-//! does (`TestEvents`), on the shared NATS with a stream of its own (deleted at the end
-//! with its dead-letter stream), and the real MariaDB.
+//! Dead letters and parked rows. The messages the statistics consumer gives up on (its
+//! store refuses them at their last allowed delivery, or they do not decode) go to the
+//! dead-letter stream `<stream>_DEAD` and the messages behind them go on; a person
+//! lists, replays (applied exactly once) or drops them. An outbox row the broker refuses
+//! for good is parked after a bound instead of retried forever, and a person retries it.
+//! Each test runs the event workers as `serve` does (`TestEvents`), with a stream of its
+//! own (deleted at the end with its dead-letter stream), and the real MariaDB.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -355,4 +356,147 @@ async fn an_undecodable_message_is_dead_lettered_at_once() {
     assert_eq!(dropped.note.as_deref(), Some("garbage from a test"));
     events.cleanup().await;
     app.cleanup().await;
+}
+
+/// An outbox row whose event is larger than `bytes`: a real event's fields and a note
+/// that pads it (consumers ignore fields they don't know), as a writer of larger events
+/// would put there.
+async fn insert_large_event(app: &TestApp, product: i64, bytes: usize) {
+    let payload = serde_json::json!({
+        "event_id": "0193a7c4-5d2e-7f00-8000-000000003821", "event_type": "order_paid",
+        "sequence": 1, "order_id": 1, "request_id": "REQ_large", "product_id": product,
+        "user_id": 1, "quantity": 1, "reason": null,
+        "occurred_at": "2026-12-06T10:00:00.000001Z", "note": "x".repeat(bytes),
+    });
+    sqlx::query(
+        "INSERT INTO outbox (event_id, event_type, request_id, order_id, product_id, sequence, \
+         payload, created_at) VALUES ('0193a7c4-5d2e-7f00-8000-000000003821', 'order_paid', \
+         'REQ_large', 1, ?, 1, ?, NOW(6))",
+    )
+    .bind(product)
+    .bind(payload.to_string())
+    .execute(&app.pool)
+    .await
+    .expect("insert the large event");
+}
+
+// Checks a row the broker refuses for good is parked, on a private nats-server that takes
+// messages of at most 4 KiB (max_payload): an outbox row whose event is 6 KB is refused
+// (too_large) at each round and parked after PARK_AFTER_REFUSALS refusals (attempts 5,
+// its reason kept), while the purchases' events around it are published at once. The
+// relay counts it (flashsale_outbox_parked_total), the scrape and the live page show its
+// events (flashsale_outbox_parked_events, outbox_parked), the audit reports it as an I7
+// violation, and `events parked list` shows it. Then `events parked retry` puts it back
+// and a relay on the shared NATS (1 MiB) publishes it: nothing parked or unsent is left,
+// and the audit's parked finding is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_the_broker_refuses_for_good_is_parked_then_retried() {
+    use flashsale::events::ParkedAction;
+    const MAX_PAYLOAD: usize = 4096;
+    let nats = flashsale_testkit::PrivateNats::start_with_max_payload(Some(MAX_PAYLOAD))
+        .await
+        .expect("private nats-server");
+    let app = TestApp::spawn().await;
+    let product = 3821;
+    app.create_product(product, 10, None).await;
+    insert_large_event(&app, product, 6_000).await;
+    for i in 0..3 {
+        let (status, _) = app
+            .purchase(&format!("REQ_park_{i}"), 10 + i, product, 1)
+            .await;
+        assert_eq!(status, StatusCode::CREATED);
+    }
+    let events = TestEvents::start(&app, &nats.url()).await;
+    let started = Instant::now();
+    let parked = || app.count("SELECT COUNT(*) FROM outbox_parked");
+    wait_until("the large row parked", DRAIN_MAX, || async {
+        parked().await == 1
+    })
+    .await;
+    println!(
+        "a 6 KB event for a broker taking 4 KiB: parked {:?} after the relay started",
+        started.elapsed()
+    );
+    let unsent = "SELECT COUNT(*) FROM outbox_unsent";
+    wait_until("the other events published", DRAIN_MAX, || async {
+        app.count(unsent).await == 0
+    })
+    .await;
+    let row = sqlx::query_as::<_, (i32, String)>(
+        "SELECT attempts, CONVERT(reason USING utf8mb4) FROM outbox_parked",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .expect("the parked row");
+    assert_eq!(row.0, 5, "{row:?}");
+    assert!(row.1.contains("too_large"), "{row:?}");
+    let counted = app.metrics.encode();
+    assert!(
+        counted.contains("flashsale_outbox_parked_total 1"),
+        "{counted}"
+    );
+    let (scraped, _) = app.scrape_metrics().await;
+    assert!(
+        scraped.contains("flashsale_outbox_parked_events 1"),
+        "{scraped}"
+    );
+    let (status, page) = app.get("/dashboard/data").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(page["outbox_parked"], 1, "{page}");
+    let id = flashsale_core::ProductId::parse(product).expect("id");
+    let mut report = Vec::new();
+    let totals = flashsale::audit_products(&app.maintenance, &[id], Some(id), &mut report)
+        .await
+        .expect("audit");
+    let report = String::from_utf8(report).expect("utf-8");
+    assert!(totals.violations >= 1, "{report}");
+    assert!(
+        report.contains("I7") && report.contains("1 outbox events are parked"),
+        "{report}"
+    );
+
+    let ledger = flashsale::connect_ledger(&config_of(&app))
+        .await
+        .expect("ledger");
+    let mut out = Vec::new();
+    flashsale::events::parked(&ledger, ParkedAction::List, &mut out)
+        .await
+        .expect("list");
+    let listed = String::from_utf8(out).expect("utf-8");
+    assert!(
+        listed.contains("1 parked outbox row(s)") && listed.contains("REQ_large"),
+        "{listed}"
+    );
+
+    let mut events = events;
+    events.stop().await;
+    let mut out = Vec::new();
+    flashsale::events::parked(&ledger, ParkedAction::Retry { id: None }, &mut out)
+        .await
+        .expect("retry");
+    assert_eq!(parked().await, 0);
+    let roomy = TestEvents::start(&app, NATS_URL).await;
+    wait_until("the large row published", DRAIN_MAX, || async {
+        app.count(unsent).await == 0
+    })
+    .await;
+    assert_eq!(parked().await, 0);
+    let mut report = Vec::new();
+    flashsale::audit_products(&app.maintenance, &[id], Some(id), &mut report)
+        .await
+        .expect("audit");
+    let report = String::from_utf8(report).expect("utf-8");
+    assert!(!report.contains("parked"), "{report}");
+    roomy.cleanup().await;
+    events.cleanup().await;
+    app.cleanup().await;
+}
+
+/// Config with the test's database, for reaching the ledger directly.
+fn config_of(app: &TestApp) -> flashsale::Config {
+    let env = std::collections::HashMap::from([(
+        "FLASHSALE_DATABASE_URL".to_owned(),
+        app.db.as_ref().expect("db").url(),
+    )]);
+    flashsale::Config::from_parts(None, &env).expect("config")
 }

@@ -772,9 +772,12 @@ async fn one_relay_at_a_time_holds_the_outbox() {
     );
     assert_eq!(a.claim("relay-a", 10, lease).await.expect("renew").len(), 1);
     assert_eq!(held[0].attempts, 0);
-    a.give_back("relay-a", &[(held[0].id, "broker said no".into())])
-        .await
-        .expect("give back");
+    let failure = flashsale_app::PublishFailure {
+        id: held[0].id,
+        error: "broker said no".into(),
+        refused: false,
+    };
+    a.give_back("relay-a", &[failure]).await.expect("give back");
     let taken = b.claim("relay-b", 10, lease).await.expect("claim");
     assert_eq!(
         taken.iter().map(|m| m.id).collect::<Vec<_>>(),

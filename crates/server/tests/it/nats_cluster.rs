@@ -366,6 +366,7 @@ fn an_event(n: u32) -> OutboxMessage {
         request_id: format!("REQ_replicas_{n}"),
         sequence: 1,
         attempts: 0,
+        refusals: 0,
         blocked: false,
     }
 }
