@@ -1,6 +1,8 @@
 //! The seeds' database strategies (benchmark baselines, see `flashsale_app::baseline`):
 //! one transaction per attempt on the product's hot stock row, each a stored procedure of
-//! migration `…12_baseline_procedures.sql` called in one round trip.
+//! migration `…12_baseline_procedures.sql` called in one round trip; and the guarded
+//! strategies' transaction (db-optimistic, redis-lock), migration
+//! `…30_baseline_guarded.sql`'s procedure, with the one read they start with.
 //!
 //! The CALL is a prepared statement (sqlx prepares it once per connection and keeps it in
 //! the connection's statement cache), sent in autocommit: the procedure begins and
@@ -14,7 +16,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use flashsale_app::baseline::{BaselineLedger, BaselineOutcome};
+use flashsale_app::baseline::{BaselineLedger, BaselineOutcome, Guard, Guarded, StockRead};
 use flashsale_app::{LedgerError, Order};
 use flashsale_core::{
     CancelReason, OrderId, OrderStatus, ProductId, PurchaseRequest, RequestId, UserId,
@@ -33,6 +35,14 @@ const PESSIMISTIC: &str = "CALL baseline_pessimistic(?, ?, ?, ?, ?)";
 const CONDITIONAL: &str = "CALL baseline_conditional(?, ?, ?, ?, ?)";
 /// `INSERT` the order (redis-lua: the units were taken in Redis).
 const INSERT_ORDER: &str = "CALL baseline_insert_order(?, ?, ?, ?, ?)";
+/// A replay check, `UPDATE … WHERE available_stock >= q` (and the version, if given),
+/// the per-user limit, `INSERT` the order (db-optimistic, redis-lock).
+const GUARDED: &str = "CALL baseline_guarded(?, ?, ?, ?, ?, ?)";
+/// The guarded strategies' first read: the stock row, and whether the request_id has an
+/// order; one statement, so both are read in one snapshot, without a lock.
+const READ_STOCK: &str = "SELECT i.available_stock, i.version, \
+     CAST(EXISTS (SELECT 1 FROM orders o WHERE o.request_id = ?) AS SIGNED) \
+     FROM product_inventory i WHERE i.product_id = ?";
 
 /// The result set's columns, by position (a prepared CALL's result set has no column
 /// names in sqlx: its PREPARE announces none). Every answer starts with the outcome; a
@@ -40,6 +50,9 @@ const INSERT_ORDER: &str = "CALL baseline_insert_order(?, ?, ?, ?, ?)";
 /// rest of the existing order.
 mod column {
     pub(super) const OUTCOME: usize = 0;
+    /// A conflict's row: its version and available stock.
+    pub(super) const VERSION: usize = 1;
+    pub(super) const AVAILABLE: usize = 2;
     pub(super) const ID: usize = 1;
     pub(super) const CREATED_AT: usize = 2;
     pub(super) const EXPIRES_AT: usize = 3;
@@ -54,22 +67,29 @@ mod column {
 }
 
 /// Calls one of the baseline procedures for `request`: one prepared statement, one round
-/// trip, on a connection of `conns` in autocommit.
+/// trip, on a connection of `conns` in autocommit. `guard` is the guarded procedure's
+/// sixth parameter, None for migration 12's procedures, which take five.
 pub(crate) async fn call(
     conns: &Dedicated,
     procedure: &'static str,
     request: &PurchaseRequest,
     payment_timeout: Duration,
-) -> Result<BaselineOutcome, sqlx::Error> {
+    guard: Option<Guard>,
+) -> Result<Guarded, sqlx::Error> {
     let mut own = conns.take().await?;
-    let rows = sqlx::query(procedure)
+    let mut query = sqlx::query(procedure)
         .bind(request.request_id.as_str())
         .bind(request.user_id.get())
         .bind(request.product_id.get())
         .bind(request.quantity.get())
-        .bind(micros(payment_timeout))
-        .fetch_all(own.conn())
-        .await;
+        .bind(micros(payment_timeout));
+    if let Some(guard) = guard {
+        query = query.bind(match guard {
+            Guard::Version(version) => Some(version),
+            Guard::Lock => None,
+        });
+    }
+    let rows = query.fetch_all(own.conn()).await;
     own.give_back(&rows).await;
     let rows = rows?;
     match rows.as_slice() {
@@ -81,11 +101,26 @@ pub(crate) async fn call(
     }
 }
 
+/// A migration 12 procedure's answer, which is never a conflict.
+async fn unguarded(
+    conns: &Dedicated,
+    procedure: &'static str,
+    request: &PurchaseRequest,
+    payment_timeout: Duration,
+) -> Result<BaselineOutcome, sqlx::Error> {
+    match call(conns, procedure, request, payment_timeout, None).await? {
+        Guarded::Done(outcome) => Ok(outcome),
+        Guarded::Conflict(_) => Err(undecodable(corrupt(format!(
+            "{procedure} answered a version conflict, which it has no version for"
+        )))),
+    }
+}
+
 /// What a procedure's one row says.
-fn outcome(row: &MySqlRow, request: &PurchaseRequest) -> Result<BaselineOutcome, LedgerError> {
+fn outcome(row: &MySqlRow, request: &PurchaseRequest) -> Result<Guarded, LedgerError> {
     let said: String = row.try_get_unchecked(column::OUTCOME).map_err(db)?;
-    match said.as_str() {
-        "created" => Ok(BaselineOutcome::Created(Order {
+    Ok(Guarded::Done(match said.as_str() {
+        "created" => BaselineOutcome::Created(Order {
             order_id: order_id(row)?,
             request_id: request.request_id.clone(),
             user_id: request.user_id,
@@ -97,11 +132,34 @@ fn outcome(row: &MySqlRow, request: &PurchaseRequest) -> Result<BaselineOutcome,
             paid_at: None,
             cancelled_at: None,
             cancel_reason: None,
-        })),
-        "replay" => Ok(BaselineOutcome::Existing(existing(row)?)),
-        "sold_out" => Ok(BaselineOutcome::SoldOut),
-        other => Err(corrupt(format!("baseline outcome {other:?}"))),
-    }
+        }),
+        "replay" => BaselineOutcome::Existing(existing(row)?),
+        "sold_out" => BaselineOutcome::SoldOut,
+        "limit_exceeded" => BaselineOutcome::LimitExceeded,
+        "conflict" => {
+            return Ok(Guarded::Conflict(StockRead {
+                version: row.try_get(column::VERSION).map_err(db)?,
+                available: row.try_get(column::AVAILABLE).map_err(db)?,
+            }))
+        }
+        other => return Err(corrupt(format!("baseline outcome {other:?}"))),
+    }))
+}
+
+/// The guarded strategies' first read, on a connection of `conns`.
+async fn read_stock(
+    conns: &Dedicated,
+    product_id: ProductId,
+    request_id: &RequestId,
+) -> Result<Option<(StockRead, bool)>, sqlx::Error> {
+    let mut own = conns.take().await?;
+    let row: Result<Option<(i64, i64, i64)>, _> = sqlx::query_as(READ_STOCK)
+        .bind(request_id.as_str())
+        .bind(product_id.get())
+        .fetch_optional(own.conn())
+        .await;
+    own.give_back(&row).await;
+    Ok(row?.map(|(available, version, ordered)| (StockRead { available, version }, ordered != 0)))
 }
 
 fn order_id(row: &MySqlRow) -> Result<OrderId, LedgerError> {
@@ -142,7 +200,7 @@ impl BaselineLedger for MysqlLedger {
         payment_timeout: Duration,
     ) -> Result<BaselineOutcome, LedgerError> {
         self.run("baseline db-pessimistic", || {
-            call(&self.baseline_conns, PESSIMISTIC, request, payment_timeout)
+            unguarded(&self.baseline_conns, PESSIMISTIC, request, payment_timeout)
         })
         .await
     }
@@ -153,7 +211,7 @@ impl BaselineLedger for MysqlLedger {
         payment_timeout: Duration,
     ) -> Result<BaselineOutcome, LedgerError> {
         self.run("baseline db-conditional", || {
-            call(&self.baseline_conns, CONDITIONAL, request, payment_timeout)
+            unguarded(&self.baseline_conns, CONDITIONAL, request, payment_timeout)
         })
         .await
     }
@@ -164,7 +222,36 @@ impl BaselineLedger for MysqlLedger {
         payment_timeout: Duration,
     ) -> Result<BaselineOutcome, LedgerError> {
         self.run("baseline insert order", || {
-            call(&self.baseline_conns, INSERT_ORDER, request, payment_timeout)
+            unguarded(&self.baseline_conns, INSERT_ORDER, request, payment_timeout)
+        })
+        .await
+    }
+
+    async fn read_stock(
+        &self,
+        product_id: ProductId,
+        request_id: &RequestId,
+    ) -> Result<Option<(StockRead, bool)>, LedgerError> {
+        self.run("baseline read stock", || {
+            read_stock(&self.baseline_conns, product_id, request_id)
+        })
+        .await
+    }
+
+    async fn purchase_guarded(
+        &self,
+        request: &PurchaseRequest,
+        guard: Guard,
+        payment_timeout: Duration,
+    ) -> Result<Guarded, LedgerError> {
+        self.run("baseline guarded", || {
+            call(
+                &self.baseline_conns,
+                GUARDED,
+                request,
+                payment_timeout,
+                Some(guard),
+            )
         })
         .await
     }

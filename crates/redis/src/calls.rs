@@ -52,9 +52,10 @@ pub const FORGET: Lua = script!("forget");
 pub const HOLDERS: Lua = script!("holders");
 pub const SEED_DECREMENT: Lua = script!("seed_decrement");
 pub const ADOPT: Lua = script!("adopt");
+pub const UNLOCK: Lua = script!("unlock");
 
 /// Every script, for a wire that prepares them all at once.
-pub const SCRIPTS: [&Lua; 12] = [
+pub const SCRIPTS: [&Lua; 13] = [
     &RESERVE,
     &RELEASE,
     &RESTOCK,
@@ -67,6 +68,7 @@ pub const SCRIPTS: [&Lua; 12] = [
     &HOLDERS,
     &SEED_DECREMENT,
     &ADOPT,
+    &UNLOCK,
 ];
 
 /// One script call: the script, its KEYS and its ARGV.
@@ -958,6 +960,51 @@ impl Layout {
             args: vec![quantity.to_string()],
         };
         typed("seed_decrement", &w.eval(&call).await?)
+    }
+
+    /// redis-lock's lock of a product: its hash tag's slot, so it lives beside the
+    /// product's other keys on a cluster, under the deployment's prefix.
+    fn lock_key(&self, product_id: ProductId) -> String {
+        self.key(product_id, "lock")
+    }
+
+    /// One try at the product's lock: `SET <lock> <token> NX PX <lease>`; true if set.
+    pub async fn try_lock(
+        &self,
+        w: &dyn Wire,
+        product_id: ProductId,
+        token: &str,
+        lease: Duration,
+    ) -> Result<bool, GateError> {
+        let key = self.lock_key(product_id);
+        let lease_ms = lease.as_millis().max(1);
+        let set = Cmd::new("SET")
+            .arg(&key)
+            .arg(token)
+            .arg("NX")
+            .arg("PX")
+            .arg(lease_ms);
+        match only("lock", w.query(&key, &[set], false).await?)? {
+            Value::Okay => Ok(true),
+            Value::Nil => Ok(false),
+            Value::ServerError(e) => Err(refused(format!("{e:?}"))),
+            other => Err(unexpected("lock", &other)),
+        }
+    }
+
+    /// Deletes the product's lock only while it holds `token` (`unlock.lua`).
+    pub async fn unlock(
+        &self,
+        w: &dyn Wire,
+        product_id: ProductId,
+        token: &str,
+    ) -> Result<bool, GateError> {
+        let call = Call {
+            script: &UNLOCK,
+            keys: vec![self.lock_key(product_id)],
+            args: vec![token.to_owned()],
+        };
+        Ok(typed::<i64>("unlock", &w.eval(&call).await?)? == 1)
     }
 }
 

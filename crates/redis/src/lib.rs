@@ -11,6 +11,7 @@
 //! | `<prefix>{p:<id>}:pending`       | zset   | request_ids of holds, scored by time (ms)  |
 //! | `<prefix>{p:<id>}:restock:<id>`  | string | marker of an applied restock               |
 //! | `<prefix>{p:<id>}:rel:<request_id>` | string | marker of a reservation's release (expires with the records) |
+//! | `<prefix>{p:<id>}:lock`          | string | the redis-lock baseline's lock: its holder's random token, for the lease (benchmarks only) |
 //!
 //! One pub/sub channel, `<prefix>lease:revoked`: every script that adds units to a
 //! product ends its sold-out lease and publishes `<product id>:<generation>` there in the
@@ -39,6 +40,7 @@ mod trim;
 use async_trait::async_trait;
 
 use calls::{Call, Cmd, Layout, Wire};
+use flashsale_app::baseline::LockToken;
 use flashsale_app::ports::ErrorKind;
 use flashsale_app::ports::{
     GateCount, GateFacts, GateMaintenance, GateState, RebuildPlan, Release, ReleaseOf, Reserve,
@@ -477,6 +479,27 @@ impl flashsale_app::baseline::BaselineGate for RedisGate {
     async fn seed_decrement(&self, product_id: ProductId, quantity: u32) -> Result<i64, GateError> {
         self.layout
             .seed_decrement(self.wire.as_ref(), product_id, quantity)
+            .await
+    }
+
+    async fn try_lock(
+        &self,
+        product_id: ProductId,
+        lease: Duration,
+    ) -> Result<Option<LockToken>, GateError> {
+        // 128 random bits: no two holders, of any instance, ever share a token, so a
+        // holder whose lease ran out cannot release its successor's lock.
+        let token = format!("{:032x}", rand::random::<u128>());
+        let set = self
+            .layout
+            .try_lock(self.wire.as_ref(), product_id, &token, lease)
+            .await?;
+        Ok(set.then_some(LockToken(token)))
+    }
+
+    async fn unlock(&self, product_id: ProductId, token: &LockToken) -> Result<bool, GateError> {
+        self.layout
+            .unlock(self.wire.as_ref(), product_id, &token.0)
             .await
     }
 }

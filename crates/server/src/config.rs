@@ -641,7 +641,7 @@ impl Config {
             invalid(
                 name,
                 "must be flashsale, or a benchmark baseline: db-pessimistic, \
-                 db-conditional, redis-lua, http-post-ceiling",
+                 db-conditional, db-optimistic, redis-lock, redis-lua, http-post-ceiling",
             )
         })?;
         let (name, nats_url) = raw.value("nats_url");
