@@ -73,16 +73,24 @@ pub enum Strategy {
     DbConditional,
     /// Baseline: the seeds' Lua check-and-decrement in Redis, then an order insert.
     RedisLua,
+    /// Baseline: a version read, then `UPDATE … WHERE version = v AND available_stock >=
+    /// q` with the order, retried on conflict (bounded).
+    DbOptimistic,
+    /// Baseline: a per-product Redis lock (`SET NX PX`, released by token) around the
+    /// database deduction and the order.
+    RedisLock,
     /// Not a strategy: every purchase parsed and answered `sold_out` with no store
     /// touched — the HTTP ceiling of the purchase endpoint (a POST with a JSON body).
     HttpPostCeiling,
 }
 
 impl Strategy {
-    pub const ALL: [Strategy; 5] = [
+    pub const ALL: [Strategy; 7] = [
         Strategy::Flashsale,
         Strategy::DbPessimistic,
         Strategy::DbConditional,
+        Strategy::DbOptimistic,
+        Strategy::RedisLock,
         Strategy::RedisLua,
         Strategy::HttpPostCeiling,
     ];
@@ -94,6 +102,8 @@ impl Strategy {
             Strategy::DbPessimistic => "db-pessimistic",
             Strategy::DbConditional => "db-conditional",
             Strategy::RedisLua => "redis-lua",
+            Strategy::DbOptimistic => "db-optimistic",
+            Strategy::RedisLock => "redis-lock",
             Strategy::HttpPostCeiling => "http-post-ceiling",
         }
     }
@@ -377,7 +387,8 @@ pub struct Args {
     /// Side by side in one run (needs --spawn; rush or sustained): the HTTP ceiling,
     /// http-post-ceiling (purchases parsed and refused, no store touched),
     /// sql-conditional (the bare SQL transaction, as --sql), db-pessimistic,
-    /// db-conditional, redis-lua, flashsale and the ceiling again one after the other,
+    /// db-conditional, db-optimistic, redis-lock, redis-lua, flashsale and the ceiling
+    /// again one after the other,
     /// each on its own freshly spawned server (FLASHSALE_STRATEGY) with the same sizes,
     /// mode and seed, then one comparison table (and --json / --html of it); ratios to the
     /// ceiling use the higher of its two runs. Exit status 1 only if the flashsale run has
@@ -459,12 +470,14 @@ pub enum Row {
 /// flashsale, and the ceiling once more at the end. The ratios to the ceiling use the
 /// higher of its two runs: a ceiling measured while the box was still busy (a database
 /// flushing what the run before wrote) must not flatter the rest.
-pub const COMPARE_ROWS: [Row; 8] = [
+pub const COMPARE_ROWS: [Row; 10] = [
     Row::Ceiling,
     Row::Purchase(Strategy::HttpPostCeiling),
     Row::Sql,
     Row::Purchase(Strategy::DbPessimistic),
     Row::Purchase(Strategy::DbConditional),
+    Row::Purchase(Strategy::DbOptimistic),
+    Row::Purchase(Strategy::RedisLock),
     Row::Purchase(Strategy::RedisLua),
     Row::Purchase(Strategy::Flashsale),
     Row::Ceiling,
@@ -940,14 +953,14 @@ mod tests {
         assert!(outage.is_err());
     }
 
-    // Checks --compare expands to the eight rows in order (ceiling, http-post-ceiling,
-    // sql-conditional, db-pessimistic, db-conditional, redis-lua, flashsale, ceiling
-    // again): each strategy row adds its FLASHSALE_STRATEGY after the user's own
+    // Checks --compare expands to the ten rows in order (ceiling, http-post-ceiling,
+    // sql-conditional, db-pessimistic, db-conditional, db-optimistic, redis-lock,
+    // redis-lua, flashsale, ceiling again): each strategy row adds its FLASHSALE_STRATEGY after the user's own
     // --server-env (kept for every row), the SQL row db-conditional's (its server creates
     // the product) and sends SQL, the ceiling rows add none, and --server-log becomes one
     // file per row, named by its label.
     #[test]
-    fn compare_expands_to_eight_runs() {
+    fn compare_expands_to_ten_runs() {
         let args = parse(&[
             "sustained",
             "--spawn",
@@ -969,6 +982,8 @@ mod tests {
                 SQL_LABEL,
                 "db-pessimistic",
                 "db-conditional",
+                "db-optimistic",
+                "redis-lock",
                 "redis-lua",
                 "flashsale",
                 CEILING_AGAIN_LABEL
@@ -978,12 +993,12 @@ mod tests {
             "FLASHSALE_DATABASE_MAX_CONNECTIONS".to_owned(),
             "32".to_owned(),
         );
-        for ceiling in [&runs[0], &runs[7]] {
+        for ceiling in [&runs[0], &runs[9]] {
             assert_eq!(ceiling.target, Target::Healthz);
             assert_eq!(ceiling.strategy, None);
             assert_eq!(ceiling.server_env, vec![user.clone()]);
         }
-        for run in &runs[1..7] {
+        for run in &runs[1..9] {
             let name = run.strategy.expect("a strategy").name();
             let sql = run.label == SQL_LABEL;
             assert_eq!(run.target, if sql { Target::Sql } else { Target::Purchase });
@@ -1002,7 +1017,7 @@ mod tests {
             Some(PathBuf::from("/tmp/s.log.http-ceiling"))
         );
         assert_eq!(
-            runs[7].server_log,
+            runs[9].server_log,
             Some(PathBuf::from("/tmp/s.log.http-ceiling-again"))
         );
     }

@@ -395,10 +395,12 @@ pub fn throughput_chart(r: &BenchResult) -> Chart {
 
 const OP_COLORS: [&str; 4] = ["#1f5fbf", "#2a9d4b", "#d62728", "#7f3fbf"];
 /// Colours of a comparison's runs, in row order (ceiling, http-post-ceiling,
-/// db-pessimistic, db-conditional, redis-lua, flashsale; cycled beyond, so the second
-/// ceiling run is the first one's grey).
-const RUN_COLORS: [&str; 6] = [
-    "#444444", "#8c8c8c", "#d62728", "#e08a00", "#7f3fbf", "#1f5fbf",
+/// sql-conditional, db-pessimistic, db-conditional, db-optimistic, redis-lock,
+/// redis-lua, flashsale; cycled beyond, so the second ceiling run is the first one's
+/// grey).
+const RUN_COLORS: [&str; 9] = [
+    "#444444", "#8c8c8c", "#8c564b", "#d62728", "#e08a00", "#2a9d4b", "#17becf", "#7f3fbf",
+    "#1f5fbf",
 ];
 
 /// Maps a percentile (0–100, below 100) to the "nines" axis: 90% → 1, 99% → 2, …

@@ -10,17 +10,19 @@ use flashsale_bench::cli::SQL_LABEL;
 use flashsale_bench::compare::{CompareReport, CompareRow, SCHEMA};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_flashsale-bench");
-/// A small sustained load per run, so two rounds of eight spawned debug servers (each
+/// A small sustained load per run, so two rounds of ten spawned debug servers (each
 /// started, loaded, left to go quiet, checked and cleaned up) stay within about a
 /// minute (half of one on a fast machine).
 const ATTEMPTS: &str = "400";
 const USERS: &str = "300";
 const STOCK: &str = "1000";
+/// The flashsale row's place in a round.
+const FLASHSALE: usize = 8;
 
 // Checks the comparison end to end by running the real binary with two rounds: it exits
-// 0 and prints the table of medians and each round's; its JSON has the eight rows in
+// 0 and prints the table of medians and each round's; its JSON has the ten rows in
 // order (ceiling, http-post-ceiling, sql-conditional, db-pessimistic, db-conditional,
-// redis-lua, flashsale, ceiling again), the ceilings without orders or cost per order,
+// db-optimistic, redis-lock, redis-lua, flashsale, ceiling again), the ceilings without orders or cost per order,
 // the flashsale row's ratio to the ceiling taken against the higher ceiling run (the
 // POST ceiling is not one of them), the POST ceiling answering every attempt 409
 // sold_out (no order), the SQL row making orders with no server (no server CPU, no
@@ -64,26 +66,26 @@ fn quick_compare_against_spawned_servers() {
     assert!(report.passed);
     assert_eq!(report.meta.rounds, 2);
     assert_eq!(report.rounds.len(), 2);
-    assert_eq!(report.runs.len(), 16);
+    assert_eq!(report.runs.len(), 20);
     for (k, round) in report.rounds.iter().enumerate() {
         check_round(&report, &round.rows, k);
-        assert_eq!(round.runs, (k * 8..k * 8 + 8).collect::<Vec<_>>());
+        assert_eq!(round.runs, (k * 10..k * 10 + 10).collect::<Vec<_>>());
     }
     check_round(&report, &report.rows, 0);
-    let flashsale_median = report.rows[6].vs_ceiling.unwrap_or(0.0);
+    let flashsale_median = report.rows[FLASHSALE].vs_ceiling.unwrap_or(0.0);
     let own: Vec<f64> = report
         .rounds
         .iter()
-        .map(|r| r.rows[6].vs_ceiling.unwrap_or(0.0))
+        .map(|r| r.rows[FLASHSALE].vs_ceiling.unwrap_or(0.0))
         .collect();
     assert!(
         (flashsale_median - (own[0] + own[1]) / 2.0).abs() < 1e-9,
         "{flashsale_median} {own:?}"
     );
-    assert_eq!(report.rows[6].measured_rounds, Some(2));
+    assert_eq!(report.rows[FLASHSALE].measured_rounds, Some(2));
     // The POST ceiling refused every request it was sent, each with flashsale's own
     // sold-out answer: nothing else (no 503, no 400) hides behind its zero orders.
-    for post in [&report.runs[1], &report.runs[9]] {
+    for post in [&report.runs[1], &report.runs[11]] {
         assert_eq!(post.label(), "http-post-ceiling");
         let purchases = post.main_op().expect("purchases sent");
         let sent: u64 = purchases.statuses.values().sum();
@@ -95,14 +97,14 @@ fn quick_compare_against_spawned_servers() {
             "{purchases:?}"
         );
     }
-    for flashsale in [&report.runs[6], &report.runs[14]] {
+    for flashsale in [&report.runs[FLASHSALE], &report.runs[10 + FLASHSALE]] {
         assert_eq!(flashsale.label(), "flashsale");
         assert_eq!(flashsale.checks.audit.status, "passed");
     }
     // The SQL row ran with no server: no server CPU or memory, MariaDB's commits for its
     // orders, every attempt answered (an order, a replay or sold out: nothing unknown),
     // the orders table's checks passed.
-    for sql in [&report.runs[2], &report.runs[10]] {
+    for sql in [&report.runs[2], &report.runs[12]] {
         assert_eq!(sql.label(), SQL_LABEL);
         assert_eq!(sql.config.target, "sql");
         assert!(!sql.cpu.seconds.contains_key("server"), "{:?}", sql.cpu);
@@ -136,30 +138,32 @@ fn check_round(report: &CompareReport, rows: &[CompareRow], k: usize) {
             SQL_LABEL,
             "db-pessimistic",
             "db-conditional",
+            "db-optimistic",
+            "redis-lock",
             "redis-lua",
             "flashsale",
             "http-ceiling-again"
         ],
         "round {k}"
     );
-    for ceiling in [&rows[0], &rows[7]] {
+    for ceiling in [&rows[0], &rows[9]] {
         assert_eq!(ceiling.verdict, "n/a");
         assert_eq!((ceiling.orders, ceiling.com_commit_per_order), (None, None));
         assert!(ceiling.attempts_per_s.unwrap_or(0.0) > 0.0);
     }
-    if rows[6].measured_rounds.is_none() {
+    if rows[FLASHSALE].measured_rounds.is_none() {
         let higher = rows[0]
             .attempts_per_s
             .unwrap_or(0.0)
-            .max(rows[7].attempts_per_s.unwrap_or(0.0));
-        let flashsale_row = &rows[6];
+            .max(rows[9].attempts_per_s.unwrap_or(0.0));
+        let flashsale_row = &rows[FLASHSALE];
         let expected = flashsale_row.attempts_per_s.unwrap_or(0.0) / higher;
         assert!(
             (flashsale_row.vs_ceiling.unwrap_or(0.0) - expected).abs() < 1e-9,
             "{flashsale_row:?}"
         );
     }
-    for row in &rows[1..7] {
+    for row in &rows[1..9] {
         assert_eq!(row.verdict, "pass", "{row:?}");
         let post_ceiling = row.label == "http-post-ceiling";
         assert_eq!(row.orders.unwrap_or(0) > 0, !post_ceiling, "{row:?}");
