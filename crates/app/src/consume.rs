@@ -30,8 +30,15 @@ pub struct StatsDelta {
 }
 
 impl StatsDelta {
+    /// What `event` adds: nothing for a stock repair, which moved the gate's count and
+    /// sold nothing (it is still consumed once, by its id, like any other event).
     pub fn of(event: &Event) -> Self {
-        let units = i64::from(event.quantity.get());
+        debug_assert_eq!(
+            event.units.is_none(),
+            event.event_type == EventType::StockRepaired,
+            "only a stock repair's event has no buyer and units"
+        );
+        let units = event.units.map_or(0, |(_, q)| i64::from(q.get()));
         let mut delta = Self::default();
         match event.event_type {
             EventType::OrderCreated => {
@@ -50,6 +57,7 @@ impl StatsDelta {
                 delta.reservations_released = 1;
                 delta.units_released = units;
             }
+            EventType::StockRepaired => {}
         }
         delta
     }
@@ -257,8 +265,10 @@ mod tests {
             order_id: Some(OrderId::parse(1).unwrap()),
             request_id: RequestId::parse("request_id", "R1").unwrap(),
             product_id: ProductId::parse(7).unwrap(),
-            user_id: UserId::parse(3).unwrap(),
-            quantity: Quantity::from_stored(quantity).unwrap(),
+            units: Some((
+                UserId::parse(3).unwrap(),
+                Quantity::from_stored(quantity).unwrap(),
+            )),
             reason: None,
             occurred_at: Utc::now(),
         }
@@ -292,8 +302,9 @@ mod tests {
         );
     }
 
-    // Checks each event type moves its own two counters, and that the same event id
-    // delivered again is reported as already applied and changes nothing.
+    // Checks each event type moves its own two counters (a stock repair's none: it is
+    // recorded as applied and counts no sale), and that the same event id delivered
+    // again is reported as already applied and changes nothing.
     #[tokio::test]
     async fn applies_each_event_id_once() {
         let store = Arc::new(MemStats::default());
@@ -311,6 +322,18 @@ mod tests {
             consume.apply(&event(id, t, 2)).await.unwrap();
             consume.apply(&event(id, t, 2)).await.unwrap();
         }
+        let repaired = Event {
+            event_type: EventType::StockRepaired,
+            order_id: None,
+            units: None,
+            reason: Some("drift seen twice, unchanged in between".into()),
+            ..event("e4", EventType::StockRepaired, 1)
+        };
+        assert_eq!(consume.apply(&repaired).await.unwrap(), Applied::Applied);
+        assert_eq!(
+            consume.apply(&repaired).await.unwrap(),
+            Applied::AlreadyApplied
+        );
         let totals = store.totals.lock().unwrap()[&7];
         assert_eq!(
             totals,

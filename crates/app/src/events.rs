@@ -1,4 +1,5 @@
-//! Events: what every order and reservation state change tells the rest of the world.
+//! Events: what every order and reservation state change tells the rest of the world,
+//! and every repair reconciliation makes to a product's count in the gate.
 //!
 //! The ledger writes one outbox row per state change in the transaction that makes the
 //! change (so an event exists exactly when its change committed); the relay
@@ -25,14 +26,19 @@ pub enum EventType {
     /// A reservation's units went back to the stock: after a cancellation, or a
     /// reservation released without ever having an order (a fence; `order_id` null).
     ReservationReleased,
+    /// Reconciliation repaired a product's available count in the gate (a
+    /// `stock_repair` row): no order, no buyer, no sale; its request_id is `REPAIR_<id>`
+    /// of that row, and its payload carries the repair's facts (docs/events.md).
+    StockRepaired,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 4] = [
+    pub const ALL: [EventType; 5] = [
         Self::OrderCreated,
         Self::OrderPaid,
         Self::OrderCancelled,
         Self::ReservationReleased,
+        Self::StockRepaired,
     ];
 
     /// The name used in the payload, the outbox and the subject
@@ -43,6 +49,7 @@ impl EventType {
             Self::OrderPaid => "order_paid",
             Self::OrderCancelled => "order_cancelled",
             Self::ReservationReleased => "reservation_released",
+            Self::StockRepaired => "stock_repaired",
         }
     }
 }
@@ -78,16 +85,18 @@ pub struct Event {
     pub event_type: EventType,
     /// Position among the events of this purchase (request_id), from 1: order_created is
     /// 1, then order_paid or order_cancelled 2, then reservation_released 3. A fence's
-    /// reservation_released is 1.
+    /// reservation_released is 1, as is a stock repair's event.
     pub sequence: u32,
-    /// None only for a reservation released without an order (a fence).
+    /// None for a reservation released without an order (a fence) and a stock repair.
     pub order_id: Option<OrderId>,
     pub request_id: RequestId,
     pub product_id: ProductId,
-    pub user_id: UserId,
-    pub quantity: Quantity,
+    /// The buyer and the units of an order's or a reservation's event; None for a stock
+    /// repair, which has neither (its facts are in the payload, docs/events.md).
+    pub units: Option<(UserId, Quantity)>,
     /// order_cancelled: `user_cancelled` or `payment_timeout`; reservation_released:
-    /// `cancelled`, `payment_timeout`, `sold_out` or `abandoned`; otherwise None.
+    /// `cancelled`, `payment_timeout`, `sold_out` or `abandoned`; stock_repaired: why the
+    /// count was repaired; otherwise None.
     pub reason: Option<String>,
     /// When the change committed, on the database's clock.
     pub occurred_at: DateTime<Utc>,

@@ -5,12 +5,12 @@
 use std::time::Duration;
 
 use flashsale_app::events::{EventType, OutboxMessage};
-use flashsale_app::ports::{Commit, Outbox, PublishFailure};
+use flashsale_app::ports::{Commit, LedgerMaintenance, Outbox, PublishFailure, StockRepair};
 use flashsale_app::Ledger;
 use flashsale_core::{CancelReason, ReleaseReason};
 
 use crate::ledger::{create, LedgerWorld, PAYMENT_TIMEOUT};
-use crate::{hold, product, purchase, user};
+use crate::{generation, hold, product, purchase, user};
 
 /// A lease no test outlives unless it lets time pass on purpose.
 const LEASE: Duration = Duration::from_secs(60);
@@ -235,6 +235,60 @@ where
     assert_eq!(back.len(), 6);
 }
 
+/// A repair reconciliation made is recorded with its event: one `stock_repaired` row,
+/// sequence 1 of request_id `REPAIR_<n>`, unsent until marked, its payload (JSON as the
+/// consumers read it) carrying the product, the generation, the counts before and after
+/// and their difference. Two repairs are two events of two request_ids.
+pub async fn a_repair_writes_its_event<W: LedgerWorld>(w: &W)
+where
+    W::Ledger: Outbox,
+{
+    let l = w.ledger();
+    create(l, product(), 20, None).await;
+    let repair = StockRepair {
+        product_id: product(),
+        generation: generation(1),
+        redis_before: 25,
+        redis_after: 20,
+        expected: 20,
+        total: 20,
+        live_units: 0,
+        in_flight_units: 0,
+        reason: "drift seen twice, unchanged in between",
+    };
+    l.record_repair(&repair).await.expect("record");
+    l.record_repair(&StockRepair {
+        redis_before: 18,
+        ..repair.clone()
+    })
+    .await
+    .expect("record again");
+    assert_eq!(l.unsent().await.expect("unsent"), 2);
+    let rows = l.claim("relay-a", ALL, LEASE).await.expect("claim");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_ne!(rows[0].request_id, rows[1].request_id);
+    let mut deltas = Vec::new();
+    for m in &rows {
+        assert_eq!(m.event_type, EventType::StockRepaired);
+        assert_eq!(m.sequence, 1);
+        assert!(m.request_id.starts_with("REPAIR_"), "{m:?}");
+        let payload: serde_json::Value = serde_json::from_str(&m.payload).expect("JSON");
+        assert_eq!(payload["event_type"], "stock_repaired");
+        assert_eq!(payload["event_id"].as_str(), Some(m.event_id.as_str()));
+        assert_eq!(payload["request_id"].as_str(), Some(m.request_id.as_str()));
+        assert_eq!(payload["product_id"], product().get());
+        assert_eq!(payload["generation"], 1);
+        assert_eq!(payload["redis_after"], 20);
+        assert!(payload["order_id"].is_null() && payload.get("user_id").is_none());
+        deltas.push(payload["delta"].as_i64().expect("delta"));
+    }
+    deltas.sort();
+    assert_eq!(deltas, vec![-5, 2]);
+    let ids: Vec<i64> = rows.iter().map(|m| m.id).collect();
+    l.mark_sent(&ids).await.expect("mark");
+    assert_eq!(l.unsent().await.expect("unsent"), 0);
+}
+
 /// Expands to one `#[tokio::test]` per body of the outbox's contract, over world `$w`
 /// (a [`LedgerWorld`] whose ledger is also the outbox).
 #[macro_export]
@@ -245,6 +299,7 @@ macro_rules! outbox_contract {
             a_claim_leases_rows_to_one_relay,
             claims_are_bounded_and_oldest_first,
             a_refused_row_is_parked_and_put_back,
+            a_repair_writes_its_event,
         );
     };
     (@tests $w:ty; $($name:ident),* $(,)?) => {

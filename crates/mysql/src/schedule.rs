@@ -154,27 +154,48 @@ impl MysqlLedger {
     }
 }
 
+/// A repair's `stock_repaired` event, written from the `stock_repair` row just inserted
+/// (`LAST_INSERT_ID()`), in the JSON form docs/events.md gives: the row's facts, its
+/// time on the database's clock.
+const REPAIR_EVENT: &str = "INSERT INTO outbox (event_id, event_type, request_id, order_id, \
+     product_id, sequence, payload, created_at) \
+     SELECT e.event_id, 'stock_repaired', CONCAT('REPAIR_', r.id), NULL, r.product_id, 1, \
+     JSON_OBJECT('event_id', e.event_id, 'event_type', 'stock_repaired', 'sequence', 1, \
+     'order_id', NULL, 'request_id', CONCAT('REPAIR_', r.id), 'product_id', r.product_id, \
+     'repair_id', r.id, 'generation', r.generation, 'redis_before', r.redis_before, \
+     'redis_after', r.redis_after, 'delta', r.redis_after - r.redis_before, \
+     'expected', r.expected, 'total_stock', r.total_stock, 'live_units', r.live_units, \
+     'in_flight_units', r.in_flight_units, 'reason', r.reason, \
+     'occurred_at', DATE_FORMAT(r.repaired_at, '%Y-%m-%dT%H:%i:%s.%fZ')), r.repaired_at \
+     FROM stock_repair r, (SELECT UUID() AS event_id) e WHERE r.id = LAST_INSERT_ID()";
+
 impl MysqlLedger {
+    /// Records a repair and its event in one transaction: the event exists exactly when
+    /// the record does.
     pub(crate) async fn record_repair_at(&self, r: &StockRepair) -> Result<(), LedgerError> {
-        self.run("record a repair", || async {
-            sqlx::query(
-                "INSERT INTO stock_repair (product_id, generation, redis_before, redis_after, \
-                 expected, total_stock, live_units, in_flight_units, reason) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            )
-            .bind(r.product_id.get())
-            .bind(r.generation.get())
-            .bind(r.redis_before)
-            .bind(r.redis_after)
-            .bind(r.expected)
-            .bind(r.total)
-            .bind(r.live_units)
-            .bind(r.in_flight_units)
-            .bind(r.reason)
-            .execute(&self.pool())
-            .await
-        })
-        .await
-        .map(drop)
+        self.run("record a repair", || self.insert_repair(r)).await
+    }
+
+    async fn insert_repair(&self, r: &StockRepair) -> Result<(), sqlx::Error> {
+        let mut tx = self.pool().begin().await?;
+        sqlx::query(
+            "INSERT INTO stock_repair (product_id, generation, redis_before, redis_after, \
+             expected, total_stock, live_units, in_flight_units, reason) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(r.product_id.get())
+        .bind(r.generation.get())
+        .bind(r.redis_before)
+        .bind(r.redis_after)
+        .bind(r.expected)
+        .bind(r.total)
+        .bind(r.live_units)
+        .bind(r.in_flight_units)
+        .bind(r.reason)
+        .execute(&mut *tx)
+        .await?;
+        let event = sqlx::query(REPAIR_EVENT).execute(&mut *tx).await?;
+        debug_assert_eq!(event.rows_affected(), 1, "the repair row just inserted");
+        tx.commit().await
     }
 }

@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 
 use chrono::{DateTime, Utc};
-use flashsale_app::Event;
+use flashsale_app::{Event, EventType};
 use flashsale_core::{OrderId, ProductId, Quantity, RequestId, UserId};
 use serde::Deserialize;
 
@@ -25,8 +25,9 @@ struct WireEvent<'a> {
     #[serde(borrow)]
     request_id: Cow<'a, str>,
     product_id: i64,
-    user_id: i64,
-    quantity: i64,
+    // Absent from a stock repair's event (no buyer, no order's units).
+    user_id: Option<i64>,
+    quantity: Option<i64>,
     reason: Option<String>,
     #[serde(deserialize_with = "rfc3339")]
     occurred_at: DateTime<Utc>,
@@ -91,6 +92,31 @@ pub fn decode_event(body: &[u8]) -> Result<Event, DecodeError> {
 /// (`consumed_event.event_id`, and the outbox's). flashsale's own ids are UUIDs, 36.
 pub const EVENT_ID_CHARS_MAX: usize = 64;
 
+/// The buyer and units of an event: both present and valid on an order's or a
+/// reservation's event, both absent (or null) on a stock repair's.
+fn units(
+    event_type: EventType,
+    user_id: Option<i64>,
+    quantity: Option<i64>,
+) -> Result<Option<(UserId, Quantity)>, DecodeError> {
+    let bad = |e: &dyn std::fmt::Display| DecodeError(e.to_string());
+    match (event_type, user_id, quantity) {
+        (EventType::StockRepaired, None, None) => Ok(None),
+        (EventType::StockRepaired, _, _) => Err(DecodeError(
+            "stock_repaired: no user_id or quantity (it has no buyer)".into(),
+        )),
+        (_, Some(user_id), Some(quantity)) => Ok(Some((
+            UserId::parse(user_id).map_err(|e| bad(&e))?,
+            Quantity::from_stored(quantity)
+                .ok_or_else(|| DecodeError(format!("quantity {quantity}")))?,
+        ))),
+        (t, _, _) => Err(DecodeError(format!(
+            "{}: user_id and quantity are required",
+            t.as_str()
+        ))),
+    }
+}
+
 /// An event as read, its fields checked as the domain does.
 fn checked(w: WireEvent<'_>) -> Result<Event, DecodeError> {
     let bad = |e: &dyn std::fmt::Display| DecodeError(e.to_string());
@@ -102,8 +128,10 @@ fn checked(w: WireEvent<'_>) -> Result<Event, DecodeError> {
             w.event_id.chars().count()
         )));
     }
+    let event_type: EventType = w.event_type.parse().map_err(|e| bad(&e))?;
     Ok(Event {
-        event_type: w.event_type.parse().map_err(|e| bad(&e))?,
+        units: units(event_type, w.user_id, w.quantity)?,
+        event_type,
         event_id: w.event_id,
         sequence: w.sequence,
         order_id: w
@@ -113,9 +141,6 @@ fn checked(w: WireEvent<'_>) -> Result<Event, DecodeError> {
             .map_err(|e| bad(&e))?,
         request_id: RequestId::parse("request_id", &w.request_id).map_err(|e| bad(&e))?,
         product_id: ProductId::parse(w.product_id).map_err(|e| bad(&e))?,
-        user_id: UserId::parse(w.user_id).map_err(|e| bad(&e))?,
-        quantity: Quantity::from_stored(w.quantity)
-            .ok_or_else(|| DecodeError(format!("quantity {}", w.quantity)))?,
         reason: w.reason,
         occurred_at: w.occurred_at,
     })
@@ -124,7 +149,6 @@ fn checked(w: WireEvent<'_>) -> Result<Event, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flashsale_app::EventType;
 
     // Checks the documented JSON form (as MariaDB's JSON_OBJECT writes it) decodes into
     // the event, null order_id included, an escaped request_id too (the borrowed fields
@@ -137,7 +161,7 @@ mod tests {
         let event = decode_event(body.as_bytes()).expect("valid");
         assert_eq!(event.event_type, EventType::ReservationReleased);
         assert_eq!(event.order_id, None);
-        assert_eq!(event.quantity.get(), 2);
+        assert_eq!(event.units.map(|(u, q)| (u.get(), q.get())), Some((42, 2)));
         assert_eq!(event.reason.as_deref(), Some("sold_out"));
         assert_eq!(
             event.occurred_at.to_rfc3339(),
@@ -169,6 +193,22 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    // Checks a stock repair's event as MariaDB writes it (docs/events.md): no buyer and
+    // no units, its facts in fields a consumer may ignore; and that a repair carrying a
+    // buyer, or an order's event without one, is refused.
+    #[test]
+    fn decodes_a_stock_repair() {
+        let body = r#"{"event_id": "5f0c6a4e-ebf5-11f1-b3b2-02fc00000009", "event_type": "stock_repaired", "sequence": 1, "order_id": null, "request_id": "REPAIR_3", "product_id": 1001, "repair_id": 3, "generation": 2, "redis_before": 15, "redis_after": 10, "delta": -5, "expected": 10, "reason": "drift seen twice, unchanged in between", "occurred_at": "2026-11-29T10:00:00.123456Z"}"#;
+        let event = decode_event(body.as_bytes()).expect("valid");
+        assert_eq!(event.event_type, EventType::StockRepaired);
+        assert_eq!(event.units, None);
+        assert_eq!(event.request_id.as_str(), "REPAIR_3");
+        let with_buyer = body.replace("\"repair_id\"", "\"user_id\": 4, \"quantity\": 1, \"x\"");
+        assert!(decode_event(with_buyer.as_bytes()).is_err());
+        let order = body.replace("stock_repaired", "order_paid");
+        assert!(decode_event(order.as_bytes()).is_err());
     }
 
     // Checks message bodies: an array of events decodes element by element (a bad one,

@@ -228,8 +228,14 @@ impl OutboxRow {
             },
             request_id: RequestId::parse("request_id", &self.request_id).ok()?,
             product_id: ProductId::parse(self.product_id).ok()?,
-            user_id: UserId::parse(self.user_id).ok()?,
-            quantity: flashsale_core::Quantity::from_stored(self.quantity)?,
+            // A stock repair's row has no buyer (user_id and quantity 0).
+            units: match self.event_type {
+                EventType::StockRepaired => None,
+                _ => Some((
+                    UserId::parse(self.user_id).ok()?,
+                    flashsale_core::Quantity::from_stored(self.quantity)?,
+                )),
+            },
             reason: self.reason.map(str::to_owned),
             occurred_at: self.created_at,
         })
@@ -515,6 +521,57 @@ impl Tables {
                 },
             );
         }
+    }
+
+    /// `record_repair_at`'s event: request_id `REPAIR_<n>` of the n-th repair, no buyer.
+    fn write_repair_event(&mut self, r: &StockRepair, number: usize, now: DateTime<Utc>) {
+        let id = self.next_outbox_id;
+        self.next_outbox_id += 1;
+        let event_id = format!("ev-{id:06}");
+        let rid = format!("REPAIR_{number}");
+        let payload = format!(
+            "{{\"event_id\": \"{event_id}\", \"event_type\": \"stock_repaired\", \"sequence\": 1, \
+             \"order_id\": null, \"request_id\": \"{rid}\", \"product_id\": {}, \
+             \"repair_id\": {number}, \"generation\": {}, \"redis_before\": {}, \
+             \"redis_after\": {}, \"delta\": {}, \"expected\": {}, \"total_stock\": {}, \
+             \"live_units\": {}, \"in_flight_units\": {}, \"reason\": \"{}\", \"occurred_at\": \"{}\"}}",
+            r.product_id,
+            r.generation.get(),
+            r.redis_before,
+            r.redis_after,
+            r.redis_after - r.redis_before,
+            r.expected,
+            r.total,
+            r.live_units,
+            r.in_flight_units,
+            r.reason,
+            now.format("%Y-%m-%dT%H:%M:%S%.6fZ"),
+        );
+        self.outbox_keys
+            .insert((rid.clone(), EventType::StockRepaired), id);
+        self.outbox.insert(
+            id,
+            OutboxRow {
+                id,
+                event_id,
+                event_type: EventType::StockRepaired,
+                request_id: rid,
+                order_id: None,
+                product_id: r.product_id.get(),
+                user_id: 0,
+                quantity: 0,
+                reason: Some(r.reason),
+                sequence: 1,
+                payload,
+                created_at: now,
+                sent: false,
+                attempts: 0,
+                refusals: 0,
+                claimed_by: None,
+                claimed_until: None,
+                parked: None,
+            },
+        );
     }
 
     /// The facts' `event_mismatches` query: reservations (of one product, or all) whose
@@ -2206,8 +2263,13 @@ impl LedgerMaintenance for MemLedger {
         Ok(())
     }
 
+    /// The repair and its `stock_repaired` event, in one step as in one transaction.
     async fn record_repair(&self, repair: &StockRepair) -> Result<(), LedgerError> {
-        self.lock().repairs.push(repair.clone());
+        let now = self.now();
+        let mut t = self.lock();
+        t.repairs.push(repair.clone());
+        let number = t.repairs.len();
+        t.write_repair_event(repair, number, now);
         Ok(())
     }
 

@@ -169,8 +169,9 @@ pub(crate) async fn wait_drained(app: &TestApp, products: &[i64]) {
 
 /// Exactly one outbox event per state change in `rows` (the outbox): order_created per
 /// order, order_paid per PAID order, order_cancelled per CANCELLED order,
-/// reservation_released per RELEASED reservation (cancelled orders and fences), and
-/// nothing else; and every one of them sent.
+/// reservation_released per RELEASED reservation (cancelled orders and fences),
+/// stock_repaired per repair reconciliation made, and nothing else; and every one of
+/// them sent.
 pub(crate) async fn assert_one_event_per_change(app: &TestApp, rows: &[OutboxRow]) {
     let count = |t: &str| rows.iter().filter(|r| r.event_type == t).count() as i64;
     assert_eq!(
@@ -192,6 +193,18 @@ pub(crate) async fn assert_one_event_per_change(app: &TestApp, rows: &[OutboxRow
         app.count("SELECT COUNT(*) FROM inventory_reservation WHERE status = 'RELEASED'")
             .await
     );
+    assert_eq!(
+        count("stock_repaired"),
+        app.count("SELECT COUNT(*) FROM stock_repair").await
+    );
+    let kinds = [
+        "order_created",
+        "order_paid",
+        "order_cancelled",
+        "reservation_released",
+        "stock_repaired",
+    ];
+    assert_eq!(kinds.map(count).iter().sum::<i64>(), rows.len() as i64);
     assert!(rows.iter().all(|r| r.sent), "every event is marked sent");
 }
 
@@ -304,9 +317,10 @@ async fn check_event(
         .await
         .expect("the event's order");
         assert_eq!(o.get::<String, _>("request_id"), event.request_id.as_str());
-        assert_eq!(o.get::<i64, _>("user_id"), event.user_id.get());
+        let (user_id, quantity) = event.units.expect("an order's event has a buyer");
+        assert_eq!(o.get::<i64, _>("user_id"), user_id.get());
         assert_eq!(o.get::<i64, _>("product_id"), event.product_id.get());
-        assert_eq!(o.get::<i32, _>("quantity") as u32, event.quantity.get());
+        assert_eq!(o.get::<i32, _>("quantity") as u32, quantity.get());
         if event.event_type == EventType::OrderCancelled {
             assert_eq!(o.get::<Option<String>, _>("cancel_reason"), event.reason);
         }

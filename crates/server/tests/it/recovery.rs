@@ -12,7 +12,9 @@ use futures::stream::{self, StreamExt};
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::helpers::{code, order_id, redis_addr, wait_until, Routes, TestApp, REDIS_URL};
+use crate::helpers::{
+    code, order_id, redis_addr, wait_until, Routes, TestApp, TestEvents, NATS_URL, REDIS_URL,
+};
 use crate::invariants;
 
 /// Settings that make the recovery window short enough for a test: requests give up
@@ -778,6 +780,23 @@ async fn committed_holds_leave_the_pending_index_early() {
     app.cleanup().await;
 }
 
+/// The `stock_repaired` events, each matched to its `stock_repair` row by request_id:
+/// (event id, product, the payload's delta), by product.
+async fn repair_events(app: &TestApp) -> Vec<(String, i64, i64)> {
+    sqlx::query_as(
+        "SELECT CONVERT(o.event_id USING utf8mb4), o.product_id, \
+         CAST(JSON_VALUE(o.payload, '$.delta') AS SIGNED) \
+         FROM outbox o JOIN stock_repair r ON o.request_id = CONCAT('REPAIR_', r.id) \
+         WHERE o.event_type = 'stock_repaired' AND o.product_id = r.product_id \
+         AND JSON_VALUE(o.payload, '$.redis_before') = r.redis_before \
+         AND JSON_VALUE(o.payload, '$.redis_after') = r.redis_after \
+         ORDER BY o.product_id",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .expect("repair events")
+}
+
 // Checks the reconciliation worker's own repair during a flood (FLASHSALE_RECONCILE_REPAIR
 // =auto, the default): Redis's count of one product is pushed up by 5 and another's down
 // by 5 while buyers flood a third product. How: passes of the worker's reconciliation
@@ -785,7 +804,10 @@ async fn committed_holds_leave_the_pending_index_early() {
 // drifts are repaired within two passes, each repair recorded in `stock_repair` with the
 // counts before and after and counted by `flashsale_reconcile_repairs_total`; a third
 // pass finds nothing; the flood's orders never exceed its stock, and the invariants and
-// the audit are clean on all three products.
+// the audit are clean on all three products. Each repair is also an event, written with
+// its record (`stock_repaired`, request_id `REPAIR_<id>`, the counts in its payload):
+// the event workers, started afterwards, publish and consume them with the orders'
+// events, and the sales statistics still equal the orders (a repair sells nothing).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn drift_is_repaired_during_a_flood_within_two_passes() {
     use flashsale_app::{Repair, REPAIR_SETTLE, REPAIR_UNITS_PER_PASS};
@@ -874,5 +896,25 @@ async fn drift_is_repaired_during_a_flood_within_two_passes() {
         invariants::assert_ok(&app, id).await;
         invariants::assert_audit_clean(&app, id).await;
     }
+    let events = repair_events(&app).await;
+    assert_eq!(
+        events.iter().map(|e| (e.1, e.2)).collect::<Vec<_>>(),
+        vec![(2801, -5), (2802, 5)],
+        "{events:?}"
+    );
+    let workers = TestEvents::start(&app, NATS_URL).await;
+    crate::events::wait_drained(&app, &[2801, 2802, 2803]).await;
+    for (event_id, ..) in events {
+        let consumed = app
+            .count(&format!(
+                "SELECT COUNT(*) FROM consumed_event WHERE event_id = '{event_id}' \
+                 AND event_type = 'stock_repaired'"
+            ))
+            .await;
+        assert_eq!(consumed, 1, "the repair's event consumed");
+    }
+    let rows = crate::events::outbox(&app).await;
+    crate::events::assert_one_event_per_change(&app, &rows).await;
+    workers.cleanup().await;
     app.cleanup().await;
 }
