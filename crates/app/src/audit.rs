@@ -172,10 +172,32 @@ pub fn check(
     bounds: &AuditBounds,
 ) -> AuditReport {
     let mut f = Findings::default();
+    ledger_alone(&mut f, ledger);
+    let mut figures = ledger_figures(ledger);
+    match ledger.mode {
+        StockMode::Gate => gate_against_ledger(&mut f, &mut figures, gate, ledger, bounds),
+        // The ledger serves the stock and the gate is behind on purpose (or down): what
+        // it holds is not compared. What it was owed was settled by the switch, and the
+        // way back rebuilds it from these facts.
+        StockMode::Ledger => figures.push(("Redis", "not compared: ledger mode".to_owned())),
+    }
+    no_limbo(&mut f, ledger, bounds);
+    events_delivered(&mut f, ledger, bounds);
+    AuditReport {
+        product_id,
+        figures,
+        violations: f.violations,
+        pending: f.pending,
+    }
+}
+
+/// I1–I4 as the ledger alone can check them: its live units within the stock, one
+/// order and one reservation per request, each reservation agreeing with its order, its
+/// counters conserved, and its stock log matching its orders.
+fn ledger_alone(f: &mut Findings, ledger: &LedgerFacts) {
     let c = &ledger.counters;
     // Read in one statement with the counters: consistent with them whatever commits.
     let live_units = ledger.pending_units + ledger.paid_units;
-
     // I1: no oversell.
     if live_units > c.total {
         f.violation(
@@ -187,7 +209,6 @@ pub fn check(
             vec![],
         );
     }
-
     // I2: one order and one reservation per request (one statement: an order and its
     // reservation are inserted in one transaction).
     if !ledger.orders_without_reservation.is_empty() {
@@ -200,7 +221,6 @@ pub fn check(
             ids(&ledger.orders_without_reservation),
         );
     }
-
     // I3: each reservation resolved consistently with its order.
     if !ledger.mismatched.is_empty() {
         f.violation(
@@ -212,13 +232,16 @@ pub fn check(
             ids(&ledger.mismatched),
         );
     }
-
     // I4: conservation.
     if let Err(e) = c.check_against_orders(ledger.pending_units, ledger.paid_units) {
         f.violation("I4", e.to_string(), vec![]);
     }
-    // I4, in the stock log: every order's units logged once as reserved, and each
-    // reservation's confirmation or release logged once.
+    stock_log(f, ledger);
+}
+
+/// I4, in the stock log: every order's units logged once as reserved, and each
+/// reservation's confirmation or release logged once.
+fn stock_log(f: &mut Findings, ledger: &LedgerFacts) {
     if ledger.reserve_logged != ledger.ordered_units {
         f.violation(
             "I4",
@@ -239,8 +262,12 @@ pub fn check(
             ids(&ledger.log_mismatches),
         );
     }
+}
 
-    let mut figures = vec![
+/// The ledger's figures the report prints.
+fn ledger_figures(ledger: &LedgerFacts) -> Vec<(&'static str, String)> {
+    let c = &ledger.counters;
+    vec![
         ("stock mode", ledger.mode.to_string()),
         ("total stock", c.total.to_string()),
         (
@@ -257,16 +284,11 @@ pub fn check(
             format!("{}/{}", ledger.reserve_logged, ledger.ordered_units),
         ),
         ("live reservations", ledger.live.len().to_string()),
-    ];
-    match ledger.mode {
-        StockMode::Gate => gate_against_ledger(&mut f, &mut figures, gate, ledger, bounds),
-        // The ledger serves the stock and the gate is behind on purpose (or down): what
-        // it holds is not compared. What it was owed was settled by the switch, and the
-        // way back rebuilds it from these facts.
-        StockMode::Ledger => figures.push(("Redis", "not compared: ledger mode".to_owned())),
-    }
+    ]
+}
 
-    // I6: no stock limbo past the workers' bounds.
+/// I6 in the ledger: no stock limbo past the workers' bounds.
+fn no_limbo(f: &mut Findings, ledger: &LedgerFacts, bounds: &AuditBounds) {
     f.counted(
         "I6",
         "unpaid orders are past their payment deadline and still hold stock",
@@ -281,9 +303,12 @@ pub fn check(
             vec![],
         );
     }
+}
 
-    // I7: one outbox event per state change (one statement: an event is written in its
-    // change's transaction), all delivered within the relay's bound.
+/// I7, its outbox side: one outbox event per state change (one statement: an event is
+/// written in its change's transaction), all delivered within the relay's bound, none
+/// parked.
+fn events_delivered(f: &mut Findings, ledger: &LedgerFacts, bounds: &AuditBounds) {
     if !ledger.event_mismatches.is_empty() {
         f.violation(
             "I7",
@@ -314,13 +339,6 @@ pub fn check(
             vec![],
         );
     }
-
-    AuditReport {
-        product_id,
-        figures,
-        violations: f.violations,
-        pending: f.pending,
-    }
 }
 
 /// The checks that compare the gate with the ledger, for a product the gate serves: I1
@@ -333,10 +351,35 @@ fn gate_against_ledger(
     ledger: &LedgerFacts,
     bounds: &AuditBounds,
 ) {
-    let c = &ledger.counters;
+    gate_count_valid(f, gate);
+    units_returned(f, ledger, bounds);
+    let counted = count_against_ledger(f, gate, ledger);
+    untraced_holds(f, gate, ledger, &counted.untraced, bounds);
+    holds_resolved(f, gate, ledger, bounds);
+    figures.extend([
+        (
+            "Redis available",
+            gate.available
+                .map_or_else(|| "missing".to_owned(), |a| a.to_string()),
+        ),
+        ("Redis holds taking units", gate.held.len().to_string()),
+        ("units held in flight", counted.in_flight_units.to_string()),
+        (
+            "restocked units not in Redis yet",
+            counted.restocking.to_string(),
+        ),
+        (
+            "Redis pending index entries",
+            gate.pending.len().to_string(),
+        ),
+    ]);
+}
+
+/// I1 in Redis: a count exists and is not negative. The gate watch rebuilds a lost
+/// entry within its interval, but a lost entry is a failure, not a step of normal work:
+/// it is reported.
+fn gate_count_valid(f: &mut Findings, gate: &GateFacts) {
     match gate.available {
-        // The gate watch rebuilds a lost entry within its interval, but a lost entry is a
-        // failure, not a step of normal work: it is reported.
         None => f.violation(
             "I1",
             "Redis has no available count for the product".into(),
@@ -345,9 +388,11 @@ fn gate_against_ledger(
         Some(a) if a < 0 => f.violation("I1", format!("Redis available count is {a} < 0"), vec![]),
         Some(_) => {}
     }
+}
 
-    // A cancel gives the units back to Redis just after its commit, or recovery does in
-    // its next pass.
+/// I3: a cancel gives the units back to Redis just after its commit, or recovery does in
+/// its next pass.
+fn units_returned(f: &mut Findings, ledger: &LedgerFacts, bounds: &AuditBounds) {
     let unreturned: BTreeMap<&String, Duration> = ledger
         .unreturned
         .iter()
@@ -359,10 +404,25 @@ fn gate_against_ledger(
         &unreturned,
         bounds.workers,
     );
+}
 
-    // Redis's count was read (with the last hold id) before the ledger's facts. A hold
-    // taken after that read is not in the count, whether or not it committed since:
-    // leave out every hold with a higher id, on both sides.
+/// What Redis's count was compared with: the holds no live reservation accounts for
+/// (request_id, units), their units, and the restocks not in Redis yet.
+struct Counted<'a> {
+    untraced: Vec<(&'a String, i64)>,
+    in_flight_units: i64,
+    restocking: i64,
+}
+
+/// I4: Redis's count against the ledger's facts. Redis's count was read (with the last
+/// hold id) before the ledger's facts. A hold taken after that read is not in the count,
+/// whether or not it committed since: every hold with a higher id is left out, on both
+/// sides.
+fn count_against_ledger<'a>(
+    f: &mut Findings,
+    gate: &'a GateFacts,
+    ledger: &LedgerFacts,
+) -> Counted<'a> {
     let seen = |hold: HoldId| hold.get() <= gate.last_hold_id;
     let traced = |request_id: &String, hold: HoldId| {
         ledger.live.get(request_id).map(|(h, _)| *h) == Some(hold)
@@ -374,8 +434,8 @@ fn gate_against_ledger(
         .map(|(_, units)| units)
         .sum();
     // Units Redis holds that no live reservation accounts for: purchases between Redis
-    // and their commit, orphans, releases not yet returned. Each is checked below by its
-    // age; here they only make the count add up.
+    // and their commit, orphans, releases not yet returned. Each is checked by its age
+    // (`untraced_holds`); here they only make the count add up.
     let untraced: Vec<(&String, i64)> = gate
         .held
         .iter()
@@ -391,27 +451,41 @@ fn gate_against_ledger(
         .filter(|(generation, _, _)| Some(*generation) == gate.generation)
         .map(|(_, units, _)| units)
         .sum();
+    let total = ledger.counters.total;
     if let Some(a) = gate.available {
-        let expected = c.total - restocking - live_seen - in_flight_units;
+        let expected = total - restocking - live_seen - in_flight_units;
         if a != expected {
             f.cross_store(
                 "I4",
                 format!(
-                    "Redis available {a} != total {} - restocks not in Redis yet {restocking} \
-                     - units of live reservations {live_seen} - units held in flight \
-                     {in_flight_units} = {expected}",
-                    c.total
+                    "Redis available {a} != total {total} - restocks not in Redis yet \
+                     {restocking} - units of live reservations {live_seen} - units held in \
+                     flight {in_flight_units} = {expected}"
                 ),
                 vec![],
             );
         }
     }
-    // A hold with no live reservation is either in the pending index (in flight; those
-    // the ledger never saw are checked under I6), or a release not yet returned (I3
-    // above); anything else takes units for nothing.
+    Counted {
+        untraced,
+        in_flight_units,
+        restocking,
+    }
+}
+
+/// I4: a hold with no live reservation is either in the pending index (in flight; those
+/// the ledger never saw are checked under I6), or a release not yet returned (I3); anything
+/// else takes units for nothing.
+fn untraced_holds(
+    f: &mut Findings,
+    gate: &GateFacts,
+    ledger: &LedgerFacts,
+    untraced: &[(&String, i64)],
+    bounds: &AuditBounds,
+) {
     let mut orphans = BTreeMap::new();
     let mut lost = Vec::new();
-    for (request_id, _) in &untraced {
+    for (request_id, _) in untraced {
         if ledger.unreturned.contains_key(*request_id) {
             continue;
         }
@@ -439,9 +513,11 @@ fn gate_against_ledger(
             ids(lost),
         );
     }
+}
 
-    // I6: no stock limbo past the workers' bounds. The pending index was read before the
-    // ledger, so a hold that committed in between is in the ledger already.
+/// I6 across the stores: no stock limbo past the workers' bounds. The pending index was
+/// read before the ledger, so a hold that committed in between is in the ledger already.
+fn holds_resolved(f: &mut Findings, gate: &GateFacts, ledger: &LedgerFacts, bounds: &AuditBounds) {
     let unresolved: BTreeMap<&String, Duration> = gate
         .pending
         .iter()
@@ -460,20 +536,6 @@ fn gate_against_ledger(
         .map(|(id, (_, _, age))| (id, *age))
         .collect();
     f.aged("I6", "restocks not yet in Redis", &restocks, bounds.workers);
-    figures.extend([
-        (
-            "Redis available",
-            gate.available
-                .map_or_else(|| "missing".to_owned(), |a| a.to_string()),
-        ),
-        ("Redis holds taking units", gate.held.len().to_string()),
-        ("units held in flight", in_flight_units.to_string()),
-        ("restocked units not in Redis yet", restocking.to_string()),
-        (
-            "Redis pending index entries",
-            gate.pending.len().to_string(),
-        ),
-    ]);
 }
 
 impl std::fmt::Display for AuditReport {
