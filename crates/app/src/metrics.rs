@@ -750,60 +750,28 @@ impl Monitor {
     }
 
     async fn read_stores(&self, deadline: Instant) -> StoreView {
-        let m = &self.metrics;
         // Together: a hanging store must not eat the other's share of the budget.
         let (redis, mariadb) = tokio::join!(
             bounded(deadline, self.gate.ping()),
             bounded(deadline, self.ledger.ping())
         );
         let (redis_up, mariadb_up) = (redis.is_some(), mariadb.is_some());
-        for (store, up) in [("redis", redis_up), ("mariadb", mariadb_up)] {
-            m.store_up
-                .get_or_create(&StoreLabels { store })
-                .set(i64::from(up));
-        }
-        m.ledger_writer.clear();
-        if let Some(node) = self.ledger_m.writer() {
-            m.ledger_writer.get_or_create(&NodeLabels { node }).set(1);
-        }
+        self.stores_up(redis_up, mariadb_up);
         let mut view = StoreView {
             redis_up,
             mariadb_up,
             ..StoreView::default()
         };
-        if let Some(outbox) = &self.outbox {
-            let unsent = match mariadb_up {
-                true => bounded(deadline, outbox.unsent()).await,
-                false => None,
-            };
-            m.outbox_unsent
-                .set(unsent.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX)));
-            view.outbox_unsent = unsent;
-            let parked = match mariadb_up {
-                true => bounded(deadline, outbox.parked_events()).await,
-                false => None,
-            };
-            m.outbox_parked
-                .set(parked.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX)));
-            view.outbox_parked = parked;
-        }
         if mariadb_up {
-            // For the page only (alerting has flashsale_recovery_incidents_total and the
-            // audit's exit code): two small reads, on an index and the newest row.
-            view.open_incidents = bounded(deadline, self.ledger_m.open_incidents()).await;
-            view.last_audit = bounded(deadline, self.ledger_m.last_audit()).await;
+            self.read_ledger_state(deadline, &mut view).await;
         }
-        let found = match mariadb_up {
-            true => {
-                let window = self
-                    .ledger_m
-                    .audit_violations_within(AUDIT_VIOLATIONS_WINDOW);
-                bounded(deadline, window).await
-            }
-            false => None,
-        };
-        m.audit_violations.set(found.unwrap_or(-1));
-        view.audit_violations = found;
+        let m = &self.metrics;
+        m.audit_violations.set(view.audit_violations.unwrap_or(-1));
+        if self.outbox.is_some() {
+            let count = |n: Option<u64>| n.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
+            m.outbox_unsent.set(count(view.outbox_unsent));
+            m.outbox_parked.set(count(view.outbox_parked));
+        }
         // Products gone from the list, or whose figures could not be read this time,
         // must not keep their last value.
         m.stock.clear();
@@ -818,60 +786,105 @@ impl Monitor {
             if Instant::now() >= deadline {
                 break;
             }
-            let id = product_id.to_string();
-            let set = |state: &'static str, v: i64| {
-                m.stock
-                    .get_or_create(&StockLabels {
-                        product_id: id.clone(),
-                        state,
-                    })
-                    .set(v);
-            };
-            let counters = bounded(deadline, self.ledger.inventory(product_id))
-                .await
-                .flatten();
-            if let Some(c) = &counters {
-                set("total", c.total);
-                set("reserved", c.reserved);
-                set("sold", c.sold);
-            }
-            let product = bounded(deadline, self.ledger.product(product_id))
-                .await
-                .flatten();
-            if let Some(p) = &product {
-                m.ledger_mode
-                    .get_or_create(&ProductLabels {
-                        product_id: id.clone(),
-                    })
-                    .set(i64::from(p.stock_mode == StockMode::Ledger));
-            }
-            let mut in_gate = None;
-            if redis_up {
-                in_gate = bounded(deadline, self.gate.available(product_id))
-                    .await
-                    .flatten();
-                if let Some(available) = in_gate {
-                    set("available", available);
-                }
-            }
-            // As `Flashsale::product_view` counts it.
-            let available = match (&product, &counters) {
-                (Some(p), Some(c)) if p.stock_mode == StockMode::Ledger || !p.stock_loaded => {
-                    Some(c.available)
-                }
-                (Some(_), _) => in_gate,
-                (None, _) => None,
-            };
-            view.products.push(ProductStock {
-                product_id,
-                name: product.as_ref().map(|p| p.name.clone()),
-                mode: product.as_ref().map(|p| p.stock_mode),
-                counters,
-                available,
-            });
+            let stock = self.read_product(deadline, product_id, redis_up).await;
+            view.products.push(stock);
         }
         view.read_at = Some(Utc::now());
         view
+    }
+
+    /// Sets the stores' up gauges and the ledger's writer.
+    fn stores_up(&self, redis_up: bool, mariadb_up: bool) {
+        let m = &self.metrics;
+        for (store, up) in [("redis", redis_up), ("mariadb", mariadb_up)] {
+            m.store_up
+                .get_or_create(&StoreLabels { store })
+                .set(i64::from(up));
+        }
+        m.ledger_writer.clear();
+        if let Some(node) = self.ledger_m.writer() {
+            m.ledger_writer.get_or_create(&NodeLabels { node }).set(1);
+        }
+    }
+
+    /// The ledger's figures of the whole sale, MariaDB having answered: the outbox's
+    /// unsent and parked events, the open incidents, the last audit and the recent
+    /// audits' violations (None where a read did not answer in time).
+    async fn read_ledger_state(&self, deadline: Instant, view: &mut StoreView) {
+        if let Some(outbox) = &self.outbox {
+            view.outbox_unsent = bounded(deadline, outbox.unsent()).await;
+            view.outbox_parked = bounded(deadline, outbox.parked_events()).await;
+        }
+        // For the page only (alerting has flashsale_recovery_incidents_total and the
+        // audit's exit code): two small reads, on an index and the newest row.
+        view.open_incidents = bounded(deadline, self.ledger_m.open_incidents()).await;
+        view.last_audit = bounded(deadline, self.ledger_m.last_audit()).await;
+        let window = self
+            .ledger_m
+            .audit_violations_within(AUDIT_VIOLATIONS_WINDOW);
+        view.audit_violations = bounded(deadline, window).await;
+    }
+
+    /// One product's figures, each store's read within `deadline`, into its gauges and
+    /// the page's view.
+    async fn read_product(
+        &self,
+        deadline: Instant,
+        product_id: ProductId,
+        redis_up: bool,
+    ) -> ProductStock {
+        let m = &self.metrics;
+        let id = product_id.to_string();
+        let set = |state: &'static str, v: i64| {
+            m.stock
+                .get_or_create(&StockLabels {
+                    product_id: id.clone(),
+                    state,
+                })
+                .set(v);
+        };
+        let counters = bounded(deadline, self.ledger.inventory(product_id))
+            .await
+            .flatten();
+        if let Some(c) = &counters {
+            set("total", c.total);
+            set("reserved", c.reserved);
+            set("sold", c.sold);
+        }
+        let product = bounded(deadline, self.ledger.product(product_id))
+            .await
+            .flatten();
+        if let Some(p) = &product {
+            m.ledger_mode
+                .get_or_create(&ProductLabels {
+                    product_id: id.clone(),
+                })
+                .set(i64::from(p.stock_mode == StockMode::Ledger));
+        }
+        let mut in_gate = None;
+        if redis_up {
+            in_gate = bounded(deadline, self.gate.available(product_id))
+                .await
+                .flatten();
+            if let Some(available) = in_gate {
+                set("available", available);
+            }
+        }
+        // As `Flashsale::product_view` counts it.
+        let available = match (&product, &counters) {
+            (Some(p), Some(c)) if p.stock_mode == StockMode::Ledger || !p.stock_loaded => {
+                Some(c.available)
+            }
+            (Some(_), _) => in_gate,
+            (None, _) => None,
+        };
+        ProductStock {
+            product_id,
+            name: product.as_ref().map(|p| p.name.clone()),
+            mode: product.as_ref().map(|p| p.stock_mode),
+            counters,
+            available,
+        }
     }
 }
 
