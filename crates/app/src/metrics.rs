@@ -193,6 +193,15 @@ pub struct Metrics {
     /// The purchase answers' times by bucket (`PurchaseTally::buckets`), all outcomes
     /// together: prometheus-client does not let its histograms' buckets be read back.
     purchase_buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
+    workers: Workers,
+    events: EventMetrics,
+    stores: Stores,
+    listener: Listener,
+}
+
+/// The background workers' passes and what they did: expiry, recovery, rebuilds, mode
+/// switches, reconciliation's drift and repairs.
+struct Workers {
     worker_passes: Family<WorkerLabels, Counter>,
     orders_expired: Counter,
     recovery: Family<ActionLabels, Counter>,
@@ -203,24 +212,234 @@ pub struct Metrics {
     drift_units: Gauge,
     repairs: Counter,
     units_repaired: Counter,
+}
+
+impl Workers {
+    fn register(registry: &mut Registry) -> Self {
+        Self {
+            worker_passes: registered(
+                registry,
+                "worker_passes",
+                "Passes of each background worker, by result (ok, or error: a store did not answer, or a product's step failed and was passed over)",
+                Family::default(),
+            ),
+            orders_expired: registered(
+                registry,
+                "orders_expired",
+                "Unpaid orders cancelled at their payment deadline, their stock given back",
+                Counter::default(),
+            ),
+            recovery: registered(
+                registry,
+                "recovery_actions",
+                "What recovery did: aligned (the order existed), released (no order: fenced and given back), orphans_released, returns_completed, restocks_completed, deferred (a store did not answer; tried again)",
+                Family::default(),
+            ),
+            incidents: registered(
+                registry,
+                "recovery_incidents",
+                "Outcomes recovery could not learn after its tries, recorded in recovery_incident for an operator",
+                Counter::default(),
+            ),
+            gate_rebuilds: registered(
+                registry,
+                "gate_rebuilds",
+                "Products whose Redis state was lost and rebuilt from MariaDB's facts in a new stock generation",
+                Counter::default(),
+            ),
+            mode_switches: registered(
+                registry,
+                "mode_switches",
+                "Products this instance switched to ledger mode (to=\"ledger\": Redis unreachable) or back to the Redis gate (to=\"gate\", Redis rebuilt)",
+                Family::default(),
+            ),
+            drift_products: registered(
+                registry,
+                "reconcile_drift_products",
+                "Products whose Redis available count differed from what MariaDB's facts imply at the last reconciliation pass",
+                Gauge::default(),
+            ),
+            drift_units: registered(
+                registry,
+                "reconcile_drift_units",
+                "Units of that drift, summed over products (absolute values)",
+                Gauge::default(),
+            ),
+            repairs: registered(
+                registry,
+                "reconcile_repairs",
+                "Repairs reconciliation made to a product's available count in Redis (a drift seen twice, the gate unchanged in between), each recorded in the ledger's stock_repair",
+                Counter::default(),
+            ),
+            units_repaired: registered(
+                registry,
+                "reconcile_repaired_units",
+                "Units those repairs added to or took from the counts (absolute values)",
+                Counter::default(),
+            ),
+        }
+    }
+}
+
+/// The relay's publishing and the statistics consumer's applying, dead letters and parked
+/// rows.
+struct EventMetrics {
     events_published: Counter,
     relay_failures: Counter,
     events_applied: Counter,
     consumer_failures: Counter,
     dead_lettered: Family<ReasonLabels, Counter>,
     outbox_parked_rows: Counter,
+}
+
+impl EventMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        Self {
+            events_published: registered(
+                registry,
+                "events_published",
+                "Outbox events published to NATS JetStream and marked sent by this instance's relay",
+                Counter::default(),
+            ),
+            relay_failures: registered(
+                registry,
+                "relay_failures",
+                "Relay rounds that failed (NATS or MariaDB did not answer); the events wait in the outbox",
+                Counter::default(),
+            ),
+            events_applied: registered(
+                registry,
+                "events_applied",
+                "Events the sales-statistics consumer applied (each once, duplicates not counted)",
+                Counter::default(),
+            ),
+            consumer_failures: registered(
+                registry,
+                "consumer_failures",
+                "Chunks of events the consumer could not apply (MariaDB did not answer); redelivered later",
+                Counter::default(),
+            ),
+            dead_lettered: registered(
+                registry,
+                "events_dead_lettered",
+                "Messages the sales-statistics consumer moved to the dead-letter stream, by reason: refused (the statistics store refused them at their last allowed delivery, FLASHSALE_EVENTS_MAX_DELIVER) or undecodable (at once)",
+                Family::default(),
+            ),
+            outbox_parked_rows: registered(
+                registry,
+                "outbox_parked",
+                "Outbox rows this instance's relay parked: the broker refused them for good (too large) each time it was offered them, so they left the unsent events for an operator (flashsale events parked)",
+                Counter::default(),
+            ),
+        }
+    }
+}
+
+/// The stores as the sampler last read them: errors, up, the outbox, each product's stock
+/// and mode, the writer, the audits' violations.
+struct Stores {
     store_errors: Family<StoreErrorLabels, Counter>,
     store_up: Family<StoreLabels, Gauge>,
     outbox_unsent: Gauge,
     outbox_parked: Gauge,
     stock: Family<StockLabels, Gauge>,
     ledger_mode: Family<ProductLabels, Gauge>,
-    ledger_writer: Family<NodeLabels, Gauge>,
     audit_violations: Gauge,
+    ledger_writer: Family<NodeLabels, Gauge>,
+}
+
+impl Stores {
+    fn register(registry: &mut Registry) -> Self {
+        Self {
+            store_errors: registered(
+                registry,
+                "store_errors",
+                "Store errors that ended an answer (503), a worker pass, a relay round or a consumer chunk, by store and kind (unreachable, timed_out, rejected, contention, not_ready, corrupt, too_large, stopped, config)",
+                Family::default(),
+            ),
+            store_up: registered(
+                registry,
+                "store_up",
+                "Whether the store answered when the metrics were read (1) or not (0)",
+                Family::default(),
+            ),
+            outbox_unsent: registered(
+                registry,
+                "outbox_unsent",
+                "Events waiting in the outbox to be published, when the metrics were read (-1: MariaDB did not answer)",
+                Gauge::default(),
+            ),
+            outbox_parked: registered(
+                registry,
+                "outbox_parked_events",
+                "Events of parked outbox rows (the broker refused them for good; an operator's to retry), when the metrics were read (-1: MariaDB did not answer)",
+                Gauge::default(),
+            ),
+            stock: registered(
+                registry,
+                "product_stock",
+                "Units of each product (at most 100, the highest ids) by state — available (Redis), total, reserved and sold (MariaDB) — when the metrics were read",
+                Family::default(),
+            ),
+            ledger_mode: registered(
+                registry,
+                "product_ledger_mode",
+                "Whether each product (the same ones as product_stock) is sold from MariaDB (1: ledger mode, Redis unreachable) or through the Redis gate (0), when the metrics were read",
+                Family::default(),
+            ),
+            audit_violations: registered(
+                registry,
+                "audit_violations",
+                "Invariant violations found by the audits recorded in the last 24 hours (serve's scheduled ones and flashsale audit's), when the metrics were read (-1: MariaDB did not answer)",
+                Gauge::default(),
+            ),
+            ledger_writer: registered(
+                registry,
+                "ledger_writer",
+                "The database node the ledger writes through (1, labelled host:port): on a Galera cluster the first healthy node listed, when the metrics were read",
+                Family::default(),
+            ),
+        }
+    }
+}
+
+/// The API listener's connections against its cap.
+struct Listener {
     connections_open: Gauge,
     connections_max: Gauge,
     connections_refused: Family<ReasonLabels, Counter>,
     connections_evicted: Family<ReasonLabels, Counter>,
+}
+
+impl Listener {
+    fn register(registry: &mut Registry) -> Self {
+        Self {
+            connections_open: registered(
+                registry,
+                "http_connections_open",
+                "Client connections the API listener holds open now",
+                Gauge::default(),
+            ),
+            connections_max: registered(
+                registry,
+                "http_connections_max",
+                "The API listener's cap on open connections (FLASHSALE_CONNECTIONS_MAX, fitted to the open-files limit)",
+                Gauge::default(),
+            ),
+            connections_refused: registered(
+                registry,
+                "http_connections_refused",
+                "Connections answered 503 and closed as they arrived, by reason: cap (every open connection's request was being worked on), address (its address held its share, FLASHSALE_CONNECTIONS_PER_ADDRESS_MAX)",
+                Family::default(),
+            ),
+            connections_evicted: registered(
+                registry,
+                "http_connections_evicted",
+                "Connections closed at the cap to make room for a newcomer, by what they were waiting for: head (a request head: idle, or arriving slowly), body (a request's body)",
+                Family::default(),
+            ),
+        }
+    }
 }
 
 impl Default for Metrics {
@@ -251,174 +470,10 @@ impl Metrics {
                 "Time from a request's handler starting (after routing and admission) to its answer, by endpoint and outcome",
                 Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             ),
-            worker_passes: registered(
-                &mut registry,
-                "worker_passes",
-                "Passes of each background worker, by result (ok, or error: a store did not answer, or a product's step failed and was passed over)",
-                Family::default(),
-            ),
-            orders_expired: registered(
-                &mut registry,
-                "orders_expired",
-                "Unpaid orders cancelled at their payment deadline, their stock given back",
-                Counter::default(),
-            ),
-            recovery: registered(
-                &mut registry,
-                "recovery_actions",
-                "What recovery did: aligned (the order existed), released (no order: fenced and given back), orphans_released, returns_completed, restocks_completed, deferred (a store did not answer; tried again)",
-                Family::default(),
-            ),
-            incidents: registered(
-                &mut registry,
-                "recovery_incidents",
-                "Outcomes recovery could not learn after its tries, recorded in recovery_incident for an operator",
-                Counter::default(),
-            ),
-            gate_rebuilds: registered(
-                &mut registry,
-                "gate_rebuilds",
-                "Products whose Redis state was lost and rebuilt from MariaDB's facts in a new stock generation",
-                Counter::default(),
-            ),
-            mode_switches: registered(
-                &mut registry,
-                "mode_switches",
-                "Products this instance switched to ledger mode (to=\"ledger\": Redis unreachable) or back to the Redis gate (to=\"gate\", Redis rebuilt)",
-                Family::default(),
-            ),
-            drift_products: registered(
-                &mut registry,
-                "reconcile_drift_products",
-                "Products whose Redis available count differed from what MariaDB's facts imply at the last reconciliation pass",
-                Gauge::default(),
-            ),
-            drift_units: registered(
-                &mut registry,
-                "reconcile_drift_units",
-                "Units of that drift, summed over products (absolute values)",
-                Gauge::default(),
-            ),
-            repairs: registered(
-                &mut registry,
-                "reconcile_repairs",
-                "Repairs reconciliation made to a product's available count in Redis (a drift seen twice, the gate unchanged in between), each recorded in the ledger's stock_repair",
-                Counter::default(),
-            ),
-            units_repaired: registered(
-                &mut registry,
-                "reconcile_repaired_units",
-                "Units those repairs added to or took from the counts (absolute values)",
-                Counter::default(),
-            ),
-            events_published: registered(
-                &mut registry,
-                "events_published",
-                "Outbox events published to NATS JetStream and marked sent by this instance's relay",
-                Counter::default(),
-            ),
-            relay_failures: registered(
-                &mut registry,
-                "relay_failures",
-                "Relay rounds that failed (NATS or MariaDB did not answer); the events wait in the outbox",
-                Counter::default(),
-            ),
-            events_applied: registered(
-                &mut registry,
-                "events_applied",
-                "Events the sales-statistics consumer applied (each once, duplicates not counted)",
-                Counter::default(),
-            ),
-            consumer_failures: registered(
-                &mut registry,
-                "consumer_failures",
-                "Chunks of events the consumer could not apply (MariaDB did not answer); redelivered later",
-                Counter::default(),
-            ),
-            dead_lettered: registered(
-                &mut registry,
-                "events_dead_lettered",
-                "Messages the sales-statistics consumer moved to the dead-letter stream, by reason: refused (the statistics store refused them at their last allowed delivery, FLASHSALE_EVENTS_MAX_DELIVER) or undecodable (at once)",
-                Family::default(),
-            ),
-            outbox_parked_rows: registered(
-                &mut registry,
-                "outbox_parked",
-                "Outbox rows this instance's relay parked: the broker refused them for good (too large) each time it was offered them, so they left the unsent events for an operator (flashsale events parked)",
-                Counter::default(),
-            ),
-            store_errors: registered(
-                &mut registry,
-                "store_errors",
-                "Store errors that ended an answer (503), a worker pass, a relay round or a consumer chunk, by store and kind (unreachable, timed_out, rejected, contention, not_ready, corrupt, too_large, stopped, config)",
-                Family::default(),
-            ),
-            store_up: registered(
-                &mut registry,
-                "store_up",
-                "Whether the store answered when the metrics were read (1) or not (0)",
-                Family::default(),
-            ),
-            outbox_unsent: registered(
-                &mut registry,
-                "outbox_unsent",
-                "Events waiting in the outbox to be published, when the metrics were read (-1: MariaDB did not answer)",
-                Gauge::default(),
-            ),
-            outbox_parked: registered(
-                &mut registry,
-                "outbox_parked_events",
-                "Events of parked outbox rows (the broker refused them for good; an operator's to retry), when the metrics were read (-1: MariaDB did not answer)",
-                Gauge::default(),
-            ),
-            stock: registered(
-                &mut registry,
-                "product_stock",
-                "Units of each product (at most 100, the highest ids) by state — available (Redis), total, reserved and sold (MariaDB) — when the metrics were read",
-                Family::default(),
-            ),
-            ledger_mode: registered(
-                &mut registry,
-                "product_ledger_mode",
-                "Whether each product (the same ones as product_stock) is sold from MariaDB (1: ledger mode, Redis unreachable) or through the Redis gate (0), when the metrics were read",
-                Family::default(),
-            ),
-            audit_violations: registered(
-                &mut registry,
-                "audit_violations",
-                "Invariant violations found by the audits recorded in the last 24 hours (serve's scheduled ones and flashsale audit's), when the metrics were read (-1: MariaDB did not answer)",
-                Gauge::default(),
-            ),
-            ledger_writer: registered(
-                &mut registry,
-                "ledger_writer",
-                "The database node the ledger writes through (1, labelled host:port): on a Galera cluster the first healthy node listed, when the metrics were read",
-                Family::default(),
-            ),
-            connections_open: registered(
-                &mut registry,
-                "http_connections_open",
-                "Client connections the API listener holds open now",
-                Gauge::default(),
-            ),
-            connections_max: registered(
-                &mut registry,
-                "http_connections_max",
-                "The API listener's cap on open connections (FLASHSALE_CONNECTIONS_MAX, fitted to the open-files limit)",
-                Gauge::default(),
-            ),
-            connections_refused: registered(
-                &mut registry,
-                "http_connections_refused",
-                "Connections answered 503 and closed as they arrived, by reason: cap (every open connection's request was being worked on), address (its address held its share, FLASHSALE_CONNECTIONS_PER_ADDRESS_MAX)",
-                Family::default(),
-            ),
-            connections_evicted: registered(
-                &mut registry,
-                "http_connections_evicted",
-                "Connections closed at the cap to make room for a newcomer, by what they were waiting for: head (a request head: idle, or arriving slowly), body (a request's body)",
-                Family::default(),
-            ),
+            workers: Workers::register(&mut registry),
+            events: EventMetrics::register(&mut registry),
+            stores: Stores::register(&mut registry),
+            listener: Listener::register(&mut registry),
             cells: (0..ENDPOINTS.len() * Outcome::ALL.len())
                 .map(|_| OnceLock::new())
                 .collect(),
@@ -472,17 +527,21 @@ impl Metrics {
 
     /// The last reconciliation pass's drift: products, and units summed over them.
     pub fn drift(&self) -> (i64, i64) {
-        (self.drift_products.get(), self.drift_units.get())
+        (
+            self.workers.drift_products.get(),
+            self.workers.drift_units.get(),
+        )
     }
 
     /// Incidents this instance's recovery recorded since it started.
     pub fn incidents_recorded(&self) -> u64 {
-        self.incidents.get()
+        self.workers.incidents.get()
     }
 
     /// Counts one pass of `worker`, and what it did.
     pub fn worker_pass(&self, worker: &'static str, ok: bool) {
-        self.worker_passes
+        self.workers
+            .worker_passes
             .get_or_create(&WorkerLabels {
                 worker,
                 result: if ok { "ok" } else { "error" },
@@ -491,7 +550,7 @@ impl Metrics {
     }
 
     pub fn orders_expired(&self, n: usize) {
-        self.orders_expired.inc_by(n as u64);
+        self.workers.orders_expired.inc_by(n as u64);
     }
 
     pub fn recovered(&self, r: &RecoveryReport) {
@@ -504,57 +563,61 @@ impl Metrics {
             ("deferred", r.deferred),
         ] {
             if n > 0 {
-                self.recovery
+                self.workers
+                    .recovery
                     .get_or_create(&ActionLabels { action })
                     .inc_by(n as u64);
             }
         }
-        self.incidents.inc_by(r.incidents as u64);
+        self.workers.incidents.inc_by(r.incidents as u64);
     }
 
     /// This instance switched a product to `to`.
     pub fn mode_switched(&self, to: flashsale_core::StockMode) {
-        self.mode_switches
+        self.workers
+            .mode_switches
             .get_or_create(&ModeLabels { to: to.as_str() })
             .inc();
     }
 
     pub fn gates_rebuilt(&self, n: usize) {
-        self.gate_rebuilds.inc_by(n as u64);
+        self.workers.gate_rebuilds.inc_by(n as u64);
     }
 
     /// A repair reconciliation made: `delta` units added to (or taken from) a count.
     pub fn stock_repaired(&self, delta: i64) {
-        self.repairs.inc();
-        self.units_repaired.inc_by(delta.unsigned_abs());
+        self.workers.repairs.inc();
+        self.workers.units_repaired.inc_by(delta.unsigned_abs());
     }
 
     /// The drifts the last reconciliation pass found (an empty list: none).
     pub fn reconciled(&self, drifted: &[Reconciliation]) {
-        self.drift_products.set(drifted.len() as i64);
-        self.drift_units
+        self.workers.drift_products.set(drifted.len() as i64);
+        self.workers
+            .drift_units
             .set(drifted.iter().map(|r| r.drift.saturating_abs()).sum());
     }
 
     pub fn events_published(&self, n: usize) {
-        self.events_published.inc_by(n as u64);
+        self.events.events_published.inc_by(n as u64);
     }
 
     pub fn relay_failed(&self) {
-        self.relay_failures.inc();
+        self.events.relay_failures.inc();
     }
 
     pub fn events_applied(&self, n: usize) {
-        self.events_applied.inc_by(n as u64);
+        self.events.events_applied.inc_by(n as u64);
     }
 
     pub fn consumer_failed(&self) {
-        self.consumer_failures.inc();
+        self.events.consumer_failures.inc();
     }
 
     /// Counts a message moved to the dead-letter stream, by why.
     pub fn event_dead_lettered(&self, reason: crate::consume::DeadReason) {
-        self.dead_lettered
+        self.events
+            .dead_lettered
             .get_or_create(&ReasonLabels {
                 reason: reason.as_str(),
             })
@@ -563,12 +626,13 @@ impl Metrics {
 
     /// Counts outbox rows the relay parked.
     pub fn outbox_parked(&self, rows: usize) {
-        self.outbox_parked_rows.inc_by(rows as u64);
+        self.events.outbox_parked_rows.inc_by(rows as u64);
     }
 
     /// Counts one store error by store (`redis`, `mariadb`, `nats`) and kind.
     pub fn store_failed(&self, store: &'static str, kind: ErrorKind) {
-        self.store_errors
+        self.stores
+            .store_errors
             .get_or_create(&StoreErrorLabels {
                 store,
                 kind: kind.as_str(),
@@ -587,21 +651,23 @@ impl Metrics {
 
     /// The API listener's connection cap, as fitted at startup.
     pub fn connections_capped(&self, max: usize) {
-        self.connections_max
+        self.listener
+            .connections_max
             .set(i64::try_from(max).unwrap_or(i64::MAX));
     }
 
     /// One client connection more (`true`) or less (`false`) open on the API listener.
     pub fn connection_open(&self, opened: bool) {
         match opened {
-            true => self.connections_open.inc(),
-            false => self.connections_open.dec(),
+            true => self.listener.connections_open.inc(),
+            false => self.listener.connections_open.dec(),
         };
     }
 
     /// Counts one connection refused as it arrived (`cap`, `address`).
     pub fn connection_refused(&self, reason: &'static str) {
-        self.connections_refused
+        self.listener
+            .connections_refused
             .get_or_create(&ReasonLabels { reason })
             .inc();
     }
@@ -609,7 +675,8 @@ impl Metrics {
     /// Counts one connection evicted at the cap, by what it was waiting for (`head`,
     /// `body`).
     pub fn connection_evicted(&self, reason: &'static str) {
-        self.connections_evicted
+        self.listener
+            .connections_evicted
             .get_or_create(&ReasonLabels { reason })
             .inc();
     }
@@ -766,16 +833,18 @@ impl Monitor {
             self.read_ledger_state(deadline, &mut view).await;
         }
         let m = &self.metrics;
-        m.audit_violations.set(view.audit_violations.unwrap_or(-1));
+        m.stores
+            .audit_violations
+            .set(view.audit_violations.unwrap_or(-1));
         if self.outbox.is_some() {
             let count = |n: Option<u64>| n.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
-            m.outbox_unsent.set(count(view.outbox_unsent));
-            m.outbox_parked.set(count(view.outbox_parked));
+            m.stores.outbox_unsent.set(count(view.outbox_unsent));
+            m.stores.outbox_parked.set(count(view.outbox_parked));
         }
         // Products gone from the list, or whose figures could not be read this time,
         // must not keep their last value.
-        m.stock.clear();
-        m.ledger_mode.clear();
+        m.stores.stock.clear();
+        m.stores.ledger_mode.clear();
         let products = match mariadb_up {
             true => bounded(deadline, self.ledger_m.newest_products(PRODUCTS_MAX))
                 .await
@@ -797,13 +866,17 @@ impl Monitor {
     fn stores_up(&self, redis_up: bool, mariadb_up: bool) {
         let m = &self.metrics;
         for (store, up) in [("redis", redis_up), ("mariadb", mariadb_up)] {
-            m.store_up
+            m.stores
+                .store_up
                 .get_or_create(&StoreLabels { store })
                 .set(i64::from(up));
         }
-        m.ledger_writer.clear();
+        m.stores.ledger_writer.clear();
         if let Some(node) = self.ledger_m.writer() {
-            m.ledger_writer.get_or_create(&NodeLabels { node }).set(1);
+            m.stores
+                .ledger_writer
+                .get_or_create(&NodeLabels { node })
+                .set(1);
         }
     }
 
@@ -836,7 +909,8 @@ impl Monitor {
         let m = &self.metrics;
         let id = product_id.to_string();
         let set = |state: &'static str, v: i64| {
-            m.stock
+            m.stores
+                .stock
                 .get_or_create(&StockLabels {
                     product_id: id.clone(),
                     state,
@@ -855,7 +929,8 @@ impl Monitor {
             .await
             .flatten();
         if let Some(p) = &product {
-            m.ledger_mode
+            m.stores
+                .ledger_mode
                 .get_or_create(&ProductLabels {
                     product_id: id.clone(),
                 })
@@ -1082,24 +1157,28 @@ mod tests {
         m.event_dead_lettered(crate::consume::DeadReason::Refused);
         m.outbox_parked(1);
         m.store_failed("redis", ErrorKind::TimedOut);
-        m.store_up
+        m.stores
+            .store_up
             .get_or_create(&StoreLabels { store: "redis" })
             .set(1);
-        m.outbox_unsent.set(0);
-        m.outbox_parked.set(0);
-        m.stock
+        m.stores.outbox_unsent.set(0);
+        m.stores.outbox_parked.set(0);
+        m.stores
+            .stock
             .get_or_create(&StockLabels {
                 product_id: "1".into(),
                 state: "total",
             })
             .set(1);
-        m.ledger_mode
+        m.stores
+            .ledger_mode
             .get_or_create(&ProductLabels {
                 product_id: "1".into(),
             })
             .set(0);
-        m.audit_violations.set(0);
-        m.ledger_writer
+        m.stores.audit_violations.set(0);
+        m.stores
+            .ledger_writer
             .get_or_create(&NodeLabels {
                 node: "127.0.0.1:3306".into(),
             })
