@@ -33,8 +33,9 @@ use crate::model::{
 };
 use crate::modes::ModeBoard;
 use crate::ports::{
-    Clock, Commit, CreateProduct, ErrorKind, Fence, LeaseListener, Ledger, LedgerError,
-    RecordRestock, Release, ReleaseOf, Reserve, Restock, SoldOutLease, StaleHold, StockGate,
+    Clock, Commit, CreateProduct, ErrorKind, ExistingHold, Fence, LeaseListener, Ledger,
+    LedgerError, RecordRestock, Release, ReleaseOf, Reserve, Restock, SoldOutLease, StaleHold,
+    StockGate,
 };
 use crate::sold_out::{Check, Heard, SoldOutBoard, Taking, HOLDERS_MAX};
 
@@ -478,60 +479,7 @@ impl Flashsale {
                 self.commit(&request, hold, product.per_user_limit, HoldOrigin::Fresh)
                     .await
             }
-            Reserve::Existing(hold) => {
-                if hold.user_id != request.user_id || hold.quantity != request.quantity {
-                    // Another payload holds this request_id in Redis. The ledger decides:
-                    // after a lost or expired record a misused request_id can take a hold
-                    // first, while the ledger still holds this request's order.
-                    return match self.ledger.find_purchase(&request.request_id).await? {
-                        Some(record) => answer(&request, record),
-                        None => Err(Error::RequestIdConflict),
-                    };
-                }
-                // A concurrent duplicate whose first attempt is committing here joins that
-                // commit: the ledger read below would find nothing yet, and the commit
-                // that follows it would join the same commit anyway (BENCHMARKS.md,
-                // ablation row L28).
-                if !hold.released {
-                    let joined = self
-                        .ledger
-                        .join_commit(
-                            &request,
-                            hold.hold,
-                            product.per_user_limit,
-                            self.settings.payment_timeout,
-                        )
-                        .await;
-                    if let Some(committed) = joined {
-                        return self
-                            .committed(&request, hold.hold, HoldOrigin::Earlier, committed)
-                            .await;
-                    }
-                }
-                // Most other replays are of finished purchases: one read answers them.
-                if let Some(record) = self.ledger.find_purchase(&request.request_id).await? {
-                    if !hold.released && !record.is_hold(request.product_id, hold.hold) {
-                        // An orphan left by an earlier attempt whose release failed.
-                        self.release_orphan(&request, hold.hold).await;
-                    }
-                    return answer(&request, record);
-                }
-                if hold.released {
-                    error!(request_id = %request.request_id, "hold released but the ledger has no record of the request");
-                    return Err(Error::Unavailable(
-                        "the outcome of this request is not known yet".into(),
-                    ));
-                }
-                // The first attempt is still in flight, or died before its commit:
-                // complete it. The ledger's unique key lets exactly one commit win.
-                self.commit(
-                    &request,
-                    hold.hold,
-                    product.per_user_limit,
-                    HoldOrigin::Earlier,
-                )
-                .await
-            }
+            Reserve::Existing(hold) => self.existing_hold(&request, &product, hold).await,
             Reserve::SoldOut { unseen, lease } => {
                 if let Some(lease) = lease {
                     self.heard_lease(request.product_id, sent, heard, lease)
@@ -563,6 +511,69 @@ impl Flashsale {
                 ))
             }
         }
+    }
+
+    /// The gate already holds this request_id: a retry, a concurrent duplicate, or another
+    /// payload under the same id. Joins a commit in flight, answers a finished purchase,
+    /// or completes the first attempt.
+    async fn existing_hold(
+        &self,
+        request: &PurchaseRequest,
+        product: &Product,
+        hold: ExistingHold,
+    ) -> Result<Purchased, Error> {
+        if hold.user_id != request.user_id || hold.quantity != request.quantity {
+            // Another payload holds this request_id in Redis. The ledger decides:
+            // after a lost or expired record a misused request_id can take a hold
+            // first, while the ledger still holds this request's order.
+            return match self.ledger.find_purchase(&request.request_id).await? {
+                Some(record) => answer(request, record),
+                None => Err(Error::RequestIdConflict),
+            };
+        }
+        // A concurrent duplicate whose first attempt is committing here joins that
+        // commit: the ledger read below would find nothing yet, and the commit
+        // that follows it would join the same commit anyway (BENCHMARKS.md,
+        // ablation row L28).
+        if !hold.released {
+            let joined = self
+                .ledger
+                .join_commit(
+                    request,
+                    hold.hold,
+                    product.per_user_limit,
+                    self.settings.payment_timeout,
+                )
+                .await;
+            if let Some(committed) = joined {
+                return self
+                    .committed(request, hold.hold, HoldOrigin::Earlier, committed)
+                    .await;
+            }
+        }
+        // Most other replays are of finished purchases: one read answers them.
+        if let Some(record) = self.ledger.find_purchase(&request.request_id).await? {
+            if !hold.released && !record.is_hold(request.product_id, hold.hold) {
+                // An orphan left by an earlier attempt whose release failed.
+                self.release_orphan(request, hold.hold).await;
+            }
+            return answer(request, record);
+        }
+        if hold.released {
+            error!(request_id = %request.request_id, "hold released but the ledger has no record of the request");
+            return Err(Error::Unavailable(
+                "the outcome of this request is not known yet".into(),
+            ));
+        }
+        // The first attempt is still in flight, or died before its commit:
+        // complete it. The ledger's unique key lets exactly one commit win.
+        self.commit(
+            request,
+            hold.hold,
+            product.per_user_limit,
+            HoldOrigin::Earlier,
+        )
+        .await
     }
 
     /// The gate's reservation. A gate that does not answer marks the product as bought
