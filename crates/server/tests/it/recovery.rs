@@ -843,20 +843,31 @@ async fn drift_is_repaired_during_a_flood_within_two_passes() {
         }
         orders
     };
+    let started = std::time::Instant::now();
     let repairs = async {
         let mut passes = Vec::new();
-        for _ in 0..2 {
+        for n in 1..=2 {
             let pass = app
                 .maintenance
                 .reconcile_all(Repair::UpTo(REPAIR_UNITS_PER_PASS), REPAIR_SETTLE)
                 .await
                 .expect("pass");
+            let repaired: Vec<_> = pass.iter().filter(|r| r.repaired).collect();
+            println!(
+                "pass {n} ended {:?} into the flood: repaired {:?}",
+                started.elapsed(),
+                repaired
+                    .iter()
+                    .map(|r| (r.product_id.get(), r.drift))
+                    .collect::<Vec<_>>()
+            );
             passes.push(pass);
         }
         flooding.store(false, std::sync::atomic::Ordering::SeqCst);
         passes
     };
     let (orders, passes) = tokio::join!(flood, repairs);
+    println!("the flood made {orders} orders of 1,000 units meanwhile");
     let repaired: Vec<i64> = passes
         .iter()
         .flatten()
