@@ -16,7 +16,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream;
+use async_nats::jetstream::{self, consumer};
 use flashsale_app::ports::EventBus;
 use flashsale_app::{Consume, DeadReason, Event, LedgerError, Settle};
 use futures::StreamExt;
@@ -259,90 +259,17 @@ pub async fn run_consumer(
     let mut backoff = CONSUMER_BACKOFF_FIRST;
     let mut consumer = None;
     let mut failing = false;
-    'rounds: while !*stop.borrow() {
-        let failure = 'round: {
-            if let Err(e) = bus.ready() {
-                break 'round Some(e.to_string());
-            }
-            let pull = match &consumer {
-                Some(c) => c,
-                None => match bus.ensure_consumer().await {
-                    Ok(c) => consumer.insert(c),
-                    Err(e) => break 'round Some(e.to_string()),
-                },
-            };
-            let mut messages = match pull
-                .batch()
-                .max_messages(CONSUMER_BATCH)
-                .expires(FETCH_WAIT)
-                .messages()
-                .await
-            {
-                Ok(messages) => messages,
-                Err(e) => {
-                    consumer = None;
-                    break 'round Some(format!("fetch: {e}"));
-                }
-            };
-            // Events are applied in chunks: the first message, and whatever else arrives
-            // within CONSUMER_LINGER (up to CONSUMER_BATCH messages or CONSUMER_EVENTS_MAX
-            // events), so that a steady stream is applied in a few large transactions
-            // rather than many small ones.
-            loop {
-                let first = tokio::select! {
-                    first = messages.next() => first,
-                    _ = stop.changed() => break 'rounds,
-                };
-                let Some(first) = first else {
-                    break 'round None;
-                };
-                let first = match first {
-                    Ok(first) => first,
-                    Err(e) => {
-                        consumer = None;
-                        break 'round Some(format!("fetch: {e}"));
-                    }
-                };
-                let mut chunk = Chunk::default();
-                chunk.take(first, &bus, &consume).await;
-                let linger = tokio::time::Instant::now() + CONSUMER_LINGER;
-                let mut ended = false;
-                let mut broken = None;
-                while !chunk.full() {
-                    match tokio::time::timeout_at(linger, messages.next()).await {
-                        Ok(Some(Ok(message))) => chunk.take(message, &bus, &consume).await,
-                        Ok(Some(Err(e))) => {
-                            broken = Some(e);
-                            break;
-                        }
-                        Ok(None) => {
-                            ended = true;
-                            break;
-                        }
-                        Err(_) => break,
-                    }
-                }
-                if let Handled::Retry = chunk.handle(&bus, &consume).await {
-                    break 'round Some("the statistics store failed".to_owned());
-                }
-                if let Some(e) = broken {
-                    consumer = None;
-                    break 'round Some(format!("fetch: {e}"));
-                }
-                if ended {
-                    break 'round None;
-                }
-            }
-        };
-        match failure {
-            None => {
+    while !*stop.borrow() {
+        match round(&bus, &consume, &mut consumer, &mut stop).await {
+            RoundEnd::Stopped => break,
+            RoundEnd::Done => {
                 if failing {
                     info!(consumer = CONSUMER_NAME, "event consumer working again");
                     failing = false;
                 }
                 backoff = CONSUMER_BACKOFF_FIRST;
             }
-            Some(e) => {
+            RoundEnd::Failed(e) => {
                 if !failing {
                     warn!(consumer = CONSUMER_NAME, error = %e, "event consumer can't proceed; retrying with backoff");
                     failing = true;
@@ -357,4 +284,110 @@ pub async fn run_consumer(
         }
     }
     info!(consumer = CONSUMER_NAME, "event consumer stopped");
+}
+
+/// How a round of the consumer ended.
+enum RoundEnd {
+    /// Its batch was fetched and applied (or the fetch found nothing before it expired).
+    Done,
+    /// The broker or the store failed: back off, then go on.
+    Failed(String),
+    /// `stop` turned true.
+    Stopped,
+}
+
+/// One round: a fetch of up to [`CONSUMER_BATCH`] messages, applied in chunks as they
+/// arrive. A fetch that broke forgets the durable consumer's handle, to be made again.
+async fn round(
+    bus: &NatsBus,
+    consume: &Consume,
+    consumer: &mut Option<consumer::PullConsumer>,
+    stop: &mut watch::Receiver<bool>,
+) -> RoundEnd {
+    if let Err(e) = bus.ready() {
+        return RoundEnd::Failed(e.to_string());
+    }
+    let pull = match consumer {
+        Some(c) => c,
+        None => match bus.ensure_consumer().await {
+            Ok(c) => consumer.insert(c),
+            Err(e) => return RoundEnd::Failed(e.to_string()),
+        },
+    };
+    let fetched = pull
+        .batch()
+        .max_messages(CONSUMER_BATCH)
+        .expires(FETCH_WAIT)
+        .messages()
+        .await;
+    let mut messages = match fetched {
+        Ok(messages) => messages,
+        Err(e) => {
+            *consumer = None;
+            return RoundEnd::Failed(format!("fetch: {e}"));
+        }
+    };
+    loop {
+        let first = tokio::select! {
+            first = messages.next() => first,
+            _ = stop.changed() => return RoundEnd::Stopped,
+        };
+        let first = match first {
+            None => return RoundEnd::Done,
+            Some(Ok(first)) => first,
+            Some(Err(e)) => {
+                *consumer = None;
+                return RoundEnd::Failed(format!("fetch: {e}"));
+            }
+        };
+        let (chunk, tail) = gather(first, &mut messages, bus, consume).await;
+        if let Handled::Retry = chunk.handle(bus, consume).await {
+            return RoundEnd::Failed("the statistics store failed".to_owned());
+        }
+        match tail {
+            Tail::More => {}
+            Tail::Ended => return RoundEnd::Done,
+            Tail::Broken(e) => {
+                *consumer = None;
+                return RoundEnd::Failed(format!("fetch: {e}"));
+            }
+        }
+    }
+}
+
+/// What followed a chunk in its batch.
+enum Tail {
+    /// Nothing within the linger, or the chunk is full: the batch may hold more.
+    More,
+    /// The batch ended.
+    Ended,
+    /// The fetch broke.
+    Broken(String),
+}
+
+/// A chunk: `first`, and whatever else arrives within [`CONSUMER_LINGER`] (up to
+/// [`CONSUMER_BATCH`] messages or [`CONSUMER_EVENTS_MAX`] events), so that a steady
+/// stream is applied in a few large transactions rather than many small ones.
+async fn gather<S, E>(
+    first: jetstream::Message,
+    messages: &mut S,
+    bus: &NatsBus,
+    consume: &Consume,
+) -> (Chunk, Tail)
+where
+    S: futures::Stream<Item = Result<jetstream::Message, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    let mut chunk = Chunk::default();
+    chunk.take(first, bus, consume).await;
+    let linger = tokio::time::Instant::now() + CONSUMER_LINGER;
+    while !chunk.full() {
+        match tokio::time::timeout_at(linger, messages.next()).await {
+            Ok(Some(Ok(message))) => chunk.take(message, bus, consume).await,
+            Ok(Some(Err(e))) => return (chunk, Tail::Broken(e.to_string())),
+            Ok(None) => return (chunk, Tail::Ended),
+            Err(_) => break,
+        }
+    }
+    (chunk, Tail::More)
 }
