@@ -192,52 +192,12 @@ pub async fn connect_maintenance(config: &Config) -> Result<Arc<Maintenance>, St
 
 /// Connects, applies migrations, and builds the router.
 pub async fn build(config: &Config) -> Result<App, String> {
-    let mut attempt = 1;
-    let ledger = loop {
-        let result = match connect_ledger(config).await {
-            Ok(ledger) => ledger
-                .migrate()
-                .await
-                .map(|()| ledger)
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e),
-        };
-        match result {
-            Ok(ledger) => break ledger,
-            Err(e) if attempt < reach::STARTUP_DATABASE_ATTEMPTS => {
-                warn!(
-                    attempt,
-                    of = reach::STARTUP_DATABASE_ATTEMPTS,
-                    error = %e,
-                    "{} not ready; retrying",
-                    reach::database(config)
-                );
-                tokio::time::sleep(reach::STARTUP_DATABASE_RETRY).await;
-                attempt += 1;
-            }
-            Err(e) => return Err(reach::database_gave_up(config, &e)),
-        }
-    };
-    let ledger = Arc::new(ledger);
+    let ledger = Arc::new(connect_and_migrate(config).await?);
     let gate = Arc::new(gate_for(config)?);
     reach::warn_unreachable(config, &gate).await;
     let metrics = Arc::new(Metrics::new());
     let maintenance = maintenance_for(config, gate.clone(), ledger.clone(), Some(metrics.clone()));
-    let baseline = match config.strategy {
-        Strategy::Flashsale => None,
-        strategy => {
-            warn!(
-                strategy = strategy.as_str(),
-                "serving purchases with a benchmark baseline, not flashsale's guarantees"
-            );
-            Some(Arc::new(Baseline::new(
-                strategy,
-                ledger.clone(),
-                gate.clone(),
-                config.payment_timeout,
-            )))
-        }
-    };
+    let baseline = baseline_for(config, &ledger, &gate);
     let monitor = Arc::new(Monitor::new(
         metrics.clone(),
         gate.clone(),
@@ -245,24 +205,8 @@ pub async fn build(config: &Config) -> Result<App, String> {
         ledger.clone(),
         Some(ledger.clone()),
     ));
-    let mut service = Flashsale::new(
-        gate.clone(),
-        ledger.clone(),
-        Arc::new(SystemClock),
-        Settings {
-            payment_timeout: config.payment_timeout,
-            max_quantity_per_order: config.max_quantity_per_order,
-        },
-    );
-    match config.user_purchase_rate {
-        Some(rate) if config.user_purchase_rate_shared => {
-            service = service.with_user_rate_at_gate(rate);
-        }
-        Some(rate) => service = service.with_user_rate(rate),
-        None => {}
-    }
     let gate_watch = Arc::new(Notify::new());
-    let service = Arc::new(service.with_gate_watch(gate_watch.clone()));
+    let service = Arc::new(service_for(config, &gate, &ledger, &gate_watch));
     let fallback = Arc::new(
         Fallback::new(
             gate.clone(),
@@ -277,30 +221,9 @@ pub async fn build(config: &Config) -> Result<App, String> {
     // Detached, like the lease listener: it runs as long as the runtime.
     tokio::spawn(follow_modes(fallback.clone()));
     if config.strategy == Strategy::Flashsale && !config.sold_out_lease.is_zero() {
-        // Detached: it runs as long as the runtime, like the server itself.
-        flashsale_redis::revoke::listen(
-            &config.redis,
-            &config.redis_prefix,
-            Arc::new(NudgeWhenHeard {
-                inner: service.lease_listener(),
-                gate_watch: gate_watch.clone(),
-            }),
-        )
-        .await
-        .map_err(|e| format!("invalid redis url: {e}"))?;
+        listen_for_revocations(config, &service, &gate_watch).await?;
     }
-    let admin_token = match &config.admin_token {
-        Some(token) => token.clone(),
-        None => {
-            let token: String = rand::rng()
-                .random::<[u8; 16]>()
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
-            warn!(admin_token = %token, "FLASHSALE_ADMIN_TOKEN is not set; generated this admin token for this run");
-            token
-        }
-    };
+    let admin_token = admin_token(config);
     if let Some(warning) = config.buyer_auth.startup_warning() {
         warn!("{warning}");
     }
@@ -340,6 +263,122 @@ pub async fn build(config: &Config) -> Result<App, String> {
         gate_watch,
         fallback,
     })
+}
+
+/// The ledger, connected and migrated, retried while the database is not ready yet
+/// ([`reach::STARTUP_DATABASE_ATTEMPTS`], [`reach::STARTUP_DATABASE_RETRY`] apart).
+async fn connect_and_migrate(config: &Config) -> Result<MysqlLedger, String> {
+    let mut attempt = 1;
+    loop {
+        let result = match connect_ledger(config).await {
+            Ok(ledger) => ledger
+                .migrate()
+                .await
+                .map(|()| ledger)
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(ledger) => return Ok(ledger),
+            Err(e) if attempt < reach::STARTUP_DATABASE_ATTEMPTS => {
+                warn!(
+                    attempt,
+                    of = reach::STARTUP_DATABASE_ATTEMPTS,
+                    error = %e,
+                    "{} not ready; retrying",
+                    reach::database(config)
+                );
+                tokio::time::sleep(reach::STARTUP_DATABASE_RETRY).await;
+                attempt += 1;
+            }
+            Err(e) => return Err(reach::database_gave_up(config, &e)),
+        }
+    }
+}
+
+/// The benchmark baseline that serves purchases instead of flashsale, if one is set.
+fn baseline_for(
+    config: &Config,
+    ledger: &Arc<MysqlLedger>,
+    gate: &Arc<RedisGate>,
+) -> Option<Arc<Baseline>> {
+    match config.strategy {
+        Strategy::Flashsale => None,
+        strategy => {
+            warn!(
+                strategy = strategy.as_str(),
+                "serving purchases with a benchmark baseline, not flashsale's guarantees"
+            );
+            Some(Arc::new(Baseline::new(
+                strategy,
+                ledger.clone(),
+                gate.clone(),
+                config.payment_timeout,
+            )))
+        }
+    }
+}
+
+/// The purchase use case with its settings, rate limits and the gate watch to nudge.
+fn service_for(
+    config: &Config,
+    gate: &Arc<RedisGate>,
+    ledger: &Arc<MysqlLedger>,
+    gate_watch: &Arc<Notify>,
+) -> Flashsale {
+    let mut service = Flashsale::new(
+        gate.clone(),
+        ledger.clone(),
+        Arc::new(SystemClock),
+        Settings {
+            payment_timeout: config.payment_timeout,
+            max_quantity_per_order: config.max_quantity_per_order,
+        },
+    );
+    match config.user_purchase_rate {
+        Some(rate) if config.user_purchase_rate_shared => {
+            service = service.with_user_rate_at_gate(rate);
+        }
+        Some(rate) => service = service.with_user_rate(rate),
+        None => {}
+    }
+    service.with_gate_watch(gate_watch.clone())
+}
+
+/// Subscribes to the sold-out leases' revocations, detached: it runs as long as the
+/// runtime, like the server itself.
+async fn listen_for_revocations(
+    config: &Config,
+    service: &Flashsale,
+    gate_watch: &Arc<Notify>,
+) -> Result<(), String> {
+    flashsale_redis::revoke::listen(
+        &config.redis,
+        &config.redis_prefix,
+        Arc::new(NudgeWhenHeard {
+            inner: service.lease_listener(),
+            gate_watch: gate_watch.clone(),
+        }),
+    )
+    .await
+    .map(drop)
+    .map_err(|e| format!("invalid redis url: {e}"))
+}
+
+/// The admin token: the configured one, or one generated for this run (and logged).
+fn admin_token(config: &Config) -> String {
+    match &config.admin_token {
+        Some(token) => token.clone(),
+        None => {
+            let token: String = rand::rng()
+                .random::<[u8; 16]>()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            warn!(admin_token = %token, "FLASHSALE_ADMIN_TOKEN is not set; generated this admin token for this run");
+            token
+        }
+    }
 }
 
 /// Reads the products' stock modes into the service's board every

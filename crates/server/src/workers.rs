@@ -46,107 +46,31 @@ impl Workers {
         fallback: Arc<Fallback>,
     ) -> Self {
         let (stop, stopped) = watch::channel(false);
-        let modes = tokio::spawn(run(
+        let start = Starter { stopped, metrics };
+        let modes = start.worker(
             "fallback",
             flashsale_app::modes::FOLLOW_INTERVAL,
             None,
-            stopped.clone(),
-            metrics.clone(),
             move || {
                 let f = fallback.clone();
                 // Never "busy": each pass makes a bounded number of switches.
                 async move { f.pass().await.map(|_| false) }
             },
-        ));
+        );
         let m = maintenance.clone();
-        let expiry = tokio::spawn(run(
-            "expiry",
-            config.expiry_interval,
-            None,
-            stopped.clone(),
-            metrics.clone(),
-            move || {
-                let m = m.clone();
-                async move { m.expire_once().await.map(|n| n >= WORKER_BATCH_SIZE) }
-            },
-        ));
-        let m = maintenance.clone();
-        let watch = tokio::spawn(run(
+        let watch = start.worker(
             "gate-watch",
             config.gate_watch_interval,
             Some(gate_watch),
-            stopped.clone(),
-            metrics.clone(),
             move || {
                 let m = m.clone();
                 // Never "busy": one pass rebuilds every product that needs it.
                 async move { m.watch_once().await.map(|_| false) }
             },
-        ));
-        let (m, k) = (maintenance.clone(), metrics.clone());
-        // Repairs what two looks agree on, a bounded number of units a pass
-        // (`flashsale_app::maintenance::reconcile`), unless set to report only.
-        let repair = match config.reconcile_repair {
-            true => Repair::UpTo(REPAIR_UNITS_PER_PASS),
-            false => Repair::Off,
-        };
-        let reconcile = tokio::spawn(run(
-            "reconcile",
-            config.reconcile_interval,
-            None,
-            stopped.clone(),
-            metrics.clone(),
-            move || {
-                let (m, k) = (m.clone(), k.clone());
-                async move {
-                    k.reconciled(&m.reconcile_all(repair, REPAIR_SETTLE).await?);
-                    Ok(false)
-                }
-            },
-        ));
-        let (m, schedule) = (maintenance.clone(), audit_schedule(config));
-        let holder = instance_name();
-        let audits = tokio::spawn(run(
-            "audit",
-            AUDIT_SCHEDULE_INTERVAL,
-            None,
-            stopped.clone(),
-            metrics.clone(),
-            move || {
-                let (m, holder) = (m.clone(), holder.clone());
-                // Never "busy": a pass audits a bounded number of ended sales.
-                async move {
-                    m.scheduled_audits_once(&holder, &schedule)
-                        .await
-                        .map(|_| false)
-                }
-            },
-        ));
-        let m = maintenance;
-        let recovery = tokio::spawn(run(
-            "recovery",
-            config.recovery_interval,
-            None,
-            stopped,
-            metrics,
-            move || {
-                let m = m.clone();
-                async move {
-                    m.recover_once().await.map(|r| {
-                        r.aligned
-                            + r.released
-                            + r.orphans_released
-                            + r.returns_completed
-                            + r.restocks_completed
-                            >= WORKER_BATCH_SIZE
-                    })
-                }
-            },
-        ));
-        Self {
-            stop,
-            tasks: vec![expiry, watch, reconcile, recovery, modes, audits],
-        }
+        );
+        let mut tasks = vec![modes, watch];
+        tasks.extend(start.maintenance(&maintenance, config));
+        Self { stop, tasks }
     }
 
     /// Asks every worker to stop after its current pass, and waits for them.
@@ -176,6 +100,79 @@ fn instance_name() -> String {
     use rand::Rng;
     let bytes: [u8; 8] = rand::rng().random();
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What every worker starts with: the stop signal and the metrics its passes count in.
+struct Starter {
+    stopped: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+}
+
+impl Starter {
+    /// Starts one worker: `pass` every `every` (and when `nudge` is notified).
+    fn worker<F, Fut>(
+        &self,
+        name: &'static str,
+        every: Duration,
+        nudge: Option<Arc<Notify>>,
+        pass: F,
+    ) -> JoinHandle<()>
+    where
+        F: Fn() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<bool, flashsale_app::Error>> + Send + 'static,
+    {
+        let (stopped, metrics) = (self.stopped.clone(), self.metrics.clone());
+        tokio::spawn(run(name, every, nudge, stopped, metrics, pass))
+    }
+
+    /// The maintenance workers: expiry, reconciliation, the scheduled audits, recovery.
+    fn maintenance(&self, maintenance: &Arc<Maintenance>, config: &Config) -> Vec<JoinHandle<()>> {
+        let m = maintenance.clone();
+        let expiry = self.worker("expiry", config.expiry_interval, None, move || {
+            let m = m.clone();
+            async move { m.expire_once().await.map(|n| n >= WORKER_BATCH_SIZE) }
+        });
+        let (m, k) = (maintenance.clone(), self.metrics.clone());
+        // Repairs what two looks agree on, a bounded number of units a pass
+        // (`flashsale_app::maintenance::reconcile`), unless set to report only.
+        let repair = match config.reconcile_repair {
+            true => Repair::UpTo(REPAIR_UNITS_PER_PASS),
+            false => Repair::Off,
+        };
+        let reconcile = self.worker("reconcile", config.reconcile_interval, None, move || {
+            let (m, k) = (m.clone(), k.clone());
+            async move {
+                k.reconciled(&m.reconcile_all(repair, REPAIR_SETTLE).await?);
+                Ok(false)
+            }
+        });
+        let (m, schedule) = (maintenance.clone(), audit_schedule(config));
+        let holder = instance_name();
+        let audits = self.worker("audit", AUDIT_SCHEDULE_INTERVAL, None, move || {
+            let (m, holder) = (m.clone(), holder.clone());
+            // Never "busy": a pass audits a bounded number of ended sales.
+            async move {
+                m.scheduled_audits_once(&holder, &schedule)
+                    .await
+                    .map(|_| false)
+            }
+        });
+        let m = maintenance.clone();
+        let recovery = self.worker("recovery", config.recovery_interval, None, move || {
+            let m = m.clone();
+            async move {
+                m.recover_once().await.map(|r| {
+                    r.aligned
+                        + r.released
+                        + r.orphans_released
+                        + r.returns_completed
+                        + r.restocks_completed
+                        >= WORKER_BATCH_SIZE
+                })
+            }
+        });
+        vec![expiry, reconcile, recovery, audits]
+    }
 }
 
 /// One worker's loop. `pass` returns whether it filled a whole batch (then the next pass
