@@ -4,15 +4,18 @@
 //! which a cached copy may show up to [`FOUND_TTL`] late: nothing may decide from it
 //! (the ledger's own answers to a purchase decide the mode).
 //!
-//! Concurrent misses of one id share one read: the first reads the ledger, the others
-//! wait for it and take its answer from the cache. A flood on an unknown id therefore
-//! costs the ledger one read per [`MISSING_TTL`], however many attempts arrive at once.
+//! Concurrent misses of one id share one read: the first starts it, the others await the
+//! same read (a shared future: whichever of them is polled drives it, so no miss waits
+//! on another task's progress, and the read goes on while any of them still awaits it).
+//! A flood on an unknown id therefore costs the ledger one read per [`MISSING_TTL`],
+//! however many attempts arrive at once.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use flashsale_core::ProductId;
+use futures::future::{BoxFuture, FutureExt, Shared, WeakShared};
 
 use crate::model::Product;
 use crate::ports::{Clock, Ledger, LedgerError};
@@ -37,17 +40,41 @@ struct Entry {
 #[derive(Default)]
 pub(crate) struct Catalog {
     entries: RwLock<HashMap<ProductId, Entry>>,
-    /// One turn per id being read: a miss takes its id's turn, and a miss that finds the
-    /// turn taken waits for it, then finds the answer cached. An entry lives only while
-    /// a read of its id is in flight or awaited, so the map is bounded by the requests in
-    /// flight.
-    reads: Mutex<HashMap<ProductId, Arc<tokio::sync::Mutex<()>>>>,
+    /// The read in flight of each id being read, held weakly: it lives as long as a miss
+    /// awaits it, and the map only lets a later miss join it, so the map is bounded by
+    /// the requests in flight.
+    reads: Mutex<HashMap<ProductId, WeakShared<Read>>>,
+}
+
+/// One read of a product from the ledger, shared by the misses that await it.
+type Read = BoxFuture<'static, Result<Option<Arc<Product>>, LedgerError>>;
+
+/// A miss awaiting its id's read; dropped (the read answered, or the request gone), the
+/// last one forgets the read.
+struct Awaiting<'a> {
+    catalog: &'a Catalog,
+    product_id: ProductId,
+    read: Shared<Read>,
+}
+
+impl Drop for Awaiting<'_> {
+    fn drop(&mut self) {
+        let mut reads = self.catalog.reads.lock().unwrap_or_else(|p| p.into_inner());
+        let ours = reads
+            .get(&self.product_id)
+            .and_then(WeakShared::upgrade)
+            .is_none_or(|r| r.ptr_eq(&self.read));
+        // This miss alone still awaits it: a later miss reads anew (or finds the cache).
+        if ours && self.read.strong_count() == Some(1) {
+            reads.remove(&self.product_id);
+        }
+    }
 }
 
 impl Catalog {
     pub(crate) async fn get(
         &self,
-        ledger: &dyn Ledger,
+        ledger: &Arc<dyn Ledger>,
         clock: &dyn Clock,
         product_id: ProductId,
         now: Duration,
@@ -55,43 +82,39 @@ impl Catalog {
         if let Some(hit) = self.cached(product_id, now) {
             return Ok(hit);
         }
-        let turn = self.turn(product_id);
-        let read = async {
-            let _mine = turn.lock().await;
-            // Another miss may have read it while this one waited for the turn.
-            if let Some(hit) = self.cached(product_id, clock.monotonic()) {
-                return Ok(hit);
-            }
-            let product = ledger.product(product_id).await?.map(Arc::new);
+        let awaiting = Awaiting {
+            catalog: self,
+            product_id,
+            read: self.read_of(ledger, product_id),
+        };
+        let outcome = awaiting.read.clone().await;
+        if let Ok(product) = &outcome {
             // Stamped when the read came back, not when it was asked: a slow ledger must
             // not hand the cache entries that are stale already (a flood on an unknown id
             // would then read the ledger on every attempt, just when it is slow).
             self.put(product_id, product.clone(), clock.monotonic());
-            Ok(product)
-        };
-        let outcome = read.await;
-        self.turn_done(product_id, turn);
+        }
+        drop(awaiting);
         outcome
     }
 
-    /// The turn of `product_id`'s read, made when none is taken.
-    fn turn(&self, product_id: ProductId) -> Arc<tokio::sync::Mutex<()>> {
+    /// The read of `product_id` in flight, or a new one.
+    fn read_of(&self, ledger: &Arc<dyn Ledger>, product_id: ProductId) -> Shared<Read> {
         let mut reads = self.reads.lock().unwrap_or_else(|p| p.into_inner());
-        reads.entry(product_id).or_default().clone()
-    }
-
-    /// Forgets `product_id`'s turn once no other miss holds or waits for it. (A miss that
-    /// takes it right after is served by the cache, or reads on a new turn of its own:
-    /// a second read at worst, never a wrong answer.)
-    fn turn_done(&self, product_id: ProductId, turn: Arc<tokio::sync::Mutex<()>>) {
-        let mut reads = self.reads.lock().unwrap_or_else(|p| p.into_inner());
-        let same = reads
-            .get(&product_id)
-            .is_some_and(|t| Arc::ptr_eq(t, &turn));
-        // The map's reference and this one: nobody else has the turn.
-        if same && Arc::strong_count(&turn) <= 2 {
-            reads.remove(&product_id);
+        if let Some(read) = reads.get(&product_id).and_then(WeakShared::upgrade) {
+            return read;
         }
+        let ledger = ledger.clone();
+        let read = async move { Ok(ledger.product(product_id).await?.map(Arc::new)) }
+            .boxed()
+            .shared();
+        match read.downgrade() {
+            Some(weak) => {
+                reads.insert(product_id, weak);
+            }
+            None => debug_assert!(false, "a shared future not polled yet can be downgraded"),
+        }
+        read
     }
 
     fn cached(&self, product_id: ProductId, now: Duration) -> Option<Option<Arc<Product>>> {

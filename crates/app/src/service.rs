@@ -293,7 +293,7 @@ impl Flashsale {
         now: Duration,
     ) -> Result<Arc<Product>, Error> {
         self.catalog
-            .get(self.ledger.as_ref(), self.clock.as_ref(), product_id, now)
+            .get(&self.ledger, self.clock.as_ref(), product_id, now)
             .await?
             .ok_or(Error::ProductNotFound)
     }
