@@ -79,8 +79,10 @@ const WORKER_IDLE_MAX: u64 = 60;
 const WORKER_PASSES_MAX: u32 = 2_000;
 /// Expiry + recovery passes the quiet phase runs before it calls the system unsettled.
 const DRAIN_PASSES_MAX: u32 = 100;
-/// The settle pause handed to reconciliation (wall time; see `WorkerKind::Reconcile`).
-const RECONCILE_SETTLE: Duration = Duration::from_millis(1);
+/// The settle pause handed to reconciliation: none. A pause is wall time, which the
+/// scheduler does not drive; the two looks are apart by every store call they make, at
+/// each of which the other tasks run.
+const RECONCILE_SETTLE: Duration = Duration::ZERO;
 /// Longest pause of the reconciliation worker between passes, in steps: it runs about
 /// once a simulated second (every minute in production; more often finds more).
 const RECONCILE_IDLE_MAX: u64 = 300;
