@@ -256,13 +256,15 @@ impl MemGate {
     }
 
     /// Moves a product's available count by `by` behind the service's back (a drift for
-    /// reconciliation to find); nothing when it has no entry.
+    /// reconciliation to find), down to 0 at most (a negative count is the I1 check's to
+    /// find as an oversell, which a drift is not); nothing when it has no entry.
     pub fn bump_available(&self, product_id: i64, by: i64) {
         let Ok(product) = ProductId::parse(product_id) else {
             return;
         };
         let key = self.layout.key(product, "inv");
-        if self.peek_available(product_id).is_some() {
+        if let Some(available) = self.peek_available(product_id) {
+            let by = by.max(-available);
             let args = [
                 "HINCRBY".to_owned(),
                 key,
