@@ -14,7 +14,8 @@ use flashsale_core::{
     CancelReason, Generation, HoldId, InventoryCounters, OrderId, OrderStatus, ProductId,
     RequestId, StockMode, UserId,
 };
-use sqlx::{MySqlConnection, Row};
+use sqlx::mysql::MySqlRow;
+use sqlx::{MySqlConnection, MySqlPool, Row};
 use tracing::info;
 
 use crate::ledger::MysqlLedger;
@@ -341,209 +342,45 @@ impl LedgerMaintenance for MysqlLedger {
     async fn facts(&self, product_id: ProductId) -> Result<Option<LedgerFacts>, LedgerError> {
         let pool = &self.pool();
         let p = product_id.get();
-        // The counters and the orders' units in one statement, so one snapshot: a
-        // purchase or a payment changes both in one transaction, and two statements
-        // could see it between them.
-        let Some(row) = self
-            .run("facts: inventory", || {
-                sqlx::query(
-                    "SELECT i.total_stock, i.available_stock, i.pre_deduct_stock, i.sold_count, \
-                     i.stock_mode, u.pending, u.paid, u.overdue, u.overdue_us \
-                     FROM product_inventory i, (SELECT \
-                     CAST(COALESCE(SUM(CASE WHEN status = 'PENDING_PAYMENT' THEN quantity END), 0) AS SIGNED) AS pending, \
-                     CAST(COALESCE(SUM(CASE WHEN status = 'PAID' THEN quantity END), 0) AS SIGNED) AS paid, \
-                     CAST(COALESCE(SUM(status = 'PENDING_PAYMENT' AND expires_at <= NOW(6)), 0) AS SIGNED) AS overdue, \
-                     CAST(COALESCE(MAX(CASE WHEN status = 'PENDING_PAYMENT' AND expires_at <= NOW(6) \
-                       THEN TIMESTAMPDIFF(MICROSECOND, expires_at, NOW(6)) END), 0) AS SIGNED) AS overdue_us \
-                     FROM orders WHERE product_id = ?) u \
-                     WHERE i.product_id = ?",
-                )
-                .bind(p)
-                .bind(p)
-                .fetch_optional(pool)
-            })
-            .await?
-        else {
+        let Some(units) = self.facts_inventory(pool, p).await? else {
             return Ok(None);
         };
-        let counters = InventoryCounters {
-            total: row.try_get("total_stock").map_err(db)?,
-            available: row.try_get("available_stock").map_err(db)?,
-            reserved: row.try_get("pre_deduct_stock").map_err(db)?,
-            sold: row.try_get("sold_count").map_err(db)?,
-        };
-        let mode = rows::stock_mode(&row, "stock_mode")?;
-        let units = row;
-        let ids = |sql: &'static str| async move {
-            let rows = self
-                .run("facts: request ids", || {
-                    sqlx::query(sql).bind(p).bind(LISTED_MAX).fetch_all(pool)
-                })
-                .await?;
-            rows.iter()
-                .map(|r| text(r, "request_id"))
-                .collect::<Result<Vec<String>, LedgerError>>()
-        };
-        let orders_without_reservation = ids(
-            "SELECT o.request_id FROM orders o LEFT JOIN inventory_reservation r \
-             ON r.request_id = o.request_id WHERE o.product_id = ? AND r.id IS NULL LIMIT ?",
-        )
-        .await?;
-        let mismatched = ids("SELECT r.request_id FROM inventory_reservation r \
-             LEFT JOIN orders o ON o.request_id = r.request_id \
-             WHERE r.product_id = ? AND NOT ( \
-               (o.status = 'PENDING_PAYMENT' AND r.status = 'PROCESSING') OR \
-               (o.status = 'PAID' AND r.status = 'CONFIRMED') OR \
-               (o.status = 'CANCELLED' AND r.status = 'RELEASED') OR \
-               (o.status IS NULL AND r.status = 'RELEASED')) LIMIT ?")
-        .await?;
-        // One event per state change: created for every order, paid / cancelled for the
-        // order's terminal state, released for every released reservation — each exactly
-        // once, and no event for a change that did not happen. Events are counted from
-        // the view that unpacks a group commit's packs (migration `…13_batch_facts.sql`).
+        let counters = inventory_counters(&units)?;
+        let mode = rows::stock_mode(&units, "stock_mode")?;
+        let listed = [p, LISTED_MAX];
+        let ids = "facts: request ids";
+        let orders_without_reservation = self
+            .facts_request_ids(ids, pool, ORDERS_WITHOUT_RESERVATION, &listed)
+            .await?;
+        let mismatched = self
+            .facts_request_ids(ids, pool, MISMATCHED, &listed)
+            .await?;
         let event_mismatches = self
-            .run("facts: events", || {
-                sqlx::query(
-                    "SELECT r.request_id FROM inventory_reservation r \
-                     LEFT JOIN orders o ON o.request_id = r.request_id \
-                     LEFT JOIN (SELECT e.request_id, \
-                       SUM(e.event_type = 'order_created') AS created, \
-                       SUM(e.event_type = 'order_paid') AS paid, \
-                       SUM(e.event_type = 'order_cancelled') AS cancelled, \
-                       SUM(e.event_type = 'reservation_released') AS released \
-                       FROM outbox_event e WHERE e.product_id = ? GROUP BY e.request_id) e \
-                     ON e.request_id = r.request_id \
-                     WHERE r.product_id = ? AND ( \
-                       COALESCE(o.id IS NOT NULL, 0) <> COALESCE(e.created, 0) \
-                       OR COALESCE(o.status = 'PAID', 0) <> COALESCE(e.paid, 0) \
-                       OR COALESCE(o.status = 'CANCELLED', 0) <> COALESCE(e.cancelled, 0) \
-                       OR (r.status = 'RELEASED') <> COALESCE(e.released, 0)) \
-                     LIMIT ?",
-                )
-                .bind(p)
-                .bind(p)
-                .bind(LISTED_MAX)
-                .fetch_all(pool)
-            })
-            .await?
-            .iter()
-            .map(|r| text(r, "request_id"))
-            .collect::<Result<Vec<String>, LedgerError>>()?;
-        // The stock log: the units it records reserved (a group commit's row per product
-        // and generation, a purchase committed alone its own `reserve` row) against the
-        // units of every order; and per reservation, a `confirm` row if and only if it
-        // is CONFIRMED and a `release` row if and only if it is RELEASED.
-        let (reserve_logged, ordered_units): (i64, i64) = self
-            .run("facts: stock log", || {
-                sqlx::query_as(
-                    "SELECT CAST((SELECT COALESCE(SUM(quantity), 0) FROM inventory_log \
-                       WHERE product_id = ? AND type = 'reserve') \
-                     + (SELECT COALESCE(SUM(quantity), 0) FROM inventory_batch_log \
-                       WHERE product_id = ?) AS SIGNED), \
-                     CAST((SELECT COALESCE(SUM(quantity), 0) FROM orders \
-                       WHERE product_id = ?) AS SIGNED)",
-                )
-                .bind(p)
-                .bind(p)
-                .bind(p)
-                .fetch_one(pool)
-            })
+            .facts_request_ids("facts: events", pool, EVENT_MISMATCHES, &[p, p, LISTED_MAX])
             .await?;
-        let log_mismatches = ids("SELECT r.request_id FROM inventory_reservation r \
-             LEFT JOIN inventory_log c ON c.request_id = r.request_id AND c.type = 'confirm' \
-             LEFT JOIN inventory_log l ON l.request_id = r.request_id AND l.type = 'release' \
-             WHERE r.product_id = ? AND ((r.status = 'CONFIRMED') <> (c.id IS NOT NULL) \
-               OR (r.status = 'RELEASED') <> (l.id IS NOT NULL)) LIMIT ?")
-        .await?;
-        let (unsent_events, unsent_us): (i64, i64) = self
-            .run("facts: unsent events", || {
-                sqlx::query_as(
-                    "SELECT CAST(COALESCE(SUM(o.events), 0) AS SIGNED), \
-                     CAST(COALESCE(MAX(TIMESTAMPDIFF(MICROSECOND, \
-                     o.created_at, NOW(6))), 0) AS SIGNED) \
-                     FROM outbox_unsent u JOIN outbox o ON o.id = u.id \
-                     WHERE o.product_id = ?",
-                )
-                .bind(p)
-                .fetch_one(pool)
-            })
+        let (reserve_logged, ordered_units) = self.facts_stock_log(pool, p).await?;
+        let log_mismatches = self
+            .facts_request_ids(ids, pool, LOG_MISMATCHES, &listed)
             .await?;
-        let parked_events: i64 = self
-            .run("facts: parked events", || {
-                sqlx::query_scalar(
-                    "SELECT CAST(COALESCE(SUM(o.events), 0) AS SIGNED) \
-                     FROM outbox_parked p JOIN outbox o ON o.id = p.id WHERE o.product_id = ?",
-                )
-                .bind(p)
-                .fetch_one(pool)
-            })
+        let (unsent_events, unsent_us) = self.facts_unsent(pool, p).await?;
+        let parked_events = self
+            .facts_count("facts: parked events", pool, PARKED_EVENTS, p)
             .await?;
-        // A released reservation's `updated_at` is its release: nothing updates it again
-        // until its units are back (then it is no longer listed).
         let reservations = self
-            .run("facts: reservations", || {
-                sqlx::query(
-                    "SELECT request_id, hold_id, quantity, status, stock_returned, \
-                     CAST(TIMESTAMPDIFF(MICROSECOND, updated_at, NOW(6)) AS SIGNED) AS age_us \
-                     FROM inventory_reservation WHERE product_id = ?",
-                )
-                .bind(p)
-                .fetch_all(pool)
-            })
+            .facts_rows("facts: reservations", pool, RESERVATIONS, &[p])
             .await?;
         let restocks = self
-            .run("facts: unapplied restocks", || {
-                sqlx::query(
-                    "SELECT request_id, generation, quantity, \
-                     CAST(TIMESTAMPDIFF(MICROSECOND, created_at, NOW(6)) AS SIGNED) AS age_us \
-                     FROM restock_request WHERE product_id = ? AND gate_applied = 0 LIMIT ?",
-                )
-                .bind(p)
-                .bind(UNAPPLIED_RESTOCKS_MAX)
-                .fetch_all(pool)
-            })
+            .facts_rows(
+                "facts: unapplied restocks",
+                pool,
+                UNAPPLIED_RESTOCKS,
+                &[p, UNAPPLIED_RESTOCKS_MAX],
+            )
             .await?;
-        let mut unapplied_restocks = BTreeMap::new();
-        for r in &restocks {
-            unapplied_restocks.insert(
-                text(r, "request_id")?,
-                (
-                    rows::generation(r.try_get("generation").map_err(db)?)?,
-                    r.try_get("quantity").map_err(db)?,
-                    age(r.try_get("age_us").map_err(db)?),
-                ),
-            );
-        }
-        let mut live = BTreeMap::new();
-        let mut unreturned = BTreeMap::new();
-        let mut reserved_request_ids = BTreeSet::new();
-        for r in &reservations {
-            let request_id = text(r, "request_id")?;
-            let quantity = i64::from(r.try_get::<i32, _>("quantity").map_err(db)?);
-            let status = text(r, "status")?;
-            if status == "RELEASED" {
-                if !r.try_get::<bool, _>("stock_returned").map_err(db)? {
-                    let released_for = age(r.try_get("age_us").map_err(db)?);
-                    unreturned.insert(request_id.clone(), (quantity, released_for));
-                }
-            } else {
-                let hold_id: i64 = r.try_get("hold_id").map_err(db)?;
-                let hold_id = HoldId::from_stored(hold_id).ok_or_else(|| {
-                    corrupt(format!("reservation {request_id} hold id {hold_id}"))
-                })?;
-                live.insert(request_id.clone(), (hold_id, quantity));
-            }
-            reserved_request_ids.insert(request_id);
-        }
-        let open_incidents: i64 = self
-            .run("facts: incidents", || {
-                sqlx::query_scalar(
-                    "SELECT COUNT(*) FROM recovery_incident \
-                     WHERE product_id = ? AND resolved_at IS NULL",
-                )
-                .bind(p)
-                .fetch_one(pool)
-            })
+        let unapplied_restocks = unapplied_restocks(&restocks)?;
+        let held = ReservationFacts::of(&reservations)?;
+        let open_incidents = self
+            .facts_count("facts: incidents", pool, OPEN_INCIDENTS, p)
             .await?;
         Ok(Some(LedgerFacts {
             counters,
@@ -552,9 +389,9 @@ impl LedgerMaintenance for MysqlLedger {
             paid_units: units.try_get("paid").map_err(db)?,
             orders_without_reservation,
             mismatched,
-            live,
-            unreturned,
-            reserved_request_ids,
+            live: held.live,
+            unreturned: held.unreturned,
+            reserved_request_ids: held.reserved_request_ids,
             overdue_unpaid: units.try_get("overdue").map_err(db)?,
             overdue_oldest: age(units.try_get("overdue_us").map_err(db)?),
             unapplied_restocks,
@@ -676,6 +513,256 @@ impl LedgerMaintenance for MysqlLedger {
 
     fn writer(&self) -> Option<String> {
         Some(self.writer_addr())
+    }
+}
+
+/// Facts: the orders with no reservation row (binds the product and `LISTED_MAX`).
+const ORDERS_WITHOUT_RESERVATION: &str = "SELECT o.request_id FROM orders o \
+     LEFT JOIN inventory_reservation r ON r.request_id = o.request_id \
+     WHERE o.product_id = ? AND r.id IS NULL LIMIT ?";
+
+/// Facts: the reservations whose state does not match their order's (binds the product
+/// and `LISTED_MAX`).
+const MISMATCHED: &str = "SELECT r.request_id FROM inventory_reservation r \
+     LEFT JOIN orders o ON o.request_id = r.request_id \
+     WHERE r.product_id = ? AND NOT ( \
+       (o.status = 'PENDING_PAYMENT' AND r.status = 'PROCESSING') OR \
+       (o.status = 'PAID' AND r.status = 'CONFIRMED') OR \
+       (o.status = 'CANCELLED' AND r.status = 'RELEASED') OR \
+       (o.status IS NULL AND r.status = 'RELEASED')) LIMIT ?";
+
+/// Facts: one event per state change: created for every order, paid / cancelled for the
+/// order's terminal state, released for every released reservation — each exactly once,
+/// and no event for a change that did not happen. Events are counted from the view that
+/// unpacks a group commit's packs (migration `…13_batch_facts.sql`). Binds the product
+/// twice and `LISTED_MAX`.
+const EVENT_MISMATCHES: &str = "SELECT r.request_id FROM inventory_reservation r \
+     LEFT JOIN orders o ON o.request_id = r.request_id \
+     LEFT JOIN (SELECT e.request_id, \
+       SUM(e.event_type = 'order_created') AS created, \
+       SUM(e.event_type = 'order_paid') AS paid, \
+       SUM(e.event_type = 'order_cancelled') AS cancelled, \
+       SUM(e.event_type = 'reservation_released') AS released \
+       FROM outbox_event e WHERE e.product_id = ? GROUP BY e.request_id) e \
+     ON e.request_id = r.request_id \
+     WHERE r.product_id = ? AND ( \
+       COALESCE(o.id IS NOT NULL, 0) <> COALESCE(e.created, 0) \
+       OR COALESCE(o.status = 'PAID', 0) <> COALESCE(e.paid, 0) \
+       OR COALESCE(o.status = 'CANCELLED', 0) <> COALESCE(e.cancelled, 0) \
+       OR (r.status = 'RELEASED') <> COALESCE(e.released, 0)) \
+     LIMIT ?";
+
+/// Facts: the stock log per reservation, a `confirm` row if and only if it is CONFIRMED
+/// and a `release` row if and only if it is RELEASED (binds the product and
+/// `LISTED_MAX`).
+const LOG_MISMATCHES: &str = "SELECT r.request_id FROM inventory_reservation r \
+     LEFT JOIN inventory_log c ON c.request_id = r.request_id AND c.type = 'confirm' \
+     LEFT JOIN inventory_log l ON l.request_id = r.request_id AND l.type = 'release' \
+     WHERE r.product_id = ? AND ((r.status = 'CONFIRMED') <> (c.id IS NOT NULL) \
+       OR (r.status = 'RELEASED') <> (l.id IS NOT NULL)) LIMIT ?";
+
+/// Facts: the events of the product's parked outbox rows.
+const PARKED_EVENTS: &str = "SELECT CAST(COALESCE(SUM(o.events), 0) AS SIGNED) \
+     FROM outbox_parked p JOIN outbox o ON o.id = p.id WHERE o.product_id = ?";
+
+/// Facts: every reservation of the product, with its age. A released reservation's
+/// `updated_at` is its release: nothing updates it again until its units are back (then
+/// it is no longer listed).
+const RESERVATIONS: &str = "SELECT request_id, hold_id, quantity, status, stock_returned, \
+     CAST(TIMESTAMPDIFF(MICROSECOND, updated_at, NOW(6)) AS SIGNED) AS age_us \
+     FROM inventory_reservation WHERE product_id = ?";
+
+/// Facts: the restocks whose units the gate does not have yet (binds the product and
+/// `UNAPPLIED_RESTOCKS_MAX`).
+const UNAPPLIED_RESTOCKS: &str = "SELECT request_id, generation, quantity, \
+     CAST(TIMESTAMPDIFF(MICROSECOND, created_at, NOW(6)) AS SIGNED) AS age_us \
+     FROM restock_request WHERE product_id = ? AND gate_applied = 0 LIMIT ?";
+
+/// Facts: the product's open recovery incidents.
+const OPEN_INCIDENTS: &str = "SELECT COUNT(*) FROM recovery_incident \
+     WHERE product_id = ? AND resolved_at IS NULL";
+
+/// The audit's reads for `LedgerMaintenance::facts`, each on the pool the audit took
+/// once, outside a transaction.
+impl MysqlLedger {
+    /// Facts, inventory: the counters and the orders' units in one statement, so one
+    /// snapshot: a purchase or a payment changes both in one transaction, and two
+    /// statements could see it between them. None when the product has no inventory.
+    async fn facts_inventory(
+        &self,
+        pool: &MySqlPool,
+        p: i64,
+    ) -> Result<Option<MySqlRow>, LedgerError> {
+        self.run("facts: inventory", || {
+            sqlx::query(
+                "SELECT i.total_stock, i.available_stock, i.pre_deduct_stock, i.sold_count, \
+                 i.stock_mode, u.pending, u.paid, u.overdue, u.overdue_us \
+                 FROM product_inventory i, (SELECT \
+                 CAST(COALESCE(SUM(CASE WHEN status = 'PENDING_PAYMENT' THEN quantity END), 0) AS SIGNED) AS pending, \
+                 CAST(COALESCE(SUM(CASE WHEN status = 'PAID' THEN quantity END), 0) AS SIGNED) AS paid, \
+                 CAST(COALESCE(SUM(status = 'PENDING_PAYMENT' AND expires_at <= NOW(6)), 0) AS SIGNED) AS overdue, \
+                 CAST(COALESCE(MAX(CASE WHEN status = 'PENDING_PAYMENT' AND expires_at <= NOW(6) \
+                   THEN TIMESTAMPDIFF(MICROSECOND, expires_at, NOW(6)) END), 0) AS SIGNED) AS overdue_us \
+                 FROM orders WHERE product_id = ?) u \
+                 WHERE i.product_id = ?",
+            )
+            .bind(p)
+            .bind(p)
+            .fetch_optional(pool)
+        })
+        .await
+    }
+
+    /// Facts, one statement's rows: `sql` with `binds` in order.
+    async fn facts_rows(
+        &self,
+        what: &'static str,
+        pool: &MySqlPool,
+        sql: &'static str,
+        binds: &[i64],
+    ) -> Result<Vec<MySqlRow>, LedgerError> {
+        self.run(what, || {
+            let mut query = sqlx::query(sql);
+            for &value in binds {
+                query = query.bind(value);
+            }
+            query.fetch_all(pool)
+        })
+        .await
+    }
+
+    /// Facts, a list of request_ids: the `request_id` column of `sql`'s rows.
+    async fn facts_request_ids(
+        &self,
+        what: &'static str,
+        pool: &MySqlPool,
+        sql: &'static str,
+        binds: &[i64],
+    ) -> Result<Vec<String>, LedgerError> {
+        self.facts_rows(what, pool, sql, binds)
+            .await?
+            .iter()
+            .map(|r| text(r, "request_id"))
+            .collect::<Result<Vec<String>, LedgerError>>()
+    }
+
+    /// Facts, one count: `sql`'s one value, the product bound.
+    async fn facts_count(
+        &self,
+        what: &'static str,
+        pool: &MySqlPool,
+        sql: &'static str,
+        p: i64,
+    ) -> Result<i64, LedgerError> {
+        self.run(what, || sqlx::query_scalar(sql).bind(p).fetch_one(pool))
+            .await
+    }
+
+    /// Facts, the stock log's units: the units it records reserved (a group commit's row
+    /// per product and generation, a purchase committed alone its own `reserve` row)
+    /// against the units of every order.
+    async fn facts_stock_log(&self, pool: &MySqlPool, p: i64) -> Result<(i64, i64), LedgerError> {
+        self.run("facts: stock log", || {
+            sqlx::query_as(
+                "SELECT CAST((SELECT COALESCE(SUM(quantity), 0) FROM inventory_log \
+                   WHERE product_id = ? AND type = 'reserve') \
+                 + (SELECT COALESCE(SUM(quantity), 0) FROM inventory_batch_log \
+                   WHERE product_id = ?) AS SIGNED), \
+                 CAST((SELECT COALESCE(SUM(quantity), 0) FROM orders \
+                   WHERE product_id = ?) AS SIGNED)",
+            )
+            .bind(p)
+            .bind(p)
+            .bind(p)
+            .fetch_one(pool)
+        })
+        .await
+    }
+
+    /// Facts, the unsent events: how many, and the oldest's age in microseconds.
+    async fn facts_unsent(&self, pool: &MySqlPool, p: i64) -> Result<(i64, i64), LedgerError> {
+        self.run("facts: unsent events", || {
+            sqlx::query_as(
+                "SELECT CAST(COALESCE(SUM(o.events), 0) AS SIGNED), \
+                 CAST(COALESCE(MAX(TIMESTAMPDIFF(MICROSECOND, \
+                 o.created_at, NOW(6))), 0) AS SIGNED) \
+                 FROM outbox_unsent u JOIN outbox o ON o.id = u.id \
+                 WHERE o.product_id = ?",
+            )
+            .bind(p)
+            .fetch_one(pool)
+        })
+        .await
+    }
+}
+
+/// Facts, the counters of the inventory row read.
+fn inventory_counters(row: &MySqlRow) -> Result<InventoryCounters, LedgerError> {
+    Ok(InventoryCounters {
+        total: row.try_get("total_stock").map_err(db)?,
+        available: row.try_get("available_stock").map_err(db)?,
+        reserved: row.try_get("pre_deduct_stock").map_err(db)?,
+        sold: row.try_get("sold_count").map_err(db)?,
+    })
+}
+
+/// Facts, the unapplied restocks read: request_id → (generation, units, age).
+fn unapplied_restocks(
+    restocks: &[MySqlRow],
+) -> Result<BTreeMap<String, (Generation, i64, Duration)>, LedgerError> {
+    let mut unapplied = BTreeMap::new();
+    for r in restocks {
+        unapplied.insert(
+            text(r, "request_id")?,
+            (
+                rows::generation(r.try_get("generation").map_err(db)?)?,
+                r.try_get("quantity").map_err(db)?,
+                age(r.try_get("age_us").map_err(db)?),
+            ),
+        );
+    }
+    Ok(unapplied)
+}
+
+/// Facts, the reservations read, by what the audit asks of each.
+struct ReservationFacts {
+    /// PROCESSING or CONFIRMED: request_id → (hold id, units).
+    live: BTreeMap<String, (HoldId, i64)>,
+    /// RELEASED with units not back: request_id → (units, time since the release).
+    unreturned: BTreeMap<String, (i64, Duration)>,
+    /// Every request_id with a reservation row.
+    reserved_request_ids: BTreeSet<String>,
+}
+
+impl ReservationFacts {
+    /// Sorts the reservations read into live, unreturned and all.
+    fn of(reservations: &[MySqlRow]) -> Result<Self, LedgerError> {
+        let mut live = BTreeMap::new();
+        let mut unreturned = BTreeMap::new();
+        let mut reserved_request_ids = BTreeSet::new();
+        for r in reservations {
+            let request_id = text(r, "request_id")?;
+            let quantity = i64::from(r.try_get::<i32, _>("quantity").map_err(db)?);
+            let status = text(r, "status")?;
+            if status == "RELEASED" {
+                if !r.try_get::<bool, _>("stock_returned").map_err(db)? {
+                    let released_for = age(r.try_get("age_us").map_err(db)?);
+                    unreturned.insert(request_id.clone(), (quantity, released_for));
+                }
+            } else {
+                let hold_id: i64 = r.try_get("hold_id").map_err(db)?;
+                let hold_id = HoldId::from_stored(hold_id).ok_or_else(|| {
+                    corrupt(format!("reservation {request_id} hold id {hold_id}"))
+                })?;
+                live.insert(request_id.clone(), (hold_id, quantity));
+            }
+            reserved_request_ids.insert(request_id);
+        }
+        Ok(Self {
+            live,
+            unreturned,
+            reserved_request_ids,
+        })
     }
 }
 
