@@ -637,74 +637,14 @@ pub(crate) async fn insert(
     batch: &[Purchase],
     counters: Counters,
 ) -> Result<Written, sqlx::Error> {
-    // The hot rows last, in product order (two batches never wait on each other in a
-    // cycle), each once for all its units; the conditions as in the one-purchase path.
-    // Per product and generation, the purchases and units of the batch: the stock log's
-    // rows, and for a gate batch its counter UPDATEs (a ledger batch's moved already).
-    let mut moved: BTreeMap<(ProductId, Generation), (u32, i64)> = BTreeMap::new();
-    for p in batch {
-        let entry = moved
-            .entry((p.request.product_id, p.hold.generation))
-            .or_default();
-        entry.0 += 1;
-        entry.1 += i64::from(p.request.quantity.get());
-    }
-    let units: Vec<((ProductId, Generation), i64)> = match counters {
-        Counters::Gate => moved.iter().map(|(&key, &(_, q))| (key, q)).collect(),
-        Counters::Taken => Vec::new(),
-    };
-    let limited = batch.iter().any(|p| p.per_user_limit.is_some());
-    let begins = counters == Counters::Gate;
-    // A small batch without a per-user limit (whose check reads the batch's variable)
-    // writes its rows as lists; any other through the procedure.
-    let listed = !limited && batch.len() <= LISTED_BATCH_MAX;
-    let mut script = String::from(if begins { "BEGIN;\n" } else { "" });
-    if listed {
-        push_listed_rows(&mut script, batch);
-    } else {
-        script.push_str(concat!("SET ", batch_variable!(), " = CONVERT("));
-        push_sql_literal(&mut script, &document(batch));
-        script.push_str(" USING utf8mb4);\n");
-        script.push_str(ROWS);
-        script.push_str(";\n");
-    }
-    // Integers only: nothing of the batch's text enters the SQL here. Before the
-    // counters, so that the hot rows' locks are held only from their UPDATE to COMMIT.
-    for ((product_id, generation), (orders, q)) in &moved {
-        let (product_id, generation) = (product_id.get(), generation.get());
-        script.push_str(&format!(
-            "INSERT INTO inventory_batch_log (product_id, generation, orders, quantity) \
-             VALUES ({product_id}, {generation}, {orders}, {q});\n"
-        ));
-    }
-    for ((product_id, generation), q) in &units {
-        let (product_id, generation) = (product_id.get(), generation.get());
-        script.push_str(&format!(
-            "UPDATE product_inventory SET available_stock = available_stock - {q}, \
-             pre_deduct_stock = pre_deduct_stock + {q}, version = version + 1 \
-             WHERE product_id = {product_id} AND available_stock >= {q} \
-             AND generation = {generation} AND stock_mode = 'GATE';\n"
-        ));
-    }
-    if limited {
-        script.push_str(OVER_LIMIT);
-        script.push_str(";\n");
-    }
-    if !listed {
-        script.push_str(concat!("SET ", batch_variable!(), " = NULL;\n"));
-    }
-    // Results in the script, after the BEGIN's where it has one. Listed: the
-    // reservations' INSERT, then the orders' with their rows. Through the procedure: the
-    // batch's SET, then the procedure's result set, the orders, and the procedure's own
-    // (an error while it inserts the reservations or the orders comes before its result
-    // set ends). The stock-log rows and the counters follow.
-    let rows_at = usize::from(begins) + usize::from(!listed);
-    let orders_at = usize::from(begins) + 1;
-    let counters_at = orders_at + if listed { 1 } else { 2 } + moved.len();
+    let plan = Plan::of(batch, counters);
+    let script = plan.script(batch);
     let outcomes = match run_script(tx, &script).await {
         Ok(outcomes) => outcomes,
         // A request_id or a hold id taken: the one-by-one path tells which and answers.
-        Err((at, e)) if (rows_at..=orders_at).contains(&at) && crate::sql::is_duplicate(&e) => {
+        Err((at, e))
+            if (plan.rows_at..=plan.orders_at).contains(&at) && crate::sql::is_duplicate(&e) =>
+        {
             return Ok(Written::NotPlain)
         }
         // Refused by the database for any other reason (a value too long, a constraint, a
@@ -723,30 +663,162 @@ pub(crate) async fn insert(
         }
         Err((_, e)) => return Err(e),
     };
-    let expected = counters_at + units.len() + usize::from(limited) + usize::from(!listed);
-    // A script that ran to its end answers every statement: another count is a bug here
-    // or in the driver. Outside tests the batch answers "unknown" (503, and nothing is
-    // committed: `end` rolls back), and the log says why.
-    debug_assert_eq!(outcomes.len(), expected, "group transaction's results");
-    if outcomes.len() != expected {
-        tracing::error!(
-            results = outcomes.len(),
-            expected,
-            "group transaction: results do not match its statements"
-        );
-        return Err(sqlx::Error::Protocol(format!(
-            "group transaction: {} results for {expected} statements",
-            outcomes.len()
-        )));
-    }
-    if outcomes[counters_at..counters_at + units.len()]
+    plan.answered_all(&outcomes)?;
+    let counters_end = plan.counters_at + plan.units.len();
+    if outcomes[plan.counters_at..counters_end]
         .iter()
         .any(|o| o.affected != 1)
     {
         return Ok(Written::NotPlain);
     }
+    let orders = returned_orders(batch, &outcomes[plan.orders_at].rows)?;
+    if plan.limited {
+        let over = over_limit(batch, &outcomes[counters_end].rows)?;
+        if !over.is_empty() {
+            return Ok(Written::OverLimit(over));
+        }
+    }
+    Ok(Written::Orders(orders))
+}
+
+/// What [`insert`]'s script for one batch holds, and where each statement's results
+/// fall among the script's results.
+struct Plan {
+    /// Per product and generation, the purchases and units of the batch: the stock log's
+    /// rows.
+    moved: BTreeMap<(ProductId, Generation), (u32, i64)>,
+    /// Per product and generation, the units of a gate batch's counter UPDATE (a ledger
+    /// batch's moved already: none).
+    units: Vec<((ProductId, Generation), i64)>,
+    /// A product of the batch has a per-user limit: the script ends with its check.
+    limited: bool,
+    /// The script begins the transaction ([`Counters::Gate`]).
+    begins: bool,
+    /// The rows go as `VALUES` lists ([`push_listed_rows`]), not through [`ROWS`].
+    listed: bool,
+    /// The result of the first statement that inserts the rows.
+    rows_at: usize,
+    /// The result that holds the new orders' rows.
+    orders_at: usize,
+    /// The result of the first counter UPDATE.
+    counters_at: usize,
+}
+
+impl Plan {
+    /// Plans the script of `batch`: what it moves per product and generation, and how
+    /// its rows are written.
+    fn of(batch: &[Purchase], counters: Counters) -> Plan {
+        // The hot rows last, in product order (two batches never wait on each other in a
+        // cycle), each once for all its units; the conditions as in the one-purchase path.
+        let mut moved: BTreeMap<(ProductId, Generation), (u32, i64)> = BTreeMap::new();
+        for p in batch {
+            let entry = moved
+                .entry((p.request.product_id, p.hold.generation))
+                .or_default();
+            entry.0 += 1;
+            entry.1 += i64::from(p.request.quantity.get());
+        }
+        let units: Vec<((ProductId, Generation), i64)> = match counters {
+            Counters::Gate => moved.iter().map(|(&key, &(_, q))| (key, q)).collect(),
+            Counters::Taken => Vec::new(),
+        };
+        let limited = batch.iter().any(|p| p.per_user_limit.is_some());
+        let begins = counters == Counters::Gate;
+        // A small batch without a per-user limit (whose check reads the batch's variable)
+        // writes its rows as lists; any other through the procedure.
+        let listed = !limited && batch.len() <= LISTED_BATCH_MAX;
+        // Results in the script, after the BEGIN's where it has one. Listed: the
+        // reservations' INSERT, then the orders' with their rows. Through the procedure:
+        // the batch's SET, then the procedure's result set, the orders, and the
+        // procedure's own (an error while it inserts the reservations or the orders comes
+        // before its result set ends). The stock-log rows and the counters follow.
+        let rows_at = usize::from(begins) + usize::from(!listed);
+        let orders_at = usize::from(begins) + 1;
+        let counters_at = orders_at + if listed { 1 } else { 2 } + moved.len();
+        Plan {
+            moved,
+            units,
+            limited,
+            begins,
+            listed,
+            rows_at,
+            orders_at,
+            counters_at,
+        }
+    }
+
+    /// Writes the script of `batch`, its statements in the order the results are read.
+    fn script(&self, batch: &[Purchase]) -> String {
+        let mut script = String::from(if self.begins { "BEGIN;\n" } else { "" });
+        if self.listed {
+            push_listed_rows(&mut script, batch);
+        } else {
+            script.push_str(concat!("SET ", batch_variable!(), " = CONVERT("));
+            push_sql_literal(&mut script, &document(batch));
+            script.push_str(" USING utf8mb4);\n");
+            script.push_str(ROWS);
+            script.push_str(";\n");
+        }
+        // Integers only: nothing of the batch's text enters the SQL here. Before the
+        // counters, so that the hot rows' locks are held only from their UPDATE to COMMIT.
+        for ((product_id, generation), (orders, q)) in &self.moved {
+            let (product_id, generation) = (product_id.get(), generation.get());
+            script.push_str(&format!(
+                "INSERT INTO inventory_batch_log (product_id, generation, orders, quantity) \
+                 VALUES ({product_id}, {generation}, {orders}, {q});\n"
+            ));
+        }
+        for ((product_id, generation), q) in &self.units {
+            let (product_id, generation) = (product_id.get(), generation.get());
+            script.push_str(&format!(
+                "UPDATE product_inventory SET available_stock = available_stock - {q}, \
+                 pre_deduct_stock = pre_deduct_stock + {q}, version = version + 1 \
+                 WHERE product_id = {product_id} AND available_stock >= {q} \
+                 AND generation = {generation} AND stock_mode = 'GATE';\n"
+            ));
+        }
+        if self.limited {
+            script.push_str(OVER_LIMIT);
+            script.push_str(";\n");
+        }
+        if !self.listed {
+            script.push_str(concat!("SET ", batch_variable!(), " = NULL;\n"));
+        }
+        script
+    }
+
+    /// Checks that a script that ran to its end answered every statement: another count
+    /// is a bug here or in the driver. Outside tests the batch answers "unknown" (503,
+    /// and nothing is committed: `end` rolls back), and the log says why.
+    fn answered_all(&self, outcomes: &[Outcome]) -> Result<(), sqlx::Error> {
+        let expected = self.counters_at
+            + self.units.len()
+            + usize::from(self.limited)
+            + usize::from(!self.listed);
+        debug_assert_eq!(outcomes.len(), expected, "group transaction's results");
+        if outcomes.len() != expected {
+            tracing::error!(
+                results = outcomes.len(),
+                expected,
+                "group transaction: results do not match its statements"
+            );
+            return Err(sqlx::Error::Protocol(format!(
+                "group transaction: {} results for {expected} statements",
+                outcomes.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Reads the orders the group transaction's INSERT returned back into `batch`'s order,
+/// each with its id and times.
+fn returned_orders(
+    batch: &[Purchase],
+    rows: &[sqlx::mysql::MySqlRow],
+) -> Result<Vec<Order>, sqlx::Error> {
     let mut written: HashMap<String, (i64, _, _)> = HashMap::with_capacity(batch.len());
-    for row in &outcomes[orders_at].rows {
+    for row in rows {
         let request_id: String = row.try_get_unchecked("request_id")?;
         written.insert(
             request_id,
@@ -786,13 +858,7 @@ pub(crate) async fn insert(
             cancel_reason: None,
         });
     }
-    if limited {
-        let over = over_limit(batch, &outcomes[counters_at + units.len()].rows)?;
-        if !over.is_empty() {
-            return Ok(Written::OverLimit(over));
-        }
-    }
-    Ok(Written::Orders(orders))
+    Ok(orders)
 }
 
 /// Begins a group transaction on `conn` whose work comes before [`insert`]'s (the ledger
