@@ -818,81 +818,15 @@ impl MysqlLedger {
         cancel_reason: Option<CancelReason>,
     ) -> Result<bool, sqlx::Error> {
         let mut tx = self.pool().begin().await?;
-        let updated = match to {
-            OrderStatus::Paid => {
-                sqlx::query(
-                    "UPDATE orders SET status = 'PAID', paid_at = NOW(6) \
-                     WHERE id = ? AND user_id = ? AND status = 'PENDING_PAYMENT' \
-                     AND expires_at > NOW(6)",
-                )
-                .bind(order_id.get())
-                .bind(user_id.get())
-                .execute(&mut *tx)
-                .await?
-            }
-            OrderStatus::Cancelled => {
-                // Expiry is decided on the database's clock, in the same statement that
-                // moves the order: no instance's clock can expire an order early, and pay
-                // (which requires expires_at > NOW) and expiry can never both apply.
-                let sql = if cancel_reason == Some(CancelReason::PaymentTimeout) {
-                    "UPDATE orders SET status = 'CANCELLED', cancelled_at = NOW(6), \
-                     cancel_reason = ? \
-                     WHERE id = ? AND user_id = ? AND status = 'PENDING_PAYMENT' \
-                     AND expires_at <= NOW(6)"
-                } else {
-                    "UPDATE orders SET status = 'CANCELLED', cancelled_at = NOW(6), \
-                     cancel_reason = ? \
-                     WHERE id = ? AND user_id = ? AND status = 'PENDING_PAYMENT'"
-                };
-                sqlx::query(sql)
-                    .bind(cancel_reason.map(CancelReason::as_str))
-                    .bind(order_id.get())
-                    .bind(user_id.get())
-                    .execute(&mut *tx)
-                    .await?
-            }
-            OrderStatus::PendingPayment => {
-                return Err(sqlx::Error::Protocol(
-                    "no transition to PENDING_PAYMENT".into(),
-                ))
-            }
-        };
-        if updated.rows_affected() != 1 {
+        if !move_order(&mut tx, order_id, user_id, to, cancel_reason).await? {
             tx.rollback().await?;
             return Ok(false);
         }
-        let row = sqlx::query("SELECT request_id, product_id, quantity FROM orders WHERE id = ?")
-            .bind(order_id.get())
-            .fetch_one(&mut *tx)
-            .await?;
-        let request_id: String = row.try_get_unchecked("request_id")?;
-        let product_id: i64 = row.try_get("product_id")?;
-        let quantity: i32 = row.try_get("quantity")?;
-        let (reservation_sql, inventory_sql, log_type) = match to {
-            OrderStatus::Paid => (
-                "UPDATE inventory_reservation SET status = 'CONFIRMED', resolved_at = NOW(6) \
-                 WHERE request_id = ? AND status = 'PROCESSING'",
-                "UPDATE product_inventory SET pre_deduct_stock = pre_deduct_stock - ?, \
-                 sold_count = sold_count + ?, version = version + 1 WHERE product_id = ?",
-                "confirm",
-            ),
-            _ => (
-                "UPDATE inventory_reservation SET status = 'RELEASED', resolved_at = NOW(6), \
-                 release_reason = ?, stock_returned = 0 \
-                 WHERE request_id = ? AND status = 'PROCESSING'",
-                "UPDATE product_inventory SET pre_deduct_stock = pre_deduct_stock - ?, \
-                 available_stock = available_stock + ?, version = version + 1 \
-                 WHERE product_id = ?",
-                "release",
-            ),
-        };
-        let mut reservation = sqlx::query(reservation_sql);
-        if to == OrderStatus::Cancelled {
-            let reason = cancel_reason.unwrap_or(CancelReason::UserCancelled);
-            reservation = reservation.bind(ReleaseReason::for_cancel(reason).as_str());
-        }
-        let reserved = reservation.bind(&request_id).execute(&mut *tx).await?;
-        if reserved.rows_affected() != 1 {
+        let moved = MovedOrder::read(&mut tx, order_id).await?;
+        if !moved
+            .resolve_reservation(&mut tx, to, cancel_reason)
+            .await?
+        {
             // An order in PENDING_PAYMENT always has a PROCESSING reservation; anything
             // else is corruption, and nothing is changed.
             tx.rollback().await?;
@@ -904,47 +838,14 @@ impl MysqlLedger {
         let change = crate::outbox::Change::Resolved {
             order_id,
             user_id,
-            request_id: &request_id,
-            product_id,
-            quantity,
+            request_id: &moved.request_id,
+            product_id: moved.product_id,
+            quantity: moved.quantity,
             to,
             cancel_reason,
         };
         crate::outbox::record(&mut tx, change).await?;
-        sqlx::query(inventory_sql)
-            .bind(quantity)
-            .bind(quantity)
-            .bind(product_id)
-            .execute(&mut *tx)
-            .await?;
-        if to == OrderStatus::Cancelled {
-            // This transaction holds the inventory row's lock now, so the generation read
-            // here is the one its counters change lands in: a rebuild either counted this
-            // release already (it committed first) or comes after it.
-            // In ledger mode the units are back where the stock is served, in these
-            // counters: nothing is owed to the gate, whose way back is a rebuild from them.
-            sqlx::query(
-                "UPDATE inventory_reservation r, product_inventory i \
-                 SET r.released_generation = i.generation, \
-                 r.stock_returned = (i.stock_mode = 'LEDGER') \
-                 WHERE i.product_id = ? AND r.request_id = ?",
-            )
-            .bind(product_id)
-            .bind(&request_id)
-            .execute(&mut *tx)
-            .await?;
-        }
-        sqlx::query(
-            "INSERT INTO inventory_log (request_id, product_id, order_id, quantity, type) \
-             VALUES (?, ?, ?, ?, ?)",
-        )
-        .bind(&request_id)
-        .bind(product_id)
-        .bind(order_id.get())
-        .bind(quantity)
-        .bind(log_type)
-        .execute(&mut *tx)
-        .await?;
+        moved.move_stock(&mut tx, order_id, to).await?;
         tx.commit().await?;
         Ok(true)
     }
@@ -1073,6 +974,167 @@ impl MysqlLedger {
         .await?;
         tx.commit().await?;
         Ok(true)
+    }
+}
+
+/// Transition, decide: the conditional UPDATE that moves the order out of
+/// PENDING_PAYMENT; false when it matched nothing.
+async fn move_order(
+    tx: &mut MySqlConnection,
+    order_id: OrderId,
+    user_id: UserId,
+    to: OrderStatus,
+    cancel_reason: Option<CancelReason>,
+) -> Result<bool, sqlx::Error> {
+    let updated = match to {
+        OrderStatus::Paid => {
+            sqlx::query(
+                "UPDATE orders SET status = 'PAID', paid_at = NOW(6) \
+                 WHERE id = ? AND user_id = ? AND status = 'PENDING_PAYMENT' \
+                 AND expires_at > NOW(6)",
+            )
+            .bind(order_id.get())
+            .bind(user_id.get())
+            .execute(&mut *tx)
+            .await?
+        }
+        OrderStatus::Cancelled => {
+            // Expiry is decided on the database's clock, in the same statement that
+            // moves the order: no instance's clock can expire an order early, and pay
+            // (which requires expires_at > NOW) and expiry can never both apply.
+            let sql = if cancel_reason == Some(CancelReason::PaymentTimeout) {
+                "UPDATE orders SET status = 'CANCELLED', cancelled_at = NOW(6), \
+                 cancel_reason = ? \
+                 WHERE id = ? AND user_id = ? AND status = 'PENDING_PAYMENT' \
+                 AND expires_at <= NOW(6)"
+            } else {
+                "UPDATE orders SET status = 'CANCELLED', cancelled_at = NOW(6), \
+                 cancel_reason = ? \
+                 WHERE id = ? AND user_id = ? AND status = 'PENDING_PAYMENT'"
+            };
+            sqlx::query(sql)
+                .bind(cancel_reason.map(CancelReason::as_str))
+                .bind(order_id.get())
+                .bind(user_id.get())
+                .execute(&mut *tx)
+                .await?
+        }
+        OrderStatus::PendingPayment => {
+            // Pay and cancel are the only transitions the ledger is asked for.
+            debug_assert!(false, "no transition to PENDING_PAYMENT");
+            return Err(sqlx::Error::Protocol(
+                "no transition to PENDING_PAYMENT".into(),
+            ));
+        }
+    };
+    Ok(updated.rows_affected() == 1)
+}
+
+/// The order a transition moved, as its reservation, events and counters need it.
+struct MovedOrder {
+    request_id: String,
+    product_id: i64,
+    quantity: i32,
+}
+
+impl MovedOrder {
+    /// Transition, read: the moved order's request_id, product and units.
+    async fn read(tx: &mut MySqlConnection, order_id: OrderId) -> Result<Self, sqlx::Error> {
+        let row = sqlx::query("SELECT request_id, product_id, quantity FROM orders WHERE id = ?")
+            .bind(order_id.get())
+            .fetch_one(&mut *tx)
+            .await?;
+        Ok(MovedOrder {
+            request_id: row.try_get_unchecked("request_id")?,
+            product_id: row.try_get("product_id")?,
+            quantity: row.try_get("quantity")?,
+        })
+    }
+
+    /// Transition, write the reservation: CONFIRMED for a payment, RELEASED for a
+    /// cancellation; false when it was not PROCESSING.
+    async fn resolve_reservation(
+        &self,
+        tx: &mut MySqlConnection,
+        to: OrderStatus,
+        cancel_reason: Option<CancelReason>,
+    ) -> Result<bool, sqlx::Error> {
+        let reservation_sql = match to {
+            OrderStatus::Paid => {
+                "UPDATE inventory_reservation SET status = 'CONFIRMED', resolved_at = NOW(6) \
+                 WHERE request_id = ? AND status = 'PROCESSING'"
+            }
+            _ => {
+                "UPDATE inventory_reservation SET status = 'RELEASED', resolved_at = NOW(6), \
+                 release_reason = ?, stock_returned = 0 \
+                 WHERE request_id = ? AND status = 'PROCESSING'"
+            }
+        };
+        let mut reservation = sqlx::query(reservation_sql);
+        if to == OrderStatus::Cancelled {
+            let reason = cancel_reason.unwrap_or(CancelReason::UserCancelled);
+            reservation = reservation.bind(ReleaseReason::for_cancel(reason).as_str());
+        }
+        let reserved = reservation.bind(&self.request_id).execute(&mut *tx).await?;
+        Ok(reserved.rows_affected() == 1)
+    }
+
+    /// Transition, write the stock: the counters, where a release's units went, and the
+    /// stock log's row.
+    async fn move_stock(
+        &self,
+        tx: &mut MySqlConnection,
+        order_id: OrderId,
+        to: OrderStatus,
+    ) -> Result<(), sqlx::Error> {
+        let (inventory_sql, log_type) = match to {
+            OrderStatus::Paid => (
+                "UPDATE product_inventory SET pre_deduct_stock = pre_deduct_stock - ?, \
+                 sold_count = sold_count + ?, version = version + 1 WHERE product_id = ?",
+                "confirm",
+            ),
+            _ => (
+                "UPDATE product_inventory SET pre_deduct_stock = pre_deduct_stock - ?, \
+                 available_stock = available_stock + ?, version = version + 1 \
+                 WHERE product_id = ?",
+                "release",
+            ),
+        };
+        sqlx::query(inventory_sql)
+            .bind(self.quantity)
+            .bind(self.quantity)
+            .bind(self.product_id)
+            .execute(&mut *tx)
+            .await?;
+        if to == OrderStatus::Cancelled {
+            // This transaction holds the inventory row's lock now, so the generation read
+            // here is the one its counters change lands in: a rebuild either counted this
+            // release already (it committed first) or comes after it.
+            // In ledger mode the units are back where the stock is served, in these
+            // counters: nothing is owed to the gate, whose way back is a rebuild from them.
+            sqlx::query(
+                "UPDATE inventory_reservation r, product_inventory i \
+                 SET r.released_generation = i.generation, \
+                 r.stock_returned = (i.stock_mode = 'LEDGER') \
+                 WHERE i.product_id = ? AND r.request_id = ?",
+            )
+            .bind(self.product_id)
+            .bind(&self.request_id)
+            .execute(&mut *tx)
+            .await?;
+        }
+        sqlx::query(
+            "INSERT INTO inventory_log (request_id, product_id, order_id, quantity, type) \
+             VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(&self.request_id)
+        .bind(self.product_id)
+        .bind(order_id.get())
+        .bind(self.quantity)
+        .bind(log_type)
+        .execute(&mut *tx)
+        .await?;
+        Ok(())
     }
 }
 
