@@ -100,13 +100,8 @@ struct Draft<'a> {
     reason: Option<&'static str>,
 }
 
-/// Writes the events of `change` to the outbox, on the connection of the transaction that
-/// makes the change, so they commit or roll back with it. A cancellation writes two:
-/// order_cancelled, then reservation_released.
-pub(crate) async fn record(
-    conn: &mut MySqlConnection,
-    change: Change<'_>,
-) -> Result<(), sqlx::Error> {
+/// Record, decide: the events of `change`, in the order they are written.
+fn drafts(change: Change<'_>) -> Result<Vec<Draft<'_>>, sqlx::Error> {
     let drafts = match change {
         Change::Created { order_id, request } => vec![Draft {
             after: 0,
@@ -161,13 +156,26 @@ pub(crate) async fn record(
                     ]
                 }
                 OrderStatus::PendingPayment => {
+                    // A transition moves an order out of PENDING_PAYMENT, never into it.
+                    debug_assert!(false, "no event for a transition to PENDING_PAYMENT");
                     return Err(sqlx::Error::Protocol(
                         "no event for a transition to PENDING_PAYMENT".into(),
-                    ))
+                    ));
                 }
             }
         }
     };
+    Ok(drafts)
+}
+
+/// Writes the events of `change` to the outbox, on the connection of the transaction that
+/// makes the change, so they commit or roll back with it. A cancellation writes two:
+/// order_cancelled, then reservation_released.
+pub(crate) async fn record(
+    conn: &mut MySqlConnection,
+    change: Change<'_>,
+) -> Result<(), sqlx::Error> {
+    let drafts = drafts(change)?;
     for d in drafts {
         // The derived table has an aggregate, so MariaDB materializes it: UUID() and
         // NOW(6) are evaluated once and the columns and the payload agree.
