@@ -408,31 +408,9 @@ impl Outbox for MysqlLedger {
         limit: usize,
         lease: Duration,
     ) -> Result<Vec<OutboxMessage>, LedgerError> {
-        let lease_micros = i64::try_from(lease.as_micros()).unwrap_or(i64::MAX);
         let limit = u64::try_from(limit).unwrap_or(u64::MAX);
-        // The lease on the whole outbox: taken when free or ended, renewed by its holder
-        // (at most every LEASE_RENEWED_WITHIN while it drains a backlog).
-        if !self.outbox_lease().fresh(relay) {
-            let renewed = Instant::now();
-            let held = bounded("lease the outbox", || async {
-                sqlx::query(
-                    "UPDATE outbox_lease SET holder = ?, \
-                     lease_until = NOW(6) + INTERVAL ? MICROSECOND \
-                     WHERE id = 1 AND (holder = ? OR holder IS NULL OR lease_until < NOW(6))",
-                )
-                .bind(relay)
-                .bind(lease_micros)
-                .bind(relay)
-                .execute(&self.pool())
-                .await
-            })
-            .await?;
-            if held.rows_affected() == 0 {
-                // Another instance's relay holds it.
-                self.outbox_lease().forget();
-                return Ok(Vec::new());
-            }
-            self.outbox_lease().renewed(relay, renewed, lease);
+        if !self.lease_outbox(relay, lease).await? {
+            return Ok(Vec::new());
         }
         // The oldest unsent rows, at most `limit`, cut after the one that brings the
         // events to `limit` (a pack holds many): a round publishes at most `limit` − 1 +
@@ -453,33 +431,7 @@ impl Outbox for MysqlLedger {
             self.end_lease(relay).await?;
             return Ok(Vec::new());
         }
-        // The ids as one JSON array: one statement text for every round size.
-        let ids: Vec<i64> = marks.iter().map(|&(id, _, _, _)| id).collect();
-        let document = serde_json::to_string(&ids).unwrap_or_default();
-        let rows = bounded("read unsent outbox rows", || async {
-            sqlx::query(
-                "SELECT o.id, o.event_id, o.event_type, o.request_id, o.sequence, o.payload \
-                 FROM JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) AS j \
-                 JOIN outbox o ON o.id = j.id",
-            )
-            .bind(&document)
-            .fetch_all(&self.pool())
-            .await
-        })
-        .await?;
-        let mut messages = Vec::new();
-        for row in &rows {
-            let id: i64 = row.try_get("id").map_err(db)?;
-            // The marks are in id order.
-            let (attempts, refusals) = marks
-                .binary_search_by_key(&id, |&(id, _, _, _)| id)
-                .map_or((0, 0), |at| (marks[at].1, marks[at].3));
-            let counts = (
-                u32::try_from(attempts).unwrap_or(0),
-                u32::try_from(refusals).unwrap_or(0),
-            );
-            unpack(row, id, counts, &mut messages)?;
-        }
+        let mut messages = self.unsent_messages(marks).await?;
         // A full batch: more may wait, and the relay goes on at once under the same lease.
         self.outbox_lease().set_backlog(
             relay,
@@ -659,6 +611,79 @@ impl MysqlLedger {
         }
         tx.commit().await?;
         Ok(back.rows_affected() > 0)
+    }
+
+    /// Claim, lease: takes the lease on the whole outbox when free or ended, or renews it
+    /// for its holder (at most every LEASE_RENEWED_WITHIN while it drains a backlog);
+    /// false when another instance's relay holds it.
+    async fn lease_outbox(&self, relay: &str, lease: Duration) -> Result<bool, LedgerError> {
+        if self.outbox_lease().fresh(relay) {
+            return Ok(true);
+        }
+        let lease_micros = i64::try_from(lease.as_micros()).unwrap_or(i64::MAX);
+        let renewed = Instant::now();
+        let held = bounded("lease the outbox", || async {
+            sqlx::query(
+                "UPDATE outbox_lease SET holder = ?, \
+                 lease_until = NOW(6) + INTERVAL ? MICROSECOND \
+                 WHERE id = 1 AND (holder = ? OR holder IS NULL OR lease_until < NOW(6))",
+            )
+            .bind(relay)
+            .bind(lease_micros)
+            .bind(relay)
+            .execute(&self.pool())
+            .await
+        })
+        .await?;
+        if held.rows_affected() == 0 {
+            // Another instance's relay holds it.
+            self.outbox_lease().forget();
+            return Ok(false);
+        }
+        self.outbox_lease().renewed(relay, renewed, lease);
+        Ok(true)
+    }
+
+    /// Claim, read: the rows of `marks` (unsent, in id order) read whole and unpacked,
+    /// each message with its row's attempts and refusals.
+    async fn unsent_messages(
+        &self,
+        marks: &[(i64, i32, i32, i32)],
+    ) -> Result<Vec<OutboxMessage>, LedgerError> {
+        // The ids as one JSON array: one statement text for every round size.
+        let ids: Vec<i64> = marks.iter().map(|&(id, _, _, _)| id).collect();
+        let document = serde_json::to_string(&ids).unwrap_or_default();
+        let rows = bounded("read unsent outbox rows", || async {
+            sqlx::query(
+                "SELECT o.id, o.event_id, o.event_type, o.request_id, o.sequence, o.payload \
+                 FROM JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$')) AS j \
+                 JOIN outbox o ON o.id = j.id",
+            )
+            .bind(&document)
+            .fetch_all(&self.pool())
+            .await
+        })
+        .await?;
+        let mut messages = Vec::new();
+        for row in &rows {
+            let id: i64 = row.try_get("id").map_err(db)?;
+            // The marks are in id order.
+            let mark = marks.binary_search_by_key(&id, |&(id, _, _, _)| id);
+            // The rows were read by the marks' ids: each has its mark.
+            debug_assert!(mark.is_ok(), "outbox row {id} read without its unsent mark");
+            let (attempts, refusals) = mark.map_or((0, 0), |at| (marks[at].1, marks[at].3));
+            // Counts of attempts and refusals only ever grow from 0.
+            debug_assert!(
+                attempts >= 0 && refusals >= 0,
+                "outbox row {id}: a count below 0"
+            );
+            let counts = (
+                u32::try_from(attempts).unwrap_or(0),
+                u32::try_from(refusals).unwrap_or(0),
+            );
+            unpack(row, id, counts, &mut messages)?;
+        }
+        Ok(messages)
     }
 
     /// Ends `relay`'s lease on the outbox, if it holds it.
