@@ -868,24 +868,9 @@ impl MysqlLedger {
         match inserted {
             Err(e) if is_duplicate(&e) => {
                 tx.rollback().await?;
-                let row = sqlx::query(
-                    "SELECT product_id, quantity, gate_applied, generation FROM restock_request \
-                     WHERE request_id = ?",
-                )
-                .bind(restock_id.as_str())
-                .fetch_one(&self.pool())
-                .await?;
-                let same = row.try_get::<i64, _>("product_id")? == product_id.get()
-                    && row.try_get::<i64, _>("quantity")? == quantity;
-                return Ok(if same {
-                    RecordRestock::Recorded {
-                        applied: row.try_get("gate_applied")?,
-                        generation: rows::generation(row.try_get("generation")?)
-                            .map_err(rows::undecodable)?,
-                    }
-                } else {
-                    RecordRestock::Conflict
-                });
+                return self
+                    .recorded_restock(product_id, restock_id, quantity)
+                    .await;
             }
             other => other?,
         };
@@ -905,39 +890,39 @@ impl MysqlLedger {
             tx.rollback().await?;
             return Ok(RecordRestock::TooLarge);
         }
-        // Holding the inventory row's lock, the generation and the mode are the ones the
-        // restock lands in. In ledger mode the counters are where the stock is served, so
-        // nothing is owed to the gate (its way back is a rebuild from the counters).
-        let row = sqlx::query(
-            "SELECT generation, stock_mode FROM product_inventory WHERE product_id = ?",
-        )
-        .bind(product_id.get())
-        .fetch_one(&mut *tx)
-        .await?;
-        let generation = rows::generation(row.try_get("generation")?).map_err(rows::undecodable)?;
-        let applied =
-            rows::stock_mode(&row, "stock_mode").map_err(rows::undecodable)? == StockMode::Ledger;
-        sqlx::query(
-            "UPDATE restock_request SET generation = ?, gate_applied = ? WHERE request_id = ?",
-        )
-        .bind(generation.get())
-        .bind(applied)
-        .bind(restock_id.as_str())
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "INSERT INTO inventory_log (request_id, product_id, quantity, type) \
-             VALUES (?, ?, ?, 'restock')",
-        )
-        .bind(restock_id.as_str())
-        .bind(product_id.get())
-        .bind(quantity)
-        .execute(&mut *tx)
-        .await?;
+        let (generation, applied) = land_restock(&mut tx, product_id, restock_id, quantity).await?;
         tx.commit().await?;
         Ok(RecordRestock::Recorded {
             applied,
             generation,
+        })
+    }
+
+    /// Restock, replayed: the restock recorded before under `restock_id`, as recorded
+    /// when it is this one, else a conflict.
+    async fn recorded_restock(
+        &self,
+        product_id: ProductId,
+        restock_id: &RequestId,
+        quantity: i64,
+    ) -> Result<RecordRestock, sqlx::Error> {
+        let row = sqlx::query(
+            "SELECT product_id, quantity, gate_applied, generation FROM restock_request \
+             WHERE request_id = ?",
+        )
+        .bind(restock_id.as_str())
+        .fetch_one(&self.pool())
+        .await?;
+        let same = row.try_get::<i64, _>("product_id")? == product_id.get()
+            && row.try_get::<i64, _>("quantity")? == quantity;
+        Ok(if same {
+            RecordRestock::Recorded {
+                applied: row.try_get("gate_applied")?,
+                generation: rows::generation(row.try_get("generation")?)
+                    .map_err(rows::undecodable)?,
+            }
+        } else {
+            RecordRestock::Conflict
         })
     }
 
@@ -975,6 +960,44 @@ impl MysqlLedger {
         tx.commit().await?;
         Ok(true)
     }
+}
+
+/// Restock, land: under the inventory row's lock, the generation and the mode the restock
+/// lands in, recorded on its request with its stock-log row; answers (generation, whether
+/// the gate is owed nothing).
+async fn land_restock(
+    tx: &mut MySqlConnection,
+    product_id: ProductId,
+    restock_id: &RequestId,
+    quantity: i64,
+) -> Result<(Generation, bool), sqlx::Error> {
+    // Holding the inventory row's lock, the generation and the mode are the ones the
+    // restock lands in. In ledger mode the counters are where the stock is served, so
+    // nothing is owed to the gate (its way back is a rebuild from the counters).
+    let row =
+        sqlx::query("SELECT generation, stock_mode FROM product_inventory WHERE product_id = ?")
+            .bind(product_id.get())
+            .fetch_one(&mut *tx)
+            .await?;
+    let generation = rows::generation(row.try_get("generation")?).map_err(rows::undecodable)?;
+    let applied =
+        rows::stock_mode(&row, "stock_mode").map_err(rows::undecodable)? == StockMode::Ledger;
+    sqlx::query("UPDATE restock_request SET generation = ?, gate_applied = ? WHERE request_id = ?")
+        .bind(generation.get())
+        .bind(applied)
+        .bind(restock_id.as_str())
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO inventory_log (request_id, product_id, quantity, type) \
+         VALUES (?, ?, ?, 'restock')",
+    )
+    .bind(restock_id.as_str())
+    .bind(product_id.get())
+    .bind(quantity)
+    .execute(&mut *tx)
+    .await?;
+    Ok((generation, applied))
 }
 
 /// Transition, decide: the conditional UPDATE that moves the order out of
