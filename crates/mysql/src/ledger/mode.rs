@@ -250,39 +250,7 @@ impl MysqlLedger {
         .execute(&mut *tx)
         .await?;
         if updated.rows_affected() != 1 {
-            // Why the UPDATE refused, read again: the mode, and whether the units are
-            // there. In ledger mode with the units there, the switch was still settling
-            // when the UPDATE ran (by now it may not be: a second statement sees a later
-            // NOW(6)), so the answer is Settling, a retry, never a false sold out.
-            let mode: Option<(String, bool)> = sqlx::query_as(
-                "SELECT CAST(stock_mode AS CHAR), available_stock >= ? \
-                 FROM product_inventory WHERE product_id = ?",
-            )
-            .bind(q)
-            .bind(p)
-            .fetch_optional(&mut *tx)
-            .await?;
-            // A replay of a purchase recorded before (in either mode) is answered with
-            // its record, not with the refusal a new purchase would get.
-            let taken: Option<i64> =
-                sqlx::query_scalar("SELECT id FROM inventory_reservation WHERE request_id = ?")
-                    .bind(request.request_id.as_str())
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            tx.rollback().await?;
-            if taken.is_some() {
-                return Ok(Attempt::Taken);
-            }
-            let Some((mode, enough)) = mode else {
-                return Err(sqlx::Error::RowNotFound);
-            };
-            return Ok(Attempt::Done(
-                match StockMode::from_stored(&mode).map_err(|e| sqlx::Error::Decode(e.into()))? {
-                    StockMode::Gate => Committed::GateMode,
-                    StockMode::Ledger if enough => Committed::Settling,
-                    StockMode::Ledger => Committed::InsufficientStock,
-                },
-            ));
+            return refused(tx, request).await;
         }
         let row = sqlx::query(
             "SELECT generation, ledger_hold_seq FROM product_inventory WHERE product_id = ?",
@@ -299,4 +267,46 @@ impl MysqlLedger {
         };
         limit_then_commit(tx, request, per_user_limit, order).await
     }
+}
+
+/// A ledger-mode purchase refused by its counter UPDATE: why, read again in its
+/// transaction, which is then rolled back.
+///
+/// The mode, and whether the units are there. In ledger mode with the units there, the
+/// switch was still settling when the UPDATE ran (by now it may not be: a second
+/// statement sees a later NOW(6)), so the answer is Settling, a retry, never a false sold
+/// out.
+async fn refused(
+    mut tx: sqlx::Transaction<'_, sqlx::MySql>,
+    request: &PurchaseRequest,
+) -> Result<Attempt<Committed>, sqlx::Error> {
+    let mode: Option<(String, bool)> = sqlx::query_as(
+        "SELECT CAST(stock_mode AS CHAR), available_stock >= ? \
+         FROM product_inventory WHERE product_id = ?",
+    )
+    .bind(request.quantity.get())
+    .bind(request.product_id.get())
+    .fetch_optional(&mut *tx)
+    .await?;
+    // A replay of a purchase recorded before (in either mode) is answered with its
+    // record, not with the refusal a new purchase would get.
+    let taken: Option<i64> =
+        sqlx::query_scalar("SELECT id FROM inventory_reservation WHERE request_id = ?")
+            .bind(request.request_id.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+    tx.rollback().await?;
+    if taken.is_some() {
+        return Ok(Attempt::Taken);
+    }
+    let Some((mode, enough)) = mode else {
+        return Err(sqlx::Error::RowNotFound);
+    };
+    Ok(Attempt::Done(
+        match StockMode::from_stored(&mode).map_err(|e| sqlx::Error::Decode(e.into()))? {
+            StockMode::Gate => Committed::GateMode,
+            StockMode::Ledger if enough => Committed::Settling,
+            StockMode::Ledger => Committed::InsufficientStock,
+        },
+    ))
 }
