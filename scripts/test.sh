@@ -14,6 +14,11 @@ cargo fmt --all -- --check
 # The failpoints feature compiles in the crash tests' stop points (kill -9 between two
 # effects of a purchase); normal builds leave them out.
 cargo clippy --workspace --all-targets --features flashsale/failpoints -- -D warnings
+# app compiled alone, with only the tokio features it names (no net, fs, process,
+# signal): features unify within one build, so the workspace's build above cannot see a
+# socket opened in app (ARCHITECTURE.md, "Rules the compiler keeps"). A few seconds; its
+# first run builds tokio once more with those features, about fifteen.
+cargo check -p flashsale-app
 # This one build also makes target/debug/flashsale, the binary the load generator's
 # end-to-end test and the fuzzer below drive: a separate `cargo build --bin` would resolve
 # the dependencies' features for that package alone and compile a score of crates again.
