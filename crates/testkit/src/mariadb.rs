@@ -1,15 +1,13 @@
 use std::ffi::OsString;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command};
 use std::time::Duration;
 
 use sqlx::{Connection, MySqlConnection};
-use tempfile::TempDir;
 
-use crate::port::free_port;
-use crate::process::{self, NotReady};
+use crate::process::{self, NotReady, Server};
 
 /// Longest wait for `mariadb-install-db` to create the system tables. It
 /// takes about a second here; the bound is for a busy machine.
@@ -20,7 +18,7 @@ const INSTALL_TIMEOUT: Duration = Duration::from_secs(120);
 const MARIADB_START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How many free ports [`PrivateMariadb::start`] tries: the port from
-/// [`free_port`] can be taken by someone else before mariadbd binds it.
+/// [`free_port`](crate::free_port) can be taken by someone else before mariadbd binds it.
 const START_ATTEMPTS: u32 = 3;
 
 /// Bound on one readiness probe (a full login as root).
@@ -66,9 +64,7 @@ const SERVER_LOG: &str = "mariadbd.log";
 /// shared server's pid file and log.
 #[derive(Debug)]
 pub struct PrivateMariadb {
-    port: u16,
-    dir: TempDir,
-    child: Option<Child>,
+    server: Server,
 }
 
 impl PrivateMariadb {
@@ -83,17 +79,11 @@ impl PrivateMariadb {
         let dir = tempfile::Builder::new().prefix("fs-mariadb-").tempdir()?;
         std::fs::create_dir(dir.path().join(TMP_DIR))?;
         install(dir.path()).await?;
-        let path = dir.path();
-        let (port, child) = process::start_retrying("mariadbd", START_ATTEMPTS, || async move {
-            let port = free_port();
-            launch(path, port).await.map(|child| (port, child))
+        let server = Server::start("mariadbd", START_ATTEMPTS, dir, |dir, port| async move {
+            launch(&dir, port).await
         })
         .await?;
-        Ok(PrivateMariadb {
-            port,
-            dir,
-            child: Some(child),
-        })
+        Ok(PrivateMariadb { server })
     }
 
     /// `mysql://root@127.0.0.1:N`, without a database name.
@@ -101,14 +91,14 @@ impl PrivateMariadb {
     /// Why: the form [`TestDb::create`](crate::TestDb::create) takes, so a
     /// test can make its database on the private server.
     pub fn url(&self) -> String {
-        format!("mysql://root@127.0.0.1:{}", self.port)
+        format!("mysql://root@127.0.0.1:{}", self.server.port)
     }
 
     /// `127.0.0.1:N` for this server.
     ///
     /// Why: to put a [`TcpProxy`](crate::TcpProxy) in front of it.
     pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+        self.server.addr()
     }
 
     /// Kills the server with SIGKILL and waits until it is gone. Does
@@ -117,10 +107,7 @@ impl PrivateMariadb {
     /// Why: simulates a crash or power loss of the database: no clean
     /// shutdown, only what InnoDB made durable survives.
     pub fn kill9(&mut self) -> io::Result<()> {
-        match self.child.take() {
-            Some(mut child) => process::kill9(&mut child),
-            None => Ok(()),
-        }
+        self.server.kill9()
     }
 
     /// Kills the server if it runs, then starts it again on the same port
@@ -131,8 +118,8 @@ impl PrivateMariadb {
     /// service already knows, with whatever was committed before the crash.
     pub async fn restart(&mut self) -> io::Result<()> {
         self.kill9()?;
-        let child = launch(self.dir.path(), self.port).await?;
-        self.child = Some(child);
+        let child = launch(self.server.dir.path(), self.server.port).await?;
+        self.server.child = Some(child);
         Ok(())
     }
 
@@ -158,22 +145,12 @@ impl PrivateMariadb {
 
     /// The running server's pid, or an error if it was killed.
     fn pid(&self) -> io::Result<u32> {
-        self.child.as_ref().map(Child::id).ok_or_else(|| {
+        self.server.child.as_ref().map(Child::id).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::NotFound,
                 "private mariadbd is not running (killed and not restarted)",
             )
         })
-    }
-}
-
-impl Drop for PrivateMariadb {
-    /// Kills the server so no test leaves a mariadbd behind; the temp dir
-    /// (data included) is removed right after.
-    fn drop(&mut self) {
-        if let Err(e) = self.kill9() {
-            tracing::warn!(port = self.port, error = %e, "could not kill private mariadbd");
-        }
     }
 }
 
@@ -296,7 +273,7 @@ mod tests {
             .expect("temp dir");
         std::fs::create_dir(b_dir.path().join(TMP_DIR)).expect("tmp dir");
         install(b_dir.path()).await.expect("install the second");
-        match launch(b_dir.path(), a.port).await {
+        match launch(b_dir.path(), a.server.port).await {
             Err(NotReady::Exited(_)) => {}
             Err(NotReady::Failed(e)) => panic!("expected an exit, got {e}"),
             Ok(mut child) => {
@@ -304,6 +281,12 @@ mod tests {
                 panic!("the second server was taken for ready on the first one's port");
             }
         }
-        assert!(accepts_login(&a.url(), &a.dir.path().join("sock").to_string_lossy()).await);
+        assert!(
+            accepts_login(
+                &a.url(),
+                &a.server.dir.path().join("sock").to_string_lossy()
+            )
+            .await
+        );
     }
 }

@@ -4,20 +4,19 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
 
-use tempfile::TempDir;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
-use crate::port::free_port;
-use crate::process::{self, NotReady};
+use crate::process::{self, NotReady, Server};
 
 /// Longest wait for a fresh `nats-server` to greet a client. It normally takes tens of
 /// milliseconds (JetStream recovers its store first); the bound is for a machine busy
 /// compiling.
 const NATS_START_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// How many free ports [`PrivateNats::start`] tries: the port from [`free_port`] can be
-/// taken by someone else before nats-server binds it.
+/// How many free ports [`PrivateNats::start`] tries: the port from
+/// [`free_port`](crate::free_port) can be taken by someone else before nats-server binds
+/// it.
 const START_ATTEMPTS: u32 = 3;
 
 /// Bound on one readiness probe (connect + read the INFO greeting).
@@ -38,9 +37,7 @@ const CONFIG_FILE: &str = "nats.conf";
 /// the process and removes its directory.
 #[derive(Debug)]
 pub struct PrivateNats {
-    port: u16,
-    dir: TempDir,
-    child: Option<Child>,
+    server: Server,
 }
 
 impl PrivateNats {
@@ -63,44 +60,30 @@ impl PrivateNats {
                 format!("max_payload: {bytes}\n"),
             )?;
         }
-        let mut last_err = None;
-        for attempt in 1..=START_ATTEMPTS {
-            let port = free_port();
-            match launch(dir.path(), port).await {
-                Ok(child) => {
-                    return Ok(PrivateNats {
-                        port,
-                        dir,
-                        child: Some(child),
-                    })
-                }
-                Err(NotReady::Exited(e)) => {
-                    tracing::warn!(port, attempt, error = %e, "nats-server did not start; trying another port");
-                    last_err = Some(e);
-                }
-                Err(NotReady::Failed(e)) => return Err(e),
-            }
-        }
-        Err(last_err.unwrap_or_else(|| io::Error::other("nats-server did not start")))
+        let server = Server::start("nats-server", START_ATTEMPTS, dir, |dir, port| async move {
+            launch(&dir, port).await
+        })
+        .await?;
+        Ok(PrivateNats { server })
     }
 
     /// `nats://127.0.0.1:N` for this server.
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        format!("nats://127.0.0.1:{}", self.server.port)
     }
 
     pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+        self.server.addr()
     }
 
     /// Where JetStream keeps its streams (survives [`restart`](Self::restart)).
     pub fn store_dir(&self) -> PathBuf {
-        self.dir.path().join(STORE_DIR)
+        self.server.dir.path().join(STORE_DIR)
     }
 
     /// Whether the server process is running.
     pub fn is_running(&self) -> bool {
-        self.child.is_some()
+        self.server.child.is_some()
     }
 
     /// Kills the server with SIGKILL and waits until it is gone (its port is closed when
@@ -108,10 +91,7 @@ impl PrivateNats {
     ///
     /// Why: the broker going away without notice, as in a crash or a network cut.
     pub fn stop(&mut self) -> io::Result<()> {
-        match self.child.take() {
-            Some(mut child) => process::kill9(&mut child),
-            None => Ok(()),
-        }
+        self.server.kill9()
     }
 
     /// Stops the server if it runs, then starts it again on the same port with the same
@@ -121,17 +101,9 @@ impl PrivateNats {
     /// streams (and their deduplication state) it had.
     pub async fn restart(&mut self) -> io::Result<()> {
         self.stop()?;
-        let child = launch(self.dir.path(), self.port).await?;
-        self.child = Some(child);
+        let child = launch(self.server.dir.path(), self.server.port).await?;
+        self.server.child = Some(child);
         Ok(())
-    }
-}
-
-impl Drop for PrivateNats {
-    fn drop(&mut self) {
-        if let Err(e) = self.stop() {
-            tracing::warn!(port = self.port, error = %e, "could not kill private nats-server");
-        }
     }
 }
 

@@ -3,9 +3,14 @@
 use std::fs::{File, OpenOptions};
 use std::future::Future;
 use std::io::{self, Read, Seek, SeekFrom};
-use std::path::Path;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+use crate::port::free_port;
 
 /// Pause between two readiness probes of a starting server.
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
@@ -205,6 +210,72 @@ where
         }
     }
     Err(last_err.unwrap_or_else(|| io::Error::other(format!("{what} did not start"))))
+}
+
+/// A private server of one port: the port it serves on 127.0.0.1, the temp dir its
+/// files live in, and its process while it runs. Dropping it kills the process, then
+/// removes the dir.
+///
+/// Why: `mariadbd`, `redis-server` and `nats-server` start, stop and restart alike; only
+/// how each launches and tells it is ready differs.
+#[derive(Debug)]
+pub(crate) struct Server {
+    /// The server's name in logs and errors.
+    what: &'static str,
+    pub(crate) port: u16,
+    pub(crate) dir: TempDir,
+    pub(crate) child: Option<Child>,
+}
+
+impl Server {
+    /// Starts `launch` (given `dir`'s path and a port from [`free_port`]) at most
+    /// `attempts` times, on a new port each time, as [`start_retrying`] says.
+    pub(crate) async fn start<F, Fut>(
+        what: &'static str,
+        attempts: u32,
+        dir: TempDir,
+        mut launch: F,
+    ) -> io::Result<Server>
+    where
+        F: FnMut(PathBuf, u16) -> Fut,
+        Fut: Future<Output = Result<Child, NotReady>>,
+    {
+        let (port, child) = start_retrying(what, attempts, || {
+            let port = free_port();
+            let started = launch(dir.path().to_owned(), port);
+            async move { started.await.map(|child| (port, child)) }
+        })
+        .await?;
+        Ok(Server {
+            what,
+            port,
+            dir,
+            child: Some(child),
+        })
+    }
+
+    /// `127.0.0.1:N` for this server.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// Kills the server with SIGKILL and waits until it is gone (its port is closed when
+    /// this returns). Does nothing if it is not running.
+    pub(crate) fn kill9(&mut self) -> io::Result<()> {
+        match self.child.take() {
+            Some(mut child) => kill9(&mut child),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Server {
+    /// Kills the server so no test leaves one behind; the temp dir is removed right after.
+    fn drop(&mut self) {
+        if let Err(e) = self.kill9() {
+            tracing::warn!(port = self.port, error = %e, "could not kill private {}", self.what);
+        }
+    }
 }
 
 /// True when this process runs as root, where `mariadbd` and

@@ -513,26 +513,17 @@ impl Drop for RedisCluster {
 /// Starts one cluster node in its own directory under `dir`, trying up to
 /// [`START_ATTEMPTS`] ports.
 async fn start_node(dir: &Path, node_timeout: Duration) -> io::Result<Node> {
-    let mut last_err = None;
-    for attempt in 1..=START_ATTEMPTS {
-        let port = cluster_port()?;
+    process::start_retrying("cluster node", START_ATTEMPTS, || async move {
+        let port = cluster_port().map_err(NotReady::Failed)?;
         let node_dir = dir.join(port.to_string());
-        std::fs::create_dir(&node_dir)?;
-        match launch(&node_dir, port, node_timeout).await {
-            Ok(child) => {
-                return Ok(Node {
-                    port,
-                    child: Some(child),
-                })
-            }
-            Err(NotReady::Exited(e)) => {
-                tracing::warn!(port, attempt, error = %e, "cluster node did not start; trying another port");
-                last_err = Some(e);
-            }
-            Err(NotReady::Failed(e)) => return Err(e),
-        }
-    }
-    Err(last_err.unwrap_or_else(|| io::Error::other("cluster node did not start")))
+        std::fs::create_dir(&node_dir).map_err(NotReady::Failed)?;
+        let child = launch(&node_dir, port, node_timeout).await?;
+        Ok(Node {
+            port,
+            child: Some(child),
+        })
+    })
+    .await
 }
 
 /// Spawns a cluster-enabled redis-server on `port` (bus port `port + 10000`) with its

@@ -4,19 +4,17 @@ use std::path::Path;
 use std::process::{Child, Command};
 use std::time::Duration;
 
-use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::port::free_port;
-use crate::process::{self, NotReady};
+use crate::process::{self, NotReady, Server};
 
 /// Longest wait for a fresh `redis-server` to answer PING. It normally takes
 /// a few milliseconds; the bound is for a machine busy compiling.
 const REDIS_START_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// How many free ports [`PrivateRedis::start`] tries: the port from
-/// [`free_port`] can be taken by someone else before redis binds it.
+/// [`free_port`](crate::free_port) can be taken by someone else before redis binds it.
 const START_ATTEMPTS: u32 = 3;
 
 /// Bound on one readiness probe (connect + PING + reply).
@@ -34,9 +32,7 @@ const LOG_FILE: &str = "redis.log";
 /// dropping this value kills it and removes its directory.
 #[derive(Debug)]
 pub struct PrivateRedis {
-    port: u16,
-    dir: TempDir,
-    child: Option<Child>,
+    server: Server,
 }
 
 impl PrivateRedis {
@@ -49,39 +45,28 @@ impl PrivateRedis {
     /// empty server like a real crash without persistence would.
     pub async fn start() -> io::Result<PrivateRedis> {
         let dir = tempfile::Builder::new().prefix("fs-redis-").tempdir()?;
-        let mut last_err = None;
-        for attempt in 1..=START_ATTEMPTS {
-            let port = free_port();
-            match launch(dir.path(), port).await {
-                Ok(child) => {
-                    return Ok(PrivateRedis {
-                        port,
-                        dir,
-                        child: Some(child),
-                    })
-                }
-                Err(NotReady::Exited(e)) => {
-                    tracing::warn!(port, attempt, error = %e, "redis-server did not start; trying another port");
-                    last_err = Some(e);
-                }
-                Err(NotReady::Failed(e)) => return Err(e),
-            }
-        }
-        Err(last_err.unwrap_or_else(|| io::Error::other("redis-server did not start")))
+        let server = Server::start(
+            "redis-server",
+            START_ATTEMPTS,
+            dir,
+            |dir, port| async move { launch(&dir, port).await },
+        )
+        .await?;
+        Ok(PrivateRedis { server })
     }
 
     /// `redis://127.0.0.1:N/` for this server.
     ///
     /// Why: what the service's config and the `redis` crate take.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        format!("redis://127.0.0.1:{}/", self.server.port)
     }
 
     /// `127.0.0.1:N` for this server.
     ///
     /// Why: to put a [`TcpProxy`](crate::TcpProxy) in front of it.
     pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+        self.server.addr()
     }
 
     /// Kills the server with SIGKILL and waits until it is gone (its port is
@@ -90,10 +75,7 @@ impl PrivateRedis {
     /// Why: simulates a crash: no shutdown, clients see their connections
     /// reset.
     pub fn kill9(&mut self) -> io::Result<()> {
-        match self.child.take() {
-            Some(mut child) => process::kill9(&mut child),
-            None => Ok(()),
-        }
+        self.server.kill9()
     }
 
     /// Kills the server if it runs, then starts it again on the same port,
@@ -106,16 +88,14 @@ impl PrivateRedis {
         // Nothing should be there (no RDB, no AOF), but an empty restart is
         // the contract: make sure.
         for leftover in ["dump.rdb", "appendonlydir"] {
-            let path = self.dir.path().join(leftover);
+            let path = self.server.dir.path().join(leftover);
             if path.is_dir() {
                 std::fs::remove_dir_all(&path)?;
             } else if path.exists() {
                 std::fs::remove_file(&path)?;
             }
         }
-        let child = launch(self.dir.path(), self.port).await?;
-        self.child = Some(child);
-        Ok(())
+        self.relaunch().await
     }
 
     /// Kills the server with SIGKILL and starts it again on the same port from the last
@@ -127,19 +107,14 @@ impl PrivateRedis {
     /// releases and restocks as much as reservations.
     pub async fn restart_from_snapshot(&mut self) -> io::Result<()> {
         self.kill9()?;
-        let child = launch(self.dir.path(), self.port).await?;
-        self.child = Some(child);
-        Ok(())
+        self.relaunch().await
     }
-}
 
-impl Drop for PrivateRedis {
-    /// Kills the server so no test leaves a redis-server behind; the temp
-    /// dir is removed right after.
-    fn drop(&mut self) {
-        if let Err(e) = self.kill9() {
-            tracing::warn!(port = self.port, error = %e, "could not kill private redis-server");
-        }
+    /// Starts the (killed) server again on its port, with what its dir holds.
+    async fn relaunch(&mut self) -> io::Result<()> {
+        let child = launch(self.server.dir.path(), self.server.port).await?;
+        self.server.child = Some(child);
+        Ok(())
     }
 }
 
