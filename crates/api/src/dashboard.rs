@@ -20,9 +20,21 @@ use utoipa::ToSchema;
 
 use crate::openapi::stock_mode_schema;
 
-const PAGE: &str = include_str!("dashboard/index.html");
-const SCRIPT: &str = include_str!("dashboard/app.js");
-const STYLE: &str = include_str!("dashboard/style.css");
+/// The page.
+pub(crate) const PAGE: Asset = Asset {
+    content_type: "text/html; charset=utf-8",
+    body: include_str!("dashboard/index.html"),
+};
+/// Its script.
+pub(crate) const SCRIPT: Asset = Asset {
+    content_type: "text/javascript; charset=utf-8",
+    body: include_str!("dashboard/app.js"),
+};
+/// Its style sheet.
+pub(crate) const STYLE: Asset = Asset {
+    content_type: "text/css; charset=utf-8",
+    body: include_str!("dashboard/style.css"),
+};
 
 /// The page may load only what this server serves (its script, style sheet and data),
 /// runs no inline script or style, may not be framed (click-jacking an operator's page),
@@ -40,41 +52,41 @@ pub struct Dashboard {
     pub metrics: Arc<Metrics>,
 }
 
-/// An embedded asset with its type, the page's security headers, and `no-cache`: the
-/// browser asks again (cheaply) so a new binary's page is never mixed with an old script.
-fn asset(content_type: &'static str, body: &'static str) -> Response {
-    (
-        [
-            (header::CONTENT_TYPE, HeaderValue::from_static(content_type)),
-            (
-                header::CONTENT_SECURITY_POLICY,
-                HeaderValue::from_static(CSP),
-            ),
-            (
-                header::X_CONTENT_TYPE_OPTIONS,
-                HeaderValue::from_static("nosniff"),
-            ),
-            (
-                header::REFERRER_POLICY,
-                HeaderValue::from_static("no-referrer"),
-            ),
-            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
-        ],
-        body,
-    )
-        .into_response()
+/// One of the page's files, embedded in the binary, with its content type.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Asset {
+    content_type: &'static str,
+    body: &'static str,
 }
 
-pub(crate) fn page() -> Response {
-    asset("text/html; charset=utf-8", PAGE)
-}
-
-pub(crate) fn script() -> Response {
-    asset("text/javascript; charset=utf-8", SCRIPT)
-}
-
-pub(crate) fn style() -> Response {
-    asset("text/css; charset=utf-8", STYLE)
+impl Asset {
+    /// The asset with its type, the page's security headers, and `no-cache`: the browser
+    /// asks again (cheaply) so a new binary's page is never mixed with an old script.
+    pub(crate) fn response(self) -> Response {
+        (
+            [
+                (
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static(self.content_type),
+                ),
+                (
+                    header::CONTENT_SECURITY_POLICY,
+                    HeaderValue::from_static(CSP),
+                ),
+                (
+                    header::X_CONTENT_TYPE_OPTIONS,
+                    HeaderValue::from_static("nosniff"),
+                ),
+                (
+                    header::REFERRER_POLICY,
+                    HeaderValue::from_static("no-referrer"),
+                ),
+                (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+            ],
+            self.body,
+        )
+            .into_response()
+    }
 }
 
 impl Dashboard {

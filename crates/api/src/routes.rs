@@ -24,7 +24,7 @@ use tokio::sync::Semaphore;
 use crate::auth::{acting_user, bearer, BuyerAuth};
 use crate::body::{lazy_timeout, read_whole};
 use crate::chunks::{ChunkAlarm, BODY_BYTES_MAX};
-use crate::dashboard::{self, Dashboard, DashboardJson};
+use crate::dashboard::{self, Asset, Dashboard, DashboardJson};
 use crate::error::ApiError;
 use crate::openapi::{Health, Ready};
 use crate::wire::{
@@ -185,9 +185,15 @@ pub fn metrics_router(monitor: Arc<Monitor>, dashboard: Arc<Dashboard>) -> Route
                 )
             }),
         )
-        .route("/dashboard", get(|| async { dashboard::page() }))
-        .route("/dashboard/app.js", get(|| async { dashboard::script() }))
-        .route("/dashboard/style.css", get(|| async { dashboard::style() }))
+        .route("/dashboard", get(|| async { dashboard::PAGE.response() }))
+        .route(
+            "/dashboard/app.js",
+            get(|| async { dashboard::SCRIPT.response() }),
+        )
+        .route(
+            "/dashboard/style.css",
+            get(|| async { dashboard::STYLE.response() }),
+        )
         .route(
             "/dashboard/data",
             get(|State(d): State<Arc<Dashboard>>| async move { d.data().await }),
@@ -652,6 +658,15 @@ fn no_dashboard() -> Response {
     ApiError::new(Outcome::NotFound, "no such endpoint").into_response()
 }
 
+/// One of the page's files, where this listener serves the page; the three handlers below
+/// differ only in the asset and their OpenAPI description.
+fn dashboard_asset(state: &AppState, asset: Asset) -> Response {
+    match &state.config.dashboard {
+        Some(_) => asset.response(),
+        None => no_dashboard(),
+    }
+}
+
 /// The live sale page (`dashboard.rs`). Its assets and data are not counted, like
 /// `/openapi.json`: the endpoint labels of the metrics are the use cases' and the probes'.
 #[utoipa::path(
@@ -664,10 +679,7 @@ its own (then this path answers 404 `not_found`), as are its script, style sheet
     responses((status = 200, description = "The page.", content_type = "text/html; charset=utf-8", body = String)),
 )]
 async fn dashboard_page(State(state): State<AppState>) -> Response {
-    match &state.config.dashboard {
-        Some(_) => dashboard::page(),
-        None => no_dashboard(),
-    }
+    dashboard_asset(&state, dashboard::PAGE)
 }
 
 #[utoipa::path(
@@ -678,10 +690,7 @@ async fn dashboard_page(State(state): State<AppState>) -> Response {
     responses((status = 200, description = "The script.", content_type = "text/javascript; charset=utf-8", body = String)),
 )]
 async fn dashboard_script(State(state): State<AppState>) -> Response {
-    match &state.config.dashboard {
-        Some(_) => dashboard::script(),
-        None => no_dashboard(),
-    }
+    dashboard_asset(&state, dashboard::SCRIPT)
 }
 
 #[utoipa::path(
@@ -692,10 +701,7 @@ async fn dashboard_script(State(state): State<AppState>) -> Response {
     responses((status = 200, description = "The style sheet.", content_type = "text/css; charset=utf-8", body = String)),
 )]
 async fn dashboard_style(State(state): State<AppState>) -> Response {
-    match &state.config.dashboard {
-        Some(_) => dashboard::style(),
-        None => no_dashboard(),
-    }
+    dashboard_asset(&state, dashboard::STYLE)
 }
 
 /// The page's figures: read from the monitor's last read of the stores (shared with
