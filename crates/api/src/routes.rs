@@ -860,7 +860,8 @@ async fn purchase_of(
     // `in_slot`, `within`, `lazy_timeout`) would move it by value; boxed, a refusal costs
     // about 900 instructions less (ablation row S17). The baselines' future is boxed too:
     // held inline, it made this function's future, and every future holding it, 1.5 KB
-    // larger, copied at each of their moves, flashsale's path included (ablation row S26).
+    // larger, copied at each of their moves, flashsale's path included (ablation row
+    // S26).
     let purchased = match &state.config.baseline {
         Some(baseline) => deadline(state, Box::pin(baseline.purchase(request))).await?,
         None => deadline(state, Box::pin(state.service.purchase(request))).await?,

@@ -361,9 +361,9 @@ pub(crate) fn document(batch: &[Purchase]) -> String {
 /// [`document`] as a table `b`, read from `$doc` (a placeholder, or [`batch_variable`],
 /// which the group transaction's script sets). request_id compares as the tables' binary
 /// collation does, so the joins use the unique keys. The statements read it in no
-/// particular order: nothing depends on the order rows are written in (orders are
-/// matched back by request_id), and an `ORDER BY` over `JSON_TABLE` costs a sort through
-/// a temporary table, about a third of each INSERT's time (BENCHMARKS.md, ablation row L5).
+/// particular order: nothing depends on the order rows are written in (orders are matched
+/// back by request_id), and an `ORDER BY` over `JSON_TABLE` costs a sort through a
+/// temporary table, about a third of each INSERT's time (BENCHMARKS.md, ablation row L5).
 macro_rules! batch_table {
     ($($doc:tt)+) => {
         concat!(

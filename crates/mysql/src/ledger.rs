@@ -48,10 +48,10 @@ const GROUP_COMMIT_MAX: usize = 256;
 /// Purchases waiting for a group commit; past it callers wait for room (the API's
 /// in-flight limit bounds them first).
 const GROUP_QUEUE_MAX: usize = 8_192;
-/// Group commits in flight at once: one. Measured (BENCHMARKS.md, ablation row L14): two or three in
-/// parallel split the queue into smaller batches that then wait on each other at the
-/// product row's lock, for the same throughput at three times the commits per order.
-/// Each worker has a connection of its own, outside the pool (`dedicated.rs`).
+/// Group commits in flight at once: one. Measured (BENCHMARKS.md, ablation row L14): two
+/// or three in parallel split the queue into smaller batches that then wait on each other
+/// at the product row's lock, for the same throughput at three times the commits per
+/// order. Each worker has a connection of its own, outside the pool (`dedicated.rs`).
 const GROUP_WORKERS: usize = 1;
 /// Most request_ids one lookup query asks for (an IN list this long is still one
 /// index range scan per id).

@@ -415,7 +415,10 @@ impl Outbox for MysqlLedger {
         // The oldest unsent rows, at most `limit`, cut after the one that brings the
         // events to `limit` (a pack holds many): a round publishes at most `limit` − 1 +
         // a pack's events. The narrow marks are read in their key's order and cut here,
-        // and only the rows kept are read whole (BENCHMARKS.md, ablation row E11).
+        // and only the rows kept are read whole: one query with a window function over
+        // the unsent rows joined to the outbox made MariaDB write every unsent row into
+        // temporary tables on every round, backlog included (BENCHMARKS.md, ablation
+        // row E11).
         let marks: Vec<(i64, i32, i32, i32)> = bounded("read unsent outbox marks", || async {
             sqlx::query_as(
                 "SELECT id, attempts, events, refusals FROM outbox_unsent ORDER BY id LIMIT ?",
@@ -760,7 +763,8 @@ impl MysqlLedger {
             }
         }
         // Borrowed ids, sized for them all: a delivery's ids were cloned into a set grown
-        // from empty, about 1,100 instructions an event (BENCHMARKS.md, ablation row S24).
+        // from empty, about 1,100 instructions an event (BENCHMARKS.md, ablation row
+        // S24).
         let mut seen: std::collections::HashSet<&str> =
             std::collections::HashSet::with_capacity(before.len() + events.len());
         seen.extend(before.iter().map(String::as_str));
