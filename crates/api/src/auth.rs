@@ -230,6 +230,15 @@ impl BuyerAuth {
         matches!(self, Self::None)
     }
 
+    /// The purchase keys this mode writes: scoped by buyer once buyers are
+    /// authenticated, as sent otherwise.
+    pub fn request_scope(&self) -> flashsale_core::RequestScope {
+        match self {
+            Self::None => flashsale_core::RequestScope::Global,
+            Self::Header(_) | Self::Jwt(_) => flashsale_core::RequestScope::Buyer,
+        }
+    }
+
     /// What `serve` warns of at startup: the modes in which whoever reaches the port can
     /// act as any buyer. `none` trusts the body's `user_id`; `header` trusts the header,
     /// which is safe only behind a gateway that sets it and that clients cannot bypass.

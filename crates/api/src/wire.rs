@@ -23,7 +23,9 @@ use crate::openapi::{cancel_reason_schema, order_status_schema, stock_mode_schem
 #[schema(as = Purchase, description = "A purchase: `quantity` units of a product for a buyer.")]
 pub struct PurchaseBody<'a> {
     /// The purchase's idempotency key: a retry with the same one and the same payload
-    /// answers the same order (200), with another payload `request_id_conflict`.
+    /// answers the same order (200), with another payload `request_id_conflict`. With
+    /// buyer authentication it is the buyer's own: another buyer's same request_id is
+    /// another purchase.
     #[serde(borrow)]
     #[schema(value_type = String, min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9_.:-]+$")]
     pub request_id: Cow<'a, str>,
@@ -243,7 +245,7 @@ impl From<&Order> for OrderJson {
     fn from(o: &Order) -> Self {
         Self {
             order_id: o.order_id.get(),
-            request_id: o.request_id.as_str().to_owned(),
+            request_id: o.request_id.client().to_owned(),
             user_id: o.user_id.get(),
             product_id: o.product_id.get(),
             quantity: o.quantity.get(),
@@ -279,7 +281,8 @@ pub fn order_body(o: &Order) -> Vec<u8> {
     out.extend_from_slice(b"{\"order_id\":");
     out.extend_from_slice(integers.format(o.order_id.get()).as_bytes());
     out.extend_from_slice(b",\"request_id\":\"");
-    let request_id = o.request_id.as_str();
+    // The request_id as its client sent it: a buyer-scoped key's buyer is `user_id`.
+    let request_id = o.request_id.client();
     debug_assert!(!request_id
         .bytes()
         .any(|b| b == b'"' || b == b'\\' || b < 0x20));
@@ -417,7 +420,7 @@ mod tests {
     // Checks that an order's answer body, written by pushes, is byte for byte what
     // serde_json writes for `OrderJson` of the same order: awaiting payment, paid,
     // cancelled with each reason, the largest ids, a 64-character request_id using every
-    // character a request_id may hold, times with every fraction length, and a year
+    // character a request_id may hold, scoped by its buyer (answered as its client sent it), times with every fraction length, and a year
     // beyond 9999 (chrono's own text).
     #[test]
     fn order_bodies_are_what_serde_writes() {
@@ -441,7 +444,10 @@ mod tests {
         };
         let paid = Order {
             order_id: OrderId::parse(i64::MAX).expect("id"),
-            request_id: RequestId::parse("request_id", &long_id).expect("request_id"),
+            request_id: RequestId::scoped(
+                UserId::parse(i64::MAX).expect("user"),
+                &RequestId::parse("request_id", &long_id).expect("request_id"),
+            ),
             user_id: UserId::parse(i64::MAX).expect("user"),
             product_id: ProductId::parse(i64::MAX).expect("product"),
             quantity: Quantity::from_stored(i64::from(u32::MAX)).expect("quantity"),
@@ -464,6 +470,11 @@ mod tests {
             cancelled(CancelReason::PaymentTimeout),
         ] {
             let serde = serde_json::to_vec(&OrderJson::from(&order)).expect("json");
+            let text = String::from_utf8_lossy(&serde);
+            assert!(
+                !text.contains('/'),
+                "a scoped key is answered as sent: {text}"
+            );
             assert_eq!(
                 String::from_utf8_lossy(&order_body(&order)),
                 String::from_utf8_lossy(&serde)

@@ -20,8 +20,16 @@ impl ParseError {
     }
 }
 
-/// Longest request_id accepted; it is the width of the `request_id` column (VARCHAR(64)).
+/// Longest request_id a client may send.
 pub const REQUEST_ID_LEN_MAX: usize = 64;
+
+/// Longest key the stores keep: a buyer-scoped key ([`RequestId::scoped`]) is a user id
+/// (19 digits at most), the separator and a client's request_id. It is the width of the
+/// ledger's `request_id` columns (VARCHAR(84)).
+pub const REQUEST_KEY_LEN_MAX: usize = 19 + 1 + REQUEST_ID_LEN_MAX;
+
+/// Between the buyer and the client's id in a scoped key: outside the client's grammar.
+const SCOPE_SEPARATOR: char = '/';
 
 /// A client's stable identifier of one purchase intent, the idempotency key of the whole
 /// purchase path: 1–64 characters of `[A-Za-z0-9_.:-]`, so it is safe inside Redis keys,
@@ -72,14 +80,87 @@ impl RequestId {
         Ok(Self(Arc::from(raw)))
     }
 
+    /// The key of a buyer's own request: `{user}/{client}`. With buyers authenticated,
+    /// idempotency is scoped by buyer, so another buyer's request_id is a new request of
+    /// your own and reveals nothing. `/` is outside the client's grammar, so no client
+    /// id can pose as a scoped key, and the buyer's part is the user id's digits.
+    pub fn scoped(user: UserId, client: &RequestId) -> Self {
+        debug_assert!(
+            client.scope().is_none(),
+            "a key is scoped once, by the buyer the request came from"
+        );
+        Self(Arc::from(format!("{user}{SCOPE_SEPARATOR}{client}")))
+    }
+
+    /// A key read back from a store: a client's request_id as it was sent (an admin's,
+    /// or a buyer's when buyers are not authenticated), or a buyer-scoped key
+    /// ([`RequestId::scoped`]).
+    pub fn stored(field: &'static str, raw: &str) -> Result<Self, ParseError> {
+        let Some((user, client)) = raw.split_once(SCOPE_SEPARATOR) else {
+            return Self::parse(field, raw);
+        };
+        let digits =
+            !user.is_empty() && !user.starts_with('0') && user.bytes().all(|b| b.is_ascii_digit());
+        let user = digits
+            .then(|| user.parse::<i64>().ok())
+            .flatten()
+            .filter(|u| *u > 0)
+            .ok_or_else(|| ParseError::new(field, "a scoped key starts with a user id"))?;
+        debug_assert!(user > 0);
+        Self::parse(field, client)?;
+        Ok(Self(Arc::from(raw)))
+    }
+
+    /// The whole key, as the stores keep it.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The request_id as its client sent it: the key without its buyer.
+    pub fn client(&self) -> &str {
+        self.0
+            .split_once(SCOPE_SEPARATOR)
+            .map_or(&self.0, |(_, client)| client)
+    }
+
+    /// The buyer a scoped key belongs to; None for a key as its client sent it.
+    pub fn scope(&self) -> Option<UserId> {
+        let (user, _) = self.0.split_once(SCOPE_SEPARATOR)?;
+        user.parse().ok().and_then(|u| UserId::parse(u).ok())
     }
 }
 
 impl fmt::Display for RequestId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+/// Which form a ledger's purchase keys take; one ledger holds one form, so that every
+/// instance finds a retry under the key its first attempt was written with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestScope {
+    /// The request_id as the client sent it, one namespace for every buyer: buyers are
+    /// not authenticated, so anyone can act as anyone, and a scope would protect nothing.
+    Global,
+    /// `{user_id}/{request_id}` ([`RequestId::scoped`]): buyers are authenticated, and
+    /// each one's request_ids are their own.
+    Buyer,
+}
+
+impl RequestScope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Global => "global",
+            Self::Buyer => "buyer",
+        }
+    }
+
+    /// The scope recorded in a ledger, as [`RequestScope::as_str`] wrote it.
+    pub fn from_stored(raw: &str) -> Option<Self> {
+        [Self::Global, Self::Buyer]
+            .into_iter()
+            .find(|s| s.as_str() == raw)
     }
 }
 
@@ -188,6 +269,37 @@ mod tests {
         assert!(err.reason.contains("'\u{e4}'"), "{}", err.reason);
         let err = RequestId::parse("request_id", "ab c").unwrap_err();
         assert!(err.reason.contains("' '"), "{}", err.reason);
+    }
+
+    // Checks a buyer-scoped key: it is `{user}/{id}`, gives back the client's id and its
+    // buyer, reads back from a store as itself, and no malformed scoped key (no user, a
+    // zero or signed or padded user, a bad client part) is read back.
+    #[test]
+    fn scoped_keys() {
+        let client = RequestId::parse("request_id", "REQ_1").expect("valid");
+        let user = UserId::parse(42).expect("valid");
+        let key = RequestId::scoped(user, &client);
+        assert_eq!(key.as_str(), "42/REQ_1");
+        assert_eq!(key.client(), "REQ_1");
+        assert_eq!(key.scope(), Some(user));
+        assert_eq!(client.client(), "REQ_1");
+        assert_eq!(client.scope(), None);
+        assert_ne!(
+            key,
+            RequestId::scoped(UserId::parse(43).expect("valid"), &client)
+        );
+        assert_eq!(RequestId::stored("request_id", "42/REQ_1"), Ok(key));
+        assert_eq!(RequestId::stored("request_id", "REQ_1"), Ok(client));
+        let widest = RequestId::scoped(
+            UserId::parse(i64::MAX).expect("valid"),
+            &RequestId::parse("request_id", &"x".repeat(64)).expect("valid"),
+        );
+        assert_eq!(widest.as_str().len(), REQUEST_KEY_LEN_MAX);
+        for bad in [
+            "/R", "0/R", "-1/R", "+1/R", "01/R", "1/", "1/a b", "1/2/R", "x/R",
+        ] {
+            assert!(RequestId::stored("request_id", bad).is_err(), "{bad:?}");
+        }
     }
 
     // Checks that ids accept exactly the positive integers.

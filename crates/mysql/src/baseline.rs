@@ -178,7 +178,7 @@ fn existing(row: &MySqlRow) -> Result<Order, LedgerError> {
         .transpose()?;
     Ok(Order {
         order_id: order_id(row)?,
-        request_id: RequestId::parse("request_id", &request_id).map_err(corrupt)?,
+        request_id: RequestId::stored("request_id", &request_id).map_err(corrupt)?,
         user_id: UserId::parse(row.try_get(column::USER_ID).map_err(db)?).map_err(corrupt)?,
         product_id: ProductId::parse(row.try_get(column::PRODUCT_ID).map_err(db)?)
             .map_err(corrupt)?,

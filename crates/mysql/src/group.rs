@@ -370,7 +370,7 @@ macro_rules! batch_table {
             "JSON_TABLE(",
             $($doc)+,
             ", '$[*]' COLUMNS (\
-         request_id VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$[0]', \
+         request_id VARCHAR(84) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$[0]', \
          product_id BIGINT PATH '$[1]', user_id BIGINT PATH '$[2]', quantity INT PATH '$[3]', \
          hold_id BIGINT PATH '$[4]', generation BIGINT PATH '$[5]', \
          timeout_us BIGINT PATH '$[6]', user_limit BIGINT PATH '$[7]')) AS b"
@@ -411,7 +411,7 @@ pub(crate) async fn taken(
     .iter()
     .map(|row| {
         let raw: String = row.try_get_unchecked("request_id")?;
-        RequestId::parse("request_id", &raw).map_err(|e| sqlx::Error::Decode(e.into()))
+        RequestId::stored("request_id", &raw).map_err(|e| sqlx::Error::Decode(e.into()))
     })
     .collect()
 }
@@ -988,7 +988,7 @@ fn pack_payloads(orders: &[Order]) -> BTreeMap<ProductId, (usize, String)> {
     packs
 }
 
-/// About the length of one `order_created` event's JSON (at most 369 characters).
+/// About the length of one `order_created` event's JSON (at most 389 characters).
 const EVENT_BYTES: usize = 320;
 
 /// Appends `order`'s `order_created` event, its fields in the order docs/events.md

@@ -36,7 +36,7 @@ fn incident(row: &MySqlRow) -> Result<Incident, LedgerError> {
     };
     Ok(Incident {
         id: row.try_get("id").map_err(db)?,
-        request_id: RequestId::parse("request_id", &request_id).map_err(corrupt)?,
+        request_id: RequestId::stored("request_id", &request_id).map_err(corrupt)?,
         product_id: ProductId::parse(row.try_get("product_id").map_err(db)?).map_err(corrupt)?,
         kind: text(row, "kind")?,
         detail: text(row, "detail")?,

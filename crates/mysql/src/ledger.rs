@@ -42,7 +42,7 @@ const TX_RETRY_PAUSE: Duration = Duration::from_millis(5);
 /// Most purchases one group commit writes: a batch this size commits in a few
 /// milliseconds, and each of its two scripts stays far below MariaDB's
 /// `max_allowed_packet` (16 MB by default): the rows' (the batch at most about 400 bytes
-/// per purchase as hex, plus the statements: about 110 KB) and the events' (at most 369
+/// per purchase as hex, plus the statements: about 110 KB) and the events' (at most 389
 /// bytes per event, twice that as hex: about 190 KB).
 const GROUP_COMMIT_MAX: usize = 256;
 /// Purchases waiting for a group commit; past it callers wait for room (the API's
@@ -431,7 +431,7 @@ impl MysqlLedger {
              r.user_id AS r_user_id, r.quantity AS r_quantity, r.status AS r_status, \
              r.release_reason AS r_release_reason, r.hold_id AS r_hold_id, \
              r.generation AS r_generation, {ORDER_COLUMNS} \
-             FROM JSON_TABLE(?, '$[*]' COLUMNS (request_id VARCHAR(64) CHARACTER SET utf8mb4 \
+             FROM JSON_TABLE(?, '$[*]' COLUMNS (request_id VARCHAR(84) CHARACTER SET utf8mb4 \
              COLLATE utf8mb4_bin PATH '$')) AS b \
              JOIN inventory_reservation r ON r.request_id = b.request_id \
              LEFT JOIN orders o ON o.request_id = r.request_id"
@@ -1428,7 +1428,7 @@ impl Ledger for MysqlLedger {
         rows.iter()
             .map(|row| {
                 let raw = rows::text(row, "request_id")?;
-                RequestId::parse("request_id", &raw).map_err(|e| {
+                RequestId::stored("request_id", &raw).map_err(|e| {
                     LedgerError::corrupt(format!("reservation holds a bad request_id: {e}"))
                 })
             })

@@ -21,8 +21,10 @@ mod migrate;
 mod outbox;
 mod rows;
 mod schedule;
+mod scope;
 mod sql;
 mod writer;
 
 pub use ledger::{LedgerConfig, MysqlLedger};
+pub use scope::Rescoped;
 pub use writer::{ClusterConfig, NodeAddr, NODES_MAX, PROBE_PERIOD, PROBE_TIMEOUT};

@@ -167,7 +167,7 @@ impl LedgerMaintenance for MysqlLedger {
                 Ok(PendingReturn {
                     product_id: ProductId::parse(r.try_get("product_id").map_err(db)?)
                         .map_err(corrupt)?,
-                    request_id: RequestId::parse("request_id", &text(r, "request_id")?)
+                    request_id: RequestId::stored("request_id", &text(r, "request_id")?)
                         .map_err(corrupt)?,
                     of,
                 })
@@ -193,7 +193,7 @@ impl LedgerMaintenance for MysqlLedger {
                 Ok(PendingRestock {
                     product_id: ProductId::parse(r.try_get("product_id").map_err(db)?)
                         .map_err(corrupt)?,
-                    restock_id: RequestId::parse("request_id", &text(r, "request_id")?)
+                    restock_id: RequestId::stored("request_id", &text(r, "request_id")?)
                         .map_err(corrupt)?,
                     quantity: r.try_get("quantity").map_err(db)?,
                     generation: rows::generation(r.try_get("generation").map_err(db)?)?,

@@ -48,7 +48,7 @@ pub(crate) fn order(row: &MySqlRow) -> Result<Order, LedgerError> {
     };
     Ok(Order {
         order_id: OrderId::parse(id).map_err(corrupt)?,
-        request_id: RequestId::parse("request_id", &request_id).map_err(corrupt)?,
+        request_id: RequestId::stored("request_id", &request_id).map_err(corrupt)?,
         user_id: UserId::parse(row.try_get("user_id").map_err(db)?).map_err(corrupt)?,
         product_id: ProductId::parse(row.try_get("product_id").map_err(db)?).map_err(corrupt)?,
         quantity: quantity(row.try_get::<i32, _>("quantity").map_err(db)?)?,
@@ -89,7 +89,7 @@ pub(crate) fn stock_mode(row: &MySqlRow, column: &str) -> Result<StockMode, Ledg
 pub(crate) fn purchase(row: &MySqlRow) -> Result<PurchaseRecord, LedgerError> {
     let request_id = text(row, "r_request_id")?;
     let request = PurchaseRequest {
-        request_id: RequestId::parse("request_id", &request_id).map_err(corrupt)?,
+        request_id: RequestId::stored("request_id", &request_id).map_err(corrupt)?,
         user_id: UserId::parse(row.try_get("r_user_id").map_err(db)?).map_err(corrupt)?,
         product_id: ProductId::parse(row.try_get("r_product_id").map_err(db)?).map_err(corrupt)?,
         quantity: quantity(row.try_get::<i32, _>("r_quantity").map_err(db)?)?,

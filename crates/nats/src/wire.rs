@@ -140,7 +140,7 @@ fn checked(w: WireEvent<'_>) -> Result<Event, DecodeError> {
             .map(OrderId::parse)
             .transpose()
             .map_err(|e| bad(&e))?,
-        request_id: RequestId::parse("request_id", &w.request_id).map_err(|e| bad(&e))?,
+        request_id: RequestId::stored("request_id", &w.request_id).map_err(|e| bad(&e))?,
         product_id: ProductId::parse(w.product_id).map_err(|e| bad(&e))?,
         reason: w.reason,
         occurred_at: w.occurred_at,

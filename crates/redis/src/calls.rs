@@ -548,7 +548,7 @@ impl Layout {
                 .map(|id| match id {
                     Value::BulkString(bytes) => std::str::from_utf8(bytes)
                         .ok()
-                        .and_then(|id| RequestId::parse("request_id", id).ok())
+                        .and_then(|id| RequestId::stored("request_id", id).ok())
                         .ok_or_else(|| unexpected("holders", id)),
                     other => Err(unexpected("holders", other)),
                 })
@@ -642,7 +642,7 @@ impl Layout {
             let parsed = record.and_then(|(u, q, released, hold_id, generation)| {
                 Some(StaleHold {
                     request: PurchaseRequest {
-                        request_id: RequestId::parse("request_id", &request_id).ok()?,
+                        request_id: RequestId::stored("request_id", &request_id).ok()?,
                         user_id: UserId::parse(u).ok()?,
                         product_id,
                         quantity: Quantity::from_stored(q)?,

@@ -6,6 +6,7 @@ pub mod demo;
 pub mod events;
 pub mod http;
 pub mod incidents;
+pub mod keys;
 pub mod reach;
 pub mod workers;
 
@@ -193,6 +194,7 @@ pub async fn connect_maintenance(config: &Config) -> Result<Arc<Maintenance>, St
 /// Connects, applies migrations, and builds the router.
 pub async fn build(config: &Config) -> Result<App, String> {
     let ledger = Arc::new(connect_and_migrate(config).await?);
+    keys::check(config, &ledger).await?;
     let gate = Arc::new(gate_for(config)?);
     reach::warn_unreachable(config, &gate).await;
     let metrics = Arc::new(Metrics::new());

@@ -106,6 +106,12 @@ enum Command {
         #[command(subcommand)]
         action: flashsale::incidents::Action,
     },
+    /// The form of the ledger's purchase keys, and the rewrite into the other form when
+    /// buyer authentication is turned on or off (FLASHSALE_BUYER_AUTH).
+    Ledger {
+        #[command(subcommand)]
+        action: flashsale::keys::Action,
+    },
     /// Compare Redis's available counts with MariaDB's facts and report the drift; exit 1
     /// on drift left unrepaired, 2 on error.
     ///
@@ -217,6 +223,10 @@ async fn main() -> ExitCode {
         Command::Incidents { action } => {
             (incidents(&config, action).await, ExitCode::from(EXIT_ERROR))
         }
+        Command::Ledger { action } => (
+            done(flashsale::keys::run(&config, action, &mut std::io::stdout()).await),
+            ExitCode::from(EXIT_ERROR),
+        ),
         Command::Events { action } => (
             flashsale::events::run(&config, action, &mut std::io::stdout()).await,
             ExitCode::from(EXIT_ERROR),

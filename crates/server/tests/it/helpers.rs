@@ -120,7 +120,7 @@ pub struct TestApp {
     /// The test's database; None on an instance beside another, which owns nothing.
     pub db: Option<TestDb>,
     /// The service's database URL and Redis settings, for an instance beside this one.
-    database_url: String,
+    pub database_url: String,
     redis_env: Vec<(String, String)>,
     /// Direct connections for checks, never through a test's proxy.
     pub pool: MySqlPool,

@@ -39,5 +39,6 @@ mod products;
 mod purchase;
 mod rate_limit;
 mod recovery;
+mod request_keys;
 mod slow_clients;
 mod sold_out;
