@@ -385,19 +385,139 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// One run against its servers (or, for the SQL run, its database), phase by phase:
+/// prepare (targets, product, probes), the counters before, the load, the counters
+/// after, the checks, the result.
 async fn run_against(
     args: &Args,
     sizes: &Sizes,
     spec: &RunSpec,
     seed: u64,
-    mut spawned: Option<&mut Spawned>,
+    spawned: Option<&mut Spawned>,
     driver: Driver,
     placed: &nodes::Placement,
 ) -> Result<BenchResult, String> {
-    let ceiling = spec.target == Target::Healthz;
-    let sql = spec.target == Target::Sql;
-    let baseline = spec.strategy.is_some_and(|s| s.is_baseline());
-    let (base_urls, token, env, mut pids) = match spawned.as_deref() {
+    let (mut run, targets) = Run::prepare(args, sizes, spec, spawned).await?;
+    // First: its FLUSH STATUS must not fall between the commit counters' two reads.
+    let wsrep_before = placed.wsrep(true).await;
+    let before = run.counters_before().await;
+    let workload = run.workload(seed);
+    // Minted before the load: signing is not part of what is measured.
+    let tokens = run.buyer_tokens(&workload)?;
+    let plan = run.plan(&workload, tokens.clone());
+    let live = driver.live;
+    // Held to the end of the run, the checks included (`AbortOnDrop`).
+    let _watch = driver.ctrl_c.then(|| {
+        AbortOnDrop(watch_ctrl_c(
+            live.clone(),
+            if run.spawned {
+                run.pids.clone()
+            } else {
+                Vec::new()
+            },
+        ))
+    });
+    let (bar, watcher) = progress_bar(args.no_progress, sizes.attempts, &run.pids);
+    let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    run.announce(&targets);
+    let loaded = run.load(plan, targets, live, watcher, &bar, placed).await;
+    let after = run.counters_after().await;
+    let proc = probes::servers_memory(&run.pids);
+    let verdict = run
+        .check(&loaded.outcome, &workload, tokens.as_deref())
+        .await;
+    if let Some(m) = run.mysql.take() {
+        m.close().await;
+    }
+    let passed = verdict.checks.client_violations.is_empty()
+        && matches!(verdict.checks.audit.status.as_str(), "passed" | "skipped");
+
+    Ok(build_result(Built {
+        args,
+        spec,
+        sizes,
+        mode: run.mode,
+        product_id: run.product_id,
+        seed,
+        base_urls: &run.base_urls,
+        spawned: run.spawned,
+        started_at,
+        outcome: &loaded.outcome,
+        redis: [&before.redis, &after.redis, &verdict.redis_settled],
+        commits: [before.commits, after.commits],
+        keys: [before.keys, after.keys, verdict.keys_settled],
+        proc,
+        cpu: loaded.cpu,
+        wsrep: [wsrep_before, loaded.wsrep_after],
+        database: placed.database.name(),
+        inventory: verdict.inventory,
+        expiry: verdict.expiry,
+        checks: verdict.checks,
+        passed,
+    }))
+}
+
+/// A run once prepared: what it sends to, the product, and the probes of the stores'
+/// counters, with the command line's choices that the phases after it read.
+struct Run<'a> {
+    args: &'a Args,
+    sizes: &'a Sizes,
+    spec: &'a RunSpec,
+    /// The HTTP ceiling (`GET /healthz`): no product, no probes, no checks.
+    ceiling: bool,
+    /// The SQL run: no server during the load, its database called directly.
+    sql: bool,
+    baseline: bool,
+    /// The bench started the servers (their counters start with the run).
+    spawned: bool,
+    /// The load's targets, the first one (product, admin calls) first.
+    base_urls: Vec<String>,
+    env: ServerEnv,
+    /// The servers whose CPU and memory are measured (none once the SQL run stopped them).
+    pids: Vec<u32>,
+    product_id: i64,
+    mode: Mode,
+    http: reqwest::Client,
+    redis: Option<RedisProbe>,
+    mysql: Option<MysqlProbe>,
+    /// The SQL run's database and how many clients call it.
+    sql_target: Option<(Arc<sql::SqlTarget>, u64)>,
+}
+
+/// The stores' counters at one moment of the run; each None when its probe is missing.
+struct Counters {
+    keys: Option<u64>,
+    redis: Option<RedisSnapshot>,
+    commits: Option<CommitCounters>,
+}
+
+/// What the load left: its outcome, and the CPU and Galera figures read around it.
+struct Loaded {
+    outcome: LoadOutcome,
+    /// CPU seconds over the load by process name (`probes::cpu_seconds`).
+    cpu: BTreeMap<String, f64>,
+    wsrep_after: Option<nodes::WsrepSnapshot>,
+}
+
+/// What the checks after the load found, with the figures read for them.
+#[derive(Default)]
+struct Verdict {
+    checks: Checks,
+    inventory: Option<Inventory>,
+    /// Sampled unpaid orders checked for expiry, and those confirmed expired.
+    expiry: (u64, u64),
+    /// Redis once the system went quiet (a run with a server only).
+    redis_settled: Option<RedisSnapshot>,
+    keys_settled: Option<u64>,
+}
+
+/// The addresses, admin token, stores and pids of the servers a run goes to: the ones
+/// the bench spawned, or those the command line names.
+fn servers_of(
+    args: &Args,
+    spawned: Option<&Spawned>,
+) -> (Vec<String>, Option<String>, ServerEnv, Vec<u32>) {
+    match spawned {
         Some(s) => (
             s.base_urls(),
             Some(s.admin_token.clone()),
@@ -418,16 +538,12 @@ async fn run_against(
             },
             args.server_pid.into_iter().collect(),
         ),
-    };
-    let product_id = args.product_id.unwrap_or_else(|| {
-        if spawned.is_some() {
-            1
-        } else {
-            // A fresh id on a shared server: 10^9 ids, a collision is a 409 at creation.
-            1_000_000_000 + rand::random_range(0..1_000_000_000i64)
-        }
-    });
-    let mode = match args.rate {
+    }
+}
+
+/// The load's mode: open loop with --rate, else closed.
+fn load_mode(args: &Args, sql: bool) -> Mode {
+    match args.rate {
         Some(rate) => Mode::Open {
             rate,
             max_in_flight: args.max_in_flight,
@@ -439,216 +555,325 @@ async fn run_against(
         None => Mode::Closed {
             connections: args.connections,
         },
-    };
-    let pool = match mode {
-        Mode::Open { max_in_flight, .. } => max_in_flight,
-        Mode::Closed { connections } => connections,
-    };
-    let mut targets = Targets::new(&base_urls, usize::try_from(pool).unwrap_or(usize::MAX))?;
-    // As the targets have them: each a root without a trailing slash.
-    let mut base_urls = targets.base_urls().to_vec();
-    // The product and every admin call go through the first target.
-    let base_url = targets.first().to_owned();
-    let http = load::control_client()?;
+    }
+}
 
-    // The ceiling creates nothing and measures no cost per order: no probes either.
-    let (mut redis, mut mysql) = if ceiling {
-        (None, None)
-    } else {
-        let token = token.ok_or(
-            "the admin token is needed to create the product: --admin-token or FLASHSALE_ADMIN_TOKEN (or use --spawn)",
-        )?;
-        create_product(&http, &base_url, &token, product_id, args, sizes).await?;
-        let redis = match env.redis_probe().await {
-            Ok(r) => Some(r),
-            Err(e) => {
-                eprintln!("flashsale-bench: Redis figures unavailable: {e}");
-                None
-            }
-        };
-        let mysql = match MysqlProbe::connect(&env.database_url).await {
-            Ok(m) => Some(m),
-            Err(e) => {
-                eprintln!("flashsale-bench: MariaDB figures unavailable: {e}");
-                None
-            }
-        };
-        (redis, mysql)
+/// The probes of Redis's and MariaDB's counters; a store that cannot be probed leaves
+/// its figures out of the report, not the run.
+async fn store_probes(env: &ServerEnv) -> (Option<RedisProbe>, Option<MysqlProbe>) {
+    let redis = match env.redis_probe().await {
+        Ok(r) => Some(r),
+        Err(e) => {
+            eprintln!("flashsale-bench: Redis figures unavailable: {e}");
+            None
+        }
     };
-    // The SQL run: the server made the product; the load goes to its database alone.
-    let sql_target = if sql {
-        if let Some(s) = spawned.as_deref_mut() {
+    let mysql = match MysqlProbe::connect(&env.database_url).await {
+        Ok(m) => Some(m),
+        Err(e) => {
+            eprintln!("flashsale-bench: MariaDB figures unavailable: {e}");
+            None
+        }
+    };
+    (redis, mysql)
+}
+
+impl<'a> Run<'a> {
+    /// Resolves the targets, creates the product and connects the probes (none for the
+    /// ceiling); for the SQL run, then stops the servers and points the load at their
+    /// database.
+    async fn prepare(
+        args: &'a Args,
+        sizes: &'a Sizes,
+        spec: &'a RunSpec,
+        spawned: Option<&mut Spawned>,
+    ) -> Result<(Run<'a>, Targets), String> {
+        let ceiling = spec.target == Target::Healthz;
+        let sql = spec.target == Target::Sql;
+        let (base_urls, token, env, pids) = servers_of(args, spawned.as_deref());
+        let product_id = args.product_id.unwrap_or_else(|| {
+            if spawned.is_some() {
+                1
+            } else {
+                // A fresh id on a shared server: 10^9 ids, a collision is a 409 at creation.
+                1_000_000_000 + rand::random_range(0..1_000_000_000i64)
+            }
+        });
+        let mode = load_mode(args, sql);
+        let pool = match mode {
+            Mode::Open { max_in_flight, .. } => max_in_flight,
+            Mode::Closed { connections } => connections,
+        };
+        let targets = Targets::new(&base_urls, usize::try_from(pool).unwrap_or(usize::MAX))?;
+        let mut run = Run {
+            args,
+            sizes,
+            spec,
+            ceiling,
+            sql,
+            baseline: spec.strategy.is_some_and(|s| s.is_baseline()),
+            spawned: spawned.is_some(),
+            // As the targets have them: each a root without a trailing slash.
+            base_urls: targets.base_urls().to_vec(),
+            env,
+            pids,
+            product_id,
+            mode,
+            http: load::control_client()?,
+            redis: None,
+            mysql: None,
+            sql_target: None,
+        };
+        // The ceiling creates nothing and measures no cost per order: no probes either.
+        if !ceiling {
+            let token = token.ok_or(
+                "the admin token is needed to create the product: --admin-token or FLASHSALE_ADMIN_TOKEN (or use --spawn)",
+            )?;
+            // The product and every admin call go through the first target.
+            let base_url = targets.first();
+            create_product(&run.http, base_url, &token, product_id, args, sizes).await?;
+            (run.redis, run.mysql) = store_probes(&run.env).await;
+        }
+        if !sql {
+            return Ok((run, targets));
+        }
+        // The SQL run: the server made the product; the load goes to its database alone.
+        if let Some(s) = spawned {
             s.stop_servers().await;
-            pids.clear();
+            run.pids.clear();
         }
         let payment_timeout = sizes.payment_timeout.unwrap_or(sql::SERVER_PAYMENT_TIMEOUT);
         let clients = sql::clients(args);
-        let target =
-            Arc::new(sql::SqlTarget::connect(&env.database_url, clients, payment_timeout).await?);
-        targets = Targets::sql(target.clone());
-        base_urls = targets.base_urls().to_vec();
-        Some((target, clients))
-    } else {
-        None
-    };
-    // First: its FLUSH STATUS must not fall between the commit counters' two reads.
-    let wsrep_before = placed.wsrep(true).await;
-    let keys_before = count_keys(&mut redis, &env.redis_prefix).await;
-    let redis_before = redis_snapshot(&mut redis).await;
-    let commits_before = commits(&mut mysql).await;
-
-    let workload = Workload {
-        tag: format!("B{:08x}", rand::random::<u32>()),
-        seed,
-        users: sizes.users,
-        retry_share: args.retry_share,
-        pay_share: if sizes.follow_ups {
-            args.pay_share
-        } else {
-            0.0
-        },
-        cancel_share: if sizes.follow_ups {
-            args.cancel_share
-        } else {
-            0.0
-        },
-    };
-    // Minted before the load: signing is not part of what is measured.
-    let tokens = match (&args.buyer_jwt_secret, spec.target) {
-        (Some(secret), Target::Purchase) => Some(Arc::new(BuyerTokens::mint(
-            secret.as_bytes(),
-            workload.users,
-        )?)),
-        _ => None,
-    };
-    let plan = LoadPlan {
-        mode,
-        attempts: sizes.attempts,
-        duration: sizes.duration,
-        workload: workload.clone(),
-        product_id,
-        follow_ups: sizes.follow_ups && !ceiling,
-        target: spec.target,
-        tokens: tokens.clone(),
-    };
-    let live = driver.live;
-    let _watch = driver.ctrl_c.then(|| {
-        AbortOnDrop(watch_ctrl_c(
-            live.clone(),
-            if spawned.is_some() {
-                pids.clone()
-            } else {
-                Vec::new()
-            },
-        ))
-    });
-    let (bar, watcher) = progress_bar(args.no_progress, sizes.attempts, &pids);
-    let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    let mode_text = match mode {
-        Mode::Open {
-            rate,
-            max_in_flight,
-        } => format!("open loop at {rate}/s (in-flight cap {max_in_flight})"),
-        Mode::Closed { connections } => format!("closed loop with {connections} connections"),
-    };
-    let mode_text = match targets.count() {
-        1 => mode_text,
-        n => format!("{mode_text}, round-robin over {n} servers"),
-    };
-    if ceiling {
-        eprintln!(
-            "flashsale-bench: {} — HTTP ceiling: {} × GET /healthz, {mode_text}",
-            args.scenario.name(),
-            sizes.attempts,
+        let target = Arc::new(
+            sql::SqlTarget::connect(&run.env.database_url, clients, payment_timeout).await?,
         );
-    } else if sql {
-        eprintln!(
-            "flashsale-bench: {} — {}: {}, no server — product {product_id}, stock {}, {} attempts, {} users, {mode_text}",
-            args.scenario.name(),
-            spec.label,
-            targets.first(),
-            sizes.stock,
-            sizes.attempts,
-            sizes.users,
-        );
-    } else {
-        eprintln!(
-            "flashsale-bench: {} — strategy {} — product {product_id}, stock {}, {} attempts, {} users, {mode_text}",
-            args.scenario.name(),
-            spec.label,
-            sizes.stock,
-            sizes.attempts,
-            sizes.users,
-        );
-    }
-    let hz = probes::clock_ticks_per_s();
-    let cpu_before = probes::cpu_snapshot(&pids, &placed.cpu);
-    let outcome = load::run(plan, targets, live.clone(), watcher).await;
-    let cpu_after = probes::cpu_snapshot(&pids, &placed.cpu);
-    let wsrep_after = placed.wsrep(false).await;
-    bar.finish_and_clear();
-    if let Some((target, _)) = &sql_target {
-        target.close().await;
+        let targets = Targets::sql(target.clone());
+        run.base_urls = targets.base_urls().to_vec();
+        run.sql_target = Some((target, clients));
+        Ok((run, targets))
     }
 
-    let redis_after = redis_snapshot(&mut redis).await;
-    let commits_after = commits(&mut mysql).await;
-    let keys_after = count_keys(&mut redis, &env.redis_prefix).await;
-    let proc = probes::servers_memory(&pids);
+    /// The counters before the load. The key count (a walk of the keyspace) comes before
+    /// the Redis snapshot, and after it in `counters_after`, so that its own commands
+    /// stay out of the calls counted.
+    async fn counters_before(&mut self) -> Counters {
+        let keys = count_keys(&mut self.redis, &self.env.redis_prefix).await;
+        let redis = redis_snapshot(&mut self.redis).await;
+        let commits = commits(&mut self.mysql).await;
+        Counters {
+            keys,
+            redis,
+            commits,
+        }
+    }
 
-    let mut checks = Checks::default();
-    let mut inventory = None;
-    let mut expiry = (0, 0);
-    let mut redis_settled = None;
-    let mut keys_settled = None;
-    if ceiling {
-        eprintln!(
-            "flashsale-bench: load done in {:.2}s",
-            outcome.elapsed.as_secs_f64()
-        );
-        checks.skipped.push(
-            "order checks and audit: the HTTP ceiling sends no purchase, so there is nothing to check"
-                .into(),
-        );
-        checks.audit = AuditOutcome {
-            status: "skipped".into(),
-            runs: 0,
-            output: "HTTP ceiling run: no orders to audit".into(),
+    /// The counters after the load, read in the reverse order of `counters_before`.
+    async fn counters_after(&mut self) -> Counters {
+        let redis = redis_snapshot(&mut self.redis).await;
+        let commits = commits(&mut self.mysql).await;
+        let keys = count_keys(&mut self.redis, &self.env.redis_prefix).await;
+        Counters {
+            keys,
+            redis,
+            commits,
+        }
+    }
+
+    /// The buyers' requests: `seed` fixes them, a fresh tag keeps their request_ids apart
+    /// from earlier runs'.
+    fn workload(&self, seed: u64) -> Workload {
+        let (args, follow_ups) = (self.args, self.sizes.follow_ups);
+        Workload {
+            tag: format!("B{:08x}", rand::random::<u32>()),
+            seed,
+            users: self.sizes.users,
+            retry_share: args.retry_share,
+            pay_share: if follow_ups { args.pay_share } else { 0.0 },
+            cancel_share: if follow_ups { args.cancel_share } else { 0.0 },
+        }
+    }
+
+    /// The buyers' signed tokens, when the servers want them (purchases only).
+    fn buyer_tokens(&self, workload: &Workload) -> Result<Option<Arc<BuyerTokens>>, String> {
+        Ok(match (&self.args.buyer_jwt_secret, self.spec.target) {
+            (Some(secret), Target::Purchase) => Some(Arc::new(BuyerTokens::mint(
+                secret.as_bytes(),
+                workload.users,
+            )?)),
+            _ => None,
+        })
+    }
+
+    fn plan(&self, workload: &Workload, tokens: Option<Arc<BuyerTokens>>) -> LoadPlan {
+        LoadPlan {
+            mode: self.mode,
+            attempts: self.sizes.attempts,
+            duration: self.sizes.duration,
+            workload: workload.clone(),
+            product_id: self.product_id,
+            follow_ups: self.sizes.follow_ups && !self.ceiling,
+            target: self.spec.target,
+            tokens,
+        }
+    }
+
+    /// Says what the load is about to send, and how.
+    fn announce(&self, targets: &Targets) {
+        let (args, sizes, product_id) = (self.args, self.sizes, self.product_id);
+        let mode_text = match self.mode {
+            Mode::Open {
+                rate,
+                max_in_flight,
+            } => format!("open loop at {rate}/s (in-flight cap {max_in_flight})"),
+            Mode::Closed { connections } => format!("closed loop with {connections} connections"),
         };
-    } else if let Some((_, clients)) = &sql_target {
-        // No server ran the load: nothing of one is left to settle or to ask. What the
-        // client saw and the orders table are checked as for the baselines.
+        let mode_text = match targets.count() {
+            1 => mode_text,
+            n => format!("{mode_text}, round-robin over {n} servers"),
+        };
+        if self.ceiling {
+            eprintln!(
+                "flashsale-bench: {} — HTTP ceiling: {} × GET /healthz, {mode_text}",
+                args.scenario.name(),
+                sizes.attempts,
+            );
+        } else if self.sql {
+            eprintln!(
+                "flashsale-bench: {} — {}: {}, no server — product {product_id}, stock {}, {} attempts, {} users, {mode_text}",
+                args.scenario.name(),
+                self.spec.label,
+                targets.first(),
+                sizes.stock,
+                sizes.attempts,
+                sizes.users,
+            );
+        } else {
+            eprintln!(
+                "flashsale-bench: {} — strategy {} — product {product_id}, stock {}, {} attempts, {} users, {mode_text}",
+                args.scenario.name(),
+                self.spec.label,
+                sizes.stock,
+                sizes.attempts,
+                sizes.users,
+            );
+        }
+    }
+
+    /// The load itself, with the CPU and Galera counters read right around it.
+    async fn load(
+        &self,
+        plan: LoadPlan,
+        targets: Targets,
+        live: Arc<Live>,
+        watcher: Arc<Progress>,
+        bar: &ProgressBar,
+        placed: &nodes::Placement,
+    ) -> Loaded {
+        let hz = probes::clock_ticks_per_s();
+        let cpu_before = probes::cpu_snapshot(&self.pids, &placed.cpu);
+        let outcome = load::run(plan, targets, live, watcher).await;
+        let cpu_after = probes::cpu_snapshot(&self.pids, &placed.cpu);
+        let wsrep_after = placed.wsrep(false).await;
+        bar.finish_and_clear();
+        if let Some((target, _)) = &self.sql_target {
+            target.close().await;
+        }
+        Loaded {
+            outcome,
+            cpu: probes::cpu_seconds(&cpu_before, &cpu_after, hz),
+            wsrep_after,
+        }
+    }
+
+    /// The checks after the load, as the run's kind allows.
+    async fn check(
+        &mut self,
+        outcome: &LoadOutcome,
+        workload: &Workload,
+        tokens: Option<&BuyerTokens>,
+    ) -> Verdict {
+        if self.ceiling {
+            ceiling_verdict(outcome)
+        } else if let Some((_, clients)) = &self.sql_target {
+            self.sql_verdict(outcome, workload, *clients).await
+        } else {
+            self.served_verdict(outcome, workload, tokens).await
+        }
+    }
+
+    /// The SQL run's checks. No server ran the load: nothing of one is left to settle
+    /// or to ask. What the client saw and the orders table are checked as for the
+    /// baselines.
+    async fn sql_verdict(
+        &self,
+        outcome: &LoadOutcome,
+        workload: &Workload,
+        clients: u64,
+    ) -> Verdict {
         eprintln!(
             "flashsale-bench: load done in {:.2}s ({clients} MariaDB clients)",
             outcome.elapsed.as_secs_f64()
         );
+        let mut checks = Checks::default();
         let rec = &outcome.recorder;
-        client_checks(&mut checks, rec, sizes, None, true);
+        client_checks(&mut checks, rec, self.sizes, None, true);
         checks.skipped.push(
             "the server's own count of its answers and the acknowledged orders read back through the API: the SQL run has no server (the orders table's check below finds every acknowledged order by its request_id)"
                 .into(),
         );
-        check_ledger(
-            &mut checks,
-            &env.database_url,
-            product_id,
-            sizes,
-            &workload,
-            rec,
-        )
-        .await;
+        self.check_ledger(&mut checks, workload, rec).await;
         checks.skipped.push(
             "flashsale audit: the SQL run is db-conditional's transaction, a baseline's (no reservation rows, no Redis holds)"
                 .into(),
         );
-        checks.audit = AuditOutcome {
-            status: "skipped".into(),
-            runs: 0,
-            output: format!("skipped: {} is a baseline's transaction", spec.label),
-        };
-    } else {
+        checks.audit = skipped_audit(format!(
+            "skipped: {} is a baseline's transaction",
+            self.spec.label
+        ));
+        Verdict {
+            checks,
+            ..Verdict::default()
+        }
+    }
+
+    /// A run with servers: wait for them to go quiet, then check what the client saw
+    /// against what they answer now, the orders table, the expiries and the audit.
+    async fn served_verdict(
+        &mut self,
+        outcome: &LoadOutcome,
+        workload: &Workload,
+        tokens: Option<&BuyerTokens>,
+    ) -> Verdict {
+        let sizes = self.sizes;
+        let mut v = Verdict::default();
+        self.settle(outcome, &mut v).await;
+        let rec = &outcome.recorder;
+        let checks = &mut v.checks;
+        // The reads below are no admin calls: any server of the sale answers them, and
+        // the first may be the one a test killed.
+        let reads_url = first_answering(&self.http, &self.base_urls, checks).await;
+        let product_url = format!("{reads_url}/v1/products/{}", self.product_id);
+        v.inventory = get_json::<ProductView>(&self.http, &product_url, None)
+            .await
+            .map(|p| p.inventory);
+        client_checks(checks, rec, sizes, v.inventory.as_ref(), self.baseline);
+        let comparable = self.spawned && outcome.abandoned == 0;
+        check_server_counts(checks, &self.http, &self.base_urls, rec, comparable).await;
+        let (http, baseline) = (&self.http, self.baseline);
+        check_acknowledged(checks, http, &reads_url, workload, rec, baseline, tokens).await;
+        self.check_ledger(checks, workload, rec).await;
+        if sizes.follow_ups && sizes.payment_timeout.is_some() {
+            v.expiry = check_expired(checks, http, &reads_url, rec, tokens).await;
+        }
+        checks.audit = self.audit(checks).await;
+        v
+    }
+
+    /// Waits for the system to go quiet (the unpaid orders' expiry too, when the run
+    /// leaves some), then reads Redis as it settled.
+    async fn settle(&mut self, outcome: &LoadOutcome, v: &mut Verdict) {
         let mut quiet = QUIET_WAIT;
-        if let (true, Some(t)) = (sizes.follow_ups, sizes.payment_timeout) {
+        if let (true, Some(t)) = (self.sizes.follow_ups, self.sizes.payment_timeout) {
             quiet += t + EXPIRY_SLACK;
         }
         eprintln!(
@@ -657,104 +882,61 @@ async fn run_against(
             quiet.as_secs_f64()
         );
         tokio::time::sleep(quiet).await;
-        redis_settled = redis_snapshot(&mut redis).await;
-        keys_settled = count_keys(&mut redis, &env.redis_prefix).await;
+        v.redis_settled = redis_snapshot(&mut self.redis).await;
+        v.keys_settled = count_keys(&mut self.redis, &self.env.redis_prefix).await;
+    }
 
-        let rec = &outcome.recorder;
-        // The reads below are no admin calls: any server of the sale answers them, and
-        // the first may be the one a test killed.
-        let reads_url = first_answering(&http, &base_urls, &mut checks).await;
-        inventory = get_json::<ProductView>(
-            &http,
-            &format!("{reads_url}/v1/products/{product_id}"),
-            None,
-        )
-        .await
-        .map(|p| p.inventory);
-        client_checks(&mut checks, rec, sizes, inventory.as_ref(), baseline);
-        check_server_counts(
-            &mut checks,
-            &http,
-            &base_urls,
-            rec,
-            spawned.is_some() && outcome.abandoned == 0,
-        )
-        .await;
-        let tokens = tokens.as_deref();
-        check_acknowledged(
-            &mut checks,
-            &http,
-            &reads_url,
-            &workload,
-            rec,
-            baseline,
-            tokens,
-        )
-        .await;
-        check_ledger(
-            &mut checks,
-            &env.database_url,
-            product_id,
-            sizes,
-            &workload,
-            rec,
-        )
-        .await;
-        if sizes.follow_ups && sizes.payment_timeout.is_some() {
-            expiry = check_expired(&mut checks, &http, &reads_url, rec, tokens).await;
-        }
-        checks.audit = if baseline {
+    /// `check_ledger` on this run's database and product.
+    async fn check_ledger(&self, checks: &mut Checks, workload: &Workload, rec: &Recorder) {
+        let url = &self.env.database_url;
+        check_ledger(checks, url, self.product_id, self.sizes, workload, rec).await;
+    }
+
+    /// `flashsale audit` of the product, unless it does not apply (a baseline) or was
+    /// turned off.
+    async fn audit(&self, checks: &mut Checks) -> AuditOutcome {
+        if self.baseline {
             checks.skipped.push(
                 "flashsale audit: it checks flashsale's reservation rows, Redis holds, per-user limits and outbox, which the baselines do not write or enforce; the checks of it that apply run instead (orders table: units in live orders ≤ stock, one order per request_id, every acknowledged order present)"
                     .into(),
             );
-            AuditOutcome {
-                status: "skipped".into(),
-                runs: 0,
-                output: format!(
-                    "skipped: {} is a baseline strategy (no reservation rows, no Redis holds)",
-                    spec.label
-                ),
-            }
-        } else if args.no_audit {
-            AuditOutcome {
-                status: "skipped".into(),
-                runs: 0,
-                output: "skipped with --no-audit".into(),
-            }
+            skipped_audit(format!(
+                "skipped: {} is a baseline strategy (no reservation rows, no Redis holds)",
+                self.spec.label
+            ))
+        } else if self.args.no_audit {
+            skipped_audit("skipped with --no-audit".into())
         } else {
-            run_audit(&args.server_bin, &env, product_id).await
-        };
+            run_audit(&self.args.server_bin, &self.env, self.product_id).await
+        }
     }
-    if let Some(m) = mysql {
-        m.close().await;
-    }
-    let passed = checks.client_violations.is_empty()
-        && matches!(checks.audit.status.as_str(), "passed" | "skipped");
+}
 
-    Ok(build_result(Built {
-        args,
-        spec,
-        sizes,
-        mode,
-        product_id,
-        seed,
-        base_urls: &base_urls,
-        spawned: spawned.is_some(),
-        started_at,
-        outcome: &outcome,
-        redis: [&redis_before, &redis_after, &redis_settled],
-        commits: [commits_before, commits_after],
-        keys: [keys_before, keys_after, keys_settled],
-        proc,
-        cpu: probes::cpu_seconds(&cpu_before, &cpu_after, hz),
-        wsrep: [wsrep_before, wsrep_after],
-        database: placed.database.name(),
-        inventory,
-        expiry,
+/// The ceiling's checks: none; it sends no purchase.
+fn ceiling_verdict(outcome: &LoadOutcome) -> Verdict {
+    eprintln!(
+        "flashsale-bench: load done in {:.2}s",
+        outcome.elapsed.as_secs_f64()
+    );
+    let mut checks = Checks::default();
+    checks.skipped.push(
+        "order checks and audit: the HTTP ceiling sends no purchase, so there is nothing to check"
+            .into(),
+    );
+    checks.audit = skipped_audit("HTTP ceiling run: no orders to audit".into());
+    Verdict {
         checks,
-        passed,
-    }))
+        ..Verdict::default()
+    }
+}
+
+/// An audit not run, and why.
+fn skipped_audit(output: String) -> AuditOutcome {
+    AuditOutcome {
+        status: "skipped".into(),
+        runs: 0,
+        output,
+    }
 }
 
 /// First Ctrl-C: stop dispatching, finish and report (a `--compare` starts no further
