@@ -118,118 +118,165 @@ pub fn log_ticks(min: f64, max: f64) -> Vec<f64> {
 pub fn render_chart(chart: &Chart) -> String {
     let names: Vec<&str> = chart.series.iter().map(|s| s.name.as_str()).collect();
     let legend = legend_layout(&names);
-    let legend_extra = legend.iter().map(|&(_, row)| row).max().unwrap_or(0) as f64 * LEGEND_ROW;
-    let top = MARGIN_TOP + legend_extra;
-    let height = HEIGHT + legend_extra;
-    let plot_w = WIDTH - MARGIN_LEFT - MARGIN_RIGHT;
-    let plot_h = height - top - MARGIN_BOTTOM;
-    let all: Vec<(f64, f64)> = chart
-        .series
-        .iter()
-        .flat_map(|s| s.points.iter().copied())
-        .filter(|&(x, y)| {
-            transform(chart.x_scale, x).is_some() && transform(chart.y_scale, y).is_some()
-        })
-        .collect();
-
-    // Axis ranges (in transformed space).
-    let x_ticks: Vec<(f64, String)> = if chart.x_ticks.is_empty() {
-        let max = all.iter().map(|p| p.0).fold(0.0, f64::max);
-        linear_ticks(max)
-            .into_iter()
-            .map(|t| (t, number(t)))
-            .collect()
-    } else {
-        chart.x_ticks.clone()
-    };
-    let y_ticks: Vec<f64> = match chart.y_scale {
-        Scale::Linear => linear_ticks(all.iter().map(|p| p.1).fold(0.0, f64::max)),
-        Scale::Log => {
-            let min = all.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
-            let max = all.iter().map(|p| p.1).fold(0.0, f64::max);
-            log_ticks(min, max)
-        }
-    };
-    let range = |ticks: &mut dyn Iterator<Item = f64>, scale| {
-        let t: Vec<f64> = ticks.filter_map(|v| transform(scale, v)).collect();
-        let lo = t.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = t.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        if lo.is_finite() && hi > lo {
-            (lo, hi)
-        } else {
-            (0.0, 1.0)
-        }
-    };
-    let (x0, x1) = range(&mut x_ticks.iter().map(|t| t.0), chart.x_scale);
-    let (y0, y1) = range(&mut y_ticks.iter().copied(), chart.y_scale);
-    let px = |x: f64| MARGIN_LEFT + (x - x0) / (x1 - x0) * plot_w;
-    let py = |y: f64| top + plot_h - (y - y0) / (y1 - y0) * plot_h;
-
+    let frame = Frame::of(chart, &legend);
     let mut s = String::new();
     let _ = write!(
         s,
         r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" height="{height}" font-family="system-ui, sans-serif" font-size="12" role="img" aria-label="{title}">"#,
+        height = frame.height,
         title = escape(&chart.title)
     );
     let _ = write!(
         s,
-        r##"<rect x="0" y="0" width="{WIDTH}" height="{height}" fill="#ffffff"/><text x="{MARGIN_LEFT}" y="20" font-size="15" font-weight="600" fill="#222">{}</text>"##,
+        r##"<rect x="0" y="0" width="{WIDTH}" height="{}" fill="#ffffff"/><text x="{MARGIN_LEFT}" y="20" font-size="15" font-weight="600" fill="#222">{}</text>"##,
+        frame.height,
         escape(&chart.title)
     );
-    // Grid and tick labels.
-    for &t in &y_ticks {
-        let Some(v) = transform(chart.y_scale, t) else {
-            continue;
-        };
-        let y = py(v);
-        let _ = write!(
-            s,
-            r##"<line x1="{MARGIN_LEFT}" x2="{:.1}" y1="{y:.1}" y2="{y:.1}" stroke="#e4e4e4"/><text x="{:.1}" y="{:.1}" text-anchor="end" fill="#555">{}</text>"##,
-            MARGIN_LEFT + plot_w,
-            MARGIN_LEFT - 6.0,
-            y + 4.0,
-            escape(&(chart.y_format)(t))
-        );
-    }
-    for (t, label) in &x_ticks {
-        let Some(v) = transform(chart.x_scale, *t) else {
-            continue;
-        };
-        let x = px(v);
-        let _ = write!(
-            s,
-            r##"<line x1="{x:.1}" x2="{x:.1}" y1="{top}" y2="{:.1}" stroke="#efefef"/><text x="{x:.1}" y="{:.1}" text-anchor="middle" fill="#555">{}</text>"##,
-            top + plot_h,
-            top + plot_h + 16.0,
-            escape(label)
-        );
-    }
-    let _ = write!(
-        s,
-        r##"<rect x="{MARGIN_LEFT}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>"##
-    );
-    let _ = write!(
-        s,
-        r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#333">{}</text>"##,
-        MARGIN_LEFT + plot_w / 2.0,
-        height - 8.0,
-        escape(&chart.x_label)
-    );
-    let _ = write!(
-        s,
-        r##"<text transform="translate(16 {:.1}) rotate(-90)" text-anchor="middle" fill="#333">{}</text>"##,
-        top + plot_h / 2.0,
-        escape(&chart.y_label)
-    );
-    // Series.
+    frame.axes(&mut s, chart);
     for (series, &(legend_x, row)) in chart.series.iter().zip(&legend) {
+        frame.series(&mut s, chart, series);
+        // Legend entry.
+        let _ = write!(
+            s,
+            r##"<rect x="{legend_x:.1}" y="{:.1}" width="12" height="12" fill="{}"/><text x="{:.1}" y="{:.1}" fill="#333">{}</text>"##,
+            32.0 + row as f64 * LEGEND_ROW,
+            series.color,
+            legend_x + 16.0,
+            42.0 + row as f64 * LEGEND_ROW,
+            escape(&series.name)
+        );
+    }
+    s.push_str("</svg>");
+    s
+}
+
+/// A chart's geometry: its height (grown by the legend's extra rows), the plot's place,
+/// the ticks, and the axes' ranges in transformed space.
+struct Frame {
+    height: f64,
+    /// The plot's top edge.
+    top: f64,
+    plot_w: f64,
+    plot_h: f64,
+    x_ticks: Vec<(f64, String)>,
+    y_ticks: Vec<f64>,
+    x_range: (f64, f64),
+    y_range: (f64, f64),
+}
+
+impl Frame {
+    fn of(chart: &Chart, legend: &[(f64, usize)]) -> Frame {
+        let legend_extra =
+            legend.iter().map(|&(_, row)| row).max().unwrap_or(0) as f64 * LEGEND_ROW;
+        let top = MARGIN_TOP + legend_extra;
+        let height = HEIGHT + legend_extra;
+        let all: Vec<(f64, f64)> = chart
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter().copied())
+            .filter(|&(x, y)| {
+                transform(chart.x_scale, x).is_some() && transform(chart.y_scale, y).is_some()
+            })
+            .collect();
+        let x_ticks: Vec<(f64, String)> = if chart.x_ticks.is_empty() {
+            let max = all.iter().map(|p| p.0).fold(0.0, f64::max);
+            linear_ticks(max)
+                .into_iter()
+                .map(|t| (t, number(t)))
+                .collect()
+        } else {
+            chart.x_ticks.clone()
+        };
+        let y_ticks: Vec<f64> = match chart.y_scale {
+            Scale::Linear => linear_ticks(all.iter().map(|p| p.1).fold(0.0, f64::max)),
+            Scale::Log => {
+                let min = all.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
+                let max = all.iter().map(|p| p.1).fold(0.0, f64::max);
+                log_ticks(min, max)
+            }
+        };
+        Frame {
+            height,
+            top,
+            plot_w: WIDTH - MARGIN_LEFT - MARGIN_RIGHT,
+            plot_h: height - top - MARGIN_BOTTOM,
+            x_range: tick_range(x_ticks.iter().map(|t| t.0), chart.x_scale),
+            y_range: tick_range(y_ticks.iter().copied(), chart.y_scale),
+            x_ticks,
+            y_ticks,
+        }
+    }
+
+    /// Where a transformed x value is drawn.
+    fn px(&self, x: f64) -> f64 {
+        let (x0, x1) = self.x_range;
+        MARGIN_LEFT + (x - x0) / (x1 - x0) * self.plot_w
+    }
+
+    /// Where a transformed y value is drawn.
+    fn py(&self, y: f64) -> f64 {
+        let (y0, y1) = self.y_range;
+        self.top + self.plot_h - (y - y0) / (y1 - y0) * self.plot_h
+    }
+
+    /// The grid with its tick labels, the plot's border and the axes' labels.
+    fn axes(&self, s: &mut String, chart: &Chart) {
+        let (top, plot_w, plot_h) = (self.top, self.plot_w, self.plot_h);
+        for &t in &self.y_ticks {
+            let Some(v) = transform(chart.y_scale, t) else {
+                continue;
+            };
+            let y = self.py(v);
+            let _ = write!(
+                s,
+                r##"<line x1="{MARGIN_LEFT}" x2="{:.1}" y1="{y:.1}" y2="{y:.1}" stroke="#e4e4e4"/><text x="{:.1}" y="{:.1}" text-anchor="end" fill="#555">{}</text>"##,
+                MARGIN_LEFT + plot_w,
+                MARGIN_LEFT - 6.0,
+                y + 4.0,
+                escape(&(chart.y_format)(t))
+            );
+        }
+        for (t, label) in &self.x_ticks {
+            let Some(v) = transform(chart.x_scale, *t) else {
+                continue;
+            };
+            let x = self.px(v);
+            let _ = write!(
+                s,
+                r##"<line x1="{x:.1}" x2="{x:.1}" y1="{top}" y2="{:.1}" stroke="#efefef"/><text x="{x:.1}" y="{:.1}" text-anchor="middle" fill="#555">{}</text>"##,
+                top + plot_h,
+                top + plot_h + 16.0,
+                escape(label)
+            );
+        }
+        let _ = write!(
+            s,
+            r##"<rect x="{MARGIN_LEFT}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>"##
+        );
+        let _ = write!(
+            s,
+            r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#333">{}</text>"##,
+            MARGIN_LEFT + plot_w / 2.0,
+            self.height - 8.0,
+            escape(&chart.x_label)
+        );
+        let _ = write!(
+            s,
+            r##"<text transform="translate(16 {:.1}) rotate(-90)" text-anchor="middle" fill="#333">{}</text>"##,
+            top + plot_h / 2.0,
+            escape(&chart.y_label)
+        );
+    }
+
+    /// One series: its line, its points' markers when they are few, its title.
+    fn series(&self, s: &mut String, chart: &Chart, series: &Series) {
         let pts: Vec<(f64, f64)> = series
             .points
             .iter()
             .filter_map(|&(x, y)| {
                 Some((
-                    px(transform(chart.x_scale, x)?),
-                    py(transform(chart.y_scale, y)?),
+                    self.px(transform(chart.x_scale, x)?),
+                    self.py(transform(chart.y_scale, y)?),
                 ))
             })
             .collect();
@@ -260,19 +307,19 @@ pub fn render_chart(chart: &Chart) -> String {
             }
         }
         let _ = write!(s, "<title>{}</title></g>", escape(&series.name));
-        // Legend entry.
-        let _ = write!(
-            s,
-            r##"<rect x="{legend_x:.1}" y="{:.1}" width="12" height="12" fill="{}"/><text x="{:.1}" y="{:.1}" fill="#333">{}</text>"##,
-            32.0 + row as f64 * LEGEND_ROW,
-            series.color,
-            legend_x + 16.0,
-            42.0 + row as f64 * LEGEND_ROW,
-            escape(&series.name)
-        );
     }
-    s.push_str("</svg>");
-    s
+}
+
+/// An axis's range in transformed space, from its ticks; (0, 1) when they give none.
+fn tick_range(ticks: impl Iterator<Item = f64>, scale: Scale) -> (f64, f64) {
+    let t: Vec<f64> = ticks.filter_map(|v| transform(scale, v)).collect();
+    let lo = t.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = t.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if lo.is_finite() && hi > lo {
+        (lo, hi)
+    } else {
+        (0.0, 1.0)
+    }
 }
 
 /// Where each legend entry goes, `(x, row)`: entries side by side (a swatch, the name at
