@@ -608,6 +608,38 @@ pub fn report(r: &BenchResult) -> String {
         format!("flashsale-bench {} — {}", r.scenario, r.label())
     };
     page_start(&mut h, &title, &r.started_at);
+    verdict_and_kpis(&mut h, r);
+    let _ = write!(
+        h,
+        "<figure>{}</figure><figure>{}</figure>",
+        render_chart(&throughput_chart(r)),
+        render_chart(&latency_chart(r))
+    );
+    latency_table(&mut h, r);
+    answers_tables(&mut h, r);
+    if r.targets.len() > 1 {
+        targets_table(&mut h, r);
+    }
+    attempts_table(&mut h, r);
+    costs_tables(&mut h, r);
+    if let Some(chart) = memory_chart(r) {
+        let _ = write!(h, "<figure>{}</figure>", render_chart(&chart));
+    }
+    h.push_str("<h2>Checks</h2><ul>");
+    check_items(&mut h, &r.checks);
+    let _ = write!(
+        h,
+        "</ul><p>audit: <b>{}</b> ({} run(s))</p><pre>{}</pre>",
+        escape(&r.checks.audit.status),
+        r.checks.audit.runs,
+        escape(&r.checks.audit.output)
+    );
+    page_end(&mut h, &r.config);
+    h
+}
+
+/// The verdict line and the headline figures.
+fn verdict_and_kpis(h: &mut String, r: &BenchResult) {
     let _ = write!(
         h,
         r#"<p class="verdict {}">{}</p>"#,
@@ -653,19 +685,15 @@ pub fn report(r: &BenchResult) -> String {
         );
     }
     h.push_str("</div>");
+}
 
-    let _ = write!(
-        h,
-        "<figure>{}</figure><figure>{}</figure>",
-        render_chart(&throughput_chart(r)),
-        render_chart(&latency_chart(r))
-    );
-
+/// Each kind of request's latency percentiles.
+fn latency_table(h: &mut String, r: &BenchResult) {
     h.push_str("<h2>Latency</h2><table><tr><th>op</th><th>answers</th><th>p50</th><th>p90</th><th>p99</th><th>p99.9</th><th>max</th><th>mean</th></tr>");
     for o in &r.ops {
         let l = &o.latency;
         row(
-            &mut h,
+            h,
             &[
                 o.op.clone(),
                 l.count.to_string(),
@@ -679,7 +707,10 @@ pub fn report(r: &BenchResult) -> String {
         );
     }
     h.push_str("</table>");
+}
 
+/// The answers by status, then by error code, of each kind of request.
+fn answers_tables(h: &mut String, r: &BenchResult) {
     h.push_str("<h2>Answers</h2><table><tr><th>op</th><th>status</th><th>count</th></tr>");
     for o in &r.ops {
         for (status, n) in &o.statuses {
@@ -688,21 +719,21 @@ pub fn report(r: &BenchResult) -> String {
             } else {
                 status.clone()
             };
-            row(&mut h, &[o.op.clone(), status, n.to_string()]);
+            row(h, &[o.op.clone(), status, n.to_string()]);
         }
     }
     h.push_str("</table><table><tr><th>op</th><th>error code</th><th>count</th></tr>");
     for o in &r.ops {
         for (code, n) in &o.errors {
-            row(&mut h, &[o.op.clone(), code.clone(), n.to_string()]);
+            row(h, &[o.op.clone(), code.clone(), n.to_string()]);
         }
     }
     h.push_str("</table>");
+}
 
-    if r.targets.len() > 1 {
-        targets_table(&mut h, r);
-    }
-
+/// How many attempts were sent and how they went, the orders they made, and the
+/// product's inventory after the run.
+fn attempts_table(h: &mut String, r: &BenchResult) {
     let a = &r.attempts;
     let o = &r.orders;
     h.push_str("<h2>Attempts and orders</h2><table>");
@@ -732,11 +763,11 @@ pub fn report(r: &BenchResult) -> String {
             format!("{} of {}", o.expiry_confirmed, o.expiry_checked),
         ),
     ] {
-        row(&mut h, &[k.to_owned(), v]);
+        row(h, &[k.to_owned(), v]);
     }
     if let Some(i) = &r.inventory {
         row(
-            &mut h,
+            h,
             &[
                 "inventory total / available / reserved / sold".into(),
                 format!(
@@ -747,9 +778,12 @@ pub fn report(r: &BenchResult) -> String {
         );
     }
     h.push_str("</table>");
+}
 
+/// The cost per order (Redis calls, MariaDB commits, CPU) and the memory figures, the
+/// Redis calls by command, and the note on how far the counters can be trusted.
+fn costs_tables(h: &mut String, r: &BenchResult) {
     let c = &r.costs;
-    let m = &r.memory;
     h.push_str("<h2>Cost per order and memory</h2><table>");
     for (k, v) in [
         (
@@ -782,6 +816,32 @@ pub fn report(r: &BenchResult) -> String {
         ),
         ("Com_commit (total)", opt(c.com_commit)),
         ("Handler_commit (total)", opt(c.handler_commit)),
+    ] {
+        row(h, &[k.to_owned(), v]);
+    }
+    memory_rows(h, &r.memory);
+    for (k, per) in [
+        ("CPU per attempt (/proc)", &r.cpu.us_per_attempt),
+        ("CPU per order (/proc)", &r.cpu.us_per_order),
+    ] {
+        if !per.is_empty() {
+            row(h, &[k.to_owned(), crate::report::cpu_line(per)]);
+        }
+    }
+    h.push_str("</table>");
+    if !c.redis_commands_by_command.is_empty() {
+        h.push_str("<table><tr><th>Redis command</th><th>calls (incl. inside scripts)</th></tr>");
+        for (cmd, n) in &c.redis_commands_by_command {
+            row(h, &[cmd.clone(), n.to_string()]);
+        }
+        h.push_str("</table>");
+    }
+    let _ = write!(h, "<p><small>{}</small></p>", escape(&c.note));
+}
+
+/// The memory rows of the cost table: the server's, Redis's, and the keys'.
+fn memory_rows(h: &mut String, m: &crate::report::Memory) {
+    for (k, v) in [
         ("server peak RSS (VmHWM, kB)", opt(m.server_vm_hwm_kb)),
         ("server RSS at the end (kB)", opt(m.server_vm_rss_kb)),
         (
@@ -808,53 +868,31 @@ pub fn report(r: &BenchResult) -> String {
             ),
         ),
     ] {
-        row(&mut h, &[k.to_owned(), v]);
+        row(h, &[k.to_owned(), v]);
     }
-    for (k, per) in [
-        ("CPU per attempt (/proc)", &r.cpu.us_per_attempt),
-        ("CPU per order (/proc)", &r.cpu.us_per_order),
-    ] {
-        if !per.is_empty() {
-            row(&mut h, &[k.to_owned(), crate::report::cpu_line(per)]);
-        }
-    }
-    h.push_str("</table>");
-    if !c.redis_commands_by_command.is_empty() {
-        h.push_str("<table><tr><th>Redis command</th><th>calls (incl. inside scripts)</th></tr>");
-        for (cmd, n) in &c.redis_commands_by_command {
-            row(&mut h, &[cmd.clone(), n.to_string()]);
-        }
-        h.push_str("</table>");
-    }
-    let _ = write!(h, "<p><small>{}</small></p>", escape(&c.note));
-    if let Some(chart) = memory_chart(r) {
-        let _ = write!(h, "<figure>{}</figure>", render_chart(&chart));
-    }
+}
 
-    h.push_str("<h2>Checks</h2><ul>");
-    for line in &r.checks.client_passed {
+/// A run's checks as list items: those passed, those skipped, those failed.
+fn check_items(h: &mut String, checks: &crate::report::Checks) {
+    for line in &checks.client_passed {
         let _ = write!(h, "<li>ok: {}</li>", escape(line));
     }
-    for line in &r.checks.skipped {
+    for line in &checks.skipped {
         let _ = write!(h, "<li>skipped: {}</li>", escape(line));
     }
-    for line in &r.checks.client_violations {
+    for line in &checks.client_violations {
         let _ = write!(h, "<li><b>FAILED: {}</b></li>", escape(line));
     }
-    let _ = write!(
-        h,
-        "</ul><p>audit: <b>{}</b> ({} run(s))</p><pre>{}</pre>",
-        escape(&r.checks.audit.status),
-        r.checks.audit.runs,
-        escape(&r.checks.audit.output)
-    );
-    let config = serde_json::to_string_pretty(&r.config).unwrap_or_default();
+}
+
+/// The page's end: the configuration it was made with, as JSON.
+fn page_end(h: &mut String, config: &impl serde::Serialize) {
+    let config = serde_json::to_string_pretty(config).unwrap_or_default();
     let _ = writeln!(
         h,
         "<h2>Configuration</h2><pre>{}</pre></body></html>",
         escape(&config)
     );
-    h
 }
 
 /// The servers the load was spread over: each one's attempts, how they ended (the last
@@ -1044,23 +1082,10 @@ pub fn compare_report(report: &CompareReport) -> String {
             if r.passed { "pass" } else { "FAIL" },
             escape(&r.checks.audit.status)
         );
-        for line in &r.checks.client_passed {
-            let _ = write!(h, "<li>ok: {}</li>", escape(line));
-        }
-        for line in &r.checks.skipped {
-            let _ = write!(h, "<li>skipped: {}</li>", escape(line));
-        }
-        for line in &r.checks.client_violations {
-            let _ = write!(h, "<li><b>FAILED: {}</b></li>", escape(line));
-        }
+        check_items(&mut h, &r.checks);
         h.push_str("</ul>");
     }
-    let meta = serde_json::to_string_pretty(&report.meta).unwrap_or_default();
-    let _ = writeln!(
-        h,
-        "<h2>Configuration</h2><pre>{}</pre></body></html>",
-        escape(&meta)
-    );
+    page_end(&mut h, &report.meta);
     h
 }
 
