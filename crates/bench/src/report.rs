@@ -456,6 +456,34 @@ fn bytes(v: Option<u64>) -> String {
 /// The summary table printed at the end of a run.
 pub fn summary_table(r: &BenchResult) -> String {
     let mut out = String::new();
+    summary_heading(&mut out, r);
+    let _ = writeln!(out);
+    latency_lines(&mut out, r);
+    if r.targets.len() > 1 {
+        let _ = writeln!(out);
+        targets_table(&mut out, r);
+    }
+    let _ = writeln!(out);
+    if r.is_ceiling() {
+        let _ = writeln!(
+            out,
+            "orders, inventory, cost per order: n/a (HTTP ceiling: GET /healthz, no purchase sent)"
+        );
+    } else {
+        orders_and_costs(&mut out, r);
+    }
+    memory_and_cpu_lines(&mut out, r);
+    if let Some(g) = &r.galera {
+        galera_line(&mut out, g);
+    }
+    let _ = writeln!(out);
+    check_lines(&mut out, r);
+    out
+}
+
+/// The summary's first lines: what ran (scenario, load, strategy), the attempts and
+/// the throughput.
+fn summary_heading(out: &mut String, r: &BenchResult) {
     let c = &r.config;
     let mode = match (c.mode.as_str(), c.connections, c.rate_per_s) {
         ("open", _, Some(rate)) => {
@@ -464,33 +492,26 @@ pub fn summary_table(r: &BenchResult) -> String {
         (_, Some(n), _) => format!("closed loop, {n} connections"),
         _ => c.mode.clone(),
     };
+    let quick = if c.quick { " (quick)" } else { "" };
     if r.is_ceiling() {
         let _ = writeln!(
             out,
-            "flashsale-bench {} — {}{} — HTTP ceiling: GET /healthz instead of purchases",
+            "flashsale-bench {} — {mode}{quick} — HTTP ceiling: GET /healthz instead of purchases",
             r.scenario,
-            mode,
-            if c.quick { " (quick)" } else { "" },
         );
     } else {
+        let strategy = if r.is_sql() {
+            format!(
+                "{} (CALL baseline_conditional on MariaDB, no server)",
+                crate::cli::SQL_LABEL
+            )
+        } else {
+            c.strategy.as_deref().unwrap_or("flashsale").to_owned()
+        };
         let _ = writeln!(
             out,
-            "flashsale-bench {} — {}{} — strategy {} — product {} stock {} — {} users, retry share {}",
-            r.scenario,
-            mode,
-            if c.quick { " (quick)" } else { "" },
-            if r.is_sql() {
-                format!(
-                    "{} (CALL baseline_conditional on MariaDB, no server)",
-                    crate::cli::SQL_LABEL
-                )
-            } else {
-                c.strategy.as_deref().unwrap_or("flashsale").to_owned()
-            },
-            c.product_id,
-            c.stock,
-            c.users,
-            c.retry_share
+            "flashsale-bench {} — {mode}{quick} — strategy {strategy} — product {} stock {} — {} users, retry share {}",
+            r.scenario, c.product_id, c.stock, c.users, c.retry_share
         );
     }
     let a = &r.attempts;
@@ -520,7 +541,10 @@ pub fn summary_table(r: &BenchResult) -> String {
             r.throughput.answers_per_s, r.throughput.orders_per_s
         ),
     };
-    let _ = writeln!(out);
+}
+
+/// Each kind of request's latency percentiles, statuses and error codes.
+fn latency_lines(out: &mut String, r: &BenchResult) {
     let _ = writeln!(
         out,
         "{:<9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  statuses / errors",
@@ -545,19 +569,11 @@ pub fn summary_table(r: &BenchResult) -> String {
             errors.join(" ")
         );
     }
-    if r.targets.len() > 1 {
-        let _ = writeln!(out);
-        targets_table(&mut out, r);
-    }
-    let _ = writeln!(out);
-    if r.is_ceiling() {
-        let _ = writeln!(
-            out,
-            "orders, inventory, cost per order: n/a (HTTP ceiling: GET /healthz, no purchase sent)"
-        );
-    } else {
-        orders_and_costs(&mut out, r);
-    }
+}
+
+/// The memory line (the server's; Redis's and the keys' too, but for the ceiling), the
+/// cost note, and the CPU lines.
+fn memory_and_cpu_lines(out: &mut String, r: &BenchResult) {
     let m = &r.memory;
     let kb = |v: Option<u64>| {
         v.map_or_else(
@@ -599,10 +615,10 @@ pub fn summary_table(r: &BenchResult) -> String {
     if !r.cpu.us_per_order.is_empty() {
         let _ = writeln!(out, "CPU per order: {}", cpu_line(&r.cpu.us_per_order));
     }
-    if let Some(g) = &r.galera {
-        galera_line(&mut out, g);
-    }
-    let _ = writeln!(out);
+}
+
+/// The checks one a line, the audit's verdict, and the run's.
+fn check_lines(out: &mut String, r: &BenchResult) {
     for line in &r.checks.client_passed {
         let _ = writeln!(out, "check ok: {line}");
     }
@@ -628,7 +644,6 @@ pub fn summary_table(r: &BenchResult) -> String {
             (false, _) => "RESULT: FAIL — see the violations above",
         }
     );
-    out
 }
 
 /// The table of a run spread over several servers: each one's attempts by how they
