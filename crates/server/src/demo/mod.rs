@@ -479,65 +479,100 @@ async fn demo(
         .await
         .map_err(|e| DemoError::Service(format!("the audit's stores: {e}")))?;
     dashboard(&target).await;
+    let product = open_sale(&target, &maintenance, args.stock).await?;
 
+    let Flood {
+        mut all,
+        tally,
+        next_user,
+        payment_timeout,
+    } = flood(shop, product, args, display).await?;
+    // The unpaid orders' deadline.
+    let left: Vec<(OrderId, UserId, DateTime<Utc>)> = all
+        .iter()
+        .filter(|b| b.settled == Some(Settled::Left))
+        .filter_map(|b| b.order().map(|o| (o.order_id, b.user, o.expires_at)))
+        .collect();
+    let expiry = expire(shop, product, left, payment_timeout, display).await?;
+    comeback(shop, product, next_user, &mut all, display).await?;
+
+    // One order per request: every request that got an order, sent again.
+    let with_orders: Vec<&Buyer> = all.iter().filter(|b| b.order().is_some()).collect();
+    println!(
+        "replay    every request that got an order, sent again with its request_id ({})",
+        count(with_orders.len() as u64)
+    );
+    let replays = buyers::replay(shop, product, &with_orders, display).await?;
+
+    let end = inventory(shop, product).await?;
+    show_inventory("stock", &end);
+
+    // The audit, as `flashsale audit --product` runs it.
+    println!("audit     product {product}, as `flashsale audit --product {product}` runs it:");
+    let (totals, report) = audit(&maintenance, product).await?;
+    for line in report.lines() {
+        println!("          {line}");
+    }
+
+    let checks = checks(
+        args, product, &all, &expiry, &replays, &end, &totals, &tally,
+    );
+    println!("summary   product {product}, {} units", count(args.stock));
+    Ok(summary(&checks))
+}
+
+/// Creates the sale's product, named after the time it opens, and makes sure the audit
+/// sees it.
+async fn open_sale(
+    target: &Target,
+    maintenance: &flashsale_app::Maintenance,
+    stock: u32,
+) -> Result<ProductId, DemoError> {
     let started_at = Utc::now();
     let tag: u16 = rand::rng().random();
     let name = format!("Demo sale {} #{tag:04x}", clock(started_at));
-    let product = create_product(shop, &name, args.stock).await?;
+    let product = create_product(&target.shop, &name, stock).await?;
     println!(
         "product   {product} \"{name}\": {} units, 1 per buyer",
-        count(args.stock)
+        count(stock)
     );
     // The audit must see the product the service created: else the configuration's
     // stores are not the service's, and no audit at the end would mean anything.
     match maintenance.audit(product).await {
-        Ok(report) if report.violations.is_empty() => {}
-        Ok(report) => {
-            return Err(DemoError::Setup(format!(
-                "the new product's audit fails before the sale: are this configuration's \
-                 stores ({}) the service's?\n{report}",
-                stores(&target.config)
-            )))
-        }
-        Err(flashsale_app::Error::ProductNotFound) => {
-            return Err(DemoError::Setup(format!(
-                "the service created product {product}, but this configuration's stores ({}) \
-                 do not hold it: give the demo the service's configuration (--config or \
-                 FLASHSALE_*) so that its audit reads the same stores",
-                stores(&target.config)
-            )))
-        }
-        Err(e) => return Err(DemoError::Service(format!("the audit: {e}"))),
+        Ok(report) if report.violations.is_empty() => Ok(product),
+        Ok(report) => Err(DemoError::Setup(format!(
+            "the new product's audit fails before the sale: are this configuration's \
+             stores ({}) the service's?\n{report}",
+            stores(&target.config)
+        ))),
+        Err(flashsale_app::Error::ProductNotFound) => Err(DemoError::Setup(format!(
+            "the service created product {product}, but this configuration's stores ({}) \
+             do not hold it: give the demo the service's configuration (--config or \
+             FLASHSALE_*) so that its audit reads the same stores",
+            stores(&target.config)
+        ))),
+        Err(e) => Err(DemoError::Service(format!("the audit: {e}"))),
     }
+}
 
-    // The flood.
-    let pace = match args.flood_duration.is_zero() {
-        true => "as fast as the service answers".to_owned(),
-        false => format!(
-            "arriving over {}",
-            humantime::format_duration(args.flood_duration)
-        ),
-    };
-    println!(
-        "flood     {} buyers {pace}, {} at once, one unit each. 1 in {} double-clicks (the \
-         same request twice at once);",
-        count(args.buyers),
-        buyers::BUYERS_AT_ONCE,
-        buyers::ODD_ONE_IN,
-    );
-    println!(
-        "          1 in {} gives up after {} ms and sends it again; every 503, 429 or lost \
-         answer is sent again with the same request_id.",
-        buyers::ODD_ONE_IN,
-        buyers::IMPATIENT_AFTER.as_millis()
-    );
-    println!(
-        "          Of those who get an order, {} in 20 pay, {} cancel at once (the unit goes \
-         back on sale), {} walk away (the order expires).",
-        buyers::PAY_OF_20,
-        buyers::CANCEL_OF_20,
-        20 - buyers::PAY_OF_20 - buyers::CANCEL_OF_20
-    );
+/// What the flood left: every buyer's record, the answers it got, the first user of
+/// the waves after it, and the service's payment timeout as its orders show it.
+struct Flood {
+    all: Vec<Buyer>,
+    tally: Tally,
+    next_user: i64,
+    payment_timeout: Option<Duration>,
+}
+
+/// The flood: the first wave of buyers, who pay, cancel or walk away; what they got,
+/// and the stock after them.
+async fn flood(
+    shop: &Shop,
+    product: ProductId,
+    args: &DemoArgs,
+    display: Display,
+) -> Result<Flood, DemoError> {
+    announce_flood(args);
     let tally = Tally::default();
     let wave = Wave {
         tag: "w1".to_owned(),
@@ -550,7 +585,7 @@ async fn demo(
     let flood_started = Instant::now();
     let mut all = buyers::run_wave(shop, product, &wave, &tally, &progress).await?;
     progress.finish().await;
-    let mut next_user = wave.first_user.saturating_add(i64::from(args.buyers));
+    let next_user = wave.first_user.saturating_add(i64::from(args.buyers));
     println!(
         "          {} buyers in {:.1} s",
         count(args.buyers),
@@ -581,16 +616,54 @@ async fn demo(
         count(settled(&all, &Settled::Left)),
     );
     show_inventory("stock", &inventory(shop, product).await?);
+    Ok(Flood {
+        all,
+        tally,
+        next_user,
+        payment_timeout,
+    })
+}
 
-    // The unpaid orders' deadline.
-    let left: Vec<(OrderId, UserId, DateTime<Utc>)> = all
-        .iter()
-        .filter(|b| b.settled == Some(Settled::Left))
-        .filter_map(|b| b.order().map(|o| (o.order_id, b.user, o.expires_at)))
-        .collect();
-    let expiry = expire(shop, product, left, payment_timeout, display).await?;
+/// Says how the flood's buyers behave.
+fn announce_flood(args: &DemoArgs) {
+    let pace = match args.flood_duration.is_zero() {
+        true => "as fast as the service answers".to_owned(),
+        false => format!(
+            "arriving over {}",
+            humantime::format_duration(args.flood_duration)
+        ),
+    };
+    println!(
+        "flood     {} buyers {pace}, {} at once, one unit each. 1 in {} double-clicks (the \
+         same request twice at once);",
+        count(args.buyers),
+        buyers::BUYERS_AT_ONCE,
+        buyers::ODD_ONE_IN,
+    );
+    println!(
+        "          1 in {} gives up after {} ms and sends it again; every 503, 429 or lost \
+         answer is sent again with the same request_id.",
+        buyers::ODD_ONE_IN,
+        buyers::IMPATIENT_AFTER.as_millis()
+    );
+    println!(
+        "          Of those who get an order, {} in 20 pay, {} cancel at once (the unit goes \
+         back on sale), {} walk away (the order expires).",
+        buyers::PAY_OF_20,
+        buyers::CANCEL_OF_20,
+        20 - buyers::PAY_OF_20 - buyers::CANCEL_OF_20
+    );
+}
 
-    // The units that came back go to buyers who waited for them.
+/// The units that came back go to buyers who waited for them, round after round while
+/// some are on sale; their records join `all`.
+async fn comeback(
+    shop: &Shop,
+    product: ProductId,
+    mut next_user: i64,
+    all: &mut Vec<Buyer>,
+    display: Display,
+) -> Result<(), DemoError> {
     for round in 1..=COMEBACK_ROUNDS_MAX {
         let available = inventory(shop, product).await?.available;
         if available <= 0 {
@@ -627,32 +700,14 @@ async fn demo(
         buyers::look_up(shop, &mut waited).await?;
         all.extend(waited);
     }
+    Ok(())
+}
 
-    // One order per request: every request that got an order, sent again.
-    let with_orders: Vec<&Buyer> = all.iter().filter(|b| b.order().is_some()).collect();
-    println!(
-        "replay    every request that got an order, sent again with its request_id ({})",
-        count(with_orders.len() as u64)
-    );
-    let replays = buyers::replay(shop, product, &with_orders, display).await?;
-
-    let end = inventory(shop, product).await?;
-    show_inventory("stock", &end);
-
-    // The audit, as `flashsale audit --product` runs it.
-    println!("audit     product {product}, as `flashsale audit --product {product}` runs it:");
-    let (totals, report) = audit(&maintenance, product).await?;
-    for line in report.lines() {
-        println!("          {line}");
-    }
-
-    let checks = checks(
-        args, product, &all, &expiry, &replays, &end, &totals, &tally,
-    );
-    println!("summary   product {product}, {} units", count(args.stock));
+/// Prints the summary's checks, one a line, and how many passed; true when none failed.
+fn summary(checks: &[Check]) -> bool {
     let mut failed = 0;
     let mut not_made = 0;
-    for check in &checks {
+    for check in checks {
         let mark = match check.passed {
             Some(true) => "ok  ",
             Some(false) => {
@@ -677,7 +732,7 @@ async fn demo(
     } else {
         println!("{failed} of {made} checks FAILED{not_made_note}");
     }
-    Ok(failed == 0)
+    failed == 0
 }
 
 /// Waits for the unpaid orders to expire when their deadline is near, showing them go;
