@@ -828,7 +828,25 @@ fn checks(
     audit: &crate::AuditTotals,
     flood: &Tally,
 ) -> Vec<Check> {
-    let stock = i64::from(args.stock);
+    let mut checks = counter_checks(args.stock, product, all, expiry, end);
+    checks.extend(expiry_check(expiry));
+    checks.push(one_order_check(all, replays));
+    checks.push(double_click_check(all));
+    checks.push(answered_check(all, flood));
+    checks.push(audit_check(product, audit));
+    checks
+}
+
+/// The product's counters at the end: they add up, every unit is sold (or held by an
+/// order not yet expired), and as many are sold as the buyers paid for.
+fn counter_checks(
+    stock_units: u32,
+    product: ProductId,
+    all: &[Buyer],
+    expiry: &Expiry,
+    end: &Inventory,
+) -> Vec<Check> {
+    let stock = i64::from(stock_units);
     let mut checks = Vec::new();
     let paid = all
         .iter()
@@ -843,7 +861,7 @@ fn checks(
             count(end.sold.max(0).unsigned_abs()),
             count(end.reserved.max(0).unsigned_abs()),
             count(end.available.max(0).unsigned_abs()),
-            count(args.stock)
+            count(stock_units)
         ),
     ));
     if expiry.left.is_empty() || expiry.waited.is_some() {
@@ -852,7 +870,7 @@ fn checks(
             format!(
                 "sold == stock: {} of {} units sold, none held or left",
                 count(end.sold.max(0).unsigned_abs()),
-                count(args.stock)
+                count(stock_units)
             ),
         ));
     } else {
@@ -884,8 +902,14 @@ fn checks(
             count(paid.unsigned_abs())
         ),
     ));
+    checks
+}
+
+/// The orders left unpaid expired, when the demo waited for them; none when none was
+/// left.
+fn expiry_check(expiry: &Expiry) -> Option<Check> {
     match &expiry.waited {
-        Some(found) => checks.push(Check::made(
+        Some(found) => Some(Check::made(
             found.expired == expiry.left.len() as u64,
             format!(
                 "every order left unpaid expired: {} of {} read back CANCELLED (payment_timeout){}",
@@ -906,14 +930,17 @@ fn checks(
                 }
             ),
         )),
-        None if expiry.left.is_empty() => {}
-        None => checks.push(Check::not_made(format!(
+        None if expiry.left.is_empty() => None,
+        None => Some(Check::not_made(format!(
             "every order left unpaid expired: not waited for ({} orders)",
             count(expiry.left.len() as u64)
         ))),
     }
+}
 
-    // One order per request, from the answers.
+/// One order per request, from the answers: no order id for two requests, and every
+/// request sent again got its order back.
+fn one_order_check(all: &[Buyer], replays: &buyers::Replays) -> Check {
     let mut orders = HashSet::new();
     let mut shared = 0u64;
     for order in all.iter().filter_map(Buyer::order) {
@@ -923,7 +950,7 @@ fn checks(
     }
     let with_orders = all.iter().filter(|b| b.order().is_some()).count() as u64;
     let replays_ok = replays.same == replays.sent && replays.sent == with_orders;
-    checks.push(Check::made(
+    Check::made(
         shared == 0 && replays_ok,
         format!(
             "one order per request: {} requests got {} distinct orders; sent again, {} of {} \
@@ -951,10 +978,13 @@ fn checks(
                 )
             }
         ),
-    ));
-    // Double-clicks: never two orders for one request. A copy refused while the other got
-    // the order is counted, not failed: each copy was decided on the stock as it found
-    // it, and the replays above check the request's one order.
+    )
+}
+
+/// Double-clicks: never two orders for one request. A copy refused while the other got
+/// the order is counted, not failed: each copy was decided on the stock as it found it,
+/// and the replays check the request's one order.
+fn double_click_check(all: &[Buyer]) -> Check {
     let pairs: Vec<(&Buyer, &Copies)> = all
         .iter()
         .filter_map(|b| b.copies.as_ref().map(|c| (b, c)))
@@ -975,7 +1005,7 @@ fn checks(
         m
     });
     let alike = pairs.iter().filter(|(_, c)| **c == Copies::Alike).count() as u64;
-    checks.push(Check::made(
+    Check::made(
         two_orders.is_empty(),
         format!(
             "double-clicks never got two orders: {} pairs, {} answered alike{}{}",
@@ -998,7 +1028,11 @@ fn checks(
                 )
             }
         ),
-    ));
+    )
+}
+
+/// Every buyer got a known outcome, and every pay and cancel an answer.
+fn answered_check(all: &[Buyer], flood: &Tally) -> Check {
     let unknown = all
         .iter()
         .filter(|b| matches!(b.last, Final::Unknown))
@@ -1019,7 +1053,7 @@ fn checks(
         .filter(|(k, _)| k.ends_with("retried"))
         .map(|(_, v)| v)
         .sum();
-    checks.push(Check::made(
+    Check::made(
         unknown == 0 && unsettled == 0 && refused_settling.is_empty(),
         format!(
             "every buyer got an answer: {} buyers, {} without a known outcome after retries; \
@@ -1037,8 +1071,12 @@ fn checks(
             },
             count(retried)
         ),
-    ));
-    checks.push(Check::made(
+    )
+}
+
+/// The product's audit found no violation.
+fn audit_check(product: ProductId, audit: &crate::AuditTotals) -> Check {
+    Check::made(
         audit.violations == 0,
         format!(
             "the audit of product {product}: {} violations (I1 I2 I3 I4 I6 I7){}",
@@ -1052,8 +1090,7 @@ fn checks(
                 String::new()
             }
         ),
-    ));
-    checks
+    )
 }
 
 #[cfg(test)]
