@@ -136,6 +136,19 @@ fn arity(name: &str) -> String {
     )
 }
 
+/// The error of a command given a wrong number of arguments, unless `ok`.
+fn need(name: &str, ok: bool) -> Result<(), String> {
+    if ok {
+        Ok(())
+    } else {
+        Err(arity(name))
+    }
+}
+
+fn unknown(name: &str) -> String {
+    format!("ERR unknown command '{name}'")
+}
+
 fn parse_int(arg: &[u8]) -> Result<i64, String> {
     std::str::from_utf8(arg)
         .ok()
@@ -250,16 +263,31 @@ impl Server {
         }
     }
 
-    /// Runs one command.
+    /// Runs one command: its family's function runs it.
     fn command(&mut self, args: &[Vec<u8>]) -> CmdResult {
         let Some((name, args)) = args.split_first() else {
             return Err("ERR empty command".to_owned());
         };
         let name = String::from_utf8_lossy(name).to_uppercase();
-        let need = |ok: bool| if ok { Ok(()) } else { Err(arity(&name)) };
         match name.as_str() {
+            "DEL" | "EXISTS" | "PEXPIRE" | "SCAN" => self.keys_command(&name, args),
+            "SET" => self.set(args),
+            "HGET" | "HMGET" | "HSET" | "HSETNX" | "HDEL" | "HINCRBY" => {
+                self.hash_command(&name, args)
+            }
+            "ZADD" | "ZREM" | "ZCARD" => self.zset_command(&name, args),
+            "ZRANGE" => self.zrange(args),
+            "ZRANGEBYSCORE" => self.zrangebyscore(args),
+            "TIME" | "INFO" | "PUBLISH" => self.server_command(&name, args),
+            _ => Err(unknown(&name)),
+        }
+    }
+
+    /// The commands on keys of any type: DEL, EXISTS, PEXPIRE, SCAN.
+    fn keys_command(&mut self, name: &str, args: &[Vec<u8>]) -> CmdResult {
+        match name {
             "DEL" | "EXISTS" => {
-                need(!args.is_empty())?;
+                need(name, !args.is_empty())?;
                 let mut n = 0;
                 for key in args {
                     if self.live(key).is_some() {
@@ -271,100 +299,8 @@ impl Server {
                 }
                 Ok(Value::Int(n))
             }
-            "HGET" => {
-                need(args.len() == 2)?;
-                Ok(self
-                    .hash(&args[0])?
-                    .and_then(|h| h.get(&args[1]))
-                    .map_or(Value::Nil, |v| bulk(v)))
-            }
-            "HMGET" => {
-                need(args.len() >= 2)?;
-                let h = self.hash(&args[0])?;
-                Ok(Value::Array(
-                    args[1..]
-                        .iter()
-                        .map(|f| {
-                            h.as_ref()
-                                .and_then(|h| h.get(f))
-                                .map_or(Value::Nil, |v| bulk(v))
-                        })
-                        .collect(),
-                ))
-            }
-            "HSET" => {
-                need(args.len() >= 3 && args.len() % 2 == 1)?;
-                let h = self.hash_or_new(&args[0])?;
-                let mut added = 0;
-                for pair in args[1..].chunks(2) {
-                    if h.insert(pair[0].clone(), pair[1].clone()).is_none() {
-                        added += 1;
-                    }
-                }
-                Ok(Value::Int(added))
-            }
-            "HSETNX" => {
-                need(args.len() == 3)?;
-                let h = self.hash_or_new(&args[0])?;
-                if h.contains_key(&args[1]) {
-                    return Ok(Value::Int(0));
-                }
-                h.insert(args[1].clone(), args[2].clone());
-                Ok(Value::Int(1))
-            }
-            "HDEL" => {
-                need(args.len() >= 2)?;
-                let Some(h) = self.hash(&args[0])? else {
-                    return Ok(Value::Int(0));
-                };
-                let removed = args[1..].iter().filter(|f| h.remove(*f).is_some()).count();
-                self.drop_if_empty(&args[0]);
-                Ok(Value::Int(removed as i64))
-            }
-            "HINCRBY" => {
-                need(args.len() == 3)?;
-                let by = parse_int(&args[2])?;
-                let h = self.hash_or_new(&args[0])?;
-                let old = match h.get(&args[1]) {
-                    None => 0,
-                    Some(v) => {
-                        parse_int(v).map_err(|_| "ERR hash value is not an integer".to_owned())?
-                    }
-                };
-                let new = old
-                    .checked_add(by)
-                    .ok_or_else(|| "ERR increment or decrement would overflow".to_owned())?;
-                h.insert(args[1].clone(), new.to_string().into_bytes());
-                Ok(Value::Int(new))
-            }
-            "SET" => {
-                need(args.len() >= 2)?;
-                let mut expires_ms = None;
-                let mut options = args[2..].iter();
-                while let Some(option) = options.next() {
-                    let option = String::from_utf8_lossy(option).to_uppercase();
-                    let ms = match option.as_str() {
-                        "PX" => 1,
-                        "EX" => 1000,
-                        _ => return Err(SYNTAX.to_owned()),
-                    };
-                    let n = parse_int(options.next().ok_or_else(|| SYNTAX.to_owned())?)?;
-                    if n <= 0 {
-                        return Err("ERR invalid expire time in 'set' command".to_owned());
-                    }
-                    expires_ms = Some(self.now_ms.saturating_add(n.saturating_mul(ms)));
-                }
-                self.data.keys.insert(
-                    args[0].clone(),
-                    Entry {
-                        data: Data::Str(args[1].clone()),
-                        expires_ms,
-                    },
-                );
-                Ok(Value::Okay)
-            }
             "PEXPIRE" => {
-                need(args.len() == 2)?;
+                need(name, args.len() == 2)?;
                 let ms = parse_int(&args[1])?;
                 let at = self.now_ms.saturating_add(ms);
                 let now = self.now_ms;
@@ -379,8 +315,267 @@ impl Server {
                     }
                 }
             }
+            "SCAN" => self.scan(args),
+            _ => Err(unknown(name)),
+        }
+    }
+
+    /// SCAN: one step returns every match (COUNT is a hint to Redis too) and ends the
+    /// iteration: cursor 0.
+    fn scan(&mut self, args: &[Vec<u8>]) -> CmdResult {
+        need("SCAN", !args.is_empty())?;
+        parse_int(&args[0])?;
+        let mut pattern: Option<&[u8]> = None;
+        let mut options = args[1..].iter();
+        while let Some(option) = options.next() {
+            let value = options.next().ok_or_else(|| SYNTAX.to_owned())?;
+            if option.eq_ignore_ascii_case(b"MATCH") {
+                pattern = Some(value);
+            } else if option.eq_ignore_ascii_case(b"COUNT") {
+                parse_int(value)?;
+            } else {
+                return Err(SYNTAX.to_owned());
+            }
+        }
+        let now = self.now_ms;
+        let keys: Vec<Value> = self
+            .data
+            .keys
+            .iter()
+            .filter(|(_, e)| e.expires_ms.is_none_or(|at| at > now))
+            .filter(|(k, _)| pattern.is_none_or(|p| glob(p, k)))
+            .map(|(k, _)| bulk(k))
+            .collect();
+        Ok(Value::Array(vec![bulk(b"0"), Value::Array(keys)]))
+    }
+
+    /// SET key value [PX ms | EX s]…: the one string command.
+    fn set(&mut self, args: &[Vec<u8>]) -> CmdResult {
+        need("SET", args.len() >= 2)?;
+        let mut expires_ms = None;
+        let mut options = args[2..].iter();
+        while let Some(option) = options.next() {
+            let option = String::from_utf8_lossy(option).to_uppercase();
+            let ms = match option.as_str() {
+                "PX" => 1,
+                "EX" => 1000,
+                _ => return Err(SYNTAX.to_owned()),
+            };
+            let n = parse_int(options.next().ok_or_else(|| SYNTAX.to_owned())?)?;
+            if n <= 0 {
+                return Err("ERR invalid expire time in 'set' command".to_owned());
+            }
+            expires_ms = Some(self.now_ms.saturating_add(n.saturating_mul(ms)));
+        }
+        self.data.keys.insert(
+            args[0].clone(),
+            Entry {
+                data: Data::Str(args[1].clone()),
+                expires_ms,
+            },
+        );
+        Ok(Value::Okay)
+    }
+
+    /// The hash commands: HGET, HMGET, HSET, HSETNX, HDEL, HINCRBY.
+    fn hash_command(&mut self, name: &str, args: &[Vec<u8>]) -> CmdResult {
+        match name {
+            "HGET" => {
+                need(name, args.len() == 2)?;
+                Ok(self
+                    .hash(&args[0])?
+                    .and_then(|h| h.get(&args[1]))
+                    .map_or(Value::Nil, |v| bulk(v)))
+            }
+            "HMGET" => {
+                need(name, args.len() >= 2)?;
+                let h = self.hash(&args[0])?;
+                Ok(Value::Array(
+                    args[1..]
+                        .iter()
+                        .map(|f| {
+                            h.as_ref()
+                                .and_then(|h| h.get(f))
+                                .map_or(Value::Nil, |v| bulk(v))
+                        })
+                        .collect(),
+                ))
+            }
+            "HSET" => {
+                need(name, args.len() >= 3 && args.len() % 2 == 1)?;
+                let h = self.hash_or_new(&args[0])?;
+                let mut added = 0;
+                for pair in args[1..].chunks(2) {
+                    if h.insert(pair[0].clone(), pair[1].clone()).is_none() {
+                        added += 1;
+                    }
+                }
+                Ok(Value::Int(added))
+            }
+            "HSETNX" => {
+                need(name, args.len() == 3)?;
+                let h = self.hash_or_new(&args[0])?;
+                if h.contains_key(&args[1]) {
+                    return Ok(Value::Int(0));
+                }
+                h.insert(args[1].clone(), args[2].clone());
+                Ok(Value::Int(1))
+            }
+            "HDEL" => {
+                need(name, args.len() >= 2)?;
+                let Some(h) = self.hash(&args[0])? else {
+                    return Ok(Value::Int(0));
+                };
+                let removed = args[1..].iter().filter(|f| h.remove(*f).is_some()).count();
+                self.drop_if_empty(&args[0]);
+                Ok(Value::Int(removed as i64))
+            }
+            "HINCRBY" => self.hincrby(args),
+            _ => Err(unknown(name)),
+        }
+    }
+
+    fn hincrby(&mut self, args: &[Vec<u8>]) -> CmdResult {
+        need("HINCRBY", args.len() == 3)?;
+        let by = parse_int(&args[2])?;
+        let h = self.hash_or_new(&args[0])?;
+        let old = match h.get(&args[1]) {
+            None => 0,
+            Some(v) => parse_int(v).map_err(|_| "ERR hash value is not an integer".to_owned())?,
+        };
+        let new = old
+            .checked_add(by)
+            .ok_or_else(|| "ERR increment or decrement would overflow".to_owned())?;
+        h.insert(args[1].clone(), new.to_string().into_bytes());
+        Ok(Value::Int(new))
+    }
+
+    /// The sorted-set commands that write or count: ZADD, ZREM, ZCARD.
+    fn zset_command(&mut self, name: &str, args: &[Vec<u8>]) -> CmdResult {
+        match name {
+            "ZADD" => {
+                need(name, args.len() >= 3 && args.len() % 2 == 1)?;
+                let mut pairs = Vec::with_capacity(args.len() / 2);
+                for pair in args[1..].chunks(2) {
+                    let score: f64 = std::str::from_utf8(&pair[0])
+                        .ok()
+                        .and_then(|s| s.parse().ok())
+                        .filter(|s: &f64| !s.is_nan())
+                        .ok_or_else(|| NOT_FLOAT.to_owned())?;
+                    pairs.push((score, pair[1].clone()));
+                }
+                if self.zset(&args[0])?.is_none() {
+                    self.data.keys.insert(
+                        args[0].clone(),
+                        Entry {
+                            data: Data::ZSet(ZSet::default()),
+                            expires_ms: None,
+                        },
+                    );
+                }
+                let z = self.zset(&args[0])?.ok_or_else(|| WRONGTYPE.to_owned())?;
+                let added = pairs
+                    .into_iter()
+                    .filter(|(score, member)| z.add(member.clone(), *score))
+                    .count();
+                Ok(Value::Int(added as i64))
+            }
+            "ZREM" => {
+                need(name, args.len() >= 2)?;
+                let Some(z) = self.zset(&args[0])? else {
+                    return Ok(Value::Int(0));
+                };
+                let removed = args[1..].iter().filter(|m| z.remove(m)).count();
+                self.drop_if_empty(&args[0]);
+                Ok(Value::Int(removed as i64))
+            }
+            "ZCARD" => {
+                need(name, args.len() == 1)?;
+                Ok(Value::Int(
+                    self.zset(&args[0])?.map_or(0, |z| z.scores.len() as i64),
+                ))
+            }
+            _ => Err(unknown(name)),
+        }
+    }
+
+    /// ZRANGE key start stop [WITHSCORES], by rank.
+    fn zrange(&mut self, args: &[Vec<u8>]) -> CmdResult {
+        need("ZRANGE", args.len() == 3 || args.len() == 4)?;
+        let with_scores = match args.get(3) {
+            None => false,
+            Some(o) if o.eq_ignore_ascii_case(b"WITHSCORES") => true,
+            Some(_) => return Err(SYNTAX.to_owned()),
+        };
+        let (start, stop) = (parse_int(&args[1])?, parse_int(&args[2])?);
+        let Some(z) = self.zset(&args[0])? else {
+            return Ok(Value::Array(Vec::new()));
+        };
+        let len = z.scores.len() as i64;
+        let start = if start < 0 {
+            (len + start).max(0)
+        } else {
+            start
+        };
+        let stop = if stop < 0 {
+            len + stop
+        } else {
+            stop.min(len - 1)
+        };
+        let mut out = Vec::new();
+        if start <= stop {
+            for (score, member) in z
+                .ordered
+                .iter()
+                .skip(start as usize)
+                .take((stop - start + 1) as usize)
+            {
+                out.push(bulk(member));
+                if with_scores {
+                    out.push(bulk(&score_text(score.0)));
+                }
+            }
+        }
+        Ok(Value::Array(out))
+    }
+
+    /// ZRANGEBYSCORE key min max [LIMIT offset count].
+    fn zrangebyscore(&mut self, args: &[Vec<u8>]) -> CmdResult {
+        need("ZRANGEBYSCORE", args.len() == 3 || args.len() == 6)?;
+        let (min, min_ex) = score_bound(&args[1])?;
+        let (max, max_ex) = score_bound(&args[2])?;
+        let (offset, count) = if args.len() == 6 {
+            if !args[3].eq_ignore_ascii_case(b"LIMIT") {
+                return Err(SYNTAX.to_owned());
+            }
+            (parse_int(&args[4])?, parse_int(&args[5])?)
+        } else {
+            (0, -1)
+        };
+        let Some(z) = self.zset(&args[0])? else {
+            return Ok(Value::Array(Vec::new()));
+        };
+        let inside = z.ordered.iter().filter(|(Score(s), _)| {
+            (if min_ex { *s > min } else { *s >= min })
+                && (if max_ex { *s < max } else { *s <= max })
+        });
+        let taken: Vec<Value> = inside
+            .skip(offset.max(0) as usize)
+            .take(if count < 0 {
+                usize::MAX
+            } else {
+                count as usize
+            })
+            .map(|(_, m)| bulk(m))
+            .collect();
+        Ok(Value::Array(taken))
+    }
+
+    /// The server's commands: TIME, INFO, PUBLISH.
+    fn server_command(&mut self, name: &str, args: &[Vec<u8>]) -> CmdResult {
+        match name {
             "TIME" => {
-                need(args.is_empty())?;
+                need(name, args.is_empty())?;
                 let secs = self.now_ms.div_euclid(1000);
                 let micros = self.now_ms.rem_euclid(1000) * 1000;
                 Ok(Value::Array(vec![
@@ -412,150 +607,12 @@ impl Server {
                 Ok(bulk(text.as_bytes()))
             }
             "PUBLISH" => {
-                need(args.len() == 2)?;
+                need(name, args.len() == 2)?;
                 self.published.push((args[0].clone(), args[1].clone()));
                 // Receivers are counted by the deliverer; scripts ignore the count.
                 Ok(Value::Int(0))
             }
-            "ZADD" => {
-                need(args.len() >= 3 && args.len() % 2 == 1)?;
-                let mut pairs = Vec::with_capacity(args.len() / 2);
-                for pair in args[1..].chunks(2) {
-                    let score: f64 = std::str::from_utf8(&pair[0])
-                        .ok()
-                        .and_then(|s| s.parse().ok())
-                        .filter(|s: &f64| !s.is_nan())
-                        .ok_or_else(|| NOT_FLOAT.to_owned())?;
-                    pairs.push((score, pair[1].clone()));
-                }
-                if self.zset(&args[0])?.is_none() {
-                    self.data.keys.insert(
-                        args[0].clone(),
-                        Entry {
-                            data: Data::ZSet(ZSet::default()),
-                            expires_ms: None,
-                        },
-                    );
-                }
-                let z = self.zset(&args[0])?.ok_or_else(|| WRONGTYPE.to_owned())?;
-                let added = pairs
-                    .into_iter()
-                    .filter(|(score, member)| z.add(member.clone(), *score))
-                    .count();
-                Ok(Value::Int(added as i64))
-            }
-            "ZREM" => {
-                need(args.len() >= 2)?;
-                let Some(z) = self.zset(&args[0])? else {
-                    return Ok(Value::Int(0));
-                };
-                let removed = args[1..].iter().filter(|m| z.remove(m)).count();
-                self.drop_if_empty(&args[0]);
-                Ok(Value::Int(removed as i64))
-            }
-            "ZCARD" => {
-                need(args.len() == 1)?;
-                Ok(Value::Int(
-                    self.zset(&args[0])?.map_or(0, |z| z.scores.len() as i64),
-                ))
-            }
-            "ZRANGE" => {
-                need(args.len() == 3 || args.len() == 4)?;
-                let with_scores = match args.get(3) {
-                    None => false,
-                    Some(o) if o.eq_ignore_ascii_case(b"WITHSCORES") => true,
-                    Some(_) => return Err(SYNTAX.to_owned()),
-                };
-                let (start, stop) = (parse_int(&args[1])?, parse_int(&args[2])?);
-                let Some(z) = self.zset(&args[0])? else {
-                    return Ok(Value::Array(Vec::new()));
-                };
-                let len = z.scores.len() as i64;
-                let start = if start < 0 {
-                    (len + start).max(0)
-                } else {
-                    start
-                };
-                let stop = if stop < 0 {
-                    len + stop
-                } else {
-                    stop.min(len - 1)
-                };
-                let mut out = Vec::new();
-                if start <= stop {
-                    for (score, member) in z
-                        .ordered
-                        .iter()
-                        .skip(start as usize)
-                        .take((stop - start + 1) as usize)
-                    {
-                        out.push(bulk(member));
-                        if with_scores {
-                            out.push(bulk(&score_text(score.0)));
-                        }
-                    }
-                }
-                Ok(Value::Array(out))
-            }
-            "ZRANGEBYSCORE" => {
-                need(args.len() == 3 || args.len() == 6)?;
-                let (min, min_ex) = score_bound(&args[1])?;
-                let (max, max_ex) = score_bound(&args[2])?;
-                let (offset, count) = if args.len() == 6 {
-                    if !args[3].eq_ignore_ascii_case(b"LIMIT") {
-                        return Err(SYNTAX.to_owned());
-                    }
-                    (parse_int(&args[4])?, parse_int(&args[5])?)
-                } else {
-                    (0, -1)
-                };
-                let Some(z) = self.zset(&args[0])? else {
-                    return Ok(Value::Array(Vec::new()));
-                };
-                let inside = z.ordered.iter().filter(|(Score(s), _)| {
-                    (if min_ex { *s > min } else { *s >= min })
-                        && (if max_ex { *s < max } else { *s <= max })
-                });
-                let taken: Vec<Value> = inside
-                    .skip(offset.max(0) as usize)
-                    .take(if count < 0 {
-                        usize::MAX
-                    } else {
-                        count as usize
-                    })
-                    .map(|(_, m)| bulk(m))
-                    .collect();
-                Ok(Value::Array(taken))
-            }
-            "SCAN" => {
-                // One step returns every match (COUNT is a hint to Redis too) and ends
-                // the iteration: cursor 0.
-                need(!args.is_empty())?;
-                parse_int(&args[0])?;
-                let mut pattern: Option<&[u8]> = None;
-                let mut options = args[1..].iter();
-                while let Some(option) = options.next() {
-                    let value = options.next().ok_or_else(|| SYNTAX.to_owned())?;
-                    if option.eq_ignore_ascii_case(b"MATCH") {
-                        pattern = Some(value);
-                    } else if option.eq_ignore_ascii_case(b"COUNT") {
-                        parse_int(value)?;
-                    } else {
-                        return Err(SYNTAX.to_owned());
-                    }
-                }
-                let now = self.now_ms;
-                let keys: Vec<Value> = self
-                    .data
-                    .keys
-                    .iter()
-                    .filter(|(_, e)| e.expires_ms.is_none_or(|at| at > now))
-                    .filter(|(k, _)| pattern.is_none_or(|p| glob(p, k)))
-                    .map(|(k, _)| bulk(k))
-                    .collect();
-                Ok(Value::Array(vec![bulk(b"0"), Value::Array(keys)]))
-            }
-            _ => Err(format!("ERR unknown command '{name}'")),
+            _ => Err(unknown(name)),
         }
     }
 }
