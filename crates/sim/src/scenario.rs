@@ -254,113 +254,19 @@ fn rid(raw: String) -> Option<RequestId> {
 
 impl Scenario {
     /// The scenario of a seed. None only if a generated id is invalid (a bug here).
+    ///
+    /// Each part is drawn in turn from the seed's stream (the order of the draws is the
+    /// scenario: a part drawn elsewhere would change every seed).
     pub fn generate(seed: u64, features: Features) -> Option<Self> {
         // A different stream from the run's, so the scenario is stable.
         let mut rng = StdRng::seed_from_u64(seed ^ 0x5ce7_a710_5eed_0001);
         let instances = pick(&mut rng, &[1, 2, 2, 3]);
-        let n_products = pick(&mut rng, &[1, 1, 2]);
-        let mut products = Vec::new();
-        for p in 1..=n_products {
-            products.push(ProductSpec {
-                id: ProductId::parse(p).ok()?,
-                stock: rng.random_range(0..=STOCK_MAX) as i64,
-                limit: if rng.random_bool(0.4) {
-                    Some(rng.random_range(1..=QUANTITY_MAX + 1))
-                } else {
-                    None
-                },
-            });
-        }
-        let users = rng.random_range(1..=6);
-        let n_intents = rng.random_range(2..=INTENTS_MAX);
-        let mut intents: Vec<Intent> = Vec::new();
-        for n in 0..n_intents {
-            let product = products[rng.random_range(0..products.len())].id;
-            // Sometimes a request_id is reused on another product (a client bug the
-            // ledger's global unique key must catch).
-            let request_id = match intents.last() {
-                Some(prev) if products.len() > 1 && rng.random_bool(0.05) && features.misuse => {
-                    prev.request.request_id.clone()
-                }
-                _ => rid(format!("R{n}"))?,
-            };
-            let request = PurchaseRequest {
-                request_id,
-                user_id: UserId::parse(rng.random_range(1..=users)).ok()?,
-                product_id: product,
-                quantity: Quantity::from_stored(rng.random_range(1..=i64::from(QUANTITY_MAX)))?,
-            };
-            let conflict = rng.random_bool(0.05).then(|| PurchaseRequest {
-                quantity: Quantity::from_stored(
-                    i64::from(request.quantity.get() % QUANTITY_MAX) + 1,
-                )
-                .unwrap_or(request.quantity),
-                ..request.clone()
-            });
-            intents.push(Intent {
-                copies: pick(&mut rng, &[0, 0, 0, 0, 0, 1, 1, 2]),
-                conflict,
-                then: pick(
-                    &mut rng,
-                    &[
-                        Then::Pay,
-                        Then::Pay,
-                        Then::Pay,
-                        Then::PayLate,
-                        Then::Cancel,
-                        Then::PayAndCancel,
-                        Then::Nothing,
-                        Then::Nothing,
-                    ],
-                ),
-                arrive: rng.random_range(0..400),
-                request,
-            });
-        }
-        let mut restocks = Vec::new();
-        for p in &products {
-            if rng.random_bool(0.2) {
-                restocks.push(RestockSpec {
-                    product_id: p.id,
-                    restock_id: rid(format!("S{}", p.id))?,
-                    quantity: rng.random_range(1..=4),
-                    arrive: rng.random_range(0..600),
-                });
-            }
-        }
+        let products = products(&mut rng)?;
+        let intents = intents(&mut rng, &products, features)?;
+        let restocks = restocks(&mut rng, &products)?;
         let calm = rng.random_bool(0.1);
-        let rate = |rng: &mut StdRng, levels: &[f64]| if calm { 0.0 } else { pick(rng, levels) };
-        let faults = FaultProfile {
-            gate_fail: rate(&mut rng, &[0.0, 0.01, 0.05, 0.15]),
-            gate_lose: rate(&mut rng, &[0.0, 0.01, 0.05, 0.15]),
-            gate_dup: rate(&mut rng, &[0.0, 0.0, 0.02, 0.1]),
-            ledger_fail: rate(&mut rng, &[0.0, 0.01, 0.05, 0.15]),
-            ledger_lose: rate(&mut rng, &[0.0, 0.01, 0.05, 0.15]),
-            ledger_dup: rate(&mut rng, &[0.0, 0.0, 0.02, 0.1]),
-            bus_fail: rate(&mut rng, &[0.0, 0.02, 0.1]),
-            bus_lose: rate(&mut rng, &[0.0, 0.02, 0.1]),
-            kill: rate(&mut rng, &[0.0, 0.002, 0.01, 0.04]),
-            http_lose: rate(&mut rng, &[0.0, 0.02, 0.1]),
-            outage: rate(&mut rng, &[0.0, 0.0, 0.002, 0.006]),
-        };
-        // A sale lasts about a thousand steps; events are placed among them.
-        let wipe_at = (!calm && rng.random_bool(0.12)).then(|| rng.random_range(20..1200));
-        let rollback = (!calm && rng.random_bool(0.08)).then(|| {
-            let from = rng.random_range(20..1000);
-            (from, from + rng.random_range(1..300))
-        });
-        let chaos = Chaos {
-            tick: 0.2,
-            tick_max_ms: pick(&mut rng, &[20, 50, 100]),
-            jump: rate(&mut rng, &[0.0, 0.001, 0.004]),
-            instance_clock_jump: rate(&mut rng, &[0.0, 0.0, 0.002]),
-            ledger_clock_jump: rate(&mut rng, &[0.0, 0.0, 0.002]),
-            crash: rate(&mut rng, &[0.0, 0.0, 0.002, 0.008]),
-            wipe_at,
-            rollback,
-            redis_down: None,
-            drift: None,
-        };
+        let faults = faults(&mut rng, calm);
+        let chaos = chaos(&mut rng, calm);
         let skew = |rng: &mut StdRng| {
             let ms = pick(rng, &[0, 0, 0, 500, 3_000, 3_600_000]);
             TimeDelta::milliseconds(if rng.random_bool(0.5) { ms } else { -ms })
@@ -392,55 +298,197 @@ impl Scenario {
             late_replays: rng.random_bool(0.3),
             fallback: None,
         };
-        // The fallback's settings and the long Redis outage from a stream of their own,
-        // so every draw above stays what it was before ledger mode existed.
+        sc.draw_modes(seed, calm);
+        sc.keep_only(features);
+        Some(sc)
+    }
+
+    /// The fallback's settings, the long Redis outage and the drift, from a stream of
+    /// their own, so every draw of [`Scenario::generate`] stays what it was before ledger
+    /// mode existed.
+    fn draw_modes(&mut self, seed: u64, calm: bool) {
         let mut modes = StdRng::seed_from_u64(seed ^ 0xfa11_bac4_5eed_0003);
-        sc.fallback = Some(FallbackSettings {
+        self.fallback = Some(FallbackSettings {
             after: Some(Duration::from_millis(pick(&mut modes, &FALLBACK_AFTER_MS))),
             recover_after: Duration::from_millis(pick(&mut modes, &FALLBACK_RECOVER_MS)),
         });
-        sc.chaos.redis_down = (!calm && modes.random_bool(REDIS_DOWN_SHARE)).then(|| RedisDown {
+        self.chaos.redis_down = (!calm && modes.random_bool(REDIS_DOWN_SHARE)).then(|| RedisDown {
             at_step: modes.random_range(0..REDIS_DOWN_BY_STEP),
             for_ms: modes.random_range(REDIS_DOWN_MS),
             empty: modes.random_bool(0.3),
         });
         // Drawn last from the same stream: the draws before it stay what they were.
-        sc.chaos.drift = (!calm && modes.random_bool(DRIFT_SHARE)).then(|| {
+        self.chaos.drift = (!calm && modes.random_bool(DRIFT_SHARE)).then(|| {
             let by = modes.random_range(1..=DRIFT_UNITS_MAX);
             let by = if modes.random_bool(0.5) { by } else { -by };
             (modes.random_range(20..1200), by)
         });
+    }
+
+    /// Leaves out what `features` switch off, once everything is drawn.
+    fn keep_only(&mut self, features: Features) {
         if !features.wipe {
-            sc.chaos.wipe_at = None;
+            self.chaos.wipe_at = None;
         }
         if !features.rollback {
-            sc.chaos.rollback = None;
+            self.chaos.rollback = None;
         }
         if !features.crash {
-            sc.chaos.crash = 0.0;
+            self.chaos.crash = 0.0;
         }
         if !features.fallback {
-            sc.fallback = None;
+            self.fallback = None;
         }
         if !features.redis_down {
-            sc.chaos.redis_down = None;
+            self.chaos.redis_down = None;
         }
-        sc.reconcile &= features.reconcile;
+        self.reconcile &= features.reconcile;
         // Only the reconciliation workers repair a drift: without them it is no fault the
         // service claims to survive.
-        if !sc.reconcile {
-            sc.chaos.drift = None;
+        if !self.reconcile {
+            self.chaos.drift = None;
         }
-        sc.late_replays &= features.late_replays;
+        self.late_replays &= features.late_replays;
         if !features.misuse {
-            for intent in &mut sc.intents {
+            for intent in &mut self.intents {
                 intent.conflict = None;
             }
         }
         if !features.restock {
-            sc.restocks.clear();
+            self.restocks.clear();
         }
-        Some(sc)
+    }
+}
+
+/// The products: one or two, each with its stock and maybe a per-user limit.
+fn products(rng: &mut StdRng) -> Option<Vec<ProductSpec>> {
+    let n_products = pick(rng, &[1, 1, 2]);
+    let mut products = Vec::new();
+    for p in 1..=n_products {
+        products.push(ProductSpec {
+            id: ProductId::parse(p).ok()?,
+            stock: rng.random_range(0..=STOCK_MAX) as i64,
+            limit: if rng.random_bool(0.4) {
+                Some(rng.random_range(1..=QUANTITY_MAX + 1))
+            } else {
+                None
+            },
+        });
+    }
+    Some(products)
+}
+
+/// The purchase intents: who buys what, with what copies, and what then.
+fn intents(rng: &mut StdRng, products: &[ProductSpec], features: Features) -> Option<Vec<Intent>> {
+    let users = rng.random_range(1..=6);
+    let n_intents = rng.random_range(2..=INTENTS_MAX);
+    let mut intents: Vec<Intent> = Vec::new();
+    for n in 0..n_intents {
+        let product = products[rng.random_range(0..products.len())].id;
+        // Sometimes a request_id is reused on another product (a client bug the
+        // ledger's global unique key must catch).
+        let request_id = match intents.last() {
+            Some(prev) if products.len() > 1 && rng.random_bool(0.05) && features.misuse => {
+                prev.request.request_id.clone()
+            }
+            _ => rid(format!("R{n}"))?,
+        };
+        let request = PurchaseRequest {
+            request_id,
+            user_id: UserId::parse(rng.random_range(1..=users)).ok()?,
+            product_id: product,
+            quantity: Quantity::from_stored(rng.random_range(1..=i64::from(QUANTITY_MAX)))?,
+        };
+        let conflict = rng.random_bool(0.05).then(|| PurchaseRequest {
+            quantity: Quantity::from_stored(i64::from(request.quantity.get() % QUANTITY_MAX) + 1)
+                .unwrap_or(request.quantity),
+            ..request.clone()
+        });
+        intents.push(Intent {
+            copies: pick(rng, &[0, 0, 0, 0, 0, 1, 1, 2]),
+            conflict,
+            then: pick(rng, &THEN),
+            arrive: rng.random_range(0..400),
+            request,
+        });
+    }
+    Some(intents)
+}
+
+/// What clients do after a purchase, as often as each is drawn.
+const THEN: [Then; 8] = [
+    Then::Pay,
+    Then::Pay,
+    Then::Pay,
+    Then::PayLate,
+    Then::Cancel,
+    Then::PayAndCancel,
+    Then::Nothing,
+    Then::Nothing,
+];
+
+/// An admin's restock of a product, in a fifth of the products.
+fn restocks(rng: &mut StdRng, products: &[ProductSpec]) -> Option<Vec<RestockSpec>> {
+    let mut restocks = Vec::new();
+    for p in products {
+        if rng.random_bool(0.2) {
+            restocks.push(RestockSpec {
+                product_id: p.id,
+                restock_id: rid(format!("S{}", p.id))?,
+                quantity: rng.random_range(1..=4),
+                arrive: rng.random_range(0..600),
+            });
+        }
+    }
+    Some(restocks)
+}
+
+/// A chance drawn from `levels`, or none in a calm seed (which still draws nothing).
+fn rate(rng: &mut StdRng, calm: bool, levels: &[f64]) -> f64 {
+    if calm {
+        0.0
+    } else {
+        pick(rng, levels)
+    }
+}
+
+/// The call faults: how often each store fails, loses replies or runs a call twice.
+fn faults(rng: &mut StdRng, calm: bool) -> FaultProfile {
+    FaultProfile {
+        gate_fail: rate(rng, calm, &[0.0, 0.01, 0.05, 0.15]),
+        gate_lose: rate(rng, calm, &[0.0, 0.01, 0.05, 0.15]),
+        gate_dup: rate(rng, calm, &[0.0, 0.0, 0.02, 0.1]),
+        ledger_fail: rate(rng, calm, &[0.0, 0.01, 0.05, 0.15]),
+        ledger_lose: rate(rng, calm, &[0.0, 0.01, 0.05, 0.15]),
+        ledger_dup: rate(rng, calm, &[0.0, 0.0, 0.02, 0.1]),
+        bus_fail: rate(rng, calm, &[0.0, 0.02, 0.1]),
+        bus_lose: rate(rng, calm, &[0.0, 0.02, 0.1]),
+        kill: rate(rng, calm, &[0.0, 0.002, 0.01, 0.04]),
+        http_lose: rate(rng, calm, &[0.0, 0.02, 0.1]),
+        outage: rate(rng, calm, &[0.0, 0.0, 0.002, 0.006]),
+    }
+}
+
+/// The chaos outside the calls (the outage and the drift are drawn later, from their own
+/// stream).
+fn chaos(rng: &mut StdRng, calm: bool) -> Chaos {
+    // A sale lasts about a thousand steps; events are placed among them.
+    let wipe_at = (!calm && rng.random_bool(0.12)).then(|| rng.random_range(20..1200));
+    let rollback = (!calm && rng.random_bool(0.08)).then(|| {
+        let from = rng.random_range(20..1000);
+        (from, from + rng.random_range(1..300))
+    });
+    Chaos {
+        tick: 0.2,
+        tick_max_ms: pick(rng, &[20, 50, 100]),
+        jump: rate(rng, calm, &[0.0, 0.001, 0.004]),
+        instance_clock_jump: rate(rng, calm, &[0.0, 0.0, 0.002]),
+        ledger_clock_jump: rate(rng, calm, &[0.0, 0.0, 0.002]),
+        crash: rate(rng, calm, &[0.0, 0.0, 0.002, 0.008]),
+        wipe_at,
+        rollback,
+        redis_down: None,
+        drift: None,
     }
 }
 
