@@ -1126,14 +1126,39 @@ pub fn run(opts: &Options, rt: &tokio::runtime::Runtime) -> Outcome {
     }
 }
 
+/// The run's phases, in order: setup, the sale, the quiet-down and restock retries, the
+/// way back to the gate, late replays, the sweep and the final checks.
 fn phases(w: &Rc<World>, exec: &mut Executor, rt: &tokio::runtime::Runtime) {
-    let faults = w.sc.faults;
-    // Setup: the products, created through the service under the seed's call faults
-    // (but no crashes yet), then finished quietly if the faults won.
+    setup(w, exec, rt);
+    sale(w, exec, rt);
+    // Quiet: no faults, clocks agree again, and time moves past every deadline.
+    quiet_down(w, exec, rt);
+    restock_retries(w, exec, rt);
+    // Products still in ledger mode are audited so (the ledger alone), then given back
+    // to the gate, as the fallback workers would once Redis has answered long enough.
+    audit_all(w, "after the sale");
+    way_back(w, exec, rt);
+    if w.sc.late_replays {
+        late_replays(w, exec, rt);
+    }
+    sweep_all(w, exec, rt);
+    // The sweep made events too: let the relay and the consumer finish.
+    quiet_down(w, exec, rt);
+    audit_all(w, "after the sweep");
+    check_events(w);
+    let mut s = w.ctx.lock();
+    if s.stats.to_ledger > 0 && s.stats.to_gate > 0 {
+        s.stats.runs_switched_both_ways = 1;
+    }
+}
+
+/// Setup: the products, created through the service under the seed's call faults (but
+/// no crashes yet), then finished quietly if the faults won.
+fn setup(w: &Rc<World>, exec: &mut Executor, rt: &tokio::runtime::Runtime) {
     w.ctx.lock().faults = FaultProfile {
         kill: 0.0,
         outage: 0.0,
-        ..faults
+        ..w.sc.faults
     };
     let news: Vec<NewProduct> =
         w.sc.products
@@ -1164,9 +1189,29 @@ fn phases(w: &Rc<World>, exec: &mut Executor, rt: &tokio::runtime::Runtime) {
         );
     }
     w.run_phase(exec, rt, false, "setup (quiet)");
+}
 
-    // The sale: clients and workers under every fault.
-    w.ctx.lock().faults = faults;
+/// The sale: clients and workers under every fault.
+fn sale(w: &Rc<World>, exec: &mut Executor, rt: &tokio::runtime::Runtime) {
+    w.ctx.lock().faults = w.sc.faults;
+    spawn_clients(w);
+    for r in w.sc.restocks.clone() {
+        w.clients_active.set(w.clients_active.get() + 1);
+        let w2 = w.clone();
+        w.spawn(format!("admin restock {}", r.restock_id), async move {
+            w2.wait(r.arrive).await;
+            restock_client(&w2, r.product_id, r.restock_id, r.quantity).await;
+            w2.clients_active.set(w2.clients_active.get() - 1);
+        });
+    }
+    spawn_workers(w);
+    w.run_phase(exec, rt, true, "sale");
+    let mut s = w.ctx.lock();
+    s.stats.to_gate_in_sale = s.stats.to_gate;
+}
+
+/// Every intent's clients: its first, its copies and its conflicting request.
+fn spawn_clients(w: &Rc<World>) {
     let intents: Vec<Intent> = w.sc.intents.clone();
     let mut n = 0;
     for intent in &intents {
@@ -1192,15 +1237,11 @@ fn phases(w: &Rc<World>, exec: &mut Executor, rt: &tokio::runtime::Runtime) {
             });
         }
     }
-    for r in w.sc.restocks.clone() {
-        w.clients_active.set(w.clients_active.get() + 1);
-        let w2 = w.clone();
-        w.spawn(format!("admin restock {}", r.restock_id), async move {
-            w2.wait(r.arrive).await;
-            restock_client(&w2, r.product_id, r.restock_id, r.quantity).await;
-            w2.clients_active.set(w2.clients_active.get() - 1);
-        });
-    }
+}
+
+/// Every instance's workers: those every instance runs, then reconcile and fallback
+/// where the scenario has them.
+fn spawn_workers(w: &Rc<World>) {
     for i in 0..w.sc.instances {
         for kind in [
             WorkerKind::Expiry,
@@ -1228,17 +1269,12 @@ fn phases(w: &Rc<World>, exec: &mut Executor, rt: &tokio::runtime::Runtime) {
             );
         }
     }
-    w.run_phase(exec, rt, true, "sale");
-    {
-        let mut s = w.ctx.lock();
-        s.stats.to_gate_in_sale = s.stats.to_gate;
-    }
+}
 
-    // Quiet: no faults, clocks agree again, and time moves past every deadline.
-    quiet_down(w, exec, rt);
-    // An admin told `unavailable` retries until told otherwise (as the API asks): a
-    // restock is recorded in the ledger before it reaches Redis, and no worker finishes
-    // it (see the report).
+/// An admin told `unavailable` retries until told otherwise (as the API asks): a
+/// restock is recorded in the ledger before it reaches Redis, and no worker finishes it
+/// (see the report).
+fn restock_retries(w: &Rc<World>, exec: &mut Executor, rt: &tokio::runtime::Runtime) {
     for r in w.sc.restocks.clone() {
         if w.obs.borrow().restocked.contains(r.restock_id.as_str()) {
             continue;
@@ -1252,41 +1288,39 @@ fn phases(w: &Rc<World>, exec: &mut Executor, rt: &tokio::runtime::Runtime) {
         );
     }
     w.run_phase(exec, rt, false, "restock retries");
-    // Products still in ledger mode are audited so (the ledger alone), then given back
-    // to the gate, as the fallback workers would once Redis has answered long enough.
-    audit_all(w, "after the sale");
-    way_back(w, exec, rt);
+}
 
-    if w.sc.late_replays {
-        // Every Redis record has expired; clients replay old requests.
-        w.advance(w.sc.record_ttl + TimeDelta::seconds(1));
-        let intents = w.sc.intents.clone();
-        for intent in intents.iter().take(LATE_REPLAYS_MAX) {
-            if !w.ctx.chance(0.5) {
-                continue;
-            }
-            let request = intent.request.clone();
-            let w2 = w.clone();
-            w.spawn(format!("late replay {}", request.request_id), async move {
-                let started = w2.ctx.step();
-                let Some(service) = w2.service(0) else { return };
-                let heard = match service.purchase(request.clone()).await {
-                    Ok(p) => Heard::Order(p.order.order_id.get()),
-                    Err(Error::Unavailable(why)) => Heard::Unavailable(why.to_string()),
-                    Err(e) => Heard::Refused(refusal(&e)),
-                };
-                w2.ctx
-                    .trace(|| format!("late replay {} heard {heard:?}", request.request_id));
-                w2.record(&request, started, heard);
-            });
+/// Every Redis record has expired; clients replay old requests.
+fn late_replays(w: &Rc<World>, exec: &mut Executor, rt: &tokio::runtime::Runtime) {
+    w.advance(w.sc.record_ttl + TimeDelta::seconds(1));
+    let intents = w.sc.intents.clone();
+    for intent in intents.iter().take(LATE_REPLAYS_MAX) {
+        if !w.ctx.chance(0.5) {
+            continue;
         }
-        w.run_phase(exec, rt, false, "late replays");
-        quiet_down(w, exec, rt);
-        audit_all(w, "after late replays");
+        let request = intent.request.clone();
+        let w2 = w.clone();
+        w.spawn(format!("late replay {}", request.request_id), async move {
+            let started = w2.ctx.step();
+            let Some(service) = w2.service(0) else { return };
+            let heard = match service.purchase(request.clone()).await {
+                Ok(p) => Heard::Order(p.order.order_id.get()),
+                Err(Error::Unavailable(why)) => Heard::Unavailable(why.to_string()),
+                Err(e) => Heard::Refused(refusal(&e)),
+            };
+            w2.ctx
+                .trace(|| format!("late replay {} heard {heard:?}", request.request_id));
+            w2.record(&request, started, heard);
+        });
     }
+    w.run_phase(exec, rt, false, "late replays");
+    quiet_down(w, exec, rt);
+    audit_all(w, "after late replays");
+}
 
-    // I6: whatever is not sold must be buyable — once any sold-out lease has ended (a
-    // rebuild in the quiet-down starts one; a real buyer told sold_out tries again later).
+/// I6: whatever is not sold must be buyable — once any sold-out lease has ended (a
+/// rebuild in the quiet-down starts one; a real buyer told sold_out tries again later).
+fn sweep_all(w: &Rc<World>, exec: &mut Executor, rt: &tokio::runtime::Runtime) {
     w.advance(w.sc.sold_out_lease + TimeDelta::milliseconds(1));
     for p in w.sc.products.clone() {
         let total = w
@@ -1305,14 +1339,6 @@ fn phases(w: &Rc<World>, exec: &mut Executor, rt: &tokio::runtime::Runtime) {
                 ));
             }
         }
-    }
-    // The sweep made events too: let the relay and the consumer finish.
-    quiet_down(w, exec, rt);
-    audit_all(w, "after the sweep");
-    check_events(w);
-    let mut s = w.ctx.lock();
-    if s.stats.to_ledger > 0 && s.stats.to_gate > 0 {
-        s.stats.runs_switched_both_ways = 1;
     }
 }
 
