@@ -242,6 +242,21 @@ impl OutboxRow {
     }
 }
 
+/// An event's `occurred_at` in its payload: microseconds, UTC.
+const OCCURRED_AT: &str = "%Y-%m-%dT%H:%M:%S%.6fZ";
+
+/// A new outbox row's own values; [`Tables::insert_event`] adds the rest.
+struct RowValues {
+    event_type: EventType,
+    request_id: String,
+    order_id: Option<i64>,
+    product_id: i64,
+    user_id: i64,
+    quantity: i64,
+    reason: Option<&'static str>,
+    sequence: i32,
+}
+
 /// An event a transaction is about to write (`Draft` in `outbox.rs`).
 struct Draft {
     event_type: EventType,
@@ -479,89 +494,99 @@ impl Tables {
                 .max()
                 .unwrap_or(0)
                 + 1;
-            let id = self.next_outbox_id;
-            self.next_outbox_id += 1;
-            // The database makes a UUID; any unique id will do here.
-            let event_id = format!("ev-{id:06}");
             let json_opt = |v: Option<String>| v.unwrap_or_else(|| "null".to_owned());
-            let payload = format!(
-                "{{\"event_id\": \"{event_id}\", \"event_type\": \"{}\", \"sequence\": {sequence}, \
-                 \"order_id\": {}, \"request_id\": \"{rid}\", \"product_id\": {}, \
-                 \"user_id\": {}, \"quantity\": {}, \"reason\": {}, \"occurred_at\": \"{}\"}}",
-                d.event_type.as_str(),
-                json_opt(d.order_id.map(|o| o.to_string())),
-                d.request.product_id,
-                d.request.user_id,
-                d.request.quantity,
-                json_opt(d.reason.map(|r| format!("\"{r}\""))),
-                now.format("%Y-%m-%dT%H:%M:%S%.6fZ"),
-            );
-            self.outbox_keys.insert((rid.clone(), d.event_type), id);
-            self.outbox.insert(
-                id,
-                OutboxRow {
-                    id,
-                    event_id,
-                    event_type: d.event_type,
-                    request_id: rid,
-                    order_id: d.order_id,
-                    product_id: d.request.product_id.get(),
-                    user_id: d.request.user_id.get(),
-                    quantity: i64::from(d.request.quantity.get()),
-                    reason: d.reason,
-                    sequence,
-                    payload,
-                    created_at: now,
-                    sent: false,
-                    attempts: 0,
-                    refusals: 0,
-                    claimed_by: None,
-                    claimed_until: None,
-                    parked: None,
-                },
-            );
+            let payload = |event_id: &str| {
+                format!(
+                    "{{\"event_id\": \"{event_id}\", \"event_type\": \"{}\", \"sequence\": {sequence}, \
+                     \"order_id\": {}, \"request_id\": \"{rid}\", \"product_id\": {}, \
+                     \"user_id\": {}, \"quantity\": {}, \"reason\": {}, \"occurred_at\": \"{}\"}}",
+                    d.event_type.as_str(),
+                    json_opt(d.order_id.map(|o| o.to_string())),
+                    d.request.product_id,
+                    d.request.user_id,
+                    d.request.quantity,
+                    json_opt(d.reason.map(|r| format!("\"{r}\""))),
+                    now.format(OCCURRED_AT),
+                )
+            };
+            let values = RowValues {
+                event_type: d.event_type,
+                request_id: rid.clone(),
+                order_id: d.order_id,
+                product_id: d.request.product_id.get(),
+                user_id: d.request.user_id.get(),
+                quantity: i64::from(d.request.quantity.get()),
+                reason: d.reason,
+                sequence,
+            };
+            self.insert_event(values, now, payload);
         }
     }
 
     /// `record_repair_at`'s event: request_id `REPAIR_<n>` of the n-th repair, no buyer.
     fn write_repair_event(&mut self, r: &StockRepair, number: usize, now: DateTime<Utc>) {
+        let rid = format!("REPAIR_{number}");
+        let payload = |event_id: &str| {
+            format!(
+                "{{\"event_id\": \"{event_id}\", \"event_type\": \"stock_repaired\", \"sequence\": 1, \
+                 \"order_id\": null, \"request_id\": \"{rid}\", \"product_id\": {}, \
+                 \"repair_id\": {number}, \"generation\": {}, \"redis_before\": {}, \
+                 \"redis_after\": {}, \"delta\": {}, \"expected\": {}, \"total_stock\": {}, \
+                 \"live_units\": {}, \"in_flight_units\": {}, \"reason\": \"{}\", \"occurred_at\": \"{}\"}}",
+                r.product_id,
+                r.generation.get(),
+                r.redis_before,
+                r.redis_after,
+                r.redis_after - r.redis_before,
+                r.expected,
+                r.total,
+                r.live_units,
+                r.in_flight_units,
+                r.reason,
+                now.format(OCCURRED_AT),
+            )
+        };
+        let values = RowValues {
+            event_type: EventType::StockRepaired,
+            request_id: rid.clone(),
+            order_id: None,
+            product_id: r.product_id.get(),
+            user_id: 0,
+            quantity: 0,
+            reason: Some(r.reason),
+            sequence: 1,
+        };
+        self.insert_event(values, now, payload);
+    }
+
+    /// Stores one new outbox row, unsent and unclaimed, under the next id: its event id
+    /// made from the id (the database makes a UUID; any unique id will do here), its
+    /// payload by `payload` from that event id.
+    fn insert_event(
+        &mut self,
+        v: RowValues,
+        now: DateTime<Utc>,
+        payload: impl FnOnce(&str) -> String,
+    ) {
         let id = self.next_outbox_id;
         self.next_outbox_id += 1;
         let event_id = format!("ev-{id:06}");
-        let rid = format!("REPAIR_{number}");
-        let payload = format!(
-            "{{\"event_id\": \"{event_id}\", \"event_type\": \"stock_repaired\", \"sequence\": 1, \
-             \"order_id\": null, \"request_id\": \"{rid}\", \"product_id\": {}, \
-             \"repair_id\": {number}, \"generation\": {}, \"redis_before\": {}, \
-             \"redis_after\": {}, \"delta\": {}, \"expected\": {}, \"total_stock\": {}, \
-             \"live_units\": {}, \"in_flight_units\": {}, \"reason\": \"{}\", \"occurred_at\": \"{}\"}}",
-            r.product_id,
-            r.generation.get(),
-            r.redis_before,
-            r.redis_after,
-            r.redis_after - r.redis_before,
-            r.expected,
-            r.total,
-            r.live_units,
-            r.in_flight_units,
-            r.reason,
-            now.format("%Y-%m-%dT%H:%M:%S%.6fZ"),
-        );
+        let payload = payload(&event_id);
         self.outbox_keys
-            .insert((rid.clone(), EventType::StockRepaired), id);
+            .insert((v.request_id.clone(), v.event_type), id);
         self.outbox.insert(
             id,
             OutboxRow {
                 id,
                 event_id,
-                event_type: EventType::StockRepaired,
-                request_id: rid,
-                order_id: None,
-                product_id: r.product_id.get(),
-                user_id: 0,
-                quantity: 0,
-                reason: Some(r.reason),
-                sequence: 1,
+                event_type: v.event_type,
+                request_id: v.request_id,
+                order_id: v.order_id,
+                product_id: v.product_id,
+                user_id: v.user_id,
+                quantity: v.quantity,
+                reason: v.reason,
+                sequence: v.sequence,
                 payload,
                 created_at: now,
                 sent: false,
