@@ -145,11 +145,7 @@ pub fn run_seed(opts: &Options, rt: &tokio::runtime::Runtime) -> Outcome {
     match catch_unwind(AssertUnwindSafe(|| run::run(opts, rt))) {
         Ok(outcome) => outcome,
         Err(panic) => {
-            let msg = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_else(|| "(no message)".into());
+            let msg = panic_message(panic.as_ref());
             Outcome {
                 seed: opts.seed,
                 violations: vec![format!("panic: {msg}")],
@@ -159,6 +155,15 @@ pub fn run_seed(opts: &Options, rt: &tokio::runtime::Runtime) -> Outcome {
             }
         }
     }
+}
+
+/// A caught panic's message (its payload, a `String` or a `&str`).
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "(no message)".into())
 }
 
 /// The one line that reproduces a seed run with `opts`' defects and features.

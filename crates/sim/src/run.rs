@@ -1104,11 +1104,7 @@ pub fn run(opts: &Options, rt: &tokio::runtime::Runtime) -> Outcome {
     match phased {
         Ok(()) => check(&w),
         Err(panic) => {
-            let msg = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_else(|| "(no message)".into());
+            let msg = crate::panic_message(panic.as_ref());
             w.violation(format!("panic in the use cases or the simulation: {msg}"));
         }
     }
