@@ -38,9 +38,6 @@ pub use ctx::Stats;
 pub use run::{Defects, Options, Outcome};
 pub use scenario::{Features, FEATURES};
 
-use gate::GateDefects;
-use ledger::LedgerDefects;
-
 /// Trace lines a failure report shows: enough to follow the last requests around the
 /// violation, few enough to read.
 pub const REPORT_TRACE_LINES: usize = 50;
@@ -67,61 +64,21 @@ impl Defects {
     /// `enter-same-generation`: `enter_ledger_mode` keeps the generation.
     /// `ledger-sells-in-gate-mode`: `commit_ledger_purchase` ignores the mode.
     pub fn named(name: &str) -> Option<Self> {
+        let mut d = Self::default();
         match name {
-            "oversell" => Some(Self {
-                gate: GateDefects {
-                    reserve_below_zero: true,
-                    ..GateDefects::default()
-                },
-                ledger: LedgerDefects {
-                    no_stock_guard: true,
-                    ..LedgerDefects::default()
-                },
-            }),
-            "no-fence" => Some(Self {
-                ledger: LedgerDefects {
-                    fence_writes_nothing: true,
-                    ..LedgerDefects::default()
-                },
-                ..Self::default()
-            }),
-            "aside-from-batch" => Some(Self {
-                ledger: LedgerDefects {
-                    aside_from_batch: true,
-                    ..LedgerDefects::default()
-                },
-                ..Self::default()
-            }),
-            "late-group-write" => Some(Self {
-                ledger: LedgerDefects {
-                    group_writes_late: true,
-                    ..LedgerDefects::default()
-                },
-                ..Self::default()
-            }),
-            "batch-twice" => Some(Self {
-                gate: GateDefects {
-                    batch_counts_twice: true,
-                    ..GateDefects::default()
-                },
-                ..Self::default()
-            }),
-            "enter-same-generation" => Some(Self {
-                ledger: LedgerDefects {
-                    enter_keeps_generation: true,
-                    ..LedgerDefects::default()
-                },
-                ..Self::default()
-            }),
-            "ledger-sells-in-gate-mode" => Some(Self {
-                ledger: LedgerDefects {
-                    ledger_sells_in_gate_mode: true,
-                    ..LedgerDefects::default()
-                },
-                ..Self::default()
-            }),
-            _ => None,
+            "oversell" => {
+                d.gate.reserve_below_zero = true;
+                d.ledger.no_stock_guard = true;
+            }
+            "no-fence" => d.ledger.fence_writes_nothing = true,
+            "aside-from-batch" => d.ledger.aside_from_batch = true,
+            "late-group-write" => d.ledger.group_writes_late = true,
+            "batch-twice" => d.gate.batch_counts_twice = true,
+            "enter-same-generation" => d.ledger.enter_keeps_generation = true,
+            "ledger-sells-in-gate-mode" => d.ledger.ledger_sells_in_gate_mode = true,
+            _ => return None,
         }
+        Some(d)
     }
 
     pub fn name(&self) -> Option<&'static str> {
