@@ -273,7 +273,8 @@ async fn jwt_public_keys_verify_their_own_algorithm_only() {
 // is 403; another buyer's GET, pay and cancel are 404; and the per-user rate limit
 // counts the header's user (rate 1/s, burst 2: the third purchase in a row is 429
 // `rate_limited`, the second having met the per_user_limit), so changing the body's
-// user_id no longer dodges either limit.
+// user_id no longer dodges either limit; and the other buyer's purchase with the owner's
+// request_id is a new order of their own (request_ids are scoped by buyer).
 #[tokio::test]
 async fn header_buyers_are_confined_and_limited() {
     let app = TestApp::spawn_with(
@@ -336,6 +337,14 @@ async fn header_buyers_are_confined_and_limited() {
         (StatusCode::OK, Some("CANCELLED")),
         "{b}"
     );
+    // The owner's request_id is the owner's own: the other buyer's HDR_1 is theirs.
+    let (s, b, _) = buy(&app, &intruder, "HDR_1", None, 9103).await;
+    assert_eq!(
+        (s, b["user_id"].as_i64(), b["request_id"].as_str()),
+        (StatusCode::CREATED, Some(32), Some("HDR_1")),
+        "{b}"
+    );
+    assert_ne!(order_id(&b), order);
     app.cleanup().await;
 }
 
