@@ -473,7 +473,7 @@ pub fn http_settings(config: &Config) -> http::HttpSettings {
         );
     }
     // Counted by the peer, so off behind the proxy that `client_ip_header` implies:
-    // every peer is the proxy there (config.rs refuses an explicit share with it).
+    // every peer is the proxy there (config/rules.rs refuses an explicit share with it).
     let connections_per_address_max = match config.connections_per_address_max {
         Some(0) => None,
         Some(n) => Some(n),
