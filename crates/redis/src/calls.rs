@@ -330,8 +330,7 @@ impl Layout {
 
     /// [`Self::key`] with its suffix in parts, joined as they are written in: built by
     /// pushes, not `format!`, as a hold's key is made once per purchase and once per trim,
-    /// and `format!` twice cost about 2,300 instructions a key (BENCHMARKS.md, ablation
-    /// row S12).
+    /// and `format!` twice cost about 2,300 instructions a key.
     fn key_of(&self, product_id: ProductId, suffix: &[&str]) -> String {
         use std::fmt::Write;
         // `{p:` + up to 19 digits + `}:`.

@@ -140,10 +140,9 @@ impl RedisWire {
 #[async_trait]
 impl Wire for RedisWire {
     /// One `EVALSHA`, its keys and arguments written straight into the command's one
-    /// buffer (redis-rs's `ScriptInvocation` first kept each in an allocation of its own,
-    /// about nine an order: BENCHMARKS.md, ablation row S12). On NOSCRIPT (Redis
-    /// restarted, failed over or flushed its scripts) the script is loaded and the call
-    /// sent again.
+    /// buffer (redis-rs's `ScriptInvocation` keeps each in an allocation of its own,
+    /// about nine an order). On NOSCRIPT (Redis restarted, failed over or flushed its
+    /// scripts) the script is loaded and the call sent again.
     async fn eval(&self, call: &Call) -> Result<Value, GateError> {
         let script = self
             .scripts

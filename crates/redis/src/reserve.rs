@@ -12,9 +12,8 @@ use crate::RedisWire;
 /// millisecond of Redis time (a few µs each), so other clients are never held up long.
 pub const RESERVE_BATCH_MAX: usize = 128;
 /// Script calls in flight at once: one, so a batch is everything that queued during the
-/// previous call. Measured against two (BENCHMARKS.md, ablation row G2): Redis calls per
-/// order in sustained 0.15 instead of 0.19–0.20, the same throughput, and the rush no
-/// slower.
+/// previous call. Measured against two: Redis calls per order in sustained 0.15 instead
+/// of 0.19–0.20, the same throughput, and the rush no slower.
 pub(crate) const RESERVE_WORKERS: usize = 1;
 /// Purchases waiting for a batch; past it callers wait for room (the API's in-flight
 /// limit bounds them first).

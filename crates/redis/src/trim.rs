@@ -1,11 +1,11 @@
 //! Early trims of the pending index. A hold stays in its product's `pending` index until
 //! something accounts for it; recovery does so only after `FLASHSALE_RECOVERY_AFTER`, so
 //! in a long sale the index held an entry per order for that long, the larger share of
-//! Redis's memory per order (trimmed early: 287 → 186–189 B per order; BENCHMARKS.md,
-//! ablation row G3). A hold whose order committed is handed to the trimmer instead, which
-//! drops it a moment later with `forget.lua`: one call per product per round for
-//! everything that committed meanwhile, only while the record is still that hold. Best
-//! effort: what it drops or fails to trim, recovery trims later.
+//! Redis's memory per order (trimmed early: 287 → 186–189 B per order). A hold whose
+//! order committed is handed to the trimmer instead, which drops it a moment later with
+//! `forget.lua`: one call per product per round for everything that committed meanwhile,
+//! only while the record is still that hold. Best effort: what it drops or fails to trim,
+//! recovery trims later.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

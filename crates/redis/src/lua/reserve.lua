@@ -11,7 +11,7 @@
 -- Returns one string: each purchase's reply, its integers in decimal joined by ',', the
 -- replies in order joined by ' ' (one bulk string, not an array of arrays: the client
 -- reads one value instead of four or more per purchase, which cost redis-rs's reply
--- parser about 4,600 instructions per order; BENCHMARKS.md, ablation row G8). A reply is
+-- parser about 4,600 instructions per order). A reply is
 -- 1,hold_id,gen reserved | 0,unseen sold out
 --   | 0,unseen,lease ms left,gen,holds sold out under a sold-out lease
 --   | -1 not loaded | -2,unseen limit exceeded
