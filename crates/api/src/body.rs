@@ -57,8 +57,8 @@ impl BodyFailure {
 ///
 /// Frame by frame, keeping a body of one data frame (nearly every one) as that frame's
 /// bytes, uncopied. `http_body_util`'s `Limited` and `collect`, which this replaces, boxed
-/// the limit's error and queued every frame, about 500 instructions of a purchase's
-/// (BENCHMARKS.md, ablation row S23). Trailers are dropped, as `to_bytes` dropped them.
+/// the limit's error and queued every frame, about 500 instructions of a purchase's body.
+/// Trailers are dropped, as `to_bytes` dropped them.
 ///
 /// `alarm`, the request's [`ChunkAlarm`] where the connection watches its framing: raised
 /// when the chunked body announced more than the limit, which is then refused at once,

@@ -402,7 +402,7 @@ fn last_address(value: &str) -> Option<IpAddr> {
 
 /// A JSON body read into `T`. Its UTF-8 is checked once, for the whole body: read from
 /// bytes, serde_json checks every string (each key among them) on its own, about 600
-/// instructions of a purchase's body (BENCHMARKS.md, ablation row S21).
+/// instructions of a purchase's body.
 /// Every body is a JSON object: serde would also read a struct from an array of its
 /// fields in order (`["R_1",7,1,2]`), a shape the API does not have.
 fn json<'a, T: Deserialize<'a>>(body: &'a Bytes) -> Result<T, ApiError> {
@@ -862,10 +862,9 @@ async fn purchase_of(
     }
     // Both boxed: each future is large, and each layer it passes through (`deadline`,
     // `in_slot`, `within`, `lazy_timeout`) would move it by value; boxed, a refusal costs
-    // about 900 instructions less (ablation row S17). The baselines' future is boxed too:
-    // held inline, it made this function's future, and every future holding it, 1.5 KB
-    // larger, copied at each of their moves, flashsale's path included (ablation row
-    // S26).
+    // about 900 instructions less. The baselines' future is boxed too: held inline, it
+    // made this function's future, and every future holding it, 1.5 KB larger, copied at
+    // each of their moves, flashsale's path included.
     let purchased = match &state.config.baseline {
         Some(baseline) => deadline(state, Box::pin(baseline.purchase(request))).await?,
         None => deadline(state, Box::pin(state.service.purchase(request))).await?,

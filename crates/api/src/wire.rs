@@ -125,7 +125,7 @@ pub struct RestockBody {
 /// `SecondsFormat::AutoSi`). Written into a buffer here and handed over whole: chrono's
 /// own impl goes through `collect_str`, one character at a time through serde_json's
 /// escaping writer, about 3,500 instructions for an order's two times, and its
-/// `to_rfc3339_opts` still about 1,200 a time (BENCHMARKS.md, ablation row S12). A year
+/// `to_rfc3339_opts` still about 1,200 a time. A year
 /// outside 0–9999, which no stored time has, is left to chrono.
 fn rfc3339<S: Serializer>(time: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&rfc3339_text(time, &mut [0; RFC3339_BYTES_MAX]))
@@ -266,7 +266,7 @@ const ORDER_BODY_BYTES: usize = 512;
 /// An order's answer body: the bytes serde_json writes for `OrderJson::from(order)` (a
 /// test checks every shape), written by pushes. serde_json writes each key and string
 /// value through its escaping writer: about 6,000 instructions for a purchase's answer,
-/// a twentieth of a durable order's (BENCHMARKS.md, ablation row S16). Nothing here needs
+/// a twentieth of a durable order's. Nothing here needs
 /// escaping: the keys and the status and reason names are fixed ASCII, and a
 /// `RequestId` holds only `[A-Za-z0-9_.:-]`.
 pub fn order_body(o: &Order) -> Vec<u8> {

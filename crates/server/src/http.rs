@@ -93,7 +93,7 @@ pub const HEADER_BYTES_MAX: usize = 16 * 1024;
 /// default, `DEFAULT_MAX_HEADERS`), which the builder leaves alone. Set through
 /// `Builder::max_headers`, any cap makes hyper fill two arrays of that many entries for
 /// every request it parses, about 1,400 instructions a request; its default uses arrays it
-/// leaves uninitialized (BENCHMARKS.md, ablation row S20). A browser sends about 20.
+/// leaves uninitialized. A browser sends about 20.
 pub const HEADERS_MAX: usize = 100;
 /// How long a write to a client may stall before the connection is dropped: an answer is
 /// a few hundred bytes, so a client that has not taken it in this time is not reading.
@@ -140,11 +140,11 @@ const BACKLOG_DRAIN_WAIT: Duration = Duration::from_millis(2);
 /// The listen backlog asked of the kernel: connections it completes before the accept
 /// loop takes them. A flash sale opens with thousands of buyers connecting in the same
 /// second, and a full queue drops their SYNs; each dropped one costs its client a
-/// retransmission a second later (then 3 s, then 7 s). The standard library's and
-/// tokio's `bind` ask for 128, which 256 connections opened at once overflowed on every
-/// run (`TcpExtListenOverflows`; BENCHMARKS.md, ablation row S27). The kernel caps it at
-/// `net.core.somaxconn` (4096 by default since Linux 5.4); each queued connection is a
-/// socket the kernel holds, the same as an accepted one.
+/// retransmission a second later (then 3 s, then 7 s). The standard library's and tokio's
+/// `bind` ask for 128, which 256 connections opened at once overflowed on every run
+/// (`TcpExtListenOverflows`). The kernel caps it at `net.core.somaxconn` (4096 by default
+/// since Linux 5.4); each queued connection is a socket the kernel holds, the same as an
+/// accepted one.
 pub const LISTEN_BACKLOG: u32 = 4096;
 /// Descriptors kept free of client connections: the stores' pools, the metrics listener,
 /// logs and the refusals' sockets need some (`connections_max` is lowered to fit).
