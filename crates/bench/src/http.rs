@@ -6,9 +6,8 @@
 //! Why not reqwest: on this 2-core box the generator shares the CPU with the server, Redis
 //! and MariaDB, and reqwest spent about 65,000 instructions on each `GET /healthz` — its
 //! URL parsed for every request (twice: again by the redirect policy), the pool, the
-//! redirect and retry layers — three times what the server spends answering it
-//! (BENCHMARKS.md, "The generator"). Every strategy, the ceilings included, is driven by
-//! this same client.
+//! redirect and retry layers — three times what the server spends answering it. Every
+//! strategy, the ceilings included, is driven by this same client.
 
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};

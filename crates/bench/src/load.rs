@@ -530,8 +530,8 @@ impl Shared {
 }
 
 /// A purchase's JSON body, written into one buffer of its final size: the generator's own
-/// cost per POST is part of what a rush on a shared box measures (BENCHMARKS.md, "The
-/// generator"), and `format!` spent about 1,900 instructions on it.
+/// cost per POST is part of what a rush on a shared box measures, and `format!` spent
+/// about 1,900 instructions on it.
 fn purchase_body(workload: &Workload, intent: u64, user_id: i64, product_id: i64) -> Bytes {
     let mut ints = itoa::Buffer::new();
     let mut body = Vec::with_capacity(PURCHASE_BODY_MAX);

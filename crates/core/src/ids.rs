@@ -37,7 +37,7 @@ const SCOPE_SEPARATOR: char = '/';
 ///
 /// Shared, not copied: a purchase's request_id travels with it through the gate, the
 /// group commit, its in-flight entry, its answer and its trim, about ten clones an
-/// order, each an allocation and a copy as a `String` (BENCHMARKS.md, ablation row S12).
+/// order, each an allocation and a copy as a `String`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RequestId(Arc<str>);
 
@@ -68,8 +68,8 @@ impl RequestId {
         }
         // Byte by byte through a table: every allowed character is one ASCII byte, and
         // any byte of a multi-byte character is refused. Walking `chars()` with the
-        // predicate cost every purchase about 200 instructions more (BENCHMARKS.md,
-        // ablation row S30); the refusal's message still names the whole character.
+        // predicate cost every purchase about 200 instructions more; the refusal's
+        // message still names the whole character.
         if !raw.bytes().all(|b| REQUEST_ID_BYTES[usize::from(b)]) {
             let bad = raw.chars().find(|&c| !request_id_char(c)).unwrap_or('?');
             return Err(ParseError::new(

@@ -66,9 +66,8 @@ pub fn decode_message(body: &[u8]) -> Result<Vec<Result<Event, DecodeError>>, De
     }
     // The usual case in one pass: a UTF-8 body (checked once, not string by string as
     // `from_slice` does) whose elements are all events; read as raw values and then each
-    // again, every event was parsed twice, about 4,000 instructions an order
-    // (BENCHMARKS.md, ablation row S12). Otherwise each element is read on its own, so
-    // that one malformed event costs only itself.
+    // again, every event was parsed twice, about 4,000 instructions an order. Otherwise
+    // each element is read on its own, so that one malformed event costs only itself.
     if let Some(events) = std::str::from_utf8(body)
         .ok()
         .and_then(|text| serde_json::from_str::<Vec<WireEvent<'_>>>(text).ok())
