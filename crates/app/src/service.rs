@@ -446,6 +446,9 @@ impl Flashsale {
                 "the product is switching to ledger mode; retry".into(),
             )),
             Ok(Commit::StaleGeneration) => {
+                // A stale generation is a gate hold's refusal; the ledger's own holds are
+                // of its current generation, handed out in the same transaction.
+                debug_assert!(false, "a ledger-mode purchase answered StaleGeneration");
                 error!(request_id = %request.request_id, "the ledger answered a purchase without a gate hold as a stale hold");
                 Err(Error::Unavailable(
                     "the ledger answered the purchase as a stale hold; retry".into(),
@@ -738,9 +741,10 @@ impl Flashsale {
                     "stock state is being rebuilt; retry".into(),
                 ))
             }
-            Ok(Commit::GateMode | Commit::Settling) => {
+            Ok(refused @ (Commit::GateMode | Commit::Settling)) => {
                 // Only a purchase without a gate hold is answered so; a gate hold's commit
                 // never is. Nothing was written: the hold stays for a retry or recovery.
+                debug_assert!(false, "a gate hold's commit answered {refused:?}");
                 error!(request_id = %request.request_id, "the ledger answered a gate hold's commit as one without a hold");
                 Err(Error::Unavailable(
                     "the ledger answered the purchase as one without a gate hold; retry".into(),
@@ -826,6 +830,12 @@ impl Flashsale {
             .await?
             .ok_or(Error::OrderNotFound)?;
         if attempt.applied {
+            // The ledger moved it PENDING_PAYMENT → PAID in this very call.
+            debug_assert_eq!(
+                attempt.order.status,
+                OrderStatus::Paid,
+                "an applied payment"
+            );
             debug!(%order_id, "order paid");
             return Ok(attempt.order);
         }

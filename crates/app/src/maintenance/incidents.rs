@@ -257,9 +257,16 @@ impl Maintenance {
             },
             Commit::InsufficientStock => Err(Unresolved::Refused("not enough stock left")),
             Commit::LimitExceeded => Err(Unresolved::Refused("the buyer's per-user limit")),
-            Commit::StaleGeneration | Commit::GateMode | Commit::Settling => Err(
-                Unresolved::Refused("the hold belongs to gate state rebuilt since"),
-            ),
+            Commit::StaleGeneration => Err(Unresolved::Refused(
+                "the hold belongs to gate state rebuilt since",
+            )),
+            refused @ (Commit::GateMode | Commit::Settling) => {
+                // Only a purchase without a gate hold is answered so; this one has one.
+                debug_assert!(false, "a gate hold's commit answered {refused:?}");
+                Err(Unresolved::Refused(
+                    "the hold belongs to gate state rebuilt since",
+                ))
+            }
         }
     }
 }
