@@ -77,9 +77,21 @@ impl Decided {
         let mut orders = Vec::new();
         let mut error = None;
         while let Some(plain) = decision.next() {
+            let members = plain.len();
             let written = attempt(plain.to_vec()).await;
             decision.written(match written {
                 Ok((written, committed)) => {
+                    // A transaction that wrote its orders returns one per member
+                    // (`returned_orders`); any other wrote none.
+                    debug_assert_eq!(
+                        committed.len(),
+                        if matches!(written, group::Written::Orders) {
+                            members
+                        } else {
+                            0
+                        },
+                        "orders of a group transaction"
+                    );
                     orders = committed.into_iter().map(Some).collect();
                     written
                 }
@@ -118,14 +130,29 @@ impl Decided {
         answers
             .into_iter()
             .map(|answer| match answer {
-                group::Answer::Committed(n) => self
-                    .orders
-                    .get_mut(n)
-                    .and_then(Option::take)
-                    .map(Commit::Committed)
-                    .ok_or_else(lost),
-                group::Answer::Unknown => Err(self.error.clone().unwrap_or_else(lost)),
-                group::Answer::OneByOne => one_by_one.next().unwrap_or_else(|| Err(lost())),
+                group::Answer::Committed(n) => {
+                    let order = self.orders.get_mut(n).and_then(Option::take);
+                    // The committed transaction's n-th member: its order, taken once.
+                    debug_assert!(
+                        order.is_some(),
+                        "group member {n} committed without an order"
+                    );
+                    order.map(Commit::Committed).ok_or_else(lost)
+                }
+                group::Answer::Unknown => {
+                    // Only a transaction that failed leaves its members unknown.
+                    debug_assert!(
+                        self.error.is_some(),
+                        "a group's outcome unknown without its error"
+                    );
+                    Err(self.error.clone().unwrap_or_else(lost))
+                }
+                group::Answer::OneByOne => {
+                    let answer = one_by_one.next();
+                    // The caller committed each member `aside` named, in that order.
+                    debug_assert!(answer.is_some(), "fewer one-by-one answers than set aside");
+                    answer.unwrap_or_else(|| Err(lost()))
+                }
             })
             .collect()
     }

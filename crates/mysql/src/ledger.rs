@@ -398,6 +398,8 @@ impl MysqlLedger {
                     Box::pin(async move {
                         let (batch, tickets): (Vec<Purchase>, Vec<_>) = batch.into_iter().unzip();
                         let answers = ledger.group_commit(batch).await;
+                        // `Decided::answers` answers each member of the batch it ran.
+                        debug_assert_eq!(answers.len(), tickets.len(), "a group commit's answers");
                         // A ticket without an answer (none is missing but by a bug) is
                         // dropped instead: its joiners hear "unknown", as its caller does.
                         for (ticket, answer) in tickets.into_iter().zip(&answers) {
@@ -549,9 +551,14 @@ impl MysqlLedger {
                 Commit::StaleGeneration
             }
             Ok(Committed::GateMode | Committed::Settling) => {
+                // `insert_purchase` (a gate hold's) never answers a ledger-mode refusal.
+                debug_assert!(
+                    false,
+                    "a gate hold's purchase answered as one without a hold"
+                );
                 return Err(LedgerError::corrupt(
                     "a gate purchase was answered as one without a hold",
-                ))
+                ));
             }
             Err(record) => Commit::Duplicate(record),
         })

@@ -789,9 +789,12 @@ async fn lock_inventory(tx: &mut MySqlConnection, p: i64) -> Result<Option<Locke
     .fetch_optional(&mut *tx)
     .await?;
     let Some(row) = row else { return Ok(None) };
+    let available: i64 = row.try_get("available_stock")?;
+    // chk_inventory_conservation keeps every counter ≥ 0, manual edits included.
+    debug_assert!(available >= 0, "product {p}: available_stock {available}");
     Ok(Some(Locked {
         generation: rows::generation(row.try_get("generation")?).map_err(rows::undecodable)?,
-        available: row.try_get("available_stock")?,
+        available,
         mode: rows::stock_mode(&row, "stock_mode").map_err(rows::undecodable)?,
     }))
 }
@@ -846,11 +849,17 @@ async fn advance_locked(
         "UPDATE product_inventory SET generation = ?, ledger_hold_seq = 0, \
          version = version + 1 WHERE product_id = ?"
     };
-    sqlx::query(sql)
+    let advanced = sqlx::query(sql)
         .bind(generation.get())
         .bind(p)
         .execute(&mut *tx)
         .await?;
+    // The row is locked by this transaction (`lock_inventory`), and the generation moves.
+    debug_assert_eq!(
+        advanced.rows_affected(),
+        1,
+        "product {p}: the generation advanced"
+    );
     // Units of releases and restocks not yet applied to the gate are in the counters
     // the plan is made from: the new gate state has them, so they are settled.
     settle_owed(tx, p).await?;
@@ -872,7 +881,10 @@ async fn advance_locked(
         for r in &rows {
             let user =
                 UserId::parse(r.try_get("user_id")?).map_err(|e| sqlx::Error::Decode(e.into()))?;
-            user_units.push((user, r.try_get::<i64, _>("units")?));
+            let units: i64 = r.try_get("units")?;
+            // A sum of live orders' quantities, each > 0 (chk_orders_quantity).
+            debug_assert!(units > 0, "product {p}: user {user} holds {units} units");
+            user_units.push((user, units));
         }
     }
     // Every hold id recorded, of any generation and the ledger's own (ledger mode)

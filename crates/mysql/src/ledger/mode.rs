@@ -88,6 +88,12 @@ async fn take_ledger_units(
     let mut holds = Vec::with_capacity(batch.len());
     for p in batch {
         let Some((generation, id)) = next.get_mut(&p.request.product_id) else {
+            // The loop above took units for every product of the batch, or returned.
+            debug_assert!(
+                false,
+                "product {} of the batch has no counter",
+                p.request.product_id
+            );
             return Err(sqlx::Error::Protocol(
                 "a batch product without a counter".into(),
             ));
