@@ -266,7 +266,14 @@ pub fn gather(len: usize, calls: Vec<ProductReplies>) -> Vec<Reply> {
     for (members, replies) in calls {
         match replies {
             Ok(replies) => {
+                // `parse_reserve_batch` refuses a reply of another count than the call's.
+                debug_assert_eq!(
+                    members.len(),
+                    replies.len(),
+                    "replies of one product's call"
+                );
                 for (i, reply) in members.into_iter().zip(replies) {
+                    debug_assert!(i < len, "purchase {i} of a batch of {len}");
                     if let Some(slot) = out.get_mut(i) {
                         *slot = Some(reply);
                     }
@@ -282,7 +289,11 @@ pub fn gather(len: usize, calls: Vec<ProductReplies>) -> Vec<Reply> {
         }
     }
     out.into_iter()
-        .map(|r| r.unwrap_or_else(|| Err(GateError::corrupt("reserve: no reply for the purchase"))))
+        .map(|r| {
+            // `split_by_product` puts every purchase of the batch in exactly one call.
+            debug_assert!(r.is_some(), "a purchase of the batch in no product's call");
+            r.unwrap_or_else(|| Err(GateError::corrupt("reserve: no reply for the purchase")))
+        })
         .collect()
 }
 
