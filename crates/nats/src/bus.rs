@@ -454,6 +454,8 @@ impl EventBus for NatsBus {
 
     async fn publish(&self, message: &OutboxMessage) -> Result<(), BusError> {
         let mut results = self.publish_all(std::slice::from_ref(message)).await;
+        // `publish_all` answers each event it was given: one here.
+        debug_assert_eq!(results.len(), 1, "results of a one-event wave");
         results
             .pop()
             .unwrap_or_else(|| Err(BusError::stopped("no result for the event")))
@@ -541,6 +543,12 @@ impl EventBus for NatsBus {
                 "a wave was published again while the stream had no leader"
             );
         }
+        // `packs` put every event of the wave in exactly one pack.
+        debug_assert_eq!(
+            packs.iter().map(|p| p.members.len()).sum::<usize>(),
+            messages.len(),
+            "events of the wave's packs"
+        );
         per_event(messages.len(), &packs, results)
     }
 }

@@ -11,11 +11,14 @@ pub(crate) fn per_event(
     packs: &[Pack],
     results: Vec<Result<(), BusError>>,
 ) -> Vec<Result<(), BusError>> {
+    // The bus publishes each pack once and keeps one result per pack, in pack order.
+    debug_assert_eq!(packs.len(), results.len(), "one result per pack");
     let mut out: Vec<Result<(), BusError>> = (0..events)
         .map(|_| Err(BusError::stopped("no message held the event")))
         .collect();
     for (pack, result) in packs.iter().zip(results) {
         for &member in &pack.members {
+            debug_assert!(member < events, "pack member {member} of {events} events");
             if let Some(slot) = out.get_mut(member) {
                 *slot = result.clone();
             }
