@@ -154,6 +154,8 @@ fn rfc3339_digits<'a>(
             *b = b'0' + (value % 10) as u8;
             value /= 10;
         }
+        // Each field fits its digits: a year ≤ 9999, a fraction below 10⁹.
+        debug_assert_eq!(value, 0, "a time field wider than its {} digits", out.len());
     }
     // The stored UTC time itself: each of `DateTime`'s own accessors converts it first.
     let naive = time.naive_utc();
@@ -188,7 +190,9 @@ fn rfc3339_digits<'a>(
     };
     text[end] = b'Z';
     // Digits and ASCII separators only.
-    std::str::from_utf8(&text[..=end]).ok()
+    let written = std::str::from_utf8(&text[..=end]).ok();
+    debug_assert!(written.is_some(), "an RFC 3339 time of ASCII digits");
+    written
 }
 
 /// [`rfc3339`], or null.

@@ -359,7 +359,13 @@ impl Places {
             return;
         };
         if let Some(address) = address {
-            if let Some(n) = self.per_address.get_mut(&address) {
+            let counted = self.per_address.get_mut(&address);
+            // Every connection kept with an address counts one in that address's share.
+            debug_assert!(
+                counted.is_some(),
+                "connection {id} of {address} not counted"
+            );
+            if let Some(n) = counted {
                 *n -= 1;
                 if *n == 0 {
                     self.per_address.remove(&address);
