@@ -859,6 +859,11 @@ async fn purchase_of(
             .map_err(invalid)?;
     if buyer.is_some() {
         request.request_id = RequestId::scoped(user, &request.request_id);
+        debug_assert_eq!(
+            request.request_id.scope(),
+            Some(request.user_id),
+            "an authenticated purchase is keyed by the buyer who makes it"
+        );
     }
     // Both boxed: each future is large, and each layer it passes through (`deadline`,
     // `in_slot`, `within`, `lazy_timeout`) would move it by value; boxed, a refusal costs

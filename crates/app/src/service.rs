@@ -424,6 +424,10 @@ impl Flashsale {
             .await;
         match committed {
             Ok(Commit::Committed(order)) => {
+                debug_assert_eq!(
+                    order.request_id, request.request_id,
+                    "the ledger answers a commit with the order it wrote for this request"
+                );
                 fail::fail_point!("purchase-after-commit");
                 Ok(Purchased {
                     order,
@@ -688,6 +692,10 @@ impl Flashsale {
     ) -> Result<Purchased, Error> {
         match committed {
             Ok(Commit::Committed(order)) => {
+                debug_assert!(
+                    order.request_id == request.request_id && order.user_id == request.user_id,
+                    "the ledger answers a commit with the order it wrote for this request"
+                );
                 self.accounted_for(request, hold);
                 // Crash tests stop here: committed, the client not answered yet.
                 fail::fail_point!("purchase-after-commit");

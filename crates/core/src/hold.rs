@@ -25,6 +25,10 @@ impl Generation {
 
     /// The generation a rebuild moves to.
     pub fn next(self) -> Self {
+        debug_assert!(
+            self.0 < i64::MAX,
+            "a generation moves on once per rebuild: i64::MAX rebuilds cannot happen"
+        );
         Self(self.0 + 1)
     }
 
