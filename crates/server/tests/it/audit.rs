@@ -3,7 +3,7 @@
 //! command does (`Maintenance::audit`, the function `flashsale audit` calls) and as the
 //! binary itself.
 
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,9 +12,8 @@ use flashsale_core::ProductId;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::helpers::{order_id, Routes, TestApp, TestEvents, NATS_URL, REDIS_URL};
+use crate::helpers::{order_id, Routes, TestApp, TestEvents, NATS_URL};
 
-const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
 /// How long the buyers keep buying: long enough for several audits to run among them.
 const FLOOD_FOR: Duration = Duration::from_secs(4);
 /// Concurrent buyers: more than the machine's cores, so purchases overlap the audit's
@@ -28,16 +27,7 @@ const CANCEL_EVERY: i64 = 5;
 
 /// Runs `flashsale audit --product <id>` against the test's stores, with extra settings.
 fn run_audit(app: &TestApp, product: i64, settings: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(BIN);
-    cmd.args(["audit", "--product", &product.to_string()])
-        .env("FLASHSALE_DATABASE_URL", app.db.as_ref().expect("db").url())
-        .env("FLASHSALE_REDIS_URL", REDIS_URL)
-        .env("FLASHSALE_REDIS_PREFIX", &app.prefix)
-        .env("RUST_LOG", "warn");
-    for (k, v) in settings {
-        cmd.env(format!("FLASHSALE_{k}"), v);
-    }
-    cmd.output().expect("run flashsale audit")
+    app.run_binary(&["audit", "--product", &product.to_string()], settings)
 }
 
 // Checks the audit during a flood of purchases (8 concurrent buyers for 4 s, some orders
@@ -68,12 +58,7 @@ async fn audit_during_a_flood_of_purchases_finds_no_violation() {
                 assert_eq!(status, StatusCode::CREATED, "{body}");
                 orders.fetch_add(1, Ordering::Relaxed);
                 if i % CANCEL_EVERY == 0 {
-                    let (status, body) = app
-                        .post(
-                            &format!("/v1/orders/{}/cancel", order_id(&body)),
-                            json!({"user_id": user}),
-                        )
-                        .await;
+                    let (status, body) = app.cancel(order_id(&body), user).await;
                     assert_eq!(status, StatusCode::OK, "{body}");
                 }
             }
@@ -195,17 +180,10 @@ async fn the_stock_log_and_packed_events_are_audited() {
         orders.push((order_id(body), i64::try_from(i).expect("small") + 1));
     }
     let (paid, payer) = orders[0];
-    let (status, body) = app
-        .post(&format!("/v1/orders/{paid}/pay"), json!({"user_id": payer}))
-        .await;
+    let (status, body) = app.pay(paid, payer).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let (cancelled, canceller) = orders[1];
-    let (status, body) = app
-        .post(
-            &format!("/v1/orders/{cancelled}/cancel"),
-            json!({"user_id": canceller}),
-        )
-        .await;
+    let (status, body) = app.cancel(cancelled, canceller).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(
         app.count("SELECT COUNT(*) FROM inventory_batch_log").await >= 1,

@@ -87,17 +87,10 @@ pub async fn drive_small_sale(app: &TestApp, product_id: i64, tag: &str) {
         assert_eq!(body["error"], "sold_out", "{body}");
     }
     let (paid, user) = orders[0];
-    let (status, body) = app
-        .post(&format!("/v1/orders/{paid}/pay"), json!({"user_id": user}))
-        .await;
+    let (status, body) = app.pay(paid, user).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let (cancelled, user) = orders[1];
-    let (status, body) = app
-        .post(
-            &format!("/v1/orders/{cancelled}/cancel"),
-            json!({"user_id": user}),
-        )
-        .await;
+    let (status, body) = app.cancel(cancelled, user).await;
     assert_eq!(status, StatusCode::OK, "{body}");
 }
 
@@ -373,17 +366,7 @@ async fn the_last_audit_and_open_incidents_come_from_the_ledger() {
     })
     .await;
 
-    let config = flashsale::Config::from_parts(
-        None,
-        &[(
-            "FLASHSALE_DATABASE_URL".to_owned(),
-            app.db.as_ref().expect("test database").url(),
-        )]
-        .into_iter()
-        .collect(),
-    )
-    .expect("config");
-    let ledger = flashsale::connect_ledger(&config).await.expect("ledger");
+    let ledger = app.connect_ledger().await;
     let kept = flashsale_app::ports::AUDIT_RUNS_KEPT;
     for n in 0..kept + 5 {
         let verdict = flashsale_app::ports::AuditVerdict {

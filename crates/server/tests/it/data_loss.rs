@@ -11,7 +11,7 @@ use flashsale_testkit::PrivateRedis;
 use futures::stream::{self, StreamExt};
 use reqwest::StatusCode;
 
-use crate::helpers::{code, order_id, Routes, TestApp};
+use crate::helpers::{code, order_id, TestApp};
 use crate::invariants;
 
 /// Runs the gate watch every 200 ms until `stop` flips, as the service's worker would
@@ -38,28 +38,6 @@ fn watch(
         rebuilt
     });
     (task, stop)
-}
-
-/// A service on a private redis-server (and the shared MariaDB).
-async fn app_on(redis: &PrivateRedis) -> TestApp {
-    TestApp::spawn_on(
-        Routes::default(),
-        redis.url(),
-        &redis.url(),
-        crate::helpers::MYSQL_SERVER,
-        &[],
-    )
-    .await
-}
-
-/// Points the test's own Redis connection at the restarted server.
-async fn reconnect(app: &mut TestApp, redis: &PrivateRedis) {
-    app.redis = redis::Client::open(redis.url())
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("reconnect")
-        .into();
 }
 
 /// Buyers `0..buyers` each buy one unit of `product`, retrying after every 503 with the
@@ -94,18 +72,7 @@ async fn assert_sold_exactly(
         match *s {
             StatusCode::CREATED | StatusCode::OK => {
                 acknowledged += 1;
-                let found: Option<String> = sqlx::query_scalar(
-                    "SELECT CONVERT(request_id USING utf8mb4) FROM orders WHERE id = ?",
-                )
-                .bind(order_id(b))
-                .fetch_optional(&app.pool)
-                .await
-                .expect("lookup");
-                assert_eq!(
-                    found.as_deref(),
-                    Some(request_id.as_str()),
-                    "acknowledged order lost"
-                );
+                app.assert_order_kept(order_id(b), request_id).await;
             }
             StatusCode::CONFLICT if code(b) == "sold_out" => {}
             other => panic!("{request_id}: unexpected final answer {other} {b}"),
@@ -127,7 +94,7 @@ async fn assert_sold_exactly(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_restarts_empty_mid_sale() {
     let mut redis = PrivateRedis::start().await.expect("private redis");
-    let mut app = app_on(&redis).await;
+    let mut app = TestApp::spawn_on_redis(redis.url(), &[]).await;
     app.create_product(3100, 120, Some(1)).await;
     let (watcher, stop) = watch(&app);
     let buyers = sale(&app, 3100, 300);
@@ -141,12 +108,11 @@ async fn redis_restarts_empty_mid_sale() {
     let _ = stop.send(true);
     let rebuilt = watcher.await.expect("watcher");
     // The test's own connection died with the old server.
-    reconnect(&mut app, &redis).await;
+    app.reconnect_checks(&redis.url()).await;
     assert!(rebuilt >= 1, "the gate was never rebuilt");
     assert_sold_exactly(&app, &answers, 120).await;
     assert!(app.count("SELECT generation FROM product_inventory").await >= 2);
-    invariants::assert_ok(&app, 3100).await;
-    invariants::assert_audit_clean(&app, 3100).await;
+    invariants::assert_sound(&app, 3100).await;
     app.cleanup().await;
 }
 
@@ -195,8 +161,7 @@ async fn redis_comes_back_behind() {
         "the 60 units left after the first 40 sell, no more"
     );
     assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 100);
-    invariants::assert_ok(&app, 3200).await;
-    invariants::assert_audit_clean(&app, 3200).await;
+    invariants::assert_sound(&app, 3200).await;
     app.cleanup().await;
 }
 
@@ -212,7 +177,7 @@ async fn redis_comes_back_behind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_restarts_from_an_older_snapshot() {
     let mut redis = PrivateRedis::start().await.expect("private redis");
-    let mut app = app_on(&redis).await;
+    let mut app = TestApp::spawn_on_redis(redis.url(), &[]).await;
     app.create_product(3300, 50, None).await;
     let mut orders = Vec::new();
     for i in 0..30 {
@@ -228,17 +193,12 @@ async fn redis_restarts_from_an_older_snapshot() {
         .await
         .expect("SAVE");
     for (order, user) in &orders[..10] {
-        let (s, b) = app
-            .post(
-                &format!("/v1/orders/{order}/cancel"),
-                serde_json::json!({ "user_id": user }),
-            )
-            .await;
+        let (s, b) = app.cancel(*order, *user).await;
         assert_eq!(s, StatusCode::OK, "{b}");
     }
     assert_eq!(app.redis_available(3300).await, Some(30));
     redis.restart_from_snapshot().await.expect("restart redis");
-    reconnect(&mut app, &redis).await;
+    app.reconnect_checks(&redis.url()).await;
     assert_eq!(
         app.redis_available(3300).await,
         Some(20),
@@ -274,8 +234,7 @@ async fn redis_restarts_from_an_older_snapshot() {
             .await,
         50
     );
-    invariants::assert_ok(&app, 3300).await;
-    invariants::assert_audit_clean(&app, 3300).await;
+    invariants::assert_sound(&app, 3300).await;
     app.cleanup().await;
 }
 
@@ -294,12 +253,7 @@ async fn per_user_limit_holds_when_redis_loses_its_counts() {
     }
     let (s, b) = app.purchase("REQ_lim_gate", 77, 3400, 1).await;
     assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "limit_exceeded"));
-    let mut conn = app.redis.clone();
-    let _: () = redis::cmd("DEL")
-        .arg(app.key(3400, "users"))
-        .query_async(&mut conn)
-        .await
-        .expect("DEL users");
+    app.delete_keys(3400, &["users"], "DEL users").await;
     let (s, b) = app.purchase("REQ_lim_2", 77, 3400, 1).await;
     assert_eq!(
         (s, code(&b)),
@@ -333,8 +287,7 @@ async fn per_user_limit_holds_when_redis_loses_its_counts() {
     // Another user is not affected.
     let (s, b) = app.purchase("REQ_lim_other", 78, 3400, 2).await;
     assert_eq!(s, StatusCode::CREATED, "{b}");
-    invariants::assert_ok(&app, 3400).await;
-    invariants::assert_audit_clean(&app, 3400).await;
+    invariants::assert_sound(&app, 3400).await;
     app.cleanup().await;
 }
 
@@ -348,28 +301,17 @@ async fn per_user_limit_holds_when_redis_loses_its_counts() {
 async fn a_purchase_behind_a_restarted_redis_wakes_the_gate_watch() {
     const PERIOD: &str = "60s";
     let mut redis = PrivateRedis::start().await.expect("private redis");
-    let mut app = app_on(&redis).await;
+    let mut app = TestApp::spawn_on_redis(redis.url(), &[]).await;
     app.create_product(3500, 10, None).await;
     let (s, b) = app.purchase("REQ_nudge_0", 40_000, 3500, 1).await;
     assert_eq!(s, StatusCode::CREATED, "{b}");
-    let env = [
-        ("FLASHSALE_EXPIRY_INTERVAL", PERIOD),
-        ("FLASHSALE_RECOVERY_INTERVAL", PERIOD),
-        ("FLASHSALE_GATE_WATCH_INTERVAL", PERIOD),
-        ("FLASHSALE_RECONCILE_INTERVAL", PERIOD),
-    ]
-    .iter()
-    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-    .collect();
-    let config = flashsale::Config::from_parts(None, &env).expect("worker config");
     // Their first passes run at once; the next ones only a period later, unless woken.
-    let workers = flashsale::workers::Workers::spawn(
-        app.maintenance.clone(),
-        &config,
-        app.metrics.clone(),
-        app.gate_watch.clone(),
-        app.fallback.clone(),
-    );
+    let workers = app.spawn_workers(&[
+        ("EXPIRY_INTERVAL", PERIOD),
+        ("RECOVERY_INTERVAL", PERIOD),
+        ("GATE_WATCH_INTERVAL", PERIOD),
+        ("RECONCILE_INTERVAL", PERIOD),
+    ]);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut conn = app.redis.clone();
     let _: () = redis::cmd("SAVE")
@@ -377,7 +319,7 @@ async fn a_purchase_behind_a_restarted_redis_wakes_the_gate_watch() {
         .await
         .expect("SAVE");
     redis.restart_from_snapshot().await.expect("restart redis");
-    reconnect(&mut app, &redis).await;
+    app.reconnect_checks(&redis.url()).await;
     let restarted = std::time::Instant::now();
     let mut unavailable = 0;
     loop {
@@ -403,7 +345,6 @@ async fn a_purchase_behind_a_restarted_redis_wakes_the_gate_watch() {
         1
     );
     workers.stop().await;
-    invariants::assert_ok(&app, 3500).await;
-    invariants::assert_audit_clean(&app, 3500).await;
+    invariants::assert_sound(&app, 3500).await;
     app.cleanup().await;
 }

@@ -17,7 +17,6 @@ use flashsale_core::{
 use flashsale_testkit::{free_port, PrivateNats};
 use futures::stream::{self, StreamExt};
 use reqwest::StatusCode;
-use serde_json::json;
 use sqlx::Row;
 
 use crate::helpers::{order_id, wait_until, TestApp, TestEvents, NATS_URL};
@@ -346,18 +345,11 @@ async fn buy(app: &TestApp, product_id: i64, tag: &str, buyers: i64) -> Vec<(i64
 }
 
 pub(crate) async fn pay(app: &TestApp, order: i64, user: i64) -> StatusCode {
-    app.post(&format!("/v1/orders/{order}/pay"), json!({"user_id": user}))
-        .await
-        .0
+    app.pay(order, user).await.0
 }
 
 pub(crate) async fn cancel(app: &TestApp, order: i64, user: i64) -> StatusCode {
-    app.post(
-        &format!("/v1/orders/{order}/cancel"),
-        json!({"user_id": user}),
-    )
-    .await
-    .0
+    app.cancel(order, user).await.0
 }
 
 /// Config with the test's database, for reaching the ledger directly.

@@ -13,7 +13,7 @@ use futures::{stream, StreamExt};
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::helpers::{code, order_id, redis_addr, wait_until, Routes, TestApp, MYSQL_SERVER};
+use crate::helpers::{code, order_id, redis_addr, wait_until, Routes, TestApp};
 use crate::invariants;
 
 /// `FLASHSALE_FALLBACK_AFTER` in these tests.
@@ -42,23 +42,12 @@ fn settings() -> Vec<(&'static str, &'static str)> {
 /// The instance's workers, with short periods: the fallback worker probes every 250 ms
 /// whatever is set here.
 pub(crate) fn start_workers(app: &TestApp) -> Workers {
-    let env = [
-        ("FLASHSALE_EXPIRY_INTERVAL", "200ms"),
-        ("FLASHSALE_RECOVERY_INTERVAL", "500ms"),
-        ("FLASHSALE_GATE_WATCH_INTERVAL", "200ms"),
-        ("FLASHSALE_RECONCILE_INTERVAL", "60s"),
-    ]
-    .iter()
-    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-    .collect();
-    let config = flashsale::Config::from_parts(None, &env).expect("worker config");
-    Workers::spawn(
-        app.maintenance.clone(),
-        &config,
-        app.metrics.clone(),
-        app.gate_watch.clone(),
-        app.fallback.clone(),
-    )
+    app.spawn_workers(&[
+        ("EXPIRY_INTERVAL", "200ms"),
+        ("RECOVERY_INTERVAL", "500ms"),
+        ("GATE_WATCH_INTERVAL", "200ms"),
+        ("RECONCILE_INTERVAL", "60s"),
+    ])
 }
 
 async fn mode(app: &TestApp, product_id: i64) -> String {
@@ -180,17 +169,7 @@ pub(crate) async fn assert_sold_exactly(
         "demand exceeds the stock: all of it sells"
     );
     for (request_id, id) in orders {
-        let found: Option<String> =
-            sqlx::query_scalar("SELECT CONVERT(request_id USING utf8mb4) FROM orders WHERE id = ?")
-                .bind(id)
-                .fetch_optional(&app.pool)
-                .await
-                .expect("lookup");
-        assert_eq!(
-            found.as_deref(),
-            Some(request_id.as_str()),
-            "acknowledged order lost"
-        );
+        app.assert_order_kept(*id, request_id).await;
     }
     let sold: i64 = sqlx::query_scalar(
         "SELECT CAST(COALESCE(SUM(quantity), 0) AS SIGNED) FROM orders \
@@ -245,8 +224,7 @@ async fn sold_exactly_and_audited(
     let orders = acknowledged(answers);
     assert_sold_exactly(app, product, stock, &orders).await;
     workers.stop().await;
-    invariants::assert_ok(app, product).await;
-    invariants::assert_audit_clean(app, product).await;
+    invariants::assert_sound(app, product).await;
 }
 
 /// A counter of `/metrics`, 0 when absent.
@@ -268,14 +246,7 @@ async fn redis_killed_mid_sale_sells_from_the_ledger_and_comes_back() {
     const PRODUCT: i64 = 5101;
     const STOCK: i64 = 120;
     let mut redis = PrivateRedis::start().await.expect("private redis");
-    let mut app = TestApp::spawn_on(
-        Routes::default(),
-        redis.url(),
-        &redis.url(),
-        MYSQL_SERVER,
-        &settings(),
-    )
-    .await;
+    let mut app = TestApp::spawn_on_redis(redis.url(), &settings()).await;
     let workers = start_workers(&app);
     app.create_product(PRODUCT, STOCK, None).await;
     let before = buyers(&[&app], PRODUCT, 0, 40, Duration::from_millis(300)).await;
@@ -317,12 +288,7 @@ async fn redis_killed_mid_sale_sells_from_the_ledger_and_comes_back() {
     invariants::assert_audit_clean(&app, PRODUCT).await;
 
     redis.restart().await.expect("restart redis");
-    app.redis = redis::Client::open(redis.url())
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("reconnect")
-        .into();
+    app.reconnect_checks(&redis.url()).await;
     let back = Instant::now();
     back_in_gate_mode(&app, PRODUCT).await;
     println!(
@@ -365,12 +331,7 @@ async fn redis_killed_mid_sale_sells_from_the_ledger_and_comes_back() {
         .and_then(|i| i.parse().ok())
         .expect("i");
     for _ in 0..2 {
-        let (status, body) = app
-            .post(
-                &format!("/v1/orders/{}/cancel", order_id(&cancelled.body)),
-                serde_json::json!({"user_id": i + 1}),
-            )
-            .await;
+        let (status, body) = app.cancel(order_id(&cancelled.body), i + 1).await;
         assert_eq!(status, StatusCode::OK, "{body}");
     }
     assert_eq!(app.redis_available(PRODUCT).await, Some(STOCK - 100 + 1));
@@ -390,12 +351,7 @@ async fn redis_killed_mid_sale_sells_from_the_ledger_and_comes_back() {
 async fn redis_flapping_for_20_seconds_does_not_thrash_the_mode() {
     const PRODUCT: i64 = 5102;
     const STOCK: i64 = 150;
-    let proxy = TcpProxy::start(redis_addr()).await.expect("proxy");
-    let routes = Routes {
-        redis: Some(proxy.addr()),
-        mysql: None,
-    };
-    let app = TestApp::spawn_with(routes, &settings()).await;
+    let (proxy, app) = TestApp::spawn_via_redis_proxy(&settings()).await;
     let workers = start_workers(&app);
     app.create_product(PRODUCT, STOCK, None).await;
     let flapping = async {
@@ -485,8 +441,7 @@ async fn two_instances_with_a_split_view_of_redis_never_oversell() {
     assert_sold_exactly(&a, PRODUCT, STOCK, &orders).await;
     workers.0.stop().await;
     workers.1.stop().await;
-    invariants::assert_ok(&a, PRODUCT).await;
-    invariants::assert_audit_clean(&a, PRODUCT).await;
+    invariants::assert_sound(&a, PRODUCT).await;
     b.cleanup().await;
     a.cleanup().await;
 }
@@ -501,14 +456,7 @@ async fn a_product_never_loaded_into_redis_sells_from_the_ledger() {
     const PRODUCT: i64 = 5104;
     const STOCK: i64 = 20;
     let mut redis = PrivateRedis::start().await.expect("private redis");
-    let mut app = TestApp::spawn_on(
-        Routes::default(),
-        redis.url(),
-        &redis.url(),
-        MYSQL_SERVER,
-        &settings(),
-    )
-    .await;
+    let mut app = TestApp::spawn_on_redis(redis.url(), &settings()).await;
     let workers = start_workers(&app);
     redis.kill9().expect("kill redis");
     let body =
@@ -518,12 +466,7 @@ async fn a_product_never_loaded_into_redis_sells_from_the_ledger() {
     let answers = buyers(&[&app], PRODUCT, 0, 30, Duration::from_millis(500)).await;
     assert_eq!(mode(&app, PRODUCT).await, "ledger");
     redis.restart().await.expect("restart redis");
-    app.redis = redis::Client::open(redis.url())
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("reconnect")
-        .into();
+    app.reconnect_checks(&redis.url()).await;
     back_in_gate_mode(&app, PRODUCT).await;
     let rebuilt = app.redis_available(PRODUCT).await;
     if rebuilt != Some(0) {
@@ -603,8 +546,7 @@ async fn an_instance_follows_a_switch_made_elsewhere_and_its_limits_hold() {
     back_in_gate_mode(&app, PRODUCT).await;
     assert_eq!(app.redis_available(PRODUCT).await, Some(0));
     workers.stop().await;
-    invariants::assert_ok(&app, PRODUCT).await;
-    invariants::assert_audit_clean(&app, PRODUCT).await;
+    invariants::assert_sound(&app, PRODUCT).await;
     app.cleanup().await;
 }
 

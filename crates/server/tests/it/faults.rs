@@ -9,7 +9,7 @@ use flashsale_testkit::{PrivateMariadb, TcpProxy};
 use futures::stream::{self, StreamExt};
 use reqwest::StatusCode;
 
-use crate::helpers::{code, mysql_addr, order_id, redis_addr, Routes, TestApp, REDIS_URL};
+use crate::helpers::{code, order_id, TestApp};
 use crate::invariants;
 
 /// How the proxy breaks the connection during the sale.
@@ -38,6 +38,43 @@ async fn sale_through_outage(app: &TestApp, proxy: &TcpProxy, fault: Fault, prod
         proxy.restore();
     };
     sale_with(app, breaker, &format!("{fault:?}"), product_id).await;
+}
+
+/// What happens to a private MariaDB during the sale.
+#[derive(Clone, Copy)]
+enum MariadbFault {
+    /// SIGKILL, then restarted on the same data 1 s later.
+    Kill,
+    /// SIGSTOP for 3.5 s, then SIGCONT.
+    Pause,
+}
+
+/// A sale (the checks of [`sale_through_outage`]) by a service with request timeout
+/// `timeout` whose database is on a private MariaDB, which `fault` strikes 800 ms in.
+async fn sale_through_mariadb_fault(fault: MariadbFault, timeout: &str, product_id: i64) {
+    let mut mariadb = PrivateMariadb::start().await.expect("private mariadb");
+    let app = TestApp::spawn_on_mariadb(&mariadb.url(), &[("REQUEST_TIMEOUT", timeout)]).await;
+    let breaker = async {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        match fault {
+            MariadbFault::Kill => {
+                mariadb.kill9().expect("kill mariadb");
+                tokio::time::sleep(Duration::from_millis(1000)).await;
+                mariadb.restart().await.expect("restart mariadb");
+            }
+            MariadbFault::Pause => {
+                mariadb.sigstop().expect("pause mariadb");
+                tokio::time::sleep(Duration::from_millis(3500)).await;
+                mariadb.sigcont().expect("resume mariadb");
+            }
+        }
+    };
+    let what = match fault {
+        MariadbFault::Kill => "MariaDB kill -9",
+        MariadbFault::Pause => "MariaDB SIGSTOP",
+    };
+    sale_with(&app, breaker, what, product_id).await;
+    app.cleanup().await;
 }
 
 /// A sale during which `breaker` runs (it breaks something and repairs it), with the
@@ -90,21 +127,10 @@ async fn sale_with(
         "demand exceeds stock: all of it sells"
     );
     for (request_id, id) in &acknowledged {
-        let found: Option<String> =
-            sqlx::query_scalar("SELECT CONVERT(request_id USING utf8mb4) FROM orders WHERE id = ?")
-                .bind(id)
-                .fetch_optional(&app.pool)
-                .await
-                .expect("lookup");
-        assert_eq!(
-            found.as_deref(),
-            Some(request_id.as_str()),
-            "acknowledged order lost"
-        );
+        app.assert_order_kept(*id, request_id).await;
     }
     assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, stock);
-    invariants::assert_ok(app, product_id).await;
-    invariants::assert_audit_clean(app, product_id).await;
+    invariants::assert_sound(app, product_id).await;
 }
 
 // Checks Redis going down (connections cut and refused for 2.5 s) in the middle of a sale:
@@ -112,12 +138,7 @@ async fn sale_with(
 // returns, nothing is oversold or lost. (See sale_through_outage for the full list.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_down_during_sale() {
-    let proxy = TcpProxy::start(redis_addr()).await.expect("proxy");
-    let routes = Routes {
-        redis: Some(proxy.addr()),
-        mysql: None,
-    };
-    let app = TestApp::spawn_with(routes, &[]).await;
+    let (proxy, app) = TestApp::spawn_via_redis_proxy(&[]).await;
     sale_through_outage(&app, &proxy, Fault::Cut, 1201).await;
     app.cleanup().await;
 }
@@ -127,12 +148,7 @@ async fn redis_down_during_sale() {
 // that did run is found by the retry (idempotent on request_id), never run twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_hangs_during_sale() {
-    let proxy = TcpProxy::start(redis_addr()).await.expect("proxy");
-    let routes = Routes {
-        redis: Some(proxy.addr()),
-        mysql: None,
-    };
-    let app = TestApp::spawn_with(routes, &[]).await;
+    let (proxy, app) = TestApp::spawn_via_redis_proxy(&[]).await;
     sale_through_outage(&app, &proxy, Fault::Blackhole, 1202).await;
     app.cleanup().await;
 }
@@ -142,12 +158,7 @@ async fn redis_hangs_during_sale() {
 // once MariaDB is back, so every unit sells exactly once and no order is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mariadb_down_during_sale() {
-    let proxy = TcpProxy::start(mysql_addr()).await.expect("proxy");
-    let routes = Routes {
-        redis: None,
-        mysql: Some(proxy.addr()),
-    };
-    let app = TestApp::spawn_with(routes, &[("REQUEST_TIMEOUT", "3s")]).await;
+    let (proxy, app) = TestApp::spawn_via_mysql_proxy(&[("REQUEST_TIMEOUT", "3s")]).await;
     sale_through_outage(&app, &proxy, Fault::Cut, 1203).await;
     app.cleanup().await;
 }
@@ -156,12 +167,7 @@ async fn mariadb_down_during_sale() {
 // Redis is cut, 200 again once it is back; /healthz stays 200 throughout.
 #[tokio::test]
 async fn readiness_follows_dependencies() {
-    let proxy = TcpProxy::start(redis_addr()).await.expect("proxy");
-    let routes = Routes {
-        redis: Some(proxy.addr()),
-        mysql: None,
-    };
-    let app = TestApp::spawn_with(routes, &[]).await;
+    let (proxy, app) = TestApp::spawn_via_redis_proxy(&[]).await;
     assert_eq!(app.get("/readyz").await.0, StatusCode::OK);
     proxy.cut();
     let (s, b) = app.get("/readyz").await;
@@ -189,24 +195,7 @@ async fn readiness_follows_dependencies() {
 // the retries, so exactly the stock sells and the invariants and the audit hold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mariadb_killed_and_restarted_mid_sale() {
-    let mut mariadb = PrivateMariadb::start().await.expect("private mariadb");
-    let server = mariadb.url();
-    let app = TestApp::spawn_on(
-        Routes::default(),
-        REDIS_URL.to_owned(),
-        REDIS_URL,
-        &server,
-        &[("REQUEST_TIMEOUT", "3s")],
-    )
-    .await;
-    let breaker = async {
-        tokio::time::sleep(Duration::from_millis(800)).await;
-        mariadb.kill9().expect("kill mariadb");
-        tokio::time::sleep(Duration::from_millis(1000)).await;
-        mariadb.restart().await.expect("restart mariadb");
-    };
-    sale_with(&app, breaker, "MariaDB kill -9", 1204).await;
-    app.cleanup().await;
+    sale_through_mariadb_fault(MariadbFault::Kill, "3s", 1204).await;
 }
 
 // Checks a private MariaDB paused (SIGSTOP) past the service's deadline mid-sale, then
@@ -215,22 +204,5 @@ async fn mariadb_killed_and_restarted_mid_sale() {
 // completes the hold), so exactly the stock sells once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mariadb_paused_past_the_deadline() {
-    let mariadb = PrivateMariadb::start().await.expect("private mariadb");
-    let server = mariadb.url();
-    let app = TestApp::spawn_on(
-        Routes::default(),
-        REDIS_URL.to_owned(),
-        REDIS_URL,
-        &server,
-        &[("REQUEST_TIMEOUT", "2s")],
-    )
-    .await;
-    let breaker = async {
-        tokio::time::sleep(Duration::from_millis(800)).await;
-        mariadb.sigstop().expect("pause mariadb");
-        tokio::time::sleep(Duration::from_millis(3500)).await;
-        mariadb.sigcont().expect("resume mariadb");
-    };
-    sale_with(&app, breaker, "MariaDB SIGSTOP", 1205).await;
-    app.cleanup().await;
+    sale_through_mariadb_fault(MariadbFault::Pause, "2s", 1205).await;
 }

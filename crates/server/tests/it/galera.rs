@@ -19,7 +19,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 use sqlx::MySqlPool;
 
-use crate::helpers::{Routes, TestApp, ADMIN_TOKEN, REDIS_URL, RETRY_FOR, RETRY_PAUSE};
+use crate::helpers::{TestApp, ADMIN_TOKEN, REDIS_URL, RETRY_FOR, RETRY_PAUSE};
 use crate::invariants;
 
 /// Longest wait for the cluster to be whole again after a fault (a rejoin by IST takes
@@ -168,14 +168,7 @@ fn summarize(boughts: &[Bought], fault_at: Instant) -> Summary {
 async fn service_on(cluster: &GaleraCluster, order: &[usize]) -> TestApp {
     let settings = service_settings(cluster, order);
     let settings: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    TestApp::spawn_on(
-        Routes::default(),
-        REDIS_URL.to_owned(),
-        REDIS_URL,
-        &cluster.url(order[0]),
-        &settings,
-    )
-    .await
+    TestApp::spawn_on_mariadb(&cluster.url(order[0]), &settings).await
 }
 
 /// A second instance beside `a`, writing through the cluster's nodes in `order`.

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use flashsale::Config;
-use flashsale_testkit::{delete_prefix, redis_prefix, TestDb};
+use flashsale_testkit::{delete_prefix, redis_prefix, TcpProxy, TestDb};
 use redis::aio::MultiplexedConnection;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -137,21 +137,47 @@ pub struct TestApp {
     server: JoinHandle<()>,
 }
 
-/// What [`serve_with`] started.
-struct Served {
-    addr: std::net::SocketAddr,
-    metrics_addr: Option<std::net::SocketAddr>,
-    maintenance: std::sync::Arc<flashsale_app::Maintenance>,
-    metrics: std::sync::Arc<flashsale_app::Metrics>,
-    gate_watch: std::sync::Arc<tokio::sync::Notify>,
-    fallback: std::sync::Arc<flashsale_app::Fallback>,
-    server: JoinHandle<()>,
+/// What the instances of one test share: its clients, its database and its checks on
+/// the stores.
+struct Shared {
+    http: reqwest::Client,
+    db: Option<TestDb>,
+    database_url: String,
+    redis_env: Vec<(String, String)>,
+    pool: MySqlPool,
+    redis: CheckRedis,
+    prefix: String,
+}
+
+/// An instance's settings: the database at `database_url`, the Redis key prefix
+/// `prefix`, the Redis settings `redis_env`, the test admin token, no per-user purchase
+/// rate, and extra `FLASHSALE_*` `settings`.
+fn instance_env(
+    database_url: String,
+    prefix: &str,
+    redis_env: Vec<(String, String)>,
+    settings: &[(&str, &str)],
+) -> HashMap<String, String> {
+    let mut env: HashMap<String, String> = HashMap::from([
+        ("FLASHSALE_DATABASE_URL".into(), database_url),
+        ("FLASHSALE_REDIS_PREFIX".into(), prefix.to_owned()),
+        ("FLASHSALE_ADMIN_TOKEN".into(), ADMIN_TOKEN.into()),
+        // The tests of everything else send one user's purchases far faster than a
+        // person would (floods, races, retries in a loop); `rate_limit.rs` tests the
+        // limits with their settings.
+        ("FLASHSALE_USER_PURCHASE_RATE".into(), "0".into()),
+    ]);
+    env.extend(redis_env);
+    for (k, v) in settings {
+        env.insert(format!("FLASHSALE_{k}"), (*v).to_owned());
+    }
+    env
 }
 
 /// Builds an instance from `env` and serves it on a free loopback port with the binary's
-/// own listener (every request given its peer's address); the address, the instance's
-/// maintenance, metrics and fallback, and the server's task.
-async fn serve_with(env: &HashMap<String, String>) -> Served {
+/// own listener (every request given its peer's address), with the test's `shared`
+/// clients and stores.
+async fn serve_with(env: &HashMap<String, String>, shared: Shared) -> TestApp {
     let config = Config::from_parts(None, env).expect("valid test config");
     let app = flashsale::build(&config).await.expect("build app");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -185,9 +211,16 @@ async fn serve_with(env: &HashMap<String, String>) -> Served {
         http,
         std::future::pending(),
     ));
-    Served {
-        addr,
-        metrics_addr,
+    TestApp {
+        base: format!("http://{addr}"),
+        metrics_base: metrics_addr.map(|a| format!("http://{a}")),
+        http: shared.http,
+        db: shared.db,
+        database_url: shared.database_url,
+        redis_env: shared.redis_env,
+        pool: shared.pool,
+        redis: shared.redis,
+        prefix: shared.prefix,
         maintenance: app.maintenance,
         metrics: app.metrics,
         gate_watch: app.gate_watch,
@@ -209,6 +242,52 @@ impl TestApp {
             None => REDIS_URL.to_owned(),
         };
         Self::spawn_on(routes, redis_url, REDIS_URL, MYSQL_SERVER, settings).await
+    }
+
+    /// A service on the Redis at `redis_url` (a private one the test may kill and
+    /// restart), checked there too, with the test's database on the shared MariaDB, and
+    /// extra `FLASHSALE_*` settings.
+    pub async fn spawn_on_redis(redis_url: String, settings: &[(&str, &str)]) -> Self {
+        let check = redis_url.clone();
+        Self::spawn_on(Routes::default(), redis_url, &check, MYSQL_SERVER, settings).await
+    }
+
+    /// A service on the shared Redis with the test's database on the MariaDB server
+    /// `mysql_server` (a private one the test may kill or pause, a Galera node), with
+    /// extra `FLASHSALE_*` settings.
+    pub async fn spawn_on_mariadb(mysql_server: &str, settings: &[(&str, &str)]) -> Self {
+        Self::spawn_on(
+            Routes::default(),
+            REDIS_URL.to_owned(),
+            REDIS_URL,
+            mysql_server,
+            settings,
+        )
+        .await
+    }
+
+    /// A service that reaches Redis through a proxy of the test's own, to cut, hang and
+    /// restore, with extra `FLASHSALE_*` settings: the proxy and the service.
+    pub async fn spawn_via_redis_proxy(settings: &[(&str, &str)]) -> (TcpProxy, Self) {
+        let proxy = TcpProxy::start(redis_addr()).await.expect("proxy");
+        let routes = Routes {
+            redis: Some(proxy.addr()),
+            mysql: None,
+        };
+        let app = Self::spawn_with(routes, settings).await;
+        (proxy, app)
+    }
+
+    /// [`TestApp::spawn_via_redis_proxy`] for MariaDB: the service reaches its database
+    /// through the proxy.
+    pub async fn spawn_via_mysql_proxy(settings: &[(&str, &str)]) -> (TcpProxy, Self) {
+        let proxy = TcpProxy::start(mysql_addr()).await.expect("proxy");
+        let routes = Routes {
+            redis: None,
+            mysql: Some(proxy.addr()),
+        };
+        let app = Self::spawn_with(routes, settings).await;
+        (proxy, app)
     }
 
     /// Like [`TestApp::spawn_with`], with the service on `redis_url` and the checks on
@@ -274,43 +353,20 @@ impl TestApp {
             Some(addr) => db.url_via(addr),
             None => db.url(),
         };
-        let mut env: HashMap<String, String> = HashMap::from([
-            ("FLASHSALE_DATABASE_URL".into(), database_url),
-            ("FLASHSALE_REDIS_PREFIX".into(), prefix.clone()),
-            ("FLASHSALE_ADMIN_TOKEN".into(), ADMIN_TOKEN.into()),
-            // The tests of everything else send one user's purchases far faster than a
-            // person would (floods, races, retries in a loop); `rate_limit.rs` tests the
-            // limits with their settings.
-            ("FLASHSALE_USER_PURCHASE_RATE".into(), "0".into()),
-        ]);
-        env.extend(redis_env);
-        for (k, v) in settings {
-            env.insert(format!("FLASHSALE_{k}"), (*v).to_owned());
-        }
+        let env = instance_env(database_url, &prefix, redis_env, settings);
         let database_url = env["FLASHSALE_DATABASE_URL"].clone();
         let redis_env = env
             .iter()
             .filter(|(k, _)| k.starts_with("FLASHSALE_REDIS_") && *k != "FLASHSALE_REDIS_PREFIX")
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let Served {
-            addr,
-            metrics_addr,
-            maintenance,
-            metrics,
-            gate_watch,
-            fallback,
-            server,
-        } = serve_with(&env).await;
         let pool = MySqlPool::connect(&db.url()).await.expect("check pool");
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
             .pool_max_idle_per_host(512)
             .build()
             .expect("http client");
-        Self {
-            base: format!("http://{addr}"),
-            metrics_base: metrics_addr.map(|a| format!("http://{a}")),
+        let shared = Shared {
             http,
             db: Some(db),
             database_url,
@@ -318,40 +374,21 @@ impl TestApp {
             pool,
             redis,
             prefix,
-            maintenance,
-            metrics,
-            gate_watch,
-            fallback,
-            server,
-        }
+        };
+        serve_with(&env, shared).await
     }
 
     /// A second instance beside this one, as behind a balancer: its own router, caches
     /// and sold-out board, on the same database and Redis key prefix, with extra
     /// `FLASHSALE_*` settings. It owns neither store: clean it up before this one.
     pub async fn spawn_beside(&self, settings: &[(&str, &str)]) -> Self {
-        let mut env: HashMap<String, String> = HashMap::from([
-            ("FLASHSALE_DATABASE_URL".into(), self.database_url.clone()),
-            ("FLASHSALE_REDIS_PREFIX".into(), self.prefix.clone()),
-            ("FLASHSALE_ADMIN_TOKEN".into(), ADMIN_TOKEN.into()),
-            ("FLASHSALE_USER_PURCHASE_RATE".into(), "0".into()),
-        ]);
-        env.extend(self.redis_env.iter().cloned());
-        for (k, v) in settings {
-            env.insert(format!("FLASHSALE_{k}"), (*v).to_owned());
-        }
-        let Served {
-            addr,
-            metrics_addr,
-            maintenance,
-            metrics,
-            gate_watch,
-            fallback,
-            server,
-        } = serve_with(&env).await;
-        Self {
-            base: format!("http://{addr}"),
-            metrics_base: metrics_addr.map(|a| format!("http://{a}")),
+        let env = instance_env(
+            self.database_url.clone(),
+            &self.prefix,
+            self.redis_env.clone(),
+            settings,
+        );
+        let shared = Shared {
             http: self.http.clone(),
             db: None,
             database_url: self.database_url.clone(),
@@ -359,12 +396,36 @@ impl TestApp {
             pool: self.pool.clone(),
             redis: self.redis.clone(),
             prefix: self.prefix.clone(),
-            maintenance,
-            metrics,
-            gate_watch,
-            fallback,
-            server,
-        }
+        };
+        serve_with(&env, shared).await
+    }
+
+    /// The instance's workers, as `serve` runs them, with the worker `settings` (periods
+    /// such as `("EXPIRY_INTERVAL", "200ms")`, named without `FLASHSALE_`).
+    pub fn spawn_workers(&self, settings: &[(&str, &str)]) -> flashsale::workers::Workers {
+        let env = settings
+            .iter()
+            .map(|(k, v)| (format!("FLASHSALE_{k}"), (*v).to_owned()))
+            .collect();
+        let config = Config::from_parts(None, &env).expect("worker config");
+        flashsale::workers::Workers::spawn(
+            self.maintenance.clone(),
+            &config,
+            self.metrics.clone(),
+            self.gate_watch.clone(),
+            self.fallback.clone(),
+        )
+    }
+
+    /// A ledger of the test's own on the test's database, for writing what the service
+    /// would.
+    pub async fn connect_ledger(&self) -> flashsale_mysql::MysqlLedger {
+        let env = HashMap::from([(
+            "FLASHSALE_DATABASE_URL".to_owned(),
+            self.db.as_ref().expect("test database").url(),
+        )]);
+        let config = Config::from_parts(None, &env).expect("config");
+        flashsale::connect_ledger(&config).await.expect("ledger")
     }
 
     pub async fn send(
@@ -452,6 +513,24 @@ impl TestApp {
         self.post(
             "/v1/purchases",
             json!({"request_id": request_id, "user_id": user_id, "product_id": product_id, "quantity": quantity}),
+        )
+        .await
+    }
+
+    /// `POST /v1/orders/{order}/pay` by `user_id`.
+    pub async fn pay(&self, order: i64, user_id: i64) -> (StatusCode, Value) {
+        self.post(
+            &format!("/v1/orders/{order}/pay"),
+            json!({"user_id": user_id}),
+        )
+        .await
+    }
+
+    /// `POST /v1/orders/{order}/cancel` by `user_id`.
+    pub async fn cancel(&self, order: i64, user_id: i64) -> (StatusCode, Value) {
+        self.post(
+            &format!("/v1/orders/{order}/cancel"),
+            json!({"user_id": user_id}),
         )
         .await
     }
@@ -551,6 +630,28 @@ impl TestApp {
             .expect("redis HINCRBY");
     }
 
+    /// Deletes the product's Redis keys named by `suffixes` (one `DEL`) behind flashsale's
+    /// back, as a lost entry or a repair by hand; `what` names it if Redis refuses.
+    pub async fn delete_keys(&self, product_id: i64, suffixes: &[&str], what: &str) {
+        let mut conn = self.redis.clone();
+        let keys: Vec<String> = suffixes.iter().map(|s| self.key(product_id, s)).collect();
+        let _: () = redis::cmd("DEL")
+            .arg(keys)
+            .query_async(&mut conn)
+            .await
+            .expect(what);
+    }
+
+    /// After the test's Redis at `url` restarted: the checks' connection made anew.
+    pub async fn reconnect_checks(&mut self, url: &str) {
+        self.redis = redis::Client::open(url)
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("reconnect")
+            .into();
+    }
+
     /// Every key under this test's prefix with a fingerprint of its value, to prove a
     /// refused request wrote nothing.
     pub async fn redis_dump(&self) -> Vec<(String, String)> {
@@ -578,6 +679,42 @@ impl TestApp {
             .fetch_one(&self.pool)
             .await
             .expect(sql)
+    }
+
+    /// Asserts that the ledger holds order `id` under `request_id`: an order the service
+    /// acknowledged was not lost.
+    pub async fn assert_order_kept(&self, id: i64, request_id: &str) {
+        let found: Option<String> =
+            sqlx::query_scalar("SELECT CONVERT(request_id USING utf8mb4) FROM orders WHERE id = ?")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await
+                .expect("lookup");
+        assert_eq!(
+            found.as_deref(),
+            Some(request_id),
+            "acknowledged order lost"
+        );
+    }
+
+    /// Runs `flashsale <args>` against this test's stores (its database reached directly,
+    /// the shared Redis, its key prefix) with extra `FLASHSALE_*` settings, as an operator
+    /// runs it: its exit status and output.
+    pub fn run_binary(&self, args: &[&str], settings: &[(&str, &str)]) -> std::process::Output {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_flashsale"));
+        cmd.args(args)
+            .env(
+                "FLASHSALE_DATABASE_URL",
+                self.db.as_ref().expect("db").url(),
+            )
+            .env("FLASHSALE_REDIS_URL", REDIS_URL)
+            .env("FLASHSALE_REDIS_PREFIX", &self.prefix)
+            .env("RUST_LOG", "warn");
+        for (k, v) in settings {
+            cmd.env(format!("FLASHSALE_{k}"), v);
+        }
+        cmd.output()
+            .unwrap_or_else(|e| panic!("run flashsale {}: {e}", args.join(" ")))
     }
 
     pub async fn cleanup(mut self) {

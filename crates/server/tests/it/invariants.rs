@@ -218,3 +218,10 @@ pub async fn assert_audit_clean(app: &TestApp, product_id: i64) {
         .collect();
     assert!(real.is_empty(), "{report}");
 }
+
+/// [`assert_ok`], then [`assert_audit_clean`]: the product's invariants hold and the
+/// service's own audit finds nothing.
+pub async fn assert_sound(app: &TestApp, product_id: i64) {
+    assert_ok(app, product_id).await;
+    assert_audit_clean(app, product_id).await;
+}

@@ -3,12 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use flashsale::Config;
 use flashsale_app::metrics::SCRAPE_REUSE;
-use flashsale_testkit::TcpProxy;
 use reqwest::StatusCode;
 
-use crate::helpers::{redis_addr, wait_until, Routes, TestApp};
+use crate::helpers::{wait_until, Routes, TestApp};
 
 /// How long a scrape may take while Redis hangs: the monitor gives each store read
 /// `flashsale_app::metrics::STORE_TIMEOUT` (2 s), and Redis's own client gives up after a
@@ -150,20 +148,7 @@ async fn metrics_count_every_answer_and_read_the_stores() {
     assert_eq!(status, StatusCode::CONFLICT);
     let (again, _) = app.scrape_metrics().await;
     assert_eq!(again, text);
-    let ledger = flashsale::connect_ledger(
-        &flashsale::Config::from_parts(
-            None,
-            &[(
-                "FLASHSALE_DATABASE_URL".to_owned(),
-                app.db.as_ref().expect("test database").url(),
-            )]
-            .into_iter()
-            .collect(),
-        )
-        .expect("config"),
-    )
-    .await
-    .expect("ledger");
+    let ledger = app.connect_ledger().await;
     flashsale_app::ports::LedgerMaintenance::enter_ledger_mode(
         &ledger,
         flashsale_core::ProductId::parse(4101).expect("id"),
@@ -199,23 +184,12 @@ async fn metrics_count_the_workers_passes() {
     app.create_product(4102, 5, None).await;
     let (status, _) = app.purchase("w-1", 7, 4102, 1).await;
     assert_eq!(status, StatusCode::CREATED);
-    let env = [
-        ("FLASHSALE_EXPIRY_INTERVAL", "50ms"),
-        ("FLASHSALE_RECOVERY_INTERVAL", "50ms"),
-        ("FLASHSALE_GATE_WATCH_INTERVAL", "50ms"),
-        ("FLASHSALE_RECONCILE_INTERVAL", "50ms"),
-    ]
-    .iter()
-    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-    .collect();
-    let config = Config::from_parts(None, &env).expect("worker config");
-    let workers = flashsale::workers::Workers::spawn(
-        app.maintenance.clone(),
-        &config,
-        app.metrics.clone(),
-        app.gate_watch.clone(),
-        app.fallback.clone(),
-    );
+    let workers = app.spawn_workers(&[
+        ("EXPIRY_INTERVAL", "50ms"),
+        ("RECOVERY_INTERVAL", "50ms"),
+        ("GATE_WATCH_INTERVAL", "50ms"),
+        ("RECONCILE_INTERVAL", "50ms"),
+    ]);
     wait_until(
         "every worker counted, the order expired",
         Duration::from_secs(20),
@@ -232,12 +206,7 @@ async fn metrics_count_the_workers_passes() {
         },
     )
     .await;
-    let mut conn = app.redis.clone();
-    let _: () = redis::cmd("DEL")
-        .arg(app.key(4102, "inv"))
-        .query_async(&mut conn)
-        .await
-        .expect("DEL the stock entry");
+    app.delete_keys(4102, &["inv"], "DEL the stock entry").await;
     wait_until(
         "the gate rebuilt and counted",
         Duration::from_secs(20),
@@ -274,15 +243,7 @@ async fn metrics_count_the_workers_passes() {
 // for the product (MariaDB's figures still there); once Redis is back, it reads up again.
 #[tokio::test]
 async fn metrics_show_a_hanging_redis_as_down() {
-    let proxy = TcpProxy::start(redis_addr()).await.expect("proxy");
-    let app = TestApp::spawn_with(
-        Routes {
-            redis: Some(proxy.addr()),
-            mysql: None,
-        },
-        &[],
-    )
-    .await;
+    let (proxy, app) = TestApp::spawn_via_redis_proxy(&[]).await;
     app.create_product(4103, 3, None).await;
     let (text, _) = app.scrape_metrics().await;
     let available = r#"flashsale_product_stock{product_id="4103",state="available"}"#;
@@ -328,15 +289,7 @@ async fn metrics_show_a_hanging_redis_as_down() {
 // each of the two purchases at over half a second.
 #[tokio::test]
 async fn the_in_flight_limit_is_global_and_shed_requests_are_counted() {
-    let proxy = TcpProxy::start(redis_addr()).await.expect("proxy");
-    let app = TestApp::spawn_with(
-        Routes {
-            redis: Some(proxy.addr()),
-            mysql: None,
-        },
-        &[("IN_FLIGHT_MAX", "2")],
-    )
-    .await;
+    let (proxy, app) = TestApp::spawn_via_redis_proxy(&[("IN_FLIGHT_MAX", "2")]).await;
     app.create_product(4104, 3, None).await;
     proxy.blackhole();
     let base = app.base.clone();

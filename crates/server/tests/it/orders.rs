@@ -109,9 +109,7 @@ async fn pay_checks_owner_and_deadline() {
         .await;
     assert_eq!((s, code(&b)), (StatusCode::NOT_FOUND, "order_not_found"));
     tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
-    let (s, b) = app
-        .post(&format!("/v1/orders/{id}/pay"), json!({"user_id": 5}))
-        .await;
+    let (s, b) = app.pay(id, 5).await;
     assert_eq!(
         (s, code(&b)),
         (StatusCode::CONFLICT, "order_expired"),

@@ -184,14 +184,7 @@ async fn misses_of_unknown_products_share_one_read_per_id() {
     let mariadb = flashsale_testkit::PrivateMariadb::start()
         .await
         .expect("private mariadb");
-    let app = TestApp::spawn_on(
-        crate::helpers::Routes::default(),
-        crate::helpers::REDIS_URL.to_owned(),
-        crate::helpers::REDIS_URL,
-        &mariadb.url(),
-        &[],
-    )
-    .await;
+    let app = TestApp::spawn_on_mariadb(&mariadb.url(), &[]).await;
     let before = statements_run(&app.pool).await;
     let started = std::time::Instant::now();
     let answers: Vec<(StatusCode, Value)> = futures::stream::iter(0..REQUESTS)

@@ -213,12 +213,7 @@ async fn replays_return_the_original_order() {
     // Limit 1 reached; cancel frees it.
     let (s, b) = app.purchase("REQ_r2", 42, 3003, 1).await;
     assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "limit_exceeded"));
-    let (s, _) = app
-        .post(
-            &format!("/v1/orders/{}/cancel", order_id(&first)),
-            json!({"user_id": 42}),
-        )
-        .await;
+    let (s, _) = app.cancel(order_id(&first), 42).await;
     assert_eq!(s, StatusCode::OK);
     let (s, b) = app.purchase("REQ_r2", 42, 3003, 1).await;
     assert_eq!(s, StatusCode::CREATED, "{b}");

@@ -7,14 +7,11 @@ use flashsale_app::ports::Reserve;
 use flashsale_app::StockGate;
 use flashsale_core::PurchaseRequest;
 use flashsale_redis::{GateConfig, RedisGate};
-use flashsale_testkit::TcpProxy;
 use futures::stream::{self, StreamExt};
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::helpers::{
-    code, order_id, redis_addr, wait_until, Routes, TestApp, TestEvents, NATS_URL, REDIS_URL,
-};
+use crate::helpers::{code, order_id, wait_until, TestApp, TestEvents, NATS_URL, REDIS_URL};
 use crate::invariants;
 
 /// Settings that make the recovery window short enough for a test: requests give up
@@ -63,12 +60,7 @@ async fn unpaid_orders_expire_exactly_once() {
         let (s, b) = app.purchase(&format!("REQ_exp_{i}"), i + 1, 2100, 1).await;
         assert_eq!(s, StatusCode::CREATED);
         if i < 10 {
-            let (s, _) = app
-                .post(
-                    &format!("/v1/orders/{}/pay", order_id(&b)),
-                    json!({"user_id": i + 1}),
-                )
-                .await;
+            let (s, _) = app.pay(order_id(&b), i + 1).await;
             assert_eq!(s, StatusCode::OK);
         } else {
             unpaid.push((order_id(&b), i + 1));
@@ -92,9 +84,7 @@ async fn unpaid_orders_expire_exactly_once() {
     assert_eq!(expired, 20);
     assert_eq!(app.redis_available(2100).await, Some(30));
     let (id, user) = unpaid[0];
-    let (s, b) = app
-        .post(&format!("/v1/orders/{id}/pay"), json!({"user_id": user}))
-        .await;
+    let (s, b) = app.pay(id, user).await;
     assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "order_expired"));
     invariants::assert_audit_clean(&app, 2100).await;
     invariants::assert_ok(&app, 2100).await;
@@ -255,24 +245,47 @@ async fn abandoned_hold_is_fenced_and_released() {
     app.cleanup().await;
 }
 
+/// Once Redis is back: recovery passes (up to 30, 100 ms apart; one may fail while the
+/// connection returns) until one completes the step that missed Redis, as `completed`
+/// counts it in the pass's report. It is completed exactly once, leaving `available` units
+/// in Redis, and a further pass changes nothing.
+async fn completed_once(
+    app: &TestApp,
+    product: i64,
+    available: i64,
+    completed: fn(&flashsale_app::RecoveryReport) -> usize,
+) {
+    let mut done = 0;
+    for _ in 0..30 {
+        if let Ok(report) = app.maintenance.recover_once().await {
+            done += completed(&report);
+        }
+        if done > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(done, 1);
+    assert_eq!(app.redis_available(product).await, Some(available));
+    app.maintenance.recover_once().await.expect("pass");
+    assert_eq!(
+        app.redis_available(product).await,
+        Some(available),
+        "completed once"
+    );
+}
+
 // Checks a cancel whose stock return could not reach Redis (Redis cut right after the
 // cancel committed) is completed by recovery once Redis is back: the order is CANCELLED
 // at once, the units come back exactly once, and a repeated recovery pass adds nothing.
 #[tokio::test]
 async fn stock_return_that_missed_redis_is_completed() {
-    let proxy = TcpProxy::start(redis_addr()).await.expect("proxy");
-    let routes = Routes {
-        redis: Some(proxy.addr()),
-        mysql: None,
-    };
-    let app = TestApp::spawn_with(routes, FAST_RECOVERY).await;
+    let (proxy, app) = TestApp::spawn_via_redis_proxy(FAST_RECOVERY).await;
     app.create_product(2400, 3, None).await;
     let (_, b) = app.purchase("REQ_ret", 1, 2400, 1).await;
     let id = order_id(&b);
     proxy.cut();
-    let (s, b) = app
-        .post(&format!("/v1/orders/{id}/cancel"), json!({"user_id": 1}))
-        .await;
+    let (s, b) = app.cancel(id, 1).await;
     assert_eq!(
         (s, b["status"].as_str()),
         (StatusCode::OK, Some("CANCELLED")),
@@ -285,20 +298,7 @@ async fn stock_return_that_missed_redis_is_completed() {
     }
     assert_eq!(app.redis_available(2400).await, Some(2));
     proxy.restore();
-    let mut returned = 0;
-    for _ in 0..30 {
-        if let Ok(report) = app.maintenance.recover_once().await {
-            returned += report.returns_completed;
-        }
-        if returned > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(returned, 1);
-    assert_eq!(app.redis_available(2400).await, Some(3));
-    app.maintenance.recover_once().await.expect("pass");
-    assert_eq!(app.redis_available(2400).await, Some(3), "returned once");
+    completed_once(&app, 2400, 3, |r| r.returns_completed).await;
     invariants::assert_ok(&app, 2400).await;
     app.cleanup().await;
 }
@@ -427,8 +427,7 @@ async fn two_recovery_workers_return_stock_once() {
             .await,
         30
     );
-    invariants::assert_ok(&app, 2600).await;
-    invariants::assert_audit_clean(&app, 2600).await;
+    invariants::assert_sound(&app, 2600).await;
     other.cleanup().await;
     app.cleanup().await;
 }
@@ -474,11 +473,8 @@ async fn workers_walk_every_loaded_product_page_by_page() {
     assert_eq!(app.redis_available(2704).await, Some(3));
 
     let mut conn = app.redis.clone();
-    let _: i64 = redis::cmd("DEL")
-        .arg(app.key(2704, "inv"))
-        .query_async(&mut conn)
-        .await
-        .expect("lose the last product's entry");
+    app.delete_keys(2704, &["inv"], "lose the last product's entry")
+        .await;
     assert_eq!(m.watch_once().await.expect("watch pass"), 1);
     assert_eq!(app.redis_available(2704).await, Some(3));
 
@@ -515,15 +511,11 @@ async fn workers_walk_every_loaded_product_page_by_page() {
         Some(3),
         "2704's hold released although 2701 failed before it"
     );
-    let _: i64 = redis::cmd("DEL")
-        .arg(app.key(2701, "pending"))
-        .query_async(&mut conn)
-        .await
-        .expect("repair 2701's pending index");
+    app.delete_keys(2701, &["pending"], "repair 2701's pending index")
+        .await;
     assert_eq!(m.recover_once().await.expect("recovery pass").released, 0);
     for id in ids {
-        invariants::assert_ok(&app, id).await;
-        invariants::assert_audit_clean(&app, id).await;
+        invariants::assert_sound(&app, id).await;
     }
     app.cleanup().await;
 }
@@ -617,12 +609,7 @@ async fn script_with_bad_arguments_writes_nothing() {
 // units arrive once, a second pass adds nothing, and the audit is clean.
 #[tokio::test]
 async fn restock_that_missed_redis_is_completed() {
-    let proxy = TcpProxy::start(redis_addr()).await.expect("proxy");
-    let routes = Routes {
-        redis: Some(proxy.addr()),
-        mysql: None,
-    };
-    let app = TestApp::spawn_with(routes, &[]).await;
+    let (proxy, app) = TestApp::spawn_via_redis_proxy(&[]).await;
     app.create_product(2800, 5, None).await;
     proxy.cut();
     let (s, b) = app
@@ -643,22 +630,8 @@ async fn restock_that_missed_redis_is_completed() {
         "recorded in MariaDB, not yet in Redis"
     );
     proxy.restore();
-    let mut completed = 0;
-    for _ in 0..30 {
-        if let Ok(report) = app.maintenance.recover_once().await {
-            completed += report.restocks_completed;
-        }
-        if completed > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(completed, 1);
-    assert_eq!(app.redis_available(2800).await, Some(12));
-    app.maintenance.recover_once().await.expect("pass");
-    assert_eq!(app.redis_available(2800).await, Some(12), "applied once");
-    invariants::assert_ok(&app, 2800).await;
-    invariants::assert_audit_clean(&app, 2800).await;
+    completed_once(&app, 2800, 12, |r| r.restocks_completed).await;
+    invariants::assert_sound(&app, 2800).await;
     app.cleanup().await;
 }
 
@@ -904,8 +877,7 @@ async fn drift_is_repaired_during_a_flood_within_two_passes() {
         "{orders} orders of 1,000 units"
     );
     for id in [2801, 2802, 2803] {
-        invariants::assert_ok(&app, id).await;
-        invariants::assert_audit_clean(&app, id).await;
+        invariants::assert_sound(&app, id).await;
     }
     let events = repair_events(&app).await;
     assert_eq!(

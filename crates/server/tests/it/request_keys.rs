@@ -4,7 +4,6 @@
 //! take, refuses an instance of the other form, and `flashsale ledger rescope` moves a
 //! ledger from one form to the other.
 
-use std::process::Command;
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -12,9 +11,8 @@ use jsonwebtoken::{Algorithm, EncodingKey};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-use crate::helpers::{buyer_token, code, order_id, TestApp, REDIS_URL};
+use crate::helpers::{buyer_token, code, order_id, TestApp};
 
-const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
 /// The HS256 secret of these tests.
 const SECRET: &str = "test-buyer-secret-of-at-least-32-bytes";
 /// Attempts of the same-id races: the 200-way race.
@@ -68,16 +66,7 @@ async fn get(app: &TestApp, auth: &str, path: &str) -> (StatusCode, Value) {
 
 /// `flashsale <args>` against `app`'s stores with extra settings, as an operator runs it.
 fn flashsale(app: &TestApp, args: &[&str], settings: &[(&str, &str)]) -> std::process::Output {
-    let mut cmd = Command::new(BIN);
-    cmd.args(args)
-        .env("FLASHSALE_DATABASE_URL", &app.database_url)
-        .env("FLASHSALE_REDIS_URL", REDIS_URL)
-        .env("FLASHSALE_REDIS_PREFIX", &app.prefix)
-        .env("RUST_LOG", "warn");
-    for (k, v) in settings {
-        cmd.env(format!("FLASHSALE_{k}"), v);
-    }
-    cmd.output().expect("run flashsale")
+    app.run_binary(args, settings)
 }
 
 fn jwt() -> [(&'static str, &'static str); 2] {

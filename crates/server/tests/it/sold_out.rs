@@ -10,7 +10,7 @@ use flashsale_testkit::PrivateRedis;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::helpers::{code, order_id, wait_until, Routes, TestApp, MYSQL_SERVER};
+use crate::helpers::{code, order_id, wait_until, Routes, TestApp};
 use crate::invariants;
 
 /// The longest lease there is, for the tests of revocation: a purchase that succeeds
@@ -109,14 +109,7 @@ async fn scripts_run(app: &TestApp) -> i64 {
 #[tokio::test]
 async fn sold_out_is_answered_here_while_the_lease_lasts() {
     let redis = PrivateRedis::start().await.expect("private redis");
-    let app = TestApp::spawn_on(
-        Routes::default(),
-        redis.url(),
-        &redis.url(),
-        MYSQL_SERVER,
-        &[("SOLD_OUT_LEASE", LONG_LEASE)],
-    )
-    .await;
+    let app = TestApp::spawn_on_redis(redis.url(), &[("SOLD_OUT_LEASE", LONG_LEASE)]).await;
     wait_for_listeners(&app, 1).await;
     app.create_product(3700, 2, None).await;
     let mut orders = Vec::new();
@@ -164,8 +157,7 @@ async fn sold_out_is_answered_here_while_the_lease_lasts() {
             .await,
         2
     );
-    invariants::assert_ok(&app, 3700).await;
-    invariants::assert_audit_clean(&app, 3700).await;
+    invariants::assert_sound(&app, 3700).await;
     app.cleanup().await;
 }
 
@@ -204,8 +196,7 @@ async fn a_restock_is_bought_at_once_on_every_instance() {
     println!("restock to first 201: instance a {on_a:?}, instance b {on_b:?}");
     assert!(on_a.is_some() && on_b.is_some(), "{on_a:?} {on_b:?}");
     assert!(!lease_in_redis(&a, 3730).await, "no unit left: a new lease");
-    invariants::assert_ok(&a, 3730).await;
-    invariants::assert_audit_clean(&a, 3730).await;
+    invariants::assert_sound(&a, 3730).await;
     b.cleanup().await;
     a.cleanup().await;
 }
@@ -231,9 +222,7 @@ async fn a_cancel_on_one_instance_is_bought_at_once_on_another() {
         "{body}"
     );
     assert!(lease_in_redis(&a, 3710).await);
-    let (s, body) = a
-        .post(&format!("/v1/orders/{order}/cancel"), json!({"user_id": 1}))
-        .await;
+    let (s, body) = a.cancel(order, 1).await;
     assert_eq!(s, StatusCode::OK, "{body}");
     let waited = buy_within(&b, 3710, 3).await;
     println!("cancel to first 201 on the other instance: {waited:?}");
@@ -242,8 +231,7 @@ async fn a_cancel_on_one_instance_is_bought_at_once_on_another() {
         "the unit given back was not bought in time"
     );
     assert_eq!(a.redis_available(3710).await, Some(0));
-    invariants::assert_ok(&a, 3710).await;
-    invariants::assert_audit_clean(&a, 3710).await;
+    invariants::assert_sound(&a, 3710).await;
     b.cleanup().await;
     a.cleanup().await;
 }
@@ -267,16 +255,8 @@ async fn a_rebuild_revokes_the_leases_of_the_lost_state() {
     let (s, b) = app.purchase("REQ_rb_refused", 3, 3720, 1).await;
     assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "sold_out"), "{b}");
     assert!(lease_in_redis(&app, 3720).await);
-    let mut conn = app.redis.clone();
-    let _: () = redis::cmd("DEL")
-        .arg(app.key(3720, "inv"))
-        .arg(app.key(3720, "pending"))
-        .query_async(&mut conn)
-        .await
-        .expect("del");
-    let (s, b) = app
-        .post(&format!("/v1/orders/{order}/cancel"), json!({"user_id": 1}))
-        .await;
+    app.delete_keys(3720, &["inv", "pending"], "del").await;
+    let (s, b) = app.cancel(order, 1).await;
     assert_eq!(s, StatusCode::OK, "{b}");
     let rebuilt = app.maintenance.watch_once().await.expect("watch");
     assert_eq!(rebuilt, 1);
@@ -294,7 +274,6 @@ async fn a_rebuild_revokes_the_leases_of_the_lost_state() {
     );
     assert!(started.elapsed() < REVOKED_WITHIN);
     app.maintenance.recover_once().await.expect("recovery pass");
-    invariants::assert_ok(&app, 3720).await;
-    invariants::assert_audit_clean(&app, 3720).await;
+    invariants::assert_sound(&app, 3720).await;
     app.cleanup().await;
 }
