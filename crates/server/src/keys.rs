@@ -62,8 +62,8 @@ pub async fn run(
             let to = RequestScope::from(to);
             let done = ledger.rescope(to).await.map_err(|e| e.to_string())?;
             format!(
-                "request scope: {}; {} purchases and {} outbox rows rewritten, {} products \
-                 to be rebuilt from the ledger at the next start",
+                "request scope: {}; keys rewritten: purchases {}, outbox rows {}; products \
+                 whose gate is rebuilt from the ledger at the next start: {}",
                 to.as_str(),
                 done.purchases,
                 done.events,

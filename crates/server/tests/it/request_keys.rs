@@ -215,7 +215,7 @@ async fn a_ledger_moves_to_buyer_scoped_keys() {
         String::from_utf8_lossy(&moved.stderr)
     );
     assert!(
-        out.starts_with("request scope: buyer; 2 purchases"),
+        out.starts_with("request scope: buyer; keys rewritten: purchases 2,"),
         "{out}"
     );
     let stale = app
