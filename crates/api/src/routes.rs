@@ -4,19 +4,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::extract::rejection::PathRejection;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::ConnectInfo;
-use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use flashsale_app::limit::{address_key, Limiter};
+use flashsale_app::listing::page_size;
 use flashsale_app::metrics::{index_of, ENDPOINTS};
-use flashsale_app::{Flashsale, Metrics, Monitor, Outcome};
+use flashsale_app::{Flashsale, InventoryView, Listing, Metrics, Monitor, Outcome, ProductView};
 use flashsale_core::{
-    NewProduct, OrderId, ParseError, ProductId, PurchaseRequest, RequestId, SaleWindow, UserId,
+    NewProduct, OrderId, OrderStatus, ParseError, ProductId, PurchaseRequest, RequestId,
+    SaleWindow, UserId,
 };
 use serde::Deserialize;
 use tokio::sync::Semaphore;
@@ -28,8 +30,8 @@ use crate::dashboard::{self, Asset, Dashboard, DashboardJson};
 use crate::error::ApiError;
 use crate::openapi::{Health, Ready};
 use crate::wire::{
-    decimal, order_body, NewProductBody, OrderJson, ProductJson, PurchaseBody, RestockBody,
-    UserBody,
+    decimal, order_body, NewProductBody, OrderJson, OrderPageJson, OrdersQuery, ProductJson,
+    ProductPageJson, ProductsQuery, PurchaseBody, RestockBody, UserBody,
 };
 
 #[derive(Debug, Clone)]
@@ -59,6 +61,8 @@ pub struct ApiConfig {
     /// How a buyer is known (`FLASHSALE_BUYER_AUTH`); with an identity, orders and
     /// purchases are read, paid and cancelled by their own buyer only.
     pub buyer_auth: BuyerAuth,
+    /// The lists of products and of a buyer's orders (None: their routes answer 503).
+    pub listing: Option<Arc<Listing>>,
 }
 
 /// The per-address rate limit of `POST /v1/purchases` (`flashsale_app::limit`; the
@@ -85,6 +89,8 @@ const CANCEL: usize = index_of(&ENDPOINTS, "cancel");
 const CREATE_PRODUCT: usize = index_of(&ENDPOINTS, "create_product");
 const GET_PRODUCT: usize = index_of(&ENDPOINTS, "get_product");
 const RESTOCK: usize = index_of(&ENDPOINTS, "restock");
+const LIST_PRODUCTS: usize = index_of(&ENDPOINTS, "list_products");
+const LIST_ORDERS: usize = index_of(&ENDPOINTS, "list_orders");
 const READYZ: usize = index_of(&ENDPOINTS, "readyz");
 const METRICS: usize = index_of(&ENDPOINTS, "metrics");
 const OTHER: usize = index_of(&ENDPOINTS, "other");
@@ -161,10 +167,12 @@ routes! {
     get "/readyz" => readyz,
     get "/openapi.json" => openapi_json,
     post "/v1/products" => create_product,
+    get "/v1/products" => list_products,
     get "/v1/products/{id}" => get_product,
     post "/v1/products/{id}/restock" => restock,
     post "/v1/purchases" => purchase,
     get "/v1/purchases/{request_id}" => get_purchase,
+    get "/v1/orders" => list_orders,
     get "/v1/orders/{id}" => get_order,
     post "/v1/orders/{id}/pay" => pay,
     post "/v1/orders/{id}/cancel" => cancel,
@@ -776,6 +784,137 @@ async fn get_product(started: Started, State(state): State<AppState>, id: PathPa
     }
     .await;
     counted(started, &state, GET_PRODUCT, result)
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/products",
+    tag = "products",
+    summary = "The products, a page at a time, in id order (admin)",
+    params(ProductsQuery),
+    security(("bearerAuth" = [])),
+    responses((status = 200, description = "A page of products.", body = ProductPageJson)),
+)]
+async fn list_products(
+    started: Started,
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    query: Result<Query<ProductsQuery>, QueryRejection>,
+) -> Response {
+    let result = async {
+        require_admin(&state, &headers)?;
+        let Query(q) = query.map_err(bad_query)?;
+        let limit = page_size(q.limit).map_err(ApiError::from)?;
+        let after = cursor(q.cursor.as_deref())?
+            .map(ProductId::parse)
+            .transpose()
+            .map_err(invalid)?;
+        let page = deadline(&state, listing(&state)?.products(after, limit)).await?;
+        let products = page
+            .items
+            .iter()
+            .map(|(product, c)| {
+                ProductJson::from(&ProductView {
+                    product: product.clone(),
+                    inventory: InventoryView {
+                        total: c.total,
+                        available: c.available,
+                        reserved: c.reserved,
+                        sold: c.sold,
+                    },
+                })
+            })
+            .collect();
+        let next_cursor = page.next.map(|id| id.to_string());
+        Ok::<_, ApiError>(Json(ProductPageJson {
+            products,
+            next_cursor,
+        }))
+    }
+    .await;
+    counted(started, &state, LIST_PRODUCTS, result)
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/orders",
+    tag = "orders",
+    summary = "A buyer's orders, a page at a time, newest first",
+    description = "With buyer authentication, the caller's own orders; the admin token reads \
+anyone's (`user_id` then required).",
+    params(OrdersQuery),
+    security((), ("buyerJwt" = []), ("bearerAuth" = [])),
+    responses((status = 200, description = "A page of orders.", body = OrderPageJson)),
+)]
+async fn list_orders(
+    started: Started,
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    query: Result<Query<OrdersQuery>, QueryRejection>,
+) -> Response {
+    let result = list_orders_of(&state, &headers, query).await;
+    counted(started, &state, LIST_ORDERS, result)
+}
+
+async fn list_orders_of(
+    state: &AppState,
+    headers: &HeaderMap,
+    query: Result<Query<OrdersQuery>, QueryRejection>,
+) -> Result<Json<OrderPageJson>, ApiError> {
+    // The admin token reads anyone's orders; anyone else acts as their buyer, as for
+    // one order.
+    let admin = require_admin(state, headers).is_ok();
+    let buyer = if admin {
+        None
+    } else {
+        state.config.buyer_auth.buyer(headers)?
+    };
+    let Query(q) = query.map_err(bad_query)?;
+    let user = acting_user(buyer, q.user_id)?;
+    let status = q
+        .status
+        .as_deref()
+        .map(|s| {
+            s.parse::<OrderStatus>().map_err(|_| {
+                ApiError::invalid("status: must be PENDING_PAYMENT, PAID or CANCELLED")
+            })
+        })
+        .transpose()?;
+    let limit = page_size(q.limit).map_err(ApiError::from)?;
+    let before = cursor(q.cursor.as_deref())?
+        .map(OrderId::parse)
+        .transpose()
+        .map_err(invalid)?;
+    let page = deadline(state, listing(state)?.orders(user, status, before, limit)).await?;
+    Ok(Json(OrderPageJson {
+        orders: page.items.iter().map(OrderJson::from).collect(),
+        next_cursor: page.next.map(|id| id.to_string()),
+    }))
+}
+
+/// The lists' use case, where this router has one.
+fn listing(state: &AppState) -> Result<&Listing, ApiError> {
+    state.config.listing.as_deref().ok_or_else(|| {
+        ApiError::from(flashsale_app::Error::Unavailable(
+            "lists are not served here".into(),
+        ))
+    })
+}
+
+/// A page's cursor as a strict decimal id (the `next_cursor` of the page before).
+fn cursor(raw: Option<&str>) -> Result<Option<i64>, ApiError> {
+    raw.map(|c| {
+        decimal(c)
+            .filter(|&id| id > 0)
+            .ok_or_else(|| ApiError::invalid("cursor: must be the next_cursor of an earlier page"))
+    })
+    .transpose()
+}
+
+/// A query string the list's parameters do not read: an unknown parameter, a repeated
+/// one, a number that is none.
+fn bad_query(e: QueryRejection) -> ApiError {
+    ApiError::invalid(format!("query: {}", e.body_text()))
 }
 
 #[utoipa::path(

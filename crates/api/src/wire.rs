@@ -378,6 +378,61 @@ impl From<&ProductView> for ProductJson {
     }
 }
 
+/// A page of products (admin): in id order, each with the ledger's counters.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = ProductPage)]
+pub struct ProductPageJson {
+    /// Each with `inventory` as the ledger counts it: a unit held in Redis whose order
+    /// is not written yet still counts as available here (`GET /v1/products/{id}` has
+    /// the live count).
+    pub products: Vec<ProductJson>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    #[schema(required = true)]
+    pub next_cursor: Option<String>,
+}
+
+/// A page of a buyer's orders, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = OrderPage)]
+pub struct OrderPageJson {
+    pub orders: Vec<OrderJson>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    #[schema(required = true)]
+    pub next_cursor: Option<String>,
+}
+
+/// The query of `GET /v1/products`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ProductsQuery {
+    /// Products on the page, 1 to 100 (default 20).
+    #[param(minimum = 1, maximum = 100)]
+    pub limit: Option<u64>,
+    /// The `next_cursor` of the page before; absent for the first page.
+    #[param(pattern = r"^[1-9][0-9]{0,18}$")]
+    pub cursor: Option<String>,
+}
+
+/// The query of `GET /v1/orders`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct OrdersQuery {
+    /// Whose orders. Required with the admin token, or without buyer authentication;
+    /// with it, it may be left out, and if given must name the authenticated buyer.
+    #[param(minimum = 1)]
+    pub user_id: Option<i64>,
+    /// Only orders in this state: `PENDING_PAYMENT`, `PAID` or `CANCELLED`.
+    pub status: Option<String>,
+    /// Orders on the page, 1 to 100 (default 20).
+    #[param(minimum = 1, maximum = 100)]
+    pub limit: Option<u64>,
+    /// The `next_cursor` of the page before; absent for the first page.
+    #[param(pattern = r"^[1-9][0-9]{0,18}$")]
+    pub cursor: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

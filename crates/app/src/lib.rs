@@ -13,6 +13,7 @@ mod error;
 pub mod fallback;
 pub mod group;
 pub mod limit;
+pub mod listing;
 pub mod maintenance;
 pub mod metrics;
 pub mod model;
@@ -26,6 +27,7 @@ pub use audit::AuditBounds;
 pub use dashboard::Sampler;
 pub use error::Error;
 pub use fallback::{Fallback, FallbackSettings};
+pub use listing::{Listing, Listings, Page};
 pub use maintenance::{
     AuditScheduleSettings, Decision, IncidentView, Maintenance, MaintenanceSettings,
     Reconciliation, RecoveryReport, Repair, Resolved, ScheduledAudits, Unresolved,

@@ -16,6 +16,7 @@ mod dedicated;
 mod group;
 mod incidents;
 mod ledger;
+pub mod lists;
 mod maintenance;
 mod migrate;
 mod outbox;

@@ -18,11 +18,11 @@ use flashsale_api::{ApiConfig, PurchaseLimits};
 use flashsale_app::baseline::{Baseline, Strategy};
 use flashsale_app::limit::{self, Limiter};
 use flashsale_app::ports::LeaseListener;
-use flashsale_app::Clock;
 use flashsale_app::{
     AuditBounds, Fallback, Flashsale, Maintenance, MaintenanceSettings, Metrics, Monitor, Sampler,
     Settings, SystemClock,
 };
+use flashsale_app::{Clock, Listing, Listings};
 use flashsale_core::ProductId;
 use flashsale_mysql::{LedgerConfig, MysqlLedger};
 use flashsale_redis::{GateConfig, RedisGate};
@@ -195,6 +195,7 @@ pub async fn connect_maintenance(config: &Config) -> Result<Arc<Maintenance>, St
 pub async fn build(config: &Config) -> Result<App, String> {
     let ledger = Arc::new(connect_and_migrate(config).await?);
     keys::check(config, &ledger).await?;
+    let listing_ledger: Arc<dyn Listings> = ledger.clone();
     let gate = Arc::new(gate_for(config)?);
     reach::warn_unreachable(config, &gate).await;
     let metrics = Arc::new(Metrics::new());
@@ -250,6 +251,7 @@ pub async fn build(config: &Config) -> Result<App, String> {
             serve_metrics: config.metrics_listen.is_none(),
             limits: Arc::new(purchase_limits(config)),
             buyer_auth: config.buyer_auth.clone(),
+            listing: Some(Arc::new(Listing::new(listing_ledger))),
         },
     );
     let metrics_router = config

@@ -731,6 +731,42 @@ impl TestApp {
 /// A buyer's JWT as an identity provider would issue it: `sub` the decimal user id,
 /// `exp` `lifetime_secs` from now (negative: already expired), signed with `key` by
 /// `algorithm`.
+/// The HS256 secret of the tests' jwt buyers (`jwt_buyers()` configures it).
+pub const BUYER_SECRET: &str = "test-buyer-secret-of-at-least-32-bytes";
+
+/// The settings of jwt buyers verified with [`BUYER_SECRET`].
+pub fn jwt_buyers() -> [(&'static str, &'static str); 2] {
+    [("BUYER_AUTH", "jwt"), ("BUYER_JWT_SECRET", BUYER_SECRET)]
+}
+
+/// `Authorization`'s value for `user`, a jwt buyer for ten minutes.
+pub fn as_buyer(user: i64) -> String {
+    let key = jsonwebtoken::EncodingKey::from_secret(BUYER_SECRET.as_bytes()).expect("key");
+    format!(
+        "Bearer {}",
+        buyer_token(&key, jsonwebtoken::Algorithm::HS256, user, 600)
+    )
+}
+
+/// `POST /v1/purchases` of one unit of `product` by the buyer `auth` names.
+pub async fn buy_as(
+    app: &TestApp,
+    auth: &str,
+    request_id: &str,
+    product: i64,
+) -> (StatusCode, Value) {
+    let body = json!({"request_id": request_id, "product_id": product, "quantity": 1});
+    let (s, b, _) = app
+        .send_with(
+            reqwest::Method::POST,
+            "/v1/purchases",
+            Some(body),
+            &[("authorization", auth)],
+        )
+        .await;
+    (s, b)
+}
+
 pub fn buyer_token(
     key: &jsonwebtoken::EncodingKey,
     algorithm: jsonwebtoken::Algorithm,

@@ -31,6 +31,7 @@ mod helpers;
 #[cfg(feature = "failpoints")]
 mod incidents;
 mod invariants;
+mod lists;
 mod metrics;
 mod nats_cluster;
 mod openapi;

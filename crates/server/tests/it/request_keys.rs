@@ -7,37 +7,16 @@
 use std::time::Duration;
 
 use futures::future::join_all;
-use jsonwebtoken::{Algorithm, EncodingKey};
 use reqwest::{Method, StatusCode};
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use crate::helpers::{buyer_token, code, order_id, TestApp};
+use crate::helpers::{as_buyer, buy_as, code, jwt_buyers, order_id, TestApp};
 
-/// The HS256 secret of these tests.
-const SECRET: &str = "test-buyer-secret-of-at-least-32-bytes";
 /// Attempts of the same-id races: the issue's 200-way race.
 const RACE: i64 = 200;
 /// Retries of a purchase that met a gate being rebuilt: 10 s at 100 ms apart, far more
 /// than a rebuild takes.
 const RETRIES: usize = 100;
-
-fn as_user(user: i64) -> String {
-    let key = EncodingKey::from_secret(SECRET.as_bytes()).expect("key");
-    format!("Bearer {}", buyer_token(&key, Algorithm::HS256, user, 600))
-}
-
-async fn buy(app: &TestApp, auth: &str, request_id: &str, product: i64) -> (StatusCode, Value) {
-    let body = json!({"request_id": request_id, "product_id": product, "quantity": 1});
-    let (s, b, _) = app
-        .send_with(
-            Method::POST,
-            "/v1/purchases",
-            Some(body),
-            &[("authorization", auth)],
-        )
-        .await;
-    (s, b)
-}
 
 /// [`buy`] as a well-behaved client: again after each 503 (outcome unknown), at most
 /// [`RETRIES`] times.
@@ -48,13 +27,13 @@ async fn buy_until_known(
     product: i64,
 ) -> (StatusCode, Value) {
     for _ in 0..RETRIES {
-        let (s, b) = buy(app, auth, request_id, product).await;
+        let (s, b) = buy_as(app, auth, request_id, product).await;
         if s != StatusCode::SERVICE_UNAVAILABLE {
             return (s, b);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    buy(app, auth, request_id, product).await
+    buy_as(app, auth, request_id, product).await
 }
 
 async fn get(app: &TestApp, auth: &str, path: &str) -> (StatusCode, Value) {
@@ -69,10 +48,6 @@ fn flashsale(app: &TestApp, args: &[&str], settings: &[(&str, &str)]) -> std::pr
     app.run_binary(args, settings)
 }
 
-fn jwt() -> [(&'static str, &'static str); 2] {
-    [("BUYER_AUTH", "jwt"), ("BUYER_JWT_SECRET", SECRET)]
-}
-
 // Checks, with jwt buyers, that a request_id is each buyer's own: Bob reading Alice's
 // request_id finds nothing (404, as for an unused id); Bob buying with it gets a purchase
 // of his own (201, another order, answered with the request_id as he sent it); each
@@ -83,11 +58,11 @@ fn jwt() -> [(&'static str, &'static str); 2] {
 // racing with one id each get their own order.
 #[tokio::test]
 async fn request_ids_are_each_buyers_own() {
-    let app = TestApp::spawn_with(Default::default(), &jwt()).await;
+    let app = TestApp::spawn_with(Default::default(), &jwt_buyers()).await;
     app.create_product(9501, 1_000, None).await;
-    let (alice, bob) = (as_user(31), as_user(32));
+    let (alice, bob) = (as_buyer(31), as_buyer(32));
 
-    let (s, a) = buy(&app, &alice, "SHARED_1", 9501).await;
+    let (s, a) = buy_as(&app, &alice, "SHARED_1", 9501).await;
     assert_eq!(s, StatusCode::CREATED, "{a}");
     let (s, b) = get(&app, &bob, "/v1/purchases/SHARED_1").await;
     assert_eq!(
@@ -95,7 +70,7 @@ async fn request_ids_are_each_buyers_own() {
         (StatusCode::NOT_FOUND, "order_not_found"),
         "{b}"
     );
-    let (s, b) = buy(&app, &bob, "SHARED_1", 9501).await;
+    let (s, b) = buy_as(&app, &bob, "SHARED_1", 9501).await;
     assert_eq!(s, StatusCode::CREATED, "{b}");
     assert_ne!(order_id(&a), order_id(&b));
     assert_eq!(
@@ -103,7 +78,7 @@ async fn request_ids_are_each_buyers_own() {
         (Some("SHARED_1"), Some(32))
     );
     for (who, first) in [(&alice, &a), (&bob, &b)] {
-        let (s, again) = buy(&app, who, "SHARED_1", 9501).await;
+        let (s, again) = buy_as(&app, who, "SHARED_1", 9501).await;
         assert_eq!(
             (s, order_id(&again)),
             (StatusCode::OK, order_id(first)),
@@ -118,14 +93,14 @@ async fn request_ids_are_each_buyers_own() {
     }
 
     // Squatting: Bob takes an id first and cancels; Alice's purchase with it is hers.
-    let (s, squat) = buy(&app, &bob, "SQUAT_1", 9501).await;
+    let (s, squat) = buy_as(&app, &bob, "SQUAT_1", 9501).await;
     assert_eq!(s, StatusCode::CREATED, "{squat}");
     let cancel = format!("/v1/orders/{}/cancel", order_id(&squat));
     let (s, _, _) = app
         .send_with(Method::POST, &cancel, None, &[("authorization", &bob)])
         .await;
     assert_eq!(s, StatusCode::OK);
-    let (s, mine) = buy(&app, &alice, "SQUAT_1", 9501).await;
+    let (s, mine) = buy_as(&app, &alice, "SQUAT_1", 9501).await;
     assert_eq!(
         (s, mine["status"].as_str()),
         (StatusCode::CREATED, Some("PENDING_PAYMENT")),
@@ -134,9 +109,9 @@ async fn request_ids_are_each_buyers_own() {
 
     // No oracle: another buyer's used id and a fresh id answer alike, here for a product
     // that does not exist (the answer a probe would compare).
-    let carol = as_user(33);
-    let (used, _) = buy(&app, &carol, "SHARED_1", 9599).await;
-    let (fresh, _) = buy(&app, &carol, "NEVER_USED_1", 9599).await;
+    let carol = as_buyer(33);
+    let (used, _) = buy_as(&app, &carol, "SHARED_1", 9599).await;
+    let (fresh, _) = buy_as(&app, &carol, "NEVER_USED_1", 9599).await;
     assert_eq!(used, fresh);
     let keys: Vec<String> = sqlx::query_scalar(
         "SELECT CONVERT(request_id USING utf8mb4) FROM orders \
@@ -154,8 +129,8 @@ async fn request_ids_are_each_buyers_own() {
 /// One buyer's id sent 200 times at once: one 201, the rest 200 with the same order,
 /// one order row. Then 200 buyers with one id between them: 200 orders, one each.
 async fn same_id_races(app: &TestApp) {
-    let dave = as_user(34);
-    let answers = join_all((0..RACE).map(|_| buy(app, &dave, "RACE_1", 9501))).await;
+    let dave = as_buyer(34);
+    let answers = join_all((0..RACE).map(|_| buy_as(app, &dave, "RACE_1", 9501))).await;
     let created = answers
         .iter()
         .filter(|(s, _)| *s == StatusCode::CREATED)
@@ -166,8 +141,8 @@ async fn same_id_races(app: &TestApp) {
         assert!(s.is_success(), "{s} {b}");
         assert_eq!(order_id(b), first, "{b}");
     }
-    let tokens: Vec<String> = (0..RACE).map(|i| as_user(1_000 + i)).collect();
-    let answers = join_all(tokens.iter().map(|t| buy(app, t, "RACE_2", 9501))).await;
+    let tokens: Vec<String> = (0..RACE).map(|i| as_buyer(1_000 + i)).collect();
+    let answers = join_all(tokens.iter().map(|t| buy_as(app, t, "RACE_2", 9501))).await;
     assert!(
         answers.iter().all(|(s, _)| *s == StatusCode::CREATED),
         "{answers:?}"
@@ -200,7 +175,7 @@ async fn a_ledger_moves_to_buyer_scoped_keys() {
         "request scope: global"
     );
 
-    let mut settings = jwt().to_vec();
+    let mut settings = jwt_buyers().to_vec();
     settings.push(("LISTEN", "127.0.0.1:0"));
     let refused = flashsale(&app, &["serve"], &settings);
     let said = String::from_utf8_lossy(&refused.stderr);
@@ -223,8 +198,8 @@ async fn a_ledger_moves_to_buyer_scoped_keys() {
         .await;
     assert_eq!(stale, 0, "every purchase event carries its new key");
 
-    let scoped = app.spawn_beside(&jwt()).await;
-    let (s, b) = buy(&scoped, &as_user(41), "MOVE_1", 9502).await;
+    let scoped = app.spawn_beside(&jwt_buyers()).await;
+    let (s, b) = buy_as(&scoped, &as_buyer(41), "MOVE_1", 9502).await;
     assert_eq!(
         (s, b["request_id"].as_str()),
         (StatusCode::OK, Some("MOVE_1")),
@@ -234,10 +209,10 @@ async fn a_ledger_moves_to_buyer_scoped_keys() {
     // few seconds; the test's instances do not) rebuilds it, and sales go on.
     let rebuilt = scoped.maintenance.watch_once().await.expect("watch");
     assert_eq!(rebuilt, 1, "the product's gate is rebuilt from the ledger");
-    let (s, b) = buy_until_known(&scoped, &as_user(41), "MOVE_3", 9502).await;
+    let (s, b) = buy_until_known(&scoped, &as_buyer(41), "MOVE_3", 9502).await;
     assert_eq!(s, StatusCode::CREATED, "{b}");
     assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 3);
-    let (s, b) = buy_until_known(&scoped, &as_user(43), "MOVE_1", 9502).await;
+    let (s, b) = buy_until_known(&scoped, &as_buyer(43), "MOVE_1", 9502).await;
     assert_eq!(s, StatusCode::CREATED, "another buyer's MOVE_1: {b}");
     let audit = flashsale(&app, &["audit", "--product", "9502"], &[]);
     assert!(
