@@ -424,10 +424,7 @@ impl Flashsale {
             .await;
         match committed {
             Ok(Commit::Committed(order)) => {
-                debug_assert_eq!(
-                    order.request_id, request.request_id,
-                    "the ledger answers a commit with the order it wrote for this request"
-                );
+                debug_assert_own(&request, &order);
                 fail::fail_point!("purchase-after-commit");
                 Ok(Purchased {
                     order,
@@ -692,10 +689,7 @@ impl Flashsale {
     ) -> Result<Purchased, Error> {
         match committed {
             Ok(Commit::Committed(order)) => {
-                debug_assert!(
-                    order.request_id == request.request_id && order.user_id == request.user_id,
-                    "the ledger answers a commit with the order it wrote for this request"
-                );
+                debug_assert_own(request, &order);
                 self.accounted_for(request, hold);
                 // Crash tests stop here: committed, the client not answered yet.
                 fail::fail_point!("purchase-after-commit");
@@ -720,25 +714,8 @@ impl Flashsale {
                 }
                 answer(request, record)
             }
-            Ok(refused @ (Commit::InsufficientStock | Commit::LimitExceeded)) => {
-                let (reason, error) = if refused == Commit::LimitExceeded {
-                    (ReleaseReason::LimitExceeded, Error::LimitExceeded)
-                } else {
-                    (ReleaseReason::SoldOut, Error::SoldOut)
-                };
-                warn!(request_id = %request.request_id, product_id = %request.product_id,
-                    %reason, "ledger refused a hold the gate granted: gate and ledger disagree");
-                match self.ledger.fence(request, hold, reason).await? {
-                    Fence::Fenced => {
-                        // The ledger never counted a fenced hold: its own generation decides.
-                        let of = ReleaseOf::Hold { hold };
-                        self.return_stock(request.product_id, &request.request_id, &of)
-                            .await;
-                        Err(error)
-                    }
-                    Fence::Duplicate(record) => answer(request, record),
-                }
-            }
+            Ok(Commit::InsufficientStock) => self.refused_by_ledger(request, hold, false).await,
+            Ok(Commit::LimitExceeded) => self.refused_by_ledger(request, hold, true).await,
             Ok(Commit::StaleGeneration) => {
                 // The gate lost the state this hold was taken in and is being (or was)
                 // rebuilt from the ledger's facts without it: the hold is void. A retry
@@ -764,6 +741,34 @@ impl Flashsale {
                 warn!(request_id = %request.request_id, error = %e, "purchase commit failed; hold kept for retry or recovery");
                 Err(e.into())
             }
+        }
+    }
+
+    /// The ledger refused a hold the gate granted (the stock, or the per-user limit when
+    /// `limit`): the stores disagree. The hold is fenced and its units go back, unless
+    /// the request_id has a record meanwhile, which is then the answer.
+    async fn refused_by_ledger(
+        &self,
+        request: &PurchaseRequest,
+        hold: HoldRef,
+        limit: bool,
+    ) -> Result<Purchased, Error> {
+        let (reason, error) = if limit {
+            (ReleaseReason::LimitExceeded, Error::LimitExceeded)
+        } else {
+            (ReleaseReason::SoldOut, Error::SoldOut)
+        };
+        warn!(request_id = %request.request_id, product_id = %request.product_id,
+            %reason, "ledger refused a hold the gate granted: gate and ledger disagree");
+        match self.ledger.fence(request, hold, reason).await? {
+            Fence::Fenced => {
+                // The ledger never counted a fenced hold: its own generation decides.
+                let of = ReleaseOf::Hold { hold };
+                self.return_stock(request.product_id, &request.request_id, &of)
+                    .await;
+                Err(error)
+            }
+            Fence::Duplicate(record) => answer(request, record),
         }
     }
 
@@ -960,4 +965,14 @@ fn answer_as(
         } => Err(Error::LimitExceeded),
         PurchaseOutcome::Released { .. } => Err(Error::RequestReleased),
     }
+}
+
+/// A ledger answers a commit with the order it wrote for this very request: the same
+/// key and buyer. Checked in debug builds only (the simulator's planted
+/// `aside-from-batch` defect trips it).
+fn debug_assert_own(request: &PurchaseRequest, order: &Order) {
+    debug_assert!(
+        order.request_id == request.request_id && order.user_id == request.user_id,
+        "the ledger answers a commit with the order it wrote for this request"
+    );
 }
