@@ -51,23 +51,37 @@ fn pending(to: RequestScope, col: &str) -> String {
 }
 
 impl MysqlLedger {
-    /// The ledger's scope. A ledger that has none yet (created by this version, with no
-    /// purchase before migration 31) takes `wanted`: the first instance to start decides.
-    pub async fn request_scope(&self, wanted: RequestScope) -> Result<RequestScope, LedgerError> {
-        let raw: String = self
-            .run("the request scope", || async {
-                sqlx::query("INSERT IGNORE INTO request_scope (id, scope) VALUES (1, ?)")
-                    .bind(wanted.as_str())
-                    .execute(&self.pool())
-                    .await?;
+    /// The scope the ledger recorded, without recording one: None on a ledger no
+    /// instance has served yet.
+    pub async fn recorded_scope(&self) -> Result<Option<RequestScope>, LedgerError> {
+        let raw: Option<String> = self
+            .run("read the request scope", || async {
                 sqlx::query_scalar(
                     "SELECT CONVERT(scope USING utf8mb4) FROM request_scope WHERE id = 1",
                 )
-                .fetch_one(&self.pool())
+                .fetch_optional(&self.pool())
                 .await
             })
             .await?;
-        RequestScope::from_stored(&raw).ok_or_else(|| corrupt(format!("request scope {raw:?}")))
+        raw.map(|raw| {
+            RequestScope::from_stored(&raw).ok_or_else(|| corrupt(format!("request scope {raw:?}")))
+        })
+        .transpose()
+    }
+
+    /// The ledger's scope. A ledger that has none yet (created by this version, with no
+    /// purchase before migration 31) takes `wanted`: the first instance to start decides.
+    pub async fn request_scope(&self, wanted: RequestScope) -> Result<RequestScope, LedgerError> {
+        self.run("record the request scope", || async {
+            sqlx::query("INSERT IGNORE INTO request_scope (id, scope) VALUES (1, ?)")
+                .bind(wanted.as_str())
+                .execute(&self.pool())
+                .await
+        })
+        .await?;
+        self.recorded_scope()
+            .await?
+            .ok_or_else(|| corrupt("no request scope after recording one"))
     }
 
     /// Rewrites every purchase key into `to`'s form in one transaction, and moves every

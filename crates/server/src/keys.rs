@@ -51,13 +51,14 @@ pub async fn run(
     ledger.migrate().await.map_err(|e| e.to_string())?;
     let wanted = config.buyer_auth.request_scope();
     let line = match action {
-        Action::Scope => {
-            let held = ledger
-                .request_scope(wanted)
-                .await
-                .map_err(|e| e.to_string())?;
-            format!("request scope: {}", held.as_str())
-        }
+        Action::Scope => match ledger.recorded_scope().await.map_err(|e| e.to_string())? {
+            Some(held) => format!("request scope: {}", held.as_str()),
+            None => format!(
+                "request scope: none recorded yet (the first instance to serve records its \
+                 own; this configuration's is {})",
+                wanted.as_str()
+            ),
+        },
         Action::Rescope { to } => {
             let to = RequestScope::from(to);
             let done = ledger.rescope(to).await.map_err(|e| e.to_string())?;

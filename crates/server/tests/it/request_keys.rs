@@ -10,7 +10,11 @@ use futures::future::join_all;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
-use crate::helpers::{as_buyer, buy_as, code, jwt_buyers, order_id, TestApp};
+use flashsale_testkit::TestDb;
+
+use crate::helpers::{
+    as_buyer, buy_as, code, jwt_buyers, order_id, TestApp, BUYER_SECRET, MYSQL_SERVER,
+};
 
 /// Attempts of the same-id races: the 200-way race.
 const RACE: i64 = 200;
@@ -41,11 +45,6 @@ async fn get(app: &TestApp, auth: &str, path: &str) -> (StatusCode, Value) {
         .send_with(Method::GET, path, None, &[("authorization", auth)])
         .await;
     (s, b)
-}
-
-/// `flashsale <args>` against `app`'s stores with extra settings, as an operator runs it.
-fn flashsale(app: &TestApp, args: &[&str], settings: &[(&str, &str)]) -> std::process::Output {
-    app.run_binary(args, settings)
 }
 
 // Checks, with jwt buyers, that a request_id is each buyer's own: Bob reading Alice's
@@ -169,7 +168,7 @@ async fn a_ledger_moves_to_buyer_scoped_keys() {
         let (s, b) = app.purchase(rid, user, 9502, 1).await;
         assert_eq!(s, StatusCode::CREATED, "{b}");
     }
-    let scope = flashsale(&app, &["ledger", "scope"], &[]);
+    let scope = app.run_binary(&["ledger", "scope"], &[]);
     assert_eq!(
         String::from_utf8_lossy(&scope.stdout).trim(),
         "request scope: global"
@@ -177,12 +176,12 @@ async fn a_ledger_moves_to_buyer_scoped_keys() {
 
     let mut settings = jwt_buyers().to_vec();
     settings.push(("LISTEN", "127.0.0.1:0"));
-    let refused = flashsale(&app, &["serve"], &settings);
+    let refused = app.run_binary(&["serve"], &settings);
     let said = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success(), "{said}");
     assert!(said.contains("ledger rescope --to buyer"), "{said}");
 
-    let moved = flashsale(&app, &["ledger", "rescope", "--to", "buyer"], &[]);
+    let moved = app.run_binary(&["ledger", "rescope", "--to", "buyer"], &[]);
     let out = String::from_utf8_lossy(&moved.stdout);
     assert!(
         moved.status.success(),
@@ -214,14 +213,14 @@ async fn a_ledger_moves_to_buyer_scoped_keys() {
     assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 3);
     let (s, b) = buy_until_known(&scoped, &as_buyer(43), "MOVE_1", 9502).await;
     assert_eq!(s, StatusCode::CREATED, "another buyer's MOVE_1: {b}");
-    let audit = flashsale(&app, &["audit", "--product", "9502"], &[]);
+    let audit = app.run_binary(&["audit", "--product", "9502"], &[]);
     assert!(
         audit.status.success(),
         "{}",
         String::from_utf8_lossy(&audit.stdout)
     );
 
-    let back = flashsale(&app, &["ledger", "rescope", "--to", "global"], &[]);
+    let back = app.run_binary(&["ledger", "rescope", "--to", "global"], &[]);
     assert!(!back.status.success());
     let said = String::from_utf8_lossy(&back.stderr);
     assert!(
@@ -234,4 +233,37 @@ async fn a_ledger_moves_to_buyer_scoped_keys() {
     assert_eq!(kept, 4, "a refused rescope changes nothing");
     scoped.cleanup().await;
     app.cleanup().await;
+}
+
+// Checks that reading the scope records none: on a ledger no instance has served,
+// `flashsale ledger scope` says none is recorded, twice over (the first read wrote
+// nothing), and names the form this configuration would record.
+#[tokio::test]
+async fn reading_the_scope_records_none() {
+    let db = TestDb::create(MYSQL_SERVER).await.expect("test database");
+    for _ in 0..2 {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_flashsale"))
+            .args(["ledger", "scope"])
+            .env("FLASHSALE_DATABASE_URL", db.url())
+            .env("FLASHSALE_BUYER_AUTH", "jwt")
+            .env("FLASHSALE_BUYER_JWT_SECRET", BUYER_SECRET)
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("run flashsale ledger scope");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{said} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            said.starts_with("request scope: none recorded yet"),
+            "{said}"
+        );
+        assert!(
+            said.trim_end().ends_with("this configuration's is buyer)"),
+            "{said}"
+        );
+    }
+    db.drop_db().await.expect("drop the test database");
 }
