@@ -61,8 +61,8 @@ pub struct ApiConfig {
     /// How a buyer is known (`FLASHSALE_BUYER_AUTH`); with an identity, orders and
     /// purchases are read, paid and cancelled by their own buyer only.
     pub buyer_auth: BuyerAuth,
-    /// The lists of products and of a buyer's orders (None: their routes answer 503).
-    pub listing: Option<Arc<Listing>>,
+    /// The lists of products and of a buyer's orders.
+    pub listing: Arc<Listing>,
 }
 
 /// The per-address rate limit of `POST /v1/purchases` (`flashsale_app::limit`; the
@@ -809,7 +809,7 @@ async fn list_products(
             .map(ProductId::parse)
             .transpose()
             .map_err(invalid)?;
-        let page = deadline(&state, listing(&state)?.products(after, limit)).await?;
+        let page = deadline(&state, state.config.listing.products(after, limit)).await?;
         let products = page
             .items
             .iter()
@@ -885,20 +885,15 @@ async fn list_orders_of(
         .map(OrderId::parse)
         .transpose()
         .map_err(invalid)?;
-    let page = deadline(state, listing(state)?.orders(user, status, before, limit)).await?;
+    let page = deadline(
+        state,
+        state.config.listing.orders(user, status, before, limit),
+    )
+    .await?;
     Ok(Json(OrderPageJson {
         orders: page.items.iter().map(OrderJson::from).collect(),
         next_cursor: page.next.map(|id| id.to_string()),
     }))
-}
-
-/// The lists' use case, where this router has one.
-fn listing(state: &AppState) -> Result<&Listing, ApiError> {
-    state.config.listing.as_deref().ok_or_else(|| {
-        ApiError::from(flashsale_app::Error::Unavailable(
-            "lists are not served here".into(),
-        ))
-    })
 }
 
 /// A page's cursor as a strict decimal id (the `next_cursor` of the page before).

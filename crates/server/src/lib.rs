@@ -251,7 +251,7 @@ pub async fn build(config: &Config) -> Result<App, String> {
             serve_metrics: config.metrics_listen.is_none(),
             limits: Arc::new(purchase_limits(config)),
             buyer_auth: config.buyer_auth.clone(),
-            listing: Some(Arc::new(Listing::new(listing_ledger))),
+            listing: Arc::new(Listing::new(listing_ledger)),
         },
     );
     let metrics_router = config
