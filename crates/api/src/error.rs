@@ -34,6 +34,7 @@ pub const fn status(outcome: Outcome) -> StatusCode {
         | O::LimitExceeded
         | O::ProductExists
         | O::SaleNotActive
+        | O::SalePaused
         | O::RequestIdConflict
         | O::RequestReleased
         | O::OrderNotPayable
@@ -278,6 +279,7 @@ mod tests {
             (Error::OrderNotFound, 404, "order_not_found"),
             (Error::ProductExists, 409, "product_exists"),
             (Error::SaleNotActive, 409, "sale_not_active"),
+            (Error::SalePaused, 409, "sale_paused"),
             (Error::SoldOut, 409, "sold_out"),
             (Error::LimitExceeded, 409, "limit_exceeded"),
             (Error::RequestIdConflict, 409, "request_id_conflict"),

@@ -88,6 +88,18 @@ use Outcome as O;
 /// credentials (401) and a body's `user_id` that is not the buyer (403) apply with buyer
 /// authentication on; every use case runs in an in-flight slot under the request deadline
 /// (503); the rest are the use cases' own refusals.
+/// The errors of an admin's write on a product under a request_id (restock, pause,
+/// resume): credentials, the body, the product, the request_id's other use, a store.
+const PRODUCT_ACTION: &[Outcome] = &[
+    O::InvalidRequest,
+    O::Unauthorized,
+    O::PayloadTooLarge,
+    O::RequestTimeout,
+    O::UnsupportedMediaType,
+    O::ProductNotFound,
+    O::RequestIdConflict,
+    O::Unavailable,
+];
 pub(crate) const ERRORS: &[(&str, &str, &[Outcome])] = &[
     ("get", "/metrics", &[]),
     ("get", "/dashboard", &[]),
@@ -120,20 +132,9 @@ pub(crate) const ERRORS: &[(&str, &str, &[Outcome])] = &[
         "/v1/products/{id}",
         &[O::InvalidRequest, O::ProductNotFound, O::Unavailable],
     ),
-    (
-        "post",
-        "/v1/products/{id}/restock",
-        &[
-            O::InvalidRequest,
-            O::Unauthorized,
-            O::PayloadTooLarge,
-            O::RequestTimeout,
-            O::UnsupportedMediaType,
-            O::ProductNotFound,
-            O::RequestIdConflict,
-            O::Unavailable,
-        ],
-    ),
+    ("post", "/v1/products/{id}/restock", PRODUCT_ACTION),
+    ("post", "/v1/products/{id}/pause", PRODUCT_ACTION),
+    ("post", "/v1/products/{id}/resume", PRODUCT_ACTION),
     (
         "post",
         "/v1/purchases",
@@ -147,6 +148,7 @@ pub(crate) const ERRORS: &[(&str, &str, &[Outcome])] = &[
             O::Forbidden,
             O::ProductNotFound,
             O::SaleNotActive,
+            O::SalePaused,
             O::SoldOut,
             O::LimitExceeded,
             O::RequestIdConflict,
@@ -239,6 +241,8 @@ for the operation and status.",
         routes::list_products,
         routes::get_product,
         routes::restock,
+        routes::pause,
+        routes::resume,
         routes::purchase,
         routes::get_purchase,
         routes::list_orders,
@@ -311,7 +315,8 @@ impl Modify for Errors {
 }
 
 /// The links a client (or a fuzzer's stateful phase) follows from one answer to the
-/// next operation: from a created product to buying it, reading and restocking it;
+/// next operation: from a created product to buying it, reading, restocking, pausing and
+/// resuming it;
 /// from a purchase to its order, its request_id, paying and cancelling it. Each is
 /// (method, path, status, link name, target operation id, path parameters, body),
 /// the values runtime expressions over the answer's body.
@@ -324,7 +329,7 @@ type LinkSpec = (
     &'static [(&'static str, &'static str)],
     Option<&'static [(&'static str, &'static str)]>,
 );
-const LINKS: [LinkSpec; 7] = [
+const LINKS: [LinkSpec; 9] = [
     (
         "post",
         "/v1/products",
@@ -340,6 +345,24 @@ const LINKS: [LinkSpec; 7] = [
         "201",
         "Restock",
         "restock",
+        &[("id", "$response.body#/product_id")],
+        None,
+    ),
+    (
+        "post",
+        "/v1/products",
+        "201",
+        "Pause",
+        "pause",
+        &[("id", "$response.body#/product_id")],
+        None,
+    ),
+    (
+        "post",
+        "/v1/products",
+        "201",
+        "Resume",
+        "resume",
         &[("id", "$response.body#/product_id")],
         None,
     ),

@@ -15,9 +15,12 @@ use axum::{Json, Router};
 use flashsale_app::limit::{address_key, Limiter};
 use flashsale_app::listing::page_size;
 use flashsale_app::metrics::{index_of, ENDPOINTS};
-use flashsale_app::{Flashsale, InventoryView, Listing, Metrics, Monitor, Outcome, ProductView};
+use flashsale_app::{
+    AdminAction, Flashsale, InventoryView, Listing, Metrics, Monitor, Outcome, ProductView,
+    SaleControl, SaleSwitch,
+};
 use flashsale_core::{
-    NewProduct, OrderId, OrderStatus, ParseError, ProductId, PurchaseRequest, RequestId,
+    AdminName, NewProduct, OrderId, OrderStatus, ParseError, ProductId, PurchaseRequest, RequestId,
     SaleWindow, UserId,
 };
 use serde::Deserialize;
@@ -30,8 +33,8 @@ use crate::dashboard::{self, Asset, Dashboard, DashboardJson};
 use crate::error::ApiError;
 use crate::openapi::{Health, Ready};
 use crate::wire::{
-    decimal, order_body, NewProductBody, OrderJson, OrderPageJson, OrdersQuery, ProductJson,
-    ProductPageJson, ProductsQuery, PurchaseBody, RestockBody, UserBody,
+    decimal, order_body, ActionBody, NewProductBody, OrderJson, OrderPageJson, OrdersQuery,
+    ProductJson, ProductPageJson, ProductsQuery, PurchaseBody, RestockBody, UserBody,
 };
 
 #[derive(Debug, Clone)]
@@ -63,6 +66,8 @@ pub struct ApiConfig {
     pub buyer_auth: BuyerAuth,
     /// The lists of products and of a buyer's orders.
     pub listing: Arc<Listing>,
+    /// The operator's controls of a sale: pause and resume.
+    pub control: Arc<SaleControl>,
 }
 
 /// The per-address rate limit of `POST /v1/purchases` (`flashsale_app::limit`; the
@@ -89,6 +94,8 @@ const CANCEL: usize = index_of(&ENDPOINTS, "cancel");
 const CREATE_PRODUCT: usize = index_of(&ENDPOINTS, "create_product");
 const GET_PRODUCT: usize = index_of(&ENDPOINTS, "get_product");
 const RESTOCK: usize = index_of(&ENDPOINTS, "restock");
+const PAUSE: usize = index_of(&ENDPOINTS, "pause");
+const RESUME: usize = index_of(&ENDPOINTS, "resume");
 const LIST_PRODUCTS: usize = index_of(&ENDPOINTS, "list_products");
 const LIST_ORDERS: usize = index_of(&ENDPOINTS, "list_orders");
 const READYZ: usize = index_of(&ENDPOINTS, "readyz");
@@ -170,6 +177,8 @@ routes! {
     get "/v1/products" => list_products,
     get "/v1/products/{id}" => get_product,
     post "/v1/products/{id}/restock" => restock,
+    post "/v1/products/{id}/pause" => pause,
+    post "/v1/products/{id}/resume" => resume,
     post "/v1/purchases" => purchase,
     get "/v1/purchases/{request_id}" => get_purchase,
     get "/v1/orders" => list_orders,
@@ -564,10 +573,11 @@ async fn within<T>(
     }
 }
 
-fn require_admin(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+/// The admin whose token the request carries, or 401.
+fn require_admin(state: &AppState, headers: &HeaderMap) -> Result<AdminName, ApiError> {
     let given = bearer(headers).unwrap_or("");
     if same_token(given.as_bytes(), state.config.admin_token.as_bytes()) {
-        Ok(())
+        Ok(AdminName::default())
     } else {
         Err(ApiError::unauthorized(
             "admin endpoints need Authorization: Bearer <admin token>",
@@ -942,6 +952,77 @@ async fn restock(
     }
     .await;
     counted(started, &state, RESTOCK, result)
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/products/{id}/pause",
+    tag = "products",
+    summary = "Pause a product's sale (admin)",
+    description = "Every instance answers purchases of the product with 409 `sale_paused` \
+within milliseconds of the 200 (it is announced to them before the answer; when it cannot \
+be, the answer waits a second, until no instance's copy of the product is older than the \
+pause). Pay, cancel and expiry go on. Idempotent by `request_id`: on 503 the outcome is \
+unknown, retry with the same request_id.",
+    params(("id" = i64, Path, description = "The product id, in decimal digits without sign or leading zero.", format = Int64, minimum = 1)),
+    request_body(content = ActionBody, content_type = "application/json"),
+    security(("bearerAuth" = [])),
+    responses((status = 200, description = "Paused (or already, under this request_id): the product now.", body = ProductJson)),
+)]
+async fn pause(
+    started: Started,
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    id: PathParam,
+    body: Result<Body, ApiError>,
+) -> Response {
+    let result = switch_sale(&state, &headers, id, body, SaleSwitch::Pause).await;
+    counted(started, &state, PAUSE, result)
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/products/{id}/resume",
+    tag = "products",
+    summary = "Resume a paused sale (admin)",
+    description = "Purchases are served again on every instance, as a pause is refused on \
+every instance (see pause). Idempotent by `request_id`.",
+    params(("id" = i64, Path, description = "The product id, in decimal digits without sign or leading zero.", format = Int64, minimum = 1)),
+    request_body(content = ActionBody, content_type = "application/json"),
+    security(("bearerAuth" = [])),
+    responses((status = 200, description = "On sale again (or already, under this request_id): the product now.", body = ProductJson)),
+)]
+async fn resume(
+    started: Started,
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    id: PathParam,
+    body: Result<Body, ApiError>,
+) -> Response {
+    let result = switch_sale(&state, &headers, id, body, SaleSwitch::Resume).await;
+    counted(started, &state, RESUME, result)
+}
+
+/// Pause or resume: the admin's credentials first, then the product and the body.
+async fn switch_sale(
+    state: &AppState,
+    headers: &HeaderMap,
+    id: PathParam,
+    body: Result<Body, ApiError>,
+    switch: SaleSwitch,
+) -> Result<Json<ProductJson>, ApiError> {
+    let admin = require_admin(state, headers)?;
+    let product_id = ProductId::parse(path_id(id, "product_id")?).map_err(invalid)?;
+    let Body(body) = body?;
+    let b: ActionBody = json(&body)?;
+    let request_id = RequestId::parse("request_id", &b.request_id).map_err(invalid)?;
+    let action = AdminAction {
+        request_id,
+        product_id,
+        admin,
+    };
+    let view = deadline(state, state.config.control.switch(action, switch)).await?;
+    Ok(Json(ProductJson::from(&view)))
 }
 
 #[utoipa::path(

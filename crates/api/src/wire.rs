@@ -120,6 +120,18 @@ pub struct RestockBody {
     pub quantity: i64,
 }
 
+/// An admin's action on a product (pause, resume), once per `request_id`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = AdminAction)]
+pub struct ActionBody {
+    /// The action's idempotency key: a retry does nothing again; another action (or
+    /// another product) under it is `request_id_conflict`. Admins' request_ids are a
+    /// namespace of their own, apart from purchases'.
+    #[schema(min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9_.:-]+$")]
+    pub request_id: String,
+}
+
 /// A time in an answer, as chrono's `Serialize` writes it: RFC 3339 in UTC with `Z`, and
 /// the fraction in 3, 6 or 9 digits, or none, the shortest that is exact (its
 /// `SecondsFormat::AutoSi`). Written into a buffer here and handed over whole: chrono's
@@ -354,6 +366,8 @@ pub struct ProductJson {
     /// Who serves the stock now: `gate` (Redis) or `ledger` (MariaDB alone).
     #[schema(schema_with = stock_mode_schema)]
     pub stock_mode: &'static str,
+    /// Whether the operator paused the sale: purchases answer `sale_paused` while it is.
+    pub paused: bool,
     pub inventory: InventoryJson,
 }
 
@@ -368,6 +382,7 @@ impl From<&ProductView> for ProductJson {
             sale_ends_at: p.window.ends_at,
             created_at: p.created_at,
             stock_mode: p.stock_mode.as_str(),
+            paused: p.paused,
             inventory: InventoryJson {
                 total: v.inventory.total,
                 available: v.inventory.available,

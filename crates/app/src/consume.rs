@@ -30,13 +30,14 @@ pub struct StatsDelta {
 }
 
 impl StatsDelta {
-    /// What `event` adds: nothing for a stock repair, which moved the gate's count and
-    /// sold nothing (it is still consumed once, by its id, like any other event).
+    /// What `event` adds: nothing for a product's own event (a stock repair, which moved
+    /// the gate's count, or an operator's pause or resume), which sold nothing (it is
+    /// still consumed once, by its id, like any other event).
     pub fn of(event: &Event) -> Self {
         debug_assert_eq!(
             event.units.is_none(),
-            event.event_type == EventType::StockRepaired,
-            "only a stock repair's event has no buyer and units"
+            event.event_type.of_product(),
+            "only a product's own event has no buyer and units"
         );
         let units = event.units.map_or(0, |(_, q)| i64::from(q.get()));
         let mut delta = Self::default();
@@ -57,7 +58,7 @@ impl StatsDelta {
                 delta.reservations_released = 1;
                 delta.units_released = units;
             }
-            EventType::StockRepaired => {}
+            EventType::StockRepaired | EventType::ProductPaused | EventType::ProductResumed => {}
         }
         delta
     }

@@ -18,6 +18,8 @@ pub enum Error {
     ProductExists,
     #[error("the sale of this product is not open now")]
     SaleNotActive,
+    #[error("the sale of this product is paused by the operator; retry later")]
+    SalePaused,
     #[error("not enough stock left")]
     SoldOut,
     #[error("per-user limit of this product reached")]
@@ -90,6 +92,7 @@ impl Error {
             Self::ProductNotFound => Outcome::ProductNotFound,
             Self::ProductExists => Outcome::ProductExists,
             Self::SaleNotActive => Outcome::SaleNotActive,
+            Self::SalePaused => Outcome::SalePaused,
             Self::SoldOut => Outcome::SoldOut,
             Self::LimitExceeded => Outcome::LimitExceeded,
             Self::RequestIdConflict => Outcome::RequestIdConflict,

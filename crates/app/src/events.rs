@@ -30,15 +30,23 @@ pub enum EventType {
     /// `stock_repair` row): no order, no buyer, no sale; its request_id is `REPAIR_<id>`
     /// of that row, and its payload carries the repair's facts (docs/events.md).
     StockRepaired,
+    /// The operator paused the product's sale (`control.rs`): no order, no buyer; its
+    /// request_id is `ADMIN_<id>` of the operator's log's row, and its payload names the
+    /// admin and the action's own request_id (docs/events.md).
+    ProductPaused,
+    /// The operator resumed the product's sale; as `ProductPaused`.
+    ProductResumed,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 5] = [
+    pub const ALL: [EventType; 7] = [
         Self::OrderCreated,
         Self::OrderPaid,
         Self::OrderCancelled,
         Self::ReservationReleased,
         Self::StockRepaired,
+        Self::ProductPaused,
+        Self::ProductResumed,
     ];
 
     /// The name used in the payload, the outbox and the subject
@@ -50,7 +58,18 @@ impl EventType {
             Self::OrderCancelled => "order_cancelled",
             Self::ReservationReleased => "reservation_released",
             Self::StockRepaired => "stock_repaired",
+            Self::ProductPaused => "product_paused",
+            Self::ProductResumed => "product_resumed",
         }
+    }
+
+    /// Whether the event is a product's, with no buyer and no units: a repair, or an
+    /// operator's action.
+    pub const fn of_product(self) -> bool {
+        matches!(
+            self,
+            Self::StockRepaired | Self::ProductPaused | Self::ProductResumed
+        )
     }
 }
 

@@ -24,6 +24,7 @@ mod service;
 pub mod sold_out;
 
 pub use audit::AuditBounds;
+pub use control::{AdminAction, Announcer, Controls, SaleControl, SaleSwitch, Switched};
 pub use dashboard::Sampler;
 pub use error::Error;
 pub use fallback::{Fallback, FallbackSettings};
@@ -40,6 +41,7 @@ pub use ports::{Clock, GateError, Ledger, LedgerError, StockGate, SystemClock};
 pub use service::{Flashsale, Settings};
 
 pub mod consume;
+pub mod control;
 pub mod events;
 pub mod relay;
 

@@ -51,7 +51,7 @@ pub const AUDIT_VIOLATIONS_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
 /// The HTTP endpoints, as the `endpoint` label names them (`GET /healthz` is not counted:
 /// see the route).
-pub const ENDPOINTS: [&str; 13] = [
+pub const ENDPOINTS: [&str; 15] = [
     "purchase",
     "get_purchase",
     "get_order",
@@ -60,6 +60,8 @@ pub const ENDPOINTS: [&str; 13] = [
     "create_product",
     "get_product",
     "restock",
+    "pause",
+    "resume",
     "list_products",
     "list_orders",
     "readyz",

@@ -19,6 +19,9 @@ pub struct Product {
     pub stock_loaded: bool,
     /// Who serves the stock now: the gate, or the ledger alone (see `StockMode`).
     pub stock_mode: StockMode,
+    /// Whether the operator paused the sale: purchases are refused with `sale_paused`
+    /// while it is, and pay, cancel and expiry go on (`control.rs`).
+    pub paused: bool,
     pub created_at: DateTime<Utc>,
 }
 

@@ -62,6 +62,8 @@ outcomes! {
     ProductExists => "product_exists",
     /// The product's sale is not open now (409).
     SaleNotActive => "sale_not_active",
+    /// The operator paused the product's sale (409).
+    SalePaused => "sale_paused",
     /// The request_id was used with another payload (409).
     RequestIdConflict => "request_id_conflict",
     /// The request_id's reservation was released without an order (409).
@@ -115,6 +117,6 @@ mod tests {
                 "{o}: a code is snake_case"
             );
         }
-        assert_eq!(codes.len(), 24);
+        assert_eq!(codes.len(), 25);
     }
 }

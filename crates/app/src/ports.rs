@@ -388,6 +388,10 @@ pub trait LeaseListener: Send + Sync + 'static {
     fn listening(&self);
     fn deaf(&self);
     fn revoked(&self, product_id: Option<ProductId>);
+    /// A product's definition changed in the ledger (an operator's pause, say:
+    /// `control.rs`), announced on the same subscription; `None` when the announcement's
+    /// product can't be read.
+    fn changed(&self, product_id: Option<ProductId>);
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -26,6 +26,7 @@ use flashsale_core::{
 use tracing::{debug, error, info, warn};
 
 use crate::catalog::Catalog;
+use crate::control::Hearing;
 use crate::error::Error;
 use crate::limit::{self, Limiter, Rate};
 use crate::model::{
@@ -53,7 +54,7 @@ pub struct Flashsale {
     ledger: Arc<dyn Ledger>,
     clock: Arc<dyn Clock>,
     settings: Settings,
-    catalog: Catalog,
+    catalog: Arc<Catalog>,
     sold_out: Arc<SoldOutBoard>,
     /// Which products the ledger serves, as this instance knows (`modes.rs`).
     modes: Arc<ModeBoard>,
@@ -87,7 +88,7 @@ impl Flashsale {
             ledger,
             clock,
             settings,
-            catalog: Catalog::default(),
+            catalog: Arc::new(Catalog::default()),
             sold_out: Arc::new(SoldOutBoard::default()),
             modes: Arc::new(ModeBoard::default()),
             user_rate: None,
@@ -131,7 +132,16 @@ impl Flashsale {
     /// [`LeaseListener::listening`] here, no lease is trusted and every purchase asks
     /// the gate.
     pub fn lease_listener(&self) -> Arc<dyn LeaseListener> {
-        self.sold_out.clone()
+        Arc::new(Hearing {
+            sold_out: self.sold_out.clone(),
+            catalog: self.catalog.clone(),
+        })
+    }
+
+    /// `product_id`'s definition changed in the ledger (an operator's action, this
+    /// instance's or announced by another): the next attempt reads it anew.
+    pub fn product_changed(&self, product_id: ProductId) {
+        self.catalog.forget(product_id);
     }
 
     /// Which products this instance sends to the ledger: the fallback worker keeps it
@@ -326,15 +336,9 @@ impl Flashsale {
             .load(product.product_id, counters.available, generation)
             .await?;
         self.ledger.mark_stock_loaded(product.product_id).await?;
-        let loaded = Product {
-            stock_loaded: true,
-            ..product.clone()
-        };
-        self.catalog.put(
-            product.product_id,
-            Some(Arc::new(loaded)),
-            self.clock.monotonic(),
-        );
+        // The next attempt reads the product anew, `stock_loaded` now set (a copy made
+        // here from the one read before could undo a change made since).
+        self.catalog.forget(product.product_id);
         Ok(())
     }
 
@@ -349,6 +353,9 @@ impl Flashsale {
         let product = self.product_at(request.product_id, sent).await?;
         if !product.window.is_open_at(self.clock.now()) {
             return Box::pin(self.replay_or(&request, Error::SaleNotActive)).await;
+        }
+        if product.paused {
+            return Box::pin(self.replay_or(&request, Error::SalePaused)).await;
         }
         if self.modes.mode(request.product_id) == StockMode::Ledger {
             self.rate_limit(&request, sent)?;

@@ -270,6 +270,10 @@ impl LeaseListener for SoldOutBoard {
             }
         }
     }
+
+    /// Definitions are the catalog's (`control.rs`): a lease is about units, which a
+    /// changed definition does not move.
+    fn changed(&self, _product_id: Option<ProductId>) {}
 }
 
 /// Gives a snapshot back as not taken if the purchase taking it stops before it is done

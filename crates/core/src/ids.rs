@@ -130,6 +130,48 @@ impl RequestId {
     }
 }
 
+/// Longest name of an admin token (`FLASHSALE_ADMIN_TOKENS`): the width of the
+/// operator's log's `admin` column.
+pub const ADMIN_NAME_LEN_MAX: usize = 32;
+
+/// Which admin token made an action, as the operator's log records it: 1–32 characters
+/// of `[A-Za-z0-9_.-]`, so it reads plainly in logs and JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AdminName(Arc<str>);
+
+impl AdminName {
+    /// The name of the one token `FLASHSALE_ADMIN_TOKEN` sets.
+    pub const DEFAULT: &'static str = "admin";
+
+    pub fn parse(field: &'static str, raw: &str) -> Result<Self, ParseError> {
+        let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
+        if raw.is_empty() || raw.len() > ADMIN_NAME_LEN_MAX || !raw.chars().all(allowed) {
+            return Err(ParseError::new(
+                field,
+                format!("an admin's name is 1 to {ADMIN_NAME_LEN_MAX} of A-Z a-z 0-9 _ . -"),
+            ));
+        }
+        Ok(Self(Arc::from(raw)))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The name of the one token `FLASHSALE_ADMIN_TOKEN` sets.
+impl Default for AdminName {
+    fn default() -> Self {
+        Self(Arc::from(Self::DEFAULT))
+    }
+}
+
+impl fmt::Display for AdminName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 impl fmt::Display for RequestId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

@@ -12,7 +12,9 @@ pub mod purchase;
 pub mod state;
 
 pub use hold::{Generation, HoldId, HoldRef};
-pub use ids::{OrderId, ParseError, ProductId, Quantity, RequestId, RequestScope, UserId};
+pub use ids::{
+    AdminName, OrderId, ParseError, ProductId, Quantity, RequestId, RequestScope, UserId,
+};
 pub use inventory::InventoryCounters;
 pub use mode::StockMode;
 pub use product::{parse_restock, NewProduct, SaleWindow, SALE_TIME_MAX, SALE_TIME_MIN, STOCK_MAX};

@@ -1203,7 +1203,7 @@ impl Ledger for MysqlLedger {
             .run("read product", || async {
                 sqlx::query(
                     "SELECT p.product_id, p.name, p.per_user_limit, p.sale_starts_at, \
-                     p.sale_ends_at, p.stock_loaded, p.created_at, i.stock_mode \
+                     p.sale_ends_at, p.stock_loaded, p.paused, p.created_at, i.stock_mode \
                      FROM products p LEFT JOIN product_inventory i ON i.product_id = p.product_id \
                      WHERE p.product_id = ?",
                 )

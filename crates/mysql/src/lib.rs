@@ -12,6 +12,7 @@
 //! as one transaction each.
 
 mod baseline;
+mod controls;
 mod dedicated;
 mod group;
 mod incidents;

@@ -14,7 +14,7 @@ use crate::sql::db;
 
 /// Products after a cursor (binds the cursor, 0 for the first page, and the limit).
 pub const PRODUCTS_AFTER: &str = "SELECT p.product_id, p.name, p.per_user_limit, \
-     p.sale_starts_at, p.sale_ends_at, p.stock_loaded, p.created_at, i.stock_mode, \
+     p.sale_starts_at, p.sale_ends_at, p.stock_loaded, p.paused, p.created_at, i.stock_mode, \
      i.total_stock, i.available_stock, i.pre_deduct_stock, i.sold_count \
      FROM products p JOIN product_inventory i ON i.product_id = p.product_id \
      WHERE p.product_id > ? ORDER BY p.product_id LIMIT ?";

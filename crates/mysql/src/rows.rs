@@ -76,6 +76,7 @@ pub(crate) fn product(row: &MySqlRow) -> Result<Product, LedgerError> {
         window: SaleWindow::new(starts, ends).map_err(corrupt)?,
         stock_loaded: row.try_get::<bool, _>("stock_loaded").map_err(db)?,
         stock_mode: stock_mode(row, "stock_mode")?,
+        paused: row.try_get::<bool, _>("paused").map_err(db)?,
         created_at: row.try_get("created_at").map_err(db)?,
     })
 }

@@ -101,10 +101,10 @@ fn units(
 ) -> Result<Option<(UserId, Quantity)>, DecodeError> {
     let bad = |e: &dyn std::fmt::Display| DecodeError(e.to_string());
     match (event_type, user_id, quantity) {
-        (EventType::StockRepaired, None, None) => Ok(None),
-        (EventType::StockRepaired, _, _) => Err(DecodeError(
-            "stock_repaired: no user_id or quantity (it has no buyer)".into(),
-        )),
+        (t, None, None) if t.of_product() => Ok(None),
+        (t, _, _) if t.of_product() => Err(DecodeError(format!(
+            "{t}: no user_id or quantity (it has no buyer)"
+        ))),
         (_, Some(user_id), Some(quantity)) => Ok(Some((
             UserId::parse(user_id).map_err(|e| bad(&e))?,
             Quantity::from_stored(quantity)

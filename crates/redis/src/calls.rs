@@ -303,6 +303,8 @@ pub struct Layout {
     pub prefix: String,
     /// Where lease revocations are published ([`crate::revoke::channel`]).
     pub revocations: String,
+    /// Where changed product definitions are announced ([`crate::revoke::changes`]).
+    pub changes: String,
     pub record_ttl_ms: u64,
     pub sold_out_lease_ms: u64,
     /// The shared per-user rate as `reserve.lua` takes it: the interval between two
@@ -315,6 +317,7 @@ impl Layout {
         Self {
             prefix: prefix.to_owned(),
             revocations: crate::revoke::channel(prefix),
+            changes: crate::revoke::changes(prefix),
             record_ttl_ms: u64::try_from(record_ttl.as_millis()).unwrap_or(u64::MAX),
             sold_out_lease_ms: u64::try_from(sold_out_lease.as_millis()).unwrap_or(u64::MAX),
             user_rate_us: (0, 0),
@@ -519,6 +522,20 @@ impl Layout {
             -3 => Ok(Restock::Stale),
             _ => Err(unexpected("restock", &reply)),
         }
+    }
+
+    /// Publishes that `product_id`'s definition changed, for every instance's
+    /// subscriber (`revoke.rs`). On a cluster any node takes it: a cluster passes every
+    /// PUBLISH to all its nodes.
+    pub async fn announce_change(
+        &self,
+        w: &dyn Wire,
+        product_id: ProductId,
+    ) -> Result<(), GateError> {
+        let publish = Cmd::new("PUBLISH")
+            .arg(&self.changes)
+            .arg(product_id.get().to_string());
+        only("PUBLISH", w.query(&self.changes, &[publish], false).await?).map(drop)
     }
 
     pub async fn available(

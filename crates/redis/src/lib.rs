@@ -13,9 +13,11 @@
 //! | `<prefix>{p:<id>}:rel:<request_id>` | string | marker of a reservation's release (expires with the records) |
 //! | `<prefix>{p:<id>}:lock`          | string | the redis-lock baseline's lock: its holder's random token, for the lease (benchmarks only) |
 //!
-//! One pub/sub channel, `<prefix>lease:revoked`: every script that adds units to a
-//! product ends its sold-out lease and publishes `<product id>:<generation>` there in the
-//! same atomic step; each instance's subscriber (`revoke.rs`) hears it.
+//! Two pub/sub channels, both heard by each instance's subscriber (`revoke.rs`):
+//! `<prefix>lease:revoked`, where every script that adds units to a product ends its
+//! sold-out lease and publishes `<product id>:<generation>` in the same atomic step; and
+//! `<prefix>product:changed`, where an operator's change to a product's definition (a
+//! pause) is announced as `<product id>` after the ledger committed it.
 //!
 //! Every script validates its arguments before its first write, and is idempotent on its
 //! request or restock id: a client retry after a lost reply never takes or returns stock
@@ -471,6 +473,15 @@ impl GateMaintenance for RedisGate {
 
     async fn adopt(&self, product_id: ProductId) -> Result<bool, GateError> {
         self.layout.adopt(self.wire.as_ref(), product_id).await
+    }
+}
+
+#[async_trait]
+impl flashsale_app::Announcer for RedisGate {
+    async fn announce_change(&self, product_id: ProductId) -> Result<(), GateError> {
+        self.layout
+            .announce_change(self.wire.as_ref(), product_id)
+            .await
     }
 }
 

@@ -1,12 +1,14 @@
-//! The instance's subscription to sold-out lease revocations.
+//! The instance's subscription to sold-out lease revocations and changed products.
 //!
 //! Every script that adds units to a product ends its sold-out lease and publishes
-//! `<product id>:<generation>` on [`channel`] in the same atomic step. One task per
-//! instance keeps a dedicated pub/sub connection subscribed to it and reports to a
-//! [`LeaseListener`] (the sold-out board): listening once the subscription is confirmed,
-//! each revocation, and deaf as soon as the subscription is lost — the connection
-//! closed, or a PING unanswered — so that no lease is trusted across a gap in which a
-//! revocation may have been missed. Then it reconnects, with a bounded backoff.
+//! `<product id>:<generation>` on [`channel`] in the same atomic step; an operator's
+//! change to a product (a pause) is announced as `<product id>` on [`changes`]. One task
+//! per instance keeps a dedicated pub/sub connection subscribed to both and reports to a
+//! [`LeaseListener`] (the sold-out board and the catalog): listening once the
+//! subscription is confirmed, each revocation and change, and deaf as soon as the
+//! subscription is lost — the connection closed, or a PING unanswered — so that no lease
+//! is trusted across a gap in which a revocation may have been missed. Then it
+//! reconnects, with a bounded backoff.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,12 +41,26 @@ pub fn channel(prefix: &str) -> String {
     format!("{prefix}lease:revoked")
 }
 
+/// The channel changed product definitions are announced on, under the key prefix.
+pub fn changes(prefix: &str) -> String {
+    format!("{prefix}product:changed")
+}
+
 /// The product a revocation names, if its payload can be read.
 pub fn product_of(payload: &[u8]) -> Option<ProductId> {
     let text = std::str::from_utf8(payload).ok()?;
     let (product, _generation) = text.split_once(':')?;
-    ProductId::parse(product.parse().ok()?).ok()
+    changed_product(product.as_bytes())
 }
+
+/// The product a change announcement names (its id in decimal), if it can be read.
+pub fn changed_product(payload: &[u8]) -> Option<ProductId> {
+    let text = std::str::from_utf8(payload).ok()?;
+    ProductId::parse(text.parse().ok()?).ok()
+}
+
+/// The two channels, revocations first.
+type Channels = [String; 2];
 
 /// A subscription: the connection's command side (for PINGs) and its messages.
 type Subscription = (redis::aio::PubSubSink, redis::aio::PubSubStream);
@@ -70,7 +86,7 @@ pub async fn listen(
             .map(|node| redis::Client::open(format!("redis://{node}/")))
             .collect::<Result<_, _>>()?,
     };
-    let channel = channel(prefix);
+    let channel = [channel(prefix), changes(prefix)];
     let Some(client) = clients.first() else {
         return Err(redis::RedisError::from((
             redis::ErrorKind::InvalidClientConfig,
@@ -80,7 +96,7 @@ pub async fn listen(
     let first = subscribe(client, &channel).await;
     if first.is_ok() {
         listener.listening();
-        info!(%channel, "listening for sold-out lease revocations");
+        info!(channels = ?channel, "listening for lease revocations and product changes");
     }
     Ok(tokio::spawn(run(clients, channel, listener, first)))
 }
@@ -88,7 +104,7 @@ pub async fn listen(
 /// The subscriber's loop, from the outcome of a first subscription (already reported).
 async fn run(
     clients: Vec<redis::Client>,
-    channel: String,
+    channel: Channels,
     listener: Arc<dyn LeaseListener>,
     first: Result<Subscription, String>,
 ) {
@@ -99,14 +115,15 @@ async fn run(
         let why = match attempt {
             Ok((sink, stream)) => {
                 backoff = BACKOFF_FIRST;
-                let why = hear(sink, stream, listener.as_ref()).await;
+                let why = hear(sink, stream, &channel, listener.as_ref()).await;
                 listener.deaf();
                 why
             }
             Err(why) => why,
         };
-        warn!(%channel, error = %why, retry_in = ?backoff,
-            "not listening for lease revocations; sold-out answers ask Redis meanwhile");
+        warn!(channels = ?channel, error = %why, retry_in = ?backoff,
+            "not listening for lease revocations and product changes; sold-out answers \
+             ask Redis and product changes are read within a second meanwhile");
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(BACKOFF_MAX);
         attempt = match next.next() {
@@ -115,28 +132,31 @@ async fn run(
         };
         if attempt.is_ok() {
             listener.listening();
-            info!(%channel, "listening for sold-out lease revocations again");
+            info!(channels = ?channel, "listening for lease revocations and product changes again");
         }
     }
 }
 
-async fn subscribe(client: &redis::Client, channel: &str) -> Result<Subscription, String> {
+async fn subscribe(client: &redis::Client, channels: &Channels) -> Result<Subscription, String> {
     let pubsub = timeout(REPLY_TIMEOUT, client.get_async_pubsub())
         .await
         .map_err(|_| "connecting timed out".to_owned())?
         .map_err(|e| e.to_string())?;
     let (mut sink, stream) = pubsub.split();
-    timeout(REPLY_TIMEOUT, sink.subscribe(channel))
-        .await
-        .map_err(|_| "subscribing timed out".to_owned())?
-        .map_err(|e| e.to_string())?;
+    for channel in channels {
+        timeout(REPLY_TIMEOUT, sink.subscribe(channel))
+            .await
+            .map_err(|_| "subscribing timed out".to_owned())?
+            .map_err(|e| e.to_string())?;
+    }
     Ok((sink, stream))
 }
 
-/// Passes revocations on until the subscription is lost; returns why.
+/// Passes revocations and changes on until the subscription is lost; returns why.
 async fn hear(
     mut sink: redis::aio::PubSubSink,
     mut stream: redis::aio::PubSubStream,
+    channels: &Channels,
     listener: &dyn LeaseListener,
 ) -> String {
     let pinger = async move {
@@ -153,6 +173,14 @@ async fn hear(
     loop {
         tokio::select! {
             message = stream.next() => match message {
+                Some(message) if message.get_channel_name() == channels[1] => {
+                    let product_id = changed_product(message.get_payload_bytes());
+                    if product_id.is_none() {
+                        warn!(payload = ?message.get_payload_bytes(),
+                            "unreadable product change; every product is read anew");
+                    }
+                    listener.changed(product_id);
+                }
                 Some(message) => {
                     let product_id = product_of(message.get_payload_bytes());
                     if product_id.is_none() {
@@ -182,5 +210,8 @@ mod tests {
         assert_eq!(product_of(b"-1:3"), None);
         assert_eq!(product_of(b"x:3"), None);
         assert_eq!(product_of(&[0xff, b':', b'1']), None);
+        assert_eq!(changed_product(b"42").map(ProductId::get), Some(42));
+        assert_eq!(changed_product(b"42:3"), None);
+        assert_eq!(changed_product(b"0"), None);
     }
 }

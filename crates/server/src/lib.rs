@@ -22,7 +22,7 @@ use flashsale_app::{
     AuditBounds, Fallback, Flashsale, Maintenance, MaintenanceSettings, Metrics, Monitor, Sampler,
     Settings, SystemClock,
 };
-use flashsale_app::{Clock, Listing, Listings};
+use flashsale_app::{Clock, Listing, Listings, SaleControl};
 use flashsale_core::ProductId;
 use flashsale_mysql::{LedgerConfig, MysqlLedger};
 use flashsale_redis::{GateConfig, RedisGate};
@@ -210,6 +210,11 @@ pub async fn build(config: &Config) -> Result<App, String> {
     ));
     let gate_watch = Arc::new(Notify::new());
     let service = Arc::new(service_for(config, &gate, &ledger, &gate_watch));
+    let control = Arc::new(SaleControl::new(
+        ledger.clone(),
+        gate.clone(),
+        service.clone(),
+    ));
     let fallback = Arc::new(
         Fallback::new(
             gate.clone(),
@@ -223,7 +228,7 @@ pub async fn build(config: &Config) -> Result<App, String> {
     );
     // Detached, like the lease listener: it runs as long as the runtime.
     tokio::spawn(follow_modes(fallback.clone()));
-    if config.strategy == Strategy::Flashsale && !config.sold_out_lease.is_zero() {
+    if config.strategy == Strategy::Flashsale {
         listen_for_revocations(config, &service, &gate_watch).await?;
     }
     let admin_token = admin_token(config);
@@ -252,6 +257,7 @@ pub async fn build(config: &Config) -> Result<App, String> {
             limits: Arc::new(purchase_limits(config)),
             buyer_auth: config.buyer_auth.clone(),
             listing: Arc::new(Listing::new(listing_ledger)),
+            control,
         },
     );
     let metrics_router = config
@@ -349,8 +355,8 @@ fn service_for(
     service.with_gate_watch(gate_watch.clone())
 }
 
-/// Subscribes to the sold-out leases' revocations, detached: it runs as long as the
-/// runtime, like the server itself.
+/// Subscribes to the sold-out leases' revocations and the products' changes (a pause),
+/// detached: it runs as long as the runtime, like the server itself.
 async fn listen_for_revocations(
     config: &Config,
     service: &Flashsale,
@@ -444,6 +450,10 @@ impl LeaseListener for NudgeWhenHeard {
 
     fn revoked(&self, product_id: Option<ProductId>) {
         self.inner.revoked(product_id);
+    }
+
+    fn changed(&self, product_id: Option<ProductId>) {
+        self.inner.changed(product_id);
     }
 }
 

@@ -230,7 +230,7 @@ impl OutboxRow {
             product_id: ProductId::parse(self.product_id).ok()?,
             // A stock repair's row has no buyer (user_id and quantity 0).
             units: match self.event_type {
-                EventType::StockRepaired => None,
+                t if t.of_product() => None,
                 _ => Some((
                     UserId::parse(self.user_id).ok()?,
                     flashsale_core::Quantity::from_stored(self.quantity)?,
@@ -1685,6 +1685,7 @@ impl Ledger for MemLedger {
                         window: new.window,
                         stock_loaded: false,
                         stock_mode: StockMode::Gate,
+                        paused: false,
                         created_at: now,
                     });
                     t.inventory.insert(

@@ -36,6 +36,7 @@ mod metrics;
 mod nats_cluster;
 mod openapi;
 mod orders;
+mod pause;
 mod products;
 mod purchase;
 mod rate_limit;

@@ -1,0 +1,176 @@
+//! The operator's controls of a running sale: pause and resume.
+//!
+//! A pause is the ledger's: the product's `paused` flag, set in one transaction with the
+//! operator's log entry (which admin, when, before and after; its request_id makes the
+//! action idempotent) and a `product_paused` event. Purchases read the flag with the
+//! product's definition (`catalog.rs`) and are refused with `sale_paused` while it is set,
+//! in gate mode and ledger mode alike; pay, cancel and expiry do not look at it.
+//!
+//! Every instance keeps the definition in memory, so the change is announced: after the
+//! commit, this instance forgets its copy and publishes the product's id on the gate's
+//! change channel, and every instance that hears it forgets its own ([`Hearing`]). An
+//! instance refuses once the message reached it (milliseconds after the 200; measured
+//! in the pause test). No copy is served past the catalog's `FOUND_TTL` (a second)
+//! after the ledger state it shows, so one that missed the message (its subscription
+//! down) reads the change within a second of the commit. When the announcement cannot
+//! be published (Redis down), the action waits that second out before it answers, so
+//! its 200 still means every instance refuses. A purchase that read the definition
+//! before the change may still complete: it was decided before the pause was heard.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use flashsale_core::{AdminName, ProductId, RequestId};
+use tracing::{info, warn};
+
+use crate::catalog::{Catalog, FOUND_TTL};
+use crate::error::Error;
+use crate::model::ProductView;
+use crate::ports::{GateError, LeaseListener, LedgerError};
+use crate::service::Flashsale;
+use crate::sold_out::SoldOutBoard;
+
+/// An admin's action on a product, as its request names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminAction {
+    /// The action's idempotency key: a retry with it finds the action done and changes
+    /// nothing; another action under it is a conflict.
+    pub request_id: RequestId,
+    pub product_id: ProductId,
+    /// Which admin token made it.
+    pub admin: AdminName,
+}
+
+/// Whether a sale is paused or on: what pause and resume set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SaleSwitch {
+    Pause,
+    Resume,
+}
+
+impl SaleSwitch {
+    /// The action's name in the operator's log and the metrics.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Pause => "pause",
+            Self::Resume => "resume",
+        }
+    }
+
+    /// The `paused` flag it sets.
+    pub const fn paused(self) -> bool {
+        matches!(self, Self::Pause)
+    }
+}
+
+/// What the ledger did with a switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Switched {
+    /// Recorded now (the flag may have been set already: the log still says who asked).
+    Done,
+    /// This request_id recorded the same switch of the same product before.
+    Replayed,
+    /// This request_id recorded another action, or this one on another product.
+    Conflict,
+    /// No such product.
+    NotFound,
+}
+
+/// The ledger's side of the controls.
+#[async_trait]
+pub trait Controls: Send + Sync + 'static {
+    /// Sets the product's `paused` flag for `switch`, with its log entry and event, in
+    /// one transaction; a request_id already in the log is answered from it.
+    async fn switch_sale(
+        &self,
+        action: &AdminAction,
+        switch: SaleSwitch,
+    ) -> Result<Switched, LedgerError>;
+}
+
+/// Tells every instance that a product's definition changed, so each reads it anew.
+#[async_trait]
+pub trait Announcer: Send + Sync + 'static {
+    async fn announce_change(&self, product_id: ProductId) -> Result<(), GateError>;
+}
+
+/// The controls use case.
+pub struct SaleControl {
+    controls: Arc<dyn Controls>,
+    announcer: Arc<dyn Announcer>,
+    service: Arc<Flashsale>,
+}
+
+impl std::fmt::Debug for SaleControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SaleControl")
+    }
+}
+
+impl SaleControl {
+    pub fn new(
+        controls: Arc<dyn Controls>,
+        announcer: Arc<dyn Announcer>,
+        service: Arc<Flashsale>,
+    ) -> Self {
+        Self {
+            controls,
+            announcer,
+            service,
+        }
+    }
+
+    /// Pauses or resumes the product's sale, and answers the product as it is now. A
+    /// retry (the same request_id) announces the change again: the first attempt may
+    /// have failed after its commit, before its announcement.
+    pub async fn switch(
+        &self,
+        action: AdminAction,
+        switch: SaleSwitch,
+    ) -> Result<ProductView, Error> {
+        match self.controls.switch_sale(&action, switch).await? {
+            Switched::Done | Switched::Replayed => {}
+            Switched::Conflict => return Err(Error::RequestIdConflict),
+            Switched::NotFound => return Err(Error::ProductNotFound),
+        }
+        let product_id = action.product_id;
+        self.service.product_changed(product_id);
+        if let Err(e) = self.announcer.announce_change(product_id).await {
+            warn!(%product_id, error = %e, wait = ?FOUND_TTL,
+                "sale {} recorded but not announced: answering once every instance's copy \
+                 of the product has expired", switch.as_str());
+            tokio::time::sleep(FOUND_TTL).await;
+        }
+        info!(%product_id, admin = %action.admin, request_id = %action.request_id,
+            "sale {}d", switch.as_str());
+        self.service.product_view(product_id).await
+    }
+}
+
+/// What an instance hears on the gate's channels, passed on: lease revocations to the
+/// sold-out board, changed definitions to the catalog.
+pub(crate) struct Hearing {
+    pub(crate) sold_out: Arc<SoldOutBoard>,
+    pub(crate) catalog: Arc<Catalog>,
+}
+
+impl LeaseListener for Hearing {
+    fn listening(&self) {
+        self.sold_out.listening();
+    }
+
+    fn deaf(&self) {
+        self.sold_out.deaf();
+    }
+
+    fn revoked(&self, product_id: Option<ProductId>) {
+        self.sold_out.revoked(product_id);
+    }
+
+    fn changed(&self, product_id: Option<ProductId>) {
+        match product_id {
+            Some(product_id) => self.catalog.forget(product_id),
+            None => self.catalog.forget_all(),
+        }
+    }
+}
