@@ -88,8 +88,8 @@ use Outcome as O;
 /// credentials (401) and a body's `user_id` that is not the buyer (403) apply with buyer
 /// authentication on; every use case runs in an in-flight slot under the request deadline
 /// (503); the rest are the use cases' own refusals.
-/// The errors of an admin's write on a product under a request_id (restock, pause,
-/// resume): credentials, the body, the product, the request_id's other use, a store.
+/// The errors of an admin's write on a product under a request_id (change, restock,
+/// pause, resume): credentials, the body, the product, the request_id's other use, a store.
 const PRODUCT_ACTION: &[Outcome] = &[
     O::InvalidRequest,
     O::Unauthorized,
@@ -132,6 +132,7 @@ pub(crate) const ERRORS: &[(&str, &str, &[Outcome])] = &[
         "/v1/products/{id}",
         &[O::InvalidRequest, O::ProductNotFound, O::Unavailable],
     ),
+    ("patch", "/v1/products/{id}", PRODUCT_ACTION),
     ("post", "/v1/products/{id}/restock", PRODUCT_ACTION),
     ("post", "/v1/products/{id}/pause", PRODUCT_ACTION),
     ("post", "/v1/products/{id}/resume", PRODUCT_ACTION),
@@ -240,6 +241,7 @@ for the operation and status.",
         routes::create_product,
         routes::list_products,
         routes::get_product,
+        routes::patch_product,
         routes::restock,
         routes::pause,
         routes::resume,
@@ -315,8 +317,8 @@ impl Modify for Errors {
 }
 
 /// The links a client (or a fuzzer's stateful phase) follows from one answer to the
-/// next operation: from a created product to buying it, reading, restocking, pausing and
-/// resuming it;
+/// next operation: from a created product to buying it, reading, changing, restocking,
+/// pausing and resuming it;
 /// from a purchase to its order, its request_id, paying and cancelling it. Each is
 /// (method, path, status, link name, target operation id, path parameters, body),
 /// the values runtime expressions over the answer's body.
@@ -329,7 +331,7 @@ type LinkSpec = (
     &'static [(&'static str, &'static str)],
     Option<&'static [(&'static str, &'static str)]>,
 );
-const LINKS: [LinkSpec; 9] = [
+const LINKS: [LinkSpec; 10] = [
     (
         "post",
         "/v1/products",
@@ -354,6 +356,15 @@ const LINKS: [LinkSpec; 9] = [
         "201",
         "Pause",
         "pause",
+        &[("id", "$response.body#/product_id")],
+        None,
+    ),
+    (
+        "post",
+        "/v1/products",
+        "201",
+        "Patch",
+        "patch_product",
         &[("id", "$response.body#/product_id")],
         None,
     ),

@@ -10,7 +10,7 @@ use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, patch, post};
 use axum::{Json, Router};
 use flashsale_app::limit::{address_key, Limiter};
 use flashsale_app::listing::page_size;
@@ -20,8 +20,8 @@ use flashsale_app::{
     SaleControl, SaleSwitch,
 };
 use flashsale_core::{
-    AdminName, NewProduct, OrderId, OrderStatus, ParseError, ProductId, PurchaseRequest, RequestId,
-    SaleWindow, UserId,
+    AdminName, NewProduct, OrderId, OrderStatus, ParseError, ProductChange, ProductId,
+    PurchaseRequest, RequestId, SaleWindow, UserId,
 };
 use serde::Deserialize;
 use tokio::sync::Semaphore;
@@ -34,7 +34,8 @@ use crate::error::ApiError;
 use crate::openapi::{Health, Ready};
 use crate::wire::{
     decimal, order_body, ActionBody, NewProductBody, OrderJson, OrderPageJson, OrdersQuery,
-    ProductJson, ProductPageJson, ProductsQuery, PurchaseBody, RestockBody, UserBody,
+    ProductJson, ProductPageJson, ProductPatchBody, ProductsQuery, PurchaseBody, RestockBody,
+    UserBody,
 };
 
 #[derive(Debug, Clone)]
@@ -96,6 +97,7 @@ const GET_PRODUCT: usize = index_of(&ENDPOINTS, "get_product");
 const RESTOCK: usize = index_of(&ENDPOINTS, "restock");
 const PAUSE: usize = index_of(&ENDPOINTS, "pause");
 const RESUME: usize = index_of(&ENDPOINTS, "resume");
+const PATCH_PRODUCT: usize = index_of(&ENDPOINTS, "patch_product");
 const LIST_PRODUCTS: usize = index_of(&ENDPOINTS, "list_products");
 const LIST_ORDERS: usize = index_of(&ENDPOINTS, "list_orders");
 const READYZ: usize = index_of(&ENDPOINTS, "readyz");
@@ -176,6 +178,7 @@ routes! {
     post "/v1/products" => create_product,
     get "/v1/products" => list_products,
     get "/v1/products/{id}" => get_product,
+    patch "/v1/products/{id}" => patch_product,
     post "/v1/products/{id}/restock" => restock,
     post "/v1/products/{id}/pause" => pause,
     post "/v1/products/{id}/resume" => resume,
@@ -940,11 +943,7 @@ async fn restock(
     body: Result<Body, ApiError>,
 ) -> Response {
     let result = async {
-        // Credentials first, as for creating a product: a stranger learns nothing of
-        // what the endpoint accepts.
-        require_admin(&state, &headers)?;
-        let id = ProductId::parse(path_id(id, "product_id")?).map_err(invalid)?;
-        let Body(body) = body?;
+        let (_admin, id, body) = admin_target(&state, &headers, id, body)?;
         let b: RestockBody = json(&body)?;
         let restock_id = RequestId::parse("request_id", &b.request_id).map_err(invalid)?;
         let view = deadline(&state, state.service.restock(id, restock_id, b.quantity)).await?;
@@ -1011,18 +1010,79 @@ async fn switch_sale(
     body: Result<Body, ApiError>,
     switch: SaleSwitch,
 ) -> Result<Json<ProductJson>, ApiError> {
+    let (admin, product_id, body) = admin_target(state, headers, id, body)?;
+    let b: ActionBody = json(&body)?;
+    let action = admin_action(admin, product_id, &b.request_id)?;
+    let view = deadline(state, state.config.control.switch(action, switch)).await?;
+    Ok(Json(ProductJson::from(&view)))
+}
+
+#[utoipa::path(
+    patch,
+    path = "/v1/products/{id}",
+    tag = "products",
+    summary = "Change a product's name, per-user limit or sale window (admin)",
+    description = "Fields absent are kept; `per_user_limit` or a bound null is taken off. \
+Every instance holds purchases to the new definition within milliseconds of the 200, as \
+for a pause. Orders already made are kept: a lowered limit refuses new purchases over it \
+and cancels none, and a sale ended early (`sale_ends_at` now) leaves its unpaid orders \
+payable until their own deadline. Idempotent by `request_id`.",
+    params(("id" = i64, Path, description = "The product id, in decimal digits without sign or leading zero.", format = Int64, minimum = 1)),
+    request_body(content = ProductPatchBody, content_type = "application/json"),
+    security(("bearerAuth" = [])),
+    responses((status = 200, description = "Changed (or already, under this request_id): the product now.", body = ProductJson)),
+)]
+async fn patch_product(
+    started: Started,
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    id: PathParam,
+    body: Result<Body, ApiError>,
+) -> Response {
+    let result = async {
+        let (admin, product_id, body) = admin_target(&state, &headers, id, body)?;
+        let b: ProductPatchBody = json(&body)?;
+        let action = admin_action(admin, product_id, &b.request_id)?;
+        let change = ProductChange::parse(
+            b.name.as_deref(),
+            b.per_user_limit,
+            b.sale_starts_at,
+            b.sale_ends_at,
+        )
+        .map_err(invalid)?;
+        let view = deadline(&state, state.config.control.change(action, change)).await?;
+        Ok::<_, ApiError>(Json(ProductJson::from(&view)))
+    }
+    .await;
+    counted(started, &state, PATCH_PRODUCT, result)
+}
+
+/// The admin, the product and the body of an admin's action on a product, in the order
+/// they are checked: credentials first (a stranger learns nothing of what else was
+/// wrong), then the product id, then the body's arrival.
+fn admin_target(
+    state: &AppState,
+    headers: &HeaderMap,
+    id: PathParam,
+    body: Result<Body, ApiError>,
+) -> Result<(AdminName, ProductId, Bytes), ApiError> {
     let admin = require_admin(state, headers)?;
     let product_id = ProductId::parse(path_id(id, "product_id")?).map_err(invalid)?;
     let Body(body) = body?;
-    let b: ActionBody = json(&body)?;
-    let request_id = RequestId::parse("request_id", &b.request_id).map_err(invalid)?;
-    let action = AdminAction {
-        request_id,
+    Ok((admin, product_id, body))
+}
+
+/// The action an admin's body names under its request_id.
+fn admin_action(
+    admin: AdminName,
+    product_id: ProductId,
+    request_id: &str,
+) -> Result<AdminAction, ApiError> {
+    Ok(AdminAction {
+        request_id: RequestId::parse("request_id", request_id).map_err(invalid)?,
         product_id,
         admin,
-    };
-    let view = deadline(state, state.config.control.switch(action, switch)).await?;
-    Ok(Json(ProductJson::from(&view)))
+    })
 }
 
 #[utoipa::path(

@@ -106,6 +106,51 @@ pub struct NewProductBody {
     pub sale_ends_at: Option<DateTime<Utc>>,
 }
 
+/// A change to a product (admin), once per `request_id`: each field absent is kept, a
+/// `per_user_limit` or a bound given as null is taken off. At least one field besides
+/// the request_id. Each value is checked as at creation, and the window whole (its end
+/// after its start, the unchanged bound included).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = ProductPatch)]
+pub struct ProductPatchBody {
+    /// The change's idempotency key: a retry changes nothing again; another change (or
+    /// action, or product) under it is `request_id_conflict`.
+    #[schema(min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9_.:-]+$")]
+    pub request_id: String,
+    /// As at creation: 1 to 200 characters once trimmed, none of them a control,
+    /// bidirectional formatting or invisible character.
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = r"^[^\u0000-\u001F\u007F-\u009F\u061C\u200B\u200E\u200F\u2028\u2029\u202A-\u202E\u2060\u2066-\u2069\uFEFF]*[^\s\u0000-\u001F\u007F-\u009F\u061C\u200B\u200E\u200F\u2028\u2029\u202A-\u202E\u2060\u2066-\u2069\uFEFF][^\u0000-\u001F\u007F-\u009F\u061C\u200B\u200E\u200F\u2028\u2029\u202A-\u202E\u2060\u2066-\u2069\uFEFF]*$"
+    )]
+    pub name: Option<String>,
+    /// Most units one buyer may hold across live orders; null: no limit. Lowered, it
+    /// refuses new purchases over it and cancels no order.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<i64>, nullable, format = Int64, minimum = 1, maximum = 4_294_967_295_i64)]
+    pub per_user_limit: Option<Option<i64>>,
+    /// Start of the sale window, as at creation; null: open.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<DateTime<Utc>>, nullable, pattern = r"^[1-9][0-9]{3}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})$")]
+    pub sale_starts_at: Option<Option<DateTime<Utc>>>,
+    /// End of the sale window, as at creation; null: open. Now ends the sale now.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<DateTime<Utc>>, nullable, pattern = r"^[1-9][0-9]{3}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})$")]
+    pub sale_ends_at: Option<Option<DateTime<Utc>>>,
+}
+
+/// A field that is present, null or not: `Some(None)` for null, so that null (take off)
+/// is told from absent (`None` by `#[serde(default)]`: keep).
+fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
+}
+
 /// Stock to add to a product (admin), once per `request_id`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

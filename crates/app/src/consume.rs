@@ -58,7 +58,10 @@ impl StatsDelta {
                 delta.reservations_released = 1;
                 delta.units_released = units;
             }
-            EventType::StockRepaired | EventType::ProductPaused | EventType::ProductResumed => {}
+            EventType::StockRepaired
+            | EventType::ProductPaused
+            | EventType::ProductResumed
+            | EventType::ProductChanged => {}
         }
         delta
     }

@@ -1,10 +1,12 @@
-//! The operator's controls of a running sale: pause and resume.
+//! The operator's controls of a running sale: pause, resume, and changes to a product's
+//! name, per-user limit and sale window.
 //!
-//! A pause is the ledger's: the product's `paused` flag, set in one transaction with the
-//! operator's log entry (which admin, when, before and after; its request_id makes the
-//! action idempotent) and a `product_paused` event. Purchases read the flag with the
-//! product's definition (`catalog.rs`) and are refused with `sale_paused` while it is set,
-//! in gate mode and ledger mode alike; pay, cancel and expiry do not look at it.
+//! Each is the ledger's: the product's row changed in one transaction with the operator's
+//! log entry (which admin, when, what was asked, before and after; its request_id makes
+//! the action idempotent) and an event. Purchases read the product's definition
+//! (`catalog.rs`): a paused product is refused with `sale_paused`, in gate mode and ledger
+//! mode alike, and a changed limit or window applies to the purchases that read it; pay,
+//! cancel and expiry look at neither, so orders already made are kept as they are.
 //!
 //! Every instance keeps the definition in memory, so the change is announced: after the
 //! commit, this instance forgets its copy and publishes the product's id on the gate's
@@ -20,7 +22,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use flashsale_core::{AdminName, ProductId, RequestId};
+use flashsale_core::{AdminName, ParseError, ProductChange, ProductId, RequestId};
 use tracing::{info, warn};
 
 use crate::catalog::{Catalog, FOUND_TTL};
@@ -63,17 +65,22 @@ impl SaleSwitch {
     }
 }
 
-/// What the ledger did with a switch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Switched {
-    /// Recorded now (the flag may have been set already: the log still says who asked).
+/// What the ledger did with an action.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acted {
+    /// Recorded now (even when it changed nothing, a pause of a paused sale: the log
+    /// still says who asked).
     Done,
-    /// This request_id recorded the same switch of the same product before.
+    /// This request_id recorded the same action on the same product before.
     Replayed,
-    /// This request_id recorded another action, or this one on another product.
+    /// This request_id recorded another action, or this one on another product or with
+    /// other fields.
     Conflict,
     /// No such product.
     NotFound,
+    /// The change would leave the product invalid (a window ending before it starts);
+    /// nothing was written.
+    Invalid(ParseError),
 }
 
 /// The ledger's side of the controls.
@@ -85,7 +92,15 @@ pub trait Controls: Send + Sync + 'static {
         &self,
         action: &AdminAction,
         switch: SaleSwitch,
-    ) -> Result<Switched, LedgerError>;
+    ) -> Result<Acted, LedgerError>;
+
+    /// Makes `change` to the product's definition, with its log entry and event, in one
+    /// transaction; a request_id already in the log is answered from it.
+    async fn change_product(
+        &self,
+        action: &AdminAction,
+        change: &ProductChange,
+    ) -> Result<Acted, LedgerError>;
 }
 
 /// Tells every instance that a product's definition changed, so each reads it anew.
@@ -128,21 +143,47 @@ impl SaleControl {
         action: AdminAction,
         switch: SaleSwitch,
     ) -> Result<ProductView, Error> {
-        match self.controls.switch_sale(&action, switch).await? {
-            Switched::Done | Switched::Replayed => {}
-            Switched::Conflict => return Err(Error::RequestIdConflict),
-            Switched::NotFound => return Err(Error::ProductNotFound),
+        let acted = self.controls.switch_sale(&action, switch).await?;
+        self.answer(&action, switch.as_str(), acted).await
+    }
+
+    /// Changes the product's name, per-user limit or sale window (PATCH), and answers
+    /// the product as it is now. Purchases read from the answer on are held to the new
+    /// definition; orders already made are not touched. A retry announces again.
+    pub async fn change(
+        &self,
+        action: AdminAction,
+        change: ProductChange,
+    ) -> Result<ProductView, Error> {
+        let acted = self.controls.change_product(&action, &change).await?;
+        self.answer(&action, "patch", acted).await
+    }
+
+    /// The product after an action the ledger took (`acted`), once every instance acts on
+    /// it: this instance's copy forgotten, the others' by the announcement, or by time
+    /// when it cannot be made.
+    async fn answer(
+        &self,
+        action: &AdminAction,
+        what: &str,
+        acted: Acted,
+    ) -> Result<ProductView, Error> {
+        match acted {
+            Acted::Done | Acted::Replayed => {}
+            Acted::Conflict => return Err(Error::RequestIdConflict),
+            Acted::NotFound => return Err(Error::ProductNotFound),
+            Acted::Invalid(e) => return Err(Error::Invalid(e)),
         }
         let product_id = action.product_id;
         self.service.product_changed(product_id);
         if let Err(e) = self.announcer.announce_change(product_id).await {
-            warn!(%product_id, error = %e, wait = ?FOUND_TTL,
-                "sale {} recorded but not announced: answering once every instance's copy \
-                 of the product has expired", switch.as_str());
+            warn!(%product_id, error = %e, wait = ?FOUND_TTL, action = what,
+                "recorded but not announced: answering once every instance's copy of the \
+                 product has expired");
             tokio::time::sleep(FOUND_TTL).await;
         }
         info!(%product_id, admin = %action.admin, request_id = %action.request_id,
-            "sale {}d", switch.as_str());
+            action = what, "admin action");
         self.service.product_view(product_id).await
     }
 }

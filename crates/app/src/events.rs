@@ -36,10 +36,13 @@ pub enum EventType {
     ProductPaused,
     /// The operator resumed the product's sale; as `ProductPaused`.
     ProductResumed,
+    /// The operator changed the product's name, per-user limit or sale window (PATCH);
+    /// as `ProductPaused`, its payload with the definition before and after.
+    ProductChanged,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 7] = [
+    pub const ALL: [EventType; 8] = [
         Self::OrderCreated,
         Self::OrderPaid,
         Self::OrderCancelled,
@@ -47,6 +50,7 @@ impl EventType {
         Self::StockRepaired,
         Self::ProductPaused,
         Self::ProductResumed,
+        Self::ProductChanged,
     ];
 
     /// The name used in the payload, the outbox and the subject
@@ -60,6 +64,7 @@ impl EventType {
             Self::StockRepaired => "stock_repaired",
             Self::ProductPaused => "product_paused",
             Self::ProductResumed => "product_resumed",
+            Self::ProductChanged => "product_changed",
         }
     }
 
@@ -68,7 +73,7 @@ impl EventType {
     pub const fn of_product(self) -> bool {
         matches!(
             self,
-            Self::StockRepaired | Self::ProductPaused | Self::ProductResumed
+            Self::StockRepaired | Self::ProductPaused | Self::ProductResumed | Self::ProductChanged
         )
     }
 }

@@ -24,7 +24,7 @@ mod service;
 pub mod sold_out;
 
 pub use audit::AuditBounds;
-pub use control::{AdminAction, Announcer, Controls, SaleControl, SaleSwitch, Switched};
+pub use control::{Acted, AdminAction, Announcer, Controls, SaleControl, SaleSwitch};
 pub use dashboard::Sampler;
 pub use error::Error;
 pub use fallback::{Fallback, FallbackSettings};

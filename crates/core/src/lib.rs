@@ -17,7 +17,10 @@ pub use ids::{
 };
 pub use inventory::InventoryCounters;
 pub use mode::StockMode;
-pub use product::{parse_restock, NewProduct, SaleWindow, SALE_TIME_MAX, SALE_TIME_MIN, STOCK_MAX};
+pub use product::{
+    parse_restock, Definition, NewProduct, ProductChange, SaleWindow, SALE_TIME_MAX, SALE_TIME_MIN,
+    STOCK_MAX,
+};
 pub use purchase::PurchaseRequest;
 pub use state::{
     CancelReason, OrderStatus, ReleaseReason, ReservationStatus, Transition, TransitionError,

@@ -134,44 +134,133 @@ impl NewProduct {
         window: SaleWindow,
     ) -> Result<Self, ParseError> {
         let product_id = ProductId::parse(product_id)?;
-        // The whole input, before trimming: a control character is refused even at an end.
-        if !name.chars().all(allowed_in_name) {
-            return Err(ParseError::new(
-                "name",
-                "must not contain control, bidirectional formatting or invisible characters \
-                 (zero-width space, word joiner, byte order mark, line or paragraph separator)",
-            ));
-        }
-        let name = name.trim();
-        if name.is_empty() || name.chars().count() > NAME_LEN_MAX {
-            return Err(ParseError::new(
-                "name",
-                format!("must be 1 to {NAME_LEN_MAX} characters"),
-            ));
-        }
+        let name = parse_name(name)?;
         if !(0..=STOCK_MAX).contains(&stock) {
             return Err(ParseError::new(
                 "stock",
                 format!("must be between 0 and {STOCK_MAX}"),
             ));
         }
-        let per_user_limit = match per_user_limit {
-            None => None,
-            Some(n) if (1..=PER_USER_LIMIT_MAX).contains(&n) => Some(n as u32),
-            Some(_) => {
-                return Err(ParseError::new(
-                    "per_user_limit",
-                    format!("must be between 1 and {PER_USER_LIMIT_MAX}"),
-                ))
-            }
-        };
+        let per_user_limit = per_user_limit.map(parse_limit).transpose()?;
         Ok(Self {
             product_id,
-            name: name.to_owned(),
+            name,
             stock,
             per_user_limit,
             window,
         })
+    }
+}
+
+/// A product's name, trimmed, if allowed: 1 to [`NAME_LEN_MAX`] characters, none of them
+/// a control, bidirectional formatting or invisible one.
+fn parse_name(name: &str) -> Result<String, ParseError> {
+    // The whole input, before trimming: a control character is refused even at an end.
+    if !name.chars().all(allowed_in_name) {
+        return Err(ParseError::new(
+            "name",
+            "must not contain control, bidirectional formatting or invisible characters \
+             (zero-width space, word joiner, byte order mark, line or paragraph separator)",
+        ));
+    }
+    let name = name.trim();
+    if name.is_empty() || name.chars().count() > NAME_LEN_MAX {
+        return Err(ParseError::new(
+            "name",
+            format!("must be 1 to {NAME_LEN_MAX} characters"),
+        ));
+    }
+    Ok(name.to_owned())
+}
+
+/// A per-user limit, if within 1 to [`PER_USER_LIMIT_MAX`].
+fn parse_limit(n: i64) -> Result<u32, ParseError> {
+    u32::try_from(n).ok().filter(|n| *n >= 1).ok_or_else(|| {
+        ParseError::new(
+            "per_user_limit",
+            format!("must be between 1 and {PER_USER_LIMIT_MAX}"),
+        )
+    })
+}
+
+/// What an operator may change of a product once it exists: its name, per-user limit
+/// and sale window (the stock moves by restocks).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Definition {
+    pub name: String,
+    pub per_user_limit: Option<u32>,
+    pub sale_starts_at: Option<DateTime<Utc>>,
+    pub sale_ends_at: Option<DateTime<Utc>>,
+}
+
+impl Definition {
+    /// The window the definition's bounds make (already checked when they were stored).
+    pub fn window(&self) -> SaleWindow {
+        SaleWindow {
+            starts_at: self.sale_starts_at,
+            ends_at: self.sale_ends_at,
+        }
+    }
+}
+
+/// A change to a [`Definition`], as a PATCH asks for it: each field absent (`None`: kept)
+/// or given (`Some`), a limit or a bound given as `None` taken off. Each given value is
+/// checked as at creation; the window is checked whole against the product's when the
+/// change is applied ([`ProductChange::apply`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+pub struct ProductChange {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    per_user_limit: Option<Option<u32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sale_starts_at: Option<Option<DateTime<Utc>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sale_ends_at: Option<Option<DateTime<Utc>>>,
+}
+
+/// A bound of a change: kept, taken off, or moved to an instant in range.
+type BoundChange = Option<Option<DateTime<Utc>>>;
+
+impl ProductChange {
+    pub fn parse(
+        name: Option<&str>,
+        per_user_limit: Option<Option<i64>>,
+        sale_starts_at: BoundChange,
+        sale_ends_at: BoundChange,
+    ) -> Result<Self, ParseError> {
+        let bound = |field, b: BoundChange| {
+            b.map(|at| at.map(|at| sale_time(field, at)).transpose())
+                .transpose()
+        };
+        let change = Self {
+            name: name.map(parse_name).transpose()?,
+            per_user_limit: per_user_limit
+                .map(|l| l.map(parse_limit).transpose())
+                .transpose()?,
+            sale_starts_at: bound("sale_starts_at", sale_starts_at)?,
+            sale_ends_at: bound("sale_ends_at", sale_ends_at)?,
+        };
+        if change == Self::default() {
+            return Err(ParseError::new(
+                "request",
+                "names nothing to change (name, per_user_limit, sale_starts_at, sale_ends_at)",
+            ));
+        }
+        Ok(change)
+    }
+
+    /// `before` with the change made, if its window is still a window (the end after the
+    /// start).
+    pub fn apply(&self, before: &Definition) -> Result<Definition, ParseError> {
+        let after = Definition {
+            name: self.name.clone().unwrap_or_else(|| before.name.clone()),
+            per_user_limit: self.per_user_limit.unwrap_or(before.per_user_limit),
+            sale_starts_at: self.sale_starts_at.unwrap_or(before.sale_starts_at),
+            sale_ends_at: self.sale_ends_at.unwrap_or(before.sale_ends_at),
+        };
+        SaleWindow::new(after.sale_starts_at, after.sale_ends_at)?;
+        Ok(after)
     }
 }
 
@@ -196,6 +285,41 @@ mod tests {
         Utc.with_ymd_and_hms(2026, 11, 29, h, 0, 0)
             .single()
             .expect("valid")
+    }
+
+    // Checks a change as PATCH makes it: absent fields kept, a null limit or bound taken
+    // off, each value checked as at creation, the window checked whole against the
+    // product's, and a change of nothing refused.
+    #[test]
+    fn a_change_keeps_what_it_does_not_name() {
+        let before = Definition {
+            name: "Phone".into(),
+            per_user_limit: Some(2),
+            sale_starts_at: Some(at(10)),
+            sale_ends_at: Some(at(12)),
+        };
+        let limit = ProductChange::parse(None, Some(Some(1)), None, None).expect("valid");
+        let after = limit.apply(&before).expect("applies");
+        assert_eq!(
+            (after.per_user_limit, after.name.as_str()),
+            (Some(1), "Phone")
+        );
+        assert_eq!(after.window(), before.window());
+        let off = ProductChange::parse(Some(" Tablet "), Some(None), None, Some(None));
+        let after = off.expect("valid").apply(&before).expect("applies");
+        assert_eq!(after.name, "Tablet");
+        assert_eq!((after.per_user_limit, after.sale_ends_at), (None, None));
+        let early_end = ProductChange::parse(None, None, None, Some(Some(at(9))));
+        let refused = early_end.expect("valid alone").apply(&before);
+        assert_eq!(refused.expect_err("before the start").field, "sale_ends_at");
+        for bad in [
+            ProductChange::parse(None, None, None, None),
+            ProductChange::parse(Some(""), None, None, None),
+            ProductChange::parse(None, Some(Some(0)), None, None),
+            ProductChange::parse(None, Some(Some(PER_USER_LIMIT_MAX + 1)), None, None),
+        ] {
+            assert!(bad.is_err(), "{bad:?}");
+        }
     }
 
     // Checks the half-open sale window [start, end): open at start, closed at end, and an

@@ -36,6 +36,7 @@ mod metrics;
 mod nats_cluster;
 mod openapi;
 mod orders;
+mod patch;
 mod pause;
 mod products;
 mod purchase;

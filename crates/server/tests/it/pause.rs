@@ -18,7 +18,7 @@ use crate::invariants;
 /// announcement reaches an instance in milliseconds (printed); this leaves room for a
 /// loaded CI machine while staying well under the catalog's one-second expiry, so a
 /// test that passes shows the announcement working, not the expiry.
-const ANNOUNCED_WITHIN: Duration = Duration::from_millis(300);
+pub(crate) const ANNOUNCED_WITHIN: Duration = Duration::from_millis(300);
 /// Buyers per instance in the flood.
 const BUYERS: usize = 6;
 /// The product's units: more than the flood can buy, so no answer is `sold_out`.
@@ -198,7 +198,12 @@ async fn a_pause_reaches_every_instance_under_a_flood() {
 }
 
 /// The admin's POST of `what` on `product` with `body`.
-async fn act(app: &TestApp, product: i64, what: &str, body: Value) -> (StatusCode, Value) {
+pub(crate) async fn act(
+    app: &TestApp,
+    product: i64,
+    what: &str,
+    body: Value,
+) -> (StatusCode, Value) {
     app.admin_post(&format!("/v1/products/{product}/{what}"), body)
         .await
 }
@@ -357,11 +362,9 @@ async fn check_records(app: &TestApp, product: i64) {
         let payload: Value = serde_json::from_str(payload).expect("payload");
         assert_eq!(key, &format!("ADMIN_{id}"));
         assert_eq!(payload["action_request_id"], json!(rid), "{payload}");
-        assert_eq!(
-            payload["paused"],
-            json!(kind == "product_paused"),
-            "{payload}"
-        );
+        let paused = kind == "product_paused";
+        assert_eq!(payload["before"]["paused"], json!(!paused), "{payload}");
+        assert_eq!(payload["after"]["paused"], json!(paused), "{payload}");
         assert_eq!(payload["admin"], json!("admin"), "{payload}");
     }
     assert_eq!(events[0].0, "product_paused");
