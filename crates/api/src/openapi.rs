@@ -218,6 +218,11 @@ pub(crate) const ERRORS: &[(&str, &str, &[Outcome])] = &[
             O::Unavailable,
         ],
     ),
+    (
+        "get",
+        "/v1/admin/actions",
+        &[O::Unauthorized, O::InvalidRequest, O::Unavailable],
+    ),
 ];
 
 #[derive(OpenApi)]
@@ -251,6 +256,7 @@ for the operation and status.",
         routes::get_order,
         routes::pay,
         routes::cancel,
+        routes::list_actions,
     ),
     modifiers(&Security, &Errors, &Links),
     tags(

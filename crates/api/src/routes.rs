@@ -33,9 +33,9 @@ use crate::dashboard::{self, Asset, Dashboard, DashboardJson};
 use crate::error::ApiError;
 use crate::openapi::{Health, Ready};
 use crate::wire::{
-    decimal, order_body, ActionBody, NewProductBody, OrderJson, OrderPageJson, OrdersQuery,
-    ProductJson, ProductPageJson, ProductPatchBody, ProductsQuery, PurchaseBody, RestockBody,
-    UserBody,
+    decimal, order_body, ActionBody, ActionPageJson, ActionsQuery, LoggedActionJson,
+    NewProductBody, OrderJson, OrderPageJson, OrdersQuery, ProductJson, ProductPageJson,
+    ProductPatchBody, ProductsQuery, PurchaseBody, RestockBody, UserBody,
 };
 
 #[derive(Debug, Clone)]
@@ -98,6 +98,7 @@ const RESTOCK: usize = index_of(&ENDPOINTS, "restock");
 const PAUSE: usize = index_of(&ENDPOINTS, "pause");
 const RESUME: usize = index_of(&ENDPOINTS, "resume");
 const PATCH_PRODUCT: usize = index_of(&ENDPOINTS, "patch_product");
+const LIST_ACTIONS: usize = index_of(&ENDPOINTS, "list_actions");
 const LIST_PRODUCTS: usize = index_of(&ENDPOINTS, "list_products");
 const LIST_ORDERS: usize = index_of(&ENDPOINTS, "list_orders");
 const READYZ: usize = index_of(&ENDPOINTS, "readyz");
@@ -188,6 +189,7 @@ routes! {
     get "/v1/orders/{id}" => get_order,
     post "/v1/orders/{id}/pay" => pay,
     post "/v1/orders/{id}/cancel" => cancel,
+    get "/v1/admin/actions" => list_actions,
 }
 
 /// The operator's endpoints alone, `GET /metrics` and the live sale page, for a listener
@@ -846,6 +848,44 @@ async fn list_products(
     }
     .await;
     counted(started, &state, LIST_PRODUCTS, result)
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/admin/actions",
+    tag = "products",
+    summary = "The operator's log: admin actions, newest first (admin)",
+    description = "Every pause, resume and change (PATCH) of a product, with its request_id, \
+the admin token's name, what was asked and the product's state before and after. One \
+indexed read a page.",
+    params(ActionsQuery),
+    security(("bearerAuth" = [])),
+    responses((status = 200, description = "A page of the log.", body = ActionPageJson)),
+)]
+async fn list_actions(
+    started: Started,
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    query: Result<Query<ActionsQuery>, QueryRejection>,
+) -> Response {
+    let result = async {
+        require_admin(&state, &headers)?;
+        let Query(q) = query.map_err(bad_query)?;
+        let limit = page_size(q.limit).map_err(ApiError::from)?;
+        let product = q
+            .product_id
+            .map(ProductId::parse)
+            .transpose()
+            .map_err(invalid)?;
+        let before = cursor(q.cursor.as_deref())?;
+        let page = deadline(&state, state.config.listing.actions(product, before, limit)).await?;
+        Ok::<_, ApiError>(Json(ActionPageJson {
+            actions: page.items.iter().map(LoggedActionJson::of).collect(),
+            next_cursor: page.next.map(|id| id.to_string()),
+        }))
+    }
+    .await;
+    counted(started, &state, LIST_ACTIONS, result)
 }
 
 #[utoipa::path(

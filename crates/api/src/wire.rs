@@ -461,6 +461,82 @@ pub struct OrderPageJson {
     pub next_cursor: Option<String>,
 }
 
+/// A line of the operator's log.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = AdminActionRecord)]
+pub struct LoggedActionJson {
+    /// The line's id, in the log's order.
+    #[schema(format = Int64, minimum = 1)]
+    pub id: i64,
+    /// The request_id the admin sent.
+    pub request_id: String,
+    /// `pause`, `resume` or `patch`.
+    pub action: String,
+    #[schema(format = Int64, minimum = 1)]
+    pub product_id: i64,
+    /// The name of the admin token that made it.
+    pub admin: String,
+    /// What a PATCH asked for (its fields); null for a pause or a resume.
+    #[schema(value_type = Option<Object>, required = true)]
+    pub asked: Option<serde_json::Value>,
+    /// The product's state before the action: `{"paused": …}` for a pause or a resume,
+    /// the definition (name, per_user_limit, sale_starts_at, sale_ends_at) for a PATCH.
+    #[schema(value_type = Object)]
+    pub before: serde_json::Value,
+    /// The state after it, in the same form.
+    #[schema(value_type = Object)]
+    pub after: serde_json::Value,
+    #[serde(serialize_with = "rfc3339")]
+    pub acted_at: DateTime<Utc>,
+}
+
+impl LoggedActionJson {
+    /// The line as the API shows it, its states as JSON objects (the ledger wrote them
+    /// from serde_json, so they parse; one that does not shows as a string).
+    pub fn of(a: &flashsale_app::LoggedAction) -> Self {
+        let object = |text: &str| {
+            serde_json::from_str(text).unwrap_or_else(|_| serde_json::Value::String(text.into()))
+        };
+        Self {
+            id: a.id,
+            request_id: a.request_id.to_string(),
+            action: a.action.clone(),
+            product_id: a.product_id.get(),
+            admin: a.admin.to_string(),
+            asked: a.asked.as_deref().map(object),
+            before: object(&a.before),
+            after: object(&a.after),
+            acted_at: a.acted_at,
+        }
+    }
+}
+
+/// A page of the operator's log, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = AdminActionPage)]
+pub struct ActionPageJson {
+    pub actions: Vec<LoggedActionJson>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    #[schema(required = true)]
+    pub next_cursor: Option<String>,
+}
+
+/// The query of `GET /v1/admin/actions`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ActionsQuery {
+    /// One product's actions only; absent: every product's.
+    #[param(minimum = 1, format = Int64)]
+    pub product_id: Option<i64>,
+    /// Lines on the page, 1 to 100 (default 20).
+    #[param(minimum = 1, maximum = 100)]
+    pub limit: Option<u64>,
+    /// The `next_cursor` of the page before; absent for the first page.
+    #[param(pattern = r"^[1-9][0-9]{0,18}$")]
+    pub cursor: Option<String>,
+}
+
 /// The query of `GET /v1/products`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]

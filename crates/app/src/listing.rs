@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use flashsale_core::{InventoryCounters, OrderId, OrderStatus, ProductId, UserId};
 
 use crate::error::Error;
-use crate::model::{Order, Product};
+use crate::model::{LoggedAction, Order, Product};
 use crate::ports::LedgerError;
 
 /// Items on a page when the client names no limit.
@@ -38,6 +38,15 @@ pub trait Listings: Send + Sync + 'static {
         before: Option<OrderId>,
         limit: usize,
     ) -> Result<Vec<Order>, LedgerError>;
+
+    /// The operator's log, newest first, of `product` if given, older than the line
+    /// `before`, at most `limit`.
+    async fn actions(
+        &self,
+        product: Option<ProductId>,
+        before: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<LoggedAction>, LedgerError>;
 }
 
 /// One page: its items, and the cursor of the next page (None on the last).
@@ -113,6 +122,17 @@ impl Listing {
             .orders_of(user, status, before, limit + 1)
             .await?;
         Ok(Page::of(rows, limit, |o| o.order_id.get()))
+    }
+
+    /// The operator's log before the cursor, newest first, of one product or of all.
+    pub async fn actions(
+        &self,
+        product: Option<ProductId>,
+        before: Option<i64>,
+        limit: usize,
+    ) -> Result<Page<LoggedAction>, Error> {
+        let rows = self.lists.actions(product, before, limit + 1).await?;
+        Ok(Page::of(rows, limit, |a| a.id))
     }
 }
 

@@ -51,7 +51,7 @@ pub const AUDIT_VIOLATIONS_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
 /// The HTTP endpoints, as the `endpoint` label names them (`GET /healthz` is not counted:
 /// see the route).
-pub const ENDPOINTS: [&str; 16] = [
+pub const ENDPOINTS: [&str; 17] = [
     "purchase",
     "get_purchase",
     "get_order",
@@ -63,6 +63,7 @@ pub const ENDPOINTS: [&str; 16] = [
     "pause",
     "resume",
     "patch_product",
+    "list_actions",
     "list_products",
     "list_orders",
     "readyz",

@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 use flashsale_core::{
-    CancelReason, HoldRef, OrderId, OrderStatus, ProductId, PurchaseRequest, Quantity,
+    AdminName, CancelReason, HoldRef, OrderId, OrderStatus, ProductId, PurchaseRequest, Quantity,
     ReleaseReason, RequestId, SaleWindow, StockMode, UserId,
 };
 
@@ -100,4 +100,22 @@ pub struct InventoryView {
 pub struct ProductView {
     pub product: Product,
     pub inventory: InventoryView,
+}
+
+/// A line of the operator's log: one admin action on a product, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoggedAction {
+    /// The line's id: the log's order and the cursor of its pages.
+    pub id: i64,
+    pub request_id: RequestId,
+    /// `pause`, `resume` or `patch`.
+    pub action: String,
+    pub product_id: ProductId,
+    pub admin: AdminName,
+    /// What was asked, as JSON (a PATCH's fields); None where the action says it all.
+    pub asked: Option<String>,
+    /// The product's state before and after the action, as JSON.
+    pub before: String,
+    pub after: String,
+    pub acted_at: DateTime<Utc>,
 }

@@ -1,15 +1,20 @@
 //! The lists' reads ([`Listings`]): one indexed query a page. Products walk the primary
 //! key; a buyer's orders walk `idx_orders_user` (user_id, and the primary key InnoDB
-//! appends to every secondary index) backwards from the cursor, so neither sorts.
+//! appends to every secondary index) backwards from the cursor, so neither sorts; the
+//! operator's log walks its primary key, or one product's `idx_admin_action_product`,
+//! backwards too.
 
 use async_trait::async_trait;
 use flashsale_app::listing::Listings;
-use flashsale_app::{LedgerError, Order, Product};
-use flashsale_core::{InventoryCounters, OrderId, OrderStatus, ProductId, UserId};
+use flashsale_app::{LedgerError, LoggedAction, Order, Product};
+use flashsale_core::{
+    AdminName, InventoryCounters, OrderId, OrderStatus, ProductId, RequestId, UserId,
+};
+use sqlx::mysql::MySqlRow;
 use sqlx::Row;
 
 use crate::ledger::MysqlLedger;
-use crate::rows::{self, ORDER_COLUMNS};
+use crate::rows::{self, corrupt, ORDER_COLUMNS};
 use crate::sql::db;
 
 /// Products after a cursor (binds the cursor, 0 for the first page, and the limit).
@@ -26,6 +31,24 @@ pub fn orders_sql() -> String {
         "SELECT {ORDER_COLUMNS} FROM orders o FORCE INDEX (idx_orders_user) \
          WHERE o.user_id = ? AND o.id < ? AND (? IS NULL OR o.status = ?) \
          ORDER BY o.id DESC LIMIT ?"
+    )
+}
+
+/// The operator's log before a cursor, newest first (binds the cursor — i64::MAX for the
+/// first page — and the limit; with `of_product`, the product first): along the primary
+/// key, or `idx_admin_action_product` for one product.
+pub fn actions_sql(of_product: bool) -> String {
+    let (index, filter) = if of_product {
+        ("idx_admin_action_product", "a.product_id = ? AND ")
+    } else {
+        ("PRIMARY", "")
+    };
+    format!(
+        "SELECT a.id, CAST(a.request_id AS CHAR) AS request_id, CAST(a.action AS CHAR) AS \
+         action, a.product_id, CAST(a.admin AS CHAR) AS admin, CAST(a.asked AS CHAR) AS asked, \
+         CAST(a.before_state AS CHAR) AS before_state, CAST(a.after_state AS CHAR) AS \
+         after_state, a.acted_at FROM admin_action a FORCE INDEX ({index}) \
+         WHERE {filter}a.id < ? ORDER BY a.id DESC LIMIT ?"
     )
 }
 
@@ -86,4 +109,44 @@ impl Listings for MysqlLedger {
             .await?;
         found.iter().map(rows::order).collect()
     }
+
+    async fn actions(
+        &self,
+        product: Option<ProductId>,
+        before: Option<i64>,
+        n: usize,
+    ) -> Result<Vec<LoggedAction>, LedgerError> {
+        let sql = actions_sql(product.is_some());
+        let found = self
+            .run("list admin actions", || async {
+                let mut query = sqlx::query(&sql);
+                if let Some(product) = product {
+                    query = query.bind(product.get());
+                }
+                query
+                    .bind(before.unwrap_or(i64::MAX))
+                    .bind(limit(n))
+                    .fetch_all(&self.pool())
+                    .await
+            })
+            .await?;
+        found.iter().map(logged_action).collect()
+    }
+}
+
+/// A row of the operator's log.
+fn logged_action(row: &MySqlRow) -> Result<LoggedAction, LedgerError> {
+    let text = |column: &str| row.try_get::<String, _>(column).map_err(db);
+    let admin = text("admin")?;
+    Ok(LoggedAction {
+        id: row.try_get("id").map_err(db)?,
+        request_id: RequestId::parse("request_id", &text("request_id")?).map_err(corrupt)?,
+        action: text("action")?,
+        product_id: ProductId::parse(row.try_get("product_id").map_err(db)?).map_err(corrupt)?,
+        admin: AdminName::parse("admin", &admin).map_err(corrupt)?,
+        asked: row.try_get("asked").map_err(db)?,
+        before: text("before_state")?,
+        after: text("after_state")?,
+        acted_at: row.try_get("acted_at").map_err(db)?,
+    })
 }
