@@ -279,6 +279,8 @@ pub struct ProductStockJson {
     /// Who serves the stock: `gate` (Redis) or `ledger` (MariaDB alone).
     #[schema(schema_with = stock_mode_schema)]
     pub stock_mode: &'static str,
+    /// Whether the operator paused the sale.
+    pub paused: bool,
     #[schema(required = true, format = Int64)]
     pub total: Option<i64>,
     /// As `GET /v1/products/{id}` counts it: Redis's count through the gate, the
@@ -300,6 +302,7 @@ impl ProductStockJson {
             product_id: p.product_id.get(),
             name: p.name.clone()?,
             stock_mode: p.mode?.as_str(),
+            paused: p.paused?,
             total: c.map(|c| c.total),
             available: p.available,
             reserved: c.map(|c| c.reserved),

@@ -350,6 +350,7 @@ struct Stores {
     outbox_parked: Gauge,
     stock: Family<StockLabels, Gauge>,
     ledger_mode: Family<ProductLabels, Gauge>,
+    paused: Family<ProductLabels, Gauge>,
     audit_violations: Gauge,
     ledger_writer: Family<NodeLabels, Gauge>,
 }
@@ -391,6 +392,12 @@ impl Stores {
                 registry,
                 "product_ledger_mode",
                 "Whether each product (the same ones as product_stock) is sold from MariaDB (1: ledger mode, Redis unreachable) or through the Redis gate (0), when the metrics were read",
+                Family::default(),
+            ),
+            paused: registered(
+                registry,
+                "product_paused",
+                "Whether the operator paused each product's sale (1) or not (0), for the same products as product_stock, when the metrics were read",
                 Family::default(),
             ),
             audit_violations: registered(
@@ -729,6 +736,8 @@ pub struct ProductStock {
     /// The product's name and who serves its stock (None: not read).
     pub name: Option<String>,
     pub mode: Option<StockMode>,
+    /// Whether the operator paused its sale (None: not read).
+    pub paused: Option<bool>,
     /// MariaDB's counters (None: not read).
     pub counters: Option<InventoryCounters>,
     /// Units a buyer can still get, as `GET /v1/products/{id}` counts them: Redis's
@@ -851,6 +860,7 @@ impl Monitor {
         // must not keep their last value.
         m.stores.stock.clear();
         m.stores.ledger_mode.clear();
+        m.stores.paused.clear();
         let products = match mariadb_up {
             true => bounded(deadline, self.ledger_m.newest_products(PRODUCTS_MAX))
                 .await
@@ -935,12 +945,17 @@ impl Monitor {
             .await
             .flatten();
         if let Some(p) = &product {
+            let labels = ProductLabels {
+                product_id: id.clone(),
+            };
             m.stores
                 .ledger_mode
-                .get_or_create(&ProductLabels {
-                    product_id: id.clone(),
-                })
+                .get_or_create(&labels)
                 .set(i64::from(p.stock_mode == StockMode::Ledger));
+            m.stores
+                .paused
+                .get_or_create(&labels)
+                .set(i64::from(p.paused));
         }
         let mut in_gate = None;
         if redis_up {
@@ -963,6 +978,7 @@ impl Monitor {
             product_id,
             name: product.as_ref().map(|p| p.name.clone()),
             mode: product.as_ref().map(|p| p.stock_mode),
+            paused: product.as_ref().map(|p| p.paused),
             counters,
             available,
         }
@@ -1178,6 +1194,12 @@ mod tests {
             .set(1);
         m.stores
             .ledger_mode
+            .get_or_create(&ProductLabels {
+                product_id: "1".into(),
+            })
+            .set(0);
+        m.stores
+            .paused
             .get_or_create(&ProductLabels {
                 product_id: "1".into(),
             })

@@ -24,6 +24,10 @@
   const $ = (id) => document.getElementById(id);
   let lastOk = 0;
   let lastData = null;
+  // The admin token, once entered: in this page's memory only (no cookie, no storage),
+  // so no other site's page can act with it (no CSRF) and a reload forgets it. With it,
+  // each product offers pause or resume.
+  let adminToken = null;
 
   function el(tag, cls, text) {
     const e = document.createElement(tag);
@@ -214,6 +218,49 @@
     return d;
   }
 
+  // An action's idempotency key: 128 random bits (crypto.getRandomValues works on any
+  // origin, unlike randomUUID), in the request_id's alphabet.
+  function requestId() {
+    const bytes = new Uint8Array(16);
+    crypto.getRandomValues(bytes);
+    return "DASH_" + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+  }
+
+  // Pauses or resumes a product's sale through the API, with the admin token; the answer
+  // (the product as it is now) is shown at once, before the next poll.
+  async function act(productId, what, button) {
+    button.disabled = true;
+    const note = $("admin-note");
+    try {
+      const r = await fetch("v1/products/" + productId + "/" + what, {
+        method: "POST",
+        cache: "no-store",
+        headers: { "Authorization": "Bearer " + adminToken, "Content-Type": "application/json" },
+        body: JSON.stringify({ request_id: requestId() }),
+      });
+      const body = await r.json().catch(() => ({}));
+      if (!r.ok) throw new Error("HTTP " + r.status + (body.error ? " " + body.error : ""));
+      note.textContent = "#" + productId + " " + (body.paused ? "paused" : "on sale again");
+      const shown = lastData && lastData.products.find((p) => p.product_id === productId);
+      if (shown) {
+        shown.paused = body.paused;
+        drawProducts(lastData);
+      }
+    } catch (e) {
+      note.textContent = "#" + productId + ": " + what + " failed (" + e.message + ")";
+      button.disabled = false;
+    }
+  }
+
+  function actions(p) {
+    const what = p.paused ? "resume" : "pause";
+    const button = el("button", "act", p.paused ? "Resume" : "Pause");
+    button.type = "button";
+    button.dataset.action = what;
+    button.addEventListener("click", () => act(p.product_id, what, button));
+    return button;
+  }
+
   function drawProducts(data) {
     const host = $("products");
     host.replaceChildren();
@@ -232,6 +279,13 @@
       mode.dataset.field = "mode";
       mode.title = p.stock_mode === "ledger" ? "sold from MariaDB alone: Redis unreachable" : "sold through the Redis gate";
       head.appendChild(mode);
+      if (p.paused) {
+        const paused = el("span", "mode paused", "paused");
+        paused.dataset.field = "paused";
+        paused.title = "the operator paused this sale: purchases answer sale_paused";
+        head.appendChild(paused);
+      }
+      if (adminToken) head.appendChild(actions(p));
       card.appendChild(head);
       // One bar, the total: sold, reserved (awaiting payment), available, and what is in
       // flight between Redis and MariaDB (taken at the gate, not yet committed).
@@ -340,6 +394,17 @@
     resized = setTimeout(() => {
       if (lastData) draw(lastData);
     }, 200);
+  });
+
+  $("admin").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const input = $("admin-token");
+    adminToken = input.value.trim() || null;
+    input.value = "";
+    $("admin-note").textContent = adminToken
+      ? "token set for this page: each product offers pause or resume"
+      : "no token: nothing can be paused here";
+    if (lastData) drawProducts(lastData);
   });
 
   poll();

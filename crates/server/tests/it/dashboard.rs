@@ -715,3 +715,100 @@ async fn the_page_shows_a_live_sale_in_a_browser() {
     drop(driver);
     app.cleanup().await;
 }
+
+/// Clicks the product's `what` button (pause or resume) as a person would: found, then
+/// clicked through WebDriver, again if the page redrew the card in between (it does
+/// once a second).
+async fn click_action(browser: &fantoccini::Client, product_id: i64, what: &str) {
+    let css = format!(r#"[data-product-id="{product_id}"] button[data-action="{what}"]"#);
+    let started = std::time::Instant::now();
+    loop {
+        if let Ok(button) = browser.find(fantoccini::Locator::Css(&css)).await {
+            if button.click().await.is_ok() {
+                return;
+            }
+        }
+        assert!(
+            started.elapsed() < PAGE_CATCH_UP_MAX,
+            "no {what} button on the page"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until the page shows the product paused (`paused`) or not.
+async fn shown_paused(browser: &fantoccini::Client, product_id: i64, paused: bool) {
+    let script = format!(
+        r#"return document.querySelector('[data-product-id="{product_id}"] [data-field="paused"]') !== null;"#
+    );
+    let started = std::time::Instant::now();
+    while browser.execute(&script, vec![]).await.expect("read") != json!(paused) {
+        assert!(
+            started.elapsed() < PAGE_CATCH_UP_MAX,
+            "never shown paused={paused}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+// Checks the page's controls in headless Chromium: with the admin token entered in the
+// page, the product offers Pause; clicked, the page shows the sale paused and a purchase
+// answers 409 sale_paused; Resume clicked, the badge goes and a purchase is 201. The
+// token stays in the page's memory (no cookie, nothing in local or session storage), and
+// the operator's log holds the two actions under the page's own request_ids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_pauses_and_resumes_a_sale() {
+    const PRODUCT: i64 = 4402;
+    let app = TestApp::spawn().await;
+    app.create_product(PRODUCT, 100, None).await;
+    let driver = Chromedriver::start().await;
+    let browser = driver.session().await;
+    browser
+        .goto(&format!("{}/dashboard", app.base))
+        .await
+        .expect("open the page");
+    let token = browser
+        .find(fantoccini::Locator::Id("admin-token"))
+        .await
+        .expect("the token's field");
+    token
+        .send_keys(crate::helpers::ADMIN_TOKEN)
+        .await
+        .expect("type the token");
+    browser
+        .find(fantoccini::Locator::Css("#admin button"))
+        .await
+        .expect("the form's button")
+        .click()
+        .await
+        .expect("use the token");
+    click_action(&browser, PRODUCT, "pause").await;
+    shown_paused(&browser, PRODUCT, true).await;
+    let (s, b) = app.purchase("REQ_dash_1", 1, PRODUCT, 1).await;
+    assert_eq!(
+        (s, b["error"].as_str()),
+        (StatusCode::CONFLICT, Some("sale_paused")),
+        "{b}"
+    );
+    click_action(&browser, PRODUCT, "resume").await;
+    shown_paused(&browser, PRODUCT, false).await;
+    let (s, b) = app.purchase("REQ_dash_2", 1, PRODUCT, 1).await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let kept = browser
+        .execute(
+            "return [document.cookie, localStorage.length, sessionStorage.length];",
+            vec![],
+        )
+        .await
+        .expect("storage");
+    assert_eq!(kept, json!(["", 0, 0]), "the token is kept in memory only");
+    let logged = app
+        .count(&format!(
+            "SELECT COUNT(*) FROM admin_action WHERE product_id = {PRODUCT} \
+             AND request_id LIKE 'DASH\\_%'"
+        ))
+        .await;
+    assert_eq!(logged, 2, "a pause and a resume from the page");
+    browser.close().await.expect("close the browser");
+    app.cleanup().await;
+}
