@@ -195,6 +195,26 @@ impl Shop {
         .await
     }
 
+    /// `POST /v1/products/{id}/pause` or `…/resume` (`what`) with the admin token, under
+    /// `request_id`: the product as it is now.
+    pub async fn switch_sale(
+        &self,
+        id: ProductId,
+        what: &str,
+        request_id: &RequestId,
+    ) -> Result<Answer<serde_json::Value>, Unexpected> {
+        let body = serde_json::json!({ "request_id": request_id.as_str() });
+        self.exchange(
+            Method::POST,
+            &format!("/v1/products/{id}/{what}"),
+            Some(body),
+            Some(&self.admin),
+            None,
+            None,
+        )
+        .await
+    }
+
     pub async fn product(&self, id: ProductId) -> Result<Answer<Product>, Unexpected> {
         self.exchange(
             Method::GET,

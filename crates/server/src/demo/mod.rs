@@ -22,11 +22,13 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use flashsale_api::auth::BuyerAuth;
-use flashsale_core::{OrderId, ProductId, UserId};
+use flashsale_core::{OrderId, ProductId, RequestId, UserId};
 use rand::Rng;
 use reqwest::StatusCode;
 
-use self::buyers::{Buyer, Checkout, Copies, Final, Known, Settled, Tally, Wave, IDS_SHOWN_MAX};
+use self::buyers::{
+    until_known, Buyer, Checkout, Copies, Final, Known, Settled, Tally, Wave, IDS_SHOWN_MAX,
+};
 use self::client::{BuyerIdentity, Inventory, Shop, Unexpected};
 use self::progress::{Display, Progress};
 use self::service::OwnService;
@@ -480,6 +482,7 @@ async fn demo(
         .map_err(|e| DemoError::Service(format!("the audit's stores: {e}")))?;
     dashboard(&target).await;
     let product = open_sale(&target, &maintenance, args.stock).await?;
+    let paused = pause_once(shop, product).await?;
 
     let Flood {
         mut all,
@@ -514,9 +517,10 @@ async fn demo(
         println!("          {line}");
     }
 
-    let checks = checks(
+    let mut checks = checks(
         args, product, &all, &expiry, &replays, &end, &totals, &tally,
     );
+    checks.insert(checks.len() - 1, paused);
     println!("summary   product {product}, {} units", count(args.stock));
     Ok(summary(&checks))
 }
@@ -553,6 +557,43 @@ async fn open_sale(
         ))),
         Err(e) => Err(DemoError::Service(format!("the audit: {e}"))),
     }
+}
+
+/// A buyer outside every wave (users count up from 1), who tries to buy while the sale
+/// is paused.
+const PAUSED_BUYER: i64 = 999_999_999;
+
+/// Pauses the sale before the flood, tries to buy while it is paused, and resumes it,
+/// each step retried while its outcome is unknown: the check that the purchase was
+/// refused with `sale_paused` and the sale is on again. A refused purchase writes
+/// nothing, so the flood's counts are untouched.
+async fn pause_once(shop: &Shop, product: ProductId) -> Result<Check, DemoError> {
+    let tally = Tally::default();
+    let id = |what: &str| {
+        RequestId::parse("request_id", &format!("demo{product}-{what}"))
+            .map_err(|e| DemoError::Setup(e.to_string()))
+    };
+    let (pause, resume, buy) = (id("pause")?, id("resume")?, id("paused-buy")?);
+    let user = UserId::parse(PAUSED_BUYER).map_err(|e| DemoError::Setup(e.to_string()))?;
+    let paused = until_known(&tally, |_| shop.switch_sale(product, "pause", &pause)).await?;
+    let refused = until_known(&tally, |_| shop.purchase(&buy, user, product, None)).await?;
+    let resumed = until_known(&tally, |_| shop.switch_sale(product, "resume", &resume)).await?;
+    let flag = |k: &Known<serde_json::Value>| match k {
+        Known::Done(_, v) => v["paused"].as_bool(),
+        _ => None,
+    };
+    let code = match &refused {
+        Known::Refused(status, code) => format!("{} {code}", status.as_u16()),
+        Known::Done(status, _) => format!("{} (sold)", status.as_u16()),
+        Known::Unknown => "no answer".to_owned(),
+    };
+    let passed =
+        flag(&paused) == Some(true) && code == "409 sale_paused" && flag(&resumed) == Some(false);
+    println!("pause     the sale paused, a purchase tried ({code}), and resumed before the flood");
+    Ok(Check::made(
+        passed,
+        format!("a paused sale refused a purchase ({code}) and was resumed"),
+    ))
 }
 
 /// What the flood left: every buyer's record, the answers it got, the first user of

@@ -134,8 +134,9 @@ async fn demo_spawns_a_service_sells_out_and_checks_it() {
         "ok    one order per request:",
         "ok    double-clicks never got two orders:",
         "ok    every buyer got an answer:",
+        "ok    a paused sale refused a purchase (409 sale_paused) and was resumed",
         "ok    the audit of product 1001: 0 violations",
-        "all 8 checks passed",
+        "all 9 checks passed",
     ] {
         assert!(text.contains(line), "no {line:?} in:\n{text}");
     }
