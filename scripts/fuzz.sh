@@ -14,7 +14,8 @@
 # /v1/products "mostly rejected generated data": its coverage phase sends one instant as
 # both ends of a sale window, an empty window the API refuses (400, sale_ends_at must be
 # later), a rule between two fields that JSON Schema cannot state (the document says it
-# in words). Every other bound of the product's fields is in the document (the windows'
+# in words); PATCH /v1/products/{id} likewise, whose window is checked whole against the
+# bound the product keeps, and whose generated ids mostly name no product (404). Every other bound of the product's fields is in the document (the windows'
 # years from 1000 and no leap second by pattern), and the fuzzing phase's products are
 # created.
 #

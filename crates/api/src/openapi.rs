@@ -470,7 +470,11 @@ fn operation_mut<'a>(
     match method {
         "get" => item.get.as_mut(),
         "post" => item.post.as_mut(),
-        _ => None,
+        "patch" => item.patch.as_mut(),
+        _ => {
+            debug_assert!(false, "ERRORS and LINKS name only the API's methods, not {method}");
+            None
+        }
     }
 }
 
