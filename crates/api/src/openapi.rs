@@ -472,7 +472,10 @@ fn operation_mut<'a>(
         "post" => item.post.as_mut(),
         "patch" => item.patch.as_mut(),
         _ => {
-            debug_assert!(false, "ERRORS and LINKS name only the API's methods, not {method}");
+            debug_assert!(
+                false,
+                "ERRORS and LINKS name only the API's methods, not {method}"
+            );
             None
         }
     }

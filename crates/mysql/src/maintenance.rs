@@ -355,9 +355,18 @@ impl LedgerMaintenance for MysqlLedger {
         let mismatched = self
             .facts_request_ids(ids, pool, MISMATCHED, &listed)
             .await?;
-        let event_mismatches = self
+        let mut event_mismatches = self
             .facts_request_ids("facts: events", pool, EVENT_MISMATCHES, &[p, p, LISTED_MAX])
             .await?;
+        event_mismatches.extend(
+            self.facts_request_ids(
+                "facts: action events",
+                pool,
+                ACTION_EVENT_MISMATCHES,
+                &[p, p, p, LISTED_MAX],
+            )
+            .await?,
+        );
         let (reserve_logged, ordered_units) = self.facts_stock_log(pool, p).await?;
         let log_mismatches = self
             .facts_request_ids(ids, pool, LOG_MISMATCHES, &listed)
@@ -550,6 +559,21 @@ const EVENT_MISMATCHES: &str = "SELECT r.request_id FROM inventory_reservation r
        OR COALESCE(o.status = 'PAID', 0) <> COALESCE(e.paid, 0) \
        OR COALESCE(o.status = 'CANCELLED', 0) <> COALESCE(e.cancelled, 0) \
        OR (r.status = 'RELEASED') <> COALESCE(e.released, 0)) \
+     LIMIT ?";
+
+/// Facts: the operator's actions whose events do not match them one to one (binds the
+/// product three times and `LISTED_MAX`): a log line with no `ADMIN_<id>` event or more
+/// than one, and an `ADMIN_<id>` event with no line. Both are written in one transaction
+/// (`controls.rs`), so either is a lost or a forged write.
+const ACTION_EVENT_MISMATCHES: &str = "SELECT CONCAT('ADMIN_', a.id) AS request_id \
+     FROM admin_action a \
+     LEFT JOIN (SELECT o.request_id, COUNT(*) AS n FROM outbox o WHERE o.product_id = ? \
+       AND o.request_id LIKE 'ADMIN\\_%' GROUP BY o.request_id) e \
+     ON e.request_id = CONCAT('ADMIN_', a.id) \
+     WHERE a.product_id = ? AND COALESCE(e.n, 0) <> 1 \
+     UNION ALL SELECT o.request_id FROM outbox o \
+     LEFT JOIN admin_action a ON o.request_id = CONCAT('ADMIN_', a.id) \
+     WHERE o.product_id = ? AND o.request_id LIKE 'ADMIN\\_%' AND a.id IS NULL \
      LIMIT ?";
 
 /// Facts: the stock log per reservation, a `confirm` row if and only if it is CONFIRMED

@@ -262,6 +262,7 @@ async fn a_paused_sale_refuses_purchases_and_lets_orders_finish() {
     assert_eq!(s, StatusCode::CREATED, "resumed: {b}");
     check_records(&app, PRODUCT).await;
     invariants::assert_sound(&app, PRODUCT).await;
+    audit_sees_a_line_without_its_event(&app, PRODUCT).await;
     app.cleanup().await;
 }
 
@@ -315,6 +316,28 @@ async fn check_refusals(app: &TestApp, product: i64, pause: &Value) {
         (StatusCode::BAD_REQUEST, "invalid_request"),
         "{b}"
     );
+}
+
+/// A line forged into the operator's log, with no event: the audit reports I7 naming it.
+async fn audit_sees_a_line_without_its_event(app: &TestApp, product: i64) {
+    let forged = sqlx::query(
+        "INSERT INTO admin_action (request_id, action, product_id, admin, before_state, \
+         after_state) VALUES ('OP_forged', 'pause', ?, 'admin', '{}', '{}')",
+    )
+    .bind(product)
+    .execute(&app.pool)
+    .await
+    .expect("forge a line")
+    .last_insert_id();
+    let id = flashsale_core::ProductId::parse(product).expect("id");
+    let report = app.maintenance.audit(id).await.expect("audit");
+    let i7: Vec<_> = report
+        .violations
+        .iter()
+        .filter(|v| v.invariant == "I7")
+        .collect();
+    assert_eq!(i7.len(), 1, "{report}");
+    assert_eq!(i7[0].request_ids, [format!("ADMIN_{forged}")], "{report}");
 }
 
 /// The operator's log and the events of one pause and one resume.
