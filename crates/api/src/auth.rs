@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use axum::http::{header, HeaderMap, HeaderName};
 use flashsale_app::Outcome;
-use flashsale_core::UserId;
+use flashsale_core::{AdminName, UserId};
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use rsa::pkcs1::DecodeRsaPublicKey;
@@ -18,6 +18,61 @@ use serde::Deserialize;
 
 use crate::error::ApiError;
 use crate::wire::decimal;
+
+/// The admin tokens, each with the name of the admin it stands for
+/// (`FLASHSALE_ADMIN_TOKENS`; `FLASHSALE_ADMIN_TOKEN` is `admin`): the name is what the
+/// operator's log records.
+#[derive(Clone)]
+pub struct AdminTokens(Vec<(AdminName, Vec<u8>)>);
+
+impl AdminTokens {
+    /// `tokens` as given: the configuration has checked that names and tokens are
+    /// distinct and the list is not empty.
+    pub fn new(tokens: Vec<(AdminName, String)>) -> Self {
+        debug_assert!(!tokens.is_empty(), "at least one admin token");
+        Self(
+            tokens
+                .into_iter()
+                .map(|(name, token)| (name, token.into_bytes()))
+                .collect(),
+        )
+    }
+
+    /// The admin whose token `given` is. Every token is compared, each in a time that
+    /// tells nothing of it ([`same_token`]), so the answer's time says neither which
+    /// token matched nor how much of a guess was right.
+    pub fn who(&self, given: &[u8]) -> Option<AdminName> {
+        self.0.iter().fold(None, |found, (name, token)| {
+            let matched = same_token(given, token);
+            found.or_else(|| matched.then(|| name.clone()))
+        })
+    }
+
+    /// The names, for a log line (never the tokens).
+    pub fn names(&self) -> Vec<&str> {
+        self.0.iter().map(|(name, _)| name.as_str()).collect()
+    }
+}
+
+impl fmt::Debug for AdminTokens {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AdminTokens({:?})", self.names())
+    }
+}
+
+/// Whether `given` is the admin token `expected`, in a time that tells nothing of
+/// `expected`: both are hashed to digests of one length, compared without an early exit.
+/// Compared as they were, a length mismatch returned at once and told the token's length,
+/// and the bytes compared before it told how much of a guess was right.
+pub(crate) fn same_token(given: &[u8], expected: &[u8]) -> bool {
+    use sha2::{Digest, Sha256};
+    let (given, expected) = (Sha256::digest(given), Sha256::digest(expected));
+    given
+        .iter()
+        .zip(expected.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
 
 /// Largest bearer token verified: a buyer's token is a few hundred bytes (an RS256
 /// signature alone is 342); a larger one is refused before any base64 or signature work.
@@ -338,6 +393,31 @@ pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
+    // Checks the token comparison: equal tokens pass; a different byte, a prefix, a
+    // longer token that starts with it, or an empty token fail. With several tokens, each
+    // names its own admin and no other token passes.
+    #[test]
+    fn admin_token_comparison() {
+        assert!(same_token(b"secret", b"secret"));
+        assert!(!same_token(b"secreT", b"secret"));
+        assert!(!same_token(b"secre", b"secret"));
+        assert!(!same_token(b"secrets", b"secret"));
+        assert!(!same_token(b"", b"secret"));
+        let name = |n: &str| AdminName::parse("name", n).expect("name");
+        let tokens = AdminTokens::new(vec![
+            (name("alice"), "alice-token".into()),
+            (name("bob"), "bob-token-1".into()),
+        ]);
+        assert_eq!(tokens.who(b"bob-token-1"), Some(name("bob")));
+        assert_eq!(tokens.who(b"alice-token"), Some(name("alice")));
+        assert_eq!(tokens.who(b"alice-token "), None);
+        assert_eq!(tokens.who(b""), None);
+        assert!(
+            !format!("{tokens:?}").contains("token-1"),
+            "no token in a log line"
+        );
+    }
+
     use super::*;
     use axum::http::HeaderValue;
     use jsonwebtoken::{encode, EncodingKey, Header};

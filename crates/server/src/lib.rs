@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use flashsale_api::auth::AdminTokens;
 use flashsale_api::{ApiConfig, PurchaseLimits};
 use flashsale_app::baseline::{Baseline, Strategy};
 use flashsale_app::limit::{self, Limiter};
@@ -23,7 +24,7 @@ use flashsale_app::{
     Settings, SystemClock,
 };
 use flashsale_app::{Clock, Listing, Listings, SaleControl};
-use flashsale_core::ProductId;
+use flashsale_core::{AdminName, ProductId};
 use flashsale_mysql::{LedgerConfig, MysqlLedger};
 use flashsale_redis::{GateConfig, RedisGate};
 use rand::Rng;
@@ -246,7 +247,7 @@ pub async fn build(config: &Config) -> Result<App, String> {
     let router = flashsale_api::router(
         service.clone(),
         ApiConfig {
-            admin_token: admin_token.clone(),
+            admin_tokens: AdminTokens::new(vec![(AdminName::default(), admin_token.clone())]),
             in_flight_max: config.in_flight_max,
             request_timeout: config.request_timeout,
             baseline,
