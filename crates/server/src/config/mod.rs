@@ -1,9 +1,10 @@
 //! Configuration: a TOML file (`--config`) overridden by `FLASHSALE_*` environment
 //! variables, over the defaults. figment merges the layers and serde reads them
-//! (`sources.rs`, `settings.rs`); the values with parsing rules of their own are in
-//! `values.rs`, flashsale's bounds and the rules between settings in `rules.rs`. Every
-//! value is parsed and checked here, before anything starts; a bad value, an unknown
-//! variable or an unknown key stops startup with a message naming it.
+//! (`sources.rs`, `settings.rs`, with the whole numbers' bounds); the values with parsing
+//! rules of their own are in `values.rs`, the durations' bounds and the rules between
+//! settings in `rules.rs`. Every value is parsed and checked here, before anything
+//! starts; a bad value, an unknown variable or an unknown key stops startup with a
+//! message naming it.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -133,7 +134,7 @@ impl Config {
     }
 
     /// The checked settings as the rest of the server takes them. Whole numbers are
-    /// narrowed from `u64` within the bounds `rules::check` held them to.
+    /// narrowed from `u64` within the bounds their types (`settings.rs`) hold them to.
     fn from_settings(s: Settings, o: &Origin) -> Result<Self, ConfigError> {
         let buyer_auth = rules::buyer_auth(&s, o)?;
         Ok(Self {

@@ -14,24 +14,6 @@ use super::settings::{BuyerMode, Settings};
 use super::sources::Origin;
 use super::ConfigError;
 
-/// Upper bound of the per-order quantity setting: orders are for a flash sale, not bulk.
-const MAX_QUANTITY_PER_ORDER_LIMIT: u64 = 1000;
-/// Upper bound of the pool size: on a small machine more connections only add contention.
-const DATABASE_CONNECTIONS_LIMIT: u64 = 256;
-/// Upper bound of concurrently handled requests.
-const IN_FLIGHT_LIMIT: u64 = 1_000_000;
-/// Upper bound of the connection cap: each open connection holds about 12–30 KiB
-/// (docs/configuration.md, measured by `tests/it/slow_clients.rs`), so a million would
-/// be 30 GB.
-const CONNECTIONS_LIMIT: u64 = 1_000_000;
-/// Upper bound of a rate limit's rate and burst: a million purchase attempts a second
-/// from one user or address is no limit at all.
-const RATE_LIMIT_MAX: u64 = 1_000_000;
-/// Most deliveries `FLASHSALE_EVENTS_MAX_DELIVER` may allow a refused message: each
-/// costs the store a refused transaction, and past a hundred tries a second apart (about
-/// two minutes) a refusal is no passing state.
-const EVENTS_MAX_DELIVER_MAX: u64 = 100;
-
 /// A duration's bounds, and their reason (shown after a refusal).
 #[derive(Clone, Copy)]
 struct Span {
@@ -108,9 +90,9 @@ const BUYER_HEADER_DEFAULT: &str = "x-user-id";
 /// Largest public key file read: a 4096-bit RSA key's PEM is about 800 bytes.
 const PUBLIC_KEY_FILE_BYTES_MAX: u64 = 64 * 1024;
 
-/// Every rule on the settings but the buyer authentication's ([`buyer_auth`]).
+/// Every rule on the settings but the buyer authentication's ([`buyer_auth`]) and the
+/// whole numbers' bounds (their types', `settings.rs`).
 pub(super) fn check(s: &Settings, o: &Origin) -> Result<(), ConfigError> {
-    counts(s, o)?;
     periods(s, o)?;
     listeners(s, o)?;
     if s.redis_record_ttl.0 <= s.payment_timeout.0 {
@@ -137,35 +119,6 @@ pub(super) fn check(s: &Settings, o: &Origin) -> Result<(), ConfigError> {
 /// The refusal of `key`: its name, the value given, and `message`.
 fn refuse(o: &Origin, key: &str, message: &str) -> ConfigError {
     o.refuse(key, format_args!("{} {message}", o.given(key)))
-}
-
-/// Each whole number within its bounds.
-fn counts(s: &Settings, o: &Origin) -> Result<(), ConfigError> {
-    let events_max = flashsale_nats::EVENTS_PER_MESSAGE_MAX as u64;
-    let replicas_max = flashsale_nats::STREAM_REPLICAS_MAX as u64;
-    let per_address = s.connections_per_address_max.as_ref().map(|n| n.0);
-    // One row a number: its key, its value (None: unset), its least and its most.
-    #[rustfmt::skip]
-    let bounds = [
-        ("max_quantity_per_order", Some(s.max_quantity_per_order.0), 1, MAX_QUANTITY_PER_ORDER_LIMIT),
-        ("database_max_connections", Some(s.database_max_connections.0), 1, DATABASE_CONNECTIONS_LIMIT),
-        ("in_flight_max", Some(s.in_flight_max.0), 1, IN_FLIGHT_LIMIT),
-        ("connections_max", Some(s.connections_max.0), 1, CONNECTIONS_LIMIT),
-        ("connections_per_address_max", per_address, 0, CONNECTIONS_LIMIT),
-        ("nats_events_per_message", Some(s.nats_events_per_message.0), 1, events_max),
-        ("nats_stream_replicas", Some(s.nats_stream_replicas.0), 1, replicas_max),
-        ("events_max_deliver", Some(s.events_max_deliver.0), 1, EVENTS_MAX_DELIVER_MAX),
-        ("user_purchase_rate", Some(s.user_purchase_rate.0), 0, RATE_LIMIT_MAX),
-        ("user_purchase_burst", Some(s.user_purchase_burst.0), 1, RATE_LIMIT_MAX),
-        ("ip_purchase_rate", Some(s.ip_purchase_rate.0), 0, RATE_LIMIT_MAX),
-        ("ip_purchase_burst", Some(s.ip_purchase_burst.0), 1, RATE_LIMIT_MAX),
-    ];
-    for (key, n, lo, hi) in bounds {
-        if n.is_some_and(|n| n < lo || n > hi) {
-            return Err(refuse(o, key, &format!("is not between {lo} and {hi}")));
-        }
-    }
-    Ok(())
 }
 
 /// Each duration within its [`Span`].
@@ -266,7 +219,7 @@ fn proxy(s: &Settings, o: &Origin) -> Result<(), ConfigError> {
 
 /// A rate limit: attempts a second (0: no limit) and the burst.
 pub(super) fn rate(per_second: u64, burst: u64) -> Option<Rate> {
-    // Both within RATE_LIMIT_MAX, checked by `counts`: they fit in u32.
+    // Both within RATE_LIMIT_MAX, as read: they fit in u32.
     (per_second > 0).then_some(Rate {
         per_second: per_second as u32,
         burst: burst as u32,

@@ -1,84 +1,79 @@
 //! Every setting, as serde reads it from the merged layers (the defaults below, the
 //! file, the environment), and the defaults with their reasons.
 
-use std::net::SocketAddr;
-use std::time::Duration;
-
-use axum::http::HeaderName;
-use flashsale_app::baseline::Strategy;
 use serde::Deserialize;
 
 use super::values::{
-    AdminToken, Claim, DatabaseNodes, DatabaseUrl, NatsUrls, OrOff, Parsed, RedisNodes,
-    RedisPrefix, RedisUrl, StreamName, SubjectPrefix,
+    Addr, AdminToken, Claim, Count, DatabaseNodes, DatabaseUrl, Header, NatsUrls, OrOff, Period,
+    RedisNodes, RedisPrefix, RedisUrl, Strat, StreamName, SubjectPrefix,
 };
 
 /// Every key a config file may hold; each is also read from the environment variable
 /// `FLASHSALE_<KEY in upper case>`, which wins over the file. A key without an entry in
-/// [`DEFAULTS`] is an `Option`: unset unless given. Unknown keys are refused. Whole
-/// numbers are read as `u64` and narrowed once their bounds are checked (`rules.rs`).
+/// [`DEFAULTS`] is an `Option`: unset unless given. Unknown keys are refused. A whole
+/// number is read as a `u64` within the bounds its type names.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct Settings {
-    pub listen: Parsed<SocketAddr>,
+    pub listen: Addr,
     /// Unset: the operator's endpoints are served on `listen`.
-    pub metrics_listen: Option<Parsed<SocketAddr>>,
-    pub redis_url: Parsed<RedisUrl>,
+    pub metrics_listen: Option<Addr>,
+    pub redis_url: RedisUrl,
     /// Unset: the one Redis of `redis_url`.
-    pub redis_cluster_nodes: Option<Parsed<RedisNodes>>,
-    pub database_url: Parsed<DatabaseUrl>,
+    pub redis_cluster_nodes: Option<RedisNodes>,
+    pub database_url: DatabaseUrl,
     /// Unset: the URL's server alone.
-    pub database_nodes: Option<Parsed<DatabaseNodes>>,
-    pub database_failback_after: Parsed<Duration>,
-    pub redis_prefix: Parsed<RedisPrefix>,
+    pub database_nodes: Option<DatabaseNodes>,
+    pub database_failback_after: Period,
+    pub redis_prefix: RedisPrefix,
     /// Unset: `serve` generates one and logs it once.
-    pub admin_token: Option<Parsed<AdminToken>>,
-    pub payment_timeout: Parsed<Duration>,
-    pub max_quantity_per_order: Parsed<u64>,
-    pub redis_record_ttl: Parsed<Duration>,
-    pub sold_out_lease: Parsed<Duration>,
+    pub admin_token: Option<AdminToken>,
+    pub payment_timeout: Period,
+    pub max_quantity_per_order: Count<1, MAX_QUANTITY_PER_ORDER_LIMIT>,
+    pub redis_record_ttl: Period,
+    pub sold_out_lease: Period,
     pub log_format: LogFormat,
-    pub database_max_connections: Parsed<u64>,
-    pub request_timeout: Parsed<Duration>,
-    pub in_flight_max: Parsed<u64>,
-    pub connections_max: Parsed<u64>,
+    pub database_max_connections: Count<1, DATABASE_CONNECTIONS_LIMIT>,
+    pub request_timeout: Period,
+    pub in_flight_max: Count<1, IN_FLIGHT_LIMIT>,
+    pub connections_max: Count<1, CONNECTIONS_LIMIT>,
     /// Unset: half the fitted cap (`http::address_share`), or off with
     /// `client_ip_header` (every peer is the proxy then).
-    pub connections_per_address_max: Option<Parsed<u64>>,
-    pub header_timeout: Parsed<Duration>,
-    pub recovery_after: Parsed<Duration>,
-    pub expiry_interval: Parsed<Duration>,
-    pub recovery_interval: Parsed<Duration>,
-    pub gate_watch_interval: Parsed<Duration>,
-    pub reconcile_interval: Parsed<Duration>,
+    pub connections_per_address_max: Option<Count<0, CONNECTIONS_LIMIT>>,
+    pub header_timeout: Period,
+    pub recovery_after: Period,
+    pub expiry_interval: Period,
+    pub recovery_interval: Period,
+    pub gate_watch_interval: Period,
+    pub reconcile_interval: Period,
     pub reconcile_repair: Repair,
-    pub audit_every: Parsed<OrOff>,
-    pub fallback_after: Parsed<OrOff>,
-    pub fallback_recover_after: Parsed<Duration>,
-    pub outbox_pending_max: Parsed<Duration>,
-    pub strategy: Parsed<Strategy>,
-    pub nats_url: Parsed<NatsUrls>,
-    pub nats_subject_prefix: Parsed<SubjectPrefix>,
-    pub nats_stream: Parsed<StreamName>,
-    pub nats_events_per_message: Parsed<u64>,
-    pub nats_stream_replicas: Parsed<u64>,
-    pub events_max_deliver: Parsed<u64>,
-    pub user_purchase_rate: Parsed<u64>,
+    pub audit_every: OrOff,
+    pub fallback_after: OrOff,
+    pub fallback_recover_after: Period,
+    pub outbox_pending_max: Period,
+    pub strategy: Strat,
+    pub nats_url: NatsUrls,
+    pub nats_subject_prefix: SubjectPrefix,
+    pub nats_stream: StreamName,
+    pub nats_events_per_message: Count<1, EVENTS_PER_MESSAGE_MAX>,
+    pub nats_stream_replicas: Count<1, STREAM_REPLICAS_MAX>,
+    pub events_max_deliver: Count<1, EVENTS_MAX_DELIVER_MAX>,
+    pub user_purchase_rate: Count<0, RATE_LIMIT_MAX>,
     pub user_purchase_rate_scope: RateScope,
-    pub user_purchase_burst: Parsed<u64>,
-    pub ip_purchase_rate: Parsed<u64>,
-    pub ip_purchase_burst: Parsed<u64>,
+    pub user_purchase_burst: Count<1, RATE_LIMIT_MAX>,
+    pub ip_purchase_rate: Count<0, RATE_LIMIT_MAX>,
+    pub ip_purchase_burst: Count<1, RATE_LIMIT_MAX>,
     /// Unset: the client's address is the connection's peer.
-    pub client_ip_header: Option<Parsed<HeaderName>>,
+    pub client_ip_header: Option<Header>,
     pub buyer_auth: BuyerMode,
     /// Unset so that setting it in another mode than `header`, where it would be
     /// ignored, can be refused; `header` mode then reads `X-User-Id`.
-    pub buyer_header: Option<Parsed<HeaderName>>,
+    pub buyer_header: Option<Header>,
     pub buyer_jwt_secret: Option<String>,
     /// A PEM file's path.
     pub buyer_jwt_public_key: Option<String>,
-    pub buyer_jwt_issuer: Option<Parsed<Claim>>,
-    pub buyer_jwt_audience: Option<Parsed<Claim>>,
+    pub buyer_jwt_issuer: Option<Claim>,
+    pub buyer_jwt_audience: Option<Claim>,
 }
 
 /// `FLASHSALE_LOG_FORMAT`.
@@ -113,6 +108,29 @@ pub(super) enum BuyerMode {
     Header,
     Jwt,
 }
+
+/// Upper bound of the per-order quantity setting: orders are for a flash sale, not bulk.
+const MAX_QUANTITY_PER_ORDER_LIMIT: u64 = 1000;
+/// Upper bound of the pool size: on a small machine more connections only add contention.
+const DATABASE_CONNECTIONS_LIMIT: u64 = 256;
+/// Upper bound of concurrently handled requests.
+const IN_FLIGHT_LIMIT: u64 = 1_000_000;
+/// Upper bound of the connection cap: each open connection holds about 12–30 KiB
+/// (docs/configuration.md, measured by `tests/it/slow_clients.rs`), so a million would
+/// be 30 GB.
+const CONNECTIONS_LIMIT: u64 = 1_000_000;
+/// Upper bound of a rate limit's rate and burst: a million purchase attempts a second
+/// from one user or address is no limit at all.
+const RATE_LIMIT_MAX: u64 = 1_000_000;
+/// Most deliveries `FLASHSALE_EVENTS_MAX_DELIVER` may allow a refused message: each
+/// costs the store a refused transaction, and past a hundred tries a second apart (about
+/// two minutes) a refusal is no passing state.
+const EVENTS_MAX_DELIVER_MAX: u64 = 100;
+
+/// `flashsale_nats::EVENTS_PER_MESSAGE_MAX`: the most events a message carries.
+const EVENTS_PER_MESSAGE_MAX: u64 = flashsale_nats::EVENTS_PER_MESSAGE_MAX as u64;
+/// `flashsale_nats::STREAM_REPLICAS_MAX`: the most copies a NATS cluster keeps.
+const STREAM_REPLICAS_MAX: u64 = flashsale_nats::STREAM_REPLICAS_MAX as u64;
 
 /// The default of every key that has one, as the text a user would write: the lowest
 /// layer, read by the same rules as the file and the environment. Each with its reason.

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::fmt::Display;
 
 use figment::error::{Actual, Kind};
-use figment::providers::{Data, Format, Toml};
+use figment::providers::{Format, Serialized, Toml};
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
 
@@ -39,46 +39,30 @@ const ENV_LAYER: &str = "environment";
 /// for it to be suggested: below it the names share too little to be a typo.
 const SUGGESTION_SIMILARITY_MIN: f64 = 0.7;
 
-/// One layer of settings given as text, by key.
-struct Texts {
-    layer: &'static str,
-    values: Dict,
-}
+/// A layer under its name.
+struct Layer<P>(&'static str, P);
 
-impl Provider for Texts {
+impl<P: Provider> Provider for Layer<P> {
     fn metadata(&self) -> Metadata {
-        Metadata::named(self.layer)
+        Metadata::named(self.0)
     }
 
     fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
-        Ok(Profile::Default.collect(self.values.clone()))
-    }
-}
-
-/// The file's layer: figment's TOML provider, under the layer's name.
-struct File(Data<Toml>);
-
-impl Provider for File {
-    fn metadata(&self) -> Metadata {
-        Metadata::named(FILE_LAYER)
-    }
-
-    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
-        self.0.data()
+        self.1.data()
     }
 }
 
 /// The environment's layer: every `FLASHSALE_` variable but the tools', by its key (the
 /// rest of its name in lower case). A name with lower-case letters is not the service's
 /// and is passed over, as any other variable.
-fn environment(env: &HashMap<String, String>) -> Texts {
+fn environment(env: &HashMap<String, String>) -> Layer<Serialized<Dict>> {
     let tool = |var: &str| {
         TOOL_VARIABLES.iter().any(|t| match t.ends_with('_') {
             true => var.starts_with(t),
             false => var == *t,
         })
     };
-    let values = env
+    let values: Dict = env
         .iter()
         .filter(|(var, _)| !tool(var))
         .filter_map(|(var, value)| {
@@ -87,10 +71,7 @@ fn environment(env: &HashMap<String, String>) -> Texts {
             ours.then(|| (key.to_ascii_lowercase(), Value::from(value.as_str())))
         })
         .collect();
-    Texts {
-        layer: ENV_LAYER,
-        values,
-    }
+    Layer(ENV_LAYER, Serialized::defaults(values))
 }
 
 /// The settings of the defaults, the file's text (if any) and the environment, with
@@ -99,16 +80,13 @@ pub(super) fn read(
     file: Option<&str>,
     env: &HashMap<String, String>,
 ) -> Result<(Settings, Origin), ConfigError> {
-    let defaults = DEFAULTS
+    let defaults: Dict = DEFAULTS
         .iter()
         .map(|(key, value)| ((*key).to_owned(), Value::from(*value)))
         .collect();
-    let mut figment = Figment::from(Texts {
-        layer: DEFAULTS_LAYER,
-        values: defaults,
-    });
+    let mut figment = Figment::from(Layer(DEFAULTS_LAYER, Serialized::defaults(defaults)));
     if let Some(text) = file {
-        figment = figment.merge(File(Toml::string(text)));
+        figment = figment.merge(Layer(FILE_LAYER, Toml::string(text)));
     }
     let origin = Origin(figment.merge(environment(env)));
     let settings = origin.0.extract().map_err(|e| origin.explain(e))?;
