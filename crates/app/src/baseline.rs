@@ -233,9 +233,14 @@ impl Baseline {
             // The answer flashsale gives an outsider while a product is sold out.
             Strategy::HttpPostCeiling => return Err(Error::SoldOut),
             Strategy::Flashsale => {
+                debug_assert!(
+                    false,
+                    "a Baseline runs a baseline strategy only: the server wires flashsale's \
+                     own path for Strategy::Flashsale"
+                );
                 return Err(Error::Unavailable(
                     "the flashsale strategy is not a baseline".into(),
-                ))
+                ));
             }
         };
         match outcome {

@@ -243,9 +243,13 @@ impl Relay {
             let mut broker_failures = 0;
             let mut first_error = None;
             for (owner, message) in owners.into_iter().zip(&wave) {
-                let result = results
-                    .next()
-                    .unwrap_or_else(|| Err(BusError::stopped("the bus gave no result")));
+                let result = results.next().unwrap_or_else(|| {
+                    debug_assert!(
+                        false,
+                        "publish_all answers each message of the wave, in order"
+                    );
+                    Err(BusError::stopped("the bus gave no result"))
+                });
                 match result {
                     Ok(()) => round.published(message),
                     Err(e) => {

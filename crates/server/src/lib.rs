@@ -553,7 +553,14 @@ pub async fn serve_until(
                 std::future::pending(),
             )))
         }
-        _ => None,
+        (listener, router) => {
+            debug_assert!(
+                listener.is_none() && router.is_none(),
+                "`build` makes the metrics router exactly when FLASHSALE_METRICS_LISTEN is set, \
+                 as the listener above is bound"
+            );
+            None
+        }
     };
     let workers = workers::Workers::spawn(
         app.maintenance.clone(),
