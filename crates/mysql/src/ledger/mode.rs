@@ -37,6 +37,46 @@ pub(crate) struct LedgerPurchase {
     pub per_user_limit: Option<u32>,
 }
 
+/// Takes `units` of `product_id` and hands out `holds` hold ids (`ledger_hold_seq`) in
+/// the open transaction `tx`: one UPDATE that requires ledger mode, settled, and enough
+/// units. The stored generation and the last hold id handed out, read back under the
+/// row's lock; None when the product is not in ledger mode or has too few units.
+async fn take_units(
+    tx: &mut MySqlConnection,
+    product_id: ProductId,
+    units: i64,
+    holds: i64,
+) -> Result<Option<(i64, i64)>, sqlx::Error> {
+    let updated = sqlx::query(
+        "UPDATE product_inventory SET available_stock = available_stock - ?, \
+         pre_deduct_stock = pre_deduct_stock + ?, ledger_hold_seq = ledger_hold_seq + ?, \
+         version = version + 1 \
+         WHERE product_id = ? AND available_stock >= ? AND stock_mode = 'LEDGER' \
+         AND COALESCE(mode_changed_at, '1000-01-01') <= NOW(6) - INTERVAL ? MICROSECOND",
+    )
+    .bind(units)
+    .bind(units)
+    .bind(holds)
+    .bind(product_id.get())
+    .bind(units)
+    .bind(settling_us())
+    .execute(&mut *tx)
+    .await?;
+    if updated.rows_affected() != 1 {
+        return Ok(None);
+    }
+    let row = sqlx::query(
+        "SELECT generation, ledger_hold_seq FROM product_inventory WHERE product_id = ?",
+    )
+    .bind(product_id.get())
+    .fetch_one(&mut *tx)
+    .await?;
+    Ok(Some((
+        row.try_get("generation")?,
+        row.try_get("ledger_hold_seq")?,
+    )))
+}
+
 /// Takes the units of a batch of ledger-mode purchases in the open transaction `tx`: per
 /// product, in product order (two batches never wait on each other in a cycle), one
 /// UPDATE that requires ledger mode and enough units for the whole batch, and hands out
@@ -56,33 +96,10 @@ async fn take_ledger_units(
     // Per product: the generation and the first hold id of the batch's.
     let mut next: HashMap<ProductId, (Generation, i64)> = HashMap::new();
     for (product_id, (units, count)) in &per_product {
-        let updated = sqlx::query(
-            "UPDATE product_inventory SET available_stock = available_stock - ?, \
-             pre_deduct_stock = pre_deduct_stock + ?, ledger_hold_seq = ledger_hold_seq + ?, \
-             version = version + 1 \
-             WHERE product_id = ? AND available_stock >= ? AND stock_mode = 'LEDGER' \
-             AND COALESCE(mode_changed_at, '1000-01-01') <= NOW(6) - INTERVAL ? MICROSECOND",
-        )
-        .bind(units)
-        .bind(units)
-        .bind(count)
-        .bind(product_id.get())
-        .bind(units)
-        .bind(settling_us())
-        .execute(&mut *tx)
-        .await?;
-        if updated.rows_affected() != 1 {
+        let Some((generation, last)) = take_units(tx, *product_id, *units, *count).await? else {
             return Ok(None);
-        }
-        let row = sqlx::query(
-            "SELECT generation, ledger_hold_seq FROM product_inventory WHERE product_id = ?",
-        )
-        .bind(product_id.get())
-        .fetch_one(&mut *tx)
-        .await?;
-        let generation = crate::rows::generation(row.try_get("generation")?)
-            .map_err(crate::rows::undecodable)?;
-        let last: i64 = row.try_get("ledger_hold_seq")?;
+        };
+        let generation = crate::rows::generation(generation).map_err(crate::rows::undecodable)?;
         next.insert(*product_id, (generation, last - count + 1));
     }
     let mut holds = Vec::with_capacity(batch.len());
@@ -235,37 +252,16 @@ impl MysqlLedger {
         per_user_limit: Option<u32>,
         payment_timeout: Duration,
     ) -> Result<Attempt<Committed>, sqlx::Error> {
-        let p = request.product_id.get();
-        let q = request.quantity.get();
         let mut tx = self.pool().begin().await?;
         // The ledger's own stock check, and the mode: a product the gate serves is sold
         // through the gate's holds only. The generation is the current one by
-        // construction: it is read under this row lock below.
-        let updated = sqlx::query(
-            "UPDATE product_inventory SET available_stock = available_stock - ?, \
-             pre_deduct_stock = pre_deduct_stock + ?, ledger_hold_seq = ledger_hold_seq + 1, \
-             version = version + 1 \
-             WHERE product_id = ? AND available_stock >= ? AND stock_mode = 'LEDGER' \
-             AND COALESCE(mode_changed_at, '1000-01-01') <= NOW(6) - INTERVAL ? MICROSECOND",
-        )
-        .bind(q)
-        .bind(q)
-        .bind(p)
-        .bind(q)
-        .bind(settling_us())
-        .execute(&mut *tx)
-        .await?;
-        if updated.rows_affected() != 1 {
+        // construction: it is read under this row lock.
+        let units = i64::from(request.quantity.get());
+        let Some((generation, last)) = take_units(&mut tx, request.product_id, units, 1).await?
+        else {
             return refused(tx, request).await;
-        }
-        let row = sqlx::query(
-            "SELECT generation, ledger_hold_seq FROM product_inventory WHERE product_id = ?",
-        )
-        .bind(p)
-        .fetch_one(&mut *tx)
-        .await?;
-        let hold = rows::hold(row.try_get("generation")?, row.try_get("ledger_hold_seq")?)
-            .map_err(rows::undecodable)?;
+        };
+        let hold = rows::hold(generation, last).map_err(rows::undecodable)?;
         let order = match write_purchase_rows(&mut tx, request, hold, payment_timeout).await? {
             Rows::Written(order) => order,
             Rows::Taken => return Ok(Attempt::Taken),
