@@ -11,7 +11,7 @@ use flashsale_core::{
     CancelReason, Generation, HoldRef, InventoryCounters, NewProduct, OrderId, OrderStatus,
     ProductId, PurchaseRequest, ReleaseReason, RequestId, StockMode, UserId, STOCK_MAX,
 };
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlRow};
 use sqlx::ConnectOptions;
 use sqlx::{Connection, Executor, MySqlConnection, Row};
 use tracing::{debug, warn};
@@ -574,6 +574,23 @@ impl MysqlLedger {
     /// writer, an old one still works until its grace ends, through the old node).
     pub fn pool(&self) -> MySqlPool {
         self.route.pool()
+    }
+
+    /// The row `sql` reads for `product_id`, its one parameter (None: no such product),
+    /// run as [`Self::run`] runs it.
+    pub(crate) async fn product_row(
+        &self,
+        what: &'static str,
+        sql: &'static str,
+        product_id: ProductId,
+    ) -> Result<Option<MySqlRow>, LedgerError> {
+        self.run(what, || async {
+            sqlx::query(sql)
+                .bind(product_id.get())
+                .fetch_optional(&self.pool())
+                .await
+        })
+        .await
     }
 
     /// Runs `f` (one transaction) under the transaction deadline, retrying deadlocks and
@@ -1203,19 +1220,11 @@ impl Ledger for MysqlLedger {
     }
 
     async fn product(&self, product_id: ProductId) -> Result<Option<Product>, LedgerError> {
-        let row = self
-            .run("read product", || async {
-                sqlx::query(
-                    "SELECT p.product_id, p.name, p.per_user_limit, p.sale_starts_at, \
-                     p.sale_ends_at, p.stock_loaded, p.paused, p.created_at, i.stock_mode \
-                     FROM products p LEFT JOIN product_inventory i ON i.product_id = p.product_id \
-                     WHERE p.product_id = ?",
-                )
-                .bind(product_id.get())
-                .fetch_optional(&self.pool())
-                .await
-            })
-            .await?;
+        let sql = "SELECT p.product_id, p.name, p.per_user_limit, p.sale_starts_at, \
+                   p.sale_ends_at, p.stock_loaded, p.paused, p.created_at, i.stock_mode \
+                   FROM products p LEFT JOIN product_inventory i ON i.product_id = p.product_id \
+                   WHERE p.product_id = ?";
+        let row = self.product_row("read product", sql, product_id).await?;
         row.as_ref().map(rows::product).transpose()
     }
 
@@ -1246,17 +1255,9 @@ impl Ledger for MysqlLedger {
         &self,
         product_id: ProductId,
     ) -> Result<Option<InventoryCounters>, LedgerError> {
-        let row = self
-            .run("read inventory", || async {
-                sqlx::query(
-                    "SELECT total_stock, available_stock, pre_deduct_stock, sold_count \
-                     FROM product_inventory WHERE product_id = ?",
-                )
-                .bind(product_id.get())
-                .fetch_optional(&self.pool())
-                .await
-            })
-            .await?;
+        let sql = "SELECT total_stock, available_stock, pre_deduct_stock, sold_count \
+                   FROM product_inventory WHERE product_id = ?";
+        let row = self.product_row("read inventory", sql, product_id).await?;
         let Some(row) = row else { return Ok(None) };
         Ok(Some(InventoryCounters {
             total: row.try_get("total_stock").map_err(db)?,

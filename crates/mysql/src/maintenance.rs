@@ -416,21 +416,13 @@ impl LedgerMaintenance for MysqlLedger {
     }
 
     async fn watermark(&self, product_id: ProductId) -> Result<Option<Watermark>, LedgerError> {
-        let row = self
-            .run("watermark", || async {
-                sqlx::query(
-                    "SELECT pi.generation, pi.stock_mode, p.stock_loaded, \
-                     (SELECT COALESCE(MAX(r.hold_id), 0) FROM inventory_reservation r \
-                      WHERE r.product_id = pi.product_id AND r.generation = pi.generation) \
-                     AS last_hold_id \
-                     FROM product_inventory pi JOIN products p ON p.product_id = pi.product_id \
-                     WHERE pi.product_id = ?",
-                )
-                .bind(product_id.get())
-                .fetch_optional(&self.pool())
-                .await
-            })
-            .await?;
+        let sql = "SELECT pi.generation, pi.stock_mode, p.stock_loaded, \
+                   (SELECT COALESCE(MAX(r.hold_id), 0) FROM inventory_reservation r \
+                    WHERE r.product_id = pi.product_id AND r.generation = pi.generation) \
+                   AS last_hold_id \
+                   FROM product_inventory pi JOIN products p ON p.product_id = pi.product_id \
+                   WHERE pi.product_id = ?";
+        let row = self.product_row("watermark", sql, product_id).await?;
         let Some(row) = row else { return Ok(None) };
         Ok(Some(Watermark {
             generation: rows::generation(row.try_get("generation").map_err(db)?)?,
