@@ -41,28 +41,21 @@ impl StatsDelta {
         );
         let units = event.units.map_or(0, |(_, q)| i64::from(q.get()));
         let mut delta = Self::default();
-        match event.event_type {
-            EventType::OrderCreated => {
-                delta.orders_created = 1;
-                delta.units_ordered = units;
-            }
-            EventType::OrderPaid => {
-                delta.orders_paid = 1;
-                delta.units_paid = units;
-            }
-            EventType::OrderCancelled => {
-                delta.orders_cancelled = 1;
-                delta.units_cancelled = units;
-            }
+        // The event's count and its units.
+        let (count, counted_units) = match event.event_type {
+            EventType::OrderCreated => (&mut delta.orders_created, &mut delta.units_ordered),
+            EventType::OrderPaid => (&mut delta.orders_paid, &mut delta.units_paid),
+            EventType::OrderCancelled => (&mut delta.orders_cancelled, &mut delta.units_cancelled),
             EventType::ReservationReleased => {
-                delta.reservations_released = 1;
-                delta.units_released = units;
+                (&mut delta.reservations_released, &mut delta.units_released)
             }
             EventType::StockRepaired
             | EventType::ProductPaused
             | EventType::ProductResumed
-            | EventType::ProductChanged => {}
-        }
+            | EventType::ProductChanged => return delta,
+        };
+        *count = 1;
+        *counted_units = units;
         delta
     }
 }
