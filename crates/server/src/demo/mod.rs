@@ -956,19 +956,10 @@ fn expiry_check(expiry: &Expiry) -> Option<Check> {
                 "every order left unpaid expired: {} of {} read back CANCELLED (payment_timeout){}",
                 count(found.expired),
                 count(expiry.left.len() as u64),
-                if found.other.is_empty() {
-                    String::new()
-                } else {
-                    format!(
-                        "; not: {}",
-                        found
-                            .other
-                            .iter()
-                            .map(|(o, s)| format!("order {o} {s}"))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                }
+                listed(
+                    "; not: ",
+                    found.other.iter().map(|(o, s)| format!("order {o} {s}"))
+                )
             ),
         )),
         None if expiry.left.is_empty() => None,
@@ -977,6 +968,15 @@ fn expiry_check(expiry: &Expiry) -> Option<Check> {
             count(expiry.left.len() as u64)
         ))),
     }
+}
+
+/// `label` and `items` joined by commas; empty when there are none.
+fn listed(label: &str, items: impl Iterator<Item = String>) -> String {
+    let items: Vec<String> = items.collect();
+    if items.is_empty() {
+        return String::new();
+    }
+    format!("{label}{}", items.join(", "))
 }
 
 /// One order per request, from the answers: no order id for two requests, and every
@@ -1005,19 +1005,10 @@ fn one_order_check(all: &[Buyer], replays: &buyers::Replays) -> Check {
             } else {
                 String::new()
             },
-            if replays.other.is_empty() {
-                String::new()
-            } else {
-                format!(
-                    "; other answers: {}",
-                    replays
-                        .other
-                        .iter()
-                        .map(|(r, what)| format!("{r}: {what}"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            }
+            listed(
+                "; other answers: ",
+                replays.other.iter().map(|(r, what)| format!("{r}: {what}"))
+            )
         ),
     )
 }
@@ -1060,14 +1051,10 @@ fn double_click_check(all: &[Buyer]) -> Check {
                     ids[..ids.len().min(IDS_SHOWN_MAX)].join(", ")
                 ))
                 .collect::<String>(),
-            if two_orders.is_empty() {
-                String::new()
-            } else {
-                format!(
-                    "; TWO ORDERS: {}",
-                    two_orders[..two_orders.len().min(IDS_SHOWN_MAX)].join(", ")
-                )
-            }
+            listed(
+                "; TWO ORDERS: ",
+                two_orders.iter().take(IDS_SHOWN_MAX).cloned()
+            )
         ),
     )
 }
