@@ -147,7 +147,7 @@ impl RedisProbe {
 
     /// How many keys start with `prefix` (None if a walk hit its bound).
     pub async fn count_keys(&mut self, prefix: &str) -> Result<Option<u64>, String> {
-        let pattern = format!("{}*", escape_glob(prefix));
+        let pattern = format!("{}*", flashsale_testkit::escape_glob(prefix));
         let mut count = 0u64;
         for (addr, conn) in &mut self.nodes {
             let finished =
@@ -165,7 +165,7 @@ impl RedisProbe {
         if prefix.is_empty() {
             return Err("refusing to delete with an empty prefix".into());
         }
-        let pattern = format!("{}*", escape_glob(prefix));
+        let pattern = format!("{}*", flashsale_testkit::escape_glob(prefix));
         let cluster = self.cluster;
         let mut deleted = 0u64;
         for (addr, conn) in &mut self.nodes {
@@ -317,17 +317,6 @@ const SCRIPT_COMMANDS: [&str; 6] = [
 /// Script invocations in a per-command count.
 pub fn script_calls(calls: &BTreeMap<String, u64>) -> u64 {
     SCRIPT_COMMANDS.iter().filter_map(|c| calls.get(*c)).sum()
-}
-
-fn escape_glob(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// A MySQL URL split into the server part and the database name:

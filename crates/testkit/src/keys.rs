@@ -58,8 +58,9 @@ pub async fn delete_prefix(redis_url: &str, prefix: &str) -> RedisResult<()> {
     }
 }
 
-/// Escapes Redis glob metacharacters (`*?[]\`) so `s` matches itself.
-fn escape_glob(s: &str) -> String {
+/// Escapes Redis glob metacharacters (`*?[]\`) so `s` matches itself (the tests' key
+/// cleanup, and the bench's probes of one run's keys).
+pub fn escape_glob(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {

@@ -34,7 +34,7 @@ mod redis_server;
 
 pub use db::TestDb;
 pub use galera::{GaleraCluster, NodeStatus};
-pub use keys::{delete_prefix, redis_prefix};
+pub use keys::{delete_prefix, escape_glob, redis_prefix};
 pub use mariadb::PrivateMariadb;
 pub use nats_cluster::{NatsCluster, StreamCopy};
 pub use nats_server::PrivateNats;
