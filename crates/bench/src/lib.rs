@@ -1063,37 +1063,21 @@ async fn get_json<T: serde::de::DeserializeOwned>(
     response.json().await.ok()
 }
 
+/// A probe's reading; a failed one is printed and the report goes without it.
+fn reported<T>(reading: Result<T, String>) -> Option<T> {
+    reading.map_err(|e| eprintln!("flashsale-bench: {e}")).ok()
+}
+
 async fn redis_snapshot(redis: &mut Option<RedisProbe>) -> Option<RedisSnapshot> {
-    let r = redis.as_mut()?;
-    match r.snapshot().await {
-        Ok(s) => Some(s),
-        Err(e) => {
-            eprintln!("flashsale-bench: {e}");
-            None
-        }
-    }
+    reported(redis.as_mut()?.snapshot().await)
 }
 
 async fn count_keys(redis: &mut Option<RedisProbe>, prefix: &str) -> Option<u64> {
-    let r = redis.as_mut()?;
-    match r.count_keys(prefix).await {
-        Ok(n) => n,
-        Err(e) => {
-            eprintln!("flashsale-bench: {e}");
-            None
-        }
-    }
+    reported(redis.as_mut()?.count_keys(prefix).await).flatten()
 }
 
 async fn commits(mysql: &mut Option<MysqlProbe>) -> Option<CommitCounters> {
-    let m = mysql.as_mut()?;
-    match m.commits().await {
-        Ok(c) => Some(c),
-        Err(e) => {
-            eprintln!("flashsale-bench: {e}");
-            None
-        }
-    }
+    reported(mysql.as_mut()?.commits().await)
 }
 
 fn listed<T: std::fmt::Debug>(items: &[T]) -> String {
