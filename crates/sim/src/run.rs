@@ -48,7 +48,7 @@ use flashsale_app::fallback::REPORT_EVERY;
 use flashsale_app::ports::{EventBus, Outbox, StatsStore};
 use flashsale_app::ports::{GateFacts, GateMaintenance, LedgerMaintenance, StockGate};
 use flashsale_app::{
-    Clock, Consume, Error, Fallback, Flashsale, Ledger, Maintenance, MaintenanceSettings,
+    Clock, Consume, Error, Fallback, Flashsale, Ledger, Maintenance, MaintenanceSettings, Order,
     RecoveryReport, Relay, Repair, Settings, StatsDelta, REPAIR_UNITS_PER_PASS,
 };
 use flashsale_core::{
@@ -723,65 +723,63 @@ async fn purchase_client(w: Rc<World>, request: PurchaseRequest, then: Then, arr
 }
 
 async fn pay_client(w: &World, order_id: OrderId, user_id: UserId) {
-    for attempt in 0..CLIENT_ATTEMPTS_MAX {
-        let answer = call(
-            w,
-            format!("pay {order_id}#{attempt}"),
-            move |s| async move { s.pay(order_id, user_id).await },
-        )
-        .await;
-        match answer {
-            Some(Ok(order)) => {
-                w.ctx
-                    .trace(|| format!("client: order {order_id} paid ({})", order.status));
-                if order.status != OrderStatus::Paid {
-                    w.violation(format!(
-                        "pay of order {order_id} answered ok with status {}",
-                        order.status
-                    ));
-                }
-                w.obs.borrow_mut().paid.push(order_id.get());
-                w.ctx.lock().stats.paid += 1;
-                return;
-            }
-            Some(Err(Error::Unavailable(_))) | None => {}
-            Some(Err(e)) => {
-                w.ctx
-                    .trace(|| format!("client: pay {order_id} refused: {}", refusal(&e)));
-                return;
-            }
-        }
-        let pause = 1 + w.ctx.below(RETRY_WAIT_MAX);
-        w.wait(pause).await;
+    let pay = move |s: Arc<Flashsale>| async move { s.pay(order_id, user_id).await };
+    let Some(order) = settle_client(w, ("pay", "paid"), order_id, pay).await else {
+        return;
+    };
+    if order.status != OrderStatus::Paid {
+        w.violation(format!(
+            "pay of order {order_id} answered ok with status {}",
+            order.status
+        ));
     }
+    w.obs.borrow_mut().paid.push(order_id.get());
+    w.ctx.lock().stats.paid += 1;
 }
 
 async fn cancel_client(w: &World, order_id: OrderId, user_id: UserId) {
+    let cancel = move |s: Arc<Flashsale>| async move { s.cancel(order_id, user_id).await };
+    if settle_client(w, ("cancel", "cancelled"), order_id, cancel)
+        .await
+        .is_none()
+    {
+        return;
+    }
+    w.obs.borrow_mut().cancelled.push(order_id.get());
+    w.ctx.lock().stats.cancelled += 1;
+}
+
+/// A client's pay or cancel (`verb`, and its past tense for the trace) of `order_id`,
+/// sent again while its outcome is unknown (a 503, a lost answer), at most
+/// CLIENT_ATTEMPTS_MAX times: the order answered, or None (refused, or never answered).
+async fn settle_client<F, Fut>(
+    w: &World,
+    (verb, done): (&str, &str),
+    order_id: OrderId,
+    act: F,
+) -> Option<Order>
+where
+    F: FnOnce(Arc<Flashsale>) -> Fut + Copy,
+    Fut: Future<Output = Result<Order, Error>>,
+{
     for attempt in 0..CLIENT_ATTEMPTS_MAX {
-        let answer = call(
-            w,
-            format!("cancel {order_id}#{attempt}"),
-            move |s| async move { s.cancel(order_id, user_id).await },
-        )
-        .await;
-        match answer {
+        match call(w, format!("{verb} {order_id}#{attempt}"), act).await {
             Some(Ok(order)) => {
                 w.ctx
-                    .trace(|| format!("client: order {order_id} cancelled ({})", order.status));
-                w.obs.borrow_mut().cancelled.push(order_id.get());
-                w.ctx.lock().stats.cancelled += 1;
-                return;
+                    .trace(|| format!("client: order {order_id} {done} ({})", order.status));
+                return Some(order);
             }
             Some(Err(Error::Unavailable(_))) | None => {}
             Some(Err(e)) => {
                 w.ctx
-                    .trace(|| format!("client: cancel {order_id} refused: {}", refusal(&e)));
-                return;
+                    .trace(|| format!("client: {verb} {order_id} refused: {}", refusal(&e)));
+                return None;
             }
         }
         let pause = 1 + w.ctx.below(RETRY_WAIT_MAX);
         w.wait(pause).await;
     }
+    None
 }
 
 async fn restock_client(w: &World, product_id: ProductId, restock_id: RequestId, quantity: i64) {
