@@ -143,7 +143,14 @@ impl Round {
 
     fn published(&mut self, message: &OutboxMessage) {
         self.published += 1;
-        if let Some(left) = self.unpublished.get_mut(&message.id) {
+        let left = self.unpublished.get_mut(&message.id);
+        // A wave's messages are this round's claimed ones, each popped from its queue once.
+        debug_assert!(
+            left.as_deref().is_some_and(|n| *n > 0),
+            "row {} published more often than it was claimed this round",
+            message.id
+        );
+        if let Some(left) = left {
             *left -= 1;
             if *left == 0 {
                 self.sent.push(message.id);

@@ -29,7 +29,7 @@ use mode::LedgerPurchase;
 mod mode;
 use flashsale_app::group;
 
-use crate::rows::{self, ORDER_COLUMNS};
+use crate::rows::{self, corrupt, ORDER_COLUMNS};
 use crate::sql::{db, is_duplicate, micros, retried, SLOW_OPERATION};
 
 /// Attempts of one transaction that hit a deadlock (1213) or a lock wait timeout (1205)
@@ -853,11 +853,6 @@ impl MysqlLedger {
         {
             // An order in PENDING_PAYMENT always has a PROCESSING reservation; anything
             // else is corruption, and nothing is changed.
-            debug_assert!(
-                false,
-                "order {order_id} moved from PENDING_PAYMENT, but its reservation was not \
-                 PROCESSING: the order and its reservation change in one transaction"
-            );
             tx.rollback().await?;
             return Err(sqlx::Error::Protocol(format!(
                 "order {order_id} is PENDING_PAYMENT but its reservation is not PROCESSING"
@@ -1206,16 +1201,17 @@ impl Ledger for MysqlLedger {
         let created = self
             .run("create product", || self.insert_product(new))
             .await?;
-        let product = rows::written(
-            self.product(new.product_id).await?,
-            "product vanished after insert",
-        )?;
+        let product = self
+            .product(new.product_id)
+            .await?
+            .ok_or_else(|| corrupt("product vanished after insert"))?;
         if created {
             return Ok(CreateProduct::Created(product));
         }
-        let inventory = self.inventory(new.product_id).await?;
-        // The product and its inventory are inserted in one transaction.
-        let counters = rows::written(inventory, "product without inventory")?;
+        let counters = self
+            .inventory(new.product_id)
+            .await?
+            .ok_or_else(|| corrupt("product without inventory"))?;
         Ok(CreateProduct::Exists(product, counters.total))
     }
 

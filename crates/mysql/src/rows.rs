@@ -16,15 +16,6 @@ pub(crate) fn corrupt(what: impl std::fmt::Display) -> LedgerError {
     LedgerError::corrupt(format!("unexpected data in the ledger: {what}"))
 }
 
-/// A row our own write made moments before, read back: none is corruption (no path
-/// deletes products, their inventory or the request scope), loud in tests.
-pub(crate) fn written<T>(row: Option<T>, what: &str) -> Result<T, LedgerError> {
-    row.ok_or_else(|| {
-        debug_assert!(false, "{what}: a row our own write made is gone");
-        corrupt(what)
-    })
-}
-
 /// For row mappers that answer in sqlx's error type.
 pub(crate) fn undecodable(e: LedgerError) -> sqlx::Error {
     sqlx::Error::Decode(Box::new(e))

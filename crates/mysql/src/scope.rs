@@ -11,7 +11,7 @@ use flashsale_core::RequestScope;
 use sqlx::{MySql, Row, Transaction};
 
 use crate::ledger::MysqlLedger;
-use crate::rows::{corrupt, text, written};
+use crate::rows::{corrupt, text};
 use crate::sql::{db, is_duplicate};
 
 /// The events a purchase writes, keyed by its request_id. A `stock_repaired` event is
@@ -79,10 +79,9 @@ impl MysqlLedger {
                 .await
         })
         .await?;
-        written(
-            self.recorded_scope().await?,
-            "no request scope after recording one",
-        )
+        self.recorded_scope()
+            .await?
+            .ok_or_else(|| corrupt("no request scope after recording one"))
     }
 
     /// Rewrites every purchase key into `to`'s form in one transaction, and moves every
