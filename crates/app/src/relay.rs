@@ -279,6 +279,12 @@ impl Relay {
     /// Parks the rows refused for good, marks the published ones sent and gives the rest
     /// back, ending the round's lease.
     async fn settle(&self, mut round: Round) -> Result<(), RelayError> {
+        // A row is sent once every message of it was published, and a failed message
+        // stops the rest of its queue: no row is both.
+        debug_assert!(
+            round.failed.iter().all(|f| !round.sent.contains(&f.id)),
+            "a row both sent and failed in one round"
+        );
         let park = round.take_parked();
         let parked = match park.is_empty() {
             true => Ok(()),
