@@ -732,7 +732,7 @@ impl Node {
         cmd.kill_on_drop(true);
         let mut child = process::spawn_logged_tokio(&mut cmd, &log)?;
         let failed = |what: String| {
-            with_log_tail(
+            process::with_log_tail(
                 io::ErrorKind::Other,
                 &format!(
                     "mariadbd --wsrep-recover of galera node {} {what}",
@@ -822,7 +822,7 @@ impl Node {
 
     /// An error of `kind`: this node `what`, with the end of its log.
     fn error(&self, kind: io::ErrorKind, what: &str) -> io::Error {
-        with_log_tail(
+        process::with_log_tail(
             kind,
             &format!("galera node {} {what}", self.index),
             &self.log(),
@@ -1031,18 +1031,6 @@ fn read_tree(
         }
     }
     Ok(())
-}
-
-/// An error of `kind` saying `what`, with the end of `log`.
-fn with_log_tail(kind: io::ErrorKind, what: &str, log: &Path) -> io::Error {
-    io::Error::new(
-        kind,
-        format!(
-            "{what}; end of {}:\n{}",
-            log.display(),
-            process::log_tail(log)
-        ),
-    )
 }
 
 /// `gvwstate.dat` for the node `me` of a cluster of `members`: the view Galera would

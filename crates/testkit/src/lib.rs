@@ -39,6 +39,7 @@ pub use mariadb::PrivateMariadb;
 pub use nats_cluster::{NatsCluster, StreamCopy};
 pub use nats_server::PrivateNats;
 pub use port::free_port;
+pub use process::PrivateServer;
 pub use proxy::TcpProxy;
 pub use redis_cluster::RedisCluster;
 pub use redis_server::PrivateRedis;

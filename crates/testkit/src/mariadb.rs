@@ -1,13 +1,12 @@
 use std::ffi::OsString;
 use std::io;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command};
 use std::time::Duration;
 
 use sqlx::{Connection, MySqlConnection};
 
-use crate::process::{self, NotReady, Server};
+use crate::process::{self, private_server, NotReady};
 
 /// Longest wait for `mariadb-install-db` to create the system tables. It
 /// takes about a second here; the bound is for a busy machine.
@@ -49,22 +48,24 @@ const INSTALL_LOG: &str = "install.log";
 /// Log of `mariadbd` (its stderr) inside the temp dir.
 const SERVER_LOG: &str = "mariadbd.log";
 
-/// A `mariadbd` of the test's own, on a free port of 127.0.0.1, with its own
-/// data directory; root logs in over TCP with an empty password.
-///
-/// Why: crash and stall tests must kill -9, restart or pause (SIGSTOP) the
-/// database, which must never happen to the shared MariaDB on 3306. The data
-/// directory survives [`kill9`](Self::kill9) and [`restart`](Self::restart),
-/// so tests can check what InnoDB kept. Dropping this value kills the server
-/// and deletes the data directory.
-///
-/// The server runs with `--no-defaults`: this machine's `/etc/mysql/my.cnf`
-/// sets `user=mysql`, `pid-file=/run/mysqld/mysqld.pid` and a shared
-/// `log-error`, which would make the private server fail, or clobber the
-/// shared server's pid file and log.
-#[derive(Debug)]
-pub struct PrivateMariadb {
-    server: Server,
+private_server! {
+    /// A `mariadbd` of the test's own, on a free port of 127.0.0.1, with its own
+    /// data directory; root logs in over TCP with an empty password. Its URL
+    /// (`mysql://root@127.0.0.1:N`), address, kill9 and restart are
+    /// [`PrivateServer`](crate::PrivateServer)'s: a restart waits for InnoDB's crash
+    /// recovery, and finds whatever was committed before the crash.
+    ///
+    /// Why: crash and stall tests must kill -9, restart or pause (SIGSTOP) the
+    /// database, which must never happen to the shared MariaDB on 3306. The data
+    /// directory survives [`kill9`](crate::PrivateServer::kill9) and
+    /// [`restart`](crate::PrivateServer::restart), so tests can check what InnoDB kept.
+    /// Dropping this value kills the server and deletes the data directory.
+    ///
+    /// The server runs with `--no-defaults`: this machine's `/etc/mysql/my.cnf`
+    /// sets `user=mysql`, `pid-file=/run/mysqld/mysqld.pid` and a shared
+    /// `log-error`, which would make the private server fail, or clobber the
+    /// shared server's pid file and log.
+    PrivateMariadb("mariadbd", "mysql://root@127.0.0.1:{}", launch)
 }
 
 impl PrivateMariadb {
@@ -79,48 +80,7 @@ impl PrivateMariadb {
         let dir = tempfile::Builder::new().prefix("fs-mariadb-").tempdir()?;
         std::fs::create_dir(dir.path().join(TMP_DIR))?;
         install(dir.path()).await?;
-        let server = Server::start("mariadbd", START_ATTEMPTS, dir, |dir, port| async move {
-            launch(&dir, port).await
-        })
-        .await?;
-        Ok(PrivateMariadb { server })
-    }
-
-    /// `mysql://root@127.0.0.1:N`, without a database name.
-    ///
-    /// Why: the form [`TestDb::create`](crate::TestDb::create) takes, so a
-    /// test can make its database on the private server.
-    pub fn url(&self) -> String {
-        format!("mysql://root@127.0.0.1:{}", self.server.port)
-    }
-
-    /// `127.0.0.1:N` for this server.
-    ///
-    /// Why: to put a [`TcpProxy`](crate::TcpProxy) in front of it.
-    pub fn addr(&self) -> SocketAddr {
-        self.server.addr()
-    }
-
-    /// Kills the server with SIGKILL and waits until it is gone. Does
-    /// nothing if it is not running.
-    ///
-    /// Why: simulates a crash or power loss of the database: no clean
-    /// shutdown, only what InnoDB made durable survives.
-    pub fn kill9(&mut self) -> io::Result<()> {
-        self.server.kill9()
-    }
-
-    /// Kills the server if it runs, then starts it again on the same port
-    /// and data directory, and waits (bounded, crash recovery included)
-    /// until root can log in.
-    ///
-    /// Why: recovery tests need the database back at the address the
-    /// service already knows, with whatever was committed before the crash.
-    pub async fn restart(&mut self) -> io::Result<()> {
-        self.kill9()?;
-        let child = launch(self.server.dir.path(), self.server.port).await?;
-        self.server.child = Some(child);
-        Ok(())
+        Self::start_in(dir).await
     }
 
     /// Pauses the server with SIGSTOP: connections stay open but nothing
@@ -177,31 +137,7 @@ pub(crate) async fn install(dir: &Path) -> io::Result<()> {
     // Own process group: on timeout, the bootstrap mariadbd it forked is
     // killed along with the script.
     cmd.process_group(0).kill_on_drop(true);
-    let mut child = process::spawn_logged_tokio(&mut cmd, &log)?;
-    let pgid = child.id();
-    match tokio::time::timeout(INSTALL_TIMEOUT, child.wait()).await {
-        Ok(Ok(status)) if status.success() => Ok(()),
-        Ok(Ok(status)) => Err(io::Error::other(format!(
-            "mariadb-install-db failed ({status}); end of {}:\n{}",
-            log.display(),
-            process::log_tail(&log)
-        ))),
-        Ok(Err(e)) => Err(e),
-        Err(_) => {
-            if let Some(pgid) = pgid {
-                let _ = process::signal_group(pgid, libc::SIGKILL);
-            }
-            let _ = child.kill().await;
-            Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!(
-                    "mariadb-install-db did not finish within {INSTALL_TIMEOUT:?}; end of {}:\n{}",
-                    log.display(),
-                    process::log_tail(&log)
-                ),
-            ))
-        }
-    }
+    process::run_bounded(&mut cmd, &log, INSTALL_TIMEOUT, "mariadb-install-db").await
 }
 
 /// Spawns mariadbd on `port` with its files in `dir` and waits until root
@@ -249,10 +185,7 @@ async fn accepts_login(url: &str, socket: &str) -> bool {
         conn.close().await?;
         Ok::<_, sqlx::Error>(theirs == socket)
     };
-    matches!(
-        tokio::time::timeout(PROBE_TIMEOUT, attempt).await,
-        Ok(Ok(true))
-    )
+    process::probe(PROBE_TIMEOUT, attempt).await
 }
 
 #[cfg(test)]
@@ -273,7 +206,7 @@ mod tests {
             .expect("temp dir");
         std::fs::create_dir(b_dir.path().join(TMP_DIR)).expect("tmp dir");
         install(b_dir.path()).await.expect("install the second");
-        match launch(b_dir.path(), a.server.port).await {
+        match launch(b_dir.path(), a.port).await {
             Err(NotReady::Exited(_)) => {}
             Err(NotReady::Failed(e)) => panic!("expected an exit, got {e}"),
             Ok(mut child) => {
@@ -281,12 +214,6 @@ mod tests {
                 panic!("the second server was taken for ready on the first one's port");
             }
         }
-        assert!(
-            accepts_login(
-                &a.url(),
-                &a.server.dir.path().join("sock").to_string_lossy()
-            )
-            .await
-        );
+        assert!(accepts_login(&a.url(), &a.dir.path().join("sock").to_string_lossy()).await);
     }
 }

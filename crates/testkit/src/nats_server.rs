@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
-use crate::process::{self, NotReady, Server};
+use crate::process::{self, private_server, NotReady};
 
 /// Longest wait for a fresh `nats-server` to greet a client. It normally takes tens of
 /// milliseconds (JetStream recovers its store first); the bound is for a machine busy
@@ -29,15 +29,17 @@ const STORE_DIR: &str = "jetstream";
 /// Name of the configuration file (settings without a command-line flag) in the temp dir.
 const CONFIG_FILE: &str = "nats.conf";
 
-/// A `nats-server` with JetStream of the test's own, on a free port of 127.0.0.1, its
-/// store in a temp dir.
-///
-/// Why: the "broker down" tests must stop the broker mid-sale and bring it back with its
-/// streams, without touching the shared nats-server on 4222. Dropping this value kills
-/// the process and removes its directory.
-#[derive(Debug)]
-pub struct PrivateNats {
-    server: Server,
+private_server! {
+    /// A `nats-server` with JetStream of the test's own, on a free port of 127.0.0.1, its
+    /// store in a temp dir. Its URL (`nats://127.0.0.1:N`), address, and restart (on the
+    /// same port with the same store, and so the streams and their deduplication state
+    /// it had: the broker coming back where the service already looks for it) are
+    /// [`PrivateServer`](crate::PrivateServer)'s.
+    ///
+    /// Why: the "broker down" tests must stop the broker mid-sale and bring it back with its
+    /// streams, without touching the shared nats-server on 4222. Dropping this value kills
+    /// the process and removes its directory.
+    PrivateNats("nats-server", "nats://127.0.0.1:{}", launch)
 }
 
 impl PrivateNats {
@@ -60,30 +62,12 @@ impl PrivateNats {
                 format!("max_payload: {bytes}\n"),
             )?;
         }
-        let server = Server::start("nats-server", START_ATTEMPTS, dir, |dir, port| async move {
-            launch(&dir, port).await
-        })
-        .await?;
-        Ok(PrivateNats { server })
+        Self::start_in(dir).await
     }
 
-    /// `nats://127.0.0.1:N` for this server.
-    pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.server.port)
-    }
-
-    pub fn addr(&self) -> SocketAddr {
-        self.server.addr()
-    }
-
-    /// Where JetStream keeps its streams (survives [`restart`](Self::restart)).
+    /// Where JetStream keeps its streams (survives [`restart`](crate::PrivateServer::restart)).
     pub fn store_dir(&self) -> PathBuf {
         self.server.dir.path().join(STORE_DIR)
-    }
-
-    /// Whether the server process is running.
-    pub fn is_running(&self) -> bool {
-        self.server.child.is_some()
     }
 
     /// Kills the server with SIGKILL and waits until it is gone (its port is closed when
@@ -92,18 +76,6 @@ impl PrivateNats {
     /// Why: the broker going away without notice, as in a crash or a network cut.
     pub fn stop(&mut self) -> io::Result<()> {
         self.server.kill9()
-    }
-
-    /// Stops the server if it runs, then starts it again on the same port with the same
-    /// store, and waits (bounded) until it greets clients.
-    ///
-    /// Why: the broker coming back where the service already looks for it, with the
-    /// streams (and their deduplication state) it had.
-    pub async fn restart(&mut self) -> io::Result<()> {
-        self.stop()?;
-        let child = launch(self.server.dir.path(), self.server.port).await?;
-        self.server.child = Some(child);
-        Ok(())
     }
 }
 
@@ -139,8 +111,5 @@ pub(crate) async fn greets(addr: SocketAddr) -> bool {
         stream.read_exact(&mut greeting).await?;
         Ok::<bool, io::Error>(&greeting == b"INFO ")
     };
-    matches!(
-        tokio::time::timeout(PROBE_TIMEOUT, attempt).await,
-        Ok(Ok(true))
-    )
+    process::probe(PROBE_TIMEOUT, attempt).await
 }

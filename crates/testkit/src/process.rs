@@ -5,6 +5,7 @@ use std::future::Future;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -27,18 +28,12 @@ fn log_file(path: &Path) -> io::Result<File> {
 /// Spawns `cmd` with stdin closed and stdout/stderr appended to `log`, so
 /// servers stay quiet in test output but their reasons for failing are kept.
 pub(crate) fn spawn_logged(cmd: &mut Command, log: &Path) -> io::Result<Child> {
-    let out = log_file(log)?;
-    let err = out.try_clone()?;
+    let (out, err) = logged_stdio(log)?;
     cmd.stdin(Stdio::null())
-        .stdout(Stdio::from(out))
-        .stderr(Stdio::from(err))
+        .stdout(out)
+        .stderr(err)
         .spawn()
-        .map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("could not run {:?}: {e}", cmd.get_program()),
-            )
-        })
+        .map_err(|e| could_not_run(cmd.get_program(), e))
 }
 
 /// Same as [`spawn_logged`] for a tokio command (used for one-shot tools
@@ -47,18 +42,67 @@ pub(crate) fn spawn_logged_tokio(
     cmd: &mut tokio::process::Command,
     log: &Path,
 ) -> io::Result<tokio::process::Child> {
+    let (out, err) = logged_stdio(log)?;
+    cmd.stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| could_not_run(cmd.as_std().get_program(), e))
+}
+
+/// A child's stdout and stderr, both appending to `log`.
+fn logged_stdio(log: &Path) -> io::Result<(Stdio, Stdio)> {
     let out = log_file(log)?;
     let err = out.try_clone()?;
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::from(out))
-        .stderr(Stdio::from(err))
-        .spawn()
-        .map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("could not run {:?}: {e}", cmd.as_std().get_program()),
-            )
-        })
+    Ok((Stdio::from(out), Stdio::from(err)))
+}
+
+/// The error of a spawn that failed, naming the program.
+fn could_not_run(program: &std::ffi::OsStr, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("could not run {program:?}: {e}"))
+}
+
+/// Spawns the one-shot tool `cmd` as [`spawn_logged_tokio`] does and waits for it to
+/// succeed, at most `bound`. On a failure or a timeout the error names it `what` and
+/// quotes the end of `log`; on a timeout the tool is killed, and with it its process
+/// group when it leads one (`process_group(0)`), so helpers it forked die too.
+pub(crate) async fn run_bounded(
+    cmd: &mut tokio::process::Command,
+    log: &Path,
+    bound: Duration,
+    what: &str,
+) -> io::Result<()> {
+    let mut child = spawn_logged_tokio(cmd, log)?;
+    let pgid = child.id();
+    match tokio::time::timeout(bound, child.wait()).await {
+        Ok(Ok(status)) if status.success() => Ok(()),
+        Ok(Ok(status)) => Err(with_log_tail(
+            io::ErrorKind::Other,
+            &format!("{what} failed ({status})"),
+            log,
+        )),
+        Ok(Err(e)) => Err(e),
+        Err(_) => {
+            // Fails harmlessly (no such group) when the tool does not lead one.
+            if let Some(pgid) = pgid {
+                let _ = signal_group(pgid, libc::SIGKILL);
+            }
+            let _ = child.kill().await;
+            Err(with_log_tail(
+                io::ErrorKind::TimedOut,
+                &format!("{what} did not finish within {bound:?}"),
+                log,
+            ))
+        }
+    }
+}
+
+/// An error of `kind` saying `what`, followed by the end of `log`.
+pub(crate) fn with_log_tail(kind: io::ErrorKind, what: &str, log: &Path) -> io::Error {
+    io::Error::new(
+        kind,
+        format!("{what}; end of {}:\n{}", log.display(), log_tail(log)),
+    )
 }
 
 /// SIGKILLs the child and reaps it, so its port and files are free when this
@@ -129,6 +173,14 @@ impl From<NotReady> for io::Error {
             NotReady::Exited(e) | NotReady::Failed(e) => e,
         }
     }
+}
+
+/// True if `attempt` answers true within `bound`: one readiness probe of a server.
+pub(crate) async fn probe<E>(
+    bound: Duration,
+    attempt: impl Future<Output = Result<bool, E>>,
+) -> bool {
+    matches!(tokio::time::timeout(bound, attempt).await, Ok(Ok(true)))
 }
 
 /// Polls `probe` until it returns true, the child exits, or `bound` passes.
@@ -212,71 +264,149 @@ where
     Err(last_err.unwrap_or_else(|| io::Error::other(format!("{what} did not start"))))
 }
 
+/// What a private server's process is started with: `dir`, its temp dir's path, and
+/// `port`. The future spawns it and waits until it is ready.
+pub(crate) type Launch = fn(PathBuf, u16) -> Pin<Box<dyn Future<Output = LaunchResult> + Send>>;
+type LaunchResult = Result<Child, NotReady>;
+
+/// What tells one kind of private server from another: its name in logs and errors,
+/// how many ports [`PrivateServer::start`] tries, its URL on a port, and how it launches.
+#[derive(Debug)]
+pub(crate) struct Kind {
+    pub(crate) what: &'static str,
+    pub(crate) attempts: u32,
+    pub(crate) url: fn(u16) -> String,
+    pub(crate) launch: Launch,
+}
+
 /// A private server of one port: the port it serves on 127.0.0.1, the temp dir its
 /// files live in, and its process while it runs. Dropping it kills the process, then
-/// removes the dir.
+/// removes the dir. [`PrivateRedis`](crate::PrivateRedis),
+/// [`PrivateMariadb`](crate::PrivateMariadb) and [`PrivateNats`](crate::PrivateNats)
+/// are one each, and have its methods.
 ///
 /// Why: `mariadbd`, `redis-server` and `nats-server` start, stop and restart alike; only
 /// how each launches and tells it is ready differs.
 #[derive(Debug)]
-pub(crate) struct Server {
-    /// The server's name in logs and errors.
-    what: &'static str,
+pub struct PrivateServer {
+    kind: &'static Kind,
     pub(crate) port: u16,
     pub(crate) dir: TempDir,
     pub(crate) child: Option<Child>,
 }
 
-impl Server {
-    /// Starts `launch` (given `dir`'s path and a port from [`free_port`]) at most
-    /// `attempts` times, on a new port each time, as [`start_retrying`] says.
-    pub(crate) async fn start<F, Fut>(
-        what: &'static str,
-        attempts: u32,
-        dir: TempDir,
-        mut launch: F,
-    ) -> io::Result<Server>
-    where
-        F: FnMut(PathBuf, u16) -> Fut,
-        Fut: Future<Output = Result<Child, NotReady>>,
-    {
-        let (port, child) = start_retrying(what, attempts, || {
+impl PrivateServer {
+    /// Starts `kind` (given `dir`'s path and a port from [`free_port`]) at most
+    /// `kind.attempts` times, on a new port each time, as [`start_retrying`] says.
+    pub(crate) async fn start(kind: &'static Kind, dir: TempDir) -> io::Result<PrivateServer> {
+        let (port, child) = start_retrying(kind.what, kind.attempts, || {
             let port = free_port();
-            let started = launch(dir.path().to_owned(), port);
+            let started = (kind.launch)(dir.path().to_owned(), port);
             async move { started.await.map(|child| (port, child)) }
         })
         .await?;
-        Ok(Server {
-            what,
+        Ok(PrivateServer {
+            kind,
             port,
             dir,
             child: Some(child),
         })
     }
 
+    /// The URL clients take: `redis://127.0.0.1:N/`, `mysql://root@127.0.0.1:N` (without
+    /// a database name: the form [`TestDb::create`](crate::TestDb::create) takes) or
+    /// `nats://127.0.0.1:N`.
+    pub fn url(&self) -> String {
+        (self.kind.url)(self.port)
+    }
+
     /// `127.0.0.1:N` for this server.
-    pub(crate) fn addr(&self) -> SocketAddr {
+    ///
+    /// Why: to put a [`TcpProxy`](crate::TcpProxy) in front of it.
+    pub fn addr(&self) -> SocketAddr {
         SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// Whether the server process is running.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 
     /// Kills the server with SIGKILL and waits until it is gone (its port is closed when
     /// this returns). Does nothing if it is not running.
-    pub(crate) fn kill9(&mut self) -> io::Result<()> {
+    ///
+    /// Why: simulates a crash or power loss: no clean shutdown, clients see their
+    /// connections reset, only what the server made durable survives.
+    pub fn kill9(&mut self) -> io::Result<()> {
         match self.child.take() {
             Some(mut child) => kill9(&mut child),
             None => Ok(()),
         }
     }
+
+    /// Kills the server if it runs, then starts it again on the same port with what its
+    /// dir holds, and waits (bounded, a database's crash recovery included) until it is
+    /// ready. ([`PrivateRedis::restart`](crate::PrivateRedis::restart) empties it first.)
+    ///
+    /// Why: recovery tests need the server back at the address the service already
+    /// knows, with whatever it had made durable before the crash.
+    pub async fn restart(&mut self) -> io::Result<()> {
+        self.kill9()?;
+        let child = (self.kind.launch)(self.dir.path().to_owned(), self.port).await?;
+        self.child = Some(child);
+        Ok(())
+    }
 }
 
-impl Drop for Server {
+impl Drop for PrivateServer {
     /// Kills the server so no test leaves one behind; the temp dir is removed right after.
     fn drop(&mut self) {
         if let Err(e) = self.kill9() {
-            tracing::warn!(port = self.port, error = %e, "could not kill private {}", self.what);
+            tracing::warn!(port = self.port, error = %e, "could not kill private {}", self.kind.what);
         }
     }
 }
+
+/// Declares a private server type: the struct around a [`PrivateServer`], which it
+/// derefs to for the methods every kind has, and its `start_in(dir)`, which starts it
+/// (`what` named in logs and errors, its URL `url` with the port for `{}`, `launch`ed
+/// at most the module's `START_ATTEMPTS` times) with its files in `dir`.
+macro_rules! private_server {
+    ($(#[$doc:meta])* $name:ident($what:literal, $url:literal, $launch:ident)) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $name {
+            server: $crate::process::PrivateServer,
+        }
+
+        impl $name {
+            async fn start_in(dir: tempfile::TempDir) -> std::io::Result<$name> {
+                static KIND: $crate::process::Kind = $crate::process::Kind {
+                    what: $what,
+                    attempts: START_ATTEMPTS,
+                    url: |port| format!($url, port),
+                    launch: |dir, port| Box::pin(async move { $launch(&dir, port).await }),
+                };
+                let server = $crate::process::PrivateServer::start(&KIND, dir).await?;
+                Ok($name { server })
+            }
+        }
+
+        impl std::ops::Deref for $name {
+            type Target = $crate::process::PrivateServer;
+            fn deref(&self) -> &Self::Target {
+                &self.server
+            }
+        }
+
+        impl std::ops::DerefMut for $name {
+            fn deref_mut(&mut self) -> &mut Self::Target {
+                &mut self.server
+            }
+        }
+    };
+}
+pub(crate) use private_server;
 
 /// True when this process runs as root, where `mariadbd` and
 /// `mariadb-install-db` need `--user=root` to agree to run.

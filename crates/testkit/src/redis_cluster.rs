@@ -1,7 +1,7 @@
 use std::io;
 use std::ops::RangeInclusive;
 use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
@@ -10,6 +10,7 @@ use tempfile::TempDir;
 
 use crate::port::cluster_port;
 use crate::process::{self, NotReady};
+use crate::redis_server::redis_server;
 
 /// Nodes of the cluster: three primaries, so that one can die and the other two are
 /// still a majority that votes its replica in, and one replica for each.
@@ -459,27 +460,7 @@ impl RedisCluster {
             .args(self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))
             .args(["--cluster-replicas", "1", "--cluster-yes"])
             .kill_on_drop(true);
-        let mut child = process::spawn_logged_tokio(&mut cmd, &log)?;
-        match tokio::time::timeout(CREATE_TIMEOUT, child.wait()).await {
-            Ok(Ok(status)) if status.success() => Ok(()),
-            Ok(Ok(status)) => Err(io::Error::other(format!(
-                "redis-cli --cluster create failed ({status}); end of {}:\n{}",
-                log.display(),
-                process::log_tail(&log)
-            ))),
-            Ok(Err(e)) => Err(e),
-            Err(_) => {
-                let _ = child.kill().await;
-                Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!(
-                        "redis-cli --cluster create did not finish within {CREATE_TIMEOUT:?}; end of {}:\n{}",
-                        log.display(),
-                        process::log_tail(&log)
-                    ),
-                ))
-            }
-        }
+        process::run_bounded(&mut cmd, &log, CREATE_TIMEOUT, "redis-cli --cluster create").await
     }
 
     /// Waits (bounded by [`FORM_TIMEOUT`]) until every node agrees the cluster is
@@ -530,25 +511,17 @@ async fn start_node(dir: &Path, node_timeout: Duration) -> io::Result<Node> {
 /// files in `dir`, and waits until it answers as itself.
 async fn launch(dir: &Path, port: u16, node_timeout: Duration) -> Result<Child, NotReady> {
     let log = dir.join(NODE_LOG);
-    let mut cmd = Command::new("redis-server");
-    cmd.arg("--port")
-        .arg(port.to_string())
-        .args(["--bind", "127.0.0.1"])
-        .args(["--cluster-enabled", "yes"])
+    let mut cmd = redis_server(dir, port);
+    cmd.args(["--cluster-enabled", "yes"])
         .arg("--cluster-config-file")
         .arg(dir.join(NODES_CONF))
         .arg("--cluster-node-timeout")
         .arg(node_timeout.as_millis().to_string())
-        .args(["--save", ""])
-        .args(["--appendonly", "no"])
         // A replica's first sync is sent straight from memory, and at once: the
         // default waits 5 s for more replicas to share it, which would make every
         // start 5 s longer.
         .args(["--repl-diskless-sync", "yes"])
-        .args(["--repl-diskless-sync-delay", "0"])
-        .args(["--daemonize", "no"])
-        .arg("--dir")
-        .arg(dir);
+        .args(["--repl-diskless-sync-delay", "0"]);
     let mut child = process::spawn_logged(&mut cmd, &log).map_err(NotReady::Failed)?;
     let pid = child.id();
     process::wait_ready(&mut child, NODE_START_TIMEOUT, "redis-server", &log, || {

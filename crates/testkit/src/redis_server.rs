@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::process::{self, NotReady, Server};
+use crate::process::{self, private_server, NotReady};
 
 /// Longest wait for a fresh `redis-server` to answer PING. It normally takes
 /// a few milliseconds; the bound is for a machine busy compiling.
@@ -23,16 +23,17 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Name of the log file (redis-server's stdout) inside the temp dir.
 const LOG_FILE: &str = "redis.log";
 
-/// A `redis-server` of the test's own, on a free port of 127.0.0.1, keeping
-/// nothing on disk.
-///
-/// Why: crash tests must kill Redis (and see what the service does while it
-/// is gone and after it comes back empty) without touching the shared Redis
-/// on 6379 that every other test uses. The process is a child of the test;
-/// dropping this value kills it and removes its directory.
-#[derive(Debug)]
-pub struct PrivateRedis {
-    server: Server,
+private_server! {
+    /// A `redis-server` of the test's own, on a free port of 127.0.0.1, keeping
+    /// nothing on disk. Its URL (`redis://127.0.0.1:N/`, what the service's config and
+    /// the `redis` crate take), address, kill9 (a crash: no shutdown, clients see their
+    /// connections reset) are [`PrivateServer`](crate::PrivateServer)'s.
+    ///
+    /// Why: crash tests must kill Redis (and see what the service does while it
+    /// is gone and after it comes back empty) without touching the shared Redis
+    /// on 6379 that every other test uses. The process is a child of the test;
+    /// dropping this value kills it and removes its directory.
+    PrivateRedis("redis-server", "redis://127.0.0.1:{}/", launch)
 }
 
 impl PrivateRedis {
@@ -45,37 +46,7 @@ impl PrivateRedis {
     /// empty server like a real crash without persistence would.
     pub async fn start() -> io::Result<PrivateRedis> {
         let dir = tempfile::Builder::new().prefix("fs-redis-").tempdir()?;
-        let server = Server::start(
-            "redis-server",
-            START_ATTEMPTS,
-            dir,
-            |dir, port| async move { launch(&dir, port).await },
-        )
-        .await?;
-        Ok(PrivateRedis { server })
-    }
-
-    /// `redis://127.0.0.1:N/` for this server.
-    ///
-    /// Why: what the service's config and the `redis` crate take.
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.server.port)
-    }
-
-    /// `127.0.0.1:N` for this server.
-    ///
-    /// Why: to put a [`TcpProxy`](crate::TcpProxy) in front of it.
-    pub fn addr(&self) -> SocketAddr {
-        self.server.addr()
-    }
-
-    /// Kills the server with SIGKILL and waits until it is gone (its port is
-    /// closed when this returns). Does nothing if it is not running.
-    ///
-    /// Why: simulates a crash: no shutdown, clients see their connections
-    /// reset.
-    pub fn kill9(&mut self) -> io::Result<()> {
-        self.server.kill9()
+        Self::start_in(dir).await
     }
 
     /// Kills the server if it runs, then starts it again on the same port,
@@ -84,7 +55,7 @@ impl PrivateRedis {
     /// Why: tests of recovery after a Redis crash need the server back at
     /// the address the service already knows, and without its data.
     pub async fn restart(&mut self) -> io::Result<()> {
-        self.kill9()?;
+        self.server.kill9()?;
         // Nothing should be there (no RDB, no AOF), but an empty restart is
         // the contract: make sure.
         for leftover in ["dump.rdb", "appendonlydir"] {
@@ -95,7 +66,7 @@ impl PrivateRedis {
                 std::fs::remove_file(&path)?;
             }
         }
-        self.relaunch().await
+        self.server.restart().await
     }
 
     /// Kills the server with SIGKILL and starts it again on the same port from the last
@@ -106,15 +77,7 @@ impl PrivateRedis {
     /// comes back with an older copy of the data: every write after the copy is lost,
     /// releases and restocks as much as reservations.
     pub async fn restart_from_snapshot(&mut self) -> io::Result<()> {
-        self.kill9()?;
-        self.relaunch().await
-    }
-
-    /// Starts the (killed) server again on its port, with what its dir holds.
-    async fn relaunch(&mut self) -> io::Result<()> {
-        let child = launch(self.server.dir.path(), self.server.port).await?;
-        self.server.child = Some(child);
-        Ok(())
+        self.server.restart().await
     }
 }
 
@@ -122,16 +85,8 @@ impl PrivateRedis {
 /// answers PING.
 async fn launch(dir: &Path, port: u16) -> Result<Child, NotReady> {
     let log = dir.join(LOG_FILE);
-    let mut cmd = Command::new("redis-server");
-    cmd.arg("--port")
-        .arg(port.to_string())
-        .args(["--bind", "127.0.0.1"])
-        .args(["--save", ""])
-        .args(["--appendonly", "no"])
-        .args(["--daemonize", "no"])
-        .arg("--dir")
-        .arg(dir);
-    let mut child = process::spawn_logged(&mut cmd, &log).map_err(NotReady::Failed)?;
+    let mut child =
+        process::spawn_logged(&mut redis_server(dir, port), &log).map_err(NotReady::Failed)?;
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     process::wait_ready(
         &mut child,
@@ -144,6 +99,21 @@ async fn launch(dir: &Path, port: u16) -> Result<Child, NotReady> {
     Ok(child)
 }
 
+/// `redis-server` on `port` of 127.0.0.1, in the foreground, persisting nothing, its
+/// files in `dir`; what the private server runs, and a cluster node with more.
+pub(crate) fn redis_server(dir: &Path, port: u16) -> Command {
+    let mut cmd = Command::new("redis-server");
+    cmd.arg("--port")
+        .arg(port.to_string())
+        .args(["--bind", "127.0.0.1"])
+        .args(["--save", ""])
+        .args(["--appendonly", "no"])
+        .args(["--daemonize", "no"])
+        .arg("--dir")
+        .arg(dir);
+    cmd
+}
+
 /// True if a server at `addr` answers a plain-text PING with PONG.
 async fn answers_ping(addr: SocketAddr) -> bool {
     let attempt = async {
@@ -153,8 +123,5 @@ async fn answers_ping(addr: SocketAddr) -> bool {
         stream.read_exact(&mut reply).await?;
         Ok::<bool, io::Error>(&reply == b"+PONG\r\n")
     };
-    matches!(
-        tokio::time::timeout(PROBE_TIMEOUT, attempt).await,
-        Ok(Ok(true))
-    )
+    process::probe(PROBE_TIMEOUT, attempt).await
 }
