@@ -52,10 +52,9 @@ async fn audit_during_a_flood_of_purchases_finds_no_violation() {
                     break;
                 }
                 let user = b + 1;
-                let (status, body) = app
-                    .purchase(&format!("REQ_flood_{b}_{i}"), user, product, 1)
+                let body = app
+                    .bought(&format!("REQ_flood_{b}_{i}"), user, product, 1)
                     .await;
-                assert_eq!(status, StatusCode::CREATED, "{body}");
                 orders.fetch_add(1, Ordering::Relaxed);
                 if i % CANCEL_EVERY == 0 {
                     let (status, body) = app.cancel(order_id(&body), user).await;
@@ -128,10 +127,8 @@ async fn undelivered_events_past_the_bound_are_a_violation() {
     let product = 5302;
     app.create_product(product, 10, None).await;
     for i in 0..3 {
-        let (status, body) = app
-            .purchase(&format!("REQ_stuck_{i}"), i + 1, product, 1)
+        app.bought(&format!("REQ_stuck_{i}"), i + 1, product, 1)
             .await;
-        assert_eq!(status, StatusCode::CREATED, "{body}");
     }
     let bought = Instant::now();
     let id = ProductId::parse(product).expect("product id");
@@ -179,12 +176,7 @@ async fn the_stock_log_and_packed_events_are_audited() {
         assert_eq!(*status, StatusCode::CREATED, "{body}");
         orders.push((order_id(body), i64::try_from(i).expect("small") + 1));
     }
-    let (paid, payer) = orders[0];
-    let (status, body) = app.pay(paid, payer).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let (cancelled, canceller) = orders[1];
-    let (status, body) = app.cancel(cancelled, canceller).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    app.pay_and_cancel(orders[0], orders[1]).await;
     assert!(
         app.count("SELECT COUNT(*) FROM inventory_batch_log").await >= 1,
         "the purchases went through group commits"
@@ -198,26 +190,40 @@ async fn the_stock_log_and_packed_events_are_audited() {
     let exec = |sql: &'static str| async move {
         sqlx::query(sql).execute(pool).await.expect(sql);
     };
-    exec("CREATE TABLE kept_batch_log AS SELECT * FROM inventory_batch_log ORDER BY id LIMIT 1")
-        .await;
-    exec("DELETE FROM inventory_batch_log WHERE id = (SELECT id FROM kept_batch_log)").await;
-    let report = audit().await;
-    let broken: Vec<_> = report.violations.iter().map(|v| v.invariant).collect();
-    assert_eq!(broken, vec!["I4"], "{report}");
-    assert!(report.to_string().contains("stock log records"), "{report}");
-    exec("INSERT INTO inventory_batch_log SELECT * FROM kept_batch_log").await;
-    exec("DROP TABLE kept_batch_log").await;
-    assert!(audit().await.violations.is_empty());
-
-    exec("CREATE TABLE kept_log AS SELECT * FROM inventory_log WHERE type = 'confirm'").await;
-    exec("DELETE FROM inventory_log WHERE type = 'confirm'").await;
-    let report = audit().await;
-    let broken: Vec<_> = report.violations.iter().map(|v| v.invariant).collect();
-    assert_eq!(broken, vec!["I4"], "{report}");
-    assert!(report.to_string().contains("REQ_log_0"), "{report}");
-    exec("INSERT INTO inventory_log SELECT * FROM kept_log").await;
-    exec("DROP TABLE kept_log").await;
-    assert!(audit().await.violations.is_empty());
+    let tampered = [
+        (
+            [
+                "CREATE TABLE kept_batch_log AS SELECT * FROM inventory_batch_log ORDER BY id LIMIT 1",
+                "DELETE FROM inventory_batch_log WHERE id = (SELECT id FROM kept_batch_log)",
+            ],
+            "stock log records",
+            [
+                "INSERT INTO inventory_batch_log SELECT * FROM kept_batch_log",
+                "DROP TABLE kept_batch_log",
+            ],
+        ),
+        (
+            [
+                "CREATE TABLE kept_log AS SELECT * FROM inventory_log WHERE type = 'confirm'",
+                "DELETE FROM inventory_log WHERE type = 'confirm'",
+            ],
+            "REQ_log_0",
+            [
+                "INSERT INTO inventory_log SELECT * FROM kept_log",
+                "DROP TABLE kept_log",
+            ],
+        ),
+    ];
+    for (tamper, naming, put_back) in tampered {
+        for sql in tamper {
+            exec(sql).await;
+        }
+        assert_audit_finds(&app, id, "I4", naming).await;
+        for sql in put_back {
+            exec(sql).await;
+        }
+        assert!(audit().await.violations.is_empty());
+    }
 
     let copied: String = sqlx::query_scalar(
         "SELECT CONVERT(JSON_VALUE(payload, '$[0].request_id') USING utf8mb4) FROM outbox \
@@ -232,11 +238,17 @@ async fn the_stock_log_and_packed_events_are_audited() {
          WHERE request_id IS NULL ORDER BY id LIMIT 1",
     )
     .await;
-    let report = audit().await;
-    let broken: Vec<_> = report.violations.iter().map(|v| v.invariant).collect();
-    assert_eq!(broken, vec!["I7"], "{report}");
-    assert!(report.to_string().contains(&copied), "{report}");
+    assert_audit_finds(&app, id, "I7", &copied).await;
     app.cleanup().await;
+}
+
+/// Fails unless the audit of `id` reports a violation of `invariant` alone, and its
+/// report names `naming`.
+async fn assert_audit_finds(app: &TestApp, id: ProductId, invariant: &str, naming: &str) {
+    let report = app.maintenance.audit(id).await.expect("audit");
+    let broken: Vec<_> = report.violations.iter().map(|v| v.invariant).collect();
+    assert_eq!(broken, vec![invariant], "{report}");
+    assert!(report.to_string().contains(naming), "{report}");
 }
 
 /// The verdicts recorded for `product` (None: for every product), by `app`'s database.
@@ -276,10 +288,8 @@ async fn scheduled_audits_run_once_over_the_instances() {
     let (status, body) = a.admin_post("/v1/products", ends_soon(5401)).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     a.create_product(5402, 5, None).await;
-    let (status, body) = a.purchase("sched-1", 1, 5401, 2).await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
-    let (status, body) = a.purchase("sched-2", 2, 5402, 1).await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
+    a.bought("sched-1", 1, 5401, 2).await;
+    a.bought("sched-2", 2, 5402, 1).await;
     tokio::time::sleep(Duration::from_millis(1_700)).await;
 
     let (one, two) = tokio::join!(
@@ -311,8 +321,7 @@ async fn scheduled_audits_run_once_over_the_instances() {
 
     let (status, body) = a.admin_post("/v1/products", ends_soon(5403)).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let (status, body) = a.purchase("sched-3", 3, 5403, 1).await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
+    a.bought("sched-3", 3, 5403, 1).await;
     a.bump_entry(5403, "avail", 2).await;
     tokio::time::sleep(Duration::from_millis(1_700)).await;
     let found = b

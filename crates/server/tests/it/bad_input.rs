@@ -37,8 +37,7 @@ pub async fn snapshot(app: &TestApp) -> (Vec<i64>, Vec<(String, String)>) {
 // its bound, whose message must name that bound.
 #[tokio::test]
 async fn bad_inputs_are_refused_and_change_nothing() {
-    let app = TestApp::spawn().await;
-    app.create_product(1100, 10, Some(1)).await;
+    let app = TestApp::selling(1100, 10, Some(1)).await;
     let future = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
     let (s, _) = app
         .admin_post(
@@ -47,8 +46,7 @@ async fn bad_inputs_are_refused_and_change_nothing() {
         )
         .await;
     assert_eq!(s, StatusCode::CREATED);
-    let (s, existing) = app.purchase("REQ_exist", 1, 1100, 1).await;
-    assert_eq!(s, StatusCode::CREATED);
+    let existing = app.bought("REQ_exist", 1, 1100, 1).await;
     let order = existing["order_id"].as_i64().expect("order id");
     let long_id = "x".repeat(65);
     let big = format!("{{\"request_id\": \"{}\"}}", "y".repeat(20_000));
@@ -245,8 +243,7 @@ fn status_and_body(answer: &[u8]) -> (u16, serde_json::Value) {
 // Nothing refused changes anything; the accepted ones create their orders.
 #[tokio::test]
 async fn bodies_must_be_json_and_well_framed() {
-    let app = TestApp::spawn().await;
-    app.create_product(1200, 10, None).await;
+    let app = TestApp::selling(1200, 10, None).await;
     let before = snapshot(&app).await;
     let body = |r: &str| {
         json!({"request_id": r, "user_id": 1, "product_id": 1200, "quantity": 1}).to_string()
@@ -363,8 +360,7 @@ async fn answer_to_unfinished(
 // bound, stalled, still waits (it is not refused). Nothing changes in the stores.
 #[tokio::test]
 async fn an_oversized_chunk_is_refused_when_announced() {
-    let app = TestApp::spawn().await;
-    app.create_product(1300, 10, None).await;
+    let app = TestApp::selling(1300, 10, None).await;
     let before = snapshot(&app).await;
     let head = "POST /v1/purchases HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
                 Transfer-Encoding: chunked\r\n\r\n";

@@ -5,7 +5,7 @@
 use futures::stream::{self, StreamExt};
 use reqwest::StatusCode;
 
-use crate::helpers::{code, TestApp};
+use crate::helpers::{answered, code, TestApp};
 
 // Checks each baseline (db-pessimistic, db-conditional, db-optimistic, redis-lock,
 // redis-lua) with 200 concurrent buyers for 50 units, each request sent until its
@@ -22,27 +22,10 @@ async fn baselines_sell_exactly_the_stock() {
         "redis-lock",
         "redis-lua",
     ] {
-        let app = TestApp::spawn_with(Default::default(), &[("STRATEGY", strategy)]).await;
-        app.create_product(4100, 50, None).await;
-        let answers: Vec<_> = stream::iter(0..200)
-            .map(|i| {
-                let app = &app;
-                async move {
-                    app.purchase_until_known(&format!("REQ_b_{i}"), i + 1, 4100, 1)
-                        .await
-                }
-            })
-            .buffer_unordered(64)
-            .collect()
-            .await;
-        let created = answers
-            .iter()
-            .filter(|(s, _, _)| *s == StatusCode::CREATED)
-            .count();
-        let sold_out = answers
-            .iter()
-            .filter(|(s, b, _)| *s == StatusCode::CONFLICT && code(b) == "sold_out")
-            .count();
+        let app = TestApp::selling_with(&[("STRATEGY", strategy)], (4100, 50, None)).await;
+        let answers: Vec<_> = app.rush(200, 64, ("REQ_b_", 4100), |i| i + 1).await;
+        let created = answered(&answers, StatusCode::CREATED, None);
+        let sold_out = answered(&answers, StatusCode::CONFLICT, Some("sold_out"));
         assert_eq!((created, sold_out), (50, 150), "{strategy}");
         assert_eq!(
             app.count("SELECT COUNT(*) FROM orders").await,
@@ -107,8 +90,7 @@ async fn sold_exactly(app: &TestApp, product_id: i64, stock: i64, strategy: &str
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn guarded_baselines_keep_the_per_user_limit() {
     for strategy in ["db-optimistic", "redis-lock"] {
-        let app = TestApp::spawn_with(Default::default(), &[("STRATEGY", strategy)]).await;
-        app.create_product(4300, 50, Some(2)).await;
+        let app = TestApp::selling_with(&[("STRATEGY", strategy)], (4300, 50, Some(2))).await;
         let requests: Vec<(String, i64)> = (0..30)
             .flat_map(|user| (0..4).map(move |k| (format!("REQ_l_{user}_{k}"), user + 1)))
             .collect();
@@ -161,8 +143,7 @@ async fn guarded_baselines_keep_the_per_user_limit() {
 // inventory untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_post_ceiling_parses_and_refuses_touching_no_store() {
-    let app = TestApp::spawn_with(Default::default(), &[("STRATEGY", "http-post-ceiling")]).await;
-    app.create_product(4200, 50, None).await;
+    let app = TestApp::selling_with(&[("STRATEGY", "http-post-ceiling")], (4200, 50, None)).await;
     let keys_before = app.redis_dump().await;
     for i in 0..20 {
         let (s, b) = app.purchase(&format!("REQ_pc_{i}"), i + 1, 4200, 1).await;
@@ -170,12 +151,12 @@ async fn the_post_ceiling_parses_and_refuses_touching_no_store() {
         assert_eq!(code(&b), "sold_out", "{b}");
         assert_eq!(b["message"], "not enough stock left", "{b}");
     }
-    let (s, b) = app.purchase("bad id!", 1, 4200, 1).await;
-    assert_eq!(
-        (s, code(&b)),
-        (StatusCode::BAD_REQUEST, "invalid_request"),
-        "{b}"
-    );
+    app.refused(
+        ("bad id!", 1, 4200, 1),
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    )
+    .await;
     assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 0);
     assert_eq!(
         app.count("SELECT COUNT(*) FROM inventory_reservation")

@@ -87,12 +87,11 @@ async fn confined(
 // product's per_user_limit counts the token's user, whatever the body would say.
 #[tokio::test]
 async fn jwt_buyers_act_on_their_own_orders_only() {
-    let app = TestApp::spawn_with(
-        Default::default(),
+    let app = TestApp::selling_with(
         &[("BUYER_AUTH", "jwt"), ("BUYER_JWT_SECRET", SECRET)],
+        (9101, 10, Some(1)),
     )
     .await;
-    app.create_product(9101, 10, Some(1)).await;
     let alice = bearer(&hs256(11, 600));
     let bob = bearer(&hs256(12, 600));
     let as_alice = [("authorization", alice.as_str())];
@@ -211,15 +210,14 @@ async fn jwt_public_keys_verify_their_own_algorithm_only() {
         ),
     ] {
         let path = format!("{dir}/{public}");
-        let app = TestApp::spawn_with(
-            Default::default(),
+        let app = TestApp::selling_with(
             &[
                 ("BUYER_AUTH", "jwt"),
                 ("BUYER_JWT_PUBLIC_KEY", path.as_str()),
             ],
+            (9102, 10, None),
         )
         .await;
-        app.create_product(9102, 10, None).await;
         let confusion = EncodingKey::from_secret(&fixture(public)).expect("hmac");
         for token in [
             buyer_token(other, other_algorithm, 21, 600),
@@ -277,16 +275,15 @@ async fn jwt_public_keys_verify_their_own_algorithm_only() {
 // request_id is a new order of their own (request_ids are scoped by buyer).
 #[tokio::test]
 async fn header_buyers_are_confined_and_limited() {
-    let app = TestApp::spawn_with(
-        Default::default(),
+    let app = TestApp::selling_with(
         &[
             ("BUYER_AUTH", "header"),
             ("USER_PURCHASE_RATE", "1"),
             ("USER_PURCHASE_BURST", "2"),
         ],
+        (9103, 10, Some(1)),
     )
     .await;
-    app.create_product(9103, 10, Some(1)).await;
     let (owner, intruder) = ([("x-user-id", "31")], [("x-user-id", "32")]);
     for bad in [
         &[][..],
@@ -353,8 +350,7 @@ async fn header_buyers_are_confined_and_limited() {
 // configuration reference (docs/configuration.md) warns about.
 #[tokio::test]
 async fn without_buyer_auth_the_body_names_the_buyer() {
-    let app = TestApp::spawn().await;
-    app.create_product(9104, 10, None).await;
+    let app = TestApp::selling(9104, 10, None).await;
     let (s, b, _) = buy(&app, &[], "NONE_1", None, 9104).await;
     assert_eq!(
         (s, code(&b)),

@@ -6,11 +6,12 @@
 
 use std::time::{Duration, Instant};
 
+use flashsale::workers::Workers;
 use flashsale_testkit::RedisCluster;
 use reqwest::StatusCode;
 
 use crate::fallback::{acknowledged, assert_sold_exactly, buyers, metric, start_workers, Answer};
-use crate::helpers::{wait_until, TestApp};
+use crate::helpers::{redis_conn, wait_until, TestApp};
 use crate::invariants;
 
 /// Units of each product on sale.
@@ -53,6 +54,16 @@ async fn products_on_every_primary(cluster: &RedisCluster, app: &TestApp) -> Vec
     products
 }
 
+/// A fresh cluster, a service on it (with [`settings`]) whose workers run, and
+/// [`products_on_every_primary`].
+async fn sale_on_a_cluster() -> (RedisCluster, TestApp, Workers, Vec<(u16, i64)>) {
+    let cluster = RedisCluster::start().await.expect("cluster");
+    let app = TestApp::spawn_on_cluster(&cluster.seed_nodes(), &settings()).await;
+    let workers = start_workers(&app);
+    let products = products_on_every_primary(&cluster, &app).await;
+    (cluster, app, workers, products)
+}
+
 /// The product's stock generation in the ledger.
 async fn generation(app: &TestApp, product: i64) -> i64 {
     app.count(&format!(
@@ -75,10 +86,7 @@ async fn assert_sale_exact(app: &TestApp, product: i64, answers: &[Answer]) {
 // again, so the buyers never see it.
 #[tokio::test]
 async fn a_sale_over_three_primaries_sells_exactly_the_stock() {
-    let cluster = RedisCluster::start().await.expect("cluster");
-    let app = TestApp::spawn_on_cluster(&cluster.seed_nodes(), &settings()).await;
-    let workers = start_workers(&app);
-    let products = products_on_every_primary(&cluster, &app).await;
+    let (cluster, app, workers, products) = sale_on_a_cluster().await;
 
     let half = |(_, product): (u16, i64)| {
         let app = &app;
@@ -87,11 +95,7 @@ async fn a_sale_over_three_primaries_sells_exactly_the_stock() {
     let first: Vec<Vec<Answer>> =
         futures::future::join_all(products.iter().copied().map(half)).await;
     for url in cluster.urls() {
-        let mut node = redis::Client::open(url)
-            .expect("url")
-            .get_multiplexed_async_connection()
-            .await
-            .expect("node");
+        let mut node = redis_conn(&url).await;
         let _: () = redis::cmd("SCRIPT")
             .arg("FLUSH")
             .query_async(&mut node)
@@ -126,10 +130,7 @@ async fn a_sale_over_three_primaries_sells_exactly_the_stock() {
 // and the generations.
 #[tokio::test]
 async fn a_primary_killed_mid_sale_loses_no_order_and_oversells_nothing() {
-    let mut cluster = RedisCluster::start().await.expect("cluster");
-    let app = TestApp::spawn_on_cluster(&cluster.seed_nodes(), &settings()).await;
-    let workers = start_workers(&app);
-    let products = products_on_every_primary(&cluster, &app).await;
+    let (mut cluster, app, workers, products) = sale_on_a_cluster().await;
     let (victim_port, victim) = products[0];
 
     let sale = futures::future::join_all(products.iter().map(|&(_, product)| {
@@ -199,10 +200,7 @@ async fn a_primary_killed_mid_sale_loses_no_order_and_oversells_nothing() {
 // audit hold.
 #[tokio::test]
 async fn a_slot_migrated_mid_sale_is_adopted_not_rebuilt() {
-    let cluster = RedisCluster::start().await.expect("cluster");
-    let app = TestApp::spawn_on_cluster(&cluster.seed_nodes(), &settings()).await;
-    let workers = start_workers(&app);
-    let products = products_on_every_primary(&cluster, &app).await;
+    let (cluster, app, workers, products) = sale_on_a_cluster().await;
     let (from_port, moved) = products[0];
     let (to_port, _) = products[1];
     let slot = RedisCluster::slot_of(&app.key(moved, "inv"));
@@ -229,21 +227,10 @@ async fn a_slot_migrated_mid_sale_is_adopted_not_rebuilt() {
     assert_sale_exact(&app, moved, &answers).await;
     assert_eq!(generation(&app, moved).await, 1, "adopted, not rebuilt");
     assert_eq!(metric(&app, "flashsale_gate_rebuilds_total").await, 0.0);
-    let mut conn = app.redis.clone();
-    let stamp: String = redis::cmd("HGET")
-        .arg(app.key(moved, "inv"))
-        .arg("srv")
-        .query_async(&mut conn)
-        .await
-        .expect("HGET srv");
-    let mut owner = redis::Client::open(format!("redis://127.0.0.1:{to_port}/"))
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("new owner");
+    let stamp: String = app.entry_field(moved, "srv").await.expect("HGET srv");
+    let mut owner = redis_conn(&format!("redis://127.0.0.1:{to_port}/")).await;
     let info: String = redis::cmd("INFO")
-        .arg("server")
-        .arg("replication")
+        .arg(&["server", "replication"])
         .query_async(&mut owner)
         .await
         .expect("INFO");
@@ -276,7 +263,6 @@ async fn a_slot_migrated_mid_sale_is_adopted_not_rebuilt() {
 // REVOKED_WITHIN — without the revocation neither could before the lease's end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_revocation_published_on_one_primary_reaches_every_instance() {
-    use crate::helpers::code;
     use crate::sold_out::{buy_within, LONG_LEASE};
     let cluster = RedisCluster::start().await.expect("cluster");
     let seeds = cluster.seed_nodes();
@@ -298,15 +284,10 @@ async fn a_revocation_published_on_one_primary_reaches_every_instance() {
         .expect("a primary other than the first seed");
     let product = i64::try_from(cluster.product_on(port).await.expect("product")).expect("id");
     a.create_product(product, 1, None).await;
-    let (s, body) = a.purchase("REQ_cl_first", 1, product, 1).await;
-    assert_eq!(s, StatusCode::CREATED, "{body}");
+    a.bought("REQ_cl_first", 1, product, 1).await;
     for (app, rid) in [(&a, "REQ_cl_refused_a"), (&b, "REQ_cl_refused_b")] {
-        let (s, body) = app.purchase(rid, 2, product, 1).await;
-        assert_eq!(
-            (s, code(&body)),
-            (StatusCode::CONFLICT, "sold_out"),
-            "{body}"
-        );
+        app.refused((rid, 2, product, 1), StatusCode::CONFLICT, "sold_out")
+            .await;
     }
     let (s, body) = a
         .admin_post(

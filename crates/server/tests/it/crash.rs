@@ -11,7 +11,8 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::helpers::{
-    code, delete_stream, redis_addr, stream_name, ADMIN_TOKEN, MYSQL_SERVER, NATS_URL, REDIS_URL,
+    code, delete_stream, redis_addr, redis_conn, stream_name, ADMIN_TOKEN, MYSQL_SERVER, NATS_URL,
+    REDIS_URL,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
@@ -179,11 +180,7 @@ async fn killed_between_reserve_and_commit_then_retried() {
 
     let pool = sqlx::MySqlPool::connect(&db.url()).await.expect("pool");
     assert_eq!(count(&pool, "SELECT COUNT(*) FROM orders").await, 0);
-    let mut redis = redis::Client::open(REDIS_URL)
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("redis");
+    let mut redis = redis_conn(REDIS_URL).await;
     let state: Option<String> = redis::cmd("HGET")
         .arg(format!("{prefix}{{p:1}}:r:REQ_k1"))
         .arg("s")
@@ -372,11 +369,7 @@ async fn killed_between_leaving_ledger_mode_and_the_rebuild() {
         "SELECT generation FROM product_inventory WHERE product_id = 2",
     )
     .await;
-    let mut redis = redis::Client::open(REDIS_URL)
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("redis");
+    let mut redis = redis_conn(REDIS_URL).await;
     let gate_gen: Option<i64> = redis::cmd("HGET")
         .arg(format!("{prefix}{{p:2}}:inv"))
         .arg("gen")

@@ -71,27 +71,36 @@ fn product_in(data: &Value, product_id: i64) -> Option<Value> {
 pub async fn drive_small_sale(app: &TestApp, product_id: i64, tag: &str) {
     let mut orders = Vec::new();
     for i in 0..3 {
-        let (status, body) = app
-            .purchase(&format!("{tag}-{i}"), 100 + i, product_id, 1)
+        let body = app
+            .bought(&format!("{tag}-{i}"), 100 + i, product_id, 1)
             .await;
-        assert_eq!(status, StatusCode::CREATED, "{body}");
         orders.push((order_id(&body), 100 + i));
     }
     let (status, _) = app.purchase(&format!("{tag}-0"), 100, product_id, 1).await;
     assert_eq!(status, StatusCode::OK);
     for i in 3..5 {
-        let (status, body) = app
-            .purchase(&format!("{tag}-{i}"), 100 + i, product_id, 1)
-            .await;
-        assert_eq!(status, StatusCode::CONFLICT, "{body}");
-        assert_eq!(body["error"], "sold_out", "{body}");
+        let request = (format!("{tag}-{i}"), 100 + i);
+        app.refused(
+            (&request.0, request.1, product_id, 1),
+            StatusCode::CONFLICT,
+            "sold_out",
+        )
+        .await;
     }
-    let (paid, user) = orders[0];
-    let (status, body) = app.pay(paid, user).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let (cancelled, user) = orders[1];
-    let (status, body) = app.cancel(cancelled, user).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    app.pay_and_cancel(orders[0], orders[1]).await;
+}
+
+/// A service selling 3 units of `product_id`, named [`MARKUP_NAME`].
+async fn selling_markup(product_id: i64) -> TestApp {
+    let app = TestApp::spawn().await;
+    let (status, body) = app
+        .admin_post(
+            "/v1/products",
+            json!({"product_id": product_id, "name": MARKUP_NAME, "stock": 3}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    app
 }
 
 // Checks the page and its assets as a browser gets them: each with its content type, the
@@ -164,14 +173,7 @@ async fn the_page_and_its_assets_have_their_types_and_a_strict_policy() {
 // required ones all present.
 #[tokio::test]
 async fn the_data_matches_the_api_and_its_schema() {
-    let app = TestApp::spawn().await;
-    let (status, body) = app
-        .admin_post(
-            "/v1/products",
-            json!({"product_id": 4201, "name": MARKUP_NAME, "stock": 3}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let app = selling_markup(4201).await;
     drive_small_sale(&app, 4201, "d").await;
     let (status, product) = app.get("/v1/products/4201").await;
     assert_eq!(status, StatusCode::OK);
@@ -324,11 +326,9 @@ fn run_audit(app: &TestApp, product: Option<i64>) {
 // recording more verdicts than AUDIT_RUNS_KEPT keeps exactly that many rows, the newest.
 #[tokio::test]
 async fn the_last_audit_and_open_incidents_come_from_the_ledger() {
-    let app = TestApp::spawn().await;
-    app.create_product(4401, 2, None).await;
+    let app = TestApp::selling(4401, 2, None).await;
     app.create_product(4402, 2, None).await;
-    let (status, _) = app.purchase("a-1", 7, 4401, 1).await;
-    assert_eq!(status, StatusCode::CREATED);
+    app.bought("a-1", 7, 4401, 1).await;
     let d = data(&app).await;
     assert_eq!(
         d["audit"],
@@ -585,14 +585,7 @@ fn shown_inventory(page: &Value) -> Value {
 // desktop and the phone views are kept under target/test-artifacts/dashboard/.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_shows_a_live_sale_in_a_browser() {
-    let app = TestApp::spawn().await;
-    let (status, body) = app
-        .admin_post(
-            "/v1/products",
-            json!({"product_id": 4301, "name": MARKUP_NAME, "stock": 3}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let app = selling_markup(4301).await;
     app.create_product(4302, 1000, None).await;
     drive_small_sale(&app, 4301, "b").await;
     let driver = Chromedriver::start().await;
@@ -663,8 +656,7 @@ async fn the_page_shows_a_live_sale_in_a_browser() {
     // Purchases flow on the second product for a few seconds, one unit each.
     let mut made = 0;
     for i in 0..30 {
-        let (status, body) = app.purchase(&format!("flow-{i}"), 1000 + i, 4302, 1).await;
-        assert_eq!(status, StatusCode::CREATED, "{body}");
+        app.bought(&format!("flow-{i}"), 1000 + i, 4302, 1).await;
         made += 1;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -518,8 +518,7 @@ async fn an_instance_follows_a_switch_made_elsewhere_and_its_limits_hold() {
         flashsale_app::modes::LEDGER_SALES_AFTER_SWITCH + Duration::from_millis(350),
     )
     .await;
-    let (status, body) = app.purchase("REQ_follow_0", 1, PRODUCT, 1).await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
+    app.bought("REQ_follow_0", 1, PRODUCT, 1).await;
     let hold: i64 = sqlx::query_scalar(
         "SELECT generation FROM inventory_reservation WHERE request_id = 'REQ_follow_0'",
     )
@@ -527,21 +526,22 @@ async fn an_instance_follows_a_switch_made_elsewhere_and_its_limits_hold() {
     .await
     .expect("reservation");
     assert_eq!(hold, 2, "sold in the ledger mode's generation");
-    let (status, _) = app.purchase("REQ_follow_1", 1, PRODUCT, 1).await;
-    assert_eq!(status, StatusCode::CREATED);
-    let (status, body) = app.purchase("REQ_follow_2", 1, PRODUCT, 1).await;
-    assert_eq!(
-        (status, code(&body)),
-        (StatusCode::TOO_MANY_REQUESTS, "rate_limited")
-    );
+    app.bought("REQ_follow_1", 1, PRODUCT, 1).await;
+    app.refused(
+        ("REQ_follow_2", 1, PRODUCT, 1),
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limited",
+    )
+    .await;
     assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 2);
-    let (status, _) = app.purchase("REQ_follow_3", 2, PRODUCT, 1).await;
-    assert_eq!(status, StatusCode::CREATED);
+    app.bought("REQ_follow_3", 2, PRODUCT, 1).await;
     for i in 4..8 {
-        let (status, body) = app
-            .purchase(&format!("REQ_follow_{i}"), i, PRODUCT, 1)
-            .await;
-        assert_eq!((status, code(&body)), (StatusCode::CONFLICT, "sold_out"));
+        app.refused(
+            (&format!("REQ_follow_{i}"), i, PRODUCT, 1),
+            StatusCode::CONFLICT,
+            "sold_out",
+        )
+        .await;
     }
     back_in_gate_mode(&app, PRODUCT).await;
     assert_eq!(app.redis_available(PRODUCT).await, Some(0));

@@ -372,12 +372,7 @@ async fn audit_on(cluster: &GaleraCluster, i: usize, app: &TestApp, product_id: 
     let product = flashsale_core::ProductId::parse(product_id).expect("product id");
     let report = maintenance.audit(product).await.expect("audit");
     // No relay runs in these tests: events wait in the outbox, as they should.
-    let real: Vec<_> = report
-        .violations
-        .iter()
-        .filter(|v| !(v.invariant == "I7" && v.message.contains("not yet acknowledged")))
-        .collect();
-    assert!(real.is_empty(), "node {i}: {report}");
+    crate::invariants::assert_report_clean(&report, &format!("node {i}: "));
 }
 
 /// Prints what a fault cost, for the test's log and the closing note.

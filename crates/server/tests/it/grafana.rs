@@ -34,8 +34,7 @@ const TARGET_LABELS: [&str; 2] = ["instance", "job"];
 // dashboard names is its `DS_PROMETHEUS` input.
 #[tokio::test]
 async fn dashboard_queries_name_exported_metrics() {
-    let app = TestApp::spawn().await;
-    app.create_product(4201, 1, None).await;
+    let app = TestApp::selling(4201, 1, None).await;
     for (request_id, want) in [("g-1", StatusCode::CREATED), ("g-2", StatusCode::CONFLICT)] {
         let (status, body) = app.purchase(request_id, 9, 4201, 1).await;
         assert_eq!(status, want, "{request_id}: {body}");

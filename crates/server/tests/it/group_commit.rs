@@ -34,9 +34,12 @@ const UNITS_LOGGED: &str =
     "SELECT CAST((SELECT COALESCE(SUM(quantity), 0) FROM inventory_batch_log) \
      + (SELECT COALESCE(SUM(quantity), 0) FROM inventory_log WHERE type = 'reserve') AS SIGNED)";
 
+/// A transaction holding a row lock; rolled back to release it.
+type RowLock = sqlx::Transaction<'static, sqlx::MySql>;
+
 /// A transaction holding `product`'s inventory row locked: a group transaction of the
 /// product waits at its counter UPDATE until this one ends.
-async fn locked_row(app: &TestApp, product: i64) -> sqlx::Transaction<'static, sqlx::MySql> {
+async fn locked_row(app: &TestApp, product: i64) -> RowLock {
     let mut lock = app.pool.begin().await.expect("begin");
     sqlx::query("SELECT available_stock FROM product_inventory WHERE product_id = ? FOR UPDATE")
         .bind(product)
@@ -44,6 +47,25 @@ async fn locked_row(app: &TestApp, product: i64) -> sqlx::Transaction<'static, s
         .await
         .expect("lock the product's row");
     lock
+}
+
+/// Bound on a commit in these tests: far beyond any wait they make, so that only the
+/// test decides when a commit ends.
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Where the "commit in flight" tests start: a service selling `product` (10 units), its
+/// ledger, the product's id, the hold a first purchase commits (generation 1, hold 1),
+/// and the product's row locked from another connection ([`locked_row`]), so that a
+/// group transaction of it waits at its counter UPDATE.
+async fn commit_held_at_the_lock(
+    product: i64,
+) -> (TestApp, Arc<MysqlLedger>, ProductId, HoldRef, RowLock) {
+    let app = TestApp::selling(product, 10, None).await;
+    let ledger = ledger(&app).await;
+    let id = ProductId::parse(product).expect("id");
+    let hold = HoldRef::from_stored(1, 1).expect("hold");
+    let lock = locked_row(&app, product).await;
+    (app, ledger, id, hold, lock)
 }
 
 fn request(i: i64, product: i64) -> PurchaseRequest {
@@ -67,8 +89,7 @@ fn request(i: i64, product: i64) -> PurchaseRequest {
 // commit's packed events), every unit in the stock log once, and the counters.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_purchases_commit_together_with_the_same_answers() {
-    let app = TestApp::spawn().await;
-    app.create_product(3500, 150, None).await;
+    let app = TestApp::selling(3500, 150, None).await;
     let ledger = ledger(&app).await;
     let timeout = Duration::from_secs(600);
     let calls = (0..220i64).map(|i| {
@@ -245,8 +266,7 @@ async fn committed_behind_a_lock(app: &TestApp, product: i64, n: i64, tag: &str)
 // failed whole, 1406, every purchase in it answered 503).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_full_batch_of_long_request_ids_fits_one_pack() {
-    let app = TestApp::spawn().await;
-    app.create_product(3700, 1000, None).await;
+    let app = TestApp::selling(3700, 1000, None).await;
     committed_behind_a_lock(&app, 3700, 257, "full").await;
     assert_eq!(
         app.count("SELECT COUNT(DISTINCT event_id) FROM outbox_event")
@@ -339,8 +359,7 @@ async fn listed_and_procedure_batches_write_the_same_rows() {
 // wrote its own `reserve` row in inventory_log), and every unit is in the stock log once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_refused_group_transaction_goes_one_by_one() {
-    let app = TestApp::spawn().await;
-    app.create_product(3710, 1000, None).await;
+    let app = TestApp::selling(3710, 1000, None).await;
     sqlx::raw_sql(
         "CREATE TRIGGER test_refuse_large_packs BEFORE INSERT ON outbox FOR EACH ROW \
          IF NEW.events > 100 THEN \
@@ -377,8 +396,7 @@ async fn a_refused_group_transaction_goes_one_by_one() {
 // transaction each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn per_user_limits_hold_inside_group_commits() {
-    let app = TestApp::spawn().await;
-    app.create_product(3510, 500, Some(2)).await;
+    let app = TestApp::selling(3510, 500, Some(2)).await;
     let ledger = ledger(&app).await;
     let timeout = Duration::from_secs(600);
     let calls = (0..120i64).map(|i| {
@@ -455,8 +473,7 @@ async fn per_user_limits_hold_inside_group_commits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ledger_mode_purchases_commit_together_with_the_same_answers() {
     use flashsale_app::ports::LedgerMaintenance;
-    let app = TestApp::spawn().await;
-    app.create_product(3600, 500, Some(2)).await;
+    let app = TestApp::selling(3600, 500, Some(2)).await;
     app.create_product(3601, 50, None).await;
     let ledger = ledger(&app).await;
     for p in [3600, 3601] {
@@ -582,17 +599,11 @@ async fn ledger_mode_purchases_commit_together_with_the_same_answers() {
 // the same hold finds that order too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_joined_commit_is_answered_after_its_first_caller_went_away() {
-    let app = TestApp::spawn().await;
-    app.create_product(3550, 10, None).await;
-    let ledger = ledger(&app).await;
-    let timeout = Duration::from_secs(600);
-    let product = ProductId::parse(3550).expect("id");
-    let hold = HoldRef::from_stored(1, 1).expect("hold");
-    let lock = locked_row(&app, 3550).await;
+    let (app, ledger, product, hold, lock) = commit_held_at_the_lock(3550).await;
     let commit = |ledger: Arc<MysqlLedger>| {
         tokio::spawn(async move {
             ledger
-                .commit_purchase(&request(1, 3550), hold, None, timeout)
+                .commit_purchase(&request(1, 3550), hold, None, COMMIT_TIMEOUT)
                 .await
         })
     };
@@ -639,17 +650,15 @@ async fn a_joined_commit_is_answered_after_its_first_caller_went_away() {
 // ledger's record answering instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_joins_the_commit_in_flight_without_a_read() {
-    let app = TestApp::spawn().await;
-    app.create_product(3560, 10, None).await;
-    let ledger = ledger(&app).await;
-    let timeout = Duration::from_secs(600);
-    let product = ProductId::parse(3560).expect("id");
-    let hold = HoldRef::from_stored(1, 1).expect("hold");
+    let (app, ledger, product, hold, lock) = commit_held_at_the_lock(3560).await;
     let request = request(7, 3560);
-    let lock = locked_row(&app, 3560).await;
     let first = tokio::spawn({
         let (ledger, request) = (ledger.clone(), request.clone());
-        async move { ledger.commit_purchase(&request, hold, None, timeout).await }
+        async move {
+            ledger
+                .commit_purchase(&request, hold, None, COMMIT_TIMEOUT)
+                .await
+        }
     });
     // The first caller's purchase is queued and its transaction waits for the lock.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -663,16 +672,20 @@ async fn a_replay_joins_the_commit_in_flight_without_a_read() {
     );
     let other_hold = HoldRef::from_stored(1, 2).expect("hold");
     assert!(ledger
-        .join_commit(&request, other_hold, None, timeout)
+        .join_commit(&request, other_hold, None, COMMIT_TIMEOUT)
         .await
         .is_none());
     assert!(ledger
-        .join_commit(&self::request(8, 3560), hold, None, timeout)
+        .join_commit(&self::request(8, 3560), hold, None, COMMIT_TIMEOUT)
         .await
         .is_none());
     let joiner = tokio::spawn({
         let (ledger, request) = (ledger.clone(), request.clone());
-        async move { ledger.join_commit(&request, hold, None, timeout).await }
+        async move {
+            ledger
+                .join_commit(&request, hold, None, COMMIT_TIMEOUT)
+                .await
+        }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!joiner.is_finished(), "the joiner waits for the commit");
@@ -697,7 +710,7 @@ async fn a_replay_joins_the_commit_in_flight_without_a_read() {
         1
     );
     assert!(ledger
-        .join_commit(&request, hold, None, timeout)
+        .join_commit(&request, hold, None, COMMIT_TIMEOUT)
         .await
         .is_none());
     assert!(ledger
@@ -728,8 +741,7 @@ fn named(request_id: &str, i: i64, product: i64) -> PurchaseRequest {
 #[tokio::test]
 async fn a_request_id_spelling_a_key_name_is_a_taken_request_id() {
     use flashsale_app::ports::LedgerMaintenance;
-    let app = TestApp::spawn().await;
-    app.create_product(3570, 10, None).await;
+    let app = TestApp::selling(3570, 10, None).await;
     app.create_product(3571, 10, None).await;
     let ledger = ledger(&app).await;
     let timeout = Duration::from_secs(600);

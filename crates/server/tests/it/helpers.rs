@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use flashsale::Config;
 use flashsale_testkit::{delete_prefix, redis_prefix, TcpProxy, TestDb};
+use futures::StreamExt;
 use redis::aio::MultiplexedConnection;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -232,6 +233,23 @@ async fn serve_with(env: &HashMap<String, String>, shared: Shared) -> TestApp {
 impl TestApp {
     pub async fn spawn() -> Self {
         Self::spawn_with(Routes::default(), &[]).await
+    }
+
+    /// [`TestApp::spawn`], with one product created (see [`TestApp::create_product`]).
+    pub async fn selling(product_id: i64, stock: i64, per_user_limit: Option<i64>) -> Self {
+        Self::selling_with(&[], (product_id, stock, per_user_limit)).await
+    }
+
+    /// [`TestApp::spawn_with`] the shared stores and `settings`, with one product
+    /// created: `(product_id, stock, per_user_limit)`, as [`TestApp::create_product`]
+    /// takes them.
+    pub async fn selling_with(
+        settings: &[(&str, &str)],
+        (product_id, stock, per_user_limit): (i64, i64, Option<i64>),
+    ) -> Self {
+        let app = Self::spawn_with(Routes::default(), settings).await;
+        app.create_product(product_id, stock, per_user_limit).await;
+        app
     }
 
     /// Starts a service whose stores are reached through `routes`, with extra
@@ -517,6 +535,46 @@ impl TestApp {
         .await
     }
 
+    /// [`TestApp::purchase`] that must be answered 201: asserts it (the answer's body in
+    /// the message) and returns the body.
+    pub async fn bought(
+        &self,
+        request_id: &str,
+        user_id: i64,
+        product_id: i64,
+        quantity: i64,
+    ) -> Value {
+        let (status, body) = self
+            .purchase(request_id, user_id, product_id, quantity)
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        body
+    }
+
+    /// [`TestApp::purchase`] that must be refused with `status` and the error `code`:
+    /// asserts it (the answer's body in the message) and returns the body.
+    pub async fn refused(
+        &self,
+        (request_id, user_id, product_id, quantity): (&str, i64, i64, i64),
+        status: StatusCode,
+        error: &str,
+    ) -> Value {
+        let (got, body) = self
+            .purchase(request_id, user_id, product_id, quantity)
+            .await;
+        assert_eq!((got, code(&body)), (status, error), "{body}");
+        body
+    }
+
+    /// Pays the order `paid` and cancels the order `cancelled`, each `(order, user_id)`
+    /// by its buyer; each must be answered 200.
+    pub async fn pay_and_cancel(&self, paid: (i64, i64), cancelled: (i64, i64)) {
+        let (status, body) = self.pay(paid.0, paid.1).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let (status, body) = self.cancel(cancelled.0, cancelled.1).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+
     /// `POST /v1/orders/{order}/pay` by `user_id`.
     pub async fn pay(&self, order: i64, user_id: i64) -> (StatusCode, Value) {
         self.post(
@@ -549,6 +607,30 @@ impl TestApp {
             .purchase_until_known_noting(request_id, user_id, product_id, quantity)
             .await;
         (status, value, unknowns.len() as u32)
+    }
+
+    /// `count` buyers of one unit of `product`, `concurrency` at a time, each a
+    /// [`TestApp::purchase_until_known`]: the i-th (from 0) with request_id
+    /// `{request_prefix}{i}`, as user `user(i)`. The answers come in the order they came.
+    pub async fn rush(
+        &self,
+        count: i64,
+        concurrency: usize,
+        (request_prefix, product_id): (&str, i64),
+        user: impl Fn(i64) -> i64,
+    ) -> Vec<(StatusCode, Value, u32)> {
+        futures::stream::iter(0..count)
+            .map(|i| {
+                let request_id = format!("{request_prefix}{i}");
+                let user_id = user(i);
+                async move {
+                    self.purchase_until_known(&request_id, user_id, product_id, 1)
+                        .await
+                }
+            })
+            .buffer_unordered(concurrency)
+            .collect()
+            .await
     }
 
     /// [`TestApp::purchase_until_known`], with each answer that left the outcome unknown
@@ -608,13 +690,23 @@ impl TestApp {
     }
 
     pub async fn redis_available(&self, product_id: i64) -> Option<i64> {
+        self.entry_field(product_id, "avail").await
+    }
+
+    /// The field `field` of the product's stock entry in Redis (`HGET <key>inv field`),
+    /// `None` where there is none.
+    pub async fn entry_field<T: redis::FromRedisValue>(
+        &self,
+        product_id: i64,
+        field: &str,
+    ) -> Option<T> {
         let mut conn = self.redis.clone();
         redis::cmd("HGET")
             .arg(self.key(product_id, "inv"))
-            .arg("avail")
+            .arg(field)
             .query_async(&mut conn)
             .await
-            .expect("redis HGET")
+            .unwrap_or_else(|e| panic!("redis HGET {field}: {e}"))
     }
 
     /// Moves a field of the product's Redis stock entry by `by` behind flashsale's back
@@ -795,6 +887,19 @@ pub fn order_id(body: &Value) -> i64 {
         .unwrap_or_else(|| panic!("no order_id in {body}"))
 }
 
+/// How many of `answers` (status, body, anything) have `status` and, where given, the
+/// error code `error`.
+pub fn answered<T>(
+    answers: &[(StatusCode, Value, T)],
+    status: StatusCode,
+    error: Option<&str>,
+) -> usize {
+    answers
+        .iter()
+        .filter(|(s, b, _)| *s == status && error.is_none_or(|e| code(b) == e))
+        .count()
+}
+
 pub fn code(body: &Value) -> &str {
     body["error"].as_str().unwrap_or("")
 }
@@ -806,6 +911,15 @@ pub fn code(body: &Value) -> &str {
 /// subjects' prefix in lower case: its own on the shared NATS, deleted at the end.
 pub fn stream_name(prefix: &str) -> String {
     prefix.trim_end_matches(':').to_uppercase()
+}
+
+/// A connection to the Redis at `url` (a node of a cluster, or the shared one).
+pub async fn redis_conn(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap_or_else(|e| panic!("redis url {url}: {e}"))
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
 }
 
 pub const NATS_URL: &str = "nats://127.0.0.1:4222";

@@ -10,7 +10,7 @@ use flashsale::incidents::{Action, DecisionArg};
 use flashsale_app::maintenance::RECOVERY_TRIES_MAX;
 use reqwest::StatusCode;
 
-use crate::helpers::{code, order_id, TestApp};
+use crate::helpers::{order_id, TestApp};
 use crate::invariants;
 use crate::recovery::{abandoned_hold, FAST_RECOVERY};
 
@@ -50,8 +50,7 @@ async fn rows(
 // recovery, the ledger telling again, leaves both alone. The audit is clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_outcome_becomes_an_incident_a_person_resolves_both_ways() {
-    let app = TestApp::spawn_with(Default::default(), FAST_RECOVERY).await;
-    app.create_product(2600, 5, None).await;
+    let app = TestApp::selling_with(FAST_RECOVERY, (2600, 5, None)).await;
     abandoned_hold(&app, "incident-release", 1, 2600).await;
     abandoned_hold(&app, "incident-confirm", 2, 2600).await;
     assert_eq!(app.redis_available(2600).await, Some(3));
@@ -89,11 +88,12 @@ async fn an_unknown_outcome_becomes_an_incident_a_person_resolves_both_ways() {
     let (said, code_of) = incidents(&app, resolve(release[0].0, DecisionArg::Release)).await;
     assert_eq!(code_of, std::process::ExitCode::SUCCESS, "{said}");
     assert_eq!(app.redis_available(2600).await, Some(4), "{said}");
-    let (status, body) = app.purchase("incident-release", 1, 2600, 1).await;
-    assert_eq!(
-        (status, code(&body)),
-        (StatusCode::CONFLICT, "request_released")
-    );
+    app.refused(
+        ("incident-release", 1, 2600, 1),
+        StatusCode::CONFLICT,
+        "request_released",
+    )
+    .await;
 
     let (said, code_of) = incidents(&app, resolve(confirm[0].0, DecisionArg::Confirm)).await;
     assert_eq!(code_of, std::process::ExitCode::SUCCESS, "{said}");

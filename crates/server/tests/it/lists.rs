@@ -112,8 +112,7 @@ async fn products_are_listed_a_page_at_a_time() {
 // `user_id` (400 without it); a bad status is 400.
 #[tokio::test]
 async fn a_buyer_lists_their_own_orders_newest_first() {
-    let app = TestApp::spawn_with(Default::default(), &jwt_buyers()).await;
-    app.create_product(9611, 100, None).await;
+    let app = TestApp::selling_with(&jwt_buyers(), (9611, 100, None)).await;
     let (alice, bob) = (as_buyer(61), as_buyer(62));
     let mut bought = Vec::new();
     for i in 0..ORDERS {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use flashsale_app::metrics::SCRAPE_REUSE;
 use reqwest::StatusCode;
 
-use crate::helpers::{wait_until, Routes, TestApp};
+use crate::helpers::{wait_until, TestApp};
 
 /// How long a scrape may take while Redis hangs: the monitor gives each store read
 /// `flashsale_app::metrics::STORE_TIMEOUT` (2 s), and Redis's own client gives up after a
@@ -51,8 +51,7 @@ fn took_at_most(le: &str, endpoint: &str, outcome: &str) -> String {
 // switched it.
 #[tokio::test]
 async fn metrics_count_every_answer_and_read_the_stores() {
-    let app = TestApp::spawn().await;
-    app.create_product(4101, 2, None).await;
+    let app = TestApp::selling(4101, 2, None).await;
     for (request_id, want) in [
         ("m-1", StatusCode::CREATED),
         ("m-2", StatusCode::CREATED),
@@ -180,10 +179,8 @@ async fn metrics_count_every_answer_and_read_the_stores() {
 // read no drift once the product is consistent again.
 #[tokio::test]
 async fn metrics_count_the_workers_passes() {
-    let app = TestApp::spawn_with(Routes::default(), &[("PAYMENT_TIMEOUT", "1s")]).await;
-    app.create_product(4102, 5, None).await;
-    let (status, _) = app.purchase("w-1", 7, 4102, 1).await;
-    assert_eq!(status, StatusCode::CREATED);
+    let app = TestApp::selling_with(&[("PAYMENT_TIMEOUT", "1s")], (4102, 5, None)).await;
+    app.bought("w-1", 7, 4102, 1).await;
     let workers = app.spawn_workers(&[
         ("EXPIRY_INTERVAL", "50ms"),
         ("RECOVERY_INTERVAL", "50ms"),

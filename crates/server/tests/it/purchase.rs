@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::helpers::{code, order_id, TestApp};
+use crate::helpers::{answered, code, order_id, TestApp};
 use crate::invariants;
 
 /// Concurrent requests the test client keeps in flight.
@@ -23,8 +23,7 @@ const CLIENT_CONCURRENCY: usize = 256;
 // ledger's counters agreeing, and the invariant checks clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn flood_sells_exactly_the_stock_once_per_request() {
-    let app = TestApp::spawn().await;
-    app.create_product(1001, 1000, None).await;
+    let app = TestApp::selling(1001, 1000, None).await;
     let seed: u64 = rand::rng().random();
     println!("seed {seed}");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -149,27 +148,10 @@ async fn flood_sells_exactly_the_stock_once_per_request() {
 // are limit_exceeded, and the stock taken is exactly 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn per_user_limit_holds_under_concurrency() {
-    let app = TestApp::spawn().await;
-    app.create_product(2002, 100, Some(1)).await;
-    let answers: Vec<_> = stream::iter(0..50)
-        .map(|i| {
-            let app = &app;
-            async move {
-                app.purchase_until_known(&format!("REQ_lim_{i}"), 7, 2002, 1)
-                    .await
-            }
-        })
-        .buffer_unordered(50)
-        .collect()
-        .await;
-    let ok = answers
-        .iter()
-        .filter(|(s, _, _)| *s == StatusCode::CREATED)
-        .count();
-    let limited = answers
-        .iter()
-        .filter(|(s, b, _)| *s == StatusCode::CONFLICT && code(b) == "limit_exceeded")
-        .count();
+    let app = TestApp::selling(2002, 100, Some(1)).await;
+    let answers: Vec<_> = app.rush(50, 50, ("REQ_lim_", 2002), |_| 7).await;
+    let ok = answered(&answers, StatusCode::CREATED, None);
+    let limited = answered(&answers, StatusCode::CONFLICT, Some("limit_exceeded"));
     assert_eq!((ok, limited), (1, 49), "{answers:?}");
     assert_eq!(
         app.count("SELECT COUNT(*) FROM orders WHERE user_id = 7")
@@ -178,8 +160,7 @@ async fn per_user_limit_holds_under_concurrency() {
     );
     assert_eq!(app.redis_available(2002).await, Some(99));
     // Another user is not affected by user 7's limit.
-    let (status, _) = app.purchase("REQ_lim_other", 8, 2002, 1).await;
-    assert_eq!(status, StatusCode::CREATED);
+    app.bought("REQ_lim_other", 8, 2002, 1).await;
     invariants::assert_ok(&app, 2002).await;
     app.cleanup().await;
 }
@@ -190,20 +171,18 @@ async fn per_user_limit_holds_under_concurrency() {
 // cancel, the user may buy again with a new request_id (the limit counts live orders).
 #[tokio::test]
 async fn replays_return_the_original_order() {
-    let app = TestApp::spawn().await;
-    app.create_product(3003, 10, Some(1)).await;
-    let (s1, first) = app.purchase("REQ_r1", 42, 3003, 1).await;
-    assert_eq!(s1, StatusCode::CREATED, "{first}");
+    let app = TestApp::selling(3003, 10, Some(1)).await;
+    let first = app.bought("REQ_r1", 42, 3003, 1).await;
     let (s2, again) = app.purchase("REQ_r1", 42, 3003, 1).await;
     assert_eq!(s2, StatusCode::OK);
     assert_eq!(first, again, "a replay answers with the original body");
     for (user, product, qty) in [(43, 3003, 1), (42, 3003, 2)] {
-        let (s, b) = app.purchase("REQ_r1", user, product, qty).await;
-        assert_eq!(
-            (s, code(&b)),
-            (StatusCode::CONFLICT, "request_id_conflict"),
-            "{b}"
-        );
+        app.refused(
+            ("REQ_r1", user, product, qty),
+            StatusCode::CONFLICT,
+            "request_id_conflict",
+        )
+        .await;
     }
     let (s, by_request) = app.get("/v1/purchases/REQ_r1").await;
     assert_eq!(s, StatusCode::OK);
@@ -211,12 +190,15 @@ async fn replays_return_the_original_order() {
     let (s, by_id) = app.get(&format!("/v1/orders/{}", order_id(&first))).await;
     assert_eq!((s, &by_id), (StatusCode::OK, &first));
     // Limit 1 reached; cancel frees it.
-    let (s, b) = app.purchase("REQ_r2", 42, 3003, 1).await;
-    assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "limit_exceeded"));
+    app.refused(
+        ("REQ_r2", 42, 3003, 1),
+        StatusCode::CONFLICT,
+        "limit_exceeded",
+    )
+    .await;
     let (s, _) = app.cancel(order_id(&first), 42).await;
     assert_eq!(s, StatusCode::OK);
-    let (s, b) = app.purchase("REQ_r2", 42, 3003, 1).await;
-    assert_eq!(s, StatusCode::CREATED, "{b}");
+    app.bought("REQ_r2", 42, 3003, 1).await;
     // The cancelled request's replay still answers with its (cancelled) order.
     let (s, b) = app.purchase("REQ_r1", 42, 3003, 1).await;
     assert_eq!(
@@ -233,14 +215,12 @@ async fn replays_return_the_original_order() {
 // gets its order, not sold_out. Record retention is set to 2 s to make this quick.
 #[tokio::test]
 async fn replay_after_record_expiry_is_answered_by_the_ledger() {
-    let app = TestApp::spawn_with(
-        Default::default(),
+    let app = TestApp::selling_with(
         &[("PAYMENT_TIMEOUT", "1s"), ("REDIS_RECORD_TTL", "2s")],
+        (4004, 2, None),
     )
     .await;
-    app.create_product(4004, 2, None).await;
-    let (s, first) = app.purchase("REQ_old", 1, 4004, 1).await;
-    assert_eq!(s, StatusCode::CREATED);
+    let first = app.bought("REQ_old", 1, 4004, 1).await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let hold_key = app.key(4004, "r:REQ_old");
     let mut conn = app.redis.clone();
@@ -259,8 +239,7 @@ async fn replay_after_record_expiry_is_answered_by_the_ledger() {
         "the replay took no stock"
     );
     // Sell the last unit, then replay the old request again: still its order.
-    let (s, _) = app.purchase("REQ_last", 2, 4004, 1).await;
-    assert_eq!(s, StatusCode::CREATED);
+    app.bought("REQ_last", 2, 4004, 1).await;
     let (s, replay) = app.purchase("REQ_old", 1, 4004, 1).await;
     assert_eq!((s, order_id(&replay)), (StatusCode::OK, order_id(&first)));
     assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 2);
@@ -274,19 +253,13 @@ async fn replay_after_record_expiry_is_answered_by_the_ledger() {
 // the client told sold_out — then and on replay. No order beyond the stock exists.
 #[tokio::test]
 async fn ledger_refuses_what_redis_wrongly_admits() {
-    let app = TestApp::spawn().await;
-    app.create_product(5005, 1, None).await;
-    let (s, _) = app.purchase("REQ_a", 1, 5005, 1).await;
-    assert_eq!(s, StatusCode::CREATED);
+    let app = TestApp::selling(5005, 1, None).await;
+    app.bought("REQ_a", 1, 5005, 1).await;
     app.bump_entry(5005, "avail", 1).await;
-    let (s, b) = app.purchase("REQ_b", 2, 5005, 1).await;
-    assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "sold_out"), "{b}");
-    let (s, b) = app.purchase("REQ_b", 2, 5005, 1).await;
-    assert_eq!(
-        (s, code(&b)),
-        (StatusCode::CONFLICT, "sold_out"),
-        "replay: {b}"
-    );
+    app.refused(("REQ_b", 2, 5005, 1), StatusCode::CONFLICT, "sold_out")
+        .await;
+    app.refused(("REQ_b", 2, 5005, 1), StatusCode::CONFLICT, "sold_out")
+        .await;
     assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 1);
     let fenced = app
         .count(
@@ -331,14 +304,12 @@ async fn sale_window_is_enforced() {
         .await;
     assert_eq!(s, StatusCode::CREATED);
     for product in [6006, 6007] {
-        let (s, b) = app
-            .purchase(&format!("REQ_w{product}"), 1, product, 1)
-            .await;
-        assert_eq!(
-            (s, code(&b)),
-            (StatusCode::CONFLICT, "sale_not_active"),
-            "{b}"
-        );
+        app.refused(
+            (&format!("REQ_w{product}"), 1, product, 1),
+            StatusCode::CONFLICT,
+            "sale_not_active",
+        )
+        .await;
         assert_eq!(app.redis_available(product).await, Some(5));
     }
     assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 0);
@@ -350,18 +321,8 @@ async fn sale_window_is_enforced() {
 // result, each restock counted once, and the invariants hold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn restock_is_idempotent_and_safe_during_sales() {
-    let app = TestApp::spawn().await;
-    app.create_product(7007, 50, None).await;
-    let buyers = stream::iter(0..200)
-        .map(|i| {
-            let app = &app;
-            async move {
-                app.purchase_until_known(&format!("REQ_rs_{i}"), i + 1, 7007, 1)
-                    .await
-            }
-        })
-        .buffer_unordered(64)
-        .collect::<Vec<_>>();
+    let app = TestApp::selling(7007, 50, None).await;
+    let buyers = app.rush(200, 64, ("REQ_rs_", 7007), |i| i + 1);
     let restocks = stream::iter([1, 1, 1, 2, 2, 2])
         .map(|n| {
             let app = &app;
@@ -379,14 +340,8 @@ async fn restock_is_idempotent_and_safe_during_sales() {
     for (s, b) in &restocked {
         assert_eq!(*s, StatusCode::OK, "{b}");
     }
-    let created = buys
-        .iter()
-        .filter(|(s, _, _)| *s == StatusCode::CREATED)
-        .count();
-    let sold_out = buys
-        .iter()
-        .filter(|(s, b, _)| *s == StatusCode::CONFLICT && code(b) == "sold_out")
-        .count();
+    let created = answered(&buys, StatusCode::CREATED, None);
+    let sold_out = answered(&buys, StatusCode::CONFLICT, Some("sold_out"));
     assert_eq!(created + sold_out, 200, "{buys:?}");
     let (_, product) = app.get("/v1/products/7007").await;
     assert_eq!(product["inventory"]["total"], 100);
@@ -413,8 +368,12 @@ async fn restock_is_idempotent_and_safe_during_sales() {
             _ => panic!("buying what is left: {s} {b}"),
         }
     }
-    let (s, b) = app.purchase("REQ_rest_end", 1, 7007, 1).await;
-    assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "sold_out"));
+    app.refused(
+        ("REQ_rest_end", 1, 7007, 1),
+        StatusCode::CONFLICT,
+        "sold_out",
+    )
+    .await;
     assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 100);
     invariants::assert_ok(&app, 7007).await;
     app.cleanup().await;
@@ -431,8 +390,7 @@ async fn retry_completes_an_attempt_that_died_after_reserving() {
     use flashsale_core::PurchaseRequest;
     use flashsale_redis::{GateConfig, RedisGate};
 
-    let app = TestApp::spawn().await;
-    app.create_product(1300, 3, Some(1)).await;
+    let app = TestApp::selling(1300, 3, Some(1)).await;
     let gate = RedisGate::new(&GateConfig {
         target: flashsale_redis::Target::Node(crate::helpers::REDIS_URL.into()),
         prefix: app.prefix.clone(),

@@ -65,12 +65,11 @@ async fn purchases_answered(app: &TestApp, outcome: &str) -> f64 {
 // invariants and the audit hold.
 #[tokio::test]
 async fn the_per_user_limit_refuses_the_excess_and_changes_nothing() {
-    let app = TestApp::spawn_with(
-        Default::default(),
+    let app = TestApp::selling_with(
         &[("USER_PURCHASE_RATE", "1"), ("USER_PURCHASE_BURST", "3")],
+        (5101, 100, None),
     )
     .await;
-    app.create_product(5101, 100, None).await;
     let started = Instant::now();
     let attempts: Vec<_> = (0..10)
         .map(|i| {
@@ -141,16 +140,15 @@ async fn the_per_user_limit_refuses_the_excess_and_changes_nothing() {
 // the same user at once.
 #[tokio::test]
 async fn refusals_of_a_sold_out_product_are_not_rate_limited() {
-    let app = TestApp::spawn_with(
-        Default::default(),
+    let app = TestApp::selling_with(
         &[
             ("USER_PURCHASE_RATE", "1"),
             ("USER_PURCHASE_BURST", "2"),
             ("SOLD_OUT_LEASE", "3s"),
         ],
+        (5103, 1, None),
     )
     .await;
-    app.create_product(5103, 1, None).await;
     app.create_product(5104, 10, None).await;
     let (status, _, body) = purchase_with(&app, &[], "RL_s_0", 9, 5103).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
@@ -184,16 +182,15 @@ async fn refusals_of_a_sold_out_product_are_not_rate_limited() {
 // limit can refuse.
 #[tokio::test]
 async fn the_per_address_limit_keys_by_the_proxy_header_or_the_peer() {
-    let app = TestApp::spawn_with(
-        Default::default(),
+    let app = TestApp::selling_with(
         &[
             ("IP_PURCHASE_RATE", "1"),
             ("IP_PURCHASE_BURST", "2"),
             ("CLIENT_IP_HEADER", "X-Forwarded-For"),
         ],
+        (5102, 100, None),
     )
     .await;
-    app.create_product(5102, 100, None).await;
     let cases: [(&[(&str, &str)], StatusCode); 10] = [
         // The client claims 198.51.100.1; the proxy appended the real 10.0.0.1.
         (

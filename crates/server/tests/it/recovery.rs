@@ -53,12 +53,10 @@ pub(crate) async fn abandoned_hold(
 // order_expired; the audit is clean.
 #[tokio::test]
 async fn unpaid_orders_expire_exactly_once() {
-    let app = TestApp::spawn_with(Default::default(), &[("PAYMENT_TIMEOUT", "1s")]).await;
-    app.create_product(2100, 40, None).await;
+    let app = TestApp::selling_with(&[("PAYMENT_TIMEOUT", "1s")], (2100, 40, None)).await;
     let mut unpaid = Vec::new();
     for i in 0..30 {
-        let (s, b) = app.purchase(&format!("REQ_exp_{i}"), i + 1, 2100, 1).await;
-        assert_eq!(s, StatusCode::CREATED);
+        let b = app.bought(&format!("REQ_exp_{i}"), i + 1, 2100, 1).await;
         if i < 10 {
             let (s, _) = app.pay(order_id(&b), i + 1).await;
             assert_eq!(s, StatusCode::OK);
@@ -97,14 +95,11 @@ async fn unpaid_orders_expire_exactly_once() {
 // others and gives their units back, and ends in its error; the order is left as it was.
 #[tokio::test]
 async fn an_order_that_cannot_expire_does_not_stop_the_others() {
-    let app = TestApp::spawn_with(Default::default(), &[("PAYMENT_TIMEOUT", "1s")]).await;
-    app.create_product(2150, 10, None).await;
-    let (s, _) = app.purchase("REQ_exb_bad", 1, 2150, 1).await;
-    assert_eq!(s, StatusCode::CREATED);
+    let app = TestApp::selling_with(&[("PAYMENT_TIMEOUT", "1s")], (2150, 10, None)).await;
+    app.bought("REQ_exb_bad", 1, 2150, 1).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
     for i in 0..3 {
-        let (s, _) = app.purchase(&format!("REQ_exb_{i}"), i + 2, 2150, 1).await;
-        assert_eq!(s, StatusCode::CREATED);
+        app.bought(&format!("REQ_exb_{i}"), i + 2, 2150, 1).await;
     }
     sqlx::query(
         "UPDATE inventory_reservation SET status = 'RELEASED' WHERE request_id = 'REQ_exb_bad'",
@@ -132,8 +127,7 @@ async fn an_order_that_cannot_expire_does_not_stop_the_others() {
 // either PAID or CANCELLED (payment_timeout), never both, and units match.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pay_racing_expiry_has_one_winner() {
-    let app = TestApp::spawn_with(Default::default(), &[("PAYMENT_TIMEOUT", "1s")]).await;
-    app.create_product(2200, 40, None).await;
+    let app = TestApp::selling_with(&[("PAYMENT_TIMEOUT", "1s")], (2200, 40, None)).await;
     let mut orders = Vec::new();
     for i in 0..40 {
         let (_, b) = app.purchase(&format!("REQ_pe_{i}"), i + 1, 2200, 1).await;
@@ -194,10 +188,8 @@ async fn pay_racing_expiry_has_one_winner() {
 // by recovery if that missed it): the index ends with neither entry.
 #[tokio::test]
 async fn abandoned_hold_is_fenced_and_released() {
-    let app = TestApp::spawn_with(Default::default(), FAST_RECOVERY).await;
-    app.create_product(2300, 5, Some(1)).await;
-    let (s, _) = app.purchase("REQ_kept", 1, 2300, 1).await;
-    assert_eq!(s, StatusCode::CREATED);
+    let app = TestApp::selling_with(FAST_RECOVERY, (2300, 5, Some(1))).await;
+    app.bought("REQ_kept", 1, 2300, 1).await;
     abandoned_hold(&app, "REQ_dead", 2, 2300).await;
     assert_eq!(app.redis_available(2300).await, Some(3));
     let report = app.maintenance.recover_once().await.expect("pass");
@@ -225,15 +217,14 @@ async fn abandoned_hold_is_fenced_and_released() {
         )
         .await;
     assert_eq!(fenced, 1);
-    let (s, b) = app.purchase("REQ_dead", 2, 2300, 1).await;
-    assert_eq!(
-        (s, code(&b)),
-        (StatusCode::CONFLICT, "request_released"),
-        "{b}"
-    );
+    app.refused(
+        ("REQ_dead", 2, 2300, 1),
+        StatusCode::CONFLICT,
+        "request_released",
+    )
+    .await;
     // User 2 is free to buy again under a new request_id (the limit was released too).
-    let (s, _) = app.purchase("REQ_dead_again", 2, 2300, 1).await;
-    assert_eq!(s, StatusCode::CREATED);
+    app.bought("REQ_dead_again", 2, 2300, 1).await;
     let again = app.maintenance.recover_once().await.expect("pass");
     assert_eq!(
         again.released + again.orphans_released,
@@ -309,11 +300,9 @@ async fn stock_return_that_missed_redis_is_completed() {
 // which the audit is clean.
 #[tokio::test]
 async fn reconcile_finds_and_repairs_drift() {
-    let app = TestApp::spawn().await;
-    app.create_product(2500, 10, None).await;
+    let app = TestApp::selling(2500, 10, None).await;
     for i in 0..3 {
-        let (s, _) = app.purchase(&format!("REQ_rc_{i}"), i + 1, 2500, 1).await;
-        assert_eq!(s, StatusCode::CREATED);
+        app.bought(&format!("REQ_rc_{i}"), i + 1, 2500, 1).await;
     }
     // A hold in flight (taken, not yet committed) is not drift.
     abandoned_hold(&app, "REQ_rc_inflight", 99, 2500).await;
@@ -358,10 +347,8 @@ async fn reconcile_finds_and_repairs_drift() {
 // count stays.
 #[tokio::test]
 async fn reconcile_does_not_repair_across_a_generation() {
-    let app = TestApp::spawn().await;
-    app.create_product(2510, 10, None).await;
-    let (s, _) = app.purchase("REQ_rg_1", 1, 2510, 1).await;
-    assert_eq!(s, StatusCode::CREATED);
+    let app = TestApp::selling(2510, 10, None).await;
+    app.bought("REQ_rg_1", 1, 2510, 1).await;
     app.bump_entry(2510, "avail", 2).await;
     let product = flashsale_core::ProductId::parse(2510).expect("id");
     let m = app.maintenance.clone();
@@ -553,8 +540,7 @@ async fn ledger(app: &TestApp) -> std::sync::Arc<flashsale_mysql::MysqlLedger> {
 // first in the batch — it errors, and the product's keys are unchanged.
 #[tokio::test]
 async fn script_with_bad_arguments_writes_nothing() {
-    let app = TestApp::spawn().await;
-    app.create_product(2700, 5, Some(1)).await;
+    let app = TestApp::selling(2700, 5, Some(1)).await;
     let before = app.redis_dump().await;
     let script = redis::Script::new(flashsale_redis::calls::RESERVE.source);
     // ARGV: ttl, sold-out lease, the shared rate's interval and tolerance, then
@@ -703,8 +689,7 @@ async fn refusals_stop_vouching_when_records_may_have_expired() {
 // commit) stays there for recovery.
 #[tokio::test]
 async fn committed_holds_leave_the_pending_index_early() {
-    let app = TestApp::spawn().await;
-    app.create_product(2900, 50, None).await;
+    let app = TestApp::selling(2900, 50, None).await;
     let mut conn = app.redis.clone();
     let pending = app.key(2900, "pending");
     let reserve = redis::Script::new(flashsale_redis::calls::RESERVE.source);
@@ -726,10 +711,7 @@ async fn committed_holds_leave_the_pending_index_early() {
         .expect("reserve");
     assert!(orphan.starts_with("1,"), "reserved: {orphan:?}");
     for i in 0..20 {
-        let (status, _) = app
-            .purchase(&format!("REQ_trim_{i}"), 100 + i, 2900, 1)
-            .await;
-        assert_eq!(status, StatusCode::CREATED);
+        app.bought(&format!("REQ_trim_{i}"), 100 + i, 2900, 1).await;
     }
     let index = || {
         let mut conn = app.redis.clone();
@@ -790,8 +772,7 @@ async fn drift_is_repaired_during_a_flood_within_two_passes() {
     }
     for (id, n) in [(2801, 4), (2802, 6)] {
         for i in 0..n {
-            let (s, b) = app.purchase(&format!("rep-{id}-{i}"), 100 + i, id, 1).await;
-            assert_eq!(s, StatusCode::CREATED, "{b}");
+            app.bought(&format!("rep-{id}-{i}"), 100 + i, id, 1).await;
         }
     }
     app.bump_entry(2801, "avail", 5).await;

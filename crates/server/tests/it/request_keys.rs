@@ -57,8 +57,7 @@ async fn get(app: &TestApp, auth: &str, path: &str) -> (StatusCode, Value) {
 // racing with one id each get their own order.
 #[tokio::test]
 async fn request_ids_are_each_buyers_own() {
-    let app = TestApp::spawn_with(Default::default(), &jwt_buyers()).await;
-    app.create_product(9501, 1_000, None).await;
+    let app = TestApp::selling_with(&jwt_buyers(), (9501, 1_000, None)).await;
     let (alice, bob) = (as_buyer(31), as_buyer(32));
 
     let (s, a) = buy_as(&app, &alice, "SHARED_1", 9501).await;
@@ -162,11 +161,9 @@ async fn same_id_races(app: &TestApp) {
 // refused and changes nothing.
 #[tokio::test]
 async fn a_ledger_moves_to_buyer_scoped_keys() {
-    let app = TestApp::spawn().await;
-    app.create_product(9502, 10, None).await;
+    let app = TestApp::selling(9502, 10, None).await;
     for (rid, user) in [("MOVE_1", 41), ("MOVE_2", 42)] {
-        let (s, b) = app.purchase(rid, user, 9502, 1).await;
-        assert_eq!(s, StatusCode::CREATED, "{b}");
+        app.bought(rid, user, 9502, 1).await;
     }
     let scope = app.run_binary(&["ledger", "scope"], &[]);
     assert_eq!(

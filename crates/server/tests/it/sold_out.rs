@@ -65,13 +65,8 @@ async fn wait_for_listeners(app: &TestApp, n: i64) {
 
 /// Whether Redis holds a sold-out lease for the product (ending in the future).
 async fn lease_in_redis(app: &TestApp, product: i64) -> bool {
+    let lease: Option<i64> = app.entry_field(product, "lease").await;
     let mut conn = app.redis.clone();
-    let lease: Option<i64> = redis::cmd("HGET")
-        .arg(app.key(product, "inv"))
-        .arg("lease")
-        .query_async(&mut conn)
-        .await
-        .expect("hget");
     let (secs, micros): (i64, i64) = redis::cmd("TIME")
         .query_async(&mut conn)
         .await
@@ -114,12 +109,15 @@ async fn sold_out_is_answered_here_while_the_lease_lasts() {
     app.create_product(3700, 2, None).await;
     let mut orders = Vec::new();
     for (i, rid) in ["REQ_so_a", "REQ_so_b"].iter().enumerate() {
-        let (s, b) = app.purchase(rid, 1 + i as i64, 3700, 1).await;
-        assert_eq!(s, StatusCode::CREATED, "{b}");
+        let b = app.bought(rid, 1 + i as i64, 3700, 1).await;
         orders.push(order_id(&b));
     }
-    let (s, b) = app.purchase("REQ_so_first_refusal", 10, 3700, 1).await;
-    assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "sold_out"), "{b}");
+    app.refused(
+        ("REQ_so_first_refusal", 10, 3700, 1),
+        StatusCode::CONFLICT,
+        "sold_out",
+    )
+    .await;
     // The early trim of the committed holds is the last script the sales cause.
     wait_until(
         "committed holds trimmed",
@@ -138,10 +136,12 @@ async fn sold_out_is_answered_here_while_the_lease_lasts() {
 
     let before = scripts_run(&app).await;
     for i in 0..20 {
-        let (s, b) = app
-            .purchase(&format!("REQ_so_local_{i}"), 100 + i, 3700, 1)
-            .await;
-        assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "sold_out"), "{b}");
+        app.refused(
+            (&format!("REQ_so_local_{i}"), 100 + i, 3700, 1),
+            StatusCode::CONFLICT,
+            "sold_out",
+        )
+        .await;
     }
     assert_eq!(scripts_run(&app).await, before, "refused without Redis");
     let (s, b) = app.purchase("REQ_so_a", 1, 3700, 1).await;
@@ -172,15 +172,10 @@ async fn a_restock_is_bought_at_once_on_every_instance() {
     let b = a.spawn_beside(&[("SOLD_OUT_LEASE", LONG_LEASE)]).await;
     wait_for_listeners(&a, 2).await;
     a.create_product(3730, 1, None).await;
-    let (s, body) = a.purchase("REQ_rs_first", 1, 3730, 1).await;
-    assert_eq!(s, StatusCode::CREATED, "{body}");
+    a.bought("REQ_rs_first", 1, 3730, 1).await;
     for (app, rid) in [(&a, "REQ_rs_refused_a"), (&b, "REQ_rs_refused_b")] {
-        let (s, body) = app.purchase(rid, 2, 3730, 1).await;
-        assert_eq!(
-            (s, code(&body)),
-            (StatusCode::CONFLICT, "sold_out"),
-            "{body}"
-        );
+        app.refused((rid, 2, 3730, 1), StatusCode::CONFLICT, "sold_out")
+            .await;
     }
     assert!(lease_in_redis(&a, 3730).await);
 
@@ -212,15 +207,14 @@ async fn a_cancel_on_one_instance_is_bought_at_once_on_another() {
     let b = a.spawn_beside(&[("SOLD_OUT_LEASE", LONG_LEASE)]).await;
     wait_for_listeners(&a, 2).await;
     a.create_product(3710, 1, None).await;
-    let (s, body) = a.purchase("REQ_gb_a", 1, 3710, 1).await;
-    assert_eq!(s, StatusCode::CREATED, "{body}");
+    let body = a.bought("REQ_gb_a", 1, 3710, 1).await;
     let order = order_id(&body);
-    let (s, body) = b.purchase("REQ_gb_refused", 2, 3710, 1).await;
-    assert_eq!(
-        (s, code(&body)),
-        (StatusCode::CONFLICT, "sold_out"),
-        "{body}"
-    );
+    b.refused(
+        ("REQ_gb_refused", 2, 3710, 1),
+        StatusCode::CONFLICT,
+        "sold_out",
+    )
+    .await;
     assert!(lease_in_redis(&a, 3710).await);
     let (s, body) = a.cancel(order, 1).await;
     assert_eq!(s, StatusCode::OK, "{body}");
@@ -247,13 +241,15 @@ async fn a_rebuild_revokes_the_leases_of_the_lost_state() {
     let app = TestApp::spawn_with(Routes::default(), &[("SOLD_OUT_LEASE", LONG_LEASE)]).await;
     wait_for_listeners(&app, 1).await;
     app.create_product(3720, 2, None).await;
-    let (s, b) = app.purchase("REQ_rb_a", 1, 3720, 1).await;
-    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let b = app.bought("REQ_rb_a", 1, 3720, 1).await;
     let order = order_id(&b);
-    let (s, b) = app.purchase("REQ_rb_b", 2, 3720, 1).await;
-    assert_eq!(s, StatusCode::CREATED, "{b}");
-    let (s, b) = app.purchase("REQ_rb_refused", 3, 3720, 1).await;
-    assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "sold_out"), "{b}");
+    app.bought("REQ_rb_b", 2, 3720, 1).await;
+    app.refused(
+        ("REQ_rb_refused", 3, 3720, 1),
+        StatusCode::CONFLICT,
+        "sold_out",
+    )
+    .await;
     assert!(lease_in_redis(&app, 3720).await);
     app.delete_keys(3720, &["inv", "pending"], "del").await;
     let (s, b) = app.cancel(order, 1).await;
