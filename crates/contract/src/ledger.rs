@@ -554,6 +554,24 @@ async fn hold_of<L: Ledger>(l: &L, id: &str) -> HoldRef {
         .hold
 }
 
+/// Asserts that the orders of the request_ids `sold` hold the holds 1 to `stock` of
+/// generation 2, one each, without a gap, and that all `stock` units are reserved.
+async fn sold_out_with_holds_from_one<L: Ledger>(
+    l: &L,
+    sold: impl IntoIterator<Item = &String>,
+    stock: i64,
+) {
+    let mut holds = Vec::new();
+    for id in sold {
+        holds.push(hold_of(l, id).await);
+    }
+    holds.sort();
+    let expected: Vec<HoldRef> = (1..=stock).map(|i| hold(2, i)).collect();
+    assert_eq!(holds, expected);
+    let c = counters(l).await;
+    assert_eq!((c.available, c.reserved), (0, stock));
+}
+
 /// A little past `LEDGER_SALES_AFTER_SWITCH`: the ledger sells after it.
 const SETTLED: Duration = LEDGER_SALES_AFTER_SWITCH.saturating_add(Duration::from_millis(50));
 
@@ -883,15 +901,7 @@ pub async fn concurrent_ledger_purchases_sell_exactly_the_stock<W: LedgerWorld>(
             assert_eq!(record.outcome, PurchaseOutcome::Order(order.clone()));
         }
     }
-    let mut holds = Vec::new();
-    for id in orders.keys() {
-        holds.push(hold_of(l, id).await);
-    }
-    holds.sort();
-    let expected: Vec<HoldRef> = (1..=STOCK).map(|i| hold(2, i)).collect();
-    assert_eq!(holds, expected);
-    let c = counters(l).await;
-    assert_eq!((c.available, c.reserved), (0, STOCK));
+    sold_out_with_holds_from_one(l, orders.keys(), STOCK).await;
 }
 
 /// Concurrent ledger purchases under a per-user limit, with more demand than stock:
@@ -925,15 +935,7 @@ pub async fn concurrent_ledger_purchases_respect_limits_and_stock<W: LedgerWorld
     }
     assert!(per_user.values().all(|&n| n <= LIMIT), "{per_user:?}");
     assert_eq!(sold.len() as i64, STOCK, "{answers:?}");
-    let mut holds = Vec::new();
-    for id in &sold {
-        holds.push(hold_of(l, id).await);
-    }
-    holds.sort();
-    let expected: Vec<HoldRef> = (1..=STOCK).map(|i| hold(2, i)).collect();
-    assert_eq!(holds, expected);
-    let c = counters(l).await;
-    assert_eq!((c.available, c.reserved), (0, STOCK));
+    sold_out_with_holds_from_one(l, &sold, STOCK).await;
 }
 
 /// Entering ledger mode settles what the gate is owed, as a rebuild does: a release not
@@ -1100,7 +1102,7 @@ pub async fn scheduled_audits_are_claimed_once<W: LedgerWorld>(w: &W) {
 #[macro_export]
 macro_rules! ledger_contract {
     ($w:ty) => {
-        $crate::ledger_contract!(@tests $w;
+        $crate::ledger_world_tests!(ledger, $w;
             a_product_is_created_once,
             a_purchase_commits_once_per_request_id,
             the_ledger_refuses_what_the_gate_wrongly_admits,
@@ -1124,13 +1126,22 @@ macro_rules! ledger_contract {
             scheduled_audits_are_claimed_once,
         );
     };
-    (@tests $w:ty; $($name:ident),* $(,)?) => {
+}
+
+/// Expands to one `#[tokio::test]` per body `$name` of the contract in module
+/// `$module`, over the [`LedgerWorld`] `$w`: what [`ledger_contract!`] and
+/// [`outbox_contract!`](crate::outbox_contract) expand to.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! ledger_world_tests {
+    ($module:ident, $w:ty; $($name:ident),* $(,)?) => {
         $(
-            // The ledger contract's body of the same name (crates/contract/src/ledger.rs).
+            // The contract's body of the same name (in crates/contract/src/, the
+            // module named by the macro's first argument).
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
                 let world = <$w as $crate::ledger::LedgerWorld>::open().await;
-                $crate::ledger::$name(&world).await;
+                $crate::$module::$name(&world).await;
                 $crate::ledger::LedgerWorld::close(world).await;
             }
         )*

@@ -7,7 +7,8 @@
 //! Each module holds a port's *world* trait (how to get a fresh store of that kind and
 //! let time pass on its clock), the contract's bodies (`pub async fn`, each panicking
 //! on a breach), and a macro that expands to one `#[tokio::test]` per body for a given
-//! world: `tests/real.rs` and `tests/sim.rs` invoke each macro once.
+//! world: `tests/real.rs` and `tests/sim.rs` invoke them all at once through
+//! [`contracts!`].
 //!
 //! - [`gate`]: `StockGate` + `GateMaintenance` (the Lua scripts and the adapter's
 //!   commands);
@@ -24,6 +25,29 @@
 pub mod gate;
 pub mod ledger;
 pub mod outbox;
+
+/// Expands to the modules `gate`, `ledger` and `outbox` of a test crate, each with the
+/// tests of that contract: over the gate world `$gate` (when given) and the ledger
+/// world `$ledger`, both types of the invoking module.
+#[macro_export]
+macro_rules! contracts {
+    (gate: $gate:ident, ledger: $ledger:ident) => {
+        mod gate {
+            $crate::gate_contract!(super::$gate);
+        }
+
+        $crate::contracts!(ledger: $ledger);
+    };
+    (ledger: $ledger:ident) => {
+        mod ledger {
+            $crate::ledger_contract!(super::$ledger);
+        }
+
+        mod outbox {
+            $crate::outbox_contract!(super::$ledger);
+        }
+    };
+}
 
 use chrono::{TimeZone, Utc};
 use flashsale_core::{

@@ -294,23 +294,12 @@ where
 #[macro_export]
 macro_rules! outbox_contract {
     ($w:ty) => {
-        $crate::outbox_contract!(@tests $w;
+        $crate::ledger_world_tests!(outbox, $w;
             every_change_writes_its_events_in_order,
             a_claim_leases_rows_to_one_relay,
             claims_are_bounded_and_oldest_first,
             a_refused_row_is_parked_and_put_back,
             a_repair_writes_its_event,
         );
-    };
-    (@tests $w:ty; $($name:ident),* $(,)?) => {
-        $(
-            // The outbox contract's body of the same name (crates/contract/src/outbox.rs).
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                let world = <$w as $crate::ledger::LedgerWorld>::open().await;
-                $crate::outbox::$name(&world).await;
-                $crate::ledger::LedgerWorld::close(world).await;
-            }
-        )*
     };
 }

@@ -58,10 +58,4 @@ impl common::Server for Galera {
 
 pub type GaleraLedger = common::OwnLedger<Galera>;
 
-mod ledger {
-    flashsale_contract::ledger_contract!(super::GaleraLedger);
-}
-
-mod outbox {
-    flashsale_contract::outbox_contract!(super::GaleraLedger);
-}
+flashsale_contract::contracts!(ledger: GaleraLedger);

@@ -70,14 +70,4 @@ impl common::Server for SharedMariadb {
 
 pub type RealLedger = common::OwnLedger<SharedMariadb>;
 
-mod gate {
-    flashsale_contract::gate_contract!(super::RealGate);
-}
-
-mod ledger {
-    flashsale_contract::ledger_contract!(super::RealLedger);
-}
-
-mod outbox {
-    flashsale_contract::outbox_contract!(super::RealLedger);
-}
+flashsale_contract::contracts!(gate: RealGate, ledger: RealLedger);

@@ -95,17 +95,7 @@ impl LedgerWorld for SimLedger {
     async fn close(self) {}
 }
 
-mod gate {
-    flashsale_contract::gate_contract!(super::SimGate);
-}
-
-mod ledger {
-    flashsale_contract::ledger_contract!(super::SimLedger);
-}
-
-mod outbox {
-    flashsale_contract::outbox_contract!(super::SimLedger);
-}
+flashsale_contract::contracts!(gate: SimGate, ledger: SimLedger);
 
 /// Whether a contract body breaks (panics) on a world.
 async fn breaks(body: impl std::future::Future<Output = ()>) -> bool {
