@@ -19,12 +19,21 @@ use sqlx::MySqlPool;
 
 /// A ledger on `db`, writing through the cluster's nodes in `order`.
 async fn ledger_on(cluster: &GaleraCluster, db: &TestDb, order: &[usize]) -> MysqlLedger {
+    ledger_at(cluster, db.url(), order).await.expect("ledger")
+}
+
+/// A ledger on the database at `url`, writing through the cluster's nodes in `order`.
+async fn ledger_at(
+    cluster: &GaleraCluster,
+    url: String,
+    order: &[usize],
+) -> Result<MysqlLedger, flashsale_app::LedgerError> {
     let nodes = order
         .iter()
         .map(|&i| NodeAddr::parse(&cluster.addr(i).to_string()).expect("node"))
         .collect();
     MysqlLedger::connect(&LedgerConfig {
-        url: db.url(),
+        url,
         max_connections: 4,
         acquire_timeout: Duration::from_secs(10),
         transaction_timeout: Duration::from_secs(20),
@@ -34,7 +43,6 @@ async fn ledger_on(cluster: &GaleraCluster, db: &TestDb, order: &[usize]) -> Mys
         }),
     })
     .await
-    .expect("ledger")
 }
 
 // Checks that two instances starting at once, one writing through node 0 and the other
@@ -147,21 +155,9 @@ async fn a_ledger_starts_while_its_urls_node_is_down() {
         .wait_cluster_size(1, 2, Duration::from_secs(60))
         .await
         .expect("the others leave node 0 out");
-    let nodes = (0..3)
-        .map(|i| NodeAddr::parse(&cluster.addr(i).to_string()).expect("node"))
-        .collect();
-    let ledger = MysqlLedger::connect(&LedgerConfig {
-        url: format!("{}/{name}", cluster.url(0)),
-        max_connections: 4,
-        acquire_timeout: Duration::from_secs(10),
-        transaction_timeout: Duration::from_secs(20),
-        cluster: Some(ClusterConfig {
-            nodes,
-            failback_after: Duration::from_secs(10),
-        }),
-    })
-    .await
-    .expect("connected through the first healthy node");
+    let ledger = ledger_at(&cluster, format!("{}/{name}", cluster.url(0)), &[0, 1, 2])
+        .await
+        .expect("connected through the first healthy node");
     ledger.migrate().await.expect("migrated");
     let verdict = AuditVerdict {
         product: None,

@@ -38,6 +38,18 @@ fn migrator(below: Option<i64>) -> Migrator {
     m
 }
 
+/// A test database on the shared server with the migrations of [`migrator`]`(below)`
+/// applied, and a connection to it.
+async fn migrated(below: Option<i64>) -> (TestDb, MySqlConnection) {
+    let db = TestDb::create(SERVER_URL).await.expect("test database");
+    let mut conn = MySqlConnection::connect(&db.url()).await.expect("connect");
+    migrator(below)
+        .run(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("migrations below {below:?}: {e}"));
+    (db, conn)
+}
+
 /// One event row in the schema before migration 7.
 async fn old_outbox_row(
     conn: &mut MySqlConnection,
@@ -76,12 +88,7 @@ async fn count(conn: &mut MySqlConnection, sql: &str) -> i64 {
 // starts unsent through the trigger, and deleting the marks keeps the events.
 #[tokio::test]
 async fn unsent_events_survive_the_upgrade() {
-    let db = TestDb::create(SERVER_URL).await.expect("test database");
-    let mut conn = MySqlConnection::connect(&db.url()).await.expect("connect");
-    migrator(Some(UNSENT_TABLE))
-        .run(&mut conn)
-        .await
-        .expect("migrations before the unsent table");
+    let (db, mut conn) = migrated(Some(UNSENT_TABLE)).await;
     old_outbox_row(&mut conn, 1, true, 1, None).await;
     old_outbox_row(&mut conn, 2, false, 3, Some("broker down")).await;
     old_outbox_row(&mut conn, 3, true, 2, None).await;
@@ -179,12 +186,7 @@ async fn unsent_counts(conn: &mut MySqlConnection) -> Vec<(i64, i32)> {
 // inserted afterwards is marked with its count by the replaced trigger.
 #[tokio::test]
 async fn unsent_marks_carry_their_rows_event_counts() {
-    let db = TestDb::create(SERVER_URL).await.expect("test database");
-    let mut conn = MySqlConnection::connect(&db.url()).await.expect("connect");
-    migrator(Some(UNSENT_EVENTS))
-        .run(&mut conn)
-        .await
-        .expect("migrations before the counts");
+    let (db, mut conn) = migrated(Some(UNSENT_EVENTS)).await;
     let pack = pack_row(&mut conn, 25).await;
     let single: i64 = sqlx::query(
         "INSERT INTO outbox (event_id, event_type, request_id, order_id, product_id, sequence, \
@@ -264,9 +266,7 @@ async fn plan(conn: &mut MySqlConnection, query: &str) -> (String, String) {
 // added since, for a buyer's list of orders, is pinned with its measurement.
 #[tokio::test]
 async fn the_hot_rows_carry_only_the_indexes_their_queries_read() {
-    let db = TestDb::create(SERVER_URL).await.expect("test database");
-    let mut conn = MySqlConnection::connect(&db.url()).await.expect("connect");
-    migrator(None).run(&mut conn).await.expect("migrations");
+    let (db, mut conn) = migrated(None).await;
     assert_eq!(
         secondary_indexes(&mut conn, "orders").await,
         [
