@@ -46,11 +46,7 @@ async fn reserved(gate: &RedisGate, id: &str, user: i64) {
 #[tokio::test]
 async fn scripts_unknown_to_redis_are_loaded_and_the_call_sent_again() {
     let redis = PrivateRedis::start().await.expect("a private redis-server");
-    let mut conn = redis::Client::open(redis.url())
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+    let mut conn = common::connect(&redis.url()).await;
     let gate = common::gate(&redis.url(), &redis_prefix(), Duration::ZERO);
     assert_eq!(script_loads(&mut conn).await, 0, "a fresh Redis");
 

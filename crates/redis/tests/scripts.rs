@@ -38,14 +38,25 @@ impl Keys {
     fn record(&self, request_id: &str) -> String {
         format!("{}p:1:r:{request_id}", self.prefix)
     }
+
+    /// Deletes every key under the prefix.
+    async fn cleanup(&self) {
+        delete_prefix(REDIS_URL, &self.prefix)
+            .await
+            .expect("cleanup");
+    }
+}
+
+/// A connection, and new keys whose stock entry holds the fields `inv`.
+async fn seeded(inv: &[(&str, i64)]) -> (MultiplexedConnection, Keys) {
+    let mut conn = connect().await;
+    let keys = Keys::new();
+    let _: () = conn.hset_multiple(&keys.inv, inv).await.expect("seed");
+    (conn, keys)
 }
 
 async fn connect() -> MultiplexedConnection {
-    redis::Client::open(REDIS_URL)
-        .expect("redis url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("the shared Redis (scripts/services.sh starts it)")
+    common::connect(REDIS_URL).await
 }
 
 /// One reserve.lua call for `purchases` (request_id, user, quantity, per-user limit):
@@ -100,12 +111,7 @@ fn replies(v: &Value) -> Vec<Vec<String>> {
 // pending index move once, not twice. Then a second call: a new purchase gets hold 2.
 #[tokio::test]
 async fn a_request_id_twice_in_one_call_holds_once() {
-    let mut conn = connect().await;
-    let keys = Keys::new();
-    let _: () = conn
-        .hset_multiple(&keys.inv, &[("avail", 10), ("gen", 1), ("seq", 0)])
-        .await
-        .expect("seed");
+    let (mut conn, keys) = seeded(&[("avail", 10), ("gen", 1), ("seq", 0)]).await;
     let replies = reserve(&mut conn, &keys, &[("a", 7, 2, 3), ("a", 7, 2, 3)]).await;
     assert_eq!(replies[0], ["1", "1", "1"]);
     assert_eq!(replies[1], ["2", "1", "7", "2", "0", "1"]);
@@ -118,9 +124,7 @@ async fn a_request_id_twice_in_one_call_holds_once() {
 
     let replies = reserve(&mut conn, &keys, &[("b", 8, 1, 0)]).await;
     assert_eq!(replies[0], ["1", "2", "1"]);
-    delete_prefix(REDIS_URL, &keys.prefix)
-        .await
-        .expect("cleanup");
+    keys.cleanup().await;
 }
 
 // Checks a mixed batch against what one-at-a-time calls would answer: hold ids count up
@@ -131,12 +135,7 @@ async fn a_request_id_twice_in_one_call_holds_once() {
 // field the new record does not write is gone).
 #[tokio::test]
 async fn a_batch_writes_its_counters_once_as_if_one_at_a_time() {
-    let mut conn = connect().await;
-    let keys = Keys::new();
-    let _: () = conn
-        .hset_multiple(&keys.inv, &[("avail", 5), ("gen", 2), ("seq", 10)])
-        .await
-        .expect("seed");
+    let (mut conn, keys) = seeded(&[("avail", 5), ("gen", 2), ("seq", 10)]).await;
     let _: () = conn
         .hset_multiple(
             keys.record("old"),
@@ -194,9 +193,7 @@ async fn a_batch_writes_its_counters_once_as_if_one_at_a_time() {
     let mut members: Vec<String> = conn.zrange(&keys.pending, 0, -1).await.expect("pending");
     members.sort();
     assert_eq!(members, ["old", "u1-a", "u2-a"]);
-    delete_prefix(REDIS_URL, &keys.prefix)
-        .await
-        .expect("cleanup");
+    keys.cleanup().await;
 }
 
 // Checks forget.lua's one ZREM: of three committed holds, the one whose record now holds
@@ -228,9 +225,7 @@ async fn forget_removes_only_holds_still_recorded_as_themselves() {
     assert_eq!(removed, 2);
     let left: Vec<String> = conn.zrange(&keys.pending, 0, -1).await.expect("pending");
     assert_eq!(left, ["later"]);
-    delete_prefix(REDIS_URL, &keys.prefix)
-        .await
-        .expect("cleanup");
+    keys.cleanup().await;
 }
 
 // Checks adjust.lua (reconciliation's repair) against the revocation rule every script
@@ -295,9 +290,7 @@ async fn adding_units_ends_the_lease_and_publishes_a_revocation() {
     .collect();
     assert_eq!(payloads, ["7:3", "marker"]);
     drop(messages);
-    delete_prefix(REDIS_URL, &keys.prefix)
-        .await
-        .expect("cleanup");
+    keys.cleanup().await;
 }
 
 // Checks that an entry another Redis process wrote (its `srv` stamp is not this
@@ -362,20 +355,22 @@ async fn a_foreign_entry_changes_only_once_adopted() {
     );
 
     let adopt = Script::new(flashsale_redis::calls::ADOPT.source);
-    let refused: i64 = adopt
-        .key(&inv)
-        .arg("another:writer")
-        .invoke_async(&mut conn)
-        .await
-        .expect("adopt");
-    assert_eq!(refused, 0, "a stamp that is not the entry's is not adopted");
-    let adopted: i64 = adopt
-        .key(&inv)
-        .arg("feed:beef")
-        .invoke_async(&mut conn)
-        .await
-        .expect("adopt");
-    assert_eq!(adopted, 1);
+    for (stamp, answer, why) in [
+        (
+            "another:writer",
+            0,
+            "a stamp that is not the entry's is not adopted",
+        ),
+        ("feed:beef", 1, "the entry's own stamp is adopted"),
+    ] {
+        let got: i64 = adopt
+            .key(&inv)
+            .arg(stamp)
+            .invoke_async(&mut conn)
+            .await
+            .expect("adopt");
+        assert_eq!(got, answer, "{why}");
+    }
     let now: String = conn.hget(&inv, "srv").await.expect("HGET");
     assert_eq!(
         now, mine,
@@ -399,12 +394,7 @@ async fn a_foreign_entry_changes_only_once_adopted() {
 // them and loads nothing. The bound itself (10^13 ms) is accepted.
 #[tokio::test]
 async fn a_record_lifetime_is_checked_before_any_write() {
-    let keys = Keys::new();
-    let mut conn = connect().await;
-    let _: () = conn
-        .hset_multiple(&keys.inv, &[("avail", 5), ("gen", 1), ("seq", 0)])
-        .await
-        .expect("HSET");
+    let (mut conn, keys) = seeded(&[("avail", 5), ("gen", 1), ("seq", 0)]).await;
     let script = Script::new(flashsale_redis::calls::RESERVE.source);
     let reserve_for = |ttl: &'static str| {
         let mut call = script.prepare_invoke();

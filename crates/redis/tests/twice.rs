@@ -37,15 +37,20 @@ struct World {
 
 impl World {
     async fn new() -> Self {
-        let conn = redis::Client::open(REDIS_URL)
-            .expect("url")
-            .get_multiplexed_async_connection()
-            .await
-            .expect("the shared Redis (scripts/services.sh starts it)");
+        let conn = common::connect(REDIS_URL).await;
         Self {
             prefix: redis_prefix(),
             conn,
         }
+    }
+
+    /// A new world and its [`gate`](Self::gate), with the product loaded with `units`
+    /// in generation 1.
+    async fn loaded(lease: Duration, units: i64) -> (Self, RedisGate) {
+        let w = Self::new().await;
+        let g = w.gate(lease);
+        g.load(product(), units, generation(1)).await.expect("load");
+        (w, g)
     }
 
     /// The adapter on this world's prefix, with a sold-out lease of `lease` (zero:
@@ -183,9 +188,7 @@ async fn load_and_reserve_twice_change_nothing() {
 // measured count is refused; a second forget of a committed hold removes nothing more.
 #[tokio::test]
 async fn release_restock_adjust_and_forget_twice_change_nothing() {
-    let mut w = World::new().await;
-    let g = w.gate(Duration::ZERO);
-    g.load(product(), 5, generation(1)).await.expect("load");
+    let (mut w, g) = World::loaded(Duration::ZERO, 5).await;
     let a = purchase("TW_R", 1);
     let Reserve::Reserved { hold } = g.reserve(&a, None).await.expect("reserve") else {
         panic!("a hold")
@@ -245,9 +248,7 @@ async fn release_restock_adjust_and_forget_twice_change_nothing() {
 // answers the same and writes nothing.
 #[tokio::test]
 async fn rebuild_retire_and_the_reads_twice_change_nothing() {
-    let mut w = World::new().await;
-    let g = w.gate(Duration::from_secs(30));
-    g.load(product(), 2, generation(1)).await.expect("load");
+    let (mut w, g) = World::loaded(Duration::from_secs(30), 2).await;
     g.reserve(&purchase("TW_H", 1), None)
         .await
         .expect("reserve");
@@ -310,9 +311,7 @@ async fn rebuild_retire_and_the_reads_twice_change_nothing() {
 // it, as no other primary can vouch for the writer.
 #[tokio::test]
 async fn adopt_twice_changes_nothing() {
-    let mut w = World::new().await;
-    let g = w.gate(Duration::ZERO);
-    g.load(product(), 2, generation(1)).await.expect("load");
+    let (mut w, g) = World::loaded(Duration::ZERO, 2).await;
     let inv = format!("{}{{p:1}}:inv", w.prefix);
     let _: () = w.conn.hset(&inv, "srv", "feed:beef").await.expect("HSET");
     let adopt = redis::Script::new(flashsale_redis::calls::ADOPT.source);

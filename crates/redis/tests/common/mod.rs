@@ -10,6 +10,18 @@ use flashsale_redis::{GateConfig, RedisGate};
 #[allow(dead_code)]
 pub const REDIS_URL: &str = "redis://127.0.0.1:6379";
 
+/// A connection to the Redis at `url`.
+#[allow(dead_code)]
+pub async fn connect(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .expect("redis url")
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|e| {
+            panic!("connect to {url} (scripts/services.sh starts the shared Redis): {e}")
+        })
+}
+
 /// The adapter's settings for the single Redis at `url`, its keys under `prefix`, with a
 /// sold-out lease of `lease` (zero: none) and no shared per-user rate.
 pub fn config(url: &str, prefix: &str, lease: Duration) -> GateConfig {
