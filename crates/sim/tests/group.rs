@@ -9,21 +9,22 @@
     reason = "a test's failed expectation is its failure, with the expectation's message"
 )]
 
+mod common;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use chrono::{TimeDelta, TimeZone, Utc};
 use flashsale_app::ports::Commit;
 use flashsale_app::{Ledger, LedgerError, PurchaseOutcome};
-use flashsale_core::{
-    HoldRef, NewProduct, ProductId, PurchaseRequest, Quantity, RequestId, SaleWindow, UserId,
-};
+use flashsale_core::{HoldRef, ProductId, PurchaseRequest};
 use flashsale_sim::ctx::Ctx;
 use flashsale_sim::exec::block_on;
-use flashsale_sim::ledger::{LedgerDefects, MemLedger};
+use flashsale_sim::ledger::MemLedger;
+
+use common::request;
 
 /// Polls one batch of calls needs at most, all of them together (a few per round trip).
 const POLLS_MAX: usize = 1_000;
@@ -33,29 +34,11 @@ const TRACE_KEEP: usize = 1_000;
 type Call<'a> = Pin<Box<dyn Future<Output = Result<Commit, LedgerError>> + 'a>>;
 
 fn ctx() -> Arc<Ctx> {
-    let start = Utc
-        .with_ymd_and_hms(2026, 11, 29, 10, 0, 0)
-        .single()
-        .expect("date");
-    Ctx::new(1, start, 1, TimeDelta::seconds(2), TRACE_KEEP)
+    common::ctx(TRACE_KEEP)
 }
 
 fn ledger(ctx: &Arc<Ctx>, stock: i64) -> MemLedger {
-    let l = MemLedger::new(ctx.clone(), LedgerDefects::default());
-    let new = NewProduct::parse(1, "P", stock, None, SaleWindow::default()).expect("product");
-    block_on(l.create_product(&new), POLLS_MAX)
-        .expect("finished")
-        .expect("create");
-    l
-}
-
-fn request(id: &str, user: i64, quantity: i64) -> PurchaseRequest {
-    PurchaseRequest {
-        request_id: RequestId::parse("request_id", id).expect("id"),
-        user_id: UserId::parse(user).expect("user"),
-        product_id: ProductId::parse(1).expect("product"),
-        quantity: Quantity::from_stored(quantity).expect("quantity"),
-    }
+    common::ledger(ctx, stock, POLLS_MAX)
 }
 
 fn hold(id: i64) -> HoldRef {
@@ -65,6 +48,26 @@ fn hold(id: i64) -> HoldRef {
 /// Runs `first` until it has started its group transaction, then every call of `rest`
 /// once (so they queue behind it), then all of them in turn to the end; the answers of
 /// `rest` in order.
+/// Commits a purchase "R0" of user 1 (hold 1) and, queued while its group transaction
+/// runs, each of `queued` with its hold id and the per-user `limit`; the answers of the
+/// queued ones, in their order.
+fn queued_behind_another(
+    l: &MemLedger,
+    queued: &[(&PurchaseRequest, i64)],
+    limit: Option<u32>,
+) -> Vec<Result<Commit, LedgerError>> {
+    let timeout = Duration::from_secs(10);
+    let r0 = request("R0", 1, 1);
+    let rest: Vec<Call<'_>> = queued
+        .iter()
+        .map(|&(r, h)| Box::pin(l.commit_purchase(r, hold(h), limit, timeout)) as Call<'_>)
+        .collect();
+    together(
+        Box::pin(l.commit_purchase(&r0, hold(1), None, timeout)),
+        rest,
+    )
+}
+
 fn together<'a>(first: Call<'a>, rest: Vec<Call<'a>>) -> Vec<Result<Commit, LedgerError>> {
     let mut cx = Context::from_waker(Waker::noop());
     let mut calls: Vec<Option<Call<'a>>> = std::iter::once(first).chain(rest).map(Some).collect();
@@ -102,16 +105,8 @@ fn group_lines(ctx: &Ctx) -> Vec<String> {
 fn calls_queued_during_a_group_transaction_commit_together() {
     let ctx = ctx();
     let l = ledger(&ctx, 10);
-    let timeout = Duration::from_secs(10);
-    let (r0, a, b) = (request("R0", 1, 1), request("A", 2, 1), request("B", 3, 1));
-    let answers = together(
-        Box::pin(l.commit_purchase(&r0, hold(1), None, timeout)),
-        vec![
-            Box::pin(l.commit_purchase(&a, hold(2), None, timeout)),
-            Box::pin(l.commit_purchase(&b, hold(3), None, timeout)),
-            Box::pin(l.commit_purchase(&a, hold(2), None, timeout)),
-        ],
-    );
+    let (a, b) = (request("A", 2, 1), request("B", 3, 1));
+    let answers = queued_behind_another(&l, &[(&a, 2), (&b, 3), (&a, 2)], None);
     assert_eq!(
         group_lines(&ctx),
         [
@@ -138,15 +133,8 @@ fn calls_queued_during_a_group_transaction_commit_together() {
 fn a_batch_short_of_units_goes_one_by_one() {
     let ctx = ctx();
     let l = ledger(&ctx, 3);
-    let timeout = Duration::from_secs(10);
-    let (r0, a, b) = (request("R0", 1, 1), request("A", 2, 2), request("B", 3, 1));
-    let answers = together(
-        Box::pin(l.commit_purchase(&r0, hold(1), None, timeout)),
-        vec![
-            Box::pin(l.commit_purchase(&a, hold(2), None, timeout)),
-            Box::pin(l.commit_purchase(&b, hold(3), None, timeout)),
-        ],
-    );
+    let (a, b) = (request("A", 2, 2), request("B", 3, 1));
+    let answers = queued_behind_another(&l, &[(&a, 2), (&b, 3)], None);
     assert!(matches!(&answers[0], Ok(Commit::Committed(_))));
     assert!(matches!(answers[1], Ok(Commit::InsufficientStock)));
     assert_eq!(
@@ -170,18 +158,8 @@ fn a_batch_short_of_units_goes_one_by_one() {
 fn the_excess_over_a_per_user_limit_goes_one_by_one() {
     let ctx = ctx();
     let l = ledger(&ctx, 10);
-    let timeout = Duration::from_secs(10);
-    let r0 = request("R0", 1, 1);
     let (a, b, c) = (request("A", 2, 1), request("B", 2, 2), request("C", 2, 1));
-    let limit = Some(2);
-    let answers = together(
-        Box::pin(l.commit_purchase(&r0, hold(1), None, timeout)),
-        vec![
-            Box::pin(l.commit_purchase(&a, hold(2), limit, timeout)),
-            Box::pin(l.commit_purchase(&b, hold(3), limit, timeout)),
-            Box::pin(l.commit_purchase(&c, hold(4), limit, timeout)),
-        ],
-    );
+    let answers = queued_behind_another(&l, &[(&a, 2), (&b, 3), (&c, 4)], Some(2));
     assert_eq!(
         group_lines(&ctx)[1],
         "group commit of 3 in 2 transaction(s): [Committed(0), OneByOne, Committed(1)]"

@@ -12,19 +12,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{TimeDelta, TimeZone, Utc};
+use chrono::TimeDelta;
 use flashsale_app::ports::{
     Commit, Fence, GateMaintenance, LedgerMaintenance, Release, ReleaseOf, Reserve,
 };
 use flashsale_app::{Ledger, PurchaseOutcome, StockGate};
 use flashsale_core::{
-    CancelReason, Generation, HoldRef, NewProduct, OrderStatus, ProductId, PurchaseRequest,
-    Quantity, ReleaseReason, RequestId, SaleWindow, UserId,
+    CancelReason, Generation, HoldRef, OrderStatus, ProductId, ReleaseReason, RequestId,
 };
 use flashsale_sim::ctx::Ctx;
 use flashsale_sim::exec::block_on;
 use flashsale_sim::gate::{GateDefects, MemGate};
-use flashsale_sim::ledger::{LedgerDefects, MemLedger};
+use flashsale_sim::ledger::MemLedger;
+
+use common::request;
 
 /// Polls a store call outside the scheduler needs at most (two per internal round trip).
 const POLLS_MAX: usize = 100;
@@ -33,21 +34,10 @@ fn now<F: std::future::Future>(f: F) -> F::Output {
     block_on(f, POLLS_MAX).expect("the call finished")
 }
 
-fn ctx() -> Arc<Ctx> {
-    let start = Utc
-        .with_ymd_and_hms(2026, 11, 29, 10, 0, 0)
-        .single()
-        .expect("date");
-    Ctx::new(1, start, 1, TimeDelta::seconds(2), 0)
-}
+mod common;
 
-fn request(id: &str, user: i64, quantity: i64) -> PurchaseRequest {
-    PurchaseRequest {
-        request_id: RequestId::parse("request_id", id).expect("id"),
-        user_id: UserId::parse(user).expect("user"),
-        product_id: ProductId::parse(1).expect("product"),
-        quantity: Quantity::from_stored(quantity).expect("quantity"),
-    }
+fn ctx() -> Arc<Ctx> {
+    common::ctx(0)
 }
 
 fn gen(raw: i64) -> Generation {
@@ -308,10 +298,7 @@ fn stale_holds_age_on_the_gate_clock() {
 }
 
 fn ledger(ctx: &Arc<Ctx>, stock: i64) -> MemLedger {
-    let l = MemLedger::new(ctx.clone(), LedgerDefects::default());
-    let new = NewProduct::parse(1, "P", stock, None, SaleWindow::default()).expect("product");
-    now(l.create_product(&new)).expect("create");
-    l
+    common::ledger(ctx, stock, POLLS_MAX)
 }
 
 // Checks the purchase transaction: one order per request_id (a second commit answers
