@@ -23,6 +23,17 @@ fn hs256(user: i64, lifetime_secs: i64) -> String {
 
 /// A purchase of one unit of `product` by whoever `auth` says, with `user` in the body
 /// when given.
+/// [`buy`] of one unit of `product` with the `Authorization` header `auth` (the body
+/// naming no user).
+async fn buy_authorized(
+    app: &TestApp,
+    auth: &str,
+    request_id: &str,
+    product: i64,
+) -> (StatusCode, Value, reqwest::header::HeaderMap) {
+    buy(app, &[("authorization", auth)], request_id, None, product).await
+}
+
 async fn buy(
     app: &TestApp,
     auth: &[(&str, &str)],
@@ -139,14 +150,7 @@ async fn jwt_buyers_act_on_their_own_orders_only() {
     );
 
     let lower = format!("bearer {}", hs256(11, 600));
-    let (s, b, _) = buy(
-        &app,
-        &[("authorization", lower.as_str())],
-        "JWT_1",
-        None,
-        9101,
-    )
-    .await;
+    let (s, b, _) = buy_authorized(&app, &lower, "JWT_1", 9101).await;
     assert_eq!(s, StatusCode::CREATED, "{b}");
     assert_eq!(b["user_id"], 11);
     let order = order_id(&b);
@@ -225,14 +229,7 @@ async fn jwt_public_keys_verify_their_own_algorithm_only() {
             buyer_token(key, algorithm, 21, -120),
         ] {
             let auth = bearer(&token);
-            let (s, b, _) = buy(
-                &app,
-                &[("authorization", auth.as_str())],
-                "PK_1",
-                None,
-                9102,
-            )
-            .await;
+            let (s, b, _) = buy_authorized(&app, &auth, "PK_1", 9102).await;
             assert_eq!(
                 (s, code(&b)),
                 (StatusCode::UNAUTHORIZED, "unauthorized"),
@@ -241,14 +238,7 @@ async fn jwt_public_keys_verify_their_own_algorithm_only() {
         }
         let owner = bearer(&buyer_token(key, algorithm, 21, 600));
         let intruder = bearer(&buyer_token(key, algorithm, 22, 600));
-        let (s, b, _) = buy(
-            &app,
-            &[("authorization", owner.as_str())],
-            "PK_1",
-            None,
-            9102,
-        )
-        .await;
+        let (s, b, _) = buy_authorized(&app, &owner, "PK_1", 9102).await;
         assert_eq!(
             (s, b["user_id"].as_i64()),
             (StatusCode::CREATED, Some(21)),

@@ -11,8 +11,8 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::helpers::{
-    code, delete_stream, redis_addr, redis_conn, stream_name, ADMIN_TOKEN, MYSQL_SERVER, NATS_URL,
-    REDIS_URL,
+    code, delete_stream, gate_on_shared_redis, redis_addr, redis_conn, stream_name, ADMIN_TOKEN,
+    MYSQL_SERVER, NATS_URL, REDIS_URL,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
@@ -26,6 +26,16 @@ struct Service {
 }
 
 impl Service {
+    /// `GET /v1/products/{id}`'s body.
+    async fn product(&self, id: i64) -> Value {
+        reqwest::get(format!("{}/v1/products/{id}", self.base))
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("json")
+    }
+
     async fn start(db: &TestDb, prefix: &str, extra: &[(&str, &str)]) -> Service {
         Self::start_with(Command::new(BIN), db, prefix, extra).await
     }
@@ -139,6 +149,22 @@ async fn drained(pool: &sqlx::MySqlPool) {
     }
 }
 
+/// A database of the test's own on the shared MariaDB, and a Redis key prefix of its own.
+async fn fresh_stores() -> (TestDb, String) {
+    let db = TestDb::create(MYSQL_SERVER).await.expect("db");
+    (db, redis_prefix())
+}
+
+/// How a crash test that ends with a service `second` running ends: once its relay has
+/// delivered every event ([`drained`]), the service is stopped, `flashsale audit` must
+/// pass, and the test's stores go.
+async fn audited_and_cleaned(db: TestDb, prefix: &str, pool: sqlx::MySqlPool, second: Service) {
+    drained(&pool).await;
+    drop(second);
+    audit_passes(&db, prefix).await;
+    cleanup(db, prefix, pool).await;
+}
+
 async fn cleanup(db: TestDb, prefix: &str, pool: sqlx::MySqlPool) {
     pool.close().await;
     let _ = delete_prefix(REDIS_URL, prefix).await;
@@ -172,8 +198,7 @@ async fn audit_passes(db: &TestDb, prefix: &str) {
 // passes (run as `flashsale audit`, the operator's command).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_between_reserve_and_commit_then_retried() {
-    let db = TestDb::create(MYSQL_SERVER).await.expect("db");
-    let prefix = redis_prefix();
+    let (db, prefix) = fresh_stores().await;
     let fp = [("FAILPOINTS", "purchase-after-reserve=sleep(60000)")];
     let first = Service::start_selling(&db, &prefix, &fp).await;
     purchase_then_kill(first, "REQ_k1").await;
@@ -195,10 +220,7 @@ async fn killed_between_reserve_and_commit_then_retried() {
         .await;
     assert_eq!(s, StatusCode::OK, "{b}");
     assert_eq!(count(&pool, "SELECT COUNT(*) FROM orders").await, 1);
-    drained(&pool).await;
-    drop(second);
-    audit_passes(&db, &prefix).await;
-    cleanup(db, &prefix, pool).await;
+    audited_and_cleaned(db, &prefix, pool, second).await;
 }
 
 // Checks the same crash when the client never comes back: after the recovery window the
@@ -206,8 +228,7 @@ async fn killed_between_reserve_and_commit_then_retried() {
 // late retry gets request_released, the stock is whole again, and the audit passes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_between_reserve_and_commit_then_recovered() {
-    let db = TestDb::create(MYSQL_SERVER).await.expect("db");
-    let prefix = redis_prefix();
+    let (db, prefix) = fresh_stores().await;
     let fast = [
         ("FLASHSALE_REQUEST_TIMEOUT", "1s"),
         ("FLASHSALE_RECOVERY_AFTER", "2s"),
@@ -239,17 +260,9 @@ async fn killed_between_reserve_and_commit_then_recovered() {
         (StatusCode::CONFLICT, "request_released"),
         "{b}"
     );
-    let product: Value = reqwest::get(format!("{}/v1/products/1", second.base))
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
+    let product = second.product(1).await;
     assert_eq!(product["inventory"]["available"], 3, "{product}");
-    drained(&pool).await;
-    drop(second);
-    audit_passes(&db, &prefix).await;
-    cleanup(db, &prefix, pool).await;
+    audited_and_cleaned(db, &prefix, pool, second).await;
 }
 
 // Checks a process killed after MariaDB committed the order and before the client heard
@@ -257,8 +270,7 @@ async fn killed_between_reserve_and_commit_then_recovered() {
 // no second order exists.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_after_commit_before_reply() {
-    let db = TestDb::create(MYSQL_SERVER).await.expect("db");
-    let prefix = redis_prefix();
+    let (db, prefix) = fresh_stores().await;
     let fp = [("FAILPOINTS", "purchase-after-commit=sleep(60000)")];
     let first = Service::start_selling(&db, &prefix, &fp).await;
     purchase_then_kill(first, "REQ_k3").await;
@@ -272,10 +284,7 @@ async fn killed_after_commit_before_reply() {
     assert_eq!(s, StatusCode::OK, "{b}");
     assert_eq!(b["order_id"], committed);
     assert_eq!(count(&pool, "SELECT COUNT(*) FROM orders").await, 1);
-    drained(&pool).await;
-    drop(second);
-    audit_passes(&db, &prefix).await;
-    cleanup(db, &prefix, pool).await;
+    audited_and_cleaned(db, &prefix, pool, second).await;
 }
 
 /// Buys one unit of product 2 as user `user`, retrying every 503 (bounded): the final
@@ -307,8 +316,7 @@ async fn buy_until_known(service: &Service, request_id: &str, user: i64) -> (Sta
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_between_leaving_ledger_mode_and_the_rebuild() {
     const STOCK: i64 = 30;
-    let db = TestDb::create(MYSQL_SERVER).await.expect("db");
-    let prefix = redis_prefix();
+    let (db, prefix) = fresh_stores().await;
     let proxy = flashsale_testkit::TcpProxy::start(redis_addr())
         .await
         .expect("proxy");
@@ -406,10 +414,7 @@ async fn killed_between_leaving_ledger_mode_and_the_rebuild() {
         );
     }
     assert_eq!(count(&pool, "SELECT COUNT(*) FROM orders").await, STOCK);
-    drained(&pool).await;
-    drop(second);
-    audit_passes(&db, &prefix).await;
-    cleanup(db, &prefix, pool).await;
+    audited_and_cleaned(db, &prefix, pool, second).await;
 }
 
 /// libfaketime's shared library (Debian's `faketime` package, installed by
@@ -439,8 +444,7 @@ fn libfaketime() -> std::path::PathBuf {
 // open on that instance (its own clock really is ahead).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clock_jump_on_one_instance_releases_nothing_early() {
-    let db = TestDb::create(MYSQL_SERVER).await.expect("db");
-    let prefix = redis_prefix();
+    let (db, prefix) = fresh_stores().await;
     // libfaketime preloaded into the service itself (not the `faketime` wrapper, which
     // forks: killing the wrapper would leave the service running).
     let mut cmd = Command::new(BIN);
@@ -465,16 +469,7 @@ async fn clock_jump_on_one_instance_releases_nothing_early() {
         assert_eq!(s, StatusCode::CREATED, "{b}");
     }
     // A hold whose attempt is still (as far as anyone knows) in flight.
-    let gate = flashsale_redis::RedisGate::new(&flashsale_redis::GateConfig {
-        target: flashsale_redis::Target::Node(REDIS_URL.into()),
-        prefix: prefix.clone(),
-        record_ttl: Duration::from_secs(3600),
-        response_timeout: Duration::from_secs(1),
-        connect_timeout: Duration::from_secs(1),
-        sold_out_lease: Duration::from_millis(250),
-        shared_user_rate: None,
-    })
-    .expect("gate");
+    let gate = gate_on_shared_redis(&prefix);
     let request =
         flashsale_core::PurchaseRequest::parse("REQ_clk_hold", 9, 1, 1, 5).expect("valid");
     flashsale_app::StockGate::reserve(&gate, &request, None)
@@ -500,12 +495,7 @@ async fn clock_jump_on_one_instance_releases_nothing_early() {
         0,
         "no hold fenced early"
     );
-    let available: Value = reqwest::get(format!("{}/v1/products/1", skewed.base))
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
+    let available = skewed.product(1).await;
     assert_eq!(available["inventory"]["available"], 1, "{available}");
     // The skew is real: a sale opening in an hour is already open on this instance.
     let opens = chrono::Utc::now() + chrono::Duration::hours(1);

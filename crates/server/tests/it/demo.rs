@@ -39,6 +39,36 @@ fn stdout_of(out: &Output, tmp: &std::path::Path, started_one: bool) -> String {
     text
 }
 
+/// `flashsale demo` with `tmp` as its TMPDIR and no admin token from the environment;
+/// the caller adds the rest.
+fn demo_in(tmp: &std::path::Path) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("demo")
+        .env("TMPDIR", tmp)
+        .env_remove("FLASHSALE_ADMIN_TOKEN");
+    cmd
+}
+
+/// Runs `demo` to its end, off the test's runtime threads.
+async fn run(mut demo: Command) -> Output {
+    tokio::task::spawn_blocking(move || demo.output().expect("run flashsale demo"))
+        .await
+        .expect("join")
+}
+
+/// Runs `demo`, which must exit 0, and returns its stdout (see [`stdout_of`]).
+async fn succeeded(demo: Command, tmp: &std::path::Path, started_one: bool) -> String {
+    let out = run(demo).await;
+    let text = stdout_of(&out, tmp, started_one);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
 /// A fresh temporary directory for one run of the demo (its TMPDIR), to see what it leaves.
 fn scratch() -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("flashsale-demo-it-{}", redis_prefix()));
@@ -97,35 +127,17 @@ async fn demo_spawns_a_service_sells_out_and_checks_it() {
     let prefix = redis_prefix();
     let stream = stream_name(&prefix);
     let tmp = scratch();
-    let out = tokio::task::spawn_blocking({
-        let (url, prefix, stream) = (db.url(), prefix.clone(), stream.clone());
-        let tmp = tmp.clone();
-        move || {
-            Command::new(BIN)
-                .args(["demo", "--spawn", "--stock", "100", "--buyers", "1000"])
-                .args(["--payment-timeout", "3s", "--flood-duration", "0s"])
-                .env("TMPDIR", tmp)
-                .env("FLASHSALE_LISTEN", format!("127.0.0.1:{}", free_port()))
-                .env("FLASHSALE_DATABASE_URL", url)
-                .env("FLASHSALE_REDIS_URL", REDIS_URL)
-                .env("FLASHSALE_REDIS_PREFIX", prefix)
-                .env("FLASHSALE_NATS_STREAM", &stream)
-                .env("FLASHSALE_NATS_SUBJECT_PREFIX", stream.to_lowercase())
-                .env_remove("FLASHSALE_ADMIN_TOKEN")
-                .env_remove("FLASHSALE_METRICS_LISTEN")
-                .output()
-                .expect("run flashsale demo")
-        }
-    })
-    .await
-    .expect("join");
-    let text = stdout_of(&out, &tmp, true);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut demo = demo_in(&tmp);
+    demo.args(["--spawn", "--stock", "100", "--buyers", "1000"])
+        .args(["--payment-timeout", "3s", "--flood-duration", "0s"])
+        .env("FLASHSALE_LISTEN", format!("127.0.0.1:{}", free_port()))
+        .env("FLASHSALE_DATABASE_URL", db.url())
+        .env("FLASHSALE_REDIS_URL", REDIS_URL)
+        .env("FLASHSALE_REDIS_PREFIX", &prefix)
+        .env("FLASHSALE_NATS_STREAM", &stream)
+        .env("FLASHSALE_NATS_SUBJECT_PREFIX", stream.to_lowercase())
+        .env_remove("FLASHSALE_METRICS_LISTEN");
+    let text = succeeded(demo, &tmp, true).await;
     for line in [
         "ok    the counters add up: sold 100 + reserved 0 + available 0 == stock 100",
         "ok    sold == stock: 100 of 100 units sold, none held or left",
@@ -178,51 +190,23 @@ async fn demo_against_a_running_service_does_not_claim_what_it_did_not_wait_for(
     let events = TestEvents::start(&app, NATS_URL).await;
     let db_url = app.db.as_ref().expect("the test's database").url();
     let tmp = scratch();
-    let no_token = tokio::task::spawn_blocking({
-        let (base, tmp) = (app.base.clone(), tmp.clone());
-        move || {
-            Command::new(BIN)
-                .args(["demo", "--base-url", &base])
-                .env("TMPDIR", tmp)
-                .env_remove("FLASHSALE_ADMIN_TOKEN")
-                .output()
-                .expect("run flashsale demo")
-        }
-    })
-    .await
-    .expect("join");
+    let mut demo = demo_in(&tmp);
+    demo.args(["--base-url", &app.base]);
+    let no_token = run(demo).await;
     let _ = stdout_of(&no_token, &tmp, false);
     let err = String::from_utf8_lossy(&no_token.stderr);
     assert_eq!(no_token.status.code(), Some(2), "{err}");
     assert!(err.contains("needs its admin token"), "{err}");
     assert_eq!(app.count("SELECT COUNT(*) FROM products").await, 0);
     let tmp = scratch();
-    let out = tokio::task::spawn_blocking({
-        let (base, prefix) = (app.base.clone(), app.prefix.clone());
-        let tmp = tmp.clone();
-        move || {
-            Command::new(BIN)
-                .args(["demo", "--base-url", &base, "--admin-token", ADMIN_TOKEN])
-                .args(["--stock", "50", "--buyers", "500", "--flood-duration", "0s"])
-                .env("TMPDIR", tmp)
-                .env("FLASHSALE_DATABASE_URL", db_url)
-                .env("FLASHSALE_REDIS_URL", REDIS_URL)
-                .env("FLASHSALE_REDIS_PREFIX", prefix)
-                .env("FLASHSALE_BUYER_AUTH", "header")
-                .env_remove("FLASHSALE_ADMIN_TOKEN")
-                .output()
-                .expect("run flashsale demo")
-        }
-    })
-    .await
-    .expect("join");
-    let text = stdout_of(&out, &tmp, false);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut demo = demo_in(&tmp);
+    demo.args(["--base-url", &app.base, "--admin-token", ADMIN_TOKEN])
+        .args(["--stock", "50", "--buyers", "500", "--flood-duration", "0s"])
+        .env("FLASHSALE_DATABASE_URL", db_url)
+        .env("FLASHSALE_REDIS_URL", REDIS_URL)
+        .env("FLASHSALE_REDIS_PREFIX", &app.prefix)
+        .env("FLASHSALE_BUYER_AUTH", "header");
+    let text = succeeded(demo, &tmp, false).await;
     assert!(
         text.contains(&format!("service   {} answers", app.base)),
         "{text}"

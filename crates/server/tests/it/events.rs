@@ -736,6 +736,19 @@ async fn unreachable_broker_blocks_neither_startup_nor_purchases() {
 
 /// A ledger handle of its own on the test's database, standing for another instance's
 /// (its relay, its consumer) beside the test's service.
+/// Fails unless `relay`'s claim of up to 10 rows through `ledger`, for `lease`, gets
+/// nothing; `why` says why it must not.
+async fn claims_nothing(
+    ledger: &flashsale_mysql::MysqlLedger,
+    relay: &str,
+    lease: Duration,
+    why: &str,
+) {
+    use flashsale_app::ports::Outbox;
+    let rows = ledger.claim(relay, 10, lease).await.expect("claim");
+    assert!(rows.is_empty(), "{why}: {rows:?}");
+}
+
 async fn ledger_handle(app: &TestApp) -> flashsale_mysql::MysqlLedger {
     flashsale_mysql::MysqlLedger::connect(&flashsale_mysql::LedgerConfig {
         url: app.db.as_ref().expect("test database").url(),
@@ -766,13 +779,7 @@ async fn one_relay_at_a_time_holds_the_outbox() {
     let held = a.claim("relay-a", 10, lease).await.expect("claim");
     assert_eq!(held.len(), 1, "A leases the outbox and gets the unsent row");
     assert!(held.iter().all(|m| !m.blocked));
-    assert!(
-        b.claim("relay-b", 10, lease)
-            .await
-            .expect("claim")
-            .is_empty(),
-        "B waits"
-    );
+    claims_nothing(&b, "relay-b", lease, "B waits").await;
     assert_eq!(a.claim("relay-a", 10, lease).await.expect("renew").len(), 1);
     assert_eq!(held[0].attempts, 0);
     let failure = flashsale_app::PublishFailure {
@@ -797,26 +804,14 @@ async fn one_relay_at_a_time_holds_the_outbox() {
         1,
         "and its error kept"
     );
-    assert!(
-        a.claim("relay-a", 10, lease)
-            .await
-            .expect("claim")
-            .is_empty(),
-        "A waits"
-    );
+    claims_nothing(&a, "relay-a", lease, "A waits").await;
     b.mark_sent(&[taken[0].id]).await.expect("mark sent");
     b.mark_sent(&[taken[0].id])
         .await
         .expect("marking again changes nothing");
     b.give_back("relay-b", &[]).await.expect("give back");
 
-    assert!(
-        a.claim("relay-a", 10, lease)
-            .await
-            .expect("claim")
-            .is_empty(),
-        "all sent"
-    );
+    claims_nothing(&a, "relay-a", lease, "all sent").await;
     assert_eq!(
         app.count("SELECT COUNT(*) FROM outbox_lease WHERE holder IS NULL")
             .await,
@@ -869,13 +864,7 @@ async fn a_relay_keeps_the_outbox_while_it_drains_a_backlog() {
     assert!(until.is_some(), "A took the lease");
     a.mark_sent(&[first[0].id]).await.expect("mark");
     a.give_back("relay-a", &[]).await.expect("give back");
-    assert!(
-        b.claim("relay-b", 10, lease)
-            .await
-            .expect("claim")
-            .is_empty(),
-        "B waits while A drains the backlog"
-    );
+    claims_nothing(&b, "relay-b", lease, "B waits while A drains the backlog").await;
     let second = a.claim("relay-a", 1, lease).await.expect("claim");
     assert_eq!(second.len(), 1, "A's next round");
     assert_ne!(second[0].id, first[0].id);

@@ -669,20 +669,30 @@ impl TestApp {
 
     /// The body and content type of `GET /metrics`, which must answer 200.
     pub async fn scrape_metrics(&self) -> (String, String) {
+        self.get_document("/metrics").await
+    }
+
+    /// The body and content type (empty without one) of `GET path`, which must
+    /// answer 200.
+    pub async fn get_document(&self, path: &str) -> (String, String) {
         let resp = self
             .http
-            .get(format!("{}/metrics", self.base))
+            .get(format!("{}{path}", self.base))
             .send()
             .await
-            .expect("GET /metrics");
-        assert_eq!(resp.status(), StatusCode::OK);
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        assert_eq!(resp.status(), StatusCode::OK, "GET {path}");
         let content_type = resp
             .headers()
             .get("content-type")
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_owned();
-        (resp.text().await.expect("metrics text"), content_type)
+        let text = resp
+            .text()
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}'s body: {e}"));
+        (text, content_type)
     }
 
     pub fn key(&self, product_id: i64, suffix: &str) -> String {
@@ -911,6 +921,21 @@ pub fn code(body: &Value) -> &str {
 /// subjects' prefix in lower case: its own on the shared NATS, deleted at the end.
 pub fn stream_name(prefix: &str) -> String {
     prefix.trim_end_matches(':').to_uppercase()
+}
+
+/// The gate adapter on the shared Redis, its keys under `prefix` (a test's service's
+/// own): 1-hour records, 1-second bounds, a 250 ms sold-out lease.
+pub fn gate_on_shared_redis(prefix: &str) -> flashsale_redis::RedisGate {
+    flashsale_redis::RedisGate::new(&flashsale_redis::GateConfig {
+        target: flashsale_redis::Target::Node(REDIS_URL.into()),
+        prefix: prefix.to_owned(),
+        record_ttl: Duration::from_secs(3600),
+        response_timeout: Duration::from_secs(1),
+        connect_timeout: Duration::from_secs(1),
+        sold_out_lease: Duration::from_millis(250),
+        shared_user_rate: None,
+    })
+    .expect("gate")
 }
 
 /// A connection to the Redis at `url` (a node of a cluster, or the shared one).

@@ -69,20 +69,8 @@ fn operations(doc: &Value) -> BTreeSet<(String, String)> {
 #[tokio::test]
 async fn the_served_document_is_the_committed_one_and_covers_every_route() {
     let app = TestApp::spawn().await;
-    let resp = app
-        .http
-        .get(format!("{}/openapi.json", app.base))
-        .send()
-        .await
-        .expect("GET /openapi.json");
-    assert_eq!(resp.status(), StatusCode::OK);
-    assert_eq!(
-        resp.headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok()),
-        Some("application/json")
-    );
-    let text = resp.text().await.expect("the document");
+    let (text, content_type) = app.get_document("/openapi.json").await;
+    assert_eq!(content_type, "application/json");
     let served: Value = serde_json::from_str(&text).expect("the served document is JSON");
     assert_eq!(served["openapi"], "3.1.0");
 

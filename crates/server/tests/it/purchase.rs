@@ -388,19 +388,9 @@ async fn retry_completes_an_attempt_that_died_after_reserving() {
     use flashsale_app::ports::Reserve;
     use flashsale_app::StockGate;
     use flashsale_core::PurchaseRequest;
-    use flashsale_redis::{GateConfig, RedisGate};
 
     let app = TestApp::selling(1300, 3, Some(1)).await;
-    let gate = RedisGate::new(&GateConfig {
-        target: flashsale_redis::Target::Node(crate::helpers::REDIS_URL.into()),
-        prefix: app.prefix.clone(),
-        record_ttl: Duration::from_secs(3600),
-        response_timeout: Duration::from_secs(1),
-        connect_timeout: Duration::from_secs(1),
-        sold_out_lease: Duration::from_millis(250),
-        shared_user_rate: None,
-    })
-    .expect("gate");
+    let gate = crate::recovery::gate(&app);
     let request = PurchaseRequest::parse("REQ_died", 77, 1300, 1, 5).expect("valid");
     let reserved = gate.reserve(&request, Some(1)).await.expect("reserve");
     let Reserve::Reserved { hold } = reserved else {

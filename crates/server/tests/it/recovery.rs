@@ -6,12 +6,12 @@ use std::time::Duration;
 use flashsale_app::ports::Reserve;
 use flashsale_app::StockGate;
 use flashsale_core::PurchaseRequest;
-use flashsale_redis::{GateConfig, RedisGate};
+use flashsale_redis::RedisGate;
 use futures::stream::{self, StreamExt};
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::helpers::{code, order_id, wait_until, TestApp, TestEvents, NATS_URL, REDIS_URL};
+use crate::helpers::{code, order_id, wait_until, TestApp, TestEvents, NATS_URL};
 use crate::invariants;
 
 /// Settings that make the recovery window short enough for a test: requests give up
@@ -20,16 +20,7 @@ pub(crate) const FAST_RECOVERY: &[(&str, &str)] =
     &[("REQUEST_TIMEOUT", "1s"), ("RECOVERY_AFTER", "2s")];
 
 pub(crate) fn gate(app: &TestApp) -> RedisGate {
-    RedisGate::new(&GateConfig {
-        target: flashsale_redis::Target::Node(REDIS_URL.into()),
-        prefix: app.prefix.clone(),
-        record_ttl: Duration::from_secs(3600),
-        response_timeout: Duration::from_secs(1),
-        connect_timeout: Duration::from_secs(1),
-        sold_out_lease: Duration::from_millis(250),
-        shared_user_rate: None,
-    })
-    .expect("gate")
+    crate::helpers::gate_on_shared_redis(&app.prefix)
 }
 
 /// Takes a hold the way a purchase's first step does, and stops there (as if the process

@@ -468,10 +468,12 @@ async fn the_connection_cap_evicts_connections_waiting_for_their_client() {
 /// The connection cap of the lockout tests: small, so they stay fast;
 /// `FLASHSALE_IT_ATTACK_CAP` sets another (10000, the default cap, measured by hand).
 fn attack_cap() -> usize {
-    std::env::var("FLASHSALE_IT_ATTACK_CAP")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200)
+    env_number("FLASHSALE_IT_ATTACK_CAP").unwrap_or(200)
+}
+
+/// The number the environment variable `name` holds, if it holds one.
+fn env_number<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
 /// How many rounds of buyers the lockout tests send during an attack: each round one
@@ -952,20 +954,14 @@ async fn the_cap_refuses_only_when_every_connection_is_worked_on() {
 /// Sockets in the memory test's wave: `FLASHSALE_IT_WAVE` sets another (10000, the
 /// default cap, measured by hand with a release build through `FLASHSALE_IT_BIN`).
 fn wave_size() -> usize {
-    std::env::var("FLASHSALE_IT_WAVE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000)
+    env_number("FLASHSALE_IT_WAVE").unwrap_or(1000)
 }
 
 /// How long after a wave of connections closes the memory test reads the server's
 /// memory again: past the allocator's decay time (jemalloc's `dirty_decay_ms`, 10 s);
 /// `FLASHSALE_IT_SETTLE_SECS` sets another (30, the issue's measure).
 fn wave_settle() -> Duration {
-    std::env::var("FLASHSALE_IT_SETTLE_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map_or(Duration::from_secs(15), Duration::from_secs)
+    env_number("FLASHSALE_IT_SETTLE_SECS").map_or(Duration::from_secs(15), Duration::from_secs)
 }
 
 // Checks issue 44's memory after an attack: the memory a wave of slow clients took is
