@@ -153,8 +153,7 @@ async fn the_post_ceiling_parses_and_refuses_touching_no_store() {
     }
     app.refused(
         ("bad id!", 1, 4200, 1),
-        StatusCode::BAD_REQUEST,
-        "invalid_request",
+        (StatusCode::BAD_REQUEST, "invalid_request"),
     )
     .await;
     assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 0);

@@ -9,7 +9,8 @@ use flashsale_testkit::{delete_prefix, free_port, redis_prefix, TcpProxy, TestDb
 use serde_json::json;
 
 use crate::helpers::{
-    delete_stream, redis_addr, stream_name, TestApp, MYSQL_SERVER, NATS_URL, REDIS_URL,
+    create_product_1, delete_stream, own_stream, redis_addr, stream_name, TestApp, MYSQL_SERVER,
+    NATS_URL, REDIS_URL,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
@@ -202,11 +203,7 @@ async fn serve_creates_database_logs_json_and_drains_on_sigterm() {
         .env("FLASHSALE_LOG_FORMAT", "json")
         // Its own stream and subjects, so the shared NATS's default stream never sees
         // this test's events.
-        .env(
-            "FLASHSALE_NATS_SUBJECT_PREFIX",
-            stream_name(&prefix).to_lowercase(),
-        )
-        .env("FLASHSALE_NATS_STREAM", stream_name(&prefix))
+        .envs(own_stream(&prefix))
         .env_remove("FLASHSALE_ADMIN_TOKEN")
         .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
@@ -243,14 +240,7 @@ async fn serve_creates_database_logs_json_and_drains_on_sigterm() {
     );
     let token = tokens[0].to_owned();
 
-    let created = http
-        .post(format!("{base}/v1/products"))
-        .bearer_auth(&token)
-        .json(&json!({"product_id": 1, "name": "x", "stock": 5}))
-        .send()
-        .await
-        .expect("create");
-    assert_eq!(created.status(), 201);
+    create_product_1(&http, &base, &token, 5).await;
 
     let scraped = http
         .get(format!("http://127.0.0.1:{metrics_port}/metrics"))
@@ -398,14 +388,7 @@ async fn sigterm_waits_for_a_slow_body_and_its_use_case() {
     let mut child = serve_quietly(port, &db, &prefix, &settings).await;
     let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
-    let created = http
-        .post(format!("{base}/v1/products"))
-        .bearer_auth(QUIET_TOKEN)
-        .json(&json!({"product_id": 1, "name": "x", "stock": 5}))
-        .send()
-        .await
-        .expect("create");
-    assert_eq!(created.status(), 201);
+    create_product_1(&http, &base, QUIET_TOKEN, 5).await;
 
     let body =
         json!({"request_id": "R_slow", "user_id": 1, "product_id": 1, "quantity": 1}).to_string();
@@ -471,11 +454,7 @@ async fn serve_quietly(
         .env("FLASHSALE_DATABASE_URL", db.url())
         .env("FLASHSALE_REDIS_URL", REDIS_URL)
         .env("FLASHSALE_REDIS_PREFIX", prefix)
-        .env(
-            "FLASHSALE_NATS_SUBJECT_PREFIX",
-            stream_name(prefix).to_lowercase(),
-        )
-        .env("FLASHSALE_NATS_STREAM", stream_name(prefix))
+        .envs(own_stream(prefix))
         .env("FLASHSALE_ADMIN_TOKEN", QUIET_TOKEN)
         .envs(settings.iter().copied())
         .stdout(Stdio::null())

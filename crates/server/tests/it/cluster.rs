@@ -11,7 +11,7 @@ use flashsale_testkit::RedisCluster;
 use reqwest::StatusCode;
 
 use crate::fallback::{acknowledged, assert_sold_exactly, buyers, metric, start_workers, Answer};
-use crate::helpers::{redis_conn, wait_until, TestApp};
+use crate::helpers::{redis_conn, wait_until, TestApp, SOLD_OUT};
 use crate::invariants;
 
 /// Units of each product on sale.
@@ -286,8 +286,7 @@ async fn a_revocation_published_on_one_primary_reaches_every_instance() {
     a.create_product(product, 1, None).await;
     a.bought("REQ_cl_first", 1, product, 1).await;
     for (app, rid) in [(&a, "REQ_cl_refused_a"), (&b, "REQ_cl_refused_b")] {
-        app.refused((rid, 2, product, 1), StatusCode::CONFLICT, "sold_out")
-            .await;
+        app.refused((rid, 2, product, 1), SOLD_OUT).await;
     }
     let (s, body) = a
         .admin_post(

@@ -11,8 +11,8 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::helpers::{
-    code, delete_stream, gate_on_shared_redis, redis_addr, redis_conn, stream_name, ADMIN_TOKEN,
-    MYSQL_SERVER, NATS_URL, REDIS_URL,
+    code, delete_stream, gate_on_shared_redis, own_stream, redis_addr, redis_conn, stream_name,
+    ADMIN_TOKEN, MYSQL_SERVER, NATS_URL, REDIS_URL,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
@@ -64,11 +64,7 @@ impl Service {
             .env("FLASHSALE_REDIS_PREFIX", prefix)
             .env("FLASHSALE_ADMIN_TOKEN", ADMIN_TOKEN)
             // Its own stream and subjects on the shared NATS, deleted at the end.
-            .env(
-                "FLASHSALE_NATS_SUBJECT_PREFIX",
-                stream_name(prefix).to_lowercase(),
-            )
-            .env("FLASHSALE_NATS_STREAM", stream_name(prefix))
+            .envs(own_stream(prefix))
             .env("RUST_LOG", "warn")
             .env_remove("FAILPOINTS")
             .stdout(Stdio::null())

@@ -7,7 +7,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{order_id, wait_until, Routes, TestApp, REDIS_URL};
+use crate::helpers::{order_id, wait_until, Routes, TestApp, REDIS_URL, SOLD_OUT};
 
 /// A product name that is markup: the page must show it as text.
 const MARKUP_NAME: &str = "<b>bold</b> & <img src=x>";
@@ -80,12 +80,8 @@ pub async fn drive_small_sale(app: &TestApp, product_id: i64, tag: &str) {
     assert_eq!(status, StatusCode::OK);
     for i in 3..5 {
         let request = (format!("{tag}-{i}"), 100 + i);
-        app.refused(
-            (&request.0, request.1, product_id, 1),
-            StatusCode::CONFLICT,
-            "sold_out",
-        )
-        .await;
+        app.refused((&request.0, request.1, product_id, 1), SOLD_OUT)
+            .await;
     }
     app.pay_and_cancel(orders[0], orders[1]).await;
 }

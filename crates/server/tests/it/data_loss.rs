@@ -11,7 +11,7 @@ use flashsale_testkit::PrivateRedis;
 use futures::stream::{self, StreamExt};
 use reqwest::StatusCode;
 
-use crate::helpers::{code, order_id, TestApp};
+use crate::helpers::{code, order_id, TestApp, LIMIT_EXCEEDED};
 use crate::invariants;
 
 /// Runs the gate watch every 200 ms until `stop` flips, as the service's worker would
@@ -245,25 +245,13 @@ async fn per_user_limit_holds_when_redis_loses_its_counts() {
     for i in 0..2 {
         app.bought(&format!("REQ_lim_{i}"), 77, 3400, 1).await;
     }
-    app.refused(
-        ("REQ_lim_gate", 77, 3400, 1),
-        StatusCode::CONFLICT,
-        "limit_exceeded",
-    )
-    .await;
+    app.refused(("REQ_lim_gate", 77, 3400, 1), LIMIT_EXCEEDED)
+        .await;
     app.delete_keys(3400, &["users"], "DEL users").await;
-    app.refused(
-        ("REQ_lim_2", 77, 3400, 1),
-        StatusCode::CONFLICT,
-        "limit_exceeded",
-    )
-    .await;
-    app.refused(
-        ("REQ_lim_2", 77, 3400, 1),
-        StatusCode::CONFLICT,
-        "limit_exceeded",
-    )
-    .await;
+    app.refused(("REQ_lim_2", 77, 3400, 1), LIMIT_EXCEEDED)
+        .await;
+    app.refused(("REQ_lim_2", 77, 3400, 1), LIMIT_EXCEEDED)
+        .await;
     let reason: Option<String> = sqlx::query_scalar(
         "SELECT CONVERT(release_reason USING utf8mb4) FROM inventory_reservation \
          WHERE request_id = 'REQ_lim_2'",

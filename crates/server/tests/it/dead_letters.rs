@@ -259,10 +259,8 @@ async fn a_refused_product_is_dead_lettered_and_replayed_exactly_once() {
 // touches it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undecodable_message_is_dead_lettered_at_once() {
-    let app = TestApp::spawn().await;
-    let events = TestEvents::start(&app, NATS_URL).await;
     // A purchase first, so that the relay has made the stream.
-    app.create_product(3811, 5, None).await;
+    let (app, events) = TestEvents::selling(3811, 5).await;
     app.bought("REQ_undecodable_0", 1, 3811, 1).await;
     wait_drained(&app, &[3811]).await;
     let js = events.jetstream().await;

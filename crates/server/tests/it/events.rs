@@ -371,10 +371,8 @@ fn config_of(app: &TestApp) -> Config {
 // sales_stats equal the ledger's totals for both products.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_state_change_reaches_jetstream_once_and_stats_match() {
-    let app = TestApp::spawn().await;
-    let events = TestEvents::start(&app, NATS_URL).await;
     let product = 3101;
-    app.create_product(product, 20, None).await;
+    let (app, events) = TestEvents::selling(product, 20).await;
     let orders = buy(&app, product, "ev", 25).await;
     assert!(orders.len() >= 10, "{} orders", orders.len());
     for (i, &(order, user)) in orders.iter().enumerate() {
@@ -604,10 +602,8 @@ async fn broker_down_mid_sale_outbox_grows_then_drains() {
 // it zero times: consumed_event and sales_stats do not move.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicates_are_dropped_by_msg_id_and_applied_once() {
-    let app = TestApp::spawn().await;
-    let events = TestEvents::start(&app, NATS_URL).await;
     let product = 3301;
-    app.create_product(product, 10, None).await;
+    let (app, events) = TestEvents::selling(product, 10).await;
     let orders = buy(&app, product, "dup", 3).await;
     assert_eq!(pay(&app, orders[0].0, orders[0].1).await, StatusCode::OK);
     wait_drained(&app, &[product]).await;
@@ -957,10 +953,8 @@ async fn a_delivery_with_events_consumed_before_applies_only_the_new_ones() {
 // not redelivered; the long id is recorded nowhere, cut or whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_id_too_long_is_skipped_and_its_message_applied() {
-    let app = TestApp::spawn().await;
-    let events = TestEvents::start(&app, NATS_URL).await;
     // A purchase first, so that the relay has made the stream.
-    app.create_product(3392, 1, None).await;
+    let (app, events) = TestEvents::selling(3392, 1).await;
     buy(&app, 3392, "long", 1).await;
     wait_drained(&app, &[3392]).await;
     let js = events.jetstream().await;

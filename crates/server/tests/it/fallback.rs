@@ -13,7 +13,7 @@ use futures::{stream, StreamExt};
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::helpers::{code, order_id, redis_addr, wait_until, Routes, TestApp};
+use crate::helpers::{code, order_id, redis_addr, wait_until, Routes, TestApp, SOLD_OUT};
 use crate::invariants;
 
 /// `FLASHSALE_FALLBACK_AFTER` in these tests.
@@ -529,19 +529,14 @@ async fn an_instance_follows_a_switch_made_elsewhere_and_its_limits_hold() {
     app.bought("REQ_follow_1", 1, PRODUCT, 1).await;
     app.refused(
         ("REQ_follow_2", 1, PRODUCT, 1),
-        StatusCode::TOO_MANY_REQUESTS,
-        "rate_limited",
+        (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
     )
     .await;
     assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 2);
     app.bought("REQ_follow_3", 2, PRODUCT, 1).await;
     for i in 4..8 {
-        app.refused(
-            (&format!("REQ_follow_{i}"), i, PRODUCT, 1),
-            StatusCode::CONFLICT,
-            "sold_out",
-        )
-        .await;
+        app.refused((&format!("REQ_follow_{i}"), i, PRODUCT, 1), SOLD_OUT)
+            .await;
     }
     back_in_gate_mode(&app, PRODUCT).await;
     assert_eq!(app.redis_available(PRODUCT).await, Some(0));

@@ -551,13 +551,12 @@ impl TestApp {
         body
     }
 
-    /// [`TestApp::purchase`] that must be refused with `status` and the error `code`:
+    /// [`TestApp::purchase`] that must be refused with `status` and the error code `error`:
     /// asserts it (the answer's body in the message) and returns the body.
     pub async fn refused(
         &self,
         (request_id, user_id, product_id, quantity): (&str, i64, i64, i64),
-        status: StatusCode,
-        error: &str,
+        (status, error): (StatusCode, &str),
     ) -> Value {
         let (got, body) = self
             .purchase(request_id, user_id, product_id, quantity)
@@ -834,6 +833,13 @@ impl TestApp {
 /// `exp` `lifetime_secs` from now (negative: already expired), signed with `key` by
 /// `algorithm`.
 /// The HS256 secret of the tests' jwt buyers (`jwt_buyers()` configures it).
+/// A purchase's refusal: 409 `sold_out`, no unit left.
+pub const SOLD_OUT: (StatusCode, &str) = (StatusCode::CONFLICT, "sold_out");
+/// A purchase's refusal: 409 `limit_exceeded`, over the per-user limit.
+pub const LIMIT_EXCEEDED: (StatusCode, &str) = (StatusCode::CONFLICT, "limit_exceeded");
+/// A purchase's refusal: 409 `request_released`, its hold was given back.
+pub const REQUEST_RELEASED: (StatusCode, &str) = (StatusCode::CONFLICT, "request_released");
+
 pub const BUYER_SECRET: &str = "test-buyer-secret-of-at-least-32-bytes";
 
 /// The settings of jwt buyers verified with [`BUYER_SECRET`].
@@ -910,6 +916,18 @@ pub fn answered<T>(
         .count()
 }
 
+/// The stdout of a run of the binary that must have succeeded (the failure's message
+/// shows its stdout and stderr).
+pub fn succeeded(out: &std::process::Output) -> String {
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{said} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    said
+}
+
 pub fn code(body: &Value) -> &str {
     body["error"].as_str().unwrap_or("")
 }
@@ -936,6 +954,31 @@ pub fn gate_on_shared_redis(prefix: &str) -> flashsale_redis::RedisGate {
         shared_user_rate: None,
     })
     .expect("gate")
+}
+
+/// Creates product 1, named "x", with `stock` units, on the service at `base` (a spawned
+/// binary) with the admin token `token`; it must answer 201.
+pub async fn create_product_1(http: &reqwest::Client, base: &str, token: &str, stock: i64) {
+    let created = http
+        .post(format!("{base}/v1/products"))
+        .bearer_auth(token)
+        .json(&json!({"product_id": 1, "name": "x", "stock": stock}))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(created.status(), 201);
+}
+
+/// The settings that give a spawned service its own stream, and subjects, on the shared
+/// NATS: named after its Redis key `prefix` (see [`stream_name`]).
+pub fn own_stream(prefix: &str) -> [(&'static str, String); 2] {
+    [
+        (
+            "FLASHSALE_NATS_SUBJECT_PREFIX",
+            stream_name(prefix).to_lowercase(),
+        ),
+        ("FLASHSALE_NATS_STREAM", stream_name(prefix)),
+    ]
 }
 
 /// A connection to the Redis at `url` (a node of a cluster, or the shared one).
@@ -982,6 +1025,15 @@ impl TestEvents {
     /// stream named after the app's unique Redis prefix.
     pub async fn start(app: &TestApp, nats_url: &str) -> Self {
         Self::start_with(app, nats_url, &[]).await
+    }
+
+    /// A service ([`TestApp::spawn`]) with its event workers [`start`](Self::start)ed on
+    /// the shared NATS, then `product_id` created with `stock` units.
+    pub async fn selling(product_id: i64, stock: i64) -> (TestApp, Self) {
+        let app = TestApp::spawn().await;
+        let events = Self::start(&app, NATS_URL).await;
+        app.create_product(product_id, stock, None).await;
+        (app, events)
     }
 
     /// [`start`](Self::start) with more settings (`FLASHSALE_*` variables).

@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::helpers::{answered, code, order_id, TestApp};
+use crate::helpers::{answered, code, order_id, TestApp, LIMIT_EXCEEDED, SOLD_OUT};
 use crate::invariants;
 
 /// Concurrent requests the test client keeps in flight.
@@ -179,8 +179,7 @@ async fn replays_return_the_original_order() {
     for (user, product, qty) in [(43, 3003, 1), (42, 3003, 2)] {
         app.refused(
             ("REQ_r1", user, product, qty),
-            StatusCode::CONFLICT,
-            "request_id_conflict",
+            (StatusCode::CONFLICT, "request_id_conflict"),
         )
         .await;
     }
@@ -190,12 +189,7 @@ async fn replays_return_the_original_order() {
     let (s, by_id) = app.get(&format!("/v1/orders/{}", order_id(&first))).await;
     assert_eq!((s, &by_id), (StatusCode::OK, &first));
     // Limit 1 reached; cancel frees it.
-    app.refused(
-        ("REQ_r2", 42, 3003, 1),
-        StatusCode::CONFLICT,
-        "limit_exceeded",
-    )
-    .await;
+    app.refused(("REQ_r2", 42, 3003, 1), LIMIT_EXCEEDED).await;
     let (s, _) = app.cancel(order_id(&first), 42).await;
     assert_eq!(s, StatusCode::OK);
     app.bought("REQ_r2", 42, 3003, 1).await;
@@ -256,10 +250,8 @@ async fn ledger_refuses_what_redis_wrongly_admits() {
     let app = TestApp::selling(5005, 1, None).await;
     app.bought("REQ_a", 1, 5005, 1).await;
     app.bump_entry(5005, "avail", 1).await;
-    app.refused(("REQ_b", 2, 5005, 1), StatusCode::CONFLICT, "sold_out")
-        .await;
-    app.refused(("REQ_b", 2, 5005, 1), StatusCode::CONFLICT, "sold_out")
-        .await;
+    app.refused(("REQ_b", 2, 5005, 1), SOLD_OUT).await;
+    app.refused(("REQ_b", 2, 5005, 1), SOLD_OUT).await;
     assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 1);
     let fenced = app
         .count(
@@ -306,8 +298,7 @@ async fn sale_window_is_enforced() {
     for product in [6006, 6007] {
         app.refused(
             (&format!("REQ_w{product}"), 1, product, 1),
-            StatusCode::CONFLICT,
-            "sale_not_active",
+            (StatusCode::CONFLICT, "sale_not_active"),
         )
         .await;
         assert_eq!(app.redis_available(product).await, Some(5));
@@ -368,12 +359,7 @@ async fn restock_is_idempotent_and_safe_during_sales() {
             _ => panic!("buying what is left: {s} {b}"),
         }
     }
-    app.refused(
-        ("REQ_rest_end", 1, 7007, 1),
-        StatusCode::CONFLICT,
-        "sold_out",
-    )
-    .await;
+    app.refused(("REQ_rest_end", 1, 7007, 1), SOLD_OUT).await;
     assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 100);
     invariants::assert_ok(&app, 7007).await;
     app.cleanup().await;

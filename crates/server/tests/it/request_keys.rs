@@ -13,7 +13,7 @@ use serde_json::Value;
 use flashsale_testkit::TestDb;
 
 use crate::helpers::{
-    as_buyer, buy_as, code, jwt_buyers, order_id, TestApp, BUYER_SECRET, MYSQL_SERVER,
+    as_buyer, buy_as, code, jwt_buyers, order_id, succeeded, TestApp, BUYER_SECRET, MYSQL_SERVER,
 };
 
 /// Attempts of the same-id races: the 200-way race.
@@ -178,13 +178,7 @@ async fn a_ledger_moves_to_buyer_scoped_keys() {
     assert!(!refused.status.success(), "{said}");
     assert!(said.contains("ledger rescope --to buyer"), "{said}");
 
-    let moved = app.run_binary(&["ledger", "rescope", "--to", "buyer"], &[]);
-    let out = String::from_utf8_lossy(&moved.stdout);
-    assert!(
-        moved.status.success(),
-        "{out} {}",
-        String::from_utf8_lossy(&moved.stderr)
-    );
+    let out = succeeded(&app.run_binary(&["ledger", "rescope", "--to", "buyer"], &[]));
     assert!(
         out.starts_with("request scope: buyer; keys rewritten: purchases 2,"),
         "{out}"
@@ -210,12 +204,7 @@ async fn a_ledger_moves_to_buyer_scoped_keys() {
     assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 3);
     let (s, b) = buy_until_known(&scoped, &as_buyer(43), "MOVE_1", 9502).await;
     assert_eq!(s, StatusCode::CREATED, "another buyer's MOVE_1: {b}");
-    let audit = app.run_binary(&["audit", "--product", "9502"], &[]);
-    assert!(
-        audit.status.success(),
-        "{}",
-        String::from_utf8_lossy(&audit.stdout)
-    );
+    succeeded(&app.run_binary(&["audit", "--product", "9502"], &[]));
 
     let back = app.run_binary(&["ledger", "rescope", "--to", "global"], &[]);
     assert!(!back.status.success());
@@ -247,12 +236,7 @@ async fn reading_the_scope_records_none() {
             .env("RUST_LOG", "warn")
             .output()
             .expect("run flashsale ledger scope");
-        let said = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{said} {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let said = succeeded(&out);
         assert!(
             said.starts_with("request scope: none recorded yet"),
             "{said}"

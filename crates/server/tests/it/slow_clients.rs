@@ -17,7 +17,10 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
-use crate::helpers::{delete_stream, stream_name, ADMIN_TOKEN, MYSQL_SERVER, NATS_URL, REDIS_URL};
+use crate::helpers::{
+    create_product_1, delete_stream, own_stream, stream_name, ADMIN_TOKEN, MYSQL_SERVER, NATS_URL,
+    REDIS_URL,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
 /// Where the attackers' sockets come from: another loopback address than the buyers'
@@ -71,11 +74,7 @@ impl Server {
             .env("FLASHSALE_REDIS_URL", REDIS_URL)
             .env("FLASHSALE_REDIS_PREFIX", &prefix)
             .env("FLASHSALE_ADMIN_TOKEN", ADMIN_TOKEN)
-            .env(
-                "FLASHSALE_NATS_SUBJECT_PREFIX",
-                stream_name(&prefix).to_lowercase(),
-            )
-            .env("FLASHSALE_NATS_STREAM", stream_name(&prefix))
+            .envs(own_stream(&prefix))
             .env("FLASHSALE_USER_PURCHASE_RATE", "0")
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
@@ -106,15 +105,7 @@ impl Server {
             assert!(started.elapsed() < STARTUP_MAX, "flashsale did not start");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let created = server
-            .http
-            .post(server.url("/v1/products"))
-            .bearer_auth(ADMIN_TOKEN)
-            .json(&json!({"product_id": 1, "name": "x", "stock": 1000}))
-            .send()
-            .await
-            .expect("create");
-        assert_eq!(created.status(), 201);
+        create_product_1(&server.http, &server.url(""), ADMIN_TOKEN, 1000).await;
         server
     }
 

@@ -10,7 +10,7 @@ use flashsale_testkit::PrivateRedis;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::helpers::{code, order_id, wait_until, Routes, TestApp};
+use crate::helpers::{code, order_id, wait_until, Routes, TestApp, SOLD_OUT};
 use crate::invariants;
 
 /// The longest lease there is, for the tests of revocation: a purchase that succeeds
@@ -112,12 +112,8 @@ async fn sold_out_is_answered_here_while_the_lease_lasts() {
         let b = app.bought(rid, 1 + i as i64, 3700, 1).await;
         orders.push(order_id(&b));
     }
-    app.refused(
-        ("REQ_so_first_refusal", 10, 3700, 1),
-        StatusCode::CONFLICT,
-        "sold_out",
-    )
-    .await;
+    app.refused(("REQ_so_first_refusal", 10, 3700, 1), SOLD_OUT)
+        .await;
     // The early trim of the committed holds is the last script the sales cause.
     wait_until(
         "committed holds trimmed",
@@ -136,12 +132,8 @@ async fn sold_out_is_answered_here_while_the_lease_lasts() {
 
     let before = scripts_run(&app).await;
     for i in 0..20 {
-        app.refused(
-            (&format!("REQ_so_local_{i}"), 100 + i, 3700, 1),
-            StatusCode::CONFLICT,
-            "sold_out",
-        )
-        .await;
+        app.refused((&format!("REQ_so_local_{i}"), 100 + i, 3700, 1), SOLD_OUT)
+            .await;
     }
     assert_eq!(scripts_run(&app).await, before, "refused without Redis");
     let (s, b) = app.purchase("REQ_so_a", 1, 3700, 1).await;
@@ -161,6 +153,16 @@ async fn sold_out_is_answered_here_while_the_lease_lasts() {
     app.cleanup().await;
 }
 
+/// Two instances on the same stores, both with a long sold-out lease and both listening
+/// for revocations, selling `product` (1 unit).
+async fn two_instances_selling_one(product: i64) -> (TestApp, TestApp) {
+    let a = TestApp::spawn_with(Routes::default(), &[("SOLD_OUT_LEASE", LONG_LEASE)]).await;
+    let b = a.spawn_beside(&[("SOLD_OUT_LEASE", LONG_LEASE)]).await;
+    wait_for_listeners(&a, 2).await;
+    a.create_product(product, 1, None).await;
+    (a, b)
+}
+
 // Checks that a restock revokes the lease on every instance: two instances on the same
 // stores (a long lease), the product sold out and refused on both (each heard the lease,
 // Redis holds it), a restock of 2 through the first (its answer shows them available),
@@ -168,14 +170,10 @@ async fn sold_out_is_answered_here_while_the_lease_lasts() {
 // 200 — without revocation neither could before the lease's end. Prints the times.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_restock_is_bought_at_once_on_every_instance() {
-    let a = TestApp::spawn_with(Routes::default(), &[("SOLD_OUT_LEASE", LONG_LEASE)]).await;
-    let b = a.spawn_beside(&[("SOLD_OUT_LEASE", LONG_LEASE)]).await;
-    wait_for_listeners(&a, 2).await;
-    a.create_product(3730, 1, None).await;
+    let (a, b) = two_instances_selling_one(3730).await;
     a.bought("REQ_rs_first", 1, 3730, 1).await;
     for (app, rid) in [(&a, "REQ_rs_refused_a"), (&b, "REQ_rs_refused_b")] {
-        app.refused((rid, 2, 3730, 1), StatusCode::CONFLICT, "sold_out")
-            .await;
+        app.refused((rid, 2, 3730, 1), SOLD_OUT).await;
     }
     assert!(lease_in_redis(&a, 3730).await);
 
@@ -203,18 +201,10 @@ async fn a_restock_is_bought_at_once_on_every_instance() {
 // Prints the time. Redis's count and the ledger agree at the end (audit clean).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cancel_on_one_instance_is_bought_at_once_on_another() {
-    let a = TestApp::spawn_with(Routes::default(), &[("SOLD_OUT_LEASE", LONG_LEASE)]).await;
-    let b = a.spawn_beside(&[("SOLD_OUT_LEASE", LONG_LEASE)]).await;
-    wait_for_listeners(&a, 2).await;
-    a.create_product(3710, 1, None).await;
+    let (a, b) = two_instances_selling_one(3710).await;
     let body = a.bought("REQ_gb_a", 1, 3710, 1).await;
     let order = order_id(&body);
-    b.refused(
-        ("REQ_gb_refused", 2, 3710, 1),
-        StatusCode::CONFLICT,
-        "sold_out",
-    )
-    .await;
+    b.refused(("REQ_gb_refused", 2, 3710, 1), SOLD_OUT).await;
     assert!(lease_in_redis(&a, 3710).await);
     let (s, body) = a.cancel(order, 1).await;
     assert_eq!(s, StatusCode::OK, "{body}");
@@ -244,12 +234,7 @@ async fn a_rebuild_revokes_the_leases_of_the_lost_state() {
     let b = app.bought("REQ_rb_a", 1, 3720, 1).await;
     let order = order_id(&b);
     app.bought("REQ_rb_b", 2, 3720, 1).await;
-    app.refused(
-        ("REQ_rb_refused", 3, 3720, 1),
-        StatusCode::CONFLICT,
-        "sold_out",
-    )
-    .await;
+    app.refused(("REQ_rb_refused", 3, 3720, 1), SOLD_OUT).await;
     assert!(lease_in_redis(&app, 3720).await);
     app.delete_keys(3720, &["inv", "pending"], "del").await;
     let (s, b) = app.cancel(order, 1).await;
