@@ -63,6 +63,24 @@ async fn closed_by_peer(stream: &mut TcpStream) -> bool {
     )
 }
 
+/// A proxy in front of the shared Redis, and a connection through it that answered PING.
+async fn proxied_live() -> (TcpProxy, TcpStream) {
+    let proxy = TcpProxy::start(shared_redis()).await.unwrap();
+    let mut live = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert!(ping(&mut live).await.unwrap());
+    (proxy, live)
+}
+
+/// Connects to `url`, runs each of `statements` in order (each must succeed), and
+/// closes the connection.
+async fn run_all(url: &str, statements: &[&str]) {
+    let mut conn = MySqlConnection::connect(url).await.unwrap();
+    for sql in statements {
+        sqlx::query(sql).execute(&mut conn).await.unwrap();
+    }
+    conn.close().await.unwrap();
+}
+
 // Checks: the proxy forwards both ways to the shared Redis, for raw TCP and
 // for the real `redis` client. How: PING through the proxy, by hand and with
 // redis::Client, and expect PONG.
@@ -84,9 +102,7 @@ async fn proxy_forwards_to_shared_redis() {
 // FAST; restore, expect a new connection to get PONG.
 #[tokio::test]
 async fn proxy_cut_then_restore() {
-    let proxy = TcpProxy::start(shared_redis()).await.unwrap();
-    let mut live = TcpStream::connect(proxy.addr()).await.unwrap();
-    assert!(ping(&mut live).await.unwrap());
+    let (proxy, mut live) = proxied_live().await;
 
     proxy.cut();
     let started = Instant::now();
@@ -114,9 +130,7 @@ async fn proxy_cut_then_restore() {
 // restore the held connection is closed by the proxy and a new PING works.
 #[tokio::test]
 async fn proxy_blackhole_then_restore() {
-    let proxy = TcpProxy::start(shared_redis()).await.unwrap();
-    let mut live = TcpStream::connect(proxy.addr()).await.unwrap();
-    assert!(ping(&mut live).await.unwrap());
+    let (proxy, mut live) = proxied_live().await;
 
     proxy.blackhole();
     assert!(
@@ -166,16 +180,14 @@ async fn test_db_create_use_and_drop() {
     assert!(name.starts_with("fs_test_"));
     assert_eq!(db.url(), format!("{SHARED_MARIADB_URL}/{name}"));
 
-    let mut conn = MySqlConnection::connect(&db.url()).await.unwrap();
-    sqlx::query("CREATE TABLE t (id INT PRIMARY KEY)")
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    sqlx::query("INSERT INTO t VALUES (7)")
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    conn.close().await.unwrap();
+    run_all(
+        &db.url(),
+        &[
+            "CREATE TABLE t (id INT PRIMARY KEY)",
+            "INSERT INTO t VALUES (7)",
+        ],
+    )
+    .await;
 
     let proxy = TcpProxy::start("127.0.0.1:3306".parse().unwrap())
         .await
@@ -355,16 +367,14 @@ async fn private_mariadb_row_survives_kill9() {
     let addr = server.addr();
     assert_eq!(server.url(), format!("mysql://root@{addr}"));
     let db = TestDb::create(&server.url()).await.unwrap();
-    let mut conn = MySqlConnection::connect(&db.url()).await.unwrap();
-    sqlx::query("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(20)) ENGINE=InnoDB")
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    sqlx::query("INSERT INTO t VALUES (1, 'kept')")
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    drop(conn);
+    run_all(
+        &db.url(),
+        &[
+            "CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(20)) ENGINE=InnoDB",
+            "INSERT INTO t VALUES (1, 'kept')",
+        ],
+    )
+    .await;
 
     server.kill9().unwrap();
     assert!(MySqlConnection::connect(&db.url()).await.is_err());
