@@ -23,6 +23,23 @@ fn hs256(user: i64, lifetime_secs: i64) -> String {
 
 /// A purchase of one unit of `product` by whoever `auth` says, with `user` in the body
 /// when given.
+/// `POST /v1/orders/{order}/{action}` with `body`, as `auth`, which must answer 200 with
+/// the order now in `status`.
+async fn resolved(
+    app: &TestApp,
+    (order, action, body): (i64, &str, Option<Value>),
+    auth: &[(&str, &str)],
+    status: &str,
+) {
+    let path = format!("/v1/orders/{order}/{action}");
+    let (s, b, _) = app.send_with(Method::POST, &path, body, auth).await;
+    assert_eq!(
+        (s, b["status"].as_str()),
+        (StatusCode::OK, Some(status)),
+        "{b}"
+    );
+}
+
 /// [`buy`] of one unit of `product` with the `Authorization` header `auth` (the body
 /// naming no user).
 async fn buy_authorized(
@@ -163,19 +180,7 @@ async fn jwt_buyers_act_on_their_own_orders_only() {
     );
 
     confined(&app, order, "JWT_1", &as_alice, &as_bob).await;
-    let (s, b, _) = app
-        .send_with(
-            Method::POST,
-            &format!("/v1/orders/{order}/pay"),
-            None,
-            &as_alice,
-        )
-        .await;
-    assert_eq!(
-        (s, b["status"].as_str()),
-        (StatusCode::OK, Some("PAID")),
-        "{b}"
-    );
+    resolved(&app, (order, "pay", None), &as_alice, "PAID").await;
     let (s, b, _) = app
         .send_with(Method::GET, "/v1/purchases/JWT_1", None, &as_alice)
         .await;
@@ -311,19 +316,13 @@ async fn header_buyers_are_confined_and_limited() {
     );
     assert!(h.get("retry-after").is_some());
     confined(&app, order, "HDR_1", &owner, &intruder).await;
-    let (s, b, _) = app
-        .send_with(
-            Method::POST,
-            &format!("/v1/orders/{order}/cancel"),
-            Some(json!({})),
-            &owner,
-        )
-        .await;
-    assert_eq!(
-        (s, b["status"].as_str()),
-        (StatusCode::OK, Some("CANCELLED")),
-        "{b}"
-    );
+    resolved(
+        &app,
+        (order, "cancel", Some(json!({}))),
+        &owner,
+        "CANCELLED",
+    )
+    .await;
     // The owner's request_id is the owner's own: the other buyer's HDR_1 is theirs.
     let (s, b, _) = buy(&app, &intruder, "HDR_1", None, 9103).await;
     assert_eq!(

@@ -77,6 +77,17 @@ async fn unsent(app: &TestApp) -> i64 {
     .await
 }
 
+/// Fails unless exactly `consumed` events are applied (`why` says which copy must not
+/// have been), and the sales statistics of `product` match its orders.
+async fn applied_once(app: &TestApp, product: i64, consumed: i64, why: &str) {
+    assert_eq!(
+        app.count("SELECT COUNT(*) FROM consumed_event").await,
+        consumed,
+        "{why}"
+    );
+    assert_eq!(stats_mismatch(app, product).await, None);
+}
+
 /// The product's sales_stats row against what the ledger says happened; None when they
 /// agree, else both, for the failure message.
 pub(crate) async fn stats_mismatch(app: &TestApp, product_id: i64) -> Option<String> {
@@ -641,12 +652,13 @@ async fn duplicates_are_dropped_by_msg_id_and_applied_once() {
             consumer_done(last)
         })
         .await;
-        assert_eq!(
-            app.count("SELECT COUNT(*) FROM consumed_event").await,
+        applied_once(
+            &app,
+            product,
             consumed,
-            "a republished event was applied again"
-        );
-        assert_eq!(stats_mismatch(&app, product).await, None);
+            "a republished event was applied again",
+        )
+        .await;
         sizes.push(events.stream_messages().await.len());
     }
     assert_eq!(
@@ -690,12 +702,7 @@ async fn duplicates_are_dropped_by_msg_id_and_applied_once() {
         consumer_done(ack.sequence)
     })
     .await;
-    assert_eq!(
-        app.count("SELECT COUNT(*) FROM consumed_event").await,
-        consumed,
-        "the copy was not applied again"
-    );
-    assert_eq!(stats_mismatch(&app, product).await, None);
+    applied_once(&app, product, consumed, "the copy was not applied again").await;
     events.cleanup().await;
     app.cleanup().await;
 }
