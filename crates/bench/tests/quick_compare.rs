@@ -4,12 +4,9 @@
 
 mod common;
 
-use std::process::Command;
-
 use flashsale_bench::cli::SQL_LABEL;
 use flashsale_bench::compare::{CompareReport, CompareRow, SCHEMA};
 
-const BENCH: &str = env!("CARGO_BIN_EXE_flashsale-bench");
 /// A small sustained load per run, so two rounds of ten spawned debug servers (each
 /// started, loaded, left to go quiet, checked and cleaned up) stay within about a
 /// minute (half of one on a fast machine).
@@ -33,26 +30,11 @@ const FLASHSALE: usize = 8;
 // rounds' own ratios (the mean of two).
 #[test]
 fn quick_compare_against_spawned_servers() {
-    let server = common::server_bin();
     let json = common::scratch_path("compare.json");
-    let stdout = common::bench_stdout(
-        Command::new(BENCH)
-            .args([
-                "sustained",
-                "--quick",
-                "--no-html",
-                "--spawn",
-                "--compare",
-                "--rounds",
-                "2",
-                "--no-progress",
-            ])
-            .arg("--server-bin")
-            .arg(&server)
-            .args(["--attempts", ATTEMPTS, "--users", USERS, "--stock", STOCK])
-            .args(["--connections", "16"])
-            .arg("--json")
-            .arg(&json),
+    let stdout = common::quick_sustained(
+        &["--compare", "--rounds", "2"],
+        (ATTEMPTS, USERS, STOCK),
+        &json,
     );
     let tables = stdout.lines().filter(|l| l.starts_with("strategy")).count();
     assert_eq!(tables, 3, "the medians and two rounds:\n{stdout}");

@@ -4,12 +4,9 @@
 
 mod common;
 
-use std::process::Command;
-
 use flashsale_bench::nodes::NODE_NAMES;
 use flashsale_bench::report::BenchResult;
 
-const BENCH: &str = env!("CARGO_BIN_EXE_flashsale-bench");
 /// A small sustained load: the cluster's start (about 2 s with the template), the debug
 /// server's migrations through three nodes, the load, the quiet wait and the audit stay
 /// well under a minute.
@@ -27,23 +24,7 @@ const STOCK: &str = "1000";
 #[test]
 fn quick_sustained_on_a_galera_cluster() {
     let json = common::scratch_path("galera.json");
-    let stdout = common::bench_stdout(
-        Command::new(BENCH)
-            .args([
-                "sustained",
-                "--quick",
-                "--no-html",
-                "--spawn",
-                "--galera",
-                "--no-progress",
-            ])
-            .arg("--server-bin")
-            .arg(common::server_bin())
-            .args(["--attempts", ATTEMPTS, "--users", USERS, "--stock", STOCK])
-            .args(["--connections", "16"])
-            .arg("--json")
-            .arg(&json),
-    );
+    let stdout = common::quick_sustained(&["--galera"], (ATTEMPTS, USERS, STOCK), &json);
     assert!(stdout.contains("RESULT: PASS"), "{stdout}");
     assert!(stdout.contains("galera: "), "{stdout}");
     let text = std::fs::read_to_string(&json).expect("JSON result written");
@@ -53,14 +34,9 @@ fn quick_sustained_on_a_galera_cluster() {
     assert_eq!(r.config.database.as_deref(), Some("galera"));
     assert_eq!(r.checks.audit.status, "passed", "{}", r.checks.audit.output);
     assert!(r.orders.created > 0, "{stdout}");
-    assert!(
-        r.checks
-            .client_passed
-            .iter()
-            .any(|l| l.contains("acknowledged orders present under their request_id")),
-        "{:?}",
-        r.checks
-    );
+    common::assert_client_passed(&r, |l| {
+        l.contains("acknowledged orders present under their request_id")
+    });
     let galera = r.galera.as_ref().expect("the cluster's figures");
     assert!(galera.writesets.unwrap_or(0) > 0, "{galera:?}");
     assert!(

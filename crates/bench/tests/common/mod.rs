@@ -53,6 +53,41 @@ pub fn bench_stdout(command: &mut std::process::Command) -> String {
     stdout
 }
 
+/// Runs `flashsale-bench sustained --quick --no-html --spawn`, then the `mode` flags,
+/// against the spawned [`server_bin`], with `--attempts`, `--users` and `--stock` from
+/// `sizes`, 16 connections and the JSON result written to `json`; returns its stdout
+/// (see [`bench_stdout`]).
+#[allow(dead_code)]
+pub fn quick_sustained(
+    mode: &[&str],
+    (attempts, users, stock): (&str, &str, &str),
+    json: &std::path::Path,
+) -> String {
+    bench_stdout(
+        std::process::Command::new(env!("CARGO_BIN_EXE_flashsale-bench"))
+            .args(["sustained", "--quick", "--no-html", "--spawn"])
+            .args(mode)
+            .arg("--no-progress")
+            .arg("--server-bin")
+            .arg(server_bin())
+            .args(["--attempts", attempts, "--users", users, "--stock", stock])
+            .args(["--connections", "16"])
+            .arg("--json")
+            .arg(json),
+    )
+}
+
+/// Whether one of the client-side checks that passed in `r` satisfies `line`; fails the
+/// test, with every check, when none does.
+#[allow(dead_code)]
+pub fn assert_client_passed(r: &BenchResult, line: impl Fn(&str) -> bool) {
+    assert!(
+        r.checks.client_passed.iter().any(|l| line(l)),
+        "{:?}",
+        r.checks
+    );
+}
+
 /// The bench's arguments, after the program name, parsed as the command line would be.
 #[allow(dead_code)]
 pub fn args(list: &[&str]) -> flashsale_bench::cli::Args {
