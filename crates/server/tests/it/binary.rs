@@ -94,6 +94,14 @@ fn bad_config_stops_startup_naming_the_variable() {
     }
 }
 
+/// `GET url`'s answer, whatever its status.
+async fn get(http: &reqwest::Client, url: String) -> reqwest::Response {
+    http.get(&url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+}
+
 // Checks the logs of a command whose stderr is not a terminal (here a pipe, as with a
 // redirect to a file): they are on stderr, in plain text with no colour escape codes,
 // and stdout stays clear of them.
@@ -242,11 +250,7 @@ async fn serve_creates_database_logs_json_and_drains_on_sigterm() {
 
     create_product_1(&http, &base, &token, 5).await;
 
-    let scraped = http
-        .get(format!("http://127.0.0.1:{metrics_port}/metrics"))
-        .send()
-        .await
-        .expect("scrape the metrics listener");
+    let scraped = get(&http, format!("http://127.0.0.1:{metrics_port}/metrics")).await;
     assert_eq!(scraped.status(), 200);
     let text = scraped.text().await.expect("metrics text");
     assert!(
@@ -259,11 +263,7 @@ async fn serve_creates_database_logs_json_and_drains_on_sigterm() {
         text.contains(r#"flashsale_store_up{store="mariadb"} 1"#),
         "{text}"
     );
-    let on_api = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .expect("GET /metrics on the API");
+    let on_api = get(&http, format!("{base}/metrics")).await;
     assert_eq!(on_api.status(), 404);
 
     // A purchase in flight when SIGTERM arrives: Redis hangs, so it waits for its timeout.

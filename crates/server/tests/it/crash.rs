@@ -134,6 +134,33 @@ async fn purchase_then_kill(service: Service, request_id: &str) {
     );
 }
 
+/// Fresh stores ([`fresh_stores`]) and a service selling on them, with `settings` and the
+/// failpoint `failpoint` sleeping a minute, killed by [`purchase_then_kill`] while the
+/// purchase `request_id` waits there. Returns the stores.
+async fn killed_mid_purchase(
+    failpoint: &str,
+    settings: &[(&str, &str)],
+    request_id: &str,
+) -> (TestDb, String) {
+    let (db, prefix) = fresh_stores().await;
+    let sleeping = format!("{failpoint}=sleep(60000)");
+    let mut with_fp = settings.to_vec();
+    with_fp.push(("FAILPOINTS", &sleeping));
+    let first = Service::start_selling(&db, &prefix, &with_fp).await;
+    purchase_then_kill(first, request_id).await;
+    (db, prefix)
+}
+
+/// `HGET key field` on the shared Redis.
+async fn hget<T: redis::FromRedisValue>(key: String, field: &str) -> T {
+    redis::cmd("HGET")
+        .arg(key)
+        .arg(field)
+        .query_async(&mut redis_conn(REDIS_URL).await)
+        .await
+        .expect("HGET")
+}
+
 /// Waits (bounded) until the running service's relay has delivered every outbox event,
 /// so the audit's I7 check sees a quiet system. A relay killed in the middle of a round
 /// holds the outbox's lease until it ends: the bound is one lease and some.
@@ -194,20 +221,11 @@ async fn audit_passes(db: &TestDb, prefix: &str) {
 // passes (run as `flashsale audit`, the operator's command).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_between_reserve_and_commit_then_retried() {
-    let (db, prefix) = fresh_stores().await;
-    let fp = [("FAILPOINTS", "purchase-after-reserve=sleep(60000)")];
-    let first = Service::start_selling(&db, &prefix, &fp).await;
-    purchase_then_kill(first, "REQ_k1").await;
+    let (db, prefix) = killed_mid_purchase("purchase-after-reserve", &[], "REQ_k1").await;
 
     let pool = sqlx::MySqlPool::connect(&db.url()).await.expect("pool");
     assert_eq!(count(&pool, "SELECT COUNT(*) FROM orders").await, 0);
-    let mut redis = redis_conn(REDIS_URL).await;
-    let state: Option<String> = redis::cmd("HGET")
-        .arg(format!("{prefix}{{p:1}}:r:REQ_k1"))
-        .arg("s")
-        .query_async(&mut redis)
-        .await
-        .expect("HGET");
+    let state: Option<String> = hget(format!("{prefix}{{p:1}}:r:REQ_k1"), "s").await;
     assert_eq!(state.as_deref(), Some("h"), "the hold is traceable");
 
     let second = Service::start(&db, &prefix, &[]).await;
@@ -224,16 +242,12 @@ async fn killed_between_reserve_and_commit_then_retried() {
 // late retry gets request_released, the stock is whole again, and the audit passes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_between_reserve_and_commit_then_recovered() {
-    let (db, prefix) = fresh_stores().await;
     let fast = [
         ("FLASHSALE_REQUEST_TIMEOUT", "1s"),
         ("FLASHSALE_RECOVERY_AFTER", "2s"),
         ("FLASHSALE_RECOVERY_INTERVAL", "200ms"),
     ];
-    let mut with_fp = fast.to_vec();
-    with_fp.push(("FAILPOINTS", "purchase-after-reserve=sleep(60000)"));
-    let first = Service::start_selling(&db, &prefix, &with_fp).await;
-    purchase_then_kill(first, "REQ_k2").await;
+    let (db, prefix) = killed_mid_purchase("purchase-after-reserve", &fast, "REQ_k2").await;
 
     let second = Service::start(&db, &prefix, &fast).await;
     let pool = sqlx::MySqlPool::connect(&db.url()).await.expect("pool");
@@ -266,10 +280,7 @@ async fn killed_between_reserve_and_commit_then_recovered() {
 // no second order exists.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_after_commit_before_reply() {
-    let (db, prefix) = fresh_stores().await;
-    let fp = [("FAILPOINTS", "purchase-after-commit=sleep(60000)")];
-    let first = Service::start_selling(&db, &prefix, &fp).await;
-    purchase_then_kill(first, "REQ_k3").await;
+    let (db, prefix) = killed_mid_purchase("purchase-after-commit", &[], "REQ_k3").await;
     let pool = sqlx::MySqlPool::connect(&db.url()).await.expect("pool");
     let committed: i64 = count(&pool, "SELECT id FROM orders WHERE request_id = 'REQ_k3'").await;
 
@@ -373,13 +384,7 @@ async fn killed_between_leaving_ledger_mode_and_the_rebuild() {
         "SELECT generation FROM product_inventory WHERE product_id = 2",
     )
     .await;
-    let mut redis = redis_conn(REDIS_URL).await;
-    let gate_gen: Option<i64> = redis::cmd("HGET")
-        .arg(format!("{prefix}{{p:2}}:inv"))
-        .arg("gen")
-        .query_async(&mut redis)
-        .await
-        .expect("HGET");
+    let gate_gen: Option<i64> = hget(format!("{prefix}{{p:2}}:inv"), "gen").await;
     assert!(
         gate_gen < Some(ledger_gen),
         "Redis not rebuilt yet: {gate_gen:?} < {ledger_gen}"

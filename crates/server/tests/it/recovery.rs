@@ -223,16 +223,17 @@ async fn abandoned_hold_is_fenced_and_released() {
     app.cleanup().await;
 }
 
-/// Once Redis is back: recovery passes (up to 30, 100 ms apart; one may fail while the
-/// connection returns) until one completes the step that missed Redis, as `completed`
-/// counts it in the pass's report. It is completed exactly once, leaving `available` units
-/// in Redis, and a further pass changes nothing.
-async fn completed_once(
-    app: &TestApp,
+/// Brings Redis back (`proxy` restored), then: recovery passes (up to 30, 100 ms apart;
+/// one may fail while the connection returns) until one completes the step that missed
+/// Redis, as `completed` counts it in the pass's report. It is completed exactly once,
+/// leaving `available` units in Redis, and a further pass changes nothing.
+async fn restored_then_completed_once(
+    (proxy, app): (&flashsale_testkit::TcpProxy, &TestApp),
     product: i64,
     available: i64,
     completed: fn(&flashsale_app::RecoveryReport) -> usize,
 ) {
+    proxy.restore();
     let mut done = 0;
     for _ in 0..30 {
         if let Ok(report) = app.maintenance.recover_once().await {
@@ -275,8 +276,7 @@ async fn stock_return_that_missed_redis_is_completed() {
         assert_eq!(report.returns_completed, 0, "{report:?}");
     }
     assert_eq!(app.redis_available(2400).await, Some(2));
-    proxy.restore();
-    completed_once(&app, 2400, 3, |r| r.returns_completed).await;
+    restored_then_completed_once((&proxy, &app), 2400, 3, |r| r.returns_completed).await;
     invariants::assert_ok(&app, 2400).await;
     app.cleanup().await;
 }
@@ -367,13 +367,7 @@ async fn two_recovery_workers_return_stock_once() {
     assert_eq!(app.redis_available(2600).await, Some(0));
     tokio::time::sleep(Duration::from_millis(2100)).await;
     // The second instance shares the first's stores: same database, same prefix.
-    let second = flashsale_app::Maintenance::new(
-        std::sync::Arc::new(gate(&app)),
-        std::sync::Arc::new(gate(&app)),
-        ledger(&app).await,
-        ledger(&app).await,
-        settings(7, 2),
-    );
+    let second = maintenance_beside(&app, settings(7, 2)).await;
     let (a, b) = tokio::join!(
         async {
             let mut n = 0;
@@ -425,13 +419,7 @@ async fn workers_walk_every_loaded_product_page_by_page() {
     }
     abandoned_hold(&app, "REQ_walk_first", 1, 2700).await;
     abandoned_hold(&app, "REQ_walk_last", 2, 2704).await;
-    let m = flashsale_app::Maintenance::new(
-        std::sync::Arc::new(gate(&app)),
-        std::sync::Arc::new(gate(&app)),
-        ledger(&app).await,
-        ledger(&app).await,
-        settings(100, 2),
-    );
+    let m = maintenance_beside(&app, settings(100, 2)).await;
     let all: Vec<i64> = m
         .products()
         .await
@@ -492,6 +480,21 @@ async fn workers_walk_every_loaded_product_page_by_page() {
         invariants::assert_sound(&app, id).await;
     }
     app.cleanup().await;
+}
+
+/// The maintenance of another instance on `app`'s stores (its own gate adapters and
+/// ledger connections), with `settings`.
+async fn maintenance_beside(
+    app: &TestApp,
+    settings: flashsale_app::MaintenanceSettings,
+) -> flashsale_app::Maintenance {
+    flashsale_app::Maintenance::new(
+        std::sync::Arc::new(gate(app)),
+        std::sync::Arc::new(gate(app)),
+        ledger(app).await,
+        ledger(app).await,
+        settings,
+    )
 }
 
 fn settings(batch_size: usize, products_page: usize) -> flashsale_app::MaintenanceSettings {
@@ -602,8 +605,7 @@ async fn restock_that_missed_redis_is_completed() {
         1,
         "recorded in MariaDB, not yet in Redis"
     );
-    proxy.restore();
-    completed_once(&app, 2800, 12, |r| r.restocks_completed).await;
+    restored_then_completed_once((&proxy, &app), 2800, 12, |r| r.restocks_completed).await;
     invariants::assert_sound(&app, 2800).await;
     app.cleanup().await;
 }
@@ -638,12 +640,7 @@ async fn refusals_stop_vouching_when_records_may_have_expired() {
             .key(app.key(2800, "pending"))
             .key(app.key(2800, &format!("r:{rid}")))
             .arg(ttl)
-            .arg(0)
-            .arg(0)
-            .arg(0)
-            .arg(1)
-            .arg(7)
-            .arg(0)
+            .arg(&[0, 0, 0, 1, 7, 0])
             .arg(rid);
         invocation
     };
@@ -686,12 +683,7 @@ async fn committed_holds_leave_the_pending_index_early() {
         .key(&pending)
         .key(app.key(2900, "r:ORPHAN"))
         .arg(3_600_000)
-        .arg(0)
-        .arg(0)
-        .arg(0)
-        .arg(1)
-        .arg(7)
-        .arg(0)
+        .arg(&[0, 0, 0, 1, 7, 0])
         .arg("ORPHAN")
         .invoke_async(&mut conn)
         .await
