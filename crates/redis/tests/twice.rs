@@ -104,6 +104,13 @@ impl World {
     }
 }
 
+/// A `consistent` check for [`twice`]: both answers match the pattern.
+macro_rules! both {
+    ($pattern:pat) => {
+        |a, b| matches!(a, $pattern) && matches!(b, $pattern)
+    };
+}
+
 /// Runs `call` twice: the keys after the second run are the keys after the first, and
 /// `consistent` accepts the two answers.
 async fn twice<T, F, Fut>(w: &mut World, call: F, consistent: impl Fn(&T, &T) -> bool)
@@ -153,15 +160,7 @@ async fn load_and_reserve_twice_change_nothing() {
     twice(
         &mut w,
         || g.reserve(&over, Some(1)),
-        |a, b| {
-            matches!(
-                (a, b),
-                (
-                    Ok(Reserve::LimitExceeded { .. }),
-                    Ok(Reserve::LimitExceeded { .. })
-                )
-            )
-        },
+        both!(Ok(Reserve::LimitExceeded { .. })),
     )
     .await;
     g.reserve(&purchase("TW_B", 2), None)
@@ -171,12 +170,7 @@ async fn load_and_reserve_twice_change_nothing() {
     twice(
         &mut w,
         || g.reserve(&late, None),
-        |a, b| {
-            matches!(
-                (a, b),
-                (Ok(Reserve::SoldOut { .. }), Ok(Reserve::SoldOut { .. }))
-            )
-        },
+        both!(Ok(Reserve::SoldOut { .. })),
     )
     .await;
     w.cleanup().await;
@@ -367,15 +361,7 @@ async fn reserve_with_the_shared_rate_twice_changes_nothing() {
     twice(
         &mut w,
         || g.reserve(&b, None),
-        |x, y| {
-            matches!(
-                (x, y),
-                (
-                    Ok(Reserve::RateLimited { .. }),
-                    Ok(Reserve::RateLimited { .. })
-                )
-            )
-        },
+        both!(Ok(Reserve::RateLimited { .. })),
     )
     .await;
     w.cleanup().await;
