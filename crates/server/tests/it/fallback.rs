@@ -96,6 +96,13 @@ pub(crate) struct Answer {
     pub retries: u32,
 }
 
+impl Answer {
+    /// The buyer's number, which its request_id ends with (`…_<i>`).
+    fn buyer(&self) -> Option<i64> {
+        self.request_id.rsplit('_').next()?.parse().ok()
+    }
+}
+
 /// Buyers `from..to` each buy one unit of `product`, retrying every 503 with the same
 /// request_id (spread over `spread`, the `i`-th buyer on `apps[i % apps.len()]`).
 pub(crate) async fn buyers(
@@ -213,18 +220,28 @@ async fn modes_seen(app: &TestApp, product: i64, watched: Duration) -> Vec<Strin
 
 /// The end of every test: the buyers' answers are orders or `sold_out`, exactly the
 /// stock sold ([`assert_sold_exactly`]), and once the workers stopped, the invariant
-/// checks and the audit pass.
+/// checks and the audit pass; then the app is cleaned up.
 async fn sold_exactly_and_audited(
-    app: &TestApp,
+    app: TestApp,
     workers: Workers,
     product: i64,
     stock: i64,
     answers: &[Answer],
 ) {
     let orders = acknowledged(answers);
-    assert_sold_exactly(app, product, stock, &orders).await;
+    assert_sold_exactly(&app, product, stock, &orders).await;
     workers.stop().await;
-    invariants::assert_sound(app, product).await;
+    invariants::assert_sound(&app, product).await;
+    app.cleanup().await;
+}
+
+/// A private redis-server, a service on it with [`settings`], and the service's workers
+/// running ([`start_workers`]).
+async fn on_a_private_redis() -> (PrivateRedis, TestApp, Workers) {
+    let redis = PrivateRedis::start().await.expect("private redis");
+    let app = TestApp::spawn_on_redis(redis.url(), &settings()).await;
+    let workers = start_workers(&app);
+    (redis, app, workers)
 }
 
 /// A counter of `/metrics`, 0 when absent.
@@ -245,9 +262,7 @@ pub(crate) async fn metric(app: &TestApp, series: &str) -> f64 {
 async fn redis_killed_mid_sale_sells_from_the_ledger_and_comes_back() {
     const PRODUCT: i64 = 5101;
     const STOCK: i64 = 120;
-    let mut redis = PrivateRedis::start().await.expect("private redis");
-    let mut app = TestApp::spawn_on_redis(redis.url(), &settings()).await;
-    let workers = start_workers(&app);
+    let (mut redis, mut app, workers) = on_a_private_redis().await;
     app.create_product(PRODUCT, STOCK, None).await;
     let before = buyers(&[&app], PRODUCT, 0, 40, Duration::from_millis(300)).await;
     assert!(before.iter().all(|a| a.status == StatusCode::CREATED));
@@ -301,12 +316,7 @@ async fn redis_killed_mid_sale_sells_from_the_ledger_and_comes_back() {
         1.0
     );
     for a in during.iter().take(5) {
-        let i: i64 = a
-            .request_id
-            .rsplit('_')
-            .next()
-            .and_then(|i| i.parse().ok())
-            .expect("i");
+        let i = a.buyer().expect("i");
         let (status, body) = app.purchase(&a.request_id, i + 10_000, PRODUCT, 1).await;
         assert_eq!(
             code(&body),
@@ -324,12 +334,7 @@ async fn redis_killed_mid_sale_sells_from_the_ledger_and_comes_back() {
     // An order taken in ledger mode, cancelled through the gate (twice: once takes
     // effect): its unit goes back to the rebuilt Redis, once.
     let cancelled = &during[0];
-    let i: i64 = cancelled
-        .request_id
-        .rsplit('_')
-        .next()
-        .and_then(|i| i.parse().ok())
-        .expect("i");
+    let i = cancelled.buyer().expect("i");
     for _ in 0..2 {
         let (status, body) = app.cancel(order_id(&cancelled.body), i + 1).await;
         assert_eq!(status, StatusCode::OK, "{body}");
@@ -339,8 +344,7 @@ async fn redis_killed_mid_sale_sells_from_the_ledger_and_comes_back() {
     let mut all = before;
     all.extend(during);
     all.extend(after);
-    sold_exactly_and_audited(&app, workers, PRODUCT, STOCK, &all).await;
-    app.cleanup().await;
+    sold_exactly_and_audited(app, workers, PRODUCT, STOCK, &all).await;
 }
 
 // Checks a Redis that answers one second and not the next, for 20 seconds, through a
@@ -384,8 +388,7 @@ async fn redis_flapping_for_20_seconds_does_not_thrash_the_mode() {
         metric(&app, r#"flashsale_mode_switches_total{to="gate"}"#).await,
         1.0
     );
-    sold_exactly_and_audited(&app, workers, PRODUCT, STOCK, &answers).await;
-    app.cleanup().await;
+    sold_exactly_and_audited(app, workers, PRODUCT, STOCK, &answers).await;
 }
 
 // Checks two instances of which only one can reach Redis (the other's goes through a
@@ -419,13 +422,7 @@ async fn two_instances_with_a_split_view_of_redis_never_oversell() {
     let from_a = answers
         .iter()
         .filter(|x| x.status == StatusCode::CREATED)
-        .filter(|x| {
-            x.request_id
-                .rsplit('_')
-                .next()
-                .and_then(|i| i.parse::<i64>().ok())
-                .is_some_and(|i| i % 2 == 0)
-        })
+        .filter(|x| x.buyer().is_some_and(|i| i % 2 == 0))
         .count();
     assert!(from_a > 0, "the instance that reaches Redis sold too");
     assert_eq!(
@@ -455,9 +452,7 @@ async fn two_instances_with_a_split_view_of_redis_never_oversell() {
 async fn a_product_never_loaded_into_redis_sells_from_the_ledger() {
     const PRODUCT: i64 = 5104;
     const STOCK: i64 = 20;
-    let mut redis = PrivateRedis::start().await.expect("private redis");
-    let mut app = TestApp::spawn_on_redis(redis.url(), &settings()).await;
-    let workers = start_workers(&app);
+    let (mut redis, mut app, workers) = on_a_private_redis().await;
     redis.kill9().expect("kill redis");
     let body =
         serde_json::json!({"product_id": PRODUCT, "name": "born in an outage", "stock": STOCK});
@@ -492,8 +487,7 @@ async fn a_product_never_loaded_into_redis_sells_from_the_ledger() {
             app.redis_dump().await
         );
     }
-    sold_exactly_and_audited(&app, workers, PRODUCT, STOCK, &answers).await;
-    app.cleanup().await;
+    sold_exactly_and_audited(app, workers, PRODUCT, STOCK, &answers).await;
 }
 
 // Checks a product an operator's tooling (or another instance) put in ledger mode while
