@@ -105,6 +105,7 @@ pub struct App {
     pub router: Router,
     pub service: Arc<Flashsale>,
     pub maintenance: Arc<Maintenance>,
+    /// A token the admin endpoints take (`admin`'s, else the first named one).
     pub admin_token: String,
     /// What `GET /metrics` shows; the workers and event loops count into it too.
     pub metrics: Arc<Metrics>,
@@ -232,7 +233,9 @@ pub async fn build(config: &Config) -> Result<App, String> {
     if config.strategy == Strategy::Flashsale {
         listen_for_revocations(config, &service, &gate_watch).await?;
     }
-    let admin_token = admin_token(config);
+    let admins = admin_tokens(config);
+    // A token the admin endpoints take, for the callers in this process (tests, the demo).
+    let admin_token = admins[0].1.clone();
     if let Some(warning) = config.buyer_auth.startup_warning() {
         warn!("{warning}");
     }
@@ -247,7 +250,7 @@ pub async fn build(config: &Config) -> Result<App, String> {
     let router = flashsale_api::router(
         service.clone(),
         ApiConfig {
-            admin_tokens: AdminTokens::new(vec![(AdminName::default(), admin_token.clone())]),
+            admin_tokens: AdminTokens::new(admins),
             in_flight_max: config.in_flight_max,
             request_timeout: config.request_timeout,
             baseline,
@@ -376,7 +379,22 @@ async fn listen_for_revocations(
     .map_err(|e| format!("invalid redis url: {e}"))
 }
 
-/// The admin token: the configured one, or one generated for this run (and logged).
+/// The admin tokens: `admin`'s and the named ones as configured; with none at all, one
+/// named `admin` generated for this run (and logged).
+fn admin_tokens(config: &Config) -> Vec<(AdminName, String)> {
+    let mut tokens = config.admin_tokens.clone();
+    if let Some(token) = &config.admin_token {
+        tokens.insert(0, (AdminName::default(), token.clone()));
+    }
+    if tokens.is_empty() {
+        tokens.push((AdminName::default(), admin_token(config)));
+    }
+    info!(admins = ?tokens.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>(),
+        "admin tokens");
+    tokens
+}
+
+/// `admin`'s token: the configured one, or one generated for this run (and logged).
 fn admin_token(config: &Config) -> String {
     match &config.admin_token {
         Some(token) => token.clone(),

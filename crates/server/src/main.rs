@@ -50,7 +50,7 @@ Settings: FLASHSALE_* environment variables, over a --config TOML file (keys in 
 without the prefix). The main ones, with their defaults:
   FLASHSALE_LISTEN              HTTP address (127.0.0.1:8080)
   FLASHSALE_ADMIN_TOKEN         bearer token of the admin endpoints (unset: one is generated
-                                and logged)
+                                and logged); FLASHSALE_ADMIN_TOKENS=name:token,… names more
   FLASHSALE_DATABASE_URL        MariaDB (mysql://root@127.0.0.1:3306/flashsale)
   FLASHSALE_REDIS_URL           Redis (redis://127.0.0.1:6379)
   FLASHSALE_NATS_URL            NATS JetStream (nats://127.0.0.1:4222)

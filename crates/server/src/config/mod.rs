@@ -36,8 +36,12 @@ pub struct Config {
     /// with the user, password and database of the URL); None: the URL's node alone.
     pub database_cluster: Option<flashsale_mysql::ClusterConfig>,
     pub redis_prefix: String,
-    /// None: serve generates one and logs it once.
+    /// The token named `admin` (`FLASHSALE_ADMIN_TOKEN`). None, with no `admin_tokens`:
+    /// serve generates one and logs it once.
     pub admin_token: Option<String>,
+    /// Named admin tokens (`FLASHSALE_ADMIN_TOKENS`), checked distinct from each other
+    /// and from `admin_token`.
+    pub admin_tokens: Vec<(flashsale_core::AdminName, String)>,
     pub payment_timeout: Duration,
     pub max_quantity_per_order: u32,
     pub redis_record_ttl: Duration,
@@ -124,6 +128,13 @@ impl Config {
     }
 
     /// Parses a config file's text (if any) and environment variables.
+    /// A token the admin endpoints take: `admin`'s, else the first named one.
+    pub fn any_admin_token(&self) -> Option<String> {
+        self.admin_token
+            .clone()
+            .or_else(|| self.admin_tokens.first().map(|(_, token)| token.clone()))
+    }
+
     pub fn from_parts(
         file: Option<&str>,
         env: &HashMap<String, String>,
@@ -153,6 +164,7 @@ impl Config {
                 }),
             redis_prefix: s.redis_prefix.0,
             admin_token: s.admin_token.map(|t| t.0),
+            admin_tokens: s.admin_tokens.map(|t| t.0).unwrap_or_default(),
             payment_timeout: s.payment_timeout.0,
             max_quantity_per_order: s.max_quantity_per_order.0 as u32,
             redis_record_ttl: s.redis_record_ttl.0,

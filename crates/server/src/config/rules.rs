@@ -95,6 +95,7 @@ const PUBLIC_KEY_FILE_BYTES_MAX: u64 = 64 * 1024;
 pub(super) fn check(s: &Settings, o: &Origin) -> Result<(), ConfigError> {
     periods(s, o)?;
     listeners(s, o)?;
+    admins(s, o)?;
     if s.redis_record_ttl.0 <= s.payment_timeout.0 {
         return Err(record_outlives_payment(o));
     }
@@ -114,6 +115,25 @@ pub(super) fn check(s: &Settings, o: &Origin) -> Result<(), ConfigError> {
         return Err(refuse(o, "fallback_recover_after", message));
     }
     proxy(s, o)
+}
+
+/// The one admin token beside the named ones: named `admin`, so no named token may take
+/// that name, and no named token may be it (it would log the wrong admin). The messages
+/// quote no token.
+fn admins(s: &Settings, o: &Origin) -> Result<(), ConfigError> {
+    let (Some(single), Some(named)) = (&s.admin_token, &s.admin_tokens) else {
+        return Ok(());
+    };
+    let admin = flashsale_core::AdminName::default();
+    if named.0.iter().any(|(name, _)| *name == admin) {
+        let message = format_args!("names `{admin}`, the name of FLASHSALE_ADMIN_TOKEN's token");
+        return Err(o.refuse("admin_tokens", message));
+    }
+    if named.0.iter().any(|(_, token)| *token == single.0) {
+        let message = "holds FLASHSALE_ADMIN_TOKEN's token under another name";
+        return Err(o.refuse("admin_tokens", message));
+    }
+    Ok(())
 }
 
 /// The refusal of `key`: its name, the value given, and `message`.

@@ -4,8 +4,8 @@
 use serde::Deserialize;
 
 use super::values::{
-    Addr, AdminToken, Claim, Count, DatabaseNodes, DatabaseUrl, Header, NatsUrls, OrOff, Period,
-    RedisNodes, RedisPrefix, RedisUrl, Strat, StreamName, SubjectPrefix,
+    Addr, AdminToken, AdminTokenList, Claim, Count, DatabaseNodes, DatabaseUrl, Header, NatsUrls,
+    OrOff, Period, RedisNodes, RedisPrefix, RedisUrl, Strat, StreamName, SubjectPrefix,
 };
 
 /// Every key a config file may hold; each is also read from the environment variable
@@ -26,8 +26,10 @@ pub(super) struct Settings {
     pub database_nodes: Option<DatabaseNodes>,
     pub database_failback_after: Period,
     pub redis_prefix: RedisPrefix,
-    /// Unset: `serve` generates one and logs it once.
+    /// Unset, and no `admin_tokens`: `serve` generates one and logs it once.
     pub admin_token: Option<AdminToken>,
+    /// Named admin tokens, beside `admin_token` (whose name is `admin`).
+    pub admin_tokens: Option<AdminTokenList>,
     pub payment_timeout: Period,
     pub max_quantity_per_order: Count<1, MAX_QUANTITY_PER_ORDER_LIMIT>,
     pub redis_record_ttl: Period,

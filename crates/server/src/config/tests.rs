@@ -318,6 +318,59 @@ fn buyer_auth_settings() {
     );
 }
 
+// Checks FLASHSALE_ADMIN_TOKENS: name:token pairs read in order beside
+// FLASHSALE_ADMIN_TOKEN; a pair without a colon, a bad name, a short token, a name or a
+// token given twice, the name `admin` or the single token's value under another name,
+// and more than 32 pairs are refused naming the variable, and no message quotes a token.
+#[test]
+fn named_admin_tokens() {
+    let c = Config::from_parts(
+        None,
+        &env(&[
+            (
+                "FLASHSALE_ADMIN_TOKENS",
+                "alice:alice-s3cret, bob:bob-s3cret",
+            ),
+            ("FLASHSALE_ADMIN_TOKEN", "the-admins-token"),
+        ]),
+    )
+    .expect("valid");
+    let names: Vec<&str> = c.admin_tokens.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["alice", "bob"]);
+    assert_eq!(c.admin_tokens[1].1, "bob-s3cret");
+    assert_eq!(c.any_admin_token().as_deref(), Some("the-admins-token"));
+    let only = Config::from_parts(None, &env(&[("FLASHSALE_ADMIN_TOKENS", "ops:0ps-s3cret")]));
+    assert_eq!(
+        only.expect("valid").any_admin_token().as_deref(),
+        Some("0ps-s3cret")
+    );
+    let many = (0..33)
+        .map(|i| format!("a{i}:token-{i:04}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    for (tokens, single) in [
+        ("alice-s3cret", None),
+        ("al ice:alice-s3cret", None),
+        ("alice:short", None),
+        ("alice:alice-s3cret,alice:other-s3cret", None),
+        ("alice:alice-s3cret,bob:alice-s3cret", None),
+        ("admin:alice-s3cret", Some("the-admins-token")),
+        ("alice:the-admins-token", Some("the-admins-token")),
+        (many.as_str(), None),
+    ] {
+        let mut pairs = vec![("FLASHSALE_ADMIN_TOKENS", tokens)];
+        pairs.extend(single.map(|t| ("FLASHSALE_ADMIN_TOKEN", t)));
+        let err = Config::from_parts(None, &env(&pairs)).unwrap_err();
+        assert!(
+            err.0.starts_with("FLASHSALE_ADMIN_TOKENS"),
+            "{tokens}: {err}"
+        );
+        for secret in ["alice-s3cret", "the-admins-token", "other-s3cret"] {
+            assert!(!err.0.contains(secret), "{tokens}: a token quoted: {err}");
+        }
+    }
+}
+
 // Checks the fallback settings: 3 s and 30 s by default, `off` turns the switch to
 // ledger mode off (the way back stays), and values out of bounds, unparsable, or a
 // way back quicker than the way in stop startup naming the variable.

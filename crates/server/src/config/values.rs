@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use axum::http::HeaderName;
 use flashsale_app::baseline::Strategy;
+use flashsale_core::AdminName;
 use serde::de::{self, Deserialize, Deserializer, Visitor};
 
 /// A setting's text: a variable's, a string in the file, or a whole number in the file
@@ -125,11 +126,10 @@ read_by! {
     /// `FLASHSALE_ADMIN_TOKEN`. Only visible ASCII can be sent in an Authorization header
     /// as it is: a token with whitespace or other characters could never be presented.
     /// The message does not quote it: it is a secret.
-    AdminToken(String) = |text| {
-        let bad = text.len() < ADMIN_TOKEN_LEN_MIN || !text.bytes().all(|b| b.is_ascii_graphic());
-        let allowed = "characters, visible ASCII only (no whitespace)";
-        given(text, bad, format!("must be at least {ADMIN_TOKEN_LEN_MIN} {allowed}"))
-    };
+    AdminToken(String) = admin_token;
+    /// `FLASHSALE_ADMIN_TOKENS`: `name:token` pairs, comma-separated, each admin named in
+    /// the operator's log by its token's name. Tokens are secrets: never quoted.
+    AdminTokenList(Vec<(AdminName, String)>) = admin_tokens;
     /// `FLASHSALE_BUYER_JWT_ISSUER` and `…_AUDIENCE`: compared with the token's claim as
     /// they are, so a blank one or one with surrounding spaces is a typo no token matches.
     Claim(String) = |text| {
@@ -148,6 +148,51 @@ const REDIS_PREFIX_LEN_MAX: usize = 64;
 const NATS_NAME_LEN_MAX: usize = 64;
 /// Shortest admin token: a guessable one would hand out the shop.
 const ADMIN_TOKEN_LEN_MIN: usize = 8;
+
+/// Most named admin tokens: every admin request compares each of them (a SHA-256 of a
+/// few bytes, about a quarter of a microsecond), and a shop has a few operators.
+pub(super) const ADMIN_TOKENS_MAX: usize = 32;
+
+/// An admin token: visible ASCII (only that can be sent in an Authorization header as
+/// it is) and not short. The message does not quote it: it is a secret.
+fn admin_token(text: &str) -> Result<String, String> {
+    let bad = text.len() < ADMIN_TOKEN_LEN_MIN || !text.bytes().all(|b| b.is_ascii_graphic());
+    let allowed = "characters, visible ASCII only (no whitespace)";
+    given(
+        text,
+        bad,
+        format!("must be at least {ADMIN_TOKEN_LEN_MIN} {allowed}"),
+    )
+}
+
+/// `name:token,name:token…`: at most [`ADMIN_TOKENS_MAX`], names and tokens each
+/// distinct (a token that named two admins would log the wrong one).
+fn admin_tokens(text: &str) -> Result<Vec<(AdminName, String)>, String> {
+    let pairs: Vec<&str> = text.split(',').map(str::trim).collect();
+    if pairs.len() > ADMIN_TOKENS_MAX {
+        return Err(format!(
+            "at most {ADMIN_TOKENS_MAX} name:token pairs, not {}",
+            pairs.len()
+        ));
+    }
+    let mut tokens: Vec<(AdminName, String)> = Vec::with_capacity(pairs.len());
+    for (i, pair) in pairs.into_iter().enumerate() {
+        let n = i + 1;
+        let (name, token) = pair
+            .split_once(':')
+            .ok_or_else(|| format!("pair {n} is not name:token (comma-separated pairs)"))?;
+        let name = AdminName::parse("name", name).map_err(|e| format!("pair {n}: {}", e.reason))?;
+        let token = admin_token(token).map_err(|e| format!("pair {n}'s token {e}"))?;
+        if tokens.iter().any(|(other, _)| *other == name) {
+            return Err(format!("the name {name} is given twice"));
+        }
+        if tokens.iter().any(|(_, other)| *other == token) {
+            return Err(format!("pair {n}'s token is another pair's too"));
+        }
+        tokens.push((name, token));
+    }
+    Ok(tokens)
+}
 
 /// `text` as it is, unless `bad`: then `refusal`.
 fn given(text: &str, bad: bool, refusal: String) -> Result<String, String> {

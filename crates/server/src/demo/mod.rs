@@ -256,7 +256,7 @@ async fn target(
                  its own (add --spawn to start one)"
             )));
         }
-        let Some(token) = args.admin_token.clone().or(config.admin_token.clone()) else {
+        let Some(token) = args.admin_token.clone().or(config.any_admin_token()) else {
             return Err(DemoError::Setup(format!(
                 "a service answers at {base}: the demo needs its admin token to create a \
                  product (FLASHSALE_ADMIN_TOKEN or --admin-token), or --spawn to start its own"
@@ -294,7 +294,7 @@ async fn target(
     let token = args
         .admin_token
         .clone()
-        .or(config.admin_token.clone())
+        .or(config.any_admin_token())
         .unwrap_or_else(|| {
             let bytes: [u8; 16] = rand::rng().random();
             bytes.iter().map(|b| format!("{b:02x}")).collect()

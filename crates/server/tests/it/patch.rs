@@ -235,3 +235,68 @@ async fn check_change_event(app: &TestApp, product: i64) {
         "{payload}"
     );
 }
+
+// Checks named admin tokens (FLASHSALE_ADMIN_TOKENS beside FLASHSALE_ADMIN_TOKEN): a
+// pause with alice's token, a change with bob's and a resume with the single token are
+// each logged under their admin's name (alice, bob, admin), and a token that is none of
+// them is 401 and logs nothing.
+#[tokio::test]
+async fn each_admin_token_names_its_admin_in_the_log() {
+    const PRODUCT: i64 = 4203;
+    let tokens = "alice:alice-token-1, bob:bob-token-22";
+    let app = TestApp::spawn_with(Default::default(), &[("ADMIN_TOKENS", tokens)]).await;
+    app.create_product(PRODUCT, 5, None).await;
+    let as_admin = |token: &str| format!("Bearer {token}");
+    for (method, path, body, token) in [
+        (
+            "POST",
+            "pause",
+            json!({"request_id": "NT_1"}),
+            "alice-token-1",
+        ),
+        (
+            "PATCH",
+            "",
+            json!({"request_id": "NT_2", "name": "Renamed"}),
+            "bob-token-22",
+        ),
+        (
+            "POST",
+            "resume",
+            json!({"request_id": "NT_3"}),
+            crate::helpers::ADMIN_TOKEN,
+        ),
+        (
+            "POST",
+            "pause",
+            json!({"request_id": "NT_4"}),
+            "mallory-token",
+        ),
+    ] {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let path = match path {
+            "" => format!("/v1/products/{PRODUCT}"),
+            what => format!("/v1/products/{PRODUCT}/{what}"),
+        };
+        let auth = as_admin(token);
+        let headers = [("authorization", auth.as_str())];
+        let (s, b, _) = app.send_with(method, &path, Some(body), &headers).await;
+        let want = match token {
+            "mallory-token" => StatusCode::UNAUTHORIZED,
+            _ => StatusCode::OK,
+        };
+        assert_eq!(s, want, "{token}: {b}");
+    }
+    let log: Vec<(String, String)> = sqlx::query_as(
+        "SELECT CAST(request_id AS CHAR), CAST(admin AS CHAR) FROM admin_action \
+         WHERE product_id = ? ORDER BY id",
+    )
+    .bind(PRODUCT)
+    .fetch_all(&app.pool)
+    .await
+    .expect("log");
+    let want = [("NT_1", "alice"), ("NT_2", "bob"), ("NT_3", "admin")];
+    let got: Vec<(&str, &str)> = log.iter().map(|(r, a)| (r.as_str(), a.as_str())).collect();
+    assert_eq!(got, want);
+    app.cleanup().await;
+}
