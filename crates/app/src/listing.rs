@@ -106,6 +106,12 @@ impl Listing {
         limit: usize,
     ) -> Result<Page<(Product, InventoryCounters)>, Error> {
         let rows = self.lists.products_after(after, limit + 1).await?;
+        // The cursor is the page's last id only if the page is in id order.
+        debug_assert!(
+            rows.windows(2)
+                .all(|w| w[0].0.product_id.get() < w[1].0.product_id.get()),
+            "products come in id order"
+        );
         Ok(Page::of(rows, limit, |(p, _)| p.product_id.get()))
     }
 
@@ -121,6 +127,11 @@ impl Listing {
             .lists
             .orders_of(user, status, before, limit + 1)
             .await?;
+        debug_assert!(
+            rows.windows(2)
+                .all(|w| w[0].order_id.get() > w[1].order_id.get()),
+            "a buyer's orders come newest first"
+        );
         Ok(Page::of(rows, limit, |o| o.order_id.get()))
     }
 
@@ -132,6 +143,10 @@ impl Listing {
         limit: usize,
     ) -> Result<Page<LoggedAction>, Error> {
         let rows = self.lists.actions(product, before, limit + 1).await?;
+        debug_assert!(
+            rows.windows(2).all(|w| w[0].id > w[1].id),
+            "the operator's log comes newest first"
+        );
         Ok(Page::of(rows, limit, |a| a.id))
     }
 }
