@@ -130,8 +130,8 @@ impl RequestId {
     }
 }
 
-/// Longest name of an admin token (`FLASHSALE_ADMIN_TOKENS`): the width of the
-/// operator's log's `admin` column.
+/// Longest name of an admin token (`FLASHSALE_ADMIN_TOKENS`): short enough to read in a
+/// log line, and within the operator's log's `admin` column (64).
 pub const ADMIN_NAME_LEN_MAX: usize = 32;
 
 /// Which admin token made an action, as the operator's log records it: 1–32 characters
@@ -140,9 +140,6 @@ pub const ADMIN_NAME_LEN_MAX: usize = 32;
 pub struct AdminName(Arc<str>);
 
 impl AdminName {
-    /// The name of the one token `FLASHSALE_ADMIN_TOKEN` sets.
-    pub const DEFAULT: &'static str = "admin";
-
     pub fn parse(field: &'static str, raw: &str) -> Result<Self, ParseError> {
         let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
         if raw.is_empty() || raw.len() > ADMIN_NAME_LEN_MAX || !raw.chars().all(allowed) {
@@ -162,7 +159,7 @@ impl AdminName {
 /// The name of the one token `FLASHSALE_ADMIN_TOKEN` sets.
 impl Default for AdminName {
     fn default() -> Self {
-        Self(Arc::from(Self::DEFAULT))
+        Self(Arc::from("admin"))
     }
 }
 

@@ -355,18 +355,7 @@ impl LedgerMaintenance for MysqlLedger {
         let mismatched = self
             .facts_request_ids(ids, pool, MISMATCHED, &listed)
             .await?;
-        let mut event_mismatches = self
-            .facts_request_ids("facts: events", pool, EVENT_MISMATCHES, &[p, p, LISTED_MAX])
-            .await?;
-        event_mismatches.extend(
-            self.facts_request_ids(
-                "facts: action events",
-                pool,
-                ACTION_EVENT_MISMATCHES,
-                &[p, p, p, LISTED_MAX],
-            )
-            .await?,
-        );
+        let event_mismatches = self.facts_event_mismatches(pool, p).await?;
         let (reserve_logged, ordered_units) = self.facts_stock_log(pool, p).await?;
         let log_mismatches = self
             .facts_request_ids(ids, pool, LOG_MISMATCHES, &listed)
@@ -648,6 +637,25 @@ impl MysqlLedger {
     }
 
     /// Facts, a list of request_ids: the `request_id` column of `sql`'s rows.
+    /// Facts, I7's outbox side: the requests whose events do not match their state
+    /// changes one to one, then the operator's actions whose events do not.
+    async fn facts_event_mismatches(
+        &self,
+        pool: &MySqlPool,
+        p: i64,
+    ) -> Result<Vec<String>, LedgerError> {
+        let mut mismatches = self
+            .facts_request_ids("facts: events", pool, EVENT_MISMATCHES, &[p, p, LISTED_MAX])
+            .await?;
+        let actions = &[p, p, p, LISTED_MAX];
+        let of_actions = "facts: action events";
+        mismatches.extend(
+            self.facts_request_ids(of_actions, pool, ACTION_EVENT_MISMATCHES, actions)
+                .await?,
+        );
+        Ok(mismatches)
+    }
+
     async fn facts_request_ids(
         &self,
         what: &'static str,
