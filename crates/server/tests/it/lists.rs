@@ -223,37 +223,16 @@ async fn a_page_is_one_indexed_query() {
                 .bind(&status[0])
                 .bind(&status[1])
         };
-        let rows = explain
-            .bind(21_i64)
-            .fetch_all(&app.pool)
-            .await
-            .expect("explain");
-        let plan: Vec<(Option<String>, String)> = rows
-            .iter()
-            .map(|r| {
-                let key: Option<String> = sqlx::Row::try_get_unchecked(r, "key").expect("key");
-                let extra: Option<String> =
-                    sqlx::Row::try_get_unchecked(r, "Extra").expect("extra");
-                (key, extra.unwrap_or_default())
-            })
-            .collect();
-        println!("{what}: {plan:?}");
-        assert_eq!(plan[0].0.as_deref(), Some(key), "{what}: {plan:?}");
-        assert!(
-            plan.iter().all(|(_, extra)| !extra.contains("filesort")),
-            "{what}: {plan:?}"
-        );
+        assert_indexed(app_plan(&app, explain.bind(21_i64)).await, what, key);
     }
     app.cleanup().await;
 }
 
-/// The plan MariaDB makes for `sql` with `binds`: each table's key and its Extra.
-async fn plan_of(app: &TestApp, sql: &str, binds: &[i64]) -> Vec<(Option<String>, String)> {
-    let text = format!("EXPLAIN {sql}");
-    let mut explain = sqlx::query(&text);
-    for b in binds {
-        explain = explain.bind(*b);
-    }
+/// An EXPLAIN with its binds.
+type Explain<'q> = sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>;
+
+/// The plan MariaDB makes for `explain`: each table's key and its Extra.
+async fn app_plan(app: &TestApp, explain: Explain<'_>) -> Vec<(Option<String>, String)> {
     let rows = explain.fetch_all(&app.pool).await.expect("explain");
     rows.iter()
         .map(|r| {
@@ -262,6 +241,16 @@ async fn plan_of(app: &TestApp, sql: &str, binds: &[i64]) -> Vec<(Option<String>
             (key, extra.unwrap_or_default())
         })
         .collect()
+}
+
+/// `plan` reads `key` first and sorts nothing (no "Using filesort"); printed.
+fn assert_indexed(plan: Vec<(Option<String>, String)>, what: &str, key: &str) {
+    println!("{what}: {plan:?}");
+    assert_eq!(plan[0].0.as_deref(), Some(key), "{what}: {plan:?}");
+    assert!(
+        plan.iter().all(|(_, extra)| !extra.contains("filesort")),
+        "{what}: {plan:?}"
+    );
 }
 
 // Checks the operator's log as GET /v1/admin/actions pages it: four actions on two
@@ -372,12 +361,10 @@ async fn explain_the_log(app: &TestApp) {
             "idx_admin_action_product",
         ),
     ] {
-        let plan = plan_of(app, sql, &binds).await;
-        println!("{what}: {plan:?}");
-        assert_eq!(plan[0].0.as_deref(), Some(key), "{what}: {plan:?}");
-        assert!(
-            plan.iter().all(|(_, e)| !e.contains("filesort")),
-            "{what}: {plan:?}"
-        );
+        let text = format!("EXPLAIN {sql}");
+        let explain = binds
+            .iter()
+            .fold(sqlx::query(&text), |query, b: &i64| query.bind(*b));
+        assert_indexed(app_plan(app, explain).await, what, key);
     }
 }
