@@ -321,15 +321,33 @@ async fn connected(bus: &NatsBus) {
     .await;
 }
 
+/// Waits (bounded by [`ENSURE_MAX`]) until the broker reports `want` of
+/// [`replicas_of`], and returns what it reported last. A change of replica count is
+/// accepted at once but carried out by the cluster afterwards: the copies move, and the
+/// stream or its consumer may be briefly unknown to the server asked.
+async fn replicas_reach(urls: &str, tag: &str, want: (usize, usize, usize)) -> String {
+    let started = Instant::now();
+    loop {
+        let seen = replicas_of(urls, tag).await;
+        if seen.as_ref() == Ok(&want) || started.elapsed() >= ENSURE_MAX {
+            return format!("{seen:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// (the stream's configured replicas, the servers that hold it, the consumer's
 /// configured replicas), as the broker at `urls` reports them.
-async fn replicas_of(urls: &str, tag: &str) -> (usize, usize, usize) {
-    let js = async_nats::jetstream::new(nats_connect(urls).await.expect("connect"));
+async fn replicas_of(urls: &str, tag: &str) -> Result<(usize, usize, usize), String> {
+    let js = async_nats::jetstream::new(nats_connect(urls).await.map_err(|e| e.to_string())?);
     let stream = js
         .get_stream(format!("FS_TEST_{tag}"))
         .await
-        .expect("stream");
-    let info = stream.get_info().await.expect("stream info");
+        .map_err(|e| format!("stream: {e}"))?;
+    let info = stream
+        .get_info()
+        .await
+        .map_err(|e| format!("stream info: {e}"))?;
     // The leader and the others, by name: while the copies move, the others' list may
     // name the leader too.
     let holders = info.cluster.map_or(1, |c| {
@@ -343,13 +361,16 @@ async fn replicas_of(urls: &str, tag: &str) -> (usize, usize, usize) {
     let consumer: async_nats::jetstream::consumer::PullConsumer = stream
         .get_consumer(flashsale_nats::CONSUMER_NAME)
         .await
-        .expect("consumer");
-    let consumer_info = consumer.get_info().await.expect("consumer info");
-    (
+        .map_err(|e| format!("consumer: {e}"))?;
+    let consumer_info = consumer
+        .get_info()
+        .await
+        .map_err(|e| format!("consumer info: {e}"))?;
+    Ok((
         info.config.num_replicas,
         holders,
         consumer_info.config.num_replicas,
-    )
+    ))
 }
 
 /// One event (an order_created) for `publish`, of a made-up order.
@@ -372,8 +393,9 @@ fn an_event(n: u32) -> OutboxMessage {
 
 // Checks what becomes of a stream and consumer found with another replica count on a
 // cluster: made with 1 copy (as with FLASHSALE_NATS_STREAM_REPLICAS=1), a bus
-// configured with 3 changes both to 3 (the stream then held by three servers) and
-// publishes; one configured with 1 again changes them back to one copy, and publishes.
+// configured with 3 changes both to 3 (the stream then held by three servers, once the
+// cluster has moved the copies, within ENSURE_MAX) and publishes; one configured with 1
+// again changes them back to one copy, and publishes.
 // No event is lost on the way: the stream holds the three published.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_with_another_replica_count_is_changed_to_the_setting() {
@@ -382,21 +404,26 @@ async fn a_stream_with_another_replica_count_is_changed_to_the_setting() {
     let tag = format!("replicas_{}", std::process::id());
     let one = bus(&urls, &tag, 1).await;
     ensured(&one, "a stream and consumer of one copy").await;
-    assert_eq!(replicas_of(&urls, &tag).await, (1, 1, 1));
+    assert_eq!(
+        replicas_reach(&urls, &tag, (1, 1, 1)).await,
+        "Ok((1, 1, 1))"
+    );
     let event = an_event(1);
     retried("published on one copy", || one.publish(&event)).await;
 
     let three = bus(&urls, &tag, 3).await;
     ensured(&three, "changed to three copies").await;
-    assert_eq!(replicas_of(&urls, &tag).await, (3, 3, 3));
+    assert_eq!(
+        replicas_reach(&urls, &tag, (3, 3, 3)).await,
+        "Ok((3, 3, 3))"
+    );
     let event = an_event(2);
     retried("published on three copies", || three.publish(&event)).await;
 
     let back = bus(&urls, &tag, 1).await;
     ensured(&back, "changed back to one copy").await;
-    let (stream, holders, consumer) = replicas_of(&urls, &tag).await;
-    assert_eq!((stream, consumer), (1, 1));
-    assert_eq!(holders, 1, "one server holds the stream again");
+    let seen = replicas_reach(&urls, &tag, (1, 1, 1)).await;
+    assert_eq!(seen, "Ok((1, 1, 1))", "one server holds the stream again");
     let event = an_event(3);
     retried("published on one copy again", || back.publish(&event)).await;
 
@@ -445,7 +472,7 @@ async fn a_single_server_refuses_more_replicas_and_nothing_is_published() {
         Err(ErrorKind::Config),
         "a publish on the refused stream"
     );
-    assert_eq!(replicas_of(&nats.url(), &tag).await, (1, 1, 1));
+    assert_eq!(replicas_of(&nats.url(), &tag).await, Ok((1, 1, 1)));
     let js = async_nats::jetstream::new(nats_connect(&nats.url()).await.expect("connect"));
     let mut stream = js
         .get_stream(format!("FS_TEST_{tag}"))
