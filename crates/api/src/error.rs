@@ -39,7 +39,8 @@ pub const fn status(outcome: Outcome) -> StatusCode {
         | O::RequestReleased
         | O::OrderNotPayable
         | O::OrderExpired
-        | O::OrderNotCancellable => S::CONFLICT,
+        | O::OrderNotCancellable
+        | O::OrderNotRefundable => S::CONFLICT,
         O::PayloadTooLarge => S::PAYLOAD_TOO_LARGE,
         O::UnsupportedMediaType => S::UNSUPPORTED_MEDIA_TYPE,
         O::RateLimited => S::TOO_MANY_REQUESTS,
@@ -287,6 +288,7 @@ mod tests {
             (Error::OrderNotPayable, 409, "order_not_payable"),
             (Error::OrderExpired, 409, "order_expired"),
             (Error::OrderNotCancellable, 409, "order_not_cancellable"),
+            (Error::OrderNotRefundable, 409, "order_not_refundable"),
             (
                 Error::RateLimited {
                     retry_after: Duration::from_millis(1500),

@@ -219,6 +219,21 @@ pub(crate) const ERRORS: &[(&str, &str, &[Outcome])] = &[
         ],
     ),
     (
+        "post",
+        "/v1/orders/{id}/refund",
+        &[
+            O::InvalidRequest,
+            O::Unauthorized,
+            O::PayloadTooLarge,
+            O::RequestTimeout,
+            O::UnsupportedMediaType,
+            O::OrderNotFound,
+            O::OrderNotRefundable,
+            O::RequestIdConflict,
+            O::Unavailable,
+        ],
+    ),
+    (
         "get",
         "/v1/admin/actions",
         &[O::Unauthorized, O::InvalidRequest, O::Unavailable],
@@ -256,6 +271,7 @@ for the operation and status.",
         routes::get_order,
         routes::pay,
         routes::cancel,
+        routes::refund,
         routes::list_actions,
     ),
     modifiers(&Security, &Errors, &Links),
@@ -337,7 +353,7 @@ type LinkSpec = (
     &'static [(&'static str, &'static str)],
     Option<&'static [(&'static str, &'static str)]>,
 );
-const LINKS: [LinkSpec; 10] = [
+const LINKS: [LinkSpec; 11] = [
     (
         "post",
         "/v1/products",
@@ -427,6 +443,15 @@ const LINKS: [LinkSpec; 10] = [
         "cancel",
         &[("id", "$response.body#/order_id")],
         Some(&[("user_id", "$response.body#/user_id")]),
+    ),
+    (
+        "post",
+        "/v1/orders/{id}/pay",
+        "200",
+        "Refund",
+        "refund",
+        &[("id", "$response.body#/order_id")],
+        None,
     ),
 ];
 

@@ -17,7 +17,7 @@ use flashsale_app::listing::page_size;
 use flashsale_app::metrics::{index_of, ENDPOINTS};
 use flashsale_app::{
     AdminAction, Flashsale, InventoryView, Listing, Metrics, Monitor, Outcome, ProductView,
-    SaleControl, SaleSwitch,
+    RefundAsk, SaleControl, SaleSwitch,
 };
 use flashsale_core::{
     AdminName, NewProduct, OrderId, OrderStatus, ParseError, ProductChange, ProductId,
@@ -35,7 +35,7 @@ use crate::openapi::{Health, Ready};
 use crate::wire::{
     decimal, order_body, ActionBody, ActionPageJson, ActionsQuery, LoggedActionJson,
     NewProductBody, OrderJson, OrderPageJson, OrdersQuery, ProductJson, ProductPageJson,
-    ProductPatchBody, ProductsQuery, PurchaseBody, RestockBody, UserBody,
+    ProductPatchBody, ProductsQuery, PurchaseBody, RefundBody, RestockBody, UserBody,
 };
 
 #[derive(Debug, Clone)]
@@ -92,6 +92,7 @@ const GET_PURCHASE: usize = index_of(&ENDPOINTS, "get_purchase");
 const GET_ORDER: usize = index_of(&ENDPOINTS, "get_order");
 const PAY: usize = index_of(&ENDPOINTS, "pay");
 const CANCEL: usize = index_of(&ENDPOINTS, "cancel");
+const REFUND: usize = index_of(&ENDPOINTS, "refund");
 const CREATE_PRODUCT: usize = index_of(&ENDPOINTS, "create_product");
 const GET_PRODUCT: usize = index_of(&ENDPOINTS, "get_product");
 const RESTOCK: usize = index_of(&ENDPOINTS, "restock");
@@ -189,6 +190,7 @@ routes! {
     get "/v1/orders/{id}" => get_order,
     post "/v1/orders/{id}/pay" => pay,
     post "/v1/orders/{id}/cancel" => cancel,
+    post "/v1/orders/{id}/refund" => refund,
     get "/v1/admin/actions" => list_actions,
 }
 
@@ -1292,6 +1294,47 @@ async fn cancel(
     }
     .await;
     counted(started, &state, CANCEL, result)
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/orders/{id}/refund",
+    tag = "orders",
+    summary = "Refund a paid order (admin)",
+    description = "Moves a PAID order to REFUNDED: `sold` drops by its units, which go back on \
+sale at once with `restock: true` (a purchase may take them the next moment) or leave the \
+stock with `restock: false` (the total drops by them). The buyer's per-user limit no longer \
+counts them. Refunding a refunded order again changes nothing and answers it; a \
+PENDING_PAYMENT or CANCELLED order is 409 `order_not_refundable`. Idempotent by \
+`request_id`: on 503 the outcome is unknown, retry with the same request_id.",
+    params(("id" = i64, Path, description = "The order id, in decimal digits without sign or leading zero.", format = Int64, minimum = 1)),
+    request_body(content = RefundBody, content_type = "application/json"),
+    security(("bearerAuth" = [])),
+    responses((status = 200, description = "Refunded (now, or before): the order.", body = OrderJson)),
+)]
+async fn refund(
+    started: Started,
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    id: PathParam,
+    body: Result<Body, ApiError>,
+) -> Response {
+    let result = async {
+        let admin = require_admin(&state, &headers)?;
+        let order_id = OrderId::parse(path_id(id, "order_id")?).map_err(invalid)?;
+        let Body(body) = body?;
+        let b: RefundBody = json(&body)?;
+        let ask = RefundAsk {
+            request_id: RequestId::parse("request_id", &b.request_id).map_err(invalid)?,
+            order_id,
+            admin,
+            restock: b.restock,
+        };
+        let order = deadline(&state, state.config.control.refund(ask)).await?;
+        Ok::<_, ApiError>(OrderAnswer::of(&order))
+    }
+    .await;
+    counted(started, &state, REFUND, result)
 }
 
 #[cfg(test)]

@@ -177,6 +177,21 @@ pub struct ActionBody {
     pub request_id: String,
 }
 
+/// An admin's refund of a paid order, once per `request_id`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = Refund)]
+pub struct RefundBody {
+    /// The refund's idempotency key, in the admins' namespace (see `AdminAction`): a
+    /// retry does nothing again; another action, another order or the other `restock`
+    /// under it is `request_id_conflict`.
+    #[schema(min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9_.:-]+$")]
+    pub request_id: String,
+    /// true: the units go back on sale at once; false: they leave the stock (its total
+    /// drops by them).
+    pub restock: bool,
+}
+
 /// A time in an answer, as chrono's `Serialize` writes it: RFC 3339 in UTC with `Z`, and
 /// the fraction in 3, 6 or 9 digits, or none, the shortest that is exact (its
 /// `SecondsFormat::AutoSi`). Written into a buffer here and handed over whole: chrono's

@@ -435,12 +435,17 @@ fn count_against_ledger<'a>(
         .sum();
     // Units Redis holds that no live reservation accounts for: purchases between Redis
     // and their commit, orphans, releases not yet returned. Each is checked by its age
-    // (`untraced_holds`); here they only make the count add up.
+    // (`untraced_holds`); here they only make the count add up. A release not yet
+    // returned counts the units it owes back on sale: none for a refund that withdrew
+    // them from stock, whose units left the total already.
     let untraced: Vec<(&String, i64)> = gate
         .held
         .iter()
         .filter(|(request_id, (hold, _))| seen(*hold) && !traced(request_id, *hold))
-        .map(|(request_id, (_, units))| (request_id, *units))
+        .map(|(request_id, (_, units))| {
+            let owed = ledger.unreturned.get(request_id).map(|(owed, _)| *owed);
+            (request_id, owed.unwrap_or(*units))
+        })
         .collect();
     let in_flight_units: i64 = untraced.iter().map(|(_, units)| units).sum();
     // Restocks of this generation the ledger counts and Redis does not have yet (a

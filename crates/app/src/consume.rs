@@ -27,6 +27,9 @@ pub struct StatsDelta {
     /// Reservations released: those of cancelled orders and fences (no order).
     pub reservations_released: i64,
     pub units_released: i64,
+    /// Paid orders the operator refunded.
+    pub orders_refunded: i64,
+    pub units_refunded: i64,
 }
 
 impl StatsDelta {
@@ -49,6 +52,7 @@ impl StatsDelta {
             EventType::ReservationReleased => {
                 (&mut delta.reservations_released, &mut delta.units_released)
             }
+            EventType::OrderRefunded => (&mut delta.orders_refunded, &mut delta.units_refunded),
             EventType::StockRepaired
             | EventType::ProductPaused
             | EventType::ProductResumed
@@ -70,6 +74,8 @@ impl std::ops::AddAssign<&StatsDelta> for StatsDelta {
         self.units_cancelled += d.units_cancelled;
         self.reservations_released += d.reservations_released;
         self.units_released += d.units_released;
+        self.orders_refunded += d.orders_refunded;
+        self.units_refunded += d.units_refunded;
     }
 }
 
@@ -315,6 +321,7 @@ mod tests {
         for (id, t) in [
             ("e2", EventType::OrderCancelled),
             ("e3", EventType::ReservationReleased),
+            ("e5", EventType::OrderRefunded),
         ] {
             consume.apply(&event(id, t, 2)).await.unwrap();
             consume.apply(&event(id, t, 2)).await.unwrap();
@@ -341,6 +348,8 @@ mod tests {
                 units_cancelled: 2,
                 reservations_released: 1,
                 units_released: 2,
+                orders_refunded: 1,
+                units_refunded: 2,
                 ..StatsDelta::default()
             }
         );

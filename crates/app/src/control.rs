@@ -1,5 +1,5 @@
-//! The operator's controls of a running sale: pause, resume, and changes to a product's
-//! name, per-user limit and sale window.
+//! The operator's controls of a running sale: pause, resume, changes to a product's
+//! name, per-user limit and sale window, and refunds of paid orders.
 //!
 //! Each is the ledger's: the product's row changed in one transaction with the operator's
 //! log entry (which admin, when, what was asked, before and after; its request_id makes
@@ -22,13 +22,15 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use flashsale_core::{AdminName, ParseError, ProductChange, ProductId, RequestId};
+use flashsale_core::{
+    AdminName, OrderId, OrderStatus, ParseError, ProductChange, ProductId, RequestId,
+};
 use tracing::{info, warn};
 
 use crate::catalog::{Catalog, FOUND_TTL};
 use crate::error::Error;
-use crate::model::ProductView;
-use crate::ports::{GateError, LeaseListener, LedgerError};
+use crate::model::{Order, ProductView};
+use crate::ports::{GateError, LeaseListener, LedgerError, ReleaseOf};
 use crate::service::Flashsale;
 use crate::sold_out::SoldOutBoard;
 
@@ -83,6 +85,38 @@ pub enum Acted {
     Invalid(ParseError),
 }
 
+/// An admin's refund of a paid order, as its request names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefundAsk {
+    /// The refund's idempotency key, in the same namespace as the other admin actions.
+    pub request_id: RequestId,
+    pub order_id: OrderId,
+    pub admin: AdminName,
+    /// Whether the units go back on sale (else they leave the stock).
+    pub restock: bool,
+}
+
+/// What the ledger did with a refund.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refunded {
+    /// The order is REFUNDED: by this request (`applied`), or before it (a replay, or a
+    /// refund under another request_id: refunding twice changes nothing). `pending_return`
+    /// is the gate's part still owed: the hold to let go of, and the units when they go
+    /// back on sale.
+    Done {
+        order: Order,
+        applied: bool,
+        pending_return: Option<ReleaseOf>,
+    },
+    /// This request_id recorded another action, or a refund of another order or with the
+    /// other `restock`.
+    Conflict,
+    /// No such order.
+    NotFound,
+    /// The order is not paid (PENDING_PAYMENT or CANCELLED): nothing was written.
+    NotRefundable(OrderStatus),
+}
+
 /// The ledger's side of the controls.
 #[async_trait]
 pub trait Controls: Send + Sync + 'static {
@@ -101,6 +135,12 @@ pub trait Controls: Send + Sync + 'static {
         action: &AdminAction,
         change: &ProductChange,
     ) -> Result<Acted, LedgerError>;
+
+    /// Refunds a PAID order: order REFUNDED, its reservation RELEASED, `sold` less its
+    /// units, which go back to `available` or out of `total` (`restock`), with the stock
+    /// log's row, the order's `order_refunded` event and the operator's log line, in one
+    /// transaction; a request_id already in the log is answered from it.
+    async fn refund(&self, ask: &RefundAsk) -> Result<Refunded, LedgerError>;
 }
 
 /// Tells every instance that a product's definition changed, so each reads it anew.
@@ -157,6 +197,36 @@ impl SaleControl {
     ) -> Result<ProductView, Error> {
         let acted = self.controls.change_product(&action, &change).await?;
         self.answer(&action, "patch", acted).await
+    }
+
+    /// Refunds a paid order and answers it as it is now (REFUNDED). The ledger decides;
+    /// then, in gate mode, the gate lets go of the hold (and the buyer's count of it) and,
+    /// with `restock`, puts the units back on sale, once: a crash before that leaves the
+    /// release pending in the ledger, which the workers finish like a cancel's.
+    pub async fn refund(&self, ask: RefundAsk) -> Result<Order, Error> {
+        let (order, applied, pending_return) = match self.controls.refund(&ask).await? {
+            Refunded::Done {
+                order,
+                applied,
+                pending_return,
+            } => (order, applied, pending_return),
+            Refunded::Conflict => return Err(Error::RequestIdConflict),
+            Refunded::NotFound => return Err(Error::OrderNotFound),
+            Refunded::NotRefundable(_) => return Err(Error::OrderNotRefundable),
+        };
+        debug_assert_eq!(
+            order.status,
+            OrderStatus::Refunded,
+            "a refund answers REFUNDED"
+        );
+        if applied {
+            info!(order_id = %ask.order_id, admin = %ask.admin, request_id = %ask.request_id,
+                restock = ask.restock, "admin action: refund");
+        }
+        self.service
+            .refunded(&order, applied && ask.restock, pending_return)
+            .await;
+        Ok(order)
     }
 
     /// The product after an action the ledger took (`acted`), once every instance acts on

@@ -36,6 +36,8 @@ pub enum Error {
     OrderExpired,
     #[error("order can't be cancelled in its current state")]
     OrderNotCancellable,
+    #[error("only a paid order can be refunded")]
+    OrderNotRefundable,
     /// This user sent purchases faster than its rate; nothing was done.
     #[error("too many purchase attempts from this user; nothing was done, retry after the Retry-After seconds")]
     RateLimited { retry_after: Duration },
@@ -101,6 +103,7 @@ impl Error {
             Self::OrderNotPayable => Outcome::OrderNotPayable,
             Self::OrderExpired => Outcome::OrderExpired,
             Self::OrderNotCancellable => Outcome::OrderNotCancellable,
+            Self::OrderNotRefundable => Outcome::OrderNotRefundable,
             Self::RateLimited { .. } => Outcome::RateLimited,
             Self::Unavailable(_) => Outcome::Unavailable,
         }

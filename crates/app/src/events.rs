@@ -39,10 +39,14 @@ pub enum EventType {
     /// The operator changed the product's name, per-user limit or sale window (PATCH);
     /// as `ProductPaused`, its payload with the definition before and after.
     ProductChanged,
+    /// The operator refunded a paid order (order REFUNDED, reservation RELEASED); its
+    /// `reason` says whether the units went back on sale (`refund_restocked`) or out of
+    /// stock (`refund_withdrawn`). Under the order's request_id, after its `order_paid`.
+    OrderRefunded,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 8] = [
+    pub const ALL: [EventType; 9] = [
         Self::OrderCreated,
         Self::OrderPaid,
         Self::OrderCancelled,
@@ -51,6 +55,7 @@ impl EventType {
         Self::ProductPaused,
         Self::ProductResumed,
         Self::ProductChanged,
+        Self::OrderRefunded,
     ];
 
     /// The name used in the payload, the outbox and the subject
@@ -65,6 +70,7 @@ impl EventType {
             Self::ProductPaused => "product_paused",
             Self::ProductResumed => "product_resumed",
             Self::ProductChanged => "product_changed",
+            Self::OrderRefunded => "order_refunded",
         }
     }
 

@@ -24,7 +24,9 @@ mod service;
 pub mod sold_out;
 
 pub use audit::AuditBounds;
-pub use control::{Acted, AdminAction, Announcer, Controls, SaleControl, SaleSwitch};
+pub use control::{
+    Acted, AdminAction, Announcer, Controls, RefundAsk, Refunded, SaleControl, SaleSwitch,
+};
 pub use dashboard::Sampler;
 pub use error::Error;
 pub use fallback::{Fallback, FallbackSettings};

@@ -51,12 +51,13 @@ pub const AUDIT_VIOLATIONS_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
 /// The HTTP endpoints, as the `endpoint` label names them (`GET /healthz` is not counted:
 /// see the route).
-pub const ENDPOINTS: [&str; 17] = [
+pub const ENDPOINTS: [&str; 18] = [
     "purchase",
     "get_purchase",
     "get_order",
     "pay",
     "cancel",
+    "refund",
     "create_product",
     "get_product",
     "restock",

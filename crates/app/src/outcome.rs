@@ -74,6 +74,8 @@ outcomes! {
     OrderExpired => "order_expired",
     /// The order can't be cancelled in its state (409).
     OrderNotCancellable => "order_not_cancellable",
+    /// The order is not paid, so it can't be refunded (409).
+    OrderNotRefundable => "order_not_refundable",
     /// Over a purchase rate; nothing was done (429).
     RateLimited => "rate_limited",
     /// A store unreachable or the outcome unknown; retry with the same request_id (503).
@@ -117,6 +119,6 @@ mod tests {
                 "{o}: a code is snake_case"
             );
         }
-        assert_eq!(codes.len(), 25);
+        assert_eq!(codes.len(), 26);
     }
 }

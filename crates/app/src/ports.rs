@@ -423,6 +423,9 @@ pub enum ReleaseOf {
         quantity: Quantity,
         /// Whether the product has a per-user limit (the gate keeps per-user counts).
         limited: bool,
+        /// Whether the units go back on sale: false for a refund that withdrew them from
+        /// stock, whose release only forgets the hold and the buyer's count of it.
+        returns_units: bool,
     },
 }
 
@@ -1130,8 +1133,9 @@ pub struct LedgerFacts {
     pub mismatched: Vec<String>,
     /// Live (PROCESSING or CONFIRMED) reservations: request_id → (hold id, units).
     pub live: std::collections::BTreeMap<String, (HoldId, i64)>,
-    /// RELEASED reservations whose units are not back in the gate: request_id → (units,
-    /// time since the release, on the database's clock).
+    /// RELEASED reservations whose release the gate has not done yet: request_id →
+    /// (units owed back on sale, none for a refund that withdrew them from stock; time
+    /// since the release, on the database's clock).
     pub unreturned: std::collections::BTreeMap<String, (i64, Duration)>,
     /// Restocks recorded whose units the gate does not have yet: restock request_id →
     /// (stock generation, units, age on the database's clock).

@@ -900,6 +900,24 @@ impl Flashsale {
         }
         Ok(attempt.order)
     }
+
+    /// After the ledger refunded `order`: the units put back on sale (`restocked`) end
+    /// this instance's sold-out mark, and the gate's part still owed is done now (or by
+    /// the workers, which find it pending in the ledger).
+    pub(crate) async fn refunded(
+        &self,
+        order: &Order,
+        restocked: bool,
+        pending_return: Option<ReleaseOf>,
+    ) {
+        if restocked {
+            self.modes.lift_sold_out(order.product_id);
+        }
+        if let Some(of) = pending_return {
+            self.return_stock(order.product_id, &order.request_id, &of)
+                .await;
+        }
+    }
 }
 
 /// What became of an attempt to give a released reservation's units back to the gate.

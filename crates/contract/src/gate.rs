@@ -162,6 +162,7 @@ pub async fn the_per_user_limit_counts_held_units<W: GateWorld>(w: &W) {
         user_id: user(1),
         quantity: a.quantity,
         limited: true,
+        returns_units: true,
     };
     let released = g.release(product(), &a.request_id, &of).await;
     assert_eq!(released.expect("release"), Release::Released);
@@ -202,6 +203,7 @@ pub async fn a_release_gives_units_back_once<W: GateWorld>(w: &W) {
         user_id: user(2),
         quantity: b.quantity,
         limited: false,
+        returns_units: true,
     };
     let first = g.release(product(), &b.request_id, &counted).await;
     assert_eq!(first.expect("release"), Release::Released);
@@ -236,6 +238,7 @@ pub async fn releases_respect_generations<W: GateWorld>(w: &W) {
         user_id: user(1),
         quantity: a.quantity,
         limited: false,
+        returns_units: true,
     };
     let waits = g.release(product(), &a.request_id, &ahead).await;
     assert_eq!(waits.expect("release"), Release::NotLoaded);

@@ -278,6 +278,7 @@ pub async fn pay_and_cancel_resolve_an_order_once<W: LedgerWorld>(w: &W) {
         user_id: user(2),
         quantity: cancelled.quantity,
         limited: true,
+        returns_units: true,
     };
     assert_eq!(attempt.pending_return, Some(expected));
     let twice = l

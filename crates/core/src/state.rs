@@ -1,13 +1,16 @@
 //! The order and reservation state machines.
 //!
 //! ```text
-//! order:        PENDING_PAYMENT ──pay──▶ PAID
+//! order:        PENDING_PAYMENT ──pay──▶ PAID ──refund──▶ REFUNDED
 //!                      └──cancel / expire──▶ CANCELLED
-//! reservation:  PROCESSING ──confirm──▶ CONFIRMED
+//! reservation:  PROCESSING ──confirm──▶ CONFIRMED ──refund──▶ RELEASED
 //!                      └──release──────▶ RELEASED
 //! ```
-//! Each machine has exactly one non-terminal state; every transition leaves it, so each
-//! reservation is resolved exactly once (invariant I3). Repeating the transition that
+//! A purchase's machine has one non-terminal state, PENDING_PAYMENT / PROCESSING, which
+//! every buyer-facing transition leaves, so each reservation is resolved exactly once
+//! (invariant I3). An operator's refund is the one way on from PAID: it releases the
+//! confirmed reservation once (its units go back on sale, or out of stock), and never
+//! again. Repeating the transition that
 //! already happened is answered as `Unchanged` (idempotent retries); the opposite
 //! transition is refused. The ledger applies these with conditional UPDATEs
 //! (`… WHERE status = 'PENDING_PAYMENT'`) and consults [`OrderStatus::pay`] and friends
@@ -31,6 +34,8 @@ pub enum TransitionError {
     NotPayable(OrderStatus),
     #[error("order is not cancellable in state {0}")]
     NotCancellable(OrderStatus),
+    #[error("order is not refundable in state {0}")]
+    NotRefundable(OrderStatus),
     #[error("reservation is {0} and can't be confirmed")]
     NotConfirmable(ReservationStatus),
     #[error("reservation is {0} and can't be released")]
@@ -42,16 +47,24 @@ pub enum OrderStatus {
     PendingPayment,
     Paid,
     Cancelled,
+    /// A paid order the operator refunded: its units are no longer sold.
+    Refunded,
 }
 
 impl OrderStatus {
-    pub const ALL: [OrderStatus; 3] = [Self::PendingPayment, Self::Paid, Self::Cancelled];
+    pub const ALL: [OrderStatus; 4] = [
+        Self::PendingPayment,
+        Self::Paid,
+        Self::Cancelled,
+        Self::Refunded,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Self::PendingPayment => "PENDING_PAYMENT",
             Self::Paid => "PAID",
             Self::Cancelled => "CANCELLED",
+            Self::Refunded => "REFUNDED",
         }
     }
 
@@ -59,7 +72,7 @@ impl OrderStatus {
         match self {
             Self::PendingPayment => Ok(Transition::To(Self::Paid)),
             Self::Paid => Ok(Transition::Unchanged),
-            Self::Cancelled => Err(TransitionError::NotPayable(self)),
+            Self::Cancelled | Self::Refunded => Err(TransitionError::NotPayable(self)),
         }
     }
 
@@ -67,7 +80,17 @@ impl OrderStatus {
         match self {
             Self::PendingPayment => Ok(Transition::To(Self::Cancelled)),
             Self::Cancelled => Ok(Transition::Unchanged),
-            Self::Paid => Err(TransitionError::NotCancellable(self)),
+            Self::Paid | Self::Refunded => Err(TransitionError::NotCancellable(self)),
+        }
+    }
+
+    /// An operator's refund: only a paid order is refunded, and a refunded one again is
+    /// a no-op.
+    pub fn refund(self) -> Result<Transition<Self>, TransitionError> {
+        match self {
+            Self::Paid => Ok(Transition::To(Self::Refunded)),
+            Self::Refunded => Ok(Transition::Unchanged),
+            Self::PendingPayment | Self::Cancelled => Err(TransitionError::NotRefundable(self)),
         }
     }
 
@@ -81,7 +104,7 @@ impl OrderStatus {
         match self {
             Self::PendingPayment => ReservationStatus::Processing,
             Self::Paid => ReservationStatus::Confirmed,
-            Self::Cancelled => ReservationStatus::Released,
+            Self::Cancelled | Self::Refunded => ReservationStatus::Released,
         }
     }
 }
@@ -159,15 +182,21 @@ pub enum ReleaseReason {
     LimitExceeded,
     /// The attempt died before writing its order; recovery fenced and released it.
     Abandoned,
+    /// The paid order was refunded and its units put back on sale.
+    RefundRestocked,
+    /// The paid order was refunded and its units taken out of stock (damaged, kept).
+    RefundWithdrawn,
 }
 
 impl ReleaseReason {
-    pub const ALL: [ReleaseReason; 5] = [
+    pub const ALL: [ReleaseReason; 7] = [
         Self::Cancelled,
         Self::PaymentTimeout,
         Self::SoldOut,
         Self::LimitExceeded,
         Self::Abandoned,
+        Self::RefundRestocked,
+        Self::RefundWithdrawn,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -177,7 +206,24 @@ impl ReleaseReason {
             Self::SoldOut => "sold_out",
             Self::LimitExceeded => "limit_exceeded",
             Self::Abandoned => "abandoned",
+            Self::RefundRestocked => "refund_restocked",
+            Self::RefundWithdrawn => "refund_withdrawn",
         }
+    }
+
+    /// A refund's release, by whether its units go back on sale.
+    pub fn for_refund(restock: bool) -> Self {
+        if restock {
+            Self::RefundRestocked
+        } else {
+            Self::RefundWithdrawn
+        }
+    }
+
+    /// Whether the released units go back on sale. A withdrawn refund's leave the stock:
+    /// the gate only forgets the hold (and the buyer's count of it).
+    pub fn returns_units(self) -> bool {
+        self != Self::RefundWithdrawn
     }
 
     pub fn for_cancel(reason: CancelReason) -> Self {
@@ -217,7 +263,7 @@ macro_rules! status_text {
 status_text!(
     OrderStatus,
     "order status",
-    [PendingPayment, Paid, Cancelled]
+    [PendingPayment, Paid, Cancelled, Refunded]
 );
 status_text!(
     ReservationStatus,
@@ -232,7 +278,15 @@ status_text!(
 status_text!(
     ReleaseReason,
     "release reason",
-    [Cancelled, PaymentTimeout, SoldOut, LimitExceeded, Abandoned]
+    [
+        Cancelled,
+        PaymentTimeout,
+        SoldOut,
+        LimitExceeded,
+        Abandoned,
+        RefundRestocked,
+        RefundWithdrawn
+    ]
 );
 
 #[cfg(test)]
@@ -242,16 +296,32 @@ mod tests {
     use ReservationStatus::*;
 
     // Checks every (state, event) pair of the order machine against the table in the
-    // module doc: one legal move out of PENDING_PAYMENT per event, the repeated event is
-    // Unchanged, the opposite terminal state refuses.
+    // module doc: one legal move out of PENDING_PAYMENT per buyer's event and one out of
+    // PAID (the refund), the repeated event is Unchanged, every other state refuses.
     #[test]
     fn order_transitions_exhaustive() {
         assert_eq!(PendingPayment.pay(), Ok(Transition::To(Paid)));
         assert_eq!(Paid.pay(), Ok(Transition::Unchanged));
-        assert_eq!(Cancelled.pay(), Err(TransitionError::NotPayable(Cancelled)));
+        for s in [Cancelled, Refunded] {
+            assert_eq!(s.pay(), Err(TransitionError::NotPayable(s)));
+        }
         assert_eq!(PendingPayment.cancel(), Ok(Transition::To(Cancelled)));
         assert_eq!(Cancelled.cancel(), Ok(Transition::Unchanged));
-        assert_eq!(Paid.cancel(), Err(TransitionError::NotCancellable(Paid)));
+        for s in [Paid, Refunded] {
+            assert_eq!(s.cancel(), Err(TransitionError::NotCancellable(s)));
+        }
+        assert_eq!(Paid.refund(), Ok(Transition::To(Refunded)));
+        assert_eq!(Refunded.refund(), Ok(Transition::Unchanged));
+        for s in [PendingPayment, Cancelled] {
+            assert_eq!(s.refund(), Err(TransitionError::NotRefundable(s)));
+        }
+        assert!(
+            !Refunded.holds_stock(),
+            "a refunded order's units are not sold"
+        );
+        assert_eq!(Refunded.reservation(), Released);
+        assert!(!ReleaseReason::for_refund(false).returns_units());
+        assert!(ReleaseReason::for_refund(true).returns_units());
     }
 
     // Checks every (state, event) pair of the reservation machine, and that a reservation

@@ -5,7 +5,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use flashsale_app::control::{Acted, AdminAction, Controls, SaleSwitch};
+use flashsale_app::control::{Acted, AdminAction, Controls, RefundAsk, Refunded, SaleSwitch};
 use flashsale_app::{EventType, LedgerError};
 use flashsale_core::{Definition, ProductChange};
 use sqlx::{MySql, Transaction};
@@ -28,13 +28,14 @@ const ACTION_EVENT: &str = "INSERT INTO outbox (event_id, event_type, request_id
      FROM admin_action a, (SELECT UUID() AS event_id) e WHERE a.id = LAST_INSERT_ID()";
 
 /// One action as the log keeps it: its name, what was asked (None where the name says
-/// it all), the event it writes, and the state before and after as JSON.
-struct Line<'a> {
-    action: &'a str,
-    asked: Option<String>,
-    event: EventType,
-    before: String,
-    after: String,
+/// it all), the event it writes (None for a refund, whose event is its order's), and the
+/// state before and after as JSON.
+pub(crate) struct Line<'a> {
+    pub(crate) action: &'a str,
+    pub(crate) asked: Option<String>,
+    pub(crate) event: Option<EventType>,
+    pub(crate) before: String,
+    pub(crate) after: String,
 }
 
 /// The columns of a product's definition, to lock and read.
@@ -68,6 +69,14 @@ impl Controls for MysqlLedger {
         })
         .await
     }
+
+    async fn refund(&self, ask: &RefundAsk) -> Result<Refunded, LedgerError> {
+        // What the log records as asked: the order and where its units go.
+        let asked = serde_json::json!({ "order_id": ask.order_id.get(), "restock": ask.restock })
+            .to_string();
+        self.run("refund an order", || self.refund_once(ask, &asked))
+            .await
+    }
 }
 
 impl MysqlLedger {
@@ -98,10 +107,10 @@ impl MysqlLedger {
         let line = Line {
             action: switch.as_str(),
             asked: None,
-            event: match switch {
+            event: Some(match switch {
                 SaleSwitch::Pause => EventType::ProductPaused,
                 SaleSwitch::Resume => EventType::ProductResumed,
-            },
+            }),
             before: serde_json::json!({ "paused": before }).to_string(),
             after: serde_json::json!({ "paused": switch.paused() }).to_string(),
         };
@@ -154,7 +163,7 @@ impl MysqlLedger {
         let line = Line {
             action: "patch",
             asked: Some(asked.to_owned()),
-            event: EventType::ProductChanged,
+            event: Some(EventType::ProductChanged),
             before: definition_json(&before)?,
             after: definition_json(&after)?,
         };
@@ -163,7 +172,7 @@ impl MysqlLedger {
 
     /// What the log says of `action`'s request_id: None if it has no line; a replay if
     /// its line is this action (`name`, asking `asked`) on this product.
-    async fn logged(
+    pub(crate) async fn logged(
         &self,
         action: &AdminAction,
         name: &str,
@@ -191,7 +200,7 @@ impl MysqlLedger {
     /// The log's line and the event in `tx`, then the commit. A duplicate request_id
     /// (the same action committed meanwhile, a concurrent retry) rolls back, and the
     /// line that is there answers.
-    async fn log_and_commit(
+    pub(crate) async fn log_and_commit(
         &self,
         mut tx: Transaction<'_, MySql>,
         action: &AdminAction,
@@ -239,7 +248,10 @@ async fn log(
     .bind(&line.after)
     .execute(&mut **tx)
     .await?;
-    let kind = line.event.as_str();
+    let Some(event) = line.event else {
+        return Ok(());
+    };
+    let kind = event.as_str();
     let event = sqlx::query(ACTION_EVENT)
         .bind(kind)
         .bind(kind)

@@ -774,7 +774,8 @@ impl MysqlLedger {
              COALESCE(r.status = 'RELEASED' AND r.stock_returned = 0, 0) AS return_pending, \
              COALESCE(r.released_generation, 1) AS released_generation, \
              COALESCE(r.hold_id, 0) AS hold_id, COALESCE(r.generation, 1) AS hold_generation, \
-             p.per_user_limit IS NOT NULL AS limited \
+             p.per_user_limit IS NOT NULL AS limited, \
+             COALESCE(r.release_reason <> 'refund_withdrawn', 1) AS returns_units \
              FROM orders o LEFT JOIN inventory_reservation r ON r.request_id = o.request_id \
              LEFT JOIN products p ON p.product_id = o.product_id \
              WHERE o.id = ? AND o.user_id = ?"
@@ -796,6 +797,7 @@ impl MysqlLedger {
                 user_id: order.user_id,
                 quantity: order.quantity,
                 limited: row.try_get::<bool, _>("limited")?,
+                returns_units: row.try_get::<bool, _>("returns_units")?,
             })
         } else {
             None
@@ -1024,6 +1026,30 @@ async fn land_restock(
     Ok((generation, applied))
 }
 
+/// A release's generation and whether the gate is owed its part, written after the
+/// counters moved. This transaction holds the inventory row's lock then, so the
+/// generation read is the one the counters' change lands in: a rebuild either counted
+/// this release already (it committed first) or comes after it. In ledger mode the units
+/// are where the stock is served, in the counters: nothing is owed to the gate, whose way
+/// back is a rebuild from them.
+pub(crate) async fn stamp_release(
+    tx: &mut MySqlConnection,
+    product_id: i64,
+    request_id: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE inventory_reservation r, product_inventory i \
+         SET r.released_generation = i.generation, \
+         r.stock_returned = (i.stock_mode = 'LEDGER') \
+         WHERE i.product_id = ? AND r.request_id = ?",
+    )
+    .bind(product_id)
+    .bind(request_id)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
 /// Transition, decide: the conditional UPDATE that moves the order out of
 /// PENDING_PAYMENT; false when it matched nothing.
 async fn move_order(
@@ -1066,12 +1092,13 @@ async fn move_order(
                 .execute(&mut *tx)
                 .await?
         }
-        OrderStatus::PendingPayment => {
-            // Pay and cancel are the only transitions the ledger is asked for.
-            debug_assert!(false, "no transition to PENDING_PAYMENT");
-            return Err(sqlx::Error::Protocol(
-                "no transition to PENDING_PAYMENT".into(),
-            ));
+        OrderStatus::PendingPayment | OrderStatus::Refunded => {
+            // Pay and cancel are the buyer's transitions; a refund is the operator's
+            // (`refunds.rs`), from PAID.
+            debug_assert!(false, "no buyer's transition to {to}");
+            return Err(sqlx::Error::Protocol(format!(
+                "no buyer's transition to {to}"
+            )));
         }
     };
     Ok(updated.rows_affected() == 1)
@@ -1154,21 +1181,7 @@ impl MovedOrder {
             .execute(&mut *tx)
             .await?;
         if to == OrderStatus::Cancelled {
-            // This transaction holds the inventory row's lock now, so the generation read
-            // here is the one its counters change lands in: a rebuild either counted this
-            // release already (it committed first) or comes after it.
-            // In ledger mode the units are back where the stock is served, in these
-            // counters: nothing is owed to the gate, whose way back is a rebuild from them.
-            sqlx::query(
-                "UPDATE inventory_reservation r, product_inventory i \
-                 SET r.released_generation = i.generation, \
-                 r.stock_returned = (i.stock_mode = 'LEDGER') \
-                 WHERE i.product_id = ? AND r.request_id = ?",
-            )
-            .bind(self.product_id)
-            .bind(&self.request_id)
-            .execute(&mut *tx)
-            .await?;
+            stamp_release(tx, self.product_id, &self.request_id).await?;
         }
         sqlx::query(
             "INSERT INTO inventory_log (request_id, product_id, order_id, quantity, type) \

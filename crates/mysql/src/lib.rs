@@ -21,6 +21,7 @@ pub mod lists;
 mod maintenance;
 mod migrate;
 mod outbox;
+mod refunds;
 mod rows;
 mod schedule;
 mod scope;

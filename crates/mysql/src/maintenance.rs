@@ -126,7 +126,8 @@ impl LedgerMaintenance for MysqlLedger {
                     "SELECT r.product_id, r.request_id, r.user_id, r.quantity, \
                      COALESCE(r.released_generation, 1) AS released_generation, r.hold_id, \
                      r.generation AS hold_generation, \
-                     o.id IS NOT NULL AS has_order, p.per_user_limit IS NOT NULL AS limited \
+                     o.id IS NOT NULL AS has_order, p.per_user_limit IS NOT NULL AS limited, \
+                     COALESCE(r.release_reason <> 'refund_withdrawn', 1) AS returns_units \
                      FROM inventory_reservation r \
                      LEFT JOIN orders o ON o.request_id = r.request_id \
                      LEFT JOIN products p ON p.product_id = r.product_id \
@@ -155,6 +156,7 @@ impl LedgerMaintenance for MysqlLedger {
                             .map_err(corrupt)?,
                         quantity: quantity(r.try_get::<i32, _>("quantity").map_err(db)?)?,
                         limited: r.try_get::<bool, _>("limited").map_err(db)?,
+                        returns_units: r.try_get::<bool, _>("returns_units").map_err(db)?,
                     }
                 } else {
                     ReleaseOf::Hold {
@@ -519,11 +521,13 @@ const MISMATCHED: &str = "SELECT r.request_id FROM inventory_reservation r \
        (o.status = 'PENDING_PAYMENT' AND r.status = 'PROCESSING') OR \
        (o.status = 'PAID' AND r.status = 'CONFIRMED') OR \
        (o.status = 'CANCELLED' AND r.status = 'RELEASED') OR \
+       (o.status = 'REFUNDED' AND r.status = 'RELEASED') OR \
        (o.status IS NULL AND r.status = 'RELEASED')) LIMIT ?";
 
-/// Facts: one event per state change: created for every order, paid / cancelled for the
-/// order's terminal state, released for every released reservation — each exactly once,
-/// and no event for a change that did not happen. Events are counted from the view that
+/// Facts: one event per state change: created for every order, paid for a paid or
+/// refunded one, cancelled or refunded for the order's terminal state, released for every
+/// reservation released but by a refund — each exactly once, and no event for a change
+/// that did not happen. Events are counted from the view that
 /// unpacks a group commit's packs (migration `…13_batch_facts.sql`). Binds the product
 /// twice and `LISTED_MAX`.
 const EVENT_MISMATCHES: &str = "SELECT r.request_id FROM inventory_reservation r \
@@ -532,14 +536,17 @@ const EVENT_MISMATCHES: &str = "SELECT r.request_id FROM inventory_reservation r
        SUM(e.event_type = 'order_created') AS created, \
        SUM(e.event_type = 'order_paid') AS paid, \
        SUM(e.event_type = 'order_cancelled') AS cancelled, \
-       SUM(e.event_type = 'reservation_released') AS released \
+       SUM(e.event_type = 'reservation_released') AS released, \
+       SUM(e.event_type = 'order_refunded') AS refunded \
        FROM outbox_event e WHERE e.product_id = ? GROUP BY e.request_id) e \
      ON e.request_id = r.request_id \
      WHERE r.product_id = ? AND ( \
        COALESCE(o.id IS NOT NULL, 0) <> COALESCE(e.created, 0) \
-       OR COALESCE(o.status = 'PAID', 0) <> COALESCE(e.paid, 0) \
+       OR COALESCE(o.status IN ('PAID', 'REFUNDED'), 0) <> COALESCE(e.paid, 0) \
        OR COALESCE(o.status = 'CANCELLED', 0) <> COALESCE(e.cancelled, 0) \
-       OR (r.status = 'RELEASED') <> COALESCE(e.released, 0)) \
+       OR COALESCE(o.status = 'REFUNDED', 0) <> COALESCE(e.refunded, 0) \
+       OR (r.status = 'RELEASED' AND COALESCE(o.status <> 'REFUNDED', 1)) \
+         <> COALESCE(e.released, 0)) \
      LIMIT ?";
 
 /// Facts: the operator's actions whose events do not match them one to one (binds the
@@ -551,20 +558,42 @@ const ACTION_EVENT_MISMATCHES: &str = "SELECT CONCAT('ADMIN_', a.id) AS request_
      LEFT JOIN (SELECT o.request_id, COUNT(*) AS n FROM outbox o WHERE o.product_id = ? \
        AND o.request_id LIKE 'ADMIN\\_%' GROUP BY o.request_id) e \
      ON e.request_id = CONCAT('ADMIN_', a.id) \
-     WHERE a.product_id = ? AND COALESCE(e.n, 0) <> 1 \
+     WHERE a.product_id = ? AND a.action <> 'refund' AND COALESCE(e.n, 0) <> 1 \
      UNION ALL SELECT o.request_id FROM outbox o \
      LEFT JOIN admin_action a ON o.request_id = CONCAT('ADMIN_', a.id) \
      WHERE o.product_id = ? AND o.request_id LIKE 'ADMIN\\_%' AND a.id IS NULL \
      LIMIT ?";
 
-/// Facts: the stock log per reservation, a `confirm` row if and only if it is CONFIRMED
-/// and a `release` row if and only if it is RELEASED (binds the product and
+/// Facts: the stock log per reservation, a `confirm` row if and only if it was paid
+/// (CONFIRMED, or refunded since), a `refund` row if and only if its order was refunded,
+/// and a `release` row if and only if it is RELEASED otherwise (binds the product and
 /// `LISTED_MAX`).
 const LOG_MISMATCHES: &str = "SELECT r.request_id FROM inventory_reservation r \
+     LEFT JOIN orders o ON o.request_id = r.request_id \
      LEFT JOIN inventory_log c ON c.request_id = r.request_id AND c.type = 'confirm' \
      LEFT JOIN inventory_log l ON l.request_id = r.request_id AND l.type = 'release' \
-     WHERE r.product_id = ? AND ((r.status = 'CONFIRMED') <> (c.id IS NOT NULL) \
-       OR (r.status = 'RELEASED') <> (l.id IS NOT NULL)) LIMIT ?";
+     LEFT JOIN inventory_log f ON f.request_id = r.request_id AND f.type = 'refund' \
+     WHERE r.product_id = ? AND ( \
+       (r.status = 'CONFIRMED' OR COALESCE(o.status = 'REFUNDED', 0)) <> (c.id IS NOT NULL) \
+       OR COALESCE(o.status = 'REFUNDED', 0) <> (f.id IS NOT NULL) \
+       OR (r.status = 'RELEASED' AND COALESCE(o.status <> 'REFUNDED', 1)) \
+         <> (l.id IS NOT NULL)) LIMIT ?";
+
+/// Facts: refunds against the operator's log (binds the product three times and
+/// `LISTED_MAX`): a refunded order with no `refund` line or more than one, and a line
+/// whose order is not refunded. The order and its line are written in one transaction
+/// (`refunds.rs`), so either is a lost or a forged write.
+const REFUND_LOG_MISMATCHES: &str = "SELECT CAST(o.request_id AS CHAR) AS request_id \
+     FROM orders o \
+     LEFT JOIN (SELECT CAST(JSON_VALUE(a.asked, '$.order_id') AS SIGNED) AS order_id, \
+       COUNT(*) AS n FROM admin_action a WHERE a.product_id = ? AND a.action = 'refund' \
+       GROUP BY 1) a ON a.order_id = o.id \
+     WHERE o.product_id = ? AND o.status = 'REFUNDED' AND COALESCE(a.n, 0) <> 1 \
+     UNION ALL SELECT CONCAT('ADMIN_', a.id) FROM admin_action a \
+     LEFT JOIN orders o ON o.id = CAST(JSON_VALUE(a.asked, '$.order_id') AS SIGNED) \
+     WHERE a.product_id = ? AND a.action = 'refund' \
+       AND COALESCE(o.status <> 'REFUNDED', 1) \
+     LIMIT ?";
 
 /// Facts: the events of the product's parked outbox rows.
 const PARKED_EVENTS: &str = "SELECT CAST(COALESCE(SUM(o.events), 0) AS SIGNED) \
@@ -574,6 +603,7 @@ const PARKED_EVENTS: &str = "SELECT CAST(COALESCE(SUM(o.events), 0) AS SIGNED) \
 /// `updated_at` is its release: nothing updates it again until its units are back (then
 /// it is no longer listed).
 const RESERVATIONS: &str = "SELECT request_id, hold_id, quantity, status, stock_returned, \
+     COALESCE(release_reason <> 'refund_withdrawn', 1) AS returns_units, \
      CAST(TIMESTAMPDIFF(MICROSECOND, updated_at, NOW(6)) AS SIGNED) AS age_us \
      FROM inventory_reservation WHERE product_id = ?";
 
@@ -651,6 +681,11 @@ impl MysqlLedger {
         let of_actions = "facts: action events";
         mismatches.extend(
             self.facts_request_ids(of_actions, pool, ACTION_EVENT_MISMATCHES, actions)
+                .await?,
+        );
+        let of_refunds = "facts: refunds logged";
+        mismatches.extend(
+            self.facts_request_ids(of_refunds, pool, REFUND_LOG_MISMATCHES, actions)
                 .await?,
         );
         Ok(mismatches)
@@ -752,7 +787,8 @@ fn unapplied_restocks(
 struct ReservationFacts {
     /// PROCESSING or CONFIRMED: request_id → (hold id, units).
     live: BTreeMap<String, (HoldId, i64)>,
-    /// RELEASED with units not back: request_id → (units, time since the release).
+    /// RELEASED with the gate's part not done: request_id → (units owed back on sale,
+    /// time since the release). A withdrawn refund owes none: its hold is only let go.
     unreturned: BTreeMap<String, (i64, Duration)>,
     /// Every request_id with a reservation row.
     reserved_request_ids: BTreeSet<String>,
@@ -771,7 +807,12 @@ impl ReservationFacts {
             if status == "RELEASED" {
                 if !r.try_get::<bool, _>("stock_returned").map_err(db)? {
                     let released_for = age(r.try_get("age_us").map_err(db)?);
-                    unreturned.insert(request_id.clone(), (quantity, released_for));
+                    let owed = if r.try_get::<bool, _>("returns_units").map_err(db)? {
+                        quantity
+                    } else {
+                        0
+                    };
+                    unreturned.insert(request_id.clone(), (owed, released_for));
                 }
             } else {
                 let hold_id: i64 = r.try_get("hold_id").map_err(db)?;

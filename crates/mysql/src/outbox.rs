@@ -78,6 +78,16 @@ pub(crate) enum Change<'a> {
         to: OrderStatus,
         cancel_reason: Option<CancelReason>,
     },
+    /// `refund`: a PAID order REFUNDED, its units back on sale or out of stock
+    /// (`reason`).
+    Refunded {
+        order_id: OrderId,
+        user_id: UserId,
+        request_id: &'a str,
+        product_id: i64,
+        quantity: i32,
+        reason: ReleaseReason,
+    },
     /// `insert_fence`: a reservation released without an order (no order_id).
     Fenced {
         request: &'a PurchaseRequest,
@@ -123,6 +133,23 @@ fn drafts(change: Change<'_>) -> Result<Vec<Draft<'_>>, sqlx::Error> {
             quantity: i64::from(request.quantity.get()),
             reason: Some(reason.as_str()),
         }],
+        Change::Refunded {
+            order_id,
+            user_id,
+            request_id,
+            product_id,
+            quantity,
+            reason,
+        } => vec![Draft {
+            after: 1,
+            event_type: EventType::OrderRefunded,
+            order_id: Some(order_id.get()),
+            request_id,
+            product_id,
+            user_id: user_id.get(),
+            quantity: i64::from(quantity),
+            reason: Some(reason.as_str()),
+        }],
         Change::Resolved {
             order_id,
             user_id,
@@ -155,12 +182,11 @@ fn drafts(change: Change<'_>) -> Result<Vec<Draft<'_>>, sqlx::Error> {
                         ),
                     ]
                 }
-                OrderStatus::PendingPayment => {
-                    // A transition moves an order out of PENDING_PAYMENT, never into it.
-                    debug_assert!(false, "no event for a transition to PENDING_PAYMENT");
-                    return Err(sqlx::Error::Protocol(
-                        "no event for a transition to PENDING_PAYMENT".into(),
-                    ));
+                OrderStatus::PendingPayment | OrderStatus::Refunded => {
+                    // A buyer's transition moves an order out of PENDING_PAYMENT, never
+                    // into it; a refund is `Change::Refunded`.
+                    debug_assert!(false, "no resolution to {to}");
+                    return Err(sqlx::Error::Protocol(format!("no resolution to {to}")));
                 }
             }
         }
@@ -833,7 +859,8 @@ async fn add_stats(
     sqlx::query(
         "INSERT INTO sales_stats (product_id, orders_created, units_ordered, orders_paid, \
          units_paid, orders_cancelled, units_cancelled, reservations_released, \
-         units_released) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) \
+         units_released, orders_refunded, units_refunded) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
          ON DUPLICATE KEY UPDATE orders_created = orders_created + VALUES(orders_created), \
          units_ordered = units_ordered + VALUES(units_ordered), \
          orders_paid = orders_paid + VALUES(orders_paid), \
@@ -841,7 +868,9 @@ async fn add_stats(
          orders_cancelled = orders_cancelled + VALUES(orders_cancelled), \
          units_cancelled = units_cancelled + VALUES(units_cancelled), \
          reservations_released = reservations_released + VALUES(reservations_released), \
-         units_released = units_released + VALUES(units_released)",
+         units_released = units_released + VALUES(units_released), \
+         orders_refunded = orders_refunded + VALUES(orders_refunded), \
+         units_refunded = units_refunded + VALUES(units_refunded)",
     )
     .bind(product_id)
     .bind(d.orders_created)
@@ -852,6 +881,8 @@ async fn add_stats(
     .bind(d.units_cancelled)
     .bind(d.reservations_released)
     .bind(d.units_released)
+    .bind(d.orders_refunded)
+    .bind(d.units_refunded)
     .execute(&mut *conn)
     .await?;
     Ok(())

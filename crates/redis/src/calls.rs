@@ -445,20 +445,22 @@ impl Layout {
     ) -> Result<Release, GateError> {
         // The script takes integers; 0 stands for "no release generation" (a hold the
         // ledger never counted) and for "no user".
-        let (generation, hold, user, quantity, limited) = match of {
-            ReleaseOf::Hold { hold } => (0, *hold, 0, 0, false),
+        let (generation, hold, user, quantity, limited, returns_units) = match of {
+            ReleaseOf::Hold { hold } => (0, *hold, 0, 0, false, true),
             ReleaseOf::Reservation {
                 generation,
                 hold,
                 user_id,
                 quantity,
                 limited,
+                returns_units,
             } => (
                 generation.get(),
                 *hold,
                 user_id.get(),
                 quantity.get(),
                 *limited,
+                *returns_units,
             ),
         };
         let call = Call {
@@ -481,6 +483,7 @@ impl Layout {
                 hold.generation.get().to_string(),
                 self.revocations.clone(),
                 product_id.get().to_string(),
+                u8::from(returns_units).to_string(),
             ],
         };
         let reply = w.eval(&call).await?;

@@ -446,7 +446,8 @@ async fn a_record_lifetime_is_checked_before_any_write() {
             .arg(1)
             .arg(1)
             .arg("ch")
-            .arg(0);
+            .arg(0)
+            .arg(1);
         let refused: redis::RedisResult<Value> = call.invoke_async(&mut conn).await;
         let e = refused.expect_err("refused");
         assert!(format!("{e}").contains("invalid arguments"), "{ttl}: {e}");

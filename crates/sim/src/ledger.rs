@@ -651,6 +651,8 @@ impl Tables {
                 .products
                 .get(&order.product_id.get())
                 .is_some_and(|p| p.per_user_limit.is_some()),
+            // The simulator's ledger has no refunds: every release returns its units.
+            returns_units: true,
         });
         Some((order, expired, pending_return))
     }
@@ -1291,8 +1293,11 @@ impl MemLedger {
                     o.expires_at <= now
                 }
                 OrderStatus::Cancelled => true,
-                OrderStatus::PendingPayment => {
-                    return Err(LedgerError::rejected("no transition to PENDING_PAYMENT"))
+                // A refund is the operator's, which the simulator does not drive.
+                OrderStatus::PendingPayment | OrderStatus::Refunded => {
+                    return Err(LedgerError::rejected(format!(
+                        "no buyer's transition to {to}"
+                    )))
                 }
             };
         if !matched {
@@ -1543,7 +1548,7 @@ fn units_of(t: &Tables, product_id: i64, now: DateTime<Utc>) -> (i64, i64, i64) 
                 }
             }
             OrderStatus::Paid => paid += q,
-            OrderStatus::Cancelled => {}
+            OrderStatus::Cancelled | OrderStatus::Refunded => {}
         }
     }
     (pending, paid, overdue)
@@ -2080,6 +2085,7 @@ impl LedgerMaintenance for MemLedger {
                             .products
                             .get(&r.request.product_id.get())
                             .is_some_and(|p| p.per_user_limit.is_some()),
+                        returns_units: true,
                     }
                 } else {
                     ReleaseOf::Hold { hold: r.hold }

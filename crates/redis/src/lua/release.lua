@@ -4,7 +4,8 @@
 -- ARGV[1] request_id  ARGV[2] release generation (0: a hold the ledger never counted —
 -- its own generation decides)  ARGV[3] user_id  ARGV[4] quantity  ARGV[5] limited 0/1
 -- ARGV[6] record ttl ms  ARGV[7] the hold's id  ARGV[8] the generation it was taken in
--- ARGV[9] revocation channel  ARGV[10] product id
+-- ARGV[9] revocation channel  ARGV[10] product id  ARGV[11] units back on sale 1/0 (0: a
+-- refund that withdrew them from stock; the hold and the buyer's count are still let go)
 -- Returns 1 released | 0 nothing to add (already released, or a rebuild counted the
 -- units) | -1 no record of this hold | -2 not loaded, written by another Redis process,
 -- or behind the release's generation (retry after the rebuild).
@@ -15,7 +16,8 @@ local ttl = tonumber(ARGV[6])
 local hold = tonumber(ARGV[7])
 local hgen = tonumber(ARGV[8])
 if not relgen or relgen < 0 or not lifetime_ok(ttl) or not hold or not hgen or not ARGV[9]
-   or ARGV[9] == '' or not tonumber(ARGV[10]) then
+   or ARGV[9] == '' or not tonumber(ARGV[10]) or (ARGV[11] ~= '1' and ARGV[11] ~= '0')
+   or (ARGV[11] == '0' and relgen == 0) then
   return redis.error_reply('ERR flashsale release: invalid arguments')
 end
 local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen', 'srv')
@@ -67,9 +69,11 @@ else
   end
 end
 if not q or q < 1 then return redis.error_reply('ERR flashsale release: corrupt hold record') end
-redis.call('HINCRBY', KEYS[1], 'avail', q)
-if redis.call('HDEL', KEYS[1], 'lease') == 1 then
-  redis.call('PUBLISH', ARGV[9], ARGV[10] .. ':' .. (inv[2] or '1'))
+if ARGV[11] == '1' then
+  redis.call('HINCRBY', KEYS[1], 'avail', q)
+  if redis.call('HDEL', KEYS[1], 'lease') == 1 then
+    redis.call('PUBLISH', ARGV[9], ARGV[10] .. ':' .. (inv[2] or '1'))
+  end
 end
 if counted then
   local left = redis.call('HINCRBY', KEYS[2], user, -q)

@@ -13,8 +13,8 @@ use crate::helpers::TestApp;
 /// - I1: units of PENDING_PAYMENT + PAID orders ≤ total; Redis available ≥ 0.
 /// - I2: one order and one reservation per request_id; every order has its reservation.
 /// - I3: each reservation's state matches its order's (PROCESSING ↔ PENDING_PAYMENT,
-///   CONFIRMED ↔ PAID, RELEASED ↔ CANCELLED or no order), and every RELEASED one has its
-///   units back in Redis.
+///   CONFIRMED ↔ PAID, RELEASED ↔ CANCELLED, REFUNDED or no order), and every RELEASED
+///   one has its units back in Redis (a withdrawn refund's: its hold let go).
 /// - I4: Redis available == total − units of live orders; the ledger's counters agree with
 ///   the orders; every hold Redis still has units for is a live reservation with the same
 ///   hold id, so no decrement is untraceable. (A live reservation may lack its Redis
@@ -88,6 +88,7 @@ pub async fn check_on(app: &TestApp, pool: &sqlx::MySqlPool, product_id: i64) ->
            (o.status = 'PENDING_PAYMENT' AND r.status = 'PROCESSING') OR \
            (o.status = 'PAID' AND r.status = 'CONFIRMED') OR \
            (o.status = 'CANCELLED' AND r.status = 'RELEASED') OR \
+           (o.status = 'REFUNDED' AND r.status = 'RELEASED') OR \
            (o.status IS NULL AND r.status = 'RELEASED'))",
     )
     .bind(product_id)

@@ -42,6 +42,7 @@ mod products;
 mod purchase;
 mod rate_limit;
 mod recovery;
+mod refund;
 mod request_keys;
 mod slow_clients;
 mod sold_out;

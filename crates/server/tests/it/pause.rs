@@ -407,6 +407,14 @@ async fn buy(app: &TestApp, rid: &str, user: i64, product: i64) -> (StatusCode, 
     (s, b)
 }
 
+/// Settings for a test that kills its private Redis to sell from MariaDB: the product
+/// moves to ledger mode a second after the gate fails, and stays there for the test.
+pub(crate) const LEDGER_MODE_SOON: [(&str, &str); 3] = [
+    ("FALLBACK_AFTER", "1s"),
+    ("FALLBACK_RECOVER_AFTER", "60s"),
+    ("RECOVERY_AFTER", "15s"),
+];
+
 // Checks a pause while Redis is dead and the product sells from MariaDB (ledger mode),
 // on two instances: the pause cannot be announced (the channel is Redis's), so its 200
 // waits out the catalog's one-second expiry, and from then on both instances answer
@@ -415,11 +423,7 @@ async fn buy(app: &TestApp, rid: &str, user: i64, product: i64) -> (StatusCode, 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pause_holds_in_ledger_mode_with_redis_dead() {
     const PRODUCT: i64 = 4103;
-    let settings = [
-        ("FALLBACK_AFTER", "1s"),
-        ("FALLBACK_RECOVER_AFTER", "60s"),
-        ("RECOVERY_AFTER", "15s"),
-    ];
+    let settings = LEDGER_MODE_SOON;
     let mut redis = PrivateRedis::start().await.expect("private redis");
     let app = TestApp::spawn_on_redis(redis.url(), &settings).await;
     let beside = app.spawn_beside(&settings).await;
