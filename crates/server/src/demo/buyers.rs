@@ -72,6 +72,8 @@ fn manner(n: u64) -> Manner {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Settled {
     Paid,
+    /// Paid, then refunded by the operator, its unit put back on sale.
+    Refunded,
     Cancelled,
     /// Walked away: the order waits for its payment deadline.
     Left,

@@ -215,6 +215,26 @@ impl Shop {
         .await
     }
 
+    /// `POST /v1/orders/{id}/refund` with the admin token, under `request_id`: the order
+    /// as it is now.
+    pub async fn refund(
+        &self,
+        id: OrderId,
+        request_id: &RequestId,
+        restock: bool,
+    ) -> Result<Answer<serde_json::Value>, Unexpected> {
+        let body = serde_json::json!({ "request_id": request_id.as_str(), "restock": restock });
+        self.exchange(
+            Method::POST,
+            &format!("/v1/orders/{id}/refund"),
+            Some(body),
+            Some(&self.admin),
+            None,
+            None,
+        )
+        .await
+    }
+
     pub async fn product(&self, id: ProductId) -> Result<Answer<Product>, Unexpected> {
         self.exchange(
             Method::GET,

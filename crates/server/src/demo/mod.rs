@@ -497,6 +497,7 @@ async fn demo(
         .filter_map(|b| b.order().map(|o| (o.order_id, b.user, o.expires_at)))
         .collect();
     let expiry = expire(shop, product, left, payment_timeout, display).await?;
+    let refunded = refund_once(shop, product, &mut all).await?;
     comeback(shop, product, next_user, &mut all, display).await?;
 
     // One order per request: every request that got an order, sent again.
@@ -521,6 +522,7 @@ async fn demo(
         args, product, &all, &expiry, &replays, &end, &totals, &tally,
     );
     checks.insert(checks.len() - 1, paused);
+    checks.insert(checks.len() - 1, refunded);
     println!("summary   product {product}, {} units", count(args.stock));
     Ok(summary(&checks))
 }
@@ -593,6 +595,53 @@ async fn pause_once(shop: &Shop, product: ProductId) -> Result<Check, DemoError>
     Ok(Check::made(
         passed,
         format!("a paused sale refused a purchase ({code}) and was resumed"),
+    ))
+}
+
+/// Refunds the first paid order with its unit put back on sale, once no purchase runs
+/// (after the flood and the expiry, before the waves that buy what came back): the check
+/// that the order reads REFUNDED and that its unit moved from sold to available. The
+/// buyer is then counted as refunded, not paid; the next wave buys the unit again.
+async fn refund_once(
+    shop: &Shop,
+    product: ProductId,
+    all: &mut [Buyer],
+) -> Result<Check, DemoError> {
+    let Some(buyer) = all.iter_mut().find(|b| b.settled == Some(Settled::Paid)) else {
+        println!("refund    no order was paid: nothing to refund");
+        return Ok(Check::not_made("refund: no order was paid".to_owned()));
+    };
+    let Some(order) = buyer.order().map(|o| o.order_id) else {
+        debug_assert!(false, "a paid buyer has an order");
+        return Err(DemoError::Service("a paid buyer without an order".into()));
+    };
+    let request_id = RequestId::parse("request_id", &format!("demo{product}-refund"))
+        .map_err(|e| DemoError::Setup(e.to_string()))?;
+    let before = inventory(shop, product).await?;
+    let tally = Tally::default();
+    let answer = until_known(&tally, |_| shop.refund(order, &request_id, true)).await?;
+    let after = inventory(shop, product).await?;
+    let status = match &answer {
+        Known::Done(_, v) => v["status"].as_str().unwrap_or("?").to_owned(),
+        Known::Refused(status, code) => format!("{} {code}", status.as_u16()),
+        Known::Unknown => "no answer".to_owned(),
+    };
+    if status == "REFUNDED" {
+        buyer.settled = Some(Settled::Refunded);
+    }
+    let moved = after.sold == before.sold - 1 && after.available == before.available + 1;
+    println!(
+        "refund    order {order} refunded ({status}), its unit back on sale: sold {} → {}",
+        count(before.sold.max(0).unsigned_abs()),
+        count(after.sold.max(0).unsigned_abs())
+    );
+    Ok(Check::made(
+        status == "REFUNDED" && moved && after.total == before.total,
+        format!(
+            "a paid order refunded ({status}) put its unit back on sale: sold {} → {}, \
+             available {} → {}",
+            before.sold, after.sold, before.available, after.available
+        ),
     ))
 }
 
@@ -723,7 +772,7 @@ async fn comeback(
         };
         next_user = next_user.saturating_add_unsigned(wave.buyers);
         println!(
-            "wave {}    {} units back on sale (cancelled or expired): {} buyers who waited, each paying at once",
+            "wave {}    {} units back on sale (cancelled, expired or refunded): {} buyers who waited, each paying at once",
             round + 1,
             count(units),
             count(wave.buyers)

@@ -115,8 +115,9 @@ async fn facts(pool: &MySqlPool, product: i64) -> (i64, i64, i64, i64, i64, i64,
 
 // Checks `flashsale demo --spawn` end to end: the built binary starts its own service
 // (a private database, Redis prefix and NATS stream; 100 units, 1,000 buyers, a 3 s
-// payment timeout), waits for the unpaid orders to expire, sells the units that came
-// back, and exits 0 with every summary line "ok"; the flood is unpaced
+// payment timeout), pauses and resumes the sale, waits for the unpaid orders to expire,
+// refunds a paid order with its unit back on sale, sells the units that came back, and
+// exits 0 with every summary line "ok"; the flood is unpaced
 // (`--flood-duration 0s`) to keep the suite fast. It names its log, which holds its
 // service's lines. Then MariaDB is asked directly: one order per request_id, sold ==
 // PAID orders == the stock, nothing held, and as many orders as the demo says its
@@ -147,8 +148,9 @@ async fn demo_spawns_a_service_sells_out_and_checks_it() {
         "ok    double-clicks never got two orders:",
         "ok    every buyer got an answer:",
         "ok    a paused sale refused a purchase (409 sale_paused) and was resumed",
+        "ok    a paid order refunded (REFUNDED) put its unit back on sale:",
         "ok    the audit of product 1001: 0 violations",
-        "all 9 checks passed",
+        "all 10 checks passed",
     ] {
         assert!(text.contains(line), "no {line:?} in:\n{text}");
     }
