@@ -763,13 +763,13 @@ async fn create_product_of(
     body: Result<Body, ApiError>,
 ) -> Result<impl IntoResponse, ApiError> {
     // Credentials first: a stranger learns nothing about what else was wrong.
-    require_admin(state, headers)?;
+    let admin = require_admin(state, headers)?;
     let Body(body) = body?;
     let b: NewProductBody = json(&body)?;
     let window = SaleWindow::new(b.sale_starts_at, b.sale_ends_at).map_err(invalid)?;
     let new = NewProduct::parse(b.product_id, &b.name, b.stock, b.per_user_limit, window)
         .map_err(invalid)?;
-    let view = deadline(state, state.service.create_product(new)).await?;
+    let view = deadline(state, state.service.create_product(new, &admin)).await?;
     Ok((StatusCode::CREATED, Json(ProductJson::from(&view))))
 }
 
@@ -973,10 +973,11 @@ async fn restock(
     body: Result<Body, ApiError>,
 ) -> Response {
     let result = async {
-        let (_admin, id, body) = admin_target(&state, &headers, id, body)?;
+        let (admin, id, body) = admin_target(&state, &headers, id, body)?;
         let b: RestockBody = json(&body)?;
         let restock_id = RequestId::parse("request_id", &b.request_id).map_err(invalid)?;
-        let view = deadline(&state, state.service.restock(id, restock_id, b.quantity)).await?;
+        let restocked = state.service.restock(id, restock_id, b.quantity, &admin);
+        let view = deadline(&state, restocked).await?;
         Ok::<_, ApiError>(Json(ProductJson::from(&view)))
     }
     .await;

@@ -483,9 +483,9 @@ pub struct LoggedActionJson {
     /// The line's id, in the log's order.
     #[schema(format = Int64, minimum = 1)]
     pub id: i64,
-    /// The request_id the admin sent.
-    pub request_id: String,
-    /// `pause`, `resume` or `patch`.
+    /// The request_id the admin sent; null for a creation (its key is the product id).
+    pub request_id: Option<String>,
+    /// `create`, `restock`, `pause`, `resume`, `patch` or `refund`.
     pub action: String,
     #[schema(format = Int64, minimum = 1)]
     pub product_id: i64,
@@ -514,7 +514,7 @@ impl LoggedActionJson {
         };
         Self {
             id: a.id,
-            request_id: a.request_id.to_string(),
+            request_id: a.request_id.as_ref().map(ToString::to_string),
             action: a.action.clone(),
             product_id: a.product_id.get(),
             admin: a.admin.to_string(),

@@ -107,8 +107,9 @@ pub struct ProductView {
 pub struct LoggedAction {
     /// The line's id: the log's order and the cursor of its pages.
     pub id: i64,
-    pub request_id: RequestId,
-    /// `pause`, `resume` or `patch`.
+    /// The admin's idempotency key; None for a creation, whose key is its product.
+    pub request_id: Option<RequestId>,
+    /// `create`, `restock`, `pause`, `resume`, `patch` or `refund`.
     pub action: String,
     pub product_id: ProductId,
     pub admin: AdminName,

@@ -10,8 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use flashsale_core::{
-    CancelReason, Generation, HoldId, HoldRef, InventoryCounters, NewProduct, OrderId, ProductId,
-    PurchaseRequest, Quantity, ReleaseReason, RequestId, StockMode, UserId,
+    AdminName, CancelReason, Generation, HoldId, HoldRef, InventoryCounters, NewProduct, OrderId,
+    ProductId, PurchaseRequest, Quantity, ReleaseReason, RequestId, StockMode, UserId,
 };
 
 use crate::model::{Order, Product, PurchaseRecord};
@@ -458,7 +458,13 @@ pub enum Restock {
 pub trait Ledger: Send + Sync + 'static {
     async fn ping(&self) -> Result<(), LedgerError>;
 
-    async fn create_product(&self, product: &NewProduct) -> Result<CreateProduct, LedgerError>;
+    /// Creates the product with its inventory, and the operator's log line naming `by`,
+    /// in one transaction.
+    async fn create_product(
+        &self,
+        product: &NewProduct,
+        by: &AdminName,
+    ) -> Result<CreateProduct, LedgerError>;
 
     async fn product(&self, product_id: ProductId) -> Result<Option<Product>, LedgerError>;
 
@@ -555,12 +561,15 @@ pub trait Ledger: Send + Sync + 'static {
     /// Records that a released reservation's units are back in the gate.
     async fn mark_stock_returned(&self, request_id: &RequestId) -> Result<(), LedgerError>;
 
-    /// Records a restock (counters and log) once per restock id.
+    /// Records a restock (counters, stock log and the operator's log line naming `by`)
+    /// once per restock id; an id the operator's log holds for another action is a
+    /// conflict.
     async fn record_restock(
         &self,
         product_id: ProductId,
         restock_id: &RequestId,
         quantity: i64,
+        by: &AdminName,
     ) -> Result<RecordRestock, LedgerError>;
 
     async fn mark_restock_applied(&self, restock_id: &RequestId) -> Result<(), LedgerError>;

@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use flashsale_core::{
-    parse_restock, CancelReason, HoldRef, NewProduct, OrderId, OrderStatus, ProductId,
+    parse_restock, AdminName, CancelReason, HoldRef, NewProduct, OrderId, OrderStatus, ProductId,
     PurchaseRequest, ReleaseReason, RequestId, StockMode, Transition, UserId,
 };
 use tracing::{debug, error, info, warn};
@@ -167,8 +167,12 @@ impl Flashsale {
     /// call whose insert created the product succeeds (the ledger's primary key picks
     /// it); every other gets `ProductExists`. One with the same definition, such as a
     /// retry of a creation whose warm-up failed, finishes the warm-up first.
-    pub async fn create_product(&self, new: NewProduct) -> Result<ProductView, Error> {
-        match self.ledger.create_product(&new).await? {
+    pub async fn create_product(
+        &self,
+        new: NewProduct,
+        by: &AdminName,
+    ) -> Result<ProductView, Error> {
+        match self.ledger.create_product(&new, by).await? {
             // Read back after the insert committed: a concurrent duplicate (below) or a
             // purchase may have loaded the stock since, and then the gate's count stands.
             CreateProduct::Created(product) if product.stock_loaded => {}
@@ -229,12 +233,14 @@ impl Flashsale {
         })
     }
 
-    /// Adds stock, once per restock id, while purchases run.
+    /// Adds stock, once per restock id, while purchases run; `by` is the admin the
+    /// operator's log names.
     pub async fn restock(
         &self,
         product_id: ProductId,
         restock_id: RequestId,
         quantity: i64,
+        by: &AdminName,
     ) -> Result<ProductView, Error> {
         let quantity = parse_restock(quantity)?;
         let product = self.product(product_id).await?;
@@ -246,7 +252,7 @@ impl Flashsale {
         }
         let (applied, generation) = match self
             .ledger
-            .record_restock(product_id, &restock_id, quantity)
+            .record_restock(product_id, &restock_id, quantity, by)
             .await?
         {
             RecordRestock::Recorded {

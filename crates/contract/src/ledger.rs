@@ -13,7 +13,7 @@ use flashsale_app::ports::{
 };
 use flashsale_app::{Ledger, Order, PurchaseOutcome};
 use flashsale_core::{
-    CancelReason, HoldRef, InventoryCounters, OrderStatus, ProductId, PurchaseRequest,
+    AdminName, CancelReason, HoldRef, InventoryCounters, OrderStatus, ProductId, PurchaseRequest,
     ReleaseReason, StockMode,
 };
 
@@ -37,7 +37,10 @@ pub trait LedgerWorld: Sized + 'static {
 /// Creates [`product`] (or `product_id`) with `stock` units.
 pub async fn create<L: Ledger>(l: &L, product_id: ProductId, stock: i64, limit: Option<i64>) {
     match l
-        .create_product(&new_product(product_id, stock, limit))
+        .create_product(
+            &new_product(product_id, stock, limit),
+            &AdminName::default(),
+        )
         .await
         .expect("create")
     {
@@ -72,7 +75,7 @@ pub async fn a_product_is_created_once<W: LedgerWorld>(w: &W) {
     assert_eq!(l.product(product()).await.expect("product"), None);
     create(l, product(), 7, Some(2)).await;
     match l
-        .create_product(&new_product(product(), 99, None))
+        .create_product(&new_product(product(), 99, None), &AdminName::default())
         .await
         .expect("again")
     {
@@ -353,7 +356,10 @@ pub async fn a_restock_is_recorded_once<W: LedgerWorld>(w: &W) {
     create(l, product(), 5, None).await;
     create(l, product_n(2), 5, None).await;
     let r = request_id("S_R1");
-    let first = l.record_restock(product(), &r, 3).await.expect("restock");
+    let first = l
+        .record_restock(product(), &r, 3, &AdminName::default())
+        .await
+        .expect("restock");
     assert_eq!(
         first,
         RecordRestock::Recorded {
@@ -362,17 +368,19 @@ pub async fn a_restock_is_recorded_once<W: LedgerWorld>(w: &W) {
         }
     );
     assert_eq!(
-        l.record_restock(product(), &r, 3).await.expect("again"),
+        l.record_restock(product(), &r, 3, &AdminName::default())
+            .await
+            .expect("again"),
         first
     );
     assert_eq!(
-        l.record_restock(product(), &r, 4)
+        l.record_restock(product(), &r, 4, &AdminName::default())
             .await
             .expect("other quantity"),
         RecordRestock::Conflict
     );
     assert_eq!(
-        l.record_restock(product_n(2), &r, 3)
+        l.record_restock(product_n(2), &r, 3, &AdminName::default())
             .await
             .expect("other product"),
         RecordRestock::Conflict
@@ -384,16 +392,23 @@ pub async fn a_restock_is_recorded_once<W: LedgerWorld>(w: &W) {
     l.mark_restock_applied(&r).await.expect("applied");
     assert!(l.pending_restocks(10).await.expect("pending").is_empty());
     assert_eq!(
-        l.record_restock(product(), &r, 3).await.expect("after"),
+        l.record_restock(product(), &r, 3, &AdminName::default())
+            .await
+            .expect("after"),
         RecordRestock::Recorded {
             applied: true,
             generation: generation(1)
         }
     );
     assert_eq!(
-        l.record_restock(product(), &request_id("S_BIG"), i64::MAX / 2)
-            .await
-            .expect("too large"),
+        l.record_restock(
+            product(),
+            &request_id("S_BIG"),
+            i64::MAX / 2,
+            &AdminName::default()
+        )
+        .await
+        .expect("too large"),
         RecordRestock::TooLarge
     );
     let c = counters(l).await;
@@ -414,7 +429,9 @@ pub async fn advancing_a_generation_plans_from_the_facts<W: LedgerWorld>(w: &W) 
         .expect("cancel")
         .expect("o");
     let r = request_id("A_R");
-    l.record_restock(product(), &r, 4).await.expect("restock");
+    l.record_restock(product(), &r, 4, &AdminName::default())
+        .await
+        .expect("restock");
     let mark = l.watermark(product()).await.expect("w").expect("a product");
     assert_eq!(mark.generation, generation(1));
     assert_eq!(mark.last_hold_id, 9);
@@ -804,7 +821,7 @@ pub async fn leaving_ledger_mode_plans_the_gate<W: LedgerWorld>(w: &W) {
         .await
         .expect("cancel")
         .expect("o");
-    l.record_restock(product(), &request_id("X_R"), 4)
+    l.record_restock(product(), &request_id("X_R"), 4, &AdminName::default())
         .await
         .expect("restock");
     assert_eq!(
@@ -955,7 +972,7 @@ pub async fn entering_ledger_mode_settles_what_the_gate_is_owed<W: LedgerWorld>(
         .expect("cancel")
         .expect("o");
     assert!(attempt.pending_return.is_some(), "gate mode owes the gate");
-    l.record_restock(product(), &request_id("S_R"), 3)
+    l.record_restock(product(), &request_id("S_R"), 3, &AdminName::default())
         .await
         .expect("restock");
     assert_eq!(l.pending_returns(10).await.expect("r").len(), 1);
@@ -967,7 +984,7 @@ pub async fn entering_ledger_mode_settles_what_the_gate_is_owed<W: LedgerWorld>(
     assert!(stored.stock_loaded);
     assert_eq!(stored.stock_mode, StockMode::Ledger);
     assert_eq!(
-        l.record_restock(product(), &request_id("S_S"), 2)
+        l.record_restock(product(), &request_id("S_S"), 2, &AdminName::default())
             .await
             .expect("restock"),
         RecordRestock::Recorded {
@@ -1023,7 +1040,9 @@ async fn ended_sale<W: LedgerWorld>(w: &W, product_id: ProductId) {
     .expect("window");
     let ended = flashsale_core::NewProduct::parse(product_id.get(), "ended", 5, None, window)
         .expect("product");
-    l.create_product(&ended).await.expect("create");
+    l.create_product(&ended, &AdminName::default())
+        .await
+        .expect("create");
     l.mark_stock_loaded(product_id).await.expect("loaded");
 }
 

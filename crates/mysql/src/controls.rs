@@ -7,8 +7,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use flashsale_app::control::{Acted, AdminAction, Controls, RefundAsk, Refunded, SaleSwitch};
 use flashsale_app::{EventType, LedgerError};
-use flashsale_core::{Definition, ProductChange};
-use sqlx::{MySql, Transaction};
+use flashsale_core::{AdminName, Definition, ProductChange, ProductId};
+use sqlx::{MySql, MySqlConnection, Transaction};
 
 use crate::ledger::MysqlLedger;
 use crate::sql::is_duplicate;
@@ -224,6 +224,24 @@ impl MysqlLedger {
     }
 }
 
+/// A product's counters as the log shows them before and after an action that moves
+/// stock, read under the inventory row's lock in `tx`.
+pub(crate) async fn inventory_json(
+    tx: &mut MySqlConnection,
+    product_id: ProductId,
+) -> Result<serde_json::Value, sqlx::Error> {
+    let (total, available, reserved, sold): (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT total_stock, available_stock, pre_deduct_stock, sold_count \
+         FROM product_inventory WHERE product_id = ? FOR UPDATE",
+    )
+    .bind(product_id.get())
+    .fetch_one(&mut *tx)
+    .await?;
+    Ok(serde_json::json!({
+        "total": total, "available": available, "reserved": reserved, "sold": sold,
+    }))
+}
+
 /// A definition as the log and the event show it.
 fn definition_json(d: &Definition) -> Result<String, sqlx::Error> {
     serde_json::to_string(d).map_err(|e| sqlx::Error::Encode(Box::new(e)))
@@ -235,18 +253,32 @@ async fn log(
     action: &AdminAction,
     line: &Line<'_>,
 ) -> Result<(), sqlx::Error> {
+    let by = Some(action.request_id.as_str());
+    log_line(tx, by, action.product_id, &action.admin, line).await
+}
+
+/// The log's line under `request_id` (None for a creation, keyed by its product) and its
+/// event if it has one, in the open transaction `tx`. A request_id the log holds already
+/// fails on its unique key (`is_duplicate`).
+pub(crate) async fn log_line(
+    tx: &mut MySqlConnection,
+    request_id: Option<&str>,
+    product_id: ProductId,
+    admin: &AdminName,
+    line: &Line<'_>,
+) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO admin_action (request_id, action, product_id, admin, asked, \
          before_state, after_state) VALUES (?, ?, ?, ?, ?, ?, ?)",
     )
-    .bind(action.request_id.as_str())
+    .bind(request_id)
     .bind(line.action)
-    .bind(action.product_id.get())
-    .bind(action.admin.as_str())
+    .bind(product_id.get())
+    .bind(admin.as_str())
     .bind(line.asked.as_deref())
     .bind(&line.before)
     .bind(&line.after)
-    .execute(&mut **tx)
+    .execute(&mut *tx)
     .await?;
     let Some(event) = line.event else {
         return Ok(());
@@ -255,7 +287,7 @@ async fn log(
     let event = sqlx::query(ACTION_EVENT)
         .bind(kind)
         .bind(kind)
-        .execute(&mut **tx)
+        .execute(&mut *tx)
         .await?;
     debug_assert_eq!(event.rows_affected(), 1, "the action row just inserted");
     Ok(())

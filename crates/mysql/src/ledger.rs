@@ -8,8 +8,9 @@ use flashsale_app::ports::{
 };
 use flashsale_app::{Ledger, LedgerError, Order, Product, PurchaseRecord};
 use flashsale_core::{
-    CancelReason, Generation, HoldRef, InventoryCounters, NewProduct, OrderId, OrderStatus,
-    ProductId, PurchaseRequest, ReleaseReason, RequestId, StockMode, UserId, STOCK_MAX,
+    AdminName, CancelReason, Generation, HoldRef, InventoryCounters, NewProduct, OrderId,
+    OrderStatus, ProductId, PurchaseRequest, ReleaseReason, RequestId, StockMode, UserId,
+    STOCK_MAX,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlRow};
 use sqlx::ConnectOptions;
@@ -21,6 +22,7 @@ use std::sync::{Arc, OnceLock};
 
 use flashsale_batch::{BatchFn, Coalescer};
 
+use crate::controls::{inventory_json, log_line, Line};
 use crate::dedicated::Dedicated;
 use crate::group::{Committer, Counters, Decided, Purchase, Queued, Written};
 use crate::writer::{ClusterConfig, PoolSettings, Route};
@@ -881,6 +883,7 @@ impl MysqlLedger {
         product_id: ProductId,
         restock_id: &RequestId,
         quantity: i64,
+        by: &AdminName,
     ) -> Result<RecordRestock, sqlx::Error> {
         let mut tx = self.pool().begin().await?;
         let inserted = sqlx::query(
@@ -917,6 +920,14 @@ impl MysqlLedger {
             return Ok(RecordRestock::TooLarge);
         }
         let (generation, applied) = land_restock(&mut tx, product_id, restock_id, quantity).await?;
+        match log_restock(&mut tx, product_id, restock_id, quantity, by).await {
+            // The request_id names another admin action in the operator's log.
+            Err(e) if is_duplicate(&e) => {
+                tx.rollback().await?;
+                return Ok(RecordRestock::Conflict);
+            }
+            other => other?,
+        }
         tx.commit().await?;
         Ok(RecordRestock::Recorded {
             applied,
@@ -952,7 +963,7 @@ impl MysqlLedger {
         })
     }
 
-    async fn insert_product(&self, new: &NewProduct) -> Result<bool, sqlx::Error> {
+    async fn insert_product(&self, new: &NewProduct, by: &AdminName) -> Result<bool, sqlx::Error> {
         let mut tx = self.pool().begin().await?;
         let inserted = sqlx::query(
             "INSERT INTO products (product_id, name, per_user_limit, sale_starts_at, \
@@ -983,9 +994,60 @@ impl MysqlLedger {
         .bind(new.stock)
         .execute(&mut *tx)
         .await?;
+        log_creation(&mut tx, new, by).await?;
         tx.commit().await?;
         Ok(true)
     }
+}
+
+/// A creation's line in the operator's log: no request_id (the product id is its key),
+/// nothing before, the definition and the stock after.
+async fn log_creation(
+    tx: &mut MySqlConnection,
+    new: &NewProduct,
+    by: &AdminName,
+) -> Result<(), sqlx::Error> {
+    let after = serde_json::json!({
+        "name": new.name,
+        "per_user_limit": new.per_user_limit,
+        "sale_starts_at": new.window.starts_at,
+        "sale_ends_at": new.window.ends_at,
+        "stock": new.stock,
+    });
+    let line = Line {
+        action: "create",
+        asked: None,
+        event: None,
+        before: "null".to_owned(),
+        after: after.to_string(),
+    };
+    log_line(tx, None, new.product_id, by, &line).await
+}
+
+/// A restock's line in the operator's log, in its transaction after the counters moved:
+/// the counters before (read back less the units) and after, and the units asked for.
+async fn log_restock(
+    tx: &mut MySqlConnection,
+    product_id: ProductId,
+    restock_id: &RequestId,
+    quantity: i64,
+    by: &AdminName,
+) -> Result<(), sqlx::Error> {
+    let after = inventory_json(tx, product_id).await?;
+    let mut before = after.clone();
+    for counter in ["total", "available"] {
+        let now = after[counter].as_i64();
+        debug_assert!(now.is_some(), "counters are read as integers");
+        before[counter] = (now.unwrap_or_default() - quantity).into();
+    }
+    let line = Line {
+        action: "restock",
+        asked: Some(serde_json::json!({ "quantity": quantity }).to_string()),
+        event: None,
+        before: before.to_string(),
+        after: after.to_string(),
+    };
+    log_line(tx, Some(restock_id.as_str()), product_id, by, &line).await
 }
 
 /// Restock, land: under the inventory row's lock, the generation and the mode the restock
@@ -1210,9 +1272,13 @@ impl Ledger for MysqlLedger {
         .await
     }
 
-    async fn create_product(&self, new: &NewProduct) -> Result<CreateProduct, LedgerError> {
+    async fn create_product(
+        &self,
+        new: &NewProduct,
+        by: &AdminName,
+    ) -> Result<CreateProduct, LedgerError> {
         let created = self
-            .run("create product", || self.insert_product(new))
+            .run("create product", || self.insert_product(new, by))
             .await?;
         let product = self
             .product(new.product_id)
@@ -1406,9 +1472,10 @@ impl Ledger for MysqlLedger {
         product_id: ProductId,
         restock_id: &RequestId,
         quantity: i64,
+        by: &AdminName,
     ) -> Result<RecordRestock, LedgerError> {
         self.run("record restock", || {
-            self.insert_restock(product_id, restock_id, quantity)
+            self.insert_restock(product_id, restock_id, quantity, by)
         })
         .await
     }

@@ -140,7 +140,11 @@ fn logged_action(row: &MySqlRow) -> Result<LoggedAction, LedgerError> {
     let admin = text("admin")?;
     Ok(LoggedAction {
         id: row.try_get("id").map_err(db)?,
-        request_id: RequestId::parse("request_id", &text("request_id")?).map_err(corrupt)?,
+        request_id: row
+            .try_get::<Option<String>, _>("request_id")
+            .map_err(db)?
+            .map(|r| RequestId::parse("request_id", &r).map_err(corrupt))
+            .transpose()?,
         action: text("action")?,
         product_id: ProductId::parse(row.try_get("product_id").map_err(db)?).map_err(corrupt)?,
         admin: AdminName::parse("admin", &admin).map_err(corrupt)?,

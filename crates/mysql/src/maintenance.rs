@@ -551,14 +551,16 @@ const EVENT_MISMATCHES: &str = "SELECT r.request_id FROM inventory_reservation r
 
 /// Facts: the operator's actions whose events do not match them one to one (binds the
 /// product three times and `LISTED_MAX`): a log line with no `ADMIN_<id>` event or more
-/// than one, and an `ADMIN_<id>` event with no line. Both are written in one transaction
+/// than one, and an `ADMIN_<id>` event with no line. A creation and a restock write no
+/// event, and a refund's is its order's (`REFUND_LOG_MISMATCHES`). Both are written in one transaction
 /// (`controls.rs`), so either is a lost or a forged write.
 const ACTION_EVENT_MISMATCHES: &str = "SELECT CONCAT('ADMIN_', a.id) AS request_id \
      FROM admin_action a \
      LEFT JOIN (SELECT o.request_id, COUNT(*) AS n FROM outbox o WHERE o.product_id = ? \
        AND o.request_id LIKE 'ADMIN\\_%' GROUP BY o.request_id) e \
      ON e.request_id = CONCAT('ADMIN_', a.id) \
-     WHERE a.product_id = ? AND a.action <> 'refund' AND COALESCE(e.n, 0) <> 1 \
+     WHERE a.product_id = ? AND a.action NOT IN ('create', 'restock', 'refund') \
+       AND COALESCE(e.n, 0) <> 1 \
      UNION ALL SELECT o.request_id FROM outbox o \
      LEFT JOIN admin_action a ON o.request_id = CONCAT('ADMIN_', a.id) \
      WHERE o.product_id = ? AND o.request_id LIKE 'ADMIN\\_%' AND a.id IS NULL \

@@ -8,7 +8,7 @@ use flashsale_app::control::{Acted, AdminAction, RefundAsk, Refunded};
 use flashsale_core::{OrderId, OrderStatus, ProductId, ReleaseReason, Transition, UserId};
 use sqlx::{MySql, MySqlConnection, Transaction};
 
-use crate::controls::Line;
+use crate::controls::{inventory_json, Line};
 use crate::ledger::{stamp_release, MysqlLedger};
 use crate::rows;
 
@@ -141,22 +141,12 @@ async fn refund_state(
     order_id: OrderId,
     product_id: ProductId,
 ) -> Result<String, sqlx::Error> {
-    let (status, total, available, reserved, sold): (String, i64, i64, i64, i64) = sqlx::query_as(
-        "SELECT CAST(o.status AS CHAR), i.total_stock, i.available_stock, \
-             i.pre_deduct_stock, i.sold_count FROM orders o, product_inventory i \
-             WHERE o.id = ? AND i.product_id = ? FOR UPDATE",
-    )
-    .bind(order_id.get())
-    .bind(product_id.get())
-    .fetch_one(&mut *tx)
-    .await?;
-    Ok(serde_json::json!({
-        "order_status": status,
-        "inventory": {
-            "total": total, "available": available, "reserved": reserved, "sold": sold,
-        },
-    })
-    .to_string())
+    let status: String = sqlx::query_scalar("SELECT CAST(status AS CHAR) FROM orders WHERE id = ?")
+        .bind(order_id.get())
+        .fetch_one(&mut *tx)
+        .await?;
+    let inventory = inventory_json(tx, product_id).await?;
+    Ok(serde_json::json!({ "order_status": status, "inventory": inventory }).to_string())
 }
 
 impl MysqlLedger {

@@ -32,8 +32,8 @@ use flashsale_app::{
     StatsDelta, StockGate,
 };
 use flashsale_core::{
-    CancelReason, Generation, HoldRef, InventoryCounters, NewProduct, OrderId, ProductId,
-    PurchaseRequest, ReleaseReason, RequestId, UserId,
+    AdminName, CancelReason, Generation, HoldRef, InventoryCounters, NewProduct, OrderId,
+    ProductId, PurchaseRequest, ReleaseReason, RequestId, UserId,
 };
 
 use crate::ctx::{Ctx, Fault, Point, Port};
@@ -191,7 +191,7 @@ pub struct FaultyLedger {
 faulty! {
     impl Ledger for FaultyLedger, Port::Ledger, "ledger", LedgerError {
         fn ping() -> () => String::new();
-        fn create_product(product: &NewProduct) -> CreateProduct
+        fn create_product(product: &NewProduct, by: &AdminName) -> CreateProduct
             => format!("p{} stock {}", product.product_id, product.stock);
         fn product(product_id: ProductId) -> Option<Product> => format!("p{product_id}");
         fn mark_stock_loaded(product_id: ProductId) -> () => format!("p{product_id}");
@@ -213,8 +213,8 @@ faulty! {
         fn cancel(order_id: OrderId, user_id: UserId, reason: CancelReason)
             -> Option<CancelAttempt> => format!("order {order_id} u{user_id} {reason}");
         fn mark_stock_returned(request_id: &RequestId) -> () => request_id.to_string();
-        fn record_restock(product_id: ProductId, restock_id: &RequestId, quantity: i64)
-            -> RecordRestock => format!("p{product_id} {restock_id} +{quantity}");
+        fn record_restock(product_id: ProductId, restock_id: &RequestId, quantity: i64,
+            by: &AdminName) -> RecordRestock => format!("p{product_id} {restock_id} +{quantity}");
         fn mark_restock_applied(restock_id: &RequestId) -> () => restock_id.to_string();
         fn reservation_request_ids(product_id: ProductId, max: usize)
             -> Option<Vec<RequestId>> => format!("p{product_id}");

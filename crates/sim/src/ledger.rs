@@ -39,9 +39,9 @@ use flashsale_app::{
     PurchaseRecord, StatsDelta,
 };
 use flashsale_core::{
-    CancelReason, Generation, HoldRef, InventoryCounters, NewProduct, OrderId, OrderStatus,
-    ProductId, PurchaseRequest, ReleaseReason, RequestId, ReservationStatus, StockMode, UserId,
-    STOCK_MAX,
+    AdminName, CancelReason, Generation, HoldRef, InventoryCounters, NewProduct, OrderId,
+    OrderStatus, ProductId, PurchaseRequest, ReleaseReason, RequestId, ReservationStatus,
+    StockMode, UserId, STOCK_MAX,
 };
 
 use flashsale_app::group::{self, GroupCommit, Held, OverLimit};
@@ -1674,7 +1674,12 @@ impl Ledger for MemLedger {
         Ok(())
     }
 
-    async fn create_product(&self, new: &NewProduct) -> Result<CreateProduct, LedgerError> {
+    // The simulator keeps no operator's log: `by` is MariaDB's to record.
+    async fn create_product(
+        &self,
+        new: &NewProduct,
+        _by: &AdminName,
+    ) -> Result<CreateProduct, LedgerError> {
         let created = {
             let now = self.now();
             let mut guard = self.lock();
@@ -1900,6 +1905,7 @@ impl Ledger for MemLedger {
         product_id: ProductId,
         restock_id: &RequestId,
         quantity: i64,
+        _by: &AdminName,
     ) -> Result<RecordRestock, LedgerError> {
         let mut guard = self.lock();
         let t = &mut *guard;

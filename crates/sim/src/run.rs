@@ -52,8 +52,8 @@ use flashsale_app::{
     RecoveryReport, Relay, Repair, Settings, StatsDelta, REPAIR_UNITS_PER_PASS,
 };
 use flashsale_core::{
-    NewProduct, OrderId, OrderStatus, ProductId, PurchaseRequest, Quantity, RequestId, SaleWindow,
-    UserId,
+    AdminName, NewProduct, OrderId, OrderStatus, ProductId, PurchaseRequest, Quantity, RequestId,
+    SaleWindow, UserId,
 };
 
 use crate::bus::MemBus;
@@ -788,7 +788,10 @@ async fn restock_client(w: &World, product_id: ProductId, restock_id: RequestId,
         let answer = call(
             w,
             format!("restock {restock_id}#{attempt}"),
-            move |s| async move { s.restock(product_id, id, quantity).await },
+            move |s| async move {
+                s.restock(product_id, id, quantity, &AdminName::default())
+                    .await
+            },
         )
         .await;
         match answer {
@@ -1024,7 +1027,7 @@ async fn create_product(w: Rc<World>, new: NewProduct, attempts: u32) {
         match call(
             &w,
             format!("create p{}", new.product_id),
-            move |s| async move { s.create_product(n).await },
+            move |s| async move { s.create_product(n, &AdminName::default()).await },
         )
         .await
         {

@@ -5,6 +5,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
 use crate::helpers::{as_buyer, buy_as, code, jwt_buyers, order_id, TestApp, ADMIN_TOKEN};
+use crate::invariants;
 
 /// Orders of the buyer whose list is paged.
 const ORDERS: i64 = 5;
@@ -253,10 +254,11 @@ fn assert_indexed(plan: Vec<(Option<String>, String)>, what: &str, key: &str) {
     );
 }
 
-// Checks the operator's log as GET /v1/admin/actions pages it: four actions on two
-// products (pause, change and resume of one, pause of the other) come newest first two a
-// page, the cursor leading to the rest and the last page without one; one product's
-// filter gives its three lines; each line names its admin, request_id and states; no
+// Checks the operator's log as GET /v1/admin/actions pages it: six actions on two
+// products (the creations, then pause, change and resume of one, pause of the other)
+// come newest first two a page, the cursor leading to the rest and the last page (the
+// creations, without a request_id) without one; one product's filter gives its four
+// lines; each line names its admin, request_id and states; no
 // token is 401 and a bad limit or product_id 400. Then, on 20,000 lines, MariaDB's plan
 // for a page of all (the primary key) and of one product (`idx_admin_action_product`)
 // reads its index without a sort.
@@ -302,9 +304,23 @@ async fn the_operators_log_is_listed_newest_first() {
     let next = first["next_cursor"].as_str().expect("a next page");
     let (_, second) = admin_get(&app, &format!("/v1/admin/actions?limit=2&cursor={next}")).await;
     assert_eq!(ids(&second), ["LOG_2", "LOG_1"]);
-    assert_eq!(second["next_cursor"], Value::Null, "{second}");
+    // The creations, logged without a request_id (the product id is their key).
+    let next = second["next_cursor"].as_str().expect("the creations' page");
+    let (_, third) = admin_get(&app, &format!("/v1/admin/actions?limit=2&cursor={next}")).await;
+    assert_eq!(ids(&third), ["", ""]);
+    assert_eq!(third["next_cursor"], Value::Null, "{third}");
     let (_, one) = admin_get(&app, "/v1/admin/actions?product_id=4301").await;
-    assert_eq!(ids(&one), ["LOG_3", "LOG_2", "LOG_1"]);
+    assert_eq!(ids(&one), ["LOG_3", "LOG_2", "LOG_1", ""]);
+    let created = &one["actions"][3];
+    assert_eq!(
+        (
+            &created["action"],
+            &created["request_id"],
+            &created["after"]["stock"]
+        ),
+        (&json!("create"), &Value::Null, &json!(5)),
+        "{created}"
+    );
     let patch = &one["actions"][1];
     assert_eq!(
         (&patch["action"], &patch["admin"]),
@@ -328,6 +344,83 @@ async fn the_operators_log_is_listed_newest_first() {
         );
     }
     explain_the_log(&app).await;
+    app.cleanup().await;
+}
+
+// Checks that a creation and a restock are in the operator's log with their admin: the
+// creation without a request_id and its stock after; a restock under its request_id with
+// the units asked and the totals before and after, once however often it is retried.
+// Restocks share the admins' one namespace of request_ids: a restock under a pause's
+// request_id, or a pause under a restock's, is 409 request_id_conflict and changes
+// nothing. The audit is clean (neither writes an event of its own).
+#[tokio::test]
+async fn creations_and_restocks_are_logged() {
+    const PRODUCT: i64 = 4303;
+    let app = TestApp::spawn().await;
+    app.create_product(PRODUCT, 10, None).await;
+    let restock = json!({"request_id": "OP_rs_1", "quantity": 5});
+    for _ in 0..2 {
+        let (s, b) = app
+            .admin_post(&format!("/v1/products/{PRODUCT}/restock"), restock.clone())
+            .await;
+        assert_eq!(
+            (s, &b["inventory"]["total"]),
+            (StatusCode::OK, &json!(15)),
+            "{b}"
+        );
+    }
+    let pause = json!({"request_id": "OP_rs_p"});
+    let (s, b) = app
+        .admin_post(&format!("/v1/products/{PRODUCT}/pause"), pause)
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let crossed = [
+        ("restock", json!({"request_id": "OP_rs_p", "quantity": 1})),
+        ("resume", json!({"request_id": "OP_rs_1"})),
+    ];
+    for (what, body) in crossed {
+        let (s, b) = app
+            .admin_post(&format!("/v1/products/{PRODUCT}/{what}"), body)
+            .await;
+        assert_eq!(
+            (s, code(&b)),
+            (StatusCode::CONFLICT, "request_id_conflict"),
+            "{what}: {b}"
+        );
+    }
+    let (_, log) = admin_get(&app, &format!("/v1/admin/actions?product_id={PRODUCT}")).await;
+    let lines = log["actions"].as_array().expect("actions");
+    let actions: Vec<_> = lines
+        .iter()
+        .map(|a| a["action"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(actions, ["pause", "restock", "create"], "{log}");
+    let (restocked, created) = (&lines[1], &lines[2]);
+    assert_eq!(
+        (
+            &restocked["request_id"],
+            &restocked["asked"],
+            &restocked["admin"]
+        ),
+        (&json!("OP_rs_1"), &json!({"quantity": 5}), &json!("admin")),
+        "{restocked}"
+    );
+    assert_eq!(
+        (&restocked["before"]["total"], &restocked["after"]["total"]),
+        (&json!(10), &json!(15))
+    );
+    assert_eq!(
+        (
+            &created["request_id"],
+            &created["before"],
+            &created["after"]["stock"]
+        ),
+        (&Value::Null, &Value::Null, &json!(10)),
+        "{created}"
+    );
+    let (_, product) = app.get(&format!("/v1/products/{PRODUCT}")).await;
+    assert_eq!(product["inventory"]["total"], json!(15), "{product}");
+    invariants::assert_sound(&app, PRODUCT).await;
     app.cleanup().await;
 }
 

@@ -27,9 +27,12 @@ pub fn ctx(trace_keep: usize) -> Arc<Ctx> {
 pub fn ledger(ctx: &Arc<Ctx>, stock: i64, polls_max: usize) -> MemLedger {
     let l = MemLedger::new(ctx.clone(), LedgerDefects::default());
     let new = NewProduct::parse(1, "P", stock, None, SaleWindow::default()).expect("product");
-    block_on(l.create_product(&new), polls_max)
-        .expect("the call finished")
-        .expect("create");
+    block_on(
+        l.create_product(&new, &flashsale_core::AdminName::default()),
+        polls_max,
+    )
+    .expect("the call finished")
+    .expect("create");
     l
 }
 
