@@ -322,6 +322,17 @@ pub trait StockGate: Send + Sync + 'static {
         generation: Generation,
     ) -> Result<Restock, GateError>;
 
+    /// Takes `quantity` available units off sale once per destock id, only if that many
+    /// are available and the gate is in the stock generation the destock was recorded
+    /// in; a retry in that generation answers what the first call did.
+    async fn destock(
+        &self,
+        product_id: ProductId,
+        destock_id: &RequestId,
+        quantity: i64,
+        generation: Generation,
+    ) -> Result<Destock, GateError>;
+
     /// The live available count; None when the gate holds nothing for the product.
     async fn available(&self, product_id: ProductId) -> Result<Option<i64>, GateError>;
 
@@ -449,6 +460,21 @@ pub enum Restock {
     /// than the restock's (the rebuild that counts it has not landed); retry later.
     NotLoaded,
     /// The gate was rebuilt since the restock was recorded; the rebuild counted it.
+    Stale,
+}
+
+/// What the gate did with a destock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Destock {
+    /// The units are off sale in the gate.
+    Taken,
+    /// Fewer units were available: nothing was taken.
+    Refused,
+    /// The gate has no stock entry for the product, one another Redis process wrote, or
+    /// one still in an older generation than the destock's; nothing changed, retry later.
+    NotLoaded,
+    /// The gate was rebuilt since the destock was recorded, from counters that do not
+    /// take it off: the destock is to be recorded in the new generation and taken again.
     Stale,
 }
 

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flashsale_app::ports::{
-    ExistingHold, GateCount, GateFacts, GateState, RebuildPlan, Release, ReleaseOf, Reserve,
-    Restock, SoldOutLease, StaleHold,
+    Destock, ExistingHold, GateCount, GateFacts, GateState, RebuildPlan, Release, ReleaseOf,
+    Reserve, Restock, SoldOutLease, StaleHold,
 };
 use flashsale_app::GateError;
 use flashsale_core::{
@@ -43,6 +43,7 @@ macro_rules! script {
 pub const RESERVE: Lua = script!("reserve");
 pub const RELEASE: Lua = script!("release");
 pub const RESTOCK: Lua = script!("restock");
+pub const DESTOCK: Lua = script!("destock");
 pub const LOAD: Lua = script!("load");
 pub const ADJUST: Lua = script!("adjust");
 pub const REBUILD: Lua = script!("rebuild");
@@ -55,10 +56,11 @@ pub const ADOPT: Lua = script!("adopt");
 pub const UNLOCK: Lua = script!("unlock");
 
 /// Every script, for a wire that prepares them all at once.
-pub const SCRIPTS: [&Lua; 13] = [
+pub const SCRIPTS: [&Lua; 14] = [
     &RESERVE,
     &RELEASE,
     &RESTOCK,
+    &DESTOCK,
     &LOAD,
     &ADJUST,
     &REBUILD,
@@ -524,6 +526,33 @@ impl Layout {
             -1 => Ok(Restock::NotLoaded),
             -3 => Ok(Restock::Stale),
             _ => Err(unexpected("restock", &reply)),
+        }
+    }
+
+    /// Takes `quantity` available units off sale once per destock id (`destock.lua`).
+    pub async fn destock(
+        &self,
+        w: &dyn Wire,
+        product_id: ProductId,
+        destock_id: &RequestId,
+        quantity: i64,
+        generation: Generation,
+    ) -> Result<Destock, GateError> {
+        let call = Call {
+            script: &DESTOCK,
+            keys: vec![
+                self.key(product_id, "inv"),
+                self.key(product_id, &format!("destock:{destock_id}")),
+            ],
+            args: vec![quantity.to_string(), generation.get().to_string()],
+        };
+        let reply = w.eval(&call).await?;
+        match typed::<i64>("destock", &reply)? {
+            1 => Ok(Destock::Taken),
+            0 => Ok(Destock::Refused),
+            -1 => Ok(Destock::NotLoaded),
+            -3 => Ok(Destock::Stale),
+            _ => Err(unexpected("destock", &reply)),
         }
     }
 

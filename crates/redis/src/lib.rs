@@ -10,6 +10,7 @@
 //! | `<prefix>{p:<id>}:r:<request_id>`| hash   | one hold: user, quantity, state, hold id, generation |
 //! | `<prefix>{p:<id>}:pending`       | zset   | request_ids of holds, scored by time (ms)  |
 //! | `<prefix>{p:<id>}:restock:<id>`  | string | marker of an applied restock               |
+//! | `<prefix>{p:<id>}:destock:<id>`  | string | a destock's outcome and generation, `<1 taken, 0 refused>:<generation>` |
 //! | `<prefix>{p:<id>}:rel:<request_id>` | string | marker of a reservation's release (expires with the records) |
 //! | `<prefix>{p:<id>}:lock`          | string | the redis-lock baseline's lock: its holder's random token, for the lease (benchmarks only) |
 //!
@@ -45,8 +46,8 @@ use calls::{Call, Cmd, Layout, Wire};
 use flashsale_app::baseline::LockToken;
 use flashsale_app::ports::ErrorKind;
 use flashsale_app::ports::{
-    GateCount, GateFacts, GateMaintenance, GateState, RebuildPlan, Release, ReleaseOf, Reserve,
-    Restock, StaleHold,
+    Destock, GateCount, GateFacts, GateMaintenance, GateState, RebuildPlan, Release, ReleaseOf,
+    Reserve, Restock, StaleHold,
 };
 use flashsale_app::{GateError, StockGate};
 use flashsale_core::{Generation, ProductId, PurchaseRequest, RequestId};
@@ -397,6 +398,24 @@ impl StockGate for RedisGate {
                 self.wire.as_ref(),
                 product_id,
                 restock_id,
+                quantity,
+                generation,
+            )
+            .await
+    }
+
+    async fn destock(
+        &self,
+        product_id: ProductId,
+        destock_id: &RequestId,
+        quantity: i64,
+        generation: Generation,
+    ) -> Result<Destock, GateError> {
+        self.layout
+            .destock(
+                self.wire.as_ref(),
+                product_id,
+                destock_id,
                 quantity,
                 generation,
             )

@@ -474,3 +474,93 @@ async fn a_record_lifetime_is_checked_before_any_write() {
     assert!(!loaded, "nothing loaded");
     let _ = delete_prefix(REDIS_URL, &keys.prefix).await;
 }
+
+// Checks destock.lua through the adapter on the shared Redis: on 5 available with one
+// hold of 1 (4 left), 3 are taken (1 left, the hold untouched); the same destock again
+// answers taken and takes nothing more; 2 more are refused and the count stays; the
+// refusal, too, answers the same again. A destock of another generation: an older one
+// is stale, a newer one "not loaded" (the rebuild has not landed). After a rebuild into
+// generation 2 (which counts from the ledger, without the destock), the same destock id
+// in generation 2 takes again: the marker of generation 1 no longer answers. An entry
+// another Redis process wrote is refused ("not loaded") and left as it was; bad
+// arguments are an error before any write.
+#[tokio::test]
+async fn a_destock_takes_only_available_units_once_per_generation() {
+    use flashsale_app::ports::{Destock, StockGate};
+    use flashsale_core::RequestId;
+    use std::time::Duration;
+    let prefix = redis_prefix();
+    let gate = common::gate(REDIS_URL, &prefix, Duration::ZERO);
+    let product = common::product();
+    let (g1, g2) = (common::generation(1), common::generation(2));
+    let id = |s: &str| RequestId::parse("destock", s).expect("id");
+    gate.load(product, 5, g1).await.expect("load");
+    gate.reserve(&common::purchase("H1", 7), None)
+        .await
+        .expect("reserve");
+    let taken = gate
+        .destock(product, &id("D1"), 3, g1)
+        .await
+        .expect("destock");
+    assert_eq!(taken, Destock::Taken);
+    let again = gate
+        .destock(product, &id("D1"), 3, g1)
+        .await
+        .expect("again");
+    assert_eq!(again, Destock::Taken, "a retry answers the same");
+    assert_eq!(gate.available(product).await.expect("avail"), Some(1));
+    let refused = gate
+        .destock(product, &id("D2"), 2, g1)
+        .await
+        .expect("destock");
+    assert_eq!(refused, Destock::Refused);
+    let again = gate
+        .destock(product, &id("D2"), 2, g1)
+        .await
+        .expect("again");
+    assert_eq!(again, Destock::Refused);
+    assert_eq!(gate.available(product).await.expect("avail"), Some(1));
+    let newer = gate
+        .destock(product, &id("D3"), 1, g2)
+        .await
+        .expect("newer");
+    assert_eq!(newer, Destock::NotLoaded, "the rebuild has not landed");
+
+    let mut conn = connect().await;
+    let inv = format!("{prefix}{{p:1}}:inv");
+    let _: () = conn.hset(&inv, "gen", 2).await.expect("HSET");
+    let _: () = conn.hset(&inv, "avail", 4).await.expect("HSET");
+    let stale = gate
+        .destock(product, &id("D1"), 3, g1)
+        .await
+        .expect("stale");
+    assert_eq!(stale, Destock::Stale, "a rebuild since counted without it");
+    let retaken = gate.destock(product, &id("D1"), 3, g2).await.expect("g2");
+    assert_eq!(retaken, Destock::Taken, "taken again in the new generation");
+    assert_eq!(gate.available(product).await.expect("avail"), Some(1));
+
+    let _: () = conn.hset(&inv, "srv", "feed:beef").await.expect("HSET");
+    let before: Vec<(String, String)> = conn.hgetall(&inv).await.expect("HGETALL");
+    let foreign = gate
+        .destock(product, &id("D4"), 1, g2)
+        .await
+        .expect("foreign");
+    assert_eq!(foreign, Destock::NotLoaded);
+    let after: Vec<(String, String)> = conn.hgetall(&inv).await.expect("HGETALL");
+    assert_eq!(before, after, "nothing changed the foreign entry");
+    let script = Script::new(flashsale_redis::calls::DESTOCK.source);
+    let marker = format!("{prefix}{{p:1}}:destock:D5");
+    for (quantity, generation) in [("0", "2"), ("1.5", "2"), ("1", "x")] {
+        let bad: Result<i64, _> = script
+            .key(&inv)
+            .key(&marker)
+            .arg(quantity)
+            .arg(generation)
+            .invoke_async(&mut conn)
+            .await;
+        assert!(bad.is_err(), "{quantity} {generation}");
+    }
+    let marked: bool = conn.exists(&marker).await.expect("EXISTS");
+    assert!(!marked, "nothing written");
+    let _ = delete_prefix(REDIS_URL, &prefix).await;
+}

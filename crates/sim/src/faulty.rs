@@ -21,7 +21,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use flashsale_app::ports::{
     Applied, AuditClaim, AuditRun, AuditSchedule, AuditVerdict, CancelAttempt, Commit,
-    CreateProduct, ErrorKind, ExpiredOrder, Fence, GateCount, GateFacts, GateMaintenance,
+    CreateProduct, Destock, ErrorKind, ExpiredOrder, Fence, GateCount, GateFacts, GateMaintenance,
     GateState, Incident, IncidentClosing, Leave, LedgerFacts, LedgerMaintenance, ModeSwitch,
     Outbox, ParkedRow, PayAttempt, PendingRestock, PendingReturn, PortError, PublishFailure,
     RebuildPlan, RecordRestock, Release, ReleaseOf, Reserve, Restock, StaleHold, StatsStore,
@@ -159,6 +159,9 @@ faulty! {
         fn restock(product_id: ProductId, restock_id: &RequestId, quantity: i64,
             generation: Generation) -> Restock
             => format!("p{product_id} {restock_id} +{quantity} gen {generation}");
+        fn destock(product_id: ProductId, destock_id: &RequestId, quantity: i64,
+            generation: Generation) -> Destock
+            => format!("p{product_id} {destock_id} -{quantity} gen {generation}");
         fn available(product_id: ProductId) -> Option<i64> => format!("p{product_id}");
         fn pending_request_ids(product_id: ProductId, max: usize)
             -> Option<(Generation, Vec<RequestId>)> => format!("p{product_id}");

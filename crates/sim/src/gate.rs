@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 use chrono::TimeDelta;
 use flashsale_app::ports::{
-    GateCount, GateFacts, GateMaintenance, GateState, LeaseListener, RebuildPlan, Release,
+    Destock, GateCount, GateFacts, GateMaintenance, GateState, LeaseListener, RebuildPlan, Release,
     ReleaseOf, Reserve, Restock, StaleHold,
 };
 use flashsale_app::{GateError, StockGate};
@@ -446,6 +446,18 @@ impl StockGate for MemGate {
     ) -> Result<Restock, GateError> {
         self.layout
             .restock(&self.conn(), product_id, restock_id, quantity, generation)
+            .await
+    }
+
+    async fn destock(
+        &self,
+        product_id: ProductId,
+        destock_id: &RequestId,
+        quantity: i64,
+        generation: Generation,
+    ) -> Result<Destock, GateError> {
+        self.layout
+            .destock(&self.conn(), product_id, destock_id, quantity, generation)
             .await
     }
 
