@@ -35,6 +35,7 @@ pub const fn status(outcome: Outcome) -> StatusCode {
         | O::ProductExists
         | O::SaleNotActive
         | O::SalePaused
+        | O::InsufficientStock
         | O::RequestIdConflict
         | O::RequestReleased
         | O::OrderNotPayable
@@ -281,6 +282,7 @@ mod tests {
             (Error::ProductExists, 409, "product_exists"),
             (Error::SaleNotActive, 409, "sale_not_active"),
             (Error::SalePaused, 409, "sale_paused"),
+            (Error::InsufficientStock, 409, "insufficient_stock"),
             (Error::SoldOut, 409, "sold_out"),
             (Error::LimitExceeded, 409, "limit_exceeded"),
             (Error::RequestIdConflict, 409, "request_id_conflict"),

@@ -56,7 +56,8 @@ impl StatsDelta {
             EventType::StockRepaired
             | EventType::ProductPaused
             | EventType::ProductResumed
-            | EventType::ProductChanged => return delta,
+            | EventType::ProductChanged
+            | EventType::ProductDestocked => return delta,
         };
         *count = 1;
         *counted_units = units;

@@ -20,6 +20,8 @@ pub enum Error {
     SaleNotActive,
     #[error("the sale of this product is paused by the operator; retry later")]
     SalePaused,
+    #[error("fewer units are available than the destock asks for; nothing changed")]
+    InsufficientStock,
     #[error("not enough stock left")]
     SoldOut,
     #[error("per-user limit of this product reached")]
@@ -95,6 +97,7 @@ impl Error {
             Self::ProductExists => Outcome::ProductExists,
             Self::SaleNotActive => Outcome::SaleNotActive,
             Self::SalePaused => Outcome::SalePaused,
+            Self::InsufficientStock => Outcome::InsufficientStock,
             Self::SoldOut => Outcome::SoldOut,
             Self::LimitExceeded => Outcome::LimitExceeded,
             Self::RequestIdConflict => Outcome::RequestIdConflict,

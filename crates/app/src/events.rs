@@ -43,10 +43,13 @@ pub enum EventType {
     /// `reason` says whether the units went back on sale (`refund_restocked`) or out of
     /// stock (`refund_withdrawn`). Under the order's request_id, after its `order_paid`.
     OrderRefunded,
+    /// The operator took available units off sale (a destock); as `ProductPaused`, its
+    /// payload with the inventory before and after and the quantity asked.
+    ProductDestocked,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 9] = [
+    pub const ALL: [EventType; 10] = [
         Self::OrderCreated,
         Self::OrderPaid,
         Self::OrderCancelled,
@@ -56,6 +59,7 @@ impl EventType {
         Self::ProductResumed,
         Self::ProductChanged,
         Self::OrderRefunded,
+        Self::ProductDestocked,
     ];
 
     /// The name used in the payload, the outbox and the subject
@@ -71,6 +75,7 @@ impl EventType {
             Self::ProductResumed => "product_resumed",
             Self::ProductChanged => "product_changed",
             Self::OrderRefunded => "order_refunded",
+            Self::ProductDestocked => "product_destocked",
         }
     }
 
@@ -79,7 +84,11 @@ impl EventType {
     pub const fn of_product(self) -> bool {
         matches!(
             self,
-            Self::StockRepaired | Self::ProductPaused | Self::ProductResumed | Self::ProductChanged
+            Self::StockRepaired
+                | Self::ProductPaused
+                | Self::ProductResumed
+                | Self::ProductChanged
+                | Self::ProductDestocked
         )
     }
 }

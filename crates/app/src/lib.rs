@@ -9,6 +9,7 @@ pub mod audit;
 pub mod baseline;
 mod catalog;
 pub mod dashboard;
+pub mod destock;
 mod error;
 pub mod fallback;
 pub mod group;
@@ -28,6 +29,7 @@ pub use control::{
     Acted, AdminAction, Announcer, Controls, RefundAsk, Refunded, SaleControl, SaleSwitch,
 };
 pub use dashboard::Sampler;
+pub use destock::{Destocking, Destocks};
 pub use error::Error;
 pub use fallback::{Fallback, FallbackSettings};
 pub use listing::{Listing, Listings, Page};

@@ -51,7 +51,7 @@ pub const AUDIT_VIOLATIONS_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
 /// The HTTP endpoints, as the `endpoint` label names them (`GET /healthz` is not counted:
 /// see the route).
-pub const ENDPOINTS: [&str; 18] = [
+pub const ENDPOINTS: [&str; 19] = [
     "purchase",
     "get_purchase",
     "get_order",
@@ -64,6 +64,7 @@ pub const ENDPOINTS: [&str; 18] = [
     "pause",
     "resume",
     "patch_product",
+    "destock",
     "list_actions",
     "list_products",
     "list_orders",
@@ -155,6 +156,11 @@ struct StockLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DestockLabels {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModeLabels {
     to: &'static str,
 }
@@ -214,6 +220,8 @@ struct Workers {
     recovery: Family<ActionLabels, Counter>,
     incidents: Counter,
     gate_rebuilds: Counter,
+    destocks: Family<DestockLabels, Counter>,
+    units_destocked: Counter,
     mode_switches: Family<ModeLabels, Counter>,
     drift_products: Gauge,
     drift_units: Gauge,
@@ -252,6 +260,18 @@ impl Workers {
                 registry,
                 "gate_rebuilds",
                 "Products whose Redis state was lost and rebuilt from MariaDB's facts in a new stock generation",
+                Counter::default(),
+            ),
+            destocks: registered(
+                registry,
+                "destocks",
+                "Destocks the ledger settled, by outcome: taken (units off sale) or refused (fewer available; nothing changed)",
+                Family::default(),
+            ),
+            units_destocked: registered(
+                registry,
+                "destocked_units",
+                "Units taken off sale by destocks",
                 Counter::default(),
             ),
             mode_switches: registered(
@@ -592,6 +612,16 @@ impl Metrics {
             .mode_switches
             .get_or_create(&ModeLabels { to: to.as_str() })
             .inc();
+    }
+
+    /// A destock settled: taken (`units` off sale) or refused.
+    pub fn destocked(&self, taken: bool, units: i64) {
+        let outcome = if taken { "taken" } else { "refused" };
+        self.workers
+            .destocks
+            .get_or_create(&DestockLabels { outcome })
+            .inc();
+        self.workers.units_destocked.inc_by(units.unsigned_abs());
     }
 
     pub fn gates_rebuilt(&self, n: usize) {
@@ -1216,6 +1246,7 @@ mod tests {
         m.connection_open(true);
         m.connection_refused("cap");
         m.connection_evicted("body");
+        m.destocked(true, 3);
         m
     }
 
@@ -1223,13 +1254,13 @@ mod tests {
     // "Health") name only series
     // that exist: every `flashsale_…` word in them is the name of a sample the metrics
     // encode to (a counter's with its `_total`, a gauge's bare) or a histogram's family
-    // name, all 31 families touched.
+    // name, all 33 families touched.
     #[test]
     fn alert_rules_name_real_metrics() {
         let text = all_touched().encode();
         let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
         assert_eq!(
-            families, 31,
+            families, 33,
             "every family registered in Metrics::new:\n{text}"
         );
         // A histogram is named by its family (its samples add _bucket, _sum, _count).

@@ -64,6 +64,8 @@ outcomes! {
     SaleNotActive => "sale_not_active",
     /// The operator paused the product's sale (409).
     SalePaused => "sale_paused",
+    /// A destock of more units than are available; nothing changed (409).
+    InsufficientStock => "insufficient_stock",
     /// The request_id was used with another payload (409).
     RequestIdConflict => "request_id_conflict",
     /// The request_id's reservation was released without an order (409).

@@ -1175,6 +1175,10 @@ pub struct LedgerFacts {
     /// Restocks recorded whose units the gate does not have yet: restock request_id →
     /// (stock generation, units, age on the database's clock).
     pub unapplied_restocks: std::collections::BTreeMap<String, (Generation, i64, Duration)>,
+    /// Destocks recorded and not settled (`destock.rs`): destock request_id → (stock
+    /// generation, units, age on the database's clock). The gate may have taken those of
+    /// its generation already: the ledger's counters do not take them off yet.
+    pub pending_destocks: std::collections::BTreeMap<String, (Generation, i64, Duration)>,
     /// Every request_id with a reservation row (live or released).
     pub reserved_request_ids: std::collections::BTreeSet<String>,
     /// PENDING_PAYMENT orders already past their deadline (database clock), and how long

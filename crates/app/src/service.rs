@@ -298,6 +298,16 @@ impl Flashsale {
         self.product_view(product_id).await
     }
 
+    /// The product exists and, in gate mode, its stock is loaded in the gate: what an
+    /// admin's change of the stock (a destock) needs before the ledger records it.
+    pub(crate) async fn stock_ready(&self, product_id: ProductId) -> Result<(), Error> {
+        let product = self.product(product_id).await?;
+        if !product.stock_loaded && self.modes.mode(product_id) == StockMode::Gate {
+            self.load_stock(&product).await?;
+        }
+        Ok(())
+    }
+
     async fn product(&self, product_id: ProductId) -> Result<Arc<Product>, Error> {
         self.product_at(product_id, self.clock.monotonic()).await
     }

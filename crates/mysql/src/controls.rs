@@ -248,7 +248,7 @@ fn definition_json(d: &Definition) -> Result<String, sqlx::Error> {
 }
 
 /// The log's line and the event, in `tx`.
-async fn log(
+pub(crate) async fn log(
     tx: &mut Transaction<'_, MySql>,
     action: &AdminAction,
     line: &Line<'_>,

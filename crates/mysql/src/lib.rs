@@ -14,6 +14,7 @@
 mod baseline;
 mod controls;
 mod dedicated;
+mod destock;
 mod group;
 mod incidents;
 mod ledger;

@@ -31,6 +31,10 @@ const INCIDENT_DETAIL_MAX: usize = 1000;
 /// few calls, and recovery applies them within a pass.
 const UNAPPLIED_RESTOCKS_MAX: i64 = 10_000;
 
+/// Most pending destocks of one product an audit reads: destocks are an operator's few
+/// calls, each settled by its request or the workers' next pass.
+const PENDING_DESTOCKS_MAX: i64 = 10_000;
+
 /// An age the database measured in microseconds (never negative: a clock step back).
 fn age(micros: i64) -> std::time::Duration {
     Duration::from_micros(u64::try_from(micros).unwrap_or(0))
@@ -378,6 +382,7 @@ impl LedgerMaintenance for MysqlLedger {
             )
             .await?;
         let unapplied_restocks = unapplied_restocks(&restocks)?;
+        let pending_destocks = self.facts_pending_destocks(pool, p).await?;
         let held = ReservationFacts::of(&reservations)?;
         let open_incidents = self
             .facts_count("facts: incidents", pool, OPEN_INCIDENTS, p)
@@ -395,6 +400,7 @@ impl LedgerMaintenance for MysqlLedger {
             overdue_unpaid: units.try_get("overdue").map_err(db)?,
             overdue_oldest: age(units.try_get("overdue_us").map_err(db)?),
             unapplied_restocks,
+            pending_destocks,
             open_incidents,
             event_mismatches,
             reserve_logged,
@@ -615,6 +621,12 @@ const UNAPPLIED_RESTOCKS: &str = "SELECT request_id, generation, quantity, \
      CAST(TIMESTAMPDIFF(MICROSECOND, created_at, NOW(6)) AS SIGNED) AS age_us \
      FROM restock_request WHERE product_id = ? AND gate_applied = 0 LIMIT ?";
 
+/// Facts: the destocks recorded and not settled (binds the product and
+/// `PENDING_DESTOCKS_MAX`), in the columns of `UNAPPLIED_RESTOCKS`.
+const PENDING_DESTOCKS: &str = "SELECT request_id, generation, quantity, \
+     CAST(TIMESTAMPDIFF(MICROSECOND, created_at, NOW(6)) AS SIGNED) AS age_us \
+     FROM destock_request WHERE product_id = ? AND state = 'pending' LIMIT ?";
+
 /// Facts: the product's open recovery incidents.
 const OPEN_INCIDENTS: &str = "SELECT COUNT(*) FROM recovery_incident \
      WHERE product_id = ? AND resolved_at IS NULL";
@@ -691,6 +703,24 @@ impl MysqlLedger {
                 .await?,
         );
         Ok(mismatches)
+    }
+
+    /// Facts, the pending destocks: request_id → (generation, units, age).
+    async fn facts_pending_destocks(
+        &self,
+        pool: &MySqlPool,
+        p: i64,
+    ) -> Result<BTreeMap<String, (Generation, i64, Duration)>, LedgerError> {
+        let rows = self
+            .facts_rows(
+                "facts: pending destocks",
+                pool,
+                PENDING_DESTOCKS,
+                &[p, PENDING_DESTOCKS_MAX],
+            )
+            .await?;
+        // The same columns as the unapplied restocks'.
+        unapplied_restocks(&rows)
     }
 
     async fn facts_request_ids(

@@ -1657,6 +1657,8 @@ fn rest_of(
         // flight is a violation, whatever its age.
         overdue_oldest: Duration::ZERO,
         unapplied_restocks: BTreeMap::new(),
+        // The simulator's workloads make no destocks (an admin's action on MariaDB).
+        pending_destocks: BTreeMap::new(),
         open_incidents: i64::try_from(open_incidents).unwrap_or(i64::MAX),
         event_mismatches: t.event_mismatches(Some(product_id), LISTED_MAX),
         reserve_logged,

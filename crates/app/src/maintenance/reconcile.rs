@@ -227,7 +227,13 @@ impl Maintenance {
             .map(|(_, (_, units))| units)
             .sum();
         let expected = ledger.counters.total - live_units - in_flight_units;
-        let drift = gate.available.map_or(0, |a| a - expected);
+        // A pending destock the gate took is not in the ledger's counters yet: its units
+        // look like drift, and repairing them would put them back on sale. Measured as
+        // none until the destock settles (its request, or the workers' next pass).
+        let drift = match gate.available {
+            Some(a) if ledger.pending_destocks.is_empty() => a - expected,
+            _ => 0,
+        };
         Ok(Reconciliation {
             product_id,
             redis_available: gate.available,
