@@ -138,6 +138,21 @@ pub(crate) const ERRORS: &[(&str, &str, &[Outcome])] = &[
     ("post", "/v1/products/{id}/resume", PRODUCT_ACTION),
     (
         "post",
+        "/v1/products/{id}/destock",
+        &[
+            O::InvalidRequest,
+            O::Unauthorized,
+            O::PayloadTooLarge,
+            O::RequestTimeout,
+            O::UnsupportedMediaType,
+            O::ProductNotFound,
+            O::InsufficientStock,
+            O::RequestIdConflict,
+            O::Unavailable,
+        ],
+    ),
+    (
+        "post",
         "/v1/purchases",
         &[
             O::RateLimited,
@@ -265,6 +280,7 @@ for the operation and status.",
         routes::restock,
         routes::pause,
         routes::resume,
+        routes::destock,
         routes::purchase,
         routes::get_purchase,
         routes::list_orders,
@@ -340,7 +356,7 @@ impl Modify for Errors {
 
 /// The links a client (or a fuzzer's stateful phase) follows from one answer to the
 /// next operation: from a created product to buying it, reading, changing, restocking,
-/// pausing and resuming it;
+/// pausing, resuming and destocking it;
 /// from a purchase to its order, its request_id, paying and cancelling it. Each is
 /// (method, path, status, link name, target operation id, path parameters, body),
 /// the values runtime expressions over the answer's body.
@@ -353,7 +369,7 @@ type LinkSpec = (
     &'static [(&'static str, &'static str)],
     Option<&'static [(&'static str, &'static str)]>,
 );
-const LINKS: [LinkSpec; 11] = [
+const LINKS: [LinkSpec; 12] = [
     (
         "post",
         "/v1/products",
@@ -396,6 +412,15 @@ const LINKS: [LinkSpec; 11] = [
         "201",
         "Resume",
         "resume",
+        &[("id", "$response.body#/product_id")],
+        None,
+    ),
+    (
+        "post",
+        "/v1/products",
+        "201",
+        "Destock",
+        "destock",
         &[("id", "$response.body#/product_id")],
         None,
     ),

@@ -16,8 +16,8 @@ use flashsale_app::limit::{address_key, Limiter};
 use flashsale_app::listing::page_size;
 use flashsale_app::metrics::{index_of, ENDPOINTS};
 use flashsale_app::{
-    AdminAction, Flashsale, InventoryView, Listing, Metrics, Monitor, Outcome, ProductView,
-    RefundAsk, SaleControl, SaleSwitch,
+    AdminAction, Destocking, Flashsale, InventoryView, Listing, Metrics, Monitor, Outcome,
+    ProductView, RefundAsk, SaleControl, SaleSwitch,
 };
 use flashsale_core::{
     AdminName, NewProduct, OrderId, OrderStatus, ParseError, ProductChange, ProductId,
@@ -33,7 +33,7 @@ use crate::dashboard::{self, Asset, Dashboard, DashboardJson};
 use crate::error::ApiError;
 use crate::openapi::{Health, Ready};
 use crate::wire::{
-    decimal, order_body, ActionBody, ActionPageJson, ActionsQuery, LoggedActionJson,
+    decimal, order_body, ActionBody, ActionPageJson, ActionsQuery, DestockBody, LoggedActionJson,
     NewProductBody, OrderJson, OrderPageJson, OrdersQuery, ProductJson, ProductPageJson,
     ProductPatchBody, ProductsQuery, PurchaseBody, RefundBody, RestockBody, UserBody,
 };
@@ -69,6 +69,8 @@ pub struct ApiConfig {
     pub listing: Arc<Listing>,
     /// The operator's controls of a sale: pause and resume.
     pub control: Arc<SaleControl>,
+    /// Destocks: available units taken off sale.
+    pub destocking: Arc<Destocking>,
 }
 
 /// The per-address rate limit of `POST /v1/purchases` (`flashsale_app::limit`; the
@@ -98,6 +100,7 @@ const GET_PRODUCT: usize = index_of(&ENDPOINTS, "get_product");
 const RESTOCK: usize = index_of(&ENDPOINTS, "restock");
 const PAUSE: usize = index_of(&ENDPOINTS, "pause");
 const RESUME: usize = index_of(&ENDPOINTS, "resume");
+const DESTOCK: usize = index_of(&ENDPOINTS, "destock");
 const PATCH_PRODUCT: usize = index_of(&ENDPOINTS, "patch_product");
 const LIST_ACTIONS: usize = index_of(&ENDPOINTS, "list_actions");
 const LIST_PRODUCTS: usize = index_of(&ENDPOINTS, "list_products");
@@ -184,6 +187,7 @@ routes! {
     post "/v1/products/{id}/restock" => restock,
     post "/v1/products/{id}/pause" => pause,
     post "/v1/products/{id}/resume" => resume,
+    post "/v1/products/{id}/destock" => destock,
     post "/v1/purchases" => purchase,
     get "/v1/purchases/{request_id}" => get_purchase,
     get "/v1/orders" => list_orders,
@@ -1031,6 +1035,42 @@ async fn resume(
 ) -> Response {
     let result = switch_sale(&state, &headers, id, body, SaleSwitch::Resume).await;
     counted(started, &state, RESUME, result)
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/products/{id}/destock",
+    tag = "products",
+    summary = "Take available units off sale, once per request_id (admin)",
+    description = "Removes `quantity` of the product's available units from its stock \
+(total and available go down together); units held by orders or sold are never taken. \
+Asking for more than are available answers 409 `insufficient_stock` and changes nothing. \
+Exact while purchases run: in gate mode Redis takes the units first, so no purchase is \
+told 201 for a unit taken back. Idempotent by `request_id` (the operator's actions' \
+namespace): on 503 the outcome is unknown, retry with the same request_id; a destock left \
+unsettled by a crash is settled by the workers.",
+    params(("id" = i64, Path, description = "The product id, in decimal digits without sign or leading zero.", format = Int64, minimum = 1)),
+    request_body(content = DestockBody, content_type = "application/json"),
+    security(("bearerAuth" = [])),
+    responses((status = 200, description = "Taken off sale (or already, under this request_id): the product now.", body = ProductJson)),
+)]
+async fn destock(
+    started: Started,
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    id: PathParam,
+    body: Result<Body, ApiError>,
+) -> Response {
+    let result = async {
+        let (admin, product_id, body) = admin_target(&state, &headers, id, body)?;
+        let b: DestockBody = json(&body)?;
+        let action = admin_action(admin, product_id, &b.request_id)?;
+        let destocked = state.config.destocking.destock(action, b.quantity);
+        let view = deadline(&state, destocked).await?;
+        Ok::<_, ApiError>(Json(ProductJson::from(&view)))
+    }
+    .await;
+    counted(started, &state, DESTOCK, result)
 }
 
 /// Pause or resume: the admin's credentials first, then the product and the body.

@@ -165,6 +165,22 @@ pub struct RestockBody {
     pub quantity: i64,
 }
 
+/// A destock: available units taken off sale, once per `request_id`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = Destock)]
+pub struct DestockBody {
+    /// The destock's idempotency key, of the operator's actions' namespace: a retry takes
+    /// nothing again and answers the same; another quantity, or another action, under it
+    /// is `request_id_conflict`.
+    #[schema(min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9_.:-]+$")]
+    pub request_id: String,
+    /// Units to take off sale, at most 1 000 000 000: no more than are available (units
+    /// held by orders or sold are never taken).
+    #[schema(format = Int64, minimum = 1, maximum = 1_000_000_000)]
+    pub quantity: i64,
+}
+
 /// An admin's action on a product (pause, resume), once per `request_id`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -23,7 +23,7 @@ use flashsale_app::{
     AuditBounds, Fallback, Flashsale, Maintenance, MaintenanceSettings, Metrics, Monitor, Sampler,
     Settings, SystemClock,
 };
-use flashsale_app::{Clock, Listing, Listings, SaleControl};
+use flashsale_app::{Clock, Destocking, Listing, Listings, SaleControl};
 use flashsale_core::{AdminName, ProductId};
 use flashsale_mysql::{LedgerConfig, MysqlLedger};
 use flashsale_redis::{GateConfig, RedisGate};
@@ -118,6 +118,8 @@ pub struct App {
     /// Switches products to ledger mode while Redis is down, and back
     /// (`flashsale_app::fallback`); its worker also keeps the service's mode board.
     pub fallback: Arc<Fallback>,
+    /// Destocks; its workers' pass settles the ones a crash left pending.
+    pub destocking: Arc<Destocking>,
 }
 
 pub async fn connect_ledger(config: &Config) -> Result<MysqlLedger, String> {
@@ -217,6 +219,12 @@ pub async fn build(config: &Config) -> Result<App, String> {
         gate.clone(),
         service.clone(),
     ));
+    let destocking = Arc::new(Destocking::new(
+        ledger.clone(),
+        gate.clone(),
+        service.clone(),
+        Some(metrics.clone()),
+    ));
     let fallback = Arc::new(
         Fallback::new(
             gate.clone(),
@@ -262,6 +270,7 @@ pub async fn build(config: &Config) -> Result<App, String> {
             buyer_auth: config.buyer_auth.clone(),
             listing: Arc::new(Listing::new(listing_ledger)),
             control,
+            destocking: destocking.clone(),
         },
     );
     let metrics_router = config
@@ -276,6 +285,7 @@ pub async fn build(config: &Config) -> Result<App, String> {
         metrics_router,
         gate_watch,
         fallback,
+        destocking,
     })
 }
 
@@ -586,7 +596,8 @@ pub async fn serve_until(
         app.metrics.clone(),
         app.gate_watch.clone(),
         app.fallback.clone(),
-    );
+    )
+    .with_destocks(app.destocking.clone(), config.recovery_interval);
     let events = start_events(config, app.metrics.clone()).await?;
     http::serve_counted(
         listener,

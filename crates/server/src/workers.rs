@@ -9,7 +9,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flashsale_app::{Fallback, Maintenance, Metrics, Repair, REPAIR_SETTLE, REPAIR_UNITS_PER_PASS};
+use flashsale_app::{
+    Destocking, Fallback, Maintenance, Metrics, Repair, REPAIR_SETTLE, REPAIR_UNITS_PER_PASS,
+};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -30,6 +32,7 @@ const NUDGED_PASS_GAP_MIN: Duration = Duration::from_millis(50);
 pub struct Workers {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    metrics: Arc<Metrics>,
 }
 
 impl Workers {
@@ -46,7 +49,10 @@ impl Workers {
         fallback: Arc<Fallback>,
     ) -> Self {
         let (stop, stopped) = watch::channel(false);
-        let start = Starter { stopped, metrics };
+        let start = Starter {
+            stopped,
+            metrics: metrics.clone(),
+        };
         let modes = start.worker(
             "fallback",
             flashsale_app::modes::FOLLOW_INTERVAL,
@@ -70,7 +76,31 @@ impl Workers {
         );
         let mut tasks = vec![modes, watch];
         tasks.extend(start.maintenance(&maintenance, config));
-        Self { stop, tasks }
+        Self {
+            stop,
+            tasks,
+            metrics,
+        }
+    }
+
+    /// Adds the destocks' worker: every `every` (recovery's period: a pending destock is
+    /// a crash's leftover, as a stale hold), it settles the destocks recorded and not
+    /// settled, a batch a pass (`Destocking::settle_pending`).
+    pub fn with_destocks(mut self, destocking: Arc<Destocking>, every: Duration) -> Self {
+        let start = Starter {
+            stopped: self.stop.subscribe(),
+            metrics: self.metrics.clone(),
+        };
+        let task = start.worker("destock", every, None, move || {
+            let d = destocking.clone();
+            async move {
+                d.settle_pending(WORKER_BATCH_SIZE)
+                    .await
+                    .map(|n| n >= WORKER_BATCH_SIZE)
+            }
+        });
+        self.tasks.push(task);
+        self
     }
 
     /// Asks every worker to stop after its current pass, and waits for them.

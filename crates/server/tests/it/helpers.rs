@@ -135,6 +135,8 @@ pub struct TestApp {
     pub gate_watch: std::sync::Arc<tokio::sync::Notify>,
     /// The instance's fallback to ledger mode, for workers the test starts itself.
     pub fallback: std::sync::Arc<flashsale_app::Fallback>,
+    /// The instance's destocks, for tests that settle pending ones a pass at a time.
+    pub destocking: std::sync::Arc<flashsale_app::Destocking>,
     server: JoinHandle<()>,
 }
 
@@ -226,6 +228,7 @@ async fn serve_with(env: &HashMap<String, String>, shared: Shared) -> TestApp {
         metrics: app.metrics,
         gate_watch: app.gate_watch,
         fallback: app.fallback,
+        destocking: app.destocking,
         server,
     }
 }

@@ -21,6 +21,7 @@ mod dashboard;
 mod data_loss;
 mod dead_letters;
 mod demo;
+mod destock;
 mod events;
 mod fallback;
 mod faults;
