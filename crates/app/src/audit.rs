@@ -907,4 +907,33 @@ mod tests {
             "{report}"
         );
     }
+
+    // Checks a destock recorded and not settled: Redis's count may be short of the
+    // ledger's facts by its units (the gate took them, the ledger has not settled yet)
+    // or not at all (not taken yet), never by more, and only for a destock of the
+    // gate's generation (a rebuild undid an older one's take); past the workers' bound
+    // it is an I6 violation, in ledger mode too. How: the quiet product (Redis 7) with
+    // a pending destock of 3, against Redis counts of 7, 4 and 3.
+    #[test]
+    fn a_pending_destock_may_be_taken_in_redis_only() {
+        let (mut g, mut l) = quiet();
+        let young = Duration::from_millis(5);
+        l.pending_destocks
+            .insert("DS".into(), (Generation::FIRST, 3, young));
+        for (available, fine) in [(7, true), (4, true), (3, false), (8, false)] {
+            g.available = Some(available);
+            assert_eq!(broken(&g, &l).is_empty(), fine, "Redis {available}");
+        }
+        g.available = Some(4);
+        assert_eq!(pending(&g, &l), vec!["I6"]);
+        l.pending_destocks
+            .insert("DS".into(), (Generation::FIRST.next(), 3, young));
+        assert_eq!(broken(&g, &l), vec!["I4"], "another generation's destock");
+        g.available = Some(7);
+        l.pending_destocks
+            .insert("DS".into(), (Generation::FIRST, 3, BOUNDS.workers));
+        assert_eq!(broken(&g, &l), vec!["I6"]);
+        l.mode = StockMode::Ledger;
+        assert_eq!(broken(&GateFacts::default(), &l), vec!["I6"]);
+    }
 }

@@ -1,5 +1,5 @@
 //! The stock gate's contract (`StockGate` + `GateMaintenance`): what `reserve.lua`,
-//! `release.lua`, `restock.lua`, `adjust.lua`, `rebuild.lua`, `state.lua`,
+//! `release.lua`, `restock.lua`, `destock.lua`, `adjust.lua`, `rebuild.lua`, `state.lua`,
 //! `holders.lua` and the adapter's plain commands promise.
 
 use std::collections::BTreeSet;
@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flashsale_app::ports::{
-    GateCount, GateMaintenance, RebuildPlan, Release, ReleaseOf, Reserve, Restock, StaleHold,
+    Destock, GateCount, GateMaintenance, RebuildPlan, Release, ReleaseOf, Reserve, Restock,
+    StaleHold,
 };
 use flashsale_app::StockGate;
 use flashsale_core::HoldRef;
@@ -276,6 +277,43 @@ pub async fn a_restock_applies_once_in_its_generation<W: GateWorld>(w: &W) {
         .await;
     assert_eq!(stale.expect("restock"), Restock::Stale);
     assert_eq!(g.available(product()).await.expect("available"), Some(7));
+}
+
+/// A destock takes available units only, once per destock id in its generation: held
+/// units are not available, more than is left is refused (and answered so again), a
+/// destock of a generation the gate has not reached waits, and after a rebuild the same
+/// destock of the older generation is stale while the newer one takes again.
+pub async fn a_destock_takes_available_units_once_in_its_generation<W: GateWorld>(w: &W) {
+    let g = w.gate();
+    assert!(g.load(product(), 5, generation(1)).await.expect("load"));
+    reserved(g.reserve(&purchase("D_A", 1, 2), None).await.expect("a"));
+    let d = request_id("D_D1");
+    for _ in 0..2 {
+        let taken = g.destock(product(), &d, 2, generation(1)).await;
+        assert_eq!(taken.expect("destock"), Destock::Taken);
+    }
+    let more = request_id("D_D2");
+    for _ in 0..2 {
+        let refused = g.destock(product(), &more, 2, generation(1)).await;
+        assert_eq!(refused.expect("destock"), Destock::Refused);
+    }
+    assert_eq!(g.available(product()).await.expect("available"), Some(1));
+    let ahead = g
+        .destock(product(), &request_id("D_D3"), 1, generation(2))
+        .await;
+    assert_eq!(ahead.expect("destock"), Destock::NotLoaded);
+    let plan = RebuildPlan {
+        generation: generation(2),
+        available: 3,
+        last_hold_id: 1,
+        user_units: Vec::new(),
+    };
+    assert!(g.rebuild(product(), &plan).await.expect("rebuild"));
+    let stale = g.destock(product(), &d, 2, generation(1)).await;
+    assert_eq!(stale.expect("destock"), Destock::Stale);
+    let again = g.destock(product(), &d, 2, generation(2)).await;
+    assert_eq!(again.expect("destock"), Destock::Taken);
+    assert_eq!(g.available(product()).await.expect("available"), Some(1));
 }
 
 /// A rebuild replaces the entry with the ledger's plan in a newer generation only, with
@@ -659,6 +697,7 @@ macro_rules! gate_contract {
             a_release_gives_units_back_once,
             releases_respect_generations,
             a_restock_applies_once_in_its_generation,
+            a_destock_takes_available_units_once_in_its_generation,
             a_rebuild_replaces_the_entry_in_a_newer_generation,
             adjust_never_goes_below_zero,
             pending_holds_are_listed_aged_and_forgotten,

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use flashsale_app::ports::{
-    GateMaintenance, RebuildPlan, Release, ReleaseOf, Reserve, Restock, StockGate,
+    Destock, GateMaintenance, RebuildPlan, Release, ReleaseOf, Reserve, Restock, StockGate,
 };
 use flashsale_core::{HoldRef, RequestId, UserId};
 use flashsale_redis::{GateConfig, RedisGate};
@@ -296,6 +296,30 @@ async fn rebuild_retire_and_the_reads_twice_change_nothing() {
             .map(|s| (s.generation, s.last_hold_id)),
         Some((hold.generation, hold.id.get()))
     );
+    w.cleanup().await;
+}
+
+// Checks destock.lua twice: a second destock with its id answers Taken again and takes
+// nothing more; a second refused one (more than is left) answers Refused again; neither
+// run changes Redis after the first.
+#[tokio::test]
+async fn destock_twice_changes_nothing() {
+    let (mut w, g) = World::loaded(Duration::ZERO, 5).await;
+    let taken = RequestId::parse("request_id", "TW_DS").expect("id");
+    twice(
+        &mut w,
+        || g.destock(product(), &taken, 3, generation(1)),
+        both!(Ok(Destock::Taken)),
+    )
+    .await;
+    let refused = RequestId::parse("request_id", "TW_DS_2").expect("id");
+    twice(
+        &mut w,
+        || g.destock(product(), &refused, 3, generation(1)),
+        both!(Ok(Destock::Refused)),
+    )
+    .await;
+    assert_eq!(g.available(product()).await.expect("available"), Some(2));
     w.cleanup().await;
 }
 

@@ -272,6 +272,7 @@ impl Server {
         match name.as_str() {
             "DEL" | "EXISTS" | "PEXPIRE" | "SCAN" => self.keys_command(&name, args),
             "SET" => self.set(args),
+            "GET" => self.get(args),
             "HGET" | "HMGET" | "HSET" | "HSETNX" | "HDEL" | "HINCRBY" => {
                 self.hash_command(&name, args)
             }
@@ -349,7 +350,7 @@ impl Server {
         Ok(Value::Array(vec![bulk(b"0"), Value::Array(keys)]))
     }
 
-    /// SET key value [PX ms | EX s]…: the one string command.
+    /// SET key value [PX ms | EX s]…: the string command that writes.
     fn set(&mut self, args: &[Vec<u8>]) -> CmdResult {
         need("SET", args.len() >= 2)?;
         let mut expires_ms = None;
@@ -375,6 +376,16 @@ impl Server {
             },
         );
         Ok(Value::Okay)
+    }
+
+    /// GET key: a string's value (destock.lua's marker), nil without one.
+    fn get(&mut self, args: &[Vec<u8>]) -> CmdResult {
+        need("GET", args.len() == 1)?;
+        match self.live(&args[0]).map(|e| &e.data) {
+            None => Ok(Value::Nil),
+            Some(Data::Str(v)) => Ok(bulk(v)),
+            Some(_) => Err(WRONGTYPE.to_owned()),
+        }
     }
 
     /// The hash commands: HGET, HMGET, HSET, HSETNX, HDEL, HINCRBY.
