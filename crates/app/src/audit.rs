@@ -466,16 +466,7 @@ fn count_against_ledger<'a>(
         .filter(|(generation, _, _)| Some(*generation) == gate.generation)
         .map(|(_, units, _)| units)
         .sum();
-    // Destocks of this generation the gate may have taken and the ledger not settled
-    // yet: Redis's count is lower by the units of those it took, which the facts do not
-    // tell (the gate is read before the ledger), so the count may be short of the
-    // expected by up to their units (older generations' takes were undone by a rebuild).
-    let destocking: i64 = ledger
-        .pending_destocks
-        .values()
-        .filter(|(generation, _, _)| Some(*generation) == gate.generation)
-        .map(|(_, units, _)| units)
-        .sum();
+    let destocking = destocking(gate, ledger);
     let total = ledger.counters.total;
     if let Some(a) = gate.available {
         let expected = total - restocking - live_seen - in_flight_units;
@@ -498,6 +489,20 @@ fn count_against_ledger<'a>(
         restocking,
         destocking,
     }
+}
+
+/// Units of the destocks of the gate's generation the gate may have taken and the
+/// ledger not settled yet: Redis's count is lower by the units of those it took, which
+/// the facts do not tell (the gate is read before the ledger), so the count may be short
+/// of the expected by up to their units (older generations' takes were undone by a
+/// rebuild).
+fn destocking(gate: &GateFacts, ledger: &LedgerFacts) -> i64 {
+    ledger
+        .pending_destocks
+        .values()
+        .filter(|(generation, _, _)| Some(*generation) == gate.generation)
+        .map(|(_, units, _)| units)
+        .sum()
 }
 
 /// I4: a hold with no live reservation is either in the pending index (in flight; those

@@ -103,10 +103,10 @@ pub trait Destocks: Send + Sync + 'static {
         quantity: i64,
     ) -> Result<Recorded, LedgerError>;
 
-    /// Settles a pending destock with what the gate said in `generation`: taken only
-    /// while the product is still in that generation and in gate mode; else recorded in
-    /// the product's generation now (pending again), or settled by the counters in
-    /// ledger mode. A destock settled before answers its state.
+    /// Settles a pending destock with what the gate said in `generation`, taken or
+    /// refused, only while the product is still in that generation and in gate mode;
+    /// else recorded in the product's generation now (pending again), or settled by the
+    /// counters in ledger mode. A destock settled before answers its state.
     async fn settle_destock(
         &self,
         destock_id: &RequestId,

@@ -274,8 +274,9 @@ impl MysqlLedger {
     }
 }
 
-/// The settle's decision, in `tx` holding both rows' locks: a refusal stands; a take
-/// lands while the product is still in the destock's generation and in gate mode; else
+/// The settle's decision, in `tx` holding both rows' locks: the gate's answer stands
+/// while the product is still in the destock's generation and in gate mode (a refusal
+/// from an entry a rebuild has since replaced may have been read from lost state); else
 /// the counters decide (ledger mode), or the destock waits for a gate that did not
 /// answer in its generation, or it is recorded in the product's generation, pending
 /// again (the gate was rebuilt without it).
@@ -288,7 +289,7 @@ async fn settle_in(
 ) -> Result<DestockState, sqlx::Error> {
     let current = inventory.generation == d.generation && inventory.mode == StockMode::Gate;
     match said {
-        GateSaid::Refused => {
+        GateSaid::Refused if current => {
             mark(tx, &action.request_id, "refused", d.generation).await?;
             Ok(DestockState::Refused)
         }

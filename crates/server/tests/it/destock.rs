@@ -77,8 +77,8 @@ async fn written(app: &TestApp, rid: &str) -> (i64, i64, i64) {
 // insufficient_stock and changes nothing. After a purchase of 2 (held) and one of 1
 // (paid), exactly the 4 available are taken (total 3 = held 2 + sold 1) and one more is
 // refused. Bad quantities (0, negative, past the bound) are 400, no token 401, an
-// unknown product 404. The log line carries the admin and before/after counters, and
-// the invariants and the audit hold.
+// unknown product 404. The log line carries the admin and before/after counters, the
+// workers find nothing pending, and the invariants and the audit hold.
 #[tokio::test]
 async fn a_destock_takes_only_available_units_once() {
     const PRODUCT: i64 = 4301;
@@ -115,13 +115,14 @@ async fn a_destock_takes_only_available_units_once() {
     let (s, b) = destock(&app, PRODUCT, "DS_a_4", 1).await;
     assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "insufficient_stock"));
     refusals(&app, PRODUCT).await;
-    let (before, after): (String, String) = sqlx::query_as(
-        "SELECT CAST(before_state AS CHAR), CAST(after_state AS CHAR) FROM admin_action \
-         WHERE request_id = 'DS_a_3'",
+    let (admin, before, after): (String, String, String) = sqlx::query_as(
+        "SELECT CAST(admin AS CHAR), CAST(before_state AS CHAR), CAST(after_state AS CHAR) \
+         FROM admin_action WHERE request_id = 'DS_a_3'",
     )
     .fetch_one(&app.pool)
     .await
     .expect("log line");
+    assert_eq!(admin, "admin");
     let (before, after): (Value, Value) = (
         serde_json::from_str(&before).expect("json"),
         serde_json::from_str(&after).expect("json"),
@@ -131,6 +132,8 @@ async fn a_destock_takes_only_available_units_once() {
         (&json!(4), &json!(0))
     );
     assert_eq!((&before["total"], &after["total"]), (&json!(7), &json!(3)));
+    let left = app.destocking.settle_pending(10).await.expect("pass");
+    assert_eq!(left, 0, "every destock was settled by its request");
     invariants::assert_sound(&app, PRODUCT).await;
     app.cleanup().await;
 }
@@ -338,7 +341,13 @@ async fn a_destock_in_ledger_mode_with_redis_dead() {
     app.cleanup().await;
 }
 
+/// Held by each test that sets the failpoint `destock-after-gate`, whose configuration
+/// is the process's: one at a time.
+#[cfg(feature = "failpoints")]
+static FAILPOINT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The destock's row: (state, generation).
+#[cfg(feature = "failpoints")]
 async fn destock_row(app: &TestApp, rid: &str) -> (String, i64) {
     sqlx::query_as(
         "SELECT CAST(state AS CHAR), generation FROM destock_request WHERE request_id = ?",
@@ -360,6 +369,7 @@ async fn destock_row(app: &TestApp, rid: &str) -> (String, i64) {
 #[cfg(feature = "failpoints")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destock_left_pending_is_settled_by_the_workers() {
+    let _failpoint = FAILPOINT.lock().await;
     const PRODUCT: i64 = 4304;
     let app = TestApp::spawn().await;
     app.create_product(PRODUCT, 10, None).await;
@@ -404,5 +414,48 @@ async fn a_destock_left_pending_is_settled_by_the_workers() {
     assert_eq!(app.redis_available(PRODUCT).await, Some(4));
     assert_eq!(counters(&app, PRODUCT).await, (4, 4, 0, 0));
     invariants::assert_sound(&app, PRODUCT).await;
+    app.cleanup().await;
+}
+
+// Checks a destock left pending in gate mode (the failpoint `destock-after-gate`) whose
+// Redis then dies: once the product sells from the ledger, the workers' pass settles it
+// by MariaDB's counters alone (Redis does not answer, and its take belonged to a
+// generation the switch ended), and its retry answers 200 with the same counters. How:
+// 20 units, one sold; 5 destocked and left pending (Redis 14, the ledger untouched);
+// Redis killed; a purchase moves the product to ledger mode; one pass settles it: total
+// 15, available 13. The audit (the ledger alone) is clean.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pending_destock_is_settled_by_the_ledger_once_redis_is_gone() {
+    let _failpoint = FAILPOINT.lock().await;
+    const PRODUCT: i64 = 4305;
+    let settings = [
+        ("FALLBACK_AFTER", "1s"),
+        ("FALLBACK_RECOVER_AFTER", "60s"),
+        ("RECOVERY_AFTER", "15s"),
+    ];
+    let mut redis = PrivateRedis::start().await.expect("private redis");
+    let app = TestApp::spawn_on_redis(redis.url(), &settings).await;
+    let workers = crate::fallback::start_workers(&app);
+    app.create_product(PRODUCT, 20, None).await;
+    let (s, _, _) = app.purchase_until_known("REQ_dg_1", 1, PRODUCT, 1).await;
+    assert_eq!(s, StatusCode::CREATED);
+    fail::cfg("destock-after-gate", "return(DSGONE_)").expect("failpoint");
+    let body = json!({ "request_id": "DSGONE_1", "quantity": 5 });
+    let (s, _) = act(&app, PRODUCT, "destock", body).await;
+    fail::cfg("destock-after-gate", "off").expect("failpoint");
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(app.redis_available(PRODUCT).await, Some(14));
+    assert_eq!(destock_row(&app, "DSGONE_1").await.0, "pending");
+    redis.kill9().expect("kill redis");
+    let (s, b, _) = app.purchase_until_known("REQ_dg_2", 2, PRODUCT, 1).await;
+    assert_eq!(s, StatusCode::CREATED, "sold from the ledger: {b}");
+    assert_eq!(app.destocking.settle_pending(10).await.expect("pass"), 1);
+    assert_eq!(destock_row(&app, "DSGONE_1").await.0, "taken");
+    let (s, b) = destock(&app, PRODUCT, "DSGONE_1", 5).await;
+    assert_eq!((s, inventory(&b)), (StatusCode::OK, (15, 13, 2, 0)), "{b}");
+    assert_eq!(written(&app, "DSGONE_1").await, (1, 1, 1));
+    workers.stop().await;
+    invariants::assert_audit_clean(&app, PRODUCT).await;
     app.cleanup().await;
 }
