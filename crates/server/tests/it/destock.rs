@@ -298,6 +298,22 @@ async fn check_flood(app: &TestApp, product: i64, created: i64, destocked: i64) 
     invariants::assert_sound(app, product).await;
 }
 
+/// An instance on a private Redis (for the test to kill) that falls back to ledger mode
+/// a second after Redis stops answering, with its fallback worker, and `product` of 20
+/// units created.
+async fn on_private_redis(product: i64) -> (PrivateRedis, TestApp, flashsale::workers::Workers) {
+    let settings = [
+        ("FALLBACK_AFTER", "1s"),
+        ("FALLBACK_RECOVER_AFTER", "60s"),
+        ("RECOVERY_AFTER", "15s"),
+    ];
+    let redis = PrivateRedis::start().await.expect("private redis");
+    let app = TestApp::spawn_on_redis(redis.url(), &settings).await;
+    let workers = crate::fallback::start_workers(&app);
+    app.create_product(product, 20, None).await;
+    (redis, app, workers)
+}
+
 // Checks a destock in ledger mode with Redis dead, on one instance with its fallback
 // worker. How: a private Redis is killed after a first sale; purchases move the product
 // to ledger mode; a destock of 5 is taken from the ledger's counters (200, available
@@ -307,15 +323,7 @@ async fn check_flood(app: &TestApp, product: i64, created: i64, destocked: i64) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_destock_in_ledger_mode_with_redis_dead() {
     const PRODUCT: i64 = 4303;
-    let settings = [
-        ("FALLBACK_AFTER", "1s"),
-        ("FALLBACK_RECOVER_AFTER", "60s"),
-        ("RECOVERY_AFTER", "15s"),
-    ];
-    let mut redis = PrivateRedis::start().await.expect("private redis");
-    let app = TestApp::spawn_on_redis(redis.url(), &settings).await;
-    let workers = crate::fallback::start_workers(&app);
-    app.create_product(PRODUCT, 20, None).await;
+    let (mut redis, app, workers) = on_private_redis(PRODUCT).await;
     let (s, _, _) = app.purchase_until_known("REQ_dl_1", 1, PRODUCT, 1).await;
     assert_eq!(s, StatusCode::CREATED);
     redis.kill9().expect("kill redis");
@@ -429,15 +437,7 @@ async fn a_destock_left_pending_is_settled_by_the_workers() {
 async fn a_pending_destock_is_settled_by_the_ledger_once_redis_is_gone() {
     let _failpoint = FAILPOINT.lock().await;
     const PRODUCT: i64 = 4305;
-    let settings = [
-        ("FALLBACK_AFTER", "1s"),
-        ("FALLBACK_RECOVER_AFTER", "60s"),
-        ("RECOVERY_AFTER", "15s"),
-    ];
-    let mut redis = PrivateRedis::start().await.expect("private redis");
-    let app = TestApp::spawn_on_redis(redis.url(), &settings).await;
-    let workers = crate::fallback::start_workers(&app);
-    app.create_product(PRODUCT, 20, None).await;
+    let (mut redis, app, workers) = on_private_redis(PRODUCT).await;
     let (s, _, _) = app.purchase_until_known("REQ_dg_1", 1, PRODUCT, 1).await;
     assert_eq!(s, StatusCode::CREATED);
     fail::cfg("destock-after-gate", "return(DSGONE_)").expect("failpoint");
