@@ -121,6 +121,6 @@ mod tests {
                 "{o}: a code is snake_case"
             );
         }
-        assert_eq!(codes.len(), 26);
+        assert_eq!(codes.len(), 27);
     }
 }
