@@ -501,20 +501,23 @@ pub struct LoggedActionJson {
     pub id: i64,
     /// The request_id the admin sent; null for a creation (its key is the product id).
     pub request_id: Option<String>,
-    /// `create`, `restock`, `pause`, `resume`, `patch` or `refund`.
+    /// `create`, `restock`, `destock`, `pause`, `resume`, `patch` or `refund`.
     pub action: String,
     #[schema(format = Int64, minimum = 1)]
     pub product_id: i64,
     /// The name of the admin token that made it.
     pub admin: String,
-    /// What a PATCH asked for (its fields); null for a pause or a resume.
+    /// What was asked: a restock's or destock's `{"quantity"}`, a PATCH's fields, a
+    /// refund's `{"order_id", "restock"}`; null for a creation, a pause or a resume.
     #[schema(value_type = Option<Object>, required = true)]
     pub asked: Option<serde_json::Value>,
-    /// The product's state before the action: `{"paused": …}` for a pause or a resume,
-    /// the definition (name, per_user_limit, sale_starts_at, sale_ends_at) for a PATCH.
-    #[schema(value_type = Object)]
+    /// The state before the action: `{"paused": …}` for a pause or a resume, the
+    /// definition (name, per_user_limit, sale_starts_at, sale_ends_at) for a PATCH, the
+    /// counters for a restock or destock, the order's status and the counters for a
+    /// refund; null for a creation.
+    #[schema(value_type = Option<Object>, required = true)]
     pub before: serde_json::Value,
-    /// The state after it, in the same form.
+    /// The state after it, in the same form (a creation's: its definition and stock).
     #[schema(value_type = Object)]
     pub after: serde_json::Value,
     #[serde(serialize_with = "rfc3339")]
