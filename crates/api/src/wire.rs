@@ -331,6 +331,13 @@ pub struct OrderJson {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(schema_with = cancel_reason_schema)]
     pub cancel_reason: Option<&'static str>,
+    /// Present once refunded by the operator.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "rfc3339_or_null"
+    )]
+    #[schema(value_type = String, format = DateTime)]
+    pub refunded_at: Option<DateTime<Utc>>,
 }
 
 impl From<&Order> for OrderJson {
@@ -347,6 +354,7 @@ impl From<&Order> for OrderJson {
             paid_at: o.paid_at,
             cancelled_at: o.cancelled_at,
             cancel_reason: o.cancel_reason.map(|r| r.as_str()),
+            refunded_at: o.refunded_at,
         }
     }
 }
@@ -400,6 +408,9 @@ pub fn order_body(o: &Order) -> Vec<u8> {
         out.extend_from_slice(b",\"cancel_reason\":\"");
         out.extend_from_slice(reason.as_str().as_bytes());
         out.push(b'"');
+    }
+    if let Some(refunded_at) = &o.refunded_at {
+        time(&mut out, ",\"refunded_at\":", refunded_at);
     }
     out.push(b'}');
     out
@@ -670,6 +681,7 @@ mod tests {
             paid_at: None,
             cancelled_at: None,
             cancel_reason: None,
+            refunded_at: None,
         };
         let paid = Order {
             order_id: OrderId::parse(i64::MAX).expect("id"),
@@ -692,9 +704,15 @@ mod tests {
             cancel_reason: Some(reason),
             ..pending.clone()
         };
+        let refunded = Order {
+            status: OrderStatus::Refunded,
+            refunded_at: Some(at("2026-12-05T09:00:00.25Z")),
+            ..paid.clone()
+        };
         for order in [
             pending.clone(),
             paid,
+            refunded,
             cancelled(CancelReason::UserCancelled),
             cancelled(CancelReason::PaymentTimeout),
         ] {

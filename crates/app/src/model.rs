@@ -39,6 +39,8 @@ pub struct Order {
     pub paid_at: Option<DateTime<Utc>>,
     pub cancelled_at: Option<DateTime<Utc>>,
     pub cancel_reason: Option<CancelReason>,
+    /// When the operator refunded it (REFUNDED).
+    pub refunded_at: Option<DateTime<Utc>>,
 }
 
 impl Order {

@@ -132,6 +132,7 @@ fn outcome(row: &MySqlRow, request: &PurchaseRequest) -> Result<Guarded, LedgerE
             paid_at: None,
             cancelled_at: None,
             cancel_reason: None,
+            refunded_at: None,
         }),
         "replay" => BaselineOutcome::Existing(existing(row)?),
         "sold_out" => BaselineOutcome::SoldOut,
@@ -189,6 +190,8 @@ fn existing(row: &MySqlRow) -> Result<Order, LedgerError> {
         paid_at: row.try_get(column::PAID_AT).map_err(db)?,
         cancelled_at: row.try_get(column::CANCELLED_AT).map_err(db)?,
         cancel_reason,
+        // The baselines' orders are never refunded.
+        refunded_at: None,
     })
 }
 

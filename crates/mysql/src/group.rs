@@ -883,6 +883,7 @@ fn returned_orders(
             paid_at: None,
             cancelled_at: None,
             cancel_reason: None,
+            refunded_at: None,
         });
     }
     Ok(orders)
@@ -1141,6 +1142,7 @@ mod tests {
             paid_at: None,
             cancelled_at: None,
             cancel_reason: None,
+            refunded_at: None,
         };
         let orders = [
             order(1, "REQ_a", 7),

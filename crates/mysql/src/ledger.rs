@@ -294,6 +294,7 @@ pub(crate) async fn insert_order(
         paid_at: None,
         cancelled_at: None,
         cancel_reason: None,
+        refunded_at: None,
     })
 }
 

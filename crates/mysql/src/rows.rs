@@ -35,7 +35,7 @@ pub(crate) fn hold(generation: i64, hold_id: i64) -> Result<HoldRef, LedgerError
 /// Columns `ORDER_COLUMNS` selects, prefixed by `o.`.
 pub(crate) const ORDER_COLUMNS: &str = "o.id, o.request_id, o.user_id, o.product_id, \
      o.quantity, o.status, o.created_at, o.expires_at, o.paid_at, o.cancelled_at, \
-     o.cancel_reason";
+     o.cancel_reason, o.refunded_at";
 
 pub(crate) fn order(row: &MySqlRow) -> Result<Order, LedgerError> {
     let id: i64 = row.try_get("id").map_err(db)?;
@@ -58,6 +58,7 @@ pub(crate) fn order(row: &MySqlRow) -> Result<Order, LedgerError> {
         paid_at: row.try_get("paid_at").map_err(db)?,
         cancelled_at: row.try_get("cancelled_at").map_err(db)?,
         cancel_reason,
+        refunded_at: row.try_get("refunded_at").map_err(db)?,
     })
 }
 

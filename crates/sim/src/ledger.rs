@@ -430,6 +430,7 @@ impl Tables {
             paid_at: None,
             cancelled_at: None,
             cancel_reason: None,
+            refunded_at: None,
         };
         self.next_order_id += 1;
         let id = self.next_reservation_id;

@@ -27,6 +27,7 @@ async fn refunded(app: &TestApp, order: i64, request_id: &str, restock: bool) ->
         (StatusCode::OK, &json!("REFUNDED")),
         "{b}"
     );
+    assert!(b["refunded_at"].is_string(), "the refund's time: {b}");
     b
 }
 
