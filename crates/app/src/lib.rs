@@ -5,6 +5,7 @@
 //! implementations can stand in for them without touching a use case. [`Flashsale`] holds
 //! the use cases; the HTTP layer calls nothing else.
 
+pub mod after_sale;
 pub mod audit;
 pub mod baseline;
 mod catalog;
@@ -24,6 +25,7 @@ pub mod ports;
 mod service;
 pub mod sold_out;
 
+pub use after_sale::{SaleRetirement, SaleRetirementGate, SaleRetirements};
 pub use audit::AuditBounds;
 pub use control::{
     Acted, AdminAction, Announcer, Controls, RefundAsk, Refunded, SaleControl, SaleSwitch,

@@ -610,7 +610,7 @@ impl Maintenance {
     /// becomes an order.
     pub async fn rebuild(&self, product_id: ProductId) -> Result<bool, Error> {
         let Some(plan) = self.ledger_m.advance_generation(product_id).await? else {
-            info!(%product_id, "not rebuilt: the product went to ledger mode meanwhile");
+            info!(%product_id, "not rebuilt: the product went to ledger mode, or its ended sale was retired, meanwhile");
             return Ok(false);
         };
         let applied = self.gate_m.rebuild(product_id, &plan).await?;

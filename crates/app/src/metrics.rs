@@ -220,6 +220,7 @@ struct Workers {
     recovery: Family<ActionLabels, Counter>,
     incidents: Counter,
     gate_rebuilds: Counter,
+    sales_retired: Counter,
     destocks: Family<DestockLabels, Counter>,
     units_destocked: Counter,
     mode_switches: Family<ModeLabels, Counter>,
@@ -260,6 +261,12 @@ impl Workers {
                 registry,
                 "gate_rebuilds",
                 "Products whose Redis state was lost and rebuilt from MariaDB's facts in a new stock generation",
+                Counter::default(),
+            ),
+            sales_retired: registered(
+                registry,
+                "sales_retired",
+                "Ended sales whose Redis state was retired (FLASHSALE_SALE_RETIRE_AFTER after the end, nothing in flight); the ledger keeps their counters",
                 Counter::default(),
             ),
             destocks: registered(
@@ -622,6 +629,11 @@ impl Metrics {
             .get_or_create(&DestockLabels { outcome })
             .inc();
         self.workers.units_destocked.inc_by(units.unsigned_abs());
+    }
+
+    /// An ended sale's Redis state retired (`after_sale.rs`).
+    pub fn sale_retired(&self) {
+        self.workers.sales_retired.inc();
     }
 
     pub fn gates_rebuilt(&self, n: usize) {
@@ -1247,6 +1259,7 @@ mod tests {
         m.connection_refused("cap");
         m.connection_evicted("body");
         m.destocked(true, 3);
+        m.sale_retired();
         m
     }
 
@@ -1254,13 +1267,13 @@ mod tests {
     // "Health") name only series
     // that exist: every `flashsale_…` word in them is the name of a sample the metrics
     // encode to (a counter's with its `_total`, a gauge's bare) or a histogram's family
-    // name, all 33 families touched.
+    // name, all 34 families touched.
     #[test]
     fn alert_rules_name_real_metrics() {
         let text = all_touched().encode();
         let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
         assert_eq!(
-            families, 33,
+            families, 34,
             "every family registered in Metrics::new:\n{text}"
         );
         // A histogram is named by its family (its samples add _bucket, _sum, _count).

@@ -987,7 +987,8 @@ pub trait LedgerMaintenance: Send + Sync + 'static {
     /// them), and the plan for the gate is computed from the committed facts. None, and
     /// nothing changed, when the product is in ledger mode (checked in that transaction):
     /// its gate is rebuilt on the way back, and a rebuild into the mode's generation would
-    /// hand out the ledger's own hold ids again.
+    /// hand out the ledger's own hold ids again; None too when its gate is not loaded
+    /// (never, or its ended sale retired): it has no entry by design.
     async fn advance_generation(
         &self,
         product_id: ProductId,
@@ -1159,6 +1160,10 @@ pub struct LedgerFacts {
     /// Who serves the stock: in ledger mode the gate is behind on purpose and is not
     /// compared with the ledger (the way back rebuilds it from these facts).
     pub mode: StockMode,
+    /// The gate was loaded (`products.stock_loaded`). A product never loaded, or whose
+    /// ended sale was retired (`after_sale.rs`), has no entry in the gate by design: the
+    /// gate is not compared with the ledger.
+    pub gate_loaded: bool,
     /// Units of PENDING_PAYMENT and of PAID orders.
     pub pending_units: i64,
     pub paid_units: i64,

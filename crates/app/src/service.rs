@@ -20,11 +20,12 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use flashsale_core::{
-    parse_restock, AdminName, CancelReason, HoldRef, NewProduct, OrderId, OrderStatus, ProductId,
-    PurchaseRequest, ReleaseReason, RequestId, StockMode, Transition, UserId,
+    parse_restock, AdminName, CancelReason, Generation, HoldRef, NewProduct, OrderId, OrderStatus,
+    ProductId, PurchaseRequest, ReleaseReason, RequestId, StockMode, Transition, UserId,
 };
 use tracing::{debug, error, info, warn};
 
+use crate::after_sale::SaleRetirements;
 use crate::catalog::Catalog;
 use crate::control::Hearing;
 use crate::error::Error;
@@ -34,9 +35,9 @@ use crate::model::{
 };
 use crate::modes::ModeBoard;
 use crate::ports::{
-    Clock, Commit, CreateProduct, ErrorKind, ExistingHold, Fence, LeaseListener, Ledger,
-    LedgerError, RecordRestock, Release, ReleaseOf, Reserve, Restock, SoldOutLease, StaleHold,
-    StockGate,
+    Clock, Commit, CreateProduct, ErrorKind, ExistingHold, Fence, GateMaintenance, LeaseListener,
+    Ledger, LedgerError, RecordRestock, Release, ReleaseOf, Reserve, Restock, SoldOutLease,
+    StaleHold, StockGate,
 };
 use crate::sold_out::{Check, Heard, SoldOutBoard, Taking, HOLDERS_MAX};
 
@@ -67,6 +68,15 @@ pub struct Flashsale {
     /// Wakes the gate watch when a purchase meets a gate that must be rebuilt, so the
     /// rebuild starts at once instead of at the watch's next period (None: no watch).
     gate_watch: Option<Arc<Notify>>,
+    /// Loads a product whose earlier sale was retired from a rebuild's plan
+    /// (`after_sale.rs`; None: a later generation is loaded as a first one).
+    reload: Option<Reload>,
+}
+
+/// The ports a retired sale's way back uses: the ledger's plan, the gate's rebuild.
+struct Reload {
+    ledger: Arc<dyn SaleRetirements>,
+    gate: Arc<dyn GateMaintenance>,
 }
 
 /// Whether the hold being committed was taken by this attempt or found from an earlier one.
@@ -94,7 +104,20 @@ impl Flashsale {
             user_rate: None,
             user_rate_at_gate: false,
             gate_watch: None,
+            reload: None,
         }
+    }
+
+    /// A product whose gate is not loaded in a later generation than its first (its
+    /// ended sale was retired, `after_sale.rs`) is loaded from the ledger's plan and
+    /// rebuilt in the gate, not loaded from the counters as a first time.
+    pub fn with_reload(
+        mut self,
+        ledger: Arc<dyn SaleRetirements>,
+        gate: Arc<dyn GateMaintenance>,
+    ) -> Self {
+        self.reload = Some(Reload { ledger, gate });
+        self
     }
 
     /// Purchases that meet a gate behind the ledger (an entry another Redis process
@@ -324,10 +347,22 @@ impl Flashsale {
             .ok_or(Error::ProductNotFound)
     }
 
-    /// First load of a product's stock into the gate. Only a product never loaded may be
-    /// loaded from the ledger's counters: no hold can exist for it yet. A loaded product
-    /// missing from the gate lost its state there and needs a rebuild from the facts.
+    /// First load of a product's stock into the gate. Only a product whose gate is not
+    /// loaded may be loaded from the ledger's counters: one never loaded, or one whose
+    /// ended sale was retired (its holds were of the retired generation, and nothing was
+    /// in flight). A loaded product missing from the gate lost its state there and needs
+    /// a rebuild from the facts.
     async fn load_stock(&self, product: &Product) -> Result<(), Error> {
+        let reread;
+        let product = if product.stock_loaded {
+            // This instance's copy may be from before the ended sale was retired
+            // (`after_sale.rs`), which marks the gate not loaded: the ledger decides.
+            self.catalog.forget(product.product_id);
+            reread = self.product(product.product_id).await?;
+            &*reread
+        } else {
+            product
+        };
         if product.stock_loaded {
             error!(product_id = %product.product_id, "stock missing from the stock gate after it was loaded");
             return Err(Error::Unavailable(
@@ -348,10 +383,23 @@ impl Flashsale {
             .generation(product.product_id)
             .await?
             .ok_or(Error::ProductNotFound)?;
-        self.gate
-            .load(product.product_id, counters.available, generation)
-            .await?;
-        self.ledger.mark_stock_loaded(product.product_id).await?;
+        match &self.reload {
+            Some(reload) if generation != Generation::FIRST => {
+                // Loaded by another attempt meanwhile when there is no plan: the retry
+                // finds the entry (or the gate watch rebuilds it).
+                if let Some(plan) = reload.ledger.reload_plan(product.product_id).await? {
+                    reload.gate.rebuild(product.product_id, &plan).await?;
+                    info!(product_id = %product.product_id, generation = %plan.generation,
+                        "retired sale's stock loaded again");
+                }
+            }
+            _ => {
+                self.gate
+                    .load(product.product_id, counters.available, generation)
+                    .await?;
+                self.ledger.mark_stock_loaded(product.product_id).await?;
+            }
+        }
         // The next attempt reads the product anew, `stock_loaded` now set (a copy made
         // here from the one read before could undo a change made since).
         self.catalog.forget(product.product_id);

@@ -11,6 +11,7 @@
 //! and one counter UPDATE per product for a whole batch, with the same rows and answers
 //! as one transaction each.
 
+mod after_sale;
 mod baseline;
 mod controls;
 mod dedicated;

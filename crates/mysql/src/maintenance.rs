@@ -40,11 +40,11 @@ fn age(micros: i64) -> std::time::Duration {
     Duration::from_micros(u64::try_from(micros).unwrap_or(0))
 }
 
-fn limit(n: usize) -> i64 {
+pub(crate) fn limit(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-fn product_ids(ids: Vec<i64>) -> Result<Vec<ProductId>, LedgerError> {
+pub(crate) fn product_ids(ids: Vec<i64>) -> Result<Vec<ProductId>, LedgerError> {
     ids.into_iter()
         .map(|id| ProductId::parse(id).map_err(corrupt))
         .collect()
@@ -390,6 +390,7 @@ impl LedgerMaintenance for MysqlLedger {
         Ok(Some(LedgerFacts {
             counters,
             mode,
+            gate_loaded: units.try_get::<bool, _>("stock_loaded").map_err(db)?,
             pending_units: units.try_get("pending").map_err(db)?,
             paid_units: units.try_get("paid").map_err(db)?,
             orders_without_reservation,
@@ -645,8 +646,9 @@ impl MysqlLedger {
         self.run("facts: inventory", || {
             sqlx::query(
                 "SELECT i.total_stock, i.available_stock, i.pre_deduct_stock, i.sold_count, \
-                 i.stock_mode, u.pending, u.paid, u.overdue, u.overdue_us \
-                 FROM product_inventory i, (SELECT \
+                 i.stock_mode, p.stock_loaded, u.pending, u.paid, u.overdue, u.overdue_us \
+                 FROM product_inventory i JOIN products p ON p.product_id = i.product_id, \
+                 (SELECT \
                  CAST(COALESCE(SUM(CASE WHEN status = 'PENDING_PAYMENT' THEN quantity END), 0) AS SIGNED) AS pending, \
                  CAST(COALESCE(SUM(CASE WHEN status = 'PAID' THEN quantity END), 0) AS SIGNED) AS paid, \
                  CAST(COALESCE(SUM(status = 'PENDING_PAYMENT' AND expires_at <= NOW(6)), 0) AS SIGNED) AS overdue, \
@@ -867,17 +869,33 @@ fn no_inventory(product_id: ProductId) -> LedgerError {
     LedgerError::corrupt(format!("product {product_id} has no inventory"))
 }
 
+/// Locks the product's row, after its inventory row's (the order a purchase's commit
+/// reaches them in: its counters, then its order's reference to the product), and reads
+/// whether its gate is loaded; None when there is no such product.
+pub(crate) async fn lock_product_loaded(
+    tx: &mut MySqlConnection,
+    p: i64,
+) -> Result<Option<bool>, sqlx::Error> {
+    sqlx::query_scalar("SELECT stock_loaded FROM products WHERE product_id = ? FOR UPDATE")
+        .bind(p)
+        .fetch_optional(&mut *tx)
+        .await
+}
+
 /// A product's inventory row, locked for the rest of the transaction.
-struct Locked {
-    generation: Generation,
+pub(crate) struct Locked {
+    pub(crate) generation: Generation,
     available: i64,
-    mode: StockMode,
+    pub(crate) mode: StockMode,
 }
 
 /// Locks the product's inventory row (`FOR UPDATE`: waits for the transactions that hold
 /// it, the purchases in flight among them) and reads what a switch needs; None when the
 /// product has none.
-async fn lock_inventory(tx: &mut MySqlConnection, p: i64) -> Result<Option<Locked>, sqlx::Error> {
+pub(crate) async fn lock_inventory(
+    tx: &mut MySqlConnection,
+    p: i64,
+) -> Result<Option<Locked>, sqlx::Error> {
     let row = sqlx::query(
         "SELECT generation, available_stock, stock_mode FROM product_inventory \
          WHERE product_id = ? FOR UPDATE",
@@ -931,7 +949,7 @@ async fn settle_owed(tx: &mut MySqlConnection, p: i64) -> Result<(), sqlx::Error
 /// hold ids restart with it), and with `to_gate` the product goes back to gate mode;
 /// releases not yet returned and restocks not yet applied count as done; the plan is
 /// computed from the committed facts.
-async fn advance_locked(
+pub(crate) async fn advance_locked(
     tx: &mut MySqlConnection,
     p: i64,
     locked: &Locked,
@@ -1015,7 +1033,11 @@ impl MysqlLedger {
         let Some(locked) = lock_inventory(&mut tx, p).await? else {
             return Ok(None);
         };
-        if locked.mode == StockMode::Ledger {
+        // Not loaded (never, or its ended sale retired, `after_sale.rs`): no entry by
+        // design, and its next load makes one. The product row's lock orders this with
+        // a retirement, which takes it too.
+        let loaded = lock_product_loaded(&mut tx, p).await?;
+        if locked.mode == StockMode::Ledger || loaded == Some(false) {
             tx.rollback().await?;
             return Ok(Some(None));
         }

@@ -54,9 +54,11 @@ pub const HOLDERS: Lua = script!("holders");
 pub const SEED_DECREMENT: Lua = script!("seed_decrement");
 pub const ADOPT: Lua = script!("adopt");
 pub const UNLOCK: Lua = script!("unlock");
+pub const RETIRE_SALE: Lua = script!("retire_sale");
+pub const RETIRE_KEYS: Lua = script!("retire_keys");
 
 /// Every script, for a wire that prepares them all at once.
-pub const SCRIPTS: [&Lua; 14] = [
+pub const SCRIPTS: [&Lua; 16] = [
     &RESERVE,
     &RELEASE,
     &RESTOCK,
@@ -71,6 +73,8 @@ pub const SCRIPTS: [&Lua; 14] = [
     &SEED_DECREMENT,
     &ADOPT,
     &UNLOCK,
+    &RETIRE_SALE,
+    &RETIRE_KEYS,
 ];
 
 /// One script call: the script, its KEYS and its ARGV.
@@ -124,7 +128,8 @@ pub type Reply = Result<Reserve, GateError>;
 /// pending index only while its record is gone: no hold has them (both start at 1).
 const NO_HOLD: i64 = 0;
 
-/// Keys one SCAN step asks for when collecting a product's hold records (audit only).
+/// Keys one SCAN step asks for when collecting a product's hold records (the audit) or
+/// its keys (a retired sale's, deleted a step's worth per script call).
 const SCAN_COUNT: usize = 1000;
 /// Most hold records an audit reads for one product; far above any product's live holds
 /// (bounded by its stock), it stops a runaway scan on a corrupted keyspace.
@@ -382,6 +387,9 @@ impl Layout {
                 available.to_string(),
                 generation.get().to_string(),
                 self.record_ttl_ms.to_string(),
+                // Only a first load vouches for the records (`fresh`): a product loaded
+                // again after its sale was retired lost the records of its earlier life.
+                u8::from(generation == Generation::FIRST).to_string(),
             ],
         };
         let reply = w.eval(&call).await?;
@@ -771,6 +779,60 @@ impl Layout {
             args,
         };
         typed("forget", &w.eval(&call).await?)
+    }
+
+    /// Deletes a retired sale's state (`retire_sale.lua`), then every other key under
+    /// its hash tag, a SCAN step's keys at a time (`retire_keys.lua`), all on the
+    /// product's node. Answers whether the entry went (false: loaded again in a newer
+    /// generation, kept) and how many keys were deleted.
+    pub async fn retire_sale(
+        &self,
+        w: &dyn Wire,
+        product_id: ProductId,
+        generation: Generation,
+    ) -> Result<(bool, u64), GateError> {
+        let inv = self.key(product_id, "inv");
+        let call = Call {
+            script: &RETIRE_SALE,
+            keys: vec![
+                inv.clone(),
+                self.key(product_id, "users"),
+                self.key(product_id, "pending"),
+            ],
+            args: vec![generation.get().to_string()],
+        };
+        let entry_deleted = typed::<i64>("retire_sale", &w.eval(&call).await?)? == 1;
+        let pattern = format!("{}*", self.key(product_id, ""));
+        let mut deleted = 0;
+        let mut cursor: u64 = 0;
+        loop {
+            w.between("retire: scan").await;
+            let scan = Cmd::new("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(SCAN_COUNT);
+            let (next, found): (u64, Vec<String>) =
+                typed("SCAN", &only("SCAN", w.query(&inv, &[scan], false).await?)?)?;
+            if !found.is_empty() {
+                let mut keys = Vec::with_capacity(found.len() + 1);
+                keys.push(inv.clone());
+                keys.extend(found);
+                let call = Call {
+                    script: &RETIRE_KEYS,
+                    keys,
+                    args: vec![generation.get().to_string()],
+                };
+                let n: i64 = typed("retire_keys", &w.eval(&call).await?)?;
+                deleted += n.unsigned_abs();
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        Ok((entry_deleted, deleted))
     }
 
     pub async fn facts(&self, w: &dyn Wire, product_id: ProductId) -> Result<GateFacts, GateError> {

@@ -14,6 +14,12 @@
 //! | `<prefix>{p:<id>}:rel:<request_id>` | string | marker of a reservation's release (expires with the records) |
 //! | `<prefix>{p:<id>}:lock`          | string | the redis-lock baseline's lock: its holder's random token, for the lease (benchmarks only) |
 //!
+//! Once a product's sale has ended and settled, the workers retire all of its keys
+//! (`FLASHSALE_SALE_RETIRE_AFTER`, `app/src/after_sale.rs`): `retire_sale.lua` deletes
+//! the entry, the per-user counts and the pending index while the entry is still of the
+//! retired generation, then `retire_keys.lua` the keys a SCAN of the hash tag finds (of
+//! a product loaded again since, only hold records of the retired generation or older).
+//!
 //! Two pub/sub channels, both heard by each instance's subscriber (`revoke.rs`):
 //! `<prefix>lease:revoked`, where every script that adds units to a product ends its
 //! sold-out lease and publishes `<product id>:<generation>` in the same atomic step; and
@@ -501,6 +507,24 @@ impl flashsale_app::Announcer for RedisGate {
         self.layout
             .announce_change(self.wire.as_ref(), product_id)
             .await
+    }
+}
+
+#[async_trait]
+impl flashsale_app::SaleRetirementGate for RedisGate {
+    async fn retire_sale(
+        &self,
+        product_id: ProductId,
+        generation: Generation,
+    ) -> Result<flashsale_app::after_sale::GateRetired, GateError> {
+        let (entry_deleted, keys_deleted) = self
+            .layout
+            .retire_sale(self.wire.as_ref(), product_id, generation)
+            .await?;
+        Ok(flashsale_app::after_sale::GateRetired {
+            entry_deleted,
+            keys_deleted,
+        })
     }
 }
 

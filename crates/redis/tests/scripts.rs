@@ -466,6 +466,7 @@ async fn a_record_lifetime_is_checked_before_any_write() {
             .arg(5)
             .arg(1)
             .arg(ttl)
+            .arg(1)
             .invoke_async(&mut conn)
             .await;
         assert!(refused.is_err(), "{ttl}");

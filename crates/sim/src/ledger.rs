@@ -1646,6 +1646,7 @@ fn rest_of(
     LedgerFacts {
         counters,
         mode,
+        gate_loaded: t.products.get(&product_id).is_some_and(|p| p.stock_loaded),
         pending_units,
         paid_units,
         orders_without_reservation,

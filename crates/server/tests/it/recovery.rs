@@ -628,6 +628,8 @@ async fn refusals_stop_vouching_when_records_may_have_expired() {
         .arg(1)
         .arg(1)
         .arg(3_600_000)
+        // A first load: it vouches for the records (`fresh`).
+        .arg(1)
         .invoke_async(&mut conn)
         .await
         .expect("load");
