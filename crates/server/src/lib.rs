@@ -23,7 +23,7 @@ use flashsale_app::{
     AuditBounds, Fallback, Flashsale, Maintenance, MaintenanceSettings, Metrics, Monitor, Sampler,
     Settings, SystemClock,
 };
-use flashsale_app::{Clock, Destocking, Listing, Listings, SaleControl};
+use flashsale_app::{Clock, Destocking, Listing, Listings, SaleControl, SaleRetirement};
 use flashsale_core::{AdminName, ProductId};
 use flashsale_mysql::{LedgerConfig, MysqlLedger};
 use flashsale_redis::{GateConfig, RedisGate};
@@ -120,6 +120,8 @@ pub struct App {
     pub fallback: Arc<Fallback>,
     /// Destocks; its workers' pass settles the ones a crash left pending.
     pub destocking: Arc<Destocking>,
+    /// Retires ended sales' Redis state (None: `FLASHSALE_SALE_RETIRE_AFTER=off`).
+    pub retirement: Option<Arc<SaleRetirement>>,
 }
 
 pub async fn connect_ledger(config: &Config) -> Result<MysqlLedger, String> {
@@ -225,6 +227,14 @@ pub async fn build(config: &Config) -> Result<App, String> {
         service.clone(),
         Some(metrics.clone()),
     ));
+    let retirement = config.sale_retire_after.map(|grace| {
+        Arc::new(SaleRetirement::new(
+            ledger.clone(),
+            gate.clone(),
+            grace,
+            Some(metrics.clone()),
+        ))
+    });
     let fallback = Arc::new(
         Fallback::new(
             gate.clone(),
@@ -286,6 +296,7 @@ pub async fn build(config: &Config) -> Result<App, String> {
         gate_watch,
         fallback,
         destocking,
+        retirement,
     })
 }
 
@@ -366,7 +377,9 @@ fn service_for(
         Some(rate) => service = service.with_user_rate(rate),
         None => {}
     }
-    service.with_gate_watch(gate_watch.clone())
+    service
+        .with_gate_watch(gate_watch.clone())
+        .with_reload(ledger.clone(), gate.clone())
 }
 
 /// Subscribes to the sold-out leases' revocations and the products' changes (a pause),
@@ -598,6 +611,10 @@ pub async fn serve_until(
         app.fallback.clone(),
     )
     .with_destocks(app.destocking.clone(), config.recovery_interval);
+    let workers = match &app.retirement {
+        Some(retirement) => workers.with_retirement(retirement.clone()),
+        None => workers,
+    };
     let events = start_events(config, app.metrics.clone()).await?;
     http::serve_counted(
         listener,

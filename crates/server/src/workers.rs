@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flashsale_app::{
-    Destocking, Fallback, Maintenance, Metrics, Repair, REPAIR_SETTLE, REPAIR_UNITS_PER_PASS,
+    Destocking, Fallback, Maintenance, Metrics, Repair, SaleRetirement, REPAIR_SETTLE,
+    REPAIR_UNITS_PER_PASS,
 };
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
@@ -27,6 +28,16 @@ const AUDIT_SCHEDULE_INTERVAL: Duration = Duration::from_secs(30);
 /// of one rush of purchases, arriving while a pass runs, start one more pass, not one
 /// after another.
 const NUDGED_PASS_GAP_MIN: Duration = Duration::from_millis(50);
+
+/// How often the retirement worker looks for ended sales to retire: the grace
+/// (`FLASHSALE_SALE_RETIRE_AFTER`, minutes) is kept to within these seconds, and each
+/// look is one query over the loaded products whose sale has ended, on every instance.
+const SALE_RETIRE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Most sales one retirement pass retires: each is a short transaction and a SCAN of the
+/// product's keys, so a pass stays well under a second; a full batch starts the next pass
+/// at once, so a backlog (the first start after many sales) still drains quickly.
+const SALE_RETIRE_BATCH: usize = 32;
 
 /// Running workers and the means to stop them.
 pub struct Workers {
@@ -86,20 +97,43 @@ impl Workers {
     /// Adds the destocks' worker: every `every` (recovery's period: a pending destock is
     /// a crash's leftover, as a stale hold), it settles the destocks recorded and not
     /// settled, a batch a pass (`Destocking::settle_pending`).
-    pub fn with_destocks(mut self, destocking: Arc<Destocking>, every: Duration) -> Self {
-        let start = Starter {
-            stopped: self.stop.subscribe(),
-            metrics: self.metrics.clone(),
-        };
-        let task = start.worker("destock", every, None, move || {
+    pub fn with_destocks(self, destocking: Arc<Destocking>, every: Duration) -> Self {
+        self.added("destock", every, move || {
             let d = destocking.clone();
             async move {
                 d.settle_pending(WORKER_BATCH_SIZE)
                     .await
                     .map(|n| n >= WORKER_BATCH_SIZE)
             }
-        });
-        self.tasks.push(task);
+        })
+    }
+
+    /// Adds the retirement of ended sales' Redis state: every
+    /// [`SALE_RETIRE_INTERVAL`], at most [`SALE_RETIRE_BATCH`] sales a pass
+    /// (`SaleRetirement::retire_pass`).
+    pub fn with_retirement(self, retirement: Arc<SaleRetirement>) -> Self {
+        self.added("retire", SALE_RETIRE_INTERVAL, move || {
+            let r = retirement.clone();
+            async move {
+                r.retire_pass(SALE_RETIRE_BATCH)
+                    .await
+                    .map(|n| n >= SALE_RETIRE_BATCH)
+            }
+        })
+    }
+
+    /// Adds one more worker, named `name`, running `pass` every `every` (at once again
+    /// after a pass that answers "busy", true), stopped with the others.
+    fn added<F, Fut>(mut self, name: &'static str, every: Duration, pass: F) -> Self
+    where
+        F: Fn() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<bool, flashsale_app::Error>> + Send + 'static,
+    {
+        let start = Starter {
+            stopped: self.stop.subscribe(),
+            metrics: self.metrics.clone(),
+        };
+        self.tasks.push(start.worker(name, every, None, pass));
         self
     }
 

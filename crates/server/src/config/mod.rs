@@ -70,6 +70,9 @@ pub struct Config {
     pub reconcile_repair: bool,
     /// Every product is audited once per this period, by one instance (None: `off`).
     pub audit_every: Option<Duration>,
+    /// How long after its end an ended, settled sale's Redis state is retired (None:
+    /// `off`, kept until the records' TTL; `after_sale.rs`).
+    pub sale_retire_after: Option<Duration>,
     /// When products switch to ledger mode, and back (`flashsale_app::fallback`).
     pub fallback: flashsale_app::FallbackSettings,
     /// How long an outbox event may wait for the broker's acknowledgement before the
@@ -183,6 +186,7 @@ impl Config {
             reconcile_interval: s.reconcile_interval.0,
             reconcile_repair: s.reconcile_repair == Repair::Auto,
             audit_every: s.audit_every.0,
+            sale_retire_after: s.sale_retire_after.0,
             fallback: flashsale_app::FallbackSettings {
                 after: s.fallback_after.0,
                 recover_after: s.fallback_recover_after.0,

@@ -39,6 +39,14 @@ const AUDIT_EVERY: Span = span(
     Duration::from_secs(30 * 86_400),
     " (or off)",
 );
+/// `FLASHSALE_SALE_RETIRE_AFTER`: at least a second (zero is refused rather than read
+/// as "off", which is spelled `off`: a zero grace is easily a typo); at most a month,
+/// past which the records' own TTL is the nearer bound for most deployments.
+const SALE_RETIRE_AFTER: Span = span(
+    Duration::from_secs(1),
+    Duration::from_secs(30 * 86_400),
+    " (or off)",
+);
 /// `FLASHSALE_DATABASE_FAILBACK_AFTER`: meanwhile an instance started after a failover
 /// writes through another node than the older ones, which costs retries.
 const DATABASE_FAILBACK: Span = span(NANO, Duration::from_secs(3600), "");
@@ -159,6 +167,7 @@ fn periods(s: &Settings, o: &Origin) -> Result<(), ConfigError> {
         ("reconcile_interval", Some(s.reconcile_interval.0), POSITIVE),
         ("outbox_pending_max", Some(s.outbox_pending_max.0), POSITIVE),
         ("audit_every", s.audit_every.0, AUDIT_EVERY),
+        ("sale_retire_after", s.sale_retire_after.0, SALE_RETIRE_AFTER),
         ("fallback_after", s.fallback_after.0, FALLBACK),
         ("fallback_recover_after", Some(s.fallback_recover_after.0), FALLBACK),
     ];

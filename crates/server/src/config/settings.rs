@@ -50,6 +50,7 @@ pub(super) struct Settings {
     pub reconcile_interval: Period,
     pub reconcile_repair: Repair,
     pub audit_every: OrOff,
+    pub sale_retire_after: OrOff,
     pub fallback_after: OrOff,
     pub fallback_recover_after: Period,
     pub outbox_pending_max: Period,
@@ -196,6 +197,11 @@ pub(super) const DEFAULTS: &[(&str, &str)] = &[
     // A sale's own audit runs when it ends; the daily one catches what no sale's end
     // covers (products without an end, damage between sales) within a day.
     ("audit_every", "24h"),
+    // Ten minutes after its end a sale has long stopped selling: its last orders are
+    // paid or expiring, and a retry of a late purchase or payment is answered by the
+    // ledger anyway. Soon enough that a shop running sale after sale keeps in Redis
+    // only the sales of the last minutes, not a year of them (the hold records' TTL).
+    ("sale_retire_after", "10m"),
     // A Redis restart or failover takes a second or two; three seconds of 503s is what a
     // buyer retries through, longer loses the sale's first seconds.
     ("fallback_after", "3s"),

@@ -450,6 +450,19 @@ fn database_cluster_settings() {
     }
 }
 
+// Checks the retirement of ended sales' Redis state: ten minutes by default, `off`
+// turns it off, and zero is refused (not read as off), naming the variable. How: three
+// configurations from the environment alone.
+#[test]
+fn sale_retire_after_settings() {
+    let c = Config::from_parts(None, &env(&[])).expect("defaults");
+    assert_eq!(c.sale_retire_after, Some(Duration::from_secs(600)));
+    let off = Config::from_parts(None, &env(&[("FLASHSALE_SALE_RETIRE_AFTER", "off")]));
+    assert_eq!(off.expect("off").sale_retire_after, None);
+    let err = Config::from_parts(None, &env(&[("FLASHSALE_SALE_RETIRE_AFTER", "0s")])).unwrap_err();
+    assert!(err.0.starts_with("FLASHSALE_SALE_RETIRE_AFTER"), "{err}");
+}
+
 // Checks the scheduled audit's period: a day by default, `off` turns it off, and a
 // period out of bounds or unparsable stops startup naming the variable; and the
 // reconciliation's repair, `auto` by default, `report` to only log.

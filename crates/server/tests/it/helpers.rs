@@ -137,6 +137,9 @@ pub struct TestApp {
     pub fallback: std::sync::Arc<flashsale_app::Fallback>,
     /// The instance's destocks, for tests that settle pending ones a pass at a time.
     pub destocking: std::sync::Arc<flashsale_app::Destocking>,
+    /// The instance's retirement of ended sales (None: `SALE_RETIRE_AFTER=off`), for
+    /// tests that run its pass themselves.
+    pub retirement: Option<std::sync::Arc<flashsale_app::SaleRetirement>>,
     server: JoinHandle<()>,
 }
 
@@ -229,6 +232,7 @@ async fn serve_with(env: &HashMap<String, String>, shared: Shared) -> TestApp {
         gate_watch: app.gate_watch,
         fallback: app.fallback,
         destocking: app.destocking,
+        retirement: app.retirement,
         server,
     }
 }

@@ -45,5 +45,6 @@ mod rate_limit;
 mod recovery;
 mod refund;
 mod request_keys;
+mod retire;
 mod slow_clients;
 mod sold_out;
