@@ -565,3 +565,66 @@ async fn a_destock_takes_only_available_units_once_per_generation() {
     assert!(!marked, "nothing written");
     let _ = delete_prefix(REDIS_URL, &prefix).await;
 }
+
+/// Every key under `prefix`, sorted.
+async fn keys_under(conn: &mut MultiplexedConnection, prefix: &str) -> Vec<String> {
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(conn)
+        .await
+        .expect("KEYS");
+    keys.sort();
+    keys
+}
+
+// Checks retire_sale.lua and retire_keys.lua through the adapter: a product sold in
+// generation 1 (a hold H1, a restock marker R1) and then rebuilt in generation 3 (as a
+// reload after a retirement of generation 1 whose gate step came late), with a hold H2 of
+// generation 3. Retiring generation 1 keeps the newer entry, its hold H2 and the marker
+// (it may be the new life's) and deletes only H1's record; retiring generation 3 then
+// deletes every key of the product. How: KEYS under the test's prefix after each step.
+#[tokio::test]
+async fn a_retirement_spares_a_newer_entry_and_then_deletes_everything() {
+    use flashsale_app::ports::{GateMaintenance, RebuildPlan, StockGate};
+    use flashsale_app::SaleRetirementGate;
+    use flashsale_core::RequestId;
+    use std::time::Duration;
+    let prefix = redis_prefix();
+    let gate = common::gate(REDIS_URL, &prefix, Duration::ZERO);
+    let product = common::product();
+    let (g1, g3) = (common::generation(1), common::generation(3));
+    gate.load(product, 5, g1).await.expect("load");
+    gate.reserve(&common::purchase("H1", 7), None)
+        .await
+        .expect("reserve");
+    let restock = RequestId::parse("restock", "R1").expect("id");
+    gate.restock(product, &restock, 1, g1)
+        .await
+        .expect("restock");
+    let plan = RebuildPlan {
+        generation: g3,
+        available: 5,
+        last_hold_id: 1,
+        user_units: vec![],
+    };
+    assert!(gate.rebuild(product, &plan).await.expect("rebuild"));
+    gate.reserve(&common::purchase("H2", 8), None)
+        .await
+        .expect("reserve");
+    let mut conn = connect().await;
+    let key = |suffix: &str| format!("{prefix}{{p:1}}:{suffix}");
+
+    let done = gate.retire_sale(product, g1).await.expect("retire g1");
+    assert!(!done.entry_deleted, "the entry of generation 3 is kept");
+    assert_eq!(done.keys_deleted, 1, "H1's record only");
+    let left = keys_under(&mut conn, &prefix).await;
+    assert!(!left.contains(&key("r:H1")), "{left:?}");
+    for kept in ["inv", "pending", "r:H2", "restock:R1"] {
+        assert!(left.contains(&key(kept)), "{kept} in {left:?}");
+    }
+
+    let done = gate.retire_sale(product, g3).await.expect("retire g3");
+    assert!(done.entry_deleted);
+    assert_eq!(keys_under(&mut conn, &prefix).await, Vec::<String>::new());
+    let _ = delete_prefix(REDIS_URL, &prefix).await;
+}

@@ -10,7 +10,7 @@ use flashsale_testkit::PrivateRedis;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{order_id, TestApp};
+use crate::helpers::{order_id, TestApp, LIMIT_EXCEEDED};
 use crate::invariants;
 
 /// The grace the tests run with: short, so a sale ended now is retirable a moment later.
@@ -88,14 +88,15 @@ async fn counters(app: &TestApp, product: i64) -> (i64, i64, i64, i64) {
     (n("total"), n("available"), n("reserved"), n("sold"))
 }
 
-// Checks which sales are retired and what a retired one still answers. How: four small
-// sales on the shared Redis: 9101 and 9104 paid and ended, 9102 ended with its orders
-// unpaid, 9103 paid with its window open. Past the 1 s grace one pass retires 9101 and
-// 9104 only: their keys are gone (KEYS), the others' entries stay; GET still answers the
-// ledger's counters, the audit is clean and `flashsale_sales_retired_total` is 2. Then
-// 9101's window moved into the future sells again (201: the entry loaded again) and an
-// old request replays its order (200); 9104's restock loads it with the units left plus
-// the restock's; the invariants hold on both.
+// Checks which sales are retired and what a retired one still answers. How: small sales
+// on the shared Redis: 9101 and 9104 paid and ended, 9102 ended with its orders unpaid,
+// 9103 paid with its window open, 9105 (1 per user) paid by user 1 and ended. Past the
+// 1 s grace the passes retire 9101, 9104 and 9105 only: their keys are gone (KEYS), the
+// others' entries stay; GET still answers the ledger's counters, the audit is clean and
+// `flashsale_sales_retired_total` is 3. Then 9101's window moved into the future sells
+// again (201: the entry loaded again) and an old request replays its order (200); 9104's
+// restock loads it with the units left plus the restock's; 9105 reopened still refuses
+// user 1 over the limit and sells to user 2; the invariants hold on all three.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ended_sales_are_retired_and_load_again() {
     let app = TestApp::spawn_with(Default::default(), &[GRACE]).await;
@@ -103,15 +104,22 @@ async fn ended_sales_are_retired_and_load_again() {
     small_sale(&app, 9102, true).await;
     small_sale(&app, 9103, false).await;
     small_sale(&app, 9104, false).await;
-    for product in [9101, 9102, 9104] {
+    app.create_product(9105, STOCK, Some(1)).await;
+    let order = order_id(&app.bought("R9105_1", 1, 9105, 1).await);
+    let (s, b) = app.pay(order, 1).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    for product in [9101, 9102, 9104, 9105] {
         sale_ends(&app, product, Utc::now(), "end").await;
     }
     tokio::time::sleep(PAST_GRACE).await;
     retire_all(&app).await;
 
-    for product in [9101, 9104] {
+    for (product, sold) in [(9101, BUYERS), (9104, BUYERS), (9105, 1)] {
         assert_eq!(keys_of(&app, product).await, Vec::<String>::new());
-        assert_eq!(counters(&app, product).await, (STOCK, 1, 0, BUYERS));
+        assert_eq!(
+            counters(&app, product).await,
+            (STOCK, STOCK - sold, 0, sold)
+        );
         invariants::assert_audit_clean(&app, product).await;
     }
     for product in [9102, 9103] {
@@ -122,7 +130,7 @@ async fn ended_sales_are_retired_and_load_again() {
     }
     let (text, _) = app.scrape_metrics().await;
     assert!(
-        text.lines().any(|l| l == "flashsale_sales_retired_total 2"),
+        text.lines().any(|l| l == "flashsale_sales_retired_total 3"),
         "{text}"
     );
 
@@ -145,6 +153,11 @@ async fn ended_sales_are_retired_and_load_again() {
     assert_eq!(s, StatusCode::OK, "{b}");
     assert_eq!(app.redis_available(9104).await, Some(6));
     invariants::assert_sound(&app, 9104).await;
+
+    sale_ends(&app, 9105, Utc::now() + Days::days(1), "reopen").await;
+    app.refused(("R9105_2", 1, 9105, 1), LIMIT_EXCEEDED).await;
+    app.bought("R9105_3", 2, 9105, 1).await;
+    invariants::assert_sound(&app, 9105).await;
     app.cleanup().await;
 }
 
