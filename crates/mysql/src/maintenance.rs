@@ -123,6 +123,9 @@ impl LedgerMaintenance for MysqlLedger {
         Ok(found.map(CancelAttempt::from))
     }
 
+    /// Of products in gate mode with the gate loaded: one not loaded (its ended sale
+    /// retired, `after_sale.rs`) has no entry to give units back to, and its next load, a
+    /// rebuild, counts them from the counters and settles the release.
     async fn pending_returns(&self, max: usize) -> Result<Vec<PendingReturn>, LedgerError> {
         let rows = self
             .run("pending returns", || async {
@@ -137,7 +140,8 @@ impl LedgerMaintenance for MysqlLedger {
                      LEFT JOIN products p ON p.product_id = r.product_id \
                      JOIN product_inventory i ON i.product_id = r.product_id \
                      WHERE r.stock_returned = 0 AND r.status = 'RELEASED' \
-                     AND i.stock_mode = 'GATE' ORDER BY r.updated_at LIMIT ?",
+                     AND i.stock_mode = 'GATE' AND p.stock_loaded = 1 \
+                     ORDER BY r.updated_at LIMIT ?",
                 )
                 .bind(limit(max))
                 .fetch_all(&self.pool())

@@ -93,8 +93,10 @@ async fn counters(app: &TestApp, product: i64) -> (i64, i64, i64, i64) {
 // 9103 paid with its window open, 9105 (1 per user) paid by user 1 and ended. Past the
 // 1 s grace the passes retire 9101, 9104 and 9105 only: their keys are gone (KEYS), the
 // others' entries stay; GET still answers the ledger's counters, the audit is clean and
-// `flashsale_sales_retired_total` is 3. Then 9101's window moved into the future sells
-// again (201: the entry loaded again) and an old request replays its order (200); 9104's
+// `flashsale_sales_retired_total` is 3. A refund (units back on sale) of a 9101 order
+// while retired leaves recovery nothing to defer. Then 9101's window moved into the
+// future sells again (201: the entry loaded again, the refunded unit with it) and an old
+// request replays its order (200); 9104's
 // restock loads it with the units left plus the restock's; 9105 reopened still refuses
 // user 1 over the limit and sells to user 2; the invariants hold on all three.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -133,6 +135,19 @@ async fn ended_sales_are_retired_and_load_again() {
         text.lines().any(|l| l == "flashsale_sales_retired_total 3"),
         "{text}"
     );
+
+    let body = json!({"request_id": "RF_9101", "restock": true});
+    let (s, b) = app
+        .admin_post(&format!("/v1/orders/{}/refund", paid[1]), body)
+        .await;
+    assert_eq!(
+        (s, &b["status"]),
+        (StatusCode::OK, &json!("REFUNDED")),
+        "{b}"
+    );
+    let recovery = app.maintenance.recover_once().await.expect("recovery");
+    assert_eq!(recovery.deferred, 0, "nothing to give back while retired");
+    assert_eq!(counters(&app, 9101).await, (STOCK, 2, 0, BUYERS - 1));
 
     sale_ends(&app, 9101, Utc::now() + Days::days(1), "reopen").await;
     app.bought("R9101_again", 3, 9101, 1).await;
