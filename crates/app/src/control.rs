@@ -29,6 +29,7 @@ use tracing::{info, warn};
 
 use crate::catalog::{Catalog, FOUND_TTL};
 use crate::error::Error;
+use crate::metrics::Metrics;
 use crate::model::{Order, ProductView};
 use crate::ports::{GateError, LeaseListener, LedgerError, ReleaseOf};
 use crate::service::Flashsale;
@@ -154,6 +155,8 @@ pub struct SaleControl {
     controls: Arc<dyn Controls>,
     announcer: Arc<dyn Announcer>,
     service: Arc<Flashsale>,
+    /// Where refunds are counted (None in tests without metrics).
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl std::fmt::Debug for SaleControl {
@@ -167,11 +170,13 @@ impl SaleControl {
         controls: Arc<dyn Controls>,
         announcer: Arc<dyn Announcer>,
         service: Arc<Flashsale>,
+        metrics: Option<Arc<Metrics>>,
     ) -> Self {
         Self {
             controls,
             announcer,
             service,
+            metrics,
         }
     }
 
@@ -222,6 +227,9 @@ impl SaleControl {
         if applied {
             info!(order_id = %ask.order_id, admin = %ask.admin, request_id = %ask.request_id,
                 restock = ask.restock, "admin action: refund");
+            if let Some(m) = &self.metrics {
+                m.refunded(ask.restock, order.quantity.get());
+            }
         }
         self.service
             .refunded(&order, applied && ask.restock, pending_return)

@@ -156,8 +156,19 @@ struct StockLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct DestockLabels {
+struct SettledLabels {
     outcome: &'static str,
+}
+
+/// Counts an operator's stock action that settled with `outcome`, and its `units`.
+fn settled(
+    by_outcome: &Family<SettledLabels, Counter>,
+    units: &Counter,
+    outcome: &'static str,
+    n: u64,
+) {
+    by_outcome.get_or_create(&SettledLabels { outcome }).inc();
+    units.inc_by(n);
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -221,8 +232,10 @@ struct Workers {
     incidents: Counter,
     gate_rebuilds: Counter,
     sales_retired: Counter,
-    destocks: Family<DestockLabels, Counter>,
+    destocks: Family<SettledLabels, Counter>,
     units_destocked: Counter,
+    refunds: Family<SettledLabels, Counter>,
+    units_refunded: Counter,
     mode_switches: Family<ModeLabels, Counter>,
     drift_products: Gauge,
     drift_units: Gauge,
@@ -279,6 +292,18 @@ impl Workers {
                 registry,
                 "destocked_units",
                 "Units taken off sale by destocks",
+                Counter::default(),
+            ),
+            refunds: registered(
+                registry,
+                "refunds",
+                "Paid orders refunded, by outcome: restocked (units back on sale) or withdrawn (units out of stock)",
+                Family::default(),
+            ),
+            units_refunded: registered(
+                registry,
+                "refunded_units",
+                "Units of refunded orders, no longer sold",
                 Counter::default(),
             ),
             mode_switches: registered(
@@ -624,11 +649,20 @@ impl Metrics {
     /// A destock settled: taken (`units` off sale) or refused.
     pub fn destocked(&self, taken: bool, units: i64) {
         let outcome = if taken { "taken" } else { "refused" };
-        self.workers
-            .destocks
-            .get_or_create(&DestockLabels { outcome })
-            .inc();
-        self.workers.units_destocked.inc_by(units.unsigned_abs());
+        let w = &self.workers;
+        settled(
+            &w.destocks,
+            &w.units_destocked,
+            outcome,
+            units.unsigned_abs(),
+        );
+    }
+
+    /// A paid order refunded: its `units` back on sale (`restocked`) or out of stock.
+    pub fn refunded(&self, restocked: bool, units: u32) {
+        let outcome = if restocked { "restocked" } else { "withdrawn" };
+        let w = &self.workers;
+        settled(&w.refunds, &w.units_refunded, outcome, u64::from(units));
     }
 
     /// An ended sale's Redis state retired (`after_sale.rs`).
@@ -1259,6 +1293,7 @@ mod tests {
         m.connection_refused("cap");
         m.connection_evicted("body");
         m.destocked(true, 3);
+        m.refunded(false, 1);
         m.sale_retired();
         m
     }
@@ -1267,13 +1302,13 @@ mod tests {
     // "Health") name only series
     // that exist: every `flashsale_…` word in them is the name of a sample the metrics
     // encode to (a counter's with its `_total`, a gauge's bare) or a histogram's family
-    // name, all 34 families touched.
+    // name, all 36 families touched.
     #[test]
     fn alert_rules_name_real_metrics() {
         let text = all_touched().encode();
         let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
         assert_eq!(
-            families, 34,
+            families, 36,
             "every family registered in Metrics::new:\n{text}"
         );
         // A histogram is named by its family (its samples add _bucket, _sum, _count).

@@ -220,6 +220,7 @@ pub async fn build(config: &Config) -> Result<App, String> {
         ledger.clone(),
         gate.clone(),
         service.clone(),
+        Some(metrics.clone()),
     ));
     let destocking = Arc::new(Destocking::new(
         ledger.clone(),

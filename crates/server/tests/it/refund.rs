@@ -59,8 +59,9 @@ async fn refund_lines(app: &TestApp, product: i64) -> i64 {
 // sold out and paid: order 1 refunded with restock puts its unit back on sale at once
 // (the other instance sells it, 201) and frees its buyer's limit (user 1 buys again);
 // order 2 refunded without restock takes its unit out (total 3 → 2, sold drops, nothing
-// to sell). Each is one log line and one `order_refunded` event under the order's
-// request_id, with the reason. Counters, invariants and the audit agree at the end.
+// to sell). Each is one log line, one `order_refunded` event under the order's
+// request_id with the reason, and one count in the metrics. Counters, invariants and
+// the audit agree at the end.
 #[tokio::test]
 async fn a_refund_puts_units_back_on_sale_or_out_of_stock() {
     const PRODUCT: i64 = 4401;
@@ -96,6 +97,17 @@ async fn a_refund_puts_units_back_on_sale_or_out_of_stock() {
         .await;
 
     assert_eq!(refund_lines(&app, PRODUCT).await, 2);
+    let (metrics, _) = app.scrape_metrics().await;
+    for counted in [
+        "flashsale_refunds_total{outcome=\"restocked\"} 1",
+        "flashsale_refunds_total{outcome=\"withdrawn\"} 1",
+        "flashsale_refunded_units_total 2",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == counted),
+            "no {counted:?} in:\n{metrics}"
+        );
+    }
     let reasons: Vec<(String, String)> = sqlx::query_as(
         "SELECT CAST(request_id AS CHAR), CAST(JSON_VALUE(payload, '$.reason') AS CHAR) \
          FROM outbox WHERE event_type = 'order_refunded' AND product_id = ? ORDER BY id",
