@@ -18,10 +18,11 @@
 //! again as a rebuild does ([`SaleRetirements::reload_plan`], `Flashsale::with_reload`):
 //! from the ledger's facts in the next generation, hold ids above every recorded one (the
 //! audit tells holds apart by them), each user's units under a per-user limit, and no
-//! vouching for earlier records. A crash or a Redis failure between the
-//! two steps leaves the old keys of a product marked not loaded, until its record TTL:
-//! no hold of theirs can commit (another generation), and a load that finds the old
-//! entry keeps it, which the gate watch then finds a generation behind the ledger and
+//! vouching for earlier records. The ledger's step records the gate's step as owed
+//! ([`SaleRetirements::unswept`]), and each pass does what is owed, so a crash or a Redis
+//! failure between the two steps only delays the deletion. Until it is done no hold of
+//! the old keys can commit (another generation), and a load that finds the old entry
+//! keeps it, which the gate watch then finds a generation behind the ledger and
 //! rebuilds, as after any lost write.
 
 use std::sync::Arc;
@@ -49,9 +50,9 @@ pub trait SaleRetirements: Send + Sync + 'static {
     ) -> Result<Vec<ProductId>, LedgerError>;
 
     /// Retires the product's sale in one transaction under the inventory row's lock,
-    /// if every condition of [`Self::retirable_sales`] still holds: the next generation
-    /// and the gate marked not loaded. The generation retired, or None (not retirable
-    /// any more, or no such product).
+    /// if every condition of [`Self::retirable_sales`] still holds: the next generation,
+    /// the gate marked not loaded, and the gate's step recorded as owed. The generation
+    /// retired, or None (not retirable any more, or no such product).
     async fn retire_sale(
         &self,
         product_id: ProductId,
@@ -66,6 +67,15 @@ pub trait SaleRetirements: Send + Sync + 'static {
     /// product. A gate not rebuilt with the plan (a crash, Redis down) is found missing by
     /// the gate watch, which rebuilds it.
     async fn reload_plan(&self, product_id: ProductId) -> Result<Option<RebuildPlan>, LedgerError>;
+
+    /// Retired sales whose gate step is still owed, with the generation retired; at most
+    /// `limit`.
+    async fn unswept(&self, limit: usize) -> Result<Vec<(ProductId, Generation)>, LedgerError>;
+
+    /// The gate's step of the retirement of `generation` is done (a later retirement,
+    /// owed since, stays owed).
+    async fn swept(&self, product_id: ProductId, generation: Generation)
+        -> Result<(), LedgerError>;
 }
 
 /// What the gate deleted of a retired sale.
@@ -121,30 +131,41 @@ impl SaleRetirement {
         }
     }
 
-    /// The workers' pass: retires at most `limit` ended sales; answers how many it looked
-    /// at (a full batch asks for another pass at once). A product whose gate step fails
-    /// is retired in the ledger already: its keys hold nothing any purchase can use, and
-    /// only the memory waits (logged).
+    /// The workers' pass: retires at most `limit` ended sales in the ledger, then does
+    /// the gate's step of at most `limit` retirements that owe it (these and any a crash
+    /// or a Redis failure left); answers how many it looked at (a full batch asks for
+    /// another pass at once). A gate step that fails stays owed for the next pass: its
+    /// keys hold nothing any purchase can use meanwhile, only memory.
     pub async fn retire_pass(&self, limit: usize) -> Result<usize, Error> {
         let candidates = self.ledger.retirable_sales(self.grace, limit).await?;
         for &product_id in &candidates {
-            let Some(generation) = self.ledger.retire_sale(product_id, self.grace).await? else {
-                continue;
-            };
-            match self.gate.retire_sale(product_id, generation).await {
-                Ok(done) => {
-                    info!(%product_id, %generation, entry_deleted = done.entry_deleted,
-                        keys_deleted = done.keys_deleted, "ended sale retired from the stock gate");
-                    if let Some(m) = &self.metrics {
-                        m.sale_retired();
-                    }
-                }
-                Err(e) => {
-                    warn!(%product_id, %generation, error = %e,
-                        "ended sale retired in the ledger; its stock gate keys were not deleted");
+            self.ledger.retire_sale(product_id, self.grace).await?;
+        }
+        let owed = self.ledger.unswept(limit).await?;
+        for &(product_id, generation) in &owed {
+            self.sweep(product_id, generation).await?;
+        }
+        Ok(candidates.len().max(owed.len()))
+    }
+
+    /// The gate's step of one retirement, then the ledger told it is done; a gate that
+    /// fails leaves it owed (logged).
+    async fn sweep(&self, product_id: ProductId, generation: Generation) -> Result<(), Error> {
+        match self.gate.retire_sale(product_id, generation).await {
+            Ok(done) => {
+                self.ledger.swept(product_id, generation).await?;
+                info!(%product_id, %generation, entry_deleted = done.entry_deleted,
+                    keys_deleted = done.keys_deleted, "ended sale retired from the stock gate");
+                if let Some(m) = &self.metrics {
+                    m.sale_retired();
                 }
             }
+            Err(e) => {
+                warn!(%product_id, %generation, error = %e,
+                    "ended sale retired in the ledger; its stock gate keys are deleted on a \
+                     later pass");
+            }
         }
-        Ok(candidates.len())
+        Ok(())
     }
 }

@@ -70,6 +70,45 @@ impl SaleRetirements for MysqlLedger {
         self.run("reload a retired sale", || self.reload_once(product_id))
             .await
     }
+
+    async fn unswept(&self, limit: usize) -> Result<Vec<(ProductId, Generation)>, LedgerError> {
+        let rows: Vec<(i64, i64)> = self
+            .run("unswept retirements", || async {
+                sqlx::query_as(
+                    "SELECT product_id, gate_sweep_generation FROM products \
+                     WHERE gate_sweep_generation IS NOT NULL ORDER BY product_id LIMIT ?",
+                )
+                .bind(maintenance::limit(limit))
+                .fetch_all(&self.pool())
+                .await
+            })
+            .await?;
+        rows.into_iter()
+            .map(|(p, g)| {
+                let product = ProductId::parse(p).map_err(crate::rows::corrupt)?;
+                Ok((product, crate::rows::generation(g)?))
+            })
+            .collect()
+    }
+
+    async fn swept(
+        &self,
+        product_id: ProductId,
+        generation: Generation,
+    ) -> Result<(), LedgerError> {
+        self.run("retirement swept", || async {
+            sqlx::query(
+                "UPDATE products SET gate_sweep_generation = NULL \
+                 WHERE product_id = ? AND gate_sweep_generation = ?",
+            )
+            .bind(product_id.get())
+            .bind(generation.get())
+            .execute(&self.pool())
+            .await
+        })
+        .await
+        .map(drop)
+    }
 }
 
 impl MysqlLedger {
@@ -99,10 +138,15 @@ impl MysqlLedger {
         .bind(p)
         .execute(&mut *tx)
         .await?;
-        sqlx::query("UPDATE products SET stock_loaded = 0 WHERE product_id = ?")
-            .bind(p)
-            .execute(&mut *tx)
-            .await?;
+        // The gate's step is owed from this commit on, until the pass records it done.
+        sqlx::query(
+            "UPDATE products SET stock_loaded = 0, gate_sweep_generation = ? \
+             WHERE product_id = ?",
+        )
+        .bind(generation.get())
+        .bind(p)
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(Some(generation))
     }

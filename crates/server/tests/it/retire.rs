@@ -88,6 +88,50 @@ async fn counters(app: &TestApp, product: i64) -> (i64, i64, i64, i64) {
     (n("total"), n("available"), n("reserved"), n("sold"))
 }
 
+// Checks that a retirement whose gate step did not happen (a crash or a Redis failure
+// between the two steps) is finished by a later pass. How: a paid sale ends; the ledger's
+// step alone is run (`SaleRetirements::retire_sale`, as a pass that died after it): the
+// product is marked not loaded and owes its gate step (`gate_sweep_generation`), and its
+// Redis keys are still there. The next pass finds nothing new to retire but the owed
+// step: the keys go, nothing is owed any more, the metric counts it, the audit is clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_owed_gate_step_is_done_by_a_later_pass() {
+    use flashsale_app::after_sale::SaleRetirements;
+    const PRODUCT: i64 = 9111;
+    let app = TestApp::spawn_with(Default::default(), &[GRACE]).await;
+    small_sale(&app, PRODUCT, false).await;
+    sale_ends(&app, PRODUCT, Utc::now(), "end").await;
+    tokio::time::sleep(PAST_GRACE).await;
+    let ledger = app.connect_ledger().await;
+    let product = flashsale_core::ProductId::parse(PRODUCT).expect("id");
+    let retired = ledger
+        .retire_sale(product, Duration::from_secs(1))
+        .await
+        .expect("ledger step")
+        .expect("retirable");
+    let owed = format!(
+        "SELECT COUNT(*) FROM products WHERE product_id = {PRODUCT} \
+         AND gate_sweep_generation = {}",
+        retired.get()
+    );
+    assert_eq!(app.count(&owed).await, 1, "the gate step is owed");
+    assert!(!keys_of(&app, PRODUCT).await.is_empty(), "the keys wait");
+    retire_all(&app).await;
+    assert_eq!(keys_of(&app, PRODUCT).await, Vec::<String>::new());
+    let still = format!(
+        "SELECT COUNT(*) FROM products WHERE product_id = {PRODUCT} \
+         AND gate_sweep_generation IS NOT NULL"
+    );
+    assert_eq!(app.count(&still).await, 0, "nothing owed any more");
+    let (text, _) = app.scrape_metrics().await;
+    assert!(
+        text.lines().any(|l| l == "flashsale_sales_retired_total 1"),
+        "{text}"
+    );
+    invariants::assert_audit_clean(&app, PRODUCT).await;
+    app.cleanup().await;
+}
+
 // Checks which sales are retired and what a retired one still answers. How: small sales
 // on the shared Redis: 9101 and 9104 paid and ended, 9102 ended with its orders unpaid,
 // 9103 paid with its window open, 9105 (1 per user) paid by user 1 and ended. Past the
