@@ -141,10 +141,14 @@ pub async fn a_purchase_commits_once_per_request_id<W: LedgerWorld>(w: &W) {
 
 /// The ledger checks for itself what the gate checked: too few units, a user over the
 /// per-user limit (live orders count), and a hold of a generation that was advanced
-/// past; each refusal writes nothing.
+/// past; each refusal writes nothing. A gate never loaded (or retired) has no entry for
+/// the gate watch to rebuild: no plan until it is loaded.
 pub async fn the_ledger_refuses_what_the_gate_wrongly_admits<W: LedgerWorld>(w: &W) {
     let l = w.ledger();
     create(l, product(), 3, Some(2)).await;
+    let unloaded = l.advance_generation(product()).await.expect("advance");
+    assert!(unloaded.is_none(), "no plan for a gate not loaded");
+    l.mark_stock_loaded(product()).await.expect("loaded");
     committed(commit(l, &purchase("V_A", 1, 2), hold(1, 1), Some(2)).await);
     assert_eq!(
         commit(l, &purchase("V_B", 1, 1), hold(1, 2), Some(2)).await,
@@ -244,6 +248,8 @@ pub async fn a_fence_blocks_a_late_commit<W: LedgerWorld>(w: &W) {
 pub async fn pay_and_cancel_resolve_an_order_once<W: LedgerWorld>(w: &W) {
     let l = w.ledger();
     create(l, product(), 5, Some(3)).await;
+    // Holds are taken from a loaded gate, which a return goes back to.
+    l.mark_stock_loaded(product()).await.expect("loaded");
     let paid = committed(commit(l, &purchase("P_A", 1, 1), hold(1, 1), Some(3)).await);
     let cancelled = committed(commit(l, &purchase("P_B", 2, 2), hold(1, 2), Some(3)).await);
     assert_eq!(l.pay(paid.order_id, user(9)).await.expect("pay"), None);
@@ -958,12 +964,13 @@ pub async fn concurrent_ledger_purchases_respect_limits_and_stock<W: LedgerWorld
 
 /// Entering ledger mode settles what the gate is owed, as a rebuild does: a release not
 /// yet returned and a restock not yet applied are done (the counters have their units),
-/// so recovery gives nothing back to a gate that is not used. A product never loaded is
-/// loaded from then on (its gate is only ever rebuilt from a plan), a restock in ledger
-/// mode is applied at once, and the product is listed among those in ledger mode.
+/// so recovery gives nothing back to a gate that is not used. A restock in ledger mode
+/// is applied at once, and the product is listed among those in ledger mode. A product
+/// never loaded is loaded from then on (its gate is only ever rebuilt from a plan).
 pub async fn entering_ledger_mode_settles_what_the_gate_is_owed<W: LedgerWorld>(w: &W) {
     let l = w.ledger();
     create(l, product(), 5, None).await;
+    l.mark_stock_loaded(product()).await.expect("loaded");
     assert!(l.ledger_mode_products(10).await.expect("list").is_empty());
     let order = committed(commit(l, &purchase("S_A", 1, 2), hold(1, 1), None).await);
     let attempt = l
@@ -999,6 +1006,17 @@ pub async fn entering_ledger_mode_settles_what_the_gate_is_owed<W: LedgerWorld>(
     );
     let c = counters(l).await;
     assert_eq!((c.total, c.available, c.reserved), (10, 10, 0));
+    create(l, product_n(2), 1, None).await;
+    l.enter_ledger_mode(product_n(2)).await.expect("enter");
+    let never = l
+        .product(product_n(2))
+        .await
+        .expect("p")
+        .expect("a product");
+    assert!(
+        never.stock_loaded,
+        "a product never loaded is loaded from then on"
+    );
 }
 
 /// The way back waits until no instance has reported the gate unreachable for the quiet

@@ -2077,6 +2077,11 @@ impl LedgerMaintenance for MemLedger {
             .iter()
             .filter(|(_, r)| r.status == ReservationStatus::Released && !r.stock_returned)
             .filter(|(_, r)| t.gate_serves(r.request.product_id.get()))
+            // A gate not loaded has no entry to take units back; its load counts them.
+            .filter(|(_, r)| {
+                let p = r.request.product_id.get();
+                t.products.get(&p).is_some_and(|p| p.stock_loaded)
+            })
             .map(|(rid, r)| (r.updated_at, r.id, rid, r))
             .collect();
         rows.sort_by_key(|(at, id, _, _)| (*at, *id));
@@ -2373,7 +2378,12 @@ impl LedgerMaintenance for MemLedger {
     ) -> Result<Option<RebuildPlan>, LedgerError> {
         let now = self.now();
         let mut t = self.lock();
-        if t.mode_of(product_id.get()) == StockMode::Ledger {
+        // Not loaded (never, or retired): no entry by design, its next load makes one.
+        let loaded = t
+            .products
+            .get(&product_id.get())
+            .is_some_and(|p| p.stock_loaded);
+        if t.mode_of(product_id.get()) == StockMode::Ledger || !loaded {
             return Ok(None);
         }
         advance_locked(&mut t, product_id, now, false).map(Some)
