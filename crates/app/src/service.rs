@@ -266,13 +266,10 @@ impl Flashsale {
         by: &AdminName,
     ) -> Result<ProductView, Error> {
         let quantity = parse_restock(quantity)?;
-        let product = self.product(product_id).await?;
         // Record restocks only against a loaded gate, so warm-up (which copies the
         // ledger's counters) never meets a restock that is also still to be applied. In
         // ledger mode the ledger records it as applied: the gate is not used.
-        if !product.stock_loaded && self.modes.mode(product_id) == StockMode::Gate {
-            self.load_stock(&product).await?;
-        }
+        self.stock_ready(product_id).await?;
         let (applied, generation) = match self
             .ledger
             .record_restock(product_id, &restock_id, quantity, by)
@@ -322,7 +319,8 @@ impl Flashsale {
     }
 
     /// The product exists and, in gate mode, its stock is loaded in the gate: what an
-    /// admin's change of the stock (a destock) needs before the ledger records it.
+    /// admin's change of the stock (a restock, a destock) needs before the ledger records
+    /// it.
     pub(crate) async fn stock_ready(&self, product_id: ProductId) -> Result<(), Error> {
         let product = self.product(product_id).await?;
         if !product.stock_loaded && self.modes.mode(product_id) == StockMode::Gate {
