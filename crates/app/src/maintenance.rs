@@ -252,6 +252,20 @@ impl Maintenance {
     }
 
     async fn recover_into(&self, report: &mut RecoveryReport) -> Result<(), Error> {
+        self.finish_returns(report).await?;
+        self.finish_restocks(report).await?;
+        let mut walk = Walk::default();
+        while let Some(page) = self.next_page(&mut walk).await? {
+            for product_id in page {
+                let result = self.recover_product(product_id, report).await;
+                walk.settle(product_id, "recovery", result)?;
+            }
+        }
+        walk.end()
+    }
+
+    /// Recovery, released reservations whose units did not make it back to the gate.
+    async fn finish_returns(&self, report: &mut RecoveryReport) -> Result<(), Error> {
         // Released reservations whose units did not make it back.
         for pending in self
             .ledger_m
@@ -288,6 +302,11 @@ impl Maintenance {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Recovery, restocks recorded in the ledger whose gate step failed.
+    async fn finish_restocks(&self, report: &mut RecoveryReport) -> Result<(), Error> {
         // Restocks recorded in the ledger whose gate step failed: the admin may never
         // retry, so recovery finishes them (the gate's marker makes it once).
         for pending in self
@@ -315,14 +334,7 @@ impl Maintenance {
                 Ok(Restock::NotLoaded) | Err(_) => report.deferred += 1,
             }
         }
-        let mut walk = Walk::default();
-        while let Some(page) = self.next_page(&mut walk).await? {
-            for product_id in page {
-                let result = self.recover_product(product_id, report).await;
-                walk.settle(product_id, "recovery", result)?;
-            }
-        }
-        walk.end()
+        Ok(())
     }
 
     async fn recover_product(

@@ -231,16 +231,59 @@ struct Workers {
     recovery: Family<ActionLabels, Counter>,
     incidents: Counter,
     gate_rebuilds: Counter,
-    sales_retired: Counter,
-    destocks: Family<SettledLabels, Counter>,
-    units_destocked: Counter,
-    refunds: Family<SettledLabels, Counter>,
-    units_refunded: Counter,
+    actions: StockActions,
     mode_switches: Family<ModeLabels, Counter>,
     drift_products: Gauge,
     drift_units: Gauge,
     repairs: Counter,
     units_repaired: Counter,
+}
+
+/// What the operator's stock actions and the sale's end did: destocks, refunds, retired
+/// sales.
+struct StockActions {
+    sales_retired: Counter,
+    destocks: Family<SettledLabels, Counter>,
+    units_destocked: Counter,
+    refunds: Family<SettledLabels, Counter>,
+    units_refunded: Counter,
+}
+
+impl StockActions {
+    fn register(registry: &mut Registry) -> Self {
+        Self {
+            sales_retired: registered(
+                registry,
+                "sales_retired",
+                "Ended sales whose Redis state was retired (FLASHSALE_SALE_RETIRE_AFTER after the end, nothing in flight); the ledger keeps their counters",
+                Counter::default(),
+            ),
+            destocks: registered(
+                registry,
+                "destocks",
+                "Destocks the ledger settled, by outcome: taken (units off sale) or refused (fewer available; nothing changed)",
+                Family::default(),
+            ),
+            units_destocked: registered(
+                registry,
+                "destocked_units",
+                "Units taken off sale by destocks",
+                Counter::default(),
+            ),
+            refunds: registered(
+                registry,
+                "refunds",
+                "Paid orders refunded, by outcome: restocked (units back on sale) or withdrawn (units out of stock)",
+                Family::default(),
+            ),
+            units_refunded: registered(
+                registry,
+                "refunded_units",
+                "Units of refunded orders, no longer sold",
+                Counter::default(),
+            ),
+        }
+    }
 }
 
 impl Workers {
@@ -276,36 +319,7 @@ impl Workers {
                 "Products whose Redis state was lost and rebuilt from MariaDB's facts in a new stock generation",
                 Counter::default(),
             ),
-            sales_retired: registered(
-                registry,
-                "sales_retired",
-                "Ended sales whose Redis state was retired (FLASHSALE_SALE_RETIRE_AFTER after the end, nothing in flight); the ledger keeps their counters",
-                Counter::default(),
-            ),
-            destocks: registered(
-                registry,
-                "destocks",
-                "Destocks the ledger settled, by outcome: taken (units off sale) or refused (fewer available; nothing changed)",
-                Family::default(),
-            ),
-            units_destocked: registered(
-                registry,
-                "destocked_units",
-                "Units taken off sale by destocks",
-                Counter::default(),
-            ),
-            refunds: registered(
-                registry,
-                "refunds",
-                "Paid orders refunded, by outcome: restocked (units back on sale) or withdrawn (units out of stock)",
-                Family::default(),
-            ),
-            units_refunded: registered(
-                registry,
-                "refunded_units",
-                "Units of refunded orders, no longer sold",
-                Counter::default(),
-            ),
+            actions: StockActions::register(registry),
             mode_switches: registered(
                 registry,
                 "mode_switches",
@@ -649,7 +663,7 @@ impl Metrics {
     /// A destock settled: taken (`units` off sale) or refused.
     pub fn destocked(&self, taken: bool, units: i64) {
         let outcome = if taken { "taken" } else { "refused" };
-        let w = &self.workers;
+        let w = &self.workers.actions;
         settled(
             &w.destocks,
             &w.units_destocked,
@@ -661,13 +675,13 @@ impl Metrics {
     /// A paid order refunded: its `units` back on sale (`restocked`) or out of stock.
     pub fn refunded(&self, restocked: bool, units: u32) {
         let outcome = if restocked { "restocked" } else { "withdrawn" };
-        let w = &self.workers;
+        let w = &self.workers.actions;
         settled(&w.refunds, &w.units_refunded, outcome, u64::from(units));
     }
 
     /// An ended sale's Redis state retired (`after_sale.rs`).
     pub fn sale_retired(&self) {
-        self.workers.sales_retired.inc();
+        self.workers.actions.sales_retired.inc();
     }
 
     pub fn gates_rebuilt(&self, n: usize) {

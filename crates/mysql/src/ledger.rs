@@ -865,11 +865,13 @@ impl MysqlLedger {
         }
         // Its events, in this transaction (before the hot row, to keep its lock short).
         let change = crate::outbox::Change::Resolved {
-            order_id,
-            user_id,
-            request_id: &moved.request_id,
-            product_id: moved.product_id,
-            quantity: moved.quantity,
+            order: crate::outbox::OrderRef {
+                order_id,
+                user_id,
+                request_id: &moved.request_id,
+                product_id: moved.product_id,
+                quantity: moved.quantity,
+            },
             to,
             cancel_reason,
         };

@@ -70,22 +70,14 @@ pub(crate) enum Change<'a> {
     },
     /// `transition`: the order left PENDING_PAYMENT for `to` (PAID or CANCELLED).
     Resolved {
-        order_id: OrderId,
-        user_id: UserId,
-        request_id: &'a str,
-        product_id: i64,
-        quantity: i32,
+        order: OrderRef<'a>,
         to: OrderStatus,
         cancel_reason: Option<CancelReason>,
     },
     /// `refund`: a PAID order REFUNDED, its units back on sale or out of stock
     /// (`reason`).
     Refunded {
-        order_id: OrderId,
-        user_id: UserId,
-        request_id: &'a str,
-        product_id: i64,
-        quantity: i32,
+        order: OrderRef<'a>,
         reason: ReleaseReason,
     },
     /// `insert_fence`: a reservation released without an order (no order_id).
@@ -93,6 +85,31 @@ pub(crate) enum Change<'a> {
         request: &'a PurchaseRequest,
         reason: ReleaseReason,
     },
+}
+
+/// The order a change of an existing order is about, as its events name it.
+pub(crate) struct OrderRef<'a> {
+    pub(crate) order_id: OrderId,
+    pub(crate) user_id: UserId,
+    pub(crate) request_id: &'a str,
+    pub(crate) product_id: i64,
+    pub(crate) quantity: i32,
+}
+
+impl<'a> OrderRef<'a> {
+    /// An event of this order, after its `order_created`.
+    fn draft(&self, event_type: EventType, reason: Option<&'static str>) -> Draft<'a> {
+        Draft {
+            after: 1,
+            event_type,
+            order_id: Some(self.order_id.get()),
+            request_id: self.request_id,
+            product_id: self.product_id,
+            user_id: self.user_id.get(),
+            quantity: i64::from(self.quantity),
+            reason,
+        }
+    }
 }
 
 /// One event row to write.
@@ -133,65 +150,42 @@ fn drafts(change: Change<'_>) -> Result<Vec<Draft<'_>>, sqlx::Error> {
             quantity: i64::from(request.quantity.get()),
             reason: Some(reason.as_str()),
         }],
-        Change::Refunded {
-            order_id,
-            user_id,
-            request_id,
-            product_id,
-            quantity,
-            reason,
-        } => vec![Draft {
-            after: 1,
-            event_type: EventType::OrderRefunded,
-            order_id: Some(order_id.get()),
-            request_id,
-            product_id,
-            user_id: user_id.get(),
-            quantity: i64::from(quantity),
-            reason: Some(reason.as_str()),
-        }],
+        Change::Refunded { order, reason } => {
+            vec![order.draft(EventType::OrderRefunded, Some(reason.as_str()))]
+        }
         Change::Resolved {
-            order_id,
-            user_id,
-            request_id,
-            product_id,
-            quantity,
+            order,
             to,
             cancel_reason,
-        } => {
-            let draft = |event_type, reason| Draft {
-                after: 1,
-                event_type,
-                order_id: Some(order_id.get()),
-                request_id,
-                product_id,
-                user_id: user_id.get(),
-                quantity: i64::from(quantity),
-                reason,
-            };
-            match to {
-                OrderStatus::Paid => vec![draft(EventType::OrderPaid, None)],
-                OrderStatus::Cancelled => {
-                    // The same default as the transition's own reservation update.
-                    let reason = cancel_reason.unwrap_or(CancelReason::UserCancelled);
-                    vec![
-                        draft(EventType::OrderCancelled, Some(reason.as_str())),
-                        draft(
-                            EventType::ReservationReleased,
-                            Some(ReleaseReason::for_cancel(reason).as_str()),
-                        ),
-                    ]
-                }
-                OrderStatus::PendingPayment | OrderStatus::Refunded => {
-                    // A buyer's transition moves an order out of PENDING_PAYMENT, never
-                    // into it; a refund is `Change::Refunded`.
-                    debug_assert!(false, "no resolution to {to}");
-                    return Err(sqlx::Error::Protocol(format!("no resolution to {to}")));
-                }
-            }
-        }
+        } => resolved(&order, to, cancel_reason)?,
     };
     Ok(drafts)
+}
+
+/// Record, decide: the events of a buyer's transition of `order` to `to`.
+fn resolved<'a>(
+    order: &OrderRef<'a>,
+    to: OrderStatus,
+    cancel_reason: Option<CancelReason>,
+) -> Result<Vec<Draft<'a>>, sqlx::Error> {
+    match to {
+        OrderStatus::Paid => Ok(vec![order.draft(EventType::OrderPaid, None)]),
+        OrderStatus::Cancelled => {
+            // The same default as the transition's own reservation update.
+            let reason = cancel_reason.unwrap_or(CancelReason::UserCancelled);
+            let released = ReleaseReason::for_cancel(reason);
+            Ok(vec![
+                order.draft(EventType::OrderCancelled, Some(reason.as_str())),
+                order.draft(EventType::ReservationReleased, Some(released.as_str())),
+            ])
+        }
+        OrderStatus::PendingPayment | OrderStatus::Refunded => {
+            // A buyer's transition moves an order out of PENDING_PAYMENT, never into
+            // it; a refund is `Change::Refunded`.
+            debug_assert!(false, "no resolution to {to}");
+            Err(sqlx::Error::Protocol(format!("no resolution to {to}")))
+        }
+    }
 }
 
 /// Writes the events of `change` to the outbox, on the connection of the transaction that

@@ -68,11 +68,13 @@ impl Refundable {
         debug_assert_eq!(moved.rows_affected(), 1, "a locked PAID order is refunded");
         self.release(tx, order_id, reason).await?;
         let change = crate::outbox::Change::Refunded {
-            order_id,
-            user_id: self.user_id,
-            request_id: &self.request_id,
-            product_id: self.product_id.get(),
-            quantity: self.quantity,
+            order: crate::outbox::OrderRef {
+                order_id,
+                user_id: self.user_id,
+                request_id: &self.request_id,
+                product_id: self.product_id.get(),
+                quantity: self.quantity,
+            },
             reason,
         };
         crate::outbox::record(&mut *tx, change).await
