@@ -303,9 +303,7 @@ async fn adding_units_ends_the_lease_and_publishes_a_revocation() {
 async fn a_foreign_entry_changes_only_once_adopted() {
     use flashsale_app::ports::{GateMaintenance, Release, ReleaseOf, Reserve, Restock, StockGate};
     use flashsale_core::RequestId;
-    use std::time::Duration;
-    let prefix = redis_prefix();
-    let gate = common::gate(REDIS_URL, &prefix, Duration::ZERO);
+    let (prefix, gate) = common::shared_gate();
     let product = common::product();
     let g1 = common::generation(1);
     let buy = |id: &str| common::purchase(id, 7);
@@ -489,9 +487,7 @@ async fn a_record_lifetime_is_checked_before_any_write() {
 async fn a_destock_takes_only_available_units_once_per_generation() {
     use flashsale_app::ports::{Destock, StockGate};
     use flashsale_core::RequestId;
-    use std::time::Duration;
-    let prefix = redis_prefix();
-    let gate = common::gate(REDIS_URL, &prefix, Duration::ZERO);
+    let (prefix, gate) = common::shared_gate();
     let product = common::product();
     let (g1, g2) = (common::generation(1), common::generation(2));
     let id = |s: &str| RequestId::parse("destock", s).expect("id");
@@ -588,9 +584,7 @@ async fn a_retirement_spares_a_newer_entry_and_then_deletes_everything() {
     use flashsale_app::ports::{GateMaintenance, RebuildPlan, StockGate};
     use flashsale_app::SaleRetirementGate;
     use flashsale_core::RequestId;
-    use std::time::Duration;
-    let prefix = redis_prefix();
-    let gate = common::gate(REDIS_URL, &prefix, Duration::ZERO);
+    let (prefix, gate) = common::shared_gate();
     let product = common::product();
     let (g1, g3) = (common::generation(1), common::generation(3));
     gate.load(product, 5, g1).await.expect("load");

@@ -41,6 +41,15 @@ pub fn gate(url: &str, prefix: &str, lease: Duration) -> RedisGate {
     RedisGate::new(&config(url, prefix, lease)).expect("gate")
 }
 
+/// The adapter on the shared Redis, its keys under a prefix of the test's own (returned,
+/// for the test to read the keys and delete them), with no sold-out lease.
+#[allow(dead_code)]
+pub fn shared_gate() -> (String, RedisGate) {
+    let prefix = flashsale_testkit::redis_prefix();
+    let gate = gate(REDIS_URL, &prefix, Duration::ZERO);
+    (prefix, gate)
+}
+
 /// The product every test sells.
 pub fn product() -> ProductId {
     ProductId::parse(1).expect("id")
