@@ -495,33 +495,25 @@ async fn a_destock_takes_only_available_units_once_per_generation() {
     gate.reserve(&common::purchase("H1", 7), None)
         .await
         .expect("reserve");
-    let taken = gate
-        .destock(product, &id("D1"), 3, g1)
-        .await
-        .expect("destock");
-    assert_eq!(taken, Destock::Taken);
-    let again = gate
-        .destock(product, &id("D1"), 3, g1)
-        .await
-        .expect("again");
-    assert_eq!(again, Destock::Taken, "a retry answers the same");
-    assert_eq!(gate.available(product).await.expect("avail"), Some(1));
-    let refused = gate
-        .destock(product, &id("D2"), 2, g1)
-        .await
-        .expect("destock");
-    assert_eq!(refused, Destock::Refused);
-    let again = gate
-        .destock(product, &id("D2"), 2, g1)
-        .await
-        .expect("again");
-    assert_eq!(again, Destock::Refused);
-    assert_eq!(gate.available(product).await.expect("avail"), Some(1));
-    let newer = gate
-        .destock(product, &id("D3"), 1, g2)
-        .await
-        .expect("newer");
-    assert_eq!(newer, Destock::NotLoaded, "the rebuild has not landed");
+    // (destock, units, generation, its answer, the units left after it where checked):
+    // each again answers the same; D3's generation is newer, its rebuild not landed.
+    let steps = [
+        ("D1", 3, g1, Destock::Taken, None),
+        ("D1", 3, g1, Destock::Taken, Some(1)),
+        ("D2", 2, g1, Destock::Refused, None),
+        ("D2", 2, g1, Destock::Refused, Some(1)),
+        ("D3", 1, g2, Destock::NotLoaded, None),
+    ];
+    for (step, (destock, units, generation, answer, left)) in steps.into_iter().enumerate() {
+        let got = gate
+            .destock(product, &id(destock), units, generation)
+            .await
+            .expect("destock");
+        assert_eq!(got, answer, "step {step}: {destock}");
+        if let Some(left) = left {
+            assert_eq!(gate.available(product).await.expect("avail"), Some(left));
+        }
+    }
 
     let mut conn = connect().await;
     let inv = format!("{prefix}{{p:1}}:inv");
