@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use chrono::TimeDelta;
 use flashsale_app::ports::{
-    Commit, Fence, GateMaintenance, LedgerMaintenance, Release, ReleaseOf, Reserve,
+    Commit, Fence, GateMaintenance, GateState, LedgerMaintenance, Release, ReleaseOf, Reserve,
 };
 use flashsale_app::{Ledger, PurchaseOutcome, StockGate};
 use flashsale_core::{
@@ -59,6 +59,42 @@ fn gate(ctx: &Arc<Ctx>) -> MemGate {
         TimeDelta::zero(),
         GateDefects::default(),
     )
+}
+
+/// [`gate`] with `stock` units of [`p1`] loaded in generation 1.
+fn loaded(ctx: &Arc<Ctx>, stock: i64) -> MemGate {
+    let g = gate(ctx);
+    now(g.load(p1(), stock, gen(1))).expect("load");
+    g
+}
+
+/// [`loaded`], then user 1's hold of one unit under request_id A.
+fn holding_a(ctx: &Arc<Ctx>, stock: i64) -> MemGate {
+    let g = loaded(ctx, stock);
+    now(g.reserve(&request("A", 1, 1), None)).expect("reserve");
+    g
+}
+
+/// The state of [`p1`]'s entry on `g`, which must be loaded.
+fn loaded_state(g: &MemGate) -> GateState {
+    now(g.state(p1())).expect("state").expect("loaded")
+}
+
+/// A rebuild into generation 2 with `available` units, holds numbered from
+/// `last_hold_id`, and no buyer holding any.
+fn plan_in_gen_2(available: i64, last_hold_id: i64) -> flashsale_app::ports::RebuildPlan {
+    flashsale_app::ports::RebuildPlan {
+        generation: gen(2),
+        available,
+        last_hold_id,
+        user_units: vec![],
+    }
+}
+
+/// [`plan_in_gen_2`] applied to [`p1`] on `g`: the rebuild must land.
+fn rebuilt(g: &MemGate, available: i64, last_hold_id: i64) {
+    let plan = plan_in_gen_2(available, last_hold_id);
+    assert!(now(g.rebuild(p1(), &plan)).expect("rebuild"));
 }
 
 // Checks reserve.lua: idempotent on request_id (a second call reports the same hold and
@@ -175,8 +211,7 @@ fn a_request_id_twice_in_one_batch_holds_once() {
 #[test]
 fn release_returns_units_once() {
     let ctx = ctx();
-    let g = gate(&ctx);
-    now(g.load(p1(), 3, gen(1))).expect("load");
+    let g = loaded(&ctx, 3);
     let a = request("A", 1, 2);
     let Reserve::Reserved { hold: taken } = now(g.reserve(&a, Some(2))).expect("reserve") else {
         panic!("not reserved")
@@ -235,15 +270,9 @@ fn adjust_wipe_and_rebuild() {
         now(g.reserve(&request("A", 1, 1), None)).expect("reserve"),
         Reserve::NotLoaded
     );
-    let plan = flashsale_app::ports::RebuildPlan {
-        generation: gen(2),
-        available: 5,
-        last_hold_id: 7,
-        user_units: vec![],
-    };
-    assert!(now(g.rebuild(p1(), &plan)).expect("rebuild"));
+    rebuilt(&g, 5, 7);
     assert!(
-        !now(g.rebuild(p1(), &plan)).expect("rebuild"),
+        !now(g.rebuild(p1(), &plan_in_gen_2(5, 7))).expect("rebuild"),
         "same generation refused"
     );
     assert!(matches!(
@@ -258,24 +287,17 @@ fn adjust_wipe_and_rebuild() {
 #[test]
 fn failover_marks_entries_as_written_by_another_server() {
     let ctx = ctx();
-    let g = gate(&ctx);
-    now(g.load(p1(), 2, gen(1))).expect("load");
+    let g = loaded(&ctx, 2);
     let copy = g.snapshot();
-    let state = now(g.state(p1())).expect("state").expect("loaded");
+    let state = loaded_state(&g);
     assert!(!state.server_changed);
     now(g.reserve(&request("A", 1, 1), None)).expect("reserve");
     g.restore(copy);
-    let state = now(g.state(p1())).expect("state").expect("loaded");
+    let state = loaded_state(&g);
     assert!(state.server_changed, "{state:?}");
     assert_eq!(state.available, 2, "the copy is older than the last write");
-    let plan = flashsale_app::ports::RebuildPlan {
-        generation: gen(2),
-        available: 1,
-        last_hold_id: 1,
-        user_units: vec![],
-    };
-    assert!(now(g.rebuild(p1(), &plan)).expect("rebuild"));
-    let state = now(g.state(p1())).expect("state").expect("loaded");
+    rebuilt(&g, 1, 1);
+    let state = loaded_state(&g);
     assert!(!state.server_changed);
 }
 
@@ -284,9 +306,7 @@ fn failover_marks_entries_as_written_by_another_server() {
 #[test]
 fn stale_holds_age_on_the_gate_clock() {
     let ctx = ctx();
-    let g = gate(&ctx);
-    now(g.load(p1(), 3, gen(1))).expect("load");
-    now(g.reserve(&request("A", 1, 1), None)).expect("reserve");
+    let g = holding_a(&ctx, 3);
     let window = Duration::from_secs(5);
     assert!(now(g.stale_holds(p1(), window, 10))
         .expect("scan")
@@ -403,9 +423,7 @@ fn pay_and_expire_decide_on_the_ledger_clock() {
 #[test]
 fn refusals_vouch_only_while_no_record_can_be_lost() {
     let ctx = ctx();
-    let g = gate(&ctx);
-    now(g.load(p1(), 1, gen(1))).expect("load");
-    now(g.reserve(&request("A", 1, 1), None)).expect("reserve");
+    let g = holding_a(&ctx, 1);
     assert_eq!(
         now(g.reserve(&request("B", 2, 1), None)).expect("reserve"),
         Reserve::SoldOut {
@@ -425,13 +443,7 @@ fn refusals_vouch_only_while_no_record_can_be_lost() {
         Reserve::NotRebuilt,
         "another Redis process: records may be lost, it answers nothing until rebuilt"
     );
-    let plan = flashsale_app::ports::RebuildPlan {
-        generation: gen(2),
-        available: 0,
-        last_hold_id: 1,
-        user_units: vec![],
-    };
-    assert!(now(g.rebuild(p1(), &plan)).expect("rebuild"));
+    rebuilt(&g, 0, 1);
     assert_eq!(
         now(g.reserve(&request("D", 4, 1), None)).expect("reserve"),
         Reserve::SoldOut {
