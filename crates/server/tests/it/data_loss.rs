@@ -112,8 +112,7 @@ async fn redis_restarts_empty_mid_sale() {
     assert!(rebuilt >= 1, "the gate was never rebuilt");
     assert_sold_exactly(&app, &answers, 120).await;
     assert!(app.count("SELECT generation FROM product_inventory").await >= 2);
-    invariants::assert_sound(&app, 3100).await;
-    app.cleanup().await;
+    invariants::assert_sound_and_clean_up(app, 3100).await;
 }
 
 // Checks Redis coming back *behind* (a failover that lost its last writes): after part of
@@ -158,8 +157,7 @@ async fn redis_comes_back_behind() {
         "the 60 units left after the first 40 sell, no more"
     );
     assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 100);
-    invariants::assert_sound(&app, 3200).await;
-    app.cleanup().await;
+    invariants::assert_sound_and_clean_up(app, 3200).await;
 }
 
 // Checks Redis coming back from an *older copy* whose last hold id is not behind: a
@@ -230,8 +228,7 @@ async fn redis_restarts_from_an_older_snapshot() {
             .await,
         50
     );
-    invariants::assert_sound(&app, 3300).await;
-    app.cleanup().await;
+    invariants::assert_sound_and_clean_up(app, 3300).await;
 }
 
 // Checks the ledger's own per-user limit: Redis's per-user counts are lost (the `users`
@@ -272,8 +269,7 @@ async fn per_user_limit_holds_when_redis_loses_its_counts() {
     );
     // Another user is not affected.
     app.bought("REQ_lim_other", 78, 3400, 2).await;
-    invariants::assert_sound(&app, 3400).await;
-    app.cleanup().await;
+    invariants::assert_sound_and_clean_up(app, 3400).await;
 }
 
 // Checks that a purchase meeting a gate Redis can't vouch for wakes the gate watch: with
@@ -329,6 +325,5 @@ async fn a_purchase_behind_a_restarted_redis_wakes_the_gate_watch() {
         1
     );
     workers.stop().await;
-    invariants::assert_sound(&app, 3500).await;
-    app.cleanup().await;
+    invariants::assert_sound_and_clean_up(app, 3500).await;
 }

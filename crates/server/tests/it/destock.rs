@@ -134,8 +134,7 @@ async fn a_destock_takes_only_available_units_once() {
     assert_eq!((&before["total"], &after["total"]), (&json!(7), &json!(3)));
     let left = app.destocking.settle_pending(10).await.expect("pass");
     assert_eq!(left, 0, "every destock was settled by its request");
-    invariants::assert_sound(&app, PRODUCT).await;
-    app.cleanup().await;
+    invariants::assert_sound_and_clean_up(app, PRODUCT).await;
 }
 
 /// The refusals of bad destocks, none of which changes anything.
@@ -421,8 +420,7 @@ async fn a_destock_left_pending_is_settled_by_the_workers() {
     assert_eq!((state.as_str(), taken_in), ("taken", recorded_in + 1));
     assert_eq!(app.redis_available(PRODUCT).await, Some(4));
     assert_eq!(counters(&app, PRODUCT).await, (4, 4, 0, 0));
-    invariants::assert_sound(&app, PRODUCT).await;
-    app.cleanup().await;
+    invariants::assert_sound_and_clean_up(app, PRODUCT).await;
 }
 
 // Checks a destock left pending in gate mode (the failpoint `destock-after-gate`) whose

@@ -231,8 +231,7 @@ async fn sold_exactly_and_audited(
     let orders = acknowledged(answers);
     assert_sold_exactly(&app, product, stock, &orders).await;
     workers.stop().await;
-    invariants::assert_sound(&app, product).await;
-    app.cleanup().await;
+    invariants::assert_sound_and_clean_up(app, product).await;
 }
 
 /// A private redis-server, a service on it with [`settings`], and the service's workers
@@ -535,8 +534,7 @@ async fn an_instance_follows_a_switch_made_elsewhere_and_its_limits_hold() {
     back_in_gate_mode(&app, PRODUCT).await;
     assert_eq!(app.redis_available(PRODUCT).await, Some(0));
     workers.stop().await;
-    invariants::assert_sound(&app, PRODUCT).await;
-    app.cleanup().await;
+    invariants::assert_sound_and_clean_up(app, PRODUCT).await;
 }
 
 // Checks that a product that cannot come back to the gate does not keep the others in

@@ -116,6 +116,5 @@ async fn an_unknown_outcome_becomes_an_incident_a_person_resolves_both_ways() {
     assert_eq!(report.released + report.orphans_released, 0, "{report:?}");
     assert_eq!(app.redis_available(2600).await, Some(4));
     invariants::assert_audit_clean(&app, 2600).await;
-    invariants::assert_ok(&app, 2600).await;
-    app.cleanup().await;
+    invariants::assert_ok_and_clean_up(app, 2600).await;
 }

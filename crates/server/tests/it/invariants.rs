@@ -227,3 +227,15 @@ pub async fn assert_sound(app: &TestApp, product_id: i64) {
     assert_ok(app, product_id).await;
     assert_audit_clean(app, product_id).await;
 }
+
+/// A test's last step: [`assert_ok`], then the instance's stores are cleaned up.
+pub async fn assert_ok_and_clean_up(app: TestApp, product_id: i64) {
+    assert_ok(&app, product_id).await;
+    app.cleanup().await;
+}
+
+/// A test's last step: [`assert_sound`], then the instance's stores are cleaned up.
+pub async fn assert_sound_and_clean_up(app: TestApp, product_id: i64) {
+    assert_sound(&app, product_id).await;
+    app.cleanup().await;
+}

@@ -420,8 +420,7 @@ async fn creations_and_restocks_are_logged() {
     );
     let (_, product) = app.get(&format!("/v1/products/{PRODUCT}")).await;
     assert_eq!(product["inventory"]["total"], json!(15), "{product}");
-    invariants::assert_sound(&app, PRODUCT).await;
-    app.cleanup().await;
+    invariants::assert_sound_and_clean_up(app, PRODUCT).await;
 }
 
 /// A GET with the admin token.

@@ -84,8 +84,7 @@ async fn pay_racing_cancel_has_exactly_one_winner() {
         Some(cancelled),
         "stock returned once"
     );
-    invariants::assert_ok(&app, 8008).await;
-    app.cleanup().await;
+    invariants::assert_ok_and_clean_up(app, 8008).await;
 }
 
 // Checks ownership and expiry: another user's order is 404 for pay and cancel; an order

@@ -197,8 +197,7 @@ async fn a_change_is_checked_idempotent_and_logged() {
         "{b}"
     );
     check_change_event(&app, PRODUCT).await;
-    invariants::assert_sound(&app, PRODUCT).await;
-    app.cleanup().await;
+    invariants::assert_sound_and_clean_up(app, PRODUCT).await;
 }
 
 /// The one product_changed event: the admin, the request_id and the name and limit

@@ -161,8 +161,7 @@ async fn per_user_limit_holds_under_concurrency() {
     assert_eq!(app.redis_available(2002).await, Some(99));
     // Another user is not affected by user 7's limit.
     app.bought("REQ_lim_other", 8, 2002, 1).await;
-    invariants::assert_ok(&app, 2002).await;
-    app.cleanup().await;
+    invariants::assert_ok_and_clean_up(app, 2002).await;
 }
 
 // Checks replay semantics one by one: the first attempt gets 201, a replay of the same
@@ -199,8 +198,7 @@ async fn replays_return_the_original_order() {
         (s, b["status"].as_str()),
         (StatusCode::OK, Some("CANCELLED"))
     );
-    invariants::assert_ok(&app, 3003).await;
-    app.cleanup().await;
+    invariants::assert_ok_and_clean_up(app, 3003).await;
 }
 
 // Checks that a replay arriving after its Redis hold record expired is answered from
@@ -237,8 +235,7 @@ async fn replay_after_record_expiry_is_answered_by_the_ledger() {
     let (s, replay) = app.purchase("REQ_old", 1, 4004, 1).await;
     assert_eq!((s, order_id(&replay)), (StatusCode::OK, order_id(&first)));
     assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 2);
-    invariants::assert_ok(&app, 4004).await;
-    app.cleanup().await;
+    invariants::assert_ok_and_clean_up(app, 4004).await;
 }
 
 // Checks the ledger's own no-oversell guard: Redis is made to believe one more unit
@@ -361,8 +358,7 @@ async fn restock_is_idempotent_and_safe_during_sales() {
     }
     app.refused(("REQ_rest_end", 1, 7007, 1), SOLD_OUT).await;
     assert_eq!(app.count("SELECT COUNT(*) FROM orders").await, 100);
-    invariants::assert_ok(&app, 7007).await;
-    app.cleanup().await;
+    invariants::assert_ok_and_clean_up(app, 7007).await;
 }
 
 // Checks a purchase whose first attempt died half way — after Redis took the units and
@@ -401,6 +397,5 @@ async fn retry_completes_an_attempt_that_died_after_reserving() {
         hold.id.get(),
         "the order accounts for the original hold"
     );
-    invariants::assert_ok(&app, 1300).await;
-    app.cleanup().await;
+    invariants::assert_ok_and_clean_up(app, 1300).await;
 }

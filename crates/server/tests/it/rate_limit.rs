@@ -128,8 +128,7 @@ async fn the_per_user_limit_refuses_the_excess_and_changes_nothing() {
         purchases_answered(&app, "rate_limited").await,
         refused.len() as f64
     );
-    invariants::assert_sound(&app, 5101).await;
-    app.cleanup().await;
+    invariants::assert_sound_and_clean_up(app, 5101).await;
 }
 
 // Checks that the per-user limit counts only the attempts that reach the gate: once a
@@ -169,8 +168,7 @@ async fn refusals_of_a_sold_out_product_are_not_rate_limited() {
     );
     assert_eq!(app.redis_available(5104).await, Some(10));
     invariants::assert_ok(&app, 5103).await;
-    invariants::assert_ok(&app, 5104).await;
-    app.cleanup().await;
+    invariants::assert_ok_and_clean_up(app, 5104).await;
 }
 
 // Checks the per-address limit (1 a second, a burst of 2) with the client's address read
@@ -248,8 +246,7 @@ async fn the_per_address_limit_keys_by_the_proxy_header_or_the_peer() {
         }
     }
     assert_eq!(app.redis_available(5102).await, Some(100 - sold));
-    invariants::assert_ok(&app, 5102).await;
-    app.cleanup().await;
+    invariants::assert_ok_and_clean_up(app, 5102).await;
 }
 
 /// One user's `n` purchases of `product`, each a new request_id, sent one after the other

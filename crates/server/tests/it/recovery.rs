@@ -76,8 +76,7 @@ async fn unpaid_orders_expire_exactly_once() {
     let (s, b) = app.pay(id, user).await;
     assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "order_expired"));
     invariants::assert_audit_clean(&app, 2100).await;
-    invariants::assert_ok(&app, 2100).await;
-    app.cleanup().await;
+    invariants::assert_ok_and_clean_up(app, 2100).await;
 }
 
 // Checks that an order whose cancellation fails every time (its reservation made to
@@ -167,8 +166,7 @@ async fn pay_racing_expiry_has_one_winner() {
         40 - paid_ok
     );
     assert_eq!(app.redis_available(2200).await, Some(40 - paid_ok));
-    invariants::assert_ok(&app, 2200).await;
-    app.cleanup().await;
+    invariants::assert_ok_and_clean_up(app, 2200).await;
 }
 
 // Checks recovery of a hold whose attempt died before its commit: within the recovery
@@ -219,8 +217,7 @@ async fn abandoned_hold_is_fenced_and_released() {
         "idempotent: {again:?}"
     );
     invariants::assert_audit_clean(&app, 2300).await;
-    invariants::assert_ok(&app, 2300).await;
-    app.cleanup().await;
+    invariants::assert_ok_and_clean_up(app, 2300).await;
 }
 
 /// Brings Redis back (`proxy` restored), then: recovery passes (up to 30, 100 ms apart;
@@ -277,8 +274,7 @@ async fn stock_return_that_missed_redis_is_completed() {
     }
     assert_eq!(app.redis_available(2400).await, Some(2));
     restored_then_completed_once((&proxy, &app), 2400, 3, |r| r.returns_completed).await;
-    invariants::assert_ok(&app, 2400).await;
-    app.cleanup().await;
+    invariants::assert_ok_and_clean_up(app, 2400).await;
 }
 
 // Checks reconciliation and the audit against drift injected into Redis: the audit
@@ -606,8 +602,7 @@ async fn restock_that_missed_redis_is_completed() {
         "recorded in MariaDB, not yet in Redis"
     );
     restored_then_completed_once((&proxy, &app), 2800, 12, |r| r.restocks_completed).await;
-    invariants::assert_sound(&app, 2800).await;
-    app.cleanup().await;
+    invariants::assert_sound_and_clean_up(app, 2800).await;
 }
 
 // Checks reserve.lua's `unseen` against a record lifetime shortened after the load (the

@@ -223,8 +223,7 @@ async fn a_refund_happens_once_and_refuses_what_it_cannot_refund() {
     );
     let (s, b) = app.get(&format!("/v1/orders/{other_paid}")).await;
     assert_eq!((s, &b["status"]), (StatusCode::OK, &json!("PAID")), "{b}");
-    invariants::assert_sound(&app, PRODUCT).await;
-    app.cleanup().await;
+    invariants::assert_sound_and_clean_up(app, PRODUCT).await;
 }
 
 // Checks refunds under a flood, on two instances: 40 units sold out and paid; then 20

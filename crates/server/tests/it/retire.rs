@@ -216,8 +216,7 @@ async fn ended_sales_are_retired_and_load_again() {
     sale_ends(&app, 9105, Utc::now() + Days::days(1), "reopen").await;
     app.refused(("R9105_2", 1, 9105, 1), LIMIT_EXCEEDED).await;
     app.bought("R9105_3", 2, 9105, 1).await;
-    invariants::assert_sound(&app, 9105).await;
-    app.cleanup().await;
+    invariants::assert_sound_and_clean_up(app, 9105).await;
 }
 
 /// Small sales the memory test runs.

@@ -149,8 +149,7 @@ async fn sold_out_is_answered_here_while_the_lease_lasts() {
             .await,
         2
     );
-    invariants::assert_sound(&app, 3700).await;
-    app.cleanup().await;
+    invariants::assert_sound_and_clean_up(app, 3700).await;
 }
 
 /// Two instances on the same stores, both with a long sold-out lease and both listening
@@ -255,6 +254,5 @@ async fn a_rebuild_revokes_the_leases_of_the_lost_state() {
     );
     assert!(started.elapsed() < REVOKED_WITHIN);
     app.maintenance.recover_once().await.expect("recovery pass");
-    invariants::assert_sound(&app, 3720).await;
-    app.cleanup().await;
+    invariants::assert_sound_and_clean_up(app, 3720).await;
 }
