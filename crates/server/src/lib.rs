@@ -201,46 +201,24 @@ pub async fn connect_maintenance(config: &Config) -> Result<Arc<Maintenance>, St
 pub async fn build(config: &Config) -> Result<App, String> {
     let ledger = Arc::new(connect_and_migrate(config).await?);
     keys::check(config, &ledger).await?;
-    let listing_ledger: Arc<dyn Listings> = ledger.clone();
     let gate = Arc::new(gate_for(config)?);
     reach::warn_unreachable(config, &gate).await;
     let metrics = Arc::new(Metrics::new());
     let maintenance = maintenance_for(config, gate.clone(), ledger.clone(), Some(metrics.clone()));
-    let baseline = baseline_for(config, &ledger, &gate);
-    let monitor = Arc::new(Monitor::new(
-        metrics.clone(),
-        gate.clone(),
-        ledger.clone(),
-        ledger.clone(),
-        Some(ledger.clone()),
-    ));
     let gate_watch = Arc::new(Notify::new());
     let service = Arc::new(service_for(config, &gate, &ledger, &gate_watch));
-    let control = Arc::new(SaleControl::new(
-        ledger.clone(),
-        gate.clone(),
-        service.clone(),
-        Some(metrics.clone()),
-    ));
-    let destocking = Arc::new(Destocking::new(
-        ledger.clone(),
-        gate.clone(),
-        service.clone(),
-        Some(metrics.clone()),
-    ));
-    let retirement = config.sale_retire_after.map(|grace| {
-        Arc::new(SaleRetirement::new(
-            ledger.clone(),
-            gate.clone(),
-            grace,
-            Some(metrics.clone()),
-        ))
-    });
+    let stores = Stores {
+        ledger: ledger.clone(),
+        gate: gate.clone(),
+        service: service.clone(),
+        metrics: metrics.clone(),
+    };
+    let admin = SaleAdmin::new(config, &stores);
     let fallback = Arc::new(
         Fallback::new(
             gate.clone(),
-            gate,
-            ledger,
+            gate.clone(),
+            ledger.clone(),
             Arc::new(SystemClock),
             service.mode_board(),
             config.fallback,
@@ -252,12 +230,88 @@ pub async fn build(config: &Config) -> Result<App, String> {
     if config.strategy == Strategy::Flashsale {
         listen_for_revocations(config, &service, &gate_watch).await?;
     }
-    let admins = admin_tokens(config);
-    // A token the admin endpoints take, for the callers in this process (tests, the demo).
-    let admin_token = admins[0].1.clone();
     if let Some(warning) = config.buyer_auth.startup_warning() {
         warn!("{warning}");
     }
+    let routers = routers_for(config, &stores, &admin);
+    Ok(App {
+        router: routers.api,
+        service,
+        maintenance,
+        admin_token: routers.admin_token,
+        metrics,
+        metrics_router: routers.metrics,
+        gate_watch,
+        fallback,
+        destocking: admin.destocking,
+        retirement: admin.retirement,
+    })
+}
+
+/// The stores and the purchase use case every other use case and router is built over.
+struct Stores {
+    ledger: Arc<MysqlLedger>,
+    gate: Arc<RedisGate>,
+    service: Arc<Flashsale>,
+    metrics: Arc<Metrics>,
+}
+
+/// The admin's use cases over a sale: pause and change, destock, and retirement of
+/// ended sales (None: `FLASHSALE_SALE_RETIRE_AFTER=off`).
+struct SaleAdmin {
+    control: Arc<SaleControl>,
+    destocking: Arc<Destocking>,
+    retirement: Option<Arc<SaleRetirement>>,
+}
+
+impl SaleAdmin {
+    fn new(config: &Config, s: &Stores) -> Self {
+        let metrics = || Some(s.metrics.clone());
+        let (ledger, gate, service) = (&s.ledger, &s.gate, &s.service);
+        Self {
+            control: Arc::new(SaleControl::new(
+                ledger.clone(),
+                gate.clone(),
+                service.clone(),
+                metrics(),
+            )),
+            destocking: Arc::new(Destocking::new(
+                ledger.clone(),
+                gate.clone(),
+                service.clone(),
+                metrics(),
+            )),
+            retirement: config.sale_retire_after.map(|grace| {
+                let (ledger, gate) = (ledger.clone(), gate.clone());
+                Arc::new(SaleRetirement::new(ledger, gate, grace, metrics()))
+            }),
+        }
+    }
+}
+
+/// The API's router, the separate metrics router (when `metrics_listen` is set) and a
+/// token the admin endpoints take, for the callers in this process (tests, the demo).
+struct Routers {
+    api: Router,
+    metrics: Option<Router>,
+    admin_token: String,
+}
+
+/// The routers over the use cases, with the monitor, the dashboard and its sampler.
+fn routers_for(config: &Config, stores: &Stores, admin: &SaleAdmin) -> Routers {
+    let Stores {
+        ledger,
+        gate,
+        service,
+        metrics,
+    } = stores;
+    let monitor = Arc::new(Monitor::new(
+        metrics.clone(),
+        gate.clone(),
+        ledger.clone(),
+        ledger.clone(),
+        Some(ledger.clone()),
+    ));
     let sampler = Arc::new(Sampler::new(metrics.clone(), SystemClock.now()));
     // Detached, like the mode follower: it runs as long as the runtime.
     tokio::spawn(sample(sampler.clone()));
@@ -266,13 +320,16 @@ pub async fn build(config: &Config) -> Result<App, String> {
         sampler,
         metrics: metrics.clone(),
     });
-    let router = flashsale_api::router(
+    let admins = admin_tokens(config);
+    let admin_token = admins[0].1.clone();
+    let listing_ledger: Arc<dyn Listings> = ledger.clone();
+    let api = flashsale_api::router(
         service.clone(),
         ApiConfig {
             admin_tokens: AdminTokens::new(admins),
             in_flight_max: config.in_flight_max,
             request_timeout: config.request_timeout,
-            baseline,
+            baseline: baseline_for(config, ledger, gate),
             metrics: metrics.clone(),
             monitor: Some(monitor.clone()),
             dashboard: Some(dashboard.clone()),
@@ -280,25 +337,18 @@ pub async fn build(config: &Config) -> Result<App, String> {
             limits: Arc::new(purchase_limits(config)),
             buyer_auth: config.buyer_auth.clone(),
             listing: Arc::new(Listing::new(listing_ledger)),
-            control,
-            destocking: destocking.clone(),
+            control: admin.control.clone(),
+            destocking: admin.destocking.clone(),
         },
     );
-    let metrics_router = config
+    let metrics = config
         .metrics_listen
         .map(|_| flashsale_api::metrics_router(monitor, dashboard));
-    Ok(App {
-        router,
-        service,
-        maintenance,
-        admin_token,
+    Routers {
+        api,
         metrics,
-        metrics_router,
-        gate_watch,
-        fallback,
-        destocking,
-        retirement,
-    })
+        admin_token,
+    }
 }
 
 /// The ledger, connected and migrated, retried while the database is not ready yet
