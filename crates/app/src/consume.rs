@@ -65,6 +65,18 @@ impl StatsDelta {
     }
 }
 
+impl StatsEvent {
+    /// `event` as the statistics store applies it: its id, type, product and delta.
+    pub fn of(event: &Event) -> Self {
+        Self {
+            event_id: event.event_id.clone(),
+            event_type: event.event_type,
+            product_id: event.product_id,
+            delta: StatsDelta::of(event),
+        }
+    }
+}
+
 impl std::ops::AddAssign<&StatsDelta> for StatsDelta {
     fn add_assign(&mut self, d: &StatsDelta) {
         self.orders_created += d.orders_created;
@@ -191,15 +203,7 @@ impl Consume {
     /// Applies the event unless its id was applied before. An `Err` means the outcome is
     /// unknown: the caller must not acknowledge the message, so it is delivered again.
     pub async fn apply(&self, event: &Event) -> Result<Applied, LedgerError> {
-        let applied = self
-            .stats
-            .apply_once(
-                &event.event_id,
-                event.event_type,
-                event.product_id,
-                &StatsDelta::of(event),
-            )
-            .await;
+        let applied = self.stats.apply_once(&StatsEvent::of(event)).await;
         self.count(applied.as_ref().map(std::iter::once));
         let applied = applied?;
         if applied == Applied::AlreadyApplied {
@@ -210,15 +214,7 @@ impl Consume {
 
     /// Applies the events delivered together, in one step where the store can.
     pub async fn apply_all(&self, events: &[Event]) -> Result<Vec<Applied>, LedgerError> {
-        let items: Vec<StatsEvent> = events
-            .iter()
-            .map(|e| StatsEvent {
-                event_id: e.event_id.clone(),
-                event_type: e.event_type,
-                product_id: e.product_id,
-                delta: StatsDelta::of(e),
-            })
-            .collect();
+        let items: Vec<StatsEvent> = events.iter().map(StatsEvent::of).collect();
         let applied = self.stats.apply_all(&items).await;
         self.count(applied.as_ref());
         applied
@@ -244,19 +240,13 @@ mod tests {
 
     #[async_trait]
     impl StatsStore for MemStats {
-        async fn apply_once(
-            &self,
-            event_id: &str,
-            _event_type: EventType,
-            product_id: ProductId,
-            d: &StatsDelta,
-        ) -> Result<Applied, LedgerError> {
-            if !self.consumed.lock().unwrap().insert(event_id.to_owned()) {
+        async fn apply_once(&self, event: &StatsEvent) -> Result<Applied, LedgerError> {
+            if !self.consumed.lock().unwrap().insert(event.event_id.clone()) {
                 return Ok(Applied::AlreadyApplied);
             }
             let mut totals = self.totals.lock().unwrap();
-            let t = totals.entry(product_id.get()).or_default();
-            *t += d;
+            let t = totals.entry(event.product_id.get()).or_default();
+            *t += &event.delta;
             Ok(Applied::Applied)
         }
     }

@@ -1341,26 +1341,26 @@ pub enum Applied {
 pub trait StatsStore: Send + Sync + 'static {
     /// Adds `delta` to the product's counters and records `event_id` as consumed, in one
     /// transaction, unless `event_id` was consumed before (then nothing changes).
-    async fn apply_once(
-        &self,
-        event_id: &str,
-        event_type: EventType,
-        product_id: ProductId,
-        delta: &StatsDelta,
-    ) -> Result<Applied, LedgerError>;
+    async fn apply_once(&self, event: &StatsEvent) -> Result<Applied, LedgerError>;
 
     /// [`apply_once`](Self::apply_once) for several events, one result each in order;
     /// a store may apply them in one transaction. By default, one by one.
     async fn apply_all(&self, events: &[StatsEvent]) -> Result<Vec<Applied>, LedgerError> {
-        let mut applied = Vec::with_capacity(events.len());
-        for e in events {
-            applied.push(
-                self.apply_once(&e.event_id, e.event_type, e.product_id, &e.delta)
-                    .await?,
-            );
-        }
-        Ok(applied)
+        apply_one_by_one(self, events).await
     }
+}
+
+/// [`StatsStore::apply_all`] one event at a time: the default, and a store's way when it
+/// cannot apply a delivery in one step.
+pub async fn apply_one_by_one<S: StatsStore + ?Sized>(
+    store: &S,
+    events: &[StatsEvent],
+) -> Result<Vec<Applied>, LedgerError> {
+    let mut applied = Vec::with_capacity(events.len());
+    for event in events {
+        applied.push(store.apply_once(event).await?);
+    }
+    Ok(applied)
 }
 
 /// One event as the statistics store sees it.

@@ -27,12 +27,11 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use flashsale_app::ports::{
-    Applied, LedgerError, Outbox, ParkedRow, PublishFailure, StatsEvent, StatsStore,
+    apply_one_by_one, Applied, LedgerError, Outbox, ParkedRow, PublishFailure, StatsEvent,
+    StatsStore,
 };
 use flashsale_app::{EventType, OutboxMessage, StatsDelta};
-use flashsale_core::{
-    CancelReason, OrderId, OrderStatus, ProductId, PurchaseRequest, ReleaseReason, UserId,
-};
+use flashsale_core::{CancelReason, OrderId, OrderStatus, PurchaseRequest, ReleaseReason, UserId};
 use sqlx::{MySqlConnection, Row};
 
 use crate::ledger::MysqlLedger;
@@ -725,20 +724,14 @@ impl MysqlLedger {
         Ok(())
     }
 
-    async fn apply_stats(
-        &self,
-        event_id: &str,
-        event_type: EventType,
-        product_id: ProductId,
-        d: &StatsDelta,
-    ) -> Result<Applied, sqlx::Error> {
+    async fn apply_stats(&self, event: &StatsEvent) -> Result<Applied, sqlx::Error> {
         let mut tx = self.pool().begin().await?;
         let inserted = sqlx::query(
             "INSERT INTO consumed_event (event_id, event_type, product_id) VALUES (?, ?, ?)",
         )
-        .bind(event_id)
-        .bind(event_type.as_str())
-        .bind(product_id.get())
+        .bind(&event.event_id)
+        .bind(event.event_type.as_str())
+        .bind(event.product_id.get())
         .execute(&mut *tx)
         .await;
         match inserted {
@@ -748,7 +741,7 @@ impl MysqlLedger {
             }
             other => other?,
         };
-        add_stats(&mut tx, product_id.get(), d).await?;
+        add_stats(&mut tx, event.product_id.get(), &event.delta).await?;
         tx.commit().await?;
         Ok(Applied::Applied)
     }
@@ -884,17 +877,8 @@ async fn add_stats(
 
 #[async_trait]
 impl StatsStore for MysqlLedger {
-    async fn apply_once(
-        &self,
-        event_id: &str,
-        event_type: EventType,
-        product_id: ProductId,
-        delta: &StatsDelta,
-    ) -> Result<Applied, LedgerError> {
-        bounded("apply event to sales stats", || {
-            self.apply_stats(event_id, event_type, product_id, delta)
-        })
-        .await
+    async fn apply_once(&self, event: &StatsEvent) -> Result<Applied, LedgerError> {
+        bounded("apply event to sales stats", || self.apply_stats(event)).await
     }
 
     async fn apply_all(&self, events: &[StatsEvent]) -> Result<Vec<Applied>, LedgerError> {
@@ -909,14 +893,7 @@ impl StatsStore for MysqlLedger {
                 }
             }
         }
-        let mut applied = Vec::with_capacity(events.len());
-        for e in events {
-            applied.push(
-                self.apply_once(&e.event_id, e.event_type, e.product_id, &e.delta)
-                    .await?,
-            );
-        }
-        Ok(applied)
+        apply_one_by_one(self, events).await
     }
 }
 

@@ -24,12 +24,11 @@ use flashsale_app::ports::{
     CreateProduct, Destock, ErrorKind, ExpiredOrder, Fence, GateCount, GateFacts, GateMaintenance,
     GateState, Incident, IncidentClosing, Leave, LedgerFacts, LedgerMaintenance, ModeSwitch,
     Outbox, ParkedRow, PayAttempt, PendingRestock, PendingReturn, PortError, PublishFailure,
-    RebuildPlan, RecordRestock, Release, ReleaseOf, Reserve, Restock, StaleHold, StatsStore,
-    StockRepair, Watermark,
+    RebuildPlan, RecordRestock, Release, ReleaseOf, Reserve, Restock, StaleHold, StatsEvent,
+    StatsStore, StockRepair, Watermark,
 };
 use flashsale_app::{
-    EventType, GateError, Ledger, LedgerError, Order, OutboxMessage, Product, PurchaseRecord,
-    StatsDelta, StockGate,
+    GateError, Ledger, LedgerError, Order, OutboxMessage, Product, PurchaseRecord, StockGate,
 };
 use flashsale_core::{
     AdminName, CancelReason, Generation, HoldRef, InventoryCounters, NewProduct, OrderId,
@@ -281,7 +280,7 @@ faulty! {
 
 faulty! {
     impl StatsStore for FaultyLedger, Port::Ledger, "stats", LedgerError {
-        fn apply_once(event_id: &str, event_type: EventType, product_id: ProductId,
-            delta: &StatsDelta) -> Applied => format!("{event_id} {event_type} p{product_id}");
+        fn apply_once(event: &StatsEvent) -> Applied
+            => format!("{} {} p{}", event.event_id, event.event_type, event.product_id);
     }
 }

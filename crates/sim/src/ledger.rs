@@ -33,7 +33,7 @@ use flashsale_app::ports::{
     Outbox, PayAttempt, PendingRestock, PendingReturn, RebuildPlan, RecordRestock, ReleaseOf,
     StatsStore, StockRepair, Watermark, AUDIT_RUNS_KEPT,
 };
-use flashsale_app::ports::{ParkedRow, PublishFailure};
+use flashsale_app::ports::{ParkedRow, PublishFailure, StatsEvent};
 use flashsale_app::{
     Event, EventType, Ledger, LedgerError, Order, OutboxMessage, Product, PurchaseOutcome,
     PurchaseRecord, StatsDelta,
@@ -2696,19 +2696,13 @@ impl Outbox for MemLedger {
 #[async_trait]
 impl StatsStore for MemLedger {
     /// The consumed event id and the counters, in one transaction.
-    async fn apply_once(
-        &self,
-        event_id: &str,
-        _event_type: EventType,
-        product_id: ProductId,
-        d: &StatsDelta,
-    ) -> Result<Applied, LedgerError> {
+    async fn apply_once(&self, event: &StatsEvent) -> Result<Applied, LedgerError> {
         let mut t = self.lock();
-        if !t.consumed.insert(event_id.to_owned()) {
+        if !t.consumed.insert(event.event_id.clone()) {
             return Ok(Applied::AlreadyApplied);
         }
-        let s = t.sales_stats.entry(product_id.get()).or_default();
-        *s += d;
+        let s = t.sales_stats.entry(event.product_id.get()).or_default();
+        *s += &event.delta;
         Ok(Applied::Applied)
     }
 }
