@@ -11,13 +11,8 @@ local gen = tonumber(ARGV[2])
 if not q or q < 1 or q % 1 ~= 0 or not gen or gen < 1 or gen % 1 ~= 0 then
   return redis.error_reply('ERR flashsale destock: invalid arguments')
 end
-local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen', 'srv')
-if not inv[1] then return -1 end
--- Another process wrote the entry: not before it is rebuilt or adopted (see release.lua).
-if inv[3] and inv[3] ~= stamp() then return -1 end
-local current = tonumber(inv[2] or '1')
-if current < gen then return -1 end
-if current > gen then return -3 end
+local inv, refused = entry_at(KEYS[1], gen)
+if not inv then return refused end
 -- The marker keeps the outcome with its generation, '<outcome>:<generation>', so a retry
 -- in the same generation answers what the first call did.
 local marker = redis.call('GET', KEYS[2])

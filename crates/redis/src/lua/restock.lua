@@ -13,15 +13,10 @@ if not q or q < 1 or q % 1 ~= 0 or not gen or not ARGV[3] or ARGV[3] == ''
   return redis.error_reply('ERR flashsale restock: invalid arguments')
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-local inv = redis.call('HMGET', KEYS[1], 'avail', 'gen', 'srv')
-if not inv[1] then return -1 end
--- Another process wrote the entry: not before it is rebuilt or adopted (see release.lua).
-if inv[3] and inv[3] ~= stamp() then return -1 end
-local current = tonumber(inv[2] or '1')
--- The rebuild that will count it has not landed yet: adding the units now would be
--- overwritten by it.
-if current < gen then return -1 end
-if current > gen then return -3 end
+-- In an older generation, the rebuild that will count the restock has not landed yet:
+-- units added now would be overwritten by it.
+local inv, refused = entry_at(KEYS[1], gen)
+if not inv then return refused end
 redis.call('HINCRBY', KEYS[1], 'avail', q)
 if redis.call('HDEL', KEYS[1], 'lease') == 1 then
   redis.call('PUBLISH', ARGV[3], ARGV[4] .. ':' .. (inv[2] or '1'))

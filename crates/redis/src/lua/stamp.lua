@@ -16,3 +16,19 @@ local function stamp()
   if run and replid then return run .. ':' .. replid end
   return nil
 end
+
+-- The inventory entry (`avail`, `gen`, `srv`) at `key`, for a change recorded in the
+-- ledger's generation `gen` (a restock's, a destock's): the entry if this process wrote
+-- it and it is in that generation; else nil and why not, as those scripts answer it:
+-- -1 not loaded, written by another process (not before it is rebuilt or adopted, see
+-- release.lua), or still in an older generation (the rebuild that will count the change
+-- has not landed yet: retry after it); -3 a newer generation (a rebuild since the change
+-- was recorded counted the ledger's units, and the change must be recorded anew).
+local function entry_at(key, gen)
+  local inv = redis.call('HMGET', key, 'avail', 'gen', 'srv')
+  if not inv[1] or (inv[3] and inv[3] ~= stamp()) then return nil, -1 end
+  local current = tonumber(inv[2] or '1')
+  if current < gen then return nil, -1 end
+  if current > gen then return nil, -3 end
+  return inv
+end
