@@ -128,19 +128,10 @@ impl Server {
     async fn probe_median(&self) -> Duration {
         let mut took = Vec::new();
         for _ in 0..PROBES {
-            // A client of its own: a new connection each time, as a prober opens.
-            let client = reqwest::Client::builder()
-                .timeout(Duration::from_secs(5))
-                .build()
-                .expect("client");
-            let started = Instant::now();
-            let answer = client
-                .get(self.url("/healthz"))
-                .send()
-                .await
-                .expect("healthz answered");
-            took.push(started.elapsed());
-            assert_eq!(answer.status(), 200);
+            let (status, took_once) = self.probe().await;
+            let status = status.expect("healthz answered");
+            took.push(took_once);
+            assert_eq!(status, 200);
         }
         took.sort();
         println!("healthz under attack: {took:?}");
@@ -149,21 +140,63 @@ impl Server {
 
     /// A real buyer's purchase, on a connection of its own: must be 201.
     async fn buy(&self, request_id: &str) {
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(5))
-            .build()
-            .expect("client");
+        let (status, _) = self.purchase(request_id).await;
+        assert_eq!(
+            status.expect("purchase answered"),
+            201,
+            "a real buyer is served during the attack"
+        );
+    }
+
+    /// A `/healthz` probe on a connection of its own, as a prober opens: its status (or
+    /// the client's error) and how long the answer took.
+    async fn probe(&self) -> (reqwest::Result<u16>, Duration) {
+        let client = fresh_client();
+        let started = Instant::now();
+        let answer = client.get(self.url("/healthz")).send().await;
+        (answer.map(|r| r.status().as_u16()), started.elapsed())
+    }
+
+    /// A buyer's purchase (user 7, one unit of product 1) on a connection of its own: its
+    /// status (or the client's error) and how long the answer took.
+    async fn purchase(&self, request_id: &str) -> (reqwest::Result<u16>, Duration) {
+        let client = fresh_client();
+        let started = Instant::now();
         let answer = client
             .post(self.url("/v1/purchases"))
             .json(&json!({"request_id": request_id, "user_id": 7, "product_id": 1, "quantity": 1}))
             .send()
-            .await
-            .expect("purchase answered");
-        assert_eq!(
-            answer.status(),
-            201,
-            "a real buyer is served during the attack"
+            .await;
+        (answer.map(|r| r.status().as_u16()), started.elapsed())
+    }
+
+    /// Checks that the server still serves while `attack` holds its connections: the
+    /// `/healthz` median within PROBE_MAX, a buyer's purchase (`request_id`) 201, and its
+    /// memory grown since `before` (KiB) by less than `grown_max` KiB.
+    async fn serves_during(&self, attack: &str, request_id: &str, before: u64, grown_max: u64) {
+        let median = self.probe_median().await;
+        self.buy(request_id).await;
+        let grown = self.rss_kib().saturating_sub(before);
+        println!("{attack}: the server grew by {grown} KiB");
+        assert!(
+            median <= PROBE_MAX,
+            "healthz median {median:?} during the attack"
         );
+        assert!(grown < grown_max, "memory grew by {grown} KiB");
+    }
+
+    /// What the server answers `head` on a connection of its own, read until it closes
+    /// the connection (within 3 s), as text. A send that fails is let be: the server may
+    /// close before the whole of an oversized head is in, and the answer tells.
+    async fn answer_to(&self, head: &[u8]) -> String {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port))
+            .await
+            .expect("connect");
+        let _ = s.write_all(head).await;
+        let got = read_within(&mut s, Duration::from_secs(3))
+            .await
+            .expect("answered and closed");
+        String::from_utf8_lossy(&got).into_owned()
     }
 
     async fn stop(mut self) {
@@ -253,15 +286,9 @@ async fn stalled_bodies_hold_no_slot_and_are_dropped_at_the_deadline() {
     let sent = Instant::now();
     let mut stalled = open_with(server.port, 1000, STALLED_BODY).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let median = server.probe_median().await;
-    server.buy("STALL_1").await;
-    let grown = server.rss_kib().saturating_sub(before);
-    println!("1,000 stalled bodies: the server grew by {grown} KiB");
-    assert!(
-        median <= PROBE_MAX,
-        "healthz median {median:?} during the attack"
-    );
-    assert!(grown < 1000 * 32, "memory grew by {grown} KiB");
+    server
+        .serves_during("1,000 stalled bodies", "STALL_1", before, 1000 * 32)
+        .await;
 
     let answer = read_within(&mut stalled[0], STALL_DEADLINE + DEADLINE_SLACK)
         .await
@@ -305,15 +332,10 @@ async fn slowloris_and_idle_connections_are_closed_at_the_header_deadline() {
     {
         watched.push(tokio::spawn(until_closed(s, Instant::now(), false)));
     }
-    let median = server.probe_median().await;
-    server.buy("LORIS_1").await;
-    let grown = server.rss_kib().saturating_sub(before);
-    println!("250 slowloris + 500 idle connections: the server grew by {grown} KiB");
-    assert!(
-        median <= PROBE_MAX,
-        "healthz median {median:?} during the attack"
-    );
-    assert!(grown < 750 * 48, "memory grew by {grown} KiB");
+    let attack = "250 slowloris + 500 idle connections";
+    server
+        .serves_during(attack, "LORIS_1", before, 750 * 48)
+        .await;
 
     let mut longest = Duration::ZERO;
     for w in watched {
@@ -361,29 +383,13 @@ async fn an_oversized_head_is_answered_431() {
     let mut big = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: ".to_vec();
     big.resize(20 * 1024, b'a');
     big.extend_from_slice(b"\r\n\r\n");
-    let mut s = TcpStream::connect(("127.0.0.1", server.port))
-        .await
-        .expect("connect");
-    let _ = s.write_all(&big).await;
-    let got = read_within(&mut s, Duration::from_secs(3))
-        .await
-        .expect("answered");
-    assert!(
-        String::from_utf8_lossy(&got).starts_with("HTTP/1.1 431"),
-        "{:?}",
-        String::from_utf8_lossy(&got)
-    );
+    let got = server.answer_to(&big).await;
+    assert!(got.starts_with("HTTP/1.1 431"), "{got:?}");
     let mut fits = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Pad: ".to_vec();
     fits.resize(12 * 1024, b'a');
     fits.extend_from_slice(b"\r\n\r\n");
-    let mut s = TcpStream::connect(("127.0.0.1", server.port))
-        .await
-        .expect("connect");
-    s.write_all(&fits).await.expect("send");
-    let got = read_within(&mut s, Duration::from_secs(3))
-        .await
-        .expect("answered");
-    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+    let got = server.answer_to(&fits).await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
     server.stop().await;
 }
 
@@ -406,18 +412,8 @@ async fn too_many_header_fields_are_answered_431() {
         (flashsale::http::HEADERS_MAX, "HTTP/1.1 200"),
         (flashsale::http::HEADERS_MAX + 1, "HTTP/1.1 431"),
     ] {
-        let mut s = TcpStream::connect(("127.0.0.1", server.port))
-            .await
-            .expect("connect");
-        s.write_all(&head(fields)).await.expect("send");
-        let got = read_within(&mut s, Duration::from_secs(3))
-            .await
-            .expect("answered and closed");
-        assert!(
-            String::from_utf8_lossy(&got).starts_with(status),
-            "{fields} fields: {:?}",
-            String::from_utf8_lossy(&got)
-        );
+        let got = server.answer_to(&head(fields)).await;
+        assert!(got.starts_with(status), "{fields} fields: {got:?}");
     }
     server.stop().await;
 }
@@ -486,23 +482,12 @@ impl Served {
             purchases: Vec::new(),
         };
         for round in 0..BUYER_ROUNDS {
-            let started = Instant::now();
-            let probe = fresh_client()
-                .get(server.url("/healthz"))
-                .send()
-                .await
-                .map(|r| r.status().as_u16());
+            let (probe, took) = server.probe().await;
             assert!(matches!(probe, Ok(200)), "health check {round}: {probe:?}");
-            served.healthz.push(started.elapsed());
-            let started = Instant::now();
-            let bought = fresh_client()
-                .post(server.url("/v1/purchases"))
-                .json(&json!({"request_id": format!("{tag}_{round}"), "user_id": 7, "product_id": 1, "quantity": 1}))
-                .send()
-                .await
-                .map(|r| r.status().as_u16());
+            served.healthz.push(took);
+            let (bought, took) = server.purchase(&format!("{tag}_{round}")).await;
             assert!(matches!(bought, Ok(201)), "purchase {round}: {bought:?}");
-            served.purchases.push(started.elapsed());
+            served.purchases.push(took);
         }
         served
     }
