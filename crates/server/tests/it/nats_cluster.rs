@@ -402,30 +402,27 @@ async fn a_stream_with_another_replica_count_is_changed_to_the_setting() {
     let cluster = NatsCluster::start().await.expect("nats cluster");
     let urls = cluster.urls();
     let tag = format!("replicas_{}", std::process::id());
-    let one = bus(&urls, &tag, 1).await;
-    ensured(&one, "a stream and consumer of one copy").await;
-    assert_eq!(
-        replicas_reach(&urls, &tag, (1, 1, 1)).await,
-        "Ok((1, 1, 1))"
-    );
-    let event = an_event(1);
-    retried("published on one copy", || one.publish(&event)).await;
-
-    let three = bus(&urls, &tag, 3).await;
-    ensured(&three, "changed to three copies").await;
-    assert_eq!(
-        replicas_reach(&urls, &tag, (3, 3, 3)).await,
-        "Ok((3, 3, 3))"
-    );
-    let event = an_event(2);
-    retried("published on three copies", || three.publish(&event)).await;
-
-    let back = bus(&urls, &tag, 1).await;
-    ensured(&back, "changed back to one copy").await;
-    let seen = replicas_reach(&urls, &tag, (1, 1, 1)).await;
-    assert_eq!(seen, "Ok((1, 1, 1))", "one server holds the stream again");
-    let event = an_event(3);
-    retried("published on one copy again", || back.publish(&event)).await;
+    let steps = [
+        (
+            1,
+            "a stream and consumer of one copy",
+            "published on one copy",
+        ),
+        (3, "changed to three copies", "published on three copies"),
+        (1, "changed back to one copy", "published on one copy again"),
+    ];
+    for (n, (copies, ensuring, publishing)) in (1..).zip(steps) {
+        let configured = bus(&urls, &tag, copies).await;
+        ensured(&configured, ensuring).await;
+        let seen = replicas_reach(&urls, &tag, (copies, copies, copies)).await;
+        assert_eq!(
+            seen,
+            format!("Ok(({copies}, {copies}, {copies}))"),
+            "{ensuring}: every server holds the stream's copies"
+        );
+        let event = an_event(n);
+        retried(publishing, || configured.publish(&event)).await;
+    }
 
     let js = async_nats::jetstream::new(nats_connect(&urls).await.expect("connect"));
     let mut stream = js
