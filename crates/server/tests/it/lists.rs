@@ -179,18 +179,14 @@ async fn a_buyer_lists_their_own_orders_newest_first() {
 #[tokio::test]
 async fn a_page_is_one_indexed_query() {
     let app = TestApp::spawn().await;
-    sqlx::query(
+    filled(
+        &app,
+        "orders",
         "INSERT INTO orders (request_id, user_id, product_id, quantity, status, created_at, \
          expires_at) SELECT CONCAT('EXPLAIN_', seq), seq % 2000 + 1, 1, 1, \
          IF(seq % 3 = 0, 'PAID', 'PENDING_PAYMENT'), NOW(6), NOW(6) FROM seq_1_to_20000",
     )
-    .execute(&app.pool)
-    .await
-    .expect("orders");
-    sqlx::query("ANALYZE TABLE orders")
-        .execute(&app.pool)
-        .await
-        .expect("analyze");
+    .await;
     let orders = flashsale_mysql::lists::orders_sql();
     let plans: [(&str, &str, Vec<Option<String>>, &str); 3] = [
         (
@@ -423,6 +419,19 @@ async fn creations_and_restocks_are_logged() {
     invariants::assert_sound_and_clean_up(app, PRODUCT).await;
 }
 
+/// Fills `table` by `insert` (rows made up for a plan), then has MariaDB count them
+/// (`ANALYZE TABLE`) so that its plans see them.
+async fn filled(app: &TestApp, table: &str, insert: &str) {
+    sqlx::query(insert)
+        .execute(&app.pool)
+        .await
+        .unwrap_or_else(|e| panic!("fill {table}: {e}"));
+    sqlx::query(&format!("ANALYZE TABLE {table}"))
+        .execute(&app.pool)
+        .await
+        .expect("analyze");
+}
+
 /// A GET with the admin token.
 async fn admin_get(app: &TestApp, path: &str) -> (StatusCode, Value) {
     app.send(Method::GET, path, None, true).await.expect("page")
@@ -430,18 +439,14 @@ async fn admin_get(app: &TestApp, path: &str) -> (StatusCode, Value) {
 
 /// The log's two page queries on 20,000 lines: each reads its index, no sort.
 async fn explain_the_log(app: &TestApp) {
-    sqlx::query(
+    filled(
+        app,
+        "admin_action",
         "INSERT INTO admin_action (request_id, action, product_id, admin, before_state, \
          after_state) SELECT CONCAT('EXPLAIN_', seq), 'pause', seq % 500 + 1, 'admin', \
          '{}', '{}' FROM seq_1_to_20000",
     )
-    .execute(&app.pool)
-    .await
-    .expect("lines");
-    sqlx::query("ANALYZE TABLE admin_action")
-        .execute(&app.pool)
-        .await
-        .expect("analyze");
+    .await;
     let all = flashsale_mysql::lists::actions_sql(false);
     let one = flashsale_mysql::lists::actions_sql(true);
     for (what, sql, binds, key) in [
