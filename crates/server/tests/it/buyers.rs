@@ -7,7 +7,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
 use crate::bad_input::snapshot;
-use crate::helpers::{buyer_token, code, fixture, order_id, TestApp};
+use crate::helpers::{buyer_token, code, fixture, order_id, user_rate, TestApp};
 
 /// The HS256 secret of the tests.
 const SECRET: &str = "test-buyer-secret-of-at-least-32-bytes";
@@ -270,15 +270,8 @@ async fn jwt_public_keys_verify_their_own_algorithm_only() {
 // request_id is a new order of their own (request_ids are scoped by buyer).
 #[tokio::test]
 async fn header_buyers_are_confined_and_limited() {
-    let app = TestApp::selling_with(
-        &[
-            ("BUYER_AUTH", "header"),
-            ("USER_PURCHASE_RATE", "1"),
-            ("USER_PURCHASE_BURST", "2"),
-        ],
-        (9103, 10, Some(1)),
-    )
-    .await;
+    let settings = user_rate(("1", "2"), &[("BUYER_AUTH", "header")]);
+    let app = TestApp::selling_with(&settings, (9103, 10, Some(1))).await;
     let (owner, intruder) = ([("x-user-id", "31")], [("x-user-id", "32")]);
     for bad in [
         &[][..],

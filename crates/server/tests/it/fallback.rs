@@ -13,7 +13,9 @@ use futures::{stream, StreamExt};
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::helpers::{code, order_id, redis_addr, wait_until, Routes, TestApp, SOLD_OUT};
+use crate::helpers::{
+    code, order_id, redis_addr, user_rate, wait_until, Routes, TestApp, SOLD_OUT,
+};
 use crate::invariants;
 
 /// `FLASHSALE_FALLBACK_AFTER` in these tests.
@@ -498,8 +500,7 @@ async fn a_product_never_loaded_into_redis_sells_from_the_ledger() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_instance_follows_a_switch_made_elsewhere_and_its_limits_hold() {
     const PRODUCT: i64 = 5105;
-    let mut s = settings();
-    s.extend([("USER_PURCHASE_RATE", "1"), ("USER_PURCHASE_BURST", "2")]);
+    let s = user_rate(("1", "2"), &settings());
     let app = TestApp::spawn_with(Routes::default(), &s).await;
     let workers = start_workers(&app);
     app.create_product(PRODUCT, 3, None).await;

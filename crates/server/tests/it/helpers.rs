@@ -854,6 +854,17 @@ pub fn jwt_buyers() -> [(&'static str, &'static str); 2] {
     [("BUYER_AUTH", "jwt"), ("BUYER_JWT_SECRET", BUYER_SECRET)]
 }
 
+/// The settings `more`, with a per-user purchase rate of `rate` a second and a burst of
+/// `burst`.
+pub fn user_rate(
+    (rate, burst): (&'static str, &'static str),
+    more: &[(&'static str, &'static str)],
+) -> Vec<(&'static str, &'static str)> {
+    let mut settings = vec![("USER_PURCHASE_RATE", rate), ("USER_PURCHASE_BURST", burst)];
+    settings.extend_from_slice(more);
+    settings
+}
+
 /// `Authorization`'s value for `user`, a jwt buyer for ten minutes.
 pub fn as_buyer(user: i64) -> String {
     let key = jsonwebtoken::EncodingKey::from_secret(BUYER_SECRET.as_bytes()).expect("key");

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{code, TestApp};
+use crate::helpers::{code, user_rate, TestApp};
 use crate::invariants;
 
 /// A purchase sent with `headers`: status, `Retry-After` (seconds) and body.
@@ -65,11 +65,7 @@ async fn purchases_answered(app: &TestApp, outcome: &str) -> f64 {
 // invariants and the audit hold.
 #[tokio::test]
 async fn the_per_user_limit_refuses_the_excess_and_changes_nothing() {
-    let app = TestApp::selling_with(
-        &[("USER_PURCHASE_RATE", "1"), ("USER_PURCHASE_BURST", "3")],
-        (5101, 100, None),
-    )
-    .await;
+    let app = TestApp::selling_with(&user_rate(("1", "3"), &[]), (5101, 100, None)).await;
     let started = Instant::now();
     let attempts: Vec<_> = (0..10)
         .map(|i| {
@@ -139,15 +135,8 @@ async fn the_per_user_limit_refuses_the_excess_and_changes_nothing() {
 // the same user at once.
 #[tokio::test]
 async fn refusals_of_a_sold_out_product_are_not_rate_limited() {
-    let app = TestApp::selling_with(
-        &[
-            ("USER_PURCHASE_RATE", "1"),
-            ("USER_PURCHASE_BURST", "2"),
-            ("SOLD_OUT_LEASE", "3s"),
-        ],
-        (5103, 1, None),
-    )
-    .await;
+    let settings = user_rate(("1", "2"), &[("SOLD_OUT_LEASE", "3s")]);
+    let app = TestApp::selling_with(&settings, (5103, 1, None)).await;
     app.create_product(5104, 10, None).await;
     let (status, _, body) = purchase_with(&app, &[], "RL_s_0", 9, 5103).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
@@ -275,10 +264,8 @@ async fn alternating(
 // and took nothing: the invariants and the audit hold.
 #[tokio::test]
 async fn a_shared_rate_holds_across_instances() {
-    let limits = [("USER_PURCHASE_RATE", "1"), ("USER_PURCHASE_BURST", "2")];
     for (scope, orders) in [("shared", 2), ("instance", 4)] {
-        let mut settings = limits.to_vec();
-        settings.push(("USER_PURCHASE_RATE_SCOPE", scope));
+        let settings = user_rate(("1", "2"), &[("USER_PURCHASE_RATE_SCOPE", scope)]);
         let one = TestApp::spawn_with(Default::default(), &settings).await;
         let two = one.spawn_beside(&settings).await;
         one.create_product(3900, 100, None).await;
