@@ -11,7 +11,7 @@ use flashsale_testkit::RedisCluster;
 use reqwest::StatusCode;
 
 use crate::fallback::{acknowledged, assert_sold_exactly, buyers, metric, start_workers, Answer};
-use crate::helpers::{redis_conn, wait_until, TestApp, SOLD_OUT};
+use crate::helpers::{redis_conn, redis_info, wait_until, TestApp, SOLD_OUT};
 use crate::invariants;
 
 /// Units of each product on sale.
@@ -229,11 +229,7 @@ async fn a_slot_migrated_mid_sale_is_adopted_not_rebuilt() {
     assert_eq!(metric(&app, "flashsale_gate_rebuilds_total").await, 0.0);
     let stamp: String = app.entry_field(moved, "srv").await.expect("HGET srv");
     let mut owner = redis_conn(&format!("redis://127.0.0.1:{to_port}/")).await;
-    let info: String = redis::cmd("INFO")
-        .arg(&["server", "replication"])
-        .query_async(&mut owner)
-        .await
-        .expect("INFO");
+    let info = redis_info(&mut owner, &["server", "replication"]).await;
     let field = |name: &str| {
         info.lines()
             .find_map(|l| l.trim_end().strip_prefix(name))

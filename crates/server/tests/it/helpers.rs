@@ -999,6 +999,15 @@ pub fn own_stream(prefix: &str) -> [(&'static str, String); 2] {
     ]
 }
 
+/// The `sections` of Redis's `INFO` on `conn`, as it prints them.
+pub async fn redis_info(conn: &mut impl redis::aio::ConnectionLike, sections: &[&str]) -> String {
+    redis::cmd("INFO")
+        .arg(sections)
+        .query_async(conn)
+        .await
+        .unwrap_or_else(|e| panic!("INFO {sections:?}: {e}"))
+}
+
 /// A connection to the Redis at `url` (a node of a cluster, or the shared one).
 pub async fn redis_conn(url: &str) -> redis::aio::MultiplexedConnection {
     redis::Client::open(url)

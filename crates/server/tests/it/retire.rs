@@ -232,11 +232,7 @@ const SHRINK_WITHIN: Duration = Duration::from_secs(5);
 /// `INFO memory`'s `used_memory` of the Redis at `url`.
 async fn used_memory(url: &str) -> i64 {
     let mut conn = crate::helpers::redis_conn(url).await;
-    let info: String = redis::cmd("INFO")
-        .arg("memory")
-        .query_async(&mut conn)
-        .await
-        .expect("INFO memory");
+    let info = crate::helpers::redis_info(&mut conn, &["memory"]).await;
     info.lines()
         .find_map(|l| l.strip_prefix("used_memory:"))
         .and_then(|v| v.trim().parse().ok())

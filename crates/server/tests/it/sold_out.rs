@@ -10,7 +10,7 @@ use flashsale_testkit::PrivateRedis;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::helpers::{code, order_id, wait_until, Routes, TestApp, SOLD_OUT};
+use crate::helpers::{code, order_id, redis_info, wait_until, Routes, TestApp, SOLD_OUT};
 use crate::invariants;
 
 /// The longest lease there is, for the tests of revocation: a purchase that succeeds
@@ -76,12 +76,7 @@ async fn lease_in_redis(app: &TestApp, product: i64) -> bool {
 
 /// Scripts Redis has run (EVALSHA and EVAL calls), from its command statistics.
 async fn scripts_run(app: &TestApp) -> i64 {
-    let mut conn = app.redis.clone();
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .expect("INFO");
+    let info = redis_info(&mut app.redis.clone(), &["commandstats"]).await;
     info.lines()
         .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
         .filter_map(|l| {
