@@ -284,13 +284,7 @@ async fn a_revocation_published_on_one_primary_reaches_every_instance() {
     for (app, rid) in [(&a, "REQ_cl_refused_a"), (&b, "REQ_cl_refused_b")] {
         app.refused((rid, 2, product, 1), SOLD_OUT).await;
     }
-    let (s, body) = a
-        .admin_post(
-            &format!("/v1/products/{product}/restock"),
-            serde_json::json!({"request_id": "RS_cluster", "quantity": 2}),
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{body}");
+    a.restocked(product, "RS_cluster", 2).await;
     let (on_a, on_b) = tokio::join!(buy_within(&a, product, 10), buy_within(&b, product, 20));
     println!("product on :{port}, subscribers on :{first_seed}; restock to first 201: {on_a:?}, {on_b:?}");
     assert!(on_a.is_some() && on_b.is_some(), "{on_a:?} {on_b:?}");

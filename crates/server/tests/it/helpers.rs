@@ -528,6 +528,28 @@ impl TestApp {
         assert_eq!(status, StatusCode::CREATED, "{body}");
     }
 
+    /// The admin's restock of `quantity` units of `product_id` under `request_id`.
+    pub async fn restock(
+        &self,
+        product_id: i64,
+        request_id: &str,
+        quantity: i64,
+    ) -> (StatusCode, Value) {
+        self.admin_post(
+            &format!("/v1/products/{product_id}/restock"),
+            json!({"request_id": request_id, "quantity": quantity}),
+        )
+        .await
+    }
+
+    /// [`TestApp::restock`] that must be answered 200: asserts it (the answer's body in
+    /// the message) and returns the body.
+    pub async fn restocked(&self, product_id: i64, request_id: &str, quantity: i64) -> Value {
+        let (status, body) = self.restock(product_id, request_id, quantity).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body
+    }
+
     pub async fn purchase(
         &self,
         request_id: &str,
@@ -844,6 +866,8 @@ impl TestApp {
 pub const SOLD_OUT: (StatusCode, &str) = (StatusCode::CONFLICT, "sold_out");
 /// A purchase's refusal: 409 `limit_exceeded`, over the per-user limit.
 pub const LIMIT_EXCEEDED: (StatusCode, &str) = (StatusCode::CONFLICT, "limit_exceeded");
+/// A purchase's refusal: 409 `sale_paused`, the sale is paused.
+pub const SALE_PAUSED: (StatusCode, &str) = (StatusCode::CONFLICT, "sale_paused");
 /// A purchase's refusal: 409 `request_released`, its hold was given back.
 pub const REQUEST_RELEASED: (StatusCode, &str) = (StatusCode::CONFLICT, "request_released");
 
@@ -948,6 +972,25 @@ pub fn succeeded(out: &std::process::Output) -> String {
 
 pub fn code(body: &Value) -> &str {
     body["error"].as_str().unwrap_or("")
+}
+
+/// Asserts that `answer` (status, body) is the refusal `expected`: its status and the
+/// error code (the answer's body in the message). Returns the body.
+#[track_caller]
+pub fn assert_error((status, body): (StatusCode, Value), expected: (StatusCode, &str)) -> Value {
+    assert_eq!((status, code(&body)), expected, "{body}");
+    body
+}
+
+/// The stderr of a run of the binary that must have failed (the failure's message shows
+/// its stdout).
+pub fn failed(out: &std::process::Output) -> String {
+    assert!(
+        !out.status.success(),
+        "succeeded: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 // ---- events (outbox → NATS JetStream → sales_stats) -----------------------------------

@@ -6,9 +6,12 @@ use chrono::{Duration as Days, Utc};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{code, order_id, TestApp};
+use crate::helpers::{assert_error, code, order_id, TestApp, LIMIT_EXCEEDED};
 use crate::invariants;
 use crate::pause::ANNOUNCED_WITHIN;
+
+/// A purchase's refusal outside the sale's window.
+const NOT_ACTIVE: (StatusCode, &str) = (StatusCode::CONFLICT, "sale_not_active");
 
 /// The admin's PATCH of `product` with `body`.
 async fn patch(app: &TestApp, product: i64, body: Value) -> (StatusCode, Value) {
@@ -44,9 +47,7 @@ async fn a_change_holds_new_purchases_and_keeps_old_orders() {
     app.create_product(PRODUCT, 100, Some(3)).await;
     let mut orders = Vec::new();
     for rid in ["REQ_pt_1", "REQ_pt_2"] {
-        let (s, b) = other.purchase(rid, 7, PRODUCT, 1).await;
-        assert_eq!(s, StatusCode::CREATED, "{b}");
-        orders.push(order_id(&b));
+        orders.push(order_id(&other.bought(rid, 7, PRODUCT, 1).await));
     }
     let b = changed(
         &app,
@@ -55,33 +56,19 @@ async fn a_change_holds_new_purchases_and_keeps_old_orders() {
     )
     .await;
     assert_eq!(b["per_user_limit"], json!(1), "{b}");
-    let (s, b) = other.purchase("REQ_pt_3", 7, PRODUCT, 1).await;
-    assert_eq!(
-        (s, code(&b)),
-        (StatusCode::CONFLICT, "limit_exceeded"),
-        "{b}"
-    );
+    other
+        .refused(("REQ_pt_3", 7, PRODUCT, 1), LIMIT_EXCEEDED)
+        .await;
     for order in &orders {
         let (s, b) = other.pay(*order, 7).await;
         assert_eq!(s, StatusCode::OK, "kept under a lower limit: {b}");
     }
-    changed(
-        &app,
-        PRODUCT,
-        json!({"request_id": "OP_l0", "per_user_limit": null}),
-    )
-    .await;
-    let (s, b) = other.purchase("REQ_pt_3", 7, PRODUCT, 1).await;
-    assert_eq!(s, StatusCode::CREATED, "no limit: {b}");
-    let before_end = order_id(&b);
-    let body = json!({"request_id": "OP_end", "sale_ends_at": Utc::now(), "name": "Ended"});
-    changed(&app, PRODUCT, body).await;
-    let (s, b) = other.purchase("REQ_pt_4", 8, PRODUCT, 1).await;
-    assert_eq!(
-        (s, code(&b)),
-        (StatusCode::CONFLICT, "sale_not_active"),
-        "{b}"
-    );
+    let no_limit = json!({"request_id": "OP_l0", "per_user_limit": null});
+    changed(&app, PRODUCT, no_limit).await;
+    let before_end = order_id(&other.bought("REQ_pt_3", 7, PRODUCT, 1).await);
+    let ended = json!({"request_id": "OP_end", "sale_ends_at": Utc::now(), "name": "Ended"});
+    changed(&app, PRODUCT, ended).await;
+    other.refused(("REQ_pt_4", 8, PRODUCT, 1), NOT_ACTIVE).await;
     let (s, b) = other.pay(before_end, 7).await;
     assert_eq!(
         s,
@@ -89,22 +76,12 @@ async fn a_change_holds_new_purchases_and_keeps_old_orders() {
         "an order made before the end is paid: {b}"
     );
     let tomorrow = Utc::now() + Days::days(1);
-    let body = json!({"request_id": "OP_later", "sale_starts_at": tomorrow, "sale_ends_at": null});
-    changed(&app, PRODUCT, body).await;
-    let (s, b) = other.purchase("REQ_pt_4", 8, PRODUCT, 1).await;
-    assert_eq!(
-        (s, code(&b)),
-        (StatusCode::CONFLICT, "sale_not_active"),
-        "{b}"
-    );
-    changed(
-        &app,
-        PRODUCT,
-        json!({"request_id": "OP_now", "sale_starts_at": null}),
-    )
-    .await;
-    let (s, b) = other.purchase("REQ_pt_4", 8, PRODUCT, 1).await;
-    assert_eq!(s, StatusCode::CREATED, "open again: {b}");
+    let later = json!({"request_id": "OP_later", "sale_starts_at": tomorrow, "sale_ends_at": null});
+    changed(&app, PRODUCT, later).await;
+    other.refused(("REQ_pt_4", 8, PRODUCT, 1), NOT_ACTIVE).await;
+    let now = json!({"request_id": "OP_now", "sale_starts_at": null});
+    changed(&app, PRODUCT, now).await;
+    other.bought("REQ_pt_4", 8, PRODUCT, 1).await;
     let (s, b) = other.get(&format!("/v1/products/{PRODUCT}")).await;
     assert_eq!(
         (s, &b["name"], &b["sale_starts_at"]),
@@ -157,12 +134,8 @@ async fn a_change_is_checked_idempotent_and_logged() {
         let (s, b) = patch(&app, PRODUCT, body.clone()).await;
         assert_eq!((s, code(&b)), (status, "invalid_request"), "{body}: {b}");
     }
-    let (s, b) = patch(&app, 999_999, json!({"request_id": "OP_x6", "name": "x"})).await;
-    assert_eq!(
-        (s, code(&b)),
-        (StatusCode::NOT_FOUND, "product_not_found"),
-        "{b}"
-    );
+    let unknown = patch(&app, 999_999, json!({"request_id": "OP_x6", "name": "x"})).await;
+    assert_error(unknown, (StatusCode::NOT_FOUND, "product_not_found"));
     let stranger = app
         .send(
             reqwest::Method::PATCH,
@@ -190,12 +163,8 @@ async fn a_change_is_checked_idempotent_and_logged() {
     }
     assert_eq!(app.count(&log).await, 1, "a replay writes no second line");
     let other = json!({"request_id": "OP_rename", "name": "Phone 3"});
-    let (s, b) = patch(&app, PRODUCT, other).await;
-    assert_eq!(
-        (s, code(&b)),
-        (StatusCode::CONFLICT, "request_id_conflict"),
-        "{b}"
-    );
+    let conflict = (StatusCode::CONFLICT, "request_id_conflict");
+    assert_error(patch(&app, PRODUCT, other).await, conflict);
     check_change_event(&app, PRODUCT).await;
     invariants::assert_sound_and_clean_up(app, PRODUCT).await;
 }

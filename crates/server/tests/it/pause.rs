@@ -11,7 +11,7 @@ use flashsale_testkit::PrivateRedis;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{code, order_id, TestApp};
+use crate::helpers::{assert_error, code, order_id, TestApp, SALE_PAUSED};
 use crate::invariants;
 
 /// How soon after the pause's (or resume's) 200 every instance must act on it. The
@@ -208,6 +208,14 @@ pub(crate) async fn act(
         .await
 }
 
+/// A pause or resume (`what`) of `product` that must answer 200 with the product paused
+/// or not as `what` asks.
+async fn acted(app: &TestApp, product: i64, what: &str, request_id: &str) {
+    let (s, b) = act(app, product, what, json!({"request_id": request_id})).await;
+    let paused = what == "pause";
+    assert_eq!((s, &b["paused"]), (StatusCode::OK, &json!(paused)), "{b}");
+}
+
 // Checks what a pause means for one buyer's orders and the operator's records, on one
 // instance: a pending order made before the pause is still paid and another cancelled
 // while paused, a replay of a purchase made before gets its order (200) while a new
@@ -220,21 +228,15 @@ pub(crate) async fn act(
 #[tokio::test]
 async fn a_paused_sale_refuses_purchases_and_lets_orders_finish() {
     const PRODUCT: i64 = 4102;
-    let app = TestApp::spawn().await;
-    app.create_product(PRODUCT, 10, None).await;
+    let app = TestApp::selling(PRODUCT, 10, None).await;
     let mut orders = Vec::new();
     for (rid, user) in [("REQ_p_1", 1), ("REQ_p_2", 2)] {
-        let (s, b) = app.purchase(rid, user, PRODUCT, 1).await;
-        assert_eq!(s, StatusCode::CREATED, "{b}");
-        orders.push(order_id(&b));
+        orders.push(order_id(&app.bought(rid, user, PRODUCT, 1).await));
     }
-    let pause = json!({"request_id": "OP_pause_1"});
-    let (s, b) = act(&app, PRODUCT, "pause", pause.clone()).await;
-    assert_eq!((s, &b["paused"]), (StatusCode::OK, &json!(true)), "{b}");
+    acted(&app, PRODUCT, "pause", "OP_pause_1").await;
     let (s, b) = app.get(&format!("/v1/products/{PRODUCT}")).await;
     assert_eq!((s, &b["paused"]), (StatusCode::OK, &json!(true)), "{b}");
-    let (s, b) = app.purchase("REQ_p_3", 3, PRODUCT, 1).await;
-    assert_eq!((s, code(&b)), (StatusCode::CONFLICT, "sale_paused"), "{b}");
+    app.refused(("REQ_p_3", 3, PRODUCT, 1), SALE_PAUSED).await;
     let (s, b) = app.purchase("REQ_p_1", 1, PRODUCT, 1).await;
     assert_eq!(
         (s, order_id(&b)),
@@ -249,17 +251,9 @@ async fn a_paused_sale_refuses_purchases_and_lets_orders_finish() {
         .count("SELECT COUNT(*) FROM inventory_reservation WHERE request_id = 'REQ_p_3'")
         .await;
     assert_eq!(refused, 0, "a refused purchase writes nothing");
-    check_refusals(&app, PRODUCT, &pause).await;
-    let (s, b) = act(
-        &app,
-        PRODUCT,
-        "resume",
-        json!({"request_id": "OP_resume_1"}),
-    )
-    .await;
-    assert_eq!((s, &b["paused"]), (StatusCode::OK, &json!(false)), "{b}");
-    let (s, b) = app.purchase("REQ_p_3", 3, PRODUCT, 1).await;
-    assert_eq!(s, StatusCode::CREATED, "resumed: {b}");
+    check_refusals(&app, PRODUCT, &json!({"request_id": "OP_pause_1"})).await;
+    acted(&app, PRODUCT, "resume", "OP_resume_1").await;
+    app.bought("REQ_p_3", 3, PRODUCT, 1).await;
     check_records(&app, PRODUCT).await;
     invariants::assert_sound(&app, PRODUCT).await;
     audit_sees_a_line_without_its_event(&app, PRODUCT).await;
@@ -275,47 +269,24 @@ async fn check_refusals(app: &TestApp, product: i64, pause: &Value) {
         (StatusCode::OK, &json!(true)),
         "a replay: {b}"
     );
-    let (s, b) = act(app, product, "resume", pause.clone()).await;
-    assert_eq!(
-        (s, code(&b)),
-        (StatusCode::CONFLICT, "request_id_conflict"),
-        "{b}"
-    );
-    let (s, b) = act(app, 999_999, "pause", json!({"request_id": "OP_pause_x"})).await;
-    assert_eq!(
-        (s, code(&b)),
-        (StatusCode::NOT_FOUND, "product_not_found"),
-        "{b}"
-    );
-    let (s, b) = app
+    let conflict = act(app, product, "resume", pause.clone()).await;
+    assert_error(conflict, (StatusCode::CONFLICT, "request_id_conflict"));
+    let unknown = act(app, 999_999, "pause", json!({"request_id": "OP_pause_x"})).await;
+    assert_error(unknown, (StatusCode::NOT_FOUND, "product_not_found"));
+    let without_token = app
         .post(
             &format!("/v1/products/{product}/resume"),
             json!({"request_id": "OP_r"}),
         )
         .await;
-    assert_eq!(
-        (s, code(&b)),
-        (StatusCode::UNAUTHORIZED, "unauthorized"),
-        "{b}"
-    );
-    let (s, b) = act(app, product, "resume", json!({"request_id": "bad id"})).await;
-    assert_eq!(
-        (s, code(&b)),
-        (StatusCode::BAD_REQUEST, "invalid_request"),
-        "{b}"
-    );
-    let (s, b) = act(
-        app,
-        product,
-        "resume",
+    assert_error(without_token, (StatusCode::UNAUTHORIZED, "unauthorized"));
+    for bad in [
+        json!({"request_id": "bad id"}),
         json!({"request_id": "OP_r", "x": 1}),
-    )
-    .await;
-    assert_eq!(
-        (s, code(&b)),
-        (StatusCode::BAD_REQUEST, "invalid_request"),
-        "{b}"
-    );
+    ] {
+        let invalid = (StatusCode::BAD_REQUEST, "invalid_request");
+        assert_error(act(app, product, "resume", bad).await, invalid);
+    }
 }
 
 /// A line forged into the operator's log, with no event: the audit reports I7 naming it.
@@ -441,30 +412,16 @@ async fn a_pause_holds_in_ledger_mode_with_redis_dead() {
     }
     assert_eq!(stock_mode(&app, PRODUCT).await, "ledger");
     let asked = Instant::now();
-    let (s, b) = act(&app, PRODUCT, "pause", json!({"request_id": "OP_lm_pause"})).await;
-    assert_eq!((s, &b["paused"]), (StatusCode::OK, &json!(true)), "{b}");
+    acted(&app, PRODUCT, "pause", "OP_lm_pause").await;
     assert!(
         asked.elapsed() >= Duration::from_secs(1),
         "waited out the expiry"
     );
     for (i, instance) in [&app, &beside].into_iter().enumerate() {
-        let (s, b) = instance
-            .purchase(&format!("REQ_lm_paused_{i}"), 3, PRODUCT, 1)
-            .await;
-        assert_eq!(
-            (s, code(&b)),
-            (StatusCode::CONFLICT, "sale_paused"),
-            "{i}: {b}"
-        );
+        let rid = format!("REQ_lm_paused_{i}");
+        instance.refused((&rid, 3, PRODUCT, 1), SALE_PAUSED).await;
     }
-    let (s, b) = act(
-        &app,
-        PRODUCT,
-        "resume",
-        json!({"request_id": "OP_lm_resume"}),
-    )
-    .await;
-    assert_eq!((s, &b["paused"]), (StatusCode::OK, &json!(false)), "{b}");
+    acted(&app, PRODUCT, "resume", "OP_lm_resume").await;
     for (i, instance) in [&app, &beside].into_iter().enumerate() {
         let (s, b) = buy(instance, &format!("REQ_lm_resumed_{i}"), 4, PRODUCT).await;
         assert_eq!(s, StatusCode::CREATED, "{i}: {b}");

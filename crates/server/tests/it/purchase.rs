@@ -314,13 +314,7 @@ async fn restock_is_idempotent_and_safe_during_sales() {
     let restocks = stream::iter([1, 1, 1, 2, 2, 2])
         .map(|n| {
             let app = &app;
-            async move {
-                app.admin_post(
-                    "/v1/products/7007/restock",
-                    json!({"request_id": format!("RESTOCK_{n}"), "quantity": 25}),
-                )
-                .await
-            }
+            async move { app.restock(7007, &format!("RESTOCK_{n}"), 25).await }
         })
         .buffer_unordered(6)
         .collect::<Vec<_>>();

@@ -11,7 +11,9 @@ use futures::stream::{self, StreamExt};
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::helpers::{code, order_id, wait_until, TestApp, TestEvents, NATS_URL, REQUEST_RELEASED};
+use crate::helpers::{
+    assert_error, code, order_id, wait_until, TestApp, TestEvents, NATS_URL, REQUEST_RELEASED,
+};
 use crate::invariants;
 
 /// Settings that make the recovery window short enough for a test: requests give up
@@ -584,17 +586,8 @@ async fn restock_that_missed_redis_is_completed() {
     let (proxy, app) = TestApp::spawn_via_redis_proxy(&[]).await;
     app.create_product(2800, 5, None).await;
     proxy.cut();
-    let (s, b) = app
-        .admin_post(
-            "/v1/products/2800/restock",
-            json!({"request_id": "RS_missed", "quantity": 7}),
-        )
-        .await;
-    assert_eq!(
-        (s, code(&b)),
-        (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
-        "{b}"
-    );
+    let unavailable = (StatusCode::SERVICE_UNAVAILABLE, "unavailable");
+    assert_error(app.restock(2800, "RS_missed", 7).await, unavailable);
     assert_eq!(
         app.count("SELECT COUNT(*) FROM restock_request WHERE gate_applied = 0")
             .await,

@@ -8,7 +8,7 @@ use flashsale_testkit::PrivateRedis;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{code, order_id, TestApp};
+use crate::helpers::{assert_error, code, order_id, TestApp, SOLD_OUT};
 use crate::invariants;
 use crate::pause::LEDGER_MODE_SOON;
 
@@ -72,12 +72,7 @@ async fn a_refund_puts_units_back_on_sale_or_out_of_stock() {
     for user in 1..=3 {
         orders.push(bought_and_paid(&other, &format!("REQ_rf_{user}"), user, PRODUCT).await);
     }
-    other
-        .refused(
-            ("REQ_rf_4", 4, PRODUCT, 1),
-            (StatusCode::CONFLICT, "sold_out"),
-        )
-        .await;
+    other.refused(("REQ_rf_4", 4, PRODUCT, 1), SOLD_OUT).await;
     assert_eq!(inventory(&app, PRODUCT).await, (3, 0, 0, 3));
 
     let b = refunded(&app, orders[0], "OP_rf_back", true).await;
@@ -89,12 +84,7 @@ async fn a_refund_puts_units_back_on_sale_or_out_of_stock() {
 
     refunded(&app, orders[1], "OP_rf_out", false).await;
     assert_eq!(inventory(&app, PRODUCT).await, (2, 0, 0, 2));
-    other
-        .refused(
-            ("REQ_rf_5", 5, PRODUCT, 1),
-            (StatusCode::CONFLICT, "sold_out"),
-        )
-        .await;
+    other.refused(("REQ_rf_5", 5, PRODUCT, 1), SOLD_OUT).await;
 
     assert_eq!(refund_lines(&app, PRODUCT).await, 2);
     let (metrics, _) = app.scrape_metrics().await;
@@ -137,8 +127,7 @@ async fn a_refund_puts_units_back_on_sale_or_out_of_stock() {
 #[tokio::test]
 async fn a_refund_happens_once_and_refuses_what_it_cannot_refund() {
     const PRODUCT: i64 = 4402;
-    let app = TestApp::spawn().await;
-    app.create_product(PRODUCT, 10, None).await;
+    let app = TestApp::selling(PRODUCT, 10, None).await;
     let paid = bought_and_paid(&app, "REQ_ro_1", 1, PRODUCT).await;
     let other_paid = bought_and_paid(&app, "REQ_ro_2", 2, PRODUCT).await;
     let unpaid = order_id(&app.bought("REQ_ro_3", 3, PRODUCT, 1).await);
@@ -156,60 +145,35 @@ async fn a_refund_happens_once_and_refuses_what_it_cannot_refund() {
         (other_paid, json!({"request_id": "OP_ro", "restock": true})),
     ];
     for (order, body) in conflicts {
-        let (s, b) = refund(&app, order, body).await;
-        assert_eq!(
-            (s, code(&b)),
-            (StatusCode::CONFLICT, "request_id_conflict"),
-            "{b}"
-        );
+        let conflict = (StatusCode::CONFLICT, "request_id_conflict");
+        assert_error(refund(&app, order, body).await, conflict);
     }
     for order in [unpaid, cancelled] {
-        let (s, b) = refund(
-            &app,
-            order,
-            json!({"request_id": "OP_ro_no", "restock": true}),
-        )
-        .await;
-        assert_eq!(
-            (s, code(&b)),
-            (StatusCode::CONFLICT, "order_not_refundable"),
-            "{b}"
-        );
+        let body = json!({"request_id": "OP_ro_no", "restock": true});
+        let not_refundable = (StatusCode::CONFLICT, "order_not_refundable");
+        assert_error(refund(&app, order, body).await, not_refundable);
     }
-    let (s, b) = refund(
+    let unknown = refund(
         &app,
         999_999,
         json!({"request_id": "OP_ro_x", "restock": true}),
-    )
-    .await;
-    assert_eq!(
-        (s, code(&b)),
-        (StatusCode::NOT_FOUND, "order_not_found"),
-        "{b}"
     );
+    assert_error(unknown.await, (StatusCode::NOT_FOUND, "order_not_found"));
     let bad = [
         json!({"request_id": "OP_ro_b"}),
         json!({"request_id": "OP_ro_b", "restock": true, "why": 1}),
     ];
     for body in bad {
-        let (s, b) = refund(&app, other_paid, body).await;
-        assert_eq!(
-            (s, code(&b)),
-            (StatusCode::BAD_REQUEST, "invalid_request"),
-            "{b}"
-        );
+        let invalid = (StatusCode::BAD_REQUEST, "invalid_request");
+        assert_error(refund(&app, other_paid, body).await, invalid);
     }
-    let (s, b) = app
+    let without_token = app
         .post(
             &format!("/v1/orders/{other_paid}/refund"),
             json!({"request_id": "OP_ro_t", "restock": true}),
         )
         .await;
-    assert_eq!(
-        (s, code(&b)),
-        (StatusCode::UNAUTHORIZED, "unauthorized"),
-        "{b}"
-    );
+    assert_error(without_token, (StatusCode::UNAUTHORIZED, "unauthorized"));
 
     assert_eq!(
         inventory(&app, PRODUCT).await,
@@ -291,10 +255,7 @@ async fn refunds_racing_a_flood_sell_exactly_the_units_they_give_back() {
         "exactly the refunded units sell again"
     );
     other
-        .refused(
-            ("REQ_rr_over", 9999, PRODUCT, 1),
-            (StatusCode::CONFLICT, "sold_out"),
-        )
+        .refused(("REQ_rr_over", 9999, PRODUCT, 1), SOLD_OUT)
         .await;
     let (total, available, reserved, sold) = inventory(&app, PRODUCT).await;
     assert_eq!((total, available), (STOCK, 0));

@@ -13,7 +13,8 @@ use serde_json::Value;
 use flashsale_testkit::TestDb;
 
 use crate::helpers::{
-    as_buyer, buy_as, code, jwt_buyers, order_id, succeeded, TestApp, BUYER_SECRET, MYSQL_SERVER,
+    as_buyer, buy_as, code, failed, jwt_buyers, order_id, succeeded, TestApp, BUYER_SECRET,
+    MYSQL_SERVER,
 };
 
 /// Attempts of the same-id races: the 200-way race.
@@ -173,9 +174,7 @@ async fn a_ledger_moves_to_buyer_scoped_keys() {
 
     let mut settings = jwt_buyers().to_vec();
     settings.push(("LISTEN", "127.0.0.1:0"));
-    let refused = app.run_binary(&["serve"], &settings);
-    let said = String::from_utf8_lossy(&refused.stderr);
-    assert!(!refused.status.success(), "{said}");
+    let said = failed(&app.run_binary(&["serve"], &settings));
     assert!(said.contains("ledger rescope --to buyer"), "{said}");
 
     let out = succeeded(&app.run_binary(&["ledger", "rescope", "--to", "buyer"], &[]));
@@ -206,9 +205,7 @@ async fn a_ledger_moves_to_buyer_scoped_keys() {
     assert_eq!(s, StatusCode::CREATED, "another buyer's MOVE_1: {b}");
     succeeded(&app.run_binary(&["audit", "--product", "9502"], &[]));
 
-    let back = app.run_binary(&["ledger", "rescope", "--to", "global"], &[]);
-    assert!(!back.status.success());
-    let said = String::from_utf8_lossy(&back.stderr);
+    let said = failed(&app.run_binary(&["ledger", "rescope", "--to", "global"], &[]));
     assert!(
         said.contains("two buyers used the same request_id"),
         "{said}"

@@ -203,13 +203,7 @@ async fn ended_sales_are_retired_and_load_again() {
     );
     invariants::assert_sound(&app, 9101).await;
 
-    let (s, b) = app
-        .admin_post(
-            "/v1/products/9104/restock",
-            json!({"request_id": "RS_9104", "quantity": 5}),
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{b}");
+    app.restocked(9104, "RS_9104", 5).await;
     assert_eq!(app.redis_available(9104).await, Some(6));
     invariants::assert_sound(&app, 9104).await;
 

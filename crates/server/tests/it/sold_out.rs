@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use flashsale_testkit::PrivateRedis;
 use reqwest::StatusCode;
-use serde_json::json;
 
 use crate::helpers::{code, order_id, redis_info, wait_until, Routes, TestApp, SOLD_OUT};
 use crate::invariants;
@@ -171,13 +170,7 @@ async fn a_restock_is_bought_at_once_on_every_instance() {
     }
     assert!(lease_in_redis(&a, 3730).await);
 
-    let (s, body) = a
-        .admin_post(
-            "/v1/products/3730/restock",
-            json!({"request_id": "RS_revoke", "quantity": 2}),
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{body}");
+    let body = a.restocked(3730, "RS_revoke", 2).await;
     assert_eq!(body["inventory"]["available"], 2, "{body}");
     let (on_a, on_b) = tokio::join!(buy_within(&a, 3730, 10), buy_within(&b, 3730, 20));
     println!("restock to first 201: instance a {on_a:?}, instance b {on_b:?}");
