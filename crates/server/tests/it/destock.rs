@@ -12,7 +12,7 @@ use flashsale_testkit::PrivateRedis;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{code, order_id, TestApp};
+use crate::helpers::{cleanup_all, code, order_id, TestApp};
 use crate::invariants;
 use crate::pause::act;
 
@@ -266,13 +266,7 @@ async fn destocks_during_a_flood_stay_exact() {
     );
     assert!(destocked > 0 && created > 0, "both took units");
     check_flood(&apps[0], PRODUCT, created, destocked).await;
-    for app in apps.into_iter().rev() {
-        Arc::try_unwrap(app)
-            .ok()
-            .expect("no buyer left")
-            .cleanup()
-            .await;
-    }
+    cleanup_all(apps).await;
 }
 
 /// The ledger after the flood: its taken destocks are the 200s' units, its orders the

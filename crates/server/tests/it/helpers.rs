@@ -993,6 +993,22 @@ pub fn failed(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// Cleans up instances shared with tasks that have finished, the last spawned first: the
+/// first instance owns the stores the ones beside it use.
+pub async fn cleanup_all<I>(apps: I)
+where
+    I: IntoIterator<Item = std::sync::Arc<TestApp>>,
+    I::IntoIter: DoubleEndedIterator,
+{
+    for app in apps.into_iter().rev() {
+        std::sync::Arc::try_unwrap(app)
+            .ok()
+            .expect("no buyer left")
+            .cleanup()
+            .await;
+    }
+}
+
 // ---- events (outbox → NATS JetStream → sales_stats) -----------------------------------
 
 /// The shared NATS JetStream server on this machine.

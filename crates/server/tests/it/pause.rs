@@ -11,7 +11,7 @@ use flashsale_testkit::PrivateRedis;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{assert_error, code, order_id, TestApp, SALE_PAUSED};
+use crate::helpers::{assert_error, cleanup_all, code, order_id, TestApp, SALE_PAUSED};
 use crate::invariants;
 
 /// How soon after the pause's (or resume's) 200 every instance must act on it. The
@@ -187,14 +187,7 @@ async fn a_pause_reaches_every_instance_under_a_flood() {
         .await;
     assert_eq!(orders, created as i64, "one order per 201");
     invariants::assert_sound(&apps[0], PRODUCT).await;
-    // The instances beside the first before it: it owns the stores.
-    for app in apps.into_iter().rev() {
-        Arc::try_unwrap(app)
-            .ok()
-            .expect("no buyer left")
-            .cleanup()
-            .await;
-    }
+    cleanup_all(apps).await;
 }
 
 /// The admin's POST of `what` on `product` with `body`.

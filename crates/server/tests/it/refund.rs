@@ -8,7 +8,7 @@ use flashsale_testkit::PrivateRedis;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{assert_error, code, order_id, TestApp, SOLD_OUT};
+use crate::helpers::{assert_error, cleanup_all, code, order_id, TestApp, SOLD_OUT};
 use crate::invariants;
 use crate::pause::LEDGER_MODE_SOON;
 
@@ -261,9 +261,7 @@ async fn refunds_racing_a_flood_sell_exactly_the_units_they_give_back() {
     assert_eq!((total, available), (STOCK, 0));
     assert_eq!(reserved + sold, STOCK);
     invariants::assert_sound(&app, PRODUCT).await;
-    let other = Arc::into_inner(other).expect("one owner");
-    other.cleanup().await;
-    Arc::into_inner(app).expect("one owner").cleanup().await;
+    cleanup_all([app, other]).await;
 }
 
 // Checks a refund while Redis is dead and the product sells from MariaDB (ledger mode):
