@@ -239,8 +239,15 @@ async fn sold_exactly_and_audited(
 /// A private redis-server, a service on it with [`settings`], and the service's workers
 /// running ([`start_workers`]).
 async fn on_a_private_redis() -> (PrivateRedis, TestApp, Workers) {
+    on_a_private_redis_with(&settings()).await
+}
+
+/// [`on_a_private_redis`] with the instance's `settings`.
+pub(crate) async fn on_a_private_redis_with(
+    settings: &[(&str, &str)],
+) -> (PrivateRedis, TestApp, Workers) {
     let redis = PrivateRedis::start().await.expect("private redis");
-    let app = TestApp::spawn_on_redis(redis.url(), &settings()).await;
+    let app = TestApp::spawn_on_redis(redis.url(), settings).await;
     let workers = start_workers(&app);
     (redis, app, workers)
 }

@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flashsale_testkit::PrivateRedis;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
+use crate::fallback::on_a_private_redis_with;
 use crate::helpers::{assert_error, cleanup_all, code, order_id, TestApp, SALE_PAUSED};
 use crate::invariants;
 
@@ -387,11 +387,8 @@ pub(crate) const LEDGER_MODE_SOON: [(&str, &str); 3] = [
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pause_holds_in_ledger_mode_with_redis_dead() {
     const PRODUCT: i64 = 4103;
-    let settings = LEDGER_MODE_SOON;
-    let mut redis = PrivateRedis::start().await.expect("private redis");
-    let app = TestApp::spawn_on_redis(redis.url(), &settings).await;
-    let beside = app.spawn_beside(&settings).await;
-    let workers = crate::fallback::start_workers(&app);
+    let (mut redis, app, workers) = on_a_private_redis_with(&LEDGER_MODE_SOON).await;
+    let beside = app.spawn_beside(&LEDGER_MODE_SOON).await;
     app.create_product(PRODUCT, 100, None).await;
     for (i, instance) in [&app, &beside].into_iter().enumerate() {
         let (s, b) = buy(instance, &format!("REQ_lm_gate_{i}"), 1, PRODUCT).await;

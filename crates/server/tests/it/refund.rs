@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use flashsale_testkit::PrivateRedis;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
+use crate::fallback::on_a_private_redis_with;
 use crate::helpers::{assert_error, cleanup_all, code, order_id, TestApp, SOLD_OUT};
 use crate::invariants;
 use crate::pause::LEDGER_MODE_SOON;
@@ -271,10 +271,7 @@ async fn refunds_racing_a_flood_sell_exactly_the_units_they_give_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_refund_in_ledger_mode_moves_the_ledgers_counters() {
     const PRODUCT: i64 = 4404;
-    let settings = LEDGER_MODE_SOON;
-    let mut redis = PrivateRedis::start().await.expect("private redis");
-    let app = TestApp::spawn_on_redis(redis.url(), &settings).await;
-    let workers = crate::fallback::start_workers(&app);
+    let (mut redis, app, workers) = on_a_private_redis_with(&LEDGER_MODE_SOON).await;
     app.create_product(PRODUCT, 2, None).await;
     let first = bought_and_paid(&app, "REQ_rl_1", 1, PRODUCT).await;
     redis.kill9().expect("kill redis");
