@@ -11,8 +11,8 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::helpers::{
-    code, delete_stream, gate_on_shared_redis, own_stream, redis_addr, redis_conn, stream_name,
-    ADMIN_TOKEN, MYSQL_SERVER, NATS_URL, REDIS_URL,
+    code, delete_stream, gate_on_shared_redis, opening_in_an_hour, own_stream, redis_addr,
+    redis_conn, stream_name, ADMIN_TOKEN, MYSQL_SERVER, NATS_URL, REDIS_URL,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_flashsale");
@@ -499,14 +499,8 @@ async fn clock_jump_on_one_instance_releases_nothing_early() {
     let available = skewed.product(1).await;
     assert_eq!(available["inventory"]["available"], 1, "{available}");
     // The skew is real: a sale opening in an hour is already open on this instance.
-    let opens = chrono::Utc::now() + chrono::Duration::hours(1);
     let (s, b) = skewed
-        .post(
-            "/v1/products",
-            json!({"product_id": 2, "name": "later", "stock": 1,
-                   "sale_starts_at": opens.to_rfc3339()}),
-            true,
-        )
+        .post("/v1/products", opening_in_an_hour(2, 1), true)
         .await;
     assert_eq!(s, StatusCode::CREATED, "{b}");
     let body = json!({"request_id": "REQ_clk_later", "user_id": 1, "product_id": 2, "quantity": 1});

@@ -938,6 +938,14 @@ pub fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
+/// A new product's definition: `stock` units named "later", its sale opening an hour
+/// from now.
+pub fn opening_in_an_hour(product_id: i64, stock: i64) -> Value {
+    let opens = chrono::Utc::now() + chrono::Duration::hours(1);
+    json!({"product_id": product_id, "name": "later", "stock": stock,
+           "sale_starts_at": opens.to_rfc3339()})
+}
+
 /// The order id of a successful purchase response.
 pub fn order_id(body: &Value) -> i64 {
     body["order_id"]

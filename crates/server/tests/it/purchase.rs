@@ -9,7 +9,9 @@ use rand::{Rng, SeedableRng};
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::helpers::{answered, code, order_id, TestApp, LIMIT_EXCEEDED, SOLD_OUT};
+use crate::helpers::{
+    answered, code, opening_in_an_hour, order_id, TestApp, LIMIT_EXCEEDED, SOLD_OUT,
+};
 use crate::invariants;
 
 /// Concurrent requests the test client keeps in flight.
@@ -273,13 +275,8 @@ async fn ledger_refuses_what_redis_wrongly_admits() {
 #[tokio::test]
 async fn sale_window_is_enforced() {
     let app = TestApp::spawn().await;
-    let future = chrono::Utc::now() + chrono::Duration::hours(1);
     let (s, b) = app
-        .admin_post(
-            "/v1/products",
-            json!({"product_id": 6006, "name": "later", "stock": 5,
-                   "sale_starts_at": future.to_rfc3339()}),
-        )
+        .admin_post("/v1/products", opening_in_an_hour(6006, 5))
         .await;
     assert_eq!(s, StatusCode::CREATED, "{b}");
     let past = chrono::Utc::now() - chrono::Duration::hours(1);
