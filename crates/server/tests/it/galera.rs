@@ -396,6 +396,18 @@ async fn selling_on(cluster: &GaleraCluster) -> TestApp {
     app
 }
 
+/// A cluster of its own, a service [`selling_on`] it, and its sale made with `fault` on
+/// the cluster ([`sale_with_fault`]).
+async fn one_sale_with_fault(
+    what: &str,
+    fault: impl FnOnce(&GaleraCluster),
+) -> (GaleraCluster, TestApp, Summary) {
+    let cluster = GaleraCluster::start().await.expect("galera cluster");
+    let app = selling_on(&cluster).await;
+    let summary = sale_with_fault(&[&app], what, || fault(&cluster)).await;
+    (cluster, app, summary)
+}
+
 /// Product 1's 300 units flooded by 400 buyers spread over `apps`, `fault` made once 100
 /// are sold; the answers summarized against the fault's moment, and exactly the stock
 /// sold.
@@ -521,9 +533,7 @@ async fn a_killed_writer_loses_no_acknowledged_order() {
 // rejoins): node 0 is still running, and its orders and checksums are the others'.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_paused_writer_is_left_and_rejoins_without_writes() {
-    let cluster = GaleraCluster::start().await.expect("galera cluster");
-    let app = selling_on(&cluster).await;
-    let summary = sale_with_fault(&[&app], "writer paused", || {
+    let (cluster, app, summary) = one_sale_with_fault("writer paused", |cluster| {
         cluster.sigstop(0).expect("SIGSTOP the writer")
     })
     .await;
@@ -555,9 +565,7 @@ async fn a_paused_writer_is_left_and_rejoins_without_writes() {
 // node 2 rejoined, on all three, with exactly the stock sold and the audit clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_peer_leaves_the_sale_going() {
-    let cluster = GaleraCluster::start().await.expect("galera cluster");
-    let app = selling_on(&cluster).await;
-    let summary = sale_with_fault(&[&app], "peer killed", || {
+    let (cluster, app, summary) = one_sale_with_fault("peer killed", |cluster| {
         cluster.kill9(2).expect("kill -9 a peer")
     })
     .await;
