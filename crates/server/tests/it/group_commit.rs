@@ -68,6 +68,20 @@ async fn commit_held_at_the_lock(
     (app, ledger, id, hold, lock)
 }
 
+/// `call` with its own handles on `ledger` and `request`, in a task of its own: a caller
+/// of its own, which the test may watch or abort.
+fn in_a_task<T, F>(
+    ledger: &Arc<MysqlLedger>,
+    request: &PurchaseRequest,
+    call: impl FnOnce(Arc<MysqlLedger>, PurchaseRequest) -> F,
+) -> tokio::task::JoinHandle<T>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = T> + Send + 'static,
+{
+    tokio::spawn(call(ledger.clone(), request.clone()))
+}
+
 fn request(i: i64, product: i64) -> PurchaseRequest {
     PurchaseRequest {
         request_id: RequestId::parse("request_id", &format!("REQ_group_{i}")).expect("id"),
@@ -652,13 +666,10 @@ async fn a_joined_commit_is_answered_after_its_first_caller_went_away() {
 async fn a_replay_joins_the_commit_in_flight_without_a_read() {
     let (app, ledger, product, hold, lock) = commit_held_at_the_lock(3560).await;
     let request = request(7, 3560);
-    let first = tokio::spawn({
-        let (ledger, request) = (ledger.clone(), request.clone());
-        async move {
-            ledger
-                .commit_purchase(&request, hold, None, COMMIT_TIMEOUT)
-                .await
-        }
+    let first = in_a_task(&ledger, &request, move |ledger, request| async move {
+        ledger
+            .commit_purchase(&request, hold, None, COMMIT_TIMEOUT)
+            .await
     });
     // The first caller's purchase is queued and its transaction waits for the lock.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -679,13 +690,10 @@ async fn a_replay_joins_the_commit_in_flight_without_a_read() {
         .join_commit(&self::request(8, 3560), hold, None, COMMIT_TIMEOUT)
         .await
         .is_none());
-    let joiner = tokio::spawn({
-        let (ledger, request) = (ledger.clone(), request.clone());
-        async move {
-            ledger
-                .join_commit(&request, hold, None, COMMIT_TIMEOUT)
-                .await
-        }
+    let joiner = in_a_task(&ledger, &request, move |ledger, request| async move {
+        ledger
+            .join_commit(&request, hold, None, COMMIT_TIMEOUT)
+            .await
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!joiner.is_finished(), "the joiner waits for the commit");
