@@ -344,10 +344,8 @@ async fn replicas_of(urls: &str, tag: &str) -> Result<(usize, usize, usize), Str
         .get_stream(format!("FS_TEST_{tag}"))
         .await
         .map_err(|e| format!("stream: {e}"))?;
-    let info = stream
-        .get_info()
-        .await
-        .map_err(|e| format!("stream info: {e}"))?;
+    // Fetching a stream or a consumer brings its info: no second request for it.
+    let info = stream.cached_info().clone();
     // The leader and the others, by name: while the copies move, the others' list may
     // name the leader too.
     let holders = info.cluster.map_or(1, |c| {
@@ -362,14 +360,10 @@ async fn replicas_of(urls: &str, tag: &str) -> Result<(usize, usize, usize), Str
         .get_consumer(flashsale_nats::CONSUMER_NAME)
         .await
         .map_err(|e| format!("consumer: {e}"))?;
-    let consumer_info = consumer
-        .get_info()
-        .await
-        .map_err(|e| format!("consumer info: {e}"))?;
     Ok((
         info.config.num_replicas,
         holders,
-        consumer_info.config.num_replicas,
+        consumer.cached_info().config.num_replicas,
     ))
 }
 
