@@ -12,7 +12,7 @@ use flashsale_core::ProductId;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::helpers::{order_id, Routes, TestApp, TestEvents, NATS_URL};
+use crate::helpers::{cleanup_all, order_id, Routes, TestApp, TestEvents, NATS_URL};
 
 /// How long the buyers keep buying: long enough for several audits to run among them.
 const FLOOD_FOR: Duration = Duration::from_secs(4);
@@ -348,6 +348,5 @@ async fn scheduled_audits_run_once_over_the_instances() {
             .is_some_and(|n| n > 0),
         "{page}"
     );
-    b.cleanup().await;
-    a.cleanup().await;
+    cleanup_all([a, b]).await;
 }

@@ -11,7 +11,7 @@ use flashsale_testkit::RedisCluster;
 use reqwest::StatusCode;
 
 use crate::fallback::{acknowledged, assert_sold_exactly, buyers, metric, start_workers, Answer};
-use crate::helpers::{redis_conn, redis_info, wait_until, TestApp, SOLD_OUT};
+use crate::helpers::{cleanup_all, redis_conn, redis_info, wait_until, TestApp, SOLD_OUT};
 use crate::invariants;
 
 /// Units of each product on sale.
@@ -289,6 +289,5 @@ async fn a_revocation_published_on_one_primary_reaches_every_instance() {
     println!("product on :{port}, subscribers on :{first_seed}; restock to first 201: {on_a:?}, {on_b:?}");
     assert!(on_a.is_some() && on_b.is_some(), "{on_a:?} {on_b:?}");
     invariants::assert_sound(&a, product).await;
-    b.cleanup().await;
-    a.cleanup().await;
+    cleanup_all([a, b]).await;
 }

@@ -14,7 +14,7 @@ use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::helpers::{
-    code, order_id, redis_addr, user_rate, wait_until, Routes, TestApp, SOLD_OUT,
+    cleanup_all, code, order_id, redis_addr, user_rate, wait_until, Routes, TestApp, SOLD_OUT,
 };
 use crate::invariants;
 
@@ -447,8 +447,7 @@ async fn two_instances_with_a_split_view_of_redis_never_oversell() {
     workers.0.stop().await;
     workers.1.stop().await;
     invariants::assert_sound(&a, PRODUCT).await;
-    b.cleanup().await;
-    a.cleanup().await;
+    cleanup_all([a, b]).await;
 }
 
 // Checks a product created while Redis is down, so its stock was never loaded into

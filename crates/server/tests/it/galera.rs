@@ -19,7 +19,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 use sqlx::MySqlPool;
 
-use crate::helpers::{TestApp, ADMIN_TOKEN, REDIS_URL, RETRY_FOR, RETRY_PAUSE};
+use crate::helpers::{cleanup_all, TestApp, ADMIN_TOKEN, REDIS_URL, RETRY_FOR, RETRY_PAUSE};
 use crate::invariants;
 
 /// Longest wait for the cluster to be whole again after a fault (a rejoin by IST takes
@@ -519,8 +519,7 @@ async fn a_killed_writer_loses_no_acknowledged_order() {
     let back = writer_of(&cluster, &[0, 1, 2], burst(&[&a, &b], 2, "warm-c", 41..61)).await;
     assert_eq!(back, 0, "after the failback time the writes move back");
     check_every_node(&cluster, &[0, 1, 2], &a, 1, &summary.orders).await;
-    b.cleanup().await;
-    a.cleanup().await;
+    cleanup_all([a, b]).await;
 }
 
 // Checks a writer that hangs rather than dies: SIGSTOP of node 0 mid-sale, which its
@@ -607,6 +606,5 @@ async fn writers_that_disagree_still_sell_exactly_the_stock() {
     assert!(commits_after[0] > commits_before[0] && commits_after[1] > commits_before[1]);
     assert!(refused > 0, "two writers on one row met at certification");
     check_every_node(&cluster, &[0, 1, 2], &a, 1, &summary.orders).await;
-    b.cleanup().await;
-    a.cleanup().await;
+    cleanup_all([a, b]).await;
 }

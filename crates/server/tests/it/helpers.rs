@@ -261,6 +261,19 @@ impl TestApp {
 
     /// Starts a service whose stores are reached through `routes`, with extra
     /// `FLASHSALE_*` settings.
+    /// Two instances of one service, the second beside the first, selling `product_id`
+    /// (created through the first).
+    pub async fn selling_on_two(
+        product_id: i64,
+        stock: i64,
+        per_user_limit: Option<i64>,
+    ) -> (Self, Self) {
+        let app = Self::spawn().await;
+        let beside = app.spawn_beside(&[]).await;
+        app.create_product(product_id, stock, per_user_limit).await;
+        (app, beside)
+    }
+
     pub async fn spawn_with(routes: Routes, settings: &[(&str, &str)]) -> Self {
         let redis_url = match routes.redis {
             Some(addr) => format!("redis://{addr}"),
@@ -1001,15 +1014,16 @@ pub fn failed(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// Cleans up instances shared with tasks that have finished, the last spawned first: the
-/// first instance owns the stores the ones beside it use.
-pub async fn cleanup_all<I>(apps: I)
+/// Cleans up instances, the last spawned first: the first instance owns the stores the
+/// ones beside it use. Each is owned, or shared with tasks that have finished.
+pub async fn cleanup_all<A, I>(apps: I)
 where
-    I: IntoIterator<Item = std::sync::Arc<TestApp>>,
+    A: Into<std::sync::Arc<TestApp>>,
+    I: IntoIterator<Item = A>,
     I::IntoIter: DoubleEndedIterator,
 {
     for app in apps.into_iter().rev() {
-        std::sync::Arc::try_unwrap(app)
+        std::sync::Arc::try_unwrap(app.into())
             .ok()
             .expect("no buyer left")
             .cleanup()

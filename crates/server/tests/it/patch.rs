@@ -6,7 +6,7 @@ use chrono::{Duration as Days, Utc};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{assert_error, code, order_id, TestApp, LIMIT_EXCEEDED};
+use crate::helpers::{assert_error, cleanup_all, code, order_id, TestApp, LIMIT_EXCEEDED};
 use crate::invariants;
 use crate::pause::ANNOUNCED_WITHIN;
 
@@ -42,9 +42,7 @@ async fn changed(app: &TestApp, product: i64, body: Value) -> Value {
 #[tokio::test]
 async fn a_change_holds_new_purchases_and_keeps_old_orders() {
     const PRODUCT: i64 = 4201;
-    let app = TestApp::spawn().await;
-    let other = app.spawn_beside(&[]).await;
-    app.create_product(PRODUCT, 100, Some(3)).await;
+    let (app, other) = TestApp::selling_on_two(PRODUCT, 100, Some(3)).await;
     let mut orders = Vec::new();
     for rid in ["REQ_pt_1", "REQ_pt_2"] {
         orders.push(order_id(&other.bought(rid, 7, PRODUCT, 1).await));
@@ -88,8 +86,7 @@ async fn a_change_holds_new_purchases_and_keeps_old_orders() {
         (StatusCode::OK, &json!("Ended"), &Value::Null)
     );
     invariants::assert_sound(&app, PRODUCT).await;
-    other.cleanup().await;
-    app.cleanup().await;
+    cleanup_all([app, other]).await;
 }
 
 // Checks what a PATCH refuses, each changing nothing (the product as GET shows it, and no

@@ -419,6 +419,5 @@ async fn a_pause_holds_in_ledger_mode_with_redis_dead() {
     workers.stop().await;
     // The audit reads the ledger alone in ledger mode (Redis is dead).
     invariants::assert_audit_clean(&app, PRODUCT).await;
-    beside.cleanup().await;
-    app.cleanup().await;
+    cleanup_all([app, beside]).await;
 }

@@ -65,9 +65,7 @@ async fn refund_lines(app: &TestApp, product: i64) -> i64 {
 #[tokio::test]
 async fn a_refund_puts_units_back_on_sale_or_out_of_stock() {
     const PRODUCT: i64 = 4401;
-    let app = TestApp::spawn().await;
-    let other = app.spawn_beside(&[]).await;
-    app.create_product(PRODUCT, 3, Some(1)).await;
+    let (app, other) = TestApp::selling_on_two(PRODUCT, 3, Some(1)).await;
     let mut orders = Vec::new();
     for user in 1..=3 {
         orders.push(bought_and_paid(&other, &format!("REQ_rf_{user}"), user, PRODUCT).await);
@@ -114,8 +112,7 @@ async fn a_refund_puts_units_back_on_sale_or_out_of_stock() {
         ]
     );
     invariants::assert_sound(&app, PRODUCT).await;
-    other.cleanup().await;
-    app.cleanup().await;
+    cleanup_all([app, other]).await;
 }
 
 // Checks a refund's idempotency and refusals, each refusal changing nothing (counters and

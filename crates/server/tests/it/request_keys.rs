@@ -13,8 +13,8 @@ use serde_json::Value;
 use flashsale_testkit::TestDb;
 
 use crate::helpers::{
-    as_buyer, buy_as, code, failed, jwt_buyers, order_id, succeeded, TestApp, BUYER_SECRET,
-    MYSQL_SERVER,
+    as_buyer, buy_as, cleanup_all, code, failed, jwt_buyers, order_id, succeeded, TestApp,
+    BUYER_SECRET, MYSQL_SERVER,
 };
 
 /// Attempts of the same-id races: the 200-way race.
@@ -214,8 +214,7 @@ async fn a_ledger_moves_to_buyer_scoped_keys() {
         .count("SELECT COUNT(*) FROM orders WHERE request_id LIKE '%/%'")
         .await;
     assert_eq!(kept, 4, "a refused rescope changes nothing");
-    scoped.cleanup().await;
-    app.cleanup().await;
+    cleanup_all([app, scoped]).await;
 }
 
 // Checks that reading the scope records none: on a ledger no instance has served,

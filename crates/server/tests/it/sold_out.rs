@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use flashsale_testkit::PrivateRedis;
 use reqwest::StatusCode;
 
-use crate::helpers::{code, order_id, redis_info, wait_until, Routes, TestApp, SOLD_OUT};
+use crate::helpers::{
+    cleanup_all, code, order_id, redis_info, wait_until, Routes, TestApp, SOLD_OUT,
+};
 use crate::invariants;
 
 /// The longest lease there is, for the tests of revocation: a purchase that succeeds
@@ -177,8 +179,7 @@ async fn a_restock_is_bought_at_once_on_every_instance() {
     assert!(on_a.is_some() && on_b.is_some(), "{on_a:?} {on_b:?}");
     assert!(!lease_in_redis(&a, 3730).await, "no unit left: a new lease");
     invariants::assert_sound(&a, 3730).await;
-    b.cleanup().await;
-    a.cleanup().await;
+    cleanup_all([a, b]).await;
 }
 
 // Checks that a unit given back on one instance (an order cancelled there) is bought at
@@ -203,8 +204,7 @@ async fn a_cancel_on_one_instance_is_bought_at_once_on_another() {
     );
     assert_eq!(a.redis_available(3710).await, Some(0));
     invariants::assert_sound(&a, 3710).await;
-    b.cleanup().await;
-    a.cleanup().await;
+    cleanup_all([a, b]).await;
 }
 
 // Checks that a rebuild revokes the leases of the state it replaces instead of waiting
