@@ -257,11 +257,7 @@ async fn verdicts(app: &TestApp, product: Option<i64>) -> Vec<(i64, i64)> {
         Some(_) => "SELECT products, violations FROM audit_run WHERE product_id = ? ORDER BY id",
         None => "SELECT products, violations FROM audit_run WHERE product_id IS NULL ORDER BY id",
     };
-    sqlx::query_as(sql)
-        .bind(product)
-        .fetch_all(&app.pool)
-        .await
-        .expect("verdicts")
+    app.rows(sql, product).await
 }
 
 // Checks the audits `serve` runs by itself, with two instances side by side: a product

@@ -173,14 +173,13 @@ async fn a_primary_killed_mid_sale_loses_no_order_and_oversells_nothing() {
         );
         assert_sale_exact(&app, *product, answers).await;
     }
-    let by_generation: Vec<(i64, i64)> = sqlx::query_as(
-        "SELECT generation, COUNT(*) FROM inventory_reservation WHERE product_id = ? \
-         GROUP BY generation ORDER BY generation",
-    )
-    .bind(victim)
-    .fetch_all(&app.pool)
-    .await
-    .expect("reservations by generation");
+    let by_generation: Vec<(i64, i64)> = app
+        .rows(
+            "SELECT generation, COUNT(*) FROM inventory_reservation WHERE product_id = ? \
+             GROUP BY generation ORDER BY generation",
+            victim,
+        )
+        .await;
     println!(
         "primary :{victim_port} killed, :{promoted} promoted; rebuilds {}; the victim's \
          reservations by generation {by_generation:?}",

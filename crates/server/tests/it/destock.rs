@@ -350,13 +350,11 @@ static FAILPOINT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// The destock's row: (state, generation).
 #[cfg(feature = "failpoints")]
 async fn destock_row(app: &TestApp, rid: &str) -> (String, i64) {
-    sqlx::query_as(
+    app.row(
         "SELECT CAST(state AS CHAR), generation FROM destock_request WHERE request_id = ?",
+        rid,
     )
-    .bind(rid)
-    .fetch_one(&app.pool)
     .await
-    .expect("destock row")
 }
 
 // Checks a crash between the gate's step and the ledger's settle (the failpoint

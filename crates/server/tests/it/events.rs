@@ -91,26 +91,24 @@ async fn applied_once(app: &TestApp, product: i64, consumed: i64, why: &str) {
 /// The product's sales_stats row against what the ledger says happened; None when they
 /// agree, else both, for the failure message.
 pub(crate) async fn stats_mismatch(app: &TestApp, product_id: i64) -> Option<String> {
-    let expected: (i64, i64, i64, i64, i64, i64) = sqlx::query_as(
-        "SELECT CAST(COUNT(*) AS SIGNED), CAST(COALESCE(SUM(quantity), 0) AS SIGNED), \
-         CAST(COALESCE(SUM(status = 'PAID'), 0) AS SIGNED), \
-         CAST(COALESCE(SUM(IF(status = 'PAID', quantity, 0)), 0) AS SIGNED), \
-         CAST(COALESCE(SUM(status = 'CANCELLED'), 0) AS SIGNED), \
-         CAST(COALESCE(SUM(IF(status = 'CANCELLED', quantity, 0)), 0) AS SIGNED) \
-         FROM orders WHERE product_id = ?",
-    )
-    .bind(product_id)
-    .fetch_one(&app.pool)
-    .await
-    .expect("order totals");
-    let released: (i64, i64) = sqlx::query_as(
-        "SELECT CAST(COUNT(*) AS SIGNED), CAST(COALESCE(SUM(quantity), 0) AS SIGNED) \
-         FROM inventory_reservation WHERE product_id = ? AND status = 'RELEASED'",
-    )
-    .bind(product_id)
-    .fetch_one(&app.pool)
-    .await
-    .expect("release totals");
+    let expected: (i64, i64, i64, i64, i64, i64) = app
+        .row(
+            "SELECT CAST(COUNT(*) AS SIGNED), CAST(COALESCE(SUM(quantity), 0) AS SIGNED), \
+             CAST(COALESCE(SUM(status = 'PAID'), 0) AS SIGNED), \
+             CAST(COALESCE(SUM(IF(status = 'PAID', quantity, 0)), 0) AS SIGNED), \
+             CAST(COALESCE(SUM(status = 'CANCELLED'), 0) AS SIGNED), \
+             CAST(COALESCE(SUM(IF(status = 'CANCELLED', quantity, 0)), 0) AS SIGNED) \
+             FROM orders WHERE product_id = ?",
+            product_id,
+        )
+        .await;
+    let released: (i64, i64) = app
+        .row(
+            "SELECT CAST(COUNT(*) AS SIGNED), CAST(COALESCE(SUM(quantity), 0) AS SIGNED) \
+             FROM inventory_reservation WHERE product_id = ? AND status = 'RELEASED'",
+            product_id,
+        )
+        .await;
     let expected = [
         expected.0, expected.1, expected.2, expected.3, expected.4, expected.5, released.0,
         released.1,

@@ -472,22 +472,20 @@ async fn a_product_never_loaded_into_redis_sells_from_the_ledger() {
     back_in_gate_mode(&app, PRODUCT).await;
     let rebuilt = app.redis_available(PRODUCT).await;
     if rebuilt != Some(0) {
-        let ledger: Vec<(i64, String, i64, Option<String>)> = sqlx::query_as(
-            "SELECT generation, CAST(stock_mode AS CHAR), available_stock, \
-             CAST(mode_changed_at AS CHAR) FROM product_inventory WHERE product_id = ?",
-        )
-        .bind(PRODUCT)
-        .fetch_all(&app.pool)
-        .await
-        .expect("inventory");
-        let holds: Vec<(i64, i64, String)> = sqlx::query_as(
-            "SELECT generation, hold_id, CAST(created_at AS CHAR) FROM inventory_reservation \
-             WHERE product_id = ? ORDER BY id",
-        )
-        .bind(PRODUCT)
-        .fetch_all(&app.pool)
-        .await
-        .expect("reservations");
+        let ledger: Vec<(i64, String, i64, Option<String>)> = app
+            .rows(
+                "SELECT generation, CAST(stock_mode AS CHAR), available_stock, \
+                 CAST(mode_changed_at AS CHAR) FROM product_inventory WHERE product_id = ?",
+                PRODUCT,
+            )
+            .await;
+        let holds: Vec<(i64, i64, String)> = app
+            .rows(
+                "SELECT generation, hold_id, CAST(created_at AS CHAR) FROM inventory_reservation \
+                 WHERE product_id = ? ORDER BY id",
+                PRODUCT,
+            )
+            .await;
         panic!(
             "Redis rebuilt with units the ledger sold: {rebuilt:?}; Redis holds {:?}; \
              ledger {ledger:?}; reservations {holds:?}",

@@ -817,6 +817,31 @@ impl TestApp {
         out
     }
 
+    /// The rows `sql` reads from the test's database, its one `?` bound to `arg`.
+    pub async fn rows<'q, T, A>(&self, sql: &'q str, arg: A) -> Vec<T>
+    where
+        T: for<'r> sqlx::FromRow<'r, sqlx::mysql::MySqlRow> + Send + Unpin,
+        A: 'q + Send + sqlx::Encode<'q, sqlx::MySql> + sqlx::Type<sqlx::MySql>,
+    {
+        sqlx::query_as(sql)
+            .bind(arg)
+            .fetch_all(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// The first row `sql` reads (there must be one), as [`TestApp::rows`].
+    pub async fn row<'q, T, A>(&self, sql: &'q str, arg: A) -> T
+    where
+        T: for<'r> sqlx::FromRow<'r, sqlx::mysql::MySqlRow> + Send + Unpin,
+        A: 'q + Send + sqlx::Encode<'q, sqlx::MySql> + sqlx::Type<sqlx::MySql>,
+    {
+        let rows = self.rows(sql, arg).await;
+        rows.into_iter()
+            .next()
+            .unwrap_or_else(|| panic!("no row: {sql}"))
+    }
+
     pub async fn count(&self, sql: &str) -> i64 {
         sqlx::query_scalar::<_, i64>(sql)
             .fetch_one(&self.pool)

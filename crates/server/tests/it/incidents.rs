@@ -28,14 +28,12 @@ async fn rows(
     app: &TestApp,
     request_id: &str,
 ) -> Vec<(i64, Option<String>, Option<String>, Option<String>)> {
-    sqlx::query_as(
+    app.rows(
         "SELECT id, CAST(decision AS CHAR), CAST(resolved_by AS CHAR), CAST(note AS CHAR) \
          FROM recovery_incident WHERE request_id = ? ORDER BY id DESC",
+        request_id,
     )
-    .bind(request_id)
-    .fetch_all(&app.pool)
     .await
-    .expect("incidents")
 }
 
 // Checks a hold driven into an incident and resolved both ways. How: two abandoned holds

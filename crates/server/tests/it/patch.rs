@@ -169,14 +169,13 @@ async fn a_change_is_checked_idempotent_and_logged() {
 /// The one product_changed event: the admin, the request_id and the name and limit
 /// before and after.
 async fn check_change_event(app: &TestApp, product: i64) {
-    let events: Vec<(String,)> = sqlx::query_as(
-        "SELECT CAST(payload AS CHAR) FROM outbox WHERE product_id = ? \
-         AND event_type = 'product_changed'",
-    )
-    .bind(product)
-    .fetch_all(&app.pool)
-    .await
-    .expect("events");
+    let events: Vec<(String,)> = app
+        .rows(
+            "SELECT CAST(payload AS CHAR) FROM outbox WHERE product_id = ? \
+             AND event_type = 'product_changed'",
+            product,
+        )
+        .await;
     assert_eq!(events.len(), 1, "{events:?}");
     let payload: Value = serde_json::from_str(&events[0].0).expect("payload");
     assert_eq!(
@@ -254,14 +253,13 @@ async fn each_admin_token_names_its_admin_in_the_log() {
         };
         assert_eq!(s, want, "{token}: {b}");
     }
-    let log: Vec<(String, String)> = sqlx::query_as(
-        "SELECT CAST(request_id AS CHAR), CAST(admin AS CHAR) FROM admin_action \
-         WHERE product_id = ? AND action <> 'create' ORDER BY id",
-    )
-    .bind(PRODUCT)
-    .fetch_all(&app.pool)
-    .await
-    .expect("log");
+    let log: Vec<(String, String)> = app
+        .rows(
+            "SELECT CAST(request_id AS CHAR), CAST(admin AS CHAR) FROM admin_action \
+             WHERE product_id = ? AND action <> 'create' ORDER BY id",
+            PRODUCT,
+        )
+        .await;
     let want = [("NT_1", "alice"), ("NT_2", "bob"), ("NT_3", "admin")];
     let got: Vec<(&str, &str)> = log.iter().map(|(r, a)| (r.as_str(), a.as_str())).collect();
     assert_eq!(got, want);

@@ -306,15 +306,14 @@ async fn audit_sees_a_line_without_its_event(app: &TestApp, product: i64) {
 
 /// The operator's log and the events of one pause and one resume.
 async fn check_records(app: &TestApp, product: i64) {
-    let log: Vec<(i64, String, String, String, String, String)> = sqlx::query_as(
-        "SELECT id, CAST(request_id AS CHAR), CAST(action AS CHAR), CAST(admin AS CHAR), \
-         CAST(before_state AS CHAR), CAST(after_state AS CHAR) FROM admin_action \
-         WHERE product_id = ? AND action <> 'create' ORDER BY id",
-    )
-    .bind(product)
-    .fetch_all(&app.pool)
-    .await
-    .expect("log");
+    let log: Vec<(i64, String, String, String, String, String)> = app
+        .rows(
+            "SELECT id, CAST(request_id AS CHAR), CAST(action AS CHAR), CAST(admin AS CHAR), \
+             CAST(before_state AS CHAR), CAST(after_state AS CHAR) FROM admin_action \
+             WHERE product_id = ? AND action <> 'create' ORDER BY id",
+            product,
+        )
+        .await;
     let lines: Vec<_> = log
         .iter()
         .map(|(_, rid, action, admin, before, after)| {
@@ -335,15 +334,14 @@ async fn check_records(app: &TestApp, product: i64) {
             ("OP_resume_1", "resume", "admin", json!(true), json!(false)),
         ]
     );
-    let events: Vec<(String, String, String)> = sqlx::query_as(
-        "SELECT CAST(event_type AS CHAR), CAST(request_id AS CHAR), CAST(payload AS CHAR) \
-         FROM outbox WHERE product_id = ? \
-         AND request_id LIKE 'ADMIN\\_%' ORDER BY id",
-    )
-    .bind(product)
-    .fetch_all(&app.pool)
-    .await
-    .expect("events");
+    let events: Vec<(String, String, String)> = app
+        .rows(
+            "SELECT CAST(event_type AS CHAR), CAST(request_id AS CHAR), CAST(payload AS CHAR) \
+             FROM outbox WHERE product_id = ? \
+             AND request_id LIKE 'ADMIN\\_%' ORDER BY id",
+            product,
+        )
+        .await;
     assert_eq!(events.len(), 2, "{events:?}");
     for ((kind, key, payload), (id, rid, ..)) in events.iter().zip(&log) {
         let payload: Value = serde_json::from_str(payload).expect("payload");

@@ -29,14 +29,12 @@ fn bound(body: &Value, field: &str) -> Option<DateTime<Utc>> {
 
 /// The stored window of a product, as MariaDB writes it, to the microsecond.
 async fn stored_window(app: &TestApp, product_id: i64) -> (Option<String>, Option<String>) {
-    sqlx::query_as(
+    app.row(
         "SELECT DATE_FORMAT(sale_starts_at, '%Y-%m-%dT%H:%i:%s.%fZ'), \
          DATE_FORMAT(sale_ends_at, '%Y-%m-%dT%H:%i:%s.%fZ') FROM products WHERE product_id = ?",
+        product_id,
     )
-    .bind(product_id)
-    .fetch_one(&app.pool)
     .await
-    .expect("stored window")
 }
 
 // Checks sale windows outside TIMESTAMP's 1970–2038 are kept exactly, never dropped: each

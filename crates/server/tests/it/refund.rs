@@ -96,14 +96,13 @@ async fn a_refund_puts_units_back_on_sale_or_out_of_stock() {
             "no {counted:?} in:\n{metrics}"
         );
     }
-    let reasons: Vec<(String, String)> = sqlx::query_as(
-        "SELECT CAST(request_id AS CHAR), CAST(JSON_VALUE(payload, '$.reason') AS CHAR) \
-         FROM outbox WHERE event_type = 'order_refunded' AND product_id = ? ORDER BY id",
-    )
-    .bind(PRODUCT)
-    .fetch_all(&app.pool)
-    .await
-    .expect("events");
+    let reasons: Vec<(String, String)> = app
+        .rows(
+            "SELECT CAST(request_id AS CHAR), CAST(JSON_VALUE(payload, '$.reason') AS CHAR) \
+             FROM outbox WHERE event_type = 'order_refunded' AND product_id = ? ORDER BY id",
+            PRODUCT,
+        )
+        .await;
     assert_eq!(
         reasons,
         [
