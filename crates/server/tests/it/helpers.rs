@@ -259,8 +259,6 @@ impl TestApp {
         app
     }
 
-    /// Starts a service whose stores are reached through `routes`, with extra
-    /// `FLASHSALE_*` settings.
     /// Two instances of one service, the second beside the first, selling `product_id`
     /// (created through the first).
     pub async fn selling_on_two(
@@ -274,6 +272,8 @@ impl TestApp {
         (app, beside)
     }
 
+    /// Starts a service whose stores are reached through `routes`, with extra
+    /// `FLASHSALE_*` settings.
     pub async fn spawn_with(routes: Routes, settings: &[(&str, &str)]) -> Self {
         let redis_url = match routes.redis {
             Some(addr) => format!("redis://{addr}"),
