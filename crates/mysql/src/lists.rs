@@ -14,6 +14,7 @@ use sqlx::mysql::MySqlRow;
 use sqlx::Row;
 
 use crate::ledger::MysqlLedger;
+use crate::maintenance::limit;
 use crate::rows::{self, corrupt, ORDER_COLUMNS};
 use crate::sql::db;
 
@@ -50,10 +51,6 @@ pub fn actions_sql(of_product: bool) -> String {
          after_state, a.acted_at FROM admin_action a FORCE INDEX ({index}) \
          WHERE {filter}a.id < ? ORDER BY a.id DESC LIMIT ?"
     )
-}
-
-fn limit(n: usize) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 #[async_trait]

@@ -50,6 +50,26 @@ pub(crate) fn product_ids(ids: Vec<i64>) -> Result<Vec<ProductId>, LedgerError> 
         .collect()
 }
 
+impl MysqlLedger {
+    /// The product ids `sql` selects, with `binds` bound in order.
+    async fn product_ids_of(
+        &self,
+        label: &'static str,
+        sql: &'static str,
+        binds: &[i64],
+    ) -> Result<Vec<ProductId>, LedgerError> {
+        let ids: Vec<i64> = self
+            .run(label, || async {
+                let query = binds
+                    .iter()
+                    .fold(sqlx::query_scalar(sql), |query, value| query.bind(*value));
+                query.fetch_all(&self.pool()).await
+            })
+            .await?;
+        product_ids(ids)
+    }
+}
+
 #[async_trait]
 impl LedgerMaintenance for MysqlLedger {
     async fn loaded_products(
@@ -58,34 +78,17 @@ impl LedgerMaintenance for MysqlLedger {
         max: usize,
     ) -> Result<Vec<ProductId>, LedgerError> {
         let after = after.map_or(0, ProductId::get);
-        let ids: Vec<i64> = self
-            .run("loaded products", || async {
-                sqlx::query_scalar(
-                    "SELECT product_id FROM products WHERE stock_loaded = 1 AND product_id > ? \
-                     ORDER BY product_id LIMIT ?",
-                )
-                .bind(after)
-                .bind(limit(max))
-                .fetch_all(&self.pool())
-                .await
-            })
-            .await?;
-        product_ids(ids)
+        let sql = "SELECT product_id FROM products WHERE stock_loaded = 1 AND product_id > ? \
+                   ORDER BY product_id LIMIT ?";
+        self.product_ids_of("loaded products", sql, &[after, limit(max)])
+            .await
     }
 
     async fn newest_products(&self, max: usize) -> Result<Vec<ProductId>, LedgerError> {
-        let ids: Vec<i64> = self
-            .run("newest products", || async {
-                sqlx::query_scalar(
-                    "SELECT product_id FROM products WHERE stock_loaded = 1 \
-                     ORDER BY product_id DESC LIMIT ?",
-                )
-                .bind(limit(max))
-                .fetch_all(&self.pool())
-                .await
-            })
-            .await?;
-        product_ids(ids)
+        let sql = "SELECT product_id FROM products WHERE stock_loaded = 1 \
+                   ORDER BY product_id DESC LIMIT ?";
+        self.product_ids_of("newest products", sql, &[limit(max)])
+            .await
     }
 
     async fn expired_orders(&self, max: usize) -> Result<Vec<ExpiredOrder>, LedgerError> {
