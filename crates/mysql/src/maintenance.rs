@@ -51,6 +51,22 @@ pub(crate) fn product_ids(ids: Vec<i64>) -> Result<Vec<ProductId>, LedgerError> 
 }
 
 impl MysqlLedger {
+    /// The rows of `sql`, whose one bound value is the most rows it returns (`LIMIT ?`).
+    async fn first_rows(
+        &self,
+        label: &'static str,
+        sql: &'static str,
+        max: usize,
+    ) -> Result<Vec<MySqlRow>, LedgerError> {
+        self.run(label, || async {
+            sqlx::query(sql)
+                .bind(limit(max))
+                .fetch_all(&self.pool())
+                .await
+        })
+        .await
+    }
+
     /// The product ids `sql` selects, with `binds` bound in order.
     async fn product_ids_of(
         &self,
@@ -92,18 +108,10 @@ impl LedgerMaintenance for MysqlLedger {
     }
 
     async fn expired_orders(&self, max: usize) -> Result<Vec<ExpiredOrder>, LedgerError> {
-        let rows = self
-            .run("expired orders", || async {
-                sqlx::query(
-                    "SELECT id, user_id FROM orders \
-                     WHERE status = 'PENDING_PAYMENT' AND expires_at <= NOW(6) \
-                     ORDER BY expires_at LIMIT ?",
-                )
-                .bind(limit(max))
-                .fetch_all(&self.pool())
-                .await
-            })
-            .await?;
+        let sql = "SELECT id, user_id FROM orders \
+                   WHERE status = 'PENDING_PAYMENT' AND expires_at <= NOW(6) \
+                   ORDER BY expires_at LIMIT ?";
+        let rows = self.first_rows("expired orders", sql, max).await?;
         rows.iter()
             .map(|r| {
                 Ok(ExpiredOrder {
@@ -130,27 +138,19 @@ impl LedgerMaintenance for MysqlLedger {
     /// retired, `after_sale.rs`) has no entry to give units back to, and its next load, a
     /// rebuild, counts them from the counters and settles the release.
     async fn pending_returns(&self, max: usize) -> Result<Vec<PendingReturn>, LedgerError> {
-        let rows = self
-            .run("pending returns", || async {
-                sqlx::query(
-                    "SELECT r.product_id, r.request_id, r.user_id, r.quantity, \
-                     COALESCE(r.released_generation, 1) AS released_generation, r.hold_id, \
-                     r.generation AS hold_generation, \
-                     o.id IS NOT NULL AS has_order, p.per_user_limit IS NOT NULL AS limited, \
-                     COALESCE(r.release_reason <> 'refund_withdrawn', 1) AS returns_units \
-                     FROM inventory_reservation r \
-                     LEFT JOIN orders o ON o.request_id = r.request_id \
-                     LEFT JOIN products p ON p.product_id = r.product_id \
-                     JOIN product_inventory i ON i.product_id = r.product_id \
-                     WHERE r.stock_returned = 0 AND r.status = 'RELEASED' \
-                     AND i.stock_mode = 'GATE' AND p.stock_loaded = 1 \
-                     ORDER BY r.updated_at LIMIT ?",
-                )
-                .bind(limit(max))
-                .fetch_all(&self.pool())
-                .await
-            })
-            .await?;
+        let sql = "SELECT r.product_id, r.request_id, r.user_id, r.quantity, \
+                   COALESCE(r.released_generation, 1) AS released_generation, r.hold_id, \
+                   r.generation AS hold_generation, \
+                   o.id IS NOT NULL AS has_order, p.per_user_limit IS NOT NULL AS limited, \
+                   COALESCE(r.release_reason <> 'refund_withdrawn', 1) AS returns_units \
+                   FROM inventory_reservation r \
+                   LEFT JOIN orders o ON o.request_id = r.request_id \
+                   LEFT JOIN products p ON p.product_id = r.product_id \
+                   JOIN product_inventory i ON i.product_id = r.product_id \
+                   WHERE r.stock_returned = 0 AND r.status = 'RELEASED' \
+                   AND i.stock_mode = 'GATE' AND p.stock_loaded = 1 \
+                   ORDER BY r.updated_at LIMIT ?";
+        let rows = self.first_rows("pending returns", sql, max).await?;
         rows.iter()
             .map(|r| {
                 // A reservation with an order was counted by the ledger; a fence was not.
@@ -189,18 +189,11 @@ impl LedgerMaintenance for MysqlLedger {
     }
 
     async fn pending_restocks(&self, max: usize) -> Result<Vec<PendingRestock>, LedgerError> {
-        let rows = self
-            .run("pending restocks", || async {
-                sqlx::query(
-                    "SELECT r.request_id, r.product_id, r.quantity, r.generation \
-                     FROM restock_request r JOIN product_inventory i ON i.product_id = r.product_id \
-                     WHERE r.gate_applied = 0 AND i.stock_mode = 'GATE' \
-                     ORDER BY r.created_at LIMIT ?",
-                )
-                .bind(limit(max))
-                .fetch_all(&self.pool()).await
-            })
-            .await?;
+        let sql = "SELECT r.request_id, r.product_id, r.quantity, r.generation \
+                   FROM restock_request r JOIN product_inventory i ON i.product_id = r.product_id \
+                   WHERE r.gate_applied = 0 AND i.stock_mode = 'GATE' \
+                   ORDER BY r.created_at LIMIT ?";
+        let rows = self.first_rows("pending restocks", sql, max).await?;
         rows.iter()
             .map(|r| {
                 Ok(PendingRestock {
@@ -474,18 +467,10 @@ impl LedgerMaintenance for MysqlLedger {
     }
 
     async fn ledger_mode_products(&self, max: usize) -> Result<Vec<ProductId>, LedgerError> {
-        let ids: Vec<i64> = self
-            .run("ledger mode products", || async {
-                sqlx::query_scalar(
-                    "SELECT product_id FROM product_inventory WHERE stock_mode = 'LEDGER' \
-                     ORDER BY product_id LIMIT ?",
-                )
-                .bind(limit(max))
-                .fetch_all(&self.pool())
-                .await
-            })
-            .await?;
-        product_ids(ids)
+        let sql = "SELECT product_id FROM product_inventory WHERE stock_mode = 'LEDGER' \
+                   ORDER BY product_id LIMIT ?";
+        self.product_ids_of("ledger mode products", sql, &[limit(max)])
+            .await
     }
 
     async fn ended_sales(
