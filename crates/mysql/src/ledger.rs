@@ -579,21 +579,31 @@ impl MysqlLedger {
         self.route.pool()
     }
 
-    /// The row `sql` reads for `product_id`, its one parameter (None: no such product),
-    /// run as [`Self::run`] runs it.
+    /// The rows `sql` reads with `binds` bound in order, run as [`Self::run`] runs it.
+    pub(crate) async fn rows_of(
+        &self,
+        what: &'static str,
+        sql: &'static str,
+        binds: &[i64],
+    ) -> Result<Vec<MySqlRow>, LedgerError> {
+        self.run(what, || async {
+            let query = binds
+                .iter()
+                .fold(sqlx::query(sql), |query, value| query.bind(*value));
+            query.fetch_all(&self.pool()).await
+        })
+        .await
+    }
+
+    /// The row `sql` reads for `product_id`, its one parameter (None: no such product).
     pub(crate) async fn product_row(
         &self,
         what: &'static str,
         sql: &'static str,
         product_id: ProductId,
     ) -> Result<Option<MySqlRow>, LedgerError> {
-        self.run(what, || async {
-            sqlx::query(sql)
-                .bind(product_id.get())
-                .fetch_optional(&self.pool())
-                .await
-        })
-        .await
+        let rows = self.rows_of(what, sql, &[product_id.get()]).await?;
+        Ok(rows.into_iter().next())
     }
 
     /// Runs `f` (one transaction) under the transaction deadline, retrying deadlocks and

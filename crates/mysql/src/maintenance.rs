@@ -51,38 +51,19 @@ pub(crate) fn product_ids(ids: Vec<i64>) -> Result<Vec<ProductId>, LedgerError> 
 }
 
 impl MysqlLedger {
-    /// The rows of `sql`, whose one bound value is the most rows it returns (`LIMIT ?`).
-    async fn first_rows(
-        &self,
-        label: &'static str,
-        sql: &'static str,
-        max: usize,
-    ) -> Result<Vec<MySqlRow>, LedgerError> {
-        self.run(label, || async {
-            sqlx::query(sql)
-                .bind(limit(max))
-                .fetch_all(&self.pool())
-                .await
-        })
-        .await
-    }
-
-    /// The product ids `sql` selects, with `binds` bound in order.
+    /// The product ids `sql` selects (its first column), with `after` bound in order and
+    /// then `max`, the most ids, to the `LIMIT ?` it ends with.
     async fn product_ids_of(
         &self,
         label: &'static str,
         sql: &'static str,
-        binds: &[i64],
+        after: &[i64],
+        max: usize,
     ) -> Result<Vec<ProductId>, LedgerError> {
-        let ids: Vec<i64> = self
-            .run(label, || async {
-                let query = binds
-                    .iter()
-                    .fold(sqlx::query_scalar(sql), |query, value| query.bind(*value));
-                query.fetch_all(&self.pool()).await
-            })
-            .await?;
-        product_ids(ids)
+        let binds: Vec<i64> = after.iter().copied().chain([limit(max)]).collect();
+        let rows = self.rows_of(label, sql, &binds).await?;
+        let ids = rows.iter().map(|r| r.try_get(0).map_err(db));
+        product_ids(ids.collect::<Result<_, _>>()?)
     }
 }
 
@@ -96,22 +77,21 @@ impl LedgerMaintenance for MysqlLedger {
         let after = after.map_or(0, ProductId::get);
         let sql = "SELECT product_id FROM products WHERE stock_loaded = 1 AND product_id > ? \
                    ORDER BY product_id LIMIT ?";
-        self.product_ids_of("loaded products", sql, &[after, limit(max)])
+        self.product_ids_of("loaded products", sql, &[after], max)
             .await
     }
 
     async fn newest_products(&self, max: usize) -> Result<Vec<ProductId>, LedgerError> {
         let sql = "SELECT product_id FROM products WHERE stock_loaded = 1 \
                    ORDER BY product_id DESC LIMIT ?";
-        self.product_ids_of("newest products", sql, &[limit(max)])
-            .await
+        self.product_ids_of("newest products", sql, &[], max).await
     }
 
     async fn expired_orders(&self, max: usize) -> Result<Vec<ExpiredOrder>, LedgerError> {
         let sql = "SELECT id, user_id FROM orders \
                    WHERE status = 'PENDING_PAYMENT' AND expires_at <= NOW(6) \
                    ORDER BY expires_at LIMIT ?";
-        let rows = self.first_rows("expired orders", sql, max).await?;
+        let rows = self.rows_of("expired orders", sql, &[limit(max)]).await?;
         rows.iter()
             .map(|r| {
                 Ok(ExpiredOrder {
@@ -150,7 +130,7 @@ impl LedgerMaintenance for MysqlLedger {
                    WHERE r.stock_returned = 0 AND r.status = 'RELEASED' \
                    AND i.stock_mode = 'GATE' AND p.stock_loaded = 1 \
                    ORDER BY r.updated_at LIMIT ?";
-        let rows = self.first_rows("pending returns", sql, max).await?;
+        let rows = self.rows_of("pending returns", sql, &[limit(max)]).await?;
         rows.iter()
             .map(|r| {
                 // A reservation with an order was counted by the ledger; a fence was not.
@@ -193,7 +173,7 @@ impl LedgerMaintenance for MysqlLedger {
                    FROM restock_request r JOIN product_inventory i ON i.product_id = r.product_id \
                    WHERE r.gate_applied = 0 AND i.stock_mode = 'GATE' \
                    ORDER BY r.created_at LIMIT ?";
-        let rows = self.first_rows("pending restocks", sql, max).await?;
+        let rows = self.rows_of("pending restocks", sql, &[limit(max)]).await?;
         rows.iter()
             .map(|r| {
                 Ok(PendingRestock {
@@ -469,8 +449,7 @@ impl LedgerMaintenance for MysqlLedger {
     async fn ledger_mode_products(&self, max: usize) -> Result<Vec<ProductId>, LedgerError> {
         let sql = "SELECT product_id FROM product_inventory WHERE stock_mode = 'LEDGER' \
                    ORDER BY product_id LIMIT ?";
-        self.product_ids_of("ledger mode products", sql, &[limit(max)])
-            .await
+        self.product_ids_of("ledger mode", sql, &[], max).await
     }
 
     async fn ended_sales(
