@@ -99,8 +99,9 @@ impl std::fmt::Display for ErrorKind {
     }
 }
 
-/// An underlying error a port error keeps as its `source`, shared so the port error
-/// stays `Clone` (a group commit answers every purchase of a batch with one error).
+/// An underlying error a port error keeps as its [`cause`](LedgerError::cause), shared so
+/// the port error stays `Clone` (a group commit answers every purchase of a batch with one
+/// error).
 pub type Source = std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>;
 
 /// What every port error is built from: a kind, a detail for the logs, the underlying
@@ -112,8 +113,9 @@ pub trait PortError: std::error::Error + Clone + Send + Sync + 'static {
 
     fn new(kind: ErrorKind, detail: impl Into<String>) -> Self;
 
-    /// `detail`, followed by the underlying error's text, which is also kept as the
-    /// error's `source`.
+    /// `detail`, followed by the underlying error's text. The underlying error itself is
+    /// kept as the error's `cause`, not its `source`: its text is already in the message,
+    /// and a report that walks the source chain would say it twice.
     fn caused(
         kind: ErrorKind,
         detail: impl std::fmt::Display,
@@ -123,7 +125,7 @@ pub trait PortError: std::error::Error + Clone + Send + Sync + 'static {
     fn kind(&self) -> ErrorKind;
 }
 
-/// Declares a port error: a kind, a detail, an optional source; a constructor per kind
+/// Declares a port error: a kind, a detail, an optional cause; a constructor per kind
 /// so call sites stay short.
 macro_rules! port_error {
     ($(#[$doc:meta])* $name:ident, $prefix:literal, $store:literal) => {
@@ -132,7 +134,7 @@ macro_rules! port_error {
         pub struct $name {
             kind: ErrorKind,
             detail: String,
-            source: Option<Source>,
+            cause: Option<Source>,
         }
 
         impl std::fmt::Display for $name {
@@ -141,16 +143,9 @@ macro_rules! port_error {
             }
         }
 
-        // By hand: the source is the error inside the `Arc` (an `Arc` is an error
-        // itself, and `#[source]` would hand out that wrapper, which downcasts to
-        // nothing).
-        impl std::error::Error for $name {
-            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-                self.source
-                    .as_deref()
-                    .map(|e| e as &(dyn std::error::Error + 'static))
-            }
-        }
+        // No `source`: a caused error's message already ends with its cause's text
+        // (`cause` hands out the error itself).
+        impl std::error::Error for $name {}
 
         impl PortError for $name {
             const STORE: &'static str = $store;
@@ -159,7 +154,7 @@ macro_rules! port_error {
                 Self {
                     kind,
                     detail: detail.into(),
-                    source: None,
+                    cause: None,
                 }
             }
 
@@ -171,7 +166,7 @@ macro_rules! port_error {
                 Self {
                     kind,
                     detail: format!("{detail}: {source}"),
-                    source: Some(std::sync::Arc::new(source)),
+                    cause: Some(std::sync::Arc::new(source)),
                 }
             }
 
@@ -201,6 +196,12 @@ macro_rules! port_error {
             /// What happened, without the store's name and the kind.
             pub fn detail(&self) -> &str {
                 &self.detail
+            }
+
+            /// The underlying error of an error built by [`PortError::caused`], as it was
+            /// (downcast it to its type).
+            pub fn cause(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+                self.cause.as_deref()
             }
 
             /// [`ErrorKind::Unreachable`].
@@ -1378,11 +1379,11 @@ mod tests {
 
     // Checks what a port error says and keeps: each kind's constructor gives that kind;
     // the text names the store, the kind and the detail; an error built with a cause
-    // keeps it as its `source` (found again by downcasting) and appends its text, and a
-    // clone shares it. How: one error of each kind per port, and one caused by an I/O
-    // error.
+    // appends its text, keeps it as its `cause` (found again by downcasting) but not as
+    // its `source` (a walk of the chain would repeat the text), and a clone shares it.
+    // How: one error of each kind per port, and one caused by an I/O error.
     #[test]
-    fn a_port_error_keeps_its_kind_detail_and_source() {
+    fn a_port_error_keeps_its_kind_detail_and_cause() {
         let built: [(GateError, ErrorKind); 9] = [
             (GateError::unreachable("d"), ErrorKind::Unreachable),
             (GateError::timed_out("d"), ErrorKind::TimedOut),
@@ -1411,8 +1412,13 @@ mod tests {
         assert_eq!(e.to_string(), "ledger: unreachable: MariaDB: refused");
         assert_eq!(e.detail(), "MariaDB: refused");
         let copy = e.clone();
-        let source = std::error::Error::source(&copy).expect("the cause is kept");
-        let io = source
+        assert!(
+            std::error::Error::source(&copy).is_none(),
+            "said once, in the text"
+        );
+        let io = copy
+            .cause()
+            .expect("the cause is kept")
             .downcast_ref::<std::io::Error>()
             .expect("as the error it was");
         assert_eq!(io.kind(), std::io::ErrorKind::ConnectionRefused);
