@@ -8,10 +8,35 @@ use flashsale_app::{Event, EventType};
 use flashsale_core::{OrderId, ProductId, Quantity, RequestId, UserId};
 use serde::Deserialize;
 
-/// A message body that is not a valid event.
+/// Why a message body, or one event of it, is not a valid event.
 #[derive(Debug, thiserror::Error)]
-#[error("invalid event: {0}")]
-pub struct DecodeError(String);
+pub enum DecodeError {
+    /// Not JSON, or not an event's JSON (a field missing or of the wrong type).
+    #[error("invalid event: {0}")]
+    Json(#[from] serde_json::Error),
+    /// A field's value the domain refuses (an id out of range, an unknown event type).
+    #[error("invalid event: {0}")]
+    Field(String),
+    /// An `event_id` empty or longer than the consumers' key column.
+    #[error("invalid event: event_id: 1 to {EVENT_ID_CHARS_MAX} characters, not {0}")]
+    EventIdLength(usize),
+    /// A product's own event (a repair, a pause, …) with a buyer or units.
+    #[error("invalid event: {0}: no user_id or quantity (it has no buyer)")]
+    UnitsOnProductEvent(EventType),
+    /// An order's or a reservation's event without its buyer or units.
+    #[error("invalid event: {}: user_id and quantity are required", .0.as_str())]
+    UnitsMissing(EventType),
+    /// A quantity no order holds.
+    #[error("invalid event: quantity {0}")]
+    Quantity(i64),
+}
+
+impl DecodeError {
+    /// A field's value refused as the domain's parser says.
+    fn field(e: impl std::fmt::Display) -> Self {
+        Self::Field(e.to_string())
+    }
+}
 
 /// The JSON body as it is on the wire (docs/events.md).
 #[derive(Deserialize)]
@@ -74,8 +99,7 @@ pub fn decode_message(body: &[u8]) -> Result<Vec<Result<Event, DecodeError>>, De
     {
         return Ok(events.into_iter().map(checked).collect());
     }
-    let items: Vec<&serde_json::value::RawValue> =
-        serde_json::from_slice(body).map_err(|e| DecodeError(e.to_string()))?;
+    let items: Vec<&serde_json::value::RawValue> = serde_json::from_slice(body)?;
     Ok(items
         .into_iter()
         .map(|item| decode_event(item.get().as_bytes()))
@@ -85,7 +109,7 @@ pub fn decode_message(body: &[u8]) -> Result<Vec<Result<Event, DecodeError>>, De
 /// Reads one event (an element of a message body) into an [`Event`], checking every field
 /// as the domain does.
 pub fn decode_event(body: &[u8]) -> Result<Event, DecodeError> {
-    checked(serde_json::from_slice(body).map_err(|e| DecodeError(e.to_string()))?)
+    checked(serde_json::from_slice(body)?)
 }
 
 /// The longest `event_id` an event may carry: the width of the consumers' key column
@@ -99,36 +123,26 @@ fn units(
     user_id: Option<i64>,
     quantity: Option<i64>,
 ) -> Result<Option<(UserId, Quantity)>, DecodeError> {
-    let bad = |e: &dyn std::fmt::Display| DecodeError(e.to_string());
     match (event_type, user_id, quantity) {
         (t, None, None) if t.of_product() => Ok(None),
-        (t, _, _) if t.of_product() => Err(DecodeError(format!(
-            "{t}: no user_id or quantity (it has no buyer)"
-        ))),
+        (t, _, _) if t.of_product() => Err(DecodeError::UnitsOnProductEvent(t)),
         (_, Some(user_id), Some(quantity)) => Ok(Some((
-            UserId::parse(user_id).map_err(|e| bad(&e))?,
-            Quantity::from_stored(quantity)
-                .ok_or_else(|| DecodeError(format!("quantity {quantity}")))?,
+            UserId::parse(user_id).map_err(DecodeError::field)?,
+            Quantity::from_stored(quantity).ok_or(DecodeError::Quantity(quantity))?,
         ))),
-        (t, _, _) => Err(DecodeError(format!(
-            "{}: user_id and quantity are required",
-            t.as_str()
-        ))),
+        (t, _, _) => Err(DecodeError::UnitsMissing(t)),
     }
 }
 
 /// An event as read, its fields checked as the domain does.
 fn checked(w: WireEvent<'_>) -> Result<Event, DecodeError> {
-    let bad = |e: &dyn std::fmt::Display| DecodeError(e.to_string());
     // The consumers' deduplication key, stored as at most 64 characters: a longer one
     // would be cut, and two ids cut alike would count as one event.
-    if w.event_id.is_empty() || w.event_id.chars().count() > EVENT_ID_CHARS_MAX {
-        return Err(DecodeError(format!(
-            "event_id: 1 to {EVENT_ID_CHARS_MAX} characters, not {}",
-            w.event_id.chars().count()
-        )));
+    let id_chars = w.event_id.chars().count();
+    if id_chars == 0 || id_chars > EVENT_ID_CHARS_MAX {
+        return Err(DecodeError::EventIdLength(id_chars));
     }
-    let event_type: EventType = w.event_type.parse().map_err(|e| bad(&e))?;
+    let event_type: EventType = w.event_type.parse().map_err(DecodeError::field)?;
     Ok(Event {
         units: units(event_type, w.user_id, w.quantity)?,
         event_type,
@@ -138,9 +152,9 @@ fn checked(w: WireEvent<'_>) -> Result<Event, DecodeError> {
             .order_id
             .map(OrderId::parse)
             .transpose()
-            .map_err(|e| bad(&e))?,
-        request_id: RequestId::stored("request_id", &w.request_id).map_err(|e| bad(&e))?,
-        product_id: ProductId::parse(w.product_id).map_err(|e| bad(&e))?,
+            .map_err(DecodeError::field)?,
+        request_id: RequestId::stored("request_id", &w.request_id).map_err(DecodeError::field)?,
+        product_id: ProductId::parse(w.product_id).map_err(DecodeError::field)?,
         reason: w.reason,
         occurred_at: w.occurred_at,
     })
@@ -152,9 +166,10 @@ mod tests {
 
     // Checks the documented JSON form (as MariaDB's JSON_OBJECT writes it) decodes into
     // the event, null order_id included, an escaped request_id too (the borrowed fields
-    // fall back to a copy), and that a bad field is refused — an `occurred_at` that is not
-    // RFC 3339 (no offset, or no timestamp at all) among them, and an `event_id` empty or
-    // longer than the consumers' key column.
+    // fall back to a copy), and that a bad field is refused, each by its `DecodeError`
+    // case: a quantity of 0, a product id of 0, an `occurred_at` that is not RFC 3339 (no
+    // offset, or no timestamp at all), and an `event_id` empty or longer than the
+    // consumers' key column.
     #[test]
     fn decodes_the_documented_payload() {
         let body = r#"{"event_id": "5f0c6a4e-ebf5-11f1-b3b2-02fc00000001", "event_type": "reservation_released", "sequence": 1, "order_id": null, "request_id": "REQ_1", "product_id": 1001, "user_id": 42, "quantity": 2, "reason": "sold_out", "occurred_at": "2026-11-29T10:00:00.123456Z"}"#;
@@ -173,23 +188,33 @@ mod tests {
             event.request_id
         );
         let bad = body.replace("\"quantity\": 2", "\"quantity\": 0");
-        assert!(decode_event(bad.as_bytes()).is_err());
+        assert!(matches!(
+            decode_event(bad.as_bytes()),
+            Err(DecodeError::Quantity(0))
+        ));
+        let bad = body.replace("\"product_id\": 1001", "\"product_id\": 0");
+        assert!(matches!(
+            decode_event(bad.as_bytes()),
+            Err(DecodeError::Field(_))
+        ));
         for at in [
             "2026-11-29T10:00:00.123456",
             "2026-11-29 10:00:00.123456",
             "yesterday",
         ] {
             let bad = body.replace("2026-11-29T10:00:00.123456Z", at);
-            assert!(decode_event(bad.as_bytes()).is_err(), "{at}");
+            let refused = decode_event(bad.as_bytes());
+            assert!(matches!(refused, Err(DecodeError::Json(_))), "{at}");
         }
-        assert!(decode_event(b"{}").is_err());
+        assert!(matches!(decode_event(b"{}"), Err(DecodeError::Json(_))));
         // An event_id of 64 characters (multi-byte ones count as one each) is the longest.
         let id = "5f0c6a4e-ebf5-11f1-b3b2-02fc00000001";
         let longest = "é".repeat(EVENT_ID_CHARS_MAX);
         assert!(decode_event(body.replace(id, &longest).as_bytes()).is_ok());
         for bad in [String::new(), "x".repeat(EVENT_ID_CHARS_MAX + 1)] {
+            let refused = decode_event(body.replace(id, &bad).as_bytes());
             assert!(
-                decode_event(body.replace(id, &bad).as_bytes()).is_err(),
+                matches!(refused, Err(DecodeError::EventIdLength(n)) if n == bad.len()),
                 "{bad}"
             );
         }
@@ -197,7 +222,7 @@ mod tests {
 
     // Checks a stock repair's event as MariaDB writes it (docs/events.md): no buyer and
     // no units, its facts in fields a consumer may ignore; and that a repair carrying a
-    // buyer, or an order's event without one, is refused.
+    // buyer, or an order's event without one, is refused, each by its own case.
     #[test]
     fn decodes_a_stock_repair() {
         let body = r#"{"event_id": "5f0c6a4e-ebf5-11f1-b3b2-02fc00000009", "event_type": "stock_repaired", "sequence": 1, "order_id": null, "request_id": "REPAIR_3", "product_id": 1001, "repair_id": 3, "generation": 2, "redis_before": 15, "redis_after": 10, "delta": -5, "expected": 10, "reason": "drift seen twice, unchanged in between", "occurred_at": "2026-11-29T10:00:00.123456Z"}"#;
@@ -206,9 +231,20 @@ mod tests {
         assert_eq!(event.units, None);
         assert_eq!(event.request_id.as_str(), "REPAIR_3");
         let with_buyer = body.replace("\"repair_id\"", "\"user_id\": 4, \"quantity\": 1, \"x\"");
-        assert!(decode_event(with_buyer.as_bytes()).is_err());
+        let refused = decode_event(with_buyer.as_bytes());
+        assert!(matches!(
+            refused,
+            Err(DecodeError::UnitsOnProductEvent(EventType::StockRepaired))
+        ));
+        assert_eq!(
+            refused.expect_err("refused").to_string(),
+            "invalid event: stock_repaired: no user_id or quantity (it has no buyer)"
+        );
         let order = body.replace("stock_repaired", "order_paid");
-        assert!(decode_event(order.as_bytes()).is_err());
+        assert!(matches!(
+            decode_event(order.as_bytes()),
+            Err(DecodeError::UnitsMissing(EventType::OrderPaid))
+        ));
     }
 
     // Checks message bodies: an array of events decodes element by element (a bad one,
