@@ -184,15 +184,7 @@ impl Shop {
         let body = serde_json::json!({
             "product_id": id.get(), "name": name, "stock": stock, "per_user_limit": per_user_limit,
         });
-        self.exchange(
-            Method::POST,
-            "/v1/products",
-            Some(body),
-            Some(&self.admin),
-            None,
-            None,
-        )
-        .await
+        self.admin_post("/v1/products", body).await
     }
 
     /// `POST /v1/products/{id}/pause` or `…/resume` (`what`) with the admin token, under
@@ -204,15 +196,8 @@ impl Shop {
         request_id: &RequestId,
     ) -> Result<Answer<serde_json::Value>, Unexpected> {
         let body = serde_json::json!({ "request_id": request_id.as_str() });
-        self.exchange(
-            Method::POST,
-            &format!("/v1/products/{id}/{what}"),
-            Some(body),
-            Some(&self.admin),
-            None,
-            None,
-        )
-        .await
+        self.admin_post(&format!("/v1/products/{id}/{what}"), body)
+            .await
     }
 
     /// `POST /v1/orders/{id}/refund` with the admin token, under `request_id`: the order
@@ -224,9 +209,19 @@ impl Shop {
         restock: bool,
     ) -> Result<Answer<serde_json::Value>, Unexpected> {
         let body = serde_json::json!({ "request_id": request_id.as_str(), "restock": restock });
+        self.admin_post(&format!("/v1/orders/{id}/refund"), body)
+            .await
+    }
+
+    /// `POST {path}` of `body` with the admin token, as every admin action is sent.
+    async fn admin_post(
+        &self,
+        path: &str,
+        body: serde_json::Value,
+    ) -> Result<Answer<serde_json::Value>, Unexpected> {
         self.exchange(
             Method::POST,
-            &format!("/v1/orders/{id}/refund"),
+            path,
             Some(body),
             Some(&self.admin),
             None,
