@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use flashsale_core::{OrderId, OrderStatus, ProductId, RequestId, UserId};
-use reqwest::header::{HeaderName, HeaderValue, AUTHORIZATION, RETRY_AFTER};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, RETRY_AFTER};
 use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 
@@ -347,12 +347,7 @@ impl Shop {
             Err(_) => return Ok(Answer::Retry(Unknown::NoAnswer)),
         };
         let status = response.status();
-        let retry_after = response
-            .headers()
-            .get(RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
+        let retry_after = retry_after(response.headers());
         let bytes = match read_capped(response).await {
             Ok(bytes) => bytes,
             Err(Cut::Timeout) if give_up_after.is_some() => {
@@ -390,6 +385,19 @@ impl Shop {
         }
         Err(Unexpected(format!("{path}: answered {status}: {text}")))
     }
+}
+
+/// The wait an answer's `Retry-After` asks for: whole seconds, the only form flashsale
+/// sends (an HTTP date or anything else is ignored).
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let seconds = headers
+        .get(RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(seconds))
 }
 
 /// Why an answer's body could not be read whole.
