@@ -14,10 +14,10 @@ use tempfile::TempDir;
 use tokio::sync::OnceCell;
 
 use crate::mariadb::{
-    install, path_arg, DATA_DIR, INNODB_BUFFER_POOL_SIZE, INNODB_LOG_FILE_SIZE, TMP_DIR,
+    install, path_arg, DATA_DIR, INNODB_BUFFER_POOL_SIZE, INNODB_LOG_FILE_SIZE, MARIADBD, TMP_DIR,
 };
 use crate::port::claim;
-use crate::process::{self, NotReady};
+use crate::process::{self, NotReady, POLL_INTERVAL};
 
 /// Nodes of the cluster: the smallest count where one node can die, or be cut off, and
 /// the two others are still a majority (the Primary Component) that goes on taking
@@ -63,14 +63,6 @@ const GCACHE_SIZE: &str = "64M";
 /// refuses to run as root, and Debian's `mariadb-server` creates this user.
 const SERVER_USER: &str = "mysql";
 
-/// Bound on one readiness or status probe (a login as root and two statements): a
-/// healthy node answers in a few milliseconds; a paused one never does.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Pause between two probes while waiting for a state: short next to the second or so
-/// a cluster takes to form, long enough not to load three nodes.
-const POLL_INTERVAL: Duration = Duration::from_millis(50);
-
 /// Longest wait for three fresh nodes to form the cluster (0.6-1.2 s here; the bound is
 /// for a machine busy compiling).
 const FORM_TIMEOUT: Duration = Duration::from_secs(60);
@@ -93,10 +85,6 @@ const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often [`GaleraCluster::reap_on_exit`]'s watcher checks that the test process is
 /// still alive: the nodes outlive a finished run by at most this.
 const REAPER_POLL_SECS: u32 = 1;
-
-/// How many times [`GaleraCluster::start`] tries with new ports: a port that was free
-/// when it was picked can be taken by another process before mariadbd binds it.
-const START_ATTEMPTS: u32 = 3;
 
 /// Ports of one node, consecutive from its SQL port `N`: `N` SQL, `N+1` Galera
 /// (group communication), `N+2` IST (Galera's convention: its port + 1), `N+3` rsync
@@ -136,8 +124,6 @@ const TEMPLATE_SKIP: [&str; 2] = ["galera.cache", "gvwstate.dat"];
 const GRASTATE: &str = "grastate.dat";
 /// Galera's saved primary view in a data directory, read at start (`pc.recovery`).
 const GVWSTATE: &str = "gvwstate.dat";
-/// A node's log (mariadbd's stdout and stderr) inside its directory.
-const NODE_LOG: &str = "mariadbd.log";
 /// Output of the last `mariadbd --wsrep-recover` inside a node's directory.
 const RECOVER_LOG: &str = "recover.log";
 /// What `mariadbd --wsrep-recover` writes before the position it found.
@@ -299,10 +285,9 @@ impl GaleraCluster {
         let dir = private_dir("fs-galera-", owner)?;
         let name = format!("fs-galera-{:016x}", rand::random::<u64>());
         let base = dir.path();
-        let nodes = process::start_retrying("galera cluster", START_ATTEMPTS, || {
-            form(base, &name, template, owner)
-        })
-        .await?;
+        let nodes =
+            process::start_retrying("galera cluster", || form(base, &name, template, owner))
+                .await?;
         let cluster = GaleraCluster { nodes, dir };
         tracing::debug!(
             nodes = %cluster.nodes_setting(),
@@ -645,7 +630,7 @@ impl Node {
     }
 
     fn log(&self) -> PathBuf {
-        self.dir.join(NODE_LOG)
+        MARIADBD.log_in(&self.dir)
     }
 
     fn socket(&self) -> PathBuf {
@@ -757,7 +742,7 @@ impl Node {
         }
     }
 
-    /// The node's status, asked as root over TCP, bounded by [`PROBE_TIMEOUT`]; an
+    /// The node's status, asked as root over TCP, bounded by [`MARIADBD`]'s probe timeout; an
     /// error also when the server on the port is not this node (its socket differs:
     /// another process's server took the port first).
     async fn probe(&self) -> io::Result<NodeStatus> {
@@ -778,7 +763,7 @@ impl Node {
             }
             Ok::<_, sqlx::Error>((theirs, pairs))
         };
-        let (theirs, pairs) = match tokio::time::timeout(PROBE_TIMEOUT, ask).await {
+        let (theirs, pairs) = match tokio::time::timeout(MARIADBD.probe_timeout, ask).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(e)) => {
                 return Err(io::Error::other(format!(
@@ -790,8 +775,8 @@ impl Node {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!(
-                        "galera node {} (port {}) did not answer within {PROBE_TIMEOUT:?}",
-                        self.index, self.port
+                        "galera node {} (port {}) did not answer within {:?}",
+                        self.index, self.port, MARIADBD.probe_timeout
                     ),
                 ))
             }
@@ -972,7 +957,7 @@ async fn make_template() -> io::Result<Template> {
     chown_tree(dir.path(), owner)?;
     let name = format!("fs-galera-template-{:016x}", rand::random::<u64>());
     let (base, name) = (dir.path(), &name);
-    let node = process::start_retrying("galera template node", START_ATTEMPTS, || async move {
+    let node = process::start_retrying("galera template node", || async move {
         let port = node_ports().map_err(NotReady::Failed)?;
         let node = Node::new(0, base.to_owned(), name, &[port], owner);
         node.spawn(&["--wsrep-new-cluster".into()])

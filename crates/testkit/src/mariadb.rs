@@ -6,22 +6,22 @@ use std::time::Duration;
 
 use sqlx::{Connection, MySqlConnection};
 
-use crate::process::{self, private_server, NotReady};
+use crate::process::{self, private_server, NotReady, Startup};
+
+/// How `mariadbd` starts, as a private server or a Galera node: the 60 s bound on its
+/// start (until root can log in) includes InnoDB's crash recovery after
+/// [`PrivateMariadb::kill9`]; one probe (a full login as root, two statements) is
+/// bounded by 2 s: a healthy server answers in a few milliseconds, a paused one never.
+pub(crate) const MARIADBD: Startup = Startup {
+    what: "mariadbd",
+    log: "mariadbd.log",
+    timeout: Duration::from_secs(60),
+    probe_timeout: Duration::from_secs(2),
+};
 
 /// Longest wait for `mariadb-install-db` to create the system tables. It
 /// takes about a second here; the bound is for a busy machine.
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Longest wait for `mariadbd` to accept a login after it was started,
-/// including InnoDB crash recovery after [`PrivateMariadb::kill9`].
-const MARIADB_START_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// How many free ports [`PrivateMariadb::start`] tries: the port from
-/// [`free_port`](crate::free_port) can be taken by someone else before mariadbd binds it.
-const START_ATTEMPTS: u32 = 3;
-
-/// Bound on one readiness probe (a full login as root).
-const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Redo log size for the private server. The default (96 MiB) makes every
 /// instance cost ~115 MB of disk and longer to create; 8 MiB keeps it ~25 MB.
@@ -45,8 +45,6 @@ pub(crate) const DATA_DIR: &str = "data";
 pub(crate) const TMP_DIR: &str = "tmp";
 /// Log of `mariadb-install-db` inside the temp dir.
 const INSTALL_LOG: &str = "install.log";
-/// Log of `mariadbd` (its stderr) inside the temp dir.
-const SERVER_LOG: &str = "mariadbd.log";
 
 private_server! {
     /// A `mariadbd` of the test's own, on a free port of 127.0.0.1, with its own
@@ -65,7 +63,7 @@ private_server! {
     /// sets `user=mysql`, `pid-file=/run/mysqld/mysqld.pid` and a shared
     /// `log-error`, which would make the private server fail, or clobber the
     /// shared server's pid file and log.
-    PrivateMariadb("mariadbd", "mysql://root@127.0.0.1:{}", launch)
+    PrivateMariadb(MARIADBD, "mysql://root@127.0.0.1:{}", launch)
 }
 
 impl PrivateMariadb {
@@ -143,7 +141,6 @@ pub(crate) async fn install(dir: &Path) -> io::Result<()> {
 /// Spawns mariadbd on `port` with its files in `dir` and waits until root
 /// can log in.
 async fn launch(dir: &Path, port: u16) -> Result<Child, NotReady> {
-    let log = dir.join(SERVER_LOG);
     let mut cmd = Command::new("mariadbd");
     // --no-defaults must come first; see PrivateMariadb's docs for why.
     cmd.arg("--no-defaults")
@@ -161,13 +158,12 @@ async fn launch(dir: &Path, port: u16) -> Result<Child, NotReady> {
     if process::running_as_root() {
         cmd.arg("--user=root");
     }
-    let mut child = process::spawn_logged(&mut cmd, &log).map_err(NotReady::Failed)?;
+    let mut child = MARIADBD.spawn(&mut cmd, dir)?;
     let url = format!("mysql://root@127.0.0.1:{port}");
     let socket = dir.join("sock").to_string_lossy().into_owned();
-    process::wait_ready(&mut child, MARIADB_START_TIMEOUT, "mariadbd", &log, || {
-        accepts_login(&url, &socket)
-    })
-    .await?;
+    MARIADBD
+        .wait_ready(&mut child, dir, || accepts_login(&url, &socket))
+        .await?;
     Ok(child)
 }
 
@@ -185,7 +181,7 @@ async fn accepts_login(url: &str, socket: &str) -> bool {
         conn.close().await?;
         Ok::<_, sqlx::Error>(theirs == socket)
     };
-    process::probe(PROBE_TIMEOUT, attempt).await
+    MARIADBD.probe(attempt).await
 }
 
 #[cfg(test)]

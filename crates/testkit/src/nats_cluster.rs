@@ -9,7 +9,7 @@ use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::nats_server::greets;
+use crate::nats_server::{greets, CONFIG_FILE, NATS_SERVER, STORE_DIR};
 use crate::port::free_port;
 use crate::process::{self, NotReady};
 use crate::redis_cluster::poll_until;
@@ -20,16 +20,6 @@ const NODE_COUNT: usize = 3;
 
 /// The cluster's name (`cluster { name }`): routes only join servers of the same name.
 const CLUSTER_NAME: &str = "fs-test";
-
-/// How many times [`NatsCluster::start`] tries a fresh set of ports: a port from
-/// [`free_port`] can be taken by someone else before nats-server binds it, and every
-/// server names the others' route ports, so a retry takes new ports for all three.
-const START_ATTEMPTS: u32 = 3;
-
-/// Longest wait for a fresh or restarted server to greet clients: tens of milliseconds
-/// normally (JetStream recovers its store first); the bound is for a machine busy
-/// compiling.
-const NODE_START_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Longest wait, once every server greets, until each is routed to the two others and
 /// names the same JetStream metadata leader: half a second here from a cold start; the
@@ -47,12 +37,6 @@ const MONITOR_TIMEOUT: Duration = Duration::from_secs(2);
 /// Largest monitoring answer read: `/jsz?streams=true` of a test's few streams is a few
 /// kilobytes.
 const MONITOR_BYTES_MAX: u64 = 1024 * 1024;
-
-/// Log file (nats-server's output), configuration file and JetStream store inside each
-/// server's directory.
-const LOG_FILE: &str = "nats.log";
-const CONFIG_FILE: &str = "nats.conf";
-const STORE_DIR: &str = "jetstream";
 
 /// A NATS JetStream cluster of the test's own: three `nats-server` processes on free
 /// ports of 127.0.0.1, routed to each other, each with JetStream, its store in a temp
@@ -96,7 +80,7 @@ impl NatsCluster {
     ///
     /// Why: a test gets a cluster ready for streams of three replicas when this returns.
     pub async fn start() -> io::Result<NatsCluster> {
-        let cluster = process::start_retrying("the nats cluster", START_ATTEMPTS, || async {
+        let cluster = process::start_retrying("the nats cluster", || async {
             let dir = tempfile::Builder::new()
                 .prefix("fs-nats-cluster-")
                 .tempdir()
@@ -387,22 +371,15 @@ fn spawn(dir: &Path) -> io::Result<Child> {
         Command::new("nats-server")
             .arg("-c")
             .arg(dir.join(CONFIG_FILE)),
-        &dir.join(LOG_FILE),
+        &NATS_SERVER.log_in(dir),
     )
 }
 
-/// Waits (bounded by [`NODE_START_TIMEOUT`]) until the server `child` of `dir` greets
+/// Waits (bounded as [`NATS_SERVER`] says) until the server `child` of `dir` greets
 /// clients on `client_port`.
 async fn wait_greets(child: &mut Child, dir: &Path, client_port: u16) -> Result<(), NotReady> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, client_port));
-    process::wait_ready(
-        child,
-        NODE_START_TIMEOUT,
-        "nats-server",
-        &dir.join(LOG_FILE),
-        || greets(addr),
-    )
-    .await
+    NATS_SERVER.wait_ready(child, dir, || greets(addr)).await
 }
 
 /// `nats://127.0.0.1:<port>`.

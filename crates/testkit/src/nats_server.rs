@@ -7,27 +7,24 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
-use crate::process::{self, private_server, NotReady};
+use crate::process::{private_server, NotReady, Startup};
 
-/// Longest wait for a fresh `nats-server` to greet a client. It normally takes tens of
-/// milliseconds (JetStream recovers its store first); the bound is for a machine busy
-/// compiling.
-const NATS_START_TIMEOUT: Duration = Duration::from_secs(15);
+/// How `nats-server` starts, as a private server or a cluster node: it greets clients
+/// within tens of milliseconds (JetStream recovers its store first), and the 15 s bound
+/// is for a machine busy compiling; one probe (connect, read the INFO greeting) is
+/// bounded by 1 s.
+pub(crate) const NATS_SERVER: Startup = Startup {
+    what: "nats-server",
+    log: "nats.log",
+    timeout: Duration::from_secs(15),
+    probe_timeout: Duration::from_secs(1),
+};
 
-/// How many free ports [`PrivateNats::start`] tries: the port from
-/// [`free_port`](crate::free_port) can be taken by someone else before nats-server binds
-/// it.
-const START_ATTEMPTS: u32 = 3;
-
-/// Bound on one readiness probe (connect + read the INFO greeting).
-const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// Name of the log file (nats-server's output) inside the temp dir.
-const LOG_FILE: &str = "nats.log";
-/// JetStream's store directory inside the temp dir; kept across restarts.
-const STORE_DIR: &str = "jetstream";
-/// Name of the configuration file (settings without a command-line flag) in the temp dir.
-const CONFIG_FILE: &str = "nats.conf";
+/// JetStream's store directory inside a server's directory; kept across restarts.
+pub(crate) const STORE_DIR: &str = "jetstream";
+/// Name of the configuration file (settings without a command-line flag, all of a
+/// cluster node's) in a server's directory.
+pub(crate) const CONFIG_FILE: &str = "nats.conf";
 
 private_server! {
     /// A `nats-server` with JetStream of the test's own, on a free port of 127.0.0.1, its
@@ -39,7 +36,7 @@ private_server! {
     /// Why: the "broker down" tests must stop the broker mid-sale and bring it back with its
     /// streams, without touching the shared nats-server on 4222. Dropping this value kills
     /// the process and removes its directory.
-    PrivateNats("nats-server", "nats://127.0.0.1:{}", launch)
+    PrivateNats(NATS_SERVER, "nats://127.0.0.1:{}", launch)
 }
 
 impl PrivateNats {
@@ -82,7 +79,6 @@ impl PrivateNats {
 /// Spawns nats-server on `port` with its store and log in `dir` and waits until it
 /// greets clients.
 async fn launch(dir: &Path, port: u16) -> Result<Child, NotReady> {
-    let log = dir.join(LOG_FILE);
     let mut cmd = Command::new("nats-server");
     cmd.args(["-a", "127.0.0.1"])
         .arg("-p")
@@ -94,12 +90,11 @@ async fn launch(dir: &Path, port: u16) -> Result<Child, NotReady> {
     if config.exists() {
         cmd.arg("-c").arg(config);
     }
-    let mut child = process::spawn_logged(&mut cmd, &log).map_err(NotReady::Failed)?;
+    let mut child = NATS_SERVER.spawn(&mut cmd, dir)?;
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    process::wait_ready(&mut child, NATS_START_TIMEOUT, "nats-server", &log, || {
-        greets(addr)
-    })
-    .await?;
+    NATS_SERVER
+        .wait_ready(&mut child, dir, || greets(addr))
+        .await?;
     Ok(child)
 }
 
@@ -111,5 +106,5 @@ pub(crate) async fn greets(addr: SocketAddr) -> bool {
         stream.read_exact(&mut greeting).await?;
         Ok::<bool, io::Error>(&greeting == b"INFO ")
     };
-    process::probe(PROBE_TIMEOUT, attempt).await
+    NATS_SERVER.probe(attempt).await
 }

@@ -13,8 +13,16 @@ use tempfile::TempDir;
 
 use crate::port::free_port;
 
-/// Pause between two readiness probes of a starting server.
-const POLL_INTERVAL: Duration = Duration::from_millis(50);
+/// Pause between two readiness probes of a starting server, or two status probes of
+/// Galera nodes waiting for a state: short next to the second or so a start takes, long
+/// enough not to load the servers with probes.
+pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(50);
+
+/// How many times a private server, a cluster node or a whole cluster is started on
+/// newly picked ports (see [`start_retrying`]): a port that was free when it was picked
+/// can be taken by another process before the server binds it; three such losses in a
+/// row mean something else is wrong.
+pub(crate) const START_ATTEMPTS: u32 = 3;
 
 /// How much of the end of a server's log goes into an error message: enough
 /// for the reason it failed, short enough to read in a test failure.
@@ -183,6 +191,56 @@ pub(crate) async fn probe<E>(
     matches!(tokio::time::timeout(bound, attempt).await, Ok(Ok(true)))
 }
 
+/// How one kind of server starts, the same whether it runs alone (a private server) or
+/// as a cluster node: [`REDIS_SERVER`](crate::redis_server::REDIS_SERVER),
+/// [`NATS_SERVER`](crate::nats_server::NATS_SERVER) and
+/// [`MARIADBD`](crate::mariadb::MARIADBD).
+///
+/// Why: a kind's private server and its cluster nodes run the same program, log to the
+/// same file name and are as quick to start; said once, the bounds cannot drift apart.
+#[derive(Debug)]
+pub(crate) struct Startup {
+    /// The program, as logs and errors name it.
+    pub(crate) what: &'static str,
+    /// Its log (stdout and stderr) inside the server's directory.
+    pub(crate) log: &'static str,
+    /// Longest wait, from the spawn, until the server answers its readiness probe.
+    pub(crate) timeout: Duration,
+    /// Bound on one readiness probe.
+    pub(crate) probe_timeout: Duration,
+}
+
+impl Startup {
+    /// The server's log in its directory `dir`.
+    pub(crate) fn log_in(&self, dir: &Path) -> PathBuf {
+        dir.join(self.log)
+    }
+
+    /// Spawns `cmd`, the server of `dir`, as [`spawn_logged`] does, into its log.
+    pub(crate) fn spawn(&self, cmd: &mut Command, dir: &Path) -> Result<Child, NotReady> {
+        spawn_logged(cmd, &self.log_in(dir)).map_err(NotReady::Failed)
+    }
+
+    /// [`wait_ready`] for the server `child` of `dir`, bounded by [`timeout`](Self::timeout).
+    pub(crate) async fn wait_ready<F, Fut>(
+        &self,
+        child: &mut Child,
+        dir: &Path,
+        probe: F,
+    ) -> Result<(), NotReady>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = bool>,
+    {
+        wait_ready(child, self.timeout, self.what, &self.log_in(dir), probe).await
+    }
+
+    /// [`probe`], bounded by [`probe_timeout`](Self::probe_timeout).
+    pub(crate) async fn probe<E>(&self, attempt: impl Future<Output = Result<bool, E>>) -> bool {
+        probe(self.probe_timeout, attempt).await
+    }
+}
+
 /// Polls `probe` until it returns true, the child exits, or `bound` passes.
 ///
 /// `what` names the server and `log` its log file, both for the error
@@ -233,25 +291,21 @@ where
     }
 }
 
-/// Runs `attempt` until it starts its server(s), at most `attempts` times, and returns
-/// what the first success returned.
+/// Runs `attempt` until it starts its server(s), at most [`START_ATTEMPTS`] times, and
+/// returns what the first success returned.
 ///
 /// Why: a private server takes ports that were free a moment before it bound them, so
 /// another process may take one in between; the server then exits at start
 /// ([`NotReady::Exited`]) and a new attempt, which picks new ports, is the cure. Any
 /// other failure ([`NotReady::Failed`]: a timeout, a missing binary) would fail again,
 /// and is returned at once. `what` names the server in the log and the final error.
-pub(crate) async fn start_retrying<T, F, Fut>(
-    what: &str,
-    attempts: u32,
-    mut attempt: F,
-) -> io::Result<T>
+pub(crate) async fn start_retrying<T, F, Fut>(what: &str, mut attempt: F) -> io::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, NotReady>>,
 {
     let mut last_err = None;
-    for n in 1..=attempts {
+    for n in 1..=START_ATTEMPTS {
         match attempt().await {
             Ok(started) => return Ok(started),
             Err(NotReady::Exited(e)) => {
@@ -269,12 +323,11 @@ where
 pub(crate) type Launch = fn(PathBuf, u16) -> Pin<Box<dyn Future<Output = LaunchResult> + Send>>;
 type LaunchResult = Result<Child, NotReady>;
 
-/// What tells one kind of private server from another: its name in logs and errors,
-/// how many ports [`PrivateServer::start`] tries, its URL on a port, and how it launches.
+/// What tells one kind of private server from another: how it starts (its name in logs
+/// and errors among that), its URL on a port, and how it launches.
 #[derive(Debug)]
 pub(crate) struct Kind {
-    pub(crate) what: &'static str,
-    pub(crate) attempts: u32,
+    pub(crate) startup: &'static Startup,
     pub(crate) url: fn(u16) -> String,
     pub(crate) launch: Launch,
 }
@@ -297,9 +350,9 @@ pub struct PrivateServer {
 
 impl PrivateServer {
     /// Starts `kind` (given `dir`'s path and a port from [`free_port`]) at most
-    /// `kind.attempts` times, on a new port each time, as [`start_retrying`] says.
+    /// [`START_ATTEMPTS`] times, on a new port each time, as [`start_retrying`] says.
     pub(crate) async fn start(kind: &'static Kind, dir: TempDir) -> io::Result<PrivateServer> {
-        let (port, child) = start_retrying(kind.what, kind.attempts, || {
+        let (port, child) = start_retrying(kind.startup.what, || {
             let port = free_port();
             let started = (kind.launch)(dir.path().to_owned(), port);
             async move { started.await.map(|child| (port, child)) }
@@ -362,17 +415,17 @@ impl Drop for PrivateServer {
     /// Kills the server so no test leaves one behind; the temp dir is removed right after.
     fn drop(&mut self) {
         if let Err(e) = self.kill9() {
-            tracing::warn!(port = self.port, error = %e, "could not kill private {}", self.kind.what);
+            tracing::warn!(port = self.port, error = %e, "could not kill private {}", self.kind.startup.what);
         }
     }
 }
 
 /// Declares a private server type: the struct around a [`PrivateServer`], which it
 /// derefs to for the methods every kind has, and its `start_in(dir)`, which starts it
-/// (`what` named in logs and errors, its URL `url` with the port for `{}`, `launch`ed
-/// at most the module's `START_ATTEMPTS` times) with its files in `dir`.
+/// (as `startup` says, its URL `url` with the port for `{}`, `launch`ed at most
+/// [`START_ATTEMPTS`] times) with its files in `dir`.
 macro_rules! private_server {
-    ($(#[$doc:meta])* $name:ident($what:literal, $url:literal, $launch:ident)) => {
+    ($(#[$doc:meta])* $name:ident($startup:ident, $url:literal, $launch:ident)) => {
         $(#[$doc])*
         #[derive(Debug)]
         pub struct $name {
@@ -382,8 +435,7 @@ macro_rules! private_server {
         impl $name {
             async fn start_in(dir: tempfile::TempDir) -> std::io::Result<$name> {
                 static KIND: $crate::process::Kind = $crate::process::Kind {
-                    what: $what,
-                    attempts: START_ATTEMPTS,
+                    startup: &$startup,
                     url: |port| format!($url, port),
                     launch: |dir, port| Box::pin(async move { $launch(&dir, port).await }),
                 };

@@ -10,7 +10,7 @@ use tempfile::TempDir;
 
 use crate::port::cluster_port;
 use crate::process::{self, NotReady};
-use crate::redis_server::redis_server;
+use crate::redis_server::{redis_server, REDIS_SERVER};
 
 /// Nodes of the cluster: three primaries, so that one can die and the other two are
 /// still a majority that votes its replica in, and one replica for each.
@@ -28,14 +28,6 @@ const SLOT_COUNT: u16 = 16_384;
 /// past its time budget; much below 2 s, a machine busy compiling (two cores, shared)
 /// delays heartbeats enough for healthy nodes to be marked failed.
 const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(2_000);
-
-/// Longest wait for a fresh node to answer (it normally takes a few milliseconds; the
-/// bound is for a busy machine).
-const NODE_START_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// How many ports each node tries: a port from [`cluster_port`] (or its bus port) can
-/// be taken by someone else before redis-server binds it.
-const START_ATTEMPTS: u32 = 3;
 
 /// Bound on connecting to a node, for every query of this module.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -78,8 +70,6 @@ const POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// means the primary owns (almost) nothing.
 const PRODUCT_SEARCH_LIMIT: u64 = 100_000;
 
-/// Log file (redis-server's stdout and stderr) inside each node's directory.
-const NODE_LOG: &str = "redis.log";
 /// Cluster state file Redis keeps inside each node's directory.
 const NODES_CONF: &str = "nodes.conf";
 /// Log of `redis-cli --cluster create` inside the cluster's temp dir.
@@ -492,9 +482,9 @@ impl Drop for RedisCluster {
 }
 
 /// Starts one cluster node in its own directory under `dir`, trying up to
-/// [`START_ATTEMPTS`] ports.
+/// [`START_ATTEMPTS`](process::START_ATTEMPTS) ports.
 async fn start_node(dir: &Path, node_timeout: Duration) -> io::Result<Node> {
-    process::start_retrying("cluster node", START_ATTEMPTS, || async move {
+    process::start_retrying("cluster node", || async move {
         let port = cluster_port().map_err(NotReady::Failed)?;
         let node_dir = dir.join(port.to_string());
         std::fs::create_dir(&node_dir).map_err(NotReady::Failed)?;
@@ -510,7 +500,6 @@ async fn start_node(dir: &Path, node_timeout: Duration) -> io::Result<Node> {
 /// Spawns a cluster-enabled redis-server on `port` (bus port `port + 10000`) with its
 /// files in `dir`, and waits until it answers as itself.
 async fn launch(dir: &Path, port: u16, node_timeout: Duration) -> Result<Child, NotReady> {
-    let log = dir.join(NODE_LOG);
     let mut cmd = redis_server(dir, port);
     cmd.args(["--cluster-enabled", "yes"])
         .arg("--cluster-config-file")
@@ -522,12 +511,11 @@ async fn launch(dir: &Path, port: u16, node_timeout: Duration) -> Result<Child, 
         // start 5 s longer.
         .args(["--repl-diskless-sync", "yes"])
         .args(["--repl-diskless-sync-delay", "0"]);
-    let mut child = process::spawn_logged(&mut cmd, &log).map_err(NotReady::Failed)?;
+    let mut child = REDIS_SERVER.spawn(&mut cmd, dir)?;
     let pid = child.id();
-    process::wait_ready(&mut child, NODE_START_TIMEOUT, "redis-server", &log, || {
-        answers_as(port, pid)
-    })
-    .await?;
+    REDIS_SERVER
+        .wait_ready(&mut child, dir, || answers_as(port, pid))
+        .await?;
     Ok(child)
 }
 

@@ -7,21 +7,17 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::process::{self, private_server, NotReady};
+use crate::process::{private_server, NotReady, Startup};
 
-/// Longest wait for a fresh `redis-server` to answer PING. It normally takes
-/// a few milliseconds; the bound is for a machine busy compiling.
-const REDIS_START_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// How many free ports [`PrivateRedis::start`] tries: the port from
-/// [`free_port`](crate::free_port) can be taken by someone else before redis binds it.
-const START_ATTEMPTS: u32 = 3;
-
-/// Bound on one readiness probe (connect + PING + reply).
-const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// Name of the log file (redis-server's stdout) inside the temp dir.
-const LOG_FILE: &str = "redis.log";
+/// How `redis-server` starts, as a private server or a cluster node: it answers within
+/// a few milliseconds, and the 15 s bound is for a machine busy compiling; one probe
+/// (connect, PING, reply) is bounded by 1 s.
+pub(crate) const REDIS_SERVER: Startup = Startup {
+    what: "redis-server",
+    log: "redis.log",
+    timeout: Duration::from_secs(15),
+    probe_timeout: Duration::from_secs(1),
+};
 
 private_server! {
     /// A `redis-server` of the test's own, on a free port of 127.0.0.1, keeping
@@ -33,7 +29,7 @@ private_server! {
     /// is gone and after it comes back empty) without touching the shared Redis
     /// on 6379 that every other test uses. The process is a child of the test;
     /// dropping this value kills it and removes its directory.
-    PrivateRedis("redis-server", "redis://127.0.0.1:{}/", launch)
+    PrivateRedis(REDIS_SERVER, "redis://127.0.0.1:{}/", launch)
 }
 
 impl PrivateRedis {
@@ -84,18 +80,11 @@ impl PrivateRedis {
 /// Spawns redis-server on `port` with its files in `dir` and waits until it
 /// answers PING.
 async fn launch(dir: &Path, port: u16) -> Result<Child, NotReady> {
-    let log = dir.join(LOG_FILE);
-    let mut child =
-        process::spawn_logged(&mut redis_server(dir, port), &log).map_err(NotReady::Failed)?;
+    let mut child = REDIS_SERVER.spawn(&mut redis_server(dir, port), dir)?;
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    process::wait_ready(
-        &mut child,
-        REDIS_START_TIMEOUT,
-        "redis-server",
-        &log,
-        || answers_ping(addr),
-    )
-    .await?;
+    REDIS_SERVER
+        .wait_ready(&mut child, dir, || answers_ping(addr))
+        .await?;
     Ok(child)
 }
 
@@ -123,5 +112,5 @@ async fn answers_ping(addr: SocketAddr) -> bool {
         stream.read_exact(&mut reply).await?;
         Ok::<bool, io::Error>(&reply == b"+PONG\r\n")
     };
-    process::probe(PROBE_TIMEOUT, attempt).await
+    REDIS_SERVER.probe(attempt).await
 }
