@@ -1,7 +1,7 @@
 use std::ffi::{CString, OsString};
 use std::fmt;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::fs::{lchown, MetadataExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -16,7 +16,7 @@ use tokio::sync::OnceCell;
 use crate::mariadb::{
     install, path_arg, DATA_DIR, INNODB_BUFFER_POOL_SIZE, INNODB_LOG_FILE_SIZE, MARIADBD, TMP_DIR,
 };
-use crate::port::claim;
+use crate::port::{galera_ports, GALERA_IST_OFFSET, GALERA_PORT_OFFSET, GALERA_SST_OFFSET};
 use crate::process::{self, NotReady, POLL_INTERVAL};
 
 /// Nodes of the cluster: the smallest count where one node can die, or be cut off, and
@@ -86,28 +86,6 @@ const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// still alive: the nodes outlive a finished run by at most this.
 const REAPER_POLL_SECS: u32 = 1;
 
-/// Ports of one node, consecutive from its SQL port `N`: `N` SQL, `N+1` Galera
-/// (group communication), `N+2` IST (Galera's convention: its port + 1), `N+3` rsync
-/// SST.
-const PORTS_PER_NODE: u16 = 4;
-/// What a node adds to its SQL port to get its Galera port (see [`PORTS_PER_NODE`]).
-const GALERA_PORT_OFFSET: u16 = 1;
-/// What a node adds to its SQL port to get its IST port.
-const IST_PORT_OFFSET: u16 = 2;
-/// What a node adds to its SQL port to get its SST port.
-const SST_PORT_OFFSET: u16 = 3;
-/// Lowest SQL port a node gets. Not the OS's pick (`127.0.0.1:0`): that comes from
-/// the ephemeral range (32768-60999), where any outgoing connection may take a node's
-/// IST or SST port as its source port, and those are bound only when a node rejoins,
-/// maybe minutes after they were picked. This range lies below it and between the
-/// Redis Cluster ranges of `port.rs` (client ports 20000-22767, bus ports 30000-32767).
-const NODE_PORT_LOW: u16 = 22_768;
-/// One past the highest SQL port a node gets: its SST port (`+3`) stays below 30000.
-const NODE_PORT_END: u16 = 29_997;
-/// Random blocks tried before giving up: with ~7,000 candidates and a few dozen ports
-/// in use at most, running out means the range is taken by something else.
-const NODE_PORT_ATTEMPTS: usize = 200;
-
 /// `view_id` type of a primary view in `gvwstate.dat` (`V_PRIM` in Galera's
 /// `gcomm/view.hpp`, what Galera itself writes there).
 const PRIMARY_VIEW_TYPE: u8 = 3;
@@ -167,7 +145,8 @@ pub struct GaleraCluster {
 struct Node {
     /// 0, 1 or 2.
     index: usize,
-    /// SQL port; the others follow it (see [`PORTS_PER_NODE`]).
+    /// SQL port; the others follow it (see
+    /// [`GALERA_PORTS_PER_NODE`](crate::port::GALERA_PORTS_PER_NODE)).
     port: u16,
     /// `<cluster dir>/node<index>`: data, tmp, socket, pid file, logs.
     dir: PathBuf,
@@ -576,7 +555,7 @@ impl Node {
             .join(",");
         let provider_options = [
             format!("gmcast.listen_addr=tcp://127.0.0.1:{galera}"),
-            format!("ist.recv_addr=127.0.0.1:{}", port + IST_PORT_OFFSET),
+            format!("ist.recv_addr=127.0.0.1:{}", port + GALERA_IST_OFFSET),
             format!("gcache.size={GCACHE_SIZE}"),
             format!("evs.keepalive_period={EVS_KEEPALIVE_PERIOD}"),
             format!("evs.suspect_timeout={EVS_SUSPECT_TIMEOUT}"),
@@ -612,7 +591,7 @@ impl Node {
             "--wsrep-sst-method=rsync".into(),
             format!(
                 "--wsrep-sst-receive-address=127.0.0.1:{}",
-                port + SST_PORT_OFFSET
+                port + GALERA_SST_OFFSET
             )
             .into(),
             "--wsrep-mode=REQUIRED_PRIMARY_KEY,STRICT_REPLICATION".into(),
@@ -838,7 +817,7 @@ async fn form(
 ) -> Result<Vec<Node>, NotReady> {
     let mut ports = Vec::with_capacity(NODE_COUNT);
     for _ in 0..NODE_COUNT {
-        ports.push(node_ports().map_err(NotReady::Failed)?);
+        ports.push(galera_ports().map_err(NotReady::Failed)?);
     }
     let uuids: Vec<String> = (0..NODE_COUNT).map(|_| random_uuid()).collect();
     let mut nodes = Vec::with_capacity(NODE_COUNT);
@@ -958,7 +937,7 @@ async fn make_template() -> io::Result<Template> {
     let name = format!("fs-galera-template-{:016x}", rand::random::<u64>());
     let (base, name) = (dir.path(), &name);
     let node = process::start_retrying("galera template node", || async move {
-        let port = node_ports().map_err(NotReady::Failed)?;
+        let port = galera_ports().map_err(NotReady::Failed)?;
         let node = Node::new(0, base.to_owned(), name, &[port], owner);
         node.spawn(&["--wsrep-new-cluster".into()])
             .map_err(NotReady::Failed)?;
@@ -1053,39 +1032,6 @@ fn recovered_position(log: &str) -> Option<&str> {
     let position = rest.split_whitespace().next()?;
     let (uuid, seqno) = position.split_once(':')?;
     (uuid.len() == 36 && seqno.parse::<i64>().is_ok()).then_some(position)
-}
-
-/// A SQL port `N` from [`NODE_PORT_LOW`]..[`NODE_PORT_END`] such that `N` and the three
-/// ports after it were free together a moment ago and none was handed out by this
-/// process before; all four are recorded as handed out (`port.rs`), so no other test
-/// of this process gets them, not even while the node is down.
-///
-/// As with every free port, another process may take one before mariadbd binds it;
-/// [`GaleraCluster::start`] then tries new ports.
-fn node_ports() -> io::Result<u16> {
-    for _ in 0..NODE_PORT_ATTEMPTS {
-        let port = rand::random_range(NODE_PORT_LOW..NODE_PORT_END);
-        let block = port..port + PORTS_PER_NODE;
-        // All bound at once: the block is good only if all four are free together.
-        let free = block
-            .clone()
-            .map(|p| TcpListener::bind((Ipv4Addr::LOCALHOST, p)))
-            .collect::<io::Result<Vec<_>>>()
-            .is_ok();
-        // Claimed one by one: a port claimed before stays claimed even when a later
-        // one of the block was taken (it is only wasted).
-        if free && block.clone().all(claim) {
-            return Ok(port);
-        }
-    }
-    Err(io::Error::new(
-        io::ErrorKind::AddrNotAvailable,
-        format!(
-            "no {PORTS_PER_NODE} free consecutive ports from {NODE_PORT_LOW}-{} after \
-             {NODE_PORT_ATTEMPTS} tries",
-            NODE_PORT_END - 1
-        ),
-    ))
 }
 
 /// The user and group mariadbd must run as: [`SERVER_USER`]'s when this process is

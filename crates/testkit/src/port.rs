@@ -16,6 +16,19 @@ const FRESH_PORT_ATTEMPTS: usize = 64;
 /// What Redis Cluster adds to a node's client port to get its cluster bus port (fixed
 /// by Redis unless `cluster-port` is set, which the testkit does not do).
 pub(crate) const CLUSTER_BUS_OFFSET: u16 = 10_000;
+
+/// Ports of one Galera node, consecutive from its SQL port `N`: `N` SQL, `N+1` Galera
+/// (group communication), `N+2` IST (Galera's convention: its port + 1), `N+3` rsync
+/// SST.
+pub(crate) const GALERA_PORTS_PER_NODE: u16 = 4;
+/// What a Galera node adds to its SQL port to get its Galera port (see
+/// [`GALERA_PORTS_PER_NODE`]).
+pub(crate) const GALERA_PORT_OFFSET: u16 = 1;
+/// What a Galera node adds to its SQL port to get its IST port.
+pub(crate) const GALERA_IST_OFFSET: u16 = 2;
+/// What a Galera node adds to its SQL port to get its SST port.
+pub(crate) const GALERA_SST_OFFSET: u16 = 3;
+
 /// Lowest client port [`cluster_port`] hands out.
 ///
 /// The OS's own pick (`127.0.0.1:0`) does not do for a cluster node: it comes from the
@@ -31,6 +44,20 @@ const CLUSTER_PORT_END: u16 = 22_768;
 /// candidates and a few dozen in use at most, running out means the range is taken by
 /// something else.
 const CLUSTER_PORT_ATTEMPTS: usize = 200;
+/// Lowest SQL port [`galera_ports`] hands out: right above [`cluster_port`]'s range.
+/// Not the OS's pick (`127.0.0.1:0`): that comes from the ephemeral range
+/// (32768-60999), where any outgoing connection may take a node's IST or SST port as
+/// its source port, and those are bound only when a node rejoins, maybe minutes after
+/// they were picked. This range lies below it and between the Redis Cluster ranges
+/// (client ports 20000-22767, bus ports 30000-32767).
+const GALERA_PORT_LOW: u16 = 22_768;
+/// One past the highest SQL port [`galera_ports`] hands out: its SST port (`+3`) stays
+/// below 30000.
+const GALERA_PORT_END: u16 = 29_997;
+/// Random blocks tried by [`galera_ports`] before it gives up: with ~7,000 candidates
+/// and a few dozen ports in use at most, running out means the range is taken by
+/// something else.
+const GALERA_PORT_ATTEMPTS: usize = 200;
 
 /// Every port this process handed out: a private server a test killed keeps its port
 /// for its restart, and the OS would gladly give that port, free meanwhile, to another
@@ -120,6 +147,39 @@ pub(crate) fn cluster_port() -> io::Result<u16> {
             "no free pair of ports N, N+{CLUSTER_BUS_OFFSET} with N in \
              {CLUSTER_PORT_LOW}-{} after {CLUSTER_PORT_ATTEMPTS} tries",
             CLUSTER_PORT_END - 1
+        ),
+    ))
+}
+
+/// A SQL port `N` of a Galera node, from [`GALERA_PORT_LOW`]..[`GALERA_PORT_END`], such
+/// that `N` and the three ports after it were free together a moment ago and none was
+/// handed out by this process before; all four are recorded as handed out, so no other
+/// test of this process gets them, not even while the node is down.
+///
+/// As with every free port, another process may take one before mariadbd binds it;
+/// [`GaleraCluster::start`](crate::GaleraCluster::start) then tries new ports.
+pub(crate) fn galera_ports() -> io::Result<u16> {
+    for _ in 0..GALERA_PORT_ATTEMPTS {
+        let port = rand::random_range(GALERA_PORT_LOW..GALERA_PORT_END);
+        let block = port..port + GALERA_PORTS_PER_NODE;
+        // All bound at once: the block is good only if all four are free together.
+        let free = block
+            .clone()
+            .map(|p| TcpListener::bind((Ipv4Addr::LOCALHOST, p)))
+            .collect::<io::Result<Vec<_>>>()
+            .is_ok();
+        // Claimed one by one: a port claimed before stays claimed even when a later
+        // one of the block was taken (it is only wasted).
+        if free && block.clone().all(claim) {
+            return Ok(port);
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AddrNotAvailable,
+        format!(
+            "no {GALERA_PORTS_PER_NODE} free consecutive ports from {GALERA_PORT_LOW}-{} \
+             after {GALERA_PORT_ATTEMPTS} tries",
+            GALERA_PORT_END - 1
         ),
     ))
 }
