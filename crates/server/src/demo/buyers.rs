@@ -220,6 +220,36 @@ where
     Ok(Known::Unknown)
 }
 
+/// Sends `ask(item)` for every item until its answer is known (`until_known`),
+/// `BUYERS_AT_ONCE` at a time, and hands each item with what became known to `each`, in
+/// the order the answers come.
+async fn ask_each<I, T, A, Fut>(
+    items: impl IntoIterator<Item = I>,
+    ask: A,
+    mut each: impl FnMut(I, Known<T>),
+) -> Result<(), Unexpected>
+where
+    I: Copy,
+    A: Fn(I) -> Fut,
+    Fut: Future<Output = Result<Answer<T>, Unexpected>>,
+{
+    let tally = Tally::default();
+    let mut answers = stream::iter(items)
+        .map(|item| {
+            let (tally, ask) = (&tally, &ask);
+            async move {
+                let known = until_known(tally, |_| ask(item)).await?;
+                Ok::<_, Unexpected>((item, known))
+            }
+        })
+        .buffer_unordered(BUYERS_AT_ONCE);
+    while let Some(answer) = answers.next().await {
+        let (item, known) = answer?;
+        each(item, known);
+    }
+    Ok(())
+}
+
 /// A refusal that says the demo cannot act as a buyer here, whatever it retries.
 fn buyers_refused(status: StatusCode, code: &str) -> Option<Unexpected> {
     matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN).then(|| {
@@ -442,43 +472,34 @@ pub async fn replay(
     display: Display,
 ) -> Result<Replays, Unexpected> {
     let progress = Progress::start(display, "replay", buyers.len() as u64, "requests");
-    let tally = Tally::default();
-    let mut answers = stream::iter(buyers.iter().copied())
-        .map(|buyer| {
-            let tally = &tally;
-            async move {
-                let known = until_known(tally, |_| {
-                    shop.purchase(&buyer.request_id, buyer.user, product, None)
-                })
-                .await?;
-                Ok::<_, Unexpected>((buyer, known))
-            }
-        })
-        .buffer_unordered(BUYERS_AT_ONCE);
     let mut replays = Replays::default();
-    while let Some(answer) = answers.next().await {
-        let (buyer, known) = answer?;
-        replays.sent += 1;
-        let expected = buyer.order().map(|o| o.order_id);
-        match known {
-            Known::Done(StatusCode::OK, order) if Some(order.order_id) == expected => {
-                replays.same += 1;
+    ask_each(
+        buyers.iter().copied(),
+        |buyer| shop.purchase(&buyer.request_id, buyer.user, product, None),
+        |buyer, known| {
+            replays.sent += 1;
+            let expected = buyer.order().map(|o| o.order_id);
+            match known {
+                Known::Done(StatusCode::OK, order) if Some(order.order_id) == expected => {
+                    replays.same += 1;
+                }
+                Known::Done(status, order) => replays.other.push((
+                    buyer.request_id.to_string(),
+                    format!("{status} with order {}", order.order_id),
+                )),
+                Known::Refused(status, code) => replays
+                    .other
+                    .push((buyer.request_id.to_string(), format!("{status} {code}"))),
+                Known::Unknown => replays.unknown += 1,
             }
-            Known::Done(status, order) => replays.other.push((
-                buyer.request_id.to_string(),
-                format!("{status} with order {}", order.order_id),
-            )),
-            Known::Refused(status, code) => replays
-                .other
-                .push((buyer.request_id.to_string(), format!("{status} {code}"))),
-            Known::Unknown => replays.unknown += 1,
-        }
-        progress.inc(1);
-        progress.set_message(format!(
-            "{} answered with the same order",
-            count(replays.same)
-        ));
-    }
+            progress.inc(1);
+            progress.set_message(format!(
+                "{} answered with the same order",
+                count(replays.same)
+            ));
+        },
+    )
+    .await?;
     progress.finish().await;
     replays.other.truncate(IDS_SHOWN_MAX);
     Ok(replays)
@@ -498,39 +519,35 @@ pub struct Expired {
 /// Reads every order in `left` (order, buyer): each must be CANCELLED by its payment
 /// deadline (`cancel_reason` payment_timeout).
 pub async fn read_expired(shop: &Shop, left: &[(OrderId, UserId)]) -> Result<Expired, Unexpected> {
-    let tally = Tally::default();
-    let mut answers = stream::iter(left.iter().copied())
-        .map(|(order, user)| {
-            let tally = &tally;
-            async move {
-                let known = until_known(tally, |_| shop.order(order, user)).await?;
-                Ok::<_, Unexpected>((order, known))
-            }
-        })
-        .buffer_unordered(BUYERS_AT_ONCE);
     let mut found = Expired::default();
-    while let Some(answer) = answers.next().await {
-        let (order, known) = answer?;
-        found.read += 1;
-        match known {
-            Known::Done(_, o)
-                if o.status == Status(OrderStatus::Cancelled)
-                    && o.cancel_reason.as_deref() == Some("payment_timeout") =>
-            {
-                found.expired += 1;
+    ask_each(
+        left.iter().copied(),
+        |(order, user)| shop.order(order, user),
+        |(order, _), known| {
+            found.read += 1;
+            match known {
+                Known::Done(_, o)
+                    if o.status == Status(OrderStatus::Cancelled)
+                        && o.cancel_reason.as_deref() == Some("payment_timeout") =>
+                {
+                    found.expired += 1;
+                }
+                Known::Done(_, o) => found.other.push((
+                    order,
+                    format!(
+                        "{} ({})",
+                        o.status.0.as_str(),
+                        o.cancel_reason.as_deref().unwrap_or("no cancel reason")
+                    ),
+                )),
+                Known::Refused(status, code) => {
+                    found.other.push((order, format!("{status} {code}")))
+                }
+                Known::Unknown => found.unknown += 1,
             }
-            Known::Done(_, o) => found.other.push((
-                order,
-                format!(
-                    "{} ({})",
-                    o.status.0.as_str(),
-                    o.cancel_reason.as_deref().unwrap_or("no cancel reason")
-                ),
-            )),
-            Known::Refused(status, code) => found.other.push((order, format!("{status} {code}"))),
-            Known::Unknown => found.unknown += 1,
-        }
-    }
+        },
+    )
+    .await?;
     found.other.truncate(IDS_SHOWN_MAX);
     Ok(found)
 }
