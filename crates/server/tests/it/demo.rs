@@ -76,6 +76,16 @@ fn scratch() -> std::path::PathBuf {
     dir
 }
 
+/// Fails unless the demo's output `text` holds every one of `says` and none of `never`.
+fn assert_says(text: &str, says: &[&str], never: &[&str]) {
+    for line in says {
+        assert!(text.contains(line), "no {line:?} in:\n{text}");
+    }
+    for line in never {
+        assert!(!text.contains(line), "{line:?} in:\n{text}");
+    }
+}
+
 /// The number in the summary line starting with `start`, right after it.
 fn number_after(text: &str, start: &str) -> i64 {
     let line = text
@@ -139,7 +149,7 @@ async fn demo_spawns_a_service_sells_out_and_checks_it() {
         .env("FLASHSALE_NATS_SUBJECT_PREFIX", stream.to_lowercase())
         .env_remove("FLASHSALE_METRICS_LISTEN");
     let text = succeeded(demo, &tmp, true).await;
-    for line in [
+    let says = [
         "ok    the counters add up: sold 100 + reserved 0 + available 0 == stock 100",
         "ok    sold == stock: 100 of 100 units sold, none held or left",
         "ok    sold == the orders paid: 100 units sold, 100 orders paid",
@@ -151,10 +161,8 @@ async fn demo_spawns_a_service_sells_out_and_checks_it() {
         "ok    a paid order refunded (REFUNDED) put its unit back on sale:",
         "ok    the audit of product 1001: 0 violations",
         "all 10 checks passed",
-    ] {
-        assert!(text.contains(line), "no {line:?} in:\n{text}");
-    }
-    assert!(!text.contains("FAIL"), "{text}");
+    ];
+    assert_says(&text, &says, &["FAIL"]);
 
     let pool = MySqlPool::connect(&db.url()).await.expect("check pool");
     let (orders, requests, paid, pending, total, sold, reserved) = facts(&pool, 1001).await;
@@ -209,23 +217,16 @@ async fn demo_against_a_running_service_does_not_claim_what_it_did_not_wait_for(
         .env("FLASHSALE_REDIS_PREFIX", &app.prefix)
         .env("FLASHSALE_BUYER_AUTH", "header");
     let text = succeeded(demo, &tmp, false).await;
-    assert!(
-        text.contains(&format!("service   {} answers", app.base)),
-        "{text}"
-    );
-    assert!(text.contains("the demo does not wait for them"), "{text}");
-    assert!(text.contains("--    sold == stock: not yet"), "{text}");
-    assert!(
-        text.contains("--    every order left unpaid expired: not waited for"),
-        "{text}"
-    );
-    assert!(text.contains("ok    sold out: none available"), "{text}");
-    assert!(
-        text.contains("ok    the audit of product 1001: 0 violations"),
-        "{text}"
-    );
-    assert!(!text.contains("ok    sold == stock"), "{text}");
-    assert!(!text.contains("FAIL"), "{text}");
+    let answers = format!("service   {} answers", app.base);
+    let says = [
+        answers.as_str(),
+        "the demo does not wait for them",
+        "--    sold == stock: not yet",
+        "--    every order left unpaid expired: not waited for",
+        "ok    sold out: none available",
+        "ok    the audit of product 1001: 0 violations",
+    ];
+    assert_says(&text, &says, &["ok    sold == stock", "FAIL"]);
 
     let (orders, requests, paid, pending, total, sold, reserved) = facts(&app.pool, 1001).await;
     assert_eq!(orders, requests, "one order per request_id");
