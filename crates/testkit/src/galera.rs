@@ -63,17 +63,6 @@ const GCACHE_SIZE: &str = "64M";
 /// refuses to run as root, and Debian's `mariadb-server` creates this user.
 const SERVER_USER: &str = "mysql";
 
-/// Longest wait for three fresh nodes to form the cluster (0.6-1.2 s here; the bound is
-/// for a machine busy compiling).
-const FORM_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Longest wait for the one-node cluster that makes the template (0.6 s here).
-const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Longest wait for `mariadbd --wsrep-recover` (0.2 s here; InnoDB's crash recovery on
-/// a busy machine is the slow part).
-const RECOVER_TIMEOUT: Duration = Duration::from_secs(60);
-
 /// Longest wait for a restarted node to be Synced in a cluster of three again (3.0-3.4 s
 /// here by IST, most of it the rsync script that prepares even an IST; a full SST, when
 /// the others' write-set cache no longer holds what the node missed, takes about 4 s).
@@ -705,13 +694,16 @@ impl Node {
                 &log,
             )
         };
-        match tokio::time::timeout(RECOVER_TIMEOUT, child.wait()).await {
+        // 0.2 s here; InnoDB's crash recovery on a busy machine is the slow part, as in
+        // any start.
+        match tokio::time::timeout(MARIADBD.timeout, child.wait()).await {
             Ok(Ok(status)) if status.success() => {}
             Ok(Ok(status)) => return Err(failed(format!("failed ({status})"))),
             Ok(Err(e)) => return Err(e),
             Err(_) => {
                 let _ = child.kill().await;
-                return Err(failed(format!("did not finish within {RECOVER_TIMEOUT:?}")));
+                let bound = MARIADBD.timeout;
+                return Err(failed(format!("did not finish within {bound:?}")));
             }
         }
         let text = std::fs::read_to_string(&log)?;
@@ -843,7 +835,14 @@ async fn form(
         node.spawn(&[]).map_err(NotReady::Failed)?;
     }
     let all: Vec<&Node> = nodes.iter().collect();
-    wait_nodes(&all, FORM_TIMEOUT, "the cluster to form", synced_in_full).await?;
+    // 0.6-1.2 s here: the nodes' start, then their meeting.
+    wait_nodes(
+        &all,
+        MARIADBD.timeout,
+        "the cluster to form",
+        synced_in_full,
+    )
+    .await?;
     Ok(nodes)
 }
 
@@ -943,7 +942,8 @@ async fn make_template() -> io::Result<Template> {
             .map_err(NotReady::Failed)?;
         wait_nodes(
             &[&node],
-            BOOTSTRAP_TIMEOUT,
+            // 0.6 s here.
+            MARIADBD.timeout,
             "the bootstrap",
             NodeStatus::is_synced,
         )

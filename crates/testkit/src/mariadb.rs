@@ -8,10 +8,14 @@ use sqlx::{Connection, MySqlConnection};
 
 use crate::process::{self, private_server, NotReady, Startup};
 
-/// How `mariadbd` starts, as a private server or a Galera node: the 60 s bound on its
-/// start (until root can log in) includes InnoDB's crash recovery after
-/// [`PrivateMariadb::kill9`]; one probe (a full login as root, two statements) is
-/// bounded by 2 s: a healthy server answers in a few milliseconds, a paused one never.
+/// How `mariadbd` starts, as a private server or a Galera node. The 60 s bound is on
+/// every start of mariadbd, InnoDB's crash recovery included (the slow part on a
+/// machine busy compiling; a second or less here otherwise): a private server's until
+/// root can log in (after [`PrivateMariadb::kill9`] too), fresh Galera nodes' until
+/// they have formed their cluster (the template's one alone, or three at once), and
+/// `mariadbd --wsrep-recover`'s run. One probe (a full login as root, a statement or
+/// two) is bounded by 2 s: a healthy server answers in a few milliseconds, a paused one
+/// never.
 pub(crate) const MARIADBD: Startup = Startup {
     what: "mariadbd",
     log: "mariadbd.log",
