@@ -249,13 +249,7 @@ impl RedisCluster {
         let check = move || async move {
             let mut agreed = None;
             for &port in live {
-                let mut conn = connect(port).await.map_err(|e| e.to_string())?;
-                let info: String = query(&mut conn, port, redis::cmd("CLUSTER").arg("INFO"))
-                    .await
-                    .map_err(|e| e.to_string())?;
-                if info_field(&info, "cluster_state") != Some("ok") {
-                    return Err(format!("node {port} says the cluster is not ok"));
-                }
+                let (mut conn, _) = connect_if_ok(port).await?;
                 let view = cluster_nodes(&mut conn, port)
                     .await
                     .map_err(|e| e.to_string())?;
@@ -530,10 +524,11 @@ async fn answers_as(port: u16, pid: u32) -> bool {
     matches!(attempt.await, Ok(true))
 }
 
-/// Ok when the node on `port` says the cluster is formed: `cluster_state:ok`, six known
-/// nodes, three primaries and three replicas, none failed or still in handshake, and,
-/// if it is a replica, its link to its primary up. Otherwise what is missing.
-async fn node_formed(port: u16) -> Result<(), String> {
+/// A connection to the node on `port`, and its `CLUSTER INFO`, when it says
+/// `cluster_state:ok`; otherwise why not, as a reason for [`poll_until`].
+///
+/// Why: the first check of every wait on the cluster's state (formed, failed over).
+async fn connect_if_ok(port: u16) -> Result<(MultiplexedConnection, String), String> {
     let mut conn = connect(port).await.map_err(|e| e.to_string())?;
     let info: String = query(&mut conn, port, redis::cmd("CLUSTER").arg("INFO"))
         .await
@@ -541,6 +536,14 @@ async fn node_formed(port: u16) -> Result<(), String> {
     if info_field(&info, "cluster_state") != Some("ok") {
         return Err(format!("node {port}: cluster_state is not ok"));
     }
+    Ok((conn, info))
+}
+
+/// Ok when the node on `port` says the cluster is formed: `cluster_state:ok`, six known
+/// nodes, three primaries and three replicas, none failed or still in handshake, and,
+/// if it is a replica, its link to its primary up. Otherwise what is missing.
+async fn node_formed(port: u16) -> Result<(), String> {
+    let (mut conn, info) = connect_if_ok(port).await?;
     if info_field(&info, "cluster_known_nodes") != Some(&NODE_COUNT.to_string()) {
         return Err(format!("node {port}: does not know {NODE_COUNT} nodes yet"));
     }
