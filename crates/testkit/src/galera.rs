@@ -16,7 +16,9 @@ use tokio::sync::OnceCell;
 use crate::mariadb::{
     install, path_arg, DATA_DIR, INNODB_BUFFER_POOL_SIZE, INNODB_LOG_FILE_SIZE, MARIADBD, TMP_DIR,
 };
-use crate::port::{galera_ports, GALERA_IST_OFFSET, GALERA_PORT_OFFSET, GALERA_SST_OFFSET};
+use crate::port::{
+    addr_list, galera_ports, GALERA_IST_OFFSET, GALERA_PORT_OFFSET, GALERA_SST_OFFSET,
+};
 use crate::process::{self, NotReady, POLL_INTERVAL};
 
 /// Nodes of the cluster: the smallest count where one node can die, or be cut off, and
@@ -291,11 +293,7 @@ impl GaleraCluster {
     ///
     /// Why: the format of `FLASHSALE_DATABASE_NODES`.
     pub fn nodes_setting(&self) -> String {
-        self.nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port))
-            .collect::<Vec<_>>()
-            .join(",")
+        addr_list(self.nodes.iter().map(|n| n.port))
     }
 
     /// The number of nodes: 3.
@@ -537,11 +535,7 @@ impl Node {
     fn new(index: usize, dir: PathBuf, name: &str, ports: &[u16], owner: Option<Owner>) -> Node {
         let port = ports[index];
         let galera = port + GALERA_PORT_OFFSET;
-        let peers = ports
-            .iter()
-            .map(|p| format!("127.0.0.1:{}", p + GALERA_PORT_OFFSET))
-            .collect::<Vec<_>>()
-            .join(",");
+        let peers = addr_list(ports.iter().map(|p| p + GALERA_PORT_OFFSET));
         let provider_options = [
             format!("gmcast.listen_addr=tcp://127.0.0.1:{galera}"),
             format!("ist.recv_addr=127.0.0.1:{}", port + GALERA_IST_OFFSET),

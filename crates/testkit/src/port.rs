@@ -184,6 +184,18 @@ pub(crate) fn galera_ports() -> io::Result<u16> {
     ))
 }
 
+/// `127.0.0.1:N1,127.0.0.1:N2,…`: the addresses of `ports` on 127.0.0.1, in order.
+///
+/// Why: how a cluster's nodes are named to the service (`FLASHSALE_DATABASE_NODES`,
+/// `FLASHSALE_REDIS_CLUSTER_NODES`) and to Galera (`gcomm://`).
+pub(crate) fn addr_list(ports: impl IntoIterator<Item = u16>) -> String {
+    ports
+        .into_iter()
+        .map(|port| format!("127.0.0.1:{port}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

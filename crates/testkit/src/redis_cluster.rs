@@ -8,7 +8,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, FromRedisValue};
 use tempfile::TempDir;
 
-use crate::port::cluster_port;
+use crate::port::{addr_list, cluster_port};
 use crate::process::{self, NotReady};
 use crate::redis_server::{redis_server, REDIS_SERVER};
 
@@ -145,11 +145,7 @@ impl RedisCluster {
     /// Why: the format of `FLASHSALE_REDIS_CLUSTER_NODES`; a client seeded with every
     /// node still finds the cluster when some are dead.
     pub fn seed_nodes(&self) -> String {
-        self.nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port))
-            .collect::<Vec<_>>()
-            .join(",")
+        addr_list(self.ports())
     }
 
     /// `redis://127.0.0.1:N/` for each of the six nodes, killed ones included.
