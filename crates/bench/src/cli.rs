@@ -62,50 +62,44 @@ impl Scenario {
     }
 }
 
-/// What the server serves `POST /v1/purchases` with (`FLASHSALE_STRATEGY`).
+/// What the server serves `POST /v1/purchases` with (`FLASHSALE_STRATEGY`), by the name
+/// the server takes. The bench only names a strategy to the server, so a strategy here
+/// is its name, one of [`Strategy::ALL`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Strategy {
-    /// flashsale's own path: Redis hold + durable reservation, every guarantee.
-    Flashsale,
-    /// Baseline: `SELECT … FOR UPDATE` on the stock row per attempt.
-    DbPessimistic,
-    /// Baseline: conditional `UPDATE … WHERE available_stock >= q` per attempt.
-    DbConditional,
-    /// Baseline: the seeds' Lua check-and-decrement in Redis, then an order insert.
-    RedisLua,
-    /// Baseline: a version read, then `UPDATE … WHERE version = v AND available_stock >=
-    /// q` with the order, retried on conflict (bounded).
-    DbOptimistic,
-    /// Baseline: a per-product Redis lock (`SET NX PX`, released by token) around the
-    /// database deduction and the order.
-    RedisLock,
-    /// Not a strategy: every purchase parsed and answered `sold_out` with no store
-    /// touched — the HTTP ceiling of the purchase endpoint (a POST with a JSON body).
-    HttpPostCeiling,
-}
+pub struct Strategy(&'static str);
 
 impl Strategy {
+    /// flashsale's own path: Redis hold + durable reservation, every guarantee.
+    pub const FLASHSALE: Strategy = Strategy("flashsale");
+    /// Baseline: `SELECT … FOR UPDATE` on the stock row per attempt.
+    pub const DB_PESSIMISTIC: Strategy = Strategy("db-pessimistic");
+    /// Baseline: conditional `UPDATE … WHERE available_stock >= q` per attempt.
+    pub const DB_CONDITIONAL: Strategy = Strategy("db-conditional");
+    /// Baseline: a version read, then `UPDATE … WHERE version = v AND available_stock >=
+    /// q` with the order, retried on conflict (bounded).
+    pub const DB_OPTIMISTIC: Strategy = Strategy("db-optimistic");
+    /// Baseline: a per-product Redis lock (`SET NX PX`, released by token) around the
+    /// database deduction and the order.
+    pub const REDIS_LOCK: Strategy = Strategy("redis-lock");
+    /// Baseline: the seeds' Lua check-and-decrement in Redis, then an order insert.
+    pub const REDIS_LUA: Strategy = Strategy("redis-lua");
+    /// Not a strategy: every purchase parsed and answered `sold_out` with no store
+    /// touched — the HTTP ceiling of the purchase endpoint (a POST with a JSON body).
+    pub const HTTP_POST_CEILING: Strategy = Strategy("http-post-ceiling");
+
     pub const ALL: [Strategy; 7] = [
-        Strategy::Flashsale,
-        Strategy::DbPessimistic,
-        Strategy::DbConditional,
-        Strategy::DbOptimistic,
-        Strategy::RedisLock,
-        Strategy::RedisLua,
-        Strategy::HttpPostCeiling,
+        Strategy::FLASHSALE,
+        Strategy::DB_PESSIMISTIC,
+        Strategy::DB_CONDITIONAL,
+        Strategy::DB_OPTIMISTIC,
+        Strategy::REDIS_LOCK,
+        Strategy::REDIS_LUA,
+        Strategy::HTTP_POST_CEILING,
     ];
 
     /// The name the server's `FLASHSALE_STRATEGY` takes.
     pub fn name(self) -> &'static str {
-        match self {
-            Strategy::Flashsale => "flashsale",
-            Strategy::DbPessimistic => "db-pessimistic",
-            Strategy::DbConditional => "db-conditional",
-            Strategy::RedisLua => "redis-lua",
-            Strategy::DbOptimistic => "db-optimistic",
-            Strategy::RedisLock => "redis-lock",
-            Strategy::HttpPostCeiling => "http-post-ceiling",
-        }
+        self.0
     }
 
     pub fn parse(raw: &str) -> Option<Self> {
@@ -115,7 +109,7 @@ impl Strategy {
     /// A benchmark baseline: writes no reservation rows and no Redis holds, so the
     /// checks built on them (and `flashsale audit`) do not apply.
     pub fn is_baseline(self) -> bool {
-        self != Strategy::Flashsale
+        self != Strategy::FLASHSALE
     }
 }
 
@@ -472,14 +466,14 @@ pub enum Row {
 /// flushing what the run before wrote) must not flatter the rest.
 pub const COMPARE_ROWS: [Row; 10] = [
     Row::Ceiling,
-    Row::Purchase(Strategy::HttpPostCeiling),
+    Row::Purchase(Strategy::HTTP_POST_CEILING),
     Row::Sql,
-    Row::Purchase(Strategy::DbPessimistic),
-    Row::Purchase(Strategy::DbConditional),
-    Row::Purchase(Strategy::DbOptimistic),
-    Row::Purchase(Strategy::RedisLock),
-    Row::Purchase(Strategy::RedisLua),
-    Row::Purchase(Strategy::Flashsale),
+    Row::Purchase(Strategy::DB_PESSIMISTIC),
+    Row::Purchase(Strategy::DB_CONDITIONAL),
+    Row::Purchase(Strategy::DB_OPTIMISTIC),
+    Row::Purchase(Strategy::REDIS_LOCK),
+    Row::Purchase(Strategy::REDIS_LUA),
+    Row::Purchase(Strategy::FLASHSALE),
     Row::Ceiling,
 ];
 
@@ -489,10 +483,10 @@ pub const COMPARE_ROWS: [Row; 10] = [
 /// is a transaction of its own (a commit, and on Galera a replication, each): the nearest
 /// thing to flashsale without group commit that needs no build of its own.
 pub const GALERA_ROWS: [(Strategy, Database); 4] = [
-    (Strategy::Flashsale, Database::OneNode),
-    (Strategy::Flashsale, Database::Galera),
-    (Strategy::DbConditional, Database::OneNode),
-    (Strategy::DbConditional, Database::Galera),
+    (Strategy::FLASHSALE, Database::OneNode),
+    (Strategy::FLASHSALE, Database::Galera),
+    (Strategy::DB_CONDITIONAL, Database::OneNode),
+    (Strategy::DB_CONDITIONAL, Database::Galera),
 ];
 
 /// The sizes of one run, after the scenario's defaults and the flags.
@@ -714,7 +708,7 @@ impl Args {
     /// server is not spawned by the bench (--server-env is ignored then).
     pub fn strategy(&self) -> Result<Strategy, String> {
         if !self.spawn {
-            return Ok(Strategy::Flashsale);
+            return Ok(Strategy::FLASHSALE);
         }
         match self
             .server_env
@@ -722,7 +716,7 @@ impl Args {
             .rev()
             .find(|(k, _)| k == STRATEGY_ENV)
         {
-            None => Ok(Strategy::Flashsale),
+            None => Ok(Strategy::FLASHSALE),
             Some((_, v)) => Strategy::parse(v).ok_or_else(|| {
                 let names: Vec<&str> = Strategy::ALL.iter().map(|s| s.name()).collect();
                 format!(
@@ -767,7 +761,7 @@ impl Args {
             return Ok(vec![RunSpec {
                 label: SQL_LABEL.to_owned(),
                 target: Target::Sql,
-                strategy: Some(Strategy::DbConditional),
+                strategy: Some(Strategy::DB_CONDITIONAL),
                 server_env: self.server_env.clone(),
                 server_log: self.server_log.clone(),
                 database,
@@ -813,7 +807,7 @@ impl Args {
                     Row::Ceiling => (CEILING_AGAIN_LABEL, Target::Healthz, None),
                     Row::Purchase(s) => (s.name(), Target::Purchase, Some(s)),
                     // Its server only creates the product, as a db-conditional server.
-                    Row::Sql => (SQL_LABEL, Target::Sql, Some(Strategy::DbConditional)),
+                    Row::Sql => (SQL_LABEL, Target::Sql, Some(Strategy::DB_CONDITIONAL)),
                 };
                 self.compare_run(label, target, strategy, database)
             })
@@ -903,17 +897,17 @@ mod tests {
         assert_eq!(runs[0].label, CEILING_LABEL);
         let default = parse(&["rush"]).runs().expect("ok");
         assert_eq!(default[0].target, Target::Purchase);
-        assert_eq!(default[0].strategy, Some(Strategy::Flashsale));
+        assert_eq!(default[0].strategy, Some(Strategy::FLASHSALE));
         let baseline = parse(&[
             "rush",
             "--spawn",
             "--server-env",
             "FLASHSALE_STRATEGY=redis-lua",
         ]);
-        assert_eq!(baseline.strategy(), Ok(Strategy::RedisLua));
+        assert_eq!(baseline.strategy(), Ok(Strategy::REDIS_LUA));
         assert_eq!(baseline.runs().expect("ok")[0].label, "redis-lua");
         let not_spawned = parse(&["rush", "--server-env", "FLASHSALE_STRATEGY=redis-lua"]);
-        assert_eq!(not_spawned.strategy(), Ok(Strategy::Flashsale));
+        assert_eq!(not_spawned.strategy(), Ok(Strategy::FLASHSALE));
     }
 
     // Checks --redis-cluster-nodes: a spawned server gets it as its cluster setting,
@@ -1115,7 +1109,7 @@ mod tests {
         assert_eq!(runs.len(), 1);
         assert_eq!(runs[0].label, SQL_LABEL);
         assert_eq!(runs[0].target, Target::Sql);
-        assert_eq!(runs[0].strategy, Some(Strategy::DbConditional));
+        assert_eq!(runs[0].strategy, Some(Strategy::DB_CONDITIONAL));
         let cli = |list: &[&str]| {
             Args::try_parse_from(std::iter::once("flashsale-bench").chain(list.iter().copied()))
         };

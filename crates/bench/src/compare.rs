@@ -16,7 +16,7 @@ use crate::report::{human_us, BenchResult};
 pub const SCHEMA: &str = "flashsale-bench-compare/2";
 /// The second yardstick of the ratios: the simplest database design that sells exactly
 /// the stock (one conditional UPDATE per attempt), what flashsale has to beat.
-pub const REFERENCE: Strategy = Strategy::DbConditional;
+pub const REFERENCE: Strategy = Strategy::DB_CONDITIONAL;
 /// The third: the same transaction with no HTTP and no server (`sql-conditional`, the
 /// bench calling it on MariaDB itself), the floor under every database strategy.
 pub const FLOOR: &str = SQL_LABEL;
@@ -354,7 +354,7 @@ pub fn add_one_node_ratios(rows: &mut [CompareRow], by_orders: bool) {
 /// Whether no flashsale run found a violation.
 pub fn flashsale_passed(rows: &[CompareRow]) -> bool {
     rows.iter()
-        .filter(|r| r.strategy.as_deref() == Some(Strategy::Flashsale.name()))
+        .filter(|r| r.strategy.as_deref() == Some(Strategy::FLASHSALE.name()))
         .all(|r| r.verdict != "FAIL")
 }
 
@@ -366,7 +366,7 @@ pub fn notes(rows: &[CompareRow]) -> Vec<String> {
             REFERENCE.name()
         ),
         format!("{FLOOR}: {}'s transaction with no HTTP and no server — the bench calls its stored procedure (CALL baseline_conditional, one round trip) on the server's database itself, closed loop on connections of its own (at most {}), the same attempts, users and request_ids: the floor under every database strategy. Its server only created the product and was stopped (srv CPU: none); a CALL's answer is counted as the server's would be (201, 200, 409 sold_out, 503 on a database error).", REFERENCE.name(), crate::sql::CLIENTS_MAX),
-        format!("{}: the purchase endpoint with no strategy behind it — every attempt read, parsed and answered 409 sold_out, no store touched: what a POST with a JSON body costs the server and the generator beyond {CEILING_LABEL}'s GET, the floor of any purchase path's cost (a run of one may still measure above it: the machine's speed drifts between runs).", Strategy::HttpPostCeiling.name()),
+        format!("{}: the purchase endpoint with no strategy behind it — every attempt read, parsed and answered 409 sold_out, no store touched: what a POST with a JSON body costs the server and the generator beyond {CEILING_LABEL}'s GET, the floor of any purchase path's cost (a run of one may still measure above it: the machine's speed drifts between runs).", Strategy::HTTP_POST_CEILING.name()),
         "p50, p99: latency of the run's requests (purchase; healthz for the ceiling) from send (open loop: intended send) to answer; 503 re-sends count as requests of their own.".into(),
         "per order: deltas of server-wide counters over the load divided by the orders created — Redis commands (INFO commandstats, including those run inside Lua scripts) and script calls (EVAL/EVALSHA/FCALL round trips); MariaDB Com_commit (COMMIT statements) and Handler_commit (engine commits, autocommit statements included); the server's background workers and anything else on the same Redis or MariaDB are counted too. '-': not measured (the ceilings make no orders).".into(),
         "srv CPU µs, all CPU µs: CPU time over the load per attempt sent (per request for the ceilings), from /proc — the server's, and the whole machine's busy time (server, generator, Redis, MariaDB, NATS, the kernel's work for them, anything else running); every run's summary splits it by process. It moves less than throughput when the box's share of its host drifts (time the host gives to others is not counted), but still with how fast the CPU runs.".into(),
@@ -389,7 +389,7 @@ pub fn notes(rows: &[CompareRow]) -> Vec<String> {
     }
     for row in rows {
         for v in &row.violations {
-            let judged = if row.strategy.as_deref() == Some(Strategy::Flashsale.name()) {
+            let judged = if row.strategy.as_deref() == Some(Strategy::FLASHSALE.name()) {
                 ""
             } else {
                 " (a baseline: reported, not judged)"
@@ -619,7 +619,7 @@ fn median_nodes(rows: &[&CompareRow]) -> Option<NodeFigures> {
 pub fn median_round(rounds: &[&[CompareRow]]) -> usize {
     let flashsale = |rows: &[CompareRow]| {
         rows.iter()
-            .find(|r| r.strategy.as_deref() == Some(Strategy::Flashsale.name()))
+            .find(|r| r.strategy.as_deref() == Some(Strategy::FLASHSALE.name()))
             .and_then(|r| r.vs_ceiling)
     };
     let Some(mid) = median(rounds.iter().filter_map(|r| flashsale(r)).collect()) else {
@@ -1280,7 +1280,7 @@ mod tests {
     fn a_round_that_failed_to_run_a_row_leaves_the_others() {
         let mut second = round(10_000, 5_000, true);
         second[2] = RunOutcome {
-            spec: spec("flashsale", Some(Strategy::Flashsale)),
+            spec: spec("flashsale", Some(Strategy::FLASHSALE)),
             result: Err("the server exited during startup".into()),
         };
         second[0] = RunOutcome {

@@ -942,7 +942,7 @@ fn run_names(runs: &[&BenchResult]) -> Vec<String> {
 
 /// The ceilings (GET and POST) are drawn dashed: yardsticks, not strategies.
 fn is_a_ceiling(r: &BenchResult) -> bool {
-    r.is_ceiling() || r.config.strategy.as_deref() == Some(Strategy::HttpPostCeiling.name())
+    r.is_ceiling() || r.config.strategy.as_deref() == Some(Strategy::HTTP_POST_CEILING.name())
 }
 
 /// Each run's latency percentile curve (of its main requests: purchases, healthz for
