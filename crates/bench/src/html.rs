@@ -945,48 +945,53 @@ fn is_a_ceiling(r: &BenchResult) -> bool {
     r.is_ceiling() || r.config.strategy.as_deref() == Some(Strategy::HTTP_POST_CEILING.name())
 }
 
-/// Each run's latency percentile curve (of its main requests: purchases, healthz for
-/// the ceiling) on one chart.
-pub fn compare_latency_chart(report: &CompareReport) -> Chart {
+/// One series per run of a comparison, each in a colour of its own and a ceiling's
+/// dashed: `draw` gives a run's series name (from the run's name) and points, or None to
+/// leave the run out.
+fn run_series(
+    report: &CompareReport,
+    draw: impl Fn(&BenchResult, String) -> Option<(String, Vec<(f64, f64)>)>,
+) -> Vec<Series> {
     let runs = report.chart_runs();
-    let series = runs
-        .iter()
+    runs.iter()
         .zip(run_names(&runs))
         .zip(RUN_COLORS.iter().cycle())
         .filter_map(|((r, name), color)| {
-            let o = r.main_op().filter(|o| o.latency.count > 0)?;
+            let (name, points) = draw(r, name)?;
             Some(Series {
-                name: format!("{name} (max {})", human_us(o.latency.max_us)),
+                name,
                 color,
                 dashed: is_a_ceiling(r),
-                points: curve_points(&o.curve),
+                points,
             })
         })
-        .collect();
+        .collect()
+}
+
+/// Each run's latency percentile curve (of its main requests: purchases, healthz for
+/// the ceiling) on one chart.
+pub fn compare_latency_chart(report: &CompareReport) -> Chart {
+    let series = run_series(report, |r, name| {
+        let o = r.main_op().filter(|o| o.latency.count > 0)?;
+        let name = format!("{name} (max {})", human_us(o.latency.max_us));
+        Some((name, curve_points(&o.curve)))
+    });
     latency_axes("Latency by strategy (percentile curve, log scale)", series)
 }
 
 /// Each run's answers per second over time on one chart.
 pub fn compare_throughput_chart(report: &CompareReport) -> Chart {
-    let runs = report.chart_runs();
-    let series = runs
-        .iter()
-        .zip(run_names(&runs))
-        .zip(RUN_COLORS.iter().cycle())
-        .map(|((r, name), color)| Series {
-            name,
-            color,
-            dashed: is_a_ceiling(r),
-            points: r
-                .timeline
-                .iter()
-                .map(|b| {
-                    let all = b.ok + b.rejected + b.unavailable + b.transport_errors;
-                    rate_point(b, r.timeline_step_ms, all, r.elapsed_s)
-                })
-                .collect(),
-        })
-        .collect();
+    let series = run_series(report, |r, name| {
+        let points = r
+            .timeline
+            .iter()
+            .map(|b| {
+                let all = b.ok + b.rejected + b.unavailable + b.transport_errors;
+                rate_point(b, r.timeline_step_ms, all, r.elapsed_s)
+            })
+            .collect();
+        Some((name, points))
+    });
     Chart {
         title: "Answers per second over time, by strategy".into(),
         x_label: "seconds since the start of each run's load".into(),
