@@ -849,7 +849,7 @@ pub fn table(report: &CompareReport) -> String {
 mod tests {
     use super::*;
     use crate::cli::Target;
-    use crate::report::tests::sample;
+    use crate::report::tests::{ceiling_sample, sample};
 
     fn meta() -> Meta {
         Meta {
@@ -882,12 +882,9 @@ mod tests {
     }
 
     fn ceiling(sent: u64) -> BenchResult {
-        let mut r = sample();
-        r.config.target = "healthz".into();
-        r.config.strategy = None;
+        let mut r = ceiling_sample();
         r.elapsed_s = 1.0;
         r.attempts.sent = sent;
-        r.ops[0].op = "healthz".into();
         r.checks.skipped = vec!["order checks: the ceiling sends no purchase".into()];
         r
     }

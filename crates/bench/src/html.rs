@@ -1097,7 +1097,7 @@ pub fn compare_report(report: &CompareReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::tests::sample;
+    use crate::report::tests::{ceiling_sample, sample};
     use clap::Parser as _;
 
     fn svgs(html: &str) -> Vec<&str> {
@@ -1319,10 +1319,7 @@ mod tests {
     // ceiling and flashsale), and whose table holds the comparison's headers and rows.
     #[test]
     fn compare_page_embeds_parsable_shared_plots() {
-        let mut ceiling = sample();
-        ceiling.config.target = "healthz".into();
-        ceiling.config.strategy = None;
-        ceiling.ops[0].op = "healthz".into();
+        let ceiling = ceiling_sample();
         let report = crate::compare::build(
             crate::compare::Meta {
                 scenario: "rush".into(),

@@ -954,6 +954,16 @@ pub(crate) mod tests {
         }
     }
 
+    /// The sample turned into an HTTP-ceiling run: healthz for its target and its one
+    /// op, no strategy.
+    pub(crate) fn ceiling_sample() -> BenchResult {
+        let mut r = sample();
+        r.config.target = "healthz".into();
+        r.config.strategy = None;
+        r.ops[0].op = "healthz".into();
+        r
+    }
+
     // Checks the JSON schema round trip: a result with every field set serializes and
     // parses back to an equal value; the file carries the schema name and the documented
     // top-level keys; a bucket without rss_kb and a result without targets parse (the
@@ -1002,10 +1012,7 @@ pub(crate) mod tests {
     // skipped checks.
     #[test]
     fn ceiling_summary_has_no_order_figures() {
-        let mut r = sample();
-        r.config.target = "healthz".into();
-        r.config.strategy = None;
-        r.ops[0].op = "healthz".into();
+        let mut r = ceiling_sample();
         r.checks.client_passed.clear();
         r.checks.skipped = vec!["order checks and audit: no purchase".into()];
         let text = summary_table(&r);
