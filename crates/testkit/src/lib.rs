@@ -20,6 +20,7 @@
 //!
 //! Nothing here is meant for production code: it is a dev-dependency only.
 
+mod cluster;
 mod db;
 mod galera;
 mod keys;

@@ -9,10 +9,10 @@ use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::cluster::poll_until;
 use crate::nats_server::{greets, CONFIG_FILE, NATS_SERVER, STORE_DIR};
 use crate::port::free_port;
 use crate::process::{self, NotReady};
-use crate::redis_cluster::poll_until;
 
 /// Servers of the cluster: the fewest in which one may die and the other two are still a
 /// majority, which elects a new leader of every stream and of JetStream's metadata.

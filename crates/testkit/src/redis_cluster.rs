@@ -2,12 +2,13 @@ use std::io;
 use std::ops::RangeInclusive;
 use std::path::Path;
 use std::process::Child;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, FromRedisValue};
 use tempfile::TempDir;
 
+use crate::cluster::poll_until;
 use crate::port::{addr_list, cluster_port};
 use crate::process::{self, NotReady};
 use crate::redis_server::{redis_server, REDIS_SERVER};
@@ -60,10 +61,6 @@ const FAILOVER_BOUND_NODE_TIMEOUTS: u32 = 10;
 /// Longest wait, after a slot migration, until every node names the new owner (the
 /// primaries are told directly; the replicas learn it from the next heartbeat).
 const AGREE_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// Pause between two checks of the cluster's state while waiting for it: short next
-/// to the node timeout, long enough not to load six nodes.
-const POLL_INTERVAL: Duration = Duration::from_millis(100);
 
 /// The most product ids [`RedisCluster::product_on`] tries: a primary owns about a
 /// third of the slots, so the first match is found within a few ids; more than this
@@ -565,33 +562,6 @@ async fn node_formed(port: u16) -> Result<(), String> {
         return Err(format!("node {port}: replica not in sync yet"));
     }
     Ok(())
-}
-
-/// Polls `check` every [`POLL_INTERVAL`] until it returns Ok, for at most `bound`;
-/// on timeout, the error names `what` and the last reason `check` gave.
-pub(crate) async fn poll_until<T, F, Fut>(
-    bound: Duration,
-    what: &str,
-    mut check: F,
-) -> io::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + bound;
-    loop {
-        let reason = match check().await {
-            Ok(done) => return Ok(done),
-            Err(reason) => reason,
-        };
-        if Instant::now() >= deadline {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("waited {bound:?} for {what}; last: {reason}"),
-            ));
-        }
-        tokio::time::sleep(POLL_INTERVAL).await;
-    }
 }
 
 /// `redis://127.0.0.1:<port>/`.

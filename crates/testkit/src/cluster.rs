@@ -1,0 +1,36 @@
+//! What the private clusters (Redis Cluster, NATS JetStream) share.
+
+use std::io;
+use std::time::{Duration, Instant};
+
+/// Pause between two checks of a cluster's state while waiting for it: short next to
+/// the seconds a cluster takes to form, fail over or elect a leader, long enough not to
+/// load its nodes (six for a Redis Cluster).
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Polls `check` every [`POLL_INTERVAL`] until it returns Ok, for at most `bound`;
+/// on timeout, the error names `what` and the last reason `check` gave.
+pub(crate) async fn poll_until<T, F, Fut>(
+    bound: Duration,
+    what: &str,
+    mut check: F,
+) -> io::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + bound;
+    loop {
+        let reason = match check().await {
+            Ok(done) => return Ok(done),
+            Err(reason) => reason,
+        };
+        if Instant::now() >= deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("waited {bound:?} for {what}; last: {reason}"),
+            ));
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
