@@ -13,6 +13,7 @@ use sqlx::{Connection, MySqlConnection, Row};
 use tempfile::TempDir;
 use tokio::sync::OnceCell;
 
+use crate::cluster::QUORUM_NODE_COUNT as NODE_COUNT;
 use crate::mariadb::{
     install, path_arg, DATA_DIR, INNODB_BUFFER_POOL_SIZE, INNODB_LOG_FILE_SIZE, MARIADBD, TMP_DIR,
 };
@@ -20,11 +21,6 @@ use crate::port::{
     addr_list, galera_ports, GALERA_IST_OFFSET, GALERA_PORT_OFFSET, GALERA_SST_OFFSET,
 };
 use crate::process::{self, NotReady, POLL_INTERVAL};
-
-/// Nodes of the cluster: the smallest count where one node can die, or be cut off, and
-/// the two others are still a majority (the Primary Component) that goes on taking
-/// writes.
-const NODE_COUNT: usize = 3;
 
 /// The Galera 4 provider of Debian's `galera-4` package (a dependency of
 /// `mariadb-server`).

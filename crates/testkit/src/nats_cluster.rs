@@ -9,14 +9,10 @@ use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::cluster::poll_until;
+use crate::cluster::{poll_until, QUORUM_NODE_COUNT as NODE_COUNT};
 use crate::nats_server::{greets, CONFIG_FILE, NATS_SERVER, STORE_DIR};
 use crate::port::free_port;
 use crate::process::{self, NotReady};
-
-/// Servers of the cluster: the fewest in which one may die and the other two are still a
-/// majority, which elects a new leader of every stream and of JetStream's metadata.
-const NODE_COUNT: usize = 3;
 
 /// The cluster's name (`cluster { name }`): routes only join servers of the same name.
 const CLUSTER_NAME: &str = "fs-test";
