@@ -692,15 +692,13 @@ mod tests {
     // one to another time.
     #[test]
     fn timeline_step_follows_the_run_length() {
+        // A purchase answered `status` in a millisecond, sent `at` into the load.
+        let purchase = |rec: &mut Recorder, status: u16, at: Duration| {
+            rec.record(Op::Purchase, status, None, Duration::from_millis(1), at);
+        };
         let mut quick = Recorder::default();
         for ms in (0..2_000).step_by(10) {
-            quick.record(
-                Op::Purchase,
-                201,
-                None,
-                Duration::from_millis(1),
-                Duration::from_millis(ms),
-            );
+            purchase(&mut quick, 201, Duration::from_millis(ms));
         }
         assert_eq!(quick.timeline.step_ms(), TIMELINE_STEP_MIN_MS);
         assert_eq!(quick.timeline.buckets().len(), 20);
@@ -709,23 +707,11 @@ mod tests {
         let mut long = Recorder::default();
         let mut short = Recorder::default();
         for s in 0..RUN_SECONDS_MAX {
-            long.record(
-                Op::Purchase,
-                409,
-                None,
-                Duration::from_millis(1),
-                Duration::from_secs(s),
-            );
+            purchase(&mut long, 409, Duration::from_secs(s));
         }
         long.note_rss(Duration::from_secs(7), 5_000);
         long.note_rss(Duration::from_secs(8), 7_000);
-        short.record(
-            Op::Purchase,
-            201,
-            None,
-            Duration::from_millis(1),
-            Duration::from_millis(1_850),
-        );
+        purchase(&mut short, 201, Duration::from_millis(1_850));
         assert!(long.timeline.buckets().len() <= TIMELINE_BUCKETS_MAX);
         assert!(long.timeline.buckets().len() > TIMELINE_BUCKETS_MAX / 2);
         let step = long.timeline.step_ms();
