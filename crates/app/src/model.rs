@@ -1,9 +1,11 @@
 //! Records the use cases read and return.
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use flashsale_core::{
     AdminName, CancelReason, HoldRef, OrderId, OrderStatus, ProductId, PurchaseRequest, Quantity,
-    ReleaseReason, RequestId, SaleWindow, StockMode, UserId,
+    ReleaseReason, RequestId, SaleWindow, StockMode, Terms, UserId,
 };
 
 /// A product as the ledger stores it.
@@ -23,6 +25,17 @@ pub struct Product {
     /// while it is, and pay, cancel and expiry go on (`control.rs`).
     pub paused: bool,
     pub created_at: DateTime<Utc>,
+}
+
+impl Product {
+    /// The terms its purchases are committed under, orders waiting `payment_timeout`
+    /// (the service's) for their payment.
+    pub fn terms(&self, payment_timeout: Duration) -> Terms {
+        Terms {
+            per_user_limit: self.per_user_limit,
+            payment_timeout,
+        }
+    }
 }
 
 /// An order, the durable result of an accepted purchase.

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use flashsale_core::{
     AdminName, CancelReason, Generation, HoldId, HoldRef, InventoryCounters, NewProduct, OrderId,
-    ProductId, PurchaseRequest, Quantity, ReleaseReason, RequestId, StockMode, UserId,
+    ProductId, PurchaseRequest, Quantity, ReleaseReason, RequestId, StockMode, Terms, UserId,
 };
 
 use crate::model::{Order, Product, PurchaseRecord};
@@ -506,16 +506,11 @@ pub trait Ledger: Send + Sync + 'static {
     ) -> Result<Option<InventoryCounters>, LedgerError>;
 
     /// In one transaction: the reservation (PROCESSING), the order (PENDING_PAYMENT,
-    /// expiring `payment_timeout` after the database's now), the reserve log row, and the
-    /// counters — unless the request_id is already taken, the ledger's own counters say
-    /// there is not enough stock, or the hold's stock generation is no longer current.
-    async fn commit_purchase(
-        &self,
-        request: &PurchaseRequest,
-        hold: HoldRef,
-        per_user_limit: Option<u32>,
-        payment_timeout: Duration,
-    ) -> Result<Commit, LedgerError>;
+    /// expiring the terms' payment timeout after the database's now), the reserve log
+    /// row, and the counters — unless the request_id is already taken, the ledger's own
+    /// counters say there is not enough stock, or the hold's stock generation is no
+    /// longer current.
+    async fn commit_purchase(&self, purchase: &HeldPurchase) -> Result<Commit, LedgerError>;
 
     /// The answer of this very hold's commit when this process is committing it now (a
     /// concurrent duplicate of the purchase): what [`Ledger::commit_purchase`] would
@@ -525,14 +520,8 @@ pub trait Ledger: Send + Sync + 'static {
     /// flight): the caller then reads [`Ledger::find_purchase`]. A replay that finds its
     /// hold in the gate asks this first, and skips the read its first attempt's commit is
     /// about to answer anyway.
-    async fn join_commit(
-        &self,
-        request: &PurchaseRequest,
-        hold: HoldRef,
-        per_user_limit: Option<u32>,
-        payment_timeout: Duration,
-    ) -> Option<Result<Commit, LedgerError>> {
-        let _ = (request, hold, per_user_limit, payment_timeout);
+    async fn join_commit(&self, purchase: &HeldPurchase) -> Option<Result<Commit, LedgerError>> {
+        let _ = purchase;
         None
     }
 
@@ -547,9 +536,7 @@ pub trait Ledger: Send + Sync + 'static {
     /// (on the database's clock) [`Commit::Settling`].
     async fn commit_ledger_purchase(
         &self,
-        request: &PurchaseRequest,
-        per_user_limit: Option<u32>,
-        payment_timeout: Duration,
+        purchase: &LedgerPurchase,
     ) -> Result<Commit, LedgerError>;
 
     /// Takes the request_id with a RELEASED reservation and no order, so no attempt can
@@ -615,6 +602,34 @@ pub enum CreateProduct {
     Created(Product),
     /// The product id is taken; the stored product and its total stock.
     Exists(Product, i64),
+}
+
+/// A purchase to commit for the hold the gate gave it, on the terms it is sold under:
+/// what [`Ledger::commit_purchase`] writes, and what a group commit queues.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldPurchase {
+    pub request: PurchaseRequest,
+    pub hold: HoldRef,
+    pub terms: Terms,
+}
+
+impl HeldPurchase {
+    /// `request` (its own copy) with `hold`, on `terms`.
+    pub fn new(request: &PurchaseRequest, hold: HoldRef, terms: Terms) -> Self {
+        Self {
+            request: request.clone(),
+            hold,
+            terms,
+        }
+    }
+}
+
+/// A purchase of a product in ledger mode, which has no gate hold: the ledger hands out
+/// the hold id in the commit ([`Ledger::commit_ledger_purchase`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerPurchase {
+    pub request: PurchaseRequest,
+    pub terms: Terms,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -35,9 +35,9 @@ use crate::model::{
 };
 use crate::modes::ModeBoard;
 use crate::ports::{
-    Clock, Commit, CreateProduct, ErrorKind, ExistingHold, Fence, GateMaintenance, LeaseListener,
-    Ledger, LedgerError, RecordRestock, Release, ReleaseOf, Reserve, Restock, SoldOutLease,
-    StaleHold, StockGate,
+    Clock, Commit, CreateProduct, ErrorKind, ExistingHold, Fence, GateMaintenance, HeldPurchase,
+    LeaseListener, Ledger, LedgerError, LedgerPurchase, RecordRestock, Release, ReleaseOf, Reserve,
+    Restock, SoldOutLease, StaleHold, StockGate,
 };
 use crate::sold_out::{Check, Heard, SoldOutBoard, Taking, HOLDERS_MAX};
 
@@ -485,11 +485,10 @@ impl Flashsale {
         }
         let committed = self
             .ledger
-            .commit_ledger_purchase(
-                &request,
-                product.per_user_limit,
-                self.settings.payment_timeout,
-            )
+            .commit_ledger_purchase(&LedgerPurchase {
+                request: request.clone(),
+                terms: product.terms(self.settings.payment_timeout),
+            })
             .await;
         match committed {
             Ok(Commit::Committed(order)) => {
@@ -549,8 +548,8 @@ impl Flashsale {
             Reserve::Reserved { hold } => {
                 // Crash tests stop here: units taken in Redis, nothing in MariaDB yet.
                 fail::fail_point!("purchase-after-reserve");
-                self.commit(&request, hold, product.per_user_limit, HoldOrigin::Fresh)
-                    .await
+                let held = self.held(&request, hold, &product);
+                self.commit(held, HoldOrigin::Fresh).await
             }
             Reserve::Existing(hold) => self.existing_hold(&request, &product, hold).await,
             Reserve::SoldOut { unseen, lease } => {
@@ -611,12 +610,7 @@ impl Flashsale {
         if !hold.released {
             let joined = self
                 .ledger
-                .join_commit(
-                    request,
-                    hold.hold,
-                    product.per_user_limit,
-                    self.settings.payment_timeout,
-                )
+                .join_commit(&self.held(request, hold.hold, product))
                 .await;
             if let Some(committed) = joined {
                 return self
@@ -640,13 +634,8 @@ impl Flashsale {
         }
         // The first attempt is still in flight, or died before its commit:
         // complete it. The ledger's unique key lets exactly one commit win.
-        self.commit(
-            request,
-            hold.hold,
-            product.per_user_limit,
-            HoldOrigin::Earlier,
-        )
-        .await
+        let held = self.held(request, hold.hold, product);
+        self.commit(held, HoldOrigin::Earlier).await
     }
 
     /// The gate's reservation. A gate that does not answer marks the product as bought
@@ -732,19 +721,16 @@ impl Flashsale {
         }
     }
 
+    /// `request` with the hold the gate gave it, to commit on `product`'s terms.
+    fn held(&self, request: &PurchaseRequest, hold: HoldRef, product: &Product) -> HeldPurchase {
+        HeldPurchase::new(request, hold, product.terms(self.settings.payment_timeout))
+    }
+
     /// Writes the order for a hold.
-    async fn commit(
-        &self,
-        request: &PurchaseRequest,
-        hold: HoldRef,
-        per_user_limit: Option<u32>,
-        origin: HoldOrigin,
-    ) -> Result<Purchased, Error> {
-        let committed = self
-            .ledger
-            .commit_purchase(request, hold, per_user_limit, self.settings.payment_timeout)
-            .await;
-        self.committed(request, hold, origin, committed).await
+    async fn commit(&self, held: HeldPurchase, origin: HoldOrigin) -> Result<Purchased, Error> {
+        let committed = self.ledger.commit_purchase(&held).await;
+        self.committed(&held.request, held.hold, origin, committed)
+            .await
     }
 
     /// The answer to a purchase from its hold's commit, `committed`: the order, or the

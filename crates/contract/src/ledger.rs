@@ -8,19 +8,27 @@ use async_trait::async_trait;
 use chrono::{TimeZone, Utc};
 use flashsale_app::modes::LEDGER_SALES_AFTER_SWITCH;
 use flashsale_app::ports::{
-    AuditSchedule, AuditVerdict, Commit, CreateProduct, ExpiredOrder, Fence, Leave,
-    LedgerMaintenance, ModeSwitch, RecordRestock, ReleaseOf,
+    AuditSchedule, AuditVerdict, Commit, CreateProduct, ExpiredOrder, Fence, HeldPurchase, Leave,
+    LedgerMaintenance, LedgerPurchase, ModeSwitch, RecordRestock, ReleaseOf,
 };
 use flashsale_app::{Ledger, Order, PurchaseOutcome};
 use flashsale_core::{
     AdminName, CancelReason, HoldRef, InventoryCounters, OrderStatus, ProductId, PurchaseRequest,
-    ReleaseReason, StockMode,
+    ReleaseReason, StockMode, Terms,
 };
 
 use crate::{generation, hold, new_product, product, product_n, purchase, request_id, user};
 
 /// A payment deadline no test reaches.
 pub const PAYMENT_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// Terms with `per_user_limit` and a payment deadline no test reaches.
+pub fn terms(per_user_limit: Option<u32>) -> Terms {
+    Terms {
+        per_user_limit,
+        payment_timeout: PAYMENT_TIMEOUT,
+    }
+}
 
 /// A fresh, empty ledger, and the clock its deadlines are decided on.
 #[async_trait(?Send)]
@@ -50,7 +58,7 @@ pub async fn create<L: Ledger>(l: &L, product_id: ProductId, stock: i64, limit: 
 }
 
 async fn commit<L: Ledger>(l: &L, r: &PurchaseRequest, h: HoldRef, limit: Option<u32>) -> Commit {
-    l.commit_purchase(r, h, limit, PAYMENT_TIMEOUT)
+    l.commit_purchase(&HeldPurchase::new(r, h, terms(limit)))
         .await
         .expect("commit")
 }
@@ -316,12 +324,14 @@ pub async fn orders_expire_on_the_ledgers_clock<W: LedgerWorld>(w: &W) {
     let l = w.ledger();
     create(l, product(), 5, None).await;
     let short = l
-        .commit_purchase(
+        .commit_purchase(&HeldPurchase::new(
             &purchase("E_A", 1, 1),
             hold(1, 1),
-            None,
-            Duration::from_secs(1),
-        )
+            Terms {
+                per_user_limit: None,
+                payment_timeout: Duration::from_secs(1),
+            },
+        ))
         .await
         .expect("commit");
     let short = committed(short);
@@ -556,9 +566,12 @@ pub async fn concurrent_commits_answer_as_alone<W: LedgerWorld>(w: &W) {
 }
 
 async fn ledger_commit<L: Ledger>(l: &L, r: &PurchaseRequest, limit: Option<u32>) -> Commit {
-    l.commit_ledger_purchase(r, limit, PAYMENT_TIMEOUT)
-        .await
-        .expect("ledger commit")
+    l.commit_ledger_purchase(&LedgerPurchase {
+        request: r.clone(),
+        terms: terms(limit),
+    })
+    .await
+    .expect("ledger commit")
 }
 
 async fn mode<L: Ledger>(l: &L) -> StockMode {
@@ -761,7 +774,13 @@ pub async fn ledger_mode_orders_resolve_like_gate_ones<W: LedgerWorld>(w: &W) {
     let paid = committed(ledger_commit(l, &purchase("R_A", 1, 1), Some(3)).await);
     let cancelled = committed(ledger_commit(l, &purchase("R_B", 2, 2), Some(3)).await);
     let short = l
-        .commit_ledger_purchase(&purchase("R_C", 3, 1), Some(3), Duration::from_secs(1))
+        .commit_ledger_purchase(&LedgerPurchase {
+            request: purchase("R_C", 3, 1),
+            terms: Terms {
+                per_user_limit: Some(3),
+                payment_timeout: Duration::from_secs(1),
+            },
+        })
         .await
         .expect("commit");
     let short = committed(short);

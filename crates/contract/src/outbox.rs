@@ -5,11 +5,13 @@
 use std::time::Duration;
 
 use flashsale_app::events::{EventType, OutboxMessage};
-use flashsale_app::ports::{Commit, LedgerMaintenance, Outbox, PublishFailure, StockRepair};
+use flashsale_app::ports::{
+    Commit, HeldPurchase, LedgerMaintenance, Outbox, PublishFailure, StockRepair,
+};
 use flashsale_app::Ledger;
 use flashsale_core::{CancelReason, ReleaseReason};
 
-use crate::ledger::{create, LedgerWorld, PAYMENT_TIMEOUT};
+use crate::ledger::{create, terms, LedgerWorld};
 use crate::{generation, hold, product, purchase, user};
 
 /// A lease no test outlives unless it lets time pass on purpose.
@@ -29,7 +31,11 @@ async fn changes<L: Ledger>(l: &L) {
     let mut orders = Vec::new();
     for (id, u, h) in [("O_A", 1, 1), ("O_B", 2, 2)] {
         match l
-            .commit_purchase(&purchase(id, u, 1), hold(1, h), None, PAYMENT_TIMEOUT)
+            .commit_purchase(&HeldPurchase::new(
+                &purchase(id, u, 1),
+                hold(1, h),
+                terms(None),
+            ))
             .await
             .expect("commit")
         {

@@ -21,7 +21,7 @@ pub use product::{
     parse_restock, Definition, NewProduct, ProductChange, SaleWindow, SALE_TIME_MAX, SALE_TIME_MIN,
     STOCK_MAX,
 };
-pub use purchase::PurchaseRequest;
+pub use purchase::{PurchaseRequest, Terms};
 pub use state::{
     CancelReason, OrderStatus, ReleaseReason, ReservationStatus, Transition, TransitionError,
 };

@@ -1,4 +1,7 @@
-//! A purchase request: the payload that one request_id stands for.
+//! A purchase request: the payload that one request_id stands for, and the terms its
+//! commit holds it to.
+
+use std::time::Duration;
 
 use crate::ids::{ParseError, ProductId, Quantity, RequestId, UserId};
 
@@ -36,6 +39,15 @@ impl PurchaseRequest {
     pub fn same_payload(&self, other: &PurchaseRequest) -> bool {
         self == other
     }
+}
+
+/// What the ledger holds a purchase to when it commits it, besides the stock: the
+/// product's per-user limit (None: no limit), checked in the commit's transaction, and
+/// how long the order then waits for its payment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Terms {
+    pub per_user_limit: Option<u32>,
+    pub payment_timeout: Duration,
 }
 
 #[cfg(test)]

@@ -11,45 +11,18 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, Utc};
 use flashsale_app::group::{self, GroupCommit, Held, OverLimit};
-use flashsale_app::ports::{Commit, LedgerError};
+use flashsale_app::ports::{Commit, HeldPurchase, LedgerError};
 use flashsale_batch::Coalescer;
 use flashsale_core::{
-    Generation, HoldRef, OrderId, OrderStatus, ProductId, PurchaseRequest, RequestId, UserId,
+    Generation, OrderId, OrderStatus, ProductId, PurchaseRequest, RequestId, UserId,
 };
 use sqlx::{MySqlConnection, Row};
 use tokio::sync::oneshot;
 
 use flashsale_app::{Order, PurchaseOutcome, PurchaseRecord};
-
-/// One purchase of a batch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Purchase {
-    pub request: PurchaseRequest,
-    pub hold: HoldRef,
-    pub payment_timeout: Duration,
-    /// The product's per-user limit, checked in the batch's transaction.
-    pub per_user_limit: Option<u32>,
-}
-
-impl Purchase {
-    pub(crate) fn new(
-        request: &PurchaseRequest,
-        hold: HoldRef,
-        per_user_limit: Option<u32>,
-        payment_timeout: Duration,
-    ) -> Self {
-        Self {
-            request: request.clone(),
-            hold,
-            payment_timeout,
-            per_user_limit,
-        }
-    }
-}
 
 /// What a batch's group transactions came to, once `GroupCommit` had nothing more to
 /// try: the gate's batches and the ledger mode's share it.
@@ -186,7 +159,7 @@ pub(crate) enum Written {
 
 /// A purchase queued for the group committer, with the [`Ticket`] of its entry in
 /// [`InFlight`] when it is the first commit of its hold.
-pub(crate) type Queued = (Purchase, Option<Ticket>);
+pub(crate) type Queued = (HeldPurchase, Option<Ticket>);
 
 /// The group committer: queued purchases in, each one's answer out.
 pub(crate) type Committer = Coalescer<Queued, Result<Commit, LedgerError>>;
@@ -194,7 +167,7 @@ pub(crate) type Committer = Coalescer<Queued, Result<Commit, LedgerError>>;
 /// A commit in flight: its purchase, and the callers waiting for its answer besides the
 /// one that queued it.
 struct Entry {
-    purchase: Purchase,
+    purchase: HeldPurchase,
     /// At most one per request in flight over HTTP (`FLASHSALE_IN_FLIGHT_MAX` bounds
     /// those): each is a client retry of this very hold.
     joiners: Vec<oneshot::Sender<Result<Commit, LedgerError>>>,
@@ -229,7 +202,7 @@ impl InFlight {
     pub(crate) async fn commit(
         &self,
         group: &Committer,
-        purchase: Purchase,
+        purchase: HeldPurchase,
     ) -> Result<Commit, LedgerError> {
         let turn = {
             let mut commits = self.commits.lock().unwrap_or_else(|e| e.into_inner());
@@ -261,7 +234,7 @@ impl InFlight {
     /// Joins the commit of `purchase` when this very hold is committing here now, for its
     /// answer as [`Self::commit`] gives a joiner; None when none is in flight (none began,
     /// or its batch was decided and its entry is gone: the ledger then has the outcome).
-    pub(crate) async fn join(&self, purchase: Purchase) -> Option<Result<Commit, LedgerError>> {
+    pub(crate) async fn join(&self, purchase: HeldPurchase) -> Option<Result<Commit, LedgerError>> {
         let joined = {
             let mut commits = self.commits.lock().unwrap_or_else(|e| e.into_inner());
             match commits.get_mut(&purchase.request.request_id) {
@@ -275,7 +248,7 @@ impl InFlight {
     /// The first commit's answer; an order it created is, to this caller, the request_id
     /// already taken by this very hold.
     async fn joined(
-        purchase: Purchase,
+        purchase: HeldPurchase,
         joined: oneshot::Receiver<Result<Commit, LedgerError>>,
     ) -> Result<Commit, LedgerError> {
         let answer = joined.await.map_err(|_| {
@@ -365,7 +338,7 @@ pub(crate) fn committed(
 /// binds it as its single
 /// parameter: one statement text for every batch size (an `IN (?, ?, …)` list of each
 /// new length was a new statement to prepare, about one in five executions).
-pub(crate) fn document(batch: &[Purchase]) -> String {
+pub(crate) fn document(batch: &[HeldPurchase]) -> String {
     let rows: Vec<_> = batch
         .iter()
         .map(|p| {
@@ -376,8 +349,8 @@ pub(crate) fn document(batch: &[Purchase]) -> String {
                 p.request.quantity.get(),
                 p.hold.id.get(),
                 p.hold.generation.get(),
-                crate::sql::micros(p.payment_timeout),
-                p.per_user_limit,
+                crate::sql::micros(p.terms.payment_timeout),
+                p.terms.per_user_limit,
             )
         })
         .collect();
@@ -475,10 +448,10 @@ const OVER_LIMIT: &str = concat!(
 /// (PENDING_PAYMENT, created at the statement's `NOW(6)`, expiring its payment timeout
 /// later), the orders' ids and times returned. Integers, and request_ids as literals
 /// ([`push_sql_literal`]).
-fn push_listed_rows(script: &mut String, batch: &[Purchase]) {
+fn push_listed_rows(script: &mut String, batch: &[HeldPurchase]) {
     let mut digits = itoa::Buffer::new();
     // One row: `(request_id, the integers…, tail)`, after a comma but for the first.
-    let mut row = |script: &mut String, first: bool, p: &Purchase, ints: &[i64], tail: &str| {
+    let mut row = |script: &mut String, first: bool, p: &HeldPurchase, ints: &[i64], tail: &str| {
         script.push_str(if first { "(" } else { ", (" });
         push_sql_literal(script, p.request.request_id.as_str());
         for &n in ints {
@@ -510,7 +483,7 @@ fn push_listed_rows(script: &mut String, batch: &[Purchase]) {
     for (i, p) in batch.iter().enumerate() {
         let (product, user) = (p.request.product_id.get(), p.request.user_id.get());
         let quantity = i64::from(p.request.quantity.get());
-        let timeout = crate::sql::micros(p.payment_timeout);
+        let timeout = crate::sql::micros(p.terms.payment_timeout);
         row(
             script,
             i == 0,
@@ -661,7 +634,7 @@ async fn run_script(
 /// per order at 64 connections.
 pub(crate) async fn insert(
     tx: &mut MySqlConnection,
-    batch: &[Purchase],
+    batch: &[HeldPurchase],
     counters: Counters,
 ) -> Result<Written, sqlx::Error> {
     let plan = Plan::of(batch, counters);
@@ -734,7 +707,7 @@ struct Plan {
 impl Plan {
     /// Plans the script of `batch`: what it moves per product and generation, and how
     /// its rows are written.
-    fn of(batch: &[Purchase], counters: Counters) -> Plan {
+    fn of(batch: &[HeldPurchase], counters: Counters) -> Plan {
         // The hot rows last, in product order (two batches never wait on each other in a
         // cycle), each once for all its units; the conditions as in the one-purchase path.
         let mut moved: BTreeMap<(ProductId, Generation), (u32, i64)> = BTreeMap::new();
@@ -749,7 +722,7 @@ impl Plan {
             Counters::Gate => moved.iter().map(|(&key, &(_, q))| (key, q)).collect(),
             Counters::Taken => Vec::new(),
         };
-        let limited = batch.iter().any(|p| p.per_user_limit.is_some());
+        let limited = batch.iter().any(|p| p.terms.per_user_limit.is_some());
         let begins = counters == Counters::Gate;
         // A small batch without a per-user limit (whose check reads the batch's variable)
         // writes its rows as lists; any other through the procedure.
@@ -775,7 +748,7 @@ impl Plan {
     }
 
     /// Writes the script of `batch`, its statements in the order the results are read.
-    fn script(&self, batch: &[Purchase]) -> String {
+    fn script(&self, batch: &[HeldPurchase]) -> String {
         let mut script = String::from(if self.begins { "BEGIN;\n" } else { "" });
         if self.listed {
             push_listed_rows(&mut script, batch);
@@ -841,7 +814,7 @@ impl Plan {
 /// Reads the orders the group transaction's INSERT returned back into `batch`'s order,
 /// each with its id and times.
 fn returned_orders(
-    batch: &[Purchase],
+    batch: &[HeldPurchase],
     rows: &[sqlx::mysql::MySqlRow],
 ) -> Result<Vec<Order>, sqlx::Error> {
     let mut written: HashMap<String, (i64, _, _)> = HashMap::with_capacity(batch.len());
@@ -1057,7 +1030,7 @@ fn push_json_string(out: &mut String, text: &str) {
 /// The (user, product) pairs of the batch over their per-user limit, from the rows of
 /// [`OVER_LIMIT`], each with the live units the user held before the batch.
 fn over_limit(
-    batch: &[Purchase],
+    batch: &[HeldPurchase],
     rows: &[sqlx::mysql::MySqlRow],
 ) -> Result<OverLimit, sqlx::Error> {
     let decode = |e: flashsale_core::ParseError| sqlx::Error::Decode(e.into());

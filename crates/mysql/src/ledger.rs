@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use flashsale_app::ports::{
-    CancelAttempt, Commit, CreateProduct, ErrorKind, Fence, PayAttempt, RecordRestock, ReleaseOf,
+    CancelAttempt, Commit, CreateProduct, ErrorKind, Fence, HeldPurchase, LedgerPurchase,
+    PayAttempt, RecordRestock, ReleaseOf,
 };
 use flashsale_app::{Ledger, LedgerError, Order, Product, PurchaseRecord};
 use flashsale_core::{
@@ -24,9 +25,8 @@ use flashsale_batch::{BatchFn, Coalescer};
 
 use crate::controls::{inventory_json, log_line, Line};
 use crate::dedicated::Dedicated;
-use crate::group::{Committer, Counters, Decided, Purchase, Queued, Written};
+use crate::group::{Committer, Counters, Decided, Queued, Written};
 use crate::writer::{ClusterConfig, PoolSettings, Route};
-use mode::LedgerPurchase;
 
 mod mode;
 use flashsale_app::group;
@@ -399,7 +399,8 @@ impl MysqlLedger {
                 Arc::new(move |batch: Vec<Queued>| {
                     let ledger = ledger.clone();
                     Box::pin(async move {
-                        let (batch, tickets): (Vec<Purchase>, Vec<_>) = batch.into_iter().unzip();
+                        let (batch, tickets): (Vec<HeldPurchase>, Vec<_>) =
+                            batch.into_iter().unzip();
                         let answers = ledger.group_commit(batch).await;
                         // `Decided::answers` answers each member of the batch it ran.
                         debug_assert_eq!(answers.len(), tickets.len(), "a group commit's answers");
@@ -481,7 +482,7 @@ impl MysqlLedger {
     async fn group_transaction(
         &self,
         conn: &mut MySqlConnection,
-        members: &[Purchase],
+        members: &[HeldPurchase],
     ) -> Result<Written, sqlx::Error> {
         // The script begins the transaction.
         let written = crate::group::insert(conn, members, Counters::Gate).await;
@@ -495,10 +496,10 @@ impl MysqlLedger {
     /// the group way too: its script is fewer round trips than the one-purchase
     /// transaction, and under load about one batch in seven is that small (measured:
     /// +3 % sustained, +6 % rush).
-    async fn group_commit(&self, batch: Vec<Purchase>) -> Vec<Result<Commit, LedgerError>> {
+    async fn group_commit(&self, batch: Vec<HeldPurchase>) -> Vec<Result<Commit, LedgerError>> {
         let started = std::time::Instant::now();
         let decided = Decided::run(batch.iter().map(|p| &p.request), |plain| {
-            let members: Vec<Purchase> = plain.iter().map(|&i| batch[i].clone()).collect();
+            let members: Vec<HeldPurchase> = plain.iter().map(|&i| batch[i].clone()).collect();
             async move {
                 self.run("group commit", || async {
                     let mut own = self.group_conn.take().await?;
@@ -520,28 +521,18 @@ impl MysqlLedger {
         })
         .await;
         let aside = decided.aside();
-        let one_by_one = futures::future::join_all(aside.iter().map(|&i| {
-            let p = &batch[i];
-            self.commit_one(&p.request, p.hold, p.per_user_limit, p.payment_timeout)
-        }))
-        .await;
+        let one_by_one =
+            futures::future::join_all(aside.iter().map(|&i| self.commit_one(&batch[i]))).await;
         debug!(size = batch.len(), one_by_one = aside.len(), elapsed = ?started.elapsed(), "group commit");
         decided.answers(one_by_one)
     }
 
     /// One purchase in its own transaction.
-    async fn commit_one(
-        &self,
-        request: &PurchaseRequest,
-        hold: HoldRef,
-        per_user_limit: Option<u32>,
-        payment_timeout: Duration,
-    ) -> Result<Commit, LedgerError> {
+    async fn commit_one(&self, purchase: &HeldPurchase) -> Result<Commit, LedgerError> {
+        let HeldPurchase { request, hold, .. } = purchase;
         let outcome = self
             .purchase_or_taken("commit purchase", &request.request_id, || {
-                self.run("commit purchase", move || {
-                    self.insert_purchase(request, hold, per_user_limit, payment_timeout)
-                })
+                self.run("commit purchase", move || self.insert_purchase(purchase))
             })
             .await?;
         Ok(match outcome {
@@ -550,7 +541,7 @@ impl MysqlLedger {
             Ok(Committed::LimitExceeded) => Commit::LimitExceeded,
             Ok(Committed::StaleGeneration) => Commit::StaleGeneration,
             Ok(Committed::HoldReused) => {
-                self.gate_behind(request.product_id, hold).await?;
+                self.gate_behind(request.product_id, *hold).await?;
                 Commit::StaleGeneration
             }
             Ok(Committed::GateMode | Committed::Settling) => {
@@ -632,13 +623,16 @@ impl MysqlLedger {
 
     async fn insert_purchase(
         &self,
-        request: &PurchaseRequest,
-        hold: HoldRef,
-        per_user_limit: Option<u32>,
-        payment_timeout: Duration,
+        purchase: &HeldPurchase,
     ) -> Result<Attempt<Committed>, sqlx::Error> {
+        let HeldPurchase {
+            request,
+            hold,
+            terms,
+        } = purchase;
+        let (hold, timeout) = (*hold, terms.payment_timeout);
         let mut tx = self.pool().begin().await?;
-        let order = match write_purchase_rows(&mut tx, request, hold, payment_timeout).await? {
+        let order = match write_purchase_rows(&mut tx, request, hold, timeout).await? {
             Rows::Written(order) => order,
             Rows::Taken => return Ok(Attempt::Taken),
             Rows::HoldReused => return Ok(Attempt::Done(Committed::HoldReused)),
@@ -682,7 +676,7 @@ impl MysqlLedger {
                 Committed::StaleGeneration
             }));
         }
-        limit_then_commit(tx, request, per_user_limit, order).await
+        limit_then_commit(tx, request, terms.per_user_limit, order).await
     }
 
     async fn insert_fence(
@@ -1355,40 +1349,19 @@ impl Ledger for MysqlLedger {
         }))
     }
 
-    async fn commit_purchase(
-        &self,
-        request: &PurchaseRequest,
-        hold: HoldRef,
-        per_user_limit: Option<u32>,
-        payment_timeout: Duration,
-    ) -> Result<Commit, LedgerError> {
-        let purchase = Purchase::new(request, hold, per_user_limit, payment_timeout);
-        self.in_flight.commit(self.group(), purchase).await
+    async fn commit_purchase(&self, purchase: &HeldPurchase) -> Result<Commit, LedgerError> {
+        self.in_flight.commit(self.group(), purchase.clone()).await
     }
 
-    async fn join_commit(
-        &self,
-        request: &PurchaseRequest,
-        hold: HoldRef,
-        per_user_limit: Option<u32>,
-        payment_timeout: Duration,
-    ) -> Option<Result<Commit, LedgerError>> {
-        let purchase = Purchase::new(request, hold, per_user_limit, payment_timeout);
-        self.in_flight.join(purchase).await
+    async fn join_commit(&self, purchase: &HeldPurchase) -> Option<Result<Commit, LedgerError>> {
+        self.in_flight.join(purchase.clone()).await
     }
 
     async fn commit_ledger_purchase(
         &self,
-        request: &PurchaseRequest,
-        per_user_limit: Option<u32>,
-        payment_timeout: Duration,
+        purchase: &LedgerPurchase,
     ) -> Result<Commit, LedgerError> {
-        let purchase = LedgerPurchase {
-            request: request.clone(),
-            payment_timeout,
-            per_user_limit,
-        };
-        crate::group::committed(self.ledger_group().call(purchase).await)
+        crate::group::committed(self.ledger_group().call(purchase.clone()).await)
     }
 
     async fn fence(

@@ -22,10 +22,10 @@ use async_trait::async_trait;
 use flashsale_app::ports::{
     Applied, AuditClaim, AuditRun, AuditSchedule, AuditVerdict, CancelAttempt, Commit,
     CreateProduct, Destock, ErrorKind, ExpiredOrder, Fence, GateCount, GateFacts, GateMaintenance,
-    GateState, Incident, IncidentClosing, Leave, LedgerFacts, LedgerMaintenance, ModeSwitch,
-    Outbox, ParkedRow, PayAttempt, PendingRestock, PendingReturn, PortError, PublishFailure,
-    RebuildPlan, RecordRestock, Release, ReleaseOf, Reserve, Restock, StaleHold, StatsEvent,
-    StatsStore, StockRepair, Watermark,
+    GateState, HeldPurchase, Incident, IncidentClosing, Leave, LedgerFacts, LedgerMaintenance,
+    LedgerPurchase, ModeSwitch, Outbox, ParkedRow, PayAttempt, PendingRestock, PendingReturn,
+    PortError, PublishFailure, RebuildPlan, RecordRestock, Release, ReleaseOf, Reserve, Restock,
+    StaleHold, StatsEvent, StatsStore, StockRepair, Watermark,
 };
 use flashsale_app::{
     GateError, Ledger, LedgerError, Order, OutboxMessage, Product, PurchaseRecord, StockGate,
@@ -200,11 +200,11 @@ faulty! {
         fn generation(product_id: ProductId) -> Option<Generation> => format!("p{product_id}");
         fn inventory(product_id: ProductId) -> Option<InventoryCounters>
             => format!("p{product_id}");
-        fn commit_purchase(request: &PurchaseRequest, hold: HoldRef, per_user_limit: Option<u32>,
-            payment_timeout: Duration) -> Commit
-            => format!("{} hold {} gen {}", req(request), hold.id, hold.generation);
-        fn commit_ledger_purchase(request: &PurchaseRequest, per_user_limit: Option<u32>,
-            payment_timeout: Duration) -> Commit => req(request);
+        fn commit_purchase(purchase: &HeldPurchase) -> Commit => format!(
+            "{} hold {} gen {}", req(&purchase.request), purchase.hold.id, purchase.hold.generation
+        );
+        fn commit_ledger_purchase(purchase: &LedgerPurchase) -> Commit
+            => req(&purchase.request);
         fn fence(request: &PurchaseRequest, hold: HoldRef, reason: ReleaseReason) -> Fence
             => format!("{} hold {} gen {} {reason}", req(request), hold.id, hold.generation);
         fn find_purchase(request_id: &RequestId) -> Option<PurchaseRecord>

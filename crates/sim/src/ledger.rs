@@ -29,9 +29,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, TimeDelta, Utc};
 use flashsale_app::ports::{
     Applied, AuditClaim, AuditSchedule, CancelAttempt, Commit, CreateProduct, ExpiredOrder, Fence,
-    Incident, IncidentClosed, IncidentClosing, Leave, LedgerFacts, LedgerMaintenance, ModeSwitch,
-    Outbox, PayAttempt, PendingRestock, PendingReturn, RebuildPlan, RecordRestock, ReleaseOf,
-    StatsStore, StockRepair, Watermark, AUDIT_RUNS_KEPT,
+    HeldPurchase, Incident, IncidentClosed, IncidentClosing, Leave, LedgerFacts, LedgerMaintenance,
+    LedgerPurchase, ModeSwitch, Outbox, PayAttempt, PendingRestock, PendingReturn, RebuildPlan,
+    RecordRestock, ReleaseOf, StatsStore, StockRepair, Watermark, AUDIT_RUNS_KEPT,
 };
 use flashsale_app::ports::{ParkedRow, PublishFailure, StatsEvent};
 use flashsale_app::{
@@ -309,14 +309,6 @@ struct Tables {
     anomalies: Vec<String>,
 }
 
-/// One purchase queued for a group commit (`group::Purchase` in `MysqlLedger`).
-struct Queued {
-    request: PurchaseRequest,
-    hold: HoldRef,
-    per_user_limit: Option<u32>,
-    payment_timeout: Duration,
-}
-
 /// What one simulated group transaction's checks found (`group::Written` there).
 enum Checked {
     /// Nothing in the way: it writes.
@@ -334,7 +326,7 @@ pub struct MemLedger {
     tables: Mutex<Tables>,
     /// Group commit: `commit_purchase` calls queued while a group transaction runs go
     /// together in the next one.
-    group: Coalescer<Queued, Result<Commit, LedgerError>>,
+    group: Coalescer<HeldPurchase, Result<Commit, LedgerError>>,
     /// Batched lookups: `find_purchase` calls queued while a lookup runs go together.
     lookups: Coalescer<RequestId, Lookup>,
 }
@@ -786,13 +778,13 @@ impl MemLedger {
         Ok(())
     }
 
-    fn tx_purchase(
-        &self,
-        request: &PurchaseRequest,
-        hold: HoldRef,
-        per_user_limit: Option<u32>,
-        payment_timeout: Duration,
-    ) -> Result<Attempt<Commit>, LedgerError> {
+    fn tx_purchase(&self, purchase: &HeldPurchase) -> Result<Attempt<Commit>, LedgerError> {
+        let HeldPurchase {
+            request,
+            hold,
+            terms,
+        } = purchase;
+        let hold = *hold;
         let now = self.now();
         let step = self.ctx.step();
         let mut guard = self.lock();
@@ -821,11 +813,11 @@ impl MemLedger {
             return Ok(Attempt::Done(Commit::StaleGeneration));
         };
         // The per-user check after the counters UPDATE, as in the SQL.
-        if Self::over_user_limit(t, request, per_user_limit) {
+        if Self::over_user_limit(t, request, terms.per_user_limit) {
             return Ok(Attempt::Done(Commit::LimitExceeded));
         }
         self.reserve_fits(t, &inv, q)?;
-        let order = t.write_purchase(request, hold, payment_timeout, now, step)?;
+        let order = t.write_purchase(request, hold, terms.payment_timeout, now, step)?;
         Ok(Attempt::Done(Commit::Committed(order)))
     }
 
@@ -834,10 +826,9 @@ impl MemLedger {
     /// A refused UPDATE for a request_id taken answers as a taken one (the record).
     fn tx_ledger_purchase(
         &self,
-        request: &PurchaseRequest,
-        per_user_limit: Option<u32>,
-        payment_timeout: Duration,
+        purchase: &LedgerPurchase,
     ) -> Result<Attempt<Commit>, LedgerError> {
+        let LedgerPurchase { request, terms } = purchase;
         let now = self.now();
         let step = self.ctx.step();
         let mut guard = self.lock();
@@ -873,11 +864,11 @@ impl MemLedger {
         if let Some(refused) = self.rows_refuse(t, request, hold)? {
             return Ok(refused);
         }
-        if Self::over_user_limit(t, request, per_user_limit) {
+        if Self::over_user_limit(t, request, terms.per_user_limit) {
             return Ok(Attempt::Done(Commit::LimitExceeded));
         }
         self.reserve_fits(t, &inv, q)?;
-        let order = t.write_purchase(request, hold, payment_timeout, now, step)?;
+        let order = t.write_purchase(request, hold, terms.payment_timeout, now, step)?;
         if let Some(inv) = t.inventory.get_mut(&p) {
             inv.ledger_hold_seq += 1;
         }
@@ -958,12 +949,12 @@ impl MemLedger {
     /// `MysqlLedger::group_commit`: the group transactions `GroupCommit` asks for, each
     /// fed back to it, then each member answered as it says (the set-aside ones by
     /// [`Self::commit_one`], one after the other).
-    async fn group_commit(&self, batch: Vec<Queued>) -> Vec<Result<Commit, LedgerError>> {
+    async fn group_commit(&self, batch: Vec<HeldPurchase>) -> Vec<Result<Commit, LedgerError>> {
         let mut decision = GroupCommit::new(batch.iter().map(|p| &p.request));
         let mut orders: Vec<Order> = Vec::new();
         let mut error = None;
         while let Some(plain) = decision.next() {
-            let members: Vec<&Queued> = plain.iter().map(|&i| &batch[i]).collect();
+            let members: Vec<&HeldPurchase> = plain.iter().map(|&i| &batch[i]).collect();
             decision.written(match self.group_transaction(&members).await {
                 Ok((written, written_orders)) => {
                     orders = written_orders;
@@ -1005,16 +996,14 @@ impl MemLedger {
     }
 
     /// A set-aside purchase's own transaction, sent by the batch task (with its fault).
-    async fn commit_one_sent(&self, p: &Queued) -> Result<Commit, LedgerError> {
+    async fn commit_one_sent(&self, p: &HeldPurchase) -> Result<Commit, LedgerError> {
         let fault = self.send("group commit: one by one").await;
         if fault == Fault::Fail {
             return Err(LedgerError::unreachable(
                 "commit purchase: unreachable (injected)",
             ));
         }
-        let answer = self
-            .commit_one(&p.request, p.hold, p.per_user_limit, p.payment_timeout)
-            .await;
+        let answer = self.commit_one(p).await;
         if fault == Fault::LoseReply {
             return Err(LedgerError::timed_out(
                 "commit purchase: no answer in time (injected)",
@@ -1029,7 +1018,7 @@ impl MemLedger {
     /// limit, the separate read of which request_ids are taken (`group::taken`).
     async fn group_transaction(
         &self,
-        members: &[&Queued],
+        members: &[&HeldPurchase],
     ) -> Result<(group::Written, Vec<Order>), LedgerError> {
         let fault = self.send("group commit").await;
         if fault == Fault::Fail {
@@ -1083,7 +1072,7 @@ impl MemLedger {
     /// The group transaction itself, all or nothing: the orders, or why it rolled back.
     async fn tx_group(
         &self,
-        members: &[&Queued],
+        members: &[&HeldPurchase],
     ) -> Result<Result<Vec<Order>, Checked>, LedgerError> {
         let now = self.now();
         let step = self.ctx.step();
@@ -1110,7 +1099,7 @@ impl MemLedger {
     /// of the procedure's INSERTs (request_id, (product, generation, hold id), the log's
     /// and the outbox's), then one counter UPDATE per (product, generation) — `available
     /// >= q AND generation = g` — then the per-user check (`OVER_LIMIT`).
-    fn group_check(&self, t: &Tables, members: &[&Queued]) -> Checked {
+    fn group_check(&self, t: &Tables, members: &[&HeldPurchase]) -> Checked {
         let mut holds = BTreeSet::new();
         let mut units: BTreeMap<(ProductId, Generation), i64> = BTreeMap::new();
         for m in members {
@@ -1149,7 +1138,7 @@ impl MemLedger {
             let r = &m.request;
             let e = pairs.entry((r.user_id, r.product_id)).or_default();
             e.0 += i64::from(r.quantity.get());
-            if let Some(limit) = m.per_user_limit.map(i64::from) {
+            if let Some(limit) = m.terms.per_user_limit.map(i64::from) {
                 e.1 = Some(e.1.map_or(limit, |l| l.min(limit)));
             }
         }
@@ -1181,13 +1170,13 @@ impl MemLedger {
     fn group_write(
         &self,
         t: &mut Tables,
-        members: &[&Queued],
+        members: &[&HeldPurchase],
         now: DateTime<Utc>,
         step: u64,
     ) -> Result<Vec<Order>, LedgerError> {
         members
             .iter()
-            .map(|m| t.write_purchase(&m.request, m.hold, m.payment_timeout, now, step))
+            .map(|m| t.write_purchase(&m.request, m.hold, m.terms.payment_timeout, now, step))
             .collect()
     }
 
@@ -1244,18 +1233,13 @@ impl MemLedger {
     }
 
     /// One purchase in its own transaction (`MysqlLedger::commit_one`).
-    async fn commit_one(
-        &self,
-        request: &PurchaseRequest,
-        hold: HoldRef,
-        per_user_limit: Option<u32>,
-        payment_timeout: Duration,
-    ) -> Result<Commit, LedgerError> {
+    async fn commit_one(&self, purchase: &HeldPurchase) -> Result<Commit, LedgerError> {
+        let HeldPurchase { request, hold, .. } = purchase;
         let attempt = self
             .or_taken(
                 "commit purchase: find the record that won",
                 &request.request_id,
-                || self.tx_purchase(request, hold, per_user_limit, payment_timeout),
+                || self.tx_purchase(purchase),
             )
             .await?;
         match attempt {
@@ -1768,35 +1752,24 @@ impl Ledger for MemLedger {
         Ok(counters_of(&self.lock(), product_id.get()))
     }
 
-    async fn commit_purchase(
-        &self,
-        request: &PurchaseRequest,
-        hold: HoldRef,
-        per_user_limit: Option<u32>,
-        payment_timeout: Duration,
-    ) -> Result<Commit, LedgerError> {
-        let queued = Queued {
-            request: request.clone(),
-            hold,
-            per_user_limit,
-            payment_timeout,
-        };
+    async fn commit_purchase(&self, purchase: &HeldPurchase) -> Result<Commit, LedgerError> {
         self.group
-            .call(&self.ctx, queued, |batch| self.group_commit(batch))
+            .call(&self.ctx, purchase.clone(), |batch| {
+                self.group_commit(batch)
+            })
             .await
     }
 
     async fn commit_ledger_purchase(
         &self,
-        request: &PurchaseRequest,
-        per_user_limit: Option<u32>,
-        payment_timeout: Duration,
+        purchase: &LedgerPurchase,
     ) -> Result<Commit, LedgerError> {
+        let request = &purchase.request;
         let attempt = self
             .or_taken(
                 "commit ledger purchase: find the record that won",
                 &request.request_id,
-                || self.tx_ledger_purchase(request, per_user_limit, payment_timeout),
+                || self.tx_ledger_purchase(purchase),
             )
             .await?;
         match attempt {

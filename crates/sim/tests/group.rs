@@ -15,16 +15,15 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
 
-use flashsale_app::ports::Commit;
+use flashsale_app::ports::{Commit, HeldPurchase};
 use flashsale_app::{Ledger, LedgerError, PurchaseOutcome};
 use flashsale_core::{HoldRef, ProductId, PurchaseRequest};
 use flashsale_sim::ctx::Ctx;
 use flashsale_sim::exec::block_on;
 use flashsale_sim::ledger::MemLedger;
 
-use common::request;
+use common::{held, request};
 
 /// Polls one batch of calls needs at most, all of them together (a few per round trip).
 const POLLS_MAX: usize = 1_000;
@@ -56,16 +55,16 @@ fn queued_behind_another(
     queued: &[(&PurchaseRequest, i64)],
     limit: Option<u32>,
 ) -> Vec<Result<Commit, LedgerError>> {
-    let timeout = Duration::from_secs(10);
-    let r0 = request("R0", 1, 1);
+    let first = held(&request("R0", 1, 1), hold(1), None);
+    let queued: Vec<HeldPurchase> = queued
+        .iter()
+        .map(|&(r, h)| held(r, hold(h), limit))
+        .collect();
     let rest: Vec<Call<'_>> = queued
         .iter()
-        .map(|&(r, h)| Box::pin(l.commit_purchase(r, hold(h), limit, timeout)) as Call<'_>)
+        .map(|p| Box::pin(l.commit_purchase(p)) as Call<'_>)
         .collect();
-    together(
-        Box::pin(l.commit_purchase(&r0, hold(1), None, timeout)),
-        rest,
-    )
+    together(Box::pin(l.commit_purchase(&first)), rest)
 }
 
 fn together<'a>(first: Call<'a>, rest: Vec<Call<'a>>) -> Vec<Result<Commit, LedgerError>> {

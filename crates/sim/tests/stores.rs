@@ -25,7 +25,7 @@ use flashsale_sim::exec::block_on;
 use flashsale_sim::gate::{GateDefects, MemGate};
 use flashsale_sim::ledger::MemLedger;
 
-use common::request;
+use common::{held, request};
 
 /// Polls a store call outside the scheduler needs at most (two per internal round trip).
 const POLLS_MAX: usize = 100;
@@ -327,13 +327,12 @@ fn ledger(ctx: &Arc<Ctx>, stock: i64) -> MemLedger {
 fn commit_is_unique_and_guarded() {
     let ctx = ctx();
     let l = ledger(&ctx, 2);
-    let timeout = Duration::from_secs(10);
     let a = request("A", 1, 2);
-    let order = match now(l.commit_purchase(&a, hold(1, 1), None, timeout)).expect("commit") {
+    let order = match now(l.commit_purchase(&held(&a, hold(1, 1), None))).expect("commit") {
         Commit::Committed(o) => o,
         other => panic!("{other:?}"),
     };
-    match now(l.commit_purchase(&a, hold(1, 9), None, timeout)).expect("commit") {
+    match now(l.commit_purchase(&held(&a, hold(1, 9), None))).expect("commit") {
         Commit::Duplicate(r) => {
             assert_eq!(r.hold.id.get(), 1);
             assert!(matches!(r.outcome, PurchaseOutcome::Order(o) if o.order_id == order.order_id));
@@ -341,11 +340,11 @@ fn commit_is_unique_and_guarded() {
         other => panic!("{other:?}"),
     }
     assert_eq!(
-        now(l.commit_purchase(&request("B", 2, 1), hold(1, 2), None, timeout)).expect("commit"),
+        now(l.commit_purchase(&held(&request("B", 2, 1), hold(1, 2), None))).expect("commit"),
         Commit::InsufficientStock
     );
     assert_eq!(
-        now(l.commit_purchase(&request("B", 2, 1), hold(7, 2), None, timeout)).expect("commit"),
+        now(l.commit_purchase(&held(&request("B", 2, 1), hold(7, 2), None))).expect("commit"),
         Commit::StaleGeneration
     );
 }
@@ -360,7 +359,7 @@ fn fence_blocks_a_late_commit() {
         now(l.fence(&a, hold(1, 1), ReleaseReason::Abandoned)).expect("fence"),
         Fence::Fenced
     );
-    match now(l.commit_purchase(&a, hold(1, 1), None, Duration::from_secs(10))).expect("commit") {
+    match now(l.commit_purchase(&held(&a, hold(1, 1), None))).expect("commit") {
         Commit::Duplicate(r) => assert!(matches!(
             r.outcome,
             PurchaseOutcome::Released {
@@ -377,14 +376,12 @@ fn fence_blocks_a_late_commit() {
 fn pay_and_expire_decide_on_the_ledger_clock() {
     let ctx = ctx();
     let l = ledger(&ctx, 3);
-    let timeout = Duration::from_secs(10);
     // Each hold id commits once per generation (uk_reservation_hold).
-    let commit = |id: &str, hold_id: i64| match now(l.commit_purchase(
+    let commit = |id: &str, hold_id: i64| match now(l.commit_purchase(&held(
         &request(id, 1, 1),
         hold(1, hold_id),
         None,
-        timeout,
-    )) {
+    ))) {
         Ok(Commit::Committed(o)) => o,
         other => panic!("{other:?}"),
     };

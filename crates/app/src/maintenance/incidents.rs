@@ -16,7 +16,7 @@ use flashsale_core::ReleaseReason;
 use super::Maintenance;
 use crate::error::Error;
 use crate::model::{Order, PurchaseOutcome, PurchaseRecord};
-use crate::ports::{Commit, Fence, Incident, IncidentClosing, ReleaseOf, StaleHold};
+use crate::ports::{Commit, Fence, HeldPurchase, Incident, IncidentClosing, ReleaseOf, StaleHold};
 use crate::service::{give_back, GiveBack};
 
 /// The kind of incident a decision resolves: a hold whose order's existence recovery
@@ -236,15 +236,9 @@ impl Maintenance {
             .product(hold.request.product_id)
             .await?
             .ok_or(Error::ProductNotFound)?;
-        let commit = self
-            .ledger
-            .commit_purchase(
-                &hold.request,
-                hold.hold,
-                product.per_user_limit,
-                self.settings.payment_timeout,
-            )
-            .await?;
+        let terms = product.terms(self.settings.payment_timeout);
+        let held = HeldPurchase::new(&hold.request, hold.hold, terms);
+        let commit = self.ledger.commit_purchase(&held).await?;
         match commit {
             Commit::Committed(order) => Ok(Resolved::Confirmed(order)),
             Commit::Duplicate(record) => match record.outcome {

@@ -6,11 +6,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
 
 use flashsale_app::group;
 use flashsale_app::modes::LEDGER_SALES_AFTER_SWITCH;
-use flashsale_app::ports::{Commit, LedgerError};
+use flashsale_app::ports::{Commit, HeldPurchase, LedgerError, LedgerPurchase};
 use flashsale_batch::{BatchFn, Coalescer};
 use flashsale_core::{Generation, HoldRef, ProductId, PurchaseRequest, StockMode};
 use sqlx::{MySqlConnection, Row};
@@ -20,21 +19,12 @@ use super::{
     limit_then_commit, write_purchase_rows, Attempt, Committed, MysqlLedger, Rows,
     GROUP_COMMIT_MAX, GROUP_QUEUE_MAX, GROUP_WORKERS,
 };
-use crate::group::{Counters, Decided, Purchase, Written};
+use crate::group::{Counters, Decided, Written};
 use crate::rows;
 
 /// `LEDGER_SALES_AFTER_SWITCH` in microseconds, for the statements' intervals.
 fn settling_us() -> i64 {
     crate::sql::micros(LEDGER_SALES_AFTER_SWITCH)
-}
-
-/// One ledger-mode purchase of a batch: no hold yet, the ledger hands it out
-/// ([`take_ledger_units`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct LedgerPurchase {
-    pub request: PurchaseRequest,
-    pub payment_timeout: Duration,
-    pub per_user_limit: Option<u32>,
 }
 
 /// Takes `units` of `product_id` and hands out `holds` hold ids (`ledger_hold_seq`) in
@@ -177,11 +167,7 @@ impl MysqlLedger {
         let aside = decided.aside();
         let mut one_by_one = Vec::with_capacity(aside.len());
         for &i in &aside {
-            let p = &batch[i];
-            one_by_one.push(
-                self.commit_ledger_one(&p.request, p.per_user_limit, p.payment_timeout)
-                    .await,
-            );
+            one_by_one.push(self.commit_ledger_one(&batch[i]).await);
         }
         debug!(size = batch.len(), one_by_one = aside.len(), elapsed = ?started.elapsed(), "ledger group commit");
         decided.answers(one_by_one)
@@ -200,28 +186,22 @@ impl MysqlLedger {
             Ok(Some(holds)) => holds,
             other => return crate::group::roll_back(conn, other.map(|_| None)).await,
         };
-        let purchases: Vec<Purchase> = members
+        let purchases: Vec<HeldPurchase> = members
             .iter()
             .zip(holds)
-            .map(|(p, hold)| Purchase::new(&p.request, hold, p.per_user_limit, p.payment_timeout))
+            .map(|(p, hold)| HeldPurchase::new(&p.request, hold, p.terms))
             .collect();
         let written = crate::group::insert(conn, &purchases, Counters::Taken).await;
         crate::group::end(conn, written).await.map(Some)
     }
 
     /// One ledger-mode purchase in its own transaction.
-    async fn commit_ledger_one(
-        &self,
-        request: &PurchaseRequest,
-        per_user_limit: Option<u32>,
-        payment_timeout: Duration,
-    ) -> Result<Commit, LedgerError> {
+    async fn commit_ledger_one(&self, purchase: &LedgerPurchase) -> Result<Commit, LedgerError> {
         const WHAT: &str = "commit ledger purchase";
+        let request = &purchase.request;
         let outcome = self
             .purchase_or_taken(WHAT, &request.request_id, || {
-                self.run(WHAT, move || {
-                    self.insert_ledger_purchase(request, per_user_limit, payment_timeout)
-                })
+                self.run(WHAT, move || self.insert_ledger_purchase(purchase))
             })
             .await?;
         match outcome {
@@ -248,10 +228,9 @@ impl MysqlLedger {
     /// per-user check. A taken request_id rolls it all back, the hold id with it.
     async fn insert_ledger_purchase(
         &self,
-        request: &PurchaseRequest,
-        per_user_limit: Option<u32>,
-        payment_timeout: Duration,
+        purchase: &LedgerPurchase,
     ) -> Result<Attempt<Committed>, sqlx::Error> {
+        let LedgerPurchase { request, terms } = purchase;
         let mut tx = self.pool().begin().await?;
         // The ledger's own stock check, and the mode: a product the gate serves is sold
         // through the gate's holds only. The generation is the current one by
@@ -262,12 +241,13 @@ impl MysqlLedger {
             return refused(tx, request).await;
         };
         let hold = rows::hold(generation, last).map_err(rows::undecodable)?;
-        let order = match write_purchase_rows(&mut tx, request, hold, payment_timeout).await? {
+        let timeout = terms.payment_timeout;
+        let order = match write_purchase_rows(&mut tx, request, hold, timeout).await? {
             Rows::Written(order) => order,
             Rows::Taken => return Ok(Attempt::Taken),
             Rows::HoldReused => return Ok(Attempt::Done(Committed::HoldReused)),
         };
-        limit_then_commit(tx, request, per_user_limit, order).await
+        limit_then_commit(tx, request, terms.per_user_limit, order).await
     }
 }
 

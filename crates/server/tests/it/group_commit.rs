@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use flashsale_app::ports::Commit;
+use flashsale_app::ports::{Commit, HeldPurchase, LedgerPurchase};
 use flashsale_app::Ledger;
 use flashsale_app::PurchaseOutcome;
-use flashsale_core::{HoldRef, ProductId, PurchaseRequest, Quantity, RequestId, UserId};
+use flashsale_core::{HoldRef, ProductId, PurchaseRequest, Quantity, RequestId, Terms, UserId};
 use flashsale_mysql::{LedgerConfig, MysqlLedger};
 
 use crate::helpers::TestApp;
@@ -68,18 +68,32 @@ async fn commit_held_at_the_lock(
     (app, ledger, id, hold, lock)
 }
 
-/// `call` with its own handles on `ledger` and `request`, in a task of its own: a caller
+/// `call` with its own handles on `ledger` and `purchase`, in a task of its own: a caller
 /// of its own, which the test may watch or abort.
 fn in_a_task<T, F>(
     ledger: &Arc<MysqlLedger>,
-    request: &PurchaseRequest,
-    call: impl FnOnce(Arc<MysqlLedger>, PurchaseRequest) -> F,
+    purchase: &HeldPurchase,
+    call: impl FnOnce(Arc<MysqlLedger>, HeldPurchase) -> F,
 ) -> tokio::task::JoinHandle<T>
 where
     T: Send + 'static,
     F: std::future::Future<Output = T> + Send + 'static,
 {
-    tokio::spawn(call(ledger.clone(), request.clone()))
+    tokio::spawn(call(ledger.clone(), purchase.clone()))
+}
+
+/// `request` with `hold`, on terms with no per-user limit and a payment deadline no
+/// test reaches.
+fn held(request: &PurchaseRequest, hold: HoldRef) -> HeldPurchase {
+    HeldPurchase::new(request, hold, terms(None, COMMIT_TIMEOUT))
+}
+
+/// Terms with the per-user `limit`, orders waiting `timeout` for payment.
+fn terms(limit: Option<u32>, timeout: Duration) -> Terms {
+    Terms {
+        per_user_limit: limit,
+        payment_timeout: timeout,
+    }
 }
 
 fn request(i: i64, product: i64) -> PurchaseRequest {
@@ -112,12 +126,11 @@ async fn concurrent_purchases_commit_together_with_the_same_answers() {
         let n = if i >= 200 { i - 200 } else { i };
         tokio::spawn(async move {
             let r = ledger
-                .commit_purchase(
+                .commit_purchase(&HeldPurchase::new(
                     &request(n, 3500),
                     HoldRef::from_stored(1, n + 1).expect("hold"),
-                    None,
-                    timeout,
-                )
+                    terms(None, timeout),
+                ))
                 .await;
             (n, r)
         })
@@ -237,12 +250,11 @@ async fn committed_behind_a_lock(app: &TestApp, product: i64, n: i64, tag: &str)
                 quantity: Quantity::from_stored(1).expect("quantity"),
             };
             ledger
-                .commit_purchase(
+                .commit_purchase(&HeldPurchase::new(
                     &request,
                     HoldRef::from_stored(1, i + 1).expect("hold"),
-                    None,
-                    Duration::from_secs(600),
-                )
+                    terms(None, Duration::from_secs(600)),
+                ))
                 .await
         })
     };
@@ -424,12 +436,11 @@ async fn per_user_limits_hold_inside_group_commits() {
                 quantity: Quantity::from_stored(1).expect("quantity"),
             };
             let r = ledger
-                .commit_purchase(
+                .commit_purchase(&HeldPurchase::new(
                     &request,
                     HoldRef::from_stored(1, i + 1).expect("hold"),
-                    Some(2),
-                    timeout,
-                )
+                    terms(Some(2), timeout),
+                ))
                 .await;
             (user, r)
         })
@@ -512,7 +523,10 @@ async fn ledger_mode_purchases_commit_together_with_the_same_answers() {
         let n = if i >= 180 { i - 180 } else { i };
         tokio::spawn(async move {
             let r = ledger
-                .commit_ledger_purchase(&limited(n), Some(2), timeout)
+                .commit_ledger_purchase(&LedgerPurchase {
+                    request: limited(n),
+                    terms: terms(Some(2), timeout),
+                })
                 .await;
             (i, n, r.expect("ledger answered"))
         })
@@ -571,7 +585,10 @@ async fn ledger_mode_purchases_commit_together_with_the_same_answers() {
         let ledger = ledger.clone();
         tokio::spawn(async move {
             ledger
-                .commit_ledger_purchase(&request(i, 3601), None, timeout)
+                .commit_ledger_purchase(&LedgerPurchase {
+                    request: request(i, 3601),
+                    terms: terms(None, timeout),
+                })
                 .await
                 .expect("ledger answered")
         })
@@ -615,11 +632,7 @@ async fn ledger_mode_purchases_commit_together_with_the_same_answers() {
 async fn a_joined_commit_is_answered_after_its_first_caller_went_away() {
     let (app, ledger, product, hold, lock) = commit_held_at_the_lock(3550).await;
     let commit = |ledger: Arc<MysqlLedger>| {
-        tokio::spawn(async move {
-            ledger
-                .commit_purchase(&request(1, 3550), hold, None, COMMIT_TIMEOUT)
-                .await
-        })
+        tokio::spawn(async move { ledger.commit_purchase(&held(&request(1, 3550), hold)).await })
     };
     let first = commit(ledger.clone());
     // The first caller's purchase is queued and its transaction waits for the lock.
@@ -666,10 +679,9 @@ async fn a_joined_commit_is_answered_after_its_first_caller_went_away() {
 async fn a_replay_joins_the_commit_in_flight_without_a_read() {
     let (app, ledger, product, hold, lock) = commit_held_at_the_lock(3560).await;
     let request = request(7, 3560);
-    let first = in_a_task(&ledger, &request, move |ledger, request| async move {
-        ledger
-            .commit_purchase(&request, hold, None, COMMIT_TIMEOUT)
-            .await
+    let purchase = held(&request, hold);
+    let first = in_a_task(&ledger, &purchase, |ledger, purchase| async move {
+        ledger.commit_purchase(&purchase).await
     });
     // The first caller's purchase is queued and its transaction waits for the lock.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -681,19 +693,12 @@ async fn a_replay_joins_the_commit_in_flight_without_a_read() {
         None,
         "nothing committed yet: a read cannot answer the replay"
     );
-    let other_hold = HoldRef::from_stored(1, 2).expect("hold");
-    assert!(ledger
-        .join_commit(&request, other_hold, None, COMMIT_TIMEOUT)
-        .await
-        .is_none());
-    assert!(ledger
-        .join_commit(&self::request(8, 3560), hold, None, COMMIT_TIMEOUT)
-        .await
-        .is_none());
-    let joiner = in_a_task(&ledger, &request, move |ledger, request| async move {
-        ledger
-            .join_commit(&request, hold, None, COMMIT_TIMEOUT)
-            .await
+    let other_hold = held(&request, HoldRef::from_stored(1, 2).expect("hold"));
+    assert!(ledger.join_commit(&other_hold).await.is_none());
+    let other_request = held(&self::request(8, 3560), hold);
+    assert!(ledger.join_commit(&other_request).await.is_none());
+    let joiner = in_a_task(&ledger, &purchase, |ledger, purchase| async move {
+        ledger.join_commit(&purchase).await
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!joiner.is_finished(), "the joiner waits for the commit");
@@ -717,10 +722,7 @@ async fn a_replay_joins_the_commit_in_flight_without_a_read() {
             .await,
         1
     );
-    assert!(ledger
-        .join_commit(&request, hold, None, COMMIT_TIMEOUT)
-        .await
-        .is_none());
+    assert!(ledger.join_commit(&purchase).await.is_none());
     assert!(ledger
         .find_purchase(&request.request_id)
         .await
@@ -759,9 +761,12 @@ async fn a_request_id_spelling_a_key_name_is_a_taken_request_id() {
         .expect("ledger mode");
     tokio::time::sleep(flashsale_app::modes::LEDGER_SALES_AFTER_SWITCH + Duration::from_millis(50))
         .await;
-    let in_ledger = named("uk_reservation_hold", 1, 3571);
+    let in_ledger = LedgerPurchase {
+        request: named("uk_reservation_hold", 1, 3571),
+        terms: terms(None, timeout),
+    };
     let order = match ledger
-        .commit_ledger_purchase(&in_ledger, None, timeout)
+        .commit_ledger_purchase(&in_ledger)
         .await
         .expect("ledger answered")
     {
@@ -769,7 +774,7 @@ async fn a_request_id_spelling_a_key_name_is_a_taken_request_id() {
         other => panic!("the first purchase: unexpected {other:?}"),
     };
     match ledger
-        .commit_ledger_purchase(&in_ledger, None, timeout)
+        .commit_ledger_purchase(&in_ledger)
         .await
         .expect("the retry is answered, not an error")
     {
@@ -784,7 +789,7 @@ async fn a_request_id_spelling_a_key_name_is_a_taken_request_id() {
     let through_gate = named("a.uk_reservation_hold.1", 2, 3570);
     let first = HoldRef::from_stored(before, 1).expect("hold");
     let order = match ledger
-        .commit_purchase(&through_gate, first, None, timeout)
+        .commit_purchase(&held(&through_gate, first))
         .await
         .expect("committed")
     {
@@ -793,7 +798,7 @@ async fn a_request_id_spelling_a_key_name_is_a_taken_request_id() {
     };
     let second = HoldRef::from_stored(before, 2).expect("hold");
     match ledger
-        .commit_purchase(&through_gate, second, None, timeout)
+        .commit_purchase(&held(&through_gate, second))
         .await
         .expect("the second hold is answered, not an error")
     {

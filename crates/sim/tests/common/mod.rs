@@ -2,11 +2,13 @@
 //! purchases of it. Each test binary uses some of it.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{TimeDelta, TimeZone, Utc};
+use flashsale_app::ports::HeldPurchase;
 use flashsale_app::Ledger;
 use flashsale_core::{
-    NewProduct, ProductId, PurchaseRequest, Quantity, RequestId, SaleWindow, UserId,
+    HoldRef, NewProduct, ProductId, PurchaseRequest, Quantity, RequestId, SaleWindow, Terms, UserId,
 };
 use flashsale_sim::ctx::Ctx;
 use flashsale_sim::exec::block_on;
@@ -44,4 +46,14 @@ pub fn request(id: &str, user: i64, quantity: i64) -> PurchaseRequest {
         product_id: ProductId::parse(1).expect("product"),
         quantity: Quantity::from_stored(quantity).expect("quantity"),
     }
+}
+
+/// `request` with `hold`, its order waiting ten seconds for payment under the per-user
+/// `limit`.
+pub fn held(request: &PurchaseRequest, hold: HoldRef, limit: Option<u32>) -> HeldPurchase {
+    let terms = Terms {
+        per_user_limit: limit,
+        payment_timeout: Duration::from_secs(10),
+    };
+    HeldPurchase::new(request, hold, terms)
 }
