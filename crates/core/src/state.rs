@@ -19,6 +19,50 @@
 use std::fmt;
 use std::str::FromStr;
 
+/// Declares a status enum from one table of its variants and the text storage and the
+/// API know each by: the enum, `ALL` (every variant, in the table's order), `as_str`,
+/// `Display`, and `FromStr`, which refuses any other text as [`UnknownStatus`].
+macro_rules! status_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $ty:ident: $kind:literal {
+            $($(#[$variant_meta:meta])* $variant:ident => $text:literal,)+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $ty {
+            $($(#[$variant_meta])* $variant,)+
+        }
+
+        impl $ty {
+            pub const ALL: [$ty; [$($text),+].len()] = [$($ty::$variant),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $text,)+
+                }
+            }
+        }
+
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl FromStr for $ty {
+            type Err = UnknownStatus;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s {
+                    $($text => Ok($ty::$variant),)+
+                    _ => Err(UnknownStatus { kind: $kind, value: s.to_owned() }),
+                }
+            }
+        }
+    };
+}
+
 /// What applying an event to a state gives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transition<S> {
@@ -42,32 +86,17 @@ pub enum TransitionError {
     NotReleasable(ReservationStatus),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum OrderStatus {
-    PendingPayment,
-    Paid,
-    Cancelled,
-    /// A paid order the operator refunded: its units are no longer sold.
-    Refunded,
+status_enum! {
+    pub enum OrderStatus: "order status" {
+        PendingPayment => "PENDING_PAYMENT",
+        Paid => "PAID",
+        Cancelled => "CANCELLED",
+        /// A paid order the operator refunded: its units are no longer sold.
+        Refunded => "REFUNDED",
+    }
 }
 
 impl OrderStatus {
-    pub const ALL: [OrderStatus; 4] = [
-        Self::PendingPayment,
-        Self::Paid,
-        Self::Cancelled,
-        Self::Refunded,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::PendingPayment => "PENDING_PAYMENT",
-            Self::Paid => "PAID",
-            Self::Cancelled => "CANCELLED",
-            Self::Refunded => "REFUNDED",
-        }
-    }
-
     pub fn pay(self) -> Result<Transition<Self>, TransitionError> {
         match self {
             Self::PendingPayment => Ok(Transition::To(Self::Paid)),
@@ -109,24 +138,15 @@ impl OrderStatus {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ReservationStatus {
-    Processing,
-    Confirmed,
-    Released,
+status_enum! {
+    pub enum ReservationStatus: "reservation status" {
+        Processing => "PROCESSING",
+        Confirmed => "CONFIRMED",
+        Released => "RELEASED",
+    }
 }
 
 impl ReservationStatus {
-    pub const ALL: [ReservationStatus; 3] = [Self::Processing, Self::Confirmed, Self::Released];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Processing => "PROCESSING",
-            Self::Confirmed => "CONFIRMED",
-            Self::Released => "RELEASED",
-        }
-    }
-
     pub fn confirm(self) -> Result<Transition<Self>, TransitionError> {
         match self {
             Self::Processing => Ok(Transition::To(Self::Confirmed)),
@@ -148,69 +168,40 @@ impl ReservationStatus {
     }
 }
 
-/// Why an order was cancelled; stored in `orders.cancel_reason`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CancelReason {
-    UserCancelled,
-    PaymentTimeout,
-}
-
-impl CancelReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::UserCancelled => "user_cancelled",
-            Self::PaymentTimeout => "payment_timeout",
-        }
+status_enum! {
+    /// Why an order was cancelled; stored in `orders.cancel_reason`.
+    pub enum CancelReason: "cancel reason" {
+        UserCancelled => "user_cancelled",
+        PaymentTimeout => "payment_timeout",
     }
 }
 
-/// Why a reservation's stock went back; stored in `inventory_reservation.release_reason`.
-/// A reservation released without ever having an order (`SoldOut`, `LimitExceeded`,
-/// `Abandoned`) is a
-/// fence: its row takes the request_id, so a late commit of the original attempt fails on
-/// the unique key and can never create an order after the stock was given back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ReleaseReason {
-    /// The order was cancelled by its buyer.
-    Cancelled,
-    /// The order was not paid before `expires_at`.
-    PaymentTimeout,
-    /// The ledger's own stock check refused the order although Redis had reserved it.
-    SoldOut,
-    /// The ledger's own per-user limit check refused the order although Redis had
-    /// reserved it (Redis's per-user counts were lost or stale).
-    LimitExceeded,
-    /// The attempt died before writing its order; recovery fenced and released it.
-    Abandoned,
-    /// The paid order was refunded and its units put back on sale.
-    RefundRestocked,
-    /// The paid order was refunded and its units taken out of stock (damaged, kept).
-    RefundWithdrawn,
+status_enum! {
+    /// Why a reservation's stock went back; stored in
+    /// `inventory_reservation.release_reason`. A reservation released without ever
+    /// having an order (`SoldOut`, `LimitExceeded`, `Abandoned`) is a fence: its row
+    /// takes the request_id, so a late commit of the original attempt fails on the
+    /// unique key and can never create an order after the stock was given back.
+    pub enum ReleaseReason: "release reason" {
+        /// The order was cancelled by its buyer.
+        Cancelled => "cancelled",
+        /// The order was not paid before `expires_at`.
+        PaymentTimeout => "payment_timeout",
+        /// The ledger's own stock check refused the order although Redis had reserved it.
+        SoldOut => "sold_out",
+        /// The ledger's own per-user limit check refused the order although Redis had
+        /// reserved it (Redis's per-user counts were lost or stale).
+        LimitExceeded => "limit_exceeded",
+        /// The attempt died before writing its order; recovery fenced and released it.
+        Abandoned => "abandoned",
+        /// The paid order was refunded and its units put back on sale.
+        RefundRestocked => "refund_restocked",
+        /// The paid order was refunded and its units taken out of stock (damaged, kept).
+        RefundWithdrawn => "refund_withdrawn",
+    }
 }
 
 impl ReleaseReason {
-    pub const ALL: [ReleaseReason; 7] = [
-        Self::Cancelled,
-        Self::PaymentTimeout,
-        Self::SoldOut,
-        Self::LimitExceeded,
-        Self::Abandoned,
-        Self::RefundRestocked,
-        Self::RefundWithdrawn,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Cancelled => "cancelled",
-            Self::PaymentTimeout => "payment_timeout",
-            Self::SoldOut => "sold_out",
-            Self::LimitExceeded => "limit_exceeded",
-            Self::Abandoned => "abandoned",
-            Self::RefundRestocked => "refund_restocked",
-            Self::RefundWithdrawn => "refund_withdrawn",
-        }
-    }
-
     /// A refund's release, by whether its units go back on sale.
     pub fn for_refund(restock: bool) -> Self {
         if restock {
@@ -241,53 +232,6 @@ pub struct UnknownStatus {
     pub kind: &'static str,
     pub value: String,
 }
-
-macro_rules! status_text {
-    ($ty:ident, $kind:literal, [$($variant:ident),+]) => {
-        impl fmt::Display for $ty {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-
-        impl FromStr for $ty {
-            type Err = UnknownStatus;
-            fn from_str(s: &str) -> Result<Self, Self::Err> {
-                $(if s == $ty::$variant.as_str() { return Ok($ty::$variant); })+
-                Err(UnknownStatus { kind: $kind, value: s.to_owned() })
-            }
-        }
-    };
-}
-
-status_text!(
-    OrderStatus,
-    "order status",
-    [PendingPayment, Paid, Cancelled, Refunded]
-);
-status_text!(
-    ReservationStatus,
-    "reservation status",
-    [Processing, Confirmed, Released]
-);
-status_text!(
-    CancelReason,
-    "cancel reason",
-    [UserCancelled, PaymentTimeout]
-);
-status_text!(
-    ReleaseReason,
-    "release reason",
-    [
-        Cancelled,
-        PaymentTimeout,
-        SoldOut,
-        LimitExceeded,
-        Abandoned,
-        RefundRestocked,
-        RefundWithdrawn
-    ]
-);
 
 #[cfg(test)]
 mod tests {
