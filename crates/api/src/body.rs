@@ -149,47 +149,28 @@ mod tests {
     #[test]
     fn a_body_is_read_whole_or_refused_by_kind() {
         let rt = runtime();
-        let got = rt.block_on(read_whole(
-            Body::from("{\"a\":1}"),
-            16,
-            Duration::from_secs(1),
-            None,
-        ));
+        // A read of at most 16 bytes within a second; `late` has a shorter deadline.
+        let read = |body: Body| rt.block_on(read_whole(body, 16, Duration::from_secs(1), None));
+        let got = read(Body::from("{\"a\":1}"));
         assert_eq!(got, Ok(Bytes::from_static(b"{\"a\":1}")));
 
-        let big = rt.block_on(read_whole(
-            Body::from(vec![b'x'; 17]),
-            16,
-            Duration::from_secs(1),
-            None,
-        ));
+        let big = read(Body::from(vec![b'x'; 17]));
         assert_eq!(big, Err(BodyFailure::TooLarge));
 
         // Chunks whose sum passes the limit, with no size announced.
         let ten = || Ok(Bytes::from_static(b"0123456789"));
-        let chunks = futures_stream(vec![ten(), ten()]);
-        let streamed = rt.block_on(read_whole(chunks, 16, Duration::from_secs(1), None));
+        let streamed = read(futures_stream(vec![ten(), ten()]));
         assert_eq!(streamed, Err(BodyFailure::TooLarge));
 
         // Chunks within the limit are joined in order; exactly the limit still fits.
         let parts = |p: &[&'static [u8]]| {
             futures_stream(p.iter().map(|b| Ok(Bytes::from_static(b))).collect())
         };
-        let joined = rt.block_on(read_whole(
-            parts(&[b"01", b"", b"2345", b"6"]),
-            16,
-            Duration::from_secs(1),
-            None,
-        ));
+        let joined = read(parts(&[b"01", b"", b"2345", b"6"]));
         assert_eq!(joined, Ok(Bytes::from_static(b"0123456")));
-        let full = rt.block_on(read_whole(
-            parts(&[b"0123456789", b"abcdef"]),
-            16,
-            Duration::from_secs(1),
-            None,
-        ));
+        let full = read(parts(&[b"0123456789", b"abcdef"]));
         assert_eq!(full, Ok(Bytes::from_static(b"0123456789abcdef")));
-        let empty = rt.block_on(read_whole(Body::empty(), 16, Duration::from_secs(1), None));
+        let empty = read(Body::empty());
         assert_eq!(empty, Ok(Bytes::new()));
 
         let late = rt.block_on(read_whole(
@@ -204,7 +185,7 @@ mod tests {
             Ok(Bytes::from_static(b"01")),
             Err(std::io::Error::other("bad chunk size")),
         ]);
-        let unreadable = rt.block_on(read_whole(broken, 16, Duration::from_secs(1), None));
+        let unreadable = read(broken);
         assert_eq!(unreadable, Err(BodyFailure::Unreadable));
     }
 
