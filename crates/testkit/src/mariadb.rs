@@ -11,9 +11,9 @@ use crate::process::{self, private_server, NotReady, Startup};
 /// How `mariadbd` starts, as a private server or a Galera node. The 60 s bound is on
 /// every start of mariadbd, InnoDB's crash recovery included (the slow part on a
 /// machine busy compiling; a second or less here otherwise): a private server's until
-/// root can log in (after [`PrivateMariadb::kill9`] too), fresh Galera nodes' until
-/// they have formed their cluster (the template's one alone, or three at once), and
-/// `mariadbd --wsrep-recover`'s run. One probe (a full login as root, a statement or
+/// root can log in (after [`kill9`](crate::PrivateServer::kill9) too), fresh Galera
+/// nodes' until they have formed their cluster (the template's one alone, or three at
+/// once), and `mariadbd --wsrep-recover`'s run. One probe (a full login as root, a statement or
 /// two) is bounded by 2 s: a healthy server answers in a few milliseconds, a paused one
 /// never.
 pub(crate) const MARIADBD: Startup = Startup {
