@@ -703,9 +703,9 @@ impl Node {
         }
     }
 
-    /// The node's status, asked as root over TCP, bounded by [`MARIADBD`]'s probe timeout; an
-    /// error also when the server on the port is not this node (its socket differs:
-    /// another process's server took the port first).
+    /// The node's status, asked as root over TCP, bounded by [`MARIADBD`]'s probe
+    /// timeout; an error also when the server on the port is not this node (its socket
+    /// differs: another process's server took the port first).
     async fn probe(&self) -> io::Result<NodeStatus> {
         let url = format!("mysql://root@127.0.0.1:{}", self.port);
         let socket = self.socket().to_string_lossy().into_owned();
