@@ -673,33 +673,18 @@ impl Node {
         cmd.args(&self.args).arg("--wsrep-recover");
         let mut cmd = tokio::process::Command::from(cmd);
         cmd.kill_on_drop(true);
-        let mut child = process::spawn_logged_tokio(&mut cmd, &log)?;
-        let failed = |what: String| {
-            process::with_log_tail(
-                io::ErrorKind::Other,
-                &format!(
-                    "mariadbd --wsrep-recover of galera node {} {what}",
-                    self.index
-                ),
-                &log,
-            )
-        };
+        let what = format!("mariadbd --wsrep-recover of galera node {}", self.index);
         // 0.2 s here; InnoDB's crash recovery on a busy machine is the slow part, as in
         // any start.
-        match tokio::time::timeout(MARIADBD.timeout, child.wait()).await {
-            Ok(Ok(status)) if status.success() => {}
-            Ok(Ok(status)) => return Err(failed(format!("failed ({status})"))),
-            Ok(Err(e)) => return Err(e),
-            Err(_) => {
-                let _ = child.kill().await;
-                let bound = MARIADBD.timeout;
-                return Err(failed(format!("did not finish within {bound:?}")));
-            }
-        }
+        process::run_bounded(&mut cmd, &log, MARIADBD.timeout, &what).await?;
         let text = std::fs::read_to_string(&log)?;
         match recovered_position(&text) {
             Some(position) => Ok(position.into()),
-            None => Err(failed("found no position".to_owned())),
+            None => Err(process::with_log_tail(
+                io::ErrorKind::Other,
+                &format!("{what} found no position"),
+                &log,
+            )),
         }
     }
 
