@@ -31,7 +31,7 @@ use crate::error::Error;
 use crate::maintenance::Failures;
 use crate::metrics::Metrics;
 use crate::modes::{ModeBoard, LEDGER_PRODUCTS_MAX};
-use crate::ports::{Clock, GateMaintenance, Leave, LedgerMaintenance, ModeSwitch, StockGate};
+use crate::ports::{Leave, ModeSwitch, Ports};
 
 /// How often an instance that cannot reach the gate repeats its report for a product
 /// already in ledger mode: often enough to hold the way back off (`recover_after` is tens
@@ -124,10 +124,7 @@ impl GateHealth {
 
 /// The fallback worker's use case: one [`Fallback::pass`] per period.
 pub struct Fallback {
-    gate: Arc<dyn StockGate>,
-    gate_m: Arc<dyn GateMaintenance>,
-    ledger_m: Arc<dyn LedgerMaintenance>,
-    clock: Arc<dyn Clock>,
+    ports: Ports,
     board: Arc<ModeBoard>,
     settings: FallbackSettings,
     state: Mutex<State>,
@@ -155,19 +152,9 @@ pub struct FallbackPass {
 }
 
 impl Fallback {
-    pub fn new(
-        gate: Arc<dyn StockGate>,
-        gate_m: Arc<dyn GateMaintenance>,
-        ledger_m: Arc<dyn LedgerMaintenance>,
-        clock: Arc<dyn Clock>,
-        board: Arc<ModeBoard>,
-        settings: FallbackSettings,
-    ) -> Self {
+    pub fn new(ports: Ports, board: Arc<ModeBoard>, settings: FallbackSettings) -> Self {
         Self {
-            gate,
-            gate_m,
-            ledger_m,
-            clock,
+            ports,
             board,
             settings,
             state: Mutex::new(State {
@@ -194,8 +181,9 @@ impl Fallback {
     /// server runs it every [`FOLLOW_INTERVAL`](crate::modes::FOLLOW_INTERVAL) on its
     /// own, so a gate probe that waits for a hanging Redis never delays it.
     pub async fn follow(&self) -> Result<Vec<ProductId>, Error> {
-        let asked_at = self.clock.monotonic();
+        let asked_at = self.ports.clock.monotonic();
         let ledger = self
+            .ports
             .ledger_m
             .ledger_mode_products(LEDGER_PRODUCTS_MAX)
             .await?;
@@ -211,8 +199,8 @@ impl Fallback {
         // A set: up to LEDGER_PRODUCTS_MAX products, looked up once per remembered one.
         let in_ledger: std::collections::HashSet<ProductId> = ledger.iter().copied().collect();
         self.state().retired.retain(|p| in_ledger.contains(p));
-        let answered = self.gate.ping().await.is_ok();
-        let now = self.clock.monotonic();
+        let answered = self.ports.gate.ping().await.is_ok();
+        let now = self.ports.clock.monotonic();
         let (down, back) = {
             let mut s = self.state();
             s.health.heard(answered, now);
@@ -256,7 +244,7 @@ impl Fallback {
         };
         let down_for = self.state().health.down_for(now);
         for product_id in due {
-            match self.ledger_m.enter_ledger_mode(product_id).await? {
+            match self.ports.ledger_m.enter_ledger_mode(product_id).await? {
                 ModeSwitch::Entered { generation } => {
                     warn!(%product_id, %generation, down_for = ?down_for,
                         reason = "Redis unreachable", "switched to ledger mode: the product is sold from MariaDB until Redis is back");
@@ -304,10 +292,11 @@ impl Fallback {
         // from before the switch, and between the leave below and the rebuild an instance
         // that hears of gate mode would trust it.
         if !self.state().retired.contains(&product_id) {
-            self.gate_m.retire(product_id).await?;
+            self.ports.gate_m.retire(product_id).await?;
             self.state().retired.insert(product_id);
         }
         let plan = match self
+            .ports
             .ledger_m
             .leave_ledger_mode(product_id, self.settings.recover_after)
             .await?
@@ -329,7 +318,7 @@ impl Fallback {
         // The product is the gate's again, in a generation the gate does not have yet:
         // its purchases answer 503 until this rebuild (or the gate watch's, if this one
         // fails) puts the plan in place.
-        match self.gate_m.rebuild(product_id, &plan).await {
+        match self.ports.gate_m.rebuild(product_id, &plan).await {
             Ok(applied) => {
                 if let (true, Some(m)) = (applied, &self.metrics) {
                     m.gates_rebuilt(1);

@@ -43,7 +43,7 @@ pub use maintenance::{
 pub use metrics::{Metrics, Monitor, ProductStock, StoreView};
 pub use model::*;
 pub use outcome::Outcome;
-pub use ports::{Clock, GateError, Ledger, LedgerError, StockGate, SystemClock};
+pub use ports::{Clock, GateError, Ledger, LedgerError, Ports, StockGate, SystemClock};
 pub use service::{Flashsale, Settings};
 
 pub mod consume;

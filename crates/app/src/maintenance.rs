@@ -36,8 +36,8 @@ use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::model::{PurchaseOutcome, PurchaseRecord};
 use crate::ports::{
-    Fence, GateFacts, GateMaintenance, Ledger, LedgerError, LedgerMaintenance, Release, ReleaseOf,
-    Restock, StaleHold, StockGate,
+    Fence, GateFacts, GateMaintenance, Ledger, LedgerError, LedgerMaintenance, Ports, Release,
+    ReleaseOf, Restock, StaleHold, StockGate,
 };
 use crate::service::{give_back, GiveBack};
 
@@ -165,13 +165,15 @@ pub struct RecoveryReport {
 }
 
 impl Maintenance {
-    pub fn new(
-        gate: Arc<dyn StockGate>,
-        gate_m: Arc<dyn GateMaintenance>,
-        ledger: Arc<dyn Ledger>,
-        ledger_m: Arc<dyn LedgerMaintenance>,
-        settings: MaintenanceSettings,
-    ) -> Self {
+    /// The maintenance over `ports` (it reads time from the ledger, not the clock).
+    pub fn new(ports: Ports, settings: MaintenanceSettings) -> Self {
+        let Ports {
+            gate,
+            gate_m,
+            ledger,
+            ledger_m,
+            ..
+        } = ports;
         Self {
             gate,
             gate_m,

@@ -5,6 +5,7 @@
 //! happened); the use cases answer it with `unavailable` (503) and the client retries
 //! with the same request_id.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -102,7 +103,7 @@ impl std::fmt::Display for ErrorKind {
 /// An underlying error a port error keeps as its [`cause`](LedgerError::cause), shared so
 /// the port error stays `Clone` (a group commit answers every purchase of a batch with one
 /// error).
-pub type Source = std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>;
+pub type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
 
 /// What every port error is built from: a kind, a detail for the logs, the underlying
 /// error if there is one. Generic code (the simulator's fault injector, timeouts around
@@ -602,6 +603,18 @@ pub enum CreateProduct {
     Created(Product),
     /// The product id is taken; the stored product and its total stock.
     Exists(Product, i64),
+}
+
+/// The ports of both stores and the clock, as the maintenance and fallback use cases
+/// take them: the binary fills it with its Redis and MariaDB adapters, the simulator
+/// with its in-memory stores behind fault injection.
+#[derive(Clone)]
+pub struct Ports {
+    pub gate: Arc<dyn StockGate>,
+    pub gate_m: Arc<dyn GateMaintenance>,
+    pub ledger: Arc<dyn Ledger>,
+    pub ledger_m: Arc<dyn LedgerMaintenance>,
+    pub clock: Arc<dyn Clock>,
 }
 
 /// A purchase to commit for the hold the gate gave it, on the terms it is sold under:

@@ -20,8 +20,8 @@ use flashsale_app::baseline::{Baseline, Strategy};
 use flashsale_app::limit::{self, Limiter};
 use flashsale_app::ports::LeaseListener;
 use flashsale_app::{
-    AuditBounds, Fallback, Flashsale, Maintenance, MaintenanceSettings, Metrics, Monitor, Sampler,
-    Settings, SystemClock,
+    AuditBounds, Fallback, Flashsale, Maintenance, MaintenanceSettings, Metrics, Monitor, Ports,
+    Sampler, Settings, SystemClock,
 };
 use flashsale_app::{Clock, Destocking, Listing, Listings, SaleControl, SaleRetirement};
 use flashsale_core::{AdminName, ProductId};
@@ -152,17 +152,24 @@ fn gate_for(config: &Config) -> Result<RedisGate, String> {
     .map_err(|e| e.to_string())
 }
 
+/// The two stores' adapters as the use cases' ports, on the system clock.
+fn ports(gate: &Arc<RedisGate>, ledger: &Arc<MysqlLedger>) -> Ports {
+    Ports {
+        gate: gate.clone(),
+        gate_m: gate.clone(),
+        ledger: ledger.clone(),
+        ledger_m: ledger.clone(),
+        clock: Arc::new(SystemClock),
+    }
+}
+
 fn maintenance_for(
     config: &Config,
-    gate: Arc<RedisGate>,
-    ledger: Arc<MysqlLedger>,
+    ports: Ports,
     metrics: Option<Arc<Metrics>>,
 ) -> Arc<Maintenance> {
     let maintenance = Maintenance::new(
-        gate.clone(),
-        gate,
-        ledger.clone(),
-        ledger,
+        ports,
         MaintenanceSettings {
             recovery_after: config.recovery_after,
             batch_size: WORKER_BATCH_SIZE,
@@ -194,7 +201,7 @@ pub fn audit_bounds(config: &Config) -> AuditBounds {
 pub async fn connect_maintenance(config: &Config) -> Result<Arc<Maintenance>, String> {
     let ledger = Arc::new(connect_ledger(config).await?);
     let gate = Arc::new(gate_for(config)?);
-    Ok(maintenance_for(config, gate, ledger, None))
+    Ok(maintenance_for(config, ports(&gate, &ledger), None))
 }
 
 /// Connects, applies migrations, and builds the router.
@@ -204,7 +211,8 @@ pub async fn build(config: &Config) -> Result<App, String> {
     let gate = Arc::new(gate_for(config)?);
     reach::warn_unreachable(config, &gate).await;
     let metrics = Arc::new(Metrics::new());
-    let maintenance = maintenance_for(config, gate.clone(), ledger.clone(), Some(metrics.clone()));
+    let ports = ports(&gate, &ledger);
+    let maintenance = maintenance_for(config, ports.clone(), Some(metrics.clone()));
     let gate_watch = Arc::new(Notify::new());
     let service = Arc::new(service_for(config, &gate, &ledger, &gate_watch));
     let stores = Stores {
@@ -215,15 +223,7 @@ pub async fn build(config: &Config) -> Result<App, String> {
     };
     let admin = SaleAdmin::new(config, &stores);
     let fallback = Arc::new(
-        Fallback::new(
-            gate.clone(),
-            gate.clone(),
-            ledger.clone(),
-            Arc::new(SystemClock),
-            service.mode_board(),
-            config.fallback,
-        )
-        .with_metrics(metrics.clone()),
+        Fallback::new(ports, service.mode_board(), config.fallback).with_metrics(metrics.clone()),
     );
     // Detached, like the lease listener: it runs as long as the runtime.
     tokio::spawn(follow_modes(fallback.clone()));

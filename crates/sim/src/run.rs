@@ -49,7 +49,7 @@ use flashsale_app::ports::{EventBus, Outbox, StatsStore};
 use flashsale_app::ports::{GateFacts, GateMaintenance, LedgerMaintenance, StockGate};
 use flashsale_app::{
     Clock, Consume, Error, Fallback, Flashsale, Ledger, Maintenance, MaintenanceSettings, Order,
-    RecoveryReport, Relay, Repair, Settings, StatsDelta, REPAIR_UNITS_PER_PASS,
+    Ports, RecoveryReport, Relay, Repair, Settings, StatsDelta, REPAIR_UNITS_PER_PASS,
 };
 use flashsale_core::{
     AdminName, NewProduct, OrderId, OrderStatus, ProductId, PurchaseRequest, Quantity, RequestId,
@@ -260,21 +260,19 @@ impl World {
                 max_quantity_per_order: QUANTITY_MAX,
             },
         );
-        let fallback = self.sc.fallback.map(|settings| {
-            Arc::new(Fallback::new(
-                gate.clone(),
-                gate_m.clone(),
-                ledger_m.clone(),
-                clock.clone(),
-                service.mode_board(),
-                settings,
-            ))
-        });
-        let maint = Maintenance::new(
+        let ports = Ports {
             gate,
             gate_m,
             ledger,
             ledger_m,
+            clock,
+        };
+        let fallback = self
+            .sc
+            .fallback
+            .map(|settings| Arc::new(Fallback::new(ports.clone(), service.mode_board(), settings)));
+        let maint = Maintenance::new(
+            ports,
             MaintenanceSettings {
                 recovery_after: self.sc.recovery_after,
                 batch_size: self.sc.batch_size,

@@ -486,13 +486,14 @@ async fn maintenance_beside(
     app: &TestApp,
     settings: flashsale_app::MaintenanceSettings,
 ) -> flashsale_app::Maintenance {
-    flashsale_app::Maintenance::new(
-        std::sync::Arc::new(gate(app)),
-        std::sync::Arc::new(gate(app)),
-        ledger(app).await,
-        ledger(app).await,
-        settings,
-    )
+    let ports = flashsale_app::Ports {
+        gate: std::sync::Arc::new(gate(app)),
+        gate_m: std::sync::Arc::new(gate(app)),
+        ledger: ledger(app).await,
+        ledger_m: ledger(app).await,
+        clock: std::sync::Arc::new(flashsale_app::SystemClock),
+    };
+    flashsale_app::Maintenance::new(ports, settings)
 }
 
 fn settings(batch_size: usize, products_page: usize) -> flashsale_app::MaintenanceSettings {
