@@ -100,6 +100,22 @@ const PRODUCT_ACTION: &[Outcome] = &[
     O::RequestIdConflict,
     O::Unavailable,
 ];
+/// A destock's errors: an admin's write on a product's, and too little stock available.
+const DESTOCK: [Outcome; 9] = joined(&[O::InsufficientStock], PRODUCT_ACTION);
+/// The errors of a buyer's write on an order (pay, cancel): the body, credentials, an
+/// order not the buyer's or not found, a store; each adds the states that refuse it.
+const ORDER_ACTION: &[Outcome] = &[
+    O::InvalidRequest,
+    O::Unauthorized,
+    O::PayloadTooLarge,
+    O::RequestTimeout,
+    O::UnsupportedMediaType,
+    O::Forbidden,
+    O::OrderNotFound,
+    O::Unavailable,
+];
+const PAY: [Outcome; 10] = joined(ORDER_ACTION, &[O::OrderNotPayable, O::OrderExpired]);
+const CANCEL: [Outcome; 9] = joined(ORDER_ACTION, &[O::OrderNotCancellable]);
 pub(crate) const ERRORS: &[(&str, &str, &[Outcome])] = &[
     ("get", "/metrics", &[]),
     ("get", "/dashboard", &[]),
@@ -136,21 +152,7 @@ pub(crate) const ERRORS: &[(&str, &str, &[Outcome])] = &[
     ("post", "/v1/products/{id}/restock", PRODUCT_ACTION),
     ("post", "/v1/products/{id}/pause", PRODUCT_ACTION),
     ("post", "/v1/products/{id}/resume", PRODUCT_ACTION),
-    (
-        "post",
-        "/v1/products/{id}/destock",
-        &[
-            O::InvalidRequest,
-            O::Unauthorized,
-            O::PayloadTooLarge,
-            O::RequestTimeout,
-            O::UnsupportedMediaType,
-            O::ProductNotFound,
-            O::InsufficientStock,
-            O::RequestIdConflict,
-            O::Unavailable,
-        ],
-    ),
+    ("post", "/v1/products/{id}/destock", &DESTOCK),
     (
         "post",
         "/v1/purchases",
@@ -202,37 +204,8 @@ pub(crate) const ERRORS: &[(&str, &str, &[Outcome])] = &[
             O::Unavailable,
         ],
     ),
-    (
-        "post",
-        "/v1/orders/{id}/pay",
-        &[
-            O::InvalidRequest,
-            O::Unauthorized,
-            O::PayloadTooLarge,
-            O::RequestTimeout,
-            O::UnsupportedMediaType,
-            O::Forbidden,
-            O::OrderNotFound,
-            O::OrderNotPayable,
-            O::OrderExpired,
-            O::Unavailable,
-        ],
-    ),
-    (
-        "post",
-        "/v1/orders/{id}/cancel",
-        &[
-            O::InvalidRequest,
-            O::Unauthorized,
-            O::PayloadTooLarge,
-            O::RequestTimeout,
-            O::UnsupportedMediaType,
-            O::Forbidden,
-            O::OrderNotFound,
-            O::OrderNotCancellable,
-            O::Unavailable,
-        ],
-    ),
+    ("post", "/v1/orders/{id}/pay", &PAY),
+    ("post", "/v1/orders/{id}/cancel", &CANCEL),
     (
         "post",
         "/v1/orders/{id}/refund",
@@ -254,6 +227,23 @@ pub(crate) const ERRORS: &[(&str, &str, &[Outcome])] = &[
         &[O::Unauthorized, O::InvalidRequest, O::Unavailable],
     ),
 ];
+
+/// `first`'s outcomes, then `then`'s: one operation's errors built on a shared list. The
+/// order matters only among the codes of one status (the order of its `error` enum).
+const fn joined<const N: usize>(first: &[Outcome], then: &[Outcome]) -> [Outcome; N] {
+    assert!(first.len() + then.len() == N, "N is the two lists' length");
+    let mut all = [O::Unavailable; N];
+    let mut i = 0;
+    while i < N {
+        all[i] = if i < first.len() {
+            first[i]
+        } else {
+            then[i - first.len()]
+        };
+        i += 1;
+    }
+    all
+}
 
 #[derive(OpenApi)]
 #[openapi(
@@ -357,157 +347,106 @@ impl Modify for Errors {
 /// The links a client (or a fuzzer's stateful phase) follows from one answer to the
 /// next operation: from a created product to buying it, reading, changing, restocking,
 /// pausing, resuming and destocking it;
-/// from a purchase to its order, its request_id, paying and cancelling it. Each is
-/// (method, path, status, link name, target operation id, path parameters, body),
-/// the values runtime expressions over the answer's body.
-type LinkSpec = (
-    &'static str,
-    &'static str,
-    &'static str,
-    &'static str,
-    &'static str,
-    &'static [(&'static str, &'static str)],
-    Option<&'static [(&'static str, &'static str)]>,
-);
-const LINKS: [LinkSpec; 12] = [
+/// from a purchase to its order, its request_id, paying and cancelling it; from a paid
+/// order to refunding it. Each answer is (method, path, status), then its links.
+const LINKS: &[(&str, &str, &str, &[LinkSpec])] = &[
     (
         "post",
         "/v1/products",
         "201",
-        "GetProduct",
-        "get_product",
-        &[("id", "$response.body#/product_id")],
-        None,
-    ),
-    (
-        "post",
-        "/v1/products",
-        "201",
-        "Restock",
-        "restock",
-        &[("id", "$response.body#/product_id")],
-        None,
-    ),
-    (
-        "post",
-        "/v1/products",
-        "201",
-        "Pause",
-        "pause",
-        &[("id", "$response.body#/product_id")],
-        None,
-    ),
-    (
-        "post",
-        "/v1/products",
-        "201",
-        "Patch",
-        "patch_product",
-        &[("id", "$response.body#/product_id")],
-        None,
-    ),
-    (
-        "post",
-        "/v1/products",
-        "201",
-        "Resume",
-        "resume",
-        &[("id", "$response.body#/product_id")],
-        None,
-    ),
-    (
-        "post",
-        "/v1/products",
-        "201",
-        "Destock",
-        "destock",
-        &[("id", "$response.body#/product_id")],
-        None,
-    ),
-    (
-        "post",
-        "/v1/products",
-        "201",
-        "Purchase",
-        "purchase",
-        &[],
-        Some(&[("product_id", "$response.body#/product_id")]),
+        &[
+            ("GetProduct", "get_product", PRODUCT_ID, None),
+            ("Restock", "restock", PRODUCT_ID, None),
+            ("Pause", "pause", PRODUCT_ID, None),
+            ("Patch", "patch_product", PRODUCT_ID, None),
+            ("Resume", "resume", PRODUCT_ID, None),
+            ("Destock", "destock", PRODUCT_ID, None),
+            (
+                "Purchase",
+                "purchase",
+                &[],
+                Some(&[("product_id", "$response.body#/product_id")]),
+            ),
+        ],
     ),
     (
         "post",
         "/v1/purchases",
         "201",
-        "GetOrder",
-        "get_order",
-        &[("id", "$response.body#/order_id")],
-        None,
-    ),
-    (
-        "post",
-        "/v1/purchases",
-        "201",
-        "GetPurchase",
-        "get_purchase",
-        &[("request_id", "$response.body#/request_id")],
-        None,
-    ),
-    (
-        "post",
-        "/v1/purchases",
-        "201",
-        "Pay",
-        "pay",
-        &[("id", "$response.body#/order_id")],
-        Some(&[("user_id", "$response.body#/user_id")]),
-    ),
-    (
-        "post",
-        "/v1/purchases",
-        "201",
-        "Cancel",
-        "cancel",
-        &[("id", "$response.body#/order_id")],
-        Some(&[("user_id", "$response.body#/user_id")]),
+        &[
+            ("GetOrder", "get_order", ORDER_ID, None),
+            (
+                "GetPurchase",
+                "get_purchase",
+                &[("request_id", "$response.body#/request_id")],
+                None,
+            ),
+            ("Pay", "pay", ORDER_ID, Some(ORDER_BUYER)),
+            ("Cancel", "cancel", ORDER_ID, Some(ORDER_BUYER)),
+        ],
     ),
     (
         "post",
         "/v1/orders/{id}/pay",
         "200",
-        "Refund",
-        "refund",
-        &[("id", "$response.body#/order_id")],
-        None,
+        &[("Refund", "refund", ORDER_ID, None)],
     ),
 ];
+/// One link: (link name, target operation id, path parameters, body), the values runtime
+/// expressions over the answer's body.
+type LinkSpec = (
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    Option<&'static [(&'static str, &'static str)]>,
+);
+/// The answer's product as the `id` path parameter.
+const PRODUCT_ID: &[(&str, &str)] = &[("id", "$response.body#/product_id")];
+/// The answer's order as the `id` path parameter.
+const ORDER_ID: &[(&str, &str)] = &[("id", "$response.body#/order_id")];
+/// The answer's order's buyer as the body's `user_id`.
+const ORDER_BUYER: &[(&str, &str)] = &[("user_id", "$response.body#/user_id")];
 
 /// Adds [`LINKS`] to the answers they start from.
 struct Links;
 
 impl Modify for Links {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        for (method, path, status, name, target, parameters, body) in LINKS {
+        for (method, path, status, links) in LINKS {
             let Some(RefOr::T(response)) = operation_mut(openapi, method, path)
-                .and_then(|o| o.responses.responses.get_mut(status))
+                .and_then(|o| o.responses.responses.get_mut(*status))
             else {
                 // An answer the document lacks: the openapi tests name the route.
                 continue;
             };
-            let mut link = utoipa::openapi::link::LinkBuilder::new().operation_id(target);
-            for (parameter, value) in parameters {
-                link = link.parameter(*parameter, *value);
+            for (name, target, parameters, body) in *links {
+                response.links.insert(
+                    (*name).to_owned(),
+                    RefOr::T(link(target, parameters, *body)),
+                );
             }
-            if let Some(fields) = body {
-                let object: serde_json::Map<String, serde_json::Value> = fields
-                    .iter()
-                    .map(|(field, value)| ((*field).to_owned(), (*value).into()))
-                    .collect();
-                link = link.request_body(Some(serde_json::Value::Object(object)));
-            }
-            response
-                .links
-                .insert(name.to_owned(), RefOr::T(link.build()));
         }
     }
+}
+
+/// A link to the operation `target`, with its path `parameters` and its `body`'s fields.
+fn link(
+    target: &str,
+    parameters: &[(&str, &str)],
+    body: Option<&[(&str, &str)]>,
+) -> utoipa::openapi::link::Link {
+    let mut link = utoipa::openapi::link::LinkBuilder::new().operation_id(target);
+    for (parameter, value) in parameters {
+        link = link.parameter(*parameter, *value);
+    }
+    if let Some(fields) = body {
+        let object: serde_json::Map<String, serde_json::Value> = fields
+            .iter()
+            .map(|(field, value)| ((*field).to_owned(), (*value).into()))
+            .collect();
+        link = link.request_body(Some(serde_json::Value::Object(object)));
+    }
+    link.build()
 }
 
 /// The operation of `method` on `path`, if the document has it.
