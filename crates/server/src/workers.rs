@@ -98,27 +98,47 @@ impl Workers {
     /// a crash's leftover, as a stale hold), it settles the destocks recorded and not
     /// settled, a batch a pass (`Destocking::settle_pending`).
     pub fn with_destocks(self, destocking: Arc<Destocking>, every: Duration) -> Self {
-        self.added("destock", every, move || {
-            let d = destocking.clone();
-            async move {
-                d.settle_pending(WORKER_BATCH_SIZE)
-                    .await
-                    .map(|n| n >= WORKER_BATCH_SIZE)
-            }
-        })
+        self.batched(
+            "destock",
+            every,
+            destocking,
+            WORKER_BATCH_SIZE,
+            |d, n| async move { d.settle_pending(n).await },
+        )
     }
 
     /// Adds the retirement of ended sales' Redis state: every
     /// [`SALE_RETIRE_INTERVAL`], at most [`SALE_RETIRE_BATCH`] sales a pass
     /// (`SaleRetirement::retire_pass`).
     pub fn with_retirement(self, retirement: Arc<SaleRetirement>) -> Self {
-        self.added("retire", SALE_RETIRE_INTERVAL, move || {
-            let r = retirement.clone();
-            async move {
-                r.retire_pass(SALE_RETIRE_BATCH)
-                    .await
-                    .map(|n| n >= SALE_RETIRE_BATCH)
-            }
+        self.batched(
+            "retire",
+            SALE_RETIRE_INTERVAL,
+            retirement,
+            SALE_RETIRE_BATCH,
+            |r, n| async move { r.retire_pass(n).await },
+        )
+    }
+
+    /// Adds a worker whose pass asks `pass(target, batch)` to do at most `batch` of
+    /// `target`'s work and answers how much it did: a full batch is "busy" (more may
+    /// wait), so the next pass starts at once.
+    fn batched<T, F, Fut>(
+        self,
+        name: &'static str,
+        every: Duration,
+        target: Arc<T>,
+        batch: usize,
+        pass: F,
+    ) -> Self
+    where
+        T: Send + Sync + 'static,
+        F: Fn(Arc<T>, usize) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<usize, flashsale_app::Error>> + Send + 'static,
+    {
+        self.added(name, every, move || {
+            let done = pass(target.clone(), batch);
+            async move { done.await.map(|n| n >= batch) }
         })
     }
 
