@@ -41,6 +41,12 @@ async fn buy_until_known(
     buy_as(app, auth, request_id, product).await
 }
 
+/// Runs the binary with `args` under `settings`, which must refuse, saying `why`.
+fn refused(app: &TestApp, args: &[&str], settings: &[(&str, &str)], why: &str) {
+    let said = failed(&app.run_binary(args, settings));
+    assert!(said.contains(why), "{said}");
+}
+
 async fn get(app: &TestApp, auth: &str, path: &str) -> (StatusCode, Value) {
     let (s, b, _) = app
         .send_with(Method::GET, path, None, &[("authorization", auth)])
@@ -174,8 +180,7 @@ async fn a_ledger_moves_to_buyer_scoped_keys() {
 
     let mut settings = jwt_buyers().to_vec();
     settings.push(("LISTEN", "127.0.0.1:0"));
-    let said = failed(&app.run_binary(&["serve"], &settings));
-    assert!(said.contains("ledger rescope --to buyer"), "{said}");
+    refused(&app, &["serve"], &settings, "ledger rescope --to buyer");
 
     let out = succeeded(&app.run_binary(&["ledger", "rescope", "--to", "buyer"], &[]));
     assert!(
@@ -205,10 +210,11 @@ async fn a_ledger_moves_to_buyer_scoped_keys() {
     assert_eq!(s, StatusCode::CREATED, "another buyer's MOVE_1: {b}");
     succeeded(&app.run_binary(&["audit", "--product", "9502"], &[]));
 
-    let said = failed(&app.run_binary(&["ledger", "rescope", "--to", "global"], &[]));
-    assert!(
-        said.contains("two buyers used the same request_id"),
-        "{said}"
+    refused(
+        &app,
+        &["ledger", "rescope", "--to", "global"],
+        &[],
+        "two buyers used the same request_id",
     );
     let kept = app
         .count("SELECT COUNT(*) FROM orders WHERE request_id LIKE '%/%'")
