@@ -32,7 +32,7 @@ use crate::control::AdminAction;
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::model::ProductView;
-use crate::ports::{Destock, LedgerError, StockGate};
+use crate::ports::{Destock, LedgerError, StockChange, StockGate};
 use crate::service::Flashsale;
 
 /// Rounds of gate-then-ledger one destock call makes. A round after the first follows a
@@ -202,11 +202,13 @@ impl Destocking {
             let DestockState::Pending(generation) = state else {
                 return Ok(state);
             };
-            let said = match self
-                .gate
-                .destock(product_id, destock_id, quantity, generation)
-                .await
-            {
+            let change = StockChange {
+                product_id,
+                id: destock_id.clone(),
+                quantity,
+                generation,
+            };
+            let said = match self.gate.destock(&change).await {
                 Ok(Destock::Taken) => GateSaid::Taken,
                 Ok(Destock::Refused) => GateSaid::Refused,
                 Ok(Destock::Stale) => GateSaid::Stale,

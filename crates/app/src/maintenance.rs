@@ -316,19 +316,11 @@ impl Maintenance {
             .pending_restocks(self.settings.batch_size)
             .await?
         {
-            let applied = self
-                .gate
-                .restock(
-                    pending.product_id,
-                    &pending.restock_id,
-                    pending.quantity,
-                    pending.generation,
-                )
-                .await;
+            let applied = self.gate.restock(&pending).await;
             match applied {
                 // Stale: a rebuild since the restock was recorded counted it already.
                 Ok(Restock::Applied | Restock::AlreadyApplied | Restock::Stale) => {
-                    match self.ledger.mark_restock_applied(&pending.restock_id).await {
+                    match self.ledger.mark_restock_applied(&pending.id).await {
                         Ok(()) => report.restocks_completed += 1,
                         Err(_) => report.deferred += 1,
                     }

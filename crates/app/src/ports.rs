@@ -316,24 +316,12 @@ pub trait StockGate: Send + Sync + 'static {
 
     /// Adds units once per restock id, if the gate is still in the stock generation the
     /// restock was recorded in.
-    async fn restock(
-        &self,
-        product_id: ProductId,
-        restock_id: &RequestId,
-        quantity: i64,
-        generation: Generation,
-    ) -> Result<Restock, GateError>;
+    async fn restock(&self, change: &StockChange) -> Result<Restock, GateError>;
 
     /// Takes `quantity` available units off sale once per destock id, only if that many
     /// are available and the gate is in the stock generation the destock was recorded
     /// in; a retry in that generation answers what the first call did.
-    async fn destock(
-        &self,
-        product_id: ProductId,
-        destock_id: &RequestId,
-        quantity: i64,
-        generation: Generation,
-    ) -> Result<Destock, GateError>;
+    async fn destock(&self, change: &StockChange) -> Result<Destock, GateError>;
 
     /// The live available count; None when the gate holds nothing for the product.
     async fn available(&self, product_id: ProductId) -> Result<Option<i64>, GateError>;
@@ -926,14 +914,31 @@ pub struct ExpiredOrder {
     pub user_id: UserId,
 }
 
-/// A restock recorded in the ledger whose units the gate does not have yet.
+/// An admin's change of a product's stock as the ledger recorded it, for the gate to
+/// apply: `quantity` units added (a restock) or taken off sale (a destock), once per
+/// `id` (the admin's request_id), and only in the stock `generation` it was recorded in.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingRestock {
+pub struct StockChange {
     pub product_id: ProductId,
-    pub restock_id: RequestId,
+    pub id: RequestId,
     pub quantity: i64,
-    /// The stock generation it was recorded in.
     pub generation: Generation,
+}
+
+impl StockChange {
+    pub fn new(
+        product_id: ProductId,
+        id: RequestId,
+        quantity: i64,
+        generation: Generation,
+    ) -> Self {
+        Self {
+            product_id,
+            id,
+            quantity,
+            generation,
+        }
+    }
 }
 
 /// A reservation released in the ledger whose units are not yet back in the gate.
@@ -969,7 +974,7 @@ pub trait LedgerMaintenance: Send + Sync + 'static {
     async fn pending_returns(&self, limit: usize) -> Result<Vec<PendingReturn>, LedgerError>;
 
     /// Restocks recorded in the ledger whose units are not yet in the gate, oldest first.
-    async fn pending_restocks(&self, limit: usize) -> Result<Vec<PendingRestock>, LedgerError>;
+    async fn pending_restocks(&self, limit: usize) -> Result<Vec<StockChange>, LedgerError>;
 
     /// Records a problem recovery could not resolve by itself, for an operator.
     async fn record_incident(

@@ -37,7 +37,7 @@ use crate::modes::ModeBoard;
 use crate::ports::{
     Clock, Commit, CreateProduct, ErrorKind, ExistingHold, Fence, GateMaintenance, HeldPurchase,
     LeaseListener, Ledger, LedgerError, LedgerPurchase, RecordRestock, Release, ReleaseOf, Reserve,
-    Restock, SoldOutLease, StaleHold, StockGate,
+    Restock, SoldOutLease, StaleHold, StockChange, StockGate,
 };
 use crate::sold_out::{Check, Heard, SoldOutBoard, Taking, HOLDERS_MAX};
 
@@ -294,11 +294,13 @@ impl Flashsale {
             }
         };
         if !applied {
-            match self
-                .gate
-                .restock(product_id, &restock_id, quantity, generation)
-                .await?
-            {
+            let change = StockChange {
+                product_id,
+                id: restock_id.clone(),
+                quantity,
+                generation,
+            };
+            match self.gate.restock(&change).await? {
                 // Stale: a rebuild since the restock was recorded counted it already.
                 Restock::Applied | Restock::AlreadyApplied | Restock::Stale => {
                     self.ledger.mark_restock_applied(&restock_id).await?;

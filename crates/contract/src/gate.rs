@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use flashsale_app::ports::{
     Destock, GateCount, GateMaintenance, RebuildPlan, Release, ReleaseOf, Reserve, Restock,
-    StaleHold,
+    StaleHold, StockChange,
 };
 use flashsale_app::StockGate;
 use flashsale_core::HoldRef;
@@ -72,7 +72,12 @@ pub async fn nothing_is_answered_without_an_entry<W: GateWorld>(w: &W) {
     let released = g.release(product(), &a.request_id, &of).await;
     assert_eq!(released.expect("release"), Release::NotLoaded);
     let restocked = g
-        .restock(product(), &request_id("NL_R"), 3, generation(1))
+        .restock(&StockChange::new(
+            product(),
+            request_id("NL_R"),
+            3,
+            generation(1),
+        ))
         .await;
     assert_eq!(restocked.expect("restock"), Restock::NotLoaded);
     assert!(!g.adjust(product(), &at(1, 0), 3).await.expect("adjust"));
@@ -255,14 +260,19 @@ pub async fn releases_respect_generations<W: GateWorld>(w: &W) {
 pub async fn a_restock_applies_once_in_its_generation<W: GateWorld>(w: &W) {
     let g = w.gate();
     assert!(g.load(product(), 1, generation(1)).await.expect("load"));
-    let r = request_id("S_R1");
-    let first = g.restock(product(), &r, 4, generation(1)).await;
+    let r = StockChange::new(product(), request_id("S_R1"), 4, generation(1));
+    let first = g.restock(&r).await;
     assert_eq!(first.expect("restock"), Restock::Applied);
-    let again = g.restock(product(), &r, 4, generation(1)).await;
+    let again = g.restock(&r).await;
     assert_eq!(again.expect("restock"), Restock::AlreadyApplied);
     assert_eq!(g.available(product()).await.expect("available"), Some(5));
     let ahead = g
-        .restock(product(), &request_id("S_R2"), 2, generation(2))
+        .restock(&StockChange::new(
+            product(),
+            request_id("S_R2"),
+            2,
+            generation(2),
+        ))
         .await;
     assert_eq!(ahead.expect("restock"), Restock::NotLoaded);
     let plan = RebuildPlan {
@@ -273,7 +283,12 @@ pub async fn a_restock_applies_once_in_its_generation<W: GateWorld>(w: &W) {
     };
     assert!(g.rebuild(product(), &plan).await.expect("rebuild"));
     let stale = g
-        .restock(product(), &request_id("S_R3"), 2, generation(1))
+        .restock(&StockChange::new(
+            product(),
+            request_id("S_R3"),
+            2,
+            generation(1),
+        ))
         .await;
     assert_eq!(stale.expect("restock"), Restock::Stale);
     assert_eq!(g.available(product()).await.expect("available"), Some(7));
@@ -287,19 +302,24 @@ pub async fn a_destock_takes_available_units_once_in_its_generation<W: GateWorld
     let g = w.gate();
     assert!(g.load(product(), 5, generation(1)).await.expect("load"));
     reserved(g.reserve(&purchase("D_A", 1, 2), None).await.expect("a"));
-    let d = request_id("D_D1");
+    let d = StockChange::new(product(), request_id("D_D1"), 2, generation(1));
     for _ in 0..2 {
-        let taken = g.destock(product(), &d, 2, generation(1)).await;
+        let taken = g.destock(&d).await;
         assert_eq!(taken.expect("destock"), Destock::Taken);
     }
-    let more = request_id("D_D2");
+    let more = StockChange::new(product(), request_id("D_D2"), 2, generation(1));
     for _ in 0..2 {
-        let refused = g.destock(product(), &more, 2, generation(1)).await;
+        let refused = g.destock(&more).await;
         assert_eq!(refused.expect("destock"), Destock::Refused);
     }
     assert_eq!(g.available(product()).await.expect("available"), Some(1));
     let ahead = g
-        .destock(product(), &request_id("D_D3"), 1, generation(2))
+        .destock(&StockChange::new(
+            product(),
+            request_id("D_D3"),
+            1,
+            generation(2),
+        ))
         .await;
     assert_eq!(ahead.expect("destock"), Destock::NotLoaded);
     let plan = RebuildPlan {
@@ -309,9 +329,13 @@ pub async fn a_destock_takes_available_units_once_in_its_generation<W: GateWorld
         user_units: Vec::new(),
     };
     assert!(g.rebuild(product(), &plan).await.expect("rebuild"));
-    let stale = g.destock(product(), &d, 2, generation(1)).await;
+    let stale = g.destock(&d).await;
     assert_eq!(stale.expect("destock"), Destock::Stale);
-    let again = g.destock(product(), &d, 2, generation(2)).await;
+    let newer = StockChange {
+        generation: generation(2),
+        ..d
+    };
+    let again = g.destock(&newer).await;
     assert_eq!(again.expect("destock"), Destock::Taken);
     assert_eq!(g.available(product()).await.expect("available"), Some(1));
 }

@@ -403,7 +403,7 @@ pub async fn a_restock_is_recorded_once<W: LedgerWorld>(w: &W) {
     );
     let pending = l.pending_restocks(10).await.expect("pending");
     assert_eq!(pending.len(), 1, "{pending:?}");
-    assert_eq!(pending[0].restock_id, r);
+    assert_eq!(pending[0].id, r);
     assert_eq!(pending[0].quantity, 3);
     l.mark_restock_applied(&r).await.expect("applied");
     assert!(l.pending_restocks(10).await.expect("pending").is_empty());

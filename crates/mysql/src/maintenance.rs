@@ -6,8 +6,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use flashsale_app::ports::{
     AuditClaim, AuditRun, AuditSchedule, AuditVerdict, CancelAttempt, ExpiredOrder, Incident,
-    IncidentClosing, Leave, LedgerFacts, LedgerMaintenance, ModeSwitch, PendingRestock,
-    PendingReturn, RebuildPlan, ReleaseOf, StockRepair, Watermark, AUDIT_RUNS_KEPT,
+    IncidentClosing, Leave, LedgerFacts, LedgerMaintenance, ModeSwitch, PendingReturn, RebuildPlan,
+    ReleaseOf, StockChange, StockRepair, Watermark, AUDIT_RUNS_KEPT,
 };
 use flashsale_app::LedgerError;
 use flashsale_core::{
@@ -168,7 +168,7 @@ impl LedgerMaintenance for MysqlLedger {
             .collect()
     }
 
-    async fn pending_restocks(&self, max: usize) -> Result<Vec<PendingRestock>, LedgerError> {
+    async fn pending_restocks(&self, max: usize) -> Result<Vec<StockChange>, LedgerError> {
         let sql = "SELECT r.request_id, r.product_id, r.quantity, r.generation \
                    FROM restock_request r JOIN product_inventory i ON i.product_id = r.product_id \
                    WHERE r.gate_applied = 0 AND i.stock_mode = 'GATE' \
@@ -176,10 +176,10 @@ impl LedgerMaintenance for MysqlLedger {
         let rows = self.rows_of("pending restocks", sql, &[limit(max)]).await?;
         rows.iter()
             .map(|r| {
-                Ok(PendingRestock {
+                Ok(StockChange {
                     product_id: ProductId::parse(r.try_get("product_id").map_err(db)?)
                         .map_err(corrupt)?,
-                    restock_id: RequestId::stored("request_id", &text(r, "request_id")?)
+                    id: RequestId::stored("request_id", &text(r, "request_id")?)
                         .map_err(corrupt)?,
                     quantity: r.try_get("quantity").map_err(db)?,
                     generation: rows::generation(r.try_get("generation").map_err(db)?)?,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use flashsale_app::ports::{
     Destock, ExistingHold, GateCount, GateFacts, GateState, RebuildPlan, Release, ReleaseOf,
-    Reserve, Restock, SoldOutLease, StaleHold,
+    Reserve, Restock, SoldOutLease, StaleHold, StockChange,
 };
 use flashsale_app::GateError;
 use flashsale_core::{
@@ -506,23 +506,17 @@ impl Layout {
         }
     }
 
-    pub async fn restock(
-        &self,
-        w: &dyn Wire,
-        product_id: ProductId,
-        restock_id: &RequestId,
-        quantity: i64,
-        generation: Generation,
-    ) -> Result<Restock, GateError> {
+    pub async fn restock(&self, w: &dyn Wire, change: &StockChange) -> Result<Restock, GateError> {
+        let product_id = change.product_id;
         let call = Call {
             script: &RESTOCK,
             keys: vec![
                 self.key(product_id, "inv"),
-                self.key(product_id, &format!("restock:{restock_id}")),
+                self.key(product_id, &format!("restock:{}", change.id)),
             ],
             args: vec![
-                quantity.to_string(),
-                generation.get().to_string(),
+                change.quantity.to_string(),
+                change.generation.get().to_string(),
                 self.revocations.clone(),
                 product_id.get().to_string(),
             ],
@@ -538,21 +532,18 @@ impl Layout {
     }
 
     /// Takes `quantity` available units off sale once per destock id (`destock.lua`).
-    pub async fn destock(
-        &self,
-        w: &dyn Wire,
-        product_id: ProductId,
-        destock_id: &RequestId,
-        quantity: i64,
-        generation: Generation,
-    ) -> Result<Destock, GateError> {
+    pub async fn destock(&self, w: &dyn Wire, change: &StockChange) -> Result<Destock, GateError> {
+        let product_id = change.product_id;
         let call = Call {
             script: &DESTOCK,
             keys: vec![
                 self.key(product_id, "inv"),
-                self.key(product_id, &format!("destock:{destock_id}")),
+                self.key(product_id, &format!("destock:{}", change.id)),
             ],
-            args: vec![quantity.to_string(), generation.get().to_string()],
+            args: vec![
+                change.quantity.to_string(),
+                change.generation.get().to_string(),
+            ],
         };
         let reply = w.eval(&call).await?;
         match typed::<i64>("destock", &reply)? {

@@ -53,7 +53,7 @@ use flashsale_app::baseline::LockToken;
 use flashsale_app::ports::ErrorKind;
 use flashsale_app::ports::{
     Destock, GateCount, GateFacts, GateMaintenance, GateState, RebuildPlan, Release, ReleaseOf,
-    Reserve, Restock, StaleHold,
+    Reserve, Restock, StaleHold, StockChange,
 };
 use flashsale_app::{GateError, StockGate};
 use flashsale_core::{Generation, ProductId, PurchaseRequest, RequestId};
@@ -392,40 +392,12 @@ impl StockGate for RedisGate {
             .await
     }
 
-    async fn restock(
-        &self,
-        product_id: ProductId,
-        restock_id: &RequestId,
-        quantity: i64,
-        generation: Generation,
-    ) -> Result<Restock, GateError> {
-        self.layout
-            .restock(
-                self.wire.as_ref(),
-                product_id,
-                restock_id,
-                quantity,
-                generation,
-            )
-            .await
+    async fn restock(&self, change: &StockChange) -> Result<Restock, GateError> {
+        self.layout.restock(self.wire.as_ref(), change).await
     }
 
-    async fn destock(
-        &self,
-        product_id: ProductId,
-        destock_id: &RequestId,
-        quantity: i64,
-        generation: Generation,
-    ) -> Result<Destock, GateError> {
-        self.layout
-            .destock(
-                self.wire.as_ref(),
-                product_id,
-                destock_id,
-                quantity,
-                generation,
-            )
-            .await
+    async fn destock(&self, change: &StockChange) -> Result<Destock, GateError> {
+        self.layout.destock(self.wire.as_ref(), change).await
     }
 
     async fn available(&self, product_id: ProductId) -> Result<Option<i64>, GateError> {

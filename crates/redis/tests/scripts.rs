@@ -301,7 +301,9 @@ async fn adding_units_ends_the_lease_and_publishes_a_revocation() {
 // Redis, plus direct script calls for the stamp.
 #[tokio::test]
 async fn a_foreign_entry_changes_only_once_adopted() {
-    use flashsale_app::ports::{GateMaintenance, Release, ReleaseOf, Reserve, Restock, StockGate};
+    use flashsale_app::ports::{
+        GateMaintenance, Release, ReleaseOf, Reserve, Restock, StockChange, StockGate,
+    };
     use flashsale_core::RequestId;
     let (prefix, gate) = common::shared_gate();
     let product = common::product();
@@ -327,12 +329,12 @@ async fn a_foreign_entry_changes_only_once_adopted() {
         .expect("release");
     assert_eq!(release, Release::NotLoaded);
     let restock = gate
-        .restock(
+        .restock(&StockChange::new(
             product,
-            &RequestId::parse("restock", "R1").expect("id"),
+            RequestId::parse("restock", "R1").expect("id"),
             3,
             g1,
-        )
+        ))
         .await
         .expect("restock");
     assert_eq!(restock, Restock::NotLoaded);
@@ -485,7 +487,7 @@ async fn a_record_lifetime_is_checked_before_any_write() {
 // arguments are an error before any write.
 #[tokio::test]
 async fn a_destock_takes_only_available_units_once_per_generation() {
-    use flashsale_app::ports::{Destock, StockGate};
+    use flashsale_app::ports::{Destock, StockChange, StockGate};
     use flashsale_core::RequestId;
     let (prefix, gate) = common::shared_gate();
     let product = common::product();
@@ -506,7 +508,7 @@ async fn a_destock_takes_only_available_units_once_per_generation() {
     ];
     for (step, (destock, units, generation, answer, left)) in steps.into_iter().enumerate() {
         let got = gate
-            .destock(product, &id(destock), units, generation)
+            .destock(&StockChange::new(product, id(destock), units, generation))
             .await
             .expect("destock");
         assert_eq!(got, answer, "step {step}: {destock}");
@@ -520,18 +522,21 @@ async fn a_destock_takes_only_available_units_once_per_generation() {
     let _: () = conn.hset(&inv, "gen", 2).await.expect("HSET");
     let _: () = conn.hset(&inv, "avail", 4).await.expect("HSET");
     let stale = gate
-        .destock(product, &id("D1"), 3, g1)
+        .destock(&StockChange::new(product, id("D1"), 3, g1))
         .await
         .expect("stale");
     assert_eq!(stale, Destock::Stale, "a rebuild since counted without it");
-    let retaken = gate.destock(product, &id("D1"), 3, g2).await.expect("g2");
+    let retaken = gate
+        .destock(&StockChange::new(product, id("D1"), 3, g2))
+        .await
+        .expect("g2");
     assert_eq!(retaken, Destock::Taken, "taken again in the new generation");
     assert_eq!(gate.available(product).await.expect("avail"), Some(1));
 
     let _: () = conn.hset(&inv, "srv", "feed:beef").await.expect("HSET");
     let before: Vec<(String, String)> = conn.hgetall(&inv).await.expect("HGETALL");
     let foreign = gate
-        .destock(product, &id("D4"), 1, g2)
+        .destock(&StockChange::new(product, id("D4"), 1, g2))
         .await
         .expect("foreign");
     assert_eq!(foreign, Destock::NotLoaded);
@@ -573,7 +578,7 @@ async fn keys_under(conn: &mut MultiplexedConnection, prefix: &str) -> Vec<Strin
 // deletes every key of the product. How: KEYS under the test's prefix after each step.
 #[tokio::test]
 async fn a_retirement_spares_a_newer_entry_and_then_deletes_everything() {
-    use flashsale_app::ports::{GateMaintenance, RebuildPlan, StockGate};
+    use flashsale_app::ports::{GateMaintenance, RebuildPlan, StockChange, StockGate};
     use flashsale_app::SaleRetirementGate;
     use flashsale_core::RequestId;
     let (prefix, gate) = common::shared_gate();
@@ -584,7 +589,7 @@ async fn a_retirement_spares_a_newer_entry_and_then_deletes_everything() {
         .await
         .expect("reserve");
     let restock = RequestId::parse("restock", "R1").expect("id");
-    gate.restock(product, &restock, 1, g1)
+    gate.restock(&StockChange::new(product, restock, 1, g1))
         .await
         .expect("restock");
     let plan = RebuildPlan {

@@ -16,9 +16,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use flashsale_app::ports::{
-    Destock, GateMaintenance, RebuildPlan, Release, ReleaseOf, Reserve, Restock, StockGate,
-};
+use flashsale_app::ports::{Destock, GateMaintenance, RebuildPlan, Release, ReleaseOf};
+use flashsale_app::ports::{Reserve, Restock, StockChange, StockGate};
 use flashsale_core::{HoldRef, RequestId, UserId};
 use flashsale_redis::{GateConfig, RedisGate};
 use flashsale_testkit::{delete_prefix, redis_prefix};
@@ -200,9 +199,10 @@ async fn release_restock_adjust_and_forget_twice_change_nothing() {
     )
     .await;
     let restock_id = RequestId::parse("request_id", "TW_RS").expect("id");
+    let restock = StockChange::new(product(), restock_id, 3, generation(1));
     twice(
         &mut w,
-        || g.restock(product(), &restock_id, 3, generation(1)),
+        || g.restock(&restock),
         |x, y| matches!((x, y), (Ok(Restock::Applied), Ok(Restock::AlreadyApplied))),
     )
     .await;
@@ -306,19 +306,11 @@ async fn rebuild_retire_and_the_reads_twice_change_nothing() {
 async fn destock_twice_changes_nothing() {
     let (mut w, g) = World::loaded(Duration::ZERO, 5).await;
     let taken = RequestId::parse("request_id", "TW_DS").expect("id");
-    twice(
-        &mut w,
-        || g.destock(product(), &taken, 3, generation(1)),
-        both!(Ok(Destock::Taken)),
-    )
-    .await;
+    let taken = StockChange::new(product(), taken, 3, generation(1));
+    twice(&mut w, || g.destock(&taken), both!(Ok(Destock::Taken))).await;
     let refused = RequestId::parse("request_id", "TW_DS_2").expect("id");
-    twice(
-        &mut w,
-        || g.destock(product(), &refused, 3, generation(1)),
-        both!(Ok(Destock::Refused)),
-    )
-    .await;
+    let refused = StockChange::new(product(), refused, 3, generation(1));
+    twice(&mut w, || g.destock(&refused), both!(Ok(Destock::Refused))).await;
     assert_eq!(g.available(product()).await.expect("available"), Some(2));
     w.cleanup().await;
 }

@@ -23,9 +23,9 @@ use flashsale_app::ports::{
     Applied, AuditClaim, AuditRun, AuditSchedule, AuditVerdict, CancelAttempt, Commit,
     CreateProduct, Destock, ErrorKind, ExpiredOrder, Fence, GateCount, GateFacts, GateMaintenance,
     GateState, HeldPurchase, Incident, IncidentClosing, Leave, LedgerFacts, LedgerMaintenance,
-    LedgerPurchase, ModeSwitch, Outbox, ParkedRow, PayAttempt, PendingRestock, PendingReturn,
-    PortError, PublishFailure, RebuildPlan, RecordRestock, Release, ReleaseOf, Reserve, Restock,
-    StaleHold, StatsEvent, StatsStore, StockRepair, Watermark,
+    LedgerPurchase, ModeSwitch, Outbox, ParkedRow, PayAttempt, PendingReturn, PortError,
+    PublishFailure, RebuildPlan, RecordRestock, Release, ReleaseOf, Reserve, Restock, StaleHold,
+    StatsEvent, StatsStore, StockChange, StockRepair, Watermark,
 };
 use flashsale_app::{
     GateError, Ledger, LedgerError, Order, OutboxMessage, Product, PurchaseRecord, StockGate,
@@ -155,12 +155,12 @@ faulty! {
             => req(request);
         fn release(product_id: ProductId, request_id: &RequestId, of: &ReleaseOf) -> Release
             => format!("p{product_id} {request_id} {of:?}");
-        fn restock(product_id: ProductId, restock_id: &RequestId, quantity: i64,
-            generation: Generation) -> Restock
-            => format!("p{product_id} {restock_id} +{quantity} gen {generation}");
-        fn destock(product_id: ProductId, destock_id: &RequestId, quantity: i64,
-            generation: Generation) -> Destock
-            => format!("p{product_id} {destock_id} -{quantity} gen {generation}");
+        fn restock(change: &StockChange) -> Restock => format!(
+            "p{} {} +{} gen {}", change.product_id, change.id, change.quantity, change.generation
+        );
+        fn destock(change: &StockChange) -> Destock => format!(
+            "p{} {} -{} gen {}", change.product_id, change.id, change.quantity, change.generation
+        );
         fn available(product_id: ProductId) -> Option<i64> => format!("p{product_id}");
         fn pending_request_ids(product_id: ProductId, max: usize)
             -> Option<(Generation, Vec<RequestId>)> => format!("p{product_id}");
@@ -232,7 +232,7 @@ faulty! {
         fn expire(order: &ExpiredOrder) -> Option<CancelAttempt>
             => format!("order {}", order.order_id);
         fn pending_returns(limit: usize) -> Vec<PendingReturn> => format!("limit {limit}");
-        fn pending_restocks(limit: usize) -> Vec<PendingRestock> => format!("limit {limit}");
+        fn pending_restocks(limit: usize) -> Vec<StockChange> => format!("limit {limit}");
         fn record_incident(request_id: &RequestId, product_id: ProductId, kind: &str,
             detail: &str) -> () => format!("{request_id} p{product_id} {kind}: {detail}");
         fn resolve_incidents(request_id: &RequestId) -> () => request_id.to_string();

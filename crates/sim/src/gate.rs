@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use chrono::TimeDelta;
 use flashsale_app::ports::{
     Destock, GateCount, GateFacts, GateMaintenance, GateState, LeaseListener, RebuildPlan, Release,
-    ReleaseOf, Reserve, Restock, StaleHold,
+    ReleaseOf, Reserve, Restock, StaleHold, StockChange,
 };
 use flashsale_app::{GateError, StockGate};
 use flashsale_core::{Generation, ProductId, PurchaseRequest, RequestId};
@@ -437,28 +437,12 @@ impl StockGate for MemGate {
             .await
     }
 
-    async fn restock(
-        &self,
-        product_id: ProductId,
-        restock_id: &RequestId,
-        quantity: i64,
-        generation: Generation,
-    ) -> Result<Restock, GateError> {
-        self.layout
-            .restock(&self.conn(), product_id, restock_id, quantity, generation)
-            .await
+    async fn restock(&self, change: &StockChange) -> Result<Restock, GateError> {
+        self.layout.restock(&self.conn(), change).await
     }
 
-    async fn destock(
-        &self,
-        product_id: ProductId,
-        destock_id: &RequestId,
-        quantity: i64,
-        generation: Generation,
-    ) -> Result<Destock, GateError> {
-        self.layout
-            .destock(&self.conn(), product_id, destock_id, quantity, generation)
-            .await
+    async fn destock(&self, change: &StockChange) -> Result<Destock, GateError> {
+        self.layout.destock(&self.conn(), change).await
     }
 
     async fn available(&self, product_id: ProductId) -> Result<Option<i64>, GateError> {

@@ -30,8 +30,8 @@ use chrono::{DateTime, TimeDelta, Utc};
 use flashsale_app::ports::{
     Applied, AuditClaim, AuditSchedule, CancelAttempt, Commit, CreateProduct, ExpiredOrder, Fence,
     HeldPurchase, Incident, IncidentClosed, IncidentClosing, Leave, LedgerFacts, LedgerMaintenance,
-    LedgerPurchase, ModeSwitch, Outbox, PayAttempt, PendingRestock, PendingReturn, RebuildPlan,
-    RecordRestock, ReleaseOf, StatsStore, StockRepair, Watermark, AUDIT_RUNS_KEPT,
+    LedgerPurchase, ModeSwitch, Outbox, PayAttempt, PendingReturn, RebuildPlan, RecordRestock,
+    ReleaseOf, StatsStore, StockChange, StockRepair, Watermark, AUDIT_RUNS_KEPT,
 };
 use flashsale_app::ports::{ParkedRow, PublishFailure, StatsEvent};
 use flashsale_app::{
@@ -2087,16 +2087,16 @@ impl LedgerMaintenance for MemLedger {
             .collect())
     }
 
-    async fn pending_restocks(&self, limit: usize) -> Result<Vec<PendingRestock>, LedgerError> {
+    async fn pending_restocks(&self, limit: usize) -> Result<Vec<StockChange>, LedgerError> {
         let t = self.lock();
         t.restocks
             .iter()
             .filter(|(_, r)| !r.gate_applied && t.gate_serves(r.product_id))
             .take(limit)
             .map(|(id, r)| {
-                Ok(PendingRestock {
+                Ok(StockChange {
                     product_id: ProductId::parse(r.product_id).map_err(corrupt)?,
-                    restock_id: RequestId::parse("request_id", id).map_err(corrupt)?,
+                    id: RequestId::parse("request_id", id).map_err(corrupt)?,
                     quantity: r.quantity,
                     generation: r.generation,
                 })
