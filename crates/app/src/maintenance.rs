@@ -36,8 +36,8 @@ use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::model::{PurchaseOutcome, PurchaseRecord};
 use crate::ports::{
-    Fence, GateFacts, GateMaintenance, Ledger, LedgerError, LedgerMaintenance, Ports, Release,
-    ReleaseOf, Restock, StaleHold, StockGate,
+    Fence, GateFacts, GateMaintenance, IncidentKind, Ledger, LedgerError, LedgerMaintenance,
+    NewIncident, Ports, Release, ReleaseOf, Restock, StaleHold, StockGate,
 };
 use crate::service::{give_back, GiveBack};
 
@@ -292,15 +292,15 @@ impl Maintenance {
                 // rebuild (after which the release finds nothing to add), or it truly is
                 // gone. Tried again; raised to an operator only if it stays so.
                 GiveBack::Impossible => {
-                    self.unknown(
-                        &pending.request_id,
-                        pending.product_id,
-                        "return_impossible",
-                        "reservation released but Redis has no hold record to release; \
-                         reconciliation must account for its units",
-                        report,
-                    )
-                    .await
+                    let unknown = NewIncident {
+                        request_id: pending.request_id.clone(),
+                        product_id: pending.product_id,
+                        kind: IncidentKind::ReturnImpossible,
+                        detail: "reservation released but Redis has no hold record to \
+                                 release; reconciliation must account for its units"
+                            .into(),
+                    };
+                    self.unknown(unknown, report).await
                 }
             }
         }
@@ -382,10 +382,13 @@ impl Maintenance {
                 return;
             }
             Err(e) => {
-                let cause = e.to_string();
-                return self
-                    .unknown(&request_id, product_id, OUTCOME_UNKNOWN, &cause, report)
-                    .await;
+                let unknown = NewIncident {
+                    request_id,
+                    product_id,
+                    kind: IncidentKind::OutcomeUnknown,
+                    detail: e.to_string(),
+                };
+                return self.unknown(unknown, report).await;
             }
         };
         self.forget_tries(&request_id).await;
@@ -483,14 +486,8 @@ impl Maintenance {
 
     /// The outcome of a hold can't be learned now: try again next pass; after
     /// [`RECOVERY_TRIES_MAX`] passes, raise it to an operator. Never guess.
-    async fn unknown(
-        &self,
-        request_id: &RequestId,
-        product_id: ProductId,
-        kind: &str,
-        cause: &str,
-        report: &mut RecoveryReport,
-    ) {
+    async fn unknown(&self, unknown: NewIncident, report: &mut RecoveryReport) {
+        let request_id = &unknown.request_id;
         let tries = {
             let mut tries = lock(&self.tries);
             if tries.len() >= TRACKED_HOLDS_MAX && !tries.contains_key(request_id) {
@@ -502,34 +499,26 @@ impl Maintenance {
         };
         report.deferred += 1;
         if tries >= RECOVERY_TRIES_MAX {
-            self.incident(
-                request_id,
-                product_id,
-                kind,
-                &format!("still so after {tries} tries: {cause}"),
-                report,
-            )
-            .await;
+            let detail = format!("still so after {tries} tries: {}", unknown.detail);
+            self.incident(NewIncident { detail, ..unknown }, report)
+                .await;
         } else {
+            let cause = &unknown.detail;
             warn!(%request_id, tries, cause, "hold outcome unknown; retrying next pass");
         }
     }
 
-    async fn incident(
-        &self,
-        request_id: &RequestId,
-        product_id: ProductId,
-        kind: &str,
-        detail: &str,
-        report: &mut RecoveryReport,
-    ) {
+    async fn incident(&self, incident: NewIncident, report: &mut RecoveryReport) {
+        let NewIncident {
+            request_id,
+            product_id,
+            kind,
+            detail,
+        } = &incident;
+        let kind = kind.as_str();
         error!(%request_id, %product_id, kind, detail, "RECOVERY INCIDENT: needs an operator");
         report.incidents += 1;
-        if let Err(e) = self
-            .ledger_m
-            .record_incident(request_id, product_id, kind, detail)
-            .await
-        {
+        if let Err(e) = self.ledger_m.record_incident(&incident).await {
             error!(%request_id, error = %e, "could not record the incident in the ledger");
         }
     }

@@ -977,13 +977,7 @@ pub trait LedgerMaintenance: Send + Sync + 'static {
     async fn pending_restocks(&self, limit: usize) -> Result<Vec<StockChange>, LedgerError>;
 
     /// Records a problem recovery could not resolve by itself, for an operator.
-    async fn record_incident(
-        &self,
-        request_id: &RequestId,
-        product_id: ProductId,
-        kind: &str,
-        detail: &str,
-    ) -> Result<(), LedgerError>;
+    async fn record_incident(&self, incident: &NewIncident) -> Result<(), LedgerError>;
 
     /// Closes the open incidents of a request once recovery resolved it after all.
     async fn resolve_incidents(&self, request_id: &RequestId) -> Result<(), LedgerError>;
@@ -1107,6 +1101,34 @@ pub struct Incident {
     pub created_at: DateTime<Utc>,
     /// How it ended; None while open.
     pub closed: Option<IncidentClosed>,
+}
+
+/// What recovery could not learn or do about a request, stored as [`Self::as_str`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IncidentKind {
+    /// The ledger would not tell whether a hold's order exists.
+    OutcomeUnknown,
+    /// A released reservation's units have no hold record left in the gate to go back to.
+    ReturnImpossible,
+}
+
+impl IncidentKind {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::OutcomeUnknown => "outcome_unknown",
+            Self::ReturnImpossible => "return_impossible",
+        }
+    }
+}
+
+/// A problem recovery raises to an operator: one open incident per request and kind, a
+/// repeated one refreshing its `detail` (the last error and the tries behind it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewIncident {
+    pub request_id: RequestId,
+    pub product_id: ProductId,
+    pub kind: IncidentKind,
+    pub detail: String,
 }
 
 /// How an incident ended.

@@ -6,8 +6,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use flashsale_app::ports::{
     AuditClaim, AuditRun, AuditSchedule, AuditVerdict, CancelAttempt, ExpiredOrder, Incident,
-    IncidentClosing, Leave, LedgerFacts, LedgerMaintenance, ModeSwitch, PendingReturn, RebuildPlan,
-    ReleaseOf, StockChange, StockRepair, Watermark, AUDIT_RUNS_KEPT,
+    IncidentClosing, Leave, LedgerFacts, LedgerMaintenance, ModeSwitch, NewIncident, PendingReturn,
+    RebuildPlan, ReleaseOf, StockChange, StockRepair, Watermark, AUDIT_RUNS_KEPT,
 };
 use flashsale_app::LedgerError;
 use flashsale_core::{
@@ -188,14 +188,8 @@ impl LedgerMaintenance for MysqlLedger {
             .collect()
     }
 
-    async fn record_incident(
-        &self,
-        request_id: &RequestId,
-        product_id: ProductId,
-        kind: &str,
-        detail: &str,
-    ) -> Result<(), LedgerError> {
-        let detail: String = detail.chars().take(INCIDENT_DETAIL_MAX).collect();
+    async fn record_incident(&self, incident: &NewIncident) -> Result<(), LedgerError> {
+        let detail: String = incident.detail.chars().take(INCIDENT_DETAIL_MAX).collect();
         self.run("record incident", || async {
             // One open row per (request, kind): a repeated incident refreshes its detail.
             sqlx::query(
@@ -204,9 +198,9 @@ impl LedgerMaintenance for MysqlLedger {
                  ON DUPLICATE KEY UPDATE detail = VALUES(detail), resolved_at = NULL, \
                  decision = NULL, resolved_by = NULL, note = NULL",
             )
-            .bind(request_id.as_str())
-            .bind(product_id.get())
-            .bind(kind)
+            .bind(incident.request_id.as_str())
+            .bind(incident.product_id.get())
+            .bind(incident.kind.as_str())
             .bind(&detail)
             .execute(&self.pool())
             .await

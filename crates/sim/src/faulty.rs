@@ -23,9 +23,9 @@ use flashsale_app::ports::{
     Applied, AuditClaim, AuditRun, AuditSchedule, AuditVerdict, CancelAttempt, Commit,
     CreateProduct, Destock, ErrorKind, ExpiredOrder, Fence, GateCount, GateFacts, GateMaintenance,
     GateState, HeldPurchase, Incident, IncidentClosing, Leave, LedgerFacts, LedgerMaintenance,
-    LedgerPurchase, ModeSwitch, Outbox, ParkedRow, PayAttempt, PendingReturn, PortError,
-    PublishFailure, RebuildPlan, RecordRestock, Release, ReleaseOf, Reserve, Restock, StaleHold,
-    StatsEvent, StatsStore, StockChange, StockRepair, Watermark,
+    LedgerPurchase, ModeSwitch, NewIncident, Outbox, ParkedRow, PayAttempt, PendingReturn,
+    PortError, PublishFailure, RebuildPlan, RecordRestock, Release, ReleaseOf, Reserve, Restock,
+    StaleHold, StatsEvent, StatsStore, StockChange, StockRepair, Watermark,
 };
 use flashsale_app::{
     GateError, Ledger, LedgerError, Order, OutboxMessage, Product, PurchaseRecord, StockGate,
@@ -233,8 +233,10 @@ faulty! {
             => format!("order {}", order.order_id);
         fn pending_returns(limit: usize) -> Vec<PendingReturn> => format!("limit {limit}");
         fn pending_restocks(limit: usize) -> Vec<StockChange> => format!("limit {limit}");
-        fn record_incident(request_id: &RequestId, product_id: ProductId, kind: &str,
-            detail: &str) -> () => format!("{request_id} p{product_id} {kind}: {detail}");
+        fn record_incident(incident: &NewIncident) -> () => format!(
+            "{} p{} {}: {}",
+            incident.request_id, incident.product_id, incident.kind.as_str(), incident.detail
+        );
         fn resolve_incidents(request_id: &RequestId) -> () => request_id.to_string();
         fn open_incidents() -> i64 => String::new();
         fn record_audit(verdict: &AuditVerdict) -> () => format!("{verdict:?}");

@@ -30,8 +30,8 @@ use chrono::{DateTime, TimeDelta, Utc};
 use flashsale_app::ports::{
     Applied, AuditClaim, AuditSchedule, CancelAttempt, Commit, CreateProduct, ExpiredOrder, Fence,
     HeldPurchase, Incident, IncidentClosed, IncidentClosing, Leave, LedgerFacts, LedgerMaintenance,
-    LedgerPurchase, ModeSwitch, Outbox, PayAttempt, PendingReturn, RebuildPlan, RecordRestock,
-    ReleaseOf, StatsStore, StockChange, StockRepair, Watermark, AUDIT_RUNS_KEPT,
+    LedgerPurchase, ModeSwitch, NewIncident, Outbox, PayAttempt, PendingReturn, RebuildPlan,
+    RecordRestock, ReleaseOf, StatsStore, StockChange, StockRepair, Watermark, AUDIT_RUNS_KEPT,
 };
 use flashsale_app::ports::{ParkedRow, PublishFailure, StatsEvent};
 use flashsale_app::{
@@ -2104,16 +2104,13 @@ impl LedgerMaintenance for MemLedger {
             .collect()
     }
 
-    async fn record_incident(
-        &self,
-        request_id: &RequestId,
-        product_id: ProductId,
-        kind: &str,
-        detail: &str,
-    ) -> Result<(), LedgerError> {
+    async fn record_incident(&self, incident: &NewIncident) -> Result<(), LedgerError> {
         let now = self.now();
         let mut t = self.lock();
-        let key = (request_id.as_str().to_owned(), kind.to_owned());
+        let key = (
+            incident.request_id.as_str().to_owned(),
+            incident.kind.as_str().to_owned(),
+        );
         // One row per (request, kind): a repeated incident reopens it, with its detail.
         let id = match t.incidents.get(&key) {
             Some(row) => row.id,
@@ -2125,8 +2122,8 @@ impl LedgerMaintenance for MemLedger {
         let created_at = t.incidents.get(&key).map_or(now, |row| row.created_at);
         let row = IncidentRow {
             id,
-            product_id: product_id.get(),
-            detail: detail.to_owned(),
+            product_id: incident.product_id.get(),
+            detail: incident.detail.clone(),
             created_at,
             open: true,
             closed_at: None,

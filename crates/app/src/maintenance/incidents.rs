@@ -16,13 +16,15 @@ use flashsale_core::ReleaseReason;
 use super::Maintenance;
 use crate::error::Error;
 use crate::model::{Order, PurchaseOutcome, PurchaseRecord};
-use crate::ports::{Commit, Fence, HeldPurchase, Incident, IncidentClosing, ReleaseOf, StaleHold};
+use crate::ports::{
+    Commit, Fence, HeldPurchase, Incident, IncidentClosing, IncidentKind, ReleaseOf, StaleHold,
+};
 use crate::service::{give_back, GiveBack};
 
 /// The kind of incident a decision resolves: a hold whose order's existence recovery
 /// could not learn. (`return_impossible`, units with no hold record left in the gate, is
 /// reconciliation's to count, not a person's to decide.)
-pub const OUTCOME_UNKNOWN: &str = "outcome_unknown";
+pub const OUTCOME_UNKNOWN: &str = IncidentKind::OutcomeUnknown.as_str();
 /// Most pending holds of the incident's product read to find its hold: the gate lists
 /// them oldest first, and an incident's hold is among the oldest (it waited out the
 /// recovery window and every try).
