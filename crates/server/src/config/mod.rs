@@ -130,7 +130,6 @@ impl Config {
         Self::from_parts(text.as_deref(), &env)
     }
 
-    /// Parses a config file's text (if any) and environment variables.
     /// A token the admin endpoints take: `admin`'s, else the first named one.
     pub fn any_admin_token(&self) -> Option<String> {
         self.admin_token
@@ -138,6 +137,7 @@ impl Config {
             .or_else(|| self.admin_tokens.first().map(|(_, token)| token.clone()))
     }
 
+    /// Parses a config file's text (if any) and environment variables.
     pub fn from_parts(
         file: Option<&str>,
         env: &HashMap<String, String>,
