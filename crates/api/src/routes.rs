@@ -977,10 +977,10 @@ async fn restock(
     body: Result<Body, ApiError>,
 ) -> Response {
     let result = async {
-        let (admin, id, body) = admin_target(&state, &headers, id, body)?;
+        let (admin, product_id, body) = admin_target(&state, &headers, id, body)?;
         let b: RestockBody = json(&body)?;
-        let restock_id = RequestId::parse("request_id", &b.request_id).map_err(invalid)?;
-        let restocked = state.service.restock(id, restock_id, b.quantity, &admin);
+        let action = admin_action(admin, product_id, &b.request_id)?;
+        let restocked = state.service.restock(action, b.quantity);
         let view = deadline(&state, restocked).await?;
         Ok::<_, ApiError>(Json(ProductJson::from(&view)))
     }

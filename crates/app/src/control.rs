@@ -30,21 +30,11 @@ use tracing::{info, warn};
 use crate::catalog::{Catalog, FOUND_TTL};
 use crate::error::Error;
 use crate::metrics::Metrics;
+pub use crate::model::AdminAction;
 use crate::model::{Order, ProductView};
 use crate::ports::{GateError, LeaseListener, LedgerError, ReleaseOf};
 use crate::service::Flashsale;
 use crate::sold_out::SoldOutBoard;
-
-/// An admin's action on a product, as its request names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AdminAction {
-    /// The action's idempotency key: a retry with it finds the action done and changes
-    /// nothing; another action under it is a conflict.
-    pub request_id: RequestId,
-    pub product_id: ProductId,
-    /// Which admin token made it.
-    pub admin: AdminName,
-}
 
 /// Whether a sale is paused or on: what pause and resume set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

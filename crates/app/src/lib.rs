@@ -27,9 +27,7 @@ pub mod sold_out;
 
 pub use after_sale::{SaleRetirement, SaleRetirementGate, SaleRetirements};
 pub use audit::AuditBounds;
-pub use control::{
-    Acted, AdminAction, Announcer, Controls, RefundAsk, Refunded, SaleControl, SaleSwitch,
-};
+pub use control::{Acted, Announcer, Controls, RefundAsk, Refunded, SaleControl, SaleSwitch};
 pub use dashboard::Sampler;
 pub use destock::{Destocking, Destocks};
 pub use error::Error;

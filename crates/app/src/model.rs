@@ -38,6 +38,17 @@ impl Product {
     }
 }
 
+/// An admin's action on a product, as its request names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminAction {
+    /// The action's idempotency key: a retry with it finds the action done and changes
+    /// nothing; another action under it is a conflict.
+    pub request_id: RequestId,
+    pub product_id: ProductId,
+    /// Which admin token made it.
+    pub admin: AdminName,
+}
+
 /// An order, the durable result of an accepted purchase.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Order {

@@ -15,7 +15,7 @@ use flashsale_core::{
     ProductId, PurchaseRequest, Quantity, ReleaseReason, RequestId, StockMode, Terms, UserId,
 };
 
-use crate::model::{Order, Product, PurchaseRecord};
+use crate::model::{AdminAction, Order, Product, PurchaseRecord};
 
 /// What went wrong in a call to a store, as far as the adapter can tell. To a client every
 /// kind is the same answer (`unavailable`, 503: retry with the same request_id); logs and
@@ -564,15 +564,13 @@ pub trait Ledger: Send + Sync + 'static {
     /// Records that a released reservation's units are back in the gate.
     async fn mark_stock_returned(&self, request_id: &RequestId) -> Result<(), LedgerError>;
 
-    /// Records a restock (counters, stock log and the operator's log line naming `by`)
-    /// once per restock id; an id the operator's log holds for another action is a
-    /// conflict.
+    /// Records a restock of `quantity` units (counters, stock log and the operator's log
+    /// line naming the admin) once per the action's request_id; an id the operator's log
+    /// holds for another action is a conflict.
     async fn record_restock(
         &self,
-        product_id: ProductId,
-        restock_id: &RequestId,
+        action: &AdminAction,
         quantity: i64,
-        by: &AdminName,
     ) -> Result<RecordRestock, LedgerError>;
 
     async fn mark_restock_applied(&self, restock_id: &RequestId) -> Result<(), LedgerError>;

@@ -31,7 +31,8 @@ use crate::control::Hearing;
 use crate::error::Error;
 use crate::limit::{self, Limiter, Rate};
 use crate::model::{
-    InventoryView, Order, Product, ProductView, PurchaseOutcome, PurchaseRecord, Purchased,
+    AdminAction, InventoryView, Order, Product, ProductView, PurchaseOutcome, PurchaseRecord,
+    Purchased,
 };
 use crate::modes::ModeBoard;
 use crate::ports::{
@@ -256,25 +257,16 @@ impl Flashsale {
         })
     }
 
-    /// Adds stock, once per restock id, while purchases run; `by` is the admin the
-    /// operator's log names.
-    pub async fn restock(
-        &self,
-        product_id: ProductId,
-        restock_id: RequestId,
-        quantity: i64,
-        by: &AdminName,
-    ) -> Result<ProductView, Error> {
+    /// Adds `quantity` units, once per the action's request_id, while purchases run; the
+    /// operator's log names the action's admin.
+    pub async fn restock(&self, action: AdminAction, quantity: i64) -> Result<ProductView, Error> {
         let quantity = parse_restock(quantity)?;
+        let (product_id, restock_id) = (action.product_id, &action.request_id);
         // Record restocks only against a loaded gate, so warm-up (which copies the
         // ledger's counters) never meets a restock that is also still to be applied. In
         // ledger mode the ledger records it as applied: the gate is not used.
         self.stock_ready(product_id).await?;
-        let (applied, generation) = match self
-            .ledger
-            .record_restock(product_id, &restock_id, quantity, by)
-            .await?
-        {
+        let (applied, generation) = match self.ledger.record_restock(&action, quantity).await? {
             RecordRestock::Recorded {
                 applied,
                 generation,
@@ -303,7 +295,7 @@ impl Flashsale {
             match self.gate.restock(&change).await? {
                 // Stale: a rebuild since the restock was recorded counted it already.
                 Restock::Applied | Restock::AlreadyApplied | Restock::Stale => {
-                    self.ledger.mark_restock_applied(&restock_id).await?;
+                    self.ledger.mark_restock_applied(restock_id).await?;
                     info!(%product_id, %restock_id, quantity, "restocked");
                 }
                 Restock::NotLoaded => {

@@ -17,7 +17,9 @@ use flashsale_core::{
     ReleaseReason, StockMode, Terms,
 };
 
-use crate::{generation, hold, new_product, product, product_n, purchase, request_id, user};
+use crate::{
+    action, generation, hold, new_product, product, product_n, purchase, request_id, user,
+};
 
 /// A payment deadline no test reaches.
 pub const PAYMENT_TIMEOUT: Duration = Duration::from_secs(900);
@@ -373,7 +375,7 @@ pub async fn a_restock_is_recorded_once<W: LedgerWorld>(w: &W) {
     create(l, product_n(2), 5, None).await;
     let r = request_id("S_R1");
     let first = l
-        .record_restock(product(), &r, 3, &AdminName::default())
+        .record_restock(&action(product(), &r), 3)
         .await
         .expect("restock");
     assert_eq!(
@@ -384,19 +386,19 @@ pub async fn a_restock_is_recorded_once<W: LedgerWorld>(w: &W) {
         }
     );
     assert_eq!(
-        l.record_restock(product(), &r, 3, &AdminName::default())
+        l.record_restock(&action(product(), &r), 3)
             .await
             .expect("again"),
         first
     );
     assert_eq!(
-        l.record_restock(product(), &r, 4, &AdminName::default())
+        l.record_restock(&action(product(), &r), 4)
             .await
             .expect("other quantity"),
         RecordRestock::Conflict
     );
     assert_eq!(
-        l.record_restock(product_n(2), &r, 3, &AdminName::default())
+        l.record_restock(&action(product_n(2), &r), 3)
             .await
             .expect("other product"),
         RecordRestock::Conflict
@@ -408,7 +410,7 @@ pub async fn a_restock_is_recorded_once<W: LedgerWorld>(w: &W) {
     l.mark_restock_applied(&r).await.expect("applied");
     assert!(l.pending_restocks(10).await.expect("pending").is_empty());
     assert_eq!(
-        l.record_restock(product(), &r, 3, &AdminName::default())
+        l.record_restock(&action(product(), &r), 3)
             .await
             .expect("after"),
         RecordRestock::Recorded {
@@ -417,14 +419,9 @@ pub async fn a_restock_is_recorded_once<W: LedgerWorld>(w: &W) {
         }
     );
     assert_eq!(
-        l.record_restock(
-            product(),
-            &request_id("S_BIG"),
-            i64::MAX / 2,
-            &AdminName::default()
-        )
-        .await
-        .expect("too large"),
+        l.record_restock(&action(product(), &request_id("S_BIG")), i64::MAX / 2)
+            .await
+            .expect("too large"),
         RecordRestock::TooLarge
     );
     let c = counters(l).await;
@@ -445,7 +442,7 @@ pub async fn advancing_a_generation_plans_from_the_facts<W: LedgerWorld>(w: &W) 
         .expect("cancel")
         .expect("o");
     let r = request_id("A_R");
-    l.record_restock(product(), &r, 4, &AdminName::default())
+    l.record_restock(&action(product(), &r), 4)
         .await
         .expect("restock");
     let mark = l.watermark(product()).await.expect("w").expect("a product");
@@ -846,7 +843,7 @@ pub async fn leaving_ledger_mode_plans_the_gate<W: LedgerWorld>(w: &W) {
         .await
         .expect("cancel")
         .expect("o");
-    l.record_restock(product(), &request_id("X_R"), 4, &AdminName::default())
+    l.record_restock(&action(product(), &request_id("X_R")), 4)
         .await
         .expect("restock");
     assert_eq!(
@@ -998,7 +995,7 @@ pub async fn entering_ledger_mode_settles_what_the_gate_is_owed<W: LedgerWorld>(
         .expect("cancel")
         .expect("o");
     assert!(attempt.pending_return.is_some(), "gate mode owes the gate");
-    l.record_restock(product(), &request_id("S_R"), 3, &AdminName::default())
+    l.record_restock(&action(product(), &request_id("S_R")), 3)
         .await
         .expect("restock");
     assert_eq!(l.pending_returns(10).await.expect("r").len(), 1);
@@ -1010,7 +1007,7 @@ pub async fn entering_ledger_mode_settles_what_the_gate_is_owed<W: LedgerWorld>(
     assert!(stored.stock_loaded);
     assert_eq!(stored.stock_mode, StockMode::Ledger);
     assert_eq!(
-        l.record_restock(product(), &request_id("S_S"), 2, &AdminName::default())
+        l.record_restock(&action(product(), &request_id("S_S")), 2)
             .await
             .expect("restock"),
         RecordRestock::Recorded {

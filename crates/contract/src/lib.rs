@@ -50,9 +50,10 @@ macro_rules! contracts {
 }
 
 use chrono::{TimeZone, Utc};
+use flashsale_app::AdminAction;
 use flashsale_core::{
-    Generation, HoldRef, NewProduct, ProductId, PurchaseRequest, Quantity, RequestId, SaleWindow,
-    UserId,
+    AdminName, Generation, HoldRef, NewProduct, ProductId, PurchaseRequest, Quantity, RequestId,
+    SaleWindow, UserId,
 };
 
 /// The product every contract test sells, unless it needs a second one.
@@ -88,6 +89,15 @@ pub fn purchase_of(
         user_id: user(user_id),
         product_id,
         quantity: Quantity::from_stored(quantity).expect("quantity"),
+    }
+}
+
+/// The default admin's action on `product_id` under `request_id`.
+pub fn action(product_id: ProductId, request_id: &RequestId) -> AdminAction {
+    AdminAction {
+        request_id: request_id.clone(),
+        product_id,
+        admin: AdminName::default(),
     }
 }
 

@@ -7,7 +7,7 @@ use flashsale_app::ports::{
     CancelAttempt, Commit, CreateProduct, ErrorKind, Fence, HeldPurchase, LedgerPurchase,
     PayAttempt, RecordRestock, ReleaseOf,
 };
-use flashsale_app::{Ledger, LedgerError, Order, Product, PurchaseRecord};
+use flashsale_app::{AdminAction, Ledger, LedgerError, Order, Product, PurchaseRecord};
 use flashsale_core::{
     AdminName, CancelReason, Generation, HoldRef, InventoryCounters, NewProduct, OrderId,
     OrderStatus, ProductId, PurchaseRequest, ReleaseReason, RequestId, StockMode, UserId,
@@ -887,11 +887,10 @@ impl MysqlLedger {
 
     async fn insert_restock(
         &self,
-        product_id: ProductId,
-        restock_id: &RequestId,
+        action: &AdminAction,
         quantity: i64,
-        by: &AdminName,
     ) -> Result<RecordRestock, sqlx::Error> {
+        let (product_id, restock_id) = (action.product_id, &action.request_id);
         let mut tx = self.pool().begin().await?;
         let inserted = sqlx::query(
             "INSERT INTO restock_request (request_id, product_id, quantity) VALUES (?, ?, ?)",
@@ -927,7 +926,7 @@ impl MysqlLedger {
             return Ok(RecordRestock::TooLarge);
         }
         let (generation, applied) = land_restock(&mut tx, product_id, restock_id, quantity).await?;
-        match log_restock(&mut tx, product_id, restock_id, quantity, by).await {
+        match log_restock(&mut tx, product_id, restock_id, quantity, &action.admin).await {
             // The request_id names another admin action in the operator's log.
             Err(e) if is_duplicate(&e) => {
                 tx.rollback().await?;
@@ -1455,15 +1454,11 @@ impl Ledger for MysqlLedger {
 
     async fn record_restock(
         &self,
-        product_id: ProductId,
-        restock_id: &RequestId,
+        action: &AdminAction,
         quantity: i64,
-        by: &AdminName,
     ) -> Result<RecordRestock, LedgerError> {
-        self.run("record restock", || {
-            self.insert_restock(product_id, restock_id, quantity, by)
-        })
-        .await
+        self.run("record restock", || self.insert_restock(action, quantity))
+            .await
     }
 
     async fn mark_restock_applied(&self, restock_id: &RequestId) -> Result<(), LedgerError> {

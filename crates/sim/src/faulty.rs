@@ -28,7 +28,8 @@ use flashsale_app::ports::{
     StaleHold, StatsEvent, StatsStore, StockChange, StockRepair, Watermark,
 };
 use flashsale_app::{
-    GateError, Ledger, LedgerError, Order, OutboxMessage, Product, PurchaseRecord, StockGate,
+    AdminAction, GateError, Ledger, LedgerError, Order, OutboxMessage, Product, PurchaseRecord,
+    StockGate,
 };
 use flashsale_core::{
     AdminName, CancelReason, Generation, HoldRef, InventoryCounters, NewProduct, OrderId,
@@ -215,8 +216,8 @@ faulty! {
         fn cancel(order_id: OrderId, user_id: UserId, reason: CancelReason)
             -> Option<CancelAttempt> => format!("order {order_id} u{user_id} {reason}");
         fn mark_stock_returned(request_id: &RequestId) -> () => request_id.to_string();
-        fn record_restock(product_id: ProductId, restock_id: &RequestId, quantity: i64,
-            by: &AdminName) -> RecordRestock => format!("p{product_id} {restock_id} +{quantity}");
+        fn record_restock(action: &AdminAction, quantity: i64) -> RecordRestock
+            => format!("p{} {} +{quantity}", action.product_id, action.request_id);
         fn mark_restock_applied(restock_id: &RequestId) -> () => restock_id.to_string();
         fn reservation_request_ids(product_id: ProductId, max: usize)
             -> Option<Vec<RequestId>> => format!("p{product_id}");

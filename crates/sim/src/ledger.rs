@@ -35,8 +35,8 @@ use flashsale_app::ports::{
 };
 use flashsale_app::ports::{ParkedRow, PublishFailure, StatsEvent};
 use flashsale_app::{
-    Event, EventType, Ledger, LedgerError, Order, OutboxMessage, Product, PurchaseOutcome,
-    PurchaseRecord, StatsDelta,
+    AdminAction, Event, EventType, Ledger, LedgerError, Order, OutboxMessage, Product,
+    PurchaseOutcome, PurchaseRecord, StatsDelta,
 };
 use flashsale_core::{
     AdminName, CancelReason, Generation, HoldRef, InventoryCounters, NewProduct, OrderId,
@@ -1879,11 +1879,10 @@ impl Ledger for MemLedger {
 
     async fn record_restock(
         &self,
-        product_id: ProductId,
-        restock_id: &RequestId,
+        action: &AdminAction,
         quantity: i64,
-        _by: &AdminName,
     ) -> Result<RecordRestock, LedgerError> {
+        let (product_id, restock_id) = (action.product_id, &action.request_id);
         let mut guard = self.lock();
         let t = &mut *guard;
         let rid = restock_id.as_str();

@@ -48,8 +48,9 @@ use flashsale_app::fallback::REPORT_EVERY;
 use flashsale_app::ports::{EventBus, Outbox, StatsStore};
 use flashsale_app::ports::{GateFacts, GateMaintenance, LedgerMaintenance, StockGate};
 use flashsale_app::{
-    Clock, Consume, Error, Fallback, Flashsale, Ledger, Maintenance, MaintenanceSettings, Order,
-    Ports, RecoveryReport, Relay, Repair, Settings, StatsDelta, REPAIR_UNITS_PER_PASS,
+    AdminAction, Clock, Consume, Error, Fallback, Flashsale, Ledger, Maintenance,
+    MaintenanceSettings, Order, Ports, RecoveryReport, Relay, Repair, Settings, StatsDelta,
+    REPAIR_UNITS_PER_PASS,
 };
 use flashsale_core::{
     AdminName, NewProduct, OrderId, OrderStatus, ProductId, PurchaseRequest, Quantity, RequestId,
@@ -781,15 +782,17 @@ where
 }
 
 async fn restock_client(w: &World, product_id: ProductId, restock_id: RequestId, quantity: i64) {
+    let action = AdminAction {
+        request_id: restock_id.clone(),
+        product_id,
+        admin: AdminName::default(),
+    };
     for attempt in 0..CLIENT_ATTEMPTS_MAX {
-        let id = restock_id.clone();
+        let action = action.clone();
         let answer = call(
             w,
             format!("restock {restock_id}#{attempt}"),
-            move |s| async move {
-                s.restock(product_id, id, quantity, &AdminName::default())
-                    .await
-            },
+            move |s| async move { s.restock(action, quantity).await },
         )
         .await;
         match answer {
