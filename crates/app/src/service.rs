@@ -477,13 +477,12 @@ impl Flashsale {
         if self.modes.marked_sold_out(product_id, sent) {
             return self.replay_or(&request, Error::SoldOut).await;
         }
-        let committed = self
-            .ledger
-            .commit_ledger_purchase(&LedgerPurchase {
-                request: request.clone(),
-                terms: product.terms(self.settings.payment_timeout),
-            })
-            .await;
+        let purchase = LedgerPurchase {
+            request,
+            terms: product.terms(self.settings.payment_timeout),
+        };
+        let committed = self.ledger.commit_ledger_purchase(&purchase).await;
+        let request = purchase.request;
         match committed {
             Ok(Commit::Committed(order)) => {
                 debug_assert_own(&request, &order);
@@ -542,7 +541,7 @@ impl Flashsale {
             Reserve::Reserved { hold } => {
                 // Crash tests stop here: units taken in Redis, nothing in MariaDB yet.
                 fail::fail_point!("purchase-after-reserve");
-                let held = self.held(&request, hold, &product);
+                let held = self.held(request, hold, &product);
                 self.commit(held, HoldOrigin::Fresh).await
             }
             Reserve::Existing(hold) => self.existing_hold(&request, &product, hold).await,
@@ -604,7 +603,7 @@ impl Flashsale {
         if !hold.released {
             let joined = self
                 .ledger
-                .join_commit(&self.held(request, hold.hold, product))
+                .join_commit(&self.held(request.clone(), hold.hold, product))
                 .await;
             if let Some(committed) = joined {
                 return self
@@ -628,7 +627,7 @@ impl Flashsale {
         }
         // The first attempt is still in flight, or died before its commit:
         // complete it. The ledger's unique key lets exactly one commit win.
-        let held = self.held(request, hold.hold, product);
+        let held = self.held(request.clone(), hold.hold, product);
         self.commit(held, HoldOrigin::Earlier).await
     }
 
@@ -716,8 +715,12 @@ impl Flashsale {
     }
 
     /// `request` with the hold the gate gave it, to commit on `product`'s terms.
-    fn held(&self, request: &PurchaseRequest, hold: HoldRef, product: &Product) -> HeldPurchase {
-        HeldPurchase::new(request, hold, product.terms(self.settings.payment_timeout))
+    fn held(&self, request: PurchaseRequest, hold: HoldRef, product: &Product) -> HeldPurchase {
+        HeldPurchase {
+            request,
+            hold,
+            terms: product.terms(self.settings.payment_timeout),
+        }
     }
 
     /// Writes the order for a hold.
